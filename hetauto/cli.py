@@ -1,0 +1,72 @@
+"""The `hetauto` command. Each subcommand lives in `hetauto.commands.<name>` and exposes
+`add_arguments(parser)` and `run(args) -> int`; this module only wires them together and turns
+`HetautoError` into a one-line message and a non-zero exit code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from hetauto import __version__
+from hetauto.core.errors import HetautoError
+
+# name -> (module, one-line help). Modules are imported only when their command runs, so
+# `hetauto backends` never pays for the planner and the planner never imports device code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "backends": ("hetauto.commands.backends", "list registered backends, availability and plugin errors"),
+    "devices": ("hetauto.commands.devices", "list the built-in device profile catalog"),
+    "models": ("hetauto.commands.models", "list the built-in model catalog"),
+    "scenarios": ("hetauto.commands.scenarios", "list the embedded cluster+model scenarios"),
+    "profile": ("hetauto.commands.profile", "measure the current backend into a device profile"),
+    "plan": ("hetauto.commands.plan", "search for the best parallelization plan"),
+    "simulate": ("hetauto.commands.simulate", "simulate a plan's pipeline schedule"),
+    "run": ("hetauto.commands.run", "run a plan for real with torchrun"),
+}
+
+
+def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hetauto", description="Plan and run training across heterogeneous clusters.")
+    parser.add_argument("--version", action="version", version=f"hetauto {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+            importlib.import_module(module).add_arguments(p)
+            p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except HetautoError as err:
+        return _fail(args, str(err), err.exit_code)
+    except KeyboardInterrupt:
+        return _fail(args, "interrupted", 130)
+    except Exception as err:  # a bug, not bad input: still one line unless asked for the traceback
+        if os.environ.get("HETAUTO_DEBUG"):
+            raise
+        return _fail(args, f"internal error: {type(err).__name__}: {err} (set HETAUTO_DEBUG=1 for the traceback)", 70)
+
+
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message}))
+    print(f"hetauto {args.command}: error: {message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

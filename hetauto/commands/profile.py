@@ -1,0 +1,15 @@
+"""`hetauto profile` (not implemented yet)."""
+
+from __future__ import annotations
+
+import argparse
+
+from hetauto.core.errors import HetautoError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise HetautoError("'hetauto profile' is not implemented yet")

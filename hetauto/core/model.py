@@ -1,0 +1,40 @@
+"""Transformer architecture description shared by the planner (costs) and the runtime (the real module).
+
+Only hyper-parameters live here; per-layer costs are computed in `hetauto.planner.layers`.
+The named catalog and the Hugging Face `config.json` loader live in `hetauto.core.model_catalog`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """A decoder-only transformer. `arch="gpt"`: LayerNorm, GELU MLP, learned positions, biases.
+    `arch="llama"`: RMSNorm, SwiGLU MLP, rotary positions, no biases, optional GQA (`num_kv_heads`)."""
+
+    name: str
+    arch: Literal["gpt", "llama"]
+    num_layers: int
+    hidden: int
+    num_heads: int
+    ffn_hidden: int
+    vocab_size: int
+    max_seq_len: int = 2048
+    num_kv_heads: int | None = None  # None: equal to num_heads (no GQA)
+    tie_embeddings: bool = False
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    @property
+    def num_layer_slots(self) -> int:
+        """Length of the layer list the plan's layer ranges index: embedding, the blocks, the head."""
+        return self.num_layers + 2

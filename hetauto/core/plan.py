@@ -1,0 +1,143 @@
+"""The plan IR (`"schema": "hetauto.plan/1"`): what the planner writes and the simulator/executor read.
+
+Layer ranges index the model's layer list `[embedding, block_0 .. block_{N-1}, head]` (N+2 slots) and are
+half-open `[start, end)`. A stage's devices are indices into its cluster's devices (node-major:
+`node * devices_per_node + local`); ranks inside a stage are `dp_index * tp + tp_index`, so a TP group is
+contiguous and lies inside one node. The microbatch (`microbatch_size` samples) is split along the batch
+dimension across a stage's `dp` replicas, so stages may have different dp as long as each divides it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hetauto.core.errors import SpecError
+from hetauto.core.specio import read_document, validate_document
+
+PLAN_SCHEMA = "hetauto.plan/1"
+
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b"]
+ReshardMethod = Literal["lanes", "leader-broadcast", "scatter-allgather"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StagePlan(_Frozen):
+    cluster: str
+    device_type: str
+    devices: tuple[int, ...] = Field(min_length=1)
+    layers: tuple[int, int]
+    tp: int = Field(ge=1)
+    dp: int = Field(ge=1)
+    recompute: bool = False
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    @model_validator(mode="after")
+    def _check(self) -> "StagePlan":
+        if len(self.devices) != self.tp * self.dp:
+            raise ValueError(f"stage has {len(self.devices)} devices but tp*dp = {self.tp}*{self.dp} = {self.tp * self.dp}")
+        if len(set(self.devices)) != len(self.devices):
+            raise ValueError("a device appears twice in one stage")
+        if not 0 <= self.layers[0] < self.layers[1]:
+            raise ValueError(f"layer range {list(self.layers)} is empty or negative; use [start, end) with start < end")
+        return self
+
+
+class ScheduleSpec(_Frozen):
+    name: ScheduleName = "1f1b"
+    virtual_chunks: int = Field(default=1, ge=1)
+    # Virtual-1F1B: extra warmup microbatches given to the stages upstream of each boundary (len = stages-1).
+    extra_warmup: tuple[int, ...] = ()
+
+
+class Prediction(_Frozen):
+    iteration_time_s: float
+    throughput_samples_s: float
+    tokens_s: float
+    bubble_fraction: float
+    peak_memory_bytes: tuple[float, ...]
+    mfu: float | None = None
+    cost_model: str = "analytical"
+
+
+class Plan(_Frozen):
+    schema_: Literal["hetauto.plan/1"] = Field(default=PLAN_SCHEMA, alias="schema")
+    model: str
+    cluster: str | None = None  # scenario name or cluster file the plan was made for
+    seq_len: int = Field(ge=1)
+    global_batch: int = Field(ge=1)
+    microbatch_size: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    stages: tuple[StagePlan, ...] = Field(min_length=1)
+    schedule: ScheduleSpec = ScheduleSpec()
+    resharding: tuple[ReshardMethod, ...] = ()
+    zero1: bool = False
+    prediction: Prediction | None = None
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Plan":
+        if self.microbatch_size * self.num_microbatches != self.global_batch:
+            raise ValueError(
+                f"microbatch_size*num_microbatches = {self.microbatch_size}*{self.num_microbatches} "
+                f"!= global_batch {self.global_batch}"
+            )
+        for i, (a, b) in enumerate(zip(self.stages, self.stages[1:])):
+            if a.layers[1] != b.layers[0]:
+                raise ValueError(f"stages {i} and {i + 1} are not contiguous: {list(a.layers)} then {list(b.layers)}")
+        if self.stages[0].layers[0] != 0:
+            raise ValueError(f"the first stage must start at layer 0, not {self.stages[0].layers[0]}")
+        for i, s in enumerate(self.stages):
+            if self.microbatch_size % s.dp:
+                raise ValueError(f"stage {i}: dp={s.dp} does not divide microbatch_size={self.microbatch_size}")
+        if self.resharding and len(self.resharding) != len(self.stages) - 1:
+            raise ValueError(f"resharding needs one method per boundary ({len(self.stages) - 1}), got {len(self.resharding)}")
+        if self.schedule.extra_warmup and len(self.schedule.extra_warmup) != len(self.stages) - 1:
+            raise ValueError("schedule.extra_warmup needs one entry per boundary")
+        return self
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def world_size(self) -> int:
+        return sum(s.num_devices for s in self.stages)
+
+    def boundary_methods(self) -> tuple[str, ...]:
+        return self.resharding or ("scatter-allgather",) * (len(self.stages) - 1)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, source: str | None = None) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
+        return validate_document(cls, data, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        data = read_document(path)
+        if isinstance(data, dict) and data.get("schema") not in (None, PLAN_SCHEMA):
+            raise SpecError(path, "schema", f"unsupported plan schema {data.get('schema')!r}", f"expected {PLAN_SCHEMA!r}")
+        return validate_document(cls, data, path)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")

@@ -1,0 +1,92 @@
+"""Reading user-supplied YAML/JSON documents and turning validation failures into one-line `SpecError`s.
+
+Every loader of a user file (cluster, model config, profile, plan) goes through here so that errors look
+the same everywhere: `FILE: path.to.field: what is wrong (what would be right)`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hetauto.core.errors import SpecError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_document(path: str | Path) -> Any:
+    """Parse a .yaml/.yml/.json file (by suffix; other suffixes are tried as YAML, a superset of JSON)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(p, "", "file not found", "check the path") from None
+    except IsADirectoryError:
+        raise SpecError(p, "", "is a directory, not a file", "pass a .yaml or .json file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(p, "", f"cannot read file: {exc}") from None
+    return parse_text(text, p)
+
+
+def parse_text(text: str, source: str | Path | None = None) -> Any:
+    """Parse YAML or JSON text; syntax errors become a SpecError with the line number."""
+    is_json = source is not None and str(source).endswith(".json")
+    try:
+        if is_json:
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(source, line, f"invalid YAML: {problem}") from None
+    except RecursionError:
+        raise SpecError(source, "", "document nests too deeply") from None
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """Render a pydantic location tuple as `clusters[0].nodes.count`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def spec_error_from_validation(source: str | Path | None, exc: ValidationError) -> SpecError:
+    """The first validation error, as a one-line SpecError (with a count of the others)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    msg = str(first.get("msg", "invalid value"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    elif first.get("type") == "missing":
+        msg = "required field is missing"
+    more = f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return SpecError(source, field_path(tuple(first.get("loc", ()))), msg + more)
+
+
+def validate_document(model: type[M], data: Any, source: str | Path | None = None) -> M:
+    """Validate parsed data against a pydantic model; any failure is a SpecError, never another exception."""
+    if not isinstance(data, dict):
+        raise SpecError(source, "", f"expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(source, exc) from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise SpecError(source, "", f"invalid document: {exc}") from None
+
+
+def load_model_file(model: type[M], path: str | Path) -> M:
+    return validate_document(model, read_document(path), path)
