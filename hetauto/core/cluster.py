@@ -1,0 +1,317 @@
+"""Cluster spec: several clusters of (possibly) different devices and the links between them.
+
+The file (YAML or JSON, same schema) is validated with strict pydantic models, then turned into frozen
+dataclass values that the planner, simulator and executor share. Example:
+
+    clusters:
+      - name: h800
+        nodes: {count: 8, devices_per_node: 8, device: h800}   # catalog key or a profile file path
+        intra_node: {bandwidth: 400GB/s, latency: 5us}          # optional: default from the device profile
+        inter_node: {bandwidth: 400Gbps, latency: 10us}         # per device NIC; optional likewise
+    links:
+      default: {bandwidth: 200Gbps, latency: 2ms}
+      overrides:
+        - between: [h800, a100]
+          bandwidth: 100Gbps
+          latency: 2ms
+          shared_capacity: 400Gbps    # optional: all flows between the two clusters share this
+
+`speed_factor` on a cluster scales its device's compute and memory bandwidth (emulated mock clusters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hetauto.core.errors import SpecError
+from hetauto.core.profile import DeviceProfile, get_device
+from hetauto.core.specio import read_document, validate_document
+from hetauto.core.units import parse_bandwidth, parse_time
+
+DEFAULT_INTRA_LATENCY_S = 5e-6
+DEFAULT_INTER_LATENCY_S = 10e-6
+
+
+# ----------------------------------------------------------------------------------------------- schema
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinkDoc(_Strict):
+    bandwidth: str | float
+    latency: str | float = 0.0
+    shared_capacity: str | float | None = None
+
+    @field_validator("bandwidth", "shared_capacity")
+    @classmethod
+    def _bw(cls, v: Any) -> Any:
+        return v if v is None else parse_bandwidth(v)
+
+    @field_validator("latency")
+    @classmethod
+    def _lat(cls, v: Any) -> Any:
+        return parse_time(v)
+
+
+class NodeLinkDoc(_Strict):
+    bandwidth: str | float | None = None
+    latency: str | float | None = None
+
+    @field_validator("bandwidth")
+    @classmethod
+    def _bw(cls, v: Any) -> Any:
+        return v if v is None else parse_bandwidth(v)
+
+    @field_validator("latency")
+    @classmethod
+    def _lat(cls, v: Any) -> Any:
+        return v if v is None else parse_time(v)
+
+
+class NodesDoc(_Strict):
+    count: int
+    devices_per_node: int
+    device: str = Field(min_length=1)
+
+    @field_validator("count", "devices_per_node")
+    @classmethod
+    def _positive(cls, v: int, info: Any) -> int:
+        if v < 1:
+            what = "nodes" if info.field_name == "count" else "devices per node"
+            raise ValueError(f"must be a positive number of {what}, got {v} (e.g. 8)")
+        return v
+
+
+class ClusterDoc(_Strict):
+    name: str = Field(min_length=1)
+    nodes: NodesDoc
+    intra_node: NodeLinkDoc = NodeLinkDoc()
+    inter_node: NodeLinkDoc = NodeLinkDoc()
+    speed_factor: float = Field(default=1.0, gt=0, le=1e6)
+
+
+class OverrideDoc(LinkDoc):
+    between: tuple[str, str]
+
+
+class LinksDoc(_Strict):
+    default: LinkDoc | None = None
+    overrides: tuple[OverrideDoc, ...] = ()
+
+
+class ClusterSpecDoc(_Strict):
+    name: str | None = None
+    clusters: tuple[ClusterDoc, ...]
+    links: LinksDoc = LinksDoc()
+
+    @field_validator("clusters")
+    @classmethod
+    def _some(cls, v: tuple[ClusterDoc, ...]) -> tuple[ClusterDoc, ...]:
+        if not v:
+            raise ValueError("no clusters; list at least one cluster with name and nodes")
+        return v
+
+
+def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
+    """Field names accepted at the mapping that holds `loc[-1]` (to suggest them for an unknown field)."""
+    import typing
+
+    model: Any = ClusterSpecDoc
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        ann = field.annotation
+        nxt = None
+        for cand in (ann, *typing.get_args(ann)):
+            for inner in (cand, *typing.get_args(cand)):
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    nxt = inner
+        if nxt is None:
+            return []
+        model = nxt
+    return list(model.model_fields)
+
+
+# ----------------------------------------------------------------------------------------------- values
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """A link: bandwidth in bytes/s, latency in seconds; `shared_capacity_Bps` caps all flows between two
+    clusters together (None: each device pair gets `bandwidth_Bps`)."""
+
+    bandwidth_Bps: float
+    latency_s: float
+    shared_capacity_Bps: float | None = None
+
+    def transfer_time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+CrossLink = LinkSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    name: str
+    num_nodes: int
+    devices_per_node: int
+    device: DeviceProfile
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+    speed_factor: float = 1.0
+    device_ref: str = ""  # what the spec said: a catalog key or a profile path
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    @property
+    def device_type(self) -> str:
+        return self.device.key
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    clusters: tuple[Cluster, ...]
+    default_link: LinkSpec | None = None
+    overrides: tuple[tuple[str, str, LinkSpec], ...] = ()
+    name: str | None = None
+    source: str | None = None
+
+    @property
+    def total_devices(self) -> int:
+        return sum(c.num_devices for c in self.clusters)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.clusters)
+
+    def cluster(self, name: str) -> Cluster:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(f"no cluster named '{name}'; clusters: {', '.join(self.names)}")
+
+    def __getitem__(self, name: str) -> Cluster:
+        return self.cluster(name)
+
+    def link(self, a: str, b: str) -> LinkSpec:
+        """The link between two different clusters (override if any, else the default)."""
+        if a == b:
+            raise ValueError(f"link('{a}', '{b}'): a cluster's own network is cluster('{a}').inter_node")
+        self.cluster(a), self.cluster(b)
+        for x, y, link in self.overrides:
+            if {x, y} == {a, b}:
+                return link
+        if self.default_link is None:
+            raise KeyError(f"no link between clusters '{a}' and '{b}'")
+        return self.default_link
+
+    def to_document(self) -> dict[str, Any]:
+        """A spec document (SI numbers) that `cluster_from_dict` reads back to an equal value."""
+        def link_doc(link: LinkSpec) -> dict[str, Any]:
+            d: dict[str, Any] = {"bandwidth": link.bandwidth_Bps, "latency": link.latency_s}
+            if link.shared_capacity_Bps is not None:
+                d["shared_capacity"] = link.shared_capacity_Bps
+            return d
+
+        doc: dict[str, Any] = {"clusters": [
+            {"name": c.name,
+             "nodes": {"count": c.num_nodes, "devices_per_node": c.devices_per_node, "device": c.device_ref or c.device.key},
+             "intra_node": {"bandwidth": c.intra_node.bandwidth_Bps, "latency": c.intra_node.latency_s},
+             "inter_node": {"bandwidth": c.inter_node.bandwidth_Bps, "latency": c.inter_node.latency_s},
+             **({"speed_factor": c.speed_factor} if c.speed_factor != 1.0 else {})}
+            for c in self.clusters]}
+        links: dict[str, Any] = {}
+        if self.default_link is not None:
+            links["default"] = link_doc(self.default_link)
+        if self.overrides:
+            links["overrides"] = [{"between": [a, b], **link_doc(l)} for a, b, l in self.overrides]
+        doc["links"] = links
+        if self.name:
+            doc["name"] = self.name
+        return doc
+
+
+# ----------------------------------------------------------------------------------------------- loading
+def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str | Path | None = None) -> ClusterSpec:
+    """Validate a parsed spec document; every problem is a one-line SpecError naming `source` and the field."""
+    try:
+        doc = validate_document(ClusterSpecDoc, data, source)
+    except SpecError as err:
+        if err.problem == "unknown field" and isinstance(data, dict):
+            try:
+                ClusterSpecDoc.model_validate(data)
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                allowed = _allowed_fields(tuple(first.get("loc", ())))
+                if allowed:
+                    raise SpecError(source, err.field, "unknown field", f"expected one of: {', '.join(allowed)}") from None
+        raise
+    if base_dir is None and source is not None:
+        base_dir = Path(str(source)).parent
+    seen: dict[str, int] = {}
+    clusters = []
+    for i, c in enumerate(doc.clusters):
+        if c.name in seen:
+            raise SpecError(source, f"clusters[{i}].name", f"duplicate cluster name '{c.name}' (also clusters[{seen[c.name]}])",
+                            "give every cluster a unique name")
+        seen[c.name] = i
+        try:
+            device = get_device(c.nodes.device, base_dir)
+        except SpecError as err:
+            if err.file is None:  # unknown catalog key
+                raise SpecError(source, f"clusters[{i}].nodes.device", err.problem, err.fix) from None
+            raise SpecError(source, f"clusters[{i}].nodes.device", f"cannot load profile: {err}") from None
+        device = device.scaled(c.speed_factor)
+        intra = LinkSpec(
+            c.intra_node.bandwidth if c.intra_node.bandwidth is not None else device.intra_node_bandwidth_Bps,
+            c.intra_node.latency if c.intra_node.latency is not None else DEFAULT_INTRA_LATENCY_S)
+        inter = LinkSpec(
+            c.inter_node.bandwidth if c.inter_node.bandwidth is not None else device.nic_bandwidth_Bps,
+            c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S)
+        clusters.append(Cluster(c.name, c.nodes.count, c.nodes.devices_per_node, device, intra, inter,
+                                c.speed_factor, c.nodes.device))
+
+    def to_link(d: LinkDoc) -> LinkSpec:
+        return LinkSpec(float(d.bandwidth), float(d.latency),
+                        None if d.shared_capacity is None else float(d.shared_capacity))
+
+    overrides = []
+    pairs: dict[frozenset[str], int] = {}
+    for j, o in enumerate(doc.links.overrides):
+        where = f"links.overrides[{j}].between"
+        a, b = o.between
+        for name in (a, b):
+            if name not in seen:
+                raise SpecError(source, where, f"unknown cluster '{name}'", f"clusters: {', '.join(seen)}")
+        if a == b:
+            raise SpecError(source, where, f"a link joins two different clusters, got '{a}' twice",
+                            "name two different clusters")
+        key = frozenset((a, b))
+        if key in pairs:
+            raise SpecError(source, where, f"duplicate link between '{a}' and '{b}' (also links.overrides[{pairs[key]}])",
+                            "keep one override per cluster pair")
+        pairs[key] = j
+        overrides.append((a, b, to_link(o)))
+    default = to_link(doc.links.default) if doc.links.default is not None else None
+    if default is None:
+        names = list(seen)
+        for x in range(len(names)):
+            for y in range(x + 1, len(names)):
+                if frozenset((names[x], names[y])) not in pairs:
+                    raise SpecError(source, "links", f"no link between clusters '{names[x]}' and '{names[y]}'",
+                                    f"add links.default or an override with between: [{names[x]}, {names[y]}]")
+    return ClusterSpec(tuple(clusters), default, tuple(overrides), doc.name,
+                       None if source is None else str(source))
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Load a cluster spec file (.yaml/.yml/.json)."""
+    return cluster_from_dict(read_document(path), path)

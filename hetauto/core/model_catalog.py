@@ -1,0 +1,110 @@
+"""Named transformer models, and `config.json` files in Hugging Face style (read locally, never fetched).
+
+`get_model(name_or_path)` accepts a catalog name (`llama2-70b`) or a path to a `config.json`
+(llama, mistral, gpt2, opt, gpt_neox field names). Only hyper-parameters are read; no weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hetauto.core.errors import SpecError
+from hetauto.core.model import ModelConfig
+from hetauto.core.specio import read_document
+
+_GPT3_VOCAB = 50257
+
+
+def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelConfig:
+    return ModelConfig(name, "gpt", layers, hidden, heads, 4 * hidden, _GPT3_VOCAB, 2048, None, True)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int,
+           kv: int | None = None) -> ModelConfig:
+    return ModelConfig(name, "llama", layers, hidden, heads, ffn, vocab, seq, kv, False)
+
+
+# Sources: GPT-3 (Brown et al. 2020, Table 2.1; 16 heads for 1.3B as in Megatron), Llama 2 (Touvron et al.
+# 2023) and Llama 3 (Meta 2024) model cards / config.json, OPT (Zhang et al. 2022).
+MODELS: dict[str, ModelConfig] = {m.name: m for m in (
+    _gpt3("gpt3-1.3b", 24, 2048, 16),
+    _gpt3("gpt3-2.7b", 32, 2560, 32),
+    _gpt3("gpt3-6.7b", 32, 4096, 32),
+    _gpt3("gpt3-13b", 40, 5120, 40),
+    _gpt3("gpt3-175b", 96, 12288, 96),
+    _llama("llama2-7b", 32, 4096, 32, 11008, 32000, 4096),
+    _llama("llama2-13b", 40, 5120, 40, 13824, 32000, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 28672, 32000, 4096, kv=8),
+    _llama("llama3-8b", 32, 4096, 32, 14336, 128256, 8192, kv=8),
+    _llama("llama3-70b", 80, 8192, 64, 28672, 128256, 8192, kv=8),
+    ModelConfig("opt-350m", "gpt", 24, 1024, 16, 4096, 50272, 2048, None, True),
+    # Tiny models that train on a CPU in seconds (tests, cpu-demo).
+    ModelConfig("tiny-gpt", "gpt", 4, 64, 4, 256, 256, 32, None, False),
+    ModelConfig("tiny-llama", "llama", 4, 64, 4, 176, 256, 32, 2, False),
+)}
+
+
+def known_models() -> list[str]:
+    return sorted(MODELS)
+
+
+def get_model(name_or_path: str | Path) -> ModelConfig:
+    """A catalog model by name (case-insensitive) or a local Hugging Face `config.json`."""
+    value = str(name_or_path)
+    if isinstance(name_or_path, Path) or value.endswith(".json") or "/" in value or "\\" in value:
+        return load_hf_config(value)
+    key = value.strip().lower()
+    if key in MODELS:
+        return MODELS[key]
+    raise SpecError(None, "model", f"unknown model '{value}'",
+                    f"known models: {', '.join(known_models())}; or give a path to a config.json")
+
+
+def _int(data: dict[str, Any], source: Path, *names: str, default: int | None = None) -> int:
+    for n in names:
+        if n in data and data[n] is not None:
+            v = data[n]
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise SpecError(source, n, f"must be a positive integer, got {v!r}")
+            return v
+    if default is not None:
+        return default
+    raise SpecError(source, names[0], "required field is missing",
+                    f"a config.json needs one of: {', '.join(names)}")
+
+
+def load_hf_config(path: str | Path) -> ModelConfig:
+    """Read a Hugging Face `config.json` (llama/mistral/qwen2-style, gpt2, opt, gpt_neox)."""
+    p = Path(path)
+    data = read_document(p)
+    if not isinstance(data, dict):
+        raise SpecError(p, "", f"expected a JSON object, got {type(data).__name__}")
+    model_type = str(data.get("model_type", "")).lower()
+    name = str(data.get("_name_or_path") or data.get("name") or p.parent.name or p.stem)
+    if model_type in ("llama", "mistral", "qwen2", "gemma") or "num_key_value_heads" in data:
+        arch = "llama"
+    elif model_type in ("gpt2", "opt", "gpt_neox", "gptj", "gpt_bigcode", ""):
+        arch = "gpt"
+    else:
+        raise SpecError(p, "model_type", f"unsupported model_type '{model_type}'",
+                        "supported: llama, mistral, qwen2, gpt2, opt, gpt_neox")
+    hidden = _int(data, p, "hidden_size", "n_embd", "d_model")
+    layers = _int(data, p, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _int(data, p, "num_attention_heads", "n_head")
+    vocab = _int(data, p, "vocab_size")
+    if hidden % heads:
+        raise SpecError(p, "num_attention_heads", f"hidden size {hidden} is not divisible by {heads} heads",
+                        "use a head count that divides the hidden size")
+    default_ffn = 4 * hidden
+    ffn = _int(data, p, "intermediate_size", "n_inner", "ffn_dim", default=default_ffn)
+    seq = _int(data, p, "max_position_embeddings", "n_positions", "n_ctx", default=2048)
+    kv = _int(data, p, "num_key_value_heads", default=heads) if arch == "llama" else heads
+    if heads % kv:
+        raise SpecError(p, "num_key_value_heads", f"{heads} attention heads are not divisible by {kv} KV heads",
+                        "use a KV head count that divides num_attention_heads")
+    tie = data.get("tie_word_embeddings", arch == "gpt")
+    if not isinstance(tie, bool):
+        raise SpecError(p, "tie_word_embeddings", f"must be true or false, got {tie!r}")
+    return ModelConfig(name, arch, layers, hidden, heads, ffn, vocab, seq, kv if kv != heads else None, tie)
+

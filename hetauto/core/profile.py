@@ -1,0 +1,332 @@
+"""Device profiles: what one accelerator can do, from the shipped catalog or from a measurement.
+
+A profile file (YAML/JSON) holds published or measured figures with explicit units. The shipped catalog
+lives in `hetauto/data/devices/<key>.yaml`; a measured profile uses the same schema, may name a catalog
+`base` and give only the fields it measured, and its values override the catalog's (`merge`).
+
+Efficiency model (why: a GEMM reaches a larger share of peak the bigger it is, and TP shrinks GEMMs and
+adds synchronisation):
+
+    eff(gemm_flops, tp) = max_eff * x / (x + half_size_flops) * tp_penalty ** log2(tp),   x = gemm_flops
+
+`max_eff` is the asymptotic fraction of peak, `half_size_flops` the GEMM size (in FLOPs, 2*m*n*k) that
+reaches half of it, `tp_penalty` (<= 1) the factor lost per doubling of TP. It is monotone increasing in
+GEMM size and non-increasing in TP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hetauto.core.errors import SpecError
+from hetauto.core.specio import read_document, validate_document
+from hetauto.core.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
+
+Backend = Literal["cuda", "rocm", "npu", "xpu", "cpu", "mock"]
+PROFILE_SCHEMA = "hetauto.profile/1"
+
+
+# ----------------------------------------------------------------------------------------------- schema
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EfficiencyDoc(_Strict):
+    max_eff: float = Field(gt=0, le=1)
+    half_size_flops: float = Field(ge=0)
+    tp_penalty: float = Field(default=1.0, gt=0, le=1)
+
+
+class GemmSample(_Strict):
+    """One measured GEMM: C[m,n] = A[m,k] @ B[k,n]."""
+
+    m: int = Field(ge=1)
+    n: int = Field(ge=1)
+    k: int = Field(ge=1)
+    dtype: str = "bfloat16"
+    seconds: float = Field(gt=0)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def achieved_flops(self) -> float:
+        return self.flops / self.seconds
+
+
+class CollectiveFit(_Strict):
+    """time(bytes) = alpha_s + bytes * beta_s_per_byte, fitted over message sizes at `world_size` ranks."""
+
+    alpha_s: float = Field(ge=0)
+    beta_s_per_byte: float = Field(ge=0)
+    world_size: int = Field(default=2, ge=2)
+    points: tuple[tuple[float, float], ...] = ()  # (bytes, seconds) measured
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha_s + nbytes * self.beta_s_per_byte
+
+
+class CollectiveFits(_Strict):
+    all_reduce: CollectiveFit | None = None
+    all_gather: CollectiveFit | None = None
+    p2p: CollectiveFit | None = None
+
+
+class LayerSample(_Strict):
+    """Forward/backward time of one transformer block at a shape (the learned cost model's training rows)."""
+
+    arch: str = "gpt"
+    microbatch: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    num_heads: int = Field(default=1, ge=1)
+    ffn_hidden: int | None = Field(default=None, ge=1)
+    tp: int = Field(default=1, ge=1)
+    dtype: str = "bfloat16"
+    forward_s: float = Field(gt=0)
+    backward_s: float = Field(gt=0)
+    memory_bytes: float | None = Field(default=None, ge=0)
+
+
+class ModelLayerProfile(_Strict):
+    """A whole model profiled layer by layer at one (tp, microbatch) — the shape Metis profiles have.
+    Lists index the layer list [embedding, blocks..., head]."""
+
+    model: str | None = None
+    tp: int = Field(ge=1)
+    microbatch: int = Field(ge=1)
+    seq_len: int | None = Field(default=None, ge=1)
+    layer_compute_ms: tuple[float, ...]
+    layer_memory_mb: tuple[float, ...]
+    layer_params_bytes: tuple[float, ...]
+    forward_backward_ms: float = Field(ge=0)
+    batch_generator_ms: float = Field(default=0.0, ge=0)
+    optimizer_ms: float = Field(default=0.0, ge=0)
+    total_memory_mb: float = Field(ge=0)
+    total_params_bytes: float = Field(ge=0)
+
+
+class MeasuredDoc(_Strict):
+    """Optional measured sections; written by `hetauto profile` and the Metis importer."""
+
+    backend_version: str | None = None
+    host: str | None = None
+    gemm: tuple[GemmSample, ...] = ()
+    memory_bandwidth: str | float | None = None
+    collectives: CollectiveFits = CollectiveFits()
+    samples: tuple[LayerSample, ...] = ()
+    model_profiles: tuple[ModelLayerProfile, ...] = ()
+
+    @field_validator("memory_bandwidth")
+    @classmethod
+    def _bw(cls, v: Any) -> Any:
+        if v is not None:
+            parse_bandwidth(v)
+        return v
+
+
+class ProfileDoc(_Strict):
+    """The profile file. All physical fields are optional when `base` names a catalog device."""
+
+    schema_: Literal["hetauto.profile/1"] = Field(default=PROFILE_SCHEMA, alias="schema")
+    key: str | None = None
+    base: str | None = None
+    name: str | None = None
+    backend: Backend | None = None
+    peak_flops: str | float | None = None
+    memory_bytes: str | float | None = None
+    memory_bandwidth: str | float | None = None
+    intra_node_bandwidth: str | float | None = None
+    nic_bandwidth: str | float | None = None
+    efficiency: EfficiencyDoc | None = None
+    source: str | None = None
+    estimated: bool = False
+    measured: MeasuredDoc | None = None
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _flops(cls, v: Any) -> Any:
+        return v if v is None else parse_flops(v)
+
+    @field_validator("memory_bytes")
+    @classmethod
+    def _bytes(cls, v: Any) -> Any:
+        return v if v is None else parse_bytes(v)
+
+    @field_validator("memory_bandwidth", "intra_node_bandwidth", "nic_bandwidth")
+    @classmethod
+    def _bandwidth(cls, v: Any) -> Any:
+        return v if v is None else parse_bandwidth(v)
+
+
+_REQUIRED = ("name", "backend", "peak_flops", "memory_bytes", "memory_bandwidth", "intra_node_bandwidth",
+             "nic_bandwidth", "efficiency", "source")
+
+
+# ----------------------------------------------------------------------------------------------- values
+@dataclass(frozen=True, slots=True)
+class EfficiencyModel:
+    max_eff: float
+    half_size_flops: float
+    tp_penalty: float = 1.0
+
+    def __call__(self, gemm_flops: float, tp: int = 1) -> float:
+        x = max(float(gemm_flops), 0.0)
+        size = x / (x + self.half_size_flops) if (x + self.half_size_flops) > 0 else 1.0
+        return self.max_eff * size * self.tp_penalty ** math.log2(max(tp, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProfile:
+    """One device type. SI units: FLOP/s, bytes, bytes/s. `estimated` marks rough numbers (the CPU entry)."""
+
+    key: str
+    name: str
+    backend: str
+    peak_flops: float
+    memory_bytes: float
+    memory_bandwidth_Bps: float
+    intra_node_bandwidth_Bps: float
+    nic_bandwidth_Bps: float
+    efficiency_model: EfficiencyModel
+    source: str
+    estimated: bool = False
+    measured: MeasuredDoc | None = field(default=None, compare=False)
+
+    def efficiency(self, gemm_flops: float, tp: int = 1) -> float:
+        """Achieved fraction of peak for a GEMM of `gemm_flops` (2*m*n*k, per device) at TP degree `tp`."""
+        return self.efficiency_model(gemm_flops, tp)
+
+    def achieved_flops(self, gemm_flops: float, tp: int = 1) -> float:
+        return self.peak_flops * self.efficiency(gemm_flops, tp)
+
+    def scaled(self, speed_factor: float) -> "DeviceProfile":
+        """The same device `speed_factor` times as fast (emulated clusters of mock devices)."""
+        if speed_factor == 1.0:
+            return self
+        return replace(self, peak_flops=self.peak_flops * speed_factor,
+                       memory_bandwidth_Bps=self.memory_bandwidth_Bps * speed_factor)
+
+    def merge(self, doc: ProfileDoc) -> "DeviceProfile":
+        """Values present in `doc` (a measured profile) override this one's."""
+        return _build(doc, self)
+
+    def to_document(self) -> dict[str, Any]:
+        """A profile document (plain JSON types) that `load_profile` reads back to an equal profile."""
+        out: dict[str, Any] = {
+            "schema": PROFILE_SCHEMA, "key": self.key, "name": self.name, "backend": self.backend,
+            "peak_flops": self.peak_flops, "memory_bytes": self.memory_bytes,
+            "memory_bandwidth": self.memory_bandwidth_Bps, "intra_node_bandwidth": self.intra_node_bandwidth_Bps,
+            "nic_bandwidth": self.nic_bandwidth_Bps,
+            "efficiency": {"max_eff": self.efficiency_model.max_eff,
+                           "half_size_flops": self.efficiency_model.half_size_flops,
+                           "tp_penalty": self.efficiency_model.tp_penalty},
+            "source": self.source, "estimated": self.estimated,
+        }
+        if self.measured is not None:
+            out["measured"] = self.measured.model_dump(mode="json", exclude_defaults=True)
+        return out
+
+
+def _build(doc: ProfileDoc, base: DeviceProfile | None, source: str | Path | None = None) -> DeviceProfile:
+    if base is None:
+        missing = [f for f in _REQUIRED if getattr(doc, f) is None]
+        if missing:
+            raise SpecError(source, missing[0], "required field is missing",
+                            "give it, or set `base:` to a catalog device whose values fill the gaps")
+    eff = doc.efficiency
+    measured = doc.measured
+    if base is not None and base.measured is not None and measured is None:
+        measured = base.measured
+
+    def pick(name: str, base_value: Any) -> Any:
+        value = getattr(doc, name)
+        return base_value if value is None else value
+
+    return DeviceProfile(
+        key=doc.key or (base.key if base else (Path(str(source)).stem if source else "custom")),
+        name=pick("name", base.name if base else None),
+        backend=pick("backend", base.backend if base else None),
+        peak_flops=float(pick("peak_flops", base.peak_flops if base else None)),
+        memory_bytes=float(pick("memory_bytes", base.memory_bytes if base else None)),
+        memory_bandwidth_Bps=float(pick("memory_bandwidth", base.memory_bandwidth_Bps if base else None)),
+        intra_node_bandwidth_Bps=float(pick("intra_node_bandwidth", base.intra_node_bandwidth_Bps if base else None)),
+        nic_bandwidth_Bps=float(pick("nic_bandwidth", base.nic_bandwidth_Bps if base else None)),
+        efficiency_model=(EfficiencyModel(eff.max_eff, eff.half_size_flops, eff.tp_penalty) if eff is not None
+                          else base.efficiency_model),  # type: ignore[union-attr]
+        source=pick("source", base.source if base else None),
+        estimated=doc.estimated or (base.estimated if base else False),
+        measured=measured,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- loading
+def profile_from_dict(data: Any, source: str | Path | None = None) -> DeviceProfile:
+    doc = validate_document(ProfileDoc, data, source)
+    base = None
+    if doc.base is not None:
+        cat = catalog()
+        key = doc.base.lower()
+        if key not in cat:
+            raise SpecError(source, "base", f"unknown catalog device '{doc.base}'",
+                            f"known devices: {', '.join(sorted(cat))}")
+        base = cat[key]
+    return _build(doc, base, source)
+
+
+def load_profile(path: str | Path) -> DeviceProfile:
+    """Read a profile file (catalog entry or measured profile)."""
+    return profile_from_dict(read_document(path), path)
+
+
+def _catalog_dir() -> Any:
+    return resources.files("hetauto") / "data" / "devices"
+
+
+@lru_cache(maxsize=1)
+def _catalog_cached() -> tuple[tuple[str, DeviceProfile], ...]:
+    out = []
+    for entry in sorted(_catalog_dir().iterdir(), key=lambda e: e.name):
+        if entry.name.endswith((".yaml", ".yml")):
+            from hetauto.core.specio import parse_text
+
+            src = f"hetauto/data/devices/{entry.name}"
+            data = parse_text(entry.read_text(encoding="utf-8"), src)
+            if isinstance(data, dict):
+                data.setdefault("key", entry.name.rsplit(".", 1)[0])
+            prof = validate_document(ProfileDoc, data, src)
+            out.append((prof.key or entry.name, _build(prof, None, src)))
+    return tuple(out)
+
+
+def catalog() -> dict[str, DeviceProfile]:
+    """The shipped device catalog, by lowercase key (`a100-80g`, `h800`, `ascend-910b`, ...)."""
+    return dict(_catalog_cached())
+
+
+def is_profile_path(value: str) -> bool:
+    return "/" in value or "\\" in value or value.endswith((".yaml", ".yml", ".json"))
+
+
+def get_device(key_or_path: str | Path, base_dir: str | Path | None = None) -> DeviceProfile:
+    """A catalog device by key (case-insensitive) or a profile file by path (relative to `base_dir`)."""
+    value = str(key_or_path)
+    if isinstance(key_or_path, Path) or is_profile_path(value):
+        p = Path(value)
+        if base_dir is not None and not p.is_absolute():
+            p = Path(base_dir) / p
+        return load_profile(p)
+    cat = catalog()
+    key = value.strip().lower()
+    if key not in cat:
+        raise SpecError(None, "device", f"unknown device type '{value}'",
+                        f"known devices: {', '.join(sorted(cat))}; or give a profile file path")
+    return cat[key]

@@ -1,0 +1,143 @@
+"""Parsing explicit unit strings (`"200Gbps"`, `"25GB/s"`, `"2ms"`, `"80GiB"`, `"312TFLOPS"`) into SI floats.
+
+Specs carry units as text so that a reader never guesses whether `200` meant Gb/s or GB/s. Every parser
+returns an SI float (bytes/s, seconds, bytes, FLOP/s) and raises `ValueError` listing the accepted units
+on a typo; loaders turn that into a `SpecError` naming the file and field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z/]*)\s*$")
+
+_DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+
+
+def _table_bytes() -> dict[str, float]:
+    out = {"B": 1.0}
+    for p, f in _DEC.items():
+        if p:
+            out[f"{p}B"] = f
+    for p, f in _BIN.items():
+        out[f"{p}B"] = f
+    return out
+
+
+def _table_bandwidth() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for p, f in list(_DEC.items()) + list(_BIN.items()):
+        if p == "K":
+            continue
+        out[f"{p}B/s"] = f
+        out[f"{p}bps"] = f / 8.0
+        out[f"{p}b/s"] = f / 8.0
+        if p:
+            out[f"{p}Bps"] = f
+    return out
+
+
+def _table_time() -> dict[str, float]:
+    return {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+
+
+def _table_flops() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for p, f in _DEC.items():
+        if p == "K":
+            continue
+        out[f"{p}FLOPS"] = f
+        out[f"{p}FLOP/s"] = f
+    return out
+
+
+BYTES_UNITS = _table_bytes()
+BANDWIDTH_UNITS = _table_bandwidth()
+TIME_UNITS = _table_time()
+FLOPS_UNITS = _table_flops()
+
+_KINDS: dict[str, tuple[dict[str, float], str]] = {
+    "bytes": (BYTES_UNITS, "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"),
+    "bandwidth": (BANDWIDTH_UNITS, "bps, Mbps, Gbps, Tbps (bits/s), B/s, MB/s, GB/s, TB/s, GiB/s (bytes/s)"),
+    "time": (TIME_UNITS, "s, ms, us, ns"),
+    "flops": (FLOPS_UNITS, "FLOPS, GFLOPS, TFLOPS, PFLOPS (or FLOP/s forms)"),
+}
+
+
+def parse_quantity(value: object, kind: str, *, allow_zero: bool = False) -> float:
+    """Parse `value` (a unit string, or a plain number already in SI units) as a quantity of `kind`
+    ("bytes", "bandwidth", "time" or "flops"). Negative, NaN and infinite values are rejected; zero
+    only when `allow_zero` (a latency may be 0, a bandwidth may not)."""
+    table, accepted = _KINDS[kind]
+    if isinstance(value, bool):
+        raise ValueError(f"expected a {kind} value such as {_example(kind)}, got {value!r}")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        m = _NUMBER.match(value)
+        if not m:
+            raise ValueError(f"cannot read {value!r} as a {kind} value; write a number and a unit ({accepted})")
+        unit = m.group(2)
+        if unit == "":
+            factor = 1.0
+        elif unit in table:
+            factor = table[unit]
+        else:
+            raise ValueError(f"unknown {kind} unit {unit!r} in {value!r}; accepted units: {accepted}")
+        number = float(m.group(1)) * factor
+    else:
+        raise ValueError(f"expected a {kind} value such as {_example(kind)}, got {type(value).__name__}")
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(f"{kind} value {value!r} is not a finite number")
+    if number < 0 or (number == 0 and not allow_zero):
+        need = "zero or positive" if allow_zero else "positive"
+        raise ValueError(f"{kind} value {value!r} must be {need}")
+    return number
+
+
+def _example(kind: str) -> str:
+    return {"bytes": "'80GiB'", "bandwidth": "'200Gbps' or '25GB/s'", "time": "'2ms'", "flops": "'312TFLOPS'"}[kind]
+
+
+def parse_bytes(value: object) -> float:
+    return parse_quantity(value, "bytes")
+
+
+def parse_bandwidth(value: object) -> float:
+    """Bytes per second. `Gbps`/`Gb/s` are bits (÷8); `GB/s`/`GBps` are bytes."""
+    return parse_quantity(value, "bandwidth")
+
+
+def parse_time(value: object) -> float:
+    """Seconds; zero allowed (an idealised link)."""
+    return parse_quantity(value, "time", allow_zero=True)
+
+
+def parse_flops(value: object) -> float:
+    return parse_quantity(value, "flops")
+
+
+def format_bytes(n: float) -> str:
+    for unit, f in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+        if n >= f:
+            return f"{n / f:.3g}{unit}"
+    return f"{n:.0f}B"
+
+
+def format_bandwidth(bps: float) -> str:
+    """Bytes/s rendered as Gbps (the unit network people think in)."""
+    return f"{bps * 8 / 1e9:.4g}Gbps"
+
+
+def format_flops(f: float) -> str:
+    return f"{f / 1e12:.4g}TFLOPS"
+
+
+def format_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.4g}s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.4g}ms"
+    return f"{s * 1e6:.4g}us"

@@ -1,0 +1,1 @@
+"""Converters between hetauto's profile schema and other planners' formats."""

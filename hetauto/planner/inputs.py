@@ -1,0 +1,108 @@
+"""Everything a planner needs, loaded and validated in one place so every planner and the CLI agree.
+
+`load_planning_inputs()` with no arguments gives the default scenario; `scenario=` picks another; an explicit
+`cluster` file / `model` / `global_batch` / `seq_len` overrides the scenario's. Every problem is a one-line
+`SpecError` (file, field, fix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetauto.core.cluster import ClusterSpec, load_cluster
+from hetauto.core.errors import SpecError
+from hetauto.core.model import ModelConfig
+from hetauto.core.model_catalog import get_model
+from hetauto.core.scenarios import DEFAULT_SCENARIO, get_scenario
+from hetauto.core.units import format_bandwidth, format_bytes, format_flops, format_time
+from hetauto.planner.layers import LayerCost, layer_list, total_params
+
+DEFAULT_GLOBAL_BATCH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class PlanningInputs:
+    cluster: ClusterSpec
+    model: ModelConfig
+    seq_len: int
+    global_batch: int
+    layers: tuple[LayerCost, ...]
+    scenario: str | None = None
+    cluster_source: str | None = None  # scenario name or cluster file, for the plan's `cluster` field
+
+    def summary(self) -> dict[str, Any]:
+        spec = self.cluster
+        clusters = []
+        for c in spec.clusters:
+            clusters.append({
+                "name": c.name, "device": c.device.key, "nodes": c.num_nodes, "devices_per_node": c.devices_per_node,
+                "devices": c.num_devices, "peak_flops": c.device.peak_flops, "memory_bytes": c.device.memory_bytes,
+                "speed_factor": c.speed_factor,
+                "intra_node": {"bandwidth_Bps": c.intra_node.bandwidth_Bps, "latency_s": c.intra_node.latency_s},
+                "inter_node": {"bandwidth_Bps": c.inter_node.bandwidth_Bps, "latency_s": c.inter_node.latency_s}})
+        links = []
+        names = spec.names
+        for i in range(len(names)):
+            for j in range(i + 1, len(names)):
+                link = spec.link(names[i], names[j])
+                links.append({"between": [names[i], names[j]], "bandwidth_Bps": link.bandwidth_Bps,
+                              "latency_s": link.latency_s, "shared_capacity_Bps": link.shared_capacity_Bps})
+        return {"scenario": self.scenario, "cluster_source": self.cluster_source, "model": self.model.name,
+                "params": total_params(self.model), "layers": len(self.layers), "seq_len": self.seq_len,
+                "global_batch": self.global_batch, "total_devices": spec.total_devices,
+                "clusters": clusters, "links": links}
+
+    def describe(self) -> list[str]:
+        """Human-readable lines for the CLI."""
+        out = [f"model {self.model.name}: {total_params(self.model) / 1e9:.3g}B params, {self.model.num_layers} blocks, "
+               f"seq {self.seq_len}, global batch {self.global_batch}",
+               f"cluster {self.cluster_source or '-'}: {self.cluster.total_devices} devices in {len(self.cluster.clusters)} clusters"]
+        for c in self.cluster.clusters:
+            out.append(f"  {c.name}: {c.num_nodes}x{c.devices_per_node} {c.device.key} "
+                       f"({format_flops(c.device.peak_flops)}, {format_bytes(c.device.memory_bytes)}, "
+                       f"NIC {format_bandwidth(c.inter_node.bandwidth_Bps)})")
+        names = self.cluster.names
+        for i in range(len(names)):
+            for j in range(i + 1, len(names)):
+                link = self.cluster.link(names[i], names[j])
+                out.append(f"  link {names[i]} <-> {names[j]}: {format_bandwidth(link.bandwidth_Bps)}, "
+                           f"{format_time(link.latency_s)}")
+        return out
+
+
+def load_planning_inputs(cluster: str | Path | ClusterSpec | None = None, model: str | Path | ModelConfig | None = None,
+                         scenario: str | None = None, global_batch: int | None = None,
+                         seq_len: int | None = None) -> PlanningInputs:
+    """Resolve and validate the planner's inputs (see module docstring for the precedence)."""
+    scen = None
+    if scenario is not None or (cluster is None and model is None):
+        scen = get_scenario(scenario or DEFAULT_SCENARIO)
+    if cluster is None and scen is None:
+        raise SpecError(None, "--cluster", "a model was given but no cluster", "pass --cluster FILE or --scenario NAME")
+    if isinstance(cluster, ClusterSpec):
+        spec, source = cluster, cluster.source or cluster.name
+    elif cluster is not None:
+        spec, source = load_cluster(cluster), str(cluster)
+    else:
+        assert scen is not None
+        spec, source = scen.cluster, scen.name
+    if isinstance(model, ModelConfig):
+        cfg = model
+    elif model is not None:
+        cfg = get_model(model)
+    elif scen is not None:
+        cfg = scen.model
+    else:
+        raise SpecError(None, "--model", "no model given", "pass --model NAME or a config.json path (see `hetauto models`)")
+    seq = seq_len if seq_len is not None else (scen.seq_len if scen is not None and model is None else cfg.max_seq_len)
+    gbs = global_batch if global_batch is not None else (scen.global_batch if scen is not None else DEFAULT_GLOBAL_BATCH)
+    if seq <= 0:
+        raise SpecError(None, "--seq", f"sequence length must be positive, got {seq}")
+    if gbs <= 0:
+        raise SpecError(None, "--gbs", f"global batch must be positive, got {gbs}")
+    if cfg.arch == "gpt" and seq > cfg.max_seq_len:
+        raise SpecError(None, "--seq", f"{cfg.name} has learned positions for {cfg.max_seq_len} tokens, got seq {seq}",
+                        f"use --seq <= {cfg.max_seq_len}")
+    return PlanningInputs(spec, cfg, seq, gbs, layer_list(cfg, seq), scen.name if scen else None, source)

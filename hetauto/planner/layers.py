@@ -1,0 +1,270 @@
+"""Per-layer costs of a decoder-only transformer: the numbers every planner and the simulator start from.
+
+The layer list is `[embedding, block_0 .. block_{N-1}, head]` (the plan IR's layer indexing).
+
+FLOPs count matrix multiplies only (norms, softmax and activations are < 1 % at these sizes), 2 FLOPs per
+multiply-add, per token, forward: a block does `2 * (its matmul weights) + 4 * s * h` — the last term is
+Q@K^T and scores@V over the full s x s matrix, as Megatron and Korthikanti count it (causal kernels skip
+half of it). The head does `2 * V * h` (also when tied to the embedding); the embedding lookup does none.
+Backward is 2x forward; with full recomputation the forward is run again, so backward costs 3x.
+
+Activation memory per sample (microbatch b=1, bf16, s = sequence, h = hidden, a = heads, t = TP degree),
+after Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models":
+
+    no parallelism:                 s*h*(34 + 5*a*s/h)
+    tensor parallel:                s*h*(10 + 24/t + 5*a*s/(h*t))
+    tensor + sequence parallel:     s*h*(34/t + 5*a*s/(h*t))
+    full recomputation:             2*s*h      (2*s*h/t with sequence parallelism)
+
+The constants are split into a part TP cannot shard (10: two norm inputs, the attention and MLP inputs,
+two dropout masks), a part it shards (24 = Q,K,V 6 + projection input 2 + MLP 16 for ffn = 4h) and the
+attention scores (5*a*s: softmax output, dropout mask and output). We keep that split and derive it from
+the architecture, so a GPT with ffn = 4h gives exactly the paper's numbers, while a Llama block (no
+dropout, SwiGLU with three ffn-wide tensors, GQA's smaller K/V) gets the same accounting applied to its
+tensors. `flash_attention=True` drops the a*s^2 score term (flash kernels keep only row statistics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hetauto.core.model import ModelConfig
+
+LayerKind = Literal["embedding", "block", "head"]
+BYTES_BF16 = 2
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """Costs of one slot of the layer list at sequence length `seq_len`. Activation fields are bytes per
+    sample (multiply by the microbatch) at tp=1; use `activation_bytes` for TP / SP / recompute variants."""
+
+    index: int
+    kind: LayerKind
+    name: str
+    params: int
+    fwd_flops_per_token: float
+    seq_len: int
+    hidden: int
+    act_replicated_bytes: float  # per sample; not sharded by TP (sharded by TP + sequence parallel)
+    act_sharded_bytes: float  # per sample; sharded by TP
+    act_score_bytes: float  # per sample; attention scores (sharded by TP, absent with flash attention)
+    boundary_bytes_per_sample: float  # the activation sent to the next stage (bf16)
+
+    @property
+    def fwd_flops_per_sample(self) -> float:
+        return self.fwd_flops_per_token * self.seq_len
+
+    def bwd_flops_per_token(self, recompute: bool = False) -> float:
+        return (3.0 if recompute else 2.0) * self.fwd_flops_per_token
+
+    def train_flops_per_token(self, recompute: bool = False) -> float:
+        """Forward + backward: 3x forward, 4x with full recomputation."""
+        return self.fwd_flops_per_token + self.bwd_flops_per_token(recompute)
+
+    @property
+    def act_bytes_per_sample(self) -> float:
+        """Korthikanti, no parallelism, no recomputation: s*h*(34 + 5as/h) for a GPT block."""
+        return self.act_replicated_bytes + self.act_sharded_bytes + self.act_score_bytes
+
+    @property
+    def act_bytes_per_sample_recompute(self) -> float:
+        """Full recomputation keeps only the block input (2*s*h); embedding and head keep their own."""
+        if self.kind != "block":
+            return self.act_bytes_per_sample
+        return float(BYTES_BF16 * self.seq_len * self.hidden)
+
+    def activation_bytes(self, microbatch: int = 1, tp: int = 1, sequence_parallel: bool = False,
+                         recompute: bool = False, flash_attention: bool = False) -> float:
+        """Activation bytes this layer keeps for backward, per device, for one microbatch."""
+        if recompute and self.kind == "block":
+            per = BYTES_BF16 * self.seq_len * self.hidden / (tp if sequence_parallel else 1)
+        else:
+            scores = 0.0 if flash_attention else self.act_score_bytes
+            rep = self.act_replicated_bytes / (tp if sequence_parallel else 1)
+            per = rep + (self.act_sharded_bytes + scores) / tp
+        return microbatch * per
+
+
+# ------------------------------------------------------------------------------------------- analytic
+def block_params(m: ModelConfig) -> int:
+    h, f, kv = m.hidden, m.ffn_hidden, m.kv_heads * m.head_dim
+    if m.arch == "gpt":
+        attn = h * (h + 2 * kv) + (h + 2 * kv) + h * h + h
+        mlp = h * f + f + f * h + h
+        norms = 2 * 2 * h
+    else:
+        attn = h * h + 2 * h * kv + h * h
+        mlp = 3 * h * f
+        norms = 2 * h
+    return attn + mlp + norms
+
+
+def _block_matmul_weights(m: ModelConfig) -> int:
+    h, f, kv = m.hidden, m.ffn_hidden, m.kv_heads * m.head_dim
+    mlp = (2 if m.arch == "gpt" else 3) * h * f
+    return 2 * h * h + 2 * h * kv + mlp
+
+
+def embedding_params(m: ModelConfig) -> int:
+    pos = m.max_seq_len * m.hidden if m.arch == "gpt" else 0
+    return m.vocab_size * m.hidden + pos
+
+
+def head_params(m: ModelConfig) -> int:
+    norm = 2 * m.hidden if m.arch == "gpt" else m.hidden
+    return norm + (0 if m.tie_embeddings else m.vocab_size * m.hidden)
+
+
+def total_params(m: ModelConfig) -> int:
+    return embedding_params(m) + m.num_layers * block_params(m) + head_params(m)
+
+
+def _block_activation_split(m: ModelConfig, s: int) -> tuple[float, float, float]:
+    h, f, a = m.hidden, m.ffn_hidden, m.num_heads
+    kv = m.kv_heads * m.head_dim
+    if m.arch == "gpt":
+        replicated = 10 * s * h  # 2 norm inputs (4) + attn & MLP inputs (4) + 2 dropout masks (2)
+        sharded = 2 * s * h + 4 * s * kv + 2 * s * h + 4 * s * f + 0  # Q,K,V + proj input + fc1 out, GeLU out
+        scores = 5 * a * s * s
+    else:
+        replicated = 8 * s * h  # no dropout
+        sharded = 2 * s * h + 4 * s * kv + 2 * s * h + 8 * s * f  # gate, up, silu(gate), product
+        scores = 2 * a * s * s  # softmax output only
+    return float(replicated), float(sharded), float(scores)
+
+
+def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCost, ...]:
+    """The analytic layer list of `model` at `seq_len` (default: the model's max_seq_len)."""
+    s = int(seq_len or model.max_seq_len)
+    if s <= 0:
+        raise ValueError(f"seq_len must be positive, got {s}")
+    h, v = model.hidden, model.vocab_size
+    boundary = float(BYTES_BF16 * s * h)
+    emb_act = float(s * h) if model.arch == "gpt" else 0.0  # embedding dropout mask
+    layers = [LayerCost(0, "embedding", "embedding", embedding_params(model), 0.0, s, h, emb_act, 0.0, 0.0, boundary)]
+    bp = block_params(model)
+    bflops = 2.0 * _block_matmul_weights(model) + 4.0 * s * h
+    rep, sh, sc = _block_activation_split(model, s)
+    for i in range(model.num_layers):
+        layers.append(LayerCost(i + 1, "block", f"block_{i}", bp, bflops, s, h, rep, sh, sc, boundary))
+    # head: final-norm input and output (replicated), fp32 logits for the loss (sharded by vocab-parallel TP)
+    layers.append(LayerCost(model.num_layers + 1, "head", "head", head_params(model), 2.0 * v * h, s, h,
+                            float(4 * s * h), float(4 * s * v), 0.0, 0.0))
+    return tuple(layers)
+
+
+def model_flops_per_token(model: ModelConfig, seq_len: int | None = None, recompute: bool = False) -> float:
+    """Training FLOPs per token (forward + backward) over the whole layer list."""
+    return sum(layer.train_flops_per_token(recompute) for layer in layer_list(model, seq_len))
+
+
+# ------------------------------------------------------------------------------------------- from a module
+def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
+                       example_input: Callable[[int], Any] | None = None) -> tuple[LayerCost, ...]:
+    """Build the layer list from a live `torch.nn.Module`, built on the meta device (no weights, no memory).
+
+    The blocks are the module's largest `nn.ModuleList`; parameters of `nn.Embedding`s outside it form the
+    embedding slot and everything else the head. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`
+    on one forward of `example_input(seq_len)` (default: token ids of shape [1, seq_len]); activation bytes
+    are the tensors autograd saves for backward, attributed to the block running when they were saved."""
+    import torch
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        module = module_factory()
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module_factory must return a torch.nn.Module, got {type(module).__name__}")
+    lists = [(name, ml) for name, ml in module.named_modules() if isinstance(ml, nn.ModuleList) and len(ml) > 0]
+    if not lists:
+        raise ValueError("the module has no nn.ModuleList of blocks; hetauto splits models at their block list")
+    blocks_name, blocks = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    in_blocks = {id(p) for p in blocks.parameters()}
+    emb_ids: set[int] = set()
+    for sub in module.modules():
+        if isinstance(sub, nn.Embedding):
+            emb_ids.update(id(p) for p in sub.parameters() if id(p) not in in_blocks)
+    seen: set[int] = set()
+    emb_params = head_params_ = 0
+    for p in module.parameters():  # deduplicated: tied weights count once, in the embedding
+        if id(p) in seen or id(p) in in_blocks:
+            continue
+        seen.add(id(p))
+        if id(p) in emb_ids:
+            emb_params += p.numel()
+        else:
+            head_params_ += p.numel()
+
+    n = len(blocks)
+    saved = [0.0] * (n + 2)
+    current = [0]
+
+    def enter(i: int) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            current[0] = i + 1
+        return hook
+
+    def leave(i: int) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            current[0] = n + 1 if i == n - 1 else i + 2
+        return hook
+
+    handles = []
+    for i, blk in enumerate(blocks):
+        handles.append(blk.register_forward_pre_hook(enter(i)))
+        handles.append(blk.register_forward_hook(leave(i)))
+    seen_saved: set[int] = set()
+    param_ids = {id(p) for p in module.parameters()}
+
+    def is_weight(t: Any) -> bool:
+        while t is not None:
+            if id(t) in param_ids:
+                return True
+            t = t._base
+        return False
+
+    def pack(t: Any) -> Any:
+        key = id(t)
+        if isinstance(t, torch.Tensor) and key not in seen_saved and not is_weight(t):
+            seen_saved.add(key)
+            saved[current[0]] += t.numel() * t.element_size()
+        return t
+
+    x = example_input(seq_len) if example_input else torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            module(x)
+    finally:
+        for hd in handles:
+            hd.remove()
+    counts = counter.get_flop_counts()
+    total = sum(counts.get("Global", {}).values())
+    prefix = next((k for k in counts if k.endswith(f".{blocks_name}.0") or k == f"{blocks_name}.0"), None)
+    block_flops = []
+    for i in range(n):
+        key = f"{prefix[: -2]}.{i}" if prefix else None
+        block_flops.append(float(sum(counts.get(key, {}).values())) if key else 0.0)
+    head_flops = float(total) - sum(block_flops)
+    h = _hidden_of(blocks[0])
+    boundary = float(BYTES_BF16 * seq_len * h) if h else 0.0
+    out = [LayerCost(0, "embedding", "embedding", emb_params, 0.0, seq_len, h, saved[0], 0.0, 0.0, boundary)]
+    for i, blk in enumerate(blocks):
+        out.append(LayerCost(i + 1, "block", f"block_{i}", sum(p.numel() for p in blk.parameters()),
+                             block_flops[i] / seq_len, seq_len, h, 0.0, saved[i + 1], 0.0, boundary))
+    out.append(LayerCost(n + 1, "head", "head", head_params_, head_flops / seq_len, seq_len, h,
+                         0.0, saved[n + 1], 0.0, 0.0))
+    return tuple(out)
+
+
+def _hidden_of(block: Any) -> int:
+    """The block's model width: the input size of its first Linear (what flows between blocks)."""
+    from torch import nn
+
+    for sub in block.modules():
+        if isinstance(sub, nn.Linear):
+            return int(sub.in_features)
+    return 0

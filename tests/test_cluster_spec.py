@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from hetauto.core.cluster import Cluster, ClusterSpec, LinkSpec, cluster_from_dict, load_cluster
+from hetauto.core.errors import SpecError
+from hetauto.core.profile import catalog
+
+BASE = {
+    "clusters": [
+        {"name": "a", "nodes": {"count": 2, "devices_per_node": 8, "device": "a100-80g"}},
+        {"name": "b", "nodes": {"count": 1, "devices_per_node": 4, "device": "h800"},
+         "intra_node": {"bandwidth": "400GB/s", "latency": "3us"}, "inter_node": {"bandwidth": "400Gbps", "latency": "8us"}},
+        {"name": "c", "nodes": {"count": 4, "devices_per_node": 8, "device": "ascend-910b"}, "speed_factor": 0.5},
+    ],
+    "links": {
+        "default": {"bandwidth": "100Gbps", "latency": "2ms"},
+        "overrides": [{"between": ["b", "a"], "bandwidth": "25GB/s", "latency": "0.5ms", "shared_capacity": "400Gbps"}],
+    },
+}
+KNOWN = ", ".join(sorted(catalog()))
+
+
+def mutate(fn):
+    doc = copy.deepcopy(BASE)
+    fn(doc)
+    return doc
+
+
+def test_valid_spec_values():
+    spec = cluster_from_dict(BASE, "spec.yaml")
+    assert isinstance(spec, ClusterSpec) and spec.names == ("a", "b", "c")
+    assert spec.total_devices == 16 + 4 + 32
+    a = spec.cluster("a")
+    assert isinstance(a, Cluster) and a.num_nodes == 2 and a.devices_per_node == 8 and a.num_devices == 16
+    assert a.device.key == "a100-80g" and a.device.peak_flops == 312e12
+    # defaults from the device profile: NVLink3 600 GB/s intra, 200 Gb/s NIC
+    assert a.intra_node == LinkSpec(600e9, 5e-6) and a.inter_node == LinkSpec(25e9, 10e-6)
+    b = spec["b"]
+    assert b.intra_node == LinkSpec(400e9, 3e-6) and b.inter_node == LinkSpec(50e9, 8e-6)
+    assert spec.link("a", "b") == LinkSpec(25e9, 0.5e-3, 50e9) == spec.link("b", "a")
+    assert spec.link("a", "c") == LinkSpec(12.5e9, 2e-3, None)
+    c = spec["c"]
+    assert c.speed_factor == 0.5 and c.device.peak_flops == 313e12 * 0.5
+    assert spec.link("a", "c").transfer_time(12.5e9) == pytest.approx(1.002)
+
+
+def test_link_to_self_and_unknown_cluster():
+    spec = cluster_from_dict(BASE)
+    with pytest.raises(ValueError, match=r"cluster\('a'\).inter_node"):
+        spec.link("a", "a")
+    with pytest.raises(KeyError, match="no cluster named 'z'; clusters: a, b, c"):
+        spec.link("a", "z")
+
+
+def test_yaml_and_json_give_the_same_spec(tmp_path):
+    y, j = tmp_path / "c.yaml", tmp_path / "c.json"
+    y.write_text(yaml.safe_dump(BASE))
+    j.write_text(json.dumps(BASE))
+    sy, sj = load_cluster(y), load_cluster(j)
+    assert sy.clusters == sj.clusters and sy.overrides == sj.overrides and sy.default_link == sj.default_link
+
+
+def test_to_document_round_trips():
+    spec = cluster_from_dict(BASE)
+    again = cluster_from_dict(spec.to_document())
+    assert again.clusters == spec.clusters and again.overrides == spec.overrides
+
+
+def test_device_from_profile_file_relative_to_spec(tmp_path):
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.yaml").write_text("base: a100-80g\nkey: my-a100\npeak_flops: 280TFLOPS\n")
+    doc = mutate(lambda d: d["clusters"][0]["nodes"].__setitem__("device", "profiles/mine.yaml"))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    spec = load_cluster(tmp_path / "spec.yaml")
+    dev = spec["a"].device
+    assert dev.key == "my-a100" and dev.peak_flops == 280e12 and dev.memory_bytes == 80 * 2**30
+
+
+BAD = [
+    ("unknown device type",
+     lambda d: d["clusters"][0]["nodes"].__setitem__("device", "a100"),
+     f"spec.yaml: clusters[0].nodes.device: unknown device type 'a100' (known devices: {KNOWN}; or give a profile file path)"),
+    ("negative node count",
+     lambda d: d["clusters"][0]["nodes"].__setitem__("count", -1),
+     "spec.yaml: clusters[0].nodes.count: must be a positive number of nodes, got -1 (e.g. 8)"),
+    ("zero devices per node",
+     lambda d: d["clusters"][1]["nodes"].__setitem__("devices_per_node", 0),
+     "spec.yaml: clusters[1].nodes.devices_per_node: must be a positive number of devices per node, got 0 (e.g. 8)"),
+    ("duplicate cluster name",
+     lambda d: d["clusters"][2].__setitem__("name", "a"),
+     "spec.yaml: clusters[2].name: duplicate cluster name 'a' (also clusters[0]) (give every cluster a unique name)"),
+    ("pair without a link",
+     lambda d: d["links"].pop("default"),
+     "spec.yaml: links: no link between clusters 'a' and 'c' (add links.default or an override with between: [a, c])"),
+    ("bandwidth unit typo",
+     lambda d: d["links"]["default"].__setitem__("bandwidth", "100Gbsp"),
+     "spec.yaml: links.default.bandwidth: unknown bandwidth unit 'Gbsp' in '100Gbsp'; accepted units: bps, Mbps, "
+     "Gbps, Tbps (bits/s), B/s, MB/s, GB/s, TB/s, GiB/s (bytes/s)"),
+    ("latency unit typo",
+     lambda d: d["links"]["default"].__setitem__("latency", "2 msec"),
+     "spec.yaml: links.default.latency: unknown time unit 'msec' in '2 msec'; accepted units: s, ms, us, ns"),
+    ("negative latency",
+     lambda d: d["clusters"][1]["inter_node"].__setitem__("latency", "-1us"),
+     "spec.yaml: clusters[1].inter_node.latency: time value '-1us' must be zero or positive"),
+    ("unknown field",
+     lambda d: d["clusters"][0].__setitem__("gpus", 8),
+     "spec.yaml: clusters[0].gpus: unknown field (expected one of: name, nodes, intra_node, inter_node, speed_factor)"),
+    ("missing device",
+     lambda d: d["clusters"][0]["nodes"].pop("device"),
+     "spec.yaml: clusters[0].nodes.device: required field is missing"),
+    ("override names an unknown cluster",
+     lambda d: d["links"]["overrides"][0].__setitem__("between", ["a", "z"]),
+     "spec.yaml: links.overrides[0].between: unknown cluster 'z' (clusters: a, b, c)"),
+    ("override joins a cluster to itself",
+     lambda d: d["links"]["overrides"][0].__setitem__("between", ["a", "a"]),
+     "spec.yaml: links.overrides[0].between: a link joins two different clusters, got 'a' twice (name two different clusters)"),
+    ("duplicate override",
+     lambda d: d["links"]["overrides"].append({"between": ["a", "b"], "bandwidth": "1Gbps"}),
+     "spec.yaml: links.overrides[1].between: duplicate link between 'a' and 'b' (also links.overrides[0]) "
+     "(keep one override per cluster pair)"),
+    ("no clusters",
+     lambda d: d.__setitem__("clusters", []),
+     "spec.yaml: clusters: no clusters; list at least one cluster with name and nodes"),
+    ("zero speed factor",
+     lambda d: d["clusters"][2].__setitem__("speed_factor", 0),
+     "spec.yaml: clusters[2].speed_factor: Input should be greater than 0"),
+    ("missing profile file",
+     lambda d: d["clusters"][0]["nodes"].__setitem__("device", "./nope.yaml"),
+     "spec.yaml: clusters[0].nodes.device: cannot load profile: nope.yaml: file not found (check the path)"),
+]
+
+
+@pytest.mark.parametrize("case, fn, message", BAD, ids=[c[0] for c in BAD])
+def test_bad_spec_message(case, fn, message):
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict(mutate(fn), "spec.yaml")
+    assert str(err.value) == message
+
+
+def test_messages_are_distinct():
+    assert len({m for _, _, m in BAD}) == len(BAD)
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(SpecError, match=r"missing.yaml: file not found \(check the path\)"):
+        load_cluster(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("clusters: [\n")
+    with pytest.raises(SpecError, match=r"bad.yaml: line \d+: invalid YAML"):
+        load_cluster(bad)
+    lst = tmp_path / "list.json"
+    lst.write_text("[1, 2]")
+    with pytest.raises(SpecError, match=r"list.json: expected a mapping at the top level, got list"):
+        load_cluster(lst)
+
+
+def test_cli_plan_reports_spec_error_in_one_line(tmp_path, capsys):
+    from hetauto.cli import main
+
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(mutate(lambda d: d["links"]["default"].__setitem__("bandwidth", "10Gbsp"))))
+    rc = main(["plan", "--cluster", str(p), "--model", "tiny-gpt"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith(f"hetauto plan: error: {p}: links.default.bandwidth: unknown bandwidth unit")
