@@ -22,7 +22,8 @@ from hetauto.core.backend import Availability, Backend, Capabilities, MemoryStat
 
 DEFAULT_DEVICES = 8
 DEFAULT_MEMORY = 16 * 2**30
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTP]i?B|B)?\s*$", re.IGNORECASE)
+# Case-sensitive "B": "16Gb" would be gigabits, so it is rejected rather than guessed.
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKMGTP]i?B|B)?\s*$")
 _UNIT = {"": 1, "B": 1}
 for _i, _p in enumerate("KMGTP", start=1):
     _UNIT[f"{_p}B"] = 1000**_i

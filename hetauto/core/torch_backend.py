@@ -55,8 +55,11 @@ class TorchModuleBackend(Backend):
     @property
     def module(self) -> ModuleType | Any:
         """The torch device module (`torch.cuda`, `torch.xpu`, ...). Resolved lazily: for out-of-tree
-        devices it exists only after the vendor package was imported."""
-        return torch.get_device_module(self.device_type)
+        devices it exists only after the vendor package was imported. Looked up on `torch` each time
+        rather than through the memoised `torch.get_device_module`, so a module registered (or faked)
+        after the first lookup is seen."""
+        mod = getattr(torch, self.device_type, None)
+        return mod if mod is not None else torch.get_device_module(self.device_type)
 
     def _has(self, attr: str) -> bool:
         return callable(getattr(self.module, attr, None))

@@ -4,9 +4,11 @@ honest bookkeeping (current device, seeds, synchronize calls) so tests can asser
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,12 @@ class FakeDeviceModule(ModuleType):
     def is_available(self) -> bool:
         return self.available
 
+    def _is_compiled(self) -> bool:
+        return True
+
+    def _is_in_bad_fork(self) -> bool:  # torch.manual_seed asks every device module this
+        return False
+
     def device_count(self) -> int:
         return self.count if self.available else 0
 
@@ -117,3 +125,46 @@ class FakeDeviceModule(ModuleType):
 
     def initial_seed(self) -> int:
         return -1 if self.seed is None else self.seed
+
+
+# -- installing fakes (pytest `monkeypatch`, so everything is undone after the test) -------------------
+def ensure_npu_device_type() -> None:
+    """Make `torch.device("npu", i)` valid, as `import torch_npu` does (renames PrivateUse1; process-wide,
+    harmless when nothing else uses PrivateUse1)."""
+    import torch
+
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+
+
+def install_fake_torch_npu(monkeypatch: Any, module: FakeDeviceModule | None = None, *, transfer_to_npu: bool = False) -> FakeDeviceModule:
+    """Fake an installed torch_npu: `torch_npu` in sys.modules, `torch.npu`, hccl registered for npu.
+    `transfer_to_npu=True` also fakes `torch_npu.contrib.transfer_to_npu`, which makes torch.cuda look
+    available on a CPU build."""
+    import torch
+    import torch.distributed as dist
+
+    mod = module or FakeDeviceModule("npu", count=8, name="Ascend910B3", total_memory=64 << 30)
+    pkg = ModuleType("torch_npu")
+    pkg.npu = mod  # type: ignore[attr-defined]
+    ensure_npu_device_type()
+    monkeypatch.setitem(sys.modules, "torch_npu", pkg)
+    monkeypatch.setattr(torch, "npu", mod, raising=False)
+    monkeypatch.setitem(dist.Backend.default_device_backend_map, "npu", "hccl")
+    if transfer_to_npu:
+        monkeypatch.setitem(sys.modules, "torch_npu.contrib.transfer_to_npu", ModuleType("torch_npu.contrib.transfer_to_npu"))
+        monkeypatch.setattr(torch.version, "cuda", "12.4")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: mod.count)
+    return mod
+
+
+def install_fake_device_module(monkeypatch: Any, module: FakeDeviceModule, *, cuda_version: str | None = None, hip_version: str | None = None) -> FakeDeviceModule:
+    """Replace `torch.<device_type>` (cuda or xpu) by `module`; optionally set torch.version.cuda / .hip."""
+    import torch
+
+    monkeypatch.setattr(torch, module.device_type, module)
+    if cuda_version is not None or hip_version is not None:
+        monkeypatch.setattr(torch.version, "cuda", cuda_version)
+        monkeypatch.setattr(torch.version, "hip", hip_version)
+    return module
