@@ -82,7 +82,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         raise SpecError(p, "", f"expected a JSON object, got {type(data).__name__}")
     model_type = str(data.get("model_type", "")).lower()
     name = str(data.get("_name_or_path") or data.get("name") or p.parent.name or p.stem)
-    if model_type in ("llama", "mistral", "qwen2", "gemma") or "num_key_value_heads" in data:
+    if model_type in ("llama", "mistral", "qwen2", "gemma") or (model_type == "" and "num_key_value_heads" in data):
         arch = "llama"
     elif model_type in ("gpt2", "opt", "gpt_neox", "gptj", "gpt_bigcode", ""):
         arch = "gpt"
