@@ -82,3 +82,15 @@ def test_import_errors(tmp_path):
     assert import_metis(mixed, device_type="H100").key == "h100"
     with pytest.raises(SpecError, match="has no per-layer model profiles"):
         export_metis(catalog()["h100"], tmp_path / "x")
+
+
+def test_export_cluster_files(tmp_path):
+    from hetauto.core.scenarios import get_scenario
+    from hetauto.interop.metis import export_metis_cluster
+
+    hostfile, clusterfile = export_metis_cluster(get_scenario("mixed-small").cluster, tmp_path)
+    assert hostfile.read_text() == "10.0.0.1 slots=8\n10.1.0.1 slots=8\n"
+    doc = json.loads(clusterfile.read_text())
+    assert doc["10.0.0.1"] == {"instance_type": "A100", "inter_bandwidth": 25.0, "intra_bandwidth": 600.0,
+                               "memory": 80 * 2**30 / 1e9}
+    assert doc["10.1.0.1"]["instance_type"] == "V100" and doc["10.1.0.1"]["inter_bandwidth"] == 12.5

@@ -131,3 +131,13 @@ def test_cli_devices_json(capsys):
     by = {r["key"]: r for r in rows}
     assert set(by) == EXPECTED_KEYS
     assert by["h100"]["peak_flops"] == 989e12 and by["cpu"]["estimated"] is True
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_save_profile_round_trips(tmp_path, suffix):
+    from hetauto.core.profile import MeasuredDoc, save_profile
+    from dataclasses import replace
+
+    d = replace(catalog()["mi300x"], measured=MeasuredDoc(memory_bandwidth="4TB/s"))
+    again = load_profile(save_profile(d, tmp_path / f"p{suffix}"))
+    assert again == d and again.measured == d.measured

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hetauto.core.errors import SpecError
 from hetauto.core.specio import read_document, validate_document
-from hetauto.core.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
+from hetauto.core.units import parse_bandwidth, parse_bytes, parse_flops
 
 Backend = Literal["cuda", "rocm", "npu", "xpu", "cpu", "mock"]
 PROFILE_SCHEMA = "hetauto.profile/1"
@@ -285,6 +285,19 @@ def profile_from_dict(data: Any, source: str | Path | None = None) -> DeviceProf
 def load_profile(path: str | Path) -> DeviceProfile:
     """Read a profile file (catalog entry or measured profile)."""
     return profile_from_dict(read_document(path), path)
+
+
+def save_profile(profile: DeviceProfile, path: str | Path) -> Path:
+    """Write `profile` as a profile file (JSON for .json, YAML otherwise) that `load_profile` reads back equal."""
+    import json
+
+    import yaml
+
+    p = Path(path)
+    doc = profile.to_document()
+    text = json.dumps(doc, indent=2) + "\n" if p.suffix == ".json" else yaml.safe_dump(doc, sort_keys=False)
+    p.write_text(text, encoding="utf-8")
+    return p
 
 
 def _catalog_dir() -> Any:

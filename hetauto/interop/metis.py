@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import SpecError
 from hetauto.core.profile import DeviceProfile, MeasuredDoc, ModelLayerProfile, catalog
 from hetauto.core.specio import read_document, validate_document
@@ -168,3 +169,25 @@ def export_metis(profile: DeviceProfile, out_dir: str | Path, device_type: str |
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         written.append(path)
     return written
+
+
+def export_metis_cluster(spec: ClusterSpec, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write Metis' `hostfile` (`IP slots=N` per node) and cluster file (`{IP: {instance_type, inter_bandwidth,
+    intra_bandwidth, memory}}`, bandwidth in GB/s, memory in GB) for `spec`. Node addresses are synthetic
+    (`10.<cluster>.<node / 250>.<node % 250 + 1>`); Metis only uses them as keys. Metis has no notion of
+    cross-cluster links, so those are not exported."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hosts, cluster_doc = [], {}
+    for ci, c in enumerate(spec.clusters):
+        dtype = KEY_TO_METIS.get(c.device.key, c.device.key.upper())
+        for n in range(c.num_nodes):
+            ip = f"10.{ci}.{n // 250}.{n % 250 + 1}"
+            hosts.append(f"{ip} slots={c.devices_per_node}")
+            cluster_doc[ip] = {"instance_type": dtype, "inter_bandwidth": c.inter_node.bandwidth_Bps / 1e9,
+                               "intra_bandwidth": c.intra_node.bandwidth_Bps / 1e9,
+                               "memory": c.device.memory_bytes / 1e9}
+    hostfile, clusterfile = out / "hostfile", out / "clusterfile.json"
+    hostfile.write_text("\n".join(hosts) + "\n", encoding="utf-8")
+    clusterfile.write_text(json.dumps(cluster_doc, indent=2) + "\n", encoding="utf-8")
+    return hostfile, clusterfile
