@@ -1,0 +1,64 @@
+"""Single-process reference training: the numbers the distributed executor must reproduce (1e-5, fp32).
+
+Loss normalisation (the contract the executor follows):
+  * step loss = mean token cross-entropy over the whole global batch (gbs * seq_len tokens);
+  * each microbatch (or each dp shard of one) contributes `lm_loss(logits, targets, gbs * seq_len)` =
+    its summed token cross-entropy / (gbs * seq_len); the step loss is the sum of these contributions;
+  * backward runs on each contribution as is, so gradients accumulate by plain summation across
+    microbatches and are SUMMED (not averaged) across data-parallel replicas;
+  * then one optimizer step: AdamW with the fixed hyper-parameters below (`make_optimizer`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from hetauto.core.model import ModelConfig
+from hetauto.runtime.data import microbatch, num_microbatches, synthetic_batch
+from hetauto.runtime.stage import build_model
+
+__all__ = ["ADAMW_BETAS", "ADAMW_EPS", "ADAMW_WEIGHT_DECAY", "make_optimizer", "reference_losses"]
+
+ADAMW_BETAS = (0.9, 0.95)
+ADAMW_EPS = 1e-8
+ADAMW_WEIGHT_DECAY = 0.01
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+    """AdamW with the project's fixed hyper-parameters; single-tensor path (elementwise, so sharded
+    parameters step exactly like their unsharded whole)."""
+    return torch.optim.AdamW(
+        list(params), lr=lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=ADAMW_WEIGHT_DECAY, foreach=False
+    )
+
+
+def reference_losses(
+    model_cfg: ModelConfig,
+    seed: int,
+    steps: int,
+    gbs: int,
+    microbatch_size: int,
+    seq_len: int,
+    lr: float = 1e-3,
+) -> list[float]:
+    """Train the whole model in one process for `steps` steps on `synthetic_batch(seed, step, ...)`; return
+    each step's loss (mean token cross-entropy over the global batch, measured before that step's update)."""
+    m = num_microbatches(gbs, microbatch_size)
+    model = build_model(model_cfg, seed)
+    opt = make_optimizer(model.parameters(), lr)
+    normaliser = gbs * seq_len
+    losses: list[float] = []
+    for step in range(steps):
+        batch = synthetic_batch(seed, step, gbs, seq_len, model_cfg.vocab_size)
+        total = 0.0
+        for j in range(m):
+            mb = microbatch(batch, j, microbatch_size)
+            loss = model(mb.tokens, mb.targets, normaliser)
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total)
+    return losses

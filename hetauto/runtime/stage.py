@@ -1,0 +1,88 @@
+"""One pipeline stage: the layer slots `[start, end)` of the reference model, in one module.
+
+Why: the executor builds exactly the slots its plan stage owns; chaining every stage of any partition
+equals the whole model bit-exactly because each slot is initialised from (seed, slot) alone and the
+forward is the same sequence of ops. The whole model is simply `build_stage(cfg, (0, N+2), seed)`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hetauto.core.model import ModelConfig
+from hetauto.runtime.model import Embedding, Head, build_slot, lm_loss
+
+__all__ = ["StageModule", "build_stage", "build_model"]
+
+
+class StageModule(nn.Module):
+    """Layer slots `[start, end)`. The first stage takes token ids [b, s] (int64); the others take hidden
+    states [b, s, h]. The last stage returns logits [b, s, vocab], or the loss when given targets."""
+
+    def __init__(self, cfg: ModelConfig, layers: tuple[int, int], seed: int) -> None:
+        super().__init__()
+        start, end = int(layers[0]), int(layers[1])
+        n = cfg.num_layer_slots
+        if not 0 <= start < end <= n:
+            raise ValueError(
+                f"layer range [{start}, {end}) is not inside [0, {n}) for {cfg.name} "
+                f"({cfg.num_layers} blocks + embedding + head); use 0 <= start < end <= {n}"
+            )
+        self.cfg = cfg
+        self.start, self.end, self.seed = start, end, seed
+        self.layers = nn.ModuleDict({str(slot): build_slot(cfg, slot, seed) for slot in range(start, end)})
+        if cfg.tie_embeddings and self.is_first and self.is_last:
+            self.layers[str(n - 1)].proj.weight = self.layers["0"].tok.weight
+
+    @property
+    def is_first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.cfg.num_layer_slots
+
+    @property
+    def slots(self) -> range:
+        return range(self.start, self.end)
+
+    def forward(
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, loss_normaliser: int | None = None
+    ) -> torch.Tensor:
+        """Run the stage. With `targets` (last stage only) return `lm_loss(logits, targets, loss_normaliser)`;
+        `loss_normaliser` defaults to `targets.numel()` (a plain per-token mean)."""
+        if not self.is_first and x.dim() != 3:
+            raise ValueError(f"stage [{self.start}, {self.end}) takes hidden states [b, s, h], got shape {tuple(x.shape)}")
+        for layer in self.layers.values():
+            x = layer(x)
+        if targets is None:
+            return x
+        if not self.is_last:
+            raise ValueError(f"stage [{self.start}, {self.end}) has no head; only the last stage computes the loss")
+        return lm_loss(x, targets, targets.numel() if loss_normaliser is None else loss_normaliser)
+
+    def tied_embedding_weight(self) -> torch.Tensor | None:
+        """With `tie_embeddings` and the embedding and head on different stages: this stage's copy of the
+        shared table (the executor sums its gradient between the first and the last stage). Else None."""
+        if not self.cfg.tie_embeddings or (self.is_first and self.is_last):
+            return None
+        if self.is_first:
+            emb = self.layers["0"]
+            assert isinstance(emb, Embedding)
+            return emb.tok.weight
+        if self.is_last:
+            head = self.layers[str(self.cfg.num_layer_slots - 1)]
+            assert isinstance(head, Head)
+            return head.proj.weight
+        return None
+
+
+def build_stage(model_cfg: ModelConfig, layers: tuple[int, int], seed: int) -> StageModule:
+    """The stage module owning layer slots `[layers[0], layers[1])`, fp32 on CPU, initialised from `seed`."""
+    return StageModule(model_cfg, layers, seed)
+
+
+def build_model(model_cfg: ModelConfig, seed: int) -> StageModule:
+    """The whole model as a single stage (the single-process reference)."""
+    return StageModule(model_cfg, (0, model_cfg.num_layer_slots), seed)
