@@ -214,3 +214,34 @@ def test_cli_models_json(capsys):
     by = {r["name"]: r for r in rows}
     assert by["llama2-7b"]["params"] == 6_738_415_616 and by["llama2-70b"]["kv_heads"] == 8
     assert all({"name", "params"} <= set(r) for r in rows)
+
+
+class _Inner(nn.Module):
+    def __init__(self, v: int, h: int, n: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(v, h)
+        self.h = nn.ModuleList([_Block(h, 2 * h) for _ in range(n)])
+
+
+class _TiedNested(nn.Module):
+    """HF-style nesting (`transformer.h`) and a head tied to the embedding."""
+
+    def __init__(self, v: int = 128, h: int = 32, n: int = 2) -> None:
+        super().__init__()
+        self.transformer = _Inner(v, h, n)
+        self.lm_head = nn.Linear(h, v, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.transformer.wte(x)
+        for blk in self.transformer.h:
+            x = blk(x)
+        return self.lm_head(x)
+
+
+def test_layers_from_module_nested_and_tied():
+    v, h, s = 128, 32, 8
+    layers = layers_from_module(_TiedNested, s)
+    assert len(layers) == 4
+    assert layers[0].params == v * h and layers[-1].params == 0  # tied weight counted once, in the embedding
+    assert [l.fwd_flops_per_token for l in layers] == [0.0, 2 * (2 * h * 2 * h), 2 * (2 * h * 2 * h), 2 * h * v]
