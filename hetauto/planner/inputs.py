@@ -56,7 +56,9 @@ class PlanningInputs:
 
     def describe(self) -> list[str]:
         """Human-readable lines for the CLI."""
-        out = [f"model {self.model.name}: {total_params(self.model) / 1e9:.3g}B params, {self.model.num_layers} blocks, "
+        n = total_params(self.model)
+        count = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}K"
+        out = [f"model {self.model.name}: {count} params, {self.model.num_layers} blocks, "
                f"seq {self.seq_len}, global batch {self.global_batch}",
                f"cluster {self.cluster_source or '-'}: {self.cluster.total_devices} devices in {len(self.cluster.clusters)} clusters"]
         for c in self.cluster.clusters:
