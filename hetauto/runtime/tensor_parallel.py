@@ -1,0 +1,163 @@
+"""Tensor parallelism inside a stage (torch DTensor TP API) and the bucketed data-parallel gradient all-reduce.
+
+Why DTensor: torch's `parallelize_module` with Colwise/RowwiseParallel is the maintained Megatron-style
+TP, it works on any backend torch.distributed supports (gloo on CPU in tests, the vendor's collective
+library on accelerators), and parameters stay inspectable (`full_tensor()`).
+
+Layout (Megatron): attention q/k/v column-parallel (each TP rank owns num_heads/tp query heads and
+kv_heads/tp key/value heads), the output projection row-parallel (one all-reduce); MLP up/gate
+column-parallel, down row-parallel (one all-reduce). The embedding, the norms and the head stay
+REPLICATED on every TP rank of the stage (simplest; their gradients come out identical on each TP rank
+because their inputs and upstream gradients are replicated). A TP stage therefore takes and returns
+plain replicated tensors: boundary activations are identical on all TP ranks of a dp replica, and so
+are the input gradients handed back to the previous stage.
+
+Process groups: `DeviceMesh("cpu", ranks)` creates a process group, which every rank of the world must
+create collectively in the same order; `build_meshes` does that for a list of TP groups.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from hetauto.core.model import ModelConfig
+from hetauto.runtime.stage import StageModule
+
+__all__ = ["TPDivisibilityError", "check_tp", "build_meshes", "tp_plan", "parallelize_stage", "allreduce_gradients",
+           "full_state"]
+
+
+class TPDivisibilityError(ValueError):
+    """The model's heads / kv heads / ffn width cannot be split evenly across the TP degree."""
+
+
+def check_tp(cfg: ModelConfig, tp: int) -> None:
+    """Raise TPDivisibilityError naming the first dimension that `tp` does not divide."""
+    if tp < 1:
+        raise TPDivisibilityError(f"tp must be >= 1, got {tp}")
+    for what, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.kv_heads), ("ffn_hidden", cfg.ffn_hidden)):
+        if n % tp:
+            raise TPDivisibilityError(
+                f"{cfg.name}: {what}={n} is not divisible by tp={tp}; choose a tp that divides {what}"
+            )
+
+
+def build_meshes(stage_rank_groups: Sequence[Sequence[int]], device_type: str = "cpu") -> DeviceMesh | None:
+    """Create one 1-D DeviceMesh per TP group (groups of size 1 are skipped: nothing to shard).
+
+    EVERY rank of the world must call this with the same groups in the same order (each mesh creates a
+    process group collectively). Returns the mesh of the group containing this rank, or None when this
+    rank is in no group of size > 1 (a tp=1 stage).
+    """
+    me = dist.get_rank()
+    seen: set[int] = set()
+    mine: DeviceMesh | None = None
+    for group in stage_rank_groups:
+        ranks = [int(r) for r in group]
+        if len(set(ranks)) != len(ranks) or seen.intersection(ranks):
+            raise ValueError(f"TP group {ranks} repeats a rank (each rank belongs to exactly one TP group)")
+        seen.update(ranks)
+        if len(ranks) < 2:
+            continue
+        mesh = DeviceMesh(device_type, ranks)
+        if me in ranks:
+            mine = mesh
+    return mine
+
+
+def tp_plan(stage: StageModule) -> dict[str, ColwiseParallel | RowwiseParallel]:
+    """The parallelize_module plan for a stage's blocks (embedding and head stay replicated)."""
+    plan: dict[str, ColwiseParallel | RowwiseParallel] = {}
+    for slot in stage.slots:
+        if slot == 0 or slot == stage.cfg.num_layer_slots - 1:
+            continue
+        p = f"layers.{slot}"
+        plan[f"{p}.attn.q_proj"] = ColwiseParallel()
+        plan[f"{p}.attn.k_proj"] = ColwiseParallel()
+        plan[f"{p}.attn.v_proj"] = ColwiseParallel()
+        plan[f"{p}.attn.o_proj"] = RowwiseParallel()
+        if stage.cfg.arch == "llama":
+            plan[f"{p}.mlp.gate"] = ColwiseParallel()
+        plan[f"{p}.mlp.up"] = ColwiseParallel()
+        plan[f"{p}.mlp.down"] = RowwiseParallel()
+    return plan
+
+
+def parallelize_stage(stage: StageModule, mesh: DeviceMesh | None) -> StageModule:
+    """Shard `stage` in place over the TP `mesh` (None or size 1: unchanged) and return it.
+
+    Every rank of the mesh must hold the same initial weights (build_stage guarantees it); each keeps
+    its own shard.
+    """
+    if mesh is None or mesh.size() == 1:
+        return stage
+    check_tp(stage.cfg, mesh.size())
+    plan = tp_plan(stage)
+    if plan:
+        parallelize_module(stage, mesh, plan)
+    return stage
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def allreduce_gradients(
+    module: nn.Module, group: dist.ProcessGroup | None, bucket_bytes: int = 25 * 2**20, op: str = "sum"
+) -> int:
+    """All-reduce every parameter gradient of `module` across `group` in flat buckets; return the bucket count.
+
+    `op="sum"` is the project's data-parallel convention (each replica's loss is already its share of the
+    global-batch mean, see hetauto.runtime.reference); `op="avg"` divides by the group size. DTensor
+    parameters are reduced through their local shards (the dp group is orthogonal to the TP mesh). Buckets
+    hold gradients of one dtype, in parameter order, up to `bucket_bytes` (a larger single gradient
+    gets a bucket of its own). Parameters without a gradient are skipped (identically on every replica).
+    """
+    if op not in ("sum", "avg"):
+        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+    if group is not None and dist.get_world_size(group) == 1:
+        return 0
+    size = dist.get_world_size(group)
+    grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
+    buckets: list[list[torch.Tensor]] = []
+    current: list[torch.Tensor] = []
+    used = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        if current and (used + nbytes > bucket_bytes or current[0].dtype != g.dtype):
+            buckets.append(current)
+            current, used = [], 0
+        current.append(g)
+        used += nbytes
+    if current:
+        buckets.append(current)
+    for bucket in buckets:
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        if op == "avg":
+            flat.div_(size)
+        offset = 0
+        for g in bucket:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
+            offset += n
+    return len(buckets)
+
+
+def full_state(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
+    """Name -> full (unsharded) parameter, or its full gradient: DTensors gathered with full_tensor()
+    (a collective over the TP mesh: every TP rank must call it)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, p in module.named_parameters():
+        t = p.grad if grads else p
+        if t is None:
+            continue
+        out[name] = (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+    return out
