@@ -189,3 +189,64 @@ def test_reference_losses_fall_and_match_a_sharded_accumulation() -> None:
     assert sharded == pytest.approx(losses, abs=1e-5)
     # a different microbatch split gives the same losses (same global-mean objective)
     assert reference_losses(LLAMA, 0, 4, 8, 4, 8, 3e-3) == pytest.approx(losses, abs=1e-5)
+
+
+# --- throttle (heterogeneity emulation) ---------------------------------------------------------------
+
+from hetauto.runtime.throttle import Throttle  # noqa: E402
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+
+
+def test_throttle_stretches_work_to_t_over_speed_factor_exactly() -> None:
+    fake = _FakeClock()
+    th = Throttle(0.25, clock=fake.clock, sleep=fake.sleep)
+
+    def work(t: float) -> str:
+        fake.now += t
+        return "done"
+
+    start = fake.now
+    assert th.run(work, 2.0) == "done"
+    assert fake.now - start == pytest.approx(8.0)  # 2 s of work on a device 4x slower
+    assert fake.sleeps == [pytest.approx(6.0)]
+    with th:
+        fake.now += 1.0
+    assert th.slept_s == pytest.approx(9.0) and th.calls == 2
+    fast = Throttle(2.0, clock=fake.clock, sleep=fake.sleep)
+    fast.run(work, 1.0)
+    assert fast.slept_s == 0.0 and len(fake.sleeps) == 2  # cannot speed up: adds nothing
+
+
+def test_throttle_counts_synchronize_and_rejects_bad_factors() -> None:
+    fake = _FakeClock()
+    th = Throttle(0.5, synchronize=lambda: setattr(fake, "now", fake.now + 1.0), clock=fake.clock, sleep=fake.sleep)
+    with th:
+        pass  # the 1 s of asynchronous device work is only seen through synchronize
+    assert th.slept_s == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="speed_factor must be > 0"):
+        Throttle(0.0)
+    with pytest.raises(RuntimeError, match="not re-entrant"):
+        with th:
+            with th:
+                pass
+
+
+def test_throttle_really_sleeps() -> None:
+    import time
+
+    th = Throttle(0.5)
+    t0 = time.perf_counter()
+    th.run(time.sleep, 0.05)
+    assert time.perf_counter() - t0 >= 0.099
