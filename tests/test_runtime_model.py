@@ -250,3 +250,42 @@ def test_throttle_really_sleeps() -> None:
     t0 = time.perf_counter()
     th.run(time.sleep, 0.05)
     assert time.perf_counter() - t0 >= 0.099
+
+
+@pytest.mark.parametrize("layers", [(0, 6), (2, 4)])
+def test_recompute_gives_bit_identical_gradients(layers: tuple[int, int]) -> None:
+    batch = _tokens(GPT)
+    grads = []
+    for recompute in (False, True):
+        st = build_stage(GPT, layers, seed=2, recompute=recompute)
+        if layers[0] == 0:
+            st(batch.tokens, batch.targets).backward()
+        else:
+            x = torch.randn(3, 12, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
+            st(x).sum().backward()
+        grads.append(_grads_of(st))
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        assert torch.equal(grads[0][n], grads[1][n]), n
+
+
+def test_recompute_really_discards_block_activations() -> None:
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel())
+        return t
+
+    counts = []
+    for recompute in (False, True):
+        saved.clear()
+        st = build_stage(GPT, (1, 5), seed=2, recompute=recompute)
+        x = torch.randn(2, 8, 32, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            st(x)
+        counts.append(sum(saved))
+    assert counts[1] < counts[0] / 4  # only each block's input is kept
+
+
+def _grads_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in module.named_parameters()}

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hetauto.core.model import ModelConfig
-from hetauto.runtime.model import Embedding, Head, build_slot, lm_loss
+from hetauto.runtime.model import Block, Embedding, Head, build_slot, lm_loss
 
 __all__ = ["StageModule", "build_stage", "build_model"]
 
 
 class StageModule(nn.Module):
     """Layer slots `[start, end)`. The first stage takes token ids [b, s] (int64); the others take hidden
-    states [b, s, h]. The last stage returns logits [b, s, vocab], or the loss when given targets."""
+    states [b, s, h]. The last stage returns logits [b, s, vocab], or the loss when given targets.
 
-    def __init__(self, cfg: ModelConfig, layers: tuple[int, int], seed: int) -> None:
+    `recompute=True` (the plan's per-stage flag) checkpoints each block: its activations are recomputed
+    in backward instead of kept, with bit-identical results (the model has no randomness)."""
+
+    def __init__(self, cfg: ModelConfig, layers: tuple[int, int], seed: int, recompute: bool = False) -> None:
         super().__init__()
         start, end = int(layers[0]), int(layers[1])
         n = cfg.num_layer_slots
@@ -31,6 +35,7 @@ class StageModule(nn.Module):
             )
         self.cfg = cfg
         self.start, self.end, self.seed = start, end, seed
+        self.recompute = recompute
         self.layers = nn.ModuleDict({str(slot): build_slot(cfg, slot, seed) for slot in range(start, end)})
         if cfg.tie_embeddings and self.is_first and self.is_last:
             self.layers[str(n - 1)].proj.weight = self.layers["0"].tok.weight
@@ -55,7 +60,10 @@ class StageModule(nn.Module):
         if not self.is_first and x.dim() != 3:
             raise ValueError(f"stage [{self.start}, {self.end}) takes hidden states [b, s, h], got shape {tuple(x.shape)}")
         for layer in self.layers.values():
-            x = layer(x)
+            if self.recompute and isinstance(layer, Block) and torch.is_grad_enabled() and x.requires_grad:
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         if targets is None:
             return x
         if not self.is_last:
@@ -78,9 +86,9 @@ class StageModule(nn.Module):
         return None
 
 
-def build_stage(model_cfg: ModelConfig, layers: tuple[int, int], seed: int) -> StageModule:
+def build_stage(model_cfg: ModelConfig, layers: tuple[int, int], seed: int, recompute: bool = False) -> StageModule:
     """The stage module owning layer slots `[layers[0], layers[1])`, fp32 on CPU, initialised from `seed`."""
-    return StageModule(model_cfg, layers, seed)
+    return StageModule(model_cfg, layers, seed, recompute)
 
 
 def build_model(model_cfg: ModelConfig, seed: int) -> StageModule:
