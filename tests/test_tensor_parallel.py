@@ -35,7 +35,7 @@ def _work(rank: int, world: int) -> dict[str, object]:
 
     from hetauto.runtime.data import dp_shard, synthetic_batch
     from hetauto.runtime.reference import make_optimizer
-    from hetauto.runtime.tensor_parallel import build_meshes, full_state, parallelize_stage
+    from hetauto.runtime.tensor_parallel import OverlappedGradReducer, build_meshes, full_state, parallelize_stage
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     out: dict[str, object] = {}
@@ -80,6 +80,17 @@ def _work(rank: int, world: int) -> dict[str, object]:
         out["whole_loss"] = whole(batch.tokens, batch.targets, gbs * s).item()
         out["buckets"] = allreduce_gradients(rep, dp_group, bucket_bytes=4096)
         out["dp_grad_err"] = _max_err(full_state(rep, grads=True), _grads(whole))
+        # the same, overlapped with backward: two micro-pieces, the reducer armed before the last backward
+        rep2 = parallelize_stage(build_stage(GPT, (0, GPT.num_layer_slots), SEED, recompute=True), mesh)
+        reducer = OverlappedGradReducer(rep2, dp_group, bucket_bytes=4096)
+        early: list[int] = []
+        rep2.layers["1"].norm1.weight.register_post_accumulate_grad_hook(lambda p: early.append(len(reducer._inflight)))
+        rep2(shard.tokens[:1], shard.targets[:1], gbs * s).backward()
+        reducer.arm()
+        rep2(shard.tokens[1:], shard.targets[1:], gbs * s).backward()
+        out["launched_during_backward"] = early[-1]
+        out["overlap_buckets"] = reducer.finish()
+        out["overlap_grad_err"] = _max_err(full_state(rep2, grads=True), _grads(whole))
 
         # --- 3. TP=4 LLaMA (GQA: 8 query / 4 kv heads -> 2 / 1 per rank), loss + one AdamW step.
         mesh4 = build_meshes([[0, 1, 2, 3]])
@@ -130,6 +141,8 @@ def test_tp_and_dp_match_single_process_over_gloo() -> None:
         assert abs(r["dp_loss_sum"] - r["whole_loss"]) < 1e-5, (rank, r)
         assert r["dp_grad_err"] < 1e-5, (rank, r)
         assert r["buckets"] > 1  # 4 KiB buckets force several all-reduces
+        assert r["overlap_grad_err"] < 1e-5 and r["overlap_buckets"] == r["buckets"], (rank, r)
+        assert r["launched_during_backward"] > 0  # buckets of later layers were in flight before block 0 finished
         assert r["kv_local_shape"] == (8, 64)  # 4 kv heads * 8 dims / tp 4
         assert r["tp4_loss_err"] < 1e-5 and r["tp4_grad_err"] < 1e-5, (rank, r)
         assert r["tp4_param_err"] < 1e-5 and r["tp4_next_loss_err"] < 1e-5, (rank, r)

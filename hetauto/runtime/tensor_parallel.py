@@ -18,7 +18,7 @@ create collectively in the same order; `build_meshes` does that for a list of TP
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ from hetauto.core.model import ModelConfig
 from hetauto.runtime.stage import StageModule
 
 __all__ = ["TPDivisibilityError", "check_tp", "build_meshes", "tp_plan", "parallelize_stage", "allreduce_gradients",
-           "full_state"]
+           "OverlappedGradReducer", "full_state"]
 
 
 class TPDivisibilityError(ValueError):
@@ -120,35 +120,131 @@ def allreduce_gradients(
     hold gradients of one dtype, in parameter order, up to `bucket_bytes` (a larger single gradient
     gets a bucket of its own). Parameters without a gradient are skipped (identically on every replica).
     """
-    if op not in ("sum", "avg"):
-        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+    _check_op(op)
     if group is not None and dist.get_world_size(group) == 1:
         return 0
     size = dist.get_world_size(group)
     grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
-    buckets: list[list[torch.Tensor]] = []
-    current: list[torch.Tensor] = []
-    used = 0
-    for g in grads:
-        nbytes = g.numel() * g.element_size()
-        if current and (used + nbytes > bucket_bytes or current[0].dtype != g.dtype):
-            buckets.append(current)
-            current, used = [], 0
-        current.append(g)
-        used += nbytes
-    if current:
-        buckets.append(current)
+    buckets = _bucketize(grads, bucket_bytes)
     for bucket in buckets:
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        if op == "avg":
-            flat.div_(size)
-        offset = 0
-        for g in bucket:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].view_as(g))
-            offset += n
+        _unflatten(flat, bucket, size if op == "avg" else 1)
     return len(buckets)
+
+
+def _check_op(op: str) -> None:
+    if op not in ("sum", "avg"):
+        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+
+
+def _bucketize(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive runs of one dtype, each up to bucket_bytes (a larger single tensor gets its own bucket)."""
+    buckets: list[list[torch.Tensor]] = []
+    current: list[torch.Tensor] = []
+    used = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if current and (used + nbytes > bucket_bytes or current[0].dtype != t.dtype):
+            buckets.append(current)
+            current, used = [], 0
+        current.append(t)
+        used += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _unflatten(flat: torch.Tensor, bucket: Sequence[torch.Tensor], divide_by: int) -> None:
+    if divide_by != 1:
+        flat.div_(divide_by)
+    offset = 0
+    for g in bucket:
+        n = g.numel()
+        g.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
+
+
+class OverlappedGradReducer:
+    """Data-parallel gradient all-reduce overlapped with backward (DDP-style buckets, no wrapper module).
+
+    Why: the plan may ask a stage to hide its gradient all-reduce behind the last microbatch's backward.
+    Buckets group parameters in REVERSE registration order (roughly the order backward produces their
+    gradients). After `arm()`, each parameter's post-accumulate-grad hook marks it ready; a bucket whose
+    parameters are all ready is all-reduced asynchronously, and buckets are always launched in index
+    order, so every replica issues the same collective sequence. `finish()` launches whatever is left
+    (parameters that got no gradient count as ready), waits, and writes the reduced values back.
+    Arm only before the LAST microbatch's backward of a step; earlier microbatches just accumulate.
+
+        reducer = OverlappedGradReducer(stage, dp_group)
+        ... backward of microbatches 0..m-2 ...
+        reducer.arm(); last_output.backward(grad); reducer.finish()
+    """
+
+    def __init__(
+        self, module: nn.Module, group: dist.ProcessGroup | None, bucket_bytes: int = 25 * 2**20, op: str = "sum"
+    ) -> None:
+        _check_op(op)
+        self.group = group
+        self.op = op
+        self.params = [p for p in module.parameters() if p.requires_grad][::-1]
+        self._bucket_of: dict[int, int] = {}
+        plan = _bucketize([_local(p.detach()) for p in self.params], bucket_bytes)
+        self.buckets: list[list[nn.Parameter]] = []
+        i = 0
+        for b in plan:
+            self.buckets.append(self.params[i : i + len(b)])
+            for p in self.params[i : i + len(b)]:
+                self._bucket_of[id(p)] = len(self.buckets) - 1
+            i += len(b)
+        self._armed = False
+        self._ready: list[int] = [0] * len(self.buckets)
+        self._next = 0
+        self._inflight: list[tuple[torch.Tensor, list[torch.Tensor], Any]] = []
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+
+    def arm(self) -> None:
+        """Start reducing as gradients become final: call just before the step's last backward."""
+        self._armed = True
+        self._ready = [0] * len(self.buckets)
+        self._next = 0
+        self._inflight = []
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self._armed:
+            return
+        self._ready[self._bucket_of[id(p)]] += 1
+        self._launch_ready()
+
+    def _launch_ready(self, force: bool = False) -> None:
+        while self._next < len(self.buckets) and (force or self._ready[self._next] == len(self.buckets[self._next])):
+            grads = [_local(p.grad) for p in self.buckets[self._next] if p.grad is not None]
+            self._next += 1
+            if not grads:
+                continue
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            self._inflight.append((flat, grads, work))
+
+    def finish(self) -> int:
+        """Launch the remaining buckets, wait for all, write back; return how many buckets were reduced."""
+        if not self._armed:
+            raise RuntimeError("OverlappedGradReducer.finish() without arm(): call arm() before the last backward")
+        self._launch_ready(force=True)
+        size = dist.get_world_size(self.group)
+        for flat, grads, work in self._inflight:
+            work.wait()
+            _unflatten(flat, grads, size if self.op == "avg" else 1)
+        n = len(self._inflight)
+        self._armed = False
+        self._inflight = []
+        return n
+
+    def remove(self) -> None:
+        """Detach the hooks (the module keeps working without overlap)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
 
 def full_state(module: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
