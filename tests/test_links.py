@@ -1,0 +1,147 @@
+"""Emulated slow links: delivery no earlier than latency + bytes/bandwidth after posting, FIFO per directed link."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from hetauto.runtime.links import EmulatedLink, LinkTable
+
+
+def test_link_closed_form_and_validation() -> None:
+    link = EmulatedLink(latency_s=0.01, bandwidth_Bps=1e6)
+    assert link.wire_time(250_000) == 0.25
+    assert link.transfer_time(250_000) == 0.26
+    assert EmulatedLink(0.5).transfer_time(10**12) == 0.5  # infinite bandwidth: latency only
+    with pytest.raises(ValueError, match="bandwidth_Bps must be > 0, got 0"):
+        EmulatedLink(0.0, 0)
+    with pytest.raises(ValueError, match="latency_s must be >= 0, got -1"):
+        EmulatedLink(-1)
+
+
+def test_table_delays_dispatch_fifo_and_counts_bytes() -> None:
+    lat, bw = 0.05, 1e6
+    table = LinkTable({(0, 1): EmulatedLink(lat, bw)})
+    dispatched: list[tuple[str, float]] = []
+    lock = threading.Lock()
+
+    def start(name: str):
+        def go() -> None:
+            with lock:
+                dispatched.append((name, time.monotonic()))
+
+        return go
+
+    t0 = time.monotonic()
+    sizes = [("big", 40_000), ("tiny", 10), ("big2", 40_000)]
+    handles = [table.submit(0, 1, n, start(name)) for name, n in sizes]
+    post_time = time.monotonic() - t0
+    for h in handles:
+        h.wait(timeout_s=5)
+    assert post_time < 0.02  # submitting never blocks the caller: compute overlaps the transfer
+    assert [name for name, _ in dispatched] == ["big", "tiny", "big2"]  # the tiny one does not overtake
+    cumulative = 0
+    for (name, at), (_, n) in zip(dispatched, sizes):
+        cumulative += n
+        lower = lat + cumulative / bw  # the wire serialises messages; latency overlaps
+        assert lower <= at - t0 < lower + 0.5, (name, at - t0, lower)
+    assert table.bytes_per_link() == {(0, 1): 80_010}
+    assert table.messages_per_link() == {(0, 1): 3}
+    assert table.get(1, 0) is None
+    with pytest.raises(ValueError, match="link 0->1 is already in use"):
+        table.set(0, 1, EmulatedLink(1.0))
+    table.close()
+
+
+def test_idle_link_does_not_accumulate_credit() -> None:
+    table = LinkTable({(0, 1): EmulatedLink(0.02, 1e5)})
+    table.submit(0, 1, 1000, lambda: None).wait(5)  # 0.03 s
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    done: list[float] = []
+    table.submit(0, 1, 2000, lambda: done.append(time.monotonic())).wait(5)
+    assert 0.04 <= done[0] - t0 < 0.5  # a fresh message pays latency + its own bytes, not less
+    table.close()
+
+
+def test_error_in_delayed_send_reaches_the_waiter() -> None:
+    table = LinkTable({(2, 3): EmulatedLink(0.0)})
+
+    def boom() -> None:
+        raise RuntimeError("peer gone")
+
+    with pytest.raises(RuntimeError, match="peer gone"):
+        table.submit(2, 3, 4, boom).wait(5)
+    table.close()
+
+
+def test_between_builds_both_directions() -> None:
+    link = EmulatedLink(0.1)
+    table = LinkTable.between([0, 1], [2], link)
+    assert {k for k in [(0, 2), (1, 2), (2, 0), (2, 1)] if table.get(*k) is link} == {(0, 2), (1, 2), (2, 0), (2, 1)}
+    assert table.get(0, 1) is None
+    assert LinkTable.between([0], [1], link, both_directions=False).get(1, 0) is None
+
+
+# ---------------------------------------------------------------------------------- on the real P2P path
+
+LAT, BW = 0.4, 1e6
+SIZES = [25_000, 1, 25_000]  # float32 elements: 100 kB, 4 B, 100 kB
+
+
+def _p2p_over_link(rank: int, world: int) -> dict:
+    import torch
+
+    from hetauto.core.comm import Communicator
+
+    table = LinkTable({(0, 1): EmulatedLink(LAT, BW)})  # 0 -> 1 is slow; 1 -> 0 is not
+    comm = Communicator.init_from_env("gloo", timeout_s=10, links=table)
+    comm.barrier()
+    res: dict = {}
+    if rank == 0:
+        fast = torch.zeros(1000)
+        fast_h = comm.irecv(fast, 1, tag=7)
+        t0 = time.monotonic()
+        hs = [comm.isend(torch.full((n,), float(i)), 1, tag=i) for i, n in enumerate(SIZES)]
+        res["post_s"] = time.monotonic() - t0
+        res["t0"] = t0
+        fast_h.wait()
+        res["fast_s"], res["fast"] = time.monotonic() - t0, fast[0].item()
+        for h in hs:
+            h.wait()
+        res["links"] = table.bytes_per_link()
+    else:
+        bufs = [torch.zeros(n) for n in SIZES]
+        hs = [comm.irecv(b, 0, tag=i) for i, b in enumerate(bufs)]
+        comm.send(torch.full((1000,), 5.0), 0, tag=7)
+        res["done"] = []
+        # wait in reverse order: a later message completing early would be an overtake
+        for h in reversed(hs):
+            h.wait()
+            res["done"].append(time.monotonic())
+        res["done"].reverse()
+        res["values"] = [sorted(set(b.tolist())) for b in bufs]
+    comm.barrier()
+    table.close()
+    comm.destroy()
+    return res
+
+
+@pytest.mark.multiprocess
+def test_receiver_observes_latency_plus_bytes_over_bandwidth_fifo() -> None:
+    from hetauto.testing.multiproc import run_ranks
+
+    sender, receiver = run_ranks(_p2p_over_link, 2, timeout=60)
+    assert sender["post_s"] < 0.05  # isend returns at once; the link delays delivery, not the caller
+    assert receiver["values"] == [[0.0], [1.0], [2.0]]
+    cumulative = 0
+    for i, n in enumerate(SIZES):
+        cumulative += 4 * n
+        lower = LAT + cumulative / BW
+        arrived = receiver["done"][i] - sender["t0"]
+        assert lower <= arrived < lower + 1.5, (i, arrived, lower)
+    assert sender["links"] == {(0, 1): 4 * sum(SIZES)}
+    # the reverse direction has no link: it arrives before the slow link's latency has passed
+    assert sender["fast"] == 5.0 and sender["fast_s"] < LAT
