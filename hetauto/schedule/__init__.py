@@ -1,0 +1,22 @@
+"""Pipeline schedules as per-rank action lists, their checker, the discrete-event simulator and
+trace/Gantt export. The executor consumes the same lists the simulator scores."""
+
+from __future__ import annotations
+
+from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms, parse_action
+from hetauto.schedule.checker import check_schedule
+from hetauto.schedule.generators import (
+    cap_extra_warmup,
+    extra_warmup_from_costs,
+    gpipe,
+    interleaved,
+    one_f_one_b,
+    virtual_1f1b,
+)
+from hetauto.schedule.simulator import Link, PipelineCosts, SimResult, TimelineEntry, boundary_links, simulate
+
+__all__ = [
+    "Action", "ActionType", "Link", "PipelineCosts", "Schedule", "ScheduleError", "SimResult", "TimelineEntry",
+    "add_comms", "boundary_links", "cap_extra_warmup", "check_schedule", "extra_warmup_from_costs", "gpipe",
+    "interleaved", "one_f_one_b", "parse_action", "simulate", "virtual_1f1b",
+]

@@ -1,0 +1,190 @@
+"""The schedule IR: one ordered action list per pipeline rank.
+
+Text form is torch.distributed.pipelining's `{stage}{TYPE}{microbatch}` (`0F3`, `1B2`, `2SEND_F1`,
+`1RECV_B0`, `0I3`, `0W3`, `1REDUCE_GRAD`), with virtual stage ids `chunk * p + rank` as torch uses
+for looped/interleaved schedules, so a homogeneous plan can be replayed by torch's runtime. `OPTIM`
+is a hetauto extension (torch runs the optimizer outside the schedule); torch export drops it.
+
+Communication semantics (shared by the simulator, the checker and the executor): `SEND_*` is an
+isend (never blocks), `RECV_*` posts an irecv (never blocks), and a compute action waits for the
+posted receive that carries its input. Messages are matched per (sender stage, receiver stage) in
+list order, so the executor must tag them by virtual stage.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from hetauto.core.errors import HetautoError
+
+
+class ScheduleError(HetautoError):
+    """A schedule is malformed, incomplete, mismatched or deadlocks; says which rank/stage/microbatch."""
+
+
+class ActionType(str, Enum):
+    F = "F"
+    B = "B"  # full backward (input + weight grads)
+    I = "I"  # backward for input grads only (zero-bubble split)  # noqa: E741
+    W = "W"  # backward for weight grads only
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+    RESHARD = "RESHARD"
+    REDUCE_GRAD = "REDUCE_GRAD"
+    OPTIM = "OPTIM"
+
+
+COMPUTE = frozenset({ActionType.F, ActionType.B, ActionType.I, ActionType.W})
+COMMS = frozenset({ActionType.SEND_F, ActionType.RECV_F, ActionType.SEND_B, ActionType.RECV_B})
+# Types torch.distributed.pipelining (2.6+) understands; OPTIM is ours.
+TORCH_TYPES = frozenset(ActionType) - {ActionType.OPTIM}
+
+_TYPES_BY_LENGTH = sorted((t.value for t in ActionType), key=len, reverse=True)
+_ACTION_RE = re.compile(r"^(\d+)(" + "|".join(_TYPES_BY_LENGTH) + r")(\d*)$")
+_NEEDS_MB = frozenset(COMPUTE | COMMS)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one rank: `stage` is the virtual stage id (chunk * p + rank)."""
+
+    stage: int
+    type: ActionType
+    microbatch: int | None = None
+
+    def __str__(self) -> str:
+        mb = "" if self.microbatch is None else str(self.microbatch)
+        return f"{self.stage}{self.type.value}{mb}"
+
+
+def parse_action(text: str) -> Action:
+    """Parse `2SEND_F1`-style text; raises ScheduleError naming the bad string."""
+    m = _ACTION_RE.match(text.strip())
+    if not m:
+        raise ScheduleError(
+            f"invalid action {text!r} (expected {{stage}}{{TYPE}}{{microbatch}}, e.g. 0F3, 1B2, 2SEND_F1, 1REDUCE_GRAD)"
+        )
+    kind = ActionType(m.group(2))
+    mb = int(m.group(3)) if m.group(3) else None
+    if kind in _NEEDS_MB and mb is None:
+        raise ScheduleError(f"invalid action {text!r}: {kind.value} needs a microbatch index (e.g. {m.group(1)}{kind.value}0)")
+    if kind not in _NEEDS_MB and mb is not None:
+        raise ScheduleError(f"invalid action {text!r}: {kind.value} takes no microbatch index")
+    return Action(int(m.group(1)), kind, mb)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Per-rank action lists plus the shape they were made for (p ranks, m microbatches, v chunks)."""
+
+    name: str
+    p: int
+    m: int
+    v: int
+    ranks: tuple[tuple[Action, ...], ...]
+    extra_warmup: tuple[int, ...] = field(default=())
+
+    @property
+    def num_stages(self) -> int:
+        return self.p * self.v
+
+    def to_text(self) -> str:
+        """One line per rank, actions separated by spaces."""
+        return "\n".join(" ".join(str(a) for a in row) for row in self.ranks)
+
+    def compute_only(self) -> "Schedule":
+        return Schedule(self.name, self.p, self.m, self.v,
+                        tuple(tuple(a for a in row if a.type in COMPUTE) for row in self.ranks), self.extra_warmup)
+
+
+def parse_rows(rows: Iterable[Iterable[str]]) -> tuple[tuple[Action, ...], ...]:
+    return tuple(tuple(parse_action(s) for s in row if s.strip()) for row in rows)
+
+
+def schedule_from_text(text: str, name: str, p: int, m: int, v: int = 1) -> Schedule:
+    rows = parse_rows(line.split() for line in text.splitlines())
+    if len(rows) != p:
+        raise ScheduleError(f"schedule text has {len(rows)} rank lines, expected p={p}")
+    return Schedule(name, p, m, v, rows)
+
+
+def to_torch_csv(schedule: Schedule, path: str | Path | None = None, *, with_comms: bool = True) -> str:
+    """Torch's `_dump_csv` layout: one CSV row per rank, one action string per cell. `with_comms=False`
+    gives torch's "compute_only" format (what `_load_csv` accepts by default). OPTIM is dropped."""
+    keep = TORCH_TYPES if with_comms else COMPUTE
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    for row in schedule.ranks:
+        writer.writerow([str(a) for a in row if a.type in keep])
+    text = buf.getvalue()
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8", newline="")
+    return text
+
+
+def from_torch_csv(source: str | Path, name: str, p: int, m: int, v: int = 1) -> Schedule:
+    """Read torch's CSV (`_load_csv` layout); `source` is a path or the CSV text itself."""
+    text = Path(source).read_text(encoding="utf-8") if isinstance(source, Path) or (
+        "\n" not in str(source) and Path(str(source)).is_file()) else str(source)
+    rows = parse_rows(csv.reader(io.StringIO(text, newline="")))
+    if len(rows) != p:
+        raise ScheduleError(f"torch CSV has {len(rows)} rows, expected one per rank (p={p})")
+    return Schedule(name, p, m, v, rows)
+
+
+def owner(stage: int, p: int) -> int:
+    """The rank that runs virtual stage `stage` (torch's loop-style placement)."""
+    return stage % p
+
+
+def add_comms(compute: Sequence[Sequence[Action]], p: int, v: int,
+              lookahead: Sequence[int] | int = 1) -> tuple[tuple[Action, ...], ...]:
+    """Lower compute-only lists to lists with SEND/RECV. Each SEND follows the compute producing it;
+    the RECV for the j-th input-needing compute of a kind is posted right after the (j-d)-th compute
+    of that kind (d = lookahead of that rank; at the start of the list when j < d), so transfers can
+    overlap compute; a deeper lookahead is what lets a slow link run ahead (Virtual-1F1B)."""
+    n = p * v
+    look = [lookahead] * p if isinstance(lookahead, int) else list(lookahead)
+    out: list[tuple[Action, ...]] = []
+    for rank, row in enumerate(compute):
+        d = max(1, look[rank])
+        needs: dict[str, list[Action]] = {"F": [], "B": []}
+        for a in row:
+            if a.type is ActionType.F and a.stage > 0:
+                needs["F"].append(Action(a.stage, ActionType.RECV_F, a.microbatch))
+            elif a.type in (ActionType.B, ActionType.I) and a.stage < n - 1:
+                needs["B"].append(Action(a.stage, ActionType.RECV_B, a.microbatch))
+        posted = {"F": 0, "B": 0}
+        seen = {"F": 0, "B": 0}
+        res: list[Action] = []
+
+        def post(kind: str, upto: int) -> None:
+            lst = needs[kind]
+            while posted[kind] < min(upto, len(lst)):
+                res.append(lst[posted[kind]])
+                posted[kind] += 1
+
+        post("F", d)
+        post("B", d)
+        for a in row:
+            kind = "F" if a.type is ActionType.F else "B" if a.type in (ActionType.B, ActionType.I) else None
+            if kind == "F" and a.stage > 0 or kind == "B" and a.stage < n - 1:
+                post(kind, seen[kind] + 1)  # never compute before its own receive is posted
+                seen[kind] += 1
+            res.append(a)
+            if a.type is ActionType.F and a.stage < n - 1:
+                res.append(Action(a.stage, ActionType.SEND_F, a.microbatch))
+            elif a.type in (ActionType.B, ActionType.I) and a.stage > 0:
+                res.append(Action(a.stage, ActionType.SEND_B, a.microbatch))
+            if kind is not None:
+                post(kind, seen[kind] + d)
+        out.append(tuple(res))
+    return tuple(out)

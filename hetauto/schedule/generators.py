@@ -1,0 +1,160 @@
+"""Schedule generators: GPipe, 1F1B, interleaved 1F1B (Megatron order) and Virtual-1F1B.
+
+Each returns a `Schedule` whose rank lists already contain the SEND/RECV actions (receives posted
+early, see `add_comms`) and, with `tail=True`, the per-stage REDUCE_GRAD and the rank's OPTIM step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms
+
+F, B = ActionType.F, ActionType.B
+
+
+def _check_shape(p: int, m: int, v: int = 1) -> None:
+    for name, val in (("p (stages)", p), ("m (microbatches)", m), ("v (virtual chunks)", v)):
+        if not isinstance(val, int) or val < 1:
+            raise ScheduleError(f"{name} must be a positive integer, got {val!r}")
+
+
+def _finish(name: str, p: int, m: int, v: int, compute: list[list[Action]], tail: bool,
+            lookahead: Sequence[int] | int = 1, extra: tuple[int, ...] = ()) -> Schedule:
+    ranks = add_comms(compute, p, v, lookahead)
+    if tail:
+        ranks = tuple(
+            row + tuple(Action(c * p + r, ActionType.REDUCE_GRAD) for c in reversed(range(v))) + (Action(r, ActionType.OPTIM),)
+            for r, row in enumerate(ranks)
+        )
+    return Schedule(name, p, m, v, ranks, extra)
+
+
+def gpipe(p: int, m: int, *, tail: bool = True) -> Schedule:
+    """All forwards, then all backwards (in microbatch order, as torch's ScheduleGPipe)."""
+    _check_shape(p, m)
+    compute = [[Action(r, F, k) for k in range(m)] + [Action(r, B, k) for k in range(m)] for r in range(p)]
+    return _finish("gpipe", p, m, 1, compute, tail)
+
+
+def _one_f_one_b_rank(r: int, m: int, warmup: int) -> list[Action]:
+    w = min(warmup, m)
+    row = [Action(r, F, k) for k in range(w)]
+    for k in range(m - w):
+        row.append(Action(r, F, w + k))
+        row.append(Action(r, B, k))
+    row.extend(Action(r, B, k) for k in range(m - w, m))
+    return row
+
+
+def one_f_one_b(p: int, m: int, *, tail: bool = True) -> Schedule:
+    """1F1B: rank r runs p-r-1 warmup forwards, then alternates F/B, then drains."""
+    _check_shape(p, m)
+    compute = [_one_f_one_b_rank(r, m, p - r - 1) for r in range(p)]
+    return _finish("1f1b", p, m, 1, compute, tail)
+
+
+def interleaved(p: int, m: int, v: int, *, tail: bool = True) -> Schedule:
+    """Megatron's interleaved 1F1B: v chunks per rank (virtual stage chunk*p + rank), microbatches in
+    groups of p; warmup (p-r-1)*2 + (v-1)*p forwards. Needs m to be a multiple of p."""
+    _check_shape(p, m, v)
+    if v == 1:
+        s = one_f_one_b(p, m, tail=tail)
+        return Schedule("interleaved", p, m, 1, s.ranks)
+    if m % p:
+        raise ScheduleError(f"interleaved schedule needs microbatches (m={m}) to be a multiple of stages (p={p})")
+    total = m * v
+
+    def fwd(k: int, r: int) -> Action:
+        chunk = (k // p) % v
+        return Action(chunk * p + r, F, (k // (p * v)) * p + k % p)
+
+    def bwd(k: int, r: int) -> Action:
+        chunk = v - 1 - (k // p) % v
+        return Action(chunk * p + r, B, (k // (p * v)) * p + k % p)
+
+    compute = []
+    for r in range(p):
+        w = min((p - r - 1) * 2 + (v - 1) * p, total)
+        row = [fwd(k, r) for k in range(w)]
+        for k in range(total - w):
+            row.append(fwd(w + k, r))
+            row.append(bwd(k, r))
+        row.extend(bwd(k, r) for k in range(total - w, total))
+        compute.append(row)
+    return _finish("interleaved", p, m, v, compute, tail)
+
+
+def extra_warmup_from_costs(boundary_cost: Sequence[float], tf: float | Sequence[float],
+                            tb: float | Sequence[float]) -> tuple[int, ...]:
+    """k_h = ceil(2 c_h / (t_f + t_b)) per boundary: enough microbatches in flight to cover one round
+    trip over boundary h. With per-stage times the steady-state period is the slowest stage's."""
+    tfs = [tf] if isinstance(tf, (int, float)) else list(tf)
+    tbs = [tb] if isinstance(tb, (int, float)) else list(tb)
+    if len(tfs) != len(tbs):
+        raise ScheduleError("tf and tb need the same number of stages")
+    period = max(a + b for a, b in zip(tfs, tbs))
+    if period <= 0:
+        raise ScheduleError("t_f + t_b must be positive to size Virtual-1F1B warmup")
+    out = []
+    for h, c in enumerate(boundary_cost):
+        if c < 0:
+            raise ScheduleError(f"boundary {h}: cost must be >= 0, got {c}")
+        out.append(max(0, math.ceil(2.0 * c / period - 1e-9)))
+    return tuple(out)
+
+
+def cap_extra_warmup(p: int, extra: Sequence[int], memory_cap: Sequence[int | None] | None) -> tuple[int, ...]:
+    """Shrink k_h so that every stage r keeps (p - r) + sum_{h >= r} k_h <= memory_cap[r] microbatches
+    in flight. Boundaries further downstream keep their k first (they cover every stage above them)."""
+    ks = list(extra)
+    if memory_cap is None:
+        return tuple(ks)
+    if len(memory_cap) != p:
+        raise ScheduleError(f"memory_cap needs one entry per stage ({p}), got {len(memory_cap)}")
+    allow = []
+    for r, cap in enumerate(memory_cap):
+        if cap is None:
+            allow.append(math.inf)
+            continue
+        if cap < p - r:
+            raise ScheduleError(
+                f"stage {r}: memory cap {cap} microbatches is below what 1F1B itself holds there ({p - r}); "
+                "give the stage more memory or use fewer stages"
+            )
+        allow.append(cap - (p - r))
+    out = [0] * len(ks)
+    below = 0  # sum of kept k for boundaries downstream of h
+    for h in reversed(range(len(ks))):
+        room = min(allow[: h + 1]) - below
+        out[h] = int(max(0, min(ks[h], room)))
+        below += out[h]
+    return tuple(out)
+
+
+def virtual_1f1b(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
+                 boundary_cost: Sequence[float] | None = None, tf: float | Sequence[float] = 1.0,
+                 tb: float | Sequence[float] = 2.0, memory_cap: Sequence[int | None] | None = None,
+                 tail: bool = True) -> Schedule:
+    """1F1B that treats a slow boundary as extra pipeline depth: stages upstream of boundary h get k_h
+    more warmup forwards (cumulative over the boundaries below them) and the two ends of the boundary
+    post k_h+1 receives ahead, so transfers overlap compute. Give `extra_warmup` (k_h per boundary)
+    or `boundary_cost` (one-way cost c_h, with tf/tb) to compute k_h; `memory_cap` (max microbatches in
+    flight per stage) caps it."""
+    _check_shape(p, m)
+    if extra_warmup is None:
+        extra_warmup = extra_warmup_from_costs(boundary_cost, tf, tb) if boundary_cost is not None else (0,) * (p - 1)
+    if len(extra_warmup) != p - 1:
+        raise ScheduleError(f"extra_warmup needs one entry per boundary ({p - 1}), got {len(extra_warmup)}")
+    if any(k < 0 for k in extra_warmup):
+        raise ScheduleError(f"extra_warmup entries must be >= 0, got {list(extra_warmup)}")
+    ks = cap_extra_warmup(p, extra_warmup, memory_cap)
+    compute = []
+    look = []
+    for r in range(p):
+        extra = sum(ks[r:])
+        compute.append(_one_f_one_b_rank(r, m, p - r - 1 + extra))
+        near = [ks[h] for h in (r - 1, r) if 0 <= h < p - 1]
+        look.append(1 + max(near, default=0))
+    return _finish("virtual-1f1b", p, m, 1, compute, tail, look, tuple(ks))

@@ -1,0 +1,392 @@
+"""Discrete-event simulator of a pipeline schedule (the planner's inner loop, so: exact and fast).
+
+Model. Each rank runs its action list in order on one compute resource. `SEND_*` issues an isend and
+`RECV_*` posts an irecv (neither blocks); a transfer starts once both are issued (rendezvous, as
+NCCL/gloo do for large messages) and its link is free: every directed rank-to-rank link is a FIFO
+with `latency + bytes / bandwidth`; links in the same group (e.g. all links between two clusters in
+one direction) also share one FIFO of the group's capacity. A compute action waits for the arrival
+of the receive carrying its input. REDUCE_GRAD runs on the rank's communication stream (optionally
+overlapped with the chunk's last backward); OPTIM waits for it. Events are processed in time order
+(heap keyed by (time, rank)), so FIFO order on shared links is exact; ties go to the lower rank.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError
+
+_CODE = {
+    ActionType.F: 0, ActionType.B: 1, ActionType.I: 2, ActionType.W: 3,
+    ActionType.SEND_F: 4, ActionType.RECV_F: 5, ActionType.SEND_B: 6, ActionType.RECV_B: 7,
+    ActionType.RESHARD: 8, ActionType.REDUCE_GRAD: 9, ActionType.OPTIM: 10,
+}
+_NAMES = {v: k.value for k, v in _CODE.items()}
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One direction of one rank boundary: one-way latency (time units) and bandwidth (bytes/time unit)."""
+
+    latency: float = 0.0
+    bandwidth: float = INF
+    group: str | None = None
+
+
+def _vec(name: str, value: float | Sequence[float], n: int, allowed: tuple[int, ...]) -> tuple[float, ...]:
+    if isinstance(value, (int, float)):
+        out = (float(value),) * n
+    else:
+        out = tuple(float(x) for x in value)
+        if len(out) not in allowed:
+            raise ScheduleError(f"{name}: expected {' or '.join(map(str, allowed))} values, got {len(out)}")
+    if any(x < 0 or x != x for x in out):
+        raise ScheduleError(f"{name}: times must be >= 0, got {list(out)}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCosts:
+    """What each action costs. Per-rank tuples have p entries; `tf`/`tb`/`tw` may instead have p*v
+    (one per virtual stage). A per-rank compute time is the whole rank's time (all its chunks), split
+    evenly over its v chunks. `tw` is the weight-grad part of `tb` (used by I/W split actions).
+    `links[h]` is the link from rank h to h+1 (an optional p-th entry is rank p-1 -> 0, the
+    interleaved wrap-around); `links_back[h]` the reverse direction (defaults to `links`).
+    `act_bytes` per virtual boundary (p*v-1 entries or one scalar), the same for gradients.
+    `tp_f`/`tp_b`: TP collective time per microbatch added to the rank's forward/backward.
+    `allreduce`: DP gradient all-reduce per rank; `dp_overlap` lets it start with the last backward.
+    `optim`: optimizer step per rank. `reshard`: time of a RESHARD action per rank."""
+
+    tf: Sequence[float] | float
+    tb: Sequence[float] | float
+    tw: Sequence[float] | float = 0.0
+    links: tuple[Link | None, ...] = ()
+    links_back: tuple[Link | None, ...] | None = None
+    link_groups: Mapping[str, float] = field(default_factory=dict)
+    act_bytes: Sequence[float] | float = 0.0
+    tp_f: Sequence[float] | float = 0.0
+    tp_b: Sequence[float] | float = 0.0
+    allreduce: Sequence[float] | float = 0.0
+    dp_overlap: bool = False
+    optim: Sequence[float] | float = 0.0
+    reshard: Sequence[float] | float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    resource: str  # "stage 3" or "link 2->3"
+    kind: str  # F, B, I, W, SEND_F, SEND_B, RESHARD, REDUCE_GRAD, OPTIM
+    microbatch: int | None
+    start: float
+    end: float
+    stage: int  # virtual stage
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    iteration_time: float
+    bubble_fraction: float  # 1 - compute busy time / (p * iteration time)
+    utilisation: tuple[float, ...]  # per rank: compute busy / iteration time
+    peak_inflight: tuple[int, ...]  # per rank: max microbatch-chunks forwarded but not yet backwarded
+    busy: tuple[float, ...]
+    events: int
+    timeline: tuple[TimelineEntry, ...] | None = None
+
+
+def _resolve_links(costs: PipelineCosts, p: int) -> dict[tuple[int, int], Link]:
+    out: dict[tuple[int, int], Link] = {}
+    fw = tuple(costs.links)
+    bw = fw if costs.links_back is None else tuple(costs.links_back)
+    for name, seq in (("links", fw), ("links_back", bw)):
+        if len(seq) > p:
+            raise ScheduleError(f"{name}: at most {p} entries (one per boundary, plus the wrap-around), got {len(seq)}")
+    for h, ln in enumerate(fw):
+        if ln is not None and p > 1:
+            out[(h, (h + 1) % p)] = ln
+    for h, ln in enumerate(bw):
+        if ln is not None and p > 1:
+            out[((h + 1) % p, h)] = ln
+    for (a, b), ln in out.items():
+        if ln.latency < 0 or not ln.bandwidth > 0:
+            raise ScheduleError(f"link {a}->{b}: latency must be >= 0 and bandwidth > 0, got {ln.latency}, {ln.bandwidth}")
+        if ln.group is not None and ln.group not in costs.link_groups:
+            raise ScheduleError(f"link {a}->{b}: unknown link group {ln.group!r}; add it to link_groups with a capacity")
+    for g, cap in costs.link_groups.items():
+        if not cap > 0:
+            raise ScheduleError(f"link group {g!r}: capacity must be > 0, got {cap}")
+    return out
+
+
+def _chunk_times(costs: PipelineCosts, p: int, v: int) -> list[tuple[float, float, float, float]]:
+    n = p * v
+    tf = _vec("tf", costs.tf, p, (p, n))
+    tb = _vec("tb", costs.tb, p, (p, n))
+    tw = _vec("tw", costs.tw, p, (p, n))
+    tpf = _vec("tp_f", costs.tp_f, p, (p,))
+    tpb = _vec("tp_b", costs.tp_b, p, (p,))
+    out = []
+    for s in range(n):
+        r = s % p
+
+        def pick(vec: tuple[float, ...]) -> float:
+            return vec[s] if len(vec) == n and n != p else vec[r] / v
+
+        f = pick(tf) + tpf[r] / v
+        b = pick(tb) + tpb[r] / v
+        w = min(pick(tw), b)
+        out.append((f, b, b - w, w))
+    return out
+
+
+def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False) -> SimResult:
+    """Simulate one iteration; raises ScheduleError on a deadlock (naming the stuck ranks)."""
+    p, v, m = schedule.p, schedule.v, schedule.m
+    n = p * v
+    chunk = _chunk_times(costs, p, v)
+    linkmap = _resolve_links(costs, p)
+    nbytes = _vec("act_bytes", costs.act_bytes, max(n - 1, 1), (max(n - 1, 1),))
+    allreduce = _vec("allreduce", costs.allreduce, p, (p,))
+    optim = _vec("optim", costs.optim, p, (p,))
+    reshard = _vec("reshard", costs.reshard, p, (p,))
+    overlap = costs.dp_overlap
+
+    # Per directed transfer channel c = (kind, receiving virtual stage) with kind 0=activation, 1=grad.
+    # Channel resources: index into link_free; group index into group_free (-1 none).
+    nlinks = 0
+    link_index: dict[tuple[int, int], int] = {}
+    ch_link = [0] * (2 * n)
+    ch_group = [-1] * (2 * n)
+    ch_lat = [0.0] * (2 * n)
+    ch_ser = [0.0] * (2 * n)
+    ch_src = [0] * (2 * n)
+    ch_dst = [0] * (2 * n)
+    group_names = list(costs.link_groups)
+    for kind in (0, 1):
+        for s in range(n):
+            # activation into stage s comes from s-1; gradient into stage s comes from s+1
+            src_stage = s - 1 if kind == 0 else s + 1
+            if not 0 <= src_stage < n:
+                continue
+            a, b = src_stage % p, s % p
+            key = (a, b)
+            if key not in link_index:
+                link_index[key] = nlinks
+                nlinks += 1
+            c = kind * n + s
+            ch_link[c] = link_index[key]
+            ch_src[c], ch_dst[c] = a, b
+            ln = linkmap.get(key)
+            size = nbytes[min(s, src_stage)]
+            if ln is not None and a != b:
+                bw = ln.bandwidth
+                if ln.group is not None:
+                    gi = group_names.index(ln.group)
+                    ch_group[c] = gi
+                    bw = min(bw, costs.link_groups[ln.group])
+                ch_lat[c] = ln.latency
+                ch_ser[c] = size / bw if size and bw != INF else 0.0
+    link_free = [0.0] * nlinks
+    group_free = [0.0] * len(group_names)
+
+    # Compile the action lists to flat int arrays.
+    code_of = _CODE
+    ops: list[list[int]] = []
+    stg: list[list[int]] = []
+    mbs: list[list[int]] = []
+    for r, row in enumerate(schedule.ranks):
+        o, st, mb = [], [], []
+        for a in row:
+            o.append(code_of[a.type])
+            st.append(a.stage)
+            mb.append(-1 if a.microbatch is None else a.microbatch)
+            if a.stage % p != r or not 0 <= a.stage < n:
+                raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own (p={p}, v={v})")
+            if a.microbatch is not None and not 0 <= a.microbatch < m:
+                raise ScheduleError(f"rank {r}: action {a} names microbatch {a.microbatch}, outside 0..{m - 1}")
+        ops.append(o)
+        stg.append(st)
+        mbs.append(mb)
+    if len(ops) != p:
+        raise ScheduleError(f"schedule has {len(ops)} rank lists, expected p={p}")
+
+    M = m
+    NK = 2 * n * M
+    sent = [-1.0] * NK  # issue time of the SEND feeding key
+    posted = [-1.0] * NK  # post time of the RECV for key
+    arrival = [-1.0] * NK
+    waiting = [-1] * NK  # rank blocked on key
+
+    pc = [0] * p
+    t = [0.0] * p
+    comm_free = [0.0] * p
+    busy = [0.0] * p
+    inflight = [0] * p
+    peak = [0] * p
+    last_b_start = [0.0] * n
+    lens = [len(o) for o in ops]
+    heap = [(0.0, r) for r in range(p)]
+    heapq.heapify(heap)
+    push, pop = heapq.heappush, heapq.heappop
+    tl: list[TimelineEntry] | None = [] if timeline else None
+    events = 0
+    done = 0
+
+    def start_transfer(key: int, now: float) -> None:
+        c = key // M
+        li = ch_link[c]
+        gi = ch_group[c]
+        st0 = link_free[li]
+        if now > st0:
+            st0 = now
+        if gi >= 0 and group_free[gi] > st0:
+            st0 = group_free[gi]
+        end = st0 + ch_ser[c]
+        link_free[li] = end
+        if gi >= 0:
+            group_free[gi] = end
+        arr = end + ch_lat[c]
+        arrival[key] = arr
+        if tl is not None and (arr > st0 or ch_src[c] != ch_dst[c]):
+            s = c % n
+            tl.append(TimelineEntry(f"link {ch_src[c]}->{ch_dst[c]}", "SEND_F" if c < n else "SEND_B",
+                                    key % M, st0, arr, s - 1 if c < n else s + 1))
+        w = waiting[key]
+        if w >= 0:
+            waiting[key] = -1
+            push(heap, (arr if arr > t[w] else t[w], w))
+
+    while heap:
+        now, r = pop(heap)
+        o, st, mb = ops[r], stg[r], mbs[r]
+        i = pc[r]
+        tr = t[r]
+        if now > tr:
+            tr = now
+        ln = lens[r]
+        stalled = False
+        while i < ln:
+            op = o[i]
+            s = st[i]
+            if op <= 3:  # compute
+                k = mb[i]
+                if op == 0:
+                    key = s * M + k if s > 0 else -1
+                else:
+                    key = (n + s) * M + k if (op != 3 and s < n - 1) else -1
+                if key >= 0:
+                    a = arrival[key]
+                    if a < 0:
+                        waiting[key] = r
+                        stalled = True
+                        break
+                    if a > tr:
+                        tr = a
+                d = chunk[s][op]
+                if op == 0:
+                    inflight[r] += 1
+                    if inflight[r] > peak[r]:
+                        peak[r] = inflight[r]
+                else:
+                    if op != 2:
+                        inflight[r] -= 1
+                    last_b_start[s] = tr
+                if tl is not None:
+                    tl.append(TimelineEntry(f"stage {r}", _NAMES[op], k, tr, tr + d, s))
+                busy[r] += d
+                tr += d
+                i += 1
+                events += 1
+                if heap and tr > heap[0][0]:
+                    break
+            elif op <= 7:
+                k = mb[i]
+                events += 1
+                if op == 4:  # SEND_F: activation into s+1
+                    key = (s + 1) * M + k
+                    sent[key] = tr
+                    if posted[key] >= 0:
+                        start_transfer(key, tr)
+                elif op == 6:  # SEND_B: grad into s-1
+                    key = (n + s - 1) * M + k
+                    sent[key] = tr
+                    if posted[key] >= 0:
+                        start_transfer(key, tr)
+                elif op == 5:
+                    key = s * M + k
+                    posted[key] = tr
+                    if sent[key] >= 0:
+                        start_transfer(key, tr)
+                else:
+                    key = (n + s) * M + k
+                    posted[key] = tr
+                    if sent[key] >= 0:
+                        start_transfer(key, tr)
+                i += 1
+            else:
+                events += 1
+                if op == 8:
+                    d = reshard[r]
+                    if tl is not None and d:
+                        tl.append(TimelineEntry(f"stage {r}", "RESHARD", None, tr, tr + d, s))
+                    tr += d
+                elif op == 9:
+                    d = allreduce[r] / v
+                    st0 = last_b_start[s] if overlap else tr
+                    if comm_free[r] > st0:
+                        st0 = comm_free[r]
+                    comm_free[r] = st0 + d
+                    if tl is not None and d:
+                        tl.append(TimelineEntry(f"stage {r}", "REDUCE_GRAD", None, st0, st0 + d, s))
+                else:
+                    if comm_free[r] > tr:
+                        tr = comm_free[r]
+                    d = optim[r]
+                    if tl is not None and d:
+                        tl.append(TimelineEntry(f"stage {r}", "OPTIM", None, tr, tr + d, s))
+                    tr += d
+                i += 1
+                if heap and tr > heap[0][0]:
+                    break
+        pc[r] = i
+        t[r] = tr
+        if i < ln:
+            if not stalled:  # a stalled rank is re-queued by the transfer it waits for
+                push(heap, (tr, r))
+        else:
+            done += 1
+
+    if done < p:
+        stuck = [f"rank {r} at {str(_action_at(schedule, r, pc[r]))}" for r in range(p) if pc[r] < lens[r]]
+        raise ScheduleError(f"schedule {schedule.name} deadlocks: " + "; ".join(stuck[:6])
+                            + (f" (+{len(stuck) - 6} more)" if len(stuck) > 6 else ""))
+    total = 0.0
+    for r in range(p):
+        end = t[r] if t[r] > comm_free[r] else comm_free[r]
+        if end > total:
+            total = end
+    util = tuple(b / total if total > 0 else 0.0 for b in busy)
+    bubble = 1.0 - sum(busy) / (p * total) if total > 0 else 0.0
+    return SimResult(total, bubble, util, tuple(peak), tuple(busy), events,
+                     tuple(sorted(tl, key=lambda e: (e.start, e.resource))) if tl is not None else None)
+
+
+def _action_at(schedule: Schedule, r: int, i: int) -> Action:
+    return schedule.ranks[r][i]
+
+
+def boundary_links(p: int, latency: Mapping[int, float] | None = None,
+                   bandwidth: Mapping[int, float] | None = None) -> tuple[Link | None, ...]:
+    """Symmetric links for rank boundaries h (rank h <-> h+1) from sparse {h: value} maps."""
+    latency = latency or {}
+    bandwidth = bandwidth or {}
+    out: list[Link | None] = []
+    for h in range(max(p - 1, 0)):
+        if h in latency or h in bandwidth:
+            out.append(Link(latency.get(h, 0.0), bandwidth.get(h, INF)))
+        else:
+            out.append(None)
+    return tuple(out)
