@@ -85,6 +85,21 @@ def test_between_builds_both_directions() -> None:
     assert LinkTable.between([0], [1], link, both_directions=False).get(1, 0) is None
 
 
+def test_shared_pipe_serialises_messages_to_different_receivers() -> None:
+    bw = 1e6
+    shared = LinkTable.between([0], [2, 3], EmulatedLink(0.0, bw), shared=True)
+    separate = LinkTable.between([0], [2, 3], EmulatedLink(0.0, bw))
+    for table, second_lower, second_upper in ((shared, 0.4, 1.5), (separate, 0.2, 0.35)):
+        done: list[float] = []
+        t0 = time.monotonic()
+        hs = [table.submit(0, d, 200_000, lambda: done.append(time.monotonic())) for d in (2, 3)]
+        for h in hs:
+            h.wait(5)
+        assert second_lower <= max(done) - t0 < second_upper
+        assert table.bytes_per_link() == {(0, 2): 200_000, (0, 3): 200_000}
+        table.close()
+
+
 # ---------------------------------------------------------------------------------- on the real P2P path
 
 LAT, BW = 0.4, 1e6

@@ -129,27 +129,48 @@ class LinkTable:
     Pairs without an entry are not delayed (`submit` is only called for pairs that have one).
     """
 
-    def __init__(self, links: Mapping[tuple[int, int], EmulatedLink] | None = None) -> None:
+    def __init__(
+        self,
+        links: Mapping[tuple[int, int], EmulatedLink] | None = None,
+        pipes: Mapping[tuple[int, int], str] | None = None,
+    ) -> None:
         self._links: dict[tuple[int, int], EmulatedLink] = dict(links or {})
-        self._queues: dict[tuple[int, int], _LinkQueue] = {}
+        # pairs mapped to the same pipe name share one wire (one FIFO, one bandwidth): a shared WAN pipe
+        self._pipes: dict[tuple[int, int], str] = dict(pipes or {})
+        self._queues: dict[Any, _LinkQueue] = {}
         self._bytes: dict[tuple[int, int], int] = {}
         self._messages: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def between(
-        cls, side_a: Iterable[int], side_b: Iterable[int], link: EmulatedLink, *, both_directions: bool = True
+        cls,
+        side_a: Iterable[int],
+        side_b: Iterable[int],
+        link: EmulatedLink,
+        *,
+        both_directions: bool = True,
+        shared: bool = False,
     ) -> "LinkTable":
-        """Every pair from `side_a` to `side_b` (and back) goes over `link`: two clusters joined by a slow pipe."""
+        """Every pair from `side_a` to `side_b` (and back) goes over `link`: two clusters joined by a slow pipe.
+
+        `shared=False`: each rank pair has its own wire. `shared=True`: all pairs of one direction share
+        one wire (one FIFO, one bandwidth). Each process holds its own table and only sends from its own
+        rank, so in a multi-process job `shared=True` models each sender's NIC toward the other side
+        (its messages to different receivers queue behind each other), not one pipe shared by all senders.
+        """
         a, b = list(side_a), list(side_b)
         table: dict[tuple[int, int], EmulatedLink] = {(s, d): link for s in a for d in b}
+        pipes = {(s, d): "a->b" for s in a for d in b} if shared else {}
         if both_directions:
             table.update({(d, s): link for s in a for d in b})
-        return cls(table)
+            if shared:
+                pipes.update({(d, s): "b->a" for s in a for d in b})
+        return cls(table, pipes)
 
     def set(self, src: int, dst: int, link: EmulatedLink) -> None:
         with self._lock:
-            if (src, dst) in self._queues:
+            if self._pipes.get((src, dst), (src, dst)) in self._queues:
                 raise ValueError(f"link {src}->{dst} is already in use; set links before the first send")
             self._links[(src, dst)] = link
 
@@ -160,9 +181,10 @@ class LinkTable:
         """Post `start()` (which performs the real send) at the message's emulated delivery time."""
         with self._lock:
             link = self._links[(src, dst)]
-            q = self._queues.get((src, dst))
+            key = self._pipes.get((src, dst), (src, dst))
+            q = self._queues.get(key)
             if q is None:
-                q = self._queues[(src, dst)] = _LinkQueue(link, f"{src}-{dst}")
+                q = self._queues[key] = _LinkQueue(link, str(key))
             self._bytes[(src, dst)] = self._bytes.get((src, dst), 0) + int(nbytes)
             self._messages[(src, dst)] = self._messages.get((src, dst), 0) + 1
         return q.submit(int(nbytes), start)
