@@ -1,7 +1,8 @@
 """Schedule generators: GPipe, 1F1B, interleaved 1F1B (Megatron order) and Virtual-1F1B.
 
 Each returns a `Schedule` whose rank lists already contain the SEND/RECV actions (receives posted
-early, see `add_comms`) and, with `tail=True`, the per-stage REDUCE_GRAD and the rank's OPTIM step.
+early, see `add_comms`; `lookahead` = how many receives per kind are posted ahead, 1 as Megatron
+does; a deeper one lets a bandwidth-bound link stream back to back) and, with `tail=True`, the per-stage REDUCE_GRAD and the rank's OPTIM step.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ def _finish(name: str, p: int, m: int, v: int, compute: list[list[Action]], tail
     return Schedule(name, p, m, v, ranks, extra)
 
 
-def gpipe(p: int, m: int, *, tail: bool = True) -> Schedule:
+def gpipe(p: int, m: int, *, tail: bool = True, lookahead: int = 1) -> Schedule:
     """All forwards, then all backwards (in microbatch order, as torch's ScheduleGPipe)."""
     _check_shape(p, m)
     compute = [[Action(r, F, k) for k in range(m)] + [Action(r, B, k) for k in range(m)] for r in range(p)]
-    return _finish("gpipe", p, m, 1, compute, tail)
+    return _finish("gpipe", p, m, 1, compute, tail, lookahead)
 
 
 def _one_f_one_b_rank(r: int, m: int, warmup: int) -> list[Action]:
@@ -48,19 +49,19 @@ def _one_f_one_b_rank(r: int, m: int, warmup: int) -> list[Action]:
     return row
 
 
-def one_f_one_b(p: int, m: int, *, tail: bool = True) -> Schedule:
+def one_f_one_b(p: int, m: int, *, tail: bool = True, lookahead: int = 1) -> Schedule:
     """1F1B: rank r runs p-r-1 warmup forwards, then alternates F/B, then drains."""
     _check_shape(p, m)
     compute = [_one_f_one_b_rank(r, m, p - r - 1) for r in range(p)]
-    return _finish("1f1b", p, m, 1, compute, tail)
+    return _finish("1f1b", p, m, 1, compute, tail, lookahead)
 
 
-def interleaved(p: int, m: int, v: int, *, tail: bool = True) -> Schedule:
+def interleaved(p: int, m: int, v: int, *, tail: bool = True, lookahead: int = 1) -> Schedule:
     """Megatron's interleaved 1F1B: v chunks per rank (virtual stage chunk*p + rank), microbatches in
     groups of p; warmup (p-r-1)*2 + (v-1)*p forwards. Needs m to be a multiple of p."""
     _check_shape(p, m, v)
     if v == 1:
-        s = one_f_one_b(p, m, tail=tail)
+        s = one_f_one_b(p, m, tail=tail, lookahead=lookahead)
         return Schedule("interleaved", p, m, 1, s.ranks)
     if m % p:
         raise ScheduleError(f"interleaved schedule needs microbatches (m={m}) to be a multiple of stages (p={p})")
@@ -83,7 +84,7 @@ def interleaved(p: int, m: int, v: int, *, tail: bool = True) -> Schedule:
             row.append(bwd(k, r))
         row.extend(bwd(k, r) for k in range(total - w, total))
         compute.append(row)
-    return _finish("interleaved", p, m, v, compute, tail)
+    return _finish("interleaved", p, m, v, compute, tail, lookahead)
 
 
 def extra_warmup_from_costs(boundary_cost: Sequence[float], tf: float | Sequence[float],

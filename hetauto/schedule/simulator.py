@@ -3,8 +3,10 @@
 Model. Each rank runs its action list in order on one compute resource. `SEND_*` issues an isend and
 `RECV_*` posts an irecv (neither blocks); a transfer starts once both are issued (rendezvous, as
 NCCL/gloo do for large messages) and its link is free: every directed rank-to-rank link is a FIFO
-with `latency + bytes / bandwidth`; links in the same group (e.g. all links between two clusters in
-one direction) also share one FIFO of the group's capacity. A compute action waits for the arrival
+with `latency + bytes / bandwidth`; links in the same group (e.g. all links between two clusters)
+also pass through one shared FIFO that each transfer holds for `bytes / capacity`; a transfer ends
+when both its link and its group share are done (an approximation of fair sharing that keeps FIFO
+order exact: an unbounded group changes nothing, a narrow one serializes its links). A compute action waits for the arrival
 of the receive carrying its input. REDUCE_GRAD runs on the rank's communication stream (optionally
 overlapped with the chunk's last backward); OPTIM waits for it. Events are processed in time order
 (heap keyed by (time, rank)), so FIFO order on shared links is exact; ties go to the lower rank.
@@ -162,6 +164,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
     ch_group = [-1] * (2 * n)
     ch_lat = [0.0] * (2 * n)
     ch_ser = [0.0] * (2 * n)
+    ch_gser = [0.0] * (2 * n)
     ch_src = [0] * (2 * n)
     ch_dst = [0] * (2 * n)
     group_names = list(costs.link_groups)
@@ -186,7 +189,8 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
                 if ln.group is not None:
                     gi = group_names.index(ln.group)
                     ch_group[c] = gi
-                    bw = min(bw, costs.link_groups[ln.group])
+                    cap = costs.link_groups[ln.group]
+                    ch_gser[c] = size / cap if size and cap != INF else 0.0
                 ch_lat[c] = ln.latency
                 ch_ser[c] = size / bw if size and bw != INF else 0.0
     link_free = [0.0] * nlinks
@@ -242,12 +246,18 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
         st0 = link_free[li]
         if now > st0:
             st0 = now
-        if gi >= 0 and group_free[gi] > st0:
-            st0 = group_free[gi]
         end = st0 + ch_ser[c]
         link_free[li] = end
         if gi >= 0:
-            group_free[gi] = end
+            gst = group_free[gi]
+            if now > gst:
+                gst = now
+            gend = gst + ch_gser[c]
+            group_free[gi] = gend
+            if gst > st0:
+                st0 = gst
+            if gend > end:
+                end = gend
         arr = end + ch_lat[c]
         arrival[key] = arr
         if tl is not None and (arr > st0 or ch_src[c] != ch_dst[c]):
