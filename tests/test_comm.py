@@ -187,3 +187,26 @@ def test_init_from_env_without_torchrun_env_names_the_variable(monkeypatch: pyte
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(CommunicationError, match="environment variable RANK is not set; launch with torchrun"):
         Communicator.init_from_env("gloo", timeout_s=1)
+
+
+def _work_peer_dies(rank: int, world: int) -> tuple[float, str]:
+    import os
+
+    comm = Communicator.init_from_env("gloo", timeout_s=5.0)
+    comm.barrier()
+    if rank == 1:
+        os._exit(0)  # crashes without a word
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(1))
+    except CommunicationError as exc:
+        return time.monotonic() - t0, str(exc)
+    return time.monotonic() - t0, "no error"
+
+
+def test_peer_that_dies_mid_run_fails_the_collective_within_the_timeout() -> None:
+    res = run_ranks(_work_peer_dies, 2, timeout=30, return_exceptions=True)
+    elapsed, msg = res[0]
+    assert msg.startswith("rank 0: all_reduce over ranks [0, 1] failed")
+    assert elapsed < 6.0
+    assert isinstance(res[1], RuntimeError) and "exited with code 0 without reporting" in str(res[1])
