@@ -195,6 +195,16 @@ def _gloo_cases(rank: int, world: int) -> list[tuple[str, bool, str]]:
                         ok, why = False, f"rank {rank} sent {cross}, link table {links.bytes_per_link()}, planned {planned}"
                     results.append((name, ok, why))
     comm.barrier()
+    # a source that never sends: the destination fails within the timeout, naming the source rank
+    if rank == 2:
+        plan = plan_transfer(StageLayout.contiguous(1, 1), StageLayout.contiguous(1, 1, first_rank=2), GLOO_SHAPE)
+        try:
+            execute_transfer(comm, plan, None, timeout_s=1.0, tag_base=plan.num_tags * 10**6)
+            results.append(("dead source", False, "no error"))
+        except Exception as exc:  # noqa: BLE001
+            msg = str(exc)
+            ok = type(exc).__name__ == "CommunicationError" and msg.startswith("rank 2: recv from rank 0 (tag ")
+            results.append(("dead source", ok, msg))
     comm.destroy()
     return results
 
@@ -208,5 +218,5 @@ def test_gloo_transfers_bit_exact_both_directions_with_bytes_counted() -> None:
     assert not failures, failures
     names = {name for res in per_rank for name, _, _ in res}
     # 4 layout pairs x 2 directions x 3 methods, plus (2,2)->(1,4) with a real TP-group communicator
-    assert len(names) == 4 * 2 * 3 + 3
+    assert len(names) == 4 * 2 * 3 + 3 + 1
     assert sum("groups=True" in n for n in names) == 3

@@ -129,6 +129,11 @@ class TransferPlan:
         n = self.shape[0] // self.dst.dp * self.row
         return i * n, (i + 1) * n
 
+    @property
+    def num_tags(self) -> int:
+        """P2P tags one execution uses, starting at its `tag_base`."""
+        return len(self.messages) + sum(len(step.ranks) ** 2 for step in self.local)
+
     def bytes_per_link(self, itemsize: int = 4) -> dict[tuple[int, int], int]:
         """Bytes of the cross-stage messages per directed (src, dst) global-rank pair."""
         out: dict[tuple[int, int], int] = {}
@@ -266,7 +271,7 @@ def _local_collective(group: Any, step: LocalStep, flat: Any, base: int, timeout
     me = step.ranks.index(group.global_rank)
     width = max(z - a for a, z in step.chunks)
     a, z = step.chunks[me]
-    buf = torch.zeros(width, dtype=flat.dtype)
+    buf = torch.zeros(width, dtype=flat.dtype, device=flat.device)
     buf[: z - a] = flat[a - base : z - base]
     gathered = group.all_gather(buf, timeout_s=timeout_s)
     for r, (a, z) in enumerate(step.chunks):
@@ -313,6 +318,7 @@ def start_transfer(
     tensor: Any = None,
     *,
     dtype: Any = None,
+    device: Any = None,
     local_groups: Mapping[tuple[int, ...], Any] | None = None,
     tag_base: int = 0,
     timeout_s: float | None = None,
@@ -321,10 +327,11 @@ def start_transfer(
 
     `comm` is a `hetauto.core.comm.Communicator` containing every rank of the plan. Source ranks pass
     their local slice `tensor` of shape [b/dp_s, s, h] (contiguous); destination ranks get a fresh
-    [b/dp_d, s, h] tensor of `dtype` (default: the source tensor's, else float32). `local_groups` maps a
-    destination TP group (tuple of global ranks) to its Communicator so the local step runs as a real
-    broadcast/all-gather; without it the step runs as point-to-point messages. Concurrent transfers
-    between the same ranks need distinct `tag_base` values (a plan uses len(messages) + sum(tp_d^2) tags).
+    [b/dp_d, s, h] tensor of `dtype` on `device` (default: the source tensor's, else float32 on CPU).
+    `local_groups` maps a destination TP group (tuple of global ranks) to its Communicator so the local
+    step runs as a real broadcast/all-gather; without it the step runs as point-to-point messages.
+    Concurrent transfers between the same ranks need disjoint tag ranges
+    [tag_base, tag_base + plan.num_tags).
     """
     import torch
 
@@ -339,7 +346,8 @@ def start_transfer(
             raise InfeasiblePlan(f"rank {me}: source slice must have shape {list(want)}, got {got}")
         src_flat = tensor.contiguous().view(-1)
         dtype = dtype or tensor.dtype
-    out = torch.empty((b // plan.dst.dp, s, h), dtype=dtype or torch.float32) if in_dst else None
+        device = device or tensor.device
+    out = torch.empty((b // plan.dst.dp, s, h), dtype=dtype or torch.float32, device=device) if in_dst else None
     recvs, sends = [], []
     if in_dst:
         base, flat = plan.dst_range(me)[0], out.view(-1)
@@ -367,11 +375,13 @@ def execute_transfer(
     tensor: Any = None,
     *,
     dtype: Any = None,
+    device: Any = None,
     local_groups: Mapping[tuple[int, ...], Any] | None = None,
     tag_base: int = 0,
     timeout_s: float | None = None,
 ) -> Any:
     """Run `plan` on this rank (every rank of both stages calls it); returns the destination slice or None."""
     return start_transfer(
-        comm, plan, tensor, dtype=dtype, local_groups=local_groups, tag_base=tag_base, timeout_s=timeout_s
+        comm, plan, tensor, dtype=dtype, device=device, local_groups=local_groups, tag_base=tag_base,
+        timeout_s=timeout_s,
     ).wait()
