@@ -1,15 +1,176 @@
-"""`hetauto simulate` (not implemented yet)."""
+"""`hetauto simulate`: score a pipeline schedule with the discrete-event simulator.
+
+Synthetic mode (what-if studies): `--synthetic --schedule NAME --stages P --microbatches M --tf X --tb Y`
+with per-boundary latency/bandwidth/memory caps. Plan mode: `hetauto simulate PLAN.json`, whose
+stage times come from the cost model (`hetauto.planner.evaluate.stage_times_for_plan`, returning a
+`PipelineCosts`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Any
 
 from hetauto.core.errors import HetautoError
+from hetauto.schedule import (
+    Link, PipelineCosts, Schedule, SimResult, extra_warmup_from_costs, gpipe, interleaved, one_f_one_b, simulate,
+    virtual_1f1b,
+)
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("plan", nargs="?", help="plan JSON file (omit with --synthetic)")
+    parser.add_argument("--synthetic", action="store_true", help="simulate a synthetic pipeline from the flags below")
+    parser.add_argument("--schedule", choices=SCHEDULES, help="schedule (plan mode: overrides the plan's)")
+    parser.add_argument("--stages", type=int, help="pipeline stages P")
+    parser.add_argument("--microbatches", type=int, help="microbatches M")
+    parser.add_argument("--tf", type=float, help="forward time of one stage for one microbatch")
+    parser.add_argument("--tb", type=float, help="backward time of one stage for one microbatch")
+    parser.add_argument("--virtual-chunks", type=int, default=None, help="chunks per stage (interleaved)")
+    parser.add_argument("--link-latency", action="append", default=[], metavar="I:C",
+                        help="one-way latency C (units of --tf) on the boundary after stage I (0-based); repeatable")
+    parser.add_argument("--link-bandwidth", action="append", default=[], metavar="I:B",
+                        help="bandwidth B (bytes per time unit) on the boundary after stage I; repeatable")
+    parser.add_argument("--activation-bytes", type=float, default=0.0, help="bytes sent per microbatch per boundary")
+    parser.add_argument("--memory-cap", action="append", default=[], metavar="I:K",
+                        help="stage I holds at most K microbatches in flight (caps Virtual-1F1B warmup); repeatable")
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace JSON (Perfetto)")
+    parser.add_argument("--gantt", metavar="FILE", help="write a Gantt chart PNG")
+
+
+def _pairs(flag: str, items: list[str], p: int, value_kind: str, *, limit: int, integer: bool = False,
+           positive: bool = False) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for item in items:
+        idx, sep, val = item.partition(":")
+        try:
+            i = int(idx)
+            x = int(val) if integer else float(val)
+        except ValueError:
+            i, x, sep = -1, 0, ""
+        if not sep or (x != x):
+            raise HetautoError(f"--{flag} {item!r}: expected I:{value_kind} (e.g. --{flag} 1:{'4' if integer else '3.0'})")
+        if not 0 <= i < limit:
+            raise HetautoError(f"--{flag} {item!r}: index {i} is out of range 0..{limit - 1} for --stages {p}")
+        if x < 0 or (positive and x == 0) or math.isinf(x):
+            raise HetautoError(f"--{flag} {item!r}: {value_kind} must be {'> 0' if positive else '>= 0'} and finite")
+        out[i] = x
+    return out
+
+
+def _synthetic(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[str, Any]]:
+    if not args.schedule:
+        raise HetautoError("--synthetic needs --schedule (one of: " + ", ".join(SCHEDULES) + ")")
+    for flag in ("stages", "microbatches", "tf", "tb"):
+        if getattr(args, flag) is None:
+            raise HetautoError(f"--synthetic needs --{flag}")
+    p, m = args.stages, args.microbatches
+    if p < 1 or m < 1:
+        raise HetautoError(f"--stages and --microbatches must be >= 1, got {p} and {m}")
+    if not (args.tf >= 0 and args.tb >= 0) or math.isinf(args.tf + args.tb) or args.tf + args.tb == 0:
+        raise HetautoError(f"--tf and --tb must be >= 0, finite and not both 0, got {args.tf} and {args.tb}")
+    v = args.virtual_chunks if args.virtual_chunks is not None else (2 if args.schedule == "interleaved" else 1)
+    if v < 1:
+        raise HetautoError(f"--virtual-chunks must be >= 1, got {v}")
+    if v > 1 and args.schedule != "interleaved":
+        raise HetautoError(f"--virtual-chunks {v} needs --schedule interleaved")
+    if args.activation_bytes < 0 or math.isinf(args.activation_bytes):
+        raise HetautoError(f"--activation-bytes must be >= 0 and finite, got {args.activation_bytes}")
+    lat = _pairs("link-latency", args.link_latency, p, "C", limit=p - 1)
+    bw = _pairs("link-bandwidth", args.link_bandwidth, p, "B", limit=p - 1, positive=True)
+    if bw and not args.activation_bytes:
+        raise HetautoError("--link-bandwidth needs --activation-bytes S (bytes per microbatch) to mean anything")
+    caps = _pairs("memory-cap", args.memory_cap, p, "K", limit=p, integer=True)
+    links = tuple(Link(lat.get(h, 0.0), bw.get(h, math.inf)) if (h in lat or h in bw) else None for h in range(p - 1))
+    cost = [lat.get(h, 0.0) + (args.activation_bytes / bw[h] if h in bw else 0.0) for h in range(p - 1)]
+    memory_cap = [int(caps[r]) if r in caps else None for r in range(p)] if caps else None
+    if caps and args.schedule != "virtual-1f1b":
+        raise HetautoError("--memory-cap only applies to --schedule virtual-1f1b (the others have fixed warmup)")
+    if args.schedule == "gpipe":
+        sched = gpipe(p, m)
+    elif args.schedule == "1f1b":
+        sched = one_f_one_b(p, m)
+    elif args.schedule == "interleaved":
+        sched = interleaved(p, m, v)
+    else:
+        sched = virtual_1f1b(p, m, extra_warmup_from_costs(cost, args.tf, args.tb), memory_cap=memory_cap)
+    costs = PipelineCosts(tf=args.tf, tb=args.tb, links=links, act_bytes=args.activation_bytes)
+    # T* of schedules.md: the fill/drain of the schedule's own ideal plus one round trip per boundary
+    fill = (p - 1) * (args.tf + args.tb) / (v if args.schedule == "interleaved" else 1)
+    lower = m * (args.tf + args.tb) + fill + 2 * sum(cost)
+    return sched, costs, {"lower_bound_s": lower}
+
+
+def _from_plan(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[str, Any]]:
+    from hetauto.core.plan import Plan
+
+    plan = Plan.load(args.plan)
+    try:
+        from hetauto.planner.evaluate import stage_times_for_plan  # type: ignore[import-not-found]
+    except ImportError:
+        raise HetautoError("cost model not available yet: hetauto.planner.evaluate.stage_times_for_plan is missing; "
+                           "use --synthetic") from None
+    costs = stage_times_for_plan(plan)
+    p, m = plan.num_stages, plan.num_microbatches
+    name = args.schedule or plan.schedule.name
+    if name == "gpipe":
+        sched = gpipe(p, m)
+    elif name == "1f1b":
+        sched = one_f_one_b(p, m)
+    elif name == "interleaved":
+        sched = interleaved(p, m, max(plan.schedule.virtual_chunks, 2 if args.schedule else 1))
+    else:
+        sched = virtual_1f1b(p, m, plan.schedule.extra_warmup or (0,) * (p - 1))
+    return sched, costs, {"plan": args.plan}
 
 
 def run(args: argparse.Namespace) -> int:
-    raise HetautoError("'hetauto simulate' is not implemented yet")
+    if args.synthetic and args.plan:
+        raise HetautoError("give either a PLAN file or --synthetic, not both")
+    if not args.synthetic and not args.plan:
+        raise HetautoError("give a PLAN file, or --synthetic with --schedule/--stages/--microbatches/--tf/--tb")
+    sched, costs, extra = _synthetic(args) if args.synthetic else _from_plan(args)
+    want_tl = bool(args.trace or args.gantt)
+    result = simulate(sched, costs, timeline=want_tl)
+    if args.trace:
+        from hetauto.schedule.trace import write_chrome_trace
+
+        write_chrome_trace(result, args.trace)
+    if args.gantt:
+        from hetauto.schedule.trace import write_gantt
+
+        write_gantt(result, args.gantt, title=f"{sched.name} p={sched.p} m={sched.m}"
+                    + (f" v={sched.v}" if sched.v > 1 else "")
+                    + f": iteration {result.iteration_time:.4g}, bubble {100 * result.bubble_fraction:.1f}%")
+    doc = _doc(sched, result, extra)
+    if args.json:
+        from hetauto.commands._output import print_json
+
+        print_json(doc)
+    else:
+        _print_human(doc)
+    return 0
+
+
+def _doc(sched: Schedule, r: SimResult, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "schedule": sched.name, "stages": sched.p, "microbatches": sched.m, "virtual_chunks": sched.v,
+        "iteration_time_s": r.iteration_time, "bubble_fraction": r.bubble_fraction,
+        "peak_inflight": list(r.peak_inflight), "utilisation": list(r.utilisation),
+        "extra_warmup": list(sched.extra_warmup), **extra,
+    }
+
+
+def _print_human(doc: dict[str, Any]) -> None:
+    from hetauto.commands._output import console, print_table
+
+    console.print(f"{doc['schedule']}: p={doc['stages']} m={doc['microbatches']} v={doc['virtual_chunks']}  "
+                  f"iteration {doc['iteration_time_s']:.6g}  bubble {100 * doc['bubble_fraction']:.2f}%"
+                  + (f"  (lower bound {doc['lower_bound_s']:.6g})" if "lower_bound_s" in doc else ""))
+    if doc["extra_warmup"]:
+        console.print(f"extra warmup per boundary: {doc['extra_warmup']}")
+    print_table(None, ["stage", "utilisation", "peak in-flight"],
+                [(i, f"{u:.3f}", k) for i, (u, k) in enumerate(zip(doc["utilisation"], doc["peak_inflight"]))])

@@ -260,7 +260,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
                 end = gend
         arr = end + ch_lat[c]
         arrival[key] = arr
-        if tl is not None and (arr > st0 or ch_src[c] != ch_dst[c]):
+        if tl is not None and arr > st0:
             s = c % n
             tl.append(TimelineEntry(f"link {ch_src[c]}->{ch_dst[c]}", "SEND_F" if c < n else "SEND_B",
                                     key % M, st0, arr, s - 1 if c < n else s + 1))
