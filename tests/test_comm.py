@@ -79,6 +79,8 @@ def _work_four(rank: int, world: int) -> dict:
     res["sub"] = _all_ops(mine)
     res["map"] = [mine.global_rank_of(i) for i in range(mine.world_size)], mine.group_rank_of(rank)
     res["nonmember_rank"] = (odds if rank % 2 == 0 else evens).rank
+    wrapped = Communicator.from_current(timeout_s=5)
+    res["wrapped"] = wrapped.all_reduce(torch.ones(1)).item(), wrapped.backend
     # A collective that one peer never joins: the others fail within the timeout, naming op and group.
     trio = comm.new_group([0, 1, 2, 3])
     if rank != 3:
@@ -113,6 +115,7 @@ def test_every_op_four_processes_subgroups_and_collective_timeout() -> None:
         assert res[r]["sub"] == sub
         assert res[r]["map"] == (group, group.index(r))
         assert res[r]["nonmember_rank"] == -1
+        assert res[r]["wrapped"] == (4.0, "gloo")
     for r in range(3):
         msg = res[r]["error"]
         assert msg.startswith(f"rank {r}: all_reduce over ranks [0, 1, 2, 3] failed")
@@ -210,3 +213,17 @@ def test_peer_that_dies_mid_run_fails_the_collective_within_the_timeout() -> Non
     assert msg.startswith("rank 0: all_reduce over ranks [0, 1] failed")
     assert elapsed < 6.0
     assert isinstance(res[1], RuntimeError) and "exited with code 0 without reporting" in str(res[1])
+
+
+def _work_hangs(rank: int, world: int) -> int:
+    if rank == 1:
+        time.sleep(60)
+    return rank
+
+
+def test_run_ranks_kills_ranks_past_the_deadline() -> None:
+    t0 = time.monotonic()
+    res = run_ranks(_work_hangs, 2, timeout=5, return_exceptions=True)
+    assert time.monotonic() - t0 < 15
+    assert res[0] == 0
+    assert isinstance(res[1], TimeoutError) and str(res[1]) == "rank 1 did not finish within 5s and was killed"

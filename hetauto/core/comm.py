@@ -189,6 +189,14 @@ class Communicator:
             ) from None
         return cls(None, range(world), timeout_s=timeout_s, backend=name, links=links, owns_world=True)
 
+    @classmethod
+    def from_current(cls, *, timeout_s: float = 60.0, links: LinkPolicy | None = None) -> "Communicator":
+        """Wrap a default process group someone else initialised (e.g. before building a DeviceMesh).
+        `destroy()` then leaves torch.distributed to its owner."""
+        if not dist.is_initialized():
+            raise CommunicationError("torch.distributed is not initialised; use Communicator.init_from_env()")
+        return cls(None, range(dist.get_world_size()), timeout_s=timeout_s, backend=str(dist.get_backend()), links=links)
+
     def new_group(self, ranks: Sequence[int], *, timeout_s: float | None = None) -> "Communicator":
         """A communicator over `ranks` (group ranks of this communicator; sorted). Every rank of *this*
         communicator must call it with the same list, as torch.distributed requires. Non-members get a
