@@ -227,3 +227,19 @@ def test_run_ranks_kills_ranks_past_the_deadline() -> None:
     assert time.monotonic() - t0 < 15
     assert res[0] == 0
     assert isinstance(res[1], TimeoutError) and str(res[1]) == "rank 1 did not finish within 5s and was killed"
+
+
+def test_master_port_in_use_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+        with pytest.raises(CommunicationError, match=rf"rank 0: cannot host the rendezvous store on 127.0.0.1:{port}: .*choose another MASTER_PORT\)$"):
+            Communicator.init_from_env("gloo", timeout_s=1)

@@ -195,22 +195,30 @@ class Communicator:
         `destroy()` then leaves torch.distributed to its owner."""
         if not dist.is_initialized():
             raise CommunicationError("torch.distributed is not initialised; use Communicator.init_from_env()")
-        return cls(None, range(dist.get_world_size()), timeout_s=timeout_s, backend=str(dist.get_backend()), links=links)
+        world = range(dist.get_world_size())
+        return cls(None, world, timeout_s=timeout_s, backend=str(dist.get_backend()), links=links)
 
     def new_group(self, ranks: Sequence[int], *, timeout_s: float | None = None) -> "Communicator":
-        """A communicator over `ranks` (group ranks of this communicator; sorted). Every rank of *this*
-        communicator must call it with the same list, as torch.distributed requires. Non-members get a
-        communicator whose `rank` is -1 and must not use it."""
+        """A communicator over `ranks` (group ranks of this communicator; group order is sorted order).
+
+        torch.distributed requires every process of the job to call this, in the same order and with the
+        same list, members or not. Non-members get a communicator whose `rank` is -1 and must not use it.
+        """
         members = sorted({int(r) for r in ranks})
         if not members or members[0] < 0 or members[-1] >= self.world_size:
             raise CommunicationError(f"new_group ranks {list(ranks)} are outside 0..{self.world_size - 1}")
         global_ranks = [self.ranks[r] for r in members]
         t = self.timeout_s if timeout_s is None else float(timeout_s)
         try:
-            group = dist.new_group(global_ranks, timeout=_td(t), backend=self.backend if ":" not in self.backend else None)
+            backend = self.backend if ":" not in self.backend else None  # composite: inherit the world's
+            group = dist.new_group(global_ranks, timeout=_td(t), backend=backend)
         except Exception as exc:  # noqa: BLE001
-            raise CommunicationError(f"rank {self.global_rank}: new_group({global_ranks}) failed: {_reason(exc)}") from None
-        child = Communicator(group, global_ranks, timeout_s=t, backend=self.backend, links=self.links, traffic=self._traffic)
+            raise CommunicationError(
+                f"rank {self.global_rank}: new_group({global_ranks}) failed: {_reason(exc)}"
+            ) from None
+        child = Communicator(
+            group, global_ranks, timeout_s=t, backend=self.backend, links=self.links, traffic=self._traffic
+        )
         self._children.append(child)
         return child
 
@@ -357,7 +365,9 @@ class Communicator:
 
     def _check_member(self, op: str) -> None:
         if self.rank < 0:
-            raise CommunicationError(f"rank {self.global_rank} called {op} on group {list(self.ranks)} it is not part of")
+            raise CommunicationError(
+                f"rank {self.global_rank} called {op} on group {list(self.ranks)} it is not part of"
+            )
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, ranks={list(self.ranks)}, backend={self.backend!r})"
@@ -365,16 +375,22 @@ class Communicator:
 
 def _rendezvous(addr: str, port: int, rank: int, world: int, timeout_s: float) -> Any:
     """Connect to the rendezvous store and wait until every rank has announced itself (naming the absent)."""
+    # Under torchrun the agent already hosts the store on MASTER_PORT; every worker is then a client.
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    is_master = rank == 0 and not agent_store
     try:
         store = dist.TCPStore(
-            addr, port, world_size=None, is_master=(rank == 0 and not agent_store), timeout=_td(timeout_s),
-            wait_for_workers=False,
+            addr, port, world_size=None, is_master=is_master, timeout=_td(timeout_s), wait_for_workers=False
         )
     except Exception as exc:  # noqa: BLE001
+        if is_master:
+            raise CommunicationError(
+                f"rank 0: cannot host the rendezvous store on {addr}:{port}: {_reason(exc)} "
+                "(is the port in use? choose another MASTER_PORT)"
+            ) from None
         raise CommunicationError(
-            f"rank {rank}: cannot reach the rendezvous store at {addr}:{port} (hosted by rank 0) within {timeout_s:g}s: "
-            f"{_reason(exc)}; is rank 0 running?"
+            f"rank {rank}: cannot reach the rendezvous store at {addr}:{port} (hosted by rank 0) "
+            f"within {timeout_s:g}s: {_reason(exc)}; is rank 0 running?"
         ) from None
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     key = lambda r: f"hetauto/arrived/{attempt}/{r}"  # noqa: E731
