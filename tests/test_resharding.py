@@ -151,9 +151,13 @@ def _gloo_cases(rank: int, world: int) -> list[tuple[str, bool, str]]:
     tp4 = comm.new_group([4, 5, 6, 7])
     results = []
     case_id = 0
-    for (dps, tps), (dpd, tpd) in GLOO_CASES:
-        fwd_src = StageLayout.contiguous(dps, tps)
-        fwd_dst = StageLayout.contiguous(dpd, tpd, first_rank=dps * tps)
+    pairs = [
+        (StageLayout.contiguous(dps, tps), StageLayout.contiguous(dpd, tpd, first_rank=dps * tps))
+        for (dps, tps), (dpd, tpd) in GLOO_CASES
+    ]
+    # stages sharing ranks (in another order): self-messages become local copies
+    pairs.append((StageLayout(2, 2, (0, 1, 2, 3)), StageLayout(1, 2, (3, 0))))
+    for fwd_src, fwd_dst in pairs:
         for direction, (src, dst) in (("fwd", (fwd_src, fwd_dst)), ("bwd", (fwd_dst, fwd_src))):
             for method in METHODS:
                 for use_groups in ((False, True) if dst.ranks == (4, 5, 6, 7) and dst.tp == 4 else (False,)):
@@ -170,7 +174,9 @@ def _gloo_cases(rank: int, world: int) -> list[tuple[str, bool, str]]:
                         i, _ = src.coords(rank)
                         b = GLOO_SHAPE[0] // src.dp
                         mine = full[i * b : (i + 1) * b].clone()
-                    links = LinkTable.between(src.ranks, dst.ranks, EmulatedLink(0.0))
+                    links = LinkTable.between(
+                        src.ranks, [r for r in dst.ranks if r not in src.ranks], EmulatedLink(0.0)
+                    )
                     comm.links = links
                     before = comm.sent_bytes()
                     groups = {(4, 5, 6, 7): tp4} if use_groups else None
@@ -186,12 +192,16 @@ def _gloo_cases(rank: int, world: int) -> list[tuple[str, bool, str]]:
                         ok = out is not None and out.dtype == dtype and torch.equal(out, want)
                         why = "" if ok else f"rank {rank} got a different slice"
                     itemsize = torch.empty((), dtype=dtype).element_size()
-                    planned = {k: v for k, v in plan.bytes_per_link(itemsize).items() if k[0] == rank}
+                    planned = {
+                        k: v for k, v in plan.bytes_per_link(itemsize).items() if k[0] == rank and k[1] not in src.ranks
+                    }
                     cross = {
                         k: after[k] - before.get(k, 0) for k in after
-                        if k[0] == rank and rank in src.ranks and k[1] in dst.ranks and after[k] != before.get(k, 0)
+                        if k[0] == rank and rank in src.ranks and k[1] in dst.ranks and k[1] not in src.ranks
+                        and after[k] != before.get(k, 0)
                     }
-                    if cross != planned or links.bytes_per_link() != planned:
+                    overlap = bool(set(src.ranks) & set(dst.ranks))  # local-step traffic would mix in
+                    if not overlap and (cross != planned or links.bytes_per_link() != planned):
                         ok, why = False, f"rank {rank} sent {cross}, link table {links.bytes_per_link()}, planned {planned}"
                     results.append((name, ok, why))
     comm.barrier()
@@ -217,6 +227,6 @@ def test_gloo_transfers_bit_exact_both_directions_with_bytes_counted() -> None:
     failures = [f"{name}: {why}" for res in per_rank for name, ok, why in res if not ok]
     assert not failures, failures
     names = {name for res in per_rank for name, _, _ in res}
-    # 4 layout pairs x 2 directions x 3 methods, plus (2,2)->(1,4) with a real TP-group communicator
-    assert len(names) == 4 * 2 * 3 + 3 + 1
+    # 5 layout pairs x 2 directions x 3 methods, plus (2,2)->(1,4) with a real TP-group communicator
+    assert len(names) == 5 * 2 * 3 + 3 + 1
     assert sum("groups=True" in n for n in names) == 3
