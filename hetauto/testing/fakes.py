@@ -135,6 +135,11 @@ def ensure_npu_device_type() -> None:
 
     if torch._C._get_privateuse1_backend_name() != "npu":
         torch.utils.rename_privateuse1_backend("npu")
+    if not hasattr(torch, "npu"):
+        # After the rename torch.accelerator looks up `torch.npu` in every later test of the process
+        # (torch.utils.checkpoint does); leave an inert module that reports no device, as a torch_npu
+        # on a machine without NPUs would.
+        torch.npu = FakeDeviceModule("npu", count=0, available=False)  # type: ignore[attr-defined]
 
 
 def install_fake_torch_npu(monkeypatch: Any, module: FakeDeviceModule | None = None, *, transfer_to_npu: bool = False) -> FakeDeviceModule:
