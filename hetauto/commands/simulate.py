@@ -114,16 +114,9 @@ def _from_plan(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
         raise HetautoError("cost model not available yet: hetauto.planner.evaluate.stage_times_for_plan is missing; "
                            "use --synthetic") from None
     costs = stage_times_for_plan(plan)
-    p, m = plan.num_stages, plan.num_microbatches
-    name = args.schedule or plan.schedule.name
-    if name == "gpipe":
-        sched = gpipe(p, m)
-    elif name == "1f1b":
-        sched = one_f_one_b(p, m)
-    elif name == "interleaved":
-        sched = interleaved(p, m, max(plan.schedule.virtual_chunks, 2 if args.schedule else 1))
-    else:
-        sched = virtual_1f1b(p, m, plan.schedule.extra_warmup or (0,) * (p - 1))
+    from hetauto.schedule import schedule_for_plan
+
+    sched = schedule_for_plan(plan, args.schedule)
     return sched, costs, {"plan": args.plan}
 
 

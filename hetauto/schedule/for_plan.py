@@ -1,0 +1,36 @@
+"""The one place a plan's schedule spec becomes per-rank action lists, so the simulator (via the cost model)
+and the executor run exactly the same schedule for a plan.
+
+Pipeline "ranks" here are the plan's stages (p = number of stages): every device of a stage runs the same
+action list. Interleaved schedules give each stage `virtual_chunks` chunks; the plan's contiguous layer range
+of a stage is then split evenly into its chunks only by the simulator (the executor does not run interleaved
+plans yet).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hetauto.schedule.actions import Schedule, ScheduleError
+from hetauto.schedule.generators import gpipe, interleaved, one_f_one_b, virtual_1f1b
+
+if TYPE_CHECKING:
+    from hetauto.core.plan import Plan
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b")
+
+
+def schedule_for_plan(plan: "Plan", name: str | None = None) -> Schedule:
+    """Action lists for `plan` (or for the same plan under schedule `name`, for what-if comparisons)."""
+    p, m = plan.num_stages, plan.num_microbatches
+    name = name or plan.schedule.name
+    if name == "gpipe":
+        return gpipe(p, m)
+    if name == "1f1b":
+        return one_f_one_b(p, m)
+    if name == "interleaved":
+        return interleaved(p, m, max(plan.schedule.virtual_chunks, 2))
+    if name == "virtual-1f1b":
+        extra = plan.schedule.extra_warmup if plan.schedule.name == "virtual-1f1b" else ()
+        return virtual_1f1b(p, m, tuple(extra) or (0,) * (p - 1))
+    raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}")
