@@ -1,0 +1,439 @@
+"""A real, kernel-shaped cross-cluster link on one machine: network namespaces joined by rate-limited veth.
+
+Why: the in-process emulation (`hetauto.runtime.links`) delays sends inside our own code; it cannot show
+what TCP, gloo's socket transport and a *shared* bottleneck do to a transfer. Here every group of ranks
+(one "cluster") lives in its own network namespace, the namespaces are joined by veth pairs whose both
+ends carry a `tc tbf` rate limit, and gloo is bound to the namespace's veth interface. Traffic between
+ranks of one group goes through the kernel's local path (unshaped, the "fast local links"); traffic
+between groups crosses the shaped veth, so all cross traffic of a stage boundary shares one bottleneck
+exactly as on a real cross-cluster link.
+
+Topology: two groups are joined by one veth pair (ns0 <-> ns1). More groups hang off a hub namespace
+holding a bridge, each group by its own shaped veth pair (a per-cluster uplink of `bandwidth_Bps`).
+Addresses are 10.201.0.(group + 1)/24; they never collide with other instances because each instance's
+namespaces are connected only to each other. Nothing is created in or changed in the default namespace.
+
+Latency: netem is not available here and tbf cannot add delay (its `latency` is only the longest time a
+packet may wait in the queue before being dropped, exposed as `queue_s`). So the namespace path shapes
+bandwidth only; a fixed propagation latency stays in-process (`EmulatedLink(latency_s=...)` on the same
+rank pairs) when a test needs it.
+
+    with NamespaceTopology([[0, 1], [2, 3, 4, 5]], bandwidth_Bps=25e6) as topo:
+        cmd = topo.launch_prefix(rank) + [sys.executable, "train.py"]   # ip netns exec NS ...
+        subprocess.Popen(cmd, env={**os.environ, **topo.env_for(rank)})
+    # namespaces, veths and qdiscs are gone here, also after an exception or SIGTERM/SIGHUP
+
+`run_in_namespaces(topo, "pkg.module:function", args)` runs `function(rank, world_size, *args)` in one
+process per rank inside its namespace (results travel back as JSON) for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hetauto.core.errors import HetautoError
+
+__all__ = [
+    "Availability",
+    "available",
+    "NamespaceTopology",
+    "ShapedLink",
+    "ShapedLinkError",
+    "run_in_namespaces",
+    "sweep_stale",
+]
+
+_PREFIX = "hetauto-"  # every namespace this module creates is named hetauto-<pid>-<token>-<suffix>
+_SUBNET = "10.201.0"
+_CMD_TIMEOUT_S = 15.0
+
+
+class ShapedLinkError(HetautoError):
+    """Setting up, using or tearing down the namespace topology failed (the message names the command)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether real namespace shaping can run here, and if not, why (for skip messages and the CLI)."""
+
+    ok: bool
+    reason: str
+
+
+def _run(args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=_CMD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ShapedLinkError(f"`{' '.join(args)}` failed: {exc}") from None
+    if check and proc.returncode != 0:
+        err = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ShapedLinkError(f"`{' '.join(args)}` failed: {err[0] if err else f'exit code {proc.returncode}'}")
+    return proc
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> Availability:
+    """Probe (once per process) for root, `ip`, `tc`, namespaces, veth and tbf; never raises."""
+    if not sys.platform.startswith("linux"):
+        return Availability(False, f"network namespaces need Linux, this is {sys.platform}")
+    if os.geteuid() != 0:
+        return Availability(False, "network namespaces need root (run as root, e.g. in the CI container)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return Availability(False, f"`{tool}` not found (install iproute2: apt-get install iproute2)")
+    token = secrets.token_hex(3)
+    a, b = f"{_PREFIX}{os.getpid()}-{token}-pa", f"{_PREFIX}{os.getpid()}-{token}-pb"
+    try:
+        for ns in (a, b):
+            _run(["ip", "netns", "add", ns])
+        _run(["ip", "link", "add", f"hx{token}p", "netns", a, "type", "veth", "peer", "name", f"hx{token}q", "netns", b])
+        _run(["tc", "-n", a, "qdisc", "add", "dev", f"hx{token}p", "root", "tbf", "rate", "8mbit", "burst", "32kb",
+              "latency", "100ms"])
+    except ShapedLinkError as exc:
+        return Availability(False, f"namespace/veth/tbf probe failed: {exc}")
+    finally:
+        for ns in (a, b):
+            _run(["ip", "netns", "del", ns], check=False)
+    return Availability(True, "root with iproute2; namespaces, veth and tbf work")
+
+
+def sweep_stale() -> list[str]:
+    """Delete namespaces left by hetauto processes that died without cleaning up (their pid is gone)."""
+    proc = _run(["ip", "netns", "list"], check=False)
+    removed = []
+    for line in proc.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if not name.startswith(_PREFIX):
+            continue
+        pid = name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _kill_namespace_pids(name)
+            _run(["ip", "netns", "del", name], check=False)
+            removed.append(name)
+    return removed
+
+
+def _kill_namespace_pids(ns: str) -> None:
+    """Kill the processes inside one of our own namespaces (only ours run there) so it can be freed."""
+    proc = _run(["ip", "netns", "pids", ns], check=False)
+    for pid in proc.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError, PermissionError):
+            pass
+
+
+class NamespaceTopology:
+    """Groups of ranks in separate network namespaces joined by tbf-shaped veth links (a context manager).
+
+    groups: list of rank lists, one per cluster; together they must be exactly 0..world_size-1.
+    bandwidth_Bps: shaped rate (bytes/s, counted at layer 2, so TCP goodput is ~4% lower) per direction
+        on each veth end. burst: tbf bucket in bytes (default max(32 KiB, 2 ms of traffic)).
+    queue_s: tbf `latency`, the longest a packet may queue before tbf drops it (not an added delay).
+    master_port: rendezvous port on rank 0's address (namespaces are private, so any port is free).
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[Sequence[int]],
+        bandwidth_Bps: float,
+        *,
+        burst: int | None = None,
+        queue_s: float = 0.5,
+        master_port: int = 29500,
+    ) -> None:
+        ranks = [int(r) for g in groups for r in g]
+        if len(groups) < 2 or any(len(g) == 0 for g in groups):
+            raise ShapedLinkError(f"need at least two non-empty rank groups, got {[list(g) for g in groups]}")
+        if sorted(ranks) != list(range(len(ranks))):
+            raise ShapedLinkError(f"groups {[list(g) for g in groups]} must hold each rank 0..{len(ranks) - 1} once")
+        if not bandwidth_Bps > 0:
+            raise ShapedLinkError(f"bandwidth_Bps must be > 0, got {bandwidth_Bps}")
+        if len(groups) > 250:
+            raise ShapedLinkError(f"at most 250 groups, got {len(groups)}")
+        self.groups: tuple[tuple[int, ...], ...] = tuple(tuple(int(r) for r in g) for g in groups)
+        self.world_size = len(ranks)
+        self.bandwidth_Bps = float(bandwidth_Bps)
+        self.burst = int(burst) if burst is not None else max(32 * 1024, int(self.bandwidth_Bps * 0.002))
+        if self.burst < 2048:
+            raise ShapedLinkError(f"burst must be >= 2048 bytes (more than one MTU), got {self.burst}")
+        self.queue_s = float(queue_s)
+        self.master_port = int(master_port)
+        self.token = secrets.token_hex(3)
+        base = f"{_PREFIX}{os.getpid()}-{self.token}"
+        self.namespaces: tuple[str, ...] = tuple(f"{base}-g{i}" for i in range(len(groups)))
+        self.hub: str | None = f"{base}-hub" if len(groups) > 2 else None
+        # interface names are <= 15 characters: hx + 6 hex + suffix
+        self.interfaces: tuple[str, ...] = tuple(f"hx{self.token}g{i}" for i in range(len(groups)))
+        self.addresses: tuple[str, ...] = tuple(f"{_SUBNET}.{i + 1}" for i in range(len(groups)))
+        self._group_of = {r: i for i, g in enumerate(self.groups) for r in g}
+        self._created: list[str] = []
+        self._shaped: list[tuple[str, str]] = []  # (namespace, interface) pairs carrying a tbf
+        self._old_handlers: dict[int, Any] = {}
+        self._up = False
+
+    # ----------------------------------------------------------------- per-rank launch data
+    def namespace_of(self, rank: int) -> str:
+        return self.namespaces[self._group(rank)]
+
+    def interface_of(self, rank: int) -> str:
+        return self.interfaces[self._group(rank)]
+
+    def address_of(self, rank: int) -> str:
+        return self.addresses[self._group(rank)]
+
+    def launch_prefix(self, rank: int) -> list[str]:
+        """Command prefix that runs a program inside `rank`'s namespace: `ip netns exec NS`."""
+        return ["ip", "netns", "exec", self.namespace_of(rank)]
+
+    def env_for(self, rank: int) -> dict[str, str]:
+        """torchrun-like environment for `rank`: gloo bound to its veth, rendezvous at rank 0's veth address."""
+        group = self.groups[self._group(rank)]
+        return {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(group.index(rank)),
+            "LOCAL_WORLD_SIZE": str(len(group)),
+            "MASTER_ADDR": self.address_of(0),
+            "MASTER_PORT": str(self.master_port),
+            "GLOO_SOCKET_IFNAME": self.interface_of(rank),
+        }
+
+    def _group(self, rank: int) -> int:
+        try:
+            return self._group_of[int(rank)]
+        except KeyError:
+            raise ShapedLinkError(f"rank {rank} is in no group of {[list(g) for g in self.groups]}") from None
+
+    # ----------------------------------------------------------------- counters
+    def link_bytes(self) -> dict[str, dict[str, int]]:
+        """Kernel byte counters of each group's veth end: {namespace: {"tx": bytes, "rx": bytes}} (layer 2)."""
+        out = {}
+        for ns, dev in zip(self.namespaces, self.interfaces):
+            proc = _run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev])
+            stats = json.loads(proc.stdout)[0]["stats64"]
+            out[ns] = {"tx": int(stats["tx"]["bytes"]), "rx": int(stats["rx"]["bytes"])}
+        return out
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "NamespaceTopology":
+        self.setup()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.teardown()
+
+    def setup(self) -> None:
+        """Create namespaces, veths, addresses and qdiscs; on any failure undo what was made and raise."""
+        avail = available()
+        if not avail.ok:
+            raise ShapedLinkError(f"cannot build a shaped link: {avail.reason}")
+        sweep_stale()
+        self._install_signal_handlers()
+        atexit.register(self.teardown)
+        try:
+            for ns in self.namespaces + ((self.hub,) if self.hub else ()):
+                _run(["ip", "netns", "add", ns])
+                self._created.append(ns)
+                _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            if self.hub is None:
+                a, b = self.interfaces
+                _run(["ip", "link", "add", a, "netns", self.namespaces[0], "type", "veth",
+                      "peer", "name", b, "netns", self.namespaces[1]])
+                self._shaped += [(self.namespaces[0], a), (self.namespaces[1], b)]
+            else:
+                _run(["ip", "-n", self.hub, "link", "add", "br0", "type", "bridge"])
+                _run(["ip", "-n", self.hub, "link", "set", "br0", "up"])
+                for i, (ns, dev) in enumerate(zip(self.namespaces, self.interfaces)):
+                    peer = f"hx{self.token}h{i}"
+                    _run(["ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", peer, "netns", self.hub])
+                    _run(["ip", "-n", self.hub, "link", "set", peer, "master", "br0"])
+                    _run(["ip", "-n", self.hub, "link", "set", peer, "up"])
+                    self._shaped += [(ns, dev), (self.hub, peer)]
+            for ns, dev, addr in zip(self.namespaces, self.interfaces, self.addresses):
+                _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
+                _run(["ip", "-n", ns, "link", "set", dev, "up"])
+            bits = max(8, int(round(self.bandwidth_Bps * 8)))
+            for ns, dev in self._shaped:
+                _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{bits}bit",
+                      "burst", str(self.burst), "latency", f"{max(1, int(self.queue_s * 1000))}ms"])
+            self._up = True
+        except BaseException:
+            self.teardown()
+            raise
+
+    def teardown(self) -> None:
+        """Kill what still runs inside our namespaces and delete them (veths go with them). Idempotent."""
+        for ns in reversed(self._created):
+            _kill_namespace_pids(ns)
+            _run(["ip", "netns", "del", ns], check=False)
+        self._created.clear()
+        self._shaped.clear()
+        self._up = False
+        self._restore_signal_handlers()
+        atexit.unregister(self.teardown)
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM/SIGHUP become SystemExit so `with` blocks (and our teardown) run on a kill."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            raise SystemExit(128 + signum)
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                old = signal.getsignal(sig)
+                if old in (signal.SIG_DFL, None):
+                    self._old_handlers[sig] = old
+                    signal.signal(sig, handler)
+            except (ValueError, OSError):
+                pass
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
+        self._old_handlers.clear()
+
+    def __repr__(self) -> str:
+        state = "up" if self._up else "down"
+        return (f"NamespaceTopology(groups={[list(g) for g in self.groups]}, "
+                f"bandwidth_Bps={self.bandwidth_Bps:g}, {state})")
+
+
+def ShapedLink(
+    ranks_a: Sequence[int], ranks_b: Sequence[int], bandwidth_Bps: float, **kwargs: Any
+) -> NamespaceTopology:
+    """Two clusters joined by one shaped veth: the usual cross-cluster case."""
+    return NamespaceTopology([list(ranks_a), list(ranks_b)], bandwidth_Bps, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------- launching
+
+
+def run_in_namespaces(
+    topo: NamespaceTopology,
+    target: str,
+    args: Sequence[Any] = (),
+    *,
+    timeout: float = 60.0,
+    extra_env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run `target(rank, world_size, *args)` in one process per rank inside its namespace; return results.
+
+    `target` is "package.module:function" or "path/to/file.py:function"; `args` and the results must be
+    JSON values. A rank that raises, dies or outlives `timeout` (then all are killed) makes this raise a
+    `ShapedLinkError` naming the rank and its last error line.
+    """
+    with tempfile.TemporaryDirectory(prefix="hetauto-netns-") as tmp:
+        procs: list[subprocess.Popen] = []
+        logs = []
+        repo_root = str(Path(__file__).resolve().parents[2])
+        try:
+            for rank in range(topo.world_size):
+                env = dict(os.environ)
+                env.update(extra_env or {})
+                env.update(topo.env_for(rank))
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
+                result = os.path.join(tmp, f"rank{rank}.json")
+                log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")
+                logs.append(log)
+                cmd = topo.launch_prefix(rank) + [sys.executable, "-m", "hetauto.runtime.netns", target,
+                                                  json.dumps(list(args)), result]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + timeout
+            while any(p.poll() is None for p in procs):
+                if time.monotonic() > deadline:
+                    late = [r for r, p in enumerate(procs) if p.poll() is None]
+                    raise ShapedLinkError(f"rank(s) {late} did not finish within {timeout:g}s and were killed")
+                if any(p.returncode not in (None, 0) for p in procs):
+                    time.sleep(1.0)  # let peers report their own view before we kill them
+                    break
+                time.sleep(0.02)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=10)
+        results, errors = [], []
+        for rank in range(topo.world_size):
+            path = os.path.join(tmp, f"rank{rank}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    payload = json.load(f)
+                if "error" in payload:
+                    errors.append(f"rank {rank}: {payload['error']}")
+                results.append(payload.get("result"))
+            else:
+                logs[rank].seek(0)
+                tail = [line for line in logs[rank].read().strip().splitlines() if line.strip()]
+                errors.append(f"rank {rank}: exited with code {procs[rank].returncode} without a result"
+                              + (f" ({tail[-1].strip()})" if tail else ""))
+        for log in logs:
+            log.close()
+    if errors:
+        raise ShapedLinkError("; ".join(errors))
+    return results
+
+
+def _load(target: str) -> Any:
+    where, _, name = target.rpartition(":")
+    if not where or not name:
+        raise ShapedLinkError(f"target {target!r} must be 'module:function' or 'file.py:function'")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+        if spec is None or spec.loader is None:
+            raise ShapedLinkError(f"cannot load {where}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, name)
+
+
+def _worker_main(argv: list[str]) -> int:
+    """Entry point inside a namespace: run the target, write {"result": ...} or {"error": ...} as JSON."""
+    target, args_json, result_path = argv
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        try:
+            import torch
+
+            torch.set_num_threads(1)  # small shared machine: no intra-op oversubscription
+        except ImportError:
+            pass
+        value = _load(target)(rank, world, *json.loads(args_json))
+        payload: dict[str, Any] = {"result": value}
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
+        traceback.print_exc()
+        payload = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"}
+        code = 1
+    with open(result_path, "w") as f:
+        json.dump(payload, f)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))
