@@ -1,0 +1,80 @@
+"""Join the per-rank reports of one run into the figures `hetauto run` prints, and a measured timeline in
+the simulator's format (so `hetauto.schedule.trace.write_chrome_trace` draws predicted and measured alike).
+
+Why here and not in the CLI: tests and benchmarks summarise `run_ranks` results the same way.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from hetauto.core.plan import Plan
+from hetauto.runtime.groups import stage_layouts
+from hetauto.schedule.simulator import SimResult, TimelineEntry
+
+__all__ = ["RunSummary", "summarize", "measured_timeline"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    losses: tuple[float, ...]
+    step_s: tuple[float, ...]  # per step: the slowest rank's time
+    measured_step_s: float  # median over steps after the first (warm-up), or the only step
+    bytes_per_link: dict[str, int]  # "stage a->stage b" (cluster names) -> bytes per step, both directions apart
+    throttled_s: float
+
+
+def summarize(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> RunSummary:
+    """`reports`: `RankReport.to_dict()` of every rank (any order)."""
+    steps = len(reports[0]["step_s"])
+    losses = tuple(sum(r["losses"][i] for r in reports if r.get("losses") is not None) for i in range(steps))
+    step_s = tuple(max(r["step_s"][i] for r in reports) for i in range(steps))
+    measured = statistics.median(step_s[1:]) if steps > 1 else step_s[0]
+    stage_of = {rank: s for s, lay in enumerate(stage_layouts(plan)) for rank in lay.ranks}
+    per: dict[str, int] = {}
+    for r in reports:
+        for key, n in r["sent_bytes"].items():
+            a, b = (int(x) for x in key.split("->"))
+            sa, sb = stage_of[a], stage_of[b]
+            if sa == sb:
+                continue
+            name = f"stage{sa}({plan.stages[sa].cluster})->stage{sb}({plan.stages[sb].cluster})"
+            per[name] = per.get(name, 0) + n
+    per_step = {k: v // max(steps, 1) for k, v in sorted(per.items())}
+    return RunSummary(losses, step_s, measured, per_step, sum(float(r.get("throttled_s", 0.0)) for r in reports))
+
+
+def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: int | None = None) -> SimResult:
+    """The lead ranks' recorded actions of one step (default: the last) as a `SimResult` with a timeline:
+    one track per stage (F/B/REDUCE_GRAD/OPTIM, and WAIT_* where a compute waited for its input) and one
+    per boundary ("link a->b": from the sender's post to the moment the receiver had the data)."""
+    events = [e for r in reports for e in r.get("events", [])]
+    if not events:
+        return SimResult(0.0, 0.0, (), (), (), 0, ())
+    last = max(e[0] for e in events) if step is None else step
+    ev = [e for e in events if e[0] == last]
+    t0 = min(e[4] for e in ev)
+    entries: list[TimelineEntry] = []
+    posted: dict[tuple[str, int, int], float] = {}
+    for _, stage, kind, mb, start, end in ev:
+        if kind in ("SEND_F", "SEND_B"):
+            posted[(kind, stage, mb)] = start - t0
+            continue
+        if kind not in ("WAIT_F", "WAIT_B"):
+            entries.append(TimelineEntry(f"stage {stage}", kind, mb, start - t0, end - t0, stage))
+    for _, stage, kind, mb, start, end in ev:
+        if kind == "WAIT_F" and ("SEND_F", stage - 1, mb) in posted:
+            entries.append(TimelineEntry(f"link {stage - 1}->{stage}", "SEND_F", mb,
+                                         posted[("SEND_F", stage - 1, mb)], end - t0, stage - 1))
+        elif kind == "WAIT_B" and ("SEND_B", stage + 1, mb) in posted:
+            entries.append(TimelineEntry(f"link {stage + 1}->{stage}", "SEND_B", mb,
+                                         posted[("SEND_B", stage + 1, mb)], end - t0, stage + 1))
+    p = plan.num_stages
+    total = max(e.end for e in entries) if entries else 0.0
+    busy = tuple(sum(e.end - e.start for e in entries if e.resource == f"stage {s}" and e.kind in ("F", "B"))
+                 for s in range(p))
+    util = tuple(b / total if total else 0.0 for b in busy)
+    bubble = 1.0 - sum(busy) / (p * total) if total else 0.0
+    return SimResult(total, bubble, util, (), busy, len(entries), tuple(sorted(entries, key=lambda e: e.start)))
