@@ -88,7 +88,8 @@ def work(rank: int, world: int, reps: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 repetitions instead of 7")
-    ap.add_argument("--rate-mbps", type=float, default=10.0, help="shaped rate in MB/s (1e6 bytes/s); slow enough that the wire dominates the local all-gather")
+    ap.add_argument("--rate-mbps", type=float, default=10.0,
+                    help="shaped rate in MB/s (1e6 bytes/s); slow enough that the wire dominates the local all-gather")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 

@@ -222,3 +222,55 @@ def test_stale_namespaces_of_dead_processes_are_swept() -> None:
         assert name not in _namespaces()
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
+def test_from_clusters_and_torchrun_command_need_contiguous_groups() -> None:
+    topo = NamespaceTopology.from_clusters(["a", "b", "b"], 1e6, master_port=29111)
+    assert topo.groups == ((0,), (1, 2))
+    cmd = topo.torchrun_command(1, ["train.py", "--x"], torchrun=["torchrun"])
+    assert cmd == ["ip", "netns", "exec", topo.namespaces[1], "torchrun", "--nnodes=2", "--node-rank=1",
+                   "--nproc-per-node=2", "--rdzv-backend=static", "--master-addr=10.201.0.1",
+                   "--master-port=29111", "train.py", "--x"]
+    assert topo.env_for_group(1) == {"GLOO_SOCKET_IFNAME": topo.interfaces[1]}
+    with pytest.raises(ShapedLinkError, match=r"groups \[\[0, 2\], \[1\]\] must be contiguous"):
+        NamespaceTopology.from_clusters(["a", "b", "a"], 1e6).torchrun_command(0, ["x.py"])
+
+
+_TORCHRUN_WORKER = """
+import os, torch
+from hetauto.core.comm import Communicator
+c = Communicator.init_from_env("gloo", timeout_s=30)
+t = torch.tensor([float(2 ** c.global_rank)])
+c.all_reduce(t)
+print("RESULT", os.environ["RANK"], os.environ["GLOO_SOCKET_IFNAME"], int(t.item()), flush=True)
+c.destroy()
+"""
+
+
+@pytest.mark.usefixtures("needs_netns")
+@pytest.mark.netns
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_one_torchrun_per_namespace_forms_one_job(tmp_path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(_TORCHRUN_WORKER)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with NamespaceTopology.from_clusters(["a", "b", "b"], RATE) as topo:
+        procs = [
+            subprocess.Popen(
+                topo.torchrun_command(g, [str(script)]),
+                env={**os.environ, **topo.env_for_group(g), "PYTHONPATH": root},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            for g in range(2)
+        ]
+        outs = []
+        try:
+            for p in procs:
+                outs.append(p.communicate(timeout=75)[0])
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    lines = sorted(line.split()[1:] for out in outs for line in out.splitlines() if line.startswith("RESULT"))
+    assert lines == [["0", topo.interfaces[0], "7"], ["1", topo.interfaces[1], "7"], ["2", topo.interfaces[1], "7"]], outs

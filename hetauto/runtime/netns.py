@@ -216,6 +216,35 @@ class NamespaceTopology:
             "GLOO_SOCKET_IFNAME": self.interface_of(rank),
         }
 
+    def torchrun_command(self, group: int, program: Sequence[str], *, torchrun: Sequence[str] | None = None) -> list[str]:
+        """One torchrun "node" per namespace: `ip netns exec NS torchrun --nnodes G --node-rank i ...`.
+
+        torchrun starts all workers of a node in its own namespace, so a multi-namespace job runs one
+        torchrun per group, rendezvousing statically at rank 0's veth address. Global ranks follow node
+        order, so this needs contiguous groups ([0, 1], [2, 3, 4], ...). Set `env_for_group(group)` too.
+        """
+        flat = [r for g in self.groups for r in g]
+        if flat != list(range(self.world_size)):
+            raise ShapedLinkError(f"torchrun numbers ranks node by node; groups {[list(g) for g in self.groups]} "
+                                  "must be contiguous and in order (e.g. [[0, 1], [2, 3]])")
+        launcher = list(torchrun) if torchrun is not None else [sys.executable, "-m", "torch.distributed.run"]
+        return ["ip", "netns", "exec", self.namespaces[group], *launcher,
+                f"--nnodes={len(self.groups)}", f"--node-rank={group}", f"--nproc-per-node={len(self.groups[group])}",
+                "--rdzv-backend=static", f"--master-addr={self.addresses[0]}", f"--master-port={self.master_port}",
+                *program]
+
+    def env_for_group(self, group: int) -> dict[str, str]:
+        """Environment for a torchrun started in `group`'s namespace (torchrun sets RANK etc. itself)."""
+        return {"GLOO_SOCKET_IFNAME": self.interfaces[group]}
+
+    @classmethod
+    def from_clusters(cls, cluster_of_rank: Sequence[str], bandwidth_Bps: float, **kwargs: Any) -> "NamespaceTopology":
+        """One namespace per distinct cluster name (in order of first appearance); `cluster_of_rank[r]` names rank r's."""
+        order: dict[str, list[int]] = {}
+        for rank, name in enumerate(cluster_of_rank):
+            order.setdefault(str(name), []).append(rank)
+        return cls(list(order.values()), bandwidth_Bps, **kwargs)
+
     def _group(self, rank: int) -> int:
         try:
             return self._group_of[int(rank)]
