@@ -1,0 +1,314 @@
+"""Monte-Carlo tree search over the strategy space (anytime, deterministic for a seed).
+
+The tree's levels are the decisions of a `Candidate` in a fixed order: microbatch size, cluster order, one
+`ClusterChoice` per cluster in that order, then (schedule, ZeRO-1). Selection is UCT with priors (PUCT:
+Q + c * P * sqrt(N) / (1 + n)); a leaf is expanded at its most probable untried option; a fast greedy
+rollout (mostly argmax prior, sometimes a prior-weighted draw) completes the candidate; the Evaluator
+scores it. Q is the mean throughput normalised by the best seen, so rewards live in [0, 1].
+
+A transposition table keyed by the candidate and by the built plan (`space.plan_key`) means no plan is
+scored twice, whichever path reached it. Priors come from the principles: memory-feasible choices with a
+short estimated stage time and few TP hops first; Virtual-1F1B before plain 1F1B.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace, plan_key
+
+Decision = Any
+
+
+@dataclass(frozen=True, slots=True)
+class TracePoint:
+    elapsed_s: float
+    evaluations: int
+    best_throughput: float
+
+
+@dataclass(slots=True)
+class Scored:
+    candidate: Candidate
+    plan: Any  # Plan
+    evaluation: Any  # Evaluation
+
+
+@dataclass(slots=True)
+class _Node:
+    options: list[Decision]
+    priors: list[float]
+    children: dict[int, "_Node"] = field(default_factory=dict)
+    visits: int = 0
+    total: float = 0.0
+    exhausted: bool = False
+
+
+ProgressFn = Callable[[float, int, float], None]
+
+
+class Scorer:
+    """Builds candidates and scores their plans once (transposition table); remembers the best."""
+
+    def __init__(self, space: StrategySpace) -> None:
+        self.space = space
+        self.by_candidate: dict[Candidate, Scored | None] = {}
+        self.by_plan: dict[tuple, Any] = {}
+        self.best: Scored | None = None
+        self.violations: list[str] = []
+        self.scored = 0
+
+    def score(self, cand: Candidate) -> Scored | None:
+        if cand in self.by_candidate:
+            return self.by_candidate[cand]
+        built = self.space.build(cand)
+        result: Scored | None = None
+        if built.violation:
+            self.violations.append(built.violation)
+        for plan in built.plans:
+            key = plan_key(plan)
+            ev = self.by_plan.get(key)
+            if ev is None:
+                ev = self.space.evaluator.evaluate(plan)
+                self.by_plan[key] = ev
+                self.scored += 1
+                if not ev.feasible and ev.violation:
+                    self.violations.append(ev.violation)
+            if ev.feasible and (result is None or ev.throughput_samples_s > result.evaluation.throughput_samples_s):
+                result = Scored(cand, plan, ev)
+        self.by_candidate[cand] = result
+        if result is not None and (self.best is None or
+                                   result.evaluation.throughput_samples_s > self.best.evaluation.throughput_samples_s):
+            self.best = result
+        return result
+
+    @property
+    def best_throughput(self) -> float:
+        return self.best.evaluation.throughput_samples_s if self.best else 0.0
+
+
+# ------------------------------------------------------------------------------------------- priors
+def _normalise(w: list[float]) -> list[float]:
+    s = sum(w)
+    return [x / s for x in w] if s > 0 else [1.0 / len(w)] * len(w)
+
+
+class Priors:
+    """Principle-derived priors for each decision (cheap: the Evaluator's cached stage pieces only)."""
+
+    def __init__(self, space: StrategySpace) -> None:
+        self.space = space
+        spec = space.spec
+        flops = {c.name: c.num_devices * c.device.peak_flops for c in spec.clusters}
+        total = sum(flops.values())
+        n = space.num_layers
+        self.layer_share = {k: max(1.0, n * v / total) for k, v in flops.items()}
+
+    def microbatch(self, options: list[int]) -> list[float]:
+        return _normalise([1.0 / (1.0 + abs(math.log2(b) - 1.0)) for b in options])
+
+    def order(self, options: list[tuple[str, ...]]) -> list[float]:
+        # Principle: clusters with the most memory per device early (they hold the most in-flight microbatches).
+        spec = self.space.spec
+        w = []
+        for order in options:
+            mem = [spec.cluster(n).device.memory_bytes for n in order]
+            good = sum(1 for a, b in zip(mem, mem[1:]) if a >= b)
+            w.append(1.0 + good)
+        return _normalise(w)
+
+    def cluster(self, name: str, mbs: int, options: list[ClusterChoice]) -> list[float]:
+        """Short estimated stage time for the cluster's throughput share of layers, if memory plausibly fits;
+        TP and recompute only when they buy something."""
+        sp = self.space
+        cap = sp.spec.cluster(name).device.memory_bytes
+        m = sp.inputs.global_batch // mbs
+        share = self.layer_share[name]
+        w = []
+        for ch in options:
+            if ch.stages == 0:
+                w.append(0.0)
+                continue
+            size = sp.spec.cluster(name).num_devices // ch.stages
+            dp = size // ch.tp
+            per_stage = max(1, int(round(share / ch.stages)))
+            f, b = sp.evaluator.stage_compute_time(name, (1, 1 + per_stage), ch.tp, dp, mbs, ch.recompute)
+            mem = sp.evaluator.stage_memory_bytes(name, (1, 1 + per_stage), ch.tp, dp, mbs,
+                                                  min(m, ch.stages + 1), ch.recompute, False)
+            fits = mem <= cap
+            t = max(f + b, 1e-12)
+            bubble = (m + ch.stages - 1) / m
+            w.append((1.0 / (t * bubble * ch.stages)) * (1.0 if fits else 0.05))
+        best = max(w) if w else 0.0
+        w = [x / best if best > 0 else 1.0 for x in w]
+        return _normalise([max(x, 0.02) ** 2 for x in w])
+
+    def tail(self, options: list[tuple[str, bool]]) -> list[float]:
+        return _normalise([(2.0 if s == "virtual-1f1b" else 1.0) * (1.0 if not z else 0.8) for s, z in options])
+
+
+# ------------------------------------------------------------------------------------------- search
+class MCTS:
+    """UCT search; call `run(budget_s=..., iterations=...)`; results in `scorer.best` and `trace`."""
+
+    def __init__(self, space: StrategySpace, *, seed: int = 0, c_puct: float = 1.4, greedy: float = 0.75,
+                 scorer: Scorer | None = None) -> None:
+        self.space = space
+        self.rng = random.Random(seed)
+        self.c = c_puct
+        self.greedy = greedy
+        self.scorer = scorer or Scorer(space)
+        self.priors = Priors(space)
+        self.trace: list[TracePoint] = []
+        self.iterations = 0
+        self._start = 0.0
+        self.root = self._make(())
+
+    # decisions ---------------------------------------------------------------------------------
+    def _depth(self, path: tuple) -> int:
+        return len(path)
+
+    def _options(self, path: tuple) -> tuple[list[Decision], list[float]] | None:
+        """Options and priors of the next decision after `path`; None when `path` is complete."""
+        sp = self.space
+        d = len(path)
+        if d == 0:
+            opts = sp.microbatch_sizes()
+            return opts, self.priors.microbatch(opts)
+        if d == 1:
+            opts = sp.orders()
+            return opts, self.priors.order(opts)
+        order = path[1]
+        k = len(order)
+        if d < 2 + k:
+            name = order[d - 2]
+            opts = list(sp.cluster_options(name, path[0]))
+            used = sum(ch.stages for ch in path[2:])
+            if d == 1 + k and used == 0:
+                opts = [o for o in opts if o.stages > 0]
+            opts = [o for o in opts if used + o.stages <= sp.num_layers]
+            return (opts, self.priors.cluster(name, path[0], opts)) if opts else ([], [])
+        if d == 2 + k:
+            opts = sp.tails()
+            return opts, self.priors.tail(opts)
+        return None
+
+    @staticmethod
+    def candidate(path: tuple, space: StrategySpace) -> Candidate:
+        order = path[1]
+        k = len(order)
+        sched, z = path[2 + k]
+        return Candidate(path[0], order, tuple(path[2:2 + k]), sched, z, space.resharding)
+
+    def _make(self, path: tuple) -> _Node:
+        got = self._options(path)
+        if got is None:
+            return _Node([], [], exhausted=False)
+        opts, pri = got
+        return _Node(opts, pri, exhausted=not opts)
+
+    # one iteration -------------------------------------------------------------------------------
+    def _rollout(self, path: tuple) -> tuple | None:
+        while True:
+            got = self._options(path)
+            if got is None:
+                return path
+            opts, pri = got
+            if not opts:
+                return None
+            if self.rng.random() < self.greedy:
+                i = max(range(len(opts)), key=lambda j: (pri[j], -j))
+            else:
+                i = self.rng.choices(range(len(opts)), weights=pri)[0]
+            path = path + (opts[i],)
+
+    def _reward(self, path: tuple | None) -> float:
+        if path is None:
+            return 0.0
+        got = self.scorer.score(self.candidate(path, self.space))
+        return got.evaluation.throughput_samples_s if got else 0.0
+
+    def step(self) -> bool:
+        """One selection-expansion-rollout-backup; False when the whole tree has been explored."""
+        if self.root.exhausted:
+            return False
+        node, path, visited = self.root, (), [self.root]
+        while True:
+            if not node.options:  # terminal (complete) or dead end
+                break
+            untried = [i for i in range(len(node.options)) if i not in node.children]
+            if untried:
+                i = max(untried, key=lambda j: (node.priors[j], -j))
+                path = path + (node.options[i],)
+                child = self._make(path)
+                node.children[i] = child
+                node, visited = child, visited + [child]
+                break
+            live = [i for i, ch in node.children.items() if not ch.exhausted]
+            if not live:
+                node.exhausted = True
+                break
+            best_t = self.scorer.best_throughput or 1.0
+            sq = math.sqrt(node.visits + 1)
+
+            def ucb(i: int) -> float:
+                ch = node.children[i]
+                q = (ch.total / ch.visits / best_t) if ch.visits else 0.0
+                return q + self.c * node.priors[i] * sq / (1 + ch.visits)
+
+            i = max(live, key=lambda j: (ucb(j), -j))
+            path = path + (node.options[i],)
+            node = node.children[i]
+            visited.append(node)
+        complete = self._options(path) is None
+        reward = self._reward(path if complete else self._rollout(path))
+        if complete or not node.options:
+            node.exhausted = True
+        for n in visited:
+            n.visits += 1
+            n.total += reward
+        self._mark_exhausted(visited)
+        self.iterations += 1
+        return True
+
+    @staticmethod
+    def _mark_exhausted(visited: list[_Node]) -> None:
+        for n in reversed(visited):
+            if n.options and len(n.children) == len(n.options) and all(c.exhausted for c in n.children.values()):
+                n.exhausted = True
+
+    def seed_with(self, candidates: Sequence[Candidate]) -> None:
+        """Score given candidates first (e.g. what simpler planners would pick): the search starts from them."""
+        for c in candidates:
+            self.scorer.score(c)
+            self._record()
+
+    def _record(self) -> None:
+        point = TracePoint(time.perf_counter() - self._start, self.space.evaluator.evaluations, self.scorer.best_throughput)
+        if not self.trace or point.best_throughput > self.trace[-1].best_throughput:
+            self.trace.append(point)
+
+    def run(self, budget_s: float | None = None, iterations: int | None = None,
+            progress: ProgressFn | None = None, start: float | None = None) -> Scored | None:
+        """Search until the time budget or iteration count is spent (or the tree is exhausted)."""
+        if budget_s is None and iterations is None:
+            iterations = 200
+        self._start = start if start is not None else time.perf_counter()
+        done = 0
+        while True:
+            if iterations is not None and done >= iterations:
+                break
+            if budget_s is not None and time.perf_counter() - self._start >= budget_s:
+                break
+            if not self.step():
+                break
+            done += 1
+            self._record()
+            if progress is not None:
+                progress(time.perf_counter() - self._start, self.space.evaluator.evaluations, self.scorer.best_throughput)
+        return self.scorer.best

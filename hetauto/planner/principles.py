@@ -1,0 +1,228 @@
+"""The planner's principles: small, pure rules and priors that shape (and shrink) the strategy space.
+
+Each function is one principle, tested on its own (tests/test_planner_principles.py):
+
+1. TP inside a node (`tp_options`): a TP group exchanges activations twice per layer, so it must ride the
+   intra-node link; a TP degree is a power of two dividing both the stage's group and the node.
+2. Node-aligned stage groups, one cluster per stage (`stage_group_options`, `stage_devices`): a stage takes
+   whole nodes (or an equal share of a single node), never devices of two clusters, so only pipeline
+   boundaries cross the slow cross-cluster links (DP/TP groups across them are not in the space).
+3. Layers proportional to effective throughput, then rebalanced (`proportional_layers`, `balance_layers`):
+   the start is each stage's speed share; the rebalance minimises the slowest stage subject to memory.
+4. Memory bounds prune early (`model_state_bytes`, `memory_floor_violation`): a subtree whose lightest
+   possible stage (one block) does not fit is never expanded; a model whose states exceed all memory is
+   rejected before searching, naming the numbers.
+5. Symmetric choices are merged (`cluster_signature`, `canonical_orders`): identical clusters are
+   interchangeable, so orders that only swap them are one order.
+6. Slow boundaries get Virtual-1F1B depth (`warmup_for_boundaries`): k_h = ceil(2 c_h / period), capped by
+   the memory each upstream stage has left; when memory forbids it the caller tries a different cut.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+from hetauto.core.cluster import Cluster, ClusterSpec
+from hetauto.schedule import cap_extra_warmup, extra_warmup_from_costs
+
+BYTES_PER_PARAM_STATES = 16.0  # bf16 weights + bf16 grads + fp32 master, Adam m and v
+
+
+def _pow2_divisors(n: int) -> list[int]:
+    out, d = [], 1
+    while d <= n:
+        if n % d == 0:
+            out.append(d)
+        d *= 2
+    return out
+
+
+# 1 -------------------------------------------------------------------------------------------------
+def tp_options(group_size: int, devices_per_node: int) -> list[int]:
+    """TP degrees allowed for a stage of `group_size` devices: powers of two dividing the group and the
+    node (a stage smaller than a node holds group_size devices of one node)."""
+    limit = min(group_size, devices_per_node)
+    return [t for t in _pow2_divisors(limit) if group_size % t == 0 and devices_per_node % t == 0]
+
+
+# 2 -------------------------------------------------------------------------------------------------
+def stage_group_options(cluster: Cluster) -> list[tuple[int, int]]:
+    """(stages, devices per stage) for every node-aligned equal split of `cluster`: k stages of whole nodes
+    (k divides the node count) or, below one node per stage, every node split into j equal parts."""
+    nodes, dpn = cluster.num_nodes, cluster.devices_per_node
+    out = [(k, (nodes // k) * dpn) for k in range(1, nodes + 1) if nodes % k == 0]
+    out += [(nodes * j, dpn // j) for j in range(2, dpn + 1) if dpn % j == 0]
+    return out
+
+
+def stage_devices(cluster: Cluster, stages: int) -> list[tuple[int, ...]]:
+    """The device ids (node-major) of each of `stages` equal node-aligned groups, in order."""
+    total = cluster.num_devices
+    if stages < 1 or total % stages:
+        raise ValueError(f"cannot split {total} devices of cluster {cluster.name} into {stages} equal stages")
+    size = total // stages
+    dpn = cluster.devices_per_node
+    if size >= dpn and size % dpn:
+        raise ValueError(f"{size} devices per stage is not a whole number of {dpn}-device nodes")
+    if size < dpn and dpn % size:
+        raise ValueError(f"{size} devices per stage do not split a {dpn}-device node evenly")
+    return [tuple(range(i * size, (i + 1) * size)) for i in range(stages)]
+
+
+# 3 -------------------------------------------------------------------------------------------------
+def proportional_layers(weights: Sequence[float], total: int) -> list[int]:
+    """Split `total` layers over stages in proportion to `weights` (throughputs), at least one each,
+    by largest remainder (ties to the earlier stage), so the counts sum to `total` exactly."""
+    n = len(weights)
+    if n == 0 or total < n:
+        raise ValueError(f"cannot give {n} stages at least one of {total} layers")
+    if any(w <= 0 for w in weights):
+        raise ValueError("stage weights must be positive")
+    spare = total - n
+    s = float(sum(weights))
+    raw = [spare * w / s for w in weights]
+    counts = [int(math.floor(r)) for r in raw]
+    left = spare - sum(counts)
+    order = sorted(range(n), key=lambda i: (-(raw[i] - counts[i]), i))
+    for i in order[:left]:
+        counts[i] += 1
+    return [c + 1 for c in counts]
+
+
+def _fill(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]], base: Sequence[float],
+          caps: Sequence[float], limit: float) -> list[int] | None:
+    """Greedy: each stage takes as many layers as fit under `limit` seconds and its memory capacity,
+    leaving one layer per remaining stage (optimal for a contiguous min-max split)."""
+    p, n = len(times), len(times[0])
+    counts, pos = [], 0
+    for s in range(p):
+        rest = p - s - 1
+        t, m, c = 0.0, base[s], 0
+        last = n - rest if s < p - 1 else n
+        while pos < last:
+            nt, nm = t + times[s][pos], m + mems[s][pos]
+            must = s == p - 1
+            if nm > caps[s] or (nt > limit and (c > 0 or not must) and not (c == 0 and must)):
+                if must or c == 0:
+                    return None
+                break
+            t, m, c, pos = nt, nm, c + 1, pos + 1
+        if c == 0:
+            return None
+        counts.append(c)
+    return counts if pos == n else None
+
+
+def balance_layers(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]] | None = None,
+                   base: Sequence[float] | None = None, caps: Sequence[float] | None = None,
+                   iterations: int = 40) -> list[int] | None:
+    """Contiguous layer counts per stage minimising the slowest stage's time, each stage within memory.
+
+    `times[s][l]` / `mems[s][l]`: what layer l costs on stage s (seconds per microbatch; bytes per device),
+    `base[s]` the stage's fixed memory, `caps[s]` its capacity. None when no split fits in memory."""
+    p = len(times)
+    n = len(times[0]) if p else 0
+    if p == 0 or n < p:
+        return None
+    mems = mems or [[0.0] * n for _ in range(p)]
+    base = base or [0.0] * p
+    caps = caps or [math.inf] * p
+    if _fill(times, mems, base, caps, math.inf) is None:
+        return None
+    lo, hi = 0.0, max(sum(t) for t in times)
+    best = _fill(times, mems, base, caps, hi) or _fill(times, mems, base, caps, math.inf)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        got = _fill(times, mems, base, caps, mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, best = mid, got
+    return best
+
+
+# 4 -------------------------------------------------------------------------------------------------
+def model_state_bytes(params: int) -> float:
+    """Weights, gradients and Adam states of mixed-precision training: 16 bytes per parameter."""
+    return BYTES_PER_PARAM_STATES * params
+
+
+def memory_floor_violation(params: int, spec: ClusterSpec) -> str | None:
+    """The tightest global constraint: model states alone against all devices' memory (None if they fit)."""
+    need = model_state_bytes(params)
+    have = sum(c.num_devices * c.device.memory_bytes for c in spec.clusters)
+    if need <= have:
+        return None
+    gib = 1024.0 ** 3
+    return (f"model states need {need / gib:.1f} GiB (16 B/param x {params / 1e9:.3g}B params) but all "
+            f"{spec.total_devices} devices together hold {have / gib:.1f} GiB; use more or larger devices "
+            f"or a smaller model")
+
+
+# 5 -------------------------------------------------------------------------------------------------
+def cluster_signature(spec: ClusterSpec, name: str) -> tuple:
+    """What makes two clusters interchangeable: device, shape, speed, own links, links to every other cluster."""
+    c = spec.cluster(name)
+    links = []
+    for other in spec.names:
+        if other != name:
+            ln = spec.link(name, other)
+            links.append((other, ln.bandwidth_Bps, ln.latency_s, ln.shared_capacity_Bps))
+    return (c.device.key, c.num_nodes, c.devices_per_node, c.speed_factor, c.intra_node, c.inter_node,
+            tuple(sorted(links, key=lambda x: x[1:])) if len(spec.names) > 1 else ())
+
+
+def canonical_orders(spec: ClusterSpec) -> list[tuple[str, ...]]:
+    """Every pipeline order of the clusters, with orders that only swap identical clusters merged (the
+    representative keeps identical clusters in their spec order)."""
+    names = spec.names
+    groups: dict[tuple, list[str]] = {}
+    for n in names:
+        sig = (spec.cluster(n).device.key, spec.cluster(n).num_nodes, spec.cluster(n).devices_per_node,
+               spec.cluster(n).speed_factor, spec.cluster(n).intra_node, spec.cluster(n).inter_node)
+        groups.setdefault(sig, []).append(n)
+    rep: dict[str, str] = {}
+    for members in groups.values():
+        for i, a in enumerate(members):
+            rep[a] = next((rep[b] for b in members[:i] if _links_equal(spec, a, b)), a)
+    rank = {n: i for i, n in enumerate(names)}
+    out, seen = [], set()
+    for perm in itertools.permutations(names):
+        key = tuple(rep[n] for n in perm)
+        if key in seen:
+            continue
+        # representative: identical clusters appear in spec order
+        ok = all(rank[perm[i]] < rank[perm[j]] for i in range(len(perm)) for j in range(i + 1, len(perm))
+                 if rep[perm[i]] == rep[perm[j]])
+        if ok:
+            seen.add(key)
+            out.append(perm)
+    return out
+
+
+def _links_equal(spec: ClusterSpec, a: str, b: str) -> bool:
+    for other in spec.names:
+        if other in (a, b):
+            continue
+        la, lb = spec.link(a, other), spec.link(b, other)
+        if (la.bandwidth_Bps, la.latency_s, la.shared_capacity_Bps) != (lb.bandwidth_Bps, lb.latency_s, lb.shared_capacity_Bps):
+            return False
+    return True
+
+
+# 6 -------------------------------------------------------------------------------------------------
+def warmup_for_boundaries(boundary_cost: Sequence[float], stage_period: Sequence[float],
+                          memory_cap: Sequence[int | None] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(wanted, kept) Virtual-1F1B extra warmup per boundary: wanted k_h = ceil(2 c_h / period) covers one
+    round trip over boundary h; kept is what each stage's memory allows (`memory_cap`: microbatches in
+    flight it can hold). wanted != kept tells the caller to try a cut that leaves room upstream."""
+    p = len(stage_period)
+    if p < 2:
+        return (), ()
+    wanted = extra_warmup_from_costs(boundary_cost, list(stage_period), [0.0] * p)
+    if memory_cap is None:
+        return wanted, wanted
+    caps = [None if c is None else max(int(c), p - r) for r, c in enumerate(memory_cap)]
+    return wanted, cap_extra_warmup(p, wanted, caps)

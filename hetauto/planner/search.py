@@ -1,0 +1,154 @@
+"""`plan()`: the one entry point every planner goes through, so every plan is scored by the same Evaluator.
+
+    result = plan(load_planning_inputs(scenario="mixed-small"), planner="mcts", budget=5.0, seed=0)
+    result.plan.save("plan.json"); result.evaluation.throughput_samples_s; result.trace
+
+`budget` is seconds (anytime: the best plan found so far is returned), `iterations` caps MCTS iterations
+instead (deterministic for a seed). Planners: mcts (ours), exhaustive, megatron, metis, amp, greedy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hetauto.core.errors import HetautoError, InfeasiblePlan
+from hetauto.core.plan import Plan
+from hetauto.planner import principles as P
+from hetauto.planner.inputs import PlanningInputs
+from hetauto.planner.layers import total_params
+from hetauto.planner.mcts import MCTS, ProgressFn, Scored, Scorer, TracePoint
+from hetauto.planner.space import Candidate, StrategySpace
+
+PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy")
+DEFAULT_BUDGET_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    plan: Plan
+    evaluation: Any  # hetauto.planner.evaluate.Evaluation
+    search_time_s: float
+    evaluations: int
+    trace: tuple[TracePoint, ...]
+    planner: str = "mcts"
+
+    def summary(self) -> dict[str, Any]:
+        ev = self.evaluation
+        return {"planner": self.planner, "iteration_time_s": ev.iteration_time_s,
+                "throughput_samples_s": ev.throughput_samples_s, "tokens_s": ev.tokens_s, "mfu": ev.mfu,
+                "tflops_per_device": ev.tflops_per_device, "bubble_fraction": ev.bubble_fraction,
+                "search_time_s": self.search_time_s, "evaluations": self.evaluations}
+
+
+def make_evaluator(inputs: PlanningInputs) -> Any:
+    from hetauto.planner.evaluate import Evaluator
+
+    return Evaluator(inputs)
+
+
+def _finish(scored: Scored | None, space: StrategySpace, scorer: Scorer | None, start: float, evaluations: int,
+            trace: list[TracePoint], planner: str) -> PlanResult:
+    if scored is None:
+        raise InfeasiblePlan(f"no plan fits: {tightest_violation(space, scorer)}")
+    ev = scored.evaluation
+    name = getattr(space.evaluator, "cost_model_name", "analytical")
+    plan = scored.plan.model_copy(update={"prediction": ev.to_prediction(name)})
+    return PlanResult(plan, ev, time.perf_counter() - start, evaluations, tuple(trace), planner)
+
+
+def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> str:
+    """The constraint that fails even for the most memory-lenient plan in the space (mbs 1, the most
+    stages, the widest TP, recompute and ZeRO-1 on every cluster)."""
+    lenient = []
+    for name in space.spec.names:
+        opts = [o for o in space.cluster_options(name, 1) if o.stages > 0]
+        if not opts:
+            c = space.spec.cluster(name)
+            tp = max(P.tp_options(c.devices_per_node, c.devices_per_node))
+            need = space.evaluator.stage_memory_bytes(name, (1, 2), tp, 1, 1, 1, True, True)
+            return (f"cluster {name} ({c.device.key}): one block needs {need / 2**30:.1f} GiB per device at "
+                    f"tp={tp} with recompute and ZeRO-1 > {c.device.memory_bytes / 2**30:.0f} GiB")
+        lenient.append(max(opts, key=lambda o: (o.stages, o.recompute, o.tp)))
+    order = space.spec.names
+    stages = sum(o.stages for o in lenient)
+    while stages > space.num_layers:  # keep within one layer per stage
+        i = max(range(len(lenient)), key=lambda j: lenient[j].stages)
+        smaller = [o for o in space.cluster_options(order[i], 1) if 0 < o.stages < lenient[i].stages]
+        if not smaller:
+            break
+        lenient[i] = max(smaller, key=lambda o: (o.stages, o.recompute, o.tp))
+        stages = sum(o.stages for o in lenient)
+    cand = Candidate(1, order, tuple(lenient), "1f1b", True, space.resharding)
+    built = space.build(cand)
+    if built.violation:
+        return built.violation
+    for plan in built.plans:
+        ev = space.evaluator.evaluate(plan)
+        if not ev.feasible and ev.violation:
+            return ev.violation
+    if scorer is not None and scorer.violations:
+        return scorer.violations[0]
+    return "no candidate in the strategy space was feasible"
+
+
+def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = None, seed: int = 0, *,
+         iterations: int | None = None, evaluator: Any = None, progress: ProgressFn | None = None,
+         space_options: dict[str, Any] | None = None) -> PlanResult:
+    """Search for the highest-throughput plan that fits; raise InfeasiblePlan naming the tightest constraint."""
+    if planner not in PLANNERS:
+        raise HetautoError(f"unknown planner '{planner}'; choose one of: {', '.join(PLANNERS)}")
+    start = time.perf_counter()
+    violation = P.memory_floor_violation(total_params(inputs.model), inputs.cluster)
+    if violation:
+        raise InfeasiblePlan(violation)
+    ev = evaluator if evaluator is not None else make_evaluator(inputs)
+    before = ev.evaluations
+    if planner == "mcts":
+        space = StrategySpace(inputs, ev, **(space_options or {}))
+        search = MCTS(space, seed=seed)
+        search._start = start
+        search.seed_with(seed_candidates(space))
+        if budget is None and iterations is None:
+            budget = DEFAULT_BUDGET_S
+        best = search.run(budget_s=budget, iterations=iterations, progress=progress, start=start)
+        best = polish(space, search.scorer, best)
+        search._record()
+        return _finish(best, space, search.scorer, start, ev.evaluations - before, search.trace, planner)
+    from hetauto.planner.baselines import run_baseline
+
+    space, scorer, best, trace = run_baseline(planner, inputs, ev, budget=budget, seed=seed, start=start,
+                                              progress=progress)
+    return _finish(best, space, scorer, start, ev.evaluations - before, trace, planner)
+
+
+def seed_candidates(space: StrategySpace) -> list[Candidate]:
+    """The principles' first guess per microbatch size: every cluster used, the fewest stages whose
+    estimated memory fits, the smallest TP, Virtual-1F1B; MCTS starts from these."""
+    out = []
+    order = max(space.orders(), key=lambda o: [space.spec.cluster(n).device.memory_bytes for n in o])
+    for mbs in space.microbatch_sizes()[:4]:
+        choices = []
+        for name in order:
+            opts = [o for o in space.cluster_options(name, mbs) if o.stages > 0 and not o.recompute]
+            if not opts:
+                opts = [o for o in space.cluster_options(name, mbs) if o.stages > 0]
+            if not opts:
+                break
+            choices.append(min(opts, key=lambda o: (o.tp, o.stages)))
+        if len(choices) == len(order):
+            out.append(Candidate(mbs, order, tuple(choices), "virtual-1f1b", False, space.resharding))
+    return out
+
+
+def polish(space: StrategySpace, scorer: Scorer, best: Scored | None) -> Scored | None:
+    """Local moves around the best candidate: other resharding methods and ZeRO-1 (cheap, few evaluations)."""
+    if best is None:
+        return None
+    from dataclasses import replace
+
+    for method in ("scatter-allgather", "leader-broadcast", "lanes"):
+        if method != best.candidate.resharding:
+            scorer.score(replace(best.candidate, resharding=method))
+    return scorer.best

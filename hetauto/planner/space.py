@@ -1,0 +1,316 @@
+"""The strategy space: the decisions a planner makes, and how a complete set of decisions becomes a Plan.
+
+A `Candidate` holds the searched decisions: microbatch size, the clusters' pipeline order, and per cluster
+(number of node-aligned stages, TP degree, recompute), then schedule and ZeRO-1. Everything else follows
+by rule (see principles.py): DP = group / TP; layers balanced to the stages' measured speeds within
+memory; Virtual-1F1B extra warmup sized from the boundary costs and capped by memory (with a second cut
+that makes room for it); one resharding method for every boundary.
+
+Costs come from the Evaluator's cheap, cached pieces (`stage_compute_time`, `stage_memory_bytes`,
+`pipeline_costs`); a plan is scored only by `Evaluator.evaluate`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+from hetauto.planner import principles as P
+from hetauto.planner.inputs import PlanningInputs
+
+Balance = Literal["minimax", "proportional", "uniform", "average"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterChoice:
+    """How one cluster is used: `stages` equal node-aligned stages (0: unused), each tp x (group/tp)."""
+
+    stages: int
+    tp: int = 1
+    recompute: bool = False
+
+
+UNUSED = ClusterChoice(0, 1, False)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    microbatch_size: int
+    order: tuple[str, ...]
+    choices: tuple[ClusterChoice, ...]
+    schedule: str = "virtual-1f1b"
+    zero1: bool = False
+    resharding: str = "scatter-allgather"
+    balance: Balance = "minimax"
+
+
+@dataclass(frozen=True, slots=True)
+class StageLayout:
+    cluster: str
+    devices: tuple[int, ...]
+    tp: int
+    dp: int
+    recompute: bool
+
+
+@dataclass(slots=True)
+class _StageCost:
+    times: list[float]  # per layer, fwd+bwd seconds per microbatch
+    static: list[float]  # per layer, bytes independent of in-flight count
+    act: list[float]  # per layer, bytes per in-flight microbatch
+    base_static: float
+    base_act: float
+
+
+@dataclass(slots=True)
+class Built:
+    """What `StrategySpace.build` returns: plan variants to score, or why none exists."""
+
+    plans: list[Plan] = field(default_factory=list)
+    violation: str | None = None
+
+
+class StrategySpace:
+    """Enumerates options per decision (with principle pruning) and turns candidates into plans."""
+
+    def __init__(self, inputs: PlanningInputs, evaluator: Any, *, max_microbatch: int | None = None,
+                 schedules: tuple[str, ...] = ("1f1b", "virtual-1f1b"), zero1: tuple[bool, ...] = (False, True),
+                 recompute: tuple[bool, ...] = (False, True), allow_unused: bool = True,
+                 resharding: str = "scatter-allgather") -> None:
+        self.inputs = inputs
+        self.evaluator = evaluator
+        self.spec = inputs.cluster
+        self.num_layers = len(inputs.layers)
+        self.schedules = schedules
+        self.zero1_options = zero1
+        self.recompute_options = recompute
+        self.allow_unused = allow_unused
+        self.resharding = resharding
+        gbs = inputs.global_batch
+        cap = max_microbatch if max_microbatch is not None else 32
+        self._mbs = [b for b in range(1, min(gbs, cap) + 1) if gbs % b == 0]
+        self._orders = P.canonical_orders(self.spec)
+        self._opts: dict[tuple[str, int], list[ClusterChoice]] = {}
+        self._cost: dict[tuple, _StageCost] = {}
+
+    # ------------------------------------------------------------------ decisions
+    def microbatch_sizes(self) -> list[int]:
+        return list(self._mbs)
+
+    def orders(self) -> list[tuple[str, ...]]:
+        return list(self._orders)
+
+    def tails(self) -> list[tuple[str, bool]]:
+        return [(s, z) for s in self.schedules for z in self.zero1_options]
+
+    def cluster_options(self, name: str, mbs: int) -> list[ClusterChoice]:
+        """Choices for one cluster at microbatch `mbs`: node-aligned groups, TP inside a node, dp | mbs, and
+        a memory floor: one block (ZeRO-1 on, one microbatch in flight) must fit or the branch is cut."""
+        key = (name, mbs)
+        if key in self._opts:
+            return self._opts[key]
+        c = self.spec.cluster(name)
+        out = [UNUSED] if self.allow_unused else []
+        for k, size in P.stage_group_options(c):
+            if k > self.num_layers:
+                continue
+            for tp in P.tp_options(size, c.devices_per_node):
+                dp = size // tp
+                if mbs % dp:
+                    continue
+                for rc in self.recompute_options:
+                    floor = self.evaluator.stage_memory_bytes(name, (1, 2), tp, dp, mbs, 1, rc, True)
+                    if floor <= c.device.memory_bytes:
+                        out.append(ClusterChoice(k, tp, rc))
+        self._opts[key] = out
+        return out
+
+    # ------------------------------------------------------------------ layout and costs
+    def layout(self, cand: Candidate) -> list[StageLayout]:
+        stages = []
+        for name, ch in zip(cand.order, cand.choices):
+            if ch.stages == 0:
+                continue
+            c = self.spec.cluster(name)
+            for devs in P.stage_devices(c, ch.stages):
+                stages.append(StageLayout(name, devs, ch.tp, len(devs) // ch.tp, ch.recompute))
+        return stages
+
+    def stage_cost(self, st: StageLayout, mbs: int, zero1: bool) -> _StageCost:
+        key = (st.cluster, st.tp, st.dp, st.recompute, mbs, zero1)
+        got = self._cost.get(key)
+        if got is not None:
+            return got
+        ev, n = self.evaluator, self.num_layers
+        layers = self.inputs.layers
+
+        def t(r: tuple[int, int]) -> float:
+            f, b = ev.stage_compute_time(st.cluster, r, st.tp, st.dp, mbs, st.recompute)
+            return f + b
+
+        def m(r: tuple[int, int], q: int) -> float:
+            return ev.stage_memory_bytes(st.cluster, r, st.tp, st.dp, mbs, q, st.recompute, zero1)
+
+        tb = t((1, 2)) if n > 2 else 0.0
+        fb = layers[1].fwd_flops_per_token if n > 2 else 0.0
+        times = [t((0, 1))]
+        times += [tb * (layers[i].fwd_flops_per_token / fb if fb else 1.0) for i in range(1, n - 1)]
+        times.append(t((n - 1, n)))
+
+        def split(r: tuple[int, int]) -> tuple[float, float]:
+            a1, a2 = m(r, 1), m(r, 2)
+            return a1 - (a2 - a1), a2 - a1  # static, per in-flight
+
+        s1, a1 = split((1, 2))
+        if n > 3:
+            s2, a2 = split((1, 3))
+            sb, ab = s2 - s1, a2 - a1
+        else:
+            sb, ab = s1, a1
+        c0, q0 = s1 - sb, a1 - ab
+        se, ae = split((0, 1))
+        sh, ah = split((n - 1, n))
+        static = [se - c0] + [sb] * (n - 2) + [sh - c0]
+        act = [ae - q0] + [ab] * (n - 2) + [ah - q0]
+        got = _StageCost(times, static, act, c0, q0)
+        self._cost[key] = got
+        return got
+
+    # ------------------------------------------------------------------ building
+    def build(self, cand: Candidate) -> Built:
+        """Plan variants for `cand` (one, or two when Virtual-1F1B warmup needs a different cut)."""
+        inp = self.inputs
+        mbs = cand.microbatch_size
+        if inp.global_batch % mbs:
+            return Built(violation=f"microbatch {mbs} does not divide global batch {inp.global_batch}")
+        m = inp.global_batch // mbs
+        stages = self.layout(cand)
+        p = len(stages)
+        if p == 0:
+            return Built(violation="no stage: every cluster is unused")
+        if p > self.num_layers:
+            return Built(violation=f"{p} stages for {self.num_layers} layers")
+        for i, st in enumerate(stages):
+            if mbs % st.dp:
+                return Built(violation=f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}")
+        costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
+        caps = [self.spec.cluster(st.cluster).device.memory_bytes for st in stages]
+        q = [min(m, p - i) for i in range(p)]
+        counts = self._split(cand.balance, stages, costs, caps, q)
+        if counts is None:
+            return Built(violation=self._memory_violation(stages, costs, caps, q))
+        plan = self._plan(cand, stages, counts, m, "1f1b", ())
+        if cand.schedule != "virtual-1f1b" or p == 1:
+            return Built([plan])
+        wanted, kept = self._warmup(plan, costs, caps, counts, m)
+        if not any(wanted):
+            return Built([plan])
+        out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept)] if any(kept) else [plan]
+        if kept != wanted:  # memory forbids the depth here: try a cut that leaves room upstream
+            q2 = [min(m, p - i + sum(wanted[i:])) for i in range(p)]
+            counts2 = P.balance_layers(*self._matrices(costs, q2), caps)
+            if counts2 is not None and counts2 != counts:
+                out.append(self._plan(cand, stages, counts2, m, "virtual-1f1b", wanted))
+        return Built(out)
+
+    def _matrices(self, costs: list[_StageCost], q: list[int]) -> tuple[list[list[float]], list[list[float]], list[float]]:
+        times = [c.times for c in costs]
+        mems = [[s + a * qi for s, a in zip(c.static, c.act)] for c, qi in zip(costs, q)]
+        base = [c.base_static + c.base_act * qi for c, qi in zip(costs, q)]
+        return times, mems, base
+
+    def _split(self, how: Balance, stages: list[StageLayout], costs: list[_StageCost], caps: list[float],
+               q: list[int]) -> list[int] | None:
+        times, mems, base = self._matrices(costs, q)
+        n, p = self.num_layers, len(stages)
+        if how == "uniform":
+            blocks = n - 2
+            if blocks < p:
+                counts = P.proportional_layers([1.0] * p, n)
+            else:
+                counts = [blocks // p + (1 if i < blocks % p else 0) for i in range(p)]
+                counts[0] += 1
+                counts[-1] += 1
+        elif how == "proportional":
+            counts = P.proportional_layers([1.0 / max(c.times[min(1, n - 1)], 1e-30) for c in costs], n)
+        elif how == "average":  # every stage looks alike (device speeds averaged, as AMP does)
+            avg = [sum(col) / p for col in zip(*times)]
+            return P.balance_layers([avg] * p, mems, base, caps)
+        else:
+            return P.balance_layers(times, mems, base, caps)
+        if self._fits(counts, mems, base, caps):
+            return counts
+        return P.balance_layers(times, mems, base, caps)  # rebalanced for memory (Metis does the same)
+
+    @staticmethod
+    def _fits(counts: list[int], mems: list[list[float]], base: list[float], caps: list[float]) -> bool:
+        pos = 0
+        for s, c in enumerate(counts):
+            if base[s] + sum(mems[s][pos:pos + c]) > caps[s]:
+                return False
+            pos += c
+        return True
+
+    def _memory_violation(self, stages: list[StageLayout], costs: list[_StageCost], caps: list[float],
+                          q: list[int]) -> str:
+        """Name the tightest stage: the one whose even share of the layers overflows its memory most."""
+        n, p = self.num_layers, len(stages)
+        share = P.proportional_layers([1.0] * p, n)
+        worst, pos, msg = -math.inf, 0, ""
+        for i, (st, c, cap, cnt) in enumerate(zip(stages, costs, caps, share)):
+            need = c.base_static + c.base_act * q[i] + sum(c.static[pos:pos + cnt]) + q[i] * sum(c.act[pos:pos + cnt])
+            if need / cap > worst:
+                dev = self.spec.cluster(st.cluster)
+                worst = need / cap
+                msg = (f"stage {i} (cluster {st.cluster}, {len(st.devices)}x {dev.device.key}, layers "
+                       f"[{pos}, {pos + cnt})): needs {need / 2**30:.1f} GiB per device > {cap / 2**30:.0f} GiB")
+            pos += cnt
+        return msg
+
+    def _warmup(self, plan: Plan, costs: list[_StageCost], caps: list[float], counts: list[int],
+                m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        pc = self.evaluator.pipeline_costs(plan)
+        p = plan.num_stages
+        act = pc.act_bytes
+        cost = []
+        for h in range(p - 1):
+            ln = pc.links[h] if h < len(pc.links) else None
+            b = act if isinstance(act, (int, float)) else act[h]
+            cost.append(0.0 if ln is None else ln.latency + b / ln.bandwidth)
+        period = []
+        for r in range(p):
+            vals = [pc.tf, pc.tb, pc.tp_f, pc.tp_b]
+            period.append(sum(v if isinstance(v, (int, float)) else v[r] for v in vals))
+        mcap: list[int | None] = []
+        pos = 0
+        for c, cap, cnt in zip(costs, caps, counts):
+            static = c.base_static + sum(c.static[pos:pos + cnt])
+            per = c.base_act + sum(c.act[pos:pos + cnt])
+            mcap.append(min(m, int((cap - static) // per)) if per > 0 else None)
+            pos += cnt
+        return P.warmup_for_boundaries(cost, period, mcap)
+
+    def _plan(self, cand: Candidate, stages: list[StageLayout], counts: list[int], m: int, schedule: str,
+              extra: tuple[int, ...]) -> Plan:
+        inp = self.inputs
+        out, pos = [], 0
+        for st, c in zip(stages, counts):
+            dev = self.spec.cluster(st.cluster).device.key
+            out.append(StagePlan(cluster=st.cluster, device_type=dev, devices=st.devices, layers=(pos, pos + c),
+                                 tp=st.tp, dp=st.dp, recompute=st.recompute))
+            pos += c
+        p = len(out)
+        if schedule == "virtual-1f1b" and not any(extra):
+            schedule, extra = "1f1b", ()
+        return Plan(model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len,
+                    global_batch=inp.global_batch, microbatch_size=cand.microbatch_size, num_microbatches=m,
+                    stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra)),
+                    resharding=(cand.resharding,) * (p - 1), zero1=cand.zero1)
+
+
+def plan_key(plan: Plan) -> tuple:
+    """Everything that changes a plan's score (the transposition table's key)."""
+    return (plan.microbatch_size, plan.zero1, plan.schedule.name, plan.schedule.extra_warmup, plan.resharding,
+            tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute) for s in plan.stages))
