@@ -64,3 +64,13 @@ class InfeasiblePlan(HetautoError):
 
 class PlanMismatch(HetautoError):
     """A plan does not match the cluster or model it is used with."""
+
+
+class CheckpointError(HetautoError):
+    """A checkpoint is missing, incomplete or unreadable: names the directory and what is wrong."""
+
+    exit_code = 5
+
+
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint does not belong to this job (another model, another optimizer): names the difference."""

@@ -1,0 +1,519 @@
+"""Sharded, atomic, layout-independent checkpoints (torch.distributed.checkpoint, no pickle).
+
+Why DCP: every rank writes only what it holds (its stage's slots, its TP shard), and on load every rank
+reads only what its NEW stage/TP/DP position needs: parameter names are global slot names
+(`layers.<slot>.…`) and TP parameters are DTensors whose metadata records their global shape and shard
+offsets, so a checkpoint from one plan layout loads into any other (other stage cuts, tp, dp). The
+optimizer state goes through `get_state_dict`/`set_state_dict` (flattened, keyed by the same names), so
+it reshards the same way. DP replicas hold identical state; DCP's planner writes each chunk once.
+
+Directory layout (`root` is the `--checkpoint-dir`):
+
+    root/step-00000012/          a complete checkpoint (never modified after the rename)
+        manifest.json            hetauto.checkpoint/1: step, model, plan, world size, extra (data position),
+                                 hetauto version, file sizes and sha256
+        .metadata.json           DCP global metadata as JSON (see checkpoint_storage)
+        __<rank>_0.distcp        tensor payloads (torch.load(weights_only=True) on read)
+        rank-00003.json          per-rank RNG states (base64 / plain lists) and optimizer hyper-parameters
+    root/.tmp-step-00000013/     a checkpoint being written: ignored by `latest_checkpoint`
+
+Atomicity: all ranks write into the temporary directory; once DCP's closing collective proves every
+rank finished, rank 0 writes the manifest (fsync), renames the directory to its final name (one
+`os.rename`) and fsyncs the parent; a final barrier releases the others. A crash anywhere before the
+rename leaves only a `.tmp-…` directory, and the previous checkpoint remains the latest.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+import hetauto
+from hetauto.core.errors import CheckpointError, CheckpointMismatch
+from hetauto.core.model import ModelConfig
+from hetauto.runtime import faults
+from hetauto.runtime.checkpoint_storage import METADATA_FILE, JsonFileSystemReader, JsonFileSystemWriter
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "MANIFEST_FILE",
+    "Manifest",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "read_manifest",
+    "verify_checkpoint",
+    "rng_state",
+    "restore_rng_state",
+    "checkpoint_dir_name",
+]
+
+CHECKPOINT_FORMAT = "hetauto.checkpoint/1"
+MANIFEST_FILE = "manifest.json"
+_PREFIX = "step-"
+_TMP_PREFIX = ".tmp-step-"
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# ModelConfig fields that decide the parameters' names and shapes (the name alone may differ).
+_STRUCTURAL = ("arch", "num_layers", "hidden", "num_heads", "ffn_hidden", "vocab_size", "max_seq_len",
+               "num_kv_heads", "tie_embeddings")
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a checkpoint is: everything but the tensors, as plain JSON (`manifest.json`)."""
+
+    step: int
+    model: dict[str, Any]
+    plan: dict[str, Any] | None
+    world_size: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    hetauto_version: str = hetauto.__version__
+    created_unix: float = 0.0
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    format: str = CHECKPOINT_FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = MANIFEST_FILE) -> "Manifest":
+        """Parse a manifest; CheckpointError (one line) when it is not a valid hetauto.checkpoint/1 manifest."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{source}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{source}: a manifest is a JSON object, got {type(data).__name__}")
+        if data.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(
+                f"{source}: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r} (not a hetauto checkpoint, "
+                "or written by an incompatible hetauto version)"
+            )
+        kinds: dict[str, tuple[type, ...]] = {
+            "step": (int,), "model": (dict,), "plan": (dict, type(None)), "world_size": (int,), "extra": (dict,),
+            "hetauto_version": (str,), "created_unix": (int, float), "files": (dict,), "format": (str,),
+        }
+        for name, types in kinds.items():
+            if name not in data:
+                raise CheckpointError(f"{source}: field {name!r} is missing")
+            v = data[name]
+            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                raise CheckpointError(f"{source}: field {name!r} has type {type(v).__name__}")
+        unknown = sorted(set(data) - set(kinds))
+        if unknown:
+            raise CheckpointError(f"{source}: unknown field(s) {', '.join(unknown)}")
+        if data["step"] < 0 or data["world_size"] < 1:
+            raise CheckpointError(f"{source}: step must be >= 0 and world_size >= 1")
+        return cls(**data)
+
+    def model_config(self) -> ModelConfig:
+        try:
+            return ModelConfig(**self.model)
+        except TypeError as exc:
+            raise CheckpointError(f"{MANIFEST_FILE}: model: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------- RNG
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as JSON data: torch CPU (base64 bytes), Python `random`, NumPy."""
+    state: dict[str, Any] = {"torch_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")}
+    version, internal, gauss = random.getstate()
+    state["python"] = [version, list(internal), gauss]
+    try:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of `rng_state`."""
+    raw = base64.b64decode(str(state["torch_cpu"]))
+    torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
+    version, internal, gauss = state["python"]
+    random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+    if "numpy" in state:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((str(name), np.array(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier(comm: Any) -> None:
+    if comm is not None:
+        comm.barrier()
+    elif dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _all_ok(ok: bool, comm: Any) -> bool:
+    """True when `ok` holds on every rank (so all ranks raise together instead of some hanging)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    if comm is not None:
+        comm.all_reduce(flag, "min")
+    else:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def checkpoint_dir_name(step: int) -> str:
+    return f"{_PREFIX}{int(step):08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    """Optimizer hyper-parameters as JSON (tensors -> floats, tuples -> lists); TypeError otherwise."""
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"optimizer hyper-parameter value {value!r} cannot be stored as JSON")
+
+
+def _state(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The flat tensor state DCP saves/loads (`model.<name>`, `optim.state.<name>.<key>`) and the
+    optimizer's non-tensor hyper-parameters (`param_groups.<name>.<key>`), which go to JSON instead."""
+    if optimizer is None:
+        msd = module.state_dict()
+        osd: dict[str, Any] = {}
+    else:
+        msd, osd = get_state_dict(module, optimizer, options=_OPTIONS)
+    tensors: dict[str, torch.Tensor] = {}
+    for k, v in msd.items():
+        if not isinstance(v, torch.Tensor):
+            raise CheckpointError(f"model state entry {k!r} is not a tensor ({type(v).__name__}); cannot checkpoint it")
+        tensors[f"model.{k}"] = v
+    hparams: dict[str, Any] = {}
+    for k, v in osd.items():
+        if k.startswith("state.") and isinstance(v, torch.Tensor):
+            tensors[f"optim.{k}"] = v
+        else:
+            hparams[k] = v  # hyper-parameters and plain-number state values: small, they go to JSON
+    return tensors, hparams
+
+
+def _model_dict(module: nn.Module) -> dict[str, Any]:
+    cfg = getattr(module, "cfg", None)
+    if not isinstance(cfg, ModelConfig):
+        raise CheckpointError(
+            f"{type(module).__name__} has no ModelConfig `cfg`; checkpoint a hetauto stage module (build_stage)"
+        )
+    return dataclasses.asdict(cfg)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.json"
+
+
+# ----------------------------------------------------------------------------------------- save
+
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    step: int,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    plan: Any = None,
+    extra: Mapping[str, Any] | None = None,
+    keep: int | None = None,
+    comm: Any = None,
+    after_shards_written: Callable[[], None] | None = None,
+) -> Path:
+    """Write the checkpoint of training step `step` under `directory`; every rank calls it; returns the
+    final checkpoint directory (`directory/step-0000000S`).
+
+    `module` is this rank's stage module (DTensor parameters allowed), `optimizer` its optimizer (or
+    None). `plan` (a hetauto Plan or its JSON dict) and `extra` (JSON data, e.g. the data position
+    `{"next_step": S + 1}`) go into the manifest. `keep=K` deletes all but the newest K complete
+    checkpoints afterwards. `comm` (a hetauto Communicator) makes the barriers honour its timeout.
+    The installed fault (hetauto.runtime.faults) with `phase=checkpoint` fires between shard writes.
+    """
+    rank, world = _rank_world()
+    root = Path(directory)
+    final = root / checkpoint_dir_name(step)
+    tmp = root / f"{_TMP_PREFIX}{int(step):08d}"
+    try:
+        extra_json = json.loads(json.dumps(dict(extra or {})))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint extra data must be JSON: {exc}") from None
+    plan_json = plan.model_dump(mode="json", by_alias=True) if hasattr(plan, "model_dump") else plan
+    model = _model_dict(module)
+    tensors, hparams = _state(module, optimizer)
+
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)  # left by a crashed attempt at this same step
+        tmp.mkdir()
+    _barrier(comm)
+    rank_data = {"rank": rank, "rng": rng_state(), "optimizer": {k: _jsonable(v) for k, v in hparams.items()}}
+    _write_json(tmp / _rank_file(rank), json.dumps(rank_data))
+
+    def _after_write() -> None:
+        faults.maybe_fail(step, "checkpoint", rank=rank)
+        if after_shards_written is not None:
+            after_shards_written()
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(tensors, storage_writer=JsonFileSystemWriter(tmp, after_write=_after_write), no_dist=world == 1)
+    except Exception as exc:  # noqa: BLE001 - DCP wraps per-rank failures; report one line
+        raise CheckpointError(f"writing checkpoint step {step} to {tmp} failed: {_first_line(exc)}") from None
+
+    if rank == 0:
+        files = {
+            p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(tmp.iterdir())
+            if p.is_file() and not p.name.endswith(".tmp")
+        }
+        manifest = Manifest(
+            step=int(step), model=model, plan=plan_json, world_size=world, extra=extra_json,
+            created_unix=time.time(), files=files,
+        )
+        _write_json(tmp / MANIFEST_FILE, manifest.to_json() + "\n")
+        _fsync_dir(tmp)
+        old = root / f".replaced-{checkpoint_dir_name(step)}"
+        if final.exists():  # re-saving a step (after a resume): swap, never leave the step missing
+            if old.exists():
+                shutil.rmtree(old)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        if old.exists():
+            shutil.rmtree(old)
+        if keep is not None and keep > 0:
+            for stale in _complete_checkpoints(root)[:-keep]:
+                shutil.rmtree(stale[1], ignore_errors=True)
+    _barrier(comm)
+    return final
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ----------------------------------------------------------------------------------------- find / read
+
+
+def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of complete checkpoints under root, oldest first (temp and replaced dirs ignored)."""
+    out: list[tuple[int, Path]] = []
+    if not root.is_dir():
+        return out
+    for p in root.iterdir():
+        digits = p.name[len(_PREFIX):]
+        if not p.name.startswith(_PREFIX) or not digits.isdigit() or not p.is_dir():
+            continue
+        if not (p / MANIFEST_FILE).is_file() or not (p / METADATA_FILE).is_file():
+            continue
+        out.append((int(digits), p))
+    return sorted(out)
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint directory under `root` (None when there is none). Directories
+    still being written (`.tmp-step-…`) or lacking a manifest are ignored."""
+    found = _complete_checkpoints(Path(root))
+    return found[-1][1] if found else None
+
+
+def _resolve(directory: str | os.PathLike) -> Path:
+    path = Path(directory)
+    if (path / MANIFEST_FILE).is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        if not path.exists():
+            raise CheckpointError(f"{path}: no such checkpoint directory")
+        raise CheckpointError(
+            f"{path}: no complete checkpoint here (a checkpoint directory has {MANIFEST_FILE}; "
+            f"'{_TMP_PREFIX}…' directories are unfinished writes)"
+        )
+    return latest
+
+
+def read_manifest(directory: str | os.PathLike) -> Manifest:
+    """The manifest of a checkpoint directory, or of the latest checkpoint under a root."""
+    path = _resolve(directory)
+    try:
+        text = (path / MANIFEST_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path / MANIFEST_FILE}: cannot read: {exc}") from None
+    return Manifest.from_json(text, str(path / MANIFEST_FILE))
+
+
+def verify_checkpoint(directory: str | os.PathLike) -> list[str]:
+    """Re-hash every file the manifest lists; return the problems (empty: the checkpoint is intact)."""
+    path = _resolve(directory)
+    manifest = read_manifest(path)
+    problems: list[str] = []
+    if not manifest.files:
+        problems.append("manifest lists no files")
+    for name, info in sorted(manifest.files.items()):
+        f = path / name
+        if not f.is_file():
+            problems.append(f"{name}: missing")
+        elif f.stat().st_size != info.get("bytes"):
+            problems.append(f"{name}: {f.stat().st_size} bytes, manifest says {info.get('bytes')}")
+        elif _sha256(f) != info.get("sha256"):
+            problems.append(f"{name}: sha256 differs from the manifest")
+    return problems
+
+
+def _check_model(manifest: Manifest, module: nn.Module, where: Path) -> None:
+    mine = _model_dict(module)
+    theirs = manifest.model
+    diffs = [f"{k} {theirs.get(k)!r} != {mine.get(k)!r}" for k in _STRUCTURAL if theirs.get(k) != mine.get(k)]
+    if diffs:
+        raise CheckpointMismatch(
+            f"{where}: checkpoint is of model {theirs.get('name')!r}, this job trains {mine.get('name')!r}: "
+            f"{', '.join(diffs[:4])}{' …' if len(diffs) > 4 else ''} (resume with the model the checkpoint was "
+            "trained with, or start a new --checkpoint-dir)"
+        )
+
+
+def _check_keys(path: Path, tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """Why the checkpoint cannot fill `tensors` (a missing name or a different global shape), or None."""
+    try:
+        md = JsonFileSystemReader(path).read_metadata()
+    except ValueError as exc:
+        return f"{path / METADATA_FILE}: {exc}"
+    entries = md.state_dict_metadata
+    for name, t in tensors.items():
+        entry = entries.get(name)
+        if entry is None:
+            kind = "optimizer state" if name.startswith("optim.") else "parameter"
+            return f"{path}: checkpoint has no {kind} {name.split('.', 1)[1]!r}"
+        shape = tuple(t.shape)  # a DTensor's shape is its global shape
+        if tuple(entry.size) != shape:  # type: ignore[union-attr]
+            return f"{path}: {name.split('.', 1)[1]!r} has shape {list(entry.size)} in the checkpoint, {list(shape)} here"  # type: ignore[union-attr]
+    return None
+
+
+# ----------------------------------------------------------------------------------------- load
+
+
+def load_checkpoint(
+    directory: str | os.PathLike,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    plan: Any = None,
+    restore_rng: bool = True,
+    comm: Any = None,
+) -> Manifest:
+    """Load a checkpoint (a `step-…` directory, or the latest one under a root) into this rank's
+    `module` and `optimizer`, resharding to this rank's stage/TP layout; every rank calls it.
+
+    Raises CheckpointMismatch (same message on every rank) when the checkpoint is of another model or
+    lacks a tensor this layout needs, CheckpointError when it is missing or corrupt. RNG states are
+    restored when the world size is unchanged (`restore_rng`). `plan` is accepted for symmetry with
+    save and recorded nowhere; the layout comes from the module itself.
+    """
+    del plan  # the module/optimizer ARE the new layout; nothing in the plan changes how to load
+    rank, world = _rank_world()
+    path = _resolve(directory)
+    manifest = read_manifest(path)
+    _check_model(manifest, module, path)
+    tensors, hparams = _state(module, optimizer)
+    problem = _check_keys(path, tensors)
+    if not _all_ok(problem is None, comm):
+        raise CheckpointMismatch(problem or f"{path}: another rank found this checkpoint unusable for its stage (see its error)")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(tensors, storage_reader=JsonFileSystemReader(path), no_dist=world == 1)
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(f"{path}: loading failed: {_first_line(exc)}") from None
+
+    saved_hparams: dict[str, Any] = {}
+    my_rng: dict[str, Any] | None = None
+    for r in range(manifest.world_size):
+        f = path / _rank_file(r)
+        try:
+            data = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{f}: cannot read: {exc}") from None
+        saved_hparams.update(data.get("optimizer", {}))
+        if r == rank:
+            my_rng = data.get("rng")
+
+    msd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    if optimizer is None:
+        module.load_state_dict(msd)
+    else:
+        osd: dict[str, Any] = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
+        for k, current in hparams.items():
+            v = saved_hparams.get(k, current)
+            osd[k] = tuple(v) if isinstance(current, tuple) and isinstance(v, list) else v
+        set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd, options=_OPTIONS)
+    if restore_rng and my_rng is not None and manifest.world_size == world:
+        restore_rng_state(my_rng)
+    _barrier(comm)
+    return manifest

@@ -1,0 +1,126 @@
+"""Fault injection: kill (or stall) one rank at one step, for tests and reliability checks.
+
+Why: "nothing may be lost and nothing may hang" has to be demonstrated, so the executor offers
+`hetauto run ... --inject-fault rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]`. The spec is
+parsed once (`FaultSpec.parse`), installed process-wide (`install`, or `install_from_env` reading
+`HETAUTO_INJECT_FAULT`, which torchrun passes to every worker), and the executor calls
+`maybe_fail(step)` once per training step; the checkpoint writer calls `maybe_fail(step, "checkpoint")`
+after this rank's shard files are written and before the checkpoint is finished, i.e. between shard writes.
+
+`action=exit` ends the process with `os._exit(FAULT_EXIT_CODE)`: no cleanup, no atexit, no flushed
+collectives, exactly like a machine that loses power. `action=hang` sleeps forever (a stuck rank), so
+the other ranks' timeouts are exercised.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from hetauto.core.errors import SpecError
+
+__all__ = ["FAULT_ENV", "FAULT_EXIT_CODE", "FaultSpec", "install", "install_from_env", "installed", "maybe_fail"]
+
+FAULT_ENV = "HETAUTO_INJECT_FAULT"
+FAULT_EXIT_CODE = 43
+Phase = Literal["step", "checkpoint"]
+_PHASES = ("step", "checkpoint")
+_ACTIONS = ("exit", "hang")
+_FORMAT = "rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]"
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """Kill global rank `rank` when it reaches training step `step` in `phase`."""
+
+    rank: int
+    step: int
+    phase: Phase = "step"
+    action: Literal["exit", "hang"] = "exit"
+
+    @classmethod
+    def parse(cls, text: str, source: str = "--inject-fault") -> "FaultSpec":
+        """Parse `rank=R,step=S[,phase=...][,action=...]`; SpecError (one line, with the format) otherwise."""
+        fields: dict[str, str] = {}
+        for part in str(text).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            key, sep, value = part.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key or not value:
+                raise SpecError(source, "", f"{part!r} is not key=value", f"use {_FORMAT}")
+            if key not in ("rank", "step", "phase", "action"):
+                raise SpecError(source, key, "unknown key", f"use {_FORMAT}")
+            if key in fields:
+                raise SpecError(source, key, "given twice", f"use {_FORMAT}")
+            fields[key] = value
+        for key in ("rank", "step"):
+            if key not in fields:
+                raise SpecError(source, key, "missing", f"use {_FORMAT}")
+        ints: dict[str, int] = {}
+        for key in ("rank", "step"):
+            v = fields[key]
+            if not v.isdigit() or not v.isascii():
+                raise SpecError(source, key, f"{v!r} is not a non-negative integer", f"use {_FORMAT}")
+            ints[key] = int(v)
+        phase = fields.get("phase", "step")
+        if phase not in _PHASES:
+            raise SpecError(source, "phase", f"{phase!r} is not one of {', '.join(_PHASES)}", f"use {_FORMAT}")
+        action = fields.get("action", "exit")
+        if action not in _ACTIONS:
+            raise SpecError(source, "action", f"{action!r} is not one of {', '.join(_ACTIONS)}", f"use {_FORMAT}")
+        return cls(rank=ints["rank"], step=ints["step"], phase=phase, action=action)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"rank={self.rank},step={self.step},phase={self.phase},action={self.action}"
+
+    def matches(self, rank: int, step: int, phase: str) -> bool:
+        return self.rank == rank and self.step == step and self.phase == phase
+
+
+_installed: FaultSpec | None = None
+
+
+def install(spec: FaultSpec | str | None) -> FaultSpec | None:
+    """Make `spec` the process-wide fault (None removes it); returns what was installed."""
+    global _installed
+    _installed = FaultSpec.parse(spec) if isinstance(spec, str) else spec
+    return _installed
+
+
+def install_from_env(env: dict[str, str] | None = None) -> FaultSpec | None:
+    """Install the fault named by HETAUTO_INJECT_FAULT (unset or empty: none)."""
+    text = (os.environ if env is None else env).get(FAULT_ENV, "").strip()
+    return install(FaultSpec.parse(text, FAULT_ENV) if text else None)
+
+
+def installed() -> FaultSpec | None:
+    return _installed
+
+
+def _current_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def maybe_fail(step: int, phase: Phase = "step", *, rank: int | None = None, spec: FaultSpec | None = None) -> None:
+    """If the installed fault (or `spec`) names this rank, `step` and `phase`, kill or stall this process now."""
+    fault = spec if spec is not None else _installed
+    if fault is None:
+        return
+    me = _current_rank() if rank is None else rank
+    if not fault.matches(me, step, phase):
+        return
+    sys.stderr.write(f"hetauto: injected fault ({fault}): rank {me} stops at step {step} ({phase})\n")
+    sys.stderr.flush()
+    if fault.action == "hang":
+        while True:
+            time.sleep(3600)
+    os._exit(FAULT_EXIT_CODE)

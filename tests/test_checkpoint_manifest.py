@@ -1,0 +1,194 @@
+"""Checkpoints in one process: manifest round trip, model mismatch, incomplete directories, corruption,
+no pickle anywhere, RNG round trip."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hetauto.core.errors import CheckpointError, CheckpointMismatch
+from hetauto.core.model import ModelConfig
+from hetauto.runtime.checkpoint import (
+    Manifest,
+    latest_checkpoint,
+    load_checkpoint,
+    read_manifest,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from hetauto.runtime.checkpoint_storage import JsonFileSystemReader, metadata_from_json
+from hetauto.runtime.data import synthetic_batch
+from hetauto.runtime.reference import make_optimizer
+from hetauto.runtime.stage import build_model
+
+CFG = ModelConfig("ck-a", "gpt", num_layers=2, hidden=16, num_heads=2, ffn_hidden=32, vocab_size=20, max_seq_len=8)
+OTHER = ModelConfig("ck-b", "gpt", num_layers=2, hidden=24, num_heads=2, ffn_hidden=32, vocab_size=20, max_seq_len=8)
+
+
+def _trained(cfg: ModelConfig = CFG, steps: int = 1):
+    model = build_model(cfg, 3)
+    opt = make_optimizer(model.parameters(), 1e-2)
+    for step in range(steps):
+        b = synthetic_batch(3, step, 2, 8, cfg.vocab_size)
+        model(b.tokens, b.targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def test_round_trip_restores_parameters_moments_hparams_and_manifest(tmp_path: Path) -> None:
+    model, opt = _trained(steps=2)
+    plan = {"schema": "hetauto.plan/1", "model": "ck-a"}
+    path = save_checkpoint(tmp_path, 5, model, opt, plan=plan, extra={"next_step": 6, "data": [1, 2]})
+    assert path == tmp_path / "step-00000005"
+    fresh = build_model(CFG, 99)
+    opt2 = make_optimizer(fresh.parameters(), 1.0)  # another lr: the saved one must come back
+    m = load_checkpoint(tmp_path, fresh, opt2)
+    assert (m.step, m.world_size, m.extra, m.plan, m.model["name"]) == (5, 1, {"next_step": 6, "data": [1, 2]}, plan, "ck-a")
+    for (n, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), n
+    s1, s2 = opt.state_dict(), opt2.state_dict()
+    assert s1["state"].keys() == s2["state"].keys()
+    for k in s1["state"]:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(s1["state"][k][key], s2["state"][k][key]), (k, key)
+    assert s2["param_groups"][0]["lr"] == 1e-2 and s2["param_groups"][0]["betas"] == (0.9, 0.95)
+    # training continues identically
+    b = synthetic_batch(3, 2, 2, 8, CFG.vocab_size)
+    assert model(b.tokens, b.targets).item() == fresh(b.tokens, b.targets).item()
+    # manifest: JSON round trip, unchanged
+    assert Manifest.from_json(m.to_json()) == m == read_manifest(path)
+
+
+def test_model_from_another_checkpoint_is_rejected_with_the_reason(tmp_path: Path) -> None:
+    model, opt = _trained()
+    save_checkpoint(tmp_path, 1, model, opt)
+    other = build_model(OTHER, 0)
+    with pytest.raises(CheckpointMismatch) as err:
+        load_checkpoint(tmp_path, other, make_optimizer(other.parameters(), 1e-2))
+    assert str(err.value) == (
+        f"{tmp_path / 'step-00000001'}: checkpoint is of model 'ck-a', this job trains 'ck-b': hidden 16 != 24 "
+        "(resume with the model the checkpoint was trained with, or start a new --checkpoint-dir)"
+    )
+    assert "\n" not in str(err.value)
+
+
+def test_missing_optimizer_state_is_a_mismatch_not_a_traceback(tmp_path: Path) -> None:
+    model, _ = _trained()
+    save_checkpoint(tmp_path, 1, model, None)  # weights only
+    fresh = build_model(CFG, 0)
+    with pytest.raises(CheckpointMismatch, match=r"checkpoint has no optimizer state 'state\.layers\.0\.tok\.weight"):
+        load_checkpoint(tmp_path, fresh, make_optimizer(fresh.parameters(), 1e-2))
+    load_checkpoint(tmp_path, fresh, None)  # weights-only load works
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+
+
+def test_latest_ignores_temp_and_incomplete_dirs_and_keep_prunes(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path) is None
+    assert latest_checkpoint(tmp_path / "absent") is None
+    model, opt = _trained()
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, model, opt, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000003"]
+    shutil.copytree(tmp_path / "step-00000003", tmp_path / ".tmp-step-00000009")  # being written
+    (tmp_path / "step-00000007").mkdir()  # no manifest: a stray directory
+    shutil.copytree(tmp_path / "step-00000003", tmp_path / "step-00000008")
+    (tmp_path / "step-00000008" / "manifest.json").unlink()  # incomplete
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-00000003"
+    # re-saving an existing step replaces it
+    save_checkpoint(tmp_path, 3, model, opt, extra={"again": True})
+    assert read_manifest(tmp_path).extra == {"again": True}
+
+
+def test_no_checkpoint_and_corruption_are_one_line_errors(tmp_path: Path) -> None:
+    model, opt = _trained()
+    with pytest.raises(CheckpointError, match=r"no such checkpoint directory"):
+        load_checkpoint(tmp_path / "nope", model, opt)
+    with pytest.raises(CheckpointError, match=r"no complete checkpoint here"):
+        load_checkpoint(tmp_path, model, opt)
+    path = save_checkpoint(tmp_path, 1, model, opt)
+    assert verify_checkpoint(path) == []
+    shard = path / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert verify_checkpoint(path) == ["__0_0.distcp: sha256 differs from the manifest"]
+    (path / "manifest.json").write_text('{"format": "hetauto.checkpoint/1", "step": "x"}')
+    with pytest.raises(CheckpointError, match=r"manifest.json: field 'model' is missing|field 'step' has type str"):
+        read_manifest(path)
+    (path / "manifest.json").write_text("{nope")
+    with pytest.raises(CheckpointError, match=r"manifest.json: invalid JSON at line 1"):
+        read_manifest(path)
+    (path / "manifest.json").write_text('{"format": "torch"}')
+    with pytest.raises(CheckpointError, match=r"format 'torch' is not 'hetauto.checkpoint/1'"):
+        read_manifest(path)
+
+
+def test_nothing_is_pickled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading never unpickles: pickle.load / Unpickler are booby-trapped, and every file but the tensor
+    payload (torch.load(weights_only=True)) is JSON."""
+    import pickle
+
+    model, opt = _trained()
+    path = save_checkpoint(tmp_path, 1, model, opt)
+    for f in path.iterdir():
+        if f.suffix != ".distcp":
+            json.loads(f.read_text())
+
+    def trap(*a, **k):
+        raise AssertionError("pickle used while loading a checkpoint")
+
+    monkeypatch.setattr(pickle, "load", trap)
+    monkeypatch.setattr(pickle, "loads", trap)
+    real_load = torch.load
+
+    def checked_load(*a, **k):
+        assert k.get("weights_only") is True
+        return real_load(*a, **k)
+
+    monkeypatch.setattr(torch, "load", checked_load)
+    fresh = build_model(CFG, 0)
+    load_checkpoint(path, fresh, make_optimizer(fresh.parameters(), 1e-2))
+
+
+def test_metadata_rejects_paths_outside_the_directory(tmp_path: Path) -> None:
+    model, opt = _trained()
+    path = save_checkpoint(tmp_path, 1, model, opt)
+    md = json.loads((path / ".metadata.json").read_text())
+    md["storage"][0]["path"] = "../../etc/passwd"
+    with pytest.raises(ValueError, match=r"storage path '../../etc/passwd' is not a plain file name"):
+        metadata_from_json(md)
+    (path / ".metadata.json").write_text(json.dumps(md))
+    with pytest.raises(ValueError, match="not a plain file name"):
+        JsonFileSystemReader(path).read_metadata()
+    fresh = build_model(CFG, 0)
+    with pytest.raises(CheckpointMismatch, match=r"\.metadata\.json: storage path"):
+        load_checkpoint(path, fresh, make_optimizer(fresh.parameters(), 1e-2))
+
+
+def test_rng_state_round_trips_through_json() -> None:
+    torch.manual_seed(1)
+    random.seed(2)
+    np.random.seed(3)
+    state = json.loads(json.dumps(rng_state()))
+    want = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(9)
+    random.seed(9)
+    np.random.seed(9)
+    restore_rng_state(state)
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+
+
+def test_extra_must_be_json(tmp_path: Path) -> None:
+    model, opt = _trained()
+    with pytest.raises(CheckpointError, match="checkpoint extra data must be JSON"):
+        save_checkpoint(tmp_path, 1, model, opt, extra={"bad": object()})
