@@ -1,0 +1,274 @@
+"""Analytical per-stage costs: compute, tensor-parallel collectives, data-parallel reduction, optimizer step,
+memory per device and pipeline-boundary transfers. Pure arithmetic on `PlanningInputs`; no torch.
+
+Why a closed form first: the planner scores hundreds of thousands of candidates, so every stage cost must be
+O(1). Layer sums come from prefix sums over the layer list; efficiency depends only on the GEMM size, so a
+stage of any length costs a handful of multiplications. The learned correction (`correction.py`) multiplies
+the compute part by a measured/analytical ratio; the closed forms here stay the explainable baseline.
+
+Conventions (SI units): bf16 weights, gradients and activations (2 bytes); mixed-precision Adam keeps
+16 bytes per parameter (bf16 weight 2 + bf16 grad 2 + fp32 master, m, v 12); ZeRO-1 shards the 12 optimizer
+bytes over dp. Megatron TP: per block two all-reduces of the b*s*h activation forward and two backward
+(sequence parallelism swaps each for an all-gather + reduce-scatter: the same bytes on the wire).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+from hetauto.core.cluster import Cluster, LinkSpec
+from hetauto.planner.layers import BYTES_BF16, LayerCost
+
+GiB = float(1 << 30)
+WEIGHT_GRAD_BYTES = 4.0  # bf16 weight + bf16 gradient
+OPTIMIZER_BYTES = 12.0  # fp32 master weight, Adam m and v
+ADAM_BYTES_PER_PARAM = WEIGHT_GRAD_BYTES + OPTIMIZER_BYTES
+ADAM_STEP_BYTES_PER_PARAM = 28.0  # read master, m, v (12) + grad (2); write master, m, v (12) + bf16 weight (2)
+WORKSPACE_FRACTION = 0.05  # allocator fragmentation, kernel scratch, communication buffers ...
+WORKSPACE_MAX_BYTES = 2 * GiB  # ... at most this much
+
+
+# ------------------------------------------------------------------------------------------ closed forms
+def ring_allreduce_time(nbytes: float, d: int, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
+    """Ring all-reduce of `nbytes` over `d` ranks: 2(d-1)/d * bytes / bandwidth + 2(d-1) latency steps."""
+    if d <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (d - 1) / d * nbytes / bandwidth_Bps + 2.0 * (d - 1) * latency_s
+
+
+def ring_allgather_time(nbytes: float, d: int, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
+    """Ring all-gather (or reduce-scatter) whose *gathered* size is `nbytes`: (d-1)/d * bytes / bw + (d-1) lat."""
+    if d <= 1 or nbytes <= 0:
+        return 0.0
+    return (d - 1) / d * nbytes / bandwidth_Bps + (d - 1) * latency_s
+
+
+def megatron_tp_bytes_per_block(microbatch: float, seq_len: int, hidden: int, bytes_per_element: int = BYTES_BF16) -> float:
+    """Bytes all-reduced by one transformer block per pass (forward, and again backward) under Megatron TP:
+    two all-reduces (after attention and after the MLP) of the b*s*h activation."""
+    return 2.0 * microbatch * seq_len * hidden * bytes_per_element
+
+
+def adam_bytes_per_param(dp: int = 1, zero1: bool = False) -> float:
+    """Mixed-precision Adam: 16 B/param; ZeRO-1 divides the optimizer's 12 B by dp."""
+    return WEIGHT_GRAD_BYTES + (OPTIMIZER_BYTES / dp if zero1 else OPTIMIZER_BYTES)
+
+
+def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_chunks: int = 1,
+                          extra_warmup: tuple[int, ...] = ()) -> float:
+    """Microbatches whose activations stage `stage` holds at its peak (in whole-stage units).
+
+    1F1B / Virtual-1F1B: min(m, p - i + sum(extra_warmup[i:])); GPipe: m; interleaved (v chunks, each 1/v of the
+    stage): min(m*v, 2(p-i-1) + (v-1)p + 1) chunks, i.e. that many / v whole-stage microbatches."""
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved" and virtual_chunks > 1:
+        v = virtual_chunks
+        return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1) / v
+    extra = sum(extra_warmup[stage:]) if schedule == "virtual-1f1b" else 0
+    return float(min(m, p - stage + extra))
+
+
+def workspace_bytes(memory_bytes: float) -> float:
+    return min(WORKSPACE_FRACTION * memory_bytes, WORKSPACE_MAX_BYTES)
+
+
+# ------------------------------------------------------------------------------------------ layer sums
+@dataclass(frozen=True, slots=True)
+class RangeSums:
+    """Sums over a layer range [a, b), split by kind so each kind gets its own GEMM efficiency."""
+
+    blocks: int
+    has_embedding: bool
+    has_head: bool
+    block_flops_per_token: float
+    head_flops_per_token: float
+    params: float
+    act_replicated: float  # per sample, no recompute
+    act_sharded: float
+    act_score: float
+    act_block_input: float  # per sample: what a recomputed block keeps (2*s*h) summed over the blocks
+    max_block_act: float  # one block's full activation per sample (the recompute transient)
+    boundary_bytes_per_sample: float  # what the range's last layer sends onward
+
+
+class LayerTable:
+    """Prefix sums over the layer list, so every range query is O(1)."""
+
+    def __init__(self, layers: tuple[LayerCost, ...]) -> None:
+        self.layers = layers
+        self.n = len(layers)
+        blocks = [1 if la.kind == "block" else 0 for la in layers]
+
+        def prefix(values: list[float]) -> list[float]:
+            return [0.0, *accumulate(values)]
+
+        self._blocks = prefix([float(b) for b in blocks])
+        self._bflops = prefix([la.fwd_flops_per_token if la.kind == "block" else 0.0 for la in layers])
+        self._params = prefix([float(la.params) for la in layers])
+        self._rep = prefix([la.act_replicated_bytes for la in layers])
+        self._sh = prefix([la.act_sharded_bytes for la in layers])
+        self._sc = prefix([la.act_score_bytes for la in layers])
+        self._binp = prefix([float(BYTES_BF16 * la.seq_len * la.hidden) if la.kind == "block" else 0.0 for la in layers])
+        self._max_block = max((la.act_bytes_per_sample for la in layers if la.kind == "block"), default=0.0)
+        self._cache: dict[tuple[int, int], RangeSums] = {}
+
+    def range(self, a: int, b: int) -> RangeSums:
+        key = (a, b)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if not 0 <= a < b <= self.n:
+            raise ValueError(f"layer range [{a}, {b}) is not inside [0, {self.n})")
+        head = self.layers[-1]
+        has_head = b == self.n and head.kind == "head"
+        has_emb = a == 0 and self.layers[0].kind == "embedding"
+        out = RangeSums(
+            blocks=int(self._blocks[b] - self._blocks[a]), has_embedding=has_emb, has_head=has_head,
+            block_flops_per_token=self._bflops[b] - self._bflops[a],
+            head_flops_per_token=head.fwd_flops_per_token if has_head else 0.0,
+            params=self._params[b] - self._params[a],
+            act_replicated=self._rep[b] - self._rep[a], act_sharded=self._sh[b] - self._sh[a],
+            act_score=self._sc[b] - self._sc[a], act_block_input=self._binp[b] - self._binp[a],
+            max_block_act=self._max_block if self._blocks[b] > self._blocks[a] else 0.0,
+            boundary_bytes_per_sample=self.layers[b - 1].boundary_bytes_per_sample,
+        )
+        self._cache[key] = out
+        return out
+
+
+# ------------------------------------------------------------------------------------------ stage costs
+@dataclass(frozen=True, slots=True)
+class StageCompute:
+    """One microbatch on one stage (per device). `*_compute_s` is GEMM + memory-bound work, `tp_*_s` the TP
+    collectives; forward_s/backward_s are the sums (what the pipeline sees)."""
+
+    fwd_compute_s: float
+    bwd_compute_s: float
+    tp_fwd_s: float
+    tp_bwd_s: float
+    flops_fwd: float  # per device, one microbatch
+    bytes_moved: float  # activation bytes written per device per forward (memory-bound part)
+
+    @property
+    def forward_s(self) -> float:
+        return self.fwd_compute_s + self.tp_fwd_s
+
+    @property
+    def backward_s(self) -> float:
+        return self.bwd_compute_s + self.tp_bwd_s
+
+
+def tp_link(cluster: Cluster, tp: int) -> LinkSpec:
+    """TP groups are contiguous; inside one node they use the intra-node link, else the NIC."""
+    return cluster.intra_node if tp <= cluster.devices_per_node else cluster.inter_node
+
+
+def group_link(cluster: Cluster, devices: int) -> LinkSpec:
+    """A ring over `devices` contiguous devices: its slowest hop is the NIC once it leaves the node."""
+    return cluster.intra_node if devices <= cluster.devices_per_node else cluster.inter_node
+
+
+def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: int, tp: int, dp: int,
+                  microbatch: int, recompute: bool = False, flash_attention: bool = True) -> StageCompute:
+    """Forward/backward time of one microbatch (split over dp replicas) on one device of a stage."""
+    dev = cluster.device
+    b = microbatch / dp
+    tokens = b * seq_len
+    f_block = sums.block_flops_per_token * tokens / tp
+    f_head = sums.head_flops_per_token * tokens / tp
+    t = 0.0
+    if f_block > 0:
+        gemm = 2.0 * tokens * hidden * hidden / tp
+        t += f_block / dev.achieved_flops(gemm, tp)
+    if f_head > 0:
+        t += f_head / dev.achieved_flops(f_head, tp)
+    score = 0.0 if flash_attention else sums.act_score
+    moved = b * (sums.act_replicated + (sums.act_sharded + score) / tp)
+    if sums.has_embedding:
+        moved += tokens * hidden * BYTES_BF16
+    t += moved / dev.memory_bandwidth_Bps
+    bwd = 2.0 * t + (t if recompute else 0.0)
+    tp_f = tp_b = 0.0
+    if tp > 1:
+        link = tp_link(cluster, tp)
+        msg = b * seq_len * hidden * BYTES_BF16
+        n_ar = 2 * sums.blocks + (1 if sums.has_embedding else 0)
+        tp_f = n_ar * ring_allreduce_time(msg, tp, link.bandwidth_Bps, link.latency_s)
+        tp_b = tp_f * (2.0 if recompute else 1.0)
+    return StageCompute(t, bwd, tp_f, tp_b, f_block + f_head, moved)
+
+
+def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microbatch: int, inflight: float,
+                 recompute: bool = False, zero1: bool = False, sequence_parallel: bool = False,
+                 flash_attention: bool = True) -> float:
+    """One device's peak bytes: model states + activations x in-flight microbatches + workspace."""
+    b = microbatch / dp
+    states = sums.params / tp * adam_bytes_per_param(dp, zero1)
+    score = 0.0 if flash_attention else sums.act_score
+    sp = tp if sequence_parallel else 1
+    if recompute and sums.blocks:
+        # blocks keep only their input; embedding/head keep theirs; one block is re-materialised at a time
+        full_blocks = sums.act_replicated + sums.act_sharded + sums.act_score  # per sample, incl. non-blocks
+        non_block = full_blocks - sums.blocks * sums.max_block_act
+        per_mb = b * (sums.act_block_input / sp + max(non_block, 0.0) / tp)
+        transient = b * sums.max_block_act / tp
+    else:
+        per_mb = b * (sums.act_replicated / sp + (sums.act_sharded + score) / tp)
+        transient = 0.0
+    return states + per_mb * inflight + transient + workspace_bytes(cluster.device.memory_bytes)
+
+
+def dp_allreduce_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int) -> float:
+    """Gradient all-reduce (bf16) of one device's shard over its dp peers (ZeRO-1's reduce-scatter +
+    all-gather moves the same bytes)."""
+    if dp <= 1:
+        return 0.0
+    link = group_link(cluster, tp * dp)
+    return ring_allreduce_time(sums.params / tp * BYTES_BF16, dp, link.bandwidth_Bps, link.latency_s)
+
+
+def optimizer_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, zero1: bool = False) -> float:
+    """Adam step: memory-bound over this device's parameters (its 1/dp shard with ZeRO-1)."""
+    params = sums.params / tp / (dp if zero1 else 1)
+    return params * ADAM_STEP_BYTES_PER_PARAM / cluster.device.memory_bandwidth_Bps
+
+
+# ------------------------------------------------------------------------------------------ boundaries
+@dataclass(frozen=True, slots=True)
+class BoundaryCost:
+    """One direction of one stage boundary for one microbatch: `cross_bytes` on the network, `serial_s` its
+    serialization, `latency_s` the one-way latency plus the receiver-side local step (broadcast/all-gather)."""
+
+    cross_bytes: float
+    serial_s: float
+    latency_s: float
+    local_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.serial_s + self.latency_s
+
+
+def boundary_cost(method: str, nbytes: float, src: tuple[int, int], dst: tuple[int, int], link: LinkSpec,
+                  local: LinkSpec) -> BoundaryCost:
+    """Per resharding.md. `src`/`dst` are (dp, tp) layouts; `nbytes` = S (one microbatch's activation);
+    `link` the per-device-pair network link, `local` the destination's intra-node link."""
+    dp_s, tp_s = src
+    dp_d, tp_d = dst
+    bw = link.bandwidth_Bps
+    if method == "lanes":
+        cross = tp_d * nbytes
+        lanes = min(dp_s * tp_s, dp_d * tp_d)
+        return BoundaryCost(cross, cross / (lanes * bw), link.latency_s, 0.0)
+    if method == "leader-broadcast":
+        ser = nbytes / (min(dp_s, dp_d) * bw)
+        loc = (local.latency_s + nbytes / dp_d / local.bandwidth_Bps) if tp_d > 1 else 0.0
+        return BoundaryCost(nbytes, ser, link.latency_s + loc, loc)
+    if method == "scatter-allgather":
+        k = min(tp_s, tp_d)
+        ser = nbytes / (min(dp_s, dp_d) * k * bw)
+        loc = ring_allgather_time(nbytes / dp_d, tp_d, local.bandwidth_Bps, local.latency_s)
+        return BoundaryCost(nbytes, ser, link.latency_s + loc, loc)
+    raise ValueError(f"unknown resharding method {method!r}; use lanes, leader-broadcast or scatter-allgather")

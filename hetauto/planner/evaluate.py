@@ -1,0 +1,345 @@
+"""The cost model's evaluation API: plan -> iteration time, throughput, memory per stage, feasibility.
+
+Shared by the planner (hundreds of thousands of calls), `hetauto simulate PLAN` and `hetauto run` (predicted vs
+measured). Per-stage costs are closed forms from `costmodel.py`, cached by their inputs; the pipeline part is
+the discrete-event simulator on `schedule_for_plan(plan)` (the schedule the executor runs), or for
+1F1B/Virtual-1F1B without shared link groups the equivalent recursion in `fastpipe.py` (tests check they agree).
+A `Correction` (random forest on measured stage times) rescales the compute part per stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hetauto.core.cluster import Cluster
+from hetauto.core.errors import InfeasiblePlan, PlanMismatch
+from hetauto.core.plan import Plan, Prediction, StagePlan
+from hetauto.core.units import format_bytes
+from hetauto.planner import costmodel as cm
+from hetauto.planner.fastpipe import iteration_1f1b
+from hetauto.planner.inputs import PlanningInputs, load_planning_inputs
+from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
+
+if TYPE_CHECKING:
+    from hetauto.planner.correction import Correction
+
+__all__ = ["Evaluation", "Evaluator", "evaluate_plan", "inputs_for_plan", "raise_if_infeasible",
+           "stage_times_for_plan"]
+
+_GiB = float(1 << 30)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    feasible: bool
+    iteration_time_s: float
+    throughput_samples_s: float
+    tokens_s: float
+    bubble_fraction: float
+    mfu: float
+    tflops_per_device: float
+    peak_memory_bytes: tuple[float, ...]
+    memory_capacity_bytes: tuple[float, ...]
+    violation: str | None = None
+
+    def to_prediction(self, cost_model: str = "analytical") -> Prediction:
+        return Prediction(iteration_time_s=self.iteration_time_s, throughput_samples_s=self.throughput_samples_s,
+                          tokens_s=self.tokens_s, bubble_fraction=self.bubble_fraction,
+                          peak_memory_bytes=self.peak_memory_bytes, mfu=self.mfu, cost_model=cost_model)
+
+
+def _gib(x: float) -> str:
+    return f"{x / _GiB:.1f} GiB" if x >= 0.1 * _GiB else format_bytes(x)
+
+
+class Evaluator:
+    """Scores plans for one PlanningInputs; caches per-stage costs keyed by their inputs.
+
+    Options (keyword-only, defaults are what the executor does): `flash_attention` (None: on for accelerator
+    backends, off for cpu/mock, whose reference model materialises the scores), `sequence_parallel`,
+    `dp_overlap` (gradient all-reduce overlapped with the last backward), `fast_pipeline` (use the 1F1B
+    recursion where it is exact; False: always the simulator)."""
+
+    def __init__(self, inputs: PlanningInputs, *, correction: "Correction | None" = None,
+                 flash_attention: bool | None = None, sequence_parallel: bool = False, dp_overlap: bool = True,
+                 fast_pipeline: bool = True) -> None:
+        self.inputs = inputs
+        self.correction = correction if correction is not None and correction.trained else None
+        self.cost_model_name = "analytical+forest" if self.correction is not None else "analytical"
+        self.evaluations = 0
+        self.flash_attention = flash_attention
+        self.sequence_parallel = sequence_parallel
+        self.dp_overlap = dp_overlap
+        self.fast_pipeline = fast_pipeline
+        self.table = cm.LayerTable(inputs.layers)
+        self._clusters = {c.name: c for c in inputs.cluster.clusters}
+        self._compute: dict[tuple, tuple[float, float]] = {}
+        self._detail: dict[tuple, cm.StageCompute] = {}
+        self._memory: dict[tuple, float] = {}
+        self._plans: dict[tuple, Evaluation] = {}
+        self._links: dict[tuple, tuple[Link, Link, str | None, float]] = {}
+        self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
+
+    # ----------------------------------------------------------------------------------- pieces
+    def cluster(self, name: str) -> Cluster:
+        c = self._clusters.get(name)
+        if c is None:
+            raise PlanMismatch(f"plan names cluster '{name}', which is not in the cluster spec "
+                               f"(clusters: {', '.join(self._clusters)})")
+        return c
+
+    def _flash(self, cluster: Cluster) -> bool:
+        if self.flash_attention is not None:
+            return self.flash_attention
+        return cluster.device.backend not in ("cpu", "mock")
+
+    def stage_detail(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
+                     recompute: bool = False) -> cm.StageCompute:
+        """The analytical breakdown (no correction) of one microbatch on one stage."""
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute)
+        hit = self._detail.get(key)
+        if hit is None:
+            c = self.cluster(cluster)
+            hit = cm.stage_compute(self.table.range(layers[0], layers[1]), c, seq_len=self.inputs.seq_len,
+                                   hidden=self.inputs.model.hidden, tp=tp, dp=dp, microbatch=microbatch_size,
+                                   recompute=recompute, flash_attention=self._flash(c))
+            self._detail[key] = hit
+        return hit
+
+    def stage_compute_time(self, cluster: str, layers: tuple[int, int], tp: int, dp: int,
+                           microbatch_size: int, recompute: bool = False) -> tuple[float, float]:
+        """(forward_s, backward_s) of one microbatch on one stage, TP collectives included (corrected when a
+        trained correction is attached)."""
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute)
+        hit = self._compute.get(key)
+        if hit is None:
+            d = self.stage_detail(cluster, layers, tp, dp, microbatch_size, recompute)
+            f, b = d.fwd_compute_s, d.bwd_compute_s
+            if self.correction is not None:
+                c = self.cluster(cluster)
+                rf, rb = self.correction.ratios(self.correction.features_for(
+                    c, self.inputs, layers, tp, dp, microbatch_size, recompute, d))
+                f, b = f * rf, b * rb
+            hit = (f + d.tp_fwd_s, b + d.tp_bwd_s)
+            self._compute[key] = hit
+        return hit
+
+    def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
+                           inflight: float, recompute: bool = False, zero1: bool = False) -> float:
+        """One device's peak: params+grads+optimizer (16 B/param; optimizer part / dp with zero1) +
+        activations * inflight + workspace margin."""
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1)
+        hit = self._memory.get(key)
+        if hit is None:
+            c = self.cluster(cluster)
+            hit = cm.stage_memory(self.table.range(layers[0], layers[1]), c, tp=tp, dp=dp,
+                                  microbatch=microbatch_size, inflight=inflight, recompute=recompute, zero1=zero1,
+                                  sequence_parallel=self.sequence_parallel, flash_attention=self._flash(c))
+            self._memory[key] = hit
+        return hit
+
+    def inflight(self, plan: Plan, stage: int) -> float:
+        s = plan.schedule
+        return cm.inflight_microbatches(s.name, plan.num_stages, plan.num_microbatches, stage,
+                                        virtual_chunks=max(s.virtual_chunks, 2) if s.name == "interleaved" else 1,
+                                        extra_warmup=tuple(s.extra_warmup))
+
+    def _boundary(self, a: StagePlan, b: StagePlan, method: str, nbytes: float) -> tuple[Link, Link, str | None, float]:
+        """(forward link a->b, backward link b->a, shared group name, group capacity in 'S-bytes'/s)."""
+        key = (a.cluster, a.devices, a.dp, a.tp, b.cluster, b.devices, b.dp, b.tp, method, nbytes)
+        hit = self._links.get(key)
+        if hit is not None:
+            return hit
+        ca, cb = self.cluster(a.cluster), self.cluster(b.cluster)
+        shared = None
+        if ca.name != cb.name:
+            link = self.inputs.cluster.link(ca.name, cb.name)
+            shared = link.shared_capacity_Bps
+        else:
+            nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
+            link = ca.intra_node if len(nodes) == 1 else ca.inter_node
+        fwd = cm.boundary_cost(method, nbytes, (a.dp, a.tp), (b.dp, b.tp), link, cb.intra_node)
+        bwd = cm.boundary_cost(method, nbytes, (b.dp, b.tp), (a.dp, a.tp), link, ca.intra_node)
+        group, cap = None, 0.0
+        if shared is not None and nbytes > 0:
+            pair = "<->".join(sorted((ca.name, cb.name)))
+            factor = max(fwd.cross_bytes, bwd.cross_bytes) / nbytes
+            group, cap = f"{pair}x{factor:g}", shared / factor
+
+        def mk(bc: cm.BoundaryCost) -> Link:
+            bw = nbytes / bc.serial_s if bc.serial_s > 0 else math.inf
+            return Link(bc.latency_s, bw, group)
+
+        hit = (mk(fwd), mk(bwd), group, cap)
+        self._links[key] = hit
+        return hit
+
+    def pipeline_costs(self, plan: Plan) -> PipelineCosts:
+        """What the simulator gets (seconds, bytes) for `plan`."""
+        self._check(plan)
+        mb = plan.microbatch_size
+        tf, tb, ar, opt = [], [], [], []
+        for st in plan.stages:
+            f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute)
+            tf.append(f)
+            tb.append(b)
+            sums = self.table.range(*st.layers)
+            c = self.cluster(st.cluster)
+            ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp))
+            opt.append(cm.optimizer_time(sums, c, tp=st.tp, dp=st.dp, zero1=plan.zero1))
+        methods = plan.boundary_methods()
+        stages = plan.stages
+        p = len(stages)
+        links: list[Link | None] = []
+        back: list[Link | None] = []
+        groups: dict[str, float] = {}
+        nbytes: list[float] = []
+        pairs = [(stages[h], stages[h + 1], methods[h]) for h in range(p - 1)]
+        interleaved = plan.schedule.name == "interleaved" and p > 1
+        if interleaved:
+            pairs.append((stages[-1], stages[0], methods[-1] if methods else "scatter-allgather"))
+        for a, b, method in pairs:
+            s = self.table.range(*a.layers).boundary_bytes_per_sample * mb
+            if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
+                s = float(self.inputs.layers[1].boundary_bytes_per_sample * mb) if len(self.inputs.layers) > 1 else 0.0
+            f, bk, g, cap = self._boundary(a, b, method, s)
+            links.append(f)
+            back.append(bk)
+            if g is not None:
+                groups[g] = cap
+            nbytes.append(s)
+        if interleaved:
+            v = max(plan.schedule.virtual_chunks, 2)
+            act: tuple[float, ...] | float = tuple(nbytes[h % p] for h in range(p * v - 1))
+        else:
+            act = tuple(nbytes) if nbytes else 0.0
+        return PipelineCosts(tf=tuple(tf), tb=tuple(tb), links=tuple(links), links_back=tuple(back),
+                             link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=self.dp_overlap,
+                             optim=tuple(opt))
+
+    # ----------------------------------------------------------------------------------- whole plan
+    def _check(self, plan: Plan) -> None:
+        n = len(self.inputs.layers)
+        if plan.stages[-1].layers[1] != n:
+            raise PlanMismatch(f"plan's last stage ends at layer {plan.stages[-1].layers[1]}, but {self.inputs.model.name} "
+                               f"has {n} layer slots (embedding, {n - 2} blocks, head); the last stage must end at {n}")
+        if plan.seq_len != self.inputs.seq_len:
+            raise PlanMismatch(f"plan seq_len {plan.seq_len} differs from the inputs' {self.inputs.seq_len}")
+        used: dict[tuple[str, int], int] = {}
+        for i, st in enumerate(plan.stages):
+            c = self.cluster(st.cluster)
+            if st.device_type.lower() != c.device.key.lower():
+                raise PlanMismatch(f"stage {i}: device_type '{st.device_type}' but cluster '{c.name}' has {c.device.key}")
+            for d in st.devices:
+                if not 0 <= d < c.num_devices:
+                    raise PlanMismatch(f"stage {i}: device {d} is outside cluster '{c.name}' (0..{c.num_devices - 1})")
+                if (c.name, d) in used:
+                    raise PlanMismatch(f"stage {i}: device {d} of cluster '{c.name}' is already used by stage {used[(c.name, d)]}")
+                used[(c.name, d)] = i
+
+    @staticmethod
+    def _key(plan: Plan) -> tuple:
+        return (plan.seq_len, plan.global_batch, plan.microbatch_size, plan.num_microbatches, plan.stages,
+                plan.schedule, plan.boundary_methods(), plan.zero1)
+
+    def evaluate(self, plan: Plan) -> Evaluation:
+        """Memory check first; then pipeline costs + simulator (or its exact fast path)."""
+        key = self._key(plan)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        self.evaluations += 1
+        self._check(plan)
+        peaks, caps = [], []
+        violation = None
+        for i, st in enumerate(plan.stages):
+            c = self.cluster(st.cluster)
+            need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
+                                           self.inflight(plan, i), st.recompute, plan.zero1)
+            peaks.append(need)
+            caps.append(c.device.memory_bytes)
+            if violation is None and need > c.device.memory_bytes:
+                violation = (f"stage {i} (cluster {c.name}, {st.num_devices}x {c.device.key}, layers "
+                             f"[{st.layers[0]}, {st.layers[1]})): needs {_gib(need)} per device > "
+                             f"{_gib(c.device.memory_bytes)}")
+        if violation is not None:
+            ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation)
+        else:
+            costs = self.pipeline_costs(plan)
+            t, bubble = self._iteration(plan, costs)
+            thr = plan.global_batch / t if t > 0 else 0.0
+            devices = plan.world_size
+            peak_sum = sum(self.cluster(st.cluster).device.peak_flops * st.num_devices for st in plan.stages)
+            flops = self._model_flops * plan.global_batch
+            ev = Evaluation(True, t, thr, thr * plan.seq_len, bubble, flops / (t * peak_sum) if t > 0 else 0.0,
+                            flops / t / devices / 1e12 if t > 0 else 0.0, tuple(peaks), tuple(caps), None)
+        self._plans[key] = ev
+        return ev
+
+    def _iteration(self, plan: Plan, costs: PipelineCosts) -> tuple[float, float]:
+        name = plan.schedule.name
+        p = plan.num_stages
+        if self.fast_pipeline and name in ("1f1b", "virtual-1f1b") and not costs.link_groups:
+            ks = tuple(plan.schedule.extra_warmup) if name == "virtual-1f1b" and plan.schedule.extra_warmup else ()
+            look = [1 + max([ks[h] for h in (r - 1, r) if 0 <= h < p - 1], default=0) for r in range(p)] if ks else None
+            mb_bytes = costs.act_bytes if isinstance(costs.act_bytes, tuple) else ()
+
+            def pair(ln: Link | None, nb: float) -> tuple[float, float]:
+                if ln is None:
+                    return (0.0, 0.0)
+                return (nb / ln.bandwidth if nb and ln.bandwidth != math.inf else 0.0, ln.latency)
+
+            fwd = [pair(costs.links[h], mb_bytes[h]) for h in range(p - 1)]
+            bwd = [pair(costs.links_back[h], mb_bytes[h]) for h in range(p - 1)] if costs.links_back else fwd
+            return iteration_1f1b(costs.tf, costs.tb, plan.num_microbatches, extra_warmup=ks, lookahead=look,
+                                  fwd=fwd, bwd=bwd, allreduce=costs.allreduce, optim=costs.optim,
+                                  dp_overlap=costs.dp_overlap)
+        res = simulate(_schedule(plan), costs)
+        return res.iteration_time, res.bubble_fraction
+
+
+_SCHED_CACHE: dict[tuple, object] = {}
+
+
+def _schedule(plan: Plan):  # noqa: ANN202 - a hetauto.schedule.Schedule
+    key = (plan.schedule, plan.num_stages, plan.num_microbatches)
+    hit = _SCHED_CACHE.get(key)
+    if hit is None:
+        if len(_SCHED_CACHE) > 256:
+            _SCHED_CACHE.clear()
+        hit = _SCHED_CACHE[key] = schedule_for_plan(plan)
+    return hit
+
+
+# --------------------------------------------------------------------------------------- module helpers
+def inputs_for_plan(plan: Plan) -> PlanningInputs:
+    """Resolve `plan.cluster` (a scenario name or a cluster file) and `plan.model` (a catalog name or config)."""
+    from hetauto.core.scenarios import scenario_names
+
+    src = plan.cluster
+    if src is None or src in scenario_names():
+        from hetauto.core.scenarios import DEFAULT_SCENARIO, get_scenario
+
+        scen = get_scenario(src or DEFAULT_SCENARIO)
+        model = None if plan.model == scen.model.name else plan.model
+        return load_planning_inputs(scenario=scen.name, model=model, global_batch=plan.global_batch,
+                                    seq_len=plan.seq_len)
+    return load_planning_inputs(cluster=src, model=plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len)
+
+
+def stage_times_for_plan(plan: Plan, inputs: PlanningInputs | None = None) -> PipelineCosts:
+    """The simulator's costs for `plan` (what `hetauto simulate PLAN` runs)."""
+    return Evaluator(inputs or inputs_for_plan(plan)).pipeline_costs(plan)
+
+
+def evaluate_plan(plan: Plan, inputs: PlanningInputs | None = None) -> Evaluation:
+    return Evaluator(inputs or inputs_for_plan(plan)).evaluate(plan)
+
+
+def raise_if_infeasible(evaluation: Evaluation) -> Evaluation:
+    """For the CLI: an infeasible evaluation becomes an `InfeasiblePlan` error with its one-line violation."""
+    if not evaluation.feasible:
+        raise InfeasiblePlan(f"plan does not fit: {evaluation.violation}")
+    return evaluation

@@ -1,0 +1,183 @@
+"""Closed forms of the analytical cost model (costmodel.py) and the 1F1B fast path (fastpipe.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hetauto.core.cluster import LinkSpec
+from hetauto.core.model import ModelConfig
+from hetauto.core.scenarios import get_scenario
+from hetauto.planner import costmodel as cm
+from hetauto.planner.fastpipe import EXACT_NODES, iteration_1f1b, period
+from hetauto.planner.layers import layer_list
+from hetauto.schedule import Link, PipelineCosts, one_f_one_b, simulate, virtual_1f1b
+
+GPT = ModelConfig("t", "gpt", num_layers=4, hidden=64, num_heads=4, ffn_hidden=256, vocab_size=100, max_seq_len=32)
+
+
+def test_ring_allreduce_closed_form() -> None:
+    # 2(d-1)/d * bytes / bw + 2(d-1) * latency
+    assert cm.ring_allreduce_time(8e6, 4, 1e9, 1e-5) == pytest.approx(2 * 3 / 4 * 8e6 / 1e9 + 6 * 1e-5, rel=1e-12)
+    assert cm.ring_allreduce_time(8e6, 1, 1e9, 1e-5) == 0.0
+    assert cm.ring_allgather_time(8e6, 8, 2e9, 1e-6) == pytest.approx(7 / 8 * 8e6 / 2e9 + 7e-6, rel=1e-12)
+
+
+def test_megatron_tp_bytes_per_block() -> None:
+    # two all-reduces of b*s*h bf16 values per block and pass
+    assert cm.megatron_tp_bytes_per_block(4, 2048, 8192) == 2 * 4 * 2048 * 8192 * 2
+
+
+def test_adam_bytes_per_param() -> None:
+    assert cm.adam_bytes_per_param() == 16.0
+    assert cm.adam_bytes_per_param(8, zero1=False) == 16.0
+    assert cm.adam_bytes_per_param(8, zero1=True) == 4.0 + 12.0 / 8
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 2), (8, 3), (1, 5)])
+def test_inflight_per_schedule(p: int, m: int) -> None:
+    for i in range(p):
+        assert cm.inflight_microbatches("1f1b", p, m, i) == min(m, p - i)
+        assert cm.inflight_microbatches("gpipe", p, m, i) == m
+    ks = tuple(range(p - 1))
+    for i in range(p):
+        assert cm.inflight_microbatches("virtual-1f1b", p, m, i, extra_warmup=ks) == min(m, p - i + sum(ks[i:]))
+    # interleaved: min(mv, 2(p-i-1)+(v-1)p+1) chunks of 1/v stage each
+    assert cm.inflight_microbatches("interleaved", 4, 8, 0, virtual_chunks=2) == (2 * 3 + 4 + 1) / 2
+
+
+def test_inflight_matches_simulator_peak() -> None:
+    res = simulate(one_f_one_b(5, 12), PipelineCosts(tf=1.0, tb=2.0))
+    assert list(res.peak_inflight) == [cm.inflight_microbatches("1f1b", 5, 12, i) for i in range(5)]
+
+
+def _cluster(name: str = "mixed-small", idx: int = 0):
+    return get_scenario(name).cluster.clusters[idx]
+
+
+def test_stage_memory_closed_form() -> None:
+    layers = layer_list(GPT, 32)
+    table = cm.LayerTable(layers)
+    c = _cluster()
+    sums = table.range(1, 3)  # two blocks
+    params = 2 * layers[1].params
+    b, tp, dp = 4, 2, 2
+    per_sample = layers[1].activation_bytes(1, tp) + layers[2].activation_bytes(1, tp)
+    ws = cm.workspace_bytes(c.device.memory_bytes)
+    got = cm.stage_memory(sums, c, tp=tp, dp=dp, microbatch=b, inflight=3, flash_attention=False)
+    assert got == pytest.approx(params / tp * 16 + (b / dp) * per_sample * 3 + ws, rel=1e-12)
+    z = cm.stage_memory(sums, c, tp=tp, dp=dp, microbatch=b, inflight=3, zero1=True, flash_attention=False)
+    assert got - z == pytest.approx(params / tp * (12 - 12 / dp), rel=1e-12)
+    # recompute keeps the 2*s*h block inputs plus one block re-materialised
+    r = cm.stage_memory(sums, c, tp=tp, dp=dp, microbatch=b, inflight=3, recompute=True, flash_attention=False)
+    kept = 2 * (2 * 32 * 64) * (b / dp) * 3
+    assert r == pytest.approx(params / tp * 16 + kept + (b / dp) * layers[1].act_bytes_per_sample / tp + ws, rel=1e-12)
+
+
+def test_stage_compute_tp_and_backward() -> None:
+    layers = layer_list(GPT, 32)
+    sums = cm.LayerTable(layers).range(1, 5)
+    c = _cluster()
+    one = cm.stage_compute(sums, c, seq_len=32, hidden=64, tp=1, dp=1, microbatch=2)
+    assert one.tp_fwd_s == 0.0 and one.bwd_compute_s == pytest.approx(2 * one.fwd_compute_s)
+    two = cm.stage_compute(sums, c, seq_len=32, hidden=64, tp=2, dp=1, microbatch=2)
+    link = c.intra_node
+    per_ar = cm.ring_allreduce_time(2 * 32 * 64 * 2, 2, link.bandwidth_Bps, link.latency_s)
+    assert two.tp_fwd_s == pytest.approx(4 * 2 * per_ar, rel=1e-12)  # 4 blocks x 2 all-reduces
+    rec = cm.stage_compute(sums, c, seq_len=32, hidden=64, tp=2, dp=1, microbatch=2, recompute=True)
+    assert rec.bwd_compute_s == pytest.approx(3 * rec.fwd_compute_s)
+    assert rec.tp_bwd_s == pytest.approx(2 * rec.tp_fwd_s)
+    # flops per device: forward FLOPs of the four blocks for 2*32 tokens over tp
+    assert two.flops_fwd == pytest.approx(4 * layers[1].fwd_flops_per_token * 64 / 2)
+
+
+def test_dp_allreduce_and_optimizer() -> None:
+    layers = layer_list(GPT, 32)
+    sums = cm.LayerTable(layers).range(0, 6)
+    c = _cluster()
+    params = sum(la.params for la in layers)
+    t = cm.dp_allreduce_time(sums, c, tp=1, dp=4)
+    assert t == pytest.approx(cm.ring_allreduce_time(params * 2, 4, c.intra_node.bandwidth_Bps, c.intra_node.latency_s))
+    assert cm.dp_allreduce_time(sums, c, tp=2, dp=1) == 0.0
+    assert cm.optimizer_time(sums, c, tp=1, dp=4, zero1=True) == pytest.approx(
+        cm.optimizer_time(sums, c, tp=1, dp=4) / 4)
+
+
+def test_boundary_methods() -> None:
+    S = 8e6
+    net, local = LinkSpec(1e9, 1e-3), LinkSpec(1e11, 1e-6)
+    lanes = cm.boundary_cost("lanes", S, (2, 2), (1, 4), net, local)
+    assert lanes.cross_bytes == 4 * S and lanes.serial_s == pytest.approx(4 * S / (4 * 1e9))
+    lb = cm.boundary_cost("leader-broadcast", S, (2, 2), (1, 4), net, local)
+    assert lb.cross_bytes == S and lb.serial_s == pytest.approx(S / 1e9)
+    assert lb.latency_s == pytest.approx(1e-3 + 1e-6 + S / 1e11)
+    sa = cm.boundary_cost("scatter-allgather", S, (2, 2), (2, 4), net, local)
+    assert sa.serial_s == pytest.approx(S / (2 * 2 * 1e9))
+    assert sa.latency_s == pytest.approx(1e-3 + cm.ring_allgather_time(S / 2, 4, 1e11, 1e-6))
+    with pytest.raises(ValueError, match="unknown resharding method 'x'"):
+        cm.boundary_cost("x", S, (1, 1), (1, 1), net, local)
+
+
+def _random_case(rnd: random.Random):
+    p = rnd.randint(1, 7)
+    m = rnd.choice([1, 2, 3, 7, 16, 40, 64, 97])
+    tf = [rnd.uniform(0.5, 2) for _ in range(p)]
+    tb = [x * rnd.uniform(1.5, 2.5) for x in tf]
+    fw = [(rnd.choice([0.0, rnd.uniform(0, 1.5)]), rnd.choice([0.0, rnd.uniform(0, 4)])) for _ in range(p - 1)]
+    bw = [(s * rnd.uniform(0.8, 1.2), lat) for s, lat in fw]
+    ar = [rnd.uniform(0, 3) for _ in range(p)]
+    op = [rnd.uniform(0, 0.5) for _ in range(p)]
+    return p, m, tf, tb, fw, bw, ar, op
+
+
+def test_fast_1f1b_matches_simulator() -> None:
+    """The recursion is exact where it does not extrapolate and within 1% where it does (random grid: 1F1B and
+    Virtual-1F1B, slow links, bandwidth-bound links, DP overlap)."""
+    rnd = random.Random(7)
+    checked = {True: 0, False: 0}
+    for _ in range(40):
+        p, m, tf, tb, fw, bw, ar, op = _random_case(rnd)
+        ks: tuple[int, ...] = ()
+        look = None
+        if p > 1 and rnd.random() < 0.4:
+            ks = tuple(rnd.randint(0, 3) for _ in range(p - 1))
+            sched = virtual_1f1b(p, m, ks)
+            look = [1 + max([ks[h] for h in (r - 1, r) if 0 <= h < p - 1], default=0) for r in range(p)]
+        else:
+            sched = one_f_one_b(p, m)
+        links = tuple(Link(lat, 1.0 / s if s else float("inf")) for s, lat in fw)
+        back = tuple(Link(lat, 1.0 / s if s else float("inf")) for s, lat in bw)
+        overlap = rnd.random() < 0.5
+        ref = simulate(sched, PipelineCosts(tf=tf, tb=tb, links=links, links_back=back, act_bytes=1.0,
+                                            allreduce=ar, optim=op, dp_overlap=overlap))
+        t, bubble = iteration_1f1b(tf, tb, m, extra_warmup=ks, lookahead=look, fwd=fw, bwd=bw, allreduce=ar,
+                                   optim=op, dp_overlap=overlap)
+        exact = m <= max(2 * (p - 1 + sum(ks) + p) + 2, EXACT_NODES // p)
+        assert t == pytest.approx(ref.iteration_time, rel=1e-12 if exact else 1e-2), (p, m, ks)
+        assert bubble == pytest.approx(ref.bubble_fraction, abs=1e-12 if exact else 1e-2)
+        checked[exact] += 1
+    assert checked[True] >= 10
+
+
+def test_fast_1f1b_extrapolates_long_pipelines() -> None:
+    rnd = random.Random(3)
+    worst = 0.0
+    for _ in range(6):
+        p, m = 16, 256
+        tf = [rnd.uniform(0.5, 2) for _ in range(p)]
+        tb = [2 * x for x in tf]
+        fw = [(rnd.uniform(0, 0.4), rnd.choice([0.0, 3.0])) for _ in range(p - 1)]
+        links = tuple(Link(lat, 1.0 / s if s else float("inf")) for s, lat in fw)
+        ref = simulate(one_f_one_b(p, m), PipelineCosts(tf=tf, tb=tb, links=links, act_bytes=1.0))
+        t, _ = iteration_1f1b(tf, tb, m, fwd=fw)
+        worst = max(worst, abs(t / ref.iteration_time - 1))
+    assert worst < 1e-3
+
+
+def test_period_is_slowest_stage_without_links() -> None:
+    lam, span = period([1.0, 3.0, 2.0], [2.0, 6.0, 4.0], [2, 1, 0], [1, 1, 1], [(0, 0)] * 2, [(0, 0)] * 2)
+    assert (lam, span) == (9.0, 1)
+    t, _ = iteration_1f1b([1.0, 3.0, 2.0], [2.0, 6.0, 4.0], 200)
+    ref = simulate(one_f_one_b(3, 200), PipelineCosts(tf=[1.0, 3.0, 2.0], tb=[2.0, 6.0, 4.0]))
+    assert t == pytest.approx(ref.iteration_time, rel=1e-12)

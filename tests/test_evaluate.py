@@ -1,0 +1,148 @@
+"""The evaluation contract (hetauto.planner.evaluate): whole plans, infeasibility, caching, the CLI path."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hetauto.cli import main
+from hetauto.core.errors import InfeasiblePlan, PlanMismatch
+from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+from hetauto.planner.evaluate import (
+    Evaluation, Evaluator, evaluate_plan, inputs_for_plan, raise_if_infeasible, stage_times_for_plan,
+)
+from hetauto.planner.inputs import load_planning_inputs
+from hetauto.planner.layers import model_flops_per_token
+from hetauto.schedule import schedule_for_plan, simulate
+
+
+def paper_plan(m: int = 128, per_cluster: int = 4, tp: int = 4, schedule: str = "1f1b",
+               extra: tuple[int, ...] = (), resharding: tuple[str, ...] = ()) -> tuple:
+    inp = load_planning_inputs(scenario="paper-4c")
+    n = len(inp.layers)
+    p = 4 * per_cluster
+    per = 64 // per_cluster
+    cuts = [round(i * n / p) for i in range(p + 1)]
+    stages = []
+    for i in range(p):
+        c = inp.cluster.clusters[i // per_cluster]
+        j = i % per_cluster
+        stages.append(StagePlan(cluster=c.name, device_type=c.device.key, devices=tuple(range(j * per, (j + 1) * per)),
+                                layers=(cuts[i], cuts[i + 1]), tp=tp, dp=per // tp))
+    return inp, Plan(model=inp.model.name, cluster="paper-4c", seq_len=inp.seq_len, global_batch=inp.global_batch,
+                     microbatch_size=inp.global_batch // m, num_microbatches=m, stages=tuple(stages),
+                     schedule=ScheduleSpec(name=schedule, extra_warmup=extra), resharding=resharding)
+
+
+def small_plan(m: int = 4, schedule: str = "1f1b", split: int = 3) -> Plan:
+    return Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=8, microbatch_size=8 // m,
+                num_microbatches=m, schedule=ScheduleSpec(name=schedule),
+                stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, split), tp=1, dp=1),
+                        StagePlan(cluster="slow", device_type="cpu", devices=(0,), layers=(split, 6), tp=1, dp=1)))
+
+
+def test_paper_plan_feasible_and_matches_simulator() -> None:
+    inp, plan = paper_plan(128, 2, 8)
+    ev = Evaluator(inp)
+    e = ev.evaluate(plan)
+    assert e.feasible and e.violation is None
+    ref = simulate(schedule_for_plan(plan), ev.pipeline_costs(plan))
+    assert e.iteration_time_s == pytest.approx(ref.iteration_time, rel=1e-9)
+    assert e.bubble_fraction == pytest.approx(ref.bubble_fraction, abs=1e-9)
+    assert e.throughput_samples_s == pytest.approx(plan.global_batch / e.iteration_time_s)
+    assert e.tokens_s == pytest.approx(e.throughput_samples_s * plan.seq_len)
+    flops = model_flops_per_token(inp.model, inp.seq_len) * inp.seq_len * plan.global_batch
+    peak = sum(c.device.peak_flops * 64 for c in inp.cluster.clusters)
+    assert e.mfu == pytest.approx(flops / (e.iteration_time_s * peak), rel=1e-9)
+    assert e.tflops_per_device == pytest.approx(flops / e.iteration_time_s / 256 / 1e12, rel=1e-9)
+    assert 0 < e.mfu < 0.6
+    assert len(e.peak_memory_bytes) == 8 and e.memory_capacity_bytes[0] == inp.cluster["h800"].device.memory_bytes
+    pred = e.to_prediction("analytical")
+    assert pred.iteration_time_s == e.iteration_time_s and pred.peak_memory_bytes == e.peak_memory_bytes
+
+
+def test_virtual_1f1b_matches_simulator() -> None:
+    inp, plan = paper_plan(256, 2, 8, "virtual-1f1b", (0, 0, 0, 2, 0, 1, 0))
+    ev = Evaluator(inp)
+    e = ev.evaluate(plan)
+    assert e.feasible
+    ref = simulate(schedule_for_plan(plan), ev.pipeline_costs(plan))
+    assert e.iteration_time_s == pytest.approx(ref.iteration_time, rel=1e-2)
+    slow = Evaluator(inp, fast_pipeline=False).evaluate(plan)
+    assert slow.iteration_time_s == pytest.approx(ref.iteration_time, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved", "1f1b", "virtual-1f1b"])
+def test_small_plans_match_simulator(schedule: str) -> None:
+    plan = small_plan(4, schedule)
+    ev = Evaluator(inputs_for_plan(plan))
+    e = ev.evaluate(plan)
+    ref = simulate(schedule_for_plan(plan), ev.pipeline_costs(plan))
+    assert e.feasible and e.iteration_time_s == pytest.approx(ref.iteration_time, rel=1e-12)
+    assert e.bubble_fraction == pytest.approx(ref.bubble_fraction, abs=1e-12)
+
+
+def test_infeasible_plan_names_the_stage() -> None:
+    inp, plan = paper_plan(128, 4, 2)
+    e = Evaluator(inp).evaluate(plan)
+    assert not e.feasible and e.iteration_time_s == math.inf and e.throughput_samples_s == 0.0
+    assert e.violation is not None
+    first = next(i for i, (need, cap) in enumerate(zip(e.peak_memory_bytes, e.memory_capacity_bytes)) if need > cap)
+    st = plan.stages[first]
+    assert e.violation.startswith(f"stage {first} (cluster {st.cluster}, 16x {st.device_type}, "
+                                  f"layers [{st.layers[0]}, {st.layers[1]})): needs ")
+    assert e.violation.endswith("per device > 80.0 GiB")
+    with pytest.raises(InfeasiblePlan, match=f"plan does not fit: stage {first} "):
+        raise_if_infeasible(e)
+
+
+def test_memory_grows_with_inflight_and_zero1_shrinks_it() -> None:
+    inp, _ = paper_plan()
+    ev = Evaluator(inp)
+    a = ev.stage_memory_bytes("h800", (1, 11), 8, 2, 4, 1)
+    b = ev.stage_memory_bytes("h800", (1, 11), 8, 2, 4, 3)
+    z = ev.stage_memory_bytes("h800", (1, 11), 8, 2, 4, 1, zero1=True)
+    params = sum(la.params for la in inp.layers[1:11]) / 8
+    assert a - z == pytest.approx(params * 6, rel=1e-9)  # 12 B optimizer / dp=2 saved
+    assert b > a
+    f, bwd = ev.stage_compute_time("h800", (1, 11), 8, 2, 4)
+    d = ev.stage_detail("h800", (1, 11), 8, 2, 4)
+    assert (f, bwd) == (d.fwd_compute_s + d.tp_fwd_s, 2 * d.fwd_compute_s + d.tp_bwd_s)
+    assert d.tp_fwd_s == d.tp_bwd_s > 0
+
+
+def test_caches_and_evaluation_count() -> None:
+    inp, plan = paper_plan(64, 2, 8)
+    ev = Evaluator(inp)
+    e1 = ev.evaluate(plan)
+    e2 = ev.evaluate(plan.model_copy(update={"prediction": e1.to_prediction()}))
+    assert e1 == e2 and ev.evaluations == 1 and ev.cost_model_name == "analytical"
+
+
+def test_plan_mismatch_is_one_line() -> None:
+    plan = small_plan()
+    bad = plan.model_copy(update={"stages": (plan.stages[0].model_copy(update={"devices": (5,)}), plan.stages[1])})
+    with pytest.raises(PlanMismatch, match=r"stage 0: device 5 is outside cluster 'fast' \(0..1\)"):
+        evaluate_plan(bad)
+
+
+def test_cpu_demo_plan_and_costs() -> None:
+    plan = small_plan()
+    inp = inputs_for_plan(plan)
+    assert inp.scenario == "cpu-demo" and inp.model.name == "tiny-gpt"
+    costs = stage_times_for_plan(plan, inp)
+    assert len(costs.tf) == 2 and costs.tf[1] > costs.tf[0]  # the slow cluster runs at half speed
+    e = evaluate_plan(plan)
+    assert isinstance(e, Evaluation) and e.feasible and e.iteration_time_s > 0
+
+
+def test_simulate_cli_plan_mode(tmp_path, capsys) -> None:
+    path = tmp_path / "plan.json"
+    small_plan(4).save(path)
+    assert main(["simulate", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    e = evaluate_plan(small_plan(4))
+    assert doc["stages"] == 2 and doc["microbatches"] == 4
+    assert doc["iteration_time_s"] == pytest.approx(e.iteration_time_s, rel=1e-9)
