@@ -1,15 +1,139 @@
-"""`hetauto run` (not implemented yet)."""
+"""`hetauto run PLAN [--steps N] [--emulate] [--json] [--trace FILE] [--seed N] [--timeout S] [--print-launch]`.
+
+Validates the plan against its cluster, launches torchrun (all ranks on this machine), and reports per-step
+loss next to the single-process reference loss (small models), the measured step time next to the
+planner's prediction, and bytes per stage boundary. The CLI is where the runtime's measurements meet the
+planner's prediction (the runtime never imports the planner).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
+from typing import Any
 
+from hetauto.commands._output import print_json, print_table
 from hetauto.core.errors import HetautoError
+from hetauto.core.plan import Plan
+
+REFERENCE_MAX_PARAMS = 50_000_000  # the single-process reference runs in this process: small models only
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("plan", help="plan JSON file (hetauto plan -o plan.json)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    parser.add_argument("--emulate", action="store_true",
+                        help="emulate the plan's clusters: per-cluster speed factor and cross-cluster link latency/bandwidth")
+    parser.add_argument("--seed", type=int, default=0, help="model initialisation and synthetic data seed")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
+    parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference loss")
+    parser.add_argument("--print-launch", action="store_true",
+                        help="print the torchrun command for every node of a multi-node run instead of running")
+    parser.add_argument("--master", default="MASTER_HOST", help="rendezvous host for --print-launch")
+
+
+def _predicted(plan: Plan) -> tuple[float | None, str]:
+    """The planner's predicted step time, or None with the reason (the planner may not be installed yet)."""
+    try:
+        from hetauto.planner.evaluate import evaluate_plan  # type: ignore[import-not-found]
+    except ImportError:
+        if plan.prediction is not None:
+            return plan.prediction.iteration_time_s, "plan file"
+        return None, "prediction unavailable (hetauto.planner.evaluate not installed)"
+    try:
+        res: Any = evaluate_plan(plan)
+    except HetautoError as err:
+        return None, f"prediction unavailable: {err}"
+    for name in ("iteration_time_s", "iteration_time"):
+        if hasattr(res, name):
+            return float(getattr(res, name)), "cost model + simulator"
+        if isinstance(res, dict) and name in res:
+            return float(res[name]), "cost model + simulator"
+    if isinstance(res, (int, float)):
+        return float(res), "cost model + simulator"
+    return None, "prediction unavailable (unexpected evaluate_plan result)"
+
+
+def _param_count(cfg: Any) -> int:
+    h, f, v, n = cfg.hidden, cfg.ffn_hidden, cfg.vocab_size, cfg.num_layers
+    return n * (4 * h * h + 3 * h * f) + 2 * v * h
 
 
 def run(args: argparse.Namespace) -> int:
-    raise HetautoError("'hetauto run' is not implemented yet")
+    from hetauto.core.plan_check import check_plan, cluster_for_plan, load_model_for_plan
+    from hetauto.runtime.executor import check_executable
+
+    if args.steps < 1:
+        raise HetautoError(f"--steps must be >= 1, got {args.steps}")
+    if not args.timeout > 0:
+        raise HetautoError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    plan = Plan.load(args.plan)
+    base = Path(args.plan).resolve().parent
+    cluster = cluster_for_plan(plan, base)
+    cfg = load_model_for_plan(plan)
+    check_plan(plan, cluster, cfg)
+    check_executable(plan)
+
+    from hetauto.runtime.launch import launch_local, node_commands, worker_args
+
+    if args.print_launch:
+        worker = worker_args(Path(args.plan).resolve(), "OUT_DIR", steps=args.steps, seed=args.seed,
+                             emulate=args.emulate, timeout_s=args.timeout, cluster_base=base)
+        cmds = node_commands(plan, cluster, worker, master=args.master)
+        if args.json:
+            print_json({"nodes": [{"node": n, "command": c} for n, c in cmds]})
+        else:
+            for n, c in cmds:
+                print(f"# {n}\n{c}")
+        return 0
+
+    from hetauto.runtime.results import measured_timeline, summarize
+
+    reports = launch_local(plan, steps=args.steps, seed=args.seed, emulate=args.emulate, timeout_s=args.timeout,
+                           cluster_base=base)
+    summary = summarize(plan, reports)
+    reference: list[float] | None = None
+    if not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS:
+        import torch
+
+        from hetauto.runtime.reference import reference_losses
+
+        torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
+        reference = reference_losses(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size, plan.seq_len)
+    predicted, source = _predicted(plan)
+    if args.trace:
+        from hetauto.schedule.trace import write_chrome_trace
+
+        write_chrome_trace(measured_timeline(plan, reports), args.trace)
+    ratio = summary.measured_step_s / predicted if predicted else None
+    doc = {
+        "loss": list(summary.losses),
+        "reference_loss": reference,
+        "max_loss_diff": None if reference is None else max(abs(a - b) for a, b in zip(summary.losses, reference)),
+        "step_s": list(summary.step_s),
+        "measured_step_s": summary.measured_step_s,
+        "predicted_step_s": predicted,
+        "prediction_source": source,
+        "measured_over_predicted": ratio,
+        "bytes_per_link": summary.bytes_per_link,
+        "world_size": plan.world_size,
+        "emulated": bool(args.emulate),
+        "trace": args.trace,
+    }
+    if args.json:
+        print_json(doc)
+        return 0
+    rows = [(i, f"{l:.6f}", "-" if reference is None else f"{reference[i]:.6f}", f"{summary.step_s[i]:.3f}")
+            for i, l in enumerate(summary.losses)]
+    print_table(f"hetauto run: {plan.world_size} ranks, {plan.num_stages} stages, {plan.schedule.name}"
+                + (" (emulated clusters)" if args.emulate else ""), ["step", "loss", "reference", "step s"], rows)
+    pred = "-" if predicted is None else f"{predicted:.4f}"
+    print(f"measured step {summary.measured_step_s:.4f} s | predicted {pred} s ({source})"
+          + ("" if ratio is None or math.isnan(ratio) else f" | ratio {ratio:.2f}"))
+    for k, v in summary.bytes_per_link.items():
+        print(f"  {k}: {v} bytes/step")
+    if args.trace:
+        print(f"trace: {args.trace}")
+    return 0

@@ -1,0 +1,95 @@
+"""Validate a plan against the cluster (and model) it is about to run on, before anything is launched.
+
+Why: a plan is a file; it may have been made for another cluster or edited by hand. Failing inside
+torchrun after minutes of start-up, with an error from one rank, is the worst place to learn that stage 2
+asks for device 7 of a 4-device cluster. Every problem is one `PlanMismatch` line naming the stage and
+the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetauto.core.cluster import ClusterSpec, load_cluster
+from hetauto.core.errors import PlanMismatch, SpecError
+from hetauto.core.model import ModelConfig
+from hetauto.core.plan import Plan
+
+__all__ = ["check_plan", "cluster_for_plan", "load_model_for_plan"]
+
+
+def cluster_for_plan(plan: Plan, base_dir: str | Path | None = None) -> ClusterSpec:
+    """The cluster named by `plan.cluster`: a shipped scenario name, else a cluster file (relative paths
+    resolve against `base_dir`, e.g. the plan file's folder, then the working directory)."""
+    from hetauto.core.scenarios import get_scenario, scenario_names
+
+    ref = plan.cluster
+    if not ref:
+        raise PlanMismatch("plan.cluster is empty: the plan does not say which cluster it is for; "
+                           "set it to a scenario name or a cluster file")
+    if ref.strip().lower() in scenario_names():
+        return get_scenario(ref).cluster
+    for candidate in ([Path(base_dir) / ref] if base_dir is not None else []) + [Path(ref)]:
+        if candidate.is_file():
+            return load_cluster(candidate)
+    raise PlanMismatch(f"plan.cluster '{ref}' is neither a scenario ({', '.join(scenario_names())}) nor a "
+                       "cluster file that exists; fix the plan's cluster field")
+
+
+def check_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig | None = None) -> None:
+    """Raise `PlanMismatch` for the first thing in `plan` that `cluster` (or `model`) cannot run."""
+    if plan.world_size > cluster.total_devices:
+        raise PlanMismatch(f"the plan needs {plan.world_size} devices but the cluster has {cluster.total_devices}; "
+                           "make a plan for this cluster (hetauto plan)")
+    used: dict[tuple[str, int], int] = {}
+    for i, s in enumerate(plan.stages):
+        where = f"stage {i}"
+        if s.cluster not in cluster.names:
+            raise PlanMismatch(f"{where}: unknown cluster '{s.cluster}'; the cluster spec has: {', '.join(cluster.names)}")
+        c = cluster.cluster(s.cluster)
+        for dev in s.devices:
+            if not 0 <= dev < c.num_devices:
+                raise PlanMismatch(f"{where}: device {dev} is out of range for cluster '{c.name}' "
+                                   f"({c.num_devices} devices, ids 0..{c.num_devices - 1})")
+            if (c.name, dev) in used:
+                raise PlanMismatch(f"{where}: device {dev} of cluster '{c.name}' is also used by stage "
+                                   f"{used[(c.name, dev)]}; give every stage its own devices")
+            used[(c.name, dev)] = i
+        for d in range(s.dp):
+            group = s.devices[d * s.tp : (d + 1) * s.tp]
+            nodes = sorted({dev // c.devices_per_node for dev in group})
+            if len(nodes) > 1:
+                raise PlanMismatch(f"{where}: tp group {list(group)} spans nodes {nodes} of cluster '{c.name}' "
+                                   f"({c.devices_per_node} devices per node); keep each tp group inside one node")
+        if plan.microbatch_size % s.dp:
+            raise PlanMismatch(f"{where}: dp={s.dp} does not divide microbatch_size={plan.microbatch_size}; "
+                               "choose a dp that divides it")
+    if model is None:
+        return
+    n = model.num_layer_slots
+    last = plan.stages[-1].layers[1]
+    for i, s in enumerate(plan.stages):
+        if s.layers[1] > n:
+            raise PlanMismatch(f"stage {i}: layers {list(s.layers)} go past the model's {n} layer slots "
+                               f"({model.name}: embedding, {model.num_layers} blocks, head); end at most {n}")
+        for what, size in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads),
+                           ("ffn_hidden", model.ffn_hidden)):
+            if size % s.tp:
+                raise PlanMismatch(f"stage {i}: tp={s.tp} does not divide {model.name}'s {what}={size}; "
+                                   f"choose a tp that divides {what}")
+    if last != n:
+        raise PlanMismatch(f"stage {len(plan.stages) - 1}: layers end at {last} but {model.name} has {n} layer slots; "
+                           f"layers {last}..{n - 1} are missing: extend the last stage to end at {n}")
+    if plan.seq_len > model.max_seq_len:
+        raise PlanMismatch(f"plan seq_len {plan.seq_len} exceeds {model.name}'s max_seq_len {model.max_seq_len}; "
+                           "lower seq_len")
+
+
+def load_model_for_plan(plan: Plan) -> ModelConfig:
+    """The model the plan names (catalog key or HF config.json), as a PlanMismatch when unknown."""
+    from hetauto.core.model_catalog import get_model
+
+    try:
+        return get_model(plan.model)
+    except SpecError as err:
+        raise PlanMismatch(f"plan.model '{plan.model}': {err}") from None
