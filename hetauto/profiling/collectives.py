@@ -23,8 +23,9 @@ __all__ = ["fit_alpha_beta", "default_sizes", "fit_collective", "measure_collect
 
 
 def default_sizes(quick: bool = False) -> list[int]:
-    """Message sizes in bytes: 1 KiB .. 1 MiB (quick) or .. 64 MiB, every factor of 4."""
-    top = 20 if quick else 26
+    """Message sizes in bytes: 1 KiB .. 4 MiB (quick) or .. 256 MiB, every factor of 4. The top size must be
+    large enough for bandwidth to dominate latency, or beta drowns in timing noise."""
+    top = 22 if quick else 28
     return [2**e for e in range(10, top + 1, 2)]
 
 
