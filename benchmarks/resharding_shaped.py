@@ -64,7 +64,8 @@ def work(rank: int, world: int, reps: int) -> dict:
                 comm.barrier()
                 tx0 = _veth_tx()
                 t0 = time.perf_counter()
-                res = execute_transfer(comm, plan, data if rank in src.ranks else None, local_groups=local, tag_base=tag)
+                mine = data if rank in src.ranks else None
+                res = execute_transfer(comm, plan, mine, local_groups=local, tag_base=tag)
                 elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 tag += plan.num_tags
                 comm.all_reduce(elapsed, op="max")
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"src (dp=1,tp=2) in one namespace -> dst (dp=1,tp=tp_d) in another; activation {SHAPE} fp32; "
           f"one veth shaped by tc tbf at {args.rate_mbps:g} MB/s each way; median of {reps}")
-    print(f"{'tp_d':>4} {'method':<18} {'cross bytes':>12} {'veth tx bytes':>14} {'measured s':>11} {'wire model s':>13}")
+    print(f"{'tp_d':>4} {'method':<18} {'cross bytes':>12} {'veth tx bytes':>14} {'measured s':>11} "
+          f"{'wire model s':>13}")
     summary: dict = {"rate_Bps": rate, "shape": list(SHAPE), "reps": reps, "tp_d": {}}
     for tp_d, row in res.items():
         for m, r in row.items():

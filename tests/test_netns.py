@@ -138,7 +138,7 @@ def test_gloo_across_the_shaped_link_runs_at_the_configured_rate() -> None:
     assert all(r["exact"] for r in res)
     shaped = NBYTES / res[0]["best_s"]["2"]
     local = NBYTES / res[0]["best_s"]["1"]
-    assert 0.75 * RATE <= shaped <= 1.25 * RATE, f"shaped link ran at {shaped / 1e6:.1f} MB/s, configured {RATE / 1e6:g}"
+    assert 0.75 * RATE <= shaped <= 1.25 * RATE, f"shaped link ran at {shaped / 1e6:.1f} MB/s, set {RATE / 1e6:g}"
     assert local > 3 * RATE, f"same-namespace path ran at only {local / 1e6:.1f} MB/s: it must not be shaped"
     # only the traffic to rank 2 (3 x 4 MiB + TCP/IP headers + rendezvous) crossed the veth
     assert 3 * NBYTES <= crossed <= 3 * NBYTES * 1.10
@@ -255,7 +255,7 @@ def test_one_torchrun_per_namespace_forms_one_job(tmp_path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(_TORCHRUN_WORKER)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with NamespaceTopology.from_clusters(["a", "b", "b"], RATE) as topo:
+    with NamespaceTopology.from_clusters(["a", "b"], RATE) as topo:  # 2 ranks: keeps the suite fast
         procs = [
             subprocess.Popen(
                 topo.torchrun_command(g, [str(script)]),
@@ -273,4 +273,5 @@ def test_one_torchrun_per_namespace_forms_one_job(tmp_path) -> None:
                 if p.poll() is None:
                     p.kill()
     lines = sorted(line.split()[1:] for out in outs for line in out.splitlines() if line.startswith("RESULT"))
-    assert lines == [["0", topo.interfaces[0], "7"], ["1", topo.interfaces[1], "7"], ["2", topo.interfaces[1], "7"]], outs
+    a, b = topo.interfaces
+    assert lines == [["0", a, "3"], ["1", b, "3"]], outs

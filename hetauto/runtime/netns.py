@@ -103,7 +103,8 @@ def available() -> Availability:
     try:
         for ns in (a, b):
             _run(["ip", "netns", "add", ns])
-        _run(["ip", "link", "add", f"hx{token}p", "netns", a, "type", "veth", "peer", "name", f"hx{token}q", "netns", b])
+        _run(["ip", "link", "add", f"hx{token}p", "netns", a, "type", "veth",
+              "peer", "name", f"hx{token}q", "netns", b])
         _run(["tc", "-n", a, "qdisc", "add", "dev", f"hx{token}p", "root", "tbf", "rate", "8mbit", "burst", "32kb",
               "latency", "100ms"])
     except ShapedLinkError as exc:
@@ -216,7 +217,9 @@ class NamespaceTopology:
             "GLOO_SOCKET_IFNAME": self.interface_of(rank),
         }
 
-    def torchrun_command(self, group: int, program: Sequence[str], *, torchrun: Sequence[str] | None = None) -> list[str]:
+    def torchrun_command(
+        self, group: int, program: Sequence[str], *, torchrun: Sequence[str] | None = None
+    ) -> list[str]:
         """One torchrun "node" per namespace: `ip netns exec NS torchrun --nnodes G --node-rank i ...`.
 
         torchrun starts all workers of a node in its own namespace, so a multi-namespace job runs one
@@ -239,7 +242,7 @@ class NamespaceTopology:
 
     @classmethod
     def from_clusters(cls, cluster_of_rank: Sequence[str], bandwidth_Bps: float, **kwargs: Any) -> "NamespaceTopology":
-        """One namespace per distinct cluster name (in order of first appearance); `cluster_of_rank[r]` names rank r's."""
+        """One namespace per distinct cluster name, in order of first appearance (`cluster_of_rank[r]`: rank r's)."""
         order: dict[str, list[int]] = {}
         for rank, name in enumerate(cluster_of_rank):
             order.setdefault(str(name), []).append(rank)
@@ -292,7 +295,8 @@ class NamespaceTopology:
                 _run(["ip", "-n", self.hub, "link", "set", "br0", "up"])
                 for i, (ns, dev) in enumerate(zip(self.namespaces, self.interfaces)):
                     peer = f"hx{self.token}h{i}"
-                    _run(["ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", peer, "netns", self.hub])
+                    _run(["ip", "link", "add", dev, "netns", ns, "type", "veth",
+                          "peer", "name", peer, "netns", self.hub])
                     _run(["ip", "-n", self.hub, "link", "set", peer, "master", "br0"])
                     _run(["ip", "-n", self.hub, "link", "set", peer, "up"])
                     self._shaped += [(ns, dev), (self.hub, peer)]
