@@ -1,12 +1,27 @@
-"""`hetauto plan`: load and validate the planning inputs. (Temporary: the search itself is not wired in yet;
-this prints a summary of the validated inputs.)"""
+"""`hetauto plan`: search for the highest-throughput plan that fits; optionally compare with the baselines.
+
+No arguments: the embedded default scenario. `--json` prints one document with iteration_time_s,
+throughput_samples_s, tokens_s, mfu, search_time_s, evaluations, plan (and `baselines` with --baselines);
+`-o plan.json` writes the plan for `hetauto simulate` / `hetauto run`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from contextlib import nullcontext
+from typing import Any
 
-from hetauto.commands._output import console, print_json
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from hetauto.commands._output import console, print_json, print_table
+from hetauto.core.errors import HetautoError
+from hetauto.core.units import format_bytes, format_time
 from hetauto.planner.inputs import load_planning_inputs
+from hetauto.planner.search import DEFAULT_BUDGET_S, PLANNERS, PlanResult, make_evaluator, plan
+
+BASELINE_SET = ("megatron", "metis", "amp", "greedy")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,16 +30,111 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="catalog model name or a Hugging Face config.json path")
     parser.add_argument("--gbs", type=int, help="global batch size (samples)")
     parser.add_argument("--seq", type=int, help="sequence length (tokens)")
+    parser.add_argument("--planner", default="mcts", choices=PLANNERS, help="search algorithm (default: mcts)")
+    parser.add_argument("--baselines", action="store_true",
+                        help=f"also run {', '.join(BASELINE_SET)} and compare (same evaluator, same budget)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help=f"search time in seconds (default {DEFAULT_BUDGET_S:g}; anytime: best so far)")
+    parser.add_argument("--iterations", type=int, default=None, help="MCTS iterations instead of a time budget")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed + iterations: same plan)")
+    parser.add_argument("-o", "--output", help="write the plan (JSON) to this file")
+
+
+def _figures(r: PlanResult) -> dict[str, Any]:
+    ev = r.evaluation
+    return {"iteration_time_s": ev.iteration_time_s, "throughput_samples_s": ev.throughput_samples_s,
+            "tokens_s": ev.tokens_s, "mfu": ev.mfu, "tflops_per_device": ev.tflops_per_device,
+            "bubble_fraction": ev.bubble_fraction, "search_time_s": r.search_time_s, "evaluations": r.evaluations}
+
+
+def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> PlanResult:
+    budget = args.budget if args.budget is not None else (None if args.iterations else DEFAULT_BUDGET_S)
+    if budget is not None and budget <= 0:
+        raise HetautoError(f"--budget must be positive seconds, got {args.budget:g}")
+    if args.iterations is not None and args.iterations <= 0:
+        raise HetautoError(f"--iterations must be positive, got {args.iterations}")
+    if not show:
+        return plan(inputs, name, budget=budget, seed=args.seed, iterations=args.iterations,
+                    evaluator=make_evaluator(inputs))
+    err = Console(stderr=True)
+    total = budget or float(args.iterations or 1)
+    with Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), TextColumn("{task.fields[best]}"),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task(name, total=total, best="searching")
+
+        def progress(elapsed: float, evaluations: int, best: float) -> None:
+            done = elapsed if budget else min(total, bar.tasks[0].completed + 1)
+            bar.update(task, completed=min(done, total),
+                       best=f"best {best:.3g} samples/s, {evaluations} evaluations")
+
+        return plan(inputs, name, budget=budget, seed=args.seed, iterations=args.iterations,
+                    evaluator=make_evaluator(inputs), progress=progress)
 
 
 def run(args: argparse.Namespace) -> int:
     inputs = load_planning_inputs(cluster=args.cluster, model=args.model, scenario=args.scenario,
                                   global_batch=args.gbs, seq_len=args.seq)
-    note = "inputs are valid; the planner is not implemented yet"
+    show = sys.stderr.isatty()
+    result = _run_one(inputs, args.planner, args, show)
+    baselines: dict[str, PlanResult] = {}
+    if args.baselines:
+        for name in BASELINE_SET:
+            if name == args.planner:
+                continue
+            try:
+                baselines[name] = _run_one(inputs, name, args, show)
+            except HetautoError as err:  # a baseline that finds no plan is reported, not fatal
+                baselines[name] = err  # type: ignore[assignment]
+    if args.output:
+        try:
+            result.plan.save(args.output)
+        except OSError as err:
+            raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
     if args.json:
-        print_json({"inputs": inputs.summary(), "status": note})
+        doc: dict[str, Any] = {"planner": args.planner, **_figures(result),
+                               "scenario": inputs.scenario, "cluster": inputs.cluster_source,
+                               "plan": result.plan.model_dump(mode="json", by_alias=True),
+                               "trace": [[p.elapsed_s, p.evaluations, p.best_throughput] for p in result.trace]}
+        if args.baselines:
+            doc["baselines"] = {n: ({"error": str(r)} if isinstance(r, Exception) else
+                                    {**_figures(r), "ratio": result.evaluation.throughput_samples_s /
+                                     r.evaluation.throughput_samples_s})
+                                for n, r in baselines.items()}
+        if args.output:
+            doc["output"] = args.output
+        print_json(doc)
         return 0
+    _human(inputs, result, baselines, args)
+    return 0
+
+
+def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse.Namespace) -> None:
     for line in inputs.describe():
         console.print(line, highlight=False)
-    console.print(note, highlight=False)
-    return 0
+    p, ev = r.plan, r.evaluation
+    rows = []
+    for i, s in enumerate(p.stages):
+        rows.append([i, s.cluster, f"{s.num_devices}x {s.device_type}", f"[{s.layers[0]}, {s.layers[1]})",
+                     f"{s.tp} x {s.dp}", "yes" if s.recompute else "",
+                     f"{format_bytes(ev.peak_memory_bytes[i])} / {format_bytes(ev.memory_capacity_bytes[i])}"])
+    print_table(f"plan ({r.planner}): {p.num_stages} stages, microbatch {p.microbatch_size} x {p.num_microbatches}, "
+                f"{p.schedule.name}" + (f" extra warmup {list(p.schedule.extra_warmup)}" if p.schedule.extra_warmup else "")
+                + (", ZeRO-1" if p.zero1 else "") + (f", resharding {p.resharding[0]}" if p.resharding else ""),
+                ["stage", "cluster", "devices", "layers", "tp x dp", "recompute", "memory used / available"], rows)
+    console.print(f"iteration {format_time(ev.iteration_time_s)}, {ev.throughput_samples_s:.3g} samples/s, "
+                  f"{ev.tokens_s:.4g} tokens/s, {ev.tflops_per_device:.1f} TFLOP/s per device, MFU {ev.mfu:.1%}, "
+                  f"bubble {ev.bubble_fraction:.1%}", highlight=False)
+    console.print(f"search {r.search_time_s:.2f} s, {r.evaluations} evaluations", highlight=False)
+    if baselines:
+        brow = [[r.planner, f"{ev.throughput_samples_s:.3g}", "1.00", f"{r.search_time_s:.2f}", r.evaluations]]
+        for name, b in baselines.items():
+            if isinstance(b, Exception):
+                brow.append([name, "no plan", "", "", str(b)])
+                continue
+            ratio = ev.throughput_samples_s / b.evaluation.throughput_samples_s
+            brow.append([name, f"{b.evaluation.throughput_samples_s:.3g}", f"{ratio:.2f}", f"{b.search_time_s:.2f}",
+                         b.evaluations])
+        print_table("baselines (same evaluator)", ["planner", "samples/s", "ours / theirs", "search s", "evaluations"],
+                    brow)
+    if args.output:
+        console.print(f"plan written to {args.output}", highlight=False)

@@ -110,7 +110,7 @@ class Priors:
         self.layer_share = {k: max(1.0, n * v / total) for k, v in flops.items()}
 
     def microbatch(self, options: list[int]) -> list[float]:
-        return _normalise([1.0 / (1.0 + abs(math.log2(b) - 1.0)) for b in options])
+        return _normalise([1.0] * len(options))  # no principle ranks microbatch sizes a priori
 
     def order(self, options: list[tuple[str, ...]]) -> list[float]:
         # Principle: clusters with the most memory per device early (they hold the most in-flight microbatches).
@@ -132,7 +132,7 @@ class Priors:
         w = []
         for ch in options:
             if ch.stages == 0:
-                w.append(0.0)
+                w.append(-1.0)  # leaving a cluster out: a third of the best option's weight (below)
                 continue
             size = sp.spec.cluster(name).num_devices // ch.stages
             dp = size // ch.tp
@@ -145,7 +145,7 @@ class Priors:
             bubble = (m + ch.stages - 1) / m
             w.append((1.0 / (t * bubble * ch.stages)) * (1.0 if fits else 0.05))
         best = max(w) if w else 0.0
-        w = [x / best if best > 0 else 1.0 for x in w]
+        w = [(0.3 if x < 0 else x / best) if best > 0 else 1.0 for x in w]
         return _normalise([max(x, 0.02) ** 2 for x in w])
 
     def tail(self, options: list[tuple[str, bool]]) -> list[float]:

@@ -1,0 +1,168 @@
+"""Each planner principle as a rule with exact expected results."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hetauto.core.cluster import cluster_from_dict
+from hetauto.planner import principles as P
+from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
+
+from test_planner_helpers import FakeEvaluator, tiny_inputs
+
+
+def _spec(clusters: list[dict], links: dict | None = None):
+    return cluster_from_dict({"clusters": clusters, "links": links or {"default": {"bandwidth": "100Gbps", "latency": "1ms"}}},
+                             "t")
+
+
+def _c(name: str, nodes: int, dpn: int, device: str = "a100-80g") -> dict:
+    return {"name": name, "nodes": {"count": nodes, "devices_per_node": dpn, "device": device}}
+
+
+# 1. TP inside a node ------------------------------------------------------------------------------
+def test_tp_never_exceeds_the_node_and_divides_the_group() -> None:
+    assert P.tp_options(16, 8) == [1, 2, 4, 8]
+    assert P.tp_options(4, 8) == [1, 2, 4]
+    assert P.tp_options(2, 8) == [1, 2]
+    assert P.tp_options(8, 2) == [1, 2]
+    assert P.tp_options(12, 4) == [1, 2, 4]
+
+
+def test_space_only_offers_tp_inside_a_node() -> None:
+    inp = tiny_inputs()
+    space = StrategySpace(inp, FakeEvaluator(inp))
+    for ch in space.cluster_options("fast", 4):
+        if ch.stages:
+            assert ch.tp <= 2  # fast has 2 devices per node
+    assert {ch.tp for ch in space.cluster_options("fast", 4) if ch.stages == 1} == {1, 2}
+
+
+# 2. node-aligned groups, one cluster per stage ----------------------------------------------------
+def test_stage_groups_are_node_aligned() -> None:
+    spec = _spec([_c("a", 4, 8)])
+    assert P.stage_group_options(spec.cluster("a")) == [(1, 32), (2, 16), (4, 8), (8, 4), (16, 2), (32, 1)]
+    spec3 = _spec([_c("b", 3, 4)])
+    assert P.stage_group_options(spec3.cluster("b")) == [(1, 12), (3, 4), (6, 2), (12, 1)]
+    assert P.stage_devices(spec.cluster("a"), 2) == [tuple(range(16)), tuple(range(16, 32))]
+    with pytest.raises(ValueError, match="not a whole number of 8-device nodes"):
+        P.stage_devices(_spec([_c("c", 3, 8)]).cluster("c"), 2)
+
+
+def test_every_stage_of_a_built_plan_sits_in_one_cluster_and_only_boundaries_cross() -> None:
+    inp = tiny_inputs()
+    space = StrategySpace(inp, FakeEvaluator(inp))
+    cand = Candidate(4, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 2)), "1f1b", False)
+    (plan,) = space.build(cand).plans
+    assert [s.cluster for s in plan.stages] == ["fast", "fast", "slow"]
+    assert [s.devices for s in plan.stages] == [(0, 1), (2, 3), (0, 1)]
+    assert [(s.tp, s.dp) for s in plan.stages] == [(1, 2), (1, 2), (2, 1)]
+
+
+# 3. layers proportional, then rebalanced ------------------------------------------------------------
+def test_proportional_layers_largest_remainder() -> None:
+    assert P.proportional_layers([1, 1], 10) == [5, 5]
+    assert P.proportional_layers([3, 1], 10) == [7, 3]  # 1 each + 8 split 6/2
+    assert P.proportional_layers([2, 1, 1], 7) == [3, 2, 2]
+    assert sum(P.proportional_layers([5, 3, 1], 50)) == 50
+    with pytest.raises(ValueError):
+        P.proportional_layers([1, 1, 1], 2)
+
+
+def test_balance_minimises_the_slowest_stage() -> None:
+    times = [[1.0] * 9, [0.5] * 9]  # stage 1 twice as fast: 3 layers vs 6
+    assert P.balance_layers(times) == [3, 6]
+    times = [[1.0] * 6] * 3
+    assert P.balance_layers(times) == [2, 2, 2]
+
+
+def test_balance_respects_memory_and_reports_none_when_nothing_fits() -> None:
+    times = [[1.0] * 6, [1.0] * 6]
+    mems = [[10.0] * 6, [10.0] * 6]
+    assert P.balance_layers(times, mems, [0.0, 0.0], [20.0, 100.0]) == [2, 4]
+    assert P.balance_layers(times, mems, [0.0, 0.0], [20.0, 30.0]) is None
+
+
+def test_space_balances_layers_to_stage_speed() -> None:
+    inp = tiny_inputs(layers=10)  # 12 slots; a100 (312 TF) vs v100 (125 TF) at equal tp/dp
+    ev = FakeEvaluator(inp)
+    space = StrategySpace(inp, ev)
+    cand = Candidate(2, ("fast", "slow"), (ClusterChoice(2, 2), ClusterChoice(1, 1, True)), "1f1b", True)
+    (plan,) = space.build(cand).plans
+    n = len(inp.layers)
+
+    def slowest(cuts: tuple[int, ...]) -> float:
+        bounds = (0, *cuts, n)
+        return max(sum(ev.stage_compute_time(st.cluster, (a, b), st.tp, st.dp, 2, st.recompute))
+                   for st, a, b in zip(plan.stages, bounds, bounds[1:]))
+
+    best = min(slowest((i, j)) for i in range(1, n - 1) for j in range(i + 1, n))  # brute force over all cuts
+    got = slowest(tuple(s.layers[0] for s in plan.stages[1:]))
+    assert math.isclose(got, best, rel_tol=1e-9)
+    assert [s.layers for s in plan.stages] == [(0, 6), (6, 11), (11, 12)]  # the slow V100 stage: only the head
+
+
+# 4. memory bounds prune early -----------------------------------------------------------------------
+def test_memory_floor_prunes_options_whose_single_block_does_not_fit() -> None:
+    inp = tiny_inputs(layers=4)
+    ev = FakeEvaluator(inp)
+    space = StrategySpace(inp, ev)
+    cap = inp.cluster.cluster("slow").device.memory_bytes
+    for ch in space.cluster_options("slow", 32):
+        if ch.stages:
+            assert ev.stage_memory_bytes("slow", (1, 2), ch.tp, 2 // ch.tp, 32, 1, ch.recompute, True) <= cap
+
+
+def test_model_states_beyond_all_memory_name_the_numbers() -> None:
+    spec = _spec([_c("a", 1, 2, "v100-16g")])
+    msg = P.memory_floor_violation(10_000_000_000, spec)
+    assert msg == ("model states need 149.0 GiB (16 B/param x 10B params) but all 2 devices together hold "
+                   "32.0 GiB; use more or larger devices or a smaller model")
+    assert P.memory_floor_violation(1_000_000, spec) is None
+
+
+# 5. symmetric choices merged ------------------------------------------------------------------------
+def test_identical_clusters_are_merged_in_orders() -> None:
+    spec = _spec([_c("a", 1, 8), _c("b", 1, 8), _c("v", 1, 8, "v100-16g")])
+    orders = P.canonical_orders(spec)
+    assert len(orders) == 3  # 3! / 2!
+    assert orders == [("a", "b", "v"), ("a", "v", "b"), ("v", "a", "b")]
+    distinct = _spec([_c("a", 1, 8), _c("b", 2, 8), _c("v", 1, 8, "v100-16g")])
+    assert len(P.canonical_orders(distinct)) == 6
+
+
+def test_identical_devices_with_different_links_are_not_merged() -> None:
+    spec = _spec([_c("a", 1, 8), _c("b", 1, 8), _c("v", 1, 8, "v100-16g")],
+                 {"default": {"bandwidth": "100Gbps", "latency": "1ms"},
+                  "overrides": [{"between": ["a", "v"], "bandwidth": "10Gbps", "latency": "1ms"}]})
+    assert len(P.canonical_orders(spec)) == 6
+
+
+# 6. slow boundaries get Virtual-1F1B depth -------------------------------------------------------------
+def test_warmup_covers_the_round_trip_and_memory_caps_it() -> None:
+    wanted, kept = P.warmup_for_boundaries([0.0, 2.5], [1.0, 1.0, 1.0])
+    assert wanted == kept == (0, 5)
+    # stage 0 can hold 3 + 2 microbatches, stage 1 2 + 5: boundary 1 keeps only 2
+    wanted, kept = P.warmup_for_boundaries([0.0, 2.5], [1.0, 1.0, 1.0], [5, 7, None])
+    assert wanted == (0, 5) and kept == (0, 2)
+
+
+def test_space_gives_a_slow_boundary_extra_warmup() -> None:
+    inp = tiny_inputs(links="10Gbps", latency="20ms")
+    ev = FakeEvaluator(inp)
+    space = StrategySpace(inp, ev)
+    cand = Candidate(2, ("fast", "slow"), (ClusterChoice(1, 2), ClusterChoice(1, 2)), "virtual-1f1b", True)
+    plans = space.build(cand).plans
+    plan = plans[0]
+    assert plan.schedule.name == "virtual-1f1b"
+    pc = ev.pipeline_costs(plan)
+    c = pc.links[0].latency + pc.act_bytes[0] / pc.links[0].bandwidth
+    period = max(f + b for f, b in zip(pc.tf, pc.tb))
+    assert math.ceil(2 * c / period) == 26  # wanted; a stage never holds more than m = 8 microbatches
+    assert plan.schedule.extra_warmup == (plan.num_microbatches - 2,)
+    fast = ev.evaluate(plan).iteration_time_s
+    plain = ev.evaluate(plan.model_copy(update={"schedule": plan.schedule.model_copy(
+        update={"name": "1f1b", "extra_warmup": ()})})).iteration_time_s
+    assert fast < plain

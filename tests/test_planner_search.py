@@ -1,0 +1,74 @@
+"""The search: finds the exhaustive optimum on tiny scenarios, is deterministic for a seed, explains
+infeasibility in one line, and every planner's plan is scored by the same evaluator."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetauto.core.errors import InfeasiblePlan
+from hetauto.planner.baselines.exhaustive import all_candidates
+from hetauto.planner.search import PLANNERS, plan
+from hetauto.planner.space import StrategySpace
+
+from test_planner_helpers import FakeEvaluator, tiny_inputs
+
+
+@pytest.mark.parametrize("kw", [dict(layers=4, gbs=8), dict(links="400Gbps", latency="0.1ms", layers=4, gbs=8)])
+def test_mcts_finds_the_exhaustive_optimum(kw: dict) -> None:
+    inp = tiny_inputs(**kw)
+    ex = plan(inp, "exhaustive", evaluator=FakeEvaluator(inp))
+    total = sum(1 for _ in all_candidates(StrategySpace(inp, FakeEvaluator(inp))))
+    ours = plan(inp, "mcts", iterations=300, seed=0, evaluator=FakeEvaluator(inp))
+    assert ours.evaluation.throughput_samples_s == pytest.approx(ex.evaluation.throughput_samples_s, rel=1e-12)
+    assert ours.evaluations < ex.evaluations <= total
+
+
+def test_mcts_is_deterministic_for_a_seed() -> None:
+    inp = tiny_inputs(layers=6, gbs=16)
+    a = plan(inp, "mcts", iterations=40, seed=7, evaluator=FakeEvaluator(inp))
+    b = plan(inp, "mcts", iterations=40, seed=7, evaluator=FakeEvaluator(inp))
+    assert a.plan == b.plan
+    assert a.evaluations == b.evaluations
+    assert [(p.evaluations, p.best_throughput) for p in a.trace] == [(p.evaluations, p.best_throughput) for p in b.trace]
+
+
+def test_trace_is_monotone_and_ends_at_the_result() -> None:
+    inp = tiny_inputs()
+    r = plan(inp, "mcts", iterations=30, seed=1, evaluator=FakeEvaluator(inp))
+    best = [p.best_throughput for p in r.trace]
+    assert best == sorted(best) and len(set(best)) == len(best)
+    assert best[-1] == r.evaluation.throughput_samples_s
+    assert r.plan.prediction is not None
+    assert r.plan.prediction.throughput_samples_s == r.evaluation.throughput_samples_s
+    assert r.plan.prediction.cost_model == "fake"
+
+
+@pytest.mark.parametrize("name", [p for p in PLANNERS if p != "exhaustive"])
+def test_every_planner_is_scored_by_the_shared_evaluator(name: str) -> None:
+    inp = tiny_inputs()
+    ev = FakeEvaluator(inp)
+    r = plan(inp, name, budget=20.0, iterations=30 if name == "mcts" else None, evaluator=ev)
+    again = FakeEvaluator(inp).evaluate(r.plan.model_copy(update={"prediction": None}))
+    assert again.throughput_samples_s == r.evaluation.throughput_samples_s
+    assert r.planner == name and r.evaluations >= 1
+
+
+def test_model_too_large_for_all_memory_is_one_line() -> None:
+    inp = tiny_inputs(layers=200)  # ~2.5B params: 16 B/param = 37 GiB > 4x80 + 2x16 GiB? no: fits states
+    big = tiny_inputs(layers=2000)
+    with pytest.raises(InfeasiblePlan) as err:
+        plan(big, "mcts", iterations=5, evaluator=FakeEvaluator(big))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("model states need ") and "but all 6 devices together hold 352.0 GiB" in msg
+    assert inp.model.num_layers == 200
+
+
+def test_no_split_fits_names_the_tightest_stage() -> None:
+    # 1840 blocks: states fit in all memory together (checked first), but no layer split fits every stage
+    inp = tiny_inputs(layers=1840, gbs=8)
+    with pytest.raises(InfeasiblePlan) as err:
+        plan(inp, "mcts", iterations=10, evaluator=FakeEvaluator(inp))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("no plan fits: stage ")
+    assert "needs" in msg and "GiB per device >" in msg
