@@ -1,0 +1,344 @@
+"""Learned correction of the analytical stage compute time: a random forest on measured stage profiles.
+
+Why a correction and not a learned model outright: the analytical model extrapolates to devices and shapes
+never measured and explains itself; the forest only learns its bias (log of measured / analytical time) from
+features of a stage configuration, so with no data the ratio is exactly 1 and with data it fixes what the
+closed form misses (small-GEMM inefficiency, kernel launch overheads, memory-bound ops).
+
+Persistence: only the *training rows* (JSON or CSV) and the hyper-parameters are stored; the forest is refit
+at load (a few thousand rows fit in well under a second, deterministic for the stored seed). Nothing a user is
+handed is unpickled: loading parses JSON/CSV text into floats and nothing else.
+
+Prediction walks the fitted trees in plain Python (flattened node arrays): one stage costs ~tens of
+microseconds instead of sklearn's per-call overhead, which keeps a whole-plan evaluation within budget.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetauto.core.errors import SpecError
+
+CORRECTION_SCHEMA = "hetauto.correction/1"
+
+FEATURES: tuple[str, ...] = (
+    "log_peak_flops", "log_memory_bandwidth", "tp", "dp", "samples_per_replica", "seq_len", "hidden", "blocks",
+    "has_embedding", "has_head", "recompute", "log_flops", "log_bytes", "log_analytical_s",
+)
+DEFAULT_HYPERPARAMETERS: dict[str, Any] = {
+    "n_estimators": 60, "max_depth": 12, "min_samples_leaf": 2, "max_features": 1.0, "random_state": 0,
+}
+_ALLOWED_HP = {"n_estimators": int, "max_depth": int, "min_samples_leaf": int, "max_features": float,
+               "random_state": int}
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRow:
+    """One measured stage: its features (FEATURES order), the analytical and the measured compute times."""
+
+    features: tuple[float, ...]
+    analytical_forward_s: float
+    analytical_backward_s: float
+    measured_forward_s: float
+    measured_backward_s: float
+    source: str = ""
+
+    @property
+    def target(self) -> tuple[float, float]:
+        return (math.log(self.measured_forward_s / self.analytical_forward_s),
+                math.log(self.measured_backward_s / self.analytical_backward_s))
+
+
+def stage_features(*, peak_flops: float, memory_bandwidth_Bps: float, tp: int, dp: int, microbatch: float,
+                   seq_len: int, hidden: int, blocks: int, has_embedding: bool, has_head: bool, recompute: bool,
+                   flops: float, bytes_moved: float, analytical_s: float) -> tuple[float, ...]:
+    """The feature vector of one stage configuration (order = FEATURES)."""
+    def lg(x: float) -> float:
+        return math.log10(max(x, 1e-30))
+
+    return (lg(peak_flops), lg(memory_bandwidth_Bps), float(tp), float(dp), float(microbatch) / dp, float(seq_len),
+            float(hidden), float(blocks), float(has_embedding), float(has_head), float(recompute), lg(flops),
+            lg(bytes_moved), lg(analytical_s))
+
+
+@dataclass
+class _Tree:
+    left: list[int]
+    right: list[int]
+    feature: list[int]
+    threshold: list[float]
+    value: list[tuple[float, ...]]
+
+
+@dataclass
+class Correction:
+    """A fitted correction (or an empty one: `trained` False, ratios 1). Build with `fit`, `load`, `from_rows`."""
+
+    rows: tuple[TrainingRow, ...] = ()
+    hyperparameters: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_HYPERPARAMETERS))
+    reason: str = "no training data: analytical model only"
+    _trees: list[_Tree] = field(default_factory=list, repr=False)
+    _cache: dict[tuple[float, ...], tuple[float, float]] = field(default_factory=dict, repr=False)
+
+    @property
+    def trained(self) -> bool:
+        return bool(self._trees)
+
+    # ------------------------------------------------------------------------------------ fitting
+    @classmethod
+    def fit(cls, rows: Iterable[TrainingRow], hyperparameters: dict[str, Any] | None = None,
+            seed: int | None = None) -> "Correction":
+        """Fit a forest on `rows` (deterministic for a seed). Fewer than 4 rows: stays analytical, says why."""
+        rows = tuple(rows)
+        hp = dict(DEFAULT_HYPERPARAMETERS)
+        hp.update(_check_hp(hyperparameters or {}, None))
+        if seed is not None:
+            hp["random_state"] = int(seed)
+        corr = cls(rows, hp)
+        if len(rows) < 4:
+            corr.reason = f"only {len(rows)} training rows (need >= 4): analytical model only"
+            return corr
+        from sklearn.ensemble import RandomForestRegressor
+
+        x = [list(r.features) for r in rows]
+        y = [list(r.target) for r in rows]
+        forest = RandomForestRegressor(n_estimators=hp["n_estimators"], max_depth=hp["max_depth"],
+                                       min_samples_leaf=hp["min_samples_leaf"], max_features=hp["max_features"],
+                                       random_state=hp["random_state"], n_jobs=1)
+        forest.fit(x, y)
+        corr._trees = [_flatten(est) for est in forest.estimators_]
+        corr._sklearn = forest  # type: ignore[attr-defined]  # kept for tests comparing predictions
+        corr.reason = f"random forest on {len(rows)} measured stages"
+        return corr
+
+    # ------------------------------------------------------------------------------------ predicting
+    def log_ratios(self, features: Sequence[float]) -> tuple[float, float]:
+        if not self._trees:
+            return (0.0, 0.0)
+        import numpy as np
+
+        features = np.asarray(features, dtype=np.float32).tolist()  # sklearn compares float32 inputs
+        sf = sb = 0.0
+        for t in self._trees:
+            i = 0
+            left, right, feat, thr = t.left, t.right, t.feature, t.threshold
+            while left[i] != -1:
+                i = left[i] if features[feat[i]] <= thr[i] else right[i]
+            v = t.value[i]
+            sf += v[0]
+            sb += v[1]
+        n = len(self._trees)
+        return (sf / n, sb / n)
+
+    def ratios(self, features: Sequence[float]) -> tuple[float, float]:
+        """(forward, backward) multipliers of the analytical compute time: measured/analytical."""
+        key = tuple(features)
+        hit = self._cache.get(key)
+        if hit is None:
+            lf, lb = self.log_ratios(key)
+            hit = self._cache[key] = (math.exp(lf), math.exp(lb))
+        return hit
+
+    def features_for(self, cluster: Any, inputs: Any, layers: tuple[int, int], tp: int, dp: int, microbatch: int,
+                     recompute: bool, detail: Any) -> tuple[float, ...]:
+        """Features of a plan stage (the Evaluator calls this; `detail` is its analytical StageCompute)."""
+        first, last = layers
+        blocks = sum(1 for la in inputs.layers[first:last] if la.kind == "block")
+        return stage_features(
+            peak_flops=cluster.device.peak_flops, memory_bandwidth_Bps=cluster.device.memory_bandwidth_Bps, tp=tp,
+            dp=dp, microbatch=microbatch, seq_len=inputs.seq_len, hidden=inputs.model.hidden, blocks=blocks,
+            has_embedding=first == 0, has_head=last == len(inputs.layers), recompute=recompute,
+            flops=detail.flops_fwd, bytes_moved=detail.bytes_moved, analytical_s=detail.fwd_compute_s)
+
+    # ------------------------------------------------------------------------------------ files
+    def to_document(self) -> dict[str, Any]:
+        return {"schema": CORRECTION_SCHEMA, "hyperparameters": self.hyperparameters, "features": list(FEATURES),
+                "rows": [{"features": list(r.features), "analytical_forward_s": r.analytical_forward_s,
+                          "analytical_backward_s": r.analytical_backward_s, "measured_forward_s": r.measured_forward_s,
+                          "measured_backward_s": r.measured_backward_s, **({"source": r.source} if r.source else {})}
+                         for r in self.rows]}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the training rows + hyper-parameters: JSON for .json, CSV (hyper-parameters in `# ` header
+        lines) for .csv. Never the fitted model."""
+        p = Path(path)
+        if p.suffix.lower() == ".csv":
+            p.write_text(rows_to_csv(self.rows, self.hyperparameters), encoding="utf-8")
+        else:
+            p.write_text(json.dumps(self.to_document(), indent=1) + "\n", encoding="utf-8")
+        return p
+
+    @classmethod
+    def load(cls, *paths: str | Path, hyperparameters: dict[str, Any] | None = None) -> "Correction":
+        """Read training rows from JSON/CSV files (plain parsing, no code runs) and refit."""
+        rows: list[TrainingRow] = []
+        hp: dict[str, Any] = {}
+        for path in paths:
+            r, h = read_rows(path)
+            rows.extend(r)
+            hp.update(h)
+        hp.update(hyperparameters or {})
+        return cls.fit(rows, hp)
+
+
+def _flatten(est: Any) -> _Tree:
+    t = est.tree_
+    vals = t.value[:, :, 0]
+    return _Tree(t.children_left.tolist(), t.children_right.tolist(), t.feature.tolist(), t.threshold.tolist(),
+                 [tuple(float(x) for x in row) for row in vals])
+
+
+def _check_hp(hp: Any, source: str | Path | None) -> dict[str, Any]:
+    if not isinstance(hp, dict):
+        raise SpecError(source, "hyperparameters", f"expected a mapping, got {type(hp).__name__}")
+    out: dict[str, Any] = {}
+    for k, v in hp.items():
+        kind = _ALLOWED_HP.get(k)
+        if kind is None:
+            raise SpecError(source, f"hyperparameters.{k}", "unknown hyper-parameter",
+                            f"expected one of: {', '.join(_ALLOWED_HP)}")
+        try:
+            val = kind(v)
+        except (TypeError, ValueError):
+            raise SpecError(source, f"hyperparameters.{k}", f"expected a number, got {v!r}") from None
+        if isinstance(v, bool) or val <= 0 and k != "random_state" or val < 0:
+            raise SpecError(source, f"hyperparameters.{k}", f"must be positive, got {v!r}")
+        out[k] = val
+    return out
+
+
+def _num(value: Any, source: str | Path, where: str, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SpecError(source, where, f"expected a number, got {value!r}")
+    try:
+        x = float(value)
+    except ValueError:
+        raise SpecError(source, where, f"expected a number, got {value!r}") from None
+    if not math.isfinite(x) or (positive and x <= 0):
+        raise SpecError(source, where, f"expected a {'positive ' if positive else ''}finite number, got {value!r}")
+    return x
+
+
+_TIMES = ("analytical_forward_s", "analytical_backward_s", "measured_forward_s", "measured_backward_s")
+
+
+def _row(d: dict[str, Any], feats: Sequence[Any], source: str | Path, where: str) -> TrainingRow:
+    if len(feats) != len(FEATURES):
+        raise SpecError(source, f"{where}.features", f"expected {len(FEATURES)} features ({', '.join(FEATURES)}), "
+                        f"got {len(feats)}")
+    f = tuple(_num(x, source, f"{where}.features[{i}]") for i, x in enumerate(feats))
+    times = []
+    for name in _TIMES:
+        if name not in d:
+            raise SpecError(source, f"{where}.{name}", "required field is missing")
+        times.append(_num(d[name], source, f"{where}.{name}", positive=True))
+    src = d.get("source", "")
+    return TrainingRow(f, *times, source=str(src) if src is not None else "")
+
+
+def read_rows(path: str | Path) -> tuple[list[TrainingRow], dict[str, Any]]:
+    """Training rows and hyper-parameters from a JSON or CSV file. Errors name the file, field and fix."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(p, "", f"cannot read training data: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError(p, "", "cannot read training data: not UTF-8 text (JSON or CSV expected)",
+                        "training data is JSON/CSV rows written by Correction.save; binary files are refused") from None
+    if p.suffix.lower() == ".csv":
+        return rows_from_csv(text, p)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(p, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise SpecError(p, "rows", "expected an object with a 'rows' list", f"write it with Correction.save (schema {CORRECTION_SCHEMA})")
+    if doc.get("schema", CORRECTION_SCHEMA) != CORRECTION_SCHEMA:
+        raise SpecError(p, "schema", f"unsupported schema {doc.get('schema')!r}", f"expected {CORRECTION_SCHEMA!r}")
+    names = doc.get("features", list(FEATURES))
+    if list(names) != list(FEATURES):
+        raise SpecError(p, "features", "feature names differ from this version's", f"expected {list(FEATURES)}")
+    rows = []
+    for i, r in enumerate(doc["rows"]):
+        if not isinstance(r, dict) or not isinstance(r.get("features"), list):
+            raise SpecError(p, f"rows[{i}]", "expected an object with a 'features' list")
+        rows.append(_row(r, r["features"], p, f"rows[{i}]"))
+    return rows, _check_hp(doc.get("hyperparameters", {}), p)
+
+
+def rows_to_csv(rows: Iterable[TrainingRow], hyperparameters: dict[str, Any] | None = None) -> str:
+    buf = io.StringIO()
+    for k, v in (hyperparameters or {}).items():
+        buf.write(f"# {k}={v}\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*FEATURES, *_TIMES, "source"])
+    for r in rows:
+        w.writerow([*(repr(x) for x in r.features), *(repr(getattr(r, n)) for n in _TIMES), r.source])
+    return buf.getvalue()
+
+
+def rows_from_csv(text: str, source: str | Path) -> tuple[list[TrainingRow], dict[str, Any]]:
+    hp: dict[str, Any] = {}
+    body = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            k, sep, v = line[1:].strip().partition("=")
+            if sep:
+                hp[k.strip()] = v.strip()
+        elif line.strip():
+            body.append(line)
+    reader = csv.DictReader(body)
+    want = [*FEATURES, *_TIMES]
+    missing = [c for c in want if c not in (reader.fieldnames or [])]
+    if missing:
+        raise SpecError(source, "header", f"missing column(s) {', '.join(missing)}", f"columns: {', '.join(want)}")
+    rows = [_row(d, [d[n] for n in FEATURES], source, f"row {i + 2}") for i, d in enumerate(reader)]
+    return rows, _check_hp(hp, source)
+
+
+def analytical_row(device: Any, model: Any, seq_len: int, layers: tuple[int, int], *, microbatch: int,
+                   measured_forward_s: float, measured_backward_s: float, tp: int = 1, dp: int = 1,
+                   recompute: bool = False, flash_attention: bool = False, source: str = "") -> TrainingRow:
+    """A training row for a measured stage of `model` (layer slots `layers`) on one `device` (DeviceProfile):
+    the analytical estimate is computed here, so rows from any measurement share one definition."""
+    from hetauto.core.cluster import Cluster, LinkSpec
+    from hetauto.planner import costmodel as cm
+    from hetauto.planner.layers import layer_list
+
+    lay = layer_list(model, seq_len)
+    sums = cm.LayerTable(lay).range(*layers)
+    cluster = Cluster("measured", 1, max(tp * dp, 1), device, LinkSpec(device.intra_node_bandwidth_Bps, 5e-6),
+                      LinkSpec(device.nic_bandwidth_Bps, 1e-5))
+    d = cm.stage_compute(sums, cluster, seq_len=seq_len, hidden=model.hidden, tp=tp, dp=dp, microbatch=microbatch,
+                         recompute=recompute, flash_attention=flash_attention)
+    feats = stage_features(peak_flops=device.peak_flops, memory_bandwidth_Bps=device.memory_bandwidth_Bps, tp=tp,
+                           dp=dp, microbatch=microbatch, seq_len=seq_len, hidden=model.hidden, blocks=sums.blocks,
+                           has_embedding=sums.has_embedding, has_head=sums.has_head, recompute=recompute,
+                           flops=d.flops_fwd, bytes_moved=d.bytes_moved, analytical_s=d.fwd_compute_s)
+    return TrainingRow(feats, d.fwd_compute_s, d.bwd_compute_s, measured_forward_s, measured_backward_s, source)
+
+
+def rows_from_profile(profile: Any, vocab_size: int = 32000) -> list[TrainingRow]:
+    """Training rows from a measured profile's `measured.samples` (what `hetauto profile --samples` writes):
+    each sample is one transformer block at a shape."""
+    from hetauto.core.model import ModelConfig
+
+    measured = getattr(profile, "measured", None)
+    out = []
+    for i, s in enumerate(measured.samples if measured is not None else ()):
+        arch = s.arch if s.arch in ("gpt", "llama") else "gpt"
+        cfg = ModelConfig(f"sample{i}", arch, 1, s.hidden, s.num_heads, s.ffn_hidden or 4 * s.hidden, vocab_size,
+                          max_seq_len=s.seq_len)
+        out.append(analytical_row(profile, cfg, s.seq_len, (1, 2), microbatch=s.microbatch, tp=s.tp,
+                                  measured_forward_s=s.forward_s, measured_backward_s=s.backward_s,
+                                  flash_attention=profile.backend not in ("cpu", "mock"),
+                                  source=f"{profile.key}:samples[{i}]"))
+    return out

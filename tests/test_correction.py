@@ -1,0 +1,167 @@
+"""The learned correction: improves held-out error on data with a known non-linearity, is deterministic,
+persists only data (JSON/CSV), and loading never runs code."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import random
+
+import pytest
+
+from hetauto.core.errors import SpecError
+from hetauto.core.model import ModelConfig
+from hetauto.core.profile import get_device
+from hetauto.planner.correction import (
+    FEATURES, Correction, TrainingRow, analytical_row, read_rows, rows_from_profile,
+)
+from hetauto.planner.evaluate import Evaluator
+from hetauto.planner.inputs import load_planning_inputs
+
+
+def synthetic_rows(n: int, seed: int) -> list[TrainingRow]:
+    """Ground truth = analytical x (1 + (3e7 / flops)^0.6): efficiency collapses for small GEMMs, which the
+    analytical model's saturating curve underestimates; plus 2% noise."""
+    rnd = random.Random(seed)
+    dev = get_device("cpu")
+    rows = []
+    for _ in range(n):
+        h = rnd.choice([32, 64, 128, 256])
+        cfg = ModelConfig("syn", rnd.choice(["gpt", "llama"]), 4, h, 4, 4 * h, 256, max_seq_len=256)
+        seq = rnd.choice([16, 32, 64, 128])
+        mb = rnd.choice([1, 2, 4, 8])
+        blocks = rnd.randint(1, 4)
+        speed = rnd.choice([1.0, 0.5, 0.25])
+        row = analytical_row(dev.scaled(speed), cfg, seq, (1, 1 + blocks), microbatch=mb,
+                             measured_forward_s=1.0, measured_backward_s=1.0)
+        flops = 10 ** row.features[FEATURES.index("log_flops")]
+        g = 1 + (3e7 / flops) ** 0.6
+        f = row.analytical_forward_s * g * rnd.uniform(0.98, 1.02)
+        b = row.analytical_backward_s * g * 1.1 * rnd.uniform(0.98, 1.02)
+        rows.append(TrainingRow(row.features, row.analytical_forward_s, row.analytical_backward_s, f, b, "syn"))
+    return rows
+
+
+def mape(pred: list[float], true: list[float]) -> float:
+    return sum(abs(p - t) / t for p, t in zip(pred, true)) / len(true)
+
+
+def test_forest_improves_held_out_error() -> None:
+    train, test = synthetic_rows(300, 1), synthetic_rows(100, 2)
+    corr = Correction.fit(train, seed=0)
+    assert corr.trained and "300 measured stages" in corr.reason
+    truth = [r.measured_forward_s + r.measured_backward_s for r in test]
+    analytical = [r.analytical_forward_s + r.analytical_backward_s for r in test]
+    corrected = []
+    for r in test:
+        rf, rb = corr.ratios(r.features)
+        corrected.append(r.analytical_forward_s * rf + r.analytical_backward_s * rb)
+    assert mape(analytical, truth) > 0.3
+    assert mape(corrected, truth) < 0.1
+    assert mape(corrected, truth) < mape(analytical, truth) / 3
+
+
+def test_deterministic_for_a_seed_and_matches_sklearn() -> None:
+    rows = synthetic_rows(120, 3)
+    a, b, c = Correction.fit(rows, seed=5), Correction.fit(rows, seed=5), Correction.fit(rows, seed=6)
+    probe = synthetic_rows(20, 4)
+    pa = [a.log_ratios(r.features) for r in probe]
+    assert pa == [b.log_ratios(r.features) for r in probe]
+    assert pa != [c.log_ratios(r.features) for r in probe]
+    sk = a._sklearn.predict([list(r.features) for r in probe])  # type: ignore[attr-defined]
+    for (f, bk), (sf, sb) in zip(pa, sk):
+        assert f == pytest.approx(sf, abs=1e-12) and bk == pytest.approx(sb, abs=1e-12)
+
+
+def test_no_data_falls_back_to_analytical_and_says_so() -> None:
+    corr = Correction.fit([])
+    assert not corr.trained and corr.ratios((0.0,) * len(FEATURES)) == (1.0, 1.0)
+    assert corr.reason == "only 0 training rows (need >= 4): analytical model only"
+    inp = load_planning_inputs(scenario="cpu-demo")
+    assert Evaluator(inp, correction=corr).cost_model_name == "analytical"
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_save_load_round_trip_refits_identically(tmp_path, suffix: str, monkeypatch) -> None:
+    rows = synthetic_rows(60, 5)
+    corr = Correction.fit(rows, {"n_estimators": 20}, seed=3)
+    path = corr.save(tmp_path / f"train{suffix}")
+
+    def boom(*_a, **_k):  # loading must never unpickle
+        raise AssertionError("pickle used")
+
+    monkeypatch.setattr(pickle, "loads", boom)
+    monkeypatch.setattr(pickle, "load", boom)
+    back = Correction.load(path)
+    assert back.rows == corr.rows and back.hyperparameters == corr.hyperparameters
+    probe = synthetic_rows(10, 6)
+    assert [back.log_ratios(r.features) for r in probe] == [corr.log_ratios(r.features) for r in probe]
+
+
+def test_loading_never_executes_code(tmp_path) -> None:
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(eval)  # a real pickle: would run code if unpickled
+    bad = tmp_path / "t.json"
+    bad.write_bytes(payload)
+    with pytest.raises(SpecError, match=r"t.json: .*(invalid JSON|cannot read)"):
+        Correction.load(bad)
+    doc = {"rows": [{"features": [f"__import__('os').system('touch {marker}')"] + [0] * (len(FEATURES) - 1),
+                     "analytical_forward_s": 1, "analytical_backward_s": 1, "measured_forward_s": 1,
+                     "measured_backward_s": 1}]}
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=r"rows\[0\]\.features\[0\]: expected a number"):
+        Correction.load(bad)
+    csv_bad = tmp_path / "t.csv"
+    csv_bad.write_text("# n_estimators=__import__('os')\n" + ",".join(FEATURES) + "\n")
+    with pytest.raises(SpecError, match="missing column"):
+        Correction.load(csv_bad)
+    rows = synthetic_rows(5, 1)
+    good = Correction.fit(rows).save(tmp_path / "g.csv")
+    good.write_text(good.read_text().replace("# n_estimators=60", "# n_estimators=__import__('os')"))
+    with pytest.raises(SpecError, match=r"hyperparameters.n_estimators: expected a number"):
+        Correction.load(good)
+    assert not marker.exists()
+
+
+def test_bad_rows_name_the_field(tmp_path) -> None:
+    row = {"features": [1.0] * len(FEATURES), "analytical_forward_s": 1, "analytical_backward_s": 1,
+           "measured_forward_s": -2, "measured_backward_s": 1}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"rows": [row]}))
+    with pytest.raises(SpecError, match=r"r.json: rows\[0\].measured_forward_s: expected a positive finite number"):
+        read_rows(p)
+    p.write_text(json.dumps({"rows": [], "hyperparameters": {"depth": 3}}))
+    with pytest.raises(SpecError, match=r"hyperparameters.depth: unknown hyper-parameter"):
+        read_rows(p)
+
+
+def test_evaluator_applies_the_correction() -> None:
+    inp = load_planning_inputs(scenario="cpu-demo")
+    rows = []
+    dev = inp.cluster.clusters[0].device
+    for mb in (1, 2, 4, 8):
+        for a, b in ((0, 3), (3, 6), (0, 6), (1, 4)):
+            r = analytical_row(dev, inp.model, inp.seq_len, (a, b), microbatch=mb, measured_forward_s=1.0,
+                               measured_backward_s=1.0)
+            rows.append(TrainingRow(r.features, r.analytical_forward_s, r.analytical_backward_s,
+                                    3 * r.analytical_forward_s, 2 * r.analytical_backward_s))
+    corr = Correction.fit(rows)
+    plain, fixed = Evaluator(inp), Evaluator(inp, correction=corr)
+    assert fixed.cost_model_name == "analytical+forest"
+    f0, b0 = plain.stage_compute_time("fast", (0, 3), 1, 1, 4)
+    f1, b1 = fixed.stage_compute_time("fast", (0, 3), 1, 1, 4)
+    assert f1 == pytest.approx(3 * f0, rel=1e-9) and b1 == pytest.approx(2 * b0, rel=1e-9)
+
+
+def test_rows_from_profile_samples() -> None:
+    from hetauto.core.profile import LayerSample, MeasuredDoc
+
+    dev = get_device("cpu")
+    from dataclasses import replace
+
+    sample = LayerSample(microbatch=2, seq_len=32, hidden=64, num_heads=4, forward_s=0.01, backward_s=0.02)
+    prof = replace(dev, measured=MeasuredDoc(samples=(sample,)))
+    rows = rows_from_profile(prof)
+    assert len(rows) == 1 and rows[0].measured_forward_s == 0.01 and rows[0].source == "cpu:samples[0]"
+    assert rows[0].features[FEATURES.index("blocks")] == 1.0 and math.isfinite(rows[0].analytical_forward_s)
