@@ -1,0 +1,65 @@
+"""`hetauto plan`: JSON fields per DESIGN.md, a plan file valid for the cpu-demo cluster, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hetauto.cli import main
+from hetauto.core.plan import Plan
+from hetauto.core.scenarios import get_scenario
+from hetauto.planner.evaluate import evaluate_plan
+
+
+def test_plan_cpu_demo_writes_a_valid_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--scenario", "cpu-demo", "--iterations", "30", "--seed", "3", "-o", str(out), "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    for key in ("iteration_time_s", "throughput_samples_s", "tokens_s", "mfu", "search_time_s", "evaluations", "plan"):
+        assert key in doc
+    plan = Plan.load(out)
+    assert plan.cluster == "cpu-demo" and plan.model == "tiny-gpt"
+    assert plan.model_dump(mode="json", by_alias=True) == doc["plan"]
+    spec = get_scenario("cpu-demo").cluster
+    for s in plan.stages:
+        c = spec.cluster(s.cluster)
+        assert s.device_type == c.device.key
+        assert all(0 <= d < c.num_devices for d in s.devices)
+        assert s.tp <= c.devices_per_node
+    assert plan.stages[-1].layers[1] == 6  # embedding + 4 blocks + head
+    assert plan.prediction is not None
+    again = evaluate_plan(plan)  # resolves the scenario by the plan's cluster field
+    assert again.feasible
+    assert again.throughput_samples_s == pytest.approx(doc["throughput_samples_s"], rel=1e-12)
+    assert doc["tokens_s"] == pytest.approx(doc["throughput_samples_s"] * 32, rel=1e-12)
+
+
+def test_plan_with_baselines_reports_each(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--scenario", "cpu-demo", "--iterations", "20", "--baselines", "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["baselines"]) == {"megatron", "metis", "amp", "greedy"}
+    for b in doc["baselines"].values():
+        assert b["ratio"] == pytest.approx(doc["throughput_samples_s"] / b["throughput_samples_s"])
+
+
+def test_human_output_has_the_stage_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--scenario", "cpu-demo", "--iterations", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "tp x dp" in text and "/ 16GiB" in text and "samples/s" in text and "evaluations" in text
+
+
+def test_model_too_large_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--scenario", "cpu-demo", "--model", "gpt3-175b", "--seq", "32", "--iterations", "5"])
+    assert code != 0
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert "model states need" in err and "all 4 devices together hold 64.0 GiB" in err
+
+
+def test_bad_budget_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--scenario", "cpu-demo", "--budget", "0"]) != 0
+    assert "--budget must be positive" in capsys.readouterr().err
