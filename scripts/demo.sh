@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: install, show the backends, validate the default scenario's inputs,
-# and simulate a Virtual-1F1B pipeline over a slow boundary. (The planner and `hetauto run` join this
-# script when they land: see the open issues.)
+# simulate a Virtual-1F1B pipeline over a slow boundary, then plan the cpu-demo scenario and train that
+# plan for real (torchrun, emulated cluster speeds and links), loss next to the single-process reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet torch==2.13.0 -e .
 hetauto backends
 hetauto plan
 hetauto simulate --synthetic --schedule virtual-1f1b --stages 4 --microbatches 8 --tf 1 --tb 2 --link-latency 1:3
+hetauto plan --scenario cpu-demo -o /tmp/hetauto-cpu-demo-plan.json
+hetauto run /tmp/hetauto-cpu-demo-plan.json --steps 3 --emulate --trace /tmp/hetauto-cpu-demo-trace.json
