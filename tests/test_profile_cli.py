@@ -69,3 +69,23 @@ def test_unwritable_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["profile", "--quick", "--dtypes", "fp32", "-o", str(target)]) == 2
     assert capsys.readouterr().err == (f"hetauto profile: error: cannot write profile '{target}': its directory "
                                        "does not exist (choose another -o FILE)\n")
+
+
+def test_mock_backend_without_catalog_entry(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetauto.backends import reset_registry
+
+    monkeypatch.delenv("HETAUTO_MOCK_PROFILE", raising=False)
+    monkeypatch.setenv("HETAUTO_MOCK_DEVICES", "2")
+    reset_registry()
+    out = tmp_path / "mock.yaml"
+    try:
+        assert main(["profile", "--backend", "mock", "--quick", "--dtypes", "fp32", "-o", str(out)]) == 0
+    finally:
+        reset_registry()
+    text = capsys.readouterr().out.replace("\n", " ")
+    assert "names no catalog device" in text
+    prof = load_profile(out)
+    assert prof.key == "mock-measured" and prof.backend == "mock" and prof.name == "mock:0 (measured)"
+    assert "other fields from catalog 'cpu'" in prof.source
+    assert prof.peak_flops >= max(g.achieved_flops for g in prof.measured.gemm) * 0.999  # type: ignore[union-attr]

@@ -103,7 +103,9 @@ def _samples(peak: float, max_eff: float, half: float, dtype: str = "bfloat16") 
 
 def test_efficiency_keeps_published_peak_and_fits_efficiency() -> None:
     base = catalog()["a100-80g"]
-    peak, eff = efficiency_from_gemm(_samples(base.peak_flops, 0.62, 3e9), base)  # type: ignore[misc]
+    fit = efficiency_from_gemm(_samples(base.peak_flops, 0.62, 3e9), base)
+    assert fit is not None and fit.dtype == "bfloat16"
+    peak, eff = fit.peak_flops, fit.efficiency
     assert peak == base.peak_flops
     assert eff.max_eff == pytest.approx(0.62, rel=1e-9) and eff.half_size_flops == pytest.approx(3e9, rel=1e-9)
     assert eff.tp_penalty == base.efficiency_model.tp_penalty
@@ -113,8 +115,10 @@ def test_efficiency_on_estimated_base_uses_measured_peak_of_fastest_dtype() -> N
     base = catalog()["cpu"]
     assert base.estimated
     rows = _samples(1e11, 1.0, 1e7, "float32") + _samples(1e9, 1.0, 1e7, "bfloat16")
-    peak, eff = efficiency_from_gemm(rows, base)  # type: ignore[misc]
-    assert peak == pytest.approx(1e11, rel=1e-9) and eff.max_eff == pytest.approx(1.0)
+    fit = efficiency_from_gemm(rows, base)
+    assert fit is not None and fit.dtype == "float32"
+    assert fit.peak_flops == pytest.approx(1e11, rel=1e-9) and fit.efficiency.max_eff == pytest.approx(1.0)
+    assert efficiency_from_gemm(rows, base, "bfloat16").peak_flops == pytest.approx(1e9, rel=1e-9)  # type: ignore[union-attr]
     assert efficiency_from_gemm([], base) is None
 
 

@@ -70,14 +70,16 @@ def test_two_rank_cli_on_mock_backend(tmp_path: Path) -> None:
     from hetauto.core.profile import load_profile
 
     path = tmp_path / "mock.json"
-    env = {"HETAUTO_BACKEND": "mock", "HETAUTO_MOCK_DEVICES": "2", "HETAUTO_MOCK_PROFILE": "a100-80g"}
+    env = {"HETAUTO_BACKEND": "mock", "HETAUTO_MOCK_DEVICES": "2", "HETAUTO_MOCK_PROFILE": "a100-80g",
+           "HETAUTO_MOCK_SPEED": "0.5"}
     (code0, out0), (code1, out1) = run_ranks(_cli_rank, 2, str(path), timeout=90, env=env)
     assert (code0, code1) == (0, 0) and out1 == ""  # only rank 0 prints
     doc = json.loads(out0)
     prof = load_profile(path)
     assert prof.to_document() == doc
     assert prof.key == "a100-80g" and prof.backend == "mock"
-    assert prof.peak_flops == 312e12  # trusted catalog peak kept; the sweep sets the efficiency
+    assert prof.peak_flops == 0.5 * 312e12  # trusted catalog peak kept, scaled by the mock speed factor
+    assert prof.memory_bandwidth_Bps == pytest.approx(0.5 * float(prof.measured.memory_bandwidth))  # type: ignore[union-attr,arg-type]
     assert 0 < prof.efficiency_model.max_eff < 1
     fits = prof.measured.collectives  # type: ignore[union-attr]
     for fit in (fits.all_reduce, fits.all_gather, fits.p2p):

@@ -74,6 +74,22 @@ def format_flops(f: float) -> str:
     return f"{f:.4g} FLOP/s"
 
 
+def _peak_origin(result: object) -> str:
+    fit = getattr(result, "gemm_fit", None)
+    if fit is None:
+        return f" (catalog '{getattr(result, 'base', None)}', not measured)"
+    if getattr(result, "base", None) and fit.peak_flops == catalog_peak(result.base):  # type: ignore[attr-defined]
+        return f" (catalog '{result.base}'; efficiency from {fit.dtype} GEMMs)"  # type: ignore[attr-defined]
+    return f" ({fit.dtype} GEMM asymptote)"
+
+
+def catalog_peak(key: str) -> float | None:
+    from hetauto.core.profile import catalog
+
+    entry = catalog().get(key)
+    return entry.peak_flops if entry else None
+
+
 def _print_human(result: object, path: str) -> None:
     from rich.markup import escape
 
@@ -87,7 +103,7 @@ def _print_human(result: object, path: str) -> None:
         ("backend / device", f"{result.backend} / {result.device_name}"),
         ("ranks", str(result.world_size)),
         ("catalog base", result.base or "none"),
-        ("peak FLOP/s (bf16/fp16)", format_flops(p.peak_flops)),
+        ("peak FLOP/s", format_flops(p.peak_flops) + _peak_origin(result)),
         ("efficiency", f"max_eff {p.efficiency_model.max_eff:.3f}, half size {p.efficiency_model.half_size_flops:.3g} FLOP, "
                        f"tp_penalty {p.efficiency_model.tp_penalty:g}"),
         ("memory", f"{p.memory_bytes / 2**30:.1f} GiB"),

@@ -39,9 +39,9 @@ def measure_gemm(
 ) -> GemmSample:
     """Time one GEMM shape (best of `repeats`, launch overhead amortised) and return the sample."""
     tdtype = getattr(torch, dtype)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(m, k, generator=gen).to(device=device, dtype=tdtype)
-    b = torch.randn(k, n, generator=gen).to(device=device, dtype=tdtype)
+    # Drawn on the device itself: host-side randn of a 16k x 16k operand would take longer than the GEMM sweep.
+    a = torch.randn(m, k, device=device, dtype=tdtype)
+    b = torch.randn(k, n, device=device, dtype=tdtype)
     out = torch.empty(m, n, device=device, dtype=tdtype)
     seconds = time_call(lambda: torch.matmul(a, b, out=out), backend, warmup=1, repeats=repeats, inner=None)
     return GemmSample(m=m, n=n, k=k, dtype=dtype, seconds=seconds)
@@ -59,8 +59,8 @@ def sweep_gemm(
     min_shapes: int = 3,
     on_step: Callable[[str], None] | None = None,
 ) -> tuple[list[GemmSample], list[str]]:
-    """Every (dtype, shape) until a dtype's GEMM exceeds `max_gemm_s` (after at least `min_shapes` of it). Returns (samples, notes); a dtype
-    the device rejects is noted and skipped, never fatal."""
+    """Every (dtype, shape) until a dtype's GEMM exceeds `max_gemm_s` (after at least `min_shapes` of it).
+    Returns (samples, notes); a dtype the device rejects is noted and skipped, never fatal."""
     samples: list[GemmSample] = []
     notes: list[str] = []
     for dtype in dtypes:

@@ -41,7 +41,7 @@ from hetauto.profiling.gemm import Shape, default_shapes, sweep_gemm
 from hetauto.profiling.layers import LayerPoint, default_grid, sample_layers
 from hetauto.profiling.membw import MemoryBandwidth, measure_memory_bandwidth
 
-__all__ = ["ProfileOptions", "ProfileRun", "run_profile", "build_profile", "efficiency_from_gemm", "world_from_env"]
+__all__ = ["ProfileOptions", "ProfileRun", "GemmFit", "run_profile", "build_profile", "efficiency_from_gemm", "world_from_env"]
 
 _BACKEND_NAMES = ("cuda", "rocm", "npu", "xpu", "cpu", "mock")  # ProfileDoc.backend's allowed values
 
@@ -72,6 +72,15 @@ class ProfileOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class GemmFit:
+    """Peak and efficiency model fitted to the GEMM sweep of one dtype."""
+
+    peak_flops: float
+    efficiency: EfficiencyDoc
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
 class ProfileRun:
     """The profile plus what the table shows and the profile document has no field for."""
 
@@ -83,6 +92,7 @@ class ProfileRun:
     world_size: int
     memory_bandwidth: MemoryBandwidth | None
     elapsed_s: float
+    gemm_fit: GemmFit | None = None
     notes: tuple[str, ...] = field(default=())
 
 
@@ -99,7 +109,7 @@ def world_from_env() -> tuple[int, int, int]:
 
 def efficiency_from_gemm(
     samples: list[GemmSample] | tuple[GemmSample, ...], base: DeviceProfile | None, dtype: str | None = None
-) -> tuple[float, EfficiencyDoc] | None:
+) -> GemmFit | None:
     """(peak_flops, efficiency) fitted to the GEMM samples of `dtype`; None without samples.
 
     Default dtype: the fastest measured one, i.e. the dtype the device would train in (bf16/fp16 on an
@@ -119,7 +129,7 @@ def efficiency_from_gemm(
         peak = base.peak_flops
     tp_penalty = base.efficiency_model.tp_penalty if base is not None else 1.0
     max_eff = min(max(top / peak, 1e-6), 1.0)
-    return peak, EfficiencyDoc(max_eff=max_eff, half_size_flops=half, tp_penalty=tp_penalty)
+    return GemmFit(peak, EfficiencyDoc(max_eff=max_eff, half_size_flops=half, tp_penalty=tp_penalty), pick)
 
 
 def build_profile(
@@ -146,8 +156,9 @@ def build_profile(
         collectives=collectives or CollectiveFits(),
         samples=tuple(samples),
     )
-    what = [w for w, ok in (("GEMM peak/efficiency", fitted), ("memory bandwidth", memory_bandwidth),
-                            ("memory size", memory_total > 0)) if ok]
+    gemm_what = f"GEMM peak/efficiency ({fitted.dtype})" if fitted else ""
+    what = [w for w, ok in ((gemm_what, fitted), ("memory bandwidth", memory_bandwidth), ("memory size", memory_total > 0))
+            if ok]
     doc: dict[str, Any] = {
         "schema": "hetauto.profile/1",
         "key": fallback.key if base is not None else f"{backend.name}-measured",
@@ -160,7 +171,7 @@ def build_profile(
     if backend.name in _BACKEND_NAMES:
         doc["backend"] = backend.name
     if fitted is not None:
-        doc["peak_flops"], doc["efficiency"] = fitted[0], fitted[1]
+        doc["peak_flops"], doc["efficiency"] = fitted.peak_flops, fitted.efficiency
     if memory_bandwidth is not None:
         doc["memory_bandwidth"] = memory_bandwidth.best_Bps
     if memory_total > 0:
@@ -272,8 +283,13 @@ def run_profile(backend: Backend, options: ProfileOptions = ProfileOptions(), *,
     memory_total = backend.memory_stats(index).total
     profile = build_profile(backend, base, device_name=device_name, gemm=gemm, memory_bandwidth=membw,
                             collectives=fits, samples=samples, memory_total=memory_total)
+    factor = backend.speed_factor(index)
+    if factor != 1.0:  # an emulated slower/faster device (mock): the planner must see the emulated speed
+        profile = profile.scaled(factor)
+        notes.append(f"peak FLOP/s and memory bandwidth scaled by the device's speed factor {factor:g} "
+                     "(raw measurements kept under `measured`)")
     if base is None:
         notes.append(f"backend '{backend.name}' names no catalog device; unmeasured fields come from catalog 'cpu'")
     return ProfileRun(profile=profile, base=base_key if base else None, backend=backend.name, device_name=device_name,
                       rank=rank, world_size=world, memory_bandwidth=membw, elapsed_s=time.perf_counter() - t0,
-                      notes=tuple(notes))
+                      gemm_fit=efficiency_from_gemm(gemm, base), notes=tuple(notes))
