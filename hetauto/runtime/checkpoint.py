@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 import warnings
@@ -355,7 +356,8 @@ def save_checkpoint(
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return re.sub(r"^\[[^\]]*\]\s*", "", line)  # drop gloo's "[file.cc:553] " source prefix
 
 
 # ----------------------------------------------------------------------------------------- find / read
