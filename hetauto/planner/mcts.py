@@ -294,13 +294,19 @@ class MCTS:
             self.trace.append(point)
 
     def run(self, budget_s: float | None = None, iterations: int | None = None,
-            progress: ProgressFn | None = None, start: float | None = None) -> Scored | None:
-        """Search until the time budget or iteration count is spent (or the tree is exhausted)."""
-        if budget_s is None and iterations is None:
+            progress: ProgressFn | None = None, start: float | None = None,
+            max_evaluations: int | None = None) -> Scored | None:
+        """Search until the time budget, iteration count or evaluation count is spent (or the tree is
+        exhausted)."""
+        if budget_s is None and iterations is None and max_evaluations is None:
             iterations = 200
         self._start = start if start is not None else time.perf_counter()
         done = 0
+        ev = self.space.evaluator
+        first = ev.evaluations
         while True:
+            if max_evaluations is not None and ev.evaluations - first >= max_evaluations:
+                break
             if iterations is not None and done >= iterations:
                 break
             if budget_s is not None and time.perf_counter() - self._start >= budget_s:

@@ -10,6 +10,7 @@ instead (deterministic for a seed). Planners: mcts (ours), exhaustive, megatron,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +96,7 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
 
 def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = None, seed: int = 0, *,
          iterations: int | None = None, evaluator: Any = None, progress: ProgressFn | None = None,
-         space_options: dict[str, Any] | None = None) -> PlanResult:
+         space_options: dict[str, Any] | None = None, max_evaluations: int | None = None) -> PlanResult:
     """Search for the highest-throughput plan that fits; raise InfeasiblePlan naming the tightest constraint."""
     if planner not in PLANNERS:
         raise HetautoError(f"unknown planner '{planner}'; choose one of: {', '.join(PLANNERS)}")
@@ -107,19 +108,21 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
     before = ev.evaluations
     if planner == "mcts":
         space = StrategySpace(inputs, ev, **(space_options or {}))
+        if budget is None and iterations is None and max_evaluations is None:
+            budget = DEFAULT_BUDGET_S
         search = MCTS(space, seed=seed)
         search._start = start
         search.seed_with(seed_candidates(space))
-        if budget is None and iterations is None:
-            budget = DEFAULT_BUDGET_S
-        best = search.run(budget_s=budget, iterations=iterations, progress=progress, start=start)
+        search.seed_with(baseline_seeds(space, _limit(start, budget)))
+        best = search.run(budget_s=budget, iterations=iterations, progress=progress, start=start,
+                          max_evaluations=None if max_evaluations is None else max_evaluations - 2 - (ev.evaluations - before))
         best = polish(space, search.scorer, best)
         search._record()
         return _finish(best, space, search.scorer, start, ev.evaluations - before, search.trace, planner)
     from hetauto.planner.baselines import run_baseline
 
     space, scorer, best, trace = run_baseline(planner, inputs, ev, budget=budget, seed=seed, start=start,
-                                              progress=progress)
+                                              progress=progress, space_options=space_options)
     return _finish(best, space, scorer, start, ev.evaluations - before, trace, planner)
 
 
@@ -128,17 +131,45 @@ def seed_candidates(space: StrategySpace) -> list[Candidate]:
     estimated memory fits, the smallest TP, Virtual-1F1B; MCTS starts from these."""
     out = []
     order = max(space.orders(), key=lambda o: [space.spec.cluster(n).device.memory_bytes for n in o])
+    per_cluster = max(1, space.num_layers // len(order))
     for mbs in space.microbatch_sizes()[:4]:
         choices = []
         for name in order:
-            opts = [o for o in space.cluster_options(name, mbs) if o.stages > 0 and not o.recompute]
-            if not opts:
-                opts = [o for o in space.cluster_options(name, mbs) if o.stages > 0]
+            opts = [o for o in space.cluster_options(name, mbs) if 0 < o.stages <= per_cluster]
+            plain = [o for o in opts if not o.recompute]
             if not opts:
                 break
-            choices.append(min(opts, key=lambda o: (o.tp, o.stages)))
+            choices.append(min(plain or opts, key=lambda o: (o.tp, o.stages)))
         if len(choices) == len(order):
             out.append(Candidate(mbs, order, tuple(choices), "virtual-1f1b", False, space.resharding))
+    return out
+
+
+def _limit(start: float, budget: float | None, share: float = 0.15, calls: int = 3000) -> Callable[[], bool]:
+    """Stop after `share` of a time budget, or (iteration budgets: deterministic) after `calls` checks."""
+    if budget is not None:
+        return lambda: time.perf_counter() - start >= share * budget
+    count = [0]
+
+    def out() -> bool:
+        count[0] += 1
+        return count[0] > calls
+    return out
+
+
+def baseline_seeds(space: StrategySpace, out_of_time: Callable[[], bool], top: int = 3) -> list[Candidate]:
+    """What Metis would pick (ranked by its own estimate, no evaluations), as it is and with our features
+    (min-max layer balance, Virtual-1F1B, scatter-allgather): our space contains the baselines' plans, so
+    starting from them means the search never ends below them."""
+    from dataclasses import replace
+
+    from hetauto.planner.baselines.metis import metis_ranked
+
+    out: list[Candidate] = []
+    for _, cand in metis_ranked(space, out_of_time)[:top]:
+        out.append(cand)
+        ours = replace(cand, schedule="virtual-1f1b", resharding=space.resharding, balance="minimax")
+        out += [ours, replace(ours, zero1=True)]
     return out
 
 

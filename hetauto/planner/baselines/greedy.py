@@ -20,8 +20,9 @@ def greedy(inputs: PlanningInputs, evaluator: Any, *, record: Callable[[Scorer],
     space = StrategySpace(inputs, evaluator, **(space_options or {}))
     scorer = Scorer(space)
     seeds = seed_candidates(space)
-    for c in seeds[:1]:
-        scorer.score(c)
+    for c in seeds:  # the first seed that builds and fits
+        if scorer.score(c) is not None:
+            break
     record(scorer)
     if scorer.best is None:
         return space, scorer

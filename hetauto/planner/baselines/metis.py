@@ -1,5 +1,5 @@
-"""Metis (USENIX ATC'24), re-implemented from its paper: device-type orders x per-type stage counts (powers
-of two) x microbatch sizes; per stage start at (dp = n, tp = 1) and, while memory does not fit, halve dp /
+"""Metis (USENIX ATC'24), re-implemented from its paper: device-type orders x per-type stage group sizes (powers
+of two devices) x microbatch sizes; per stage start at (dp = n, tp = 1) and, while memory does not fit, halve dp /
 double tp in the stage with the least headroom; layers in proportion to stage throughput, re-balanced for
 memory; plain 1F1B, lanes resharding. It ranks with its own cost model (below), including its known
 slip of reading the intra-node bandwidth for cut transfers; the pick is then scored by our Evaluator.
@@ -25,34 +25,42 @@ def metis(inputs: PlanningInputs, evaluator: Any, *, record: Callable[[Scorer], 
     opts = {"recompute": (False,), "zero1": (False,), "resharding": "lanes", **(space_options or {})}
     space = StrategySpace(inputs, evaluator, **opts)
     scorer = Scorer(space)
+    for _, cand in metis_ranked(space, out_of_time):
+        if scorer.score(cand) is not None:  # its pick (the next only if ours finds it infeasible)
+            break
+    record(scorer)
+    return space, scorer
+
+
+def metis_ranked(space: StrategySpace, out_of_time: Callable[[], bool]) -> list[tuple[float, Candidate]]:
+    """Metis' candidates, best first by its own estimate (enumeration stops when `out_of_time()`)."""
     spec = space.spec
     n = space.num_layers
-    gbs = inputs.global_batch
+    gbs = space.inputs.global_batch
     ranked: list[tuple[float, Candidate]] = []
-    kopts = {c.name: [k for k, _ in P.stage_group_options(c) if k & (k - 1) == 0 and k <= n] for c in spec.clusters}
-    done = False
+    kopts = {c.name: [k for k, size in P.stage_group_options(c) if size & (size - 1) == 0 and k <= n]
+             for c in spec.clusters}  # device-group sizes are powers of two
     for mbs in space.microbatch_sizes():
         m = gbs // mbs
+        valid = {c.name: [k for k in kopts[c.name] if _dp_fits(c.num_devices // k, c.devices_per_node, mbs)]
+                 for c in spec.clusters}
         for order in space.orders():
-            for ks in itertools.product(*(kopts[name] for name in order)):
+            for ks in itertools.product(*(valid[name] for name in order)):
                 if out_of_time():
-                    done = True
-                    break
+                    ranked.sort(key=lambda x: x[0])
+                    return ranked
                 if sum(ks) > n:
                     continue
                 got = _metis_candidate(space, order, ks, mbs, m)
                 if got is not None:
                     ranked.append(got)
-            if done:
-                break
-        if done:
-            break
     ranked.sort(key=lambda x: x[0])
-    for _, cand in ranked:
-        if scorer.score(cand) is not None:
-            break
-    record(scorer)
-    return space, scorer
+    return ranked
+
+
+def _dp_fits(size: int, dpn: int, mbs: int) -> bool:
+    """Some TP degree inside the node leaves a DP degree that divides the microbatch."""
+    return any(mbs % (size // t) == 0 for t in P.tp_options(size, dpn))
 
 
 def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int, ...], mbs: int,
