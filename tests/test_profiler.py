@@ -157,7 +157,11 @@ def test_memory_bandwidth_and_block_on_cpu() -> None:
     row = measure_block(cpu, cpu.device(0), LayerPoint(2, 8, 64), "float32", repeats=1)
     assert (row.microbatch, row.seq_len, row.hidden, row.tp, row.num_heads, row.ffn_hidden) == (2, 8, 64, 1, 1, 256)
     assert row.forward_s > 0 and row.backward_s > 0
-    # The block keeps at least its input and the MLP's 4h-wide activation for backward.
-    assert row.memory_bytes is not None and row.memory_bytes >= 4 * (2 * 8 * 64 + 2 * 8 * 256)
-    assert math.isfinite(row.memory_bytes)
-    torch.manual_seed(0)
+    # Saved activations (weights excluded) scale exactly with the microbatch, and hold at least the block's
+    # input and the MLP's 4h-wide activation.
+    half = measure_block(cpu, cpu.device(0), LayerPoint(1, 8, 64), "float32", repeats=1)
+    assert row.memory_bytes is not None and half.memory_bytes is not None
+    assert row.memory_bytes == 2 * half.memory_bytes
+    assert row.memory_bytes >= 4 * (2 * 8 * 64 + 2 * 8 * 256) and math.isfinite(row.memory_bytes)
+    params = sum(p.numel() * 4 for p in torch.nn.Linear(64, 256).parameters())
+    assert half.memory_bytes < 16 * 4 * 8 * 64 + params  # weights are not activation memory

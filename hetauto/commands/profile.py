@@ -2,7 +2,7 @@
 
     hetauto profile --quick -o cpu.yaml              # ~10 s on a CPU
     hetauto profile --samples                         # plus per-block timings for the learned cost model
-    torchrun --nproc-per-node=2 -m hetauto.commands.profile --quick   # plus all-reduce/all-gather/p2p fits
+    torchrun --standalone --nproc-per-node=2 -m hetauto.commands.profile --quick   # + collective fits
 
 Under torchrun every rank measures; rank 0 prints and writes the file. `--json` prints the profile
 document itself (what the file holds), so `hetauto profile --json > p.json` is a loadable profile.

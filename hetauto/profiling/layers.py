@@ -6,7 +6,8 @@ is sharded with `parallelize_stage` over a DeviceMesh of tp consecutive ranks, e
 and its all-reduces are part of the time. Every rank of the world must call `sample_layers` with the
 same grid: the TP meshes are created collectively and each TP step synchronises its group.
 `memory_bytes` is the activation memory one forward keeps for backward (the saved tensors, counted once
-each), measured with autograd's saved-tensor hooks, so it is exact and the same on every backend.
+each, weights excluded), measured with autograd's saved-tensor hooks, so it is exact and the same on
+every backend (allocator statistics would differ by vendor and include workspaces).
 """
 
 from __future__ import annotations
@@ -55,12 +56,22 @@ def block_forward_flops(point: LayerPoint) -> float:
     return 24.0 * b * s * h * h + 4.0 * b * s * s * h
 
 
-def _saved_bytes(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, int]:
+def _storage_ptr(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return int(local.untyped_storage().data_ptr())
+
+
+def _saved_bytes(fn: Callable[[], torch.Tensor], params: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Run `fn` and count the bytes autograd saves for backward, each storage view once, weights excluded
+    (a linear layer saves its weight; that is parameter memory, not activation memory)."""
+    weights = {_storage_ptr(p) for p in params}
     seen: dict[tuple[int, int], int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         local = t.to_local() if hasattr(t, "to_local") else t
         try:
+            if _storage_ptr(local) in weights:
+                return t
             key = (local.untyped_storage().data_ptr(), local.storage_offset())
             seen[key] = local.numel() * local.element_size()
         except (RuntimeError, NotImplementedError):
@@ -95,7 +106,7 @@ def measure_block(
     x = torch.randn(shape, generator=gen).to(device=device, dtype=getattr(torch, dtype)).requires_grad_()
     dy = torch.randn(shape, generator=gen).to(device=device, dtype=getattr(torch, dtype))
     holder: dict[str, torch.Tensor] = {}
-    _, memory = _saved_bytes(lambda: stage(x))
+    _, memory = _saved_bytes(lambda: stage(x), list(stage.parameters()))
 
     def forward() -> None:
         holder["y"] = stage(x)
