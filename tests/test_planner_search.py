@@ -72,3 +72,26 @@ def test_no_split_fits_names_the_tightest_stage() -> None:
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("no plan fits: stage ")
     assert "needs" in msg and "GiB per device >" in msg
+
+
+def test_descent_ends_where_no_single_decision_improves() -> None:
+    from dataclasses import replace
+
+    from hetauto.planner.mcts import Scorer
+    from hetauto.planner.search import descend, seed_candidates
+
+    inp = tiny_inputs(layers=6, gbs=16)
+    space = StrategySpace(inp, FakeEvaluator(inp))
+    scorer = Scorer(space)
+    scorer.score(seed_candidates(space)[0])
+    start = scorer.best_throughput
+    descend(space, scorer, lambda: False, rounds=20)
+    best = scorer.best.candidate
+    assert scorer.best_throughput >= start
+    neighbours = [replace(best, microbatch_size=b) for b in space.microbatch_sizes()]
+    for i, name in enumerate(best.order):
+        neighbours += [replace(best, choices=best.choices[:i] + (o,) + best.choices[i + 1:])
+                       for o in space.cluster_options(name, best.microbatch_size)]
+    for cand in neighbours:
+        got = scorer.score(cand)
+        assert got is None or got.evaluation.throughput_samples_s <= scorer.best_throughput

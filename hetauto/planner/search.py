@@ -114,9 +114,25 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
         search._start = start
         search.seed_with(seed_candidates(space))
         search.seed_with(baseline_seeds(space, _limit(start, budget)))
-        best = search.run(budget_s=budget, iterations=iterations, progress=progress, start=start,
-                          max_evaluations=None if max_evaluations is None else max_evaluations - 2 - (ev.evaluations - before))
-        best = polish(space, search.scorer, best)
+        cap = None if max_evaluations is None else before + max_evaluations - 2  # 2: kept for polish()
+
+        def spent(share: float = 1.0) -> bool:
+            if cap is not None and ev.evaluations >= cap:
+                return True
+            return budget is not None and time.perf_counter() - start >= share * budget
+
+        first = None if iterations is None else max(1, (iterations * 2) // 3)
+        first_cap = None if cap is None else max(0, before + int(0.6 * (cap - before)) - ev.evaluations)
+        search.run(budget_s=None if budget is None else 0.6 * budget, iterations=first, progress=progress,
+                   start=start, max_evaluations=first_cap)
+        descend(space, search.scorer, spent)
+        search._record()
+        if not spent():
+            rest = None if iterations is None else iterations - (first or 0)
+            search.run(budget_s=budget, iterations=rest, progress=progress, start=start,
+                       max_evaluations=None if cap is None else max(0, cap - ev.evaluations))
+            descend(space, search.scorer, spent)
+        best = polish(space, search.scorer, search.scorer.best)
         search._record()
         return _finish(best, space, search.scorer, start, ev.evaluations - before, search.trace, planner)
     from hetauto.planner.baselines import run_baseline
@@ -171,6 +187,32 @@ def baseline_seeds(space: StrategySpace, out_of_time: Callable[[], bool], top: i
         ours = replace(cand, schedule="virtual-1f1b", resharding=space.resharding, balance="minimax")
         out += [ours, replace(ours, zero1=True)]
     return out
+
+
+def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], rounds: int = 4) -> None:
+    """Local search from the best candidate: each decision in turn (every cluster's choice, the microbatch,
+    the cluster order, the tail) set to its best option with the others fixed, until nothing improves."""
+    from dataclasses import replace
+
+    for _ in range(rounds):
+        if scorer.best is None:
+            return
+        before = scorer.best_throughput
+        moves: list[Callable[[Candidate], list[Candidate]]] = []
+        for i in range(len(scorer.best.candidate.order)):
+            moves.append(lambda c, i=i: [replace(c, choices=c.choices[:i] + (o,) + c.choices[i + 1:])
+                                         for o in space.cluster_options(c.order[i], c.microbatch_size)])
+        moves.append(lambda c: [replace(c, microbatch_size=b) for b in space.microbatch_sizes()])
+        moves.append(lambda c: [replace(c, order=o, choices=tuple(dict(zip(c.order, c.choices))[n] for n in o))
+                                for o in space.orders()])
+        moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
+        for move in moves:
+            for cand in move(scorer.best.candidate):
+                if out_of_time():
+                    return
+                scorer.score(cand)
+        if scorer.best_throughput <= before:
+            return
 
 
 def polish(space: StrategySpace, scorer: Scorer, best: Scored | None) -> Scored | None:
