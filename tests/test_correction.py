@@ -55,7 +55,7 @@ def test_forest_improves_held_out_error() -> None:
     analytical = [r.analytical_forward_s + r.analytical_backward_s for r in test]
     corrected = []
     for r in test:
-        rf, rb = corr.ratios(r.features)
+        rf, rb = corr.ratios(r.features, (r.analytical_forward_s, r.analytical_backward_s))
         corrected.append(r.analytical_forward_s * rf + r.analytical_backward_s * rb)
     assert mape(analytical, truth) > 0.3
     assert mape(corrected, truth) < 0.1
@@ -70,8 +70,10 @@ def test_deterministic_for_a_seed_and_matches_sklearn() -> None:
     assert pa == [b.log_ratios(r.features) for r in probe]
     assert pa != [c.log_ratios(r.features) for r in probe]
     sk = a._sklearn.predict([list(r.features) for r in probe])  # type: ignore[attr-defined]
-    for (f, bk), (sf, sb) in zip(pa, sk):
-        assert f == pytest.approx(sf, abs=1e-12) and bk == pytest.approx(sb, abs=1e-12)
+    for r, (f, bk), (sf, sb) in zip(probe, pa, sk):
+        bf, bb = a._base_log(r.features, 10 ** r.features[FEATURES.index("log_analytical_s")],
+                             2 * 10 ** r.features[FEATURES.index("log_analytical_s")])
+        assert f - bf == pytest.approx(sf, abs=1e-12) and bk - bb == pytest.approx(sb, abs=1e-12)
 
 
 def test_no_data_falls_back_to_analytical_and_says_so() -> None:

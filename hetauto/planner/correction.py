@@ -5,6 +5,11 @@ never measured and explains itself; the forest only learns its bias (log of meas
 features of a stage configuration, so with no data the ratio is exactly 1 and with data it fixes what the
 closed form misses (small-GEMM inefficiency, kernel launch overheads, memory-bound ops).
 
+Two levels, both refit from the rows: a non-negative least-squares calibration of a few physical terms
+(per-layer overhead, per-token overhead, FLOPs, bytes, the analytical estimate; in device-normalised units,
+seconds x peak FLOP/s, so emulated speed factors share one fit) captures the smooth part of the bias, which trees
+extrapolate badly; the random forest then learns the remaining log ratio from all features.
+
 Persistence: only the *training rows* (JSON or CSV) and the hyper-parameters are stored; the forest is refit
 at load (a few thousand rows fit in well under a second, deterministic for the stored seed). Nothing a user is
 handed is unpickled: loading parses JSON/CSV text into floats and nothing else.
@@ -19,6 +24,7 @@ import csv
 import io
 import json
 import math
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +36,8 @@ CORRECTION_SCHEMA = "hetauto.correction/1"
 
 FEATURES: tuple[str, ...] = (
     "log_peak_flops", "log_memory_bandwidth", "tp", "dp", "samples_per_replica", "seq_len", "hidden", "blocks",
-    "has_embedding", "has_head", "recompute", "log_flops", "log_bytes", "log_analytical_s",
+    "has_embedding", "has_head", "recompute", "log_flops", "log_bytes", "log_analytical_s", "log_tokens",
+    "log_flops_per_layer", "is_llama",
 )
 DEFAULT_HYPERPARAMETERS: dict[str, Any] = {
     "n_estimators": 60, "max_depth": 12, "min_samples_leaf": 2, "max_features": 1.0, "random_state": 0,
@@ -51,6 +58,10 @@ class TrainingRow:
     source: str = ""
 
     @property
+    def measured(self) -> tuple[float, float]:
+        return (self.measured_forward_s, self.measured_backward_s)
+
+    @property
     def target(self) -> tuple[float, float]:
         return (math.log(self.measured_forward_s / self.analytical_forward_s),
                 math.log(self.measured_backward_s / self.analytical_backward_s))
@@ -58,14 +69,45 @@ class TrainingRow:
 
 def stage_features(*, peak_flops: float, memory_bandwidth_Bps: float, tp: int, dp: int, microbatch: float,
                    seq_len: int, hidden: int, blocks: int, has_embedding: bool, has_head: bool, recompute: bool,
-                   flops: float, bytes_moved: float, analytical_s: float) -> tuple[float, ...]:
+                   flops: float, bytes_moved: float, analytical_s: float, arch: str = "gpt") -> tuple[float, ...]:
     """The feature vector of one stage configuration (order = FEATURES)."""
     def lg(x: float) -> float:
         return math.log10(max(x, 1e-30))
 
+    layers = blocks + int(has_embedding) + int(has_head)
     return (lg(peak_flops), lg(memory_bandwidth_Bps), float(tp), float(dp), float(microbatch) / dp, float(seq_len),
             float(hidden), float(blocks), float(has_embedding), float(has_head), float(recompute), lg(flops),
-            lg(bytes_moved), lg(analytical_s))
+            lg(bytes_moved), lg(analytical_s), lg(float(microbatch) / dp * seq_len), lg(flops / max(layers, 1)),
+            float(arch == "llama"))
+
+
+_I = {name: i for i, name in enumerate(FEATURES)}
+
+
+def _base_columns(f: Sequence[float]) -> tuple[float, ...]:
+    """Calibration terms of one stage in device-normalised units (seconds x peak FLOP/s)."""
+    peak, bw = 10 ** f[_I["log_peak_flops"]], 10 ** f[_I["log_memory_bandwidth"]]
+    blocks = f[_I["blocks"]]
+    return (blocks, f[_I["has_embedding"]], f[_I["has_head"]], blocks * f[_I["is_llama"]],
+            blocks * 10 ** f[_I["log_tokens"]], 10 ** f[_I["log_flops"]], 10 ** f[_I["log_bytes"]] * peak / bw,
+            10 ** f[_I["log_analytical_s"]] * peak)
+
+
+def _fit_base(rows: Sequence[TrainingRow], which: int) -> tuple[float, ...]:
+    """Relative-error NNLS: minimise sum(((A w - y) / y)^2), y = measured seconds x peak."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = np.array([_base_columns(r.features) for r in rows], dtype=float)
+    y = np.array([r.measured[which] * 10 ** r.features[_I["log_peak_flops"]] for r in rows], dtype=float)
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0
+    w, _ = nnls(a / scale / y[:, None], np.ones(len(y)), maxiter=50 * a.shape[1])
+    return tuple(float(x) for x in w / scale)
+
+
+def _base_seconds(w: Sequence[float], f: Sequence[float]) -> float:
+    return sum(a * b for a, b in zip(w, _base_columns(f))) / 10 ** f[_I["log_peak_flops"]]
 
 
 @dataclass
@@ -85,6 +127,7 @@ class Correction:
     hyperparameters: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_HYPERPARAMETERS))
     reason: str = "no training data: analytical model only"
     _trees: list[_Tree] = field(default_factory=list, repr=False)
+    _base: tuple[tuple[float, ...], tuple[float, ...]] | None = field(default=None, repr=False)
     _cache: dict[tuple[float, ...], tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @property
@@ -107,8 +150,11 @@ class Correction:
             return corr
         from sklearn.ensemble import RandomForestRegressor
 
+        if len(rows) >= 2 * len(_base_columns(rows[0].features)):
+            corr._base = (_fit_base(rows, 0), _fit_base(rows, 1))
         x = [list(r.features) for r in rows]
-        y = [list(r.target) for r in rows]
+        y = [list(corr._base_log(r.features, r.analytical_forward_s, r.analytical_backward_s, r.measured))
+             for r in rows]
         forest = RandomForestRegressor(n_estimators=hp["n_estimators"], max_depth=hp["max_depth"],
                                        min_samples_leaf=hp["min_samples_leaf"], max_features=hp["max_features"],
                                        random_state=hp["random_state"], n_jobs=1)
@@ -119,12 +165,27 @@ class Correction:
         return corr
 
     # ------------------------------------------------------------------------------------ predicting
-    def log_ratios(self, features: Sequence[float]) -> tuple[float, float]:
+    def _base_log(self, f: Sequence[float], af: float, ab: float,
+                  measured: tuple[float, float] | None = None) -> tuple[float, float]:
+        """log(base / analytical) per pass, or with `measured` the forest's target log(measured / base)."""
+        out = []
+        for which, analytical in ((0, af), (1, ab)):
+            base = _base_seconds(self._base[which], f) if self._base is not None else analytical
+            if not base > 0:
+                base = analytical
+            out.append(math.log(measured[which] / base) if measured is not None else math.log(base / analytical))
+        return (out[0], out[1])
+
+    def log_ratios(self, features: Sequence[float], analytical: tuple[float, float] | None = None) -> tuple[float, float]:
+        """log(corrected / analytical) for (forward, backward). `analytical` (seconds) defaults to the features'
+        forward estimate and twice it backward (the analytical model's own ratio)."""
         if not self._trees:
             return (0.0, 0.0)
-        import numpy as np
-
-        features = np.asarray(features, dtype=np.float32).tolist()  # sklearn compares float32 inputs
+        if analytical is None:
+            af = 10 ** features[_I["log_analytical_s"]]
+            analytical = (af, 2.0 * af)
+        base = self._base_log(features, *analytical)
+        features = struct.unpack(f"{len(features)}f", struct.pack(f"{len(features)}f", *features))  # sklearn: float32
         sf = sb = 0.0
         for t in self._trees:
             i = 0
@@ -135,14 +196,14 @@ class Correction:
             sf += v[0]
             sb += v[1]
         n = len(self._trees)
-        return (sf / n, sb / n)
+        return (base[0] + sf / n, base[1] + sb / n)
 
-    def ratios(self, features: Sequence[float]) -> tuple[float, float]:
-        """(forward, backward) multipliers of the analytical compute time: measured/analytical."""
-        key = tuple(features)
+    def ratios(self, features: Sequence[float], analytical: tuple[float, float] | None = None) -> tuple[float, float]:
+        """(forward, backward) multipliers of the analytical compute time: predicted measured / analytical."""
+        key = (*features, *(analytical or ()))
         hit = self._cache.get(key)
         if hit is None:
-            lf, lb = self.log_ratios(key)
+            lf, lb = self.log_ratios(features, analytical)
             hit = self._cache[key] = (math.exp(lf), math.exp(lb))
         return hit
 
@@ -150,12 +211,14 @@ class Correction:
                      recompute: bool, detail: Any) -> tuple[float, ...]:
         """Features of a plan stage (the Evaluator calls this; `detail` is its analytical StageCompute)."""
         first, last = layers
-        blocks = sum(1 for la in inputs.layers[first:last] if la.kind == "block")
+        n = len(inputs.layers)
+        blocks = (last - first) - (first == 0) - (last == n)
         return stage_features(
             peak_flops=cluster.device.peak_flops, memory_bandwidth_Bps=cluster.device.memory_bandwidth_Bps, tp=tp,
             dp=dp, microbatch=microbatch, seq_len=inputs.seq_len, hidden=inputs.model.hidden, blocks=blocks,
             has_embedding=first == 0, has_head=last == len(inputs.layers), recompute=recompute,
-            flops=detail.flops_fwd, bytes_moved=detail.bytes_moved, analytical_s=detail.fwd_compute_s)
+            flops=detail.flops_fwd, bytes_moved=detail.bytes_moved, analytical_s=detail.fwd_compute_s,
+            arch=inputs.model.arch)
 
     # ------------------------------------------------------------------------------------ files
     def to_document(self) -> dict[str, Any]:
@@ -322,7 +385,8 @@ def analytical_row(device: Any, model: Any, seq_len: int, layers: tuple[int, int
     feats = stage_features(peak_flops=device.peak_flops, memory_bandwidth_Bps=device.memory_bandwidth_Bps, tp=tp,
                            dp=dp, microbatch=microbatch, seq_len=seq_len, hidden=model.hidden, blocks=sums.blocks,
                            has_embedding=sums.has_embedding, has_head=sums.has_head, recompute=recompute,
-                           flops=d.flops_fwd, bytes_moved=d.bytes_moved, analytical_s=d.fwd_compute_s)
+                           flops=d.flops_fwd, bytes_moved=d.bytes_moved, analytical_s=d.fwd_compute_s,
+                           arch=model.arch)
     return TrainingRow(feats, d.fwd_compute_s, d.bwd_compute_s, measured_forward_s, measured_backward_s, source)
 
 

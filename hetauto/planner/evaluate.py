@@ -120,7 +120,7 @@ class Evaluator:
             if self.correction is not None:
                 c = self.cluster(cluster)
                 rf, rb = self.correction.ratios(self.correction.features_for(
-                    c, self.inputs, layers, tp, dp, microbatch_size, recompute, d))
+                    c, self.inputs, layers, tp, dp, microbatch_size, recompute, d), (f, b))
                 f, b = f * rf, b * rb
             hit = (f + d.tp_fwd_s, b + d.tp_bwd_s)
             self._compute[key] = hit
