@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -47,6 +47,11 @@ def _figures(r: PlanResult) -> dict[str, Any]:
             "bubble_fraction": ev.bubble_fraction, "search_time_s": r.search_time_s, "evaluations": r.evaluations}
 
 
+def _model_ref(args: argparse.Namespace) -> str | None:
+    """A config.json path is kept as the plan's model reference (a catalog name is the model's name)."""
+    return args.model if args.model and Path(args.model).is_file() else None
+
+
 def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> PlanResult:
     budget = args.budget if args.budget is not None else (None if args.iterations else DEFAULT_BUDGET_S)
     if budget is not None and budget <= 0:
@@ -55,7 +60,7 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
         raise HetautoError(f"--iterations must be positive, got {args.iterations}")
     if not show:
         return plan(inputs, name, budget=budget, seed=args.seed, iterations=args.iterations,
-                    evaluator=make_evaluator(inputs))
+                    evaluator=make_evaluator(inputs), model_ref=_model_ref(args))
     err = Console(stderr=True)
     total = budget or float(args.iterations or 1)
     with Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), TextColumn("{task.fields[best]}"),
@@ -68,7 +73,7 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
                        best=f"best {best:.3g} samples/s, {evaluations} evaluations")
 
         return plan(inputs, name, budget=budget, seed=args.seed, iterations=args.iterations,
-                    evaluator=make_evaluator(inputs), progress=progress)
+                    evaluator=make_evaluator(inputs), progress=progress, model_ref=_model_ref(args))
 
 
 def run(args: argparse.Namespace) -> int:

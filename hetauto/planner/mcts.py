@@ -170,9 +170,6 @@ class MCTS:
         self.root = self._make(())
 
     # decisions ---------------------------------------------------------------------------------
-    def _depth(self, path: tuple) -> int:
-        return len(path)
-
     def _options(self, path: tuple) -> tuple[list[Decision], list[float]] | None:
         """Options and priors of the next decision after `path`; None when `path` is complete."""
         sp = self.space

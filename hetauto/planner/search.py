@@ -96,8 +96,21 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
 
 def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = None, seed: int = 0, *,
          iterations: int | None = None, evaluator: Any = None, progress: ProgressFn | None = None,
-         space_options: dict[str, Any] | None = None, max_evaluations: int | None = None) -> PlanResult:
-    """Search for the highest-throughput plan that fits; raise InfeasiblePlan naming the tightest constraint."""
+         space_options: dict[str, Any] | None = None, max_evaluations: int | None = None,
+         model_ref: str | None = None) -> PlanResult:
+    """Search for the highest-throughput plan that fits; raise InfeasiblePlan naming the tightest constraint.
+    `model_ref` (e.g. a config.json path) is written as the plan's `model` instead of the model's name."""
+    result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options, max_evaluations)
+    if model_ref and model_ref != result.plan.model:
+        from dataclasses import replace
+
+        result = replace(result, plan=result.plan.model_copy(update={"model": model_ref}))
+    return result
+
+
+def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int, iterations: int | None,
+          evaluator: Any, progress: ProgressFn | None, space_options: dict[str, Any] | None,
+          max_evaluations: int | None) -> PlanResult:
     if planner not in PLANNERS:
         raise HetautoError(f"unknown planner '{planner}'; choose one of: {', '.join(PLANNERS)}")
     start = time.perf_counter()
