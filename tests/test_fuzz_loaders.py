@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetauto.core.cluster import ClusterSpec, load_cluster
-from hetauto.core.errors import CheckpointError, HetautoError
+from hetauto.core.errors import CheckpointError, HetautoError, SpecError
 from hetauto.core.model import ModelConfig
 from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan
@@ -191,13 +191,11 @@ def test_metis_files(root: Path, muts: list, name: str) -> None:
     _expect(lambda: import_metis(path.parent), DeviceProfile)
 
 
-@pytest.mark.xfail(strict=True, raises=Exception,
-                   reason="known bug (found by this fuzz): hetauto/interop/metis.py builds ModelLayerProfile(tp=0) "
-                          "and a pydantic ValidationError escapes instead of a SpecError")
 @pytest.mark.parametrize("name", ["DeviceType.A100_tp0_bs1.json", "DeviceType.A100_tp1_bs0.json"])
 def test_metis_zero_tp_or_batch_in_the_file_name_is_a_spec_error(root: Path, name: str) -> None:
     path = _write(root, name, _dump(_metis_doc()))
-    _expect(lambda: import_metis(path.parent), DeviceProfile)
+    with pytest.raises(SpecError, match=r"tensor-parallel degree and batch size must be >= 1 \(rename it to "):
+        import_metis(path.parent)
 
 
 # ------------------------------------------------------------------------------------- raw bytes of every file loader

@@ -78,7 +78,11 @@ def parse_metis_filename(path: str | Path) -> tuple[str, int, int]:
     m = FILENAME.match(Path(path).name)
     if not m:
         raise SpecError(path, "", "not a Metis profile file name", "expected DeviceType.{TYPE}_tp{T}_bs{B}.json")
-    return m.group("type"), int(m.group("tp")), int(m.group("bs"))
+    tp, bs = int(m.group("tp")), int(m.group("bs"))
+    if tp < 1 or bs < 1:
+        raise SpecError(path, "", f"tp{tp}_bs{bs} in the file name: tensor-parallel degree and batch size must be >= 1",
+                        "rename it to DeviceType.{TYPE}_tp{T}_bs{B}.json with T, B >= 1")
+    return m.group("type"), tp, bs
 
 
 def read_metis_file(path: str | Path) -> tuple[str, ModelLayerProfile]:
