@@ -265,12 +265,16 @@ def run_profile(backend: Backend, options: ProfileOptions = ProfileOptions(), *,
             membw = measure_memory_bandwidth(backend, device, want, repeats=max(options.repeats, 3))
             steps.step("memory bandwidth")
         if grid:
-            layer_dtype = dtypes[0]
+            # Blocks run in the dtype the device is fastest in (the one the GEMM fit chose), and points the
+            # measured GEMM rate says would take too long are skipped.
+            fit = efficiency_from_gemm(gemm, base)
+            layer_dtype = fit.dtype if fit is not None else dtypes[0]
             rate = max((s.achieved_flops for s in gemm if s.dtype == layer_dtype), default=None)
-            if comm is not None and world > 1:  # every rank must skip the same points
-                agreed = torch.tensor([rate or 0.0], dtype=torch.float64, device=device)
+            if comm is not None and world > 1:  # every rank must run the same points in the same dtype
+                agreed = torch.tensor([rate or 0.0, float(dtypes.index(layer_dtype))], dtype=torch.float64,
+                                      device=device)
                 comm.broadcast(agreed, 0)
-                rate = float(agreed.item()) or None
+                rate, layer_dtype = float(agreed[0].item()) or None, dtypes[int(agreed[1].item())]
             samples = sample_layers(backend, device, grid, layer_dtype, world_size=world, rank=rank,
                                     flops_per_s=rate, max_block_s=0.5 if options.quick else 2.0,
                                     repeats=options.repeats, on_step=steps.step)
