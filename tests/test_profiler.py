@@ -60,9 +60,12 @@ def test_saturation_fit_recovers_top_and_half() -> None:
 
 
 def test_saturation_fit_without_saturation_falls_back_to_best_point() -> None:
-    pts = [(1e6, 4e9), (1e7, 2e9)]  # slower at larger size (cache effects)
+    pts = [(1e6, 4e9), (1e7, 2e9)]  # slower at larger size (cache effects): no saturation curve fits
     t, h = fit_saturation(pts)
-    assert t == 4e9 and h == pytest.approx(1e7 * (4e9 / 2e9 - 1) / 2)  # median of [0, 1e7]
+    # Intercept pinned at 1/top; slope by relative least squares in (1/x, 1/a): closed form below.
+    ws, us, ys = [(4e9) ** 2, (2e9) ** 2], [1e-6, 1e-7], [1 / 4e9, 1 / 2e9]
+    c1 = sum(w * u * (y - 1 / 4e9) for w, u, y in zip(ws, us, ys)) / sum(w * u * u for w, u in zip(ws, us))
+    assert t == 4e9 and h == pytest.approx(c1 * 4e9, rel=1e-12) and h > 0
 
 
 # ------------------------------------------------------------------------------------------- accounting

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from statistics import median
 
 __all__ = ["fit_line", "fit_alpha_beta", "fit_saturation"]
 
@@ -59,8 +58,8 @@ def fit_saturation(points: Iterable[tuple[float, float]]) -> tuple[float, float]
 
     The model is linear in reciprocals: 1/achieved = 1/top + (half/top) * (1/x), so it is a closed-form line
     fit. Returns (top, half) with top > 0 and half >= 0. When the data do not saturate (no positive
-    intercept) or shrink with size, `top` is the best achieved value and `half` the median of the per-point
-    solutions x * (top/achieved - 1).
+    intercept) or shrink with size, `top` is the best achieved value and `half` is fitted with the intercept
+    held at 1/top (same relative weighting).
     """
     pts = [(float(x), float(a)) for x, a in points]
     if not pts or any(x <= 0 or a <= 0 for x, a in pts):
@@ -73,5 +72,10 @@ def fit_saturation(points: Iterable[tuple[float, float]]) -> tuple[float, float]
             top = 1.0 / c0
             return top, c1 * top
     top = max(a for _, a in pts)
-    half = median(max(x * (top / a - 1.0), 0.0) for x, a in pts)
-    return top, half
+    # Intercept fixed at 1/top: the slope is a one-parameter relative least-squares fit, clamped at 0.
+    c0 = 1.0 / top
+    us = [1.0 / x for x, _ in pts]
+    ys = [1.0 / a for _, a in pts]
+    ws = [1.0 / (y * y) for y in ys]
+    c1 = math.fsum(w * u * (y - c0) for w, u, y in zip(ws, us, ys)) / math.fsum(w * u * u for w, u in zip(ws, us))
+    return top, max(c1, 0.0) * top
