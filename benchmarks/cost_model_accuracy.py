@@ -44,6 +44,8 @@ def _grid(quick: bool, seed: int) -> list[tuple]:
                         for kind in ("first", "middle", "last"):
                             out.append((arch, hidden, blocks, mb, seq, kind))
     rnd.shuffle(out)
+    if quick:  # the big stages take most of the time; keep < 1 minute
+        out = [c for c in out if c[3] * c[4] * c[1] <= 256 * 128]
     n = 60 if quick else 240
     cfgs = []
     for arch, hidden, blocks, mb, seq, kind in out[:n]:
@@ -54,21 +56,27 @@ def _grid(quick: bool, seed: int) -> list[tuple]:
     return cfgs
 
 
+_STAGES: dict = {}
+
+
 def _measure(cfg, layers, mb: int, seq: int, reps: int) -> tuple[float, float]:
     import torch
 
     from hetauto.runtime.stage import build_stage
 
-    stage = build_stage(cfg, layers, seed=0)
+    stage = _STAGES.get((cfg, layers))
+    fresh = stage is None
+    if stage is None:
+        stage = _STAGES[(cfg, layers)] = build_stage(cfg, layers, seed=0)
     if layers[0] == 0:
         x = torch.randint(0, cfg.vocab_size, (mb, seq))
     else:
         x = torch.randn(mb, seq, cfg.hidden, requires_grad=True)
     fwd, bwd = [], []
     spent = 0.0
-    i = 0
+    i = 0 if fresh else 1  # a warm-up run only for a freshly built stage
     # adaptive repeats: at least `reps`, more for cheap stages (up to a ~budget of CPU time per stage)
-    while i <= reps or (spent < 0.04 * reps and i < 8 * reps):
+    while i <= reps or (spent < 0.03 * reps and i < 8 * reps):
         t0 = time.thread_time()
         out = stage(x)
         t1 = time.thread_time()
@@ -170,11 +178,21 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     start = time.perf_counter()
-    reps = 3 if args.quick else 5
+    reps, max_passes, budget_s = (2, 6, 30.0) if args.quick else (3, 8, 300.0)
     cpu = get_device("cpu")
+    grid = _grid(args.quick, args.seed)
+    best: list[tuple[float, float]] = [(math.inf, math.inf)] * len(grid)
+    passes = 0
+    # passes spread over time: each configuration's minimum dodges bursts of load from other processes;
+    # as many passes as the time budget allows (at least 2)
+    while passes < max_passes and (passes < 2 or (time.perf_counter() - start) * (passes + 1) / passes < budget_s):
+        passes += 1
+        for j, (cfg, layers, mb, seq) in enumerate(grid):
+            f, b = _measure(cfg, layers, mb, seq, reps)
+            best[j] = (min(best[j][0], f), min(best[j][1], b))
+    _STAGES.clear()
     groups: list[list] = []
-    for cfg, layers, mb, seq in _grid(args.quick, args.seed):
-        f, b = _measure(cfg, layers, mb, seq, reps)
+    for (cfg, layers, mb, seq), (f, b) in zip(grid, best):
         rows = []
         for speed in SPEEDS:
             rows.append(analytical_row(cpu.scaled(speed), cfg, seq, layers, microbatch=mb, measured_forward_s=f / speed,
@@ -211,7 +229,7 @@ def main() -> None:
         "fit_s": fit_s, "measure_s": measure_s,
     }
     if not args.json:
-        print(f"measured {len(groups)} stage configurations x {len(SPEEDS)} emulated speeds in {measure_s:.1f} s; "
+        print(f"measured {len(groups)} stage configurations ({passes} passes) x {len(SPEEDS)} emulated speeds in {measure_s:.1f} s; "
               f"forest fit on {len(train)} rows in {fit_s:.2f} s; held out {len(test)} rows")
         print(f"{'model':22} {'MAPE':>8} {'Spearman':>9}")
         print(f"{'analytical (cpu prof)':22} {100 * doc['analytical_mape']:7.1f}% {doc['analytical_spearman']:9.3f}")
