@@ -167,3 +167,18 @@ def test_rows_from_profile_samples() -> None:
     rows = rows_from_profile(prof)
     assert len(rows) == 1 and rows[0].measured_forward_s == 0.01 and rows[0].source == "cpu:samples[0]"
     assert rows[0].features[FEATURES.index("blocks")] == 1.0 and math.isfinite(rows[0].analytical_forward_s)
+
+
+def test_plan_stage_features_equal_training_features() -> None:
+    """A stage scored by the Evaluator gets exactly the features a measured row of the same stage has, so the
+    forest is applied to what it was trained on."""
+    inp = load_planning_inputs(scenario="cpu-demo")
+    ev = Evaluator(inp)
+    cluster = inp.cluster["slow"]
+    for layers in ((0, 3), (2, 4), (3, 6)):
+        d = ev.stage_detail("slow", layers, 1, 1, 4)
+        got = Correction().features_for(cluster, inp, layers, 1, 1, 4, False, d)
+        row = analytical_row(cluster.device, inp.model, inp.seq_len, layers, microbatch=4, measured_forward_s=1.0,
+                             measured_backward_s=1.0)
+        assert got == row.features
+        assert (row.analytical_forward_s, row.analytical_backward_s) == (d.fwd_compute_s, d.bwd_compute_s)
