@@ -182,3 +182,13 @@ def test_plan_stage_features_equal_training_features() -> None:
                              measured_backward_s=1.0)
         assert got == row.features
         assert (row.analytical_forward_s, row.analytical_backward_s) == (d.fwd_compute_s, d.bwd_compute_s)
+
+
+def test_correction_leaves_unmeasured_devices_alone() -> None:
+    """Rows measured on CPUs do not rescale an H800 stage: outside the measured speed range the ratio is 1."""
+    corr = Correction.fit(synthetic_rows(60, 8))
+    inp = load_planning_inputs(scenario="mixed-small")
+    plain, fixed = Evaluator(inp), Evaluator(inp, correction=corr)
+    assert fixed.stage_compute_time("a100", (1, 5), 1, 1, 2) == plain.stage_compute_time("a100", (1, 5), 1, 1, 2)
+    cpu_row = synthetic_rows(1, 9)[0]
+    assert corr.covers(cpu_row.features)

@@ -42,6 +42,7 @@ FEATURES: tuple[str, ...] = (
 DEFAULT_HYPERPARAMETERS: dict[str, Any] = {
     "n_estimators": 60, "max_depth": 12, "min_samples_leaf": 2, "max_features": 1.0, "random_state": 0,
 }
+PEAK_MARGIN = 0.15  # decades of peak FLOP/s around the measured devices that the correction applies to
 _ALLOWED_HP = {"n_estimators": int, "max_depth": int, "min_samples_leaf": int, "max_features": float,
                "random_state": int}
 
@@ -128,6 +129,7 @@ class Correction:
     reason: str = "no training data: analytical model only"
     _trees: list[_Tree] = field(default_factory=list, repr=False)
     _base: tuple[tuple[float, ...], tuple[float, ...]] | None = field(default=None, repr=False)
+    _peak_range: tuple[float, float] = field(default=(math.inf, -math.inf), repr=False)
     _cache: dict[tuple[float, ...], tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @property
@@ -150,6 +152,8 @@ class Correction:
             return corr
         from sklearn.ensemble import RandomForestRegressor
 
+        peaks = [r.features[_I["log_peak_flops"]] for r in rows]
+        corr._peak_range = (min(peaks) - PEAK_MARGIN, max(peaks) + PEAK_MARGIN)
         if len(rows) >= 2 * len(_base_columns(rows[0].features)):
             corr._base = (_fit_base(rows, 0), _fit_base(rows, 1))
         x = [list(r.features) for r in rows]
@@ -179,7 +183,7 @@ class Correction:
     def log_ratios(self, features: Sequence[float], analytical: tuple[float, float] | None = None) -> tuple[float, float]:
         """log(corrected / analytical) for (forward, backward). `analytical` (seconds) defaults to the features'
         forward estimate and twice it backward (the analytical model's own ratio)."""
-        if not self._trees:
+        if not self._trees or not self.covers(features):
             return (0.0, 0.0)
         if analytical is None:
             af = 10 ** features[_I["log_analytical_s"]]
@@ -197,6 +201,12 @@ class Correction:
             sb += v[1]
         n = len(self._trees)
         return (base[0] + sf / n, base[1] + sb / n)
+
+    def covers(self, features: Sequence[float]) -> bool:
+        """Whether the training data has devices of this speed (peak FLOP/s within PEAK_MARGIN decades of the
+        measured ones). Others keep the analytical estimate: trees cannot extrapolate from a CPU to an H800."""
+        lo, hi = self._peak_range
+        return lo <= features[_I["log_peak_flops"]] <= hi
 
     def ratios(self, features: Sequence[float], analytical: tuple[float, float] | None = None) -> tuple[float, float]:
         """(forward, backward) multipliers of the analytical compute time: predicted measured / analytical."""
