@@ -24,6 +24,8 @@ from hetauto.planner.space import Candidate, StrategySpace
 
 PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy")
 DEFAULT_BUDGET_S = 10.0
+MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
+TOP_K = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +137,10 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
             return budget is not None and time.perf_counter() - start >= share * budget
 
         first = None if iterations is None else max(1, (iterations * 2) // 3)
-        first_cap = None if cap is None else max(0, before + int(0.6 * (cap - before)) - ev.evaluations)
-        search.run(budget_s=None if budget is None else 0.6 * budget, iterations=first, progress=progress,
+        first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
+        search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=progress,
                    start=start, max_evaluations=first_cap)
-        descend(space, search.scorer, spent)
+        descend_from_top(space, search.scorer, spent, TOP_K)
         search._record()
         if not spent():
             rest = None if iterations is None else iterations - (first or 0)
@@ -202,17 +204,20 @@ def baseline_seeds(space: StrategySpace, out_of_time: Callable[[], bool], top: i
     return out
 
 
-def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], rounds: int = 4) -> None:
-    """Local search from the best candidate: each decision in turn (every cluster's choice, the microbatch,
-    the cluster order, the tail) set to its best option with the others fixed, until nothing improves."""
+def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], rounds: int = 4,
+            start: Scored | None = None) -> Scored | None:
+    """Local search from `start` (default: the best so far): each decision in turn (every cluster's choice,
+    the microbatch, the cluster order, the tail) set to its best option with the others fixed, until
+    nothing improves. Returns the local optimum reached."""
     from dataclasses import replace
 
+    cur = start or scorer.best
     for _ in range(rounds):
-        if scorer.best is None:
-            return
-        before = scorer.best_throughput
+        if cur is None:
+            return None
+        before = cur.evaluation.throughput_samples_s
         moves: list[Callable[[Candidate], list[Candidate]]] = []
-        for i in range(len(scorer.best.candidate.order)):
+        for i in range(len(cur.candidate.order)):
             moves.append(lambda c, i=i: [replace(c, choices=c.choices[:i] + (o,) + c.choices[i + 1:])
                                          for o in space.cluster_options(c.order[i], c.microbatch_size)])
         moves.append(lambda c: [replace(c, microbatch_size=b) for b in space.microbatch_sizes()])
@@ -220,12 +225,34 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
                                 for o in space.orders()])
         moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
         for move in moves:
-            for cand in move(scorer.best.candidate):
+            for cand in move(cur.candidate):
                 if out_of_time():
-                    return
-                scorer.score(cand)
-        if scorer.best_throughput <= before:
+                    return cur
+                got = scorer.score(cand)
+                if got is not None and got.evaluation.throughput_samples_s > cur.evaluation.throughput_samples_s:
+                    cur = got
+        if cur.evaluation.throughput_samples_s <= before:
+            break
+    return cur
+
+
+def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], k: int = 3) -> None:
+    """Descend from the k best distinct candidates scored so far (different basins, same budget)."""
+    seen: set[tuple] = set()
+    tops = sorted((s for s in scorer.by_candidate.values() if s is not None),
+                  key=lambda s: -s.evaluation.throughput_samples_s)
+    starts = []
+    for s in tops:
+        key = (s.candidate.microbatch_size, s.candidate.order, s.candidate.choices)
+        if key not in seen:
+            seen.add(key)
+            starts.append(s)
+        if len(starts) == k:
+            break
+    for s in starts:
+        if out_of_time():
             return
+        descend(space, scorer, out_of_time, start=s)
 
 
 def polish(space: StrategySpace, scorer: Scorer, best: Scored | None) -> Scored | None:
