@@ -25,13 +25,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
     parser.add_argument("--emulate", action="store_true",
                         help="emulate the plan's clusters: per-cluster speed factor and cross-cluster link latency/bandwidth")
-    parser.add_argument("--seed", type=int, default=0, help="model initialisation and synthetic data seed")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference loss")
     parser.add_argument("--print-launch", action="store_true",
                         help="print the torchrun command for every node of a multi-node run instead of running")
     parser.add_argument("--master", default="MASTER_HOST", help="rendezvous host for --print-launch")
+    ck = parser.add_argument_group("checkpoints and failures")
+    ck.add_argument("--checkpoint-dir", metavar="D", help="write sharded checkpoints under D (step-XXXXXXXX folders)")
+    ck.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
+                    help="checkpoint every K steps and after the last one (default 1)")
+    ck.add_argument("--keep", type=int, default=None, metavar="N", help="keep only the newest N checkpoints")
+    ck.add_argument("--resume", metavar="D",
+                    help="continue from a checkpoint (a step folder, or a --checkpoint-dir: its latest); "
+                         "--steps counts from step 0, so the run trains the steps after the checkpoint's")
+    ck.add_argument("--inject-fault", metavar="SPEC",
+                    help="rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]: kill (or stall) rank R at step S "
+                         "(first attempt only)")
+    ck.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                    help="torchrun restarts the job up to N times after a failure; each restart resumes from the "
+                         "latest complete checkpoint in --checkpoint-dir")
 
 
 def _predicted(plan: Plan) -> tuple[float | None, str]:
@@ -69,18 +84,43 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError(f"--steps must be >= 1, got {args.steps}")
     if not args.timeout > 0:
         raise HetautoError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.checkpoint_every < 1:
+        raise HetautoError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
+    if args.max_restarts < 0:
+        raise HetautoError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.keep is not None and args.keep < 1:
+        raise HetautoError(f"--keep must be >= 1, got {args.keep}")
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
     cluster = cluster_for_plan(plan, base)
     cfg = load_model_for_plan(plan)
     check_plan(plan, cluster, cfg)
     check_executable(plan)
+    if args.inject_fault is not None:
+        from hetauto.runtime.faults import FaultSpec
+
+        spec = FaultSpec.parse(args.inject_fault)
+        if spec.rank >= plan.world_size:
+            raise HetautoError(f"--inject-fault: rank {spec.rank} is outside the plan's {plan.world_size} ranks")
+        args.inject_fault = str(spec)
+    start = 0
+    if args.resume is not None:
+        start, seed = _check_resume(args.resume, cfg, args.steps)
+        if args.seed is not None and seed is not None and args.seed != seed:
+            raise HetautoError(f"--seed {args.seed} differs from the checkpoint's data seed {seed}; "
+                               "drop --seed to continue the checkpoint's run")
+        if args.seed is None:
+            args.seed = seed
+    if args.seed is None:
+        args.seed = 0
 
     from hetauto.runtime.launch import launch_local, node_commands, worker_args
 
     if args.print_launch:
         worker = worker_args(Path(args.plan).resolve(), "OUT_DIR", steps=args.steps, seed=args.seed,
-                             emulate=args.emulate, timeout_s=args.timeout, cluster_base=base)
+                             emulate=args.emulate, timeout_s=args.timeout, cluster_base=base,
+                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                             keep=args.keep, resume=args.resume, inject_fault=args.inject_fault)
         cmds = node_commands(plan, cluster, worker, master=args.master)
         if args.json:
             print_json({"nodes": [{"node": n, "command": c} for n, c in cmds]})
@@ -92,8 +132,13 @@ def run(args: argparse.Namespace) -> int:
     from hetauto.runtime.results import measured_timeline, summarize
 
     reports = launch_local(plan, steps=args.steps, seed=args.seed, emulate=args.emulate, timeout_s=args.timeout,
-                           cluster_base=base)
+                           cluster_base=base, checkpoint_dir=args.checkpoint_dir,
+                           checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume,
+                           inject_fault=args.inject_fault, max_restarts=args.max_restarts)
     summary = summarize(plan, reports)
+    start = int(reports[0].get("start_step", 0))
+    restarts = max(int(r.get("restart", 0)) for r in reports)
+    checkpoints = [c for r in reports for c in r.get("checkpoints", [])]
     reference: list[float] | None = None
     if not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS:
         import torch
@@ -101,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         from hetauto.runtime.reference import reference_losses
 
         torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
-        reference = reference_losses(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size, plan.seq_len)
+        reference = reference_losses(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size,
+                                     plan.seq_len)[start:]
     predicted, source = _predicted(plan)
     if args.trace:
         from hetauto.schedule.trace import write_chrome_trace
@@ -109,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         write_chrome_trace(measured_timeline(plan, reports), args.trace)
     ratio = summary.measured_step_s / predicted if predicted else None
     doc = {
+        "start_step": start,
         "loss": list(summary.losses),
         "reference_loss": reference,
         "max_loss_diff": None if reference is None else max(abs(a - b) for a, b in zip(summary.losses, reference)),
@@ -121,11 +168,14 @@ def run(args: argparse.Namespace) -> int:
         "world_size": plan.world_size,
         "emulated": bool(args.emulate),
         "trace": args.trace,
+        "checkpoints": checkpoints,
+        "restarts": restarts,
+        "seed": args.seed,
     }
     if args.json:
         print_json(doc)
         return 0
-    rows = [(i, f"{l:.6f}", "-" if reference is None else f"{reference[i]:.6f}", f"{summary.step_s[i]:.3f}")
+    rows = [(start + i, f"{l:.6f}", "-" if reference is None else f"{reference[i]:.6f}", f"{summary.step_s[i]:.3f}")
             for i, l in enumerate(summary.losses)]
     print_table(f"hetauto run: {plan.world_size} ranks, {plan.num_stages} stages, {plan.schedule.name}"
                 + (" (emulated clusters)" if args.emulate else ""), ["step", "loss", "reference", "step s"], rows)
@@ -136,4 +186,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {k}: {v} bytes/step")
     if args.trace:
         print(f"trace: {args.trace}")
+    if restarts:
+        print(f"torchrun restarted the job {restarts} time(s); the last attempt resumed at step {start}")
+    for c in checkpoints:
+        print(f"checkpoint: {c}")
     return 0
+
+
+def _check_resume(resume: str, cfg: Any, steps: int) -> tuple[int, int | None]:
+    """Before any launch: the checkpoint exists, is complete, is of this model, and leaves steps to train.
+    Returns (next step, the checkpoint's data seed)."""
+    from hetauto.runtime.checkpoint import check_model_config, read_manifest
+
+    man = read_manifest(resume)
+    check_model_config(man, cfg, resume)
+    start = int(man.extra.get("next_step", man.step + 1))
+    if start >= steps:
+        raise HetautoError(f"the checkpoint {resume} is at step {start} already; --steps {steps} leaves nothing to "
+                           f"train (--steps counts from step 0: use --steps {start + 1} or more)")
+    seed = man.extra.get("seed")
+    return start, None if seed is None else int(seed)

@@ -178,7 +178,9 @@ class Communicator:
         try:
             dist.init_process_group(
                 backend=name,
-                store=dist.PrefixStore("hetauto/pg", store),
+                # per torchrun attempt: the agent's store outlives a restart, and the previous attempt's
+                # gloo addresses in it would send the new processes to dead ports
+                store=dist.PrefixStore(f"hetauto/pg/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store),
                 rank=rank,
                 world_size=world,
                 timeout=_td(timeout_s),

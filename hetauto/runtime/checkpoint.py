@@ -63,6 +63,7 @@ __all__ = [
     "rng_state",
     "restore_rng_state",
     "checkpoint_dir_name",
+    "check_model_config",
 ]
 
 CHECKPOINT_FORMAT = "hetauto.checkpoint/1"
@@ -429,7 +430,16 @@ def verify_checkpoint(directory: str | os.PathLike) -> list[str]:
 
 
 def _check_model(manifest: Manifest, module: nn.Module, where: Path) -> None:
-    mine = _model_dict(module)
+    _check_model_dict(manifest, _model_dict(module), where)
+
+
+def check_model_config(manifest: Manifest, cfg: ModelConfig, where: str | os.PathLike) -> None:
+    """CheckpointMismatch (with the differing fields) when the checkpoint is not of model `cfg`; for checking a
+    `--resume` before any process is launched."""
+    _check_model_dict(manifest, dataclasses.asdict(cfg), Path(where))
+
+
+def _check_model_dict(manifest: Manifest, mine: dict[str, Any], where: Path) -> None:
     theirs = manifest.model
     diffs = [f"{k} {theirs.get(k)!r} != {mine.get(k)!r}" for k in _STRUCTURAL if theirs.get(k) != mine.get(k)]
     if diffs:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -68,6 +68,8 @@ class RankReport:
     sent_bytes: dict[str, int]
     events: list[list[Any]] = field(default_factory=list)  # [step, stage, kind, mb, start_s, end_s]
     throttled_s: float = 0.0
+    start_step: int = 0  # the first step this run trained (> 0 when resumed from a checkpoint)
+    checkpoints: list[str] = field(default_factory=list)  # directories written by this run (rank 0 only)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,7 +222,13 @@ class StageExecutor:
             dist.all_reduce(buf, group=self.g.tied_group)
             w.grad = buf
 
-    def run(self, steps: int) -> RankReport:
+    def run(self, steps: int, *, start: int = 0, after_step: Callable[[int], str | None] | None = None) -> RankReport:
+        """Train steps `start..steps-1` (step indices are global: a resumed run continues the numbering, so
+        its batches are the uninterrupted run's). Before each step the installed fault
+        (hetauto.runtime.faults) may fire; after it `after_step(step)` runs (checkpointing) and what it
+        returns (a checkpoint directory or None) is listed in the report."""
+        from hetauto.runtime import faults
+
         world = self.g.world
         t0 = torch.tensor([time.time()], dtype=torch.float64)
         world.broadcast(t0, 0)  # one clock origin for every rank's timeline (same host: same wall clock)
@@ -228,10 +236,16 @@ class StageExecutor:
         before = world.sent_bytes()  # the communicator counts for its whole life; report this run's share
         losses: list[float] = []
         step_s: list[float] = []
-        for i in range(steps):
-            start = time.perf_counter()
+        written: list[str] = []
+        for i in range(start, steps):
+            faults.maybe_fail(i)
+            t = time.perf_counter()
             losses.append(self.step(i))
-            step_s.append(time.perf_counter() - start)
+            step_s.append(time.perf_counter() - t)
+            if after_step is not None:
+                path = after_step(i)
+                if path is not None:
+                    written.append(str(path))
         world.barrier()
         me = self.me
         report_loss = self.stage.is_last and me.tp_index == 0
@@ -241,6 +255,7 @@ class StageExecutor:
             sent_bytes={f"{a}->{b}": n - before.get((a, b), 0) for (a, b), n in sorted(world.sent_bytes().items())
                         if n > before.get((a, b), 0)},
             events=self.events, throttled_s=self.throttle.slept_s if self.throttle is not None else 0.0,
+            start_step=start, checkpoints=written if me.rank == 0 else [],
         )
 
 

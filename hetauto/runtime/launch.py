@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,24 +20,36 @@ from typing import Any
 from hetauto.core.errors import CommunicationError, PlanMismatch
 from hetauto.core.plan import Plan
 
-__all__ = ["worker_args", "local_command", "node_commands", "launch_local"]
+__all__ = ["JobFailed", "worker_args", "local_command", "node_commands", "launch_local", "diagnose_failure",
+           "torchrun_exit_codes"]
 
 
 def worker_args(plan_path: str | Path, out_dir: str | Path, *, steps: int, seed: int, emulate: bool,
-                timeout_s: float, cluster_base: str | Path | None = None) -> list[str]:
+                timeout_s: float, cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+                checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
+                inject_fault: str | None = None) -> list[str]:
     args = ["-m", "hetauto.runtime.worker", "--plan", str(plan_path), "--out", str(out_dir), "--steps", str(steps),
             "--seed", str(seed), "--timeout", str(timeout_s)]
     if emulate:
         args.append("--emulate")
     if cluster_base is not None:
         args += ["--cluster-base", str(cluster_base)]
+    if checkpoint_dir is not None:
+        args += ["--checkpoint-dir", str(Path(checkpoint_dir).resolve()), "--checkpoint-every", str(checkpoint_every)]
+        if keep is not None:
+            args += ["--keep", str(keep)]
+    if resume is not None:
+        args += ["--resume", str(Path(resume).resolve())]
+    if inject_fault is not None:
+        args += ["--inject-fault", inject_fault]
     return args
 
 
-def local_command(plan: Plan, worker: list[str]) -> list[str]:
-    """All ranks on this machine."""
+def local_command(plan: Plan, worker: list[str], max_restarts: int = 0) -> list[str]:
+    """All ranks on this machine. `max_restarts` > 0: torchrun restarts the whole job after a failure and the
+    workers resume from the latest complete checkpoint (hetauto.runtime.worker)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
-            "--max-restarts=0", *worker]
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.1", *worker]
 
 
 def node_commands(plan: Plan, cluster: Any, worker: list[str], master: str = "MASTER_HOST",
@@ -71,31 +85,136 @@ def node_commands(plan: Plan, cluster: Any, worker: list[str], master: str = "MA
     return out
 
 
+class JobFailed(CommunicationError):
+    """A launched job failed. The message names the culprit rank with its stage and cluster; `rank`, `stage`,
+    `cluster` carry them (None when no single rank could be blamed)."""
+
+    def __init__(self, message: str, rank: int | None = None, stage: int | None = None,
+                 cluster: str | None = None) -> None:
+        super().__init__(message)
+        self.rank, self.stage, self.cluster = rank, stage, cluster
+
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
+_SECONDARY = ("CommunicationError", "DistBackendError", "DistNetworkError", "DistStoreError")
+_PEER = re.compile(r"\b(?:from|to|peer|rank)s?\s+(\d+)")
+
+
+def torchrun_exit_codes(text: str) -> dict[int, int]:
+    """rank -> exit code of the failures torchrun's agent reported (its 'Root Cause' / 'Failures' blocks)."""
+    return {int(r): int(c) for r, c in _ROOT_CAUSE.findall(text)}
+
+
+def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | None = None) -> JobFailed:
+    """One clear error for a failed job from the ranks' marker files (hetauto.runtime.worker).
+
+    Blame, in this order: a rank that started and then vanished without a report, an error or a 'stopped'
+    mark (it died: killed, out of memory, power loss); else a rank whose error is not a communication
+    failure (a real exception); else a rank that the others' communication errors name and that has no
+    error of its own (it was stuck until torchrun stopped it); else the first error. Communication errors
+    of the other ranks are secondary: counted, the first one quoted."""
+    from hetauto.runtime.groups import placement
+
+    out = Path(out_dir)
+    exit_codes = exit_codes or {}
+
+    def read(kind: str) -> dict[int, str]:
+        found = {}
+        for r in range(plan.world_size):
+            f = out / f"rank{r}.{kind}"
+            if f.is_file():
+                found[r] = " ".join(f.read_text(encoding="utf-8", errors="replace").split())
+        return found
+
+    started, errors, stopped, done = read("started"), read("error"), read("stopped"), read("json")
+
+    def where(r: int) -> tuple[int, str]:
+        s = placement(plan, r).stage
+        return s, plan.stages[s].cluster
+
+    def failed(r: int, what: str) -> JobFailed:
+        s, c = where(r)
+        others = [e for q, e in sorted(errors.items()) if q != r]
+        tail = ""
+        if others:
+            first = others[0] if len(others[0]) <= 240 else others[0][:237] + "..."
+            tail = f"; {len(others)} other rank(s) failed after it (secondary), first: {first}"
+        stops = [q for q in stopped if q != r and q not in errors]
+        if stops:
+            tail += f"; rank(s) {', '.join(map(str, sorted(stops)))} stopped by torchrun"
+        return JobFailed(f"rank {r} (stage {s}, cluster '{c}') {what}{tail}", r, s, c)
+
+    never = [r for r in range(plan.world_size) if r not in started]
+    died = [r for r in started if r not in errors and r not in stopped and r not in done]
+    if died:
+        r = died[0]
+        code = exit_codes.get(r)
+        return failed(r, "died without an error of its own" + (f" (exit code {code})" if code is not None else ""))
+    primary = [r for r, e in sorted(errors.items()) if not any(f": {k}:" in e for k in _SECONDARY)]
+    if primary:
+        r = primary[0]
+        msg = errors[r].split(": ", 1)[1] if ": " in errors[r] else errors[r]
+        return failed(r, f"failed: {msg}")
+    named: dict[int, int] = {}
+    for q, e in errors.items():
+        for m in _PEER.findall(e.split(": ", 1)[-1]):
+            p = int(m)
+            if p != q and p < plan.world_size and p not in errors:
+                named[p] = named.get(p, 0) + 1
+    if named:
+        r = max(sorted(named), key=lambda p: named[p])
+        return failed(r, "stopped responding (the other ranks timed out waiting for it)")
+    if errors:
+        r = min(errors)
+        msg = errors[r].split(": ", 1)[1] if ": " in errors[r] else errors[r]
+        return failed(r, f"failed: {msg}")
+    if never:
+        r = never[0]
+        return failed(r, "never started")
+    return JobFailed("the job failed but no rank reported why (rerun with HETAUTO_DEBUG=1)")
+
+
 def launch_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: float,
-                 cluster_base: str | Path | None = None) -> list[dict[str, Any]]:
-    """Run the plan under torchrun on this machine; return every rank's report (rank order)."""
+                 cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+                 checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
+                 inject_fault: str | None = None, max_restarts: int = 0) -> list[dict[str, Any]]:
+    """Run the plan under torchrun on this machine; return every rank's report (rank order). A failed job
+    raises `JobFailed` naming the culprit rank; the whole job is bounded by a wall-clock deadline (its
+    process group is killed past it), so nothing can hang."""
     with tempfile.TemporaryDirectory(prefix="hetauto-run-") as tmp:
         plan_path = Path(tmp) / "plan.json"
         plan.save(plan_path)
         worker = worker_args(plan_path, tmp, steps=steps, seed=seed, emulate=emulate, timeout_s=timeout_s,
-                             cluster_base=cluster_base)
+                             cluster_base=cluster_base, checkpoint_dir=checkpoint_dir,
+                             checkpoint_every=checkpoint_every, keep=keep, resume=resume, inject_fault=inject_fault)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
+        deadline = (timeout_s * 3 + 60 + 5 * steps) * (max_restarts + 1)
+        proc = subprocess.Popen(local_command(plan, worker, max_restarts), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            proc = subprocess.run(local_command(plan, worker), env=env, capture_output=True, text=True,
-                                  timeout=timeout_s * 2 + 60 + 5 * steps)
+            stdout, stderr = proc.communicate(timeout=deadline)
         except subprocess.TimeoutExpired:
-            raise CommunicationError(f"torchrun did not finish within {timeout_s * 2 + 60 + 5 * steps:g}s; "
-                                     "raise --timeout or check for a hung rank") from None
-        errors = sorted(Path(tmp).glob("rank*.error"))
-        if errors:
-            first = errors[0].read_text(encoding="utf-8").strip()
-            raise CommunicationError(f"the run failed: {first}" + (f" (and {len(errors) - 1} more rank(s))" if len(errors) > 1 else ""))
+            _kill_group(proc)
+            proc.communicate()
+            raise JobFailed(f"torchrun did not finish within {deadline:g}s and was killed; "
+                            "raise --timeout or check for a hung rank") from None
         reports = []
         for r in range(plan.world_size):
             f = Path(tmp) / f"rank{r}.json"
-            if not f.is_file():
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise CommunicationError(f"rank {r} wrote no report (torchrun exit {proc.returncode}): {tail[0]}")
+            if proc.returncode != 0 or not f.is_file():
+                err = diagnose_failure(plan, tmp, torchrun_exit_codes(stderr or ""))
+                if err.rank is None:
+                    tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
+                    raise JobFailed(f"{err.message} (torchrun exit {proc.returncode}: {tail[0]})")
+                raise err
             reports.append(json.loads(f.read_text(encoding="utf-8")))
         return reports
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill torchrun and its workers (they share the session this module started)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()

@@ -1,0 +1,201 @@
+"""Checkpoint/resume, failures and re-planning through the real run path (hetauto.runtime.training, torchrun).
+
+One 4-process gloo set (forkserver, cheap) trains a 3-stage mixed-tp plan (tp 2 | 1 | 1 on three clusters)
+for 4 steps with a checkpoint every 2 steps, then in the same processes: resumes the same plan from the step-1
+checkpoint (losses of steps 2-3 bitwise equal), resumes a different 2-stage plan (dp 2 | tp 2, other cut;
+"cluster c lost, b grown") from it (losses within 1e-5), and resumes from the latest checkpoint of a torchrun
+job whose rank 2 was killed mid-run (bitwise equal). Two torchrun jobs: the kill (one error naming rank,
+stage and cluster, within the timeout) and the `--max-restarts` path with a crash during a checkpoint write.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetauto.core.plan import Plan, StagePlan
+
+SEED, STEPS, TIMEOUT = 5, 4, 5
+THREE = """clusters:
+  - {name: a, nodes: {count: 1, devices_per_node: 2, device: cpu}}
+  - {name: b, nodes: {count: 1, devices_per_node: %d, device: cpu}}
+%slinks:
+  default: {bandwidth: 1Gbps, latency: 1ms}
+"""
+
+
+def _stage(cluster: str, devices: tuple[int, ...], layers: tuple[int, int], tp: int = 1, dp: int = 1) -> StagePlan:
+    return StagePlan(cluster=cluster, device_type="cpu", devices=devices, layers=layers, tp=tp, dp=dp)
+
+
+def _plan(cluster: str, *stages: StagePlan) -> Plan:
+    return Plan(model="tiny-gpt", cluster=cluster, seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
+                stages=stages)
+
+
+PLAN3 = _plan("three.yaml", _stage("a", (0, 1), (0, 3), tp=2), _stage("b", (0,), (3, 5)), _stage("c", (0,), (5, 6)))
+PLAN2 = _plan("two.yaml", _stage("a", (0, 1), (0, 2), dp=2), _stage("b", (0, 1), (2, 6), tp=2))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("rel")
+    (d / "three.yaml").write_text(THREE % (1, "  - {name: c, nodes: {count: 1, devices_per_node: 1, device: cpu}}\n"))
+    (d / "two.yaml").write_text(THREE % (2, ""))
+    PLAN3.save(d / "plan3.json")
+    PLAN2.save(d / "plan2.json")
+    return d
+
+
+def _hetauto(*args: str, timeout: float = 150) -> tuple[int, dict, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", *args, "--json", "--no-reference",
+                           "--timeout", str(TIMEOUT)], capture_output=True, text=True, timeout=timeout)
+    wall = time.monotonic() - t0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1]), wall
+
+
+@pytest.fixture(scope="module")
+def killed(files: Path) -> dict:
+    """torchrun job: rank 2 (stage 1, cluster b) dies at the start of step 3; checkpoints after steps 1 and 3."""
+    rc, doc, wall = _hetauto(str(files / "plan3.json"), "--steps", str(STEPS), "--seed", str(SEED),
+                             "--checkpoint-dir", str(files / "killed"), "--checkpoint-every", "2",
+                             "--inject-fault", "rank=2,step=3")
+    return {"rc": rc, "doc": doc, "wall": wall, "dir": files / "killed"}
+
+
+def _work(rank: int, world: int, root: str, killed_dir: str) -> dict:
+    import torch
+
+    from hetauto.core.comm import Communicator
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.executor import ExecutorOptions
+    from hetauto.runtime.training import CheckpointOptions, train_rank
+
+    torch.set_num_threads(1)
+    cfg = get_model("tiny-gpt")
+    comm = Communicator.init_from_env("gloo", timeout_s=30)
+    opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, record=False)
+    first = f"{root}/full/step-00000001"
+    try:
+        return {
+            "full": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(f"{root}/full", every=2)).to_dict(),
+            "resumed": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(resume=first)).to_dict(),
+            "replanned": train_rank(comm, PLAN2, cfg, opts, CheckpointOptions(resume=first)).to_dict(),
+            "after_kill": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(resume=killed_dir)).to_dict(),
+        }
+    finally:
+        comm.destroy()
+
+
+@pytest.fixture(scope="module")
+def runs(files: Path, killed: dict) -> dict:
+    from hetauto.runtime.results import summarize
+    from hetauto.testing.multiproc import run_ranks
+
+    per_rank = run_ranks(_work, 4, str(files), str(killed["dir"]), timeout=200)
+    out = {}
+    for phase in per_rank[0]:
+        plan = PLAN2 if phase == "replanned" else PLAN3
+        reports = [r[phase] for r in per_rank]
+        out[phase] = {"losses": list(summarize(plan, reports).losses), "start": reports[0]["start_step"],
+                      "checkpoints": reports[0]["checkpoints"]}
+    return out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_resume_after_2_of_4_steps_is_bitwise_equal_for_mixed_tp_plan(runs: dict, files: Path) -> None:
+    full, resumed = runs["full"], runs["resumed"]
+    assert full["start"] == 0 and len(full["losses"]) == STEPS
+    assert full["checkpoints"] == [str(files / "full" / "step-00000001"), str(files / "full" / "step-00000003")]
+    assert resumed["start"] == 2
+    assert resumed["losses"] == full["losses"][2:]  # the same floats, not merely close
+    assert resumed["checkpoints"] == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_replanned_3_to_2_stages_continues_from_the_same_model_state(runs: dict) -> None:
+    got, want = runs["replanned"]["losses"], runs["full"]["losses"][2:]
+    assert runs["replanned"]["start"] == 2 and len(got) == 2
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (got, want)
+    assert got != runs["full"]["losses"][:2]  # it really continued (step 0/1 losses are different numbers)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_killed_rank_ends_the_job_with_one_error_naming_rank_stage_cluster(killed: dict) -> None:
+    from hetauto.runtime.checkpoint import latest_checkpoint, verify_checkpoint
+
+    assert killed["rc"] != 0
+    err = killed["doc"]["error"]
+    assert "\n" not in err
+    assert err.startswith("rank 2 (stage 1, cluster 'b') died without an error of its own (exit code 43)"), err
+    assert "did not finish within" not in err  # ended by the failure handling, not the launcher's deadline
+    assert killed["wall"] < 120
+    latest = latest_checkpoint(killed["dir"])
+    assert latest is not None and latest.name == "step-00000001"  # the step-3 checkpoint was never started
+    assert verify_checkpoint(latest) == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_last_complete_checkpoint_of_the_killed_job_resumes_to_the_same_losses(runs: dict) -> None:
+    assert runs["after_kill"]["start"] == 2
+    assert runs["after_kill"]["losses"] == runs["full"]["losses"][2:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_max_restarts_resumes_after_a_crash_during_checkpoint_write(runs: dict, files: Path) -> None:
+    """First attempt: checkpoints after steps 0 and 1, then rank 1 dies while writing step 2's checkpoint.
+    torchrun restarts the job; the fault does not fire again; the workers resume from step-1 (the previous,
+    complete checkpoint) and end with the uninterrupted run's losses."""
+    from hetauto.runtime.checkpoint import latest_checkpoint, verify_checkpoint
+
+    root = files / "restarts"
+    rc, doc, _ = _hetauto(str(files / "plan3.json"), "--steps", str(STEPS), "--seed", str(SEED),
+                          "--checkpoint-dir", str(root), "--inject-fault", "rank=1,step=2,phase=checkpoint",
+                          "--max-restarts", "1")
+    assert rc == 0, doc
+    assert doc["restarts"] == 1 and doc["start_step"] == 2
+    assert doc["loss"] == runs["full"]["losses"][2:]
+    assert doc["checkpoints"] == [str(root / "step-00000002"), str(root / "step-00000003")]
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000000", "step-00000001", "step-00000002",
+                                                       "step-00000003"]
+    assert latest_checkpoint(root) == root / "step-00000003" and verify_checkpoint(root / "step-00000001") == []
+
+
+def test_checkpoint_of_another_model_is_rejected_before_launch(files: Path, capsys) -> None:
+    import dataclasses
+
+    from hetauto.cli import main
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.checkpoint import save_checkpoint
+    from hetauto.runtime.reference import make_optimizer
+    from hetauto.runtime.stage import build_stage
+
+    other = dataclasses.replace(get_model("tiny-gpt"), name="wide-gpt", hidden=32, ffn_hidden=64)
+    stage = build_stage(other, (0, other.num_layer_slots), 0)
+    ck = save_checkpoint(files / "other", 0, stage, make_optimizer(stage.parameters(), 1e-3), extra={"next_step": 1})
+    assert main(["run", str(files / "plan3.json"), "--resume", str(ck), "--json"]) != 0
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err == (f"{ck}: checkpoint is of model 'wide-gpt', this job trains 'tiny-gpt': hidden 32 != 64, "
+                   "ffn_hidden 64 != 256 (resume with the model the checkpoint was trained with, or start a new "
+                   "--checkpoint-dir)")
+
+
+def test_resume_past_the_last_step_and_bad_fault_rank_are_one_line_errors(files: Path, capsys) -> None:
+    from hetauto.cli import main
+
+    assert main(["run", str(files / "plan3.json"), "--inject-fault", "rank=9,step=1"]) != 0
+    assert "--inject-fault: rank 9 is outside the plan's 4 ranks" in capsys.readouterr().err
+    assert main(["run", str(files / "plan3.json"), "--resume", str(files / "nowhere")]) != 0
+    assert "nowhere: no such checkpoint directory" in capsys.readouterr().err
