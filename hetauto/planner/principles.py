@@ -117,7 +117,7 @@ def _fill(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]], bas
 
 def balance_layers(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]] | None = None,
                    base: Sequence[float] | None = None, caps: Sequence[float] | None = None,
-                   iterations: int = 40) -> list[int] | None:
+                   iterations: int = 30) -> list[int] | None:
     """Contiguous layer counts per stage minimising the slowest stage's time, each stage within memory.
 
     `times[s][l]` / `mems[s][l]`: what layer l costs on stage s (seconds per microbatch; bytes per device),

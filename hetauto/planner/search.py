@@ -132,6 +132,9 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         cap = None if max_evaluations is None else before + max_evaluations - 2  # 2: kept for polish()
 
         def spent(share: float = 1.0) -> bool:
+            search._record()  # descent improvements enter the trace (and the progress bar) when they happen
+            if progress is not None:
+                progress(time.perf_counter() - start, ev.evaluations, search.scorer.best_throughput)
             if cap is not None and ev.evaluations >= cap:
                 return True
             return budget is not None and time.perf_counter() - start >= share * budget
