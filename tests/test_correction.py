@@ -120,7 +120,7 @@ def test_loading_never_executes_code(tmp_path) -> None:
         Correction.load(csv_bad)
     rows = synthetic_rows(5, 1)
     good = Correction.fit(rows).save(tmp_path / "g.csv")
-    good.write_text(good.read_text().replace("# n_estimators=60", "# n_estimators=__import__('os')"))
+    good.write_text(good.read_text().replace("# n_estimators=80", "# n_estimators=__import__('os')"))
     with pytest.raises(SpecError, match=r"hyperparameters.n_estimators: expected a number"):
         Correction.load(good)
     assert not marker.exists()

@@ -40,7 +40,7 @@ FEATURES: tuple[str, ...] = (
     "log_flops_per_layer", "is_llama",
 )
 DEFAULT_HYPERPARAMETERS: dict[str, Any] = {
-    "n_estimators": 60, "max_depth": 12, "min_samples_leaf": 2, "max_features": 1.0, "random_state": 0,
+    "n_estimators": 80, "max_depth": 12, "min_samples_leaf": 5, "max_features": 0.5, "random_state": 0,
 }
 PEAK_MARGIN = 0.15  # decades of peak FLOP/s around the measured devices that the correction applies to
 _ALLOWED_HP = {"n_estimators": int, "max_depth": int, "min_samples_leaf": int, "max_features": float,
