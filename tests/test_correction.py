@@ -192,3 +192,19 @@ def test_correction_leaves_unmeasured_devices_alone() -> None:
     assert fixed.stage_compute_time("a100", (1, 5), 1, 1, 2) == plain.stage_compute_time("a100", (1, 5), 1, 1, 2)
     cpu_row = synthetic_rows(1, 9)[0]
     assert corr.covers(cpu_row.features)
+
+
+def test_shipped_rows_load_and_cover_cpu_only() -> None:
+    from hetauto.planner.correction import default_correction, shipped_training_files
+
+    files = shipped_training_files()
+    assert [f.name for f in files] == ["cpu-stages.csv"]
+    corr = default_correction()
+    assert corr.trained and len(corr.rows) >= 100
+    inp = load_planning_inputs(scenario="cpu-demo")
+    ev = Evaluator(inp, correction=corr)
+    assert ev.cost_model_name == "analytical+forest"
+    assert ev.stage_compute_time("fast", (0, 3), 1, 1, 4) != Evaluator(inp).stage_compute_time("fast", (0, 3), 1, 1, 4)
+    h800 = load_planning_inputs(scenario="paper-4c")
+    corrected = Evaluator(h800, correction=corr).stage_compute_time("h800", (1, 5), 8, 1, 1)
+    assert corrected == Evaluator(h800).stage_compute_time("h800", (1, 5), 8, 1, 1)

@@ -364,7 +364,7 @@ def rows_from_csv(text: str, source: str | Path) -> tuple[list[TrainingRow], dic
     for line in text.splitlines():
         if line.startswith("#"):
             k, sep, v = line[1:].strip().partition("=")
-            if sep:
+            if sep and k.strip().isidentifier():  # `# name=value` sets a hyper-parameter; other comments are prose
                 hp[k.strip()] = v.strip()
         elif line.strip():
             body.append(line)
@@ -416,3 +416,19 @@ def rows_from_profile(profile: Any, vocab_size: int = 32000) -> list[TrainingRow
                                   flash_attention=profile.backend not in ("cpu", "mock"),
                                   source=f"{profile.key}:samples[{i}]"))
     return out
+
+
+def shipped_training_files() -> list[Path]:
+    """Training rows shipped in `hetauto/data/training/` (JSON/CSV), sorted by name."""
+    from importlib import resources
+
+    root = resources.files("hetauto") / "data" / "training"
+    if not root.is_dir():
+        return []
+    return sorted((Path(str(e)) for e in root.iterdir() if e.name.endswith((".json", ".csv"))), key=lambda p: p.name)
+
+
+def default_correction(*extra: str | Path) -> Correction:
+    """The shipped rows plus `extra` files (e.g. rows from `hetauto profile --samples` via `rows_from_profile` and
+    `Correction.save`), refit. Stages of devices no row covers keep the analytical estimate."""
+    return Correction.load(*shipped_training_files(), *extra)
