@@ -5,7 +5,9 @@ correction on one split of the configurations and reports on the held-out split.
 
 Stages are `hetauto.runtime.stage.build_stage` slices of tiny/small GPT and LLaMA models over a grid of
 (blocks, hidden, microbatch, sequence) and stage kind (first: embedding + blocks, middle: blocks, last: blocks +
-head), timed forward and backward with one thread. Heterogeneous devices are emulated as the mock backend does:
+head), timed forward and backward with one thread in *thread CPU time* (`time.thread_time`: other processes on a
+shared machine do not count), the minimum over passes spread across the run (as many as a time budget allows:
+--quick 30 s, full 300 s). Heterogeneous devices are emulated as the mock backend does:
 a device with speed factor f takes t / f and its analytical profile is the catalog `cpu` profile scaled by f.
 The split is by configuration (all speed factors of a configuration fall on the same side), so the held-out
 error is for shapes the forest never saw. The analytical model uses the catalog `cpu` profile as is (rough
@@ -13,7 +15,7 @@ published-style numbers, not fitted to this machine): the forest's job is to lea
 
 Reports MAPE and Spearman rank correlation of the stage time (forward + backward) for the corrected and the
 analytical-only model, and the cost of one whole-plan evaluation (paper-4c, 256 devices, 16 stages,
-256 microbatches, cold caches). The last line (with --json the only line) is
+256 microbatches, cold caches, CPU time, median; also with warm caches and with the full simulator). The last line (with --json the only line) is
 {"mape", "analytical_mape", "spearman", "samples", "eval_ms", ...}.
 """
 
