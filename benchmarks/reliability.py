@@ -1,127 +1,121 @@
-"""Reliability report: inject faults into a small 3-rank gloo job and report what happened.
+"""Reliability report: inject faults into real `hetauto run` jobs (torchrun, gloo) and report what happened.
 
-For each fault: did every surviving rank end (no hang), how long did they take to notice the fault
-(from the start of the step the fault hit to the error), is the latest checkpoint intact (sha256 of every
-file against its manifest, and it loads), and how many steps were lost (steps done since the last
-complete checkpoint; the target is exactly those and nothing else).
+Job: a 3-rank, 2-stage plan of tiny-gpt on the cpu-demo clusters (stage 0: tp 2 on 'fast', stage 1 on
+'slow'), 5 steps, a checkpoint every 2 steps (after steps 1, 3 and the last). For each fault:
+  ended cleanly   the job ended with one error naming the culprit rank (not by the launcher's deadline),
+                  or, with --max-restarts, finished after torchrun's restart;
+  detect s        from the moment the fault fired ($HETAUTO_FAULT_LOG) to the end of `hetauto run`;
+  verified        the latest complete checkpoint re-hashes to its manifest (sha256 of every file);
+  lost            steps trained but not in any checkpoint (fault step - checkpoint's next step; for a
+                  crash while writing step S's checkpoint, S + 1 - next step). Target: at most the steps
+                  since the last checkpoint, nothing else;
+  resume ok       `hetauto run --resume D` from that checkpoint reproduces the uninterrupted run's losses
+                  bit for bit.
 
-The job is a stand-in for `hetauto run` until the executor lands: each rank owns one pipeline stage
-(hetauto.runtime.stage), does a local AdamW update per step, then one all-reduce through
-hetauto.core.comm.Communicator (timeout --timeout seconds), and checkpoints every K steps with
-hetauto.runtime.checkpoint. Faults come from hetauto.runtime.faults, exactly as `--inject-fault` will.
-
-    python benchmarks/reliability.py [--timeout 3] [--json]
+    python benchmarks/reliability.py [--timeout 5] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+from hetauto.core.plan import Plan, StagePlan
 
-from hetauto.core.model import ModelConfig
-
-CFG = ModelConfig("rel-gpt", "gpt", num_layers=3, hidden=16, num_heads=2, ffn_hidden=32, vocab_size=24, max_seq_len=8)
-LAYOUT = [(0, 2), (2, 4), (4, 5)]
-STEPS = 6
-EVERY = 2
+STEPS, EVERY, SEED = 5, 2, 3
 
 
-def _job(rank: int, world: int, root: str, fault: str | None, timeout: float) -> dict:
-    import torch.distributed as dist
+def _plan() -> Plan:
+    def st(c: str, d: tuple[int, ...], layers: tuple[int, int], tp: int = 1) -> StagePlan:
+        return StagePlan(cluster=c, device_type="cpu", devices=d, layers=layers, tp=tp)
 
-    from hetauto.core.comm import Communicator
-    from hetauto.runtime import faults
-    from hetauto.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from hetauto.runtime.data import synthetic_batch
-    from hetauto.runtime.reference import make_optimizer
-    from hetauto.runtime.stage import build_stage
-
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
-    comm = Communicator.from_current(timeout_s=timeout)
-    stage = build_stage(CFG, LAYOUT[rank], 5)
-    opt = make_optimizer(stage.parameters(), 1e-2)
-    start = 0
-    if latest_checkpoint(root) is not None:
-        start = load_checkpoint(root, stage, opt, comm=comm).extra["next_step"]
-    faults.install(fault)
-    step_started = time.time()
-    step = start
-    try:
-        for step in range(start, STEPS):
-            step_started = time.time()
-            faults.maybe_fail(step)
-            batch = synthetic_batch(5, step, 2, 8, CFG.vocab_size)
-            g = torch.Generator().manual_seed(step * 10 + rank)
-            x = batch.tokens if stage.is_first else torch.randn(2, 8, CFG.hidden, generator=g)
-            loss = stage(x, batch.targets) if stage.is_last else stage(x).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            comm.all_reduce(loss.detach().reshape(1))
-            if (step + 1) % EVERY == 0:
-                save_checkpoint(root, step, stage, opt, extra={"next_step": step + 1}, comm=comm)
-        return {"ok": True, "start": start}
-    except Exception as exc:  # noqa: BLE001 - the report wants the message
-        return {"ok": False, "start": start, "step": step, "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
-                "detect_s": time.time() - step_started}
+    return Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(st("fast", (0, 1), (0, 3), tp=2), st("slow", (0,), (3, 6))))
 
 
-def _case(name: str, fault: str, timeout: float) -> dict:
+def _run(plan: Path, timeout: float, *extra: str, env: dict | None = None) -> tuple[dict, float]:
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(plan), "--steps", str(STEPS), "--seed",
+                           str(SEED), "--timeout", str(timeout), "--no-reference", "--json", *extra],
+                          capture_output=True, text=True, env=env, timeout=600)
+    lines = proc.stdout.strip().splitlines()
+    doc = json.loads(lines[-1]) if lines else {"error": proc.stderr.strip()[-300:]}
+    return doc, time.time()
+
+
+def _case(name: str, fault: str, plan: Path, timeout: float, full: list[float], restarts: int) -> dict:
     from hetauto.runtime.checkpoint import latest_checkpoint, read_manifest, verify_checkpoint
-    from hetauto.runtime.faults import FaultSpec
-    from hetauto.testing.multiproc import run_ranks
+    from hetauto.runtime.faults import FAULT_LOG_ENV, FaultSpec
 
     spec = FaultSpec.parse(fault)
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        res = run_ranks(_job, 3, tmp, fault, timeout, timeout=timeout * 6 + 30, return_exceptions=True)
-        wall = time.perf_counter() - t0
-        survivors = [r for i, r in enumerate(res) if i != spec.rank]
-        ended = all(isinstance(r, dict) for r in survivors)  # returned (with an error), not killed at the deadline
-        detect = max((r["detect_s"] for r in survivors if isinstance(r, dict) and not r["ok"]), default=None)
-        latest = latest_checkpoint(tmp)
-        next_step = read_manifest(latest).extra["next_step"] if latest else 0
-        verified = latest is not None and verify_checkpoint(latest) == []
-        resumed = run_ranks(_job, 3, tmp, None, timeout, timeout=timeout * 6 + 30)
-        return {
-            "fault": name, "spec": str(spec), "jobs_ended_cleanly": ended, "wall_s": round(wall, 2),
-            "detect_s": None if detect is None else round(detect, 3),
-            "errors": sorted({r["error"] for r in survivors if isinstance(r, dict) and not r["ok"]}),
-            "latest_checkpoint": latest.name if latest else None, "checkpoint_verified": verified,
-            "steps_lost": spec.step - next_step + (1 if spec.phase == "checkpoint" else 0),
-            "resumed_from_step": resumed[0]["start"], "resume_ok": all(r["ok"] for r in resumed),
-        }
+        ck, log = Path(tmp) / "ck", Path(tmp) / "faults.jsonl"
+        env = dict(os.environ, **{FAULT_LOG_ENV: str(log)})
+        extra = ["--checkpoint-dir", str(ck), "--checkpoint-every", str(EVERY), "--inject-fault", fault]
+        if restarts:
+            extra += ["--max-restarts", str(restarts)]
+        doc, end = _run(plan, timeout, *extra, env=env)
+        fired = [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
+        detect = end - fired[0]["unix"] if fired else None
+        error = doc.get("error")
+        if restarts:
+            ended = error is None and doc.get("restarts") == restarts
+            lost = None if not ended else spec.step + (spec.phase == "checkpoint") - doc["start_step"]
+            resume_ok = ended and doc["loss"] == full[doc["start_step"]:]
+            latest = latest_checkpoint(ck)
+            verified = latest is not None and verify_checkpoint(latest) == []
+        else:
+            ended = error is not None and f"rank {spec.rank} (stage" in error and "did not finish within" not in error
+            latest = latest_checkpoint(ck)
+            verified = latest is not None and verify_checkpoint(latest) == []
+            nxt = read_manifest(latest).extra["next_step"] if latest else 0
+            lost = spec.step + (spec.phase == "checkpoint") - nxt
+            resumed, _ = _run(plan, timeout, "--resume", str(ck))
+            resume_ok = resumed.get("loss") == full[nxt:]
+        return {"fault": name, "spec": str(spec), "jobs_ended_cleanly": bool(ended),
+                "detect_s": None if detect is None else round(detect, 2), "error": error,
+                "latest_checkpoint": latest.name if latest else None, "checkpoint_verified": bool(verified),
+                "steps_lost": lost, "resume_matches_uninterrupted": bool(resume_ok)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--timeout", type=float, default=3.0, help="collective timeout in seconds")
+    ap.add_argument("--timeout", type=float, default=5.0, help="communication timeout (seconds) of the jobs")
     ap.add_argument("--json", action="store_true", help="only the JSON line")
     args = ap.parse_args()
     cases = [
-        ("kill mid-run", "rank=1,step=3"),
-        ("kill during checkpoint write", "rank=2,step=3,phase=checkpoint"),
-        ("stuck rank", "rank=0,step=4,action=hang"),
+        ("kill mid-run", "rank=2,step=3", 0),
+        ("kill during checkpoint write", "rank=1,step=3,phase=checkpoint", 0),
+        ("stuck rank", "rank=0,step=2,action=hang", 0),
+        ("kill, torchrun --max-restarts 1", "rank=1,step=2", 1),
     ]
-    rows = [_case(name, fault, args.timeout) for name, fault in cases]
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = Path(tmp) / "plan.json"
+        _plan().save(plan)
+        base, _ = _run(plan, args.timeout)
+        full = base["loss"]
+        rows = [_case(name, fault, plan, args.timeout, full, r) for name, fault, r in cases]
     if not args.json:
-        print(f"{'fault':30} {'ended':>5} {'detect s':>8} {'latest ckpt':>14} {'verified':>8} {'lost':>4} {'resumed@':>8}")
+        print(f"{'fault':33} {'ended':>5} {'detect s':>8} {'latest ckpt':>14} {'verified':>8} {'lost':>4} {'resume ok':>9}")
         for r in rows:
-            print(f"{r['fault']:30} {str(r['jobs_ended_cleanly']):>5} {str(r['detect_s']):>8} "
-                  f"{str(r['latest_checkpoint']):>14} {str(r['checkpoint_verified']):>8} {r['steps_lost']:>4} "
-                  f"{r['resumed_from_step']:>8}")
-            for e in r["errors"]:
-                print(f"    {e[:150]}")
+            print(f"{r['fault']:33} {str(r['jobs_ended_cleanly']):>5} {str(r['detect_s']):>8} "
+                  f"{str(r['latest_checkpoint']):>14} {str(r['checkpoint_verified']):>8} {str(r['steps_lost']):>4} "
+                  f"{str(r['resume_matches_uninterrupted']):>9}")
+            if r["error"]:
+                print(f"    {r['error'][:160]}")
     summary = {
         "faults_injected": len(rows),
         "jobs_ended_cleanly": sum(r["jobs_ended_cleanly"] for r in rows),
         "checkpoints_verified": sum(r["checkpoint_verified"] for r in rows),
+        "resumes_bit_exact": sum(r["resume_matches_uninterrupted"] for r in rows),
+        "max_detect_s": max((r["detect_s"] for r in rows if r["detect_s"] is not None), default=None),
+        "steps_lost": [r["steps_lost"] for r in rows],
         "timeout_s": args.timeout,
         "cases": rows,
     }

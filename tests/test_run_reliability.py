@@ -2,10 +2,13 @@
 
 One 4-process gloo set (forkserver, cheap) trains a 3-stage mixed-tp plan (tp 2 | 1 | 1 on three clusters)
 for 4 steps with a checkpoint every 2 steps, then in the same processes: resumes the same plan from the step-1
-checkpoint (losses of steps 2-3 bitwise equal), resumes a different 2-stage plan (dp 2 | tp 2, other cut;
-"cluster c lost, b grown") from it (losses within 1e-5), and resumes from the latest checkpoint of a torchrun
-job whose rank 2 was killed mid-run (bitwise equal). Two torchrun jobs: the kill (one error naming rank,
-stage and cluster, within the timeout) and the `--max-restarts` path with a crash during a checkpoint write.
+checkpoint (losses of steps 2-3 bitwise equal) and resumes a different 2-stage plan (dp 2 | tp 2, other cut;
+"cluster c lost, b grown") from it (losses within 1e-5).
+
+Two torchrun jobs (`hetauto run`) on a 2-rank plan (torchrun start-up is most of their cost): a rank killed
+mid-run (one error naming rank, stage and cluster; the job ends well within the timeouts), and the
+`--max-restarts` path with a crash during a checkpoint write. A 2-process set gives their uninterrupted
+losses and resumes from the killed job's last complete checkpoint (bitwise equal).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def _plan(cluster: str, *stages: StagePlan) -> Plan:
 
 PLAN3 = _plan("three.yaml", _stage("a", (0, 1), (0, 3), tp=2), _stage("b", (0,), (3, 5)), _stage("c", (0,), (5, 6)))
 PLAN2 = _plan("two.yaml", _stage("a", (0, 1), (0, 2), dp=2), _stage("b", (0, 1), (2, 6), tp=2))
+PLANT = _plan("three.yaml", _stage("a", (0,), (0, 3)), _stage("b", (0,), (3, 6)))  # for the torchrun jobs
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,7 @@ def files(tmp_path_factory) -> Path:
     (d / "two.yaml").write_text(THREE % (2, ""))
     PLAN3.save(d / "plan3.json")
     PLAN2.save(d / "plan2.json")
+    PLANT.save(d / "plant.json")
     return d
 
 
@@ -58,19 +63,19 @@ def _hetauto(*args: str, timeout: float = 150) -> tuple[int, dict, float]:
                            "--timeout", str(TIMEOUT)], capture_output=True, text=True, timeout=timeout)
     wall = time.monotonic() - t0
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1]), wall
+    return proc.returncode, json.loads(proc.stdout), wall
 
 
 @pytest.fixture(scope="module")
 def killed(files: Path) -> dict:
-    """torchrun job: rank 2 (stage 1, cluster b) dies at the start of step 3; checkpoints after steps 1 and 3."""
-    rc, doc, wall = _hetauto(str(files / "plan3.json"), "--steps", str(STEPS), "--seed", str(SEED),
+    """torchrun job: rank 1 (stage 1, cluster b) dies at the start of step 3; checkpoints after steps 1 and 3."""
+    rc, doc, wall = _hetauto(str(files / "plant.json"), "--steps", str(STEPS), "--seed", str(SEED),
                              "--checkpoint-dir", str(files / "killed"), "--checkpoint-every", "2",
-                             "--inject-fault", "rank=2,step=3")
+                             "--inject-fault", "rank=1,step=3")
     return {"rc": rc, "doc": doc, "wall": wall, "dir": files / "killed"}
 
 
-def _work(rank: int, world: int, root: str, killed_dir: str) -> dict:
+def _work(rank: int, world: int, root: str, killed_dir: str | None) -> dict:
     import torch
 
     from hetauto.core.comm import Communicator
@@ -84,11 +89,15 @@ def _work(rank: int, world: int, root: str, killed_dir: str) -> dict:
     opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, record=False)
     first = f"{root}/full/step-00000001"
     try:
+        if killed_dir is not None:  # the 2-rank set
+            return {
+                "full_t": train_rank(comm, PLANT, cfg, opts).to_dict(),
+                "after_kill": train_rank(comm, PLANT, cfg, opts, CheckpointOptions(resume=killed_dir)).to_dict(),
+            }
         return {
             "full": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(f"{root}/full", every=2)).to_dict(),
             "resumed": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(resume=first)).to_dict(),
             "replanned": train_rank(comm, PLAN2, cfg, opts, CheckpointOptions(resume=first)).to_dict(),
-            "after_kill": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(resume=killed_dir)).to_dict(),
         }
     finally:
         comm.destroy()
@@ -99,13 +108,15 @@ def runs(files: Path, killed: dict) -> dict:
     from hetauto.runtime.results import summarize
     from hetauto.testing.multiproc import run_ranks
 
-    per_rank = run_ranks(_work, 4, str(files), str(killed["dir"]), timeout=200)
+    four = run_ranks(_work, 4, str(files), None, timeout=200)
+    two = run_ranks(_work, 2, str(files), str(killed["dir"]), timeout=100)
     out = {}
-    for phase in per_rank[0]:
-        plan = PLAN2 if phase == "replanned" else PLAN3
-        reports = [r[phase] for r in per_rank]
-        out[phase] = {"losses": list(summarize(plan, reports).losses), "start": reports[0]["start_step"],
-                      "checkpoints": reports[0]["checkpoints"]}
+    for per_rank in (four, two):
+        for phase in per_rank[0]:
+            plan = {"replanned": PLAN2, "full_t": PLANT, "after_kill": PLANT}.get(phase, PLAN3)
+            reports = [r[phase] for r in per_rank]
+            out[phase] = {"losses": list(summarize(plan, reports).losses), "start": reports[0]["start_step"],
+                          "checkpoints": reports[0]["checkpoints"]}
     return out
 
 
@@ -137,7 +148,7 @@ def test_killed_rank_ends_the_job_with_one_error_naming_rank_stage_cluster(kille
     assert killed["rc"] != 0
     err = killed["doc"]["error"]
     assert "\n" not in err
-    assert err.startswith("rank 2 (stage 1, cluster 'b') died without an error of its own (exit code 43)"), err
+    assert err.startswith("rank 1 (stage 1, cluster 'b') died without an error of its own (exit code 43)"), err
     assert "did not finish within" not in err  # ended by the failure handling, not the launcher's deadline
     assert killed["wall"] < 120
     latest = latest_checkpoint(killed["dir"])
@@ -149,7 +160,8 @@ def test_killed_rank_ends_the_job_with_one_error_naming_rank_stage_cluster(kille
 @pytest.mark.timeout(400)
 def test_last_complete_checkpoint_of_the_killed_job_resumes_to_the_same_losses(runs: dict) -> None:
     assert runs["after_kill"]["start"] == 2
-    assert runs["after_kill"]["losses"] == runs["full"]["losses"][2:]
+    assert runs["full_t"]["start"] == 0 and len(runs["full_t"]["losses"]) == STEPS
+    assert runs["after_kill"]["losses"] == runs["full_t"]["losses"][2:]
 
 
 @pytest.mark.multiprocess
@@ -161,12 +173,12 @@ def test_max_restarts_resumes_after_a_crash_during_checkpoint_write(runs: dict, 
     from hetauto.runtime.checkpoint import latest_checkpoint, verify_checkpoint
 
     root = files / "restarts"
-    rc, doc, _ = _hetauto(str(files / "plan3.json"), "--steps", str(STEPS), "--seed", str(SEED),
+    rc, doc, _ = _hetauto(str(files / "plant.json"), "--steps", str(STEPS), "--seed", str(SEED),
                           "--checkpoint-dir", str(root), "--inject-fault", "rank=1,step=2,phase=checkpoint",
                           "--max-restarts", "1")
     assert rc == 0, doc
     assert doc["restarts"] == 1 and doc["start_step"] == 2
-    assert doc["loss"] == runs["full"]["losses"][2:]
+    assert doc["loss"] == runs["full_t"]["losses"][2:]
     assert doc["checkpoints"] == [str(root / "step-00000002"), str(root / "step-00000003")]
     assert sorted(p.name for p in root.iterdir()) == ["step-00000000", "step-00000001", "step-00000002",
                                                        "step-00000003"]
@@ -199,3 +211,36 @@ def test_resume_past_the_last_step_and_bad_fault_rank_are_one_line_errors(files:
     assert "--inject-fault: rank 9 is outside the plan's 4 ranks" in capsys.readouterr().err
     assert main(["run", str(files / "plan3.json"), "--resume", str(files / "nowhere")]) != 0
     assert "nowhere: no such checkpoint directory" in capsys.readouterr().err
+
+
+def _marks(tmp_path: Path, **files: str) -> Path:
+    for name, text in files.items():
+        (tmp_path / name.replace("_", ".")).write_text(text + "\n")
+    return tmp_path
+
+
+def test_diagnosis_blames_the_stuck_rank_named_by_the_others_timeouts(tmp_path: Path) -> None:
+    from hetauto.runtime.launch import diagnose_failure
+
+    out = _marks(tmp_path, rank0_started="attempt 0", rank1_started="attempt 0", rank2_started="attempt 0",
+                 rank3_started="attempt 0",
+                 rank1_error="rank 1: CommunicationError: recv from rank 0 (tag 8) failed after up to 5s: timed out",
+                 rank0_stopped="rank 0: stopped by torchrun after another rank failed",
+                 rank2_stopped="rank 2: stopped", rank3_stopped="rank 3: stopped")
+    err = diagnose_failure(PLAN3, out)
+    assert (err.rank, err.stage, err.cluster) == (0, 0, "a")
+    assert str(err) == ("rank 0 (stage 0, cluster 'a') stopped responding (the other ranks timed out waiting for it); "
+                        "1 other rank(s) failed after it (secondary), first: rank 1: CommunicationError: recv from "
+                        "rank 0 (tag 8) failed after up to 5s: timed out; rank(s) 2, 3 stopped by torchrun")
+
+
+def test_diagnosis_prefers_a_real_exception_to_communication_errors(tmp_path: Path) -> None:
+    from hetauto.runtime.launch import diagnose_failure
+
+    out = _marks(tmp_path, rank0_started="", rank1_started="", rank2_started="", rank3_started="",
+                 rank0_error="rank 0: CommunicationError: send to rank 3 failed: Connection closed by peer",
+                 rank3_error="rank 3: CheckpointMismatch: ck: checkpoint has no parameter 'layers.5.w'",
+                 rank1_json="{}", rank2_json="{}")
+    err = diagnose_failure(PLAN3, out)
+    assert str(err).startswith("rank 3 (stage 2, cluster 'c') failed: CheckpointMismatch: ck: checkpoint has no "
+                               "parameter 'layers.5.w'; 1 other rank(s) failed after it (secondary), first: rank 0: ")

@@ -22,9 +22,10 @@ from typing import Literal
 
 from hetauto.core.errors import SpecError
 
-__all__ = ["FAULT_ENV", "FAULT_EXIT_CODE", "FaultSpec", "install", "install_from_env", "installed", "maybe_fail"]
+__all__ = ["FAULT_ENV", "FAULT_LOG_ENV", "FAULT_EXIT_CODE", "FaultSpec", "install", "install_from_env", "installed", "maybe_fail"]
 
 FAULT_ENV = "HETAUTO_INJECT_FAULT"
+FAULT_LOG_ENV = "HETAUTO_FAULT_LOG"
 FAULT_EXIT_CODE = 43
 Phase = Literal["step", "checkpoint"]
 _PHASES = ("step", "checkpoint")
@@ -110,6 +111,22 @@ def _current_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def _log(fault: FaultSpec, rank: int, step: int, phase: str) -> None:
+    """Append when and where the fault fired to $HETAUTO_FAULT_LOG (JSON lines), so a report can measure the
+    time from the fault to the job's end."""
+    path = os.environ.get(FAULT_LOG_ENV)
+    if not path:
+        return
+    import json
+
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"fault": str(fault), "rank": rank, "step": step, "phase": phase,
+                                "unix": time.time()}) + "\n")
+    except OSError:
+        pass
+
+
 def maybe_fail(step: int, phase: Phase = "step", *, rank: int | None = None, spec: FaultSpec | None = None) -> None:
     """If the installed fault (or `spec`) names this rank, `step` and `phase`, kill or stall this process now."""
     fault = spec if spec is not None else _installed
@@ -120,6 +137,7 @@ def maybe_fail(step: int, phase: Phase = "step", *, rank: int | None = None, spe
         return
     sys.stderr.write(f"hetauto: injected fault ({fault}): rank {me} stops at step {step} ({phase})\n")
     sys.stderr.flush()
+    _log(fault, me, step, phase)
     if fault.action == "hang":
         while True:
             time.sleep(3600)

@@ -97,7 +97,13 @@ class JobFailed(CommunicationError):
 
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
 _SECONDARY = ("CommunicationError", "DistBackendError", "DistNetworkError", "DistStoreError")
+_LOST = re.compile(r"timed? ?out|connection (?:closed|reset|refused)|broken pipe", re.IGNORECASE)
 _PEER = re.compile(r"\b(?:from|to|peer|rank)s?\s+(\d+)")
+
+
+def _secondary(error: str) -> bool:
+    """A failure that follows from another rank's: a communication error, timeout or dropped connection."""
+    return any(f": {k}:" in error for k in _SECONDARY) or _LOST.search(error) is not None
 
 
 def torchrun_exit_codes(text: str) -> dict[int, int]:
@@ -150,7 +156,7 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
         r = died[0]
         code = exit_codes.get(r)
         return failed(r, "died without an error of its own" + (f" (exit code {code})" if code is not None else ""))
-    primary = [r for r, e in sorted(errors.items()) if not any(f": {k}:" in e for k in _SECONDARY)]
+    primary = [r for r, e in sorted(errors.items()) if not _secondary(e)]
     if primary:
         r = primary[0]
         msg = errors[r].split(": ", 1)[1] if ": " in errors[r] else errors[r]
@@ -164,6 +170,11 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     if named:
         r = max(sorted(named), key=lambda p: named[p])
         return failed(r, "stopped responding (the other ranks timed out waiting for it)")
+    silent = sorted(r for r in stopped if r not in errors)
+    if silent and errors:
+        r = silent[0]
+        also = "" if len(silent) == 1 else f"; also silent: {', '.join(map(str, silent[1:]))}"
+        return failed(r, f"stopped responding: it reported nothing while the other ranks timed out (stuck{also})")
     if errors:
         r = min(errors)
         msg = errors[r].split(": ", 1)[1] if ": " in errors[r] else errors[r]
