@@ -23,8 +23,10 @@ REFERENCE_MAX_PARAMS = 50_000_000  # the single-process reference runs in this p
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="plan JSON file (hetauto plan -o plan.json)")
     parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    parser.add_argument("--emulate", action="store_true",
-                        help="emulate the plan's clusters: per-cluster speed factor and cross-cluster link latency/bandwidth")
+    parser.add_argument("--emulate", nargs="?", const="inprocess", default=None, choices=("inprocess", "netns"),
+                        help="emulate the plan's clusters: per-cluster speed factor and cross-cluster link latency/"
+                             "bandwidth in-process (default), or 'netns': one torchrun per cluster in its own network "
+                             "namespace joined by a tc-shaped veth link (root only)")
     parser.add_argument("--seed", type=int, default=None,
                         help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.print_launch:
         worker = worker_args(Path(args.plan).resolve(), "OUT_DIR", steps=args.steps, seed=args.seed,
-                             emulate=args.emulate, timeout_s=args.timeout, cluster_base=base,
+                             emulate=bool(args.emulate), timeout_s=args.timeout, cluster_base=base,
                              checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                              keep=args.keep, resume=args.resume, inject_fault=args.inject_fault)
         cmds = node_commands(plan, cluster, worker, master=args.master)
@@ -131,10 +133,19 @@ def run(args: argparse.Namespace) -> int:
 
     from hetauto.runtime.results import measured_timeline, summarize
 
-    reports = launch_local(plan, steps=args.steps, seed=args.seed, emulate=args.emulate, timeout_s=args.timeout,
-                           cluster_base=base, checkpoint_dir=args.checkpoint_dir,
-                           checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume,
-                           inject_fault=args.inject_fault, max_restarts=args.max_restarts)
+    ck = dict(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, keep=args.keep,
+              resume=args.resume, inject_fault=args.inject_fault)
+    link: dict | None = None
+    if args.emulate == "netns":
+        from hetauto.runtime.netns_launch import launch_netns
+
+        if args.max_restarts:
+            raise HetautoError("--max-restarts is not supported with --emulate netns (one torchrun per namespace)")
+        reports, link = launch_netns(plan, cluster, steps=args.steps, seed=args.seed, timeout_s=args.timeout,
+                                     cluster_base=base, **ck)
+    else:
+        reports = launch_local(plan, steps=args.steps, seed=args.seed, emulate=bool(args.emulate),
+                               timeout_s=args.timeout, cluster_base=base, max_restarts=args.max_restarts, **ck)
     summary = summarize(plan, reports)
     start = int(reports[0].get("start_step", 0))
     restarts = max(int(r.get("restart", 0)) for r in reports)
@@ -167,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         "bytes_per_link": summary.bytes_per_link,
         "world_size": plan.world_size,
         "emulated": bool(args.emulate),
+        "emulation": args.emulate,
+        "shaped_link": link,
         "trace": args.trace,
         "checkpoints": checkpoints,
         "restarts": restarts,
@@ -190,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"torchrun restarted the job {restarts} time(s); the last attempt resumed at step {start}")
     for c in checkpoints:
         print(f"checkpoint: {c}")
+    if link is not None:
+        print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
+              + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
     return 0
 
 

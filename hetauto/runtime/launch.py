@@ -21,17 +21,18 @@ from hetauto.core.errors import CommunicationError, PlanMismatch
 from hetauto.core.plan import Plan
 
 __all__ = ["JobFailed", "worker_args", "local_command", "node_commands", "launch_local", "diagnose_failure",
+           "collect_reports", "kill_group",
            "torchrun_exit_codes"]
 
 
 def worker_args(plan_path: str | Path, out_dir: str | Path, *, steps: int, seed: int, emulate: bool,
                 timeout_s: float, cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                 checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
-                inject_fault: str | None = None) -> list[str]:
+                inject_fault: str | None = None, emulate_speed_only: bool = False) -> list[str]:
     args = ["-m", "hetauto.runtime.worker", "--plan", str(plan_path), "--out", str(out_dir), "--steps", str(steps),
             "--seed", str(seed), "--timeout", str(timeout_s)]
     if emulate:
-        args.append("--emulate")
+        args.append("--emulate-speed-only" if emulate_speed_only else "--emulate")
     if cluster_base is not None:
         args += ["--cluster-base", str(cluster_base)]
     if checkpoint_dir is not None:
@@ -206,24 +207,30 @@ def launch_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s:
         try:
             stdout, stderr = proc.communicate(timeout=deadline)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             proc.communicate()
             raise JobFailed(f"torchrun did not finish within {deadline:g}s and was killed; "
                             "raise --timeout or check for a hung rank") from None
-        reports = []
-        for r in range(plan.world_size):
-            f = Path(tmp) / f"rank{r}.json"
-            if proc.returncode != 0 or not f.is_file():
-                err = diagnose_failure(plan, tmp, torchrun_exit_codes(stderr or ""))
-                if err.rank is None:
-                    tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
-                    raise JobFailed(f"{err.message} (torchrun exit {proc.returncode}: {tail[0]})")
-                raise err
-            reports.append(json.loads(f.read_text(encoding="utf-8")))
-        return reports
+        return collect_reports(plan, tmp, proc.returncode, stderr or "", stdout or "")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def collect_reports(plan: Plan, out_dir: str | Path, returncode: int, stderr: str = "",
+                    stdout: str = "") -> list[dict[str, Any]]:
+    """Every rank's report from `out_dir` (rank order), or the `JobFailed` that `diagnose_failure` finds."""
+    reports = []
+    for r in range(plan.world_size):
+        f = Path(out_dir) / f"rank{r}.json"
+        if returncode != 0 or not f.is_file():
+            err = diagnose_failure(plan, out_dir, torchrun_exit_codes(stderr))
+            if err.rank is None:
+                tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
+                raise JobFailed(f"{err.message} (torchrun exit {returncode}: {tail[0]})")
+            raise err
+        reports.append(json.loads(f.read_text(encoding="utf-8")))
+    return reports
+
+
+def kill_group(proc: subprocess.Popen) -> None:
     """Kill torchrun and its workers (they share the session this module started)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -28,6 +28,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--emulate", action="store_true")
+    p.add_argument("--emulate-speed-only", action="store_true",
+                   help="per-cluster speed factors only (the links are real: network namespaces)")
     p.add_argument("--cluster-base", default=None, help="folder a relative plan.cluster file resolves against")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--checkpoint-dir", default=None)
@@ -85,12 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         plan = Plan.load(args.plan)
         cfg = load_model_for_plan(plan)
         speed, links = 1.0, None
-        if args.emulate:
+        if args.emulate or args.emulate_speed_only:
             from hetauto.runtime.emulation import emulation_for_plan
 
             emu = emulation_for_plan(plan, cluster_for_plan(plan, args.cluster_base))
             speed = emu.speed_factors[placement(plan, rank).stage]
-            links = emu.link_table() if emu.links else None
+            links = emu.link_table() if emu.links and not args.emulate_speed_only else None
         comm = Communicator.init_from_env("gloo", timeout_s=args.timeout, links=links)
         opts = ExecutorOptions(steps=args.steps, seed=args.seed, lr=args.lr, timeout_s=args.timeout, speed_factor=speed)
         ckpt = CheckpointOptions(directory=args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep,
