@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=None, help="MCTS iterations instead of a time budget")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed + iterations: same plan)")
     parser.add_argument("-o", "--output", help="write the plan (JSON) to this file")
+    parser.add_argument("--resume", metavar="CHECKPOINT_DIR",
+                        help="re-plan a checkpointed job (its model, seq, global batch) for the new --cluster/--scenario; "
+                             "prints the `hetauto run NEW_PLAN --resume DIR` command that continues it")
 
 
 def _figures(r: PlanResult) -> dict[str, Any]:
@@ -60,7 +63,7 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
         raise HetautoError(f"--iterations must be positive, got {args.iterations}")
     if not show:
         return plan(inputs, name, budget=budget, seed=args.seed, iterations=args.iterations,
-                    evaluator=make_evaluator(inputs), model_ref=_model_ref(args))
+                    evaluator=make_evaluator(inputs), model_ref=args.model_ref)
     err = Console(stderr=True)
     total = budget or float(args.iterations or 1)
     with Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), TextColumn("{task.fields[best]}"),
@@ -73,12 +76,27 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
                        best=f"best {best:.3g} samples/s, {evaluations} evaluations")
 
         return plan(inputs, name, budget=budget, seed=args.seed, iterations=args.iterations,
-                    evaluator=make_evaluator(inputs), progress=progress, model_ref=_model_ref(args))
+                    evaluator=make_evaluator(inputs), progress=progress, model_ref=args.model_ref)
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(planning inputs, the checkpoint's job when --resume) with the plan's model reference in args."""
+    args.model_ref = _model_ref(args)
+    if not args.resume:
+        return load_planning_inputs(cluster=args.cluster, model=args.model, scenario=args.scenario,
+                                    global_batch=args.gbs, seq_len=args.seq), None
+    if not args.output:
+        raise HetautoError("--resume writes a new plan for `hetauto run PLAN --resume DIR`: pass -o NEW_PLAN.json")
+    from hetauto.planner.replan import replan_inputs
+
+    inputs, ref, resumed = replan_inputs(args.resume, cluster=args.cluster, scenario=args.scenario,
+                                         model=args.model, global_batch=args.gbs, seq_len=args.seq)
+    args.model_ref = ref
+    return inputs, resumed
 
 
 def run(args: argparse.Namespace) -> int:
-    inputs = load_planning_inputs(cluster=args.cluster, model=args.model, scenario=args.scenario,
-                                  global_batch=args.gbs, seq_len=args.seq)
+    inputs, resumed = _inputs(args)
     show = sys.stderr.isatty()
     result = _run_one(inputs, args.planner, args, show)
     baselines: dict[str, PlanResult] = {}
@@ -107,10 +125,24 @@ def run(args: argparse.Namespace) -> int:
                                 for n, r in baselines.items()}
         if args.output:
             doc["output"] = args.output
+        if resumed is not None:
+            doc["resume"] = {"checkpoint": resumed.checkpoint, "step": resumed.step,
+                             "old_stages": len((resumed.old_plan or {}).get("stages", [])),
+                             "command": _continue_command(args)}
         print_json(doc)
         return 0
     _human(inputs, result, baselines, args)
+    if resumed is not None:
+        console.print(f"re-planned {resumed.model.name} from checkpoint {resumed.checkpoint} (step {resumed.step}); "
+                      "continue with:", highlight=False)
+        console.print(f"  {_continue_command(args)}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _continue_command(args: argparse.Namespace) -> str:
+    import shlex
+
+    return f"hetauto run {shlex.quote(args.output)} --resume {shlex.quote(args.resume)}"
 
 
 def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse.Namespace) -> None:
