@@ -10,7 +10,7 @@ from hetauto.core.cluster import LinkSpec
 from hetauto.core.model import ModelConfig
 from hetauto.core.scenarios import get_scenario
 from hetauto.planner import costmodel as cm
-from hetauto.planner.fastpipe import EXACT_NODES, iteration_1f1b, period
+from hetauto.planner.fastpipe import EXACT_NODES, TRANSIENT, iteration_1f1b, period
 from hetauto.planner.layers import layer_list
 from hetauto.schedule import Link, PipelineCosts, one_f_one_b, simulate, virtual_1f1b
 
@@ -153,7 +153,7 @@ def test_fast_1f1b_matches_simulator() -> None:
                                             allreduce=ar, optim=op, dp_overlap=overlap))
         t, bubble = iteration_1f1b(tf, tb, m, extra_warmup=ks, lookahead=look, fwd=fw, bwd=bw, allreduce=ar,
                                    optim=op, dp_overlap=overlap)
-        exact = m <= max(2 * (p - 1 + sum(ks) + p) + 2, EXACT_NODES // p)
+        exact = m <= max(p - 1 + sum(ks) + TRANSIENT, EXACT_NODES // p)
         assert t == pytest.approx(ref.iteration_time, rel=1e-12 if exact else 1e-2), (p, m, ks)
         assert bubble == pytest.approx(ref.bubble_fraction, abs=1e-12 if exact else 1e-2)
         checked[exact] += 1

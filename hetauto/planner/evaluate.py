@@ -79,7 +79,7 @@ class Evaluator:
         self._detail: dict[tuple, cm.StageCompute] = {}
         self._memory: dict[tuple, float] = {}
         self._plans: dict[tuple, Evaluation] = {}
-        self._links: dict[tuple, tuple[Link, Link, str | None, float]] = {}
+        self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
         self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
 
     # ----------------------------------------------------------------------------------- pieces
@@ -146,8 +146,13 @@ class Evaluator:
                                         virtual_chunks=max(s.virtual_chunks, 2) if s.name == "interleaved" else 1,
                                         extra_warmup=tuple(s.extra_warmup))
 
-    def _boundary(self, a: StagePlan, b: StagePlan, method: str, nbytes: float) -> tuple[Link, Link, str | None, float]:
-        """(forward link a->b, backward link b->a, shared group name, group capacity in 'S-bytes'/s)."""
+    def _boundary(self, a: StagePlan, b: StagePlan, method: str,
+                  nbytes: float) -> tuple[Link, Link, dict[str, float]]:
+        """(forward link a->b, backward link b->a, {shared group: capacity in 'S-bytes'/s}).
+
+        A cross-cluster link with `shared_capacity_Bps` caps all flows of one direction between the two
+        clusters (full duplex: each direction has the capacity). Its group is named by the direction and
+        by the bytes-on-the-wire factor (lanes send tp_d copies), so the capacity is in units of S."""
         key = (a.cluster, a.devices, a.dp, a.tp, b.cluster, b.devices, b.dp, b.tp, method, nbytes)
         hit = self._links.get(key)
         if hit is not None:
@@ -162,23 +167,31 @@ class Evaluator:
             link = ca.intra_node if len(nodes) == 1 else ca.inter_node
         fwd = cm.boundary_cost(method, nbytes, (a.dp, a.tp), (b.dp, b.tp), link, cb.intra_node)
         bwd = cm.boundary_cost(method, nbytes, (b.dp, b.tp), (a.dp, a.tp), link, ca.intra_node)
-        group, cap = None, 0.0
-        if shared is not None and nbytes > 0:
-            pair = "<->".join(sorted((ca.name, cb.name)))
-            factor = max(fwd.cross_bytes, bwd.cross_bytes) / nbytes
-            group, cap = f"{pair}x{factor:g}", shared / factor
+        groups: dict[str, float] = {}
 
-        def mk(bc: cm.BoundaryCost) -> Link:
+        def mk(bc: cm.BoundaryCost, src: str, dst: str) -> Link:
             bw = nbytes / bc.serial_s if bc.serial_s > 0 else math.inf
+            group = None
+            if shared is not None and nbytes > 0:
+                factor = bc.cross_bytes / nbytes
+                group = f"{src}->{dst}x{factor:g}"
+                groups[group] = shared / factor
             return Link(bc.latency_s, bw, group)
 
-        hit = (mk(fwd), mk(bwd), group, cap)
+        hit = (mk(fwd, ca.name, cb.name), mk(bwd, cb.name, ca.name), groups)
         self._links[key] = hit
         return hit
 
-    def pipeline_costs(self, plan: Plan) -> PipelineCosts:
-        """What the simulator gets (seconds, bytes) for `plan`."""
+    def pipeline_costs(self, plan: Plan, *, fold_shared: bool = True) -> PipelineCosts:
+        """What the simulator gets (seconds, bytes) for `plan`.
+
+        `fold_shared`: a shared link group that only one directed boundary uses is, exactly, a narrower
+        link (bandwidth min(k_senders * per_flow, capacity), see `_fold_groups`), so it is folded into that
+        link and the plan keeps the fast 1F1B path; groups used by several boundaries stay for the simulator."""
         self._check(plan)
+        return self._costs(plan, fold_shared)
+
+    def _costs(self, plan: Plan, fold_shared: bool = True) -> PipelineCosts:
         mb = plan.microbatch_size
         tf, tb, ar, opt = [], [], [], []
         for st in plan.stages:
@@ -204,17 +217,18 @@ class Evaluator:
             s = self.table.range(*a.layers).boundary_bytes_per_sample * mb
             if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
                 s = float(self.inputs.layers[1].boundary_bytes_per_sample * mb) if len(self.inputs.layers) > 1 else 0.0
-            f, bk, g, cap = self._boundary(a, b, method, s)
+            f, bk, gs = self._boundary(a, b, method, s)
             links.append(f)
             back.append(bk)
-            if g is not None:
-                groups[g] = cap
+            groups.update(gs)
             nbytes.append(s)
         if interleaved:
             v = max(plan.schedule.virtual_chunks, 2)
             act: tuple[float, ...] | float = tuple(nbytes[h % p] for h in range(p * v - 1))
         else:
             act = tuple(nbytes) if nbytes else 0.0
+        if fold_shared and groups:
+            links, back, groups = _fold_groups(links, back, groups)
         return PipelineCosts(tf=tuple(tf), tb=tuple(tb), links=tuple(links), links_back=tuple(back),
                              link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=self.dp_overlap,
                              optim=tuple(opt))
@@ -267,7 +281,7 @@ class Evaluator:
         if violation is not None:
             ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation)
         else:
-            costs = self.pipeline_costs(plan)
+            costs = self._costs(plan)  # already checked above
             t, bubble = self._iteration(plan, costs)
             thr = plan.global_batch / t if t > 0 else 0.0
             devices = plan.world_size
@@ -298,6 +312,27 @@ class Evaluator:
                                   dp_overlap=costs.dp_overlap)
         res = simulate(_schedule(plan), costs)
         return res.iteration_time, res.bubble_fraction
+
+
+def _fold_groups(links: list[Link | None], back: list[Link | None],
+                 groups: dict[str, float]) -> tuple[list[Link | None], list[Link | None], dict[str, float]]:
+    """Fold every group used by exactly one directed link into that link: bandwidth min(bw, capacity).
+
+    Why exact: the simulator passes a transfer through its link FIFO (bytes/bw) and its group FIFO
+    (bytes/capacity); with one link in the group both FIFOs see the same transfers in the same order, so
+    the later of the two ends is a single FIFO at the smaller of the two rates."""
+    users: dict[str, int] = {}
+    for ln in (*links, *back):
+        if ln is not None and ln.group is not None:
+            users[ln.group] = users.get(ln.group, 0) + 1
+
+    def fold(ln: Link | None) -> Link | None:
+        if ln is None or ln.group is None or users[ln.group] != 1:
+            return ln
+        return Link(ln.latency, min(ln.bandwidth, groups[ln.group]), None)
+
+    kept = {g: c for g, c in groups.items() if users.get(g, 0) > 1}
+    return [fold(x) for x in links], [fold(x) for x in back], kept
 
 
 _SCHED_CACHE: dict[tuple, object] = {}
