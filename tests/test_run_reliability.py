@@ -244,3 +244,16 @@ def test_diagnosis_prefers_a_real_exception_to_communication_errors(tmp_path: Pa
     err = diagnose_failure(PLAN3, out)
     assert str(err).startswith("rank 3 (stage 2, cluster 'c') failed: CheckpointMismatch: ck: checkpoint has no "
                                "parameter 'layers.5.w'; 1 other rank(s) failed after it (secondary), first: rank 0: ")
+
+
+def test_diagnosis_prefers_the_rank_torchrun_reports_to_one_it_killed_silently(tmp_path: Path) -> None:
+    from hetauto.runtime.launch import diagnose_failure, torchrun_exit_codes
+
+    out = _marks(tmp_path, rank0_started="", rank1_started="", rank2_started="", rank3_started="",
+                 rank1_stopped="rank 1: stopped", rank2_stopped="rank 2: stopped")
+    log = ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-01_00:06:29\n  host      : box\n"
+           "  rank      : 3 (local_rank: 3)\n  exitcode  : 43 (pid: 18196)\n")
+    assert torchrun_exit_codes(log) == {3: 43}
+    err = diagnose_failure(PLAN3, out, torchrun_exit_codes(log))
+    assert str(err) == ("rank 3 (stage 2, cluster 'c') died without an error of its own (exit code 43); "
+                        "rank(s) 1, 2 stopped by torchrun")

@@ -153,6 +153,9 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
 
     never = [r for r in range(plan.world_size) if r not in started]
     died = [r for r in started if r not in errors and r not in stopped and r not in done]
+    # a rank torchrun reports as failed died on its own; one it killed after its grace period (blocked in a wait
+    # too long to run the SIGTERM handler) left no mark either, but torchrun does not list it as a failure
+    died.sort(key=lambda r: (r not in exit_codes, r))
     if died:
         r = died[0]
         code = exit_codes.get(r)
