@@ -1,4 +1,10 @@
-"""`hetauto run PLAN [--steps N] [--emulate] [--json] [--trace FILE] [--seed N] [--timeout S] [--print-launch]`.
+"""`hetauto run PLAN [--steps N] [--emulate [netns]] [--json] [--trace FILE] [--seed N] [--timeout S] [--print-launch]
+[--checkpoint-dir D [--checkpoint-every K] [--keep N]] [--resume D] [--inject-fault SPEC] [--max-restarts N]`.
+
+Checkpoints and failures: `--resume D` continues a run (a checkpoint of another plan layout is resharded on
+load; one of another model is refused before launch), `--steps` counts from step 0, so the resumed run's
+losses are the uninterrupted run's. A failed job ends with one line naming the culprit rank, its stage and
+cluster. `--max-restarts N` lets torchrun restart the job, which resumes from the newest complete checkpoint.
 
 Validates the plan against its cluster, launches torchrun (all ranks on this machine), and reports per-step
 loss next to the single-process reference loss (small models), the measured step time next to the
@@ -123,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                              emulate=bool(args.emulate), timeout_s=args.timeout, cluster_base=base,
                              checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                              keep=args.keep, resume=args.resume, inject_fault=args.inject_fault)
-        cmds = node_commands(plan, cluster, worker, master=args.master)
+        cmds = node_commands(plan, cluster, worker, master=args.master, max_restarts=args.max_restarts)
         if args.json:
             print_json({"nodes": [{"node": n, "command": c} for n, c in cmds]})
         else:

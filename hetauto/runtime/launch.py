@@ -54,7 +54,7 @@ def local_command(plan: Plan, worker: list[str], max_restarts: int = 0) -> list[
 
 
 def node_commands(plan: Plan, cluster: Any, worker: list[str], master: str = "MASTER_HOST",
-                  port: int = 29500) -> list[tuple[str, str]]:
+                  port: int = 29500, max_restarts: int = 0) -> list[tuple[str, str]]:
     """(node label, torchrun command) per physical node, in node-rank order (`cluster`: the ClusterSpec).
 
     torchrun numbers ranks node by node with the same process count on each node, and the plan numbers
@@ -81,7 +81,8 @@ def node_commands(plan: Plan, cluster: Any, worker: list[str], master: str = "MA
     out = []
     for i, label in enumerate(order):
         cmd = ["python", "-m", "torch.distributed.run", f"--nnodes={len(order)}", f"--node-rank={i}",
-               f"--nproc-per-node={nproc}", f"--master-addr={master}", f"--master-port={port}", *worker]
+               f"--nproc-per-node={nproc}", f"--master-addr={master}", f"--master-port={port}",
+               *([f"--max-restarts={max_restarts}"] if max_restarts else []), *worker]
         out.append((label, shlex.join(cmd)))
     return out
 
