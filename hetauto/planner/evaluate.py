@@ -10,7 +10,8 @@ A `Correction` (random forest on measured stage times) rescales the compute part
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from hetauto.core.cluster import Cluster
@@ -23,6 +24,8 @@ from hetauto.planner.inputs import PlanningInputs, load_planning_inputs
 from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
 
 if TYPE_CHECKING:
+    from hetauto.core.profile import DeviceProfile
+    from hetauto.planner.calibration import Calibration, Overheads
     from hetauto.planner.correction import Correction
 
 __all__ = ["Evaluation", "Evaluator", "evaluate_plan", "inputs_for_plan", "raise_if_infeasible",
@@ -62,19 +65,30 @@ class Evaluator:
     `dp_overlap` (gradient all-reduce overlapped with the last backward), `fast_pipeline` (use the 1F1B
     recursion where it is exact; False: always the simulator)."""
 
-    def __init__(self, inputs: PlanningInputs, *, correction: "Correction | None" = None,
+    def __init__(self, inputs: PlanningInputs, *, correction: "Correction | str | None" = None,
                  flash_attention: bool | None = None, sequence_parallel: bool = False, dp_overlap: bool = True,
-                 fast_pipeline: bool = True) -> None:
+                 fast_pipeline: bool = True, profile_overrides: "Mapping[str, DeviceProfile] | None" = None,
+                 overheads: "Overheads | None" = None) -> None:
+        """`correction`: a trained `Correction`, or "default" for the shipped one (`default_correction()`,
+        refit once per process); it applies only to devices inside its measured speed range.
+        `profile_overrides`: device key -> measured DeviceProfile replacing the catalog's (scaled by each
+        cluster's speed factor), e.g. `hetauto.planner.calibration.local_calibration().profile_overrides()`.
+        `overheads`: the executor's fixed costs (calibration.Overheads); None: the pure analytical model."""
         self.inputs = inputs
+        if isinstance(correction, str):
+            correction = _named_correction(correction)
         self.correction = correction if correction is not None and correction.trained else None
+        self.overheads = overheads
         self.cost_model_name = "analytical+forest" if self.correction is not None else "analytical"
+        if profile_overrides or overheads is not None:
+            self.cost_model_name += "+calibrated"
         self.evaluations = 0
         self.flash_attention = flash_attention
         self.sequence_parallel = sequence_parallel
         self.dp_overlap = dp_overlap
         self.fast_pipeline = fast_pipeline
         self.table = cm.LayerTable(inputs.layers)
-        self._clusters = {c.name: c for c in inputs.cluster.clusters}
+        self._clusters = {c.name: _override(c, profile_overrides) for c in inputs.cluster.clusters}
         self._compute: dict[tuple, tuple[float, float]] = {}
         self._detail: dict[tuple, cm.StageCompute] = {}
         self._memory: dict[tuple, float] = {}
@@ -123,6 +137,10 @@ class Evaluator:
                     c, self.inputs, layers, tp, dp, microbatch_size, recompute, d), (f, b))
                 f, b = f * rf, b * rb
             hit = (f + d.tp_fwd_s, b + d.tp_bwd_s)
+            oh = self.overheads
+            if oh is not None:
+                n = (layers[1] - layers[0]) / self.cluster(cluster).speed_factor
+                hit = ((hit[0] + n * oh.fwd_layer_s) * oh.compute_scale, (hit[1] + n * oh.bwd_layer_s) * oh.compute_scale)
             self._compute[key] = hit
         return hit
 
@@ -169,8 +187,11 @@ class Evaluator:
         bwd = cm.boundary_cost(method, nbytes, (b.dp, b.tp), (a.dp, a.tp), link, ca.intra_node)
         groups: dict[str, float] = {}
 
+        alpha = self.overheads.p2p_alpha_s if self.overheads is not None else 0.0
+
         def mk(bc: cm.BoundaryCost, src: str, dst: str) -> Link:
             bw = nbytes / bc.serial_s if bc.serial_s > 0 else math.inf
+            bc = cm.BoundaryCost(bc.cross_bytes, bc.serial_s, bc.latency_s + alpha, bc.local_s)
             group = None
             if shared is not None and nbytes > 0:
                 factor = bc.cross_bytes / nbytes
@@ -200,7 +221,8 @@ class Evaluator:
             tb.append(b)
             sums = self.table.range(*st.layers)
             c = self.cluster(st.cluster)
-            ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp))
+            ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp)
+                      + (self.overheads.allreduce_alpha_s if self.overheads is not None and st.dp > 1 else 0.0))
             opt.append(cm.optimizer_time(sums, c, tp=st.tp, dp=st.dp, zero1=plan.zero1))
         methods = plan.boundary_methods()
         stages = plan.stages
@@ -217,6 +239,8 @@ class Evaluator:
             s = self.table.range(*a.layers).boundary_bytes_per_sample * mb
             if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
                 s = float(self.inputs.layers[1].boundary_bytes_per_sample * mb) if len(self.inputs.layers) > 1 else 0.0
+            if self.overheads is not None:
+                s *= self.overheads.activation_bytes_scale
             f, bk, gs = self._boundary(a, b, method, s)
             links.append(f)
             back.append(bk)
@@ -283,6 +307,8 @@ class Evaluator:
         else:
             costs = self._costs(plan)  # already checked above
             t, bubble = self._iteration(plan, costs)
+            if self.overheads is not None and self.overheads.step_s:
+                t += self.overheads.step_s
             thr = plan.global_batch / t if t > 0 else 0.0
             devices = plan.world_size
             peak_sum = sum(self.cluster(st.cluster).device.peak_flops * st.num_devices for st in plan.stages)
@@ -312,6 +338,31 @@ class Evaluator:
                                   dp_overlap=costs.dp_overlap)
         res = simulate(_schedule(plan), costs)
         return res.iteration_time, res.bubble_fraction
+
+
+_CORRECTIONS: dict[str, "Correction"] = {}
+
+
+def _named_correction(name: str) -> "Correction":
+    """'default': the shipped correction, fitted once per process (~seconds) and shared."""
+    if name != "default":
+        raise ValueError(f"unknown correction {name!r}; use 'default', a Correction, or None")
+    hit = _CORRECTIONS.get(name)
+    if hit is None:
+        from hetauto.planner.correction import default_correction
+
+        hit = _CORRECTIONS[name] = default_correction()
+    return hit
+
+
+def _override(c: Cluster, overrides: "Mapping[str, DeviceProfile] | None") -> Cluster:
+    """The cluster with its device replaced by a measured profile for its key (speed factor applied)."""
+    if not overrides:
+        return c
+    prof = overrides.get(c.device.key) or overrides.get(c.device_ref)
+    if prof is None:
+        return c
+    return replace(c, device=prof.scaled(c.speed_factor))
 
 
 def _fold_groups(links: list[Link | None], back: list[Link | None],
@@ -369,8 +420,18 @@ def stage_times_for_plan(plan: Plan, inputs: PlanningInputs | None = None) -> Pi
     return Evaluator(inputs or inputs_for_plan(plan)).pipeline_costs(plan)
 
 
-def evaluate_plan(plan: Plan, inputs: PlanningInputs | None = None) -> Evaluation:
-    return Evaluator(inputs or inputs_for_plan(plan)).evaluate(plan)
+def evaluate_plan(plan: Plan, inputs: PlanningInputs | None = None, *, correction: "Correction | str | None" = None,
+                  calibration: "Calibration | None" = None,
+                  profile_overrides: "Mapping[str, DeviceProfile] | None" = None,
+                  overheads: "Overheads | None" = None) -> Evaluation:
+    """Evaluate one plan. `calibration` (hetauto.planner.calibration.local_calibration()) supplies measured
+    `profile_overrides` and `overheads` for this machine (explicit arguments win); `correction` as in Evaluator
+    ("default": the shipped forest, applied only to devices inside its measured speed range)."""
+    if calibration is not None:
+        profile_overrides = profile_overrides if profile_overrides is not None else calibration.profile_overrides()
+        overheads = overheads if overheads is not None else calibration.overheads
+    return Evaluator(inputs or inputs_for_plan(plan), correction=correction, profile_overrides=profile_overrides,
+                     overheads=overheads).evaluate(plan)
 
 
 def raise_if_infeasible(evaluation: Evaluation) -> Evaluation:

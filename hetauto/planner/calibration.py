@@ -1,0 +1,252 @@
+"""Local calibration: what this machine's executor costs beyond the analytical model, measured once and cached.
+
+Why: the catalog `cpu` profile is a guess, and on a CPU a tiny model's step is dominated by fixed costs the
+FLOP model does not see (eager dispatch per layer, gloo message latency). `hetauto run` compares its measured
+step with the prediction, so the prediction for *this* machine must use measured numbers:
+
+- `profile`: a quick `hetauto.profiling.run_profile` (GEMM efficiency fit, memory bandwidth, float32: the
+  executor's CPU dtype) that replaces the catalog entry for the local device key;
+- `Overheads`: per-layer-slot dispatch cost of one forward / one backward (the executor's own stage modules at
+  a negligible shape: 1 sample x 1 token), per-message point-to-point alpha and all-reduce alpha (two gloo
+  processes, tiny tensors), and the bytes per activation element the executor sends (fp32 on CPU).
+
+Nothing is measured unless asked: `local_calibration(measure=True)` measures and writes
+`~/.cache/hetauto/calibration-<host>-torch<version>.json` (plain JSON, no pickle); `local_calibration()` only
+reads that file (None when absent), so tests and the planner stay deterministic. The Evaluator takes the
+result as `Evaluator(inputs, profile_overrides=cal.profile_overrides(), overheads=cal.overheads)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hetauto.core.profile import DeviceProfile
+
+__all__ = ["Overheads", "Calibration", "cache_path", "local_calibration", "measure_calibration"]
+
+CALIBRATION_SCHEMA = "hetauto.calibration/1"
+
+
+@dataclass(frozen=True, slots=True)
+class Overheads:
+    """Fixed costs of the executor that scale with actions, layers and messages, not with FLOPs (seconds).
+
+    `fwd_layer_s`/`bwd_layer_s` are per layer slot of a stage per microbatch action (divided by the cluster's
+    speed factor, like compute: the executor throttles the whole action); `p2p_alpha_s` is added to every
+    boundary message's latency; `allreduce_alpha_s` to every data-parallel gradient all-reduce;
+    `step_s` once per iteration; `activation_bytes_scale` multiplies the cost model's bf16 boundary bytes
+    (2.0: the executor sends fp32 on CPU)."""
+
+    fwd_layer_s: float = 0.0
+    bwd_layer_s: float = 0.0
+    p2p_alpha_s: float = 0.0
+    allreduce_alpha_s: float = 0.0
+    step_s: float = 0.0
+    activation_bytes_scale: float = 1.0
+    compute_scale: float = 1.0  # measured / predicted F+B of the reference stage (non-GEMM ops, wall vs model)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    device_key: str
+    profile: DeviceProfile
+    overheads: Overheads
+    host: str
+    torch_version: str
+    measured_at: str
+
+    def profile_overrides(self) -> dict[str, DeviceProfile]:
+        return {self.device_key: self.profile}
+
+    def to_document(self) -> dict[str, Any]:
+        return {"schema": CALIBRATION_SCHEMA, "device_key": self.device_key, "profile": self.profile.to_document(),
+                "overheads": asdict(self.overheads), "host": self.host, "torch_version": self.torch_version,
+                "measured_at": self.measured_at}
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any], source: str | Path) -> "Calibration":
+        from hetauto.core.errors import SpecError
+        from hetauto.core.profile import profile_from_dict
+
+        if doc.get("schema") != CALIBRATION_SCHEMA:
+            raise SpecError(source, "schema", f"expected {CALIBRATION_SCHEMA!r}, got {doc.get('schema')!r}",
+                            "delete the file and re-measure (hetauto.planner.calibration.measure_calibration)")
+        try:
+            oh = Overheads(**{k: float(v) for k, v in doc["overheads"].items()})
+            return cls(str(doc["device_key"]), profile_from_dict(doc["profile"], source), oh, str(doc["host"]),
+                       str(doc["torch_version"]), str(doc["measured_at"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise SpecError(source, "overheads", f"malformed calibration ({err})", "delete the file and re-measure") from None
+
+
+def _torch_version() -> str:
+    from importlib.metadata import version
+
+    try:
+        return version("torch")
+    except Exception:  # noqa: BLE001 - torch metadata missing: still key the cache
+        return "unknown"
+
+
+def cache_path(cache_dir: str | Path | None = None) -> Path:
+    """Cache file for this host and torch version (`HETAUTO_CACHE_DIR` or ~/.cache/hetauto)."""
+    root = Path(cache_dir or os.environ.get("HETAUTO_CACHE_DIR") or Path.home() / ".cache" / "hetauto")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{platform.node()}-torch{_torch_version()}")
+    return root / f"calibration-{safe}.json"
+
+
+def local_calibration(*, measure: bool = False, cache_dir: str | Path | None = None) -> Calibration | None:
+    """The cached calibration of this machine; with `measure=True` measure it (tens of seconds) when absent."""
+    path = cache_path(cache_dir)
+    if path.is_file():
+        return Calibration.from_document(json.loads(path.read_text()), path)
+    if not measure:
+        return None
+    cal = measure_calibration()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cal.to_document(), indent=1))
+    return cal
+
+
+# --------------------------------------------------------------------------------------------- measuring
+def _median_time(fn: Any, repeat: int) -> float:
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def _layer_overheads(repeat: int = 30) -> tuple[float, float]:
+    """Forward / backward wall time per block of the executor's own stage module at 1 sample x 1 token."""
+    import torch
+
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.stage import build_stage
+
+    torch.set_num_threads(1)
+    cfg = get_model("tiny-gpt")
+    out = []
+    for blocks in (1, 3):
+        st = build_stage(cfg, (1, 1 + blocks), 0)
+        x = torch.randn(1, 1, cfg.hidden, requires_grad=True)
+        holder: dict[str, Any] = {}
+
+        def fwd() -> None:
+            holder["y"] = st(x)
+
+        def bwd() -> None:
+            holder["y"].sum().backward()
+
+        fs, bs = [], []
+        for _ in range(repeat):
+            fs.append(_median_time(fwd, 1))
+            bs.append(_median_time(bwd, 1))
+        out.append((statistics.median(fs), statistics.median(bs)))
+    (f1, b1), (f3, b3) = out
+    # slope over blocks: the per-layer part (the 1-block intercept is Python call overhead of the action)
+    return max((f3 - f1) / 2, f1 / 2), max((b3 - b1) / 2, b1 / 2)
+
+
+def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float]:
+    import torch
+
+    from hetauto.core.comm import Communicator
+
+    comm = Communicator.init_from_env("gloo", timeout_s=60)
+    x = torch.zeros(1)
+    comm.barrier()
+    t = time.perf_counter()
+    for _ in range(repeat):
+        if rank == 0:
+            comm.send(x, 1)
+            comm.recv(x, 1)
+        else:
+            comm.recv(x, 0)
+            comm.send(x, 0)
+    p2p = (time.perf_counter() - t) / (2 * repeat)
+    comm.barrier()
+    t = time.perf_counter()
+    for _ in range(repeat):
+        comm.all_reduce(x)
+    ar = (time.perf_counter() - t) / repeat
+    comm.destroy()
+    return p2p, ar
+
+
+def reference_plan():  # noqa: ANN201 - a Plan
+    """The calibration's reference run: the whole tiny GPT as one stage on one cpu-demo device, one microbatch
+    of 8. Not one of the plans `benchmarks/predicted_vs_measured.py` validates on."""
+    from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+
+    return Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=8, microbatch_size=8,
+                num_microbatches=1, schedule=ScheduleSpec(name="1f1b"),
+                stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 6), tp=1, dp=1),))
+
+
+def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str) -> Overheads:
+    """compute_scale from the reference stage's F+B timed in this process, step_s from `hetauto run` of the
+    reference plan (what the executor adds per step: loss, optimizer, barriers, bookkeeping)."""
+    import subprocess
+    import sys
+    import tempfile
+    from dataclasses import replace
+
+    import torch
+
+    from hetauto.core.model_catalog import get_model
+    from hetauto.planner.evaluate import Evaluator, inputs_for_plan
+    from hetauto.runtime.stage import build_stage
+
+    plan = reference_plan()
+    torch.set_num_threads(1)
+    st = build_stage(get_model("tiny-gpt"), (0, 6), 0)
+    x = torch.randint(0, 256, (8, 32))
+    ts = []
+    for _ in range(15):
+        t = time.perf_counter()
+        st(x).float().sum().backward()
+        ts.append(time.perf_counter() - t)
+    measured_fb = statistics.median(ts)
+    ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
+    f, b = ev.stage_compute_time("fast", (0, 6), 1, 1, 8)
+    oh = replace(oh, compute_scale=measured_fb / (f + b))
+    predicted = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh).evaluate(plan)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plan.json"
+        plan.save(path)
+        out = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--json", "--steps", "5",
+                              "--no-reference"], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        return oh
+    steps = json.loads(out.stdout)["step_s"][1:]
+    return replace(oh, step_s=max(0.0, statistics.median(steps) - predicted.iteration_time_s))
+
+
+def measure_calibration(device_key: str = "cpu") -> Calibration:
+    """Measure this machine (CPU backend): quick float32 profile, layer dispatch costs, gloo alphas."""
+    import datetime
+
+    from hetauto.backends import get_backend
+    from hetauto.profiling.runner import ProfileOptions, run_profile
+    from hetauto.testing.multiproc import run_ranks
+
+    run = run_profile(get_backend(device_key), ProfileOptions(quick=True, dtypes=("float32",), collectives=False))
+    profile = run.profile if hasattr(run, "profile") else run
+    fl, bl = _layer_overheads()
+    alphas = run_ranks(_comm_alphas, 2, 200, timeout=120)
+    p2p = statistics.fmean(a[0] for a in alphas)
+    ar = statistics.fmean(a[1] for a in alphas)
+    oh = Overheads(fwd_layer_s=fl, bwd_layer_s=bl, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
+                   activation_bytes_scale=2.0)
+    oh = _reference_plan_terms(profile, oh, device_key)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return Calibration(device_key, profile, oh, platform.node(), _torch_version(), now)
