@@ -170,6 +170,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save-rows", metavar="FILE", help="write the measured training rows (JSON or CSV)")
+    ap.add_argument("--plan-rows", metavar="FILE",
+                    help="whole-plan rows from benchmarks/predicted_vs_measured.py --save-rows: report their error too")
     args = ap.parse_args()
 
     import torch
@@ -230,7 +232,16 @@ def main() -> None:
         "eval_ms_cached": evals["corrected_cached"], "eval_ms_simulator": evals["simulator"],
         "fit_s": fit_s, "measure_s": measure_s,
     }
+    if args.plan_rows:
+        plan_rows = json.loads(Path(args.plan_rows).read_text())["rows"]
+        doc["plan_samples"] = len(plan_rows)
+        for kind in ("catalog", "calibrated", "calibrated+forest"):
+            doc[f"plan_mape_{kind}"] = statistics.fmean(abs(r["error"][kind]) for r in plan_rows)
     if not args.json:
+        if args.plan_rows:
+            print(f"whole plans (measured by hetauto run, {doc['plan_samples']} plans): MAPE catalog "
+                  f"{100 * doc['plan_mape_catalog']:.0f}%, calibrated {100 * doc['plan_mape_calibrated']:.0f}%, "
+                  f"calibrated+forest {100 * doc['plan_mape_calibrated+forest']:.0f}%")
         print(f"measured {len(groups)} stage configurations ({passes} passes) x {len(SPEEDS)} emulated speeds in {measure_s:.1f} s; "
               f"forest fit on {len(train)} rows in {fit_s:.2f} s; held out {len(test)} rows")
         print(f"{'model':22} {'MAPE':>8} {'Spearman':>9}")
