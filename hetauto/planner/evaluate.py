@@ -3,7 +3,8 @@
 Shared by the planner (hundreds of thousands of calls), `hetauto simulate PLAN` and `hetauto run` (predicted vs
 measured). Per-stage costs are closed forms from `costmodel.py`, cached by their inputs; the pipeline part is
 the discrete-event simulator on `schedule_for_plan(plan)` (the schedule the executor runs), or for
-1F1B/Virtual-1F1B without shared link groups the equivalent recursion in `fastpipe.py` (tests check they agree).
+1F1B/Virtual-1F1B whose shared link groups each serve one boundary (folded into that link: bandwidth
+min(k_senders * per_flow, capacity)) the equivalent recursion in `fastpipe.py` (tests check they agree).
 A `Correction` (random forest on measured stage times) rescales the compute part per stage.
 """
 

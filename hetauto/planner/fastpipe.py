@@ -6,7 +6,8 @@ fixed, so the iteration is a longest-path recursion over (rank, F/B, microbatch)
 topological order, with the simulator's exact communication rules: a transfer starts when the sender has
 issued it, the receiver has posted its receive (right after its compute `k - lookahead` of that kind), and
 the directed link is free (FIFO); it arrives `serialization + latency` later. Link groups (shared
-capacity) are not modelled here: the evaluator sends those plans to the simulator.
+capacity): a group one boundary uses is folded into that link by the evaluator (exact); plans whose
+groups several boundaries share go to the simulator.
 
 For large m the recursion runs on `m0 = max(deepest warmup + TRANSIENT, EXACT_NODES / p)` microbatches
 (cost O(p * m0): a 256-device, 16-stage plan is ~2k nodes, ~1-2 ms) and the rest is extrapolated with the steady-state
