@@ -23,7 +23,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class Overheads:
     step_s: float = 0.0
     activation_bytes_scale: float = 1.0
     compute_scale: float = 1.0  # measured / predicted F+B of the reference stage (non-GEMM ops, wall vs model)
+    host_cores: float = 0.0  # > 0: all ranks share this many cores (one-machine emulation); 0: own devices
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,5 +249,6 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     oh = Overheads(fwd_layer_s=fl, bwd_layer_s=bl, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
                    activation_bytes_scale=2.0)
     oh = _reference_plan_terms(profile, oh, device_key)
+    oh = replace(oh, host_cores=float(os.cpu_count() or 1))
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return Calibration(device_key, profile, oh, platform.node(), _torch_version(), now)

@@ -308,6 +308,15 @@ class Evaluator:
         else:
             costs = self._costs(plan)  # already checked above
             t, bubble = self._iteration(plan, costs)
+            oh = self.overheads
+            if oh is not None and oh.host_cores > 0 and t > 0:
+                # every rank runs on this one host: ranks computing at the same time share its cores
+                m = plan.num_microbatches
+                busy = sum(st.num_devices * m * (f + b) / t for st, f, b in zip(plan.stages, costs.tf, costs.tb))
+                factor = busy / oh.host_cores
+                if factor > 1.0:
+                    costs = replace(costs, tf=tuple(x * factor for x in costs.tf), tb=tuple(x * factor for x in costs.tb))
+                    t, bubble = self._iteration(plan, costs)
             if self.overheads is not None and self.overheads.step_s:
                 t += self.overheads.step_s
             thr = plan.global_batch / t if t > 0 else 0.0
