@@ -16,7 +16,7 @@ from typing import Any
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.mcts import Scorer
-from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
+from hetauto.planner.space import Candidate, ClusterChoice, StageLayout, StrategySpace
 
 
 def metis(inputs: PlanningInputs, evaluator: Any, *, record: Callable[[Scorer], None],
@@ -38,6 +38,7 @@ def metis_ranked(space: StrategySpace, out_of_time: Callable[[], bool]) -> list[
     n = space.num_layers
     gbs = space.inputs.global_batch
     ranked: list[tuple[float, Candidate]] = []
+    cache: dict = {}
     kopts = {c.name: [k for k, size in P.stage_group_options(c) if size & (size - 1) == 0 and k <= n]
              for c in spec.clusters}  # device-group sizes are powers of two
     for mbs in space.microbatch_sizes():
@@ -51,7 +52,7 @@ def metis_ranked(space: StrategySpace, out_of_time: Callable[[], bool]) -> list[
                     return ranked
                 if sum(ks) > n:
                     continue
-                got = _metis_candidate(space, order, ks, mbs, m)
+                got = _metis_candidate(space, order, ks, mbs, m, cache)
                 if got is not None:
                     ranked.append(got)
     ranked.sort(key=lambda x: x[0])
@@ -63,9 +64,21 @@ def _dp_fits(size: int, dpn: int, mbs: int) -> bool:
     return any(mbs % (size // t) == 0 for t in P.tp_options(size, dpn))
 
 
+class _Prefix:
+    """Prefix sums of a stage's per-layer costs, so a stage's sum over its layer range is O(1) (Metis scores
+    tens of thousands of shapes on 256+ devices; the estimate is unchanged)."""
+
+    __slots__ = ("times", "static", "act")
+
+    def __init__(self, c: Any) -> None:
+        self.times, self.static, self.act = (list(itertools.accumulate(v, initial=0.0))
+                                             for v in (c.times, c.static, c.act))
+
+
 def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int, ...], mbs: int,
-                     m: int) -> tuple[float, Candidate] | None:
+                     m: int, cache: dict | None = None) -> tuple[float, Candidate] | None:
     spec = space.spec
+    cache = {} if cache is None else cache
     tps = []
     for name, k in zip(order, ks):
         c = spec.cluster(name)
@@ -78,23 +91,40 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
         tps.append(tp)
     layers = space.inputs.layers
     n = space.num_layers
+    if "params" not in cache:
+        cache["params"] = list(itertools.accumulate((x.params for x in layers), initial=0))
+    pparams = cache["params"]
     for _ in range(8):
         cand = Candidate(mbs, order, tuple(ClusterChoice(k, t, False) for k, t in zip(ks, tps)), "1f1b", False,
                          "lanes", "proportional")
-        stages = space.layout(cand)
-        p = len(stages)
-        costs = [space.stage_cost(st, mbs, False) for st in stages]
+        names: list[str] = []
+        costs, prefix, dps, tpl = [], [], [], []
+        for name, k, t in zip(order, ks, tps):  # the stages of one cluster are alike: one cost per cluster
+            dp = spec.cluster(name).num_devices // k // t
+            key = (name, t, dp, mbs)
+            got = cache.get(key)
+            if got is None:
+                c = space.stage_cost(StageLayout(name, (), t, dp, False), mbs, False)
+                got = cache[key] = (c, _Prefix(c))
+            names += [name] * k
+            costs += [got[0]] * k
+            prefix += [got[1]] * k
+            dps += [dp] * k
+            tpl += [t] * k
+        p = len(names)
         counts = P.proportional_layers([1.0 / max(c.times[1], 1e-30) for c in costs], n)
         worst, worst_cluster, pos = 0.0, None, 0
         e = []
-        for i, (st, c, cnt) in enumerate(zip(stages, costs, counts)):
+        for i, (name, c, pf, cnt) in enumerate(zip(names, costs, prefix, counts)):
             q = min(m, p - i)
-            need = c.base_static + c.base_act * q + sum(c.static[pos:pos + cnt]) + q * sum(c.act[pos:pos + cnt])
-            cap = spec.cluster(st.cluster).device.memory_bytes
+            end = pos + cnt
+            need = (c.base_static + c.base_act * q + (pf.static[end] - pf.static[pos])
+                    + q * (pf.act[end] - pf.act[pos]))
+            cap = spec.cluster(name).device.memory_bytes
             if need / cap > worst:
-                worst, worst_cluster = need / cap, st.cluster
-            e.append(sum(c.times[pos:pos + cnt]))
-            pos += cnt
+                worst, worst_cluster = need / cap, name
+            e.append(pf.times[end] - pf.times[pos])
+            pos = end
         if worst <= 1.0:
             break
         j = order.index(worst_cluster)
@@ -104,15 +134,14 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
             return None  # Metis' memory re-balance of layers happens in build(); here: give up this shape
         tps[j] *= 2
     act = mbs * layers[1].boundary_bytes_per_sample
-    cuts = 0.0
-    for a, b in zip(stages, stages[1:]):
-        cuts += act / spec.cluster(a.cluster).intra_node.bandwidth_Bps  # Metis reads intra where it means inter
+    cuts = sum(act / spec.cluster(a).intra_node.bandwidth_Bps  # Metis reads intra where it means inter
+               for a in names[:-1])
     ar = 0.0
     pos = 0
-    for st, cnt in zip(stages, counts):
-        params = sum(x.params for x in layers[pos:pos + cnt]) / st.tp
-        if st.dp > 1:
-            bw = spec.cluster(st.cluster).inter_node.bandwidth_Bps
-            ar = max(ar, 2 * (st.dp - 1) / st.dp * 2 * params / bw)
+    for name, t, dp, cnt in zip(names, tpl, dps, counts):
+        if dp > 1:
+            params = (pparams[pos + cnt] - pparams[pos]) / t
+            bw = spec.cluster(name).inter_node.bandwidth_Bps
+            ar = max(ar, 2 * (dp - 1) / dp * 2 * params / bw)
         pos += cnt
     return (m - 1) * max(e) + sum(e) + ar + cuts, cand
