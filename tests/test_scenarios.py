@@ -89,10 +89,11 @@ def test_cli_scenarios_json(capsys):
     assert by["paper-4c"]["default"] is True and by["scale-736"]["total_devices"] == 736
 
 
-def test_cli_plan_validates_and_summarises(capsys):
-    assert main(["plan", "--scenario", "two-cluster", "--gbs", "64", "--json"]) == 0
+def test_cli_plan_uses_the_scenario_and_overrides(capsys):
+    assert main(["plan", "--scenario", "two-cluster", "--gbs", "64", "--iterations", "5", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["inputs"]["global_batch"] == 64 and doc["inputs"]["total_devices"] == 128
-    assert doc["inputs"]["links"][0]["bandwidth_Bps"] == 25e9
+    assert doc["cluster"] == "two-cluster" and doc["plan"]["global_batch"] == 64
+    assert doc["plan"]["model"] == "llama2-70b" and doc["plan"]["seq_len"] == 4096
+    assert sum(len(s["devices"]) for s in doc["plan"]["stages"]) <= 128
     assert main(["plan", "--scenario", "cpu-demo", "--model", "llama9"]) == 2
     assert "unknown model 'llama9'" in capsys.readouterr().err

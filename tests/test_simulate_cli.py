@@ -85,24 +85,31 @@ def test_negative_time(capsys) -> None:
     assert code == 2 and "--tf and --tb must be >= 0, finite and not both 0, got -1.0 and 2.0" in err
 
 
-def test_plan_mode_without_cost_model(capsys, tmp_path) -> None:
+def test_plan_mode_scores_a_plan_with_the_cost_model(capsys, tmp_path) -> None:
     from hetauto.core.plan import Plan, StagePlan
 
-    plan = Plan(model="tiny", seq_len=8, global_batch=4, microbatch_size=1, num_microbatches=4,
-                stages=(StagePlan(cluster="a", device_type="cpu", devices=(0,), layers=(0, 2), tp=1, dp=1),
-                        StagePlan(cluster="b", device_type="cpu", devices=(0,), layers=(2, 4), tp=1, dp=1)))
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=8, microbatch_size=1, num_microbatches=8,
+                stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
+                        StagePlan(cluster="slow", device_type="cpu", devices=(0,), layers=(3, 6), tp=1, dp=1)))
     path = tmp_path / "plan.json"
     plan.save(path)
-    try:
-        import hetauto.planner.evaluate  # noqa: F401
-    except ImportError:
-        code = main(["simulate", str(path)])
-        _, err = capsys.readouterr()
-        assert code == 2 and "cost model not available yet" in err and err.count("\n") == 1
-    else:  # once the cost model lands, plan mode must simulate
-        code = main(["simulate", str(path), "--json"])
-        out, _ = capsys.readouterr()
-        assert code == 0 and json.loads(out)["stages"] == 2
+    assert main(["simulate", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["stages"] == 2 and doc["microbatches"] == 8 and doc["iteration_time_s"] > 0
+    # the slow (half-speed) cluster is the bottleneck: it is busier than the fast one
+    assert doc["utilisation"][1] > doc["utilisation"][0]
+
+
+def test_plan_mode_with_an_unknown_model_is_one_line(capsys, tmp_path) -> None:
+    from hetauto.core.plan import Plan, StagePlan
+
+    plan = Plan(model="tiny", cluster="cpu-demo", seq_len=8, global_batch=4, microbatch_size=1, num_microbatches=4,
+                stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 2), tp=1, dp=1),))
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'tiny'" in err and err.count("\n") == 1
 
 
 def test_trace_requires_timeline(tmp_path) -> None:
