@@ -40,7 +40,8 @@ def test_run_over_a_shaped_namespace_link_counts_kernel_bytes(tmp_path: Path) ->
     link = doc["shaped_link"]
     assert link["shaped_Bps"] == 125e6  # cpu-demo's default link: 1 Gbps
     fast, slow = link["kernel_bytes"]["fast"], link["kernel_bytes"]["slow"]
-    assert fast["tx"] == slow["rx"] and slow["tx"] == fast["rx"]  # one veth pair: what leaves one end arrives
+    # one veth pair: what leaves one end arrives at the other, up to a few in-flight/teardown packets (TCP FIN/ACK)
+    assert abs(fast["tx"] - slow["rx"]) <= 4 * 1514 and abs(slow["tx"] - fast["rx"]) <= 4 * 1514
     assert fast["tx"] >= 2 * payload and slow["tx"] >= 2 * payload  # 2 steps of payload, plus TCP/gloo overhead
     assert fast["tx"] < 2 * payload + 256 * 1024
 
