@@ -122,3 +122,19 @@ def test_interleaved_plans_are_refused_before_launch() -> None:
     plan = make_plan().model_copy(update={"schedule": ScheduleSpec(name="interleaved", virtual_chunks=2)})
     with pytest.raises(PlanMismatch, match="interleaved.*not supported by the executor"):
         check_executable(plan)
+
+
+def test_link_entries_end_when_either_side_saw_the_transfer_complete() -> None:
+    """The link track ends at the earliest completion either side observed, not at a late receiver's wait."""
+    plan = make_plan("1f1b", CASES[1][2])
+    ev0 = [[0, 0, "F", 0, 0.0, 1.0], [0, 0, "SEND_F", 0, 1.0, 1.1], [0, 0, "SENT_F", 0, 1.5, 1.5],
+           [0, 0, "WAIT_B", 0, 4.2, 4.9], [0, 0, "RECVD_B", 0, 4.6, 4.6], [0, 0, "B", 0, 5.0, 6.0]]
+    ev1 = [[0, 1, "WAIT_F", 0, 2.0, 3.0], [0, 1, "F", 0, 3.0, 4.0], [0, 1, "SEND_B", 0, 4.0, 4.1],
+           [0, 1, "RECVD_F", 0, 2.5, 2.5]]
+    # link 0->1: the sender saw it done (1.5) before the receiver's poll (2.5) and wait (3.0);
+    # link 1->0: the receiver's poll (4.6) came before its own wait returned (4.9)
+    tl = measured_timeline(plan, [{"events": ev0}, {"events": ev1}])
+    links = {(e.resource, e.kind, e.microbatch): (e.start, e.end) for e in tl.timeline if e.resource.startswith("link")}
+    assert links == {("link 0->1", "SEND_F", 0): (1.0, 1.5), ("link 1->0", "SEND_B", 0): (4.0, 4.6)}
+    stage_kinds = {e.kind for e in tl.timeline if e.resource.startswith("stage")}
+    assert stage_kinds == {"F", "B"}  # completion stamps and waits are not compute

@@ -32,7 +32,8 @@ from hetauto.core.plan import Plan
 from hetauto.runtime.data import dp_shard, microbatch, synthetic_batch
 from hetauto.runtime.groups import RankGroups, build_groups
 from hetauto.runtime.reference import make_optimizer
-from hetauto.runtime.resharding import TransferPlan, plan_transfer, start_transfer
+from hetauto.runtime.boundary import BoundaryRoute
+from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import StageModule, build_stage
 from hetauto.runtime.tensor_parallel import OverlappedGradReducer, allreduce_gradients, parallelize_stage
 from hetauto.runtime.throttle import Throttle
@@ -84,6 +85,19 @@ def check_executable(plan: Plan) -> None:
         )
 
 
+_RECV_F, _RECV_B, _F, _SEND_F, _B, _SEND_B, _REDUCE, _OPTIM = range(8)
+_CODES = {A.RECV_F: _RECV_F, A.RECV_B: _RECV_B, A.F: _F, A.SEND_F: _SEND_F, A.B: _B, A.SEND_B: _SEND_B,
+          A.REDUCE_GRAD: _REDUCE, A.OPTIM: _OPTIM}
+
+
+def _compile(i: int, a: Action, last_b: int, stage: int) -> tuple[int, int, bool]:
+    """(opcode, microbatch, is the step's last backward): the action list as the interpreter loop reads it."""
+    code = _CODES.get(a.type)
+    if code is None:
+        raise PlanMismatch(f"stage {stage}: the executor cannot run action {a} (type {a.type.value})")
+    return code, a.microbatch, i == last_b
+
+
 class StageExecutor:
     """One rank's stage module, optimizer, transfer plans and action list; `step(i)` runs one iteration."""
 
@@ -111,102 +125,160 @@ class StageExecutor:
         self.tag_stride = max([p.num_tags for p in self.fwd + self.bwd], default=1)
         last_b = [i for i, a in enumerate(self.actions) if a.type is A.B]
         self._last_b = last_b[-1] if last_b else -1
+        self._program = tuple(_compile(i, a, self._last_b, me.stage) for i, a in enumerate(self.actions))
+        # this rank's side of its two boundaries in each direction, resolved once (None where there is none)
+        st, route = me.stage, self._route
+        self._fwd_in = route(self.fwd[st - 1]) if st > 0 else None  # activations from the previous stage
+        self._bwd_out = route(self.bwd[st - 1]) if st > 0 else None  # input gradients back to it
+        self._fwd_out = route(self.fwd[st]) if st < len(lay) - 1 else None  # activations to the next stage
+        self._bwd_in = route(self.bwd[st]) if st < len(lay) - 1 else None  # output gradients from it
+        self._rec = bool(options.record and me.is_lead)
         self.normaliser = plan.global_batch * plan.seq_len
         self.t0 = 0.0
         self.events: list[list[Any]] = []
 
     # ------------------------------------------------------------------ helpers
+    def _route(self, tplan: TransferPlan) -> BoundaryRoute:
+        return BoundaryRoute(self.g.world, tplan, local_groups=self.g.tp_comms, timeout_s=self.opt_.timeout_s)
+
     def _tag(self, boundary: int, mb: int, backward: bool) -> int:
         return ((boundary * self.plan.num_microbatches + mb) * 2 + int(backward)) * self.tag_stride
-
-    def _start(self, plan: TransferPlan, tensor: torch.Tensor | None, tag: int) -> Any:
-        return start_transfer(
-            self.g.world, plan, tensor, dtype=torch.float32, local_groups=self.g.tp_comms, tag_base=tag,
-            timeout_s=self.opt_.timeout_s,
-        )
 
     def _compute(self, fn: Any, *args: Any) -> Any:
         return self.throttle.run(fn, *args) if self.throttle is not None else fn(*args)
 
-    def _record(self, step: int, kind: str, mb: int | None, start: float) -> None:
-        if self.opt_.record and self.me.is_lead:
-            self.events.append([step, self.me.stage, kind, mb, start - self.t0, time.time() - self.t0])
+    def _record(self, step: int, kind: str, mb: int | None, start: float, end: float | None = None) -> None:
+        self.events.append([step, self.me.stage, kind, mb, start - self.t0, (time.time() if end is None else end) - self.t0])
+
+    def _poll(self, step: int, watch: list[list[Any]]) -> None:
+        """Recording only: stamp each watched transfer the first time this rank sees it complete (between actions)."""
+        now = time.time()
+        keep = []
+        for kind, mb, posted in watch:
+            if posted.done():
+                self._record(step, kind, mb, now, now)
+            else:
+                keep.append([kind, mb, posted])
+        watch[:] = keep
 
     # ------------------------------------------------------------------ one iteration
     def step(self, step: int) -> float:
         """Run the action list once; return this rank's loss contribution (0 on non-last stages)."""
         plan, me, st = self.plan, self.me, self.stage
         p = plan.num_stages
+        rec = self._rec
         need_data = st.is_first or st.is_last
         batch = synthetic_batch(self.opt_.seed, step, plan.global_batch, plan.seq_len, self.cfg.vocab_size) if need_data else None
         dp = plan.stages[me.stage].dp
+        mbs = plan.microbatch_size
+        fwd_in, bwd_in = self._fwd_in, self._bwd_in
+        fwd_out, bwd_out = self._fwd_out, self._bwd_out
         recv_f: dict[int, Any] = {}
         recv_b: dict[int, Any] = {}
         inputs: dict[int, torch.Tensor] = {}
+        held: dict[int, Any] = {}  # forward-input receives whose buffer autograd still reads
         outputs: dict[int, torch.Tensor] = {}
         sends: list[Any] = []
+        watch: list[list[Any]] = []  # recording: transfers not yet seen complete
         loss_sum = 0.0
-        for i, a in enumerate(self.actions):
-            t = time.time()
-            k = a.microbatch
-            if a.type is A.RECV_F:
-                recv_f[k] = self._start(self.fwd[me.stage - 1], None, self._tag(me.stage - 1, k, False))
-            elif a.type is A.RECV_B:
-                recv_b[k] = self._start(self.bwd[me.stage], None, self._tag(me.stage, k, True))
-            elif a.type is A.F:
+        t = 0.0
+        for a in self._program:
+            code, k, last_b = a
+            if rec:
+                if watch:
+                    self._poll(step, watch)
+                t = time.time()
+            if code == _RECV_F:
+                recv_f[k] = posted = fwd_in.post_recv(self._tag(me.stage - 1, k, False))
+                if rec:
+                    watch.append(["RECVD_F", k, posted])
+            elif code == _RECV_B:
+                recv_b[k] = posted = bwd_in.post_recv(self._tag(me.stage, k, True))
+                if rec:
+                    watch.append(["RECVD_B", k, posted])
+            elif code == _F:
                 if st.is_first:
-                    x = dp_shard(microbatch(batch, k, plan.microbatch_size), me.dp_index, dp).tokens
+                    x = dp_shard(microbatch(batch, k, mbs), me.dp_index, dp).tokens
                 else:
-                    x = recv_f.pop(k).wait().requires_grad_()
-                    self._record(step, "WAIT_F", k, t)
-                    t = time.time()
+                    posted = held[k] = recv_f.pop(k)
+                    x = posted.wait().detach().requires_grad_()
+                    if rec:
+                        self._record(step, "WAIT_F", k, t)
+                        watch[:] = [w for w in watch if w[2] is not posted]  # WAIT_F's end bounds it now
+                        t = time.time()
                 inputs[k] = x
                 if st.is_last:
-                    tgt = dp_shard(microbatch(batch, k, plan.microbatch_size), me.dp_index, dp).targets
+                    tgt = dp_shard(microbatch(batch, k, mbs), me.dp_index, dp).targets
                     y = self._compute(st, x, tgt, self.normaliser)
                     loss_sum += float(y.detach())
                 else:
                     y = self._compute(st, x)
                 outputs[k] = y
-                self._record(step, "F", k, t)
-            elif a.type is A.SEND_F:
-                sends.append(self._start(self.fwd[me.stage], outputs[k].detach(), self._tag(me.stage, k, False)))
-                self._record(step, "SEND_F", k, t)
-            elif a.type is A.B:
+                if rec:
+                    self._record(step, "F", k, t)
+            elif code == _SEND_F:
+                posted = fwd_out.post_send(outputs[k].detach(), self._tag(me.stage, k, False))
+                sends.append(posted)
+                if rec:
+                    self._record(step, "SEND_F", k, t)
+                    watch.append(["SENT_F", k, posted])
+            elif code == _B:
                 grad = None
+                posted = None
                 if not st.is_last:
-                    grad = recv_b.pop(k).wait()
-                    self._record(step, "WAIT_B", k, t)
-                    t = time.time()
-                if i == self._last_b and self.reducer is not None:
+                    posted = recv_b.pop(k)
+                    grad = posted.wait()
+                    if rec:
+                        self._record(step, "WAIT_B", k, t)
+                        watch[:] = [w for w in watch if w[2] is not posted]
+                        t = time.time()
+                if last_b and self.reducer is not None:
                     self.reducer.arm()
                 y = outputs.pop(k)
                 self._compute(torch.autograd.backward, y, grad)
-                self._record(step, "B", k, t)
+                if posted is not None:
+                    gx = inputs[k].grad if k in inputs else None
+                    if gx is None or gx.data_ptr() != posted.buf.data_ptr():  # autograd may hand the buffer on
+                        bwd_in.release(posted)
+                if k in held:
+                    fwd_in.release(held.pop(k))  # backward is done: nothing reads the input buffer any more
+                if rec:
+                    self._record(step, "B", k, t)
                 if st.is_first:
                     inputs.pop(k)
-            elif a.type is A.SEND_B:
+            elif code == _SEND_B:
                 gx = inputs.pop(k).grad
-                sends.append(self._start(self.bwd[me.stage - 1], gx, self._tag(me.stage - 1, k, True)))
-                self._record(step, "SEND_B", k, t)
-            elif a.type is A.REDUCE_GRAD:
+                posted = bwd_out.post_send(gx, self._tag(me.stage - 1, k, True))
+                sends.append(posted)
+                if rec:
+                    self._record(step, "SEND_B", k, t)
+                    watch.append(["SENT_B", k, posted])
+            elif code == _REDUCE:
                 self._reduce_grads()
-                self._record(step, "REDUCE_GRAD", None, t)
-            elif a.type is A.OPTIM:
-                for h in sends:
-                    h.wait()
+                if rec:
+                    self._record(step, "REDUCE_GRAD", None, t)
+            elif code == _OPTIM:
+                self._wait_sends(step, sends, watch)
                 sends = []
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-                self._record(step, "OPTIM", None, t)
-            else:
-                raise PlanMismatch(f"stage {me.stage}: the executor cannot run action {a} (type {a.type.value})")
-        for h in sends:
-            h.wait()
+                if rec:
+                    self._record(step, "OPTIM", None, t)
+        self._wait_sends(step, sends, watch)
         if recv_f or recv_b or outputs:
             raise RuntimeError(f"rank {me.rank}: schedule left work behind (recv_f {sorted(recv_f)}, "
                                f"recv_b {sorted(recv_b)}, outputs {sorted(outputs)}) in {p}-stage plan")
         return loss_sum
+
+    def _wait_sends(self, step: int, sends: list[Any], watch: list[list[Any]]) -> None:
+        for h in sends:
+            h.wait()
+        if watch:  # recording: a send first seen complete here completed at the latest now
+            now = time.time()
+            for kind, mb, posted in watch:
+                if kind.startswith("SENT"):
+                    self._record(step, kind, mb, now, now)
+            watch[:] = [w for w in watch if not w[0].startswith("SENT")]
 
     def _reduce_grads(self) -> None:
         if self.reducer is not None:

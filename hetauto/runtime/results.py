@@ -49,7 +49,15 @@ def summarize(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> RunSummary:
 def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: int | None = None) -> SimResult:
     """The lead ranks' recorded actions of one step (default: the last) as a `SimResult` with a timeline:
     one track per stage (F/B/REDUCE_GRAD/OPTIM, and WAIT_* where a compute waited for its input) and one
-    per boundary ("link a->b": from the sender's post to the moment the receiver had the data)."""
+    per boundary ("link a->b").
+
+    What a link entry measures: it starts when the sender posted the send (SEND_*) and ends at the
+    earliest moment either side observed the transfer complete: the sender's send handle seen complete
+    (SENT_*: polled between the sender's actions, or when its wait returned), the receiver's handle seen
+    complete (RECVD_*: polled between the receiver's actions), or the receiver's wait returning (WAIT_*).
+    Each is an upper bound on the completion time, exact to one action's duration on that rank, so the
+    entry no longer stretches to a receiver that waits late. With an emulated link neither side can see
+    the send complete before its emulated delivery time. Only lead ranks (dp 0, tp 0) record."""
     events = [e for r in reports for e in r.get("events", [])]
     if not events:
         return SimResult(0.0, 0.0, (), (), (), 0, ())
@@ -58,19 +66,28 @@ def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: in
     t0 = min(e[4] for e in ev)
     entries: list[TimelineEntry] = []
     posted: dict[tuple[str, int, int], float] = {}
+    done: dict[tuple[str, int, int], float] = {}  # (direction, sending stage, mb) -> earliest completion seen
+
+    def seen(key: tuple[str, int, int], at: float) -> None:
+        done[key] = min(done.get(key, at), at)
+
     for _, stage, kind, mb, start, end in ev:
         if kind in ("SEND_F", "SEND_B"):
             posted[(kind, stage, mb)] = start - t0
-            continue
-        if kind not in ("WAIT_F", "WAIT_B"):
+        elif kind in ("SENT_F", "SENT_B"):
+            seen(("SEND_" + kind[-1], stage, mb), end - t0)
+        elif kind in ("RECVD_F", "WAIT_F"):
+            seen(("SEND_F", stage - 1, mb), end - t0)
+        elif kind in ("RECVD_B", "WAIT_B"):
+            seen(("SEND_B", stage + 1, mb), end - t0)
+        if kind not in ("SEND_F", "SEND_B", "WAIT_F", "WAIT_B", "SENT_F", "SENT_B", "RECVD_F", "RECVD_B"):
             entries.append(TimelineEntry(f"stage {stage}", kind, mb, start - t0, end - t0, stage))
-    for _, stage, kind, mb, start, end in ev:
-        if kind == "WAIT_F" and ("SEND_F", stage - 1, mb) in posted:
-            entries.append(TimelineEntry(f"link {stage - 1}->{stage}", "SEND_F", mb,
-                                         posted[("SEND_F", stage - 1, mb)], end - t0, stage - 1))
-        elif kind == "WAIT_B" and ("SEND_B", stage + 1, mb) in posted:
-            entries.append(TimelineEntry(f"link {stage + 1}->{stage}", "SEND_B", mb,
-                                         posted[("SEND_B", stage + 1, mb)], end - t0, stage + 1))
+    for (kind, stage, mb), start in posted.items():
+        if (kind, stage, mb) not in done:
+            continue
+        dst = stage + 1 if kind == "SEND_F" else stage - 1
+        end = max(start, done[(kind, stage, mb)])
+        entries.append(TimelineEntry(f"link {stage}->{dst}", kind, mb, start, end, stage))
     p = plan.num_stages
     total = max(e.end for e in entries) if entries else 0.0
     busy = tuple(sum(e.end - e.start for e in entries if e.resource == f"stage {s}" and e.kind in ("F", "B"))
