@@ -79,6 +79,12 @@ def _predicted(plan: Plan) -> tuple[float | None, str]:
     return None, "prediction unavailable (unexpected evaluate_plan result)"
 
 
+def _import_for_reference() -> None:
+    import torch  # noqa: F401
+
+    import hetauto.runtime.reference  # noqa: F401
+
+
 def _param_count(cfg: Any) -> int:
     h, f, v, n = cfg.hidden, cfg.ffn_hidden, cfg.vocab_size, cfg.num_layers
     return n * (4 * h * h + 3 * h * f) + 2 * v * h
@@ -86,7 +92,7 @@ def _param_count(cfg: Any) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from hetauto.core.plan_check import check_plan, cluster_for_plan, load_model_for_plan
-    from hetauto.runtime.executor import check_executable
+    from hetauto.runtime.executable import check_executable
 
     if args.steps < 1:
         raise HetautoError(f"--steps must be >= 1, got {args.steps}")
@@ -122,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is None:
         args.seed = 0
 
-    from hetauto.runtime.launch import launch_local, node_commands, worker_args
+    from hetauto.runtime.launch import node_commands, start_local, worker_args
 
     if args.print_launch:
         worker = worker_args(Path(args.plan).resolve(), "OUT_DIR", steps=args.steps, seed=args.seed,
@@ -137,8 +143,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"# {n}\n{c}")
         return 0
 
-    from hetauto.runtime.results import measured_timeline, summarize
-
+    want_reference = not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS
     ck = dict(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, keep=args.keep,
               resume=args.resume, inject_fault=args.inject_fault)
     link: dict | None = None
@@ -150,14 +155,25 @@ def run(args: argparse.Namespace) -> int:
         reports, link = launch_netns(plan, cluster, steps=args.steps, seed=args.seed, timeout_s=args.timeout,
                                      cluster_base=base, **ck)
     else:
-        reports = launch_local(plan, steps=args.steps, seed=args.seed, emulate=bool(args.emulate),
-                               timeout_s=args.timeout, cluster_base=base, max_restarts=args.max_restarts, **ck)
+        job = start_local(plan, steps=args.steps, seed=args.seed, emulate=bool(args.emulate),
+                          timeout_s=args.timeout, cluster_base=base, max_restarts=args.max_restarts, **ck)
+        if want_reference:
+            try:
+                # Import torch here while the ranks start (they import it too, which takes longer than this):
+                # nothing torch-heavy ran before the launch, and nothing heavy runs here while they train.
+                _import_for_reference()
+            except BaseException:
+                job.kill()
+                raise
+        reports = job.wait()
+    from hetauto.runtime.results import measured_timeline, summarize
+
     summary = summarize(plan, reports)
     start = int(reports[0].get("start_step", 0))
     restarts = max(int(r.get("restart", 0)) for r in reports)
     checkpoints = [c for r in reports for c in r.get("checkpoints", [])]
     reference: list[float] | None = None
-    if not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS:
+    if want_reference:
         import torch
 
         from hetauto.runtime.reference import reference_losses

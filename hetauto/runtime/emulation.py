@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.plan import Plan
-from hetauto.runtime.groups import stage_layouts
+from hetauto.runtime.layout import stage_layouts
 from hetauto.runtime.links import EmulatedLink, LinkTable
 
 __all__ = ["Emulation", "emulation_for_plan"]

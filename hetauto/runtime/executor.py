@@ -33,9 +33,9 @@ from hetauto.runtime.data import dp_shard, microbatch, synthetic_batch
 from hetauto.runtime.groups import RankGroups, build_groups
 from hetauto.runtime.reference import make_optimizer
 from hetauto.runtime.boundary import BoundaryRoute
+from hetauto.runtime.executable import check_executable
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import StageModule, build_stage
-from hetauto.runtime.tensor_parallel import OverlappedGradReducer, allreduce_gradients, parallelize_stage
 from hetauto.runtime.throttle import Throttle
 from hetauto.schedule.actions import Action, ActionType
 from hetauto.schedule.for_plan import schedule_for_plan
@@ -76,15 +76,6 @@ class RankReport:
         return asdict(self)
 
 
-def check_executable(plan: Plan) -> None:
-    """What this executor cannot run (yet), as a PlanMismatch before anything starts."""
-    if plan.schedule.name == "interleaved" and plan.schedule.virtual_chunks > 1:
-        raise PlanMismatch(
-            "schedule 'interleaved' with virtual_chunks > 1 is not supported by the executor "
-            "(its model chunks are not the plan's contiguous stage ranges); use 1f1b, gpipe or virtual-1f1b"
-        )
-
-
 _RECV_F, _RECV_B, _F, _SEND_F, _B, _SEND_B, _REDUCE, _OPTIM = range(8)
 _CODES = {A.RECV_F: _RECV_F, A.RECV_B: _RECV_B, A.F: _F, A.SEND_F: _SEND_F, A.B: _B, A.SEND_B: _SEND_B,
           A.REDUCE_GRAD: _REDUCE, A.OPTIM: _OPTIM}
@@ -107,9 +98,12 @@ class StageExecutor:
         me = groups.me
         s = plan.stages[me.stage]
         self.me = me
-        self.stage: StageModule = parallelize_stage(
-            build_stage(cfg, s.layers, options.seed, s.recompute), groups.tp_mesh
-        )
+        self.stage: StageModule = build_stage(cfg, s.layers, options.seed, s.recompute)
+        if groups.tp_mesh is not None or groups.dp_group is not None:
+            # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it
+            from hetauto.runtime.tensor_parallel import OverlappedGradReducer, parallelize_stage
+
+            self.stage = parallelize_stage(self.stage, groups.tp_mesh)
         self.optimizer = make_optimizer(self.stage.parameters(), options.lr)
         self.actions: tuple[Action, ...] = schedule_for_plan(plan).ranks[me.stage]
         self.throttle = Throttle(options.speed_factor) if options.speed_factor != 1.0 else None
@@ -284,6 +278,8 @@ class StageExecutor:
         if self.reducer is not None:
             self.reducer.finish()
         elif self.g.dp_group is not None:
+            from hetauto.runtime.tensor_parallel import allreduce_gradients
+
             allreduce_gradients(self.stage, self.g.dp_group, op="sum")
         w = self.stage.tied_embedding_weight()
         if w is not None and self.g.tied_group is not None:

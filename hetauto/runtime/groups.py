@@ -18,43 +18,10 @@ import torch.distributed as dist
 
 from hetauto.core.comm import Communicator
 from hetauto.core.plan import Plan
+from hetauto.runtime.layout import RankPlacement, placement, stage_layouts
 from hetauto.runtime.resharding import StageLayout
-from hetauto.runtime.tensor_parallel import build_meshes
 
 __all__ = ["RankPlacement", "RankGroups", "stage_layouts", "placement", "build_groups"]
-
-
-@dataclass(frozen=True, slots=True)
-class RankPlacement:
-    """One global rank's stage and coordinates inside it (`rank = first + dp_index * tp + tp_index`)."""
-
-    rank: int
-    stage: int
-    dp_index: int
-    tp_index: int
-    layout: StageLayout
-
-    @property
-    def is_lead(self) -> bool:
-        """dp 0, tp 0: the rank that reports the stage's timeline."""
-        return self.dp_index == 0 and self.tp_index == 0
-
-
-def stage_layouts(plan: Plan) -> tuple[StageLayout, ...]:
-    """Global ranks of each stage: stages one after another, `dp_index * tp + tp_index` inside."""
-    out, first = [], 0
-    for s in plan.stages:
-        out.append(StageLayout.contiguous(s.dp, s.tp, first))
-        first += s.num_devices
-    return tuple(out)
-
-
-def placement(plan: Plan, rank: int) -> RankPlacement:
-    for i, lay in enumerate(stage_layouts(plan)):
-        if rank in lay.ranks:
-            d, t = lay.coords(rank)
-            return RankPlacement(rank, i, d, t, lay)
-    raise ValueError(f"rank {rank} is outside the plan's {plan.world_size} ranks")
 
 
 @dataclass(slots=True)
@@ -83,7 +50,10 @@ def build_groups(world: Communicator, plan: Plan, *, tied: bool = False) -> Rank
     me = placement(plan, world.global_rank)
     groups = RankGroups(world, me, layouts)
     tp_groups = [lay.tp_group(d) for lay in layouts for d in range(lay.dp)]
-    groups.tp_mesh = build_meshes(tp_groups)
+    if any(len(g) > 1 for g in tp_groups):  # DTensor's import costs ~0.7 s per process: only when a stage has tp > 1
+        from hetauto.runtime.tensor_parallel import build_meshes
+
+        groups.tp_mesh = build_meshes(tp_groups)
     timeout = _timedelta(world.timeout_s)
     for lay in layouts:
         if lay.dp < 2:

@@ -20,7 +20,8 @@ from typing import Any
 from hetauto.core.errors import CommunicationError, PlanMismatch
 from hetauto.core.plan import Plan
 
-__all__ = ["JobFailed", "worker_args", "local_command", "node_commands", "launch_local", "diagnose_failure",
+__all__ = ["JobFailed", "worker_args", "local_command", "node_commands", "launch_local", "start_local", "LocalJob",
+           "diagnose_failure",
            "collect_reports", "kill_group",
            "torchrun_exit_codes"]
 
@@ -121,7 +122,7 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     failure (a real exception); else a rank that the others' communication errors name and that has no
     error of its own (it was stuck until torchrun stopped it); else the first error. Communication errors
     of the other ranks are secondary: counted, the first one quoted."""
-    from hetauto.runtime.groups import placement
+    from hetauto.runtime.layout import placement
 
     out = Path(out_dir)
     exit_codes = exit_codes or {}
@@ -190,17 +191,42 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     return JobFailed("the job failed but no rank reported why (rerun with HETAUTO_DEBUG=1)")
 
 
-def launch_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: float,
-                 cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-                 checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
-                 inject_fault: str | None = None, max_restarts: int = 0) -> list[dict[str, Any]]:
-    """Run the plan under torchrun on this machine; return every rank's report (rank order). A failed job
-    raises `JobFailed` naming the culprit rank; the whole job is bounded by a wall-clock deadline (its
-    process group is killed past it), so nothing can hang."""
-    with tempfile.TemporaryDirectory(prefix="hetauto-run-") as tmp:
-        plan_path = Path(tmp) / "plan.json"
+class LocalJob:
+    """A started local torchrun job (`start_local`); `wait()` returns every rank's report (rank order) or
+    raises `JobFailed`; `kill()` ends it. Lets the caller do its own work while the ranks start and train."""
+
+    def __init__(self, plan: Plan, tmp: tempfile.TemporaryDirectory, proc: subprocess.Popen, deadline: float) -> None:
+        self.plan, self._tmp, self.proc, self.deadline = plan, tmp, proc, deadline
+
+    def wait(self) -> list[dict[str, Any]]:
+        try:
+            try:
+                stdout, stderr = self.proc.communicate(timeout=self.deadline)
+            except subprocess.TimeoutExpired:
+                kill_group(self.proc)
+                self.proc.communicate()
+                raise JobFailed(f"torchrun did not finish within {self.deadline:g}s and was killed; "
+                                "raise --timeout or check for a hung rank") from None
+            return collect_reports(self.plan, self._tmp.name, self.proc.returncode, stderr or "", stdout or "")
+        finally:
+            self._tmp.cleanup()
+
+    def kill(self) -> None:
+        kill_group(self.proc)
+        self.proc.communicate()
+        self._tmp.cleanup()
+
+
+def start_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: float,
+                cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+                checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
+                inject_fault: str | None = None, max_restarts: int = 0) -> LocalJob:
+    """Start the plan under torchrun on this machine and return at once (see `launch_local`)."""
+    tmp = tempfile.TemporaryDirectory(prefix="hetauto-run-")
+    try:
+        plan_path = Path(tmp.name) / "plan.json"
         plan.save(plan_path)
-        worker = worker_args(plan_path, tmp, steps=steps, seed=seed, emulate=emulate, timeout_s=timeout_s,
+        worker = worker_args(plan_path, tmp.name, steps=steps, seed=seed, emulate=emulate, timeout_s=timeout_s,
                              cluster_base=cluster_base, checkpoint_dir=checkpoint_dir,
                              checkpoint_every=checkpoint_every, keep=keep, resume=resume, inject_fault=inject_fault)
         env = dict(os.environ)
@@ -208,14 +234,22 @@ def launch_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s:
         deadline = (timeout_s * 3 + 60 + 5 * steps) * (max_restarts + 1)
         proc = subprocess.Popen(local_command(plan, worker, max_restarts), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            stdout, stderr = proc.communicate(timeout=deadline)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            proc.communicate()
-            raise JobFailed(f"torchrun did not finish within {deadline:g}s and was killed; "
-                            "raise --timeout or check for a hung rank") from None
-        return collect_reports(plan, tmp, proc.returncode, stderr or "", stdout or "")
+    except BaseException:
+        tmp.cleanup()
+        raise
+    return LocalJob(plan, tmp, proc, deadline)
+
+
+def launch_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: float,
+                 cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+                 checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
+                 inject_fault: str | None = None, max_restarts: int = 0) -> list[dict[str, Any]]:
+    """Run the plan under torchrun on this machine; return every rank's report (rank order). A failed job
+    raises `JobFailed` naming the culprit rank; the whole job is bounded by a wall-clock deadline (its
+    process group is killed past it), so nothing can hang."""
+    return start_local(plan, steps=steps, seed=seed, emulate=emulate, timeout_s=timeout_s, cluster_base=cluster_base,
+                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep, resume=resume,
+                       inject_fault=inject_fault, max_restarts=max_restarts).wait()
 
 
 def collect_reports(plan: Plan, out_dir: str | Path, returncode: int, stderr: str = "",

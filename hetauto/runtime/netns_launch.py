@@ -38,7 +38,7 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, *, steps: int, seed: int, tim
                  cluster_base: str | Path | None = None, **worker_kw: Any) -> tuple[list[dict[str, Any]], dict]:
     """Run the plan with one namespace per cluster; return (rank reports, link figures: shaped rate and the
     kernel's byte counters of each namespace's veth over the run)."""
-    from hetauto.runtime.groups import stage_layouts
+    from hetauto.runtime.layout import stage_layouts
     from hetauto.runtime.netns import NamespaceTopology, ShapedLinkError, available
 
     avail = available()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from hetauto.core.plan import Plan
-from hetauto.runtime.groups import stage_layouts
+from hetauto.runtime.layout import stage_layouts
 from hetauto.schedule.simulator import SimResult, TimelineEntry
 
 __all__ = ["RunSummary", "summarize", "measured_timeline"]
