@@ -42,6 +42,11 @@ def test_run_json_end_to_end(tmp_path: Path) -> None:
     assert doc["bytes_per_link"] == {"stage0(fast)->stage1(slow)": 2 * s, "stage1(slow)->stage0(fast)": 2 * s}
     assert doc["measured_step_s"] > 0 and doc["emulated"] is True
     assert "predicted_step_s" in doc
+    from hetauto.planner.calibration import local_calibration
+
+    # --emulate: predicted with this machine's cached calibration when there is one (never measured here)
+    assert doc["prediction_calibrated"] is (local_calibration() is not None)
+    assert ("calibrated for this machine" in doc["prediction_source"]) is doc["prediction_calibrated"]
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"stage 0", "stage 1", "link 0->1", "link 1->0"} <= names
@@ -71,3 +76,17 @@ def test_print_launch_gives_one_torchrun_command_per_node(tmp_path: Path, capsys
     for i, n in enumerate(nodes):
         assert f"--nnodes=2 --node-rank={i} --nproc-per-node=2 --master-addr=10.0.0.1" in n["command"]
         assert "-m hetauto.runtime.worker --plan" in n["command"]
+
+
+def test_emulated_prediction_without_a_cached_calibration_says_how_to_measure_it(tmp_path: Path, monkeypatch) -> None:
+    from hetauto.commands.run import _predicted
+    from hetauto.planner.evaluate import evaluate_plan
+
+    monkeypatch.setenv("HETAUTO_CACHE_DIR", str(tmp_path / "empty"))
+    plan = Plan.load(_write(tmp_path, _stage("fast", (0,), (0, 3)), _stage("slow", (0,), (3, 6))))
+    got, source, calibrated = _predicted(plan, emulate=True)
+    assert calibrated is False and got == evaluate_plan(plan).iteration_time_s
+    assert source == ("cost model + simulator (uncalibrated: no cached calibration of this machine; measure it once "
+                      "with python -c 'from hetauto.planner.calibration import local_calibration as c; "
+                      "c(measure=True)')")
+    assert _predicted(plan)[1:] == ("cost model + simulator", False)  # not emulated: the plan's own clusters

@@ -57,26 +57,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "latest complete checkpoint in --checkpoint-dir")
 
 
-def _predicted(plan: Plan) -> tuple[float | None, str]:
-    """The planner's predicted step time, or None with the reason (the planner may not be installed yet)."""
+def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -> tuple[float | None, str, bool]:
+    """The planner's predicted step time, or None with the reason (the planner may not be installed yet), and
+    whether it was calibrated.
+
+    With `emulate` (all ranks on this machine) the prediction uses this machine's cached calibration
+    (`hetauto.planner.calibration.local_calibration()`: measured profile, per-layer/message overheads, the host's
+    shared cores), so measured and predicted compare like for like. Nothing is measured here (that takes tens of
+    seconds); without a cached calibration the prediction is the uncalibrated one and the source says how to
+    measure it."""
     try:
         from hetauto.planner.evaluate import evaluate_plan  # type: ignore[import-not-found]
     except ImportError:
         if plan.prediction is not None:
-            return plan.prediction.iteration_time_s, "plan file"
-        return None, "prediction unavailable (hetauto.planner.evaluate not installed)"
+            return plan.prediction.iteration_time_s, "plan file", False
+        return None, "prediction unavailable (hetauto.planner.evaluate not installed)", False
+    if base is not None and plan.cluster and (base / plan.cluster).is_file():
+        plan = plan.model_copy(update={"cluster": str(base / plan.cluster)})  # a cluster file next to the plan
+    calibration: Any = None
+    note = ""
+    if emulate:
+        try:
+            from hetauto.planner.calibration import local_calibration  # type: ignore[import-not-found]
+
+            calibration = local_calibration()
+        except ImportError:
+            note = " (uncalibrated: hetauto.planner.calibration not installed)"
+        except HetautoError as err:
+            note = f" (uncalibrated: {err})"
+        else:
+            if calibration is None:
+                note = (" (uncalibrated: no cached calibration of this machine; measure it once with python -c "
+                        "'from hetauto.planner.calibration import local_calibration as c; c(measure=True)')")
     try:
-        res: Any = evaluate_plan(plan)
+        if calibration is not None:
+            try:
+                res: Any = evaluate_plan(plan, calibration=calibration)
+            except TypeError:  # an evaluate_plan without calibration=
+                calibration, note = None, " (uncalibrated: this evaluate_plan takes no calibration)"
+                res = evaluate_plan(plan)
+        else:
+            res = evaluate_plan(plan)
     except HetautoError as err:
-        return None, f"prediction unavailable: {err}"
+        return None, f"prediction unavailable: {err}", False
+    source = "cost model + simulator" + (", calibrated for this machine" if calibration is not None else "") + note
     for name in ("iteration_time_s", "iteration_time"):
         if hasattr(res, name):
-            return float(getattr(res, name)), "cost model + simulator"
+            return float(getattr(res, name)), source, calibration is not None
         if isinstance(res, dict) and name in res:
-            return float(res[name]), "cost model + simulator"
+            return float(res[name]), source, calibration is not None
     if isinstance(res, (int, float)):
-        return float(res), "cost model + simulator"
-    return None, "prediction unavailable (unexpected evaluate_plan result)"
+        return float(res), source, calibration is not None
+    return None, "prediction unavailable (unexpected evaluate_plan result)", False
 
 
 def _import_for_reference() -> None:
@@ -181,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
         reference = reference_losses(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size,
                                      plan.seq_len)[start:]
-    predicted, source = _predicted(plan)
+    predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)
     if args.trace:
         from hetauto.schedule.trace import write_chrome_trace
 
@@ -196,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
         "measured_step_s": summary.measured_step_s,
         "predicted_step_s": predicted,
         "prediction_source": source,
+        "prediction_calibrated": calibrated,
         "measured_over_predicted": ratio,
         "bytes_per_link": summary.bytes_per_link,
         "world_size": plan.world_size,
