@@ -9,7 +9,6 @@ fuzzed in test_spec_fuzz.py), and checkpoint manifests / DCP JSON metadata.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 from pathlib import Path
@@ -31,6 +30,8 @@ from hetauto.interop.metis import import_metis, metis_filename
 from hetauto.runtime.checkpoint import Manifest
 from hetauto.runtime.checkpoint_storage import metadata_from_json
 
+from _mutation import mutate, mutation_lists
+
 SETTINGS = settings(max_examples=120, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 _counter = itertools.count()
@@ -41,45 +42,7 @@ scalars = st.one_of(
     st.sampled_from(["", "0", "-1", "1e400", "nan", "llama", "gpt2", "a100-40g", "1TFLOPS", "80GiB", "-5GB/s",
                      "1f1b", "lanes", "hetauto.plan/1", "hetauto.profile/1", "step-1", "../x", "float32", "int64"]),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                      max_leaves=6)
-mutation = st.tuples(st.integers(min_value=0, max_value=10**6), st.sampled_from(["set", "delete", "add"]), values)
-mutations = st.lists(mutation, min_size=1, max_size=4)
-
-
-def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
-def _mutate(seed: Any, muts: list) -> Any:
-    doc = copy.deepcopy(seed)
-    for pick, op, value in muts:
-        paths = _paths(doc)
-        path = paths[pick % len(paths)]
-        if not path:
-            doc = value if op == "set" else doc
-            continue
-        parent = doc
-        for part in path[:-1]:
-            parent = parent[part]
-        last = path[-1]
-        if op == "delete":
-            del parent[last]
-        elif op == "set":
-            parent[last] = value
-        elif isinstance(parent[last], dict):
-            parent[last][f"extra_{len(parent[last])}"] = value
-        elif isinstance(parent[last], list):
-            parent[last].append(value)
-    return doc
+mutations = mutation_lists(scalars)
 
 
 def _expect(fn, ok_type: type | tuple[type, ...], error_type: type = HetautoError) -> Any:
@@ -125,7 +88,7 @@ MODEL_SEEDS = [
 @SETTINGS
 @given(seed=st.sampled_from(MODEL_SEEDS), muts=mutations)
 def test_model_config_json(root: Path, seed: dict, muts: list) -> None:
-    path = _write(root, "config.json", _dump(_mutate(seed, muts)))
+    path = _write(root, "config.json", _dump(mutate(seed, muts)))
     cfg = _expect(lambda: get_model(path), ModelConfig)
     if cfg is not None:
         assert cfg.num_layers > 0 and cfg.hidden % cfg.num_heads == 0 and cfg.num_heads % cfg.kv_heads == 0
@@ -140,7 +103,7 @@ PROFILE_SEEDS.append({"schema": "hetauto.profile/1", "base": "h100", "key": "h10
 @SETTINGS
 @given(seed=st.sampled_from(range(len(PROFILE_SEEDS))), muts=mutations)
 def test_profile_documents(seed: int, muts: list) -> None:
-    _expect(lambda: profile_from_dict(_mutate(PROFILE_SEEDS[seed], muts), "fuzz-profile.yaml"), DeviceProfile)
+    _expect(lambda: profile_from_dict(mutate(PROFILE_SEEDS[seed], muts), "fuzz-profile.yaml"), DeviceProfile)
 
 
 # ------------------------------------------------------------------------------------- plan
@@ -165,7 +128,7 @@ def test_plan_seed_is_valid() -> None:
 @SETTINGS
 @given(muts=mutations)
 def test_plan_documents(root: Path, muts: list) -> None:
-    doc = _mutate(PLAN_SEED, muts)
+    doc = mutate(PLAN_SEED, muts)
     plan = _expect(lambda: Plan.from_json(_dump(doc), "fuzz-plan.json"), Plan)
     if plan is not None:
         assert Plan.from_json(plan.to_json()) == plan  # a valid plan round-trips unchanged
@@ -187,7 +150,7 @@ def _metis_doc(n: int = 4) -> dict:
 @given(muts=mutations, name=st.sampled_from([metis_filename("A100", 1, 2), metis_filename("MI250", 2, 1),
                                              metis_filename("NOPE", 1, 1), "DeviceType.A100_tp1_bs1.txt"]))
 def test_metis_files(root: Path, muts: list, name: str) -> None:
-    path = _write(root, name, _dump(_mutate(_metis_doc(), muts)))
+    path = _write(root, name, _dump(mutate(_metis_doc(), muts)))
     _expect(lambda: import_metis(path.parent), DeviceProfile)
 
 
@@ -253,7 +216,7 @@ METADATA_SEED = {
 @SETTINGS
 @given(muts=mutations)
 def test_checkpoint_manifest(muts: list) -> None:
-    m = _expect(lambda: Manifest.from_json(_dump(_mutate(MANIFEST_SEED, muts)), "manifest.json"), Manifest,
+    m = _expect(lambda: Manifest.from_json(_dump(mutate(MANIFEST_SEED, muts)), "manifest.json"), Manifest,
                 CheckpointError)
     if m is not None:
         assert Manifest.from_json(m.to_json()) == m
@@ -264,4 +227,4 @@ def test_checkpoint_manifest(muts: list) -> None:
 def test_checkpoint_metadata(muts: list) -> None:
     from torch.distributed.checkpoint.metadata import Metadata
 
-    _expect(lambda: metadata_from_json(_mutate(METADATA_SEED, muts)), Metadata, ValueError)
+    _expect(lambda: metadata_from_json(mutate(METADATA_SEED, muts)), Metadata, ValueError)

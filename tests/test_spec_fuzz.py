@@ -3,7 +3,6 @@ exception (a traceback for the user)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import yaml
@@ -14,6 +13,8 @@ from hetauto.core.cluster import ClusterSpec, cluster_from_dict
 from hetauto.core.errors import SpecError
 from hetauto.core.scenarios import get_scenario
 from hetauto.core.specio import parse_text
+
+from _mutation import mutate, mutation_lists
 
 SEEDS = [
     get_scenario("paper-4c").cluster.to_document(),
@@ -30,41 +31,7 @@ scalars = st.one_of(
     st.sampled_from(["200Gbps", "-1ms", "0", "1e400GB/s", "nan", "h800", "cpu", "a", "b", "./x.yaml", "1e-320s",
                      "${x}", "GB/s", " 5 ms ", "2ms"]),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                      max_leaves=6)
-
-
-def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
-def _apply(doc: Any, path: tuple, op: str, value: Any) -> Any:
-    if not path:
-        return value if op == "set" else doc
-    parent = doc
-    for part in path[:-1]:
-        parent = parent[part]
-    last = path[-1]
-    if op == "delete":
-        del parent[last]
-    elif op == "set":
-        parent[last] = value
-    elif op == "add" and isinstance(parent[last], dict):
-        parent[last]["extra_" + str(len(parent[last]))] = value
-    elif op == "add" and isinstance(parent[last], list):
-        parent[last].append(value)
-    return doc
-
-
-mutation = st.tuples(st.integers(min_value=0, max_value=10**6), st.sampled_from(["set", "delete", "add"]), values)
+mutation_list = mutation_lists(scalars)
 
 
 def _check(doc: Any) -> None:
@@ -81,13 +48,9 @@ def _check(doc: Any) -> None:
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.sampled_from(range(len(SEEDS))), mutations=st.lists(mutation, min_size=1, max_size=4))
+@given(seed=st.sampled_from(range(len(SEEDS))), mutations=mutation_list)
 def test_mutated_documents_are_valid_or_spec_errors(seed, mutations):
-    doc = copy.deepcopy(SEEDS[seed])
-    for index, op, value in mutations:
-        paths = _paths(doc)
-        doc = _apply(doc, paths[index % len(paths)], op, value)
-    _check(doc)
+    _check(mutate(SEEDS[seed], mutations))
 
 
 @settings(max_examples=150, deadline=None)
