@@ -13,13 +13,7 @@ from hetauto import cli
 from hetauto.backends import reset_registry
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for var in ("HETAUTO_DISABLE_PLUGIN_AUTOLOAD", "HETAUTO_PLUGINS", "HETAUTO_BACKEND"):
-        monkeypatch.delenv(var, raising=False)
-    reset_registry()
-    yield
-    reset_registry()
+pytestmark = pytest.mark.usefixtures("fresh_plugin_registry")
 
 
 @pytest.fixture

@@ -9,17 +9,10 @@ import textwrap
 import pytest
 
 from hetauto import cli
-from hetauto.backends import reset_registry
 from hetauto.backends.manager import PluginError, SkippedPlugin, build_registry
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for var in ("HETAUTO_DISABLE_PLUGIN_AUTOLOAD", "HETAUTO_PLUGINS", "HETAUTO_BACKEND"):
-        monkeypatch.delenv(var, raising=False)
-    reset_registry()
-    yield
-    reset_registry()
+pytestmark = pytest.mark.usefixtures("fresh_plugin_registry")
 
 
 def make_dist(root, dist: str, version: str, module: str, code: str, ep_name: str) -> None:
