@@ -5,35 +5,16 @@ Imported by the other test_planner*.py files."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from hetauto.core.cluster import ClusterSpec, cluster_from_dict
 from hetauto.core.model import ModelConfig
-from hetauto.core.plan import Plan, Prediction
+from hetauto.core.plan import Plan
+from hetauto.planner.evaluate import Evaluation
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import layer_list
 from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
 
 GIB = 2.0 ** 30
-
-
-@dataclass(frozen=True, slots=True)
-class FakeEvaluation:
-    feasible: bool
-    iteration_time_s: float
-    throughput_samples_s: float
-    tokens_s: float
-    bubble_fraction: float
-    mfu: float
-    tflops_per_device: float
-    peak_memory_bytes: tuple[float, ...]
-    memory_capacity_bytes: tuple[float, ...]
-    violation: str | None
-
-    def to_prediction(self, cost_model: str = "analytical") -> Prediction:
-        return Prediction(iteration_time_s=self.iteration_time_s, throughput_samples_s=self.throughput_samples_s,
-                          tokens_s=self.tokens_s, bubble_fraction=self.bubble_fraction,
-                          peak_memory_bytes=self.peak_memory_bytes, mfu=self.mfu, cost_model=cost_model)
 
 
 class FakeEvaluator:
@@ -44,7 +25,7 @@ class FakeEvaluator:
     def __init__(self, inputs: PlanningInputs) -> None:
         self.inputs = inputs
         self.evaluations = 0
-        self._cache: dict[str, FakeEvaluation] = {}
+        self._cache: dict[str, Evaluation] = {}
 
     def stage_compute_time(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
                            recompute: bool = False) -> tuple[float, float]:
@@ -81,7 +62,7 @@ class FakeEvaluator:
         extra = plan.schedule.extra_warmup or (0,) * (p - 1)
         return [min(m, p - i + sum(extra[i:])) for i in range(p)]
 
-    def evaluate(self, plan: Plan) -> FakeEvaluation:
+    def evaluate(self, plan: Plan) -> Evaluation:
         key = plan.model_copy(update={"prediction": None}).to_json()
         if key in self._cache:
             return self._cache[key]
@@ -99,12 +80,12 @@ class FakeEvaluator:
                 violation = (f"stage {i} (cluster {s.cluster}, {len(s.devices)}x {s.device_type}, layers "
                              f"[{s.layers[0]}, {s.layers[1]})): needs {need / GIB:.1f} GiB per device > {cap / GIB:.0f} GiB")
         if violation:
-            ev = FakeEvaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation)
+            ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation)
         else:
             res = simulate(schedule_for_plan(plan), self.pipeline_costs(plan))
             t = res.iteration_time
             thr = plan.global_batch / t
-            ev = FakeEvaluation(True, t, thr, thr * plan.seq_len, res.bubble_fraction, 0.0, 0.0, tuple(peaks),
+            ev = Evaluation(True, t, thr, thr * plan.seq_len, res.bubble_fraction, 0.0, 0.0, tuple(peaks),
                                 tuple(caps), None)
         self._cache[key] = ev
         return ev
