@@ -160,3 +160,51 @@ def test_receiver_observes_latency_plus_bytes_over_bandwidth_fifo() -> None:
     assert sender["links"] == {(0, 1): 4 * sum(SIZES)}
     # the reverse direction has no link: it arrives before the slow link's latency has passed
     assert sender["fast"] == 5.0 and sender["fast_s"] < LAT
+
+
+# ------------------------------------------------------------- rendezvous: a late receive pays the latency
+
+RDV_LAT, RDV_LATE = 0.3, 0.4
+
+
+def _late_receive(rank: int, world: int) -> dict:
+    import torch
+
+    from hetauto.core.comm import Communicator
+    from hetauto.runtime.boundary import BoundaryRoute
+    from hetauto.runtime.resharding import StageLayout, plan_transfer
+
+    table = LinkTable({(0, 1): EmulatedLink(RDV_LAT)})
+    comm = Communicator.init_from_env("gloo", timeout_s=10, links=table)
+    route = BoundaryRoute(comm, plan_transfer(StageLayout.contiguous(1, 1, 0), StageLayout.contiguous(1, 1, 1),
+                                              (2, 3, 4), "scatter-allgather"), local_groups=None, timeout_s=10)
+    comm.barrier()
+    res: dict = {"delay": route.recv_delay_s}
+    if rank == 0:
+        route.post_send(torch.arange(24, dtype=torch.float32).view(2, 3, 4), 0).wait()
+    else:
+        time.sleep(RDV_LATE)  # the data is delivered (RDV_LAT) before this receive is even posted
+        posted_at = time.monotonic()
+        posted = route.post_recv(0)
+        res["not_before"] = posted.not_before - posted_at
+        res["done_at_once"] = posted.done()
+        res["value"] = posted.wait().flatten().tolist()
+        res["waited"] = time.monotonic() - posted_at
+    comm.barrier()
+    table.close()
+    comm.destroy()
+    return res
+
+
+@pytest.mark.multiprocess
+def test_late_receive_over_a_link_pays_its_latency_like_the_simulator() -> None:
+    """The simulator starts a transfer when the later side posts; so does the emulation (boundary.Posted)."""
+    from hetauto.testing.multiproc import run_ranks
+
+    sender, receiver = run_ranks(_late_receive, 2, timeout=60)
+    assert sender["delay"] == 0.0  # 1 -> 0 has no link
+    assert receiver["delay"] == RDV_LAT
+    assert receiver["not_before"] == pytest.approx(RDV_LAT, abs=0.01)
+    assert receiver["done_at_once"] is False
+    assert receiver["waited"] >= RDV_LAT
+    assert receiver["value"] == [float(i) for i in range(24)]

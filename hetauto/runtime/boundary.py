@@ -8,12 +8,19 @@ post is a few `isend`/`irecv` calls into a reused buffer. A destination rank tha
 local step (broadcast/all-gather inside its TP group) goes through `start_transfer` unchanged, so
 every resharding method stays exactly as planned and bit-exact.
 
+Emulated links, rendezvous as the simulator models it: a transfer starts once both sides are posted, so
+it arrives `latency + bytes/bandwidth` after the LATER of the two posts. The sender's side of that is the
+link's delayed dispatch (hetauto.runtime.links); the receiver's side is here: a receive over an emulated
+link is not complete before `post time + latency + bytes/bandwidth` (`Posted.not_before`), so a receive
+posted late pays the link's latency after it was posted, exactly as in hetauto.schedule.simulator.
+
 Buffer reuse rule: the executor hands a receive buffer back (`release`) only once nothing reads it any
 more (after the backward that consumed it); a reused buffer is only ever written by the next irecv.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping
 
 import torch
@@ -28,11 +35,12 @@ class Posted:
     """Posted sends or receives of one transfer. `wait()` returns the received tensor (None for sends);
     `done()` polls without blocking (False when it cannot tell, i.e. for a resharding with local steps)."""
 
-    __slots__ = ("handles", "buf", "pooled", "_pending", "_timeout_s")
+    __slots__ = ("handles", "buf", "pooled", "not_before", "_pending", "_timeout_s")
 
     def __init__(self, handles: list, buf: torch.Tensor | None, pooled: bool, timeout_s: float,
-                 pending: Any = None) -> None:
+                 pending: Any = None, not_before: float = 0.0) -> None:
         self.handles, self.buf, self.pooled = handles, buf, pooled
+        self.not_before = not_before  # time.monotonic() before which an emulated link cannot have delivered
         self._pending, self._timeout_s = pending, timeout_s
 
     def wait(self) -> torch.Tensor | None:
@@ -42,10 +50,17 @@ class Posted:
         for h in self.handles:
             h.wait(self._timeout_s)
         self.handles = []
+        if self.not_before:
+            left = self.not_before - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+            self.not_before = 0.0
         return self.buf
 
     def done(self) -> bool:
         if self._pending is not None:
+            return False
+        if self.not_before and time.monotonic() < self.not_before:
             return False
         return all(h.is_completed() for h in self.handles)
 
@@ -64,6 +79,7 @@ class BoundaryRoute:
         # the general path: a rank on both sides, or a destination rank inside a local collective
         self.general = (self.in_src and self.in_dst) or any(me in step.ranks for step in plan.local)
         sends, recvs = [], []
+        self.recv_delay_s = 0.0  # emulated latency + serialisation of the slowest incoming message
         if self.in_src:
             base = plan.src_range(me)[0]
             sends = [(comm.group_rank_of(m.dst), m.start - base, m.stop - base, m.tag)
@@ -72,6 +88,12 @@ class BoundaryRoute:
             base = plan.dst_range(me)[0]
             recvs = [(comm.group_rank_of(m.src), m.start - base, m.stop - base, m.tag)
                      for m in plan.messages if m.dst == me and m.src != me]
+            links = getattr(comm, "links", None)
+            for m in plan.messages:  # the receiver's half of the emulated rendezvous (module docstring)
+                link = links.get(m.src, me) if links is not None and m.dst == me and m.src != me else None
+                if link is not None:
+                    nbytes = (m.stop - m.start) * torch.empty((), dtype=dtype).element_size()
+                    self.recv_delay_s = max(self.recv_delay_s, link.transfer_time(nbytes))
         self.sends, self.recvs = tuple(sends), tuple(recvs)
         self._free: list[torch.Tensor] = []
 
@@ -85,7 +107,7 @@ class BoundaryRoute:
         flat = buf.view(-1)
         comm, t = self.comm, self.timeout_s
         handles = [comm.irecv(flat[a:z], peer, tag=tag_base + tag, timeout_s=t) for peer, a, z, tag in self.recvs]
-        return Posted(handles, buf, True, t)
+        return Posted(handles, buf, True, t, not_before=time.monotonic() + self.recv_delay_s if self.recv_delay_s else 0.0)
 
     def post_send(self, tensor: torch.Tensor, tag_base: int) -> Posted:
         """Post this rank's sends of its source slice `tensor` (not modified until the result is waited)."""
