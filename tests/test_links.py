@@ -208,3 +208,135 @@ def test_late_receive_over_a_link_pays_its_latency_like_the_simulator() -> None:
     assert receiver["done_at_once"] is False
     assert receiver["waited"] >= RDV_LAT
     assert receiver["value"] == [float(i) for i in range(24)]
+
+
+# ------------------------------------------------- shared capacity: one pipe for every flow of a direction
+# Emulated delivery times are computed from an injected post clock (`now`), so these are exact, not timed.
+
+S, C, PAIR_BW, PIPE_LAT = 100_000, 1e6, 1e7, 0.01  # one message holds the pipe S/C = 0.1 s, its pair 0.01 s
+
+
+def _at(t: float):
+    return lambda: t
+
+
+def test_one_flow_through_a_pipe_takes_bytes_over_capacity() -> None:
+    from hetauto.runtime.links import SharedPipe
+
+    table = LinkTable({(0, 2): EmulatedLink(PIPE_LAT, PAIR_BW)}, shared={(0, 2): SharedPipe("a->b", C)}, now=_at(5.0))
+    h = table.submit(0, 2, S, lambda: None)
+    assert h.deliver_at == pytest.approx(5.0 + S / C + PIPE_LAT, abs=1e-12)
+    h.wait(5)
+    table.close()
+
+
+def test_two_senders_share_the_pipe_through_its_clock_file(tmp_path) -> None:
+    """Two tables stand for two sender processes: the pipe's clock is the file both use."""
+    from hetauto.runtime.links import FilePipeClock, SharedPipe
+
+    pipe = SharedPipe("a->b", C)
+    tables = [LinkTable({(src, dst): EmulatedLink(PIPE_LAT, PAIR_BW)}, shared={(src, dst): pipe},
+                        clock=FilePipeClock(tmp_path), now=_at(0.0)) for src, dst in ((0, 2), (1, 3))]
+    first = tables[0].submit(0, 2, S, lambda: None)
+    second = tables[1].submit(1, 3, S, lambda: None)
+    one = S / C + PIPE_LAT
+    assert first.deliver_at == pytest.approx(one, abs=1e-12)
+    assert second.deliver_at == pytest.approx(2 * S / C + PIPE_LAT, abs=1e-12)  # ~2x one flow alone
+    # the other direction is its own pipe (full duplex): not slowed by the a->b traffic
+    back = LinkTable({(2, 0): EmulatedLink(PIPE_LAT, PAIR_BW)}, shared={(2, 0): SharedPipe("b->a", C)},
+                     clock=FilePipeClock(tmp_path), now=_at(0.0)).submit(2, 0, S, lambda: None)
+    assert back.deliver_at == pytest.approx(one, abs=1e-12)
+    # a later post after the pipe drained pays its own bytes only
+    late = LinkTable({(0, 3): EmulatedLink(PIPE_LAT, PAIR_BW)}, shared={(0, 3): pipe}, clock=FilePipeClock(tmp_path),
+                     now=_at(10.0)).submit(0, 3, S, lambda: None)
+    assert late.deliver_at == pytest.approx(10.0 + one, abs=1e-12)
+    for t in tables:
+        t.close()
+
+
+def test_pipe_wider_than_the_flows_changes_nothing() -> None:
+    from hetauto.runtime.links import SharedPipe
+
+    wide = SharedPipe("a->b", 2 * PAIR_BW)
+    table = LinkTable({(0, 2): EmulatedLink(PIPE_LAT, PAIR_BW), (1, 3): EmulatedLink(PIPE_LAT, PAIR_BW)},
+                      shared={(0, 2): wide, (1, 3): wide}, now=_at(0.0))
+    hs = [table.submit(s, d, S, lambda: None) for s, d in ((0, 2), (1, 3))]
+    assert [h.deliver_at for h in hs] == pytest.approx([S / PAIR_BW + PIPE_LAT] * 2, abs=1e-12)
+    table.close()
+
+
+def test_pipe_needs_a_link_and_a_positive_capacity() -> None:
+    from hetauto.runtime.links import SharedPipe
+
+    with pytest.raises(ValueError, match=r"pipe 'a->b': capacity_Bps must be > 0, got 0"):
+        SharedPipe("a->b", 0)
+    with pytest.raises(ValueError, match=r"shared pipe on pairs without a link: \[\(0, 2\)\]"):
+        LinkTable({}, shared={(0, 2): SharedPipe("a->b", C)})
+
+
+def test_emulation_puts_each_direction_between_two_clusters_in_one_pipe(tmp_path) -> None:
+    from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+    from hetauto.core.scenarios import get_scenario
+    from hetauto.runtime.emulation import emulation_for_plan
+    from hetauto.runtime.links import FilePipeClock
+
+    cluster = get_scenario("cpu-demo").cluster  # fast / slow, 1 Gbps pairs, 1 Gbps shared
+    stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=(0, 3), tp=1, dp=2),
+              StagePlan(cluster="slow", device_type="cpu", devices=(0, 1), layers=(3, 6), tp=1, dp=2))
+    plan = Plan(model="tiny-gpt", seq_len=32, global_batch=8, microbatch_size=4, num_microbatches=2, stages=stages,
+                schedule=ScheduleSpec(name="1f1b"))
+    emu = emulation_for_plan(plan, cluster)
+    cap = cluster.link("fast", "slow").shared_capacity_Bps
+    assert {(a, b): (p.name, p.capacity_Bps) for a, b, p in emu.pipes} == {
+        (0, 2): ("fast->slow", cap), (0, 3): ("fast->slow", cap), (1, 2): ("fast->slow", cap),
+        (1, 3): ("fast->slow", cap), (2, 0): ("slow->fast", cap), (3, 0): ("slow->fast", cap),
+        (2, 1): ("slow->fast", cap), (3, 1): ("slow->fast", cap)}
+    table = emu.link_table(tmp_path)
+    assert isinstance(table._clock, FilePipeClock) and table._clock.directory == tmp_path
+    assert table.pipe(0, 2).name == "fast->slow" and table.pipe(0, 1) is None
+    table.close()
+
+
+PIPE_S = 500_000  # float32 bytes: one message holds a 1 MB/s pipe 0.5 s (posts after the barrier are closer)
+
+
+def _two_flows_one_pipe(rank: int, world: int, pipe_dir: str) -> dict:
+    import torch
+
+    from hetauto.core.comm import Communicator
+    from hetauto.runtime.links import FilePipeClock, SharedPipe
+
+    link = EmulatedLink(0.0, 1e9)  # fast pairs: the pipe is the bottleneck
+    links = {(0, 2): link, (1, 3): link}
+    pipe = SharedPipe("a->b", 1e6)
+    table = LinkTable(links, shared={k: pipe for k in links}, clock=FilePipeClock(pipe_dir))
+    comm = Communicator.init_from_env("gloo", timeout_s=20, links=table)
+    comm.barrier()
+    res: dict = {}
+    if rank < 2:
+        h = comm.isend(torch.full((PIPE_S // 4,), float(rank)), rank + 2, tag=1)
+        res["deliver_at"] = h._work.deliver_at
+        h.wait()
+    else:
+        buf = torch.zeros(PIPE_S // 4)
+        comm.irecv(buf, rank - 2, tag=1).wait()
+        res["arrived"] = time.monotonic()
+        res["value"] = sorted(set(buf.tolist()))
+    comm.barrier()
+    table.close()
+    comm.destroy()
+    return res
+
+
+@pytest.mark.multiprocess
+def test_two_processes_sending_through_one_pipe_share_its_capacity(tmp_path) -> None:
+    """Ranks 0 -> 2 and 1 -> 3 post at about the same time; whoever books the pipe second is delivered
+    exactly one message-hold (S / C) after the first, and no receiver gets its data before delivery."""
+    from hetauto.testing.multiproc import run_ranks
+
+    out = run_ranks(_two_flows_one_pipe, 4, str(tmp_path), timeout=60)
+    first, second = sorted(r["deliver_at"] for r in out[:2])
+    assert second - first == pytest.approx(PIPE_S / 1e6, abs=1e-9)
+    assert out[2]["value"] == [0.0] and out[3]["value"] == [1.0]
+    for r in (0, 1):
+        assert out[r + 2]["arrived"] >= out[r]["deliver_at"]

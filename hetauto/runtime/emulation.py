@@ -4,17 +4,21 @@ Why: a plan for two clusters must be runnable here with the clusters' relative s
 between them, so measured and predicted step times can be compared. A rank of a stage on cluster c runs
 at `c.speed_factor` (hetauto.runtime.throttle.Throttle); every point-to-point pair whose two ranks sit
 on different clusters goes through an `EmulatedLink` with the cluster spec's latency and bandwidth
-(hetauto.runtime.links.LinkTable, installed on the world Communicator).
+(hetauto.runtime.links.LinkTable, installed on the world Communicator). Where the cluster link has a
+`shared_capacity`, every pair of one direction between the two clusters also passes through one
+`SharedPipe` named by that direction ("a->b"), whose clock all ranks share through files
+(links.FilePipeClock), so concurrent flows split the pipe as the cost model and the simulator assume.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.plan import Plan
 from hetauto.runtime.layout import stage_layouts
-from hetauto.runtime.links import EmulatedLink, LinkTable
+from hetauto.runtime.links import EmulatedLink, FilePipeClock, LinkTable, SharedPipe, default_pipe_dir
 
 __all__ = ["Emulation", "emulation_for_plan"]
 
@@ -23,9 +27,14 @@ __all__ = ["Emulation", "emulation_for_plan"]
 class Emulation:
     speed_factors: tuple[float, ...]  # per stage
     links: tuple[tuple[int, int, EmulatedLink], ...]  # directed global-rank pairs across clusters
+    pipes: tuple[tuple[int, int, SharedPipe], ...] = ()  # pairs whose direction shares one pipe
 
-    def link_table(self) -> LinkTable:
-        return LinkTable({(a, b): link for a, b, link in self.links})
+    def link_table(self, pipe_dir: str | os.PathLike[str] | None = None) -> LinkTable:
+        """This rank's table. With shared pipes, every rank of the job must use the same `pipe_dir`
+        (default: links.default_pipe_dir(), one folder per MASTER_ADDR/MASTER_PORT)."""
+        shared = {(a, b): pipe for a, b, pipe in self.pipes}
+        clock = FilePipeClock(pipe_dir if pipe_dir is not None else default_pipe_dir()) if shared else None
+        return LinkTable({(a, b): link for a, b, link in self.links}, shared=shared, clock=clock)
 
 
 def emulation_for_plan(plan: Plan, cluster: ClusterSpec) -> Emulation:
@@ -34,13 +43,17 @@ def emulation_for_plan(plan: Plan, cluster: ClusterSpec) -> Emulation:
     layouts = stage_layouts(plan)
     speeds = tuple(cluster.cluster(s.cluster).speed_factor for s in plan.stages)
     links: list[tuple[int, int, EmulatedLink]] = []
+    pipes: list[tuple[int, int, SharedPipe]] = []
     for h in range(len(layouts) - 1):
         a, b = plan.stages[h].cluster, plan.stages[h + 1].cluster
         if a == b:
             continue
         spec = cluster.link(a, b)
         link = EmulatedLink(spec.latency_s, spec.bandwidth_Bps)
+        cap = spec.shared_capacity_Bps
         for x in layouts[h].ranks:
             for y in layouts[h + 1].ranks:
                 links += [(x, y, link), (y, x, link)]
-    return Emulation(speeds, tuple(links))
+                if cap is not None:
+                    pipes += [(x, y, SharedPipe(f"{a}->{b}", cap)), (y, x, SharedPipe(f"{b}->{a}", cap))]
+    return Emulation(speeds, tuple(links), tuple(pipes))

@@ -12,18 +12,34 @@ sleeps until then and posts it. The receiver's `irecv` therefore completes no ea
 time, the sender's compute keeps running meanwhile, and gloo's per-pair ordering keeps FIFO because the
 thread posts in submission order. `Communicator` (hetauto.core.comm) calls `submit` for every P2P send
 whose (src, dst) global ranks have a link in its table.
+
+Shared capacity (`SharedPipe`): all flows of one direction between two clusters go through one pipe of
+`capacity_Bps` (hetauto.core.cluster LinkSpec.shared_capacity_Bps). The flows come from different sender
+processes, so the pipe's "free at" clock lives outside them: a `PipeClock` (`FilePipeClock`: one small
+file per pipe, read-modified-written under flock, in CLOCK_MONOTONIC seconds, which every process of one
+host shares). A message holds its pair link for bytes/bandwidth and the pipe for bytes/capacity, each from
+max(post, that resource free); it is delivered `latency` after both are done, exactly the
+simulator's link-group model (hetauto.schedule.simulator), so two concurrent flows through a pipe of
+capacity C each take ~2x as long as one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 import queue
+import re
+import struct
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
-__all__ = ["EmulatedLink", "LinkTable", "LinkHandle"]
+__all__ = ["EmulatedLink", "LinkTable", "LinkHandle", "SharedPipe", "PipeClock", "LocalPipeClock", "FilePipeClock",
+           "default_pipe_dir"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +62,90 @@ class EmulatedLink:
     def transfer_time(self, nbytes: int) -> float:
         """Seconds from post to delivery of one message on an idle link."""
         return self.latency_s + self.wire_time(nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPipe:
+    """One direction of a pipe every flow between two clusters shares: `capacity_Bps` for all of them."""
+
+    name: str
+    capacity_Bps: float
+
+    def __post_init__(self) -> None:
+        if not self.capacity_Bps > 0:
+            raise ValueError(f"pipe {self.name!r}: capacity_Bps must be > 0, got {self.capacity_Bps}")
+
+    def hold_time(self, nbytes: int) -> float:
+        """Seconds one message of `nbytes` occupies the pipe."""
+        return 0.0 if math.isinf(self.capacity_Bps) else nbytes / self.capacity_Bps
+
+
+class PipeClock(Protocol):
+    """When each shared pipe is next free; `reserve` books `duration` seconds from max(now, free)."""
+
+    def reserve(self, name: str, now: float, duration: float) -> tuple[float, float]: ...
+
+
+class LocalPipeClock:
+    """Pipe clocks of one process (all senders through the pipe live in this process, e.g. in tests)."""
+
+    def __init__(self) -> None:
+        self._free: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, name: str, now: float, duration: float) -> tuple[float, float]:
+        with self._lock:
+            begin = max(now, self._free.get(name, 0.0))
+            self._free[name] = begin + duration
+            return begin, begin + duration
+
+
+class FilePipeClock:
+    """Pipe clocks shared by the processes of one host: `directory/<pipe>.clock` holds one float64 (the
+    monotonic time the pipe is next free), updated under an exclusive flock. CLOCK_MONOTONIC is one clock
+    for every process of a Linux host, so reservations from different ranks order correctly."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _fd(self, name: str) -> int:
+        fd = self._fds.get(name)
+        if fd is None:
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+            fd = self._fds[name] = os.open(self.directory / f"{safe}.clock", os.O_RDWR | os.O_CREAT, 0o600)
+        return fd
+
+    def reserve(self, name: str, now: float, duration: float) -> tuple[float, float]:
+        with self._lock:
+            fd = self._fd(name)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                raw = os.pread(fd, 8, 0)
+                free = struct.unpack("<d", raw)[0] if len(raw) == 8 else 0.0
+                begin = max(now, free)
+                os.pwrite(fd, struct.pack("<d", begin + duration), 0)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            return begin, begin + duration
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def default_pipe_dir() -> Path:
+    """Where the ranks of this job keep their shared pipe clocks: $HETAUTO_PIPE_DIR, else one folder per
+    rendezvous (MASTER_ADDR:MASTER_PORT) under the temp dir, so concurrent jobs do not share pipes."""
+    explicit = os.environ.get("HETAUTO_PIPE_DIR")
+    if explicit:
+        return Path(explicit)
+    job = f"{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', str(os.getppid()))}"
+    return Path(tempfile.gettempdir()) / f"hetauto-pipes-{re.sub(r'[^A-Za-z0-9_.-]', '_', job)}"
 
 
 class LinkHandle:
@@ -88,8 +188,9 @@ class LinkHandle:
 class _LinkQueue:
     """One directed link: its wire clock and the thread that posts sends at their delivery times."""
 
-    def __init__(self, link: EmulatedLink, name: str) -> None:
-        self.link = link
+    def __init__(self, link: EmulatedLink, name: str, pipe: SharedPipe | None = None,
+                 clock: PipeClock | None = None, now: Callable[[], float] = time.monotonic) -> None:
+        self.link, self.pipe, self.clock, self.now = link, pipe, clock, now
         self._free_at = 0.0
         self._lock = threading.Lock()
         self._q: queue.Queue = queue.Queue()
@@ -103,10 +204,12 @@ class _LinkQueue:
 
     def submit(self, nbytes: int, start: Callable[[], Any]) -> LinkHandle:
         with self._lock:
-            now = time.monotonic()
+            now = self.now()
             begin = max(now, self._free_at)
-            self._free_at = begin + self.link.wire_time(nbytes)
-            handle = LinkHandle(self._free_at + self.link.latency_s)
+            self._free_at = end = begin + self.link.wire_time(nbytes)
+            if self.pipe is not None and self.clock is not None:
+                end = max(end, self.clock.reserve(self.pipe.name, now, self.pipe.hold_time(nbytes))[1])
+            handle = LinkHandle(end + self.link.latency_s)
             self._q.put((handle, start))
         return handle
 
@@ -145,8 +248,20 @@ class LinkTable:
         self,
         links: Mapping[tuple[int, int], EmulatedLink] | None = None,
         pipes: Mapping[tuple[int, int], str] | None = None,
+        shared: Mapping[tuple[int, int], SharedPipe] | None = None,
+        clock: PipeClock | None = None,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`shared`: pairs whose messages also pass through a `SharedPipe` (its clock: `clock`, default a
+        `LocalPipeClock`; give every rank of a job the same `FilePipeClock` folder). `now`: the clock of
+        post times (injectable so tests compute emulated delivery times exactly)."""
         self._links: dict[tuple[int, int], EmulatedLink] = dict(links or {})
+        self._shared: dict[tuple[int, int], SharedPipe] = dict(shared or {})
+        missing = sorted(set(self._shared) - set(self._links))
+        if missing:
+            raise ValueError(f"shared pipe on pairs without a link: {missing}; give each pair an EmulatedLink too")
+        self._clock: PipeClock | None = clock if clock is not None else (LocalPipeClock() if self._shared else None)
+        self._now = now
         # pairs mapped to the same pipe name share one wire (one FIFO, one bandwidth): a shared WAN pipe
         self._pipes: dict[tuple[int, int], str] = dict(pipes or {})
         self._queues: dict[Any, _LinkQueue] = {}
@@ -189,6 +304,10 @@ class LinkTable:
     def get(self, src: int, dst: int) -> EmulatedLink | None:
         return self._links.get((src, dst))
 
+    def pipe(self, src: int, dst: int) -> SharedPipe | None:
+        """The shared pipe the pair's messages pass through, if any."""
+        return self._shared.get((src, dst))
+
     def submit(self, src: int, dst: int, nbytes: int, start: Callable[[], Any]) -> LinkHandle:
         """Post `start()` (which performs the real send) at the message's emulated delivery time."""
         with self._lock:
@@ -196,7 +315,8 @@ class LinkTable:
             key = self._pipes.get((src, dst), (src, dst))
             q = self._queues.get(key)
             if q is None:
-                q = self._queues[key] = _LinkQueue(link, str(key))
+                q = self._queues[key] = _LinkQueue(link, str(key), self._shared.get((src, dst)), self._clock,
+                                                   self._now)
             self._bytes[(src, dst)] = self._bytes.get((src, dst), 0) + int(nbytes)
             self._messages[(src, dst)] = self._messages.get((src, dst), 0) + 1
         return q.submit(int(nbytes), start)
@@ -224,3 +344,6 @@ class LinkTable:
             queues, self._queues = list(self._queues.values()), {}
         for q in queues:
             q.close()
+        close = getattr(self._clock, "close", None)
+        if close is not None:
+            close()
