@@ -4,6 +4,7 @@ shipped correction by name. Closed forms only; nothing here measures (measuremen
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -89,3 +90,73 @@ def test_default_correction_by_name_applies_only_inside_its_range() -> None:
     assert Evaluator(pinp, correction="default").evaluate(pplan) == Evaluator(pinp).evaluate(pplan)
     with pytest.raises(ValueError, match="unknown correction 'forest'"):
         Evaluator(inp, correction="forest")
+
+
+def test_measured_term_closed_forms() -> None:
+    from hetauto.planner.calibration import allreduce_bandwidth, effective_cores, per_block_slope
+
+    assert allreduce_bandwidth(2**20, 3e-4, 3e-4 + 2**20 / 5e8) == pytest.approx(5e8)
+    assert allreduce_bandwidth(2**20, 3e-4, 2e-4) == 0.0  # noise: fall back to the link
+    assert effective_cores(2, 0.010, 0.0125) == pytest.approx(1.6)  # two at once each 1.25x slower
+    assert effective_cores(2, 0.010, 0.009) == 2.0 and effective_cores(4, 0.010, 0.100) == 1.0
+    assert per_block_slope(0.010, 0.030) == pytest.approx(0.010)
+    assert per_block_slope(0.010, 0.012) == pytest.approx(0.005)  # slope below t1/2: noise
+
+
+CPU_OH = Overheads(tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02, allreduce_alpha_s=4e-4, allreduce_Bps=1e9,
+                   grad_bytes_scale=2.0)
+
+
+def test_tp_block_overhead_per_sharded_block_and_speed() -> None:
+    plan = _plan()
+    inp = inputs_for_plan(plan)
+    base, cal = Evaluator(inp), Evaluator(inp, overheads=CPU_OH)
+    # stage (0, 3): embedding + 2 blocks on the fast cluster; (3, 6): 2 blocks + head at speed 0.5
+    for cluster, layers, blocks in (("fast", (0, 3), 2.0), ("slow", (3, 6), 2.0 / 0.5)):
+        f, b = base.stage_compute_time(cluster, layers, 2, 1, 2)
+        assert cal.stage_compute_time(cluster, layers, 2, 1, 2) == pytest.approx(
+            (f + blocks * 0.01, b + blocks * 0.02), rel=1e-12)
+        assert cal.stage_compute_time(cluster, layers, 1, 1, 2) == base.stage_compute_time(cluster, layers, 1, 1, 2)
+
+
+def test_measured_allreduce_and_one_bucket_no_overlap() -> None:
+    plan = _plan(dp=2)
+    inp = inputs_for_plan(plan)
+    ev = Evaluator(inp, overheads=CPU_OH)
+    costs = ev.pipeline_costs(plan)
+    for i, st in enumerate(plan.stages):
+        params = ev.table.range(*st.layers).params
+        # fp32 gradients at the measured 1e9 B/s, d = 2: bytes / bw + 2 x (alpha / 2)
+        assert costs.allreduce[i] == pytest.approx(params * 4 / 1e9 + 4e-4, rel=1e-12)
+    assert costs.dp_overlap is False  # tiny gradients: one bucket, nothing to overlap
+    assert ev.evaluate(plan).iteration_time_s == pytest.approx(simulate(schedule_for_plan(plan), costs).iteration_time,
+                                                               rel=1e-12)
+
+
+def test_host_cores_count_a_throttled_rank_by_its_busy_share() -> None:
+    plan = _plan()
+    inp = inputs_for_plan(plan)
+    free = Evaluator(inp, overheads=Overheads()).evaluate(plan).iteration_time_s
+    costs = Evaluator(inp, overheads=Overheads()).pipeline_costs(plan)
+    m = plan.num_microbatches
+    busy = sum(m * (f + b) * s for f, b, s in zip(costs.tf, costs.tb, (1.0, 0.5))) / free
+    one = Evaluator(inp, overheads=Overheads(host_cores=busy / 2)).evaluate(plan).iteration_time_s
+    scaled = replace(costs, tf=tuple(2 * x for x in costs.tf), tb=tuple(2 * x for x in costs.tb))
+    assert one == pytest.approx(simulate(schedule_for_plan(plan), scaled).iteration_time, rel=1e-12)
+    assert Evaluator(inp, overheads=Overheads(host_cores=busy)).evaluate(plan).iteration_time_s == pytest.approx(free)
+
+
+def test_file_without_newer_terms_reads_neutral_and_is_remeasured_on_request(tmp_path, monkeypatch) -> None:
+    import hetauto.planner.calibration as calmod
+
+    cal = Calibration("cpu", get_device("cpu"), OH, "host", "2.13.0", "then")
+    doc = cal.to_document()
+    del doc["overheads"]["tp_fwd_layer_s"]
+    path = cache_path(tmp_path)
+    path.write_text(json.dumps(doc))
+    old = local_calibration(cache_dir=tmp_path)
+    assert old.overheads == OH and old.overheads.tp_fwd_layer_s == 0.0  # neutral default, still usable
+    fresh = Calibration("cpu", get_device("cpu"), CPU_OH, "host", "2.13.0", "now")
+    monkeypatch.setattr(calmod, "measure_calibration", lambda: fresh)
+    assert local_calibration(measure=True, cache_dir=tmp_path) == fresh  # stale: measured again ...
+    assert local_calibration(cache_dir=tmp_path) == fresh  # ... and cached

@@ -8,7 +8,11 @@ step with the prediction, so the prediction for *this* machine must use measured
   executor's CPU dtype) that replaces the catalog entry for the local device key;
 - `Overheads`: per-layer-slot dispatch cost of one forward / one backward (the executor's own stage modules at
   a negligible shape: 1 sample x 1 token), per-message point-to-point alpha and all-reduce alpha (two gloo
-  processes, tiny tensors), and the bytes per activation element the executor sends (fp32 on CPU).
+  processes, tiny tensors), and the bytes per activation element the executor sends (fp32 on CPU);
+- what a CPU host adds for tp/dp > 1: DTensor's per-block cost at tp = 2 (two processes, sharded vs plain
+  stage), the gloo all-reduce bus bandwidth (1 MiB vs a tiny all-reduce), fp32 gradients, and the effective
+  cores (the reference stage timed alone and with one copy per core at once). Medians throughout; the
+  quick GEMM profile is taken twice and the faster kept (a descheduled run only ever looks slower).
 
 Nothing is measured unless asked: `local_calibration(measure=True)` measures and writes
 `~/.cache/hetauto/calibration-<host>-torch<version>.json` (plain JSON, no pickle); `local_calibration()` only
@@ -29,7 +33,8 @@ from typing import Any
 
 from hetauto.core.profile import DeviceProfile
 
-__all__ = ["Overheads", "Calibration", "cache_path", "local_calibration", "measure_calibration"]
+__all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "cache_path", "effective_cores", "local_calibration",
+           "measure_calibration", "per_block_slope"]
 
 CALIBRATION_SCHEMA = "hetauto.calibration/1"
 
@@ -42,7 +47,15 @@ class Overheads:
     speed factor, like compute: the executor throttles the whole action); `p2p_alpha_s` is added to every
     boundary message's latency; `allreduce_alpha_s` to every data-parallel gradient all-reduce;
     `step_s` once per iteration; `activation_bytes_scale` multiplies the cost model's bf16 boundary bytes
-    (2.0: the executor sends fp32 on CPU)."""
+    (2.0: the executor sends fp32 on CPU).
+
+    Terms for what one CPU host adds (all neutral by default, so the analytical model stays the GPU one):
+    `tp_fwd_layer_s`/`tp_bwd_layer_s` per transformer block of a tp > 1 stage per action (DTensor's
+    per-op sharding dispatch and its small gloo collectives: ~10 ms per block on a CPU, dwarfing the
+    FLOPs; like compute, divided by the speed factor); `allreduce_Bps` the measured gloo all-reduce bus
+    bandwidth (with `allreduce_alpha_s` as the ring's 2 latency steps at d = 2) replacing the DP group's
+    link; `grad_bytes_scale` the gradient dtype (fp32 on CPU); `host_cores` the *effective* cores: the
+    host's count divided by the slowdown measured when that many ranks compute at once."""
 
     fwd_layer_s: float = 0.0
     bwd_layer_s: float = 0.0
@@ -52,6 +65,10 @@ class Overheads:
     activation_bytes_scale: float = 1.0
     compute_scale: float = 1.0  # measured / predicted F+B of the reference stage (non-GEMM ops, wall vs model)
     host_cores: float = 0.0  # > 0: all ranks share this many cores (one-machine emulation); 0: own devices
+    tp_fwd_layer_s: float = 0.0  # per transformer block of a tp > 1 stage per forward action (DTensor dispatch)
+    tp_bwd_layer_s: float = 0.0  # ... per backward action
+    allreduce_Bps: float = 0.0  # > 0: measured all-reduce bus bandwidth replacing the DP group's link
+    grad_bytes_scale: float = 1.0  # multiplies the bf16 gradient bytes (2.0: fp32 gradients on CPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +121,29 @@ def cache_path(cache_dir: str | Path | None = None) -> Path:
 
 
 def local_calibration(*, measure: bool = False, cache_dir: str | Path | None = None) -> Calibration | None:
-    """The cached calibration of this machine; with `measure=True` measure it (tens of seconds) when absent."""
+    """The cached calibration of this machine; with `measure=True` measure it (tens of seconds) when absent
+    or written before one of today's Overheads terms existed."""
     path = cache_path(cache_dir)
     if path.is_file():
-        return Calibration.from_document(json.loads(path.read_text()), path)
-    if not measure:
+        doc = json.loads(path.read_text())
+        cal = Calibration.from_document(doc, path)
+        if not measure or not _stale(doc):
+            return cal
+    elif not measure:
         return None
     cal = measure_calibration()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cal.to_document(), indent=1))
     return cal
+
+
+def _stale(doc: dict[str, Any]) -> bool:
+    """A file written before some Overheads term existed: it reads (missing terms neutral), but asking to
+    measure re-measures it."""
+    from dataclasses import fields
+
+    have = doc.get("overheads", {})
+    return any(f.name not in have for f in fields(Overheads))
 
 
 # --------------------------------------------------------------------------------------------- measuring
@@ -154,33 +184,122 @@ def _layer_overheads(repeat: int = 30) -> tuple[float, float]:
         out.append((statistics.median(fs), statistics.median(bs)))
     (f1, b1), (f3, b3) = out
     # slope over blocks: the per-layer part (the 1-block intercept is Python call overhead of the action)
-    return max((f3 - f1) / 2, f1 / 2), max((b3 - b1) / 2, b1 / 2)
+    return per_block_slope(f1, f3), per_block_slope(b1, b3)
 
 
-def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float]:
+AR_PROBE_BYTES = 1 << 20  # all-reduce size for the bandwidth term: about a tiny model's fp32 gradients
+
+
+def allreduce_bandwidth(nbytes: float, small_s: float, big_s: float) -> float:
+    """Bus bandwidth of a 2-rank ring all-reduce from a tiny and an `nbytes` one (2(d-1)/d = 1 at d = 2):
+    nbytes / (big - small); 0.0 (use the link) when the difference is not positive (noise)."""
+    return nbytes / (big_s - small_s) if big_s > small_s else 0.0
+
+
+def effective_cores(cores: int, alone_s: float, together_s: float) -> float:
+    """Cores the ranks effectively get: `cores` ranks computing at once took `together_s` for what one alone
+    does in `alone_s` (shared caches, memory bandwidth, SMT siblings, background load), clipped to [1, cores]."""
+    if together_s <= 0 or alone_s <= 0:
+        return float(cores)
+    return min(float(cores), max(1.0, cores * alone_s / together_s))
+
+
+def per_block_slope(t1: float, t3: float) -> float:
+    """Per-block cost from 1- and 3-block timings: (t3 - t1) / 2, at least t1 / 2 when noise makes the
+    slope smaller (the 1-block time is one block plus the action's fixed part)."""
+    return max((t3 - t1) / 2, t1 / 2)
+
+
+def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float, float]:
+    """Medians per message (a shared machine deschedules some; a mean would charge every message for them):
+    one-way p2p of a tiny tensor (half a ping-pong), a tiny all-reduce, an AR_PROBE_BYTES all-reduce."""
     import torch
 
     from hetauto.core.comm import Communicator
 
     comm = Communicator.init_from_env("gloo", timeout_s=60)
     x = torch.zeros(1)
-    comm.barrier()
-    t = time.perf_counter()
-    for _ in range(repeat):
+    big = torch.zeros(AR_PROBE_BYTES // 4)
+
+    def pingpong() -> None:
         if rank == 0:
             comm.send(x, 1)
             comm.recv(x, 1)
         else:
             comm.recv(x, 0)
             comm.send(x, 0)
-    p2p = (time.perf_counter() - t) / (2 * repeat)
+
     comm.barrier()
-    t = time.perf_counter()
-    for _ in range(repeat):
-        comm.all_reduce(x)
-    ar = (time.perf_counter() - t) / repeat
+    p2p = _median_time(pingpong, repeat) / 2
+    comm.barrier()
+    ar = _median_time(lambda: comm.all_reduce(x), repeat)
+    comm.barrier()
+    ar_big = _median_time(lambda: comm.all_reduce(big), max(9, repeat // 5))
     comm.destroy()
-    return p2p, ar
+    return p2p, ar, ar_big
+
+
+def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, float]:
+    """Two ranks, tp = 2 (DTensor, as the executor shards a stage): extra forward / backward time per block
+    over the same unsharded stage timed in the same processes (1 sample x seq 32, where FLOPs are negligible)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.stage import build_stage
+    from hetauto.runtime.tensor_parallel import parallelize_stage
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    cfg = get_model("tiny-gpt")
+    mesh = DeviceMesh("cpu", list(range(world)))
+    extra: dict[int, tuple[float, float]] = {}
+    for blocks in (1, 3):
+        timed = []
+        for sharded in (False, True):
+            st = build_stage(cfg, (1, 1 + blocks), 0)
+            if sharded:
+                st = parallelize_stage(st, mesh)
+            x = torch.randn(1, 32, cfg.hidden, requires_grad=True)
+            fs, bs = [], []
+            for i in range(repeat + 2):
+                dist.barrier()
+                t = time.perf_counter()
+                y = st(x)
+                t1 = time.perf_counter()
+                y.sum().backward()
+                t2 = time.perf_counter()
+                if i >= 2:  # the first calls build DTensor's sharding-propagation caches
+                    fs.append(t1 - t)
+                    bs.append(t2 - t1)
+            timed.append((statistics.median(fs), statistics.median(bs)))
+        (pf, pb), (sf, sb) = timed
+        extra[blocks] = (max(0.0, sf - pf), max(0.0, sb - pb))
+    dist.destroy_process_group()
+    return per_block_slope(extra[1][0], extra[3][0]), per_block_slope(extra[1][1], extra[3][1])
+
+
+def _concurrent_fb(rank: int, world: int, repeat: int) -> float:
+    """The reference stage's F+B median while `world` ranks run it at the same time (no communication)."""
+    return _reference_fb(repeat)
+
+
+def _reference_fb(repeat: int) -> float:
+    import torch
+
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.stage import build_stage
+
+    torch.set_num_threads(1)
+    st = build_stage(get_model("tiny-gpt"), (0, 6), 0)
+    x = torch.randint(0, 256, (8, 32))
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        st(x).float().sum().backward()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
 
 
 def reference_plan():  # noqa: ANN201 - a Plan
@@ -201,22 +320,10 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     import tempfile
     from dataclasses import replace
 
-    import torch
-
-    from hetauto.core.model_catalog import get_model
     from hetauto.planner.evaluate import Evaluator, inputs_for_plan
-    from hetauto.runtime.stage import build_stage
 
     plan = reference_plan()
-    torch.set_num_threads(1)
-    st = build_stage(get_model("tiny-gpt"), (0, 6), 0)
-    x = torch.randint(0, 256, (8, 32))
-    ts = []
-    for _ in range(15):
-        t = time.perf_counter()
-        st(x).float().sum().backward()
-        ts.append(time.perf_counter() - t)
-    measured_fb = statistics.median(ts)
+    measured_fb = _reference_fb(15)
     ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
     f, b = ev.stage_compute_time("fast", (0, 6), 1, 1, 8)
     oh = replace(oh, compute_scale=measured_fb / (f + b))
@@ -232,23 +339,45 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     return replace(oh, step_s=max(0.0, statistics.median(steps) - predicted.iteration_time_s))
 
 
+def _best_profile(device_key: str, tries: int = 2) -> DeviceProfile:
+    """The quick float32 profile, measured `tries` times; the fastest at the reference stage's GEMM size wins
+    (on a shared machine a descheduled run only ever looks slower, so the fastest is the least disturbed)."""
+    from hetauto.backends import get_backend
+    from hetauto.profiling.runner import ProfileOptions, run_profile
+
+    best: DeviceProfile | None = None
+    gemm = 2.0 * 8 * 32 * 64 * 64  # reference_plan(): 8 x 32 tokens, hidden 64
+    for _ in range(tries):
+        run = run_profile(get_backend(device_key), ProfileOptions(quick=True, dtypes=("float32",), collectives=False,
+                                                                  repeats=7, progress=False))
+        prof = run.profile if hasattr(run, "profile") else run
+        if best is None or prof.achieved_flops(gemm, 1) > best.achieved_flops(gemm, 1):
+            best = prof
+    assert best is not None
+    return best
+
+
 def measure_calibration(device_key: str = "cpu") -> Calibration:
     """Measure this machine (CPU backend): quick float32 profile, layer dispatch costs, gloo alphas."""
     import datetime
 
-    from hetauto.backends import get_backend
-    from hetauto.profiling.runner import ProfileOptions, run_profile
     from hetauto.testing.multiproc import run_ranks
 
-    run = run_profile(get_backend(device_key), ProfileOptions(quick=True, dtypes=("float32",), collectives=False))
-    profile = run.profile if hasattr(run, "profile") else run
+    profile = _best_profile(device_key)
     fl, bl = _layer_overheads()
     alphas = run_ranks(_comm_alphas, 2, 200, timeout=120)
     p2p = statistics.fmean(a[0] for a in alphas)
     ar = statistics.fmean(a[1] for a in alphas)
+    ar_big = statistics.fmean(a[2] for a in alphas)
+    tp = run_ranks(_tp_block_overheads, 2, 10, timeout=300)
     oh = Overheads(fwd_layer_s=fl, bwd_layer_s=bl, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
-                   activation_bytes_scale=2.0)
+                   activation_bytes_scale=2.0, tp_fwd_layer_s=statistics.fmean(t[0] for t in tp),
+                   tp_bwd_layer_s=statistics.fmean(t[1] for t in tp),
+                   allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0)
     oh = _reference_plan_terms(profile, oh, device_key)
-    oh = replace(oh, host_cores=float(os.cpu_count() or 1))
+    cores = os.cpu_count() or 1
+    alone = _reference_fb(15)
+    together = statistics.fmean(run_ranks(_concurrent_fb, cores, 15, timeout=120)) if cores > 1 else alone
+    oh = replace(oh, host_cores=effective_cores(cores, alone, together))
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return Calibration(device_key, profile, oh, platform.node(), _torch_version(), now)

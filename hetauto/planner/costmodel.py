@@ -14,6 +14,7 @@ bytes over dp. Megatron TP: per block two all-reduces of the b*s*h activation fo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -27,6 +28,7 @@ ADAM_BYTES_PER_PARAM = WEIGHT_GRAD_BYTES + OPTIMIZER_BYTES
 ADAM_STEP_BYTES_PER_PARAM = 28.0  # read master, m, v (12) + grad (2); write master, m, v (12) + bf16 weight (2)
 WORKSPACE_FRACTION = 0.05  # allocator fragmentation, kernel scratch, communication buffers ...
 WORKSPACE_MAX_BYTES = 2 * GiB  # ... at most this much
+DP_BUCKET_BYTES = 25 * 2**20  # gradient bucket of the executor's overlapped DP reducer (DDP's default cap)
 
 
 # ------------------------------------------------------------------------------------------ closed forms
@@ -220,13 +222,42 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
     return states + per_mb * inflight + transient + workspace_bytes(cluster.device.memory_bytes)
 
 
-def dp_allreduce_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int) -> float:
-    """Gradient all-reduce (bf16) of one device's shard over its dp peers (ZeRO-1's reduce-scatter +
-    all-gather moves the same bytes)."""
+def dp_grad_bytes(sums: RangeSums, *, tp: int, bytes_scale: float = 1.0) -> float:
+    """Gradient bytes one device all-reduces: its 1/tp of the stage's parameters, bf16 x `bytes_scale`."""
+    return sums.params / tp * BYTES_BF16 * bytes_scale
+
+
+def dp_allreduce_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, bytes_scale: float = 1.0,
+                      bandwidth_Bps: float | None = None, latency_s: float | None = None) -> float:
+    """Gradient all-reduce (bf16 x `bytes_scale`) of one device's shard over its dp peers (ZeRO-1's
+    reduce-scatter + all-gather moves the same bytes). `bandwidth_Bps`/`latency_s` replace the group's link
+    (a measured collective bandwidth, e.g. gloo over loopback when every rank shares one host)."""
     if dp <= 1:
         return 0.0
     link = group_link(cluster, tp * dp)
-    return ring_allreduce_time(sums.params / tp * BYTES_BF16, dp, link.bandwidth_Bps, link.latency_s)
+    return ring_allreduce_time(dp_grad_bytes(sums, tp=tp, bytes_scale=bytes_scale), dp,
+                               bandwidth_Bps or link.bandwidth_Bps, link.latency_s if latency_s is None else latency_s)
+
+
+def dp_buckets(grad_bytes: float, bucket_bytes: float = DP_BUCKET_BYTES) -> tuple[int, float]:
+    """(bucket count, bytes of the last-launched bucket) of a stage's gradients. Why it matters: buckets are
+    all-reduced as soon as backward fills them, but the last one is only full when the last backward ends,
+    so a stage whose gradients fit in one bucket cannot overlap its all-reduce with backward at all."""
+    if grad_bytes <= 0:
+        return (0, 0.0)
+    n = max(1, math.ceil(grad_bytes / bucket_bytes))
+    return (n, grad_bytes - (n - 1) * bucket_bytes)
+
+
+def exposed_allreduce_span(backward_s: float, allreduce_s: float, grad_bytes: float,
+                           bucket_bytes: float = DP_BUCKET_BYTES) -> float:
+    """Time from the start of the last backward until the overlapped gradient all-reduce ends:
+    max(whole all-reduce, backward + the last bucket's share), bandwidth-proportional. One bucket:
+    backward + all-reduce (no overlap)."""
+    n, last = dp_buckets(grad_bytes, bucket_bytes)
+    if n == 0:
+        return allreduce_s
+    return max(allreduce_s, backward_s + allreduce_s * last / grad_bytes)
 
 
 def optimizer_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, zero1: bool = False) -> float:

@@ -140,8 +140,13 @@ class Evaluator:
             hit = (f + d.tp_fwd_s, b + d.tp_bwd_s)
             oh = self.overheads
             if oh is not None:
-                n = (layers[1] - layers[0]) / self.cluster(cluster).speed_factor
-                hit = ((hit[0] + n * oh.fwd_layer_s) * oh.compute_scale, (hit[1] + n * oh.bwd_layer_s) * oh.compute_scale)
+                speed = self.cluster(cluster).speed_factor
+                n = (layers[1] - layers[0]) / speed
+                fo, bo = n * oh.fwd_layer_s, n * oh.bwd_layer_s
+                if tp > 1:  # DTensor dispatch per sharded block (embedding and head stay replicated)
+                    blocks = self.table.range(layers[0], layers[1]).blocks / speed
+                    fo, bo = fo + blocks * oh.tp_fwd_layer_s, bo + blocks * oh.tp_bwd_layer_s
+                hit = ((hit[0] + fo) * oh.compute_scale, (hit[1] + bo) * oh.compute_scale)
             self._compute[key] = hit
         return hit
 
@@ -215,16 +220,30 @@ class Evaluator:
 
     def _costs(self, plan: Plan, fold_shared: bool = True) -> PipelineCosts:
         mb = plan.microbatch_size
-        tf, tb, ar, opt = [], [], [], []
+        tf, tb, ar, opt, gbytes = [], [], [], [], []
+        oh = self.overheads
+        scale = oh.grad_bytes_scale if oh is not None else 1.0
         for st in plan.stages:
             f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute)
             tf.append(f)
             tb.append(b)
             sums = self.table.range(*st.layers)
             c = self.cluster(st.cluster)
-            ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp)
-                      + (self.overheads.allreduce_alpha_s if self.overheads is not None and st.dp > 1 else 0.0))
+            gbytes.append(cm.dp_grad_bytes(sums, tp=st.tp, bytes_scale=scale) if st.dp > 1 else 0.0)
+            if oh is not None and oh.allreduce_Bps > 0:  # measured collective: alpha = the ring's 2 steps at d = 2
+                ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, bytes_scale=scale,
+                                               bandwidth_Bps=oh.allreduce_Bps, latency_s=oh.allreduce_alpha_s / 2))
+            else:
+                ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, bytes_scale=scale)
+                          + (oh.allreduce_alpha_s if oh is not None and st.dp > 1 else 0.0))
             opt.append(cm.optimizer_time(sums, c, tp=st.tp, dp=st.dp, zero1=plan.zero1))
+        overlap = self.dp_overlap
+        if overlap and any(gbytes):
+            # the last bucket fills only when the last backward ends: a one-bucket stage cannot overlap at all
+            if all(cm.dp_buckets(g)[0] <= 1 for g in gbytes):
+                overlap = False
+            else:  # as a span from the last backward's start (where an overlapped all-reduce starts)
+                ar = [cm.exposed_allreduce_span(b, a, g) if g > 0 else a for b, a, g in zip(tb, ar, gbytes)]
         methods = plan.boundary_methods()
         stages = plan.stages
         p = len(stages)
@@ -255,7 +274,7 @@ class Evaluator:
         if fold_shared and groups:
             links, back, groups = _fold_groups(links, back, groups)
         return PipelineCosts(tf=tuple(tf), tb=tuple(tb), links=tuple(links), links_back=tuple(back),
-                             link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=self.dp_overlap,
+                             link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=overlap,
                              optim=tuple(opt))
 
     # ----------------------------------------------------------------------------------- whole plan
@@ -310,9 +329,11 @@ class Evaluator:
             t, bubble = self._iteration(plan, costs)
             oh = self.overheads
             if oh is not None and oh.host_cores > 0 and t > 0:
-                # every rank runs on this one host: ranks computing at the same time share its cores
+                # every rank runs on this one host: ranks computing at the same time share its cores; a slow
+                # (throttled) device sleeps the rest of its action, so it keeps a core busy speed x its time
                 m = plan.num_microbatches
-                busy = sum(st.num_devices * m * (f + b) / t for st, f, b in zip(plan.stages, costs.tf, costs.tb))
+                busy = sum(st.num_devices * m * (f + b) * self.cluster(st.cluster).speed_factor / t
+                           for st, f, b in zip(plan.stages, costs.tf, costs.tb))
                 factor = busy / oh.host_cores
                 if factor > 1.0:
                     costs = replace(costs, tf=tuple(x * factor for x in costs.tf), tb=tuple(x * factor for x in costs.tb))
