@@ -95,3 +95,93 @@ def test_descent_ends_where_no_single_decision_improves() -> None:
     for cand in neighbours:
         got = scorer.score(cand)
         assert got is None or got.evaluation.throughput_samples_s <= scorer.best_throughput
+
+
+class SlowEvaluator(FakeEvaluator):
+    """The same scores, 2 ms slower per evaluation: a result that depends on speed would differ."""
+
+    def evaluate(self, plan):  # type: ignore[no-untyped-def]
+        import time
+
+        time.sleep(0.002)
+        return super().evaluate(plan)
+
+
+def _signature(r) -> tuple:  # type: ignore[no-untyped-def]
+    return r.plan, r.evaluations, [(p.evaluations, p.best_throughput) for p in r.trace]
+
+
+def test_evaluation_budget_is_deterministic_regardless_of_speed() -> None:
+    inp = tiny_inputs(layers=8, gbs=16)
+    fast = plan(inp, "mcts", max_evaluations=60, seed=5, evaluator=FakeEvaluator(inp))
+    slow = plan(inp, "mcts", max_evaluations=60, seed=5, evaluator=SlowEvaluator(inp))
+    assert _signature(fast) == _signature(slow)
+    assert fast.evaluations <= 60
+
+
+def test_stop_rule_ends_after_patience_evaluations_without_improvement() -> None:
+    inp = tiny_inputs(layers=8, gbs=16)
+    full = plan(inp, "mcts", max_evaluations=400, patience=0, seed=2, evaluator=FakeEvaluator(inp))
+    r = plan(inp, "mcts", max_evaluations=400, patience=25, seed=2, evaluator=FakeEvaluator(inp))
+    again = plan(inp, "mcts", max_evaluations=400, patience=25, seed=2, evaluator=SlowEvaluator(inp))
+    assert _signature(r) == _signature(again)  # the stop rule counts evaluations, never seconds
+    assert full.evaluations > r.evaluations  # without the rule the search runs on
+    last = r.trace[-1].evaluations  # when the best last improved
+    assert r.evaluations - last >= 25  # it waited the full patience ...
+    assert r.evaluation.throughput_samples_s == r.trace[-1].best_throughput
+
+
+def test_default_search_needs_no_budget_and_is_deterministic() -> None:
+    from hetauto.planner.search import DEFAULT_MAX_EVALUATIONS
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    a = plan(inp, "mcts", seed=4, evaluator=FakeEvaluator(inp))
+    b = plan(inp, "mcts", seed=4, evaluator=SlowEvaluator(inp))
+    assert _signature(a) == _signature(b)
+    assert a.evaluations <= DEFAULT_MAX_EVALUATIONS
+
+
+def test_baseline_seeds_do_not_depend_on_time() -> None:
+    from hetauto.planner.baselines.metis import metis_ranked
+    from hetauto.planner.search import baseline_seeds
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    space = StrategySpace(inp, FakeEvaluator(inp))
+    assert baseline_seeds(space) == baseline_seeds(StrategySpace(inp, SlowEvaluator(inp)))
+    every = metis_ranked(space, lambda: False)
+    one = metis_ranked(space, lambda: False, per_microbatch=1)
+    assert len(one) <= len(space.microbatch_sizes()) * len(space.orders()) < len(every)
+
+
+def test_per_boundary_resharding_picks_the_cheaper_method_per_boundary() -> None:
+    """A (dp 4, tp 1) -> B (dp 1, tp 4) -> C (dp 1, tp 4) over slow 1 Gbps links. Per resharding.md:
+    A<->B: lanes move S over 4 lanes with no all-gather, scatter-allgather one S-sized lane plus an
+    all-gather: lanes win. B<->C: lanes send 4 copies (4S over 4 lanes = S/bw), scatter-allgather S/4 per
+    lane plus a fast NVLink all-gather: scatter-allgather wins. So neither uniform method is best."""
+    from hetauto.core.cluster import cluster_from_dict
+    from hetauto.core.model import ModelConfig
+    from hetauto.planner.evaluate import Evaluator
+    from hetauto.planner.inputs import PlanningInputs
+    from hetauto.planner.layers import layer_list
+    from hetauto.planner.mcts import Scorer
+    from hetauto.planner.search import descend_resharding
+    from hetauto.planner.space import Candidate, ClusterChoice
+
+    doc = {"clusters": [{"name": n, "nodes": {"count": 1, "devices_per_node": 4, "device": "a100-80g"}}
+                        for n in ("a", "b", "c")],
+           "links": {"default": {"bandwidth": "1Gbps", "latency": "1ms"}}}
+    model = ModelConfig("tiny-test", "gpt", 6, 1024, 16, 4096, 32000, 512, None, False)
+    inp = PlanningInputs(cluster_from_dict(doc, "abc"), model, 512, 16, layer_list(model, 512), None, "abc")
+    space = StrategySpace(inp, Evaluator(inp))
+    scorer = Scorer(space)
+    choices = (ClusterChoice(1, 1), ClusterChoice(1, 4), ClusterChoice(1, 4))
+    uniform = {m: scorer.score(Candidate(4, ("a", "b", "c"), choices, "1f1b", False, m))
+               for m in ("lanes", "scatter-allgather", "leader-broadcast")}
+    start = uniform["scatter-allgather"]
+    got = descend_resharding(space, scorer, start)
+    assert got.plan.resharding == ("lanes", "scatter-allgather")
+    assert got.candidate.reshard == (("a", "b", "lanes"),)
+    for u in uniform.values():
+        assert got.evaluation.throughput_samples_s > u.evaluation.throughput_samples_s
+    again = descend_resharding(space, scorer, uniform["lanes"])  # from the other side: the same answer
+    assert again.plan.resharding == ("lanes", "scatter-allgather")

@@ -19,7 +19,7 @@ from hetauto.commands._output import console, print_json, print_table
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_time
 from hetauto.planner.inputs import load_planning_inputs
-from hetauto.planner.search import DEFAULT_BUDGET_S, PLANNERS, PlanResult, make_evaluator, plan
+from hetauto.planner.search import DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, PLANNERS, PlanResult, make_evaluator, plan
 
 BASELINE_SET = ("megatron", "metis", "amp", "greedy")
 
@@ -34,9 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baselines", action="store_true",
                         help=f"also run {', '.join(BASELINE_SET)} and compare (same evaluator, same budget)")
     parser.add_argument("--budget", type=float, default=None,
-                        help=f"search time in seconds (default {DEFAULT_BUDGET_S:g}; anytime: best so far)")
-    parser.add_argument("--iterations", type=int, default=None, help="MCTS iterations instead of a time budget")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed + iterations: same plan)")
+                        help="upper bound on search time in seconds (anytime: best so far; default: none, the "
+                             "stop rule ends the search)")
+    parser.add_argument("--iterations", type=int, default=None, help="MCTS iterations instead of the stop rule")
+    parser.add_argument("--max-evaluations", type=int, default=None,
+                        help=f"cap on plan evaluations (default {DEFAULT_MAX_EVALUATIONS} without --budget/--iterations)")
+    parser.add_argument("--patience", type=int, default=None,
+                        help=f"stop after this many evaluations without a better plan (default {DEFAULT_PATIENCE}; "
+                             "0: off)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (without --budget the plan depends only on the seed, never on speed)")
     parser.add_argument("-o", "--output", help="write the plan (JSON) to this file")
     parser.add_argument("--resume", metavar="CHECKPOINT_DIR",
                         help="re-plan a checkpointed job (its model, seq, global batch) for the new --cluster/--scenario; "
@@ -56,27 +63,31 @@ def _model_ref(args: argparse.Namespace) -> str | None:
 
 
 def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> PlanResult:
-    budget = args.budget if args.budget is not None else (None if args.iterations else DEFAULT_BUDGET_S)
+    budget = args.budget
     if budget is not None and budget <= 0:
         raise HetautoError(f"--budget must be positive seconds, got {args.budget:g}")
-    if args.iterations is not None and args.iterations <= 0:
-        raise HetautoError(f"--iterations must be positive, got {args.iterations}")
+    for flag, value, low in (("--iterations", args.iterations, 1), ("--max-evaluations", args.max_evaluations, 1),
+                             ("--patience", args.patience, 0)):
+        if value is not None and value < low:
+            raise HetautoError(f"{flag} must be {'positive' if low else 'zero or more'}, got {value}")
+    kw = dict(budget=budget, seed=args.seed, iterations=args.iterations, max_evaluations=args.max_evaluations,
+              patience=args.patience, evaluator=make_evaluator(inputs), model_ref=args.model_ref)
     if not show:
-        return plan(inputs, name, budget=budget, seed=args.seed, iterations=args.iterations,
-                    evaluator=make_evaluator(inputs), model_ref=args.model_ref)
+        return plan(inputs, name, **kw)
     err = Console(stderr=True)
-    total = budget or float(args.iterations or 1)
+    cap = args.max_evaluations or (DEFAULT_MAX_EVALUATIONS if budget is None and not args.iterations else None)
+    total = budget or float(args.iterations or cap or 1)
     with Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), TextColumn("{task.fields[best]}"),
                   TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(name, total=total, best="searching")
 
         def progress(elapsed: float, evaluations: int, best: float) -> None:
-            done = elapsed if budget else min(total, bar.tasks[0].completed + 1)
+            done = elapsed if budget else (evaluations if cap and not args.iterations
+                                           else min(total, bar.tasks[0].completed + 1))
             bar.update(task, completed=min(done, total),
                        best=f"best {best:.3g} samples/s, {evaluations} evaluations")
 
-        return plan(inputs, name, budget=budget, seed=args.seed, iterations=args.iterations,
-                    evaluator=make_evaluator(inputs), progress=progress, model_ref=args.model_ref)
+        return plan(inputs, name, progress=progress, **kw)
 
 
 def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -62,6 +62,8 @@ class Scorer:
         self.best: Scored | None = None
         self.violations: list[str] = []
         self.scored = 0
+        self.improved_at = 0  # evaluator.evaluations when `best` last improved (the stop rule's clock)
+        self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
 
     def score(self, cand: Candidate) -> Scored | None:
         if cand in self.by_candidate:
@@ -85,6 +87,7 @@ class Scorer:
         if result is not None and (self.best is None or
                                    result.evaluation.throughput_samples_s > self.best.evaluation.throughput_samples_s):
             self.best = result
+            self.improved_at = self.space.evaluator.evaluations
         return result
 
     @property
@@ -292,10 +295,10 @@ class MCTS:
 
     def run(self, budget_s: float | None = None, iterations: int | None = None,
             progress: ProgressFn | None = None, start: float | None = None,
-            max_evaluations: int | None = None) -> Scored | None:
-        """Search until the time budget, iteration count or evaluation count is spent (or the tree is
-        exhausted)."""
-        if budget_s is None and iterations is None and max_evaluations is None:
+            max_evaluations: int | None = None, stop: Callable[[], bool] | None = None) -> Scored | None:
+        """Search until the time budget, iteration count or evaluation count is spent, `stop()` says so
+        (e.g. the stop rule: no improvement for N evaluations), or the tree is exhausted."""
+        if budget_s is None and iterations is None and max_evaluations is None and stop is None:
             iterations = 200
         self._start = start if start is not None else time.perf_counter()
         done = 0
@@ -307,6 +310,8 @@ class MCTS:
             if iterations is not None and done >= iterations:
                 break
             if budget_s is not None and time.perf_counter() - self._start >= budget_s:
+                break
+            if stop is not None and stop():
                 break
             if not self.step():
                 break

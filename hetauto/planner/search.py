@@ -20,10 +20,14 @@ from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
 from hetauto.planner.mcts import MCTS, ProgressFn, Scored, Scorer, TracePoint
-from hetauto.planner.space import Candidate, StrategySpace
+from hetauto.planner.space import Candidate, StrategySpace, boundary_pairs
 
+RESHARD_METHODS = ("scatter-allgather", "leader-broadcast", "lanes")
 PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy")
-DEFAULT_BUDGET_S = 10.0
+DEFAULT_BUDGET_S = 10.0  # a time bound for callers that want one (the CLI's default is the stop rule)
+DEFAULT_MAX_EVALUATIONS = 1000  # the default cap when neither iterations nor a time budget is given
+DEFAULT_PATIENCE = 300  # the stop rule: this many evaluations without a better plan ends the search
+SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
 MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
 TOP_K = 3
 
@@ -36,13 +40,14 @@ class PlanResult:
     evaluations: int
     trace: tuple[TracePoint, ...]
     planner: str = "mcts"
+    estimates: int = 0  # candidates ranked by the planner's own estimate without an evaluation (metis, amp)
 
     def summary(self) -> dict[str, Any]:
         ev = self.evaluation
         return {"planner": self.planner, "iteration_time_s": ev.iteration_time_s,
                 "throughput_samples_s": ev.throughput_samples_s, "tokens_s": ev.tokens_s, "mfu": ev.mfu,
                 "tflops_per_device": ev.tflops_per_device, "bubble_fraction": ev.bubble_fraction,
-                "search_time_s": self.search_time_s, "evaluations": self.evaluations}
+                "search_time_s": self.search_time_s, "evaluations": self.evaluations, "estimates": self.estimates}
 
 
 def make_evaluator(inputs: PlanningInputs) -> Any:
@@ -58,7 +63,8 @@ def _finish(scored: Scored | None, space: StrategySpace, scorer: Scorer | None, 
     ev = scored.evaluation
     name = getattr(space.evaluator, "cost_model_name", "analytical")
     plan = scored.plan.model_copy(update={"prediction": ev.to_prediction(name)})
-    return PlanResult(plan, ev, time.perf_counter() - start, evaluations, tuple(trace), planner)
+    return PlanResult(plan, ev, time.perf_counter() - start, evaluations, tuple(trace), planner,
+                      getattr(scorer, "estimates", 0))
 
 
 def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> str:
@@ -99,10 +105,18 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
 def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = None, seed: int = 0, *,
          iterations: int | None = None, evaluator: Any = None, progress: ProgressFn | None = None,
          space_options: dict[str, Any] | None = None, max_evaluations: int | None = None,
-         model_ref: str | None = None) -> PlanResult:
+         model_ref: str | None = None, patience: int | None = None) -> PlanResult:
     """Search for the highest-throughput plan that fits; raise InfeasiblePlan naming the tightest constraint.
+
+    MCTS stops at the first of: `budget` seconds (an upper bound), `iterations`, `max_evaluations`, or the
+    stop rule, `patience` evaluations in a row without a better plan. Defaults: no `iterations` ->
+    patience DEFAULT_PATIENCE; neither `iterations` nor `budget` -> max_evaluations DEFAULT_MAX_EVALUATIONS.
+    Without a time budget the result depends only on the seed (evaluation counts, never the clock);
+    `patience=0` turns the stop rule off. Baselines ignore iterations/max_evaluations/patience: they run
+    their own algorithm to the end (`budget` still cuts them short).
     `model_ref` (e.g. a config.json path) is written as the plan's `model` instead of the model's name."""
-    result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options, max_evaluations)
+    result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options, max_evaluations,
+                   patience)
     if model_ref and model_ref != result.plan.model:
         from dataclasses import replace
 
@@ -112,7 +126,7 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
 
 def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int, iterations: int | None,
           evaluator: Any, progress: ProgressFn | None, space_options: dict[str, Any] | None,
-          max_evaluations: int | None) -> PlanResult:
+          max_evaluations: int | None, patience: int | None = None) -> PlanResult:
     if planner not in PLANNERS:
         raise HetautoError(f"unknown planner '{planner}'; choose one of: {', '.join(PLANNERS)}")
     start = time.perf_counter()
@@ -123,36 +137,49 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
     before = ev.evaluations
     if planner == "mcts":
         space = StrategySpace(inputs, ev, **(space_options or {}))
-        if budget is None and iterations is None and max_evaluations is None:
-            budget = DEFAULT_BUDGET_S
+        if iterations is None and max_evaluations is None and budget is None:
+            max_evaluations = DEFAULT_MAX_EVALUATIONS
+        pat = (0 if iterations is not None else DEFAULT_PATIENCE) if patience is None else patience
         search = MCTS(space, seed=seed)
         search._start = start
         search.seed_with(seed_candidates(space))
-        search.seed_with(baseline_seeds(space, _limit(start, budget)))
+        search.seed_with(baseline_seeds(space))
+        scorer = search.scorer
         cap = None if max_evaluations is None else before + max_evaluations - 2  # 2: kept for polish()
 
         def spent(share: float = 1.0) -> bool:
+            """The upper bounds: evaluation cap and time budget."""
             search._record()  # descent improvements enter the trace (and the progress bar) when they happen
             if progress is not None:
-                progress(time.perf_counter() - start, ev.evaluations, search.scorer.best_throughput)
+                progress(time.perf_counter() - start, ev.evaluations, scorer.best_throughput)
             if cap is not None and ev.evaluations >= cap:
                 return True
             return budget is not None and time.perf_counter() - start >= share * budget
 
+        def stale() -> bool:
+            """The stop rule: `pat` evaluations since the best last improved."""
+            return pat > 0 and ev.evaluations - max(scorer.improved_at, before) >= pat
+
+        def stop() -> bool:
+            return spent() or stale()
+
         first = None if iterations is None else max(1, (iterations * 2) // 3)
         first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
         search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=progress,
-                   start=start, max_evaluations=first_cap)
-        descend_from_top(space, search.scorer, spent, TOP_K)
+                   start=start, max_evaluations=first_cap, stop=stop)
+        descend_from_top(space, scorer, spent, TOP_K)
         search._record()
-        if not spent():
+        while not stop():
+            done = ev.evaluations
             rest = None if iterations is None else iterations - (first or 0)
             search.run(budget_s=budget, iterations=rest, progress=progress, start=start,
-                       max_evaluations=None if cap is None else max(0, cap - ev.evaluations))
-            descend(space, search.scorer, spent)
-        best = polish(space, search.scorer, search.scorer.best)
+                       max_evaluations=None if cap is None else max(0, cap - ev.evaluations), stop=stop)
+            descend(space, scorer, spent)
+            if iterations is not None or ev.evaluations == done:  # iterations spent, or nothing left to try
+                break
+        best = polish(space, scorer, scorer.best)
         search._record()
-        return _finish(best, space, search.scorer, start, ev.evaluations - before, search.trace, planner)
+        return _finish(best, space, scorer, start, ev.evaluations - before, search.trace, planner)
     from hetauto.planner.baselines import run_baseline
 
     space, scorer, best, trace = run_baseline(planner, inputs, ev, budget=budget, seed=seed, start=start,
@@ -179,28 +206,19 @@ def seed_candidates(space: StrategySpace) -> list[Candidate]:
     return out
 
 
-def _limit(start: float, budget: float | None, share: float = 0.15, calls: int = 3000) -> Callable[[], bool]:
-    """Stop after `share` of a time budget, or (iteration budgets: deterministic) after `calls` checks."""
-    if budget is not None:
-        return lambda: time.perf_counter() - start >= share * budget
-    count = [0]
-
-    def out() -> bool:
-        count[0] += 1
-        return count[0] > calls
-    return out
-
-
-def baseline_seeds(space: StrategySpace, out_of_time: Callable[[], bool], top: int = 3) -> list[Candidate]:
+def baseline_seeds(space: StrategySpace, top: int = 3, shapes: int | None = None) -> list[Candidate]:
     """What Metis would pick (ranked by its own estimate, no evaluations), as it is and with our features
     (min-max layer balance, Virtual-1F1B, scatter-allgather): our space contains the baselines' plans, so
-    starting from them means the search never ends below them."""
+    starting from them means the search never ends below them. Metis estimates at most `shapes` (default
+    SEED_SHAPES) shapes per microbatch size: a count, not a time share, so the seeds (hence the search)
+    do not depend on the machine's load."""
     from dataclasses import replace
 
     from hetauto.planner.baselines.metis import metis_ranked
 
     out: list[Candidate] = []
-    for _, cand in metis_ranked(space, out_of_time)[:top]:
+    limit = SEED_SHAPES if shapes is None else shapes
+    for _, cand in metis_ranked(space, lambda: False, per_microbatch=limit)[:top]:
         out.append(cand)
         ours = replace(cand, schedule="virtual-1f1b", resharding=space.resharding, balance="minimax")
         out += [ours, replace(ours, zero1=True)]
@@ -210,8 +228,8 @@ def baseline_seeds(space: StrategySpace, out_of_time: Callable[[], bool], top: i
 def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], rounds: int = 4,
             start: Scored | None = None) -> Scored | None:
     """Local search from `start` (default: the best so far): each decision in turn (every cluster's choice,
-    the microbatch, the cluster order, the tail) set to its best option with the others fixed, until
-    nothing improves. Returns the local optimum reached."""
+    the microbatch, the cluster order, the tail, each boundary pair's resharding method) set to its best
+    option with the others fixed, until nothing improves. Returns the local optimum reached."""
     from dataclasses import replace
 
     cur = start or scorer.best
@@ -227,6 +245,8 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
         moves.append(lambda c: [replace(c, order=o, choices=tuple(dict(zip(c.order, c.choices))[n] for n in o))
                                 for o in space.orders()])
         moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
+        for j in range(2 * len(cur.candidate.order) - 1):  # at most: one pair inside and one after each cluster
+            moves.append(lambda c, j=j: reshard_options(space, c, j))
         for move in moves:
             for cand in move(cur.candidate):
                 if out_of_time():
@@ -258,13 +278,43 @@ def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable
         descend(space, scorer, out_of_time, start=s)
 
 
+def reshard_options(space: StrategySpace, cand: Candidate, j: int) -> list[Candidate]:
+    """`cand` with the j-th boundary pair of its layout (see `space.boundary_pairs`) resharded by each other
+    method; [] when the layout has fewer pairs. The Evaluator prices each method per boundary (lanes
+    avoid the receiver's all-gather, scatter-allgather sends S/(dp*tp) per lane), so the best differs
+    between boundaries joining different (dp, tp) layouts."""
+    pairs = boundary_pairs(space.layout(cand))
+    if j >= len(pairs):
+        return []
+    a, b = pairs[j]
+    return [cand.with_method(a, b, m) for m in RESHARD_METHODS if m != cand.method(a, b)]
+
+
+def descend_resharding(space: StrategySpace, scorer: Scorer, start: Scored,
+                       out_of_time: Callable[[], bool] = lambda: False) -> Scored:
+    """Coordinate descent over the resharding method of each boundary pair of `start`'s layout only (the
+    other decisions fixed), until no single pair's method improves."""
+    cur = start
+    improved = True
+    while improved:
+        improved = False
+        for j in range(len(boundary_pairs(space.layout(cur.candidate)))):
+            for cand in reshard_options(space, cur.candidate, j):
+                if out_of_time():
+                    return cur
+                got = scorer.score(cand)
+                if got is not None and got.evaluation.throughput_samples_s > cur.evaluation.throughput_samples_s:
+                    cur, improved = got, True
+    return cur
+
+
 def polish(space: StrategySpace, scorer: Scorer, best: Scored | None) -> Scored | None:
-    """Local moves around the best candidate: other resharding methods and ZeRO-1 (cheap, few evaluations)."""
+    """Other uniform resharding methods around the best candidate (two evaluations, kept out of the cap)."""
     if best is None:
         return None
     from dataclasses import replace
 
-    for method in ("scatter-allgather", "leader-broadcast", "lanes"):
+    for method in RESHARD_METHODS:
         if method != best.candidate.resharding:
-            scorer.score(replace(best.candidate, resharding=method))
+            scorer.score(replace(best.candidate, resharding=method, reshard=()))
     return scorer.best

@@ -4,7 +4,9 @@ A `Candidate` holds the searched decisions: microbatch size, the clusters' pipel
 (number of node-aligned stages, TP degree, recompute), then schedule and ZeRO-1. Everything else follows
 by rule (see principles.py): DP = group / TP; layers balanced to the stages' measured speeds within
 memory; Virtual-1F1B extra warmup sized from the boundary costs and capped by memory (with a second cut
-that makes room for it); one resharding method for every boundary.
+that makes room for it); one resharding method for every boundary unless `Candidate.reshard` overrides it
+per cluster pair (a stage never spans clusters and each cluster appears once in an order, so a cross-cluster
+pair is one boundary; the boundaries inside one cluster join identical layouts and share one method).
 
 Costs come from the Evaluator's cheap, cached pieces (`stage_compute_time`, `stage_memory_bytes`,
 `pipeline_costs`); a plan is scored only by `Evaluator.evaluate`.
@@ -44,6 +46,33 @@ class Candidate:
     zero1: bool = False
     resharding: str = "scatter-allgather"
     balance: Balance = "minimax"
+    reshard: tuple[tuple[str, str, str], ...] = ()  # (from cluster, to cluster, method) overrides, sorted
+
+    def method(self, a: str, b: str) -> str:
+        """The resharding method of a boundary from a stage of cluster `a` to one of cluster `b`."""
+        for x, y, m in self.reshard:
+            if x == a and y == b:
+                return m
+        return self.resharding
+
+    def with_method(self, a: str, b: str, method: str) -> "Candidate":
+        """This candidate with boundaries a -> b resharded by `method` (canonical: no override equal to
+        the default, overrides sorted), so equal plans have equal candidates."""
+        from dataclasses import replace
+
+        rest = [r for r in self.reshard if (r[0], r[1]) != (a, b)]
+        if method != self.resharding:
+            rest.append((a, b, method))
+        return replace(self, reshard=tuple(sorted(rest)))
+
+
+def boundary_pairs(stages: "list[StageLayout] | list[Any]") -> list[tuple[str, str]]:
+    """The distinct (from cluster, to cluster) pairs of a layout's boundaries, in pipeline order."""
+    out: list[tuple[str, str]] = []
+    for a, b in zip(stages, stages[1:]):
+        if (a.cluster, b.cluster) not in out:
+            out.append((a.cluster, b.cluster))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +336,8 @@ class StrategySpace:
         return Plan(model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len,
                     global_batch=inp.global_batch, microbatch_size=cand.microbatch_size, num_microbatches=m,
                     stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra)),
-                    resharding=(cand.resharding,) * (p - 1), zero1=cand.zero1)
+                    resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
+                    zero1=cand.zero1)
 
 
 def plan_key(plan: Plan) -> tuple:

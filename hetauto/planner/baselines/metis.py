@@ -25,15 +25,21 @@ def metis(inputs: PlanningInputs, evaluator: Any, *, record: Callable[[Scorer], 
     opts = {"recompute": (False,), "zero1": (False,), "resharding": "lanes", **(space_options or {})}
     space = StrategySpace(inputs, evaluator, **opts)
     scorer = Scorer(space)
-    for _, cand in metis_ranked(space, out_of_time):
+    ranked = metis_ranked(space, out_of_time)
+    scorer.estimates = len(ranked)
+    for _, cand in ranked:
         if scorer.score(cand) is not None:  # its pick (the next only if ours finds it infeasible)
             break
     record(scorer)
     return space, scorer
 
 
-def metis_ranked(space: StrategySpace, out_of_time: Callable[[], bool]) -> list[tuple[float, Candidate]]:
-    """Metis' candidates, best first by its own estimate (enumeration stops when `out_of_time()`)."""
+def metis_ranked(space: StrategySpace, out_of_time: Callable[[], bool], per_microbatch: int | None = None
+                 ) -> list[tuple[float, Candidate]]:
+    """Metis' candidates, best first by its own estimate (enumeration stops when `out_of_time()`).
+    `per_microbatch` caps the shapes estimated per microbatch size, shared evenly by the cluster orders (a
+    deterministic, load-independent partial enumeration spread over every microbatch size and order; None:
+    all of them)."""
     spec = space.spec
     n = space.num_layers
     gbs = space.inputs.global_batch
@@ -45,13 +51,19 @@ def metis_ranked(space: StrategySpace, out_of_time: Callable[[], bool]) -> list[
         m = gbs // mbs
         valid = {c.name: [k for k in kopts[c.name] if _dp_fits(c.num_devices // k, c.devices_per_node, mbs)]
                  for c in spec.clusters}
-        for order in space.orders():
+        orders = space.orders()
+        quota = None if per_microbatch is None else max(1, per_microbatch // len(orders))
+        for order in orders:
+            shapes = 0
             for ks in itertools.product(*(valid[name] for name in order)):
                 if out_of_time():
                     ranked.sort(key=lambda x: x[0])
                     return ranked
                 if sum(ks) > n:
                     continue
+                shapes += 1
+                if quota is not None and shapes > quota:
+                    break
                 got = _metis_candidate(space, order, ks, mbs, m, cache)
                 if got is not None:
                     ranked.append(got)

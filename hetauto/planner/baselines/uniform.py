@@ -97,6 +97,7 @@ def amp(inputs: PlanningInputs, evaluator: Any, *, record: Callable[[Scorer], No
                  for s in stages)
         ranked.append(((m - 1) * max(e) + sum(e) + cuts + ar, cand))
     ranked.sort(key=lambda x: x[0])
+    scorer.estimates = len(ranked)
     for _, cand in ranked:  # its pick; the next one only if ours finds the pick infeasible in memory
         if scorer.score(cand) is not None:
             break
