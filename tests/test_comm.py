@@ -243,3 +243,50 @@ def test_master_port_in_use_is_reported(monkeypatch: pytest.MonkeyPatch) -> None
         monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
         with pytest.raises(CommunicationError, match=rf"rank 0: cannot host the rendezvous store on 127.0.0.1:{port}: .*choose another MASTER_PORT\)$"):
             Communicator.init_from_env("gloo", timeout_s=1)
+
+
+PORT0_TORCHRUN = ("MASTER_PORT=0 from torchrun: with --master-port=0 its static rendezvous binds the store to a random "
+                  "port but tells the workers 0, so they cannot reach it; use --standalone (one machine) or a fixed "
+                  "free --master-port (e.g. 29500), or --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT")
+
+
+@pytest.mark.parametrize("agent_store, message", [
+    ("True", PORT0_TORCHRUN),
+    (None, "MASTER_PORT=0: the ranks cannot agree on a port that rank 0 chooses only when it binds; set MASTER_PORT "
+           "to a fixed free port (hetauto.testing.multiproc.free_port() finds one) or launch with torchrun --standalone"),
+])
+def test_master_port_zero_is_refused_at_once(monkeypatch: pytest.MonkeyPatch, agent_store: str | None,
+                                             message: str) -> None:
+    for var, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "0")):
+        monkeypatch.setenv(var, value)
+    if agent_store is None:
+        monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    else:
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent_store)
+    t0 = time.monotonic()
+    with pytest.raises(CommunicationError) as info:
+        Communicator.init_from_env("gloo", timeout_s=30)
+    assert str(info.value) == message
+    assert time.monotonic() - t0 < 1.0  # not after the 30 s store timeout
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_master_port_zero_fails_fast_with_the_fix(tmp_path) -> None:
+    """The real thing: `torchrun --master-port=0` (static rendezvous) hands its workers MASTER_PORT=0 and
+    TORCHELASTIC_USE_AGENT_STORE=True; before the fix they retried the unreachable store until their timeout."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "w.py"
+    script.write_text("from hetauto.core.comm import Communicator\n"
+                      "try:\n    Communicator.init_from_env('gloo', timeout_s=60)\n"
+                      "except Exception as e:\n    print('ERROR', e, flush=True)\n    raise SystemExit(3)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=0",
+                           "--monitor-interval=0.1", str(script)], capture_output=True, text=True, env=env, timeout=100)
+    assert proc.returncode != 0
+    assert f"ERROR {PORT0_TORCHRUN}" in proc.stdout.splitlines(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 55  # well before the workers' 60 s store timeout

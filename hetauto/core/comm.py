@@ -171,6 +171,8 @@ class Communicator:
             ) from None
         except ValueError as exc:
             raise CommunicationError(f"bad torchrun environment: {exc}") from None
+        if port == 0:
+            raise CommunicationError(_port_zero_message())
         name = backend_string(backend)
         if dist.is_initialized():
             raise CommunicationError("torch.distributed is already initialised in this process; call destroy() first")
@@ -373,6 +375,22 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, ranks={list(self.ranks)}, backend={self.backend!r})"
+
+
+def _port_zero_message() -> str:
+    """Why MASTER_PORT=0 cannot work, and what to launch with instead.
+
+    Under torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`), `--master-port=0` with the default static rendezvous
+    makes the agent bind its store to a random port but hand the workers MASTER_PORT=0 (torch passes the
+    requested port through, not the bound one), and nothing else in their environment names the real port:
+    a worker cannot join the agent's store, so it would retry until its timeout. Without torchrun, each rank
+    must know rank 0's port before rank 0 has bound it. Either way the only honest answer is an immediate error."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return ("MASTER_PORT=0 from torchrun: with --master-port=0 its static rendezvous binds the store to a random "
+                "port but tells the workers 0, so they cannot reach it; use --standalone (one machine) or a fixed "
+                "free --master-port (e.g. 29500), or --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT")
+    return ("MASTER_PORT=0: the ranks cannot agree on a port that rank 0 chooses only when it binds; set MASTER_PORT "
+            "to a fixed free port (hetauto.testing.multiproc.free_port() finds one) or launch with torchrun --standalone")
 
 
 def _rendezvous(addr: str, port: int, rank: int, world: int, timeout_s: float) -> Any:
