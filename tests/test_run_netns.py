@@ -56,3 +56,14 @@ def test_netns_needs_two_clusters(tmp_path: Path, capsys) -> None:
     assert main(["run", str(tmp_path / "plan.json"), "--emulate", "netns"]) != 0
     err = capsys.readouterr().err
     assert ("needs stages on at least two clusters" in err) or ("not available here" in err)
+
+
+def test_netns_with_max_restarts_is_refused_before_anything_runs(tmp_path: Path, capsys) -> None:
+    """Refused with the reason and the alternatives, before the plan is read (no root or namespaces needed)."""
+    from hetauto.cli import main
+
+    assert main(["run", str(tmp_path / "absent.json"), "--emulate", "netns", "--max-restarts", "1"]) != 0
+    assert capsys.readouterr().err.strip().endswith(
+        "--max-restarts is not supported with --emulate netns: each namespace runs its own torchrun, and their "
+        "static rendezvous cannot restart the job together; use --emulate (in-process links) with --max-restarts, "
+        "or rerun the netns job with --resume CHECKPOINT_DIR after a failure")

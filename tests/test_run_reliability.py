@@ -204,6 +204,40 @@ def test_checkpoint_of_another_model_is_rejected_before_launch(files: Path, caps
                    "--checkpoint-dir)")
 
 
+def test_resume_with_another_global_batch_or_seq_len_is_refused_unless_allowed(files: Path, capsys) -> None:
+    """The data stream is a function of (seed, step, global batch, seq len): changing either on resume is an
+    error naming both values; --allow-data-change continues with a warning; a new microbatch split is fine."""
+    from hetauto.cli import main
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.checkpoint import save_checkpoint
+    from hetauto.runtime.reference import make_optimizer
+    from hetauto.runtime.stage import build_stage
+
+    cfg = get_model("tiny-gpt")
+    stage = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    old = PLANT.model_copy(update={"global_batch": 8, "num_microbatches": 4, "seq_len": 32})
+    ck = save_checkpoint(files / "bigger", 1, stage, make_optimizer(stage.parameters(), 1e-3), plan=old,
+                         extra={"next_step": 2, "seed": SEED})
+    assert main(["run", str(files / "plant.json"), "--resume", str(ck), "--steps", "4", "--json"]) != 0
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err == (f"{ck}: global batch 8 in the checkpoint, 4 in this plan; sequence length 32 in the checkpoint, "
+                   "16 in this plan: the resumed run would train other batches from step 2 on than the checkpoint's "
+                   "run (not a continuation of it); re-plan with the checkpoint's values, or pass "
+                   "--allow-data-change to continue on the new data stream")
+    assert main(["run", str(files / "plant.json"), "--resume", str(ck), "--steps", "4", "--allow-data-change",
+                 "--print-launch", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (f"hetauto run: warning: {ck}: global batch 8 in the checkpoint, 4 in this plan; sequence "
+                            "length 32 in the checkpoint, 16 in this plan; --allow-data-change: training continues on a "
+                            "different data stream from step 2 on, so the losses do not continue the checkpoint's run\n")
+    assert f"--resume {ck}" in json.loads(captured.out)["nodes"][0]["command"]
+    same = PLANT.model_copy(update={"microbatch_size": 1, "num_microbatches": 4})  # same rows, other split
+    ck2 = save_checkpoint(files / "resplit", 1, stage, make_optimizer(stage.parameters(), 1e-3), plan=same,
+                          extra={"next_step": 2, "seed": SEED})
+    assert main(["run", str(files / "plant.json"), "--resume", str(ck2), "--steps", "4", "--print-launch"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_resume_past_the_last_step_and_bad_fault_rank_are_one_line_errors(files: Path, capsys) -> None:
     from hetauto.cli import main
 

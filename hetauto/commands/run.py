@@ -1,8 +1,10 @@
 """`hetauto run PLAN [--steps N] [--emulate [netns]] [--json] [--trace FILE] [--seed N] [--timeout S] [--print-launch]
-[--checkpoint-dir D [--checkpoint-every K] [--keep N]] [--resume D] [--inject-fault SPEC] [--max-restarts N]`.
+[--checkpoint-dir D [--checkpoint-every K] [--keep N]] [--resume D [--allow-data-change]] [--inject-fault SPEC]
+[--max-restarts N]`.
 
 Checkpoints and failures: `--resume D` continues a run (a checkpoint of another plan layout is resharded on
-load; one of another model is refused before launch), `--steps` counts from step 0, so the resumed run's
+load; one of another model is refused before launch, and so is a plan with another global batch or sequence
+length unless `--allow-data-change`: see `_check_resume`), `--steps` counts from step 0, so the resumed run's
 losses are the uninterrupted run's. A failed job ends with one line naming the culprit rank, its stage and
 cluster. `--max-restarts N` lets torchrun restart the job, which resumes from the newest complete checkpoint.
 
@@ -16,14 +18,21 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from hetauto.commands._output import print_json, print_table
-from hetauto.core.errors import HetautoError
+from hetauto.core.errors import CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
 
 REFERENCE_MAX_PARAMS = 50_000_000  # the single-process reference runs in this process: small models only
+# Why not supported: each namespace runs its own torchrun agent joined by a static rendezvous, and static
+# rendezvous does not coordinate restarts: one agent would restart its ranks while the other's still wait on
+# their dead peers, and the attempts (TORCHELASTIC_RESTART_COUNT) of the two sides need not match.
+NETNS_RESTARTS = ("--max-restarts is not supported with --emulate netns: each namespace runs its own torchrun, and "
+                  "their static rendezvous cannot restart the job together; use --emulate (in-process links) with "
+                  "--max-restarts, or rerun the netns job with --resume CHECKPOINT_DIR after a failure")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ck.add_argument("--resume", metavar="D",
                     help="continue from a checkpoint (a step folder, or a --checkpoint-dir: its latest); "
                          "--steps counts from step 0, so the run trains the steps after the checkpoint's")
+    ck.add_argument("--allow-data-change", action="store_true",
+                    help="with --resume: continue even though the plan's global batch or sequence length differs from "
+                         "the checkpoint's (the data stream changes; the run no longer continues the checkpoint's "
+                         "run bit for bit)")
     ck.add_argument("--inject-fault", metavar="SPEC",
                     help="rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]: kill (or stall) rank R at step S "
                          "(first attempt only)")
@@ -136,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.keep is not None and args.keep < 1:
         raise HetautoError(f"--keep must be >= 1, got {args.keep}")
+    if args.max_restarts and args.emulate == "netns":
+        raise HetautoError(NETNS_RESTARTS)
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
     cluster = cluster_for_plan(plan, base)
@@ -151,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         args.inject_fault = str(spec)
     start = 0
     if args.resume is not None:
-        start, seed = _check_resume(args.resume, cfg, args.steps)
+        start, seed = _check_resume(args.resume, cfg, args.steps, plan, allow_data_change=args.allow_data_change)
         if args.seed is not None and seed is not None and args.seed != seed:
             raise HetautoError(f"--seed {args.seed} differs from the checkpoint's data seed {seed}; "
                                "drop --seed to continue the checkpoint's run")
@@ -182,8 +197,6 @@ def run(args: argparse.Namespace) -> int:
     if args.emulate == "netns":
         from hetauto.runtime.netns_launch import launch_netns
 
-        if args.max_restarts:
-            raise HetautoError("--max-restarts is not supported with --emulate netns (one torchrun per namespace)")
         reports, link = launch_netns(plan, cluster, steps=args.steps, seed=args.seed, timeout_s=args.timeout,
                                      cluster_base=base, **ck)
     else:
@@ -264,14 +277,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_resume(resume: str, cfg: Any, steps: int) -> tuple[int, int | None]:
-    """Before any launch: the checkpoint exists, is complete, is of this model, and leaves steps to train.
-    Returns (next step, the checkpoint's data seed)."""
-    from hetauto.runtime.checkpoint import check_model_config, read_manifest
+def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,
+                  allow_data_change: bool = False) -> tuple[int, int | None]:
+    """Before any launch: the checkpoint exists, is complete, is of this model, trains the same data stream as
+    `plan`, and leaves steps to train. Returns (next step, the checkpoint's data seed).
+
+    A different global batch or sequence length is an error, not a warning: `--resume` promises that the
+    resumed run continues the checkpoint's run (its losses are the uninterrupted run's, bit for bit on the same
+    layout), and a step's batch is a function of (seed, step, global batch, sequence length), so either change
+    silently trains other data, and a warning scrolls past in a long log. Changing them on purpose (a batch-size
+    ramp, a longer context) is legitimate: `--allow-data-change` continues with a warning naming both values.
+    The microbatch split and the stage layout may change freely (same rows, same order)."""
+    from hetauto.runtime.checkpoint import check_model_config, data_stream_changes, read_manifest
 
     man = read_manifest(resume)
     check_model_config(man, cfg, resume)
     start = int(man.extra.get("next_step", man.step + 1))
+    changes = [] if plan is None else data_stream_changes(man, plan)
+    if changes:
+        diff = "; ".join(f"{what} {old} in the checkpoint, {new} in this plan" for what, old, new in changes)
+        if not allow_data_change:
+            raise CheckpointMismatch(
+                f"{resume}: {diff}: the resumed run would train other batches from step {start} on than the "
+                "checkpoint's run (not a continuation of it); re-plan with the checkpoint's values, or pass "
+                "--allow-data-change to continue on the new data stream")
+        print(f"hetauto run: warning: {resume}: {diff}; --allow-data-change: training continues on a different data "
+              f"stream from step {start} on, so the losses do not continue the checkpoint's run", file=sys.stderr)
     if start >= steps:
         raise HetautoError(f"the checkpoint {resume} is at step {start} already; --steps {steps} leaves nothing to "
                            f"train (--steps counts from step 0: use --steps {start + 1} or more)")

@@ -64,6 +64,7 @@ __all__ = [
     "restore_rng_state",
     "checkpoint_dir_name",
     "check_model_config",
+    "data_stream_changes",
 ]
 
 CHECKPOINT_FORMAT = "hetauto.checkpoint/1"
@@ -437,6 +438,21 @@ def check_model_config(manifest: Manifest, cfg: ModelConfig, where: str | os.Pat
     """CheckpointMismatch (with the differing fields) when the checkpoint is not of model `cfg`; for checking a
     `--resume` before any process is launched."""
     _check_model_dict(manifest, dataclasses.asdict(cfg), Path(where))
+
+
+_DATA_FIELDS = (("global_batch", "global batch"), ("seq_len", "sequence length"))
+
+
+def data_stream_changes(manifest: Manifest, plan: Any) -> list[tuple[str, Any, Any]]:
+    """(what, checkpoint's value, `plan`'s value) for each plan field that defines the training data stream and
+    differs between the checkpoint's run and `plan` (a Plan or its JSON dict): the global batch and the
+    sequence length. A step's batch is a pure function of (seed, step, global batch, sequence length), so a
+    change in either means the resumed run trains on other batches than the checkpoint's run would have;
+    the microbatch split and the stage layout do not change the data. Empty when the checkpoint records no plan."""
+    theirs = manifest.plan or {}
+    mine = plan.model_dump(mode="json", by_alias=True) if hasattr(plan, "model_dump") else dict(plan)
+    return [(label, theirs[key], mine.get(key)) for key, label in _DATA_FIELDS
+            if theirs.get(key) is not None and theirs[key] != mine.get(key)]
 
 
 def _check_model_dict(manifest: Manifest, mine: dict[str, Any], where: Path) -> None:
