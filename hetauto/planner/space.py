@@ -123,6 +123,7 @@ class StrategySpace:
         self._orders = P.canonical_orders(self.spec)
         self._opts: dict[tuple[str, int], list[ClusterChoice]] = {}
         self._cost: dict[tuple, _StageCost] = {}
+        self._splits: dict[tuple, list[int] | None] = {}
 
     # ------------------------------------------------------------------ decisions
     def microbatch_sizes(self) -> list[int]:
@@ -227,7 +228,10 @@ class StrategySpace:
         costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
         caps = [self.spec.cluster(st.cluster).device.memory_bytes for st in stages]
         q = [min(m, p - i) for i in range(p)]
-        counts = self._split(cand.balance, stages, costs, caps, q)
+        key = (cand.balance, mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages))
+        if key not in self._splits:  # the schedule and resharding variants of one layout share the split
+            self._splits[key] = self._split(cand.balance, stages, costs, caps, q)
+        counts = self._splits[key]
         if counts is None:
             return Built(violation=self._memory_violation(stages, costs, caps, q))
         plan = self._plan(cand, stages, counts, m, "1f1b", ())
@@ -239,7 +243,10 @@ class StrategySpace:
         out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept)] if any(kept) else [plan]
         if kept != wanted:  # memory forbids the depth here: try a cut that leaves room upstream
             q2 = [min(m, p - i + sum(wanted[i:])) for i in range(p)]
-            counts2 = P.balance_layers(*self._matrices(costs, q2), caps)
+            key2 = (mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages), tuple(q2))
+            if key2 not in self._splits:
+                self._splits[key2] = P.balance_layers(*self._matrices(costs, q2), caps)
+            counts2 = self._splits[key2]
             if counts2 is not None and counts2 != counts:
                 out.append(self._plan(cand, stages, counts2, m, "virtual-1f1b", wanted))
         return Built(out)
