@@ -1,4 +1,9 @@
-"""Selection by priority and by HETAUTO_BACKEND, the public API, and the `hetauto backends` command."""
+"""Selection by priority and by HETAUTO_BACKEND, the public API, and the `hetauto backends` command.
+
+Isolated from the caller's installed plugins: HETAUTO_PLUGINS=template loads only this repository's template
+plugin from the `hetauto.backends` entry points (any other, e.g. a user's `hetauto-backend-foo`, is recorded as
+skipped), so the exact backend lists below hold on any machine and still fail when a built-in or the template
+goes missing or a new one appears unannounced."""
 
 from __future__ import annotations
 
@@ -14,12 +19,14 @@ from hetauto import backends as hb
 from hetauto.core.errors import BackendUnavailable, UnknownBackend
 
 CPU_TORCH = torch.version.cuda is None and not torch.version.hip
+ISOLATED = "template"  # the only entry-point plugin these tests load (see the module docstring)
 
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    for var in ("HETAUTO_BACKEND", "HETAUTO_PLUGINS", "HETAUTO_DISABLE_PLUGIN_AUTOLOAD", "HETAUTO_MOCK_DEVICES"):
+    for var in ("HETAUTO_BACKEND", "HETAUTO_DISABLE_PLUGIN_AUTOLOAD", "HETAUTO_MOCK_DEVICES"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HETAUTO_PLUGINS", ISOLATED)
     hb.reset_registry()
     yield
     hb.reset_registry()
@@ -66,6 +73,7 @@ def test_public_api(monkeypatch):
 @pytest.mark.skipif(not CPU_TORCH, reason="the issue's done-criterion on a machine without accelerators")
 def test_hetauto_backends_command_end_to_end():
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETAUTO_")}
+    env["HETAUTO_PLUGINS"] = ISOLATED
     out = subprocess.run([sys.executable, "-m", "hetauto.cli", "backends", "--json"], capture_output=True, text=True, env=env, timeout=120, check=True)
     doc = json.loads(out.stdout)
     rows = {b["name"]: b for b in doc["backends"]}
@@ -77,5 +85,6 @@ def test_hetauto_backends_command_end_to_end():
         assert "\n" not in rows[name]["reason"]
     assert rows["template"]["source"].startswith("hetauto-backend-template==")
     assert doc["errors"] == []
+    assert "template" not in {p["name"] for p in doc.get("skipped", [])}  # isolation skips others, never ours
     text = subprocess.run([sys.executable, "-m", "hetauto.cli", "backends"], capture_output=True, text=True, env=env, timeout=120, check=True).stdout
     assert "npu: unavailable: torch_npu is not installed — install: pip install hetauto[npu]" in text
