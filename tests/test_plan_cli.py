@@ -63,3 +63,21 @@ def test_model_too_large_is_one_line_error(capsys: pytest.CaptureFixture[str]) -
 def test_bad_budget_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--scenario", "cpu-demo", "--budget", "0"]) != 0
     assert "--budget must be positive" in capsys.readouterr().err
+
+
+def test_default_plan_uses_the_stop_rule_and_is_reproducible(capsys: pytest.CaptureFixture[str]) -> None:
+    docs = []
+    for _ in range(2):
+        assert main(["plan", "--scenario", "cpu-demo", "--patience", "40", "--max-evaluations", "120", "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0]["plan"] == docs[1]["plan"] and docs[0]["evaluations"] == docs[1]["evaluations"]
+    assert docs[0]["evaluations"] <= 120
+
+
+@pytest.mark.parametrize("flag,value,says", [("--patience", "-1", "--patience must be zero or more, got -1"),
+                                             ("--max-evaluations", "0", "--max-evaluations must be positive, got 0")])
+def test_bad_stop_rule_flags_are_one_line_errors(flag: str, value: str, says: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--scenario", "cpu-demo", flag, value]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and says in err
