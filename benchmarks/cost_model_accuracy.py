@@ -2,6 +2,7 @@
 correction on one split of the configurations and reports on the held-out split.
 
     python benchmarks/cost_model_accuracy.py [--quick] [--json] [--save-rows FILE.json|.csv] [--seed N]
+        [--plan-rows FILE] [--local-profile FILE]
 
 Stages are `hetauto.runtime.stage.build_stage` slices of tiny/small GPT and LLaMA models over a grid of
 (blocks, hidden, microbatch, sequence) and stage kind (first: embedding + blocks, middle: blocks, last: blocks +
@@ -11,7 +12,11 @@ shared machine do not count), the minimum over passes spread across the run (as 
 a device with speed factor f takes t / f and its analytical profile is the catalog `cpu` profile scaled by f.
 The split is by configuration (all speed factors of a configuration fall on the same side), so the held-out
 error is for shapes the forest never saw. The analytical model uses the catalog `cpu` profile as is (rough
-published-style numbers, not fitted to this machine): the forest's job is to learn its bias.
+published-style numbers, not fitted to this machine): the forest's job is to learn its bias. Each measurement
+also yields rows against this machine's *measured* profile (the cached calibration's, or --local-profile FILE,
+plus that file's `hetauto profile --samples` blocks via rows_from_profile), so a correction fitted on them
+(--save-rows, shipped as hetauto/data/training/cpu-stages.csv) also covers the calibrated evaluation;
+`local_mape` reports those held-out rows alone.
 
 Reports MAPE and Spearman rank correlation of the stage time (forward + backward) for the corrected and the
 analytical-only model, and the cost of one whole-plan evaluation (paper-4c, 256 devices, 16 stages,
@@ -164,6 +169,24 @@ def _eval_ms(correction, repeat: int) -> dict[str, float]:
     return out
 
 
+def _local_profile(path: str | None):  # noqa: ANN202 - (DeviceProfile | None, [TrainingRow])
+    """This machine's measured profile and the training rows of its per-block samples (rows_from_profile)."""
+    from hetauto.planner.correction import rows_from_profile
+
+    if path:
+        from hetauto.core.profile import load_profile
+
+        prof = load_profile(path)
+    else:
+        from hetauto.planner.calibration import local_calibration
+
+        cal = local_calibration()
+        prof = cal.profile if cal is not None else None
+    if prof is None:
+        return None, []
+    return prof, rows_from_profile(prof, vocab_size=512)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="60 configurations, fewer repeats (< 1 minute)")
@@ -172,6 +195,9 @@ def main() -> None:
     ap.add_argument("--save-rows", metavar="FILE", help="write the measured training rows (JSON or CSV)")
     ap.add_argument("--plan-rows", metavar="FILE",
                     help="whole-plan rows from benchmarks/predicted_vs_measured.py --save-rows: report their error too")
+    ap.add_argument("--local-profile", metavar="FILE",
+                    help="measured profile of this machine (hetauto profile [--samples] output); default: the cached "
+                         "calibration's profile (hetauto.planner.calibration.local_calibration), if any")
     args = ap.parse_args()
 
     import torch
@@ -184,6 +210,8 @@ def main() -> None:
     start = time.perf_counter()
     reps, max_passes, budget_s = (2, 6, 30.0) if args.quick else (3, 8, 300.0)
     cpu = get_device("cpu")
+    local, local_rows = _local_profile(args.local_profile)
+    devices = [("catalog", cpu)] + ([("local", local)] if local is not None else [])
     grid = _grid(args.quick, args.seed)
     best: list[tuple[float, float]] = [(math.inf, math.inf)] * len(grid)
     passes = 0
@@ -198,11 +226,15 @@ def main() -> None:
     groups: list[list] = []
     for (cfg, layers, mb, seq), (f, b) in zip(grid, best):
         rows = []
-        for speed in SPEEDS:
-            rows.append(analytical_row(cpu.scaled(speed), cfg, seq, layers, microbatch=mb, measured_forward_s=f / speed,
-                                       measured_backward_s=b / speed, flash_attention=False,
-                                       source=f"{cfg.name} L{layers} b{mb} s{seq} x{speed}"))
+        for kind, dev in devices:  # the same measurement against the catalog guess and the measured profile
+            for speed in SPEEDS:
+                rows.append(analytical_row(dev.scaled(speed), cfg, seq, layers, microbatch=mb,
+                                           measured_forward_s=f / speed, measured_backward_s=b / speed,
+                                           flash_attention=False,
+                                           source=f"{cfg.name} L{layers} b{mb} s{seq} x{speed}" + (
+                                               " local" if kind == "local" else "")))
         groups.append(rows)
+    groups += [[r] for r in local_rows]  # `hetauto profile --samples` blocks of this machine
     measure_s = time.perf_counter() - start
     rnd = random.Random(args.seed)
     idx = list(range(len(groups)))
@@ -232,6 +264,11 @@ def main() -> None:
         "eval_ms_cached": evals["corrected_cached"], "eval_ms_simulator": evals["simulator"],
         "fit_s": fit_s, "measure_s": measure_s,
     }
+    if local is not None:  # held-out rows whose analytical device is this machine's measured profile
+        sel = [i for i, r in enumerate(test) if r.source.endswith(" local") or ":samples[" in r.source]
+        doc["local_mape"] = _mape([corrected[i] for i in sel], [truth[i] for i in sel]) if sel else None
+        doc["local_analytical_mape"] = _mape([analytical[i] for i in sel], [truth[i] for i in sel]) if sel else None
+        doc["local_profile"] = local.name
     if args.plan_rows:
         plan_rows = json.loads(Path(args.plan_rows).read_text())["rows"]
         doc["plan_samples"] = len(plan_rows)
@@ -247,6 +284,9 @@ def main() -> None:
         print(f"{'model':22} {'MAPE':>8} {'Spearman':>9}")
         print(f"{'analytical (cpu prof)':22} {100 * doc['analytical_mape']:7.1f}% {doc['analytical_spearman']:9.3f}")
         print(f"{'analytical+forest':22} {100 * doc['mape']:7.1f}% {doc['spearman']:9.3f}")
+        if doc.get("local_mape") is not None:
+            print(f"  rows against the measured profile ({doc['local_profile']}): analytical "
+                  f"{100 * doc['local_analytical_mape']:.1f}%, +forest {100 * doc['local_mape']:.1f}%")
         print(f"one 256-device evaluation (paper-4c, p=16, m=256, cold caches): {doc['eval_ms']:.2f} ms corrected, "
               f"{doc['eval_ms_analytical']:.2f} ms analytical, {doc['eval_ms_cached']:.3f} ms cached, "
               f"{doc['eval_ms_simulator']:.1f} ms with the full simulator")

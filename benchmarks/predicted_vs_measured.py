@@ -13,7 +13,12 @@ the first) is compared with three predictions:
 Target: |predicted - measured| / measured <= 25% for `calibrated`. `--save-rows FILE` writes the (plan features,
 measured, predicted) rows that `benchmarks/cost_model_accuracy.py --plan-rows FILE` reports.
 
-    python benchmarks/predicted_vs_measured.py [--quick] [--json] [--save-rows FILE]
+    python benchmarks/predicted_vs_measured.py [--quick] [--json] [--save-rows FILE] [--recalibrate]
+
+The machine is shared: the load average is printed at the start and after each plan. `--recalibrate`
+measures the calibration in the same run (same load) instead of reading the cache; `--probe` runs the
+calibration's own reference plan (one rank, not one of the six) just before each plan and also reports
+the calibrated prediction scaled by the reference's measured / predicted ratio at that moment.
 """
 
 from __future__ import annotations
@@ -74,30 +79,51 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="4 plans, 4 steps each")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--save-rows", metavar="FILE")
+    ap.add_argument("--recalibrate", action="store_true",
+                    help="measure a fresh calibration in this run (not cached), so it sees the same machine load")
+    ap.add_argument("--probe", action="store_true",
+                    help="run the calibration's reference plan right before each plan and also report the error "
+                         "normalised by the reference's measured/predicted ratio (load at that moment)")
     args = ap.parse_args()
-    from hetauto.planner.calibration import local_calibration
+    import os
+
+    from hetauto.planner.calibration import local_calibration, measure_calibration
     from hetauto.planner.evaluate import evaluate_plan, inputs_for_plan
 
-    cal = local_calibration(measure=True)
+    load0 = os.getloadavg()[0]
+    cal = measure_calibration() if args.recalibrate else local_calibration(measure=True)
     assert cal is not None
+    print(f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} after calibration "
+          f"({os.cpu_count()} cores; shared machine: expect noise)", flush=True)
     chosen = plans()
     if args.quick:
         chosen = dict(list(chosen.items())[:4])
     steps = 4 if args.quick else 6
     rows = []
+    from hetauto.planner.calibration import reference_plan
+
+    ref = reference_plan()
+    ref_pred = evaluate_plan(ref, calibration=cal).iteration_time_s
     with tempfile.TemporaryDirectory() as tmp:
         for name, plan in chosen.items():
+            probe = measure(ref, steps, Path(tmp)) / ref_pred if args.probe else None
             inp = inputs_for_plan(plan)
             pred = {"catalog": evaluate_plan(plan, inp).iteration_time_s,
                     "calibrated": evaluate_plan(plan, inp, calibration=cal).iteration_time_s,
                     "calibrated+forest": evaluate_plan(plan, inp, calibration=cal, correction="default").iteration_time_s}
             meas = measure(plan, steps, Path(tmp))
+            load = os.getloadavg()[0]
             rows.append({"plan": name, "features": features(plan), "measured_s": meas, "predicted_s": pred,
-                         "error": {k: (v - meas) / meas for k, v in pred.items()}})
+                         "error": {k: (v - meas) / meas for k, v in pred.items()}, "load": load})
+            if probe is not None:  # the reference plan ran slow by `probe` just now: the machine's load
+                rows[-1]["probe"] = probe
+                rows[-1]["error"]["calibrated/probe"] = (pred["calibrated"] * probe - meas) / meas
             e = rows[-1]["error"]
             print(f"{name:28s} measured {meas * 1e3:7.1f} ms | catalog {pred['catalog'] * 1e3:6.1f} ({e['catalog']:+.0%})"
                   f" | calibrated {pred['calibrated'] * 1e3:6.1f} ({e['calibrated']:+.0%})"
-                  f" | +forest {pred['calibrated+forest'] * 1e3:6.1f} ({e['calibrated+forest']:+.0%})", flush=True)
+                  f" | +forest {pred['calibrated+forest'] * 1e3:6.1f} ({e['calibrated+forest']:+.0%})"
+                  + (f" | ref x{probe:.2f}: {e['calibrated/probe']:+.0%}" if probe is not None else "")
+                  + f" | load {load:.1f}", flush=True)
     summary = {k: statistics.fmean(abs(r["error"][k]) for r in rows) for k in rows[0]["error"]}
     worst = {k: max(abs(r["error"][k]) for r in rows) for k in rows[0]["error"]}
     print("mean |error|: " + ", ".join(f"{k} {v:.0%}" for k, v in summary.items()))

@@ -35,7 +35,7 @@ def test_overheads_enter_exactly() -> None:
         f, b = base.stage_compute_time(cluster, layers, 1, 2, 2)
         n = 3 / speed
         assert cal.stage_compute_time(cluster, layers, 1, 2, 2) == pytest.approx(
-            ((f + n * 1e-3) * 1.5, (b + n * 2e-3) * 1.5), rel=1e-12)
+            (f * 1.5 + n * 1e-3, b * 1.5 + n * 2e-3), rel=1e-12)
     c0, c1 = base.pipeline_costs(plan), cal.pipeline_costs(plan)
     assert c1.act_bytes[0] == pytest.approx(2.0 * c0.act_bytes[0])
     assert c1.links[0].latency == pytest.approx(c0.links[0].latency + 5e-4)
@@ -93,7 +93,7 @@ def test_default_correction_by_name_applies_only_inside_its_range() -> None:
 
 
 def test_measured_term_closed_forms() -> None:
-    from hetauto.planner.calibration import allreduce_bandwidth, effective_cores, per_block_slope
+    from hetauto.planner.calibration import allreduce_bandwidth, compute_scale_for, effective_cores, per_block_slope
 
     assert allreduce_bandwidth(2**20, 3e-4, 3e-4 + 2**20 / 5e8) == pytest.approx(5e8)
     assert allreduce_bandwidth(2**20, 3e-4, 2e-4) == 0.0  # noise: fall back to the link
@@ -101,6 +101,9 @@ def test_measured_term_closed_forms() -> None:
     assert effective_cores(2, 0.010, 0.009) == 2.0 and effective_cores(4, 0.010, 0.100) == 1.0
     assert per_block_slope(0.010, 0.030) == pytest.approx(0.010)
     assert per_block_slope(0.010, 0.012) == pytest.approx(0.005)  # slope below t1/2: noise
+    # 30 ms measured, 6 slots x 2 ms dispatch: the remaining 18 ms over a 9 ms analytical estimate
+    assert compute_scale_for(0.030, 0.009, 6, 0.002) == pytest.approx(2.0)
+    assert compute_scale_for(0.030, 0.010, 6, 0.010) == pytest.approx(0.15)  # dispatch >= measured: 5% floor
 
 
 CPU_OH = Overheads(tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02, allreduce_alpha_s=4e-4, allreduce_Bps=1e9,
@@ -160,3 +163,29 @@ def test_file_without_newer_terms_reads_neutral_and_is_remeasured_on_request(tmp
     monkeypatch.setattr(calmod, "measure_calibration", lambda: fresh)
     assert local_calibration(measure=True, cache_dir=tmp_path) == fresh  # stale: measured again ...
     assert local_calibration(cache_dir=tmp_path) == fresh  # ... and cached
+
+
+def test_covered_stage_takes_the_forest_instead_of_dispatch_and_scale() -> None:
+    from hetauto.planner.correction import Correction, TrainingRow, analytical_row
+
+    plan = _plan()
+    inp = inputs_for_plan(plan)
+    rows = []
+    for speed in (1.0, 0.5):
+        dev = inp.cluster.clusters[0].device.scaled(speed)
+        for mb in (1, 2, 4, 8):
+            for a, b in ((0, 3), (3, 6), (0, 6), (1, 4)):
+                r = analytical_row(dev, inp.model, inp.seq_len, (a, b), microbatch=mb, measured_forward_s=1.0,
+                                   measured_backward_s=1.0)
+                rows.append(TrainingRow(r.features, r.analytical_forward_s, r.analytical_backward_s,
+                                        3 * r.analytical_forward_s, 2 * r.analytical_backward_s))
+    corr = Correction.fit(rows)
+    oh = replace(OH, tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02)
+    both = Evaluator(inp, correction=corr, overheads=oh)
+    forest = Evaluator(inp, correction=corr)
+    for cluster, layers, speed in (("fast", (0, 3), 1.0), ("slow", (3, 6), 0.5)):
+        f, b = forest.stage_compute_time(cluster, layers, 1, 1, 2)
+        assert both.stage_compute_time(cluster, layers, 1, 1, 2) == pytest.approx((f, b), rel=1e-12)
+        f2, b2 = forest.stage_compute_time(cluster, layers, 2, 1, 2)  # TP's DTensor term still added
+        assert both.stage_compute_time(cluster, layers, 2, 1, 2) == pytest.approx(
+            (f2 + 2 / speed * 0.01, b2 + 2 / speed * 0.02), rel=1e-12)

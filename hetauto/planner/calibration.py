@@ -33,7 +33,7 @@ from typing import Any
 
 from hetauto.core.profile import DeviceProfile
 
-__all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "cache_path", "effective_cores", "local_calibration",
+__all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "cache_path", "compute_scale_for", "effective_cores", "local_calibration",
            "measure_calibration", "per_block_slope"]
 
 CALIBRATION_SCHEMA = "hetauto.calibration/1"
@@ -63,7 +63,7 @@ class Overheads:
     allreduce_alpha_s: float = 0.0
     step_s: float = 0.0
     activation_bytes_scale: float = 1.0
-    compute_scale: float = 1.0  # measured / predicted F+B of the reference stage (non-GEMM ops, wall vs model)
+    compute_scale: float = 1.0  # reference stage: (measured F+B - its dispatch terms) / analytical F+B
     host_cores: float = 0.0  # > 0: all ranks share this many cores (one-machine emulation); 0: own devices
     tp_fwd_layer_s: float = 0.0  # per transformer block of a tp > 1 stage per forward action (DTensor dispatch)
     tp_bwd_layer_s: float = 0.0  # ... per backward action
@@ -204,6 +204,14 @@ def effective_cores(cores: int, alone_s: float, together_s: float) -> float:
     return min(float(cores), max(1.0, cores * alone_s / together_s))
 
 
+def compute_scale_for(measured_fb_s: float, analytical_fb_s: float, layer_slots: int, dispatch_per_slot_s: float) -> float:
+    """Scale of the analytical (FLOP and byte) part so the reference stage's F+B comes out as measured:
+    (measured - slots x per-slot dispatch) / analytical. The dispatch terms are measured on their own and
+    stay unscaled; at least 5% of measured is left to the FLOPs (a noisy dispatch measurement)."""
+    rest = max(measured_fb_s - layer_slots * dispatch_per_slot_s, 0.05 * measured_fb_s)
+    return rest / analytical_fb_s if analytical_fb_s > 0 else 1.0
+
+
 def per_block_slope(t1: float, t3: float) -> float:
     """Per-block cost from 1- and 3-block timings: (t3 - t1) / 2, at least t1 / 2 when noise makes the
     slope smaller (the 1-block time is one block plus the action's fixed part)."""
@@ -325,8 +333,9 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     plan = reference_plan()
     measured_fb = _reference_fb(15)
     ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
-    f, b = ev.stage_compute_time("fast", (0, 6), 1, 1, 8)
-    oh = replace(oh, compute_scale=measured_fb / (f + b))
+    d = ev.stage_detail("fast", (0, 6), 1, 1, 8)
+    oh = replace(oh, compute_scale=compute_scale_for(measured_fb, d.fwd_compute_s + d.bwd_compute_s, 6,
+                                                     oh.fwd_layer_s + oh.bwd_layer_s))
     predicted = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh).evaluate(plan)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"

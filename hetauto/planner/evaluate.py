@@ -132,21 +132,25 @@ class Evaluator:
         if hit is None:
             d = self.stage_detail(cluster, layers, tp, dp, microbatch_size, recompute)
             f, b = d.fwd_compute_s, d.bwd_compute_s
+            covered = False
             if self.correction is not None:
                 c = self.cluster(cluster)
-                rf, rb = self.correction.ratios(self.correction.features_for(
-                    c, self.inputs, layers, tp, dp, microbatch_size, recompute, d), (f, b))
+                feats = self.correction.features_for(c, self.inputs, layers, tp, dp, microbatch_size, recompute, d)
+                covered = self.correction.covers(feats)
+                rf, rb = self.correction.ratios(feats, (f, b))
                 f, b = f * rf, b * rb
             hit = (f + d.tp_fwd_s, b + d.tp_bwd_s)
             oh = self.overheads
             if oh is not None:
                 speed = self.cluster(cluster).speed_factor
-                n = (layers[1] - layers[0]) / speed
-                fo, bo = n * oh.fwd_layer_s, n * oh.bwd_layer_s
-                if tp > 1:  # DTensor dispatch per sharded block (embedding and head stay replicated)
+                # a stage the forest covers was learned from measured stage modules, dispatch included: the
+                # calibration's per-layer dispatch and compute scale would count that twice
+                n = 0.0 if covered else (layers[1] - layers[0]) / speed
+                scale = 1.0 if covered else oh.compute_scale
+                hit = (hit[0] * scale + n * oh.fwd_layer_s, hit[1] * scale + n * oh.bwd_layer_s)
+                if tp > 1:  # DTensor dispatch per sharded block (embedding and head stay replicated), measured as is
                     blocks = self.table.range(layers[0], layers[1]).blocks / speed
-                    fo, bo = fo + blocks * oh.tp_fwd_layer_s, bo + blocks * oh.tp_bwd_layer_s
-                hit = ((hit[0] + fo) * oh.compute_scale, (hit[1] + bo) * oh.compute_scale)
+                    hit = (hit[0] + blocks * oh.tp_fwd_layer_s, hit[1] + blocks * oh.tp_bwd_layer_s)
             self._compute[key] = hit
         return hit
 
