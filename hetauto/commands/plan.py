@@ -19,7 +19,8 @@ from hetauto.commands._output import console, print_json, print_table
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_time
 from hetauto.planner.inputs import load_planning_inputs
-from hetauto.planner.search import DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, PLANNERS, PlanResult, make_evaluator, plan
+from hetauto.planner.search import (DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, EVALUATIONS_PER_DEVICE, PLANNERS, PlanResult,
+                                    default_max_evaluations, make_evaluator, plan)
 
 BASELINE_SET = ("megatron", "metis", "amp", "greedy")
 
@@ -38,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "stop rule ends the search)")
     parser.add_argument("--iterations", type=int, default=None, help="MCTS iterations instead of the stop rule")
     parser.add_argument("--max-evaluations", type=int, default=None,
-                        help=f"cap on plan evaluations (default {DEFAULT_MAX_EVALUATIONS} without --budget/--iterations)")
+                        help=f"cap on plan evaluations (default without --budget/--iterations: {DEFAULT_MAX_EVALUATIONS} or "
+                             f"{EVALUATIONS_PER_DEVICE} per device, whichever is more)")
     parser.add_argument("--patience", type=int, default=None,
                         help=f"stop after this many evaluations without a better plan (default {DEFAULT_PATIENCE}; "
                              "0: off)")
@@ -75,7 +77,7 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
     if not show:
         return plan(inputs, name, **kw)
     err = Console(stderr=True)
-    cap = args.max_evaluations or (DEFAULT_MAX_EVALUATIONS if budget is None and not args.iterations else None)
+    cap = args.max_evaluations or (default_max_evaluations(inputs) if budget is None and not args.iterations else None)
     total = budget or float(args.iterations or cap or 1)
     with Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), TextColumn("{task.fields[best]}"),
                   TimeElapsedColumn(), console=err, transient=True) as bar:

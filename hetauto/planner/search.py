@@ -25,7 +25,8 @@ from hetauto.planner.space import Candidate, StrategySpace, boundary_pairs
 RESHARD_METHODS = ("scatter-allgather", "leader-broadcast", "lanes")
 PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy")
 DEFAULT_BUDGET_S = 10.0  # a time bound for callers that want one (the CLI's default is the stop rule)
-DEFAULT_MAX_EVALUATIONS = 1000  # the default cap when neither iterations nor a time budget is given
+DEFAULT_MAX_EVALUATIONS = 1000  # the default cap (at least; see default_max_evaluations) without iterations/budget
+EVALUATIONS_PER_DEVICE = 4  # larger clusters have a larger space: the default cap grows with the device count
 DEFAULT_PATIENCE = 300  # the stop rule: this many evaluations without a better plan ends the search
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
 MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
@@ -48,6 +49,12 @@ class PlanResult:
                 "throughput_samples_s": ev.throughput_samples_s, "tokens_s": ev.tokens_s, "mfu": ev.mfu,
                 "tflops_per_device": ev.tflops_per_device, "bubble_fraction": ev.bubble_fraction,
                 "search_time_s": self.search_time_s, "evaluations": self.evaluations, "estimates": self.estimates}
+
+
+def default_max_evaluations(inputs: PlanningInputs) -> int:
+    """The default evaluation cap: DEFAULT_MAX_EVALUATIONS, or EVALUATIONS_PER_DEVICE per device on large
+    clusters (scale-736: 2944), a count fixed by the inputs, so the result never depends on speed."""
+    return max(DEFAULT_MAX_EVALUATIONS, EVALUATIONS_PER_DEVICE * inputs.cluster.total_devices)
 
 
 def make_evaluator(inputs: PlanningInputs) -> Any:
@@ -110,7 +117,7 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
 
     MCTS stops at the first of: `budget` seconds (an upper bound), `iterations`, `max_evaluations`, or the
     stop rule, `patience` evaluations in a row without a better plan. Defaults: no `iterations` ->
-    patience DEFAULT_PATIENCE; neither `iterations` nor `budget` -> max_evaluations DEFAULT_MAX_EVALUATIONS.
+    patience DEFAULT_PATIENCE; neither `iterations` nor `budget` -> max_evaluations default_max_evaluations().
     Without a time budget the result depends only on the seed (evaluation counts, never the clock);
     `patience=0` turns the stop rule off. Baselines ignore iterations/max_evaluations/patience: they run
     their own algorithm to the end (`budget` still cuts them short).
@@ -138,7 +145,7 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
     if planner == "mcts":
         space = StrategySpace(inputs, ev, **(space_options or {}))
         if iterations is None and max_evaluations is None and budget is None:
-            max_evaluations = DEFAULT_MAX_EVALUATIONS
+            max_evaluations = default_max_evaluations(inputs)
         pat = (0 if iterations is not None else DEFAULT_PATIENCE) if patience is None else patience
         search = MCTS(space, seed=seed)
         search._start = start
