@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, help="sequence length (tokens)")
     parser.add_argument("--planner", default="mcts", choices=PLANNERS, help="search algorithm (default: mcts)")
     parser.add_argument("--baselines", action="store_true",
-                        help=f"also run {', '.join(BASELINE_SET)} and compare (same evaluator, same budget)")
+                        help=f"also run {', '.join(BASELINE_SET)} and compare (same evaluator; each runs its own "
+                             "algorithm to the end, e.g. metis' full enumeration, unless --budget cuts it)")
     parser.add_argument("--budget", type=float, default=None,
                         help="upper bound on search time in seconds (anytime: best so far; default: none, the "
                              "stop rule ends the search)")
@@ -158,6 +159,15 @@ def _continue_command(args: argparse.Namespace) -> str:
     return f"hetauto run {shlex.quote(args.output)} --resume {shlex.quote(args.resume)}"
 
 
+def _resharding_note(p: Any) -> str:
+    """One method: its name; several (chosen per boundary): the method of each boundary in order."""
+    if not p.resharding:
+        return ""
+    if len(set(p.resharding)) == 1:
+        return f", resharding {p.resharding[0]}"
+    return f", resharding per boundary {', '.join(p.resharding)}"
+
+
 def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse.Namespace) -> None:
     for line in inputs.describe():
         console.print(line, highlight=False)
@@ -169,7 +179,7 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
                      f"{format_bytes(ev.peak_memory_bytes[i])} / {format_bytes(ev.memory_capacity_bytes[i])}"])
     print_table(f"plan ({r.planner}): {p.num_stages} stages, microbatch {p.microbatch_size} x {p.num_microbatches}, "
                 f"{p.schedule.name}" + (f" extra warmup {list(p.schedule.extra_warmup)}" if p.schedule.extra_warmup else "")
-                + (", ZeRO-1" if p.zero1 else "") + (f", resharding {p.resharding[0]}" if p.resharding else ""),
+                + (", ZeRO-1" if p.zero1 else "") + _resharding_note(p),
                 ["stage", "cluster", "devices", "layers", "tp x dp", "recompute", "memory used / available"], rows)
     console.print(f"iteration {format_time(ev.iteration_time_s)}, {ev.throughput_samples_s:.3g} samples/s, "
                   f"{ev.tokens_s:.4g} tokens/s, {ev.tflops_per_device:.1f} TFLOP/s per device, MFU {ev.mfu:.1%}, "
