@@ -20,7 +20,7 @@ import sys
 STAGES, MICRO, MBS, SEQ = 4, 8, 16, 32
 LAYERS = ((0, 2), (2, 3), (3, 4), (4, 6))
 SLOW_BOUNDARY = 1
-LAT_STAGES = 1.5  # link latency in units of one stage's t_f + t_b
+LAT_STAGES = 3.0  # link latency in units of the slowest stage's t_f + t_b
 
 
 def _plan(schedule: str, extra: tuple[int, ...] = ()):
@@ -31,8 +31,34 @@ def _plan(schedule: str, extra: tuple[int, ...] = ()):
                 stages=stages, schedule=ScheduleSpec(name=schedule, extra_warmup=extra))
 
 
-def _times(ex, kind: str) -> float:
-    return statistics.median(e[5] - e[4] for e in ex.events if e[2] == kind and e[0] > 0)
+def _times(events: list, kind: str, stat=statistics.median) -> float:
+    return stat([e[5] - e[4] for e in events if e[2] == kind and e[0] > 0])
+
+
+def _handoffs(events_per_rank: list[list[list]]) -> list[float]:
+    """Exact post-to-use times of transfers over the fast (not emulated) boundaries: a send whose receiver
+    was already waiting for it (WAIT_* began before the post), so the wait's end is when the data was there.
+    What one pipeline hand-off costs on this machine now (gloo, wake-up of the waiting process)."""
+    posts, waits = {}, {}
+    for evs in events_per_rank:
+        for step, stage, kind, mb, start, end in evs:
+            if step == 0:
+                continue
+            if kind == "SEND_F":
+                posts[(step, "F", stage + 1, mb)] = start
+            elif kind == "SEND_B":
+                posts[(step, "B", stage - 1, mb)] = start
+            elif kind in ("WAIT_F", "WAIT_B"):
+                waits[(step, kind[-1], stage, mb)] = (start, end)
+    out = []
+    for (step, d, dst, mb), post in posts.items():
+        src = dst - 1 if d == "F" else dst + 1
+        if SLOW_BOUNDARY in (min(src, dst),) or (step, d, dst, mb) not in waits:
+            continue
+        start, end = waits[(step, d, dst, mb)]
+        if start <= post:
+            out.append(end - post)
+    return out
 
 
 def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
@@ -53,7 +79,7 @@ def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
     comm = Communicator.init_from_env("gloo", timeout_s=120, links=table)
     opts = ExecutorOptions(steps=steps, record=True)
 
-    def timed(plan, n: int) -> tuple[list[float], object]:
+    def timed(plan, n: int) -> tuple[list[float], object]:  # the probe
         ex = StageExecutor(build_groups(comm, plan), plan, cfg, opts)
         out = []
         for i in range(n + 1):
@@ -67,27 +93,44 @@ def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
                 out.append(float(t))
         return out, ex
 
-    def stage_times(ex) -> tuple[list[float], list[float]]:
-        fb = torch.tensor([_times(ex, "F"), _times(ex, "B")], dtype=torch.float64)
+    def stage_times(events: list, stat=statistics.median) -> tuple[list[float], list[float]]:
+        fb = torch.tensor([_times(events, "F", stat), _times(events, "B", stat)], dtype=torch.float64)
         tf_tb = [x.tolist() for x in comm.all_gather(fb)]
         return [x[0] for x in tf_tb], [x[1] for x in tf_tb]
 
-    # probe: 1F1B without the slow link, under the load the measured runs see (4 ranks on shared cores)
+    # probe: 1F1B without the slow link, under the load the measured runs see (4 ranks on shared cores);
+    # its stage times size the link latency and Virtual-1F1B's extra warmup
     _, probe = timed(_plan("1f1b"), 2)
-    ptf, ptb = stage_times(probe)
+    ptf, ptb = stage_times(probe.events)
     latency = lat_stages * max(x + y for x, y in zip(ptf, ptb))
     table.set(a, b, EmulatedLink(latency))
     table.set(b, a, EmulatedLink(latency))
-    base, ex = timed(_plan("1f1b"), steps)
-    tf, tb = stage_times(ex)
     cost = [0.0] * (STAGES - 1)
     cost[SLOW_BOUNDARY] = latency
-    extra = extra_warmup_from_costs(cost, tf, tb)
-    virt, vex = timed(_plan("virtual-1f1b", extra), steps)
+    extra = extra_warmup_from_costs(cost, ptf, ptb)
+    # side by side: the two schedules alternate step by step, so both see the same (shared-machine) load
+    ex = StageExecutor(build_groups(comm, _plan("1f1b")), _plan("1f1b"), cfg, opts)
+    vex = StageExecutor(build_groups(comm, _plan("virtual-1f1b", extra)), _plan("virtual-1f1b", extra), cfg, opts)
+    base, virt = [], []
+    for i in range(steps + 1):
+        for e, out in ((ex, base), (vex, virt)):
+            comm.barrier()
+            t = torch.tensor([0.0], dtype=torch.float64)
+            start = time.perf_counter()
+            e.step(i)
+            t[0] = time.perf_counter() - start
+            comm.all_reduce(t, "max")
+            if i:
+                out.append(float(t))
+    # the simulator's compute inputs: this run's F/B times per stage over both schedules (the same work);
+    # mean, not median: a critical path sums durations
+    tf, tb = stage_times(ex.events + vex.events)
+    tf_mean, tb_mean = stage_times(ex.events + vex.events, statistics.fmean)
     lag = table.dispatch_lag()
     comm.destroy()
     table.close()
-    return {"1f1b": base, "virtual": virt, "tf": tf, "tb": tb, "extra": list(extra), "latency": latency, "dispatch_lag": lag,
+    return {"1f1b": base, "virtual": virt, "tf": tf, "tb": tb, "extra": list(extra), "latency": latency,
+            "dispatch_lag": lag, "tf_mean": tf_mean, "tb_mean": tb_mean,
             "events": {"1f1b": ex.events, "virtual": vex.events}}
 
 
@@ -102,7 +145,7 @@ def _write_traces(folder: str, allres: list, latency: float, alpha: float, res: 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     links = tuple(Link(latency=(latency if h == SLOW_BOUNDARY else 0.0) + alpha) for h in range(STAGES - 1))
-    costs = PipelineCosts(tf=res["tf"], tb=res["tb"], links=links)
+    costs = PipelineCosts(tf=res["tf_mean"], tb=res["tb_mean"], links=links)
     for name, sched, plan in (("1f1b", one_f_one_b(STAGES, MICRO), _plan("1f1b")),
                               ("virtual", virtual_1f1b(STAGES, MICRO, tuple(res["extra"])),
                                _plan("virtual-1f1b", tuple(res["extra"])))):
@@ -127,6 +170,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--latency-stages", type=float, default=LAT_STAGES,
+                    help=f"link latency in units of the slowest stage's t_f + t_b (default {LAT_STAGES})")
     ap.add_argument("--trace", metavar="DIR", help="write measured and simulated Chrome traces of both schedules "
                     "(last step) and print where the measured Virtual-1F1B timeline departs from the simulated one")
     args = ap.parse_args()
@@ -134,7 +179,7 @@ def main() -> int:
     from hetauto.testing.multiproc import run_ranks
 
     steps = 3 if args.quick else 6
-    allres = run_ranks(_work, STAGES, steps, LAT_STAGES, timeout=900)
+    allres = run_ranks(_work, STAGES, steps, args.latency_stages, timeout=900)
     res = allres[0]
     latency = res["latency"]
     # what the measured F/B medians leave out: every message's gloo alpha, and the executor's fixed cost per
@@ -144,31 +189,41 @@ def main() -> int:
     cal = local_calibration(measure=True)
     alpha = cal.overheads.p2p_alpha_s if cal is not None else 0.0
     step = cal.overheads.step_s if cal is not None else 0.0
+    # in-run inputs: everything the simulator needs, measured in the 1F1B run under the load both runs
+    # share (mean F/B per stage: a critical path sums durations, so their mean, not median; one hand-off's
+    # cost from the fast boundaries); Virtual-1F1B is then predicted out of sample
+    hand = _handoffs([r["events"]["1f1b"] for r in allres])
+    alpha_run = statistics.median(hand) if hand else alpha
     preds = {}
-    for name, a, st in (("fb_only", 0.0, 0.0), ("with_overheads", alpha, step)):
+    for name, a, st, tf, tb in (("fb_only", 0.0, 0.0, res["tf"], res["tb"]),
+                                ("calibration", alpha, step, res["tf"], res["tb"]),
+                                ("in_run", alpha_run, step, res["tf_mean"], res["tb_mean"])):
         links = tuple(Link(latency=(latency if h == SLOW_BOUNDARY else 0.0) + a) for h in range(STAGES - 1))
-        costs = PipelineCosts(tf=res["tf"], tb=res["tb"], links=links)
+        costs = PipelineCosts(tf=tf, tb=tb, links=links)
         preds[name] = (simulate(one_f_one_b(STAGES, MICRO), costs).iteration_time + st,
                        simulate(virtual_1f1b(STAGES, MICRO, tuple(res["extra"])), costs).iteration_time + st)
-    pred_base, pred_virt = preds["with_overheads"]
+    pred_base, pred_virt = preds["in_run"]
     if args.trace:
-        _write_traces(args.trace, allres, latency, alpha, res)
+        _write_traces(args.trace, allres, latency, alpha_run, res)
     m_base, m_virt = statistics.median(res["1f1b"]), statistics.median(res["virtual"])
-    out = {"latency_s": latency, "tf_s": res["tf"], "tb_s": res["tb"], "extra_warmup": res["extra"],
+    out = {"latency_s": latency, "latency_stages": args.latency_stages, "tf_s": res["tf"], "tb_s": res["tb"], "extra_warmup": res["extra"],
            "measured_1f1b_s": m_base, "measured_virtual_s": m_virt, "measured_gain": m_base / m_virt,
            "predicted_1f1b_s": pred_base, "predicted_virtual_s": pred_virt, "predicted_gain": pred_base / pred_virt}
     out["gain_error"] = abs(out["measured_gain"] - out["predicted_gain"]) / out["predicted_gain"]
     fb = preds["fb_only"]
     out["predicted_gain_fb_only"] = fb[0] / fb[1]
-    out["p2p_alpha_s"], out["step_overhead_s"] = alpha, step
+    cb = preds["calibration"]
+    out["predicted_gain_calibration"] = cb[0] / cb[1]
+    out["p2p_alpha_s"], out["step_overhead_s"], out["handoff_s"] = alpha, step, alpha_run
     lags = [r["dispatch_lag"] for r in allres if r["dispatch_lag"][2]]
     out["dispatch_lag_max_s"] = max(x[0] for x in lags) if lags else 0.0
     out["dispatch_lag_mean_s"] = sum(x[1] * x[2] for x in lags) / max(1, sum(x[2] for x in lags))
     print(f"link latency {latency * 1e3:.1f} ms, extra warmup {res['extra']}")
     print(f"1F1B          measured {m_base * 1e3:8.1f} ms  predicted {pred_base * 1e3:8.1f} ms")
     print(f"Virtual-1F1B  measured {m_virt * 1e3:8.1f} ms  predicted {pred_virt * 1e3:8.1f} ms")
-    print(f"predicted gain from F/B times only {out['predicted_gain_fb_only']:.2f}x; with p2p alpha "
-          f"{alpha * 1e3:.2f} ms/message and {step * 1e3:.1f} ms/step executor overhead:")
+    print(f"predicted gain: F/B medians only {out['predicted_gain_fb_only']:.2f}x; + calibrated p2p alpha "
+          f"{alpha * 1e3:.2f} ms and {step * 1e3:.1f} ms/step {out['predicted_gain_calibration']:.2f}x; "
+          f"in-run (F/B means, hand-off {alpha_run * 1e3:.2f} ms median of {len(hand)}):")
     print(f"gain measured {out['measured_gain']:.2f}x predicted {out['predicted_gain']:.2f}x "
           f"(error {out['gain_error'] * 100:.0f}%; targets >= 1.2x, <= 15%)")
     print(f"emulated-link dispatch lag behind delivery time: mean {out['dispatch_lag_mean_s'] * 1e3:.2f} ms, "
