@@ -185,3 +185,17 @@ def test_per_boundary_resharding_picks_the_cheaper_method_per_boundary() -> None
         assert got.evaluation.throughput_samples_s > u.evaluation.throughput_samples_s
     again = descend_resharding(space, scorer, uniform["lanes"])  # from the other side: the same answer
     assert again.plan.resharding == ("lanes", "scatter-allgather")
+
+
+def test_default_cap_grows_with_the_device_count() -> None:
+    from hetauto.core.scenarios import get_scenario
+    from hetauto.planner.inputs import PlanningInputs
+    from hetauto.planner.search import default_max_evaluations
+
+    def cap(name: str) -> int:
+        inp = tiny_inputs()
+        return default_max_evaluations(PlanningInputs(get_scenario(name).cluster, inp.model, 512, 16, inp.layers))
+
+    assert default_max_evaluations(tiny_inputs()) == 1000  # 6 devices: the floor
+    assert cap("paper-4c") == 4 * 256
+    assert cap("scale-736") == 4 * 736
