@@ -1,13 +1,19 @@
 """Virtual-1F1B vs 1F1B, measured by the executor over an emulated slow link, next to the simulator's prediction.
 
-4 stages of tiny GPT, one rank each, 8 microbatches; the boundary between stages 1 and 2 is an in-process
-emulated link (hetauto.runtime.links) whose latency is LAT_STAGES times one stage's measured F+B time.
-1F1B runs first; its measured per-stage F and B times size Virtual-1F1B's extra warmup
-(k = ceil(2c/(tf+tb))) and feed the simulator, which predicts both step times. Prints measured gain,
-predicted gain, and their relative difference (targets: gain >= 1.2, within 15%).
-`--json`: the last line is one JSON document.
+4 stages of tiny GPT, one rank each, 8 microbatches of 16 x 32 tokens; the boundary between stages 1 and 2
+is an in-process emulated link (hetauto.runtime.links). A probe (1F1B, no slow link, same 4 ranks under the
+same load) measures each stage's F and B; the link latency is LAT_STAGES times the slowest stage's F+B and
+Virtual-1F1B's extra warmup is k = ceil(2c/(tf+tb)) from the same times. Then the two schedules run
+step-interleaved (1F1B step, Virtual-1F1B step, ...), so both see the same load on this shared machine.
+The simulator predicts both step times from what this run measured: per-stage mean F/B over both schedules,
+the link latency, one pipeline hand-off's cost (median post-to-use time over the fast boundaries, where the
+receiver was already waiting) and the calibrated per-step overhead. Prints measured gain, predicted gain and
+their relative difference (targets: gain >= 1.2, within 15%).
 
-    python benchmarks/virtual_1f1b_gain.py [--quick] [--json]
+    python benchmarks/virtual_1f1b_gain.py [--quick] [--json] [--latency-stages X] [--trace DIR]
+
+`--trace DIR`: Chrome traces (measured and simulated, both schedules, last step) and an action-by-action table
+of measured vs simulated start/end. `--json`: the last line is one JSON document.
 """
 
 from __future__ import annotations

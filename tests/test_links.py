@@ -164,7 +164,7 @@ def test_receiver_observes_latency_plus_bytes_over_bandwidth_fifo() -> None:
 
 # ------------------------------------------------------------- rendezvous: a late receive pays the latency
 
-RDV_LAT, RDV_LATE = 0.3, 0.4
+RDV_LAT, RDV_HOLD, RDV_LATE = 0.3, 0.1, 0.5  # the 96-byte boundary holds its pipe RDV_HOLD
 
 
 def _late_receive(rank: int, world: int) -> dict:
@@ -172,9 +172,10 @@ def _late_receive(rank: int, world: int) -> dict:
 
     from hetauto.core.comm import Communicator
     from hetauto.runtime.boundary import BoundaryRoute
+    from hetauto.runtime.links import SharedPipe
     from hetauto.runtime.resharding import StageLayout, plan_transfer
 
-    table = LinkTable({(0, 1): EmulatedLink(RDV_LAT)})
+    table = LinkTable({(0, 1): EmulatedLink(RDV_LAT)}, shared={(0, 1): SharedPipe("a->b", 96 / RDV_HOLD)})
     comm = Communicator.init_from_env("gloo", timeout_s=10, links=table)
     route = BoundaryRoute(comm, plan_transfer(StageLayout.contiguous(1, 1, 0), StageLayout.contiguous(1, 1, 1),
                                               (2, 3, 4), "scatter-allgather"), local_groups=None, timeout_s=10)
@@ -183,7 +184,7 @@ def _late_receive(rank: int, world: int) -> dict:
     if rank == 0:
         route.post_send(torch.arange(24, dtype=torch.float32).view(2, 3, 4), 0).wait()
     else:
-        time.sleep(RDV_LATE)  # the data is delivered (RDV_LAT) before this receive is even posted
+        time.sleep(RDV_LATE)  # the data is delivered (RDV_LAT + RDV_HOLD) before this receive is even posted
         posted_at = time.monotonic()
         posted = route.post_recv(0)
         res["not_before"] = posted.not_before - posted_at
@@ -203,10 +204,10 @@ def test_late_receive_over_a_link_pays_its_latency_like_the_simulator() -> None:
 
     sender, receiver = run_ranks(_late_receive, 2, timeout=60)
     assert sender["delay"] == 0.0  # 1 -> 0 has no link
-    assert receiver["delay"] == RDV_LAT
-    assert receiver["not_before"] == pytest.approx(RDV_LAT, abs=0.01)
+    assert receiver["delay"] == pytest.approx(RDV_LAT + RDV_HOLD, abs=1e-12)  # latency + bytes / pipe capacity
+    assert receiver["not_before"] == pytest.approx(RDV_LAT + RDV_HOLD, abs=0.01)
     assert receiver["done_at_once"] is False
-    assert receiver["waited"] >= RDV_LAT
+    assert receiver["waited"] >= RDV_LAT + RDV_HOLD
     assert receiver["value"] == [float(i) for i in range(24)]
 
 

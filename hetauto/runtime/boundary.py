@@ -11,7 +11,8 @@ every resharding method stays exactly as planned and bit-exact.
 Emulated links, rendezvous as the simulator models it: a transfer starts once both sides are posted, so
 it arrives `latency + bytes/bandwidth` after the LATER of the two posts. The sender's side of that is the
 link's delayed dispatch (hetauto.runtime.links); the receiver's side is here: a receive over an emulated
-link is not complete before `post time + latency + bytes/bandwidth` (`Posted.not_before`), so a receive
+link is not complete before `post time + latency + bytes/bandwidth` (bytes/capacity where a shared pipe
+is narrower; `Posted.not_before`), so a receive
 posted late pays the link's latency after it was posted, exactly as in hetauto.schedule.simulator.
 
 Buffer reuse rule: the executor hands a receive buffer back (`release`) only once nothing reads it any
@@ -93,7 +94,9 @@ class BoundaryRoute:
                 link = links.get(m.src, me) if links is not None and m.dst == me and m.src != me else None
                 if link is not None:
                     nbytes = (m.stop - m.start) * torch.empty((), dtype=dtype).element_size()
-                    self.recv_delay_s = max(self.recv_delay_s, link.transfer_time(nbytes))
+                    pipe = links.pipe(m.src, me) if hasattr(links, "pipe") else None
+                    hold = pipe.hold_time(nbytes) if pipe is not None else 0.0
+                    self.recv_delay_s = max(self.recv_delay_s, link.latency_s + max(link.wire_time(nbytes), hold))
         self.sends, self.recvs = tuple(sends), tuple(recvs)
         self._free: list[torch.Tensor] = []
 
