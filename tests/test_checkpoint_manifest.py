@@ -192,3 +192,28 @@ def test_extra_must_be_json(tmp_path: Path) -> None:
     model, opt = _trained()
     with pytest.raises(CheckpointError, match="checkpoint extra data must be JSON"):
         save_checkpoint(tmp_path, 1, model, opt, extra={"bad": object()})
+
+
+def test_finding_and_reading_checkpoints_needs_no_dcp_import(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint (with DTensor) costs seconds per process: the CLI's pre-launch checks, a
+    restarted worker's search and a run without checkpoints (training imported) must not import it."""
+    import os
+    import subprocess
+    import sys
+
+    from hetauto.runtime import checkpoint, checkpoint_storage
+
+    assert checkpoint.METADATA_FILE == checkpoint_storage.METADATA_FILE
+    model, opt = _trained()
+    save_checkpoint(tmp_path, 0, model, opt, extra={"next_step": 1})
+    code = ("import sys\n"
+            "from hetauto.runtime import training\n"
+            "from hetauto.runtime.checkpoint import latest_checkpoint, read_manifest, data_stream_changes\n"
+            f"assert latest_checkpoint({str(tmp_path)!r}).name == 'step-00000000'\n"
+            f"assert read_manifest({str(tmp_path)!r}).extra == {{'next_step': 1}}\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch.distributed.checkpoint', "
+            "'torch.distributed.tensor'))))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == "[]\n"

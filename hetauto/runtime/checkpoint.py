@@ -41,15 +41,17 @@ from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 import hetauto
 from hetauto.core.errors import CheckpointError, CheckpointMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.runtime import faults
-from hetauto.runtime.checkpoint_storage import METADATA_FILE, JsonFileSystemReader, JsonFileSystemWriter
+
+# torch.distributed.checkpoint (and the DTensor it pulls in) costs seconds per process to import: it is
+# imported inside save/load only, so finding, reading and checking checkpoints (the CLI before a launch, a
+# restarted worker looking for its checkpoint, a run without checkpoints) never pays for it.
+METADATA_FILE = ".metadata.json"  # = checkpoint_storage.METADATA_FILE (test_checkpoint_manifest checks they agree)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -71,7 +73,10 @@ CHECKPOINT_FORMAT = "hetauto.checkpoint/1"
 MANIFEST_FILE = "manifest.json"
 _PREFIX = "step-"
 _TMP_PREFIX = ".tmp-step-"
-_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+def _options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 # ModelConfig fields that decide the parameters' names and shapes (the name alone may differ).
 _STRUCTURAL = ("arch", "num_layers", "hidden", "num_heads", "ffn_hidden", "vocab_size", "max_seq_len",
                "num_kv_heads", "tie_embeddings")
@@ -235,7 +240,9 @@ def _state(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[
         msd = module.state_dict()
         osd: dict[str, Any] = {}
     else:
-        msd, osd = get_state_dict(module, optimizer, options=_OPTIONS)
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(module, optimizer, options=_options())
     tensors: dict[str, torch.Tensor] = {}
     for k, v in msd.items():
         if not isinstance(v, torch.Tensor):
@@ -320,6 +327,10 @@ def save_checkpoint(
         faults.maybe_fail(step, "checkpoint", rank=rank)
         if after_shards_written is not None:
             after_shards_written()
+
+    import torch.distributed.checkpoint as dcp
+
+    from hetauto.runtime.checkpoint_storage import JsonFileSystemWriter
 
     try:
         with warnings.catch_warnings():
@@ -468,6 +479,8 @@ def _check_model_dict(manifest: Manifest, mine: dict[str, Any], where: Path) -> 
 
 def _check_keys(path: Path, tensors: Mapping[str, torch.Tensor]) -> str | None:
     """Why the checkpoint cannot fill `tensors` (a missing name or a different global shape), or None."""
+    from hetauto.runtime.checkpoint_storage import JsonFileSystemReader
+
     try:
         md = JsonFileSystemReader(path).read_metadata()
     except ValueError as exc:
@@ -513,6 +526,10 @@ def load_checkpoint(
     problem = _check_keys(path, tensors)
     if not _all_ok(problem is None, comm):
         raise CheckpointMismatch(problem or f"{path}: another rank found this checkpoint unusable for its stage (see its error)")
+    import torch.distributed.checkpoint as dcp
+
+    from hetauto.runtime.checkpoint_storage import JsonFileSystemReader
+
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -540,7 +557,9 @@ def load_checkpoint(
         for k, current in hparams.items():
             v = saved_hparams.get(k, current)
             osd[k] = tuple(v) if isinstance(current, tuple) and isinstance(v, list) else v
-        set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd, options=_OPTIONS)
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd, options=_options())
     if restore_rng and my_rng is not None and manifest.world_size == world:
         restore_rng_state(my_rng)
     _barrier(comm)

@@ -47,10 +47,29 @@ def worker_args(plan_path: str | Path, out_dir: str | Path, *, steps: int, seed:
     return args
 
 
+# `python -m torch.distributed.run` whose process ends with os._exit once torchrun returns (its workers are gone
+# by then): the agent's interpreter teardown (unloading torch, ~1 s) is pure latency on every local launch.
+# Exit code and stderr are torchrun's own: a failure prints its 'Root Cause' table and a traceback, exit 1.
+_TORCHRUN = ("import os, runpy, sys, traceback\n"
+             "sys.argv[0] = 'torchrun'\n"
+             "code = 0\n"
+             "try:\n"
+             "    runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)\n"
+             "except SystemExit as e:\n"
+             "    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)\n"
+             "except BaseException:\n"
+             "    traceback.print_exc()\n"
+             "    code = 1\n"
+             "sys.stdout.flush()\n"
+             "sys.stderr.flush()\n"
+             "os._exit(code)\n")
+
+
 def local_command(plan: Plan, worker: list[str], max_restarts: int = 0) -> list[str]:
     """All ranks on this machine. `max_restarts` > 0: torchrun restarts the whole job after a failure and the
-    workers resume from the latest complete checkpoint (hetauto.runtime.worker)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
+    workers resume from the latest complete checkpoint (hetauto.runtime.worker). Runs torchrun's own module
+    (`_TORCHRUN`: the same arguments, exit code and output, without the interpreter's teardown)."""
+    return [sys.executable, "-c", _TORCHRUN, "--standalone", f"--nproc-per-node={plan.world_size}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1", *worker]
 
 

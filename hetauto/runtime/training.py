@@ -45,13 +45,14 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: Execu
                checkpoint: CheckpointOptions = CheckpointOptions()) -> RankReport:
     """Every rank of the job calls it: build groups and this rank's stage, load `checkpoint.resume` (resharded
     to this plan's layout), train up to step `options.steps`, checkpointing as `checkpoint` says."""
-    from hetauto.runtime.checkpoint import load_checkpoint, save_checkpoint
-
     torch.manual_seed(options.seed)
     groups = build_groups(world, plan, tied=cfg.tie_embeddings)
     ex = StageExecutor(groups, plan, cfg, options)
     start = 0
     if checkpoint.resume:
+        # imported only when used: torch.distributed.checkpoint costs seconds per process (see checkpoint.py)
+        from hetauto.runtime.checkpoint import load_checkpoint
+
         man = load_checkpoint(checkpoint.resume, ex.stage, ex.optimizer, plan=plan, comm=world)
         seed = man.extra.get("seed")
         if seed is not None and seed != options.seed:
@@ -62,6 +63,8 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: Execu
     def after_step(step: int) -> Path | None:
         if checkpoint.directory is None or not should_checkpoint(step, options.steps, checkpoint.every):
             return None
+        from hetauto.runtime.checkpoint import save_checkpoint
+
         return save_checkpoint(checkpoint.directory, step, ex.stage, ex.optimizer, plan=plan,
                                extra={"next_step": step + 1, "seed": options.seed, "lr": options.lr},
                                keep=checkpoint.keep, comm=world)

@@ -5,9 +5,10 @@ hangs blocks the whole suite. `run_ranks` spawns fresh interpreters (spawn, neve
 do not survive fork), gives them a torchrun-like environment on a free port, and enforces one hard
 deadline for all of them; ranks still running at the deadline are killed and reported.
 
-Processes come from a forkserver that has imported torch once (`start_method="forkserver"`, the default
-where the platform has one): a fresh interpreter per rank would pay torch's multi-second import each
-time, which dominated the run time of small multi-process tests. The forkserver itself never touches
+Processes come from a forkserver that has imported torch, DTensor, torch.distributed.checkpoint and the
+hetauto runtime once (`_PRELOAD`; `start_method="forkserver"`, the default where the platform has one): a
+fresh interpreter per rank would pay those multi-second imports each time, which dominated the run time of
+small multi-process tests. The forkserver itself never touches
 torch.distributed or threads, so forking from it is as clean as spawn. `start_method="spawn"` is kept.
 
     def work(rank, world_size, n):            # module-level, so spawn can import it
@@ -66,7 +67,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_PRELOAD = ["torch", "torch.distributed"]
+# Imported once by the forkserver, so every rank forked from it starts with them loaded: torch (seconds),
+# DTensor and torch.distributed.checkpoint (seconds more, needed by tp > 1 stages and checkpoints), and the
+# hetauto runtime modules the multi-process tests run. None of them starts a thread or touches a process
+# group at import (the forkserver stays fork-safe); a module that fails to import is skipped by the server.
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+    "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+    "hetauto.core.comm",
+    "hetauto.runtime.executor",
+    "hetauto.runtime.training",
+    "hetauto.runtime.checkpoint",
+    "hetauto.runtime.checkpoint_storage",
+    "hetauto.runtime.tensor_parallel",
+]
 
 
 def _context(start_method: str) -> Any:
