@@ -104,9 +104,10 @@ def installed() -> FaultSpec | None:
 
 
 def _current_rank() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    # a process that has not imported torch.distributed has no process group: do not import torch (seconds) to
+    # find that out, e.g. in a torch-free script or on every maybe_fail before the job's imports
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ.get("RANK", "0"))
 
