@@ -141,6 +141,13 @@ def test_default_search_needs_no_budget_and_is_deterministic() -> None:
     assert a.evaluations <= DEFAULT_MAX_EVALUATIONS
 
 
+@pytest.mark.parametrize("cap", [7, 30, 101])
+def test_max_evaluations_is_never_exceeded(cap: int) -> None:
+    inp = tiny_inputs(layers=8, gbs=16)
+    r = plan(inp, "mcts", max_evaluations=cap, patience=0, seed=1, evaluator=FakeEvaluator(inp))
+    assert cap - 6 <= r.evaluations <= cap
+
+
 def test_baseline_seeds_do_not_depend_on_time() -> None:
     from hetauto.planner.baselines.metis import metis_ranked
     from hetauto.planner.search import baseline_seeds

@@ -282,9 +282,12 @@ class MCTS:
             if n.options and len(n.children) == len(n.options) and all(c.exhausted for c in n.children.values()):
                 n.exhausted = True
 
-    def seed_with(self, candidates: Sequence[Candidate]) -> None:
-        """Score given candidates first (e.g. what simpler planners would pick): the search starts from them."""
+    def seed_with(self, candidates: Sequence[Candidate], stop: Callable[[], bool] | None = None) -> None:
+        """Score given candidates first (e.g. what simpler planners would pick): the search starts from them
+        (until `stop()`, e.g. an evaluation cap smaller than the seeds)."""
         for c in candidates:
+            if stop is not None and stop():
+                return
             self.scorer.score(c)
             self._record()
 

@@ -29,6 +29,7 @@ DEFAULT_MAX_EVALUATIONS = 1000  # the default cap (at least; see default_max_eva
 EVALUATIONS_PER_DEVICE = 4  # larger clusters have a larger space: the default cap grows with the device count
 DEFAULT_PATIENCE = 300  # the stop rule: this many evaluations without a better plan ends the search
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
+POLISH_RESERVE = 5
 MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
 TOP_K = 3
 
@@ -149,10 +150,10 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         pat = (0 if iterations is not None else DEFAULT_PATIENCE) if patience is None else patience
         search = MCTS(space, seed=seed)
         search._start = start
-        search.seed_with(seed_candidates(space))
-        search.seed_with(baseline_seeds(space))
         scorer = search.scorer
-        cap = None if max_evaluations is None else before + max_evaluations - 2  # 2: kept for polish()
+        # a score evaluates <= 2 plans (a second cut), so the phases end <= cap + 1 and polish() adds <= 4:
+        # keeping 5 back means `max_evaluations` (>= 6) is never exceeded; one candidate is always scored
+        cap = None if max_evaluations is None else before + max(1, max_evaluations - POLISH_RESERVE)
 
         def spent(share: float = 1.0) -> bool:
             """The upper bounds: evaluation cap and time budget."""
@@ -169,6 +170,9 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
 
         def stop() -> bool:
             return spent() or stale()
+
+        search.seed_with(seed_candidates(space), spent)
+        search.seed_with(baseline_seeds(space), spent)
 
         first = None if iterations is None else max(1, (iterations * 2) // 3)
         first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
