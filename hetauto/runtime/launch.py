@@ -20,7 +20,7 @@ from typing import Any
 from hetauto.core.errors import CommunicationError, PlanMismatch
 from hetauto.core.plan import Plan
 
-__all__ = ["JobFailed", "worker_args", "local_command", "node_commands", "launch_local", "start_local", "LocalJob",
+__all__ = ["JobFailed", "worker_args", "torchrun_launcher", "local_command", "node_commands", "launch_local", "start_local", "LocalJob",
            "diagnose_failure",
            "collect_reports", "kill_group",
            "torchrun_exit_codes"]
@@ -65,11 +65,16 @@ _TORCHRUN = ("import os, runpy, sys, traceback\n"
              "os._exit(code)\n")
 
 
+def torchrun_launcher() -> list[str]:
+    """The command prefix that runs torchrun on this machine (`_TORCHRUN`), for local and namespace launches."""
+    return [sys.executable, "-c", _TORCHRUN]
+
+
 def local_command(plan: Plan, worker: list[str], max_restarts: int = 0) -> list[str]:
     """All ranks on this machine. `max_restarts` > 0: torchrun restarts the whole job after a failure and the
     workers resume from the latest complete checkpoint (hetauto.runtime.worker). Runs torchrun's own module
     (`_TORCHRUN`: the same arguments, exit code and output, without the interpreter's teardown)."""
-    return [sys.executable, "-c", _TORCHRUN, "--standalone", f"--nproc-per-node={plan.world_size}",
+    return [*torchrun_launcher(), "--standalone", f"--nproc-per-node={plan.world_size}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1", *worker]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.plan import Plan
-from hetauto.runtime.launch import JobFailed, collect_reports, kill_group, worker_args
+from hetauto.runtime.launch import JobFailed, collect_reports, kill_group, torchrun_launcher, worker_args
 
 __all__ = ["launch_netns", "cross_cluster_bandwidth"]
 
@@ -59,7 +59,7 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, *, steps: int, seed: int, tim
         procs = []
         for g in range(len(topo.groups)):
             env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **topo.env_for_group(g))
-            procs.append(subprocess.Popen(topo.torchrun_command(g, program), env=env, stdout=subprocess.PIPE,
+            procs.append(subprocess.Popen(topo.torchrun_command(g, program, torchrun=torchrun_launcher()), env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, start_new_session=True))
         deadline = time.monotonic() + timeout_s * 3 + 60 + 5 * steps
         outs: list[tuple[str, str]] = []
