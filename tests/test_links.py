@@ -341,3 +341,20 @@ def test_two_processes_sending_through_one_pipe_share_its_capacity(tmp_path) -> 
     assert out[2]["value"] == [0.0] and out[3]["value"] == [1.0]
     for r in (0, 1):
         assert out[r + 2]["arrived"] >= out[r]["deliver_at"]
+
+
+def test_job_pipe_folder_is_removed_when_closed(tmp_path) -> None:
+    from hetauto.runtime.links import FilePipeClock
+
+    folder = tmp_path / "job"
+    ranks = [FilePipeClock(folder, remove_on_close=True) for _ in range(2)]
+    assert ranks[0].reserve("a->b", 0.0, 1.0) == (0.0, 1.0)
+    assert ranks[1].reserve("a->b", 0.0, 1.0) == (1.0, 2.0)  # one pipe: booked behind rank 0
+    ranks[0].close()  # the first rank to finish removes the file; the other still books on its open one
+    assert ranks[1].reserve("a->b", 0.0, 1.0) == (2.0, 3.0)
+    ranks[1].close()
+    assert not folder.exists()
+    kept = FilePipeClock(tmp_path / "given")
+    kept.reserve("a->b", 0.0, 1.0)
+    kept.close()
+    assert (tmp_path / "given" / "a-_b.clock").exists()

@@ -33,7 +33,10 @@ class Emulation:
         """This rank's table. With shared pipes, every rank of the job must use the same `pipe_dir`
         (default: links.default_pipe_dir(), one folder per MASTER_ADDR/MASTER_PORT)."""
         shared = {(a, b): pipe for a, b, pipe in self.pipes}
-        clock = FilePipeClock(pipe_dir if pipe_dir is not None else default_pipe_dir()) if shared else None
+        clock = None
+        if shared:  # the default folder is this job's alone: removed when the ranks close their tables
+            clock = FilePipeClock(pipe_dir if pipe_dir is not None else default_pipe_dir(),
+                                  remove_on_close=pipe_dir is None)
         return LinkTable({(a, b): link for a, b, link in self.links}, shared=shared, clock=clock)
 
 

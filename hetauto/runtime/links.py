@@ -106,9 +106,12 @@ class FilePipeClock:
     monotonic time the pipe is next free), updated under an exclusive flock. CLOCK_MONOTONIC is one clock
     for every process of a Linux host, so reservations from different ranks order correctly."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, remove_on_close: bool = False) -> None:
+        """`remove_on_close`: delete the clock files (and the folder, once empty) at `close()`; for a
+        per-job folder. A rank still sending keeps its open file, so a late close costs nothing."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.remove_on_close = remove_on_close
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -116,6 +119,7 @@ class FilePipeClock:
         fd = self._fds.get(name)
         if fd is None:
             safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+            self.directory.mkdir(parents=True, exist_ok=True)  # another rank may have closed and removed it
             fd = self._fds[name] = os.open(self.directory / f"{safe}.clock", os.O_RDWR | os.O_CREAT, 0o600)
         return fd
 
@@ -136,7 +140,14 @@ class FilePipeClock:
         with self._lock:
             for fd in self._fds.values():
                 os.close(fd)
-            self._fds.clear()
+            names, self._fds = list(self._fds), {}
+        if self.remove_on_close:
+            for name in names:
+                (self.directory / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.clock").unlink(missing_ok=True)
+            try:
+                self.directory.rmdir()
+            except OSError:  # another rank's files are still there, or it is gone already
+                pass
 
 
 def default_pipe_dir() -> Path:
