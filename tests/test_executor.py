@@ -41,27 +41,38 @@ CASES = [
     ("1f1b", GPT, ("lanes", "scatter-allgather")),
     ("virtual-1f1b", GPT, ("scatter-allgather", "scatter-allgather")),
     ("1f1b", TIED, ("leader-broadcast", "lanes")),
+    # cpu-demo's links emulated (1 ms, 1 Gbps per pair, one shared 1 Gbps pipe per direction): delays only
+    ("virtual-1f1b", GPT, ("lanes", "leader-broadcast"), "emulated"),
 ]
 
 
-def _work(rank: int, world: int, cases: list) -> list[dict]:
+def _work(rank: int, world: int, cases: list, pipe_dir: str) -> list[dict]:
     from hetauto.core.comm import Communicator
+    from hetauto.core.scenarios import get_scenario
+    from hetauto.runtime.emulation import emulation_for_plan
     from hetauto.runtime.executor import ExecutorOptions, run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         out = []
-        for schedule, cfg, methods in cases:
+        for schedule, cfg, methods, *emulated in cases:
             plan = make_plan(schedule, methods)
+            table = emulation_for_plan(plan, get_scenario("cpu-demo").cluster).link_table(pipe_dir) if emulated else None
+            comm.links = table
             out.append(run_rank(comm, plan, cfg, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30)).to_dict())
+            comm.links = None
+            if table is not None:
+                out[-1]["link_messages"] = len(table.messages_per_link())
+                table.close()
         return out
     finally:
         comm.destroy()
 
 
 @pytest.fixture(scope="module")
-def runs() -> list[list[dict]]:
-    per_rank = run_ranks(_work, make_plan().world_size, CASES, timeout=150)
+def runs(tmp_path_factory) -> list[list[dict]]:
+    pipes = str(tmp_path_factory.mktemp("pipes"))
+    per_rank = run_ranks(_work, make_plan().world_size, CASES, pipes, timeout=150)
     return [[per_rank[r][c] for r in range(len(per_rank))] for c in range(len(CASES))]
 
 
@@ -70,15 +81,18 @@ def _reference(cfg) -> list[float]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}-{c[1].name}-{'+'.join(c[2])}" for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)),
+                         ids=[f"{c[0]}-{c[1].name}-{'+'.join(c[2])}{'-emulated' if len(c) > 3 else ''}" for c in CASES])
 def test_loss_matches_single_process(runs, case: int) -> None:
-    schedule, cfg, methods = CASES[case]
+    schedule, cfg, methods = CASES[case][:3]
     plan = make_plan(schedule, methods)
     got = summarize(plan, runs[case])
     want = _reference(cfg)
     assert len(got.losses) == STEPS
     assert max(abs(a - b) for a, b in zip(got.losses, want)) < 1e-5, (got.losses, want)
     assert got.losses[-1] < got.losses[0]  # it trains
+    if len(CASES[case]) > 3:  # every cross-cluster pair went through its emulated link
+        assert sum(r["link_messages"] for r in runs[case]) > 0
 
 
 @pytest.mark.multiprocess
