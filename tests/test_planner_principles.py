@@ -149,6 +149,15 @@ def test_warmup_covers_the_round_trip_and_memory_caps_it() -> None:
     assert wanted == (0, 5) and kept == (0, 2)
 
 
+
+def test_searched_warmup_bonus_adds_depth_within_memory() -> None:
+    # the descent's extra depth on top of the rule's: added per boundary, then capped like the rule's
+    wanted, kept = P.warmup_for_boundaries([0.0, 0.5], [1.0, 1.0, 1.0], bonus=[0, 1])
+    assert wanted == kept == (0, 2)
+    wanted, kept = P.warmup_for_boundaries([0.0, 0.5], [1.0, 1.0, 1.0], [4, 7, None], bonus=[2, 2])
+    assert wanted == (2, 3) and kept == (0, 1)  # stage 0 holds 3 + 1: the downstream boundary keeps its 1
+
+
 def test_space_gives_a_slow_boundary_extra_warmup() -> None:
     inp = tiny_inputs(links="10Gbps", latency="20ms")
     ev = FakeEvaluator(inp)

@@ -214,14 +214,19 @@ def _links_equal(spec: ClusterSpec, a: str, b: str) -> bool:
 
 # 6 -------------------------------------------------------------------------------------------------
 def warmup_for_boundaries(boundary_cost: Sequence[float], stage_period: Sequence[float],
-                          memory_cap: Sequence[int | None] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+                          memory_cap: Sequence[int | None] | None = None,
+                          bonus: Sequence[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(wanted, kept) Virtual-1F1B extra warmup per boundary: wanted k_h = ceil(2 c_h / period) covers one
-    round trip over boundary h; kept is what each stage's memory allows (`memory_cap`: microbatches in
-    flight it can hold). wanted != kept tells the caller to try a cut that leaves room upstream."""
+    round trip over boundary h (plus `bonus[h]`, depth the search adds where the rule's is too shallow,
+    e.g. to absorb uneven heterogeneous stages); kept is what each stage's memory allows (`memory_cap`:
+    microbatches in flight it can hold). wanted != kept tells the caller to try a cut that leaves room
+    upstream."""
     p = len(stage_period)
     if p < 2:
         return (), ()
     wanted = extra_warmup_from_costs(boundary_cost, list(stage_period), [0.0] * p)
+    if bonus is not None:
+        wanted = tuple(w + b for w, b in zip(wanted, bonus))
     if memory_cap is None:
         return wanted, wanted
     caps = [None if c is None else max(int(c), p - r) for r, c in enumerate(memory_cap)]

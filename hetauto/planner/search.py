@@ -30,6 +30,7 @@ EVALUATIONS_PER_DEVICE = 4  # larger clusters have a larger space: the default c
 DEFAULT_PATIENCE = 300  # the stop rule: this many evaluations without a better plan ends the search
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
 POLISH_RESERVE = 5
+WARMUP_BONUS = (0, 1, 2)  # Virtual-1F1B depth the descent tries on top of the rule's at cross-cluster boundaries
 MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
 TOP_K = 3
 
@@ -239,7 +240,8 @@ def baseline_seeds(space: StrategySpace, top: int = 3, shapes: int | None = None
 def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], rounds: int = 4,
             start: Scored | None = None) -> Scored | None:
     """Local search from `start` (default: the best so far): each decision in turn (every cluster's choice,
-    the microbatch, the cluster order, the tail, each boundary pair's resharding method) set to its best
+    the microbatch, the cluster order, the tail, the extra Virtual-1F1B depth at cross-cluster boundaries,
+    each boundary pair's resharding method) set to its best
     option with the others fixed, until nothing improves. Returns the local optimum reached."""
     from dataclasses import replace
 
@@ -256,6 +258,8 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
         moves.append(lambda c: [replace(c, order=o, choices=tuple(dict(zip(c.order, c.choices))[n] for n in o))
                                 for o in space.orders()])
         moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
+        moves.append(lambda c: [replace(c, warmup_bonus=b) for b in WARMUP_BONUS
+                                if c.schedule == "virtual-1f1b" and len(c.order) > 1])
         for j in range(2 * len(cur.candidate.order) - 1):  # at most: one pair inside and one after each cluster
             moves.append(lambda c, j=j: reshard_options(space, c, j))
         for move in moves:

@@ -47,6 +47,7 @@ class Candidate:
     resharding: str = "scatter-allgather"
     balance: Balance = "minimax"
     reshard: tuple[tuple[str, str, str], ...] = ()  # (from cluster, to cluster, method) overrides, sorted
+    warmup_bonus: int = 0  # Virtual-1F1B depth added to the rule's at each cross-cluster boundary (memory permitting)
 
     def method(self, a: str, b: str) -> str:
         """The resharding method of a boundary from a stage of cluster `a` to one of cluster `b`."""
@@ -237,7 +238,8 @@ class StrategySpace:
         plan = self._plan(cand, stages, counts, m, "1f1b", ())
         if cand.schedule != "virtual-1f1b" or p == 1:
             return Built([plan])
-        wanted, kept = self._warmup(plan, costs, caps, counts, m)
+        bonus = [cand.warmup_bonus if a.cluster != b.cluster else 0 for a, b in zip(stages, stages[1:])]
+        wanted, kept = self._warmup(plan, costs, caps, counts, m, bonus if cand.warmup_bonus else None)
         if not any(wanted):
             return Built([plan])
         out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept)] if any(kept) else [plan]
@@ -306,7 +308,7 @@ class StrategySpace:
         return msg
 
     def _warmup(self, plan: Plan, costs: list[_StageCost], caps: list[float], counts: list[int],
-                m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+                m: int, bonus: list[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
         pc = self.evaluator.pipeline_costs(plan)
         p = plan.num_stages
         act = pc.act_bytes
@@ -326,7 +328,7 @@ class StrategySpace:
             per = c.base_act + sum(c.act[pos:pos + cnt])
             mcap.append(min(m, int((cap - static) // per)) if per > 0 else None)
             pos += cnt
-        return P.warmup_for_boundaries(cost, period, mcap)
+        return P.warmup_for_boundaries(cost, period, mcap, bonus)
 
     def _plan(self, cand: Candidate, stages: list[StageLayout], counts: list[int], m: int, schedule: str,
               extra: tuple[int, ...]) -> Plan:
