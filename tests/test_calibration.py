@@ -93,7 +93,8 @@ def test_default_correction_by_name_applies_only_inside_its_range() -> None:
 
 
 def test_measured_term_closed_forms() -> None:
-    from hetauto.planner.calibration import allreduce_bandwidth, compute_scale_for, effective_cores, per_block_slope
+    from hetauto.planner.calibration import (allreduce_bandwidth, compute_scale_for, effective_cores,
+                                             per_block_slope, unloaded_step)
 
     assert allreduce_bandwidth(2**20, 3e-4, 3e-4 + 2**20 / 5e8) == pytest.approx(5e8)
     assert allreduce_bandwidth(2**20, 3e-4, 2e-4) == 0.0  # noise: fall back to the link
@@ -104,6 +105,9 @@ def test_measured_term_closed_forms() -> None:
     # 30 ms measured, 6 slots x 2 ms dispatch: the remaining 18 ms over a 9 ms analytical estimate
     assert compute_scale_for(0.030, 0.009, 6, 0.002) == pytest.approx(2.0)
     assert compute_scale_for(0.030, 0.010, 6, 0.010) == pytest.approx(0.15)  # dispatch >= measured: 5% floor
+    # a 90 ms step whose 60 ms of F+B wall was 20 ms of CPU: the machine ran 3x loaded -> 30 ms
+    assert unloaded_step(0.090, 0.060, 0.020) == pytest.approx(0.030)
+    assert unloaded_step(0.090, 0.015, 0.020) == 0.090 and unloaded_step(0.090, 0.0, 0.020) == 0.090
 
 
 CPU_OH = Overheads(tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02, allreduce_alpha_s=4e-4, allreduce_Bps=1e9,

@@ -11,7 +11,9 @@ step with the prediction, so the prediction for *this* machine must use measured
   processes, tiny tensors), and the bytes per activation element the executor sends (fp32 on CPU);
 - what a CPU host adds for tp/dp > 1: DTensor's per-block cost at tp = 2 (two processes, sharded vs plain
   stage), the gloo all-reduce bus bandwidth (1 MiB vs a tiny all-reduce), fp32 gradients, and the effective
-  cores (the reference stage timed alone and with one copy per core at once). Medians throughout; the
+  cores (the reference stage's CPU time alone and with one copy per core at once). Compute terms
+  (dispatch per layer, the reference F+B behind compute_scale) are thread CPU time: the work itself, which
+  other engineers' load on a shared machine does not inflate; the gloo terms are wall-clock medians; the
   quick GEMM profile is taken twice and the faster kept (a descheduled run only ever looks slower).
 
 Nothing is measured unless asked: `local_calibration(measure=True)` measures and writes
@@ -34,7 +36,7 @@ from typing import Any
 from hetauto.core.profile import DeviceProfile
 
 __all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "cache_path", "compute_scale_for", "effective_cores", "local_calibration",
-           "measure_calibration", "per_block_slope"]
+           "measure_calibration", "per_block_slope", "unloaded_step"]
 
 CALIBRATION_SCHEMA = "hetauto.calibration/1"
 
@@ -147,13 +149,15 @@ def _stale(doc: dict[str, Any]) -> bool:
 
 
 # --------------------------------------------------------------------------------------------- measuring
-def _median_time(fn: Any, repeat: int) -> float:
+def _median_time(fn: Any, repeat: int, clock: Any = time.perf_counter, q: float = 0.5) -> float:
+    """The `q` quantile (median by default) of `repeat` timings of `fn`."""
     ts = []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+        ts.append(clock() - t)
+    ts.sort()
+    return ts[min(len(ts) - 1, int(q * len(ts)))] if q != 0.5 else statistics.median(ts)
 
 
 def _layer_overheads(repeat: int = 30) -> tuple[float, float]:
@@ -179,14 +183,15 @@ def _layer_overheads(repeat: int = 30) -> tuple[float, float]:
 
         fs, bs = [], []
         for _ in range(repeat):
-            fs.append(_median_time(fwd, 1))
-            bs.append(_median_time(bwd, 1))
+            fs.append(_median_time(fwd, 1, time.thread_time))  # CPU time: other processes' load does not count
+            bs.append(_median_time(bwd, 1, time.thread_time))
         out.append((statistics.median(fs), statistics.median(bs)))
     (f1, b1), (f3, b3) = out
     # slope over blocks: the per-layer part (the 1-block intercept is Python call overhead of the action)
     return per_block_slope(f1, f3), per_block_slope(b1, b3)
 
 
+GLOO_QUANTILE = 0.2  # wall-clock gloo timings: a low quantile, the exchange when both ranks are scheduled
 AR_PROBE_BYTES = 1 << 20  # all-reduce size for the bandwidth term: about a tiny model's fp32 gradients
 
 
@@ -198,7 +203,7 @@ def allreduce_bandwidth(nbytes: float, small_s: float, big_s: float) -> float:
 
 def effective_cores(cores: int, alone_s: float, together_s: float) -> float:
     """Cores the ranks effectively get: `cores` ranks computing at once took `together_s` for what one alone
-    does in `alone_s` (shared caches, memory bandwidth, SMT siblings, background load), clipped to [1, cores]."""
+    does in `alone_s` (CPU time: shared caches, memory bandwidth, SMT siblings), clipped to [1, cores]."""
     if together_s <= 0 or alone_s <= 0:
         return float(cores)
     return min(float(cores), max(1.0, cores * alone_s / together_s))
@@ -219,7 +224,7 @@ def per_block_slope(t1: float, t3: float) -> float:
 
 
 def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float, float]:
-    """Medians per message (a shared machine deschedules some; a mean would charge every message for them):
+    """Low quantiles per message (a shared machine deschedules some; a mean would charge every message for them):
     one-way p2p of a tiny tensor (half a ping-pong), a tiny all-reduce, an AR_PROBE_BYTES all-reduce."""
     import torch
 
@@ -238,18 +243,19 @@ def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float, floa
             comm.send(x, 0)
 
     comm.barrier()
-    p2p = _median_time(pingpong, repeat) / 2
+    p2p = _median_time(pingpong, repeat, q=GLOO_QUANTILE) / 2
     comm.barrier()
-    ar = _median_time(lambda: comm.all_reduce(x), repeat)
+    ar = _median_time(lambda: comm.all_reduce(x), repeat, q=GLOO_QUANTILE)
     comm.barrier()
-    ar_big = _median_time(lambda: comm.all_reduce(big), max(9, repeat // 5))
+    ar_big = _median_time(lambda: comm.all_reduce(big), max(9, repeat // 5), q=GLOO_QUANTILE)
     comm.destroy()
     return p2p, ar, ar_big
 
 
-def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, float]:
+def _tp_block_overheads(rank: int, world: int, repeat: int, clock: Any = time.thread_time) -> tuple[float, float]:
     """Two ranks, tp = 2 (DTensor, as the executor shards a stage): extra forward / backward time per block
-    over the same unsharded stage timed in the same processes (1 sample x seq 32, where FLOPs are negligible)."""
+    over the same unsharded stage timed in the same processes (1 sample x seq 32, where FLOPs are negligible),
+    in thread CPU time by default: DTensor's dispatch work (~8 / 15 ms per block here), not the waits."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -273,11 +279,11 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
             fs, bs = [], []
             for i in range(repeat + 2):
                 dist.barrier()
-                t = time.perf_counter()
+                t = clock()
                 y = st(x)
-                t1 = time.perf_counter()
+                t1 = clock()
                 y.sum().backward()
-                t2 = time.perf_counter()
+                t2 = clock()
                 if i >= 2:  # the first calls build DTensor's sharding-propagation caches
                     fs.append(t1 - t)
                     bs.append(t2 - t1)
@@ -293,7 +299,8 @@ def _concurrent_fb(rank: int, world: int, repeat: int) -> float:
     return _reference_fb(repeat)
 
 
-def _reference_fb(repeat: int) -> float:
+def _reference_fb(repeat: int, clock: Any = time.thread_time) -> float:
+    """F+B of the reference stage; by default in thread CPU time (the work, whatever else the machine runs)."""
     import torch
 
     from hetauto.core.model_catalog import get_model
@@ -304,9 +311,9 @@ def _reference_fb(repeat: int) -> float:
     x = torch.randint(0, 256, (8, 32))
     ts = []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t = clock()
         st(x).float().sum().backward()
-        ts.append(time.perf_counter() - t)
+        ts.append(clock() - t)
     return statistics.median(ts)
 
 
@@ -340,12 +347,34 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
         plan.save(path)
+        trace = Path(tmp) / "trace.json"
         out = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--json", "--steps", "5",
-                              "--no-reference"], capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        return oh
-    steps = json.loads(out.stdout)["step_s"][1:]
-    return replace(oh, step_s=max(0.0, statistics.median(steps) - predicted.iteration_time_s))
+                              "--no-reference", "--trace", str(trace)], capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            return oh
+        last = json.loads(out.stdout)["step_s"][-1]
+        fb_wall = _traced_compute_s(trace)
+    # the other terms are CPU time: take the machine's load out of the step as the traced F+B shows it
+    return replace(oh, step_s=max(0.0, unloaded_step(last, fb_wall, measured_fb) - predicted.iteration_time_s))
+
+
+def _traced_compute_s(trace: Path) -> float:
+    """Wall seconds of the F/B actions in a `hetauto run --trace` file (its last step); 0.0 if unreadable."""
+    try:
+        doc = json.loads(trace.read_text())
+    except (OSError, ValueError):
+        return 0.0
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    return sum(float(e.get("dur", 0.0)) for e in events
+               if e.get("ph") == "X" and str(e.get("name", ""))[:1] in ("F", "B")) / 1e6
+
+
+def unloaded_step(step_wall_s: float, fb_wall_s: float, fb_cpu_s: float) -> float:
+    """A measured step with the machine's load taken out: scaled by the F+B's CPU / wall time (<= 1) in that
+    step. Why: on a shared machine the reference run's wall time carries other processes' load."""
+    if fb_wall_s <= 0 or fb_cpu_s <= 0:
+        return step_wall_s
+    return step_wall_s * min(1.0, fb_cpu_s / fb_wall_s)
 
 
 def _best_profile(device_key: str, tries: int = 2) -> DeviceProfile:
@@ -355,15 +384,31 @@ def _best_profile(device_key: str, tries: int = 2) -> DeviceProfile:
     from hetauto.profiling.runner import ProfileOptions, run_profile
 
     best: DeviceProfile | None = None
-    gemm = 2.0 * 8 * 32 * 64 * 64  # reference_plan(): 8 x 32 tokens, hidden 64
-    for _ in range(tries):
+    gemm = 2.0 * 256**3
+    floor = 0.5 * _cpu_time_gemm_flops(256)
+    for i in range(tries + 3):
         run = run_profile(get_backend(device_key), ProfileOptions(quick=True, dtypes=("float32",), collectives=False,
                                                                   repeats=7, progress=False))
         prof = run.profile if hasattr(run, "profile") else run
         if best is None or prof.achieved_flops(gemm, 1) > best.achieved_flops(gemm, 1):
             best = prof
+        # enough tries, and the best agrees (within 2x) with a 256^3 GEMM in CPU time: not disturbed
+        if i + 1 >= tries and best.achieved_flops(gemm, 1) >= floor:
+            break
     assert best is not None
     return best
+
+
+def _cpu_time_gemm_flops(n: int, repeat: int = 20) -> float:
+    """FLOP/s of an n^3 float32 GEMM in thread CPU time (one thread): what the wall-clock profile should
+    roughly reach when nothing else is running."""
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = min(_median_time(lambda: a @ b, 1, time.thread_time) for _ in range(repeat))
+    return 2.0 * n**3 / best if best > 0 else 0.0
 
 
 def measure_calibration(device_key: str = "cpu") -> Calibration:
@@ -379,12 +424,15 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     ar = statistics.fmean(a[1] for a in alphas)
     ar_big = statistics.fmean(a[2] for a in alphas)
     tp = run_ranks(_tp_block_overheads, 2, 10, timeout=300)
+    # DTensor's dispatch in CPU time, plus Megatron's two all-reduces per block per pass at the gloo alpha
     oh = Overheads(fwd_layer_s=fl, bwd_layer_s=bl, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
-                   activation_bytes_scale=2.0, tp_fwd_layer_s=statistics.fmean(t[0] for t in tp),
-                   tp_bwd_layer_s=statistics.fmean(t[1] for t in tp),
+                   activation_bytes_scale=2.0, tp_fwd_layer_s=statistics.fmean(t[0] for t in tp) + 2 * ar,
+                   tp_bwd_layer_s=statistics.fmean(t[1] for t in tp) + 2 * ar,
                    allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0)
     oh = _reference_plan_terms(profile, oh, device_key)
     cores = os.cpu_count() or 1
+    # CPU time on both sides: what running side by side costs the hardware (shared caches, memory bandwidth,
+    # SMT siblings), not time-slicing (the Evaluator models oversubscription) nor other processes' load
     alone = _reference_fb(15)
     together = statistics.fmean(run_ranks(_concurrent_fb, cores, 15, timeout=120)) if cores > 1 else alone
     oh = replace(oh, host_cores=effective_cores(cores, alone, together))
