@@ -169,7 +169,8 @@ def test_file_without_newer_terms_reads_neutral_and_is_remeasured_on_request(tmp
     assert local_calibration(cache_dir=tmp_path) == fresh  # ... and cached
 
 
-def test_covered_stage_takes_the_forest_instead_of_dispatch_and_scale() -> None:
+def test_covered_stage_takes_the_forest_anchored_on_the_reference_stage() -> None:
+    from hetauto.planner.calibration import compute_scale_for, reference_plan
     from hetauto.planner.correction import Correction, TrainingRow, analytical_row
 
     plan = _plan()
@@ -184,12 +185,17 @@ def test_covered_stage_takes_the_forest_instead_of_dispatch_and_scale() -> None:
                 rows.append(TrainingRow(r.features, r.analytical_forward_s, r.analytical_backward_s,
                                         3 * r.analytical_forward_s, 2 * r.analytical_backward_s))
     corr = Correction.fit(rows)
-    oh = replace(OH, tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02)
-    both = Evaluator(inp, correction=corr, overheads=oh)
     forest = Evaluator(inp, correction=corr)
-    for cluster, layers, speed in (("fast", (0, 3), 1.0), ("slow", (3, 6), 0.5)):
-        f, b = forest.stage_compute_time(cluster, layers, 1, 1, 2)
-        assert both.stage_compute_time(cluster, layers, 1, 1, 2) == pytest.approx((f, b), rel=1e-12)
-        f2, b2 = forest.stage_compute_time(cluster, layers, 2, 1, 2)  # TP's DTensor term still added
-        assert both.stage_compute_time(cluster, layers, 2, 1, 2) == pytest.approx(
-            (f2 + 2 / speed * 0.01, b2 + 2 / speed * 0.02), rel=1e-12)
+    ref = reference_plan()
+    rf, rb = Evaluator(inputs_for_plan(ref), correction=corr).stage_compute_time("fast", (0, 6), 1, 1, 8)
+    for ref_fb, anchor in ((0.0, 1.0), (0.05, compute_scale_for(0.05, rf + rb, 6, 3e-3))):
+        oh = replace(OH, tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02, reference_fb_s=ref_fb)
+        both = Evaluator(inp, correction=corr, overheads=oh)
+        for cluster, layers, speed in (("fast", (0, 3), 1.0), ("slow", (3, 6), 0.5)):
+            n = 3 / speed  # layer slots: dispatch stays; compute_scale (1.5) is replaced by the anchor
+            f, b = forest.stage_compute_time(cluster, layers, 1, 1, 2)
+            assert both.stage_compute_time(cluster, layers, 1, 1, 2) == pytest.approx(
+                (f * anchor + n * 1e-3, b * anchor + n * 2e-3), rel=1e-12)
+            f2, b2 = forest.stage_compute_time(cluster, layers, 2, 1, 2)  # TP's DTensor term added as measured
+            assert both.stage_compute_time(cluster, layers, 2, 1, 2) == pytest.approx(
+                (f2 * anchor + n * 1e-3 + 2 / speed * 0.01, b2 * anchor + n * 2e-3 + 2 / speed * 0.02), rel=1e-12)

@@ -71,6 +71,7 @@ class Overheads:
     tp_bwd_layer_s: float = 0.0  # ... per backward action
     allreduce_Bps: float = 0.0  # > 0: measured all-reduce bus bandwidth replacing the DP group's link
     grad_bytes_scale: float = 1.0  # multiplies the bf16 gradient bytes (2.0: fp32 gradients on CPU)
+    reference_fb_s: float = 0.0  # > 0: measured F+B of reference_plan()'s stage, anchoring a covering forest
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +343,7 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
     d = ev.stage_detail("fast", (0, 6), 1, 1, 8)
     oh = replace(oh, compute_scale=compute_scale_for(measured_fb, d.fwd_compute_s + d.bwd_compute_s, 6,
-                                                     oh.fwd_layer_s + oh.bwd_layer_s))
+                                                     oh.fwd_layer_s + oh.bwd_layer_s), reference_fb_s=measured_fb)
     predicted = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh).evaluate(plan)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"

@@ -90,6 +90,8 @@ class Evaluator:
         self.fast_pipeline = fast_pipeline
         self.table = cm.LayerTable(inputs.layers)
         self._clusters = {c.name: _override(c, profile_overrides) for c in inputs.cluster.clusters}
+        self._profile_overrides = profile_overrides
+        self._anchor: float | None = None
         self._compute: dict[tuple, tuple[float, float]] = {}
         self._detail: dict[tuple, cm.StageCompute] = {}
         self._memory: dict[tuple, float] = {}
@@ -143,16 +145,42 @@ class Evaluator:
             oh = self.overheads
             if oh is not None:
                 speed = self.cluster(cluster).speed_factor
-                # a stage the forest covers was learned from measured stage modules, dispatch included: the
-                # calibration's per-layer dispatch and compute scale would count that twice
-                n = 0.0 if covered else (layers[1] - layers[0]) / speed
-                scale = 1.0 if covered else oh.compute_scale
+                # a stage the forest covers: its shape-dependence with the forest's own scale anchored on the
+                # calibration's reference stage (compute_scale belongs to the analytical estimate)
+                n = (layers[1] - layers[0]) / speed
+                scale = self._forest_anchor() if covered else oh.compute_scale
                 hit = (hit[0] * scale + n * oh.fwd_layer_s, hit[1] * scale + n * oh.bwd_layer_s)
                 if tp > 1:  # DTensor dispatch per sharded block (embedding and head stay replicated), measured as is
                     blocks = self.table.range(layers[0], layers[1]).blocks / speed
                     hit = (hit[0] + blocks * oh.tp_fwd_layer_s, hit[1] + blocks * oh.tp_bwd_layer_s)
             self._compute[key] = hit
         return hit
+
+    def _forest_anchor(self) -> float:
+        """compute_scale for the forest: (measured F+B of the calibration's reference stage - its dispatch terms)
+        / the forest's F+B of it (1.0 without a reference). Why: the forest's rows are least-disturbed times of
+        isolated stages; anchoring on the calibration's own reference (never on plans being validated) keeps
+        the forest's shape-dependence at the executor's level."""
+        if self._anchor is None:
+            self._anchor = 1.0
+            oh = self.overheads
+            if oh is not None and oh.reference_fb_s > 0 and self.correction is not None:
+                from hetauto.planner.calibration import reference_plan
+
+                ref = reference_plan()
+                st = ref.stages[0]
+                ev = Evaluator(inputs_for_plan(ref), correction=self.correction,
+                               profile_overrides=self._profile_overrides)
+                d = ev.stage_detail(st.cluster, st.layers, 1, 1, ref.microbatch_size)
+                c = ev.cluster(st.cluster)
+                if self.correction.covers(self.correction.features_for(c, ev.inputs, st.layers, 1, 1,
+                                                                       ref.microbatch_size, False, d)):
+                    from hetauto.planner.calibration import compute_scale_for
+
+                    f, b = ev.stage_compute_time(st.cluster, st.layers, 1, 1, ref.microbatch_size)
+                    slots = st.layers[1] - st.layers[0]
+                    self._anchor = compute_scale_for(oh.reference_fb_s, f + b, slots, oh.fwd_layer_s + oh.bwd_layer_s)
+        return self._anchor
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
                            inflight: float, recompute: bool = False, zero1: bool = False) -> float:
