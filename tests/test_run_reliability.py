@@ -79,6 +79,7 @@ def _work(rank: int, world: int, root: str, killed_dir: str | None) -> dict:
     import torch
 
     from hetauto.core.comm import Communicator
+    from hetauto.core.errors import CheckpointMismatch
     from hetauto.core.model_catalog import get_model
     from hetauto.runtime.executor import ExecutorOptions
     from hetauto.runtime.training import CheckpointOptions, train_rank
@@ -90,10 +91,17 @@ def _work(rank: int, world: int, root: str, killed_dir: str | None) -> dict:
     first = f"{root}/full/step-00000001"
     try:
         if killed_dir is not None:  # the 2-rank set
-            return {
+            out = {
                 "full_t": train_rank(comm, PLANT, cfg, opts).to_dict(),
                 "after_kill": train_rank(comm, PLANT, cfg, opts, CheckpointOptions(resume=killed_dir)).to_dict(),
             }
+            try:  # the library refuses a changed data stream too (the CLI refuses it before launch)
+                bigger = PLANT.model_copy(update={"global_batch": 8, "num_microbatches": 4})
+                train_rank(comm, bigger, cfg, opts, CheckpointOptions(resume=killed_dir))
+                out["refused"] = "trained"
+            except CheckpointMismatch as exc:
+                out["refused"] = str(exc)
+            return out
         return {
             "full": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(f"{root}/full", every=2)).to_dict(),
             "resumed": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(resume=first)).to_dict(),
@@ -110,7 +118,7 @@ def runs(files: Path, killed: dict) -> dict:
 
     four = run_ranks(_work, 4, str(files), None, timeout=200)
     two = run_ranks(_work, 2, str(files), str(killed["dir"]), timeout=100)
-    out = {}
+    out: dict = {"killed_dir": str(killed["dir"]), "refused": [r.pop("refused") for r in two]}
     for per_rank in (four, two):
         for phase in per_rank[0]:
             plan = {"replanned": PLAN2, "full_t": PLANT, "after_kill": PLANT}.get(phase, PLAN3)
@@ -162,6 +170,9 @@ def test_last_complete_checkpoint_of_the_killed_job_resumes_to_the_same_losses(r
     assert runs["after_kill"]["start"] == 2
     assert runs["full_t"]["start"] == 0 and len(runs["full_t"]["losses"]) == STEPS
     assert runs["after_kill"]["losses"] == runs["full_t"]["losses"][2:]
+    ck = f"{runs['killed_dir']}"
+    assert runs["refused"] == [f"{ck}: global batch 4 in the checkpoint, 8 in this plan: resuming would train other "
+                               "batches than the checkpoint's run; use its values, or allow_data_change=True"] * 2
 
 
 @pytest.mark.multiprocess
@@ -230,7 +241,7 @@ def test_resume_with_another_global_batch_or_seq_len_is_refused_unless_allowed(f
     assert captured.err == (f"hetauto run: warning: {ck}: global batch 8 in the checkpoint, 4 in this plan; sequence "
                             "length 32 in the checkpoint, 16 in this plan; --allow-data-change: training continues on a "
                             "different data stream from step 2 on, so the losses do not continue the checkpoint's run\n")
-    assert f"--resume {ck}" in json.loads(captured.out)["nodes"][0]["command"]
+    assert f"--resume {ck} --allow-data-change" in json.loads(captured.out)["nodes"][0]["command"]
     same = PLANT.model_copy(update={"microbatch_size": 1, "num_microbatches": 4})  # same rows, other split
     ck2 = save_checkpoint(files / "resplit", 1, stage, make_optimizer(stage.parameters(), 1e-3), plan=same,
                           extra={"next_step": 2, "seed": SEED})

@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
         worker = worker_args(Path(args.plan).resolve(), "OUT_DIR", steps=args.steps, seed=args.seed,
                              emulate=bool(args.emulate), timeout_s=args.timeout, cluster_base=base,
                              checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                             keep=args.keep, resume=args.resume, inject_fault=args.inject_fault)
+                             keep=args.keep, resume=args.resume, inject_fault=args.inject_fault,
+                             allow_data_change=args.allow_data_change)
         cmds = node_commands(plan, cluster, worker, master=args.master, max_restarts=args.max_restarts)
         if args.json:
             print_json({"nodes": [{"node": n, "command": c} for n, c in cmds]})
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
 
     want_reference = not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS
     ck = dict(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, keep=args.keep,
-              resume=args.resume, inject_fault=args.inject_fault)
+              resume=args.resume, inject_fault=args.inject_fault, allow_data_change=args.allow_data_change)
     link: dict | None = None
     if args.emulate == "netns":
         from hetauto.runtime.netns_launch import launch_netns

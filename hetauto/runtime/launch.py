@@ -29,7 +29,8 @@ __all__ = ["JobFailed", "worker_args", "torchrun_launcher", "local_command", "no
 def worker_args(plan_path: str | Path, out_dir: str | Path, *, steps: int, seed: int, emulate: bool,
                 timeout_s: float, cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                 checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
-                inject_fault: str | None = None, emulate_speed_only: bool = False) -> list[str]:
+                inject_fault: str | None = None, emulate_speed_only: bool = False,
+                allow_data_change: bool = False) -> list[str]:
     args = ["-m", "hetauto.runtime.worker", "--plan", str(plan_path), "--out", str(out_dir), "--steps", str(steps),
             "--seed", str(seed), "--timeout", str(timeout_s)]
     if emulate:
@@ -42,6 +43,8 @@ def worker_args(plan_path: str | Path, out_dir: str | Path, *, steps: int, seed:
             args += ["--keep", str(keep)]
     if resume is not None:
         args += ["--resume", str(Path(resume).resolve())]
+        if allow_data_change:
+            args.append("--allow-data-change")
     if inject_fault is not None:
         args += ["--inject-fault", inject_fault]
     return args
@@ -244,7 +247,7 @@ class LocalJob:
 def start_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: float,
                 cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                 checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
-                inject_fault: str | None = None, max_restarts: int = 0) -> LocalJob:
+                inject_fault: str | None = None, max_restarts: int = 0, allow_data_change: bool = False) -> LocalJob:
     """Start the plan under torchrun on this machine and return at once (see `launch_local`)."""
     tmp = tempfile.TemporaryDirectory(prefix="hetauto-run-")
     try:
@@ -252,7 +255,8 @@ def start_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: 
         plan.save(plan_path)
         worker = worker_args(plan_path, tmp.name, steps=steps, seed=seed, emulate=emulate, timeout_s=timeout_s,
                              cluster_base=cluster_base, checkpoint_dir=checkpoint_dir,
-                             checkpoint_every=checkpoint_every, keep=keep, resume=resume, inject_fault=inject_fault)
+                             checkpoint_every=checkpoint_every, keep=keep, resume=resume, inject_fault=inject_fault,
+                             allow_data_change=allow_data_change)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         deadline = (timeout_s * 3 + 60 + 5 * steps) * (max_restarts + 1)
@@ -267,13 +271,15 @@ def start_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: 
 def launch_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: float,
                  cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                  checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
-                 inject_fault: str | None = None, max_restarts: int = 0) -> list[dict[str, Any]]:
+                 inject_fault: str | None = None, max_restarts: int = 0,
+                 allow_data_change: bool = False) -> list[dict[str, Any]]:
     """Run the plan under torchrun on this machine; return every rank's report (rank order). A failed job
     raises `JobFailed` naming the culprit rank; the whole job is bounded by a wall-clock deadline (its
     process group is killed past it), so nothing can hang."""
     return start_local(plan, steps=steps, seed=seed, emulate=emulate, timeout_s=timeout_s, cluster_base=cluster_base,
                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep, resume=resume,
-                       inject_fault=inject_fault, max_restarts=max_restarts).wait()
+                       inject_fault=inject_fault, max_restarts=max_restarts,
+                       allow_data_change=allow_data_change).wait()
 
 
 def collect_reports(plan: Plan, out_dir: str | Path, returncode: int, stderr: str = "",

@@ -28,12 +28,15 @@ __all__ = ["CheckpointOptions", "train_rank", "should_checkpoint"]
 class CheckpointOptions:
     """`directory`: where checkpoints go (None: none are written); one every `every` steps and after the
     last step; `keep`: newest complete checkpoints kept (None: all). `resume`: a checkpoint directory (or a
-    root, meaning its latest complete checkpoint) to load before training."""
+    root, meaning its latest complete checkpoint) to load before training. A checkpoint whose run had another
+    global batch or sequence length is refused (`CheckpointMismatch`: the data stream would change, see
+    `checkpoint.data_stream_changes`) unless `allow_data_change`."""
 
     directory: str | None = None
     every: int = 1
     keep: int | None = None
     resume: str | None = None
+    allow_data_change: bool = False
 
 
 def should_checkpoint(step: int, steps: int, every: int) -> bool:
@@ -51,9 +54,14 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: Execu
     start = 0
     if checkpoint.resume:
         # imported only when used: torch.distributed.checkpoint costs seconds per process (see checkpoint.py)
-        from hetauto.runtime.checkpoint import load_checkpoint
+        from hetauto.runtime.checkpoint import data_stream_changes, load_checkpoint
 
         man = load_checkpoint(checkpoint.resume, ex.stage, ex.optimizer, plan=plan, comm=world)
+        changes = data_stream_changes(man, plan)
+        if changes and not checkpoint.allow_data_change:
+            diff = "; ".join(f"{what} {old} in the checkpoint, {new} in this plan" for what, old, new in changes)
+            raise CheckpointMismatch(f"{checkpoint.resume}: {diff}: resuming would train other batches than the "
+                                     "checkpoint's run; use its values, or allow_data_change=True")
         seed = man.extra.get("seed")
         if seed is not None and seed != options.seed:
             raise CheckpointMismatch(f"checkpoint step {man.step} was trained with data seed {seed}, this run uses "

@@ -36,6 +36,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=1)
     p.add_argument("--keep", type=int, default=None)
     p.add_argument("--resume", default=None)
+    p.add_argument("--allow-data-change", action="store_true")
     p.add_argument("--inject-fault", default=None)
     return p.parse_args(argv)
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         comm = Communicator.init_from_env("gloo", timeout_s=args.timeout, links=links)
         opts = ExecutorOptions(steps=args.steps, seed=args.seed, lr=args.lr, timeout_s=args.timeout, speed_factor=speed)
         ckpt = CheckpointOptions(directory=args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep,
-                                 resume=resume)
+                                 resume=resume, allow_data_change=args.allow_data_change)
         report = train_rank(comm, plan, cfg, opts, ckpt)
         doc = report.to_dict()
         doc["restart"] = restart
