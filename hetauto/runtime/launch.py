@@ -20,10 +20,8 @@ from typing import Any
 from hetauto.core.errors import CommunicationError, PlanMismatch
 from hetauto.core.plan import Plan
 
-__all__ = ["JobFailed", "worker_args", "torchrun_launcher", "local_command", "node_commands", "launch_local", "start_local", "LocalJob",
-           "diagnose_failure",
-           "collect_reports", "kill_group",
-           "torchrun_exit_codes"]
+__all__ = ["JobFailed", "worker_args", "torchrun_launcher", "local_command", "node_commands", "launch_local",
+           "start_local", "LocalJob", "diagnose_failure", "collect_reports", "kill_group", "torchrun_exit_codes"]
 
 
 def worker_args(plan_path: str | Path, out_dir: str | Path, *, steps: int, seed: int, emulate: bool,
