@@ -132,9 +132,10 @@ def test_layout_and_placement_follow_the_plan_ir() -> None:
         placement(plan, 5)
 
 
-def test_interleaved_plans_are_refused_before_launch() -> None:
+def test_interleaved_plans_it_cannot_run_are_refused_before_launch() -> None:
+    # runnable interleaved plans: tests/test_executor_interleaved.py; here m=2 is no multiple of p=3
     plan = make_plan().model_copy(update={"schedule": ScheduleSpec(name="interleaved", virtual_chunks=2)})
-    with pytest.raises(PlanMismatch, match="interleaved.*not supported by the executor"):
+    with pytest.raises(PlanMismatch, match=r"interleaved' needs num_microbatches \(m=2\) to be a multiple of the stages \(p=3\)"):
         check_executable(plan)
 
 

@@ -5,6 +5,16 @@ half-open `[start, end)`. A stage's devices are indices into its cluster's devic
 `node * devices_per_node + local`); ranks inside a stage are `dp_index * tp + tp_index`, so a TP group is
 contiguous and lies inside one node. The microbatch (`microbatch_size` samples) is split along the batch
 dimension across a stage's `dp` replicas, so stages may have different dp as long as each divides it.
+
+Interleaved 1F1B (`schedule.name == "interleaved"`, v = max(virtual_chunks, 2) chunks per stage): virtual
+stage `c * p + r` is chunk `c` of stage `r`, and the model runs through the virtual stages in order (the
+data wraps from stage p-1's chunk c to stage 0's chunk c+1). A stage's `layers` range then gives only its
+layer COUNT (what the cost model charges it); which slots its chunks hold is `hetauto.core.chunks.chunk_layers`:
+by default the count split evenly into v chunks (longer chunks first), placed consecutively in virtual-stage
+order, so the embedding is in virtual stage 0 and the head in the last. A plan may instead give every
+stage's `chunks` explicitly (v non-empty `[start, end)` ranges per stage, holding exactly the stage's layer
+count and tiling the model consecutively in virtual-stage order); `chunks` is only valid with "interleaved"
+and is omitted from the JSON when not given, so older plans read and write unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +23,9 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from hetauto.core.chunks import effective_chunks, tile_chunks
 
 from hetauto.core.errors import SpecError
 from hetauto.core.specio import read_document, validate_document
@@ -36,6 +48,16 @@ class StagePlan(_Frozen):
     tp: int = Field(ge=1)
     dp: int = Field(ge=1)
     recompute: bool = False
+    # interleaved schedule only: this stage's v chunk ranges, in chunk order (see the module docstring)
+    chunks: tuple[tuple[int, int], ...] | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):  # type: ignore[no-untyped-def]
+        """Leave `chunks` out when not given: plans without it keep their exact JSON."""
+        data = handler(self)
+        if self.chunks is None and isinstance(data, dict):
+            data.pop("chunks", None)
+        return data
 
     @property
     def num_devices(self) -> int:
@@ -108,6 +130,13 @@ class Plan(_Frozen):
             raise ValueError(f"resharding needs one method per boundary ({len(self.stages) - 1}), got {len(self.resharding)}")
         if self.schedule.extra_warmup and len(self.schedule.extra_warmup) != len(self.stages) - 1:
             raise ValueError("schedule.extra_warmup needs one entry per boundary")
+        given = [i for i, s in enumerate(self.stages) if s.chunks is not None]
+        if given:
+            v = effective_chunks(self.schedule.name, self.schedule.virtual_chunks)
+            if v == 1:
+                raise ValueError(f"stages[{given[0]}].chunks: only valid with schedule 'interleaved', not "
+                                 f"'{self.schedule.name}' (remove the field or set schedule.name to 'interleaved')")
+            tile_chunks([s.layers for s in self.stages], v, [s.chunks for s in self.stages])
         return self
 
     @property

@@ -13,6 +13,15 @@ Messages are tagged per (boundary, microbatch, direction), so the order in which
 them does not matter. The loss follows hetauto.runtime.reference: each last-stage dp shard backprops
 sum-CE / (global_batch * seq_len), gradients are summed.
 
+Interleaved 1F1B (v > 1 chunks per stage): a rank builds one module per chunk (slots from
+hetauto.core.chunks.chunk_layers, initialised from (seed, slot) like every stage, so the chain of virtual
+stages is the single-process model), runs its action list keyed by virtual stage (`c * p + r`), and
+tags boundary k = virtual stage k -> k+1. A stage receives from stage r-1 and sends to stage r+1 (mod p):
+the wrap from stage p-1's chunk c to stage 0's chunk c+1 is one more transfer plan (last boundary's
+resharding method, as the cost model prices it). Each chunk's REDUCE_GRAD sums that chunk's gradients
+over dp (its own overlapped reducer, armed before that chunk's last backward); one AdamW and one
+checkpoint module (ChunkedStage: slots by global name) cover all chunks.
+
 The interpreter reports plain JSON-able values (`RankReport.to_dict`), so `hetauto run` can collect
 them from files and tests from `run_ranks`.
 """
@@ -25,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 
+from hetauto.core.chunks import chunk_layers, effective_chunks
 from hetauto.core.comm import Communicator
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.model import ModelConfig
@@ -35,7 +45,7 @@ from hetauto.runtime.reference import make_optimizer
 from hetauto.runtime.boundary import BoundaryRoute
 from hetauto.runtime.executable import check_executable
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
-from hetauto.runtime.stage import StageModule, build_stage
+from hetauto.runtime.stage import ChunkedStage, StageModule, build_stage
 from hetauto.runtime.throttle import Throttle
 from hetauto.schedule.actions import Action, ActionType
 from hetauto.schedule.for_plan import schedule_for_plan
@@ -81,12 +91,13 @@ _CODES = {A.RECV_F: _RECV_F, A.RECV_B: _RECV_B, A.F: _F, A.SEND_F: _SEND_F, A.B:
           A.REDUCE_GRAD: _REDUCE, A.OPTIM: _OPTIM}
 
 
-def _compile(i: int, a: Action, last_b: int, stage: int) -> tuple[int, int, bool]:
-    """(opcode, microbatch, is the step's last backward): the action list as the interpreter loop reads it."""
+def _compile(i: int, a: Action, last_b: bool, stage: int, p: int) -> tuple[int, int, bool, int, int]:
+    """(opcode, microbatch, is its virtual stage's last backward of the step, virtual stage, chunk): the
+    action list as the interpreter loop reads it."""
     code = _CODES.get(a.type)
     if code is None:
         raise PlanMismatch(f"stage {stage}: the executor cannot run action {a} (type {a.type.value})")
-    return code, a.microbatch, i == last_b
+    return code, a.microbatch, last_b, a.stage, a.stage // p
 
 
 class StageExecutor:
@@ -98,34 +109,51 @@ class StageExecutor:
         me = groups.me
         s = plan.stages[me.stage]
         self.me = me
-        self.stage: StageModule = build_stage(cfg, s.layers, options.seed, s.recompute)
+        p = plan.num_stages
+        # interleaved: v chunks per stage, virtual stage c*p + r = chunk c of stage r (hetauto.core.chunks)
+        self.v = v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
+        self.n_virtual = p * v
+        chunks = [build_stage(cfg, rng, options.seed, s.recompute) for rng in chunk_layers(plan)[me.stage]]
         if groups.tp_mesh is not None or groups.dp_group is not None:
             # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it
             from hetauto.runtime.tensor_parallel import OverlappedGradReducer, parallelize_stage
 
-            self.stage = parallelize_stage(self.stage, groups.tp_mesh)
+            chunks = [parallelize_stage(c, groups.tp_mesh) for c in chunks]
+        self.chunks: tuple[StageModule, ...] = tuple(chunks)
+        # one module for the optimizer and checkpoints: the stage itself, or all its chunks by global slot name
+        self.stage: StageModule | ChunkedStage = chunks[0] if v == 1 else ChunkedStage(chunks)
         self.optimizer = make_optimizer(self.stage.parameters(), options.lr)
         self.actions: tuple[Action, ...] = schedule_for_plan(plan).ranks[me.stage]
         self.throttle = Throttle(options.speed_factor) if options.speed_factor != 1.0 else None
-        self.reducer = (
-            OverlappedGradReducer(self.stage, groups.dp_group, op="sum")
+        # one reducer per chunk, armed before that chunk's last backward of the step
+        self.reducers = (
+            [OverlappedGradReducer(c, groups.dp_group, op="sum") for c in chunks]
             if groups.dp_group is not None and options.overlap_dp else None
         )
+        self.reducer = self.reducers[0] if self.reducers else None
         shape = (plan.microbatch_size, plan.seq_len, cfg.hidden)
         methods = plan.boundary_methods()
         lay = groups.layouts
         self.fwd: list[TransferPlan] = [plan_transfer(lay[h], lay[h + 1], shape, methods[h]) for h in range(len(lay) - 1)]
         self.bwd: list[TransferPlan] = [plan_transfer(lay[h + 1], lay[h], shape, methods[h]) for h in range(len(lay) - 1)]
-        self.tag_stride = max([p.num_tags for p in self.fwd + self.bwd], default=1)
-        last_b = [i for i, a in enumerate(self.actions) if a.type is A.B]
-        self._last_b = last_b[-1] if last_b else -1
-        self._program = tuple(_compile(i, a, self._last_b, me.stage) for i, a in enumerate(self.actions))
-        # this rank's side of its two boundaries in each direction, resolved once (None where there is none)
+        # interleaved wrap (stage p-1 chunk c -> stage 0 chunk c+1) takes the last boundary's method, as the cost model
+        wrap_f = plan_transfer(lay[-1], lay[0], shape, methods[-1]) if v > 1 else None
+        wrap_b = plan_transfer(lay[0], lay[-1], shape, methods[-1]) if v > 1 else None
+        self.tag_stride = max([t.num_tags for t in self.fwd + self.bwd + [w for w in (wrap_f, wrap_b) if w]], default=1)
+        last_b: dict[int, int] = {}  # virtual stage -> index of its last backward in the step
+        for i, a in enumerate(self.actions):
+            if a.type is A.B:
+                last_b[a.stage] = i
+        self._last_b = max(last_b.values(), default=-1)
+        self._program = tuple(_compile(i, a, i in last_b.values(), me.stage, p) for i, a in enumerate(self.actions))
+        # this rank's side of its two boundaries in each direction, resolved once (None where there is none);
+        # a stage always receives activations from stage r-1 (mod p) and sends them to stage r+1 (mod p)
         st, route = me.stage, self._route
-        self._fwd_in = route(self.fwd[st - 1]) if st > 0 else None  # activations from the previous stage
-        self._bwd_out = route(self.bwd[st - 1]) if st > 0 else None  # input gradients back to it
-        self._fwd_out = route(self.fwd[st]) if st < len(lay) - 1 else None  # activations to the next stage
-        self._bwd_in = route(self.bwd[st]) if st < len(lay) - 1 else None  # output gradients from it
+        last = len(lay) - 1
+        self._fwd_in = route(self.fwd[st - 1]) if st > 0 else route(wrap_f) if wrap_f else None
+        self._bwd_out = route(self.bwd[st - 1]) if st > 0 else route(wrap_b) if wrap_b else None
+        self._fwd_out = route(self.fwd[st]) if st < last else route(wrap_f) if wrap_f else None
+        self._bwd_in = route(self.bwd[st]) if st < last else route(wrap_b) if wrap_b else None
         self._rec = bool(options.record and me.is_lead)
         self.normaliser = plan.global_batch * plan.seq_len
         self.t0 = 0.0
@@ -157,16 +185,21 @@ class StageExecutor:
 
     # ------------------------------------------------------------------ one iteration
     def step(self, step: int) -> float:
-        """Run the action list once; return this rank's loss contribution (0 on non-last stages)."""
-        plan, me, st = self.plan, self.me, self.stage
-        p = plan.num_stages
+        """Run the action list once; return this rank's loss contribution (0 on non-last stages).
+
+        State is keyed by (virtual stage, microbatch) (`vs * m + k`): with interleaving one rank holds the
+        same microbatch in several chunks at once. Boundary k (virtual stage k -> k+1) tags its messages."""
+        plan, me, chunks = self.plan, self.me, self.chunks
+        p, m, n = plan.num_stages, plan.num_microbatches, self.n_virtual
         rec = self._rec
-        need_data = st.is_first or st.is_last
+        need_data = me.stage == 0 or me.stage == p - 1
         batch = synthetic_batch(self.opt_.seed, step, plan.global_batch, plan.seq_len, self.cfg.vocab_size) if need_data else None
         dp = plan.stages[me.stage].dp
         mbs = plan.microbatch_size
         fwd_in, bwd_in = self._fwd_in, self._bwd_in
         fwd_out, bwd_out = self._fwd_out, self._bwd_out
+        reducers = self.reducers
+        tag = self._tag
         recv_f: dict[int, Any] = {}
         recv_b: dict[int, Any] = {}
         inputs: dict[int, torch.Tensor] = {}
@@ -177,41 +210,42 @@ class StageExecutor:
         loss_sum = 0.0
         t = 0.0
         for a in self._program:
-            code, k, last_b = a
+            code, k, last_b, vs, c = a
+            key = vs * m + k if k is not None else -1
             if rec:
                 if watch:
                     self._poll(step, watch)
                 t = time.time()
             if code == _RECV_F:
-                recv_f[k] = posted = fwd_in.post_recv(self._tag(me.stage - 1, k, False))
+                recv_f[key] = posted = fwd_in.post_recv(tag(vs - 1, k, False))
                 if rec:
                     watch.append(["RECVD_F", k, posted])
             elif code == _RECV_B:
-                recv_b[k] = posted = bwd_in.post_recv(self._tag(me.stage, k, True))
+                recv_b[key] = posted = bwd_in.post_recv(tag(vs, k, True))
                 if rec:
                     watch.append(["RECVD_B", k, posted])
             elif code == _F:
-                if st.is_first:
+                if vs == 0:
                     x = dp_shard(microbatch(batch, k, mbs), me.dp_index, dp).tokens
                 else:
-                    posted = held[k] = recv_f.pop(k)
+                    posted = held[key] = recv_f.pop(key)
                     x = posted.wait().detach().requires_grad_()
                     if rec:
                         self._record(step, "WAIT_F", k, t)
                         watch[:] = [w for w in watch if w[2] is not posted]  # WAIT_F's end bounds it now
                         t = time.time()
-                inputs[k] = x
-                if st.is_last:
+                inputs[key] = x
+                if vs == n - 1:
                     tgt = dp_shard(microbatch(batch, k, mbs), me.dp_index, dp).targets
-                    y = self._compute(st, x, tgt, self.normaliser)
+                    y = self._compute(chunks[c], x, tgt, self.normaliser)
                     loss_sum += float(y.detach())
                 else:
-                    y = self._compute(st, x)
-                outputs[k] = y
+                    y = self._compute(chunks[c], x)
+                outputs[key] = y
                 if rec:
                     self._record(step, "F", k, t)
             elif code == _SEND_F:
-                posted = fwd_out.post_send(outputs[k].detach(), self._tag(me.stage, k, False))
+                posted = fwd_out.post_send(outputs[key].detach(), tag(vs, k, False))
                 sends.append(posted)
                 if rec:
                     self._record(step, "SEND_F", k, t)
@@ -219,36 +253,36 @@ class StageExecutor:
             elif code == _B:
                 grad = None
                 posted = None
-                if not st.is_last:
-                    posted = recv_b.pop(k)
+                if vs != n - 1:
+                    posted = recv_b.pop(key)
                     grad = posted.wait()
                     if rec:
                         self._record(step, "WAIT_B", k, t)
                         watch[:] = [w for w in watch if w[2] is not posted]
                         t = time.time()
-                if last_b and self.reducer is not None:
-                    self.reducer.arm()
-                y = outputs.pop(k)
+                if last_b and reducers is not None:
+                    reducers[c].arm()
+                y = outputs.pop(key)
                 self._compute(torch.autograd.backward, y, grad)
                 if posted is not None:
-                    gx = inputs[k].grad if k in inputs else None
+                    gx = inputs[key].grad if key in inputs else None
                     if gx is None or gx.data_ptr() != posted.buf.data_ptr():  # autograd may hand the buffer on
                         bwd_in.release(posted)
-                if k in held:
-                    fwd_in.release(held.pop(k))  # backward is done: nothing reads the input buffer any more
+                if key in held:
+                    fwd_in.release(held.pop(key))  # backward is done: nothing reads the input buffer any more
                 if rec:
                     self._record(step, "B", k, t)
-                if st.is_first:
-                    inputs.pop(k)
+                if vs == 0:
+                    inputs.pop(key)
             elif code == _SEND_B:
-                gx = inputs.pop(k).grad
-                posted = bwd_out.post_send(gx, self._tag(me.stage - 1, k, True))
+                gx = inputs.pop(key).grad
+                posted = bwd_out.post_send(gx, tag(vs - 1, k, True))
                 sends.append(posted)
                 if rec:
                     self._record(step, "SEND_B", k, t)
                     watch.append(["SENT_B", k, posted])
             elif code == _REDUCE:
-                self._reduce_grads()
+                self._reduce_grads(c)
                 if rec:
                     self._record(step, "REDUCE_GRAD", None, t)
             elif code == _OPTIM:
@@ -274,14 +308,17 @@ class StageExecutor:
                     self._record(step, kind, mb, now, now)
             watch[:] = [w for w in watch if not w[0].startswith("SENT")]
 
-    def _reduce_grads(self) -> None:
-        if self.reducer is not None:
-            self.reducer.finish()
+    def _reduce_grads(self, chunk: int = 0) -> None:
+        """REDUCE_GRAD of one chunk (the schedule has one per virtual stage): its DP sum, then the tied
+        table's sum when this chunk holds the embedding or the head."""
+        module = self.chunks[chunk]
+        if self.reducers is not None:
+            self.reducers[chunk].finish()
         elif self.g.dp_group is not None:
             from hetauto.runtime.tensor_parallel import allreduce_gradients
 
-            allreduce_gradients(self.stage, self.g.dp_group, op="sum")
-        w = self.stage.tied_embedding_weight()
+            allreduce_gradients(module, self.g.dp_group, op="sum")
+        w = module.tied_embedding_weight()
         if w is not None and self.g.tied_group is not None:
             import torch.distributed as dist
 
@@ -316,7 +353,7 @@ class StageExecutor:
                     written.append(str(path))
         world.barrier()
         me = self.me
-        report_loss = self.stage.is_last and me.tp_index == 0
+        report_loss = me.stage == self.plan.num_stages - 1 and me.tp_index == 0
         return RankReport(
             rank=me.rank, stage=me.stage, dp_index=me.dp_index, tp_index=me.tp_index,
             losses=losses if report_loss else None, step_s=step_s,

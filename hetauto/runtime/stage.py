@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from hetauto.core.model import ModelConfig
 from hetauto.runtime.model import Block, Embedding, Head, build_slot, lm_loss
 
-__all__ = ["StageModule", "build_stage", "build_model"]
+__all__ = ["StageModule", "ChunkedStage", "build_stage", "build_model"]
 
 
 class StageModule(nn.Module):
@@ -83,6 +83,31 @@ class StageModule(nn.Module):
             head = self.layers[str(self.cfg.num_layer_slots - 1)]
             assert isinstance(head, Head)
             return head.proj.weight
+        return None
+
+
+class ChunkedStage(nn.Module):
+    """All model chunks of one interleaved-1F1B stage under one module (hetauto.core.chunks).
+
+    Why: the optimizer, the DP reducer and checkpoints (hetauto.runtime.checkpoint) treat a stage as one
+    module whose parameters are named by global slot (`layers.<slot>.…`). Registering the chunks' slot
+    modules (shared, not copied) in one `layers` dict keeps exactly that naming, so an interleaved stage
+    saves and loads like a contiguous one (and across layouts). The chunks themselves run the forward."""
+
+    def __init__(self, chunks: "list[StageModule] | tuple[StageModule, ...]") -> None:
+        super().__init__()
+        if not chunks:
+            raise ValueError("ChunkedStage needs at least one chunk")
+        self.cfg = chunks[0].cfg
+        object.__setattr__(self, "chunks", tuple(chunks))  # not registered twice: `layers` holds the slots
+        self.layers = nn.ModuleDict({slot: mod for c in chunks for slot, mod in c.layers.items()})
+
+    def tied_embedding_weight(self) -> torch.Tensor | None:
+        """The tied table's copy this stage holds (in its first or last chunk), or None."""
+        for c in self.chunks:
+            w = c.tied_embedding_weight()
+            if w is not None:
+                return w
         return None
 
 

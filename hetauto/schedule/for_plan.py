@@ -2,15 +2,18 @@
 and the executor run exactly the same schedule for a plan.
 
 Pipeline "ranks" here are the plan's stages (p = number of stages): every device of a stage runs the same
-action list. Interleaved schedules give each stage `virtual_chunks` chunks; the plan's contiguous layer range
-of a stage is then split evenly into its chunks only by the simulator (the executor does not run interleaved
-plans yet).
+action list. Interleaved schedules give each stage v = max(virtual_chunks, 2) chunks (virtual stage
+`chunk * p + rank`, as hetauto.core.chunks.effective_chunks); which layer slots each chunk holds is
+hetauto.core.chunks.chunk_layers (the stage's layer count split evenly, or the plan's explicit
+`stages[i].chunks`), which the executor builds and the cost model prices as 1/v of the stage each, the
+data wrapping from the last stage back to the first between chunks.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hetauto.core.chunks import effective_chunks
 from hetauto.schedule.actions import Schedule, ScheduleError
 from hetauto.schedule.generators import gpipe, interleaved, one_f_one_b, virtual_1f1b
 
@@ -29,7 +32,7 @@ def schedule_for_plan(plan: "Plan", name: str | None = None) -> Schedule:
     if name == "1f1b":
         return one_f_one_b(p, m)
     if name == "interleaved":
-        return interleaved(p, m, max(plan.schedule.virtual_chunks, 2))
+        return interleaved(p, m, effective_chunks("interleaved", plan.schedule.virtual_chunks))
     if name == "virtual-1f1b":
         extra = plan.schedule.extra_warmup if plan.schedule.name == "virtual-1f1b" else ()
         return virtual_1f1b(p, m, tuple(extra) or (0,) * (p - 1))
