@@ -16,9 +16,10 @@ measured, predicted) rows that `benchmarks/cost_model_accuracy.py --plan-rows FI
     python benchmarks/predicted_vs_measured.py [--quick] [--json] [--save-rows FILE] [--recalibrate]
 
 The machine is shared: the load average is printed at the start and after each plan. `--recalibrate`
-measures the calibration in the same run (same load) instead of reading the cache; `--probe` runs the
-calibration's own reference plan (one rank, not one of the six) just before each plan and also reports
-the calibrated prediction scaled by the reference's measured / predicted ratio at that moment.
+measures the calibration in the same run (same load) instead of reading the cache; `--probe` measures,
+just before each plan, the cores other processes leave (`calibration.available_cores`: one reference-stage
+copy per core, CPU / wall each) and also reports `calibrated@load`, the calibrated prediction with
+host_cores = that figure (a measurement of the machine at that moment, not a fit to the plan).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def main() -> int:
     ap.add_argument("--recalibrate", action="store_true",
                     help="measure a fresh calibration in this run (not cached), so it sees the same machine load")
     ap.add_argument("--probe", action="store_true",
-                    help="run the calibration's reference plan right before each plan and also report the error "
-                         "normalised by the reference's measured/predicted ratio (load at that moment)")
+                    help="measure the cores left to the ranks right before each plan (calibration.available_cores) "
+                         "and also report the calibrated prediction with host_cores = what was left")
     args = ap.parse_args()
     import os
 
@@ -100,29 +101,32 @@ def main() -> int:
         chosen = dict(list(chosen.items())[:4])
     steps = 4 if args.quick else 6
     rows = []
-    from hetauto.planner.calibration import reference_plan
+    from dataclasses import replace
 
-    ref = reference_plan()
-    ref_pred = evaluate_plan(ref, calibration=cal).iteration_time_s
+    from hetauto.planner.calibration import available_cores
+
     with tempfile.TemporaryDirectory() as tmp:
         for name, plan in chosen.items():
-            probe = measure(ref, steps, Path(tmp)) / ref_pred if args.probe else None
+            probe = available_cores() if args.probe else None
             inp = inputs_for_plan(plan)
             pred = {"catalog": evaluate_plan(plan, inp).iteration_time_s,
+                    **({"calibrated@load": evaluate_plan(plan, inp, calibration=cal, overheads=replace(
+                        cal.overheads, host_cores=min(cal.overheads.host_cores or probe, probe))).iteration_time_s}
+                       if probe is not None else {}),
                     "calibrated": evaluate_plan(plan, inp, calibration=cal).iteration_time_s,
                     "calibrated+forest": evaluate_plan(plan, inp, calibration=cal, correction="default").iteration_time_s}
             meas = measure(plan, steps, Path(tmp))
             load = os.getloadavg()[0]
             rows.append({"plan": name, "features": features(plan), "measured_s": meas, "predicted_s": pred,
                          "error": {k: (v - meas) / meas for k, v in pred.items()}, "load": load})
-            if probe is not None:  # the reference plan ran slow by `probe` just now: the machine's load
-                rows[-1]["probe"] = probe
-                rows[-1]["error"]["calibrated/probe"] = (pred["calibrated"] * probe - meas) / meas
+            if probe is not None:
+                rows[-1]["cores_available"] = probe
             e = rows[-1]["error"]
             print(f"{name:28s} measured {meas * 1e3:7.1f} ms | catalog {pred['catalog'] * 1e3:6.1f} ({e['catalog']:+.0%})"
                   f" | calibrated {pred['calibrated'] * 1e3:6.1f} ({e['calibrated']:+.0%})"
                   f" | +forest {pred['calibrated+forest'] * 1e3:6.1f} ({e['calibrated+forest']:+.0%})"
-                  + (f" | ref x{probe:.2f}: {e['calibrated/probe']:+.0%}" if probe is not None else "")
+                  + (f" | {probe:.2f} cores left: {pred['calibrated@load'] * 1e3:6.1f} ({e['calibrated@load']:+.0%})"
+                     if probe is not None else "")
                   + f" | load {load:.1f}", flush=True)
     summary = {k: statistics.fmean(abs(r["error"][k]) for r in rows) for k in rows[0]["error"]}
     worst = {k: max(abs(r["error"][k]) for r in rows) for k in rows[0]["error"]}

@@ -35,7 +35,7 @@ from typing import Any
 
 from hetauto.core.profile import DeviceProfile
 
-__all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "cache_path", "compute_scale_for", "effective_cores", "local_calibration",
+__all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "available_cores", "cache_path", "compute_scale_for", "effective_cores", "local_calibration",
            "measure_calibration", "per_block_slope", "unloaded_step"]
 
 CALIBRATION_SCHEMA = "hetauto.calibration/1"
@@ -298,6 +298,35 @@ def _tp_block_overheads(rank: int, world: int, repeat: int, clock: Any = time.th
 def _concurrent_fb(rank: int, world: int, repeat: int) -> float:
     """The reference stage's F+B median while `world` ranks run it at the same time (no communication)."""
     return _reference_fb(repeat)
+
+
+def _core_share(rank: int, world: int, repeat: int) -> float:
+    """CPU / wall time of the reference stage's F+B loop in this rank: the share of a core it got."""
+    import torch
+
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.stage import build_stage
+
+    torch.set_num_threads(1)
+    st = build_stage(get_model("tiny-gpt"), (0, 6), 0)
+    x = torch.randint(0, 256, (8, 32))
+    st(x).float().sum().backward()  # warm-up
+    w, c = time.perf_counter(), time.thread_time()
+    for _ in range(repeat):
+        st(x).float().sum().backward()
+    wall = time.perf_counter() - w
+    return (time.thread_time() - c) / wall if wall > 0 else 1.0
+
+
+def available_cores(repeat: int = 10) -> float:
+    """Cores this machine gives its ranks *now*: one copy of the reference stage per core, each measuring the
+    share of a core it got (CPU / wall); their sum. Why: on a shared machine other processes take cores, and
+    the Evaluator's host-core contention (Overheads.host_cores) should see what is left at run time."""
+    from hetauto.testing.multiproc import run_ranks
+
+    cores = os.cpu_count() or 1
+    shares = run_ranks(_core_share, cores, repeat, timeout=120)
+    return max(0.1, min(float(cores), sum(shares)))
 
 
 def _reference_fb(repeat: int, clock: Any = time.thread_time) -> float:
