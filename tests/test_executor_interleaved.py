@@ -15,7 +15,7 @@ from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
 from hetauto.runtime.executable import check_executable
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import summarize
+from hetauto.runtime.results import measured_timeline, summarize
 from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED = 3, 5
@@ -47,27 +47,53 @@ CASES = [
 ]
 
 
-def _work(rank: int, world: int, cases: list) -> list[dict]:
+def _work(rank: int, world: int, cases: list, ckpt_root: str | None) -> list[dict]:
     from hetauto.core.comm import Communicator
     from hetauto.runtime.executor import ExecutorOptions, run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
-        return [run_rank(comm, Plan.from_json(plan_json), cfg, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30))
-                .to_dict() for plan_json, cfg in cases]
+        out = [run_rank(comm, Plan.from_json(plan_json), cfg, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30))
+               .to_dict() for plan_json, cfg in cases]
+        if ckpt_root is not None:
+            out.append(_checkpoint_round_trip(comm, ckpt_root))
+        return out
     finally:
         comm.destroy()
 
 
+def _checkpoint_round_trip(comm, root: str) -> dict:
+    """Interleaved 2 steps -> checkpoint -> a 1F1B plan with another cut resumes for step 3 -> checkpoint ->
+    the interleaved plan resumes for step 4: checkpoints are by global slot name, whatever the chunking."""
+    from hetauto.runtime.executor import ExecutorOptions
+    from hetauto.runtime.training import CheckpointOptions, train_rank
+
+    interleaved = CASES[0][1]
+    flat = interleaved.model_copy(update={"schedule": ScheduleSpec(name="1f1b"),
+                                          "stages": (_stage((0, 2)), _stage((2, 6)))})
+    losses = []
+    for plan, steps, save, resume in ((interleaved, 2, "a", None), (flat, 3, "b", "a"), (interleaved, 4, None, "b")):
+        opts = CheckpointOptions(directory=f"{root}/{save}" if save else None,
+                                 resume=f"{root}/{resume}" if resume else None)
+        rep = train_rank(comm, plan, GPT, ExecutorOptions(steps=steps, seed=SEED, timeout_s=30), opts)
+        losses += rep.losses or []
+    return {"losses": losses}
+
+
 @pytest.fixture(scope="module")
-def runs() -> list[list[dict]]:
-    """One process set per world size (2 and 4 ranks), each running all its cases in order."""
-    out: list[list[dict]] = [[] for _ in CASES]
+def runs(tmp_path_factory) -> list[list[dict]]:
+    """One process set per world size (2 and 4 ranks), each running all its cases in order; the 2-rank set
+    ends with the checkpoint round trip (its result is the last entry)."""
+    out: list[list[dict]] = [[] for _ in CASES] + [[]]
+    root = str(tmp_path_factory.mktemp("ckpt"))
     for world in sorted({plan.world_size for _, plan, _ in CASES}):
         idx = [i for i, (_, plan, _) in enumerate(CASES) if plan.world_size == world]
-        per_rank = run_ranks(_work, world, [(CASES[i][1].to_json(), CASES[i][2]) for i in idx], timeout=90)
+        per_rank = run_ranks(_work, world, [(CASES[i][1].to_json(), CASES[i][2]) for i in idx],
+                             root if world == 2 else None, timeout=90)
         for j, i in enumerate(idx):
             out[i] = [per_rank[r][j] for r in range(world)]
+        if world == 2:
+            out[-1] = [per_rank[r][-1] for r in range(world)]
     return out
 
 
@@ -89,6 +115,27 @@ def test_wrap_transfer_counted_both_ways(runs) -> None:
     s = 2 * 16 * 64 * 4
     got = summarize(CASES[0][1], runs[0]).bytes_per_link
     assert got == {"stage0(fast)->stage1(fast)": 3 * 4 * s, "stage1(fast)->stage0(fast)": 3 * 4 * s}
+
+
+@pytest.mark.multiprocess
+def test_timeline_draws_virtual_stages_on_physical_stages_and_links(runs) -> None:
+    tl = measured_timeline(CASES[0][1], runs[0])  # 2 stages, v = 2 (virtual stages 0..3), 4 microbatches
+    assert {e.resource for e in tl.timeline} == {"stage 0", "stage 1", "link 0->1", "link 1->0"}
+    computed = {(e.resource, e.kind, e.stage, e.microbatch) for e in tl.timeline if e.kind in ("F", "B")}
+    assert computed == {(f"stage {vs % 2}", kind, vs, k) for vs in range(4) for k in range(4) for kind in "FB"}
+    links = sorted((e.resource, e.kind, e.stage, e.microbatch) for e in tl.timeline if e.resource.startswith("link"))
+    # one entry per virtual boundary and microbatch; the wrap (virtual stage 1 -> 2) runs on link 1->0
+    want = [(f"link {vs % 2}->{(vs + 1) % 2}", "SEND_F", vs, k) for vs in range(3) for k in range(4)]
+    want += [(f"link {vs % 2}->{(vs - 1) % 2}", "SEND_B", vs, k) for vs in range(1, 4) for k in range(4)]
+    assert links == sorted(want)
+
+
+@pytest.mark.multiprocess
+def test_checkpoints_move_between_interleaved_and_contiguous_layouts(runs) -> None:
+    got = runs[-1][1]["losses"]  # rank 1 holds the last (virtual) stage in both plans
+    want = reference_losses(GPT, SEED, 4, 8, 2, 16)
+    assert len(got) == 4 and runs[-1][0]["losses"] == []
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (got, want)
 
 
 # ---------------------------------------------------------------------------------------- layer placement

@@ -169,18 +169,24 @@ class StageExecutor:
     def _compute(self, fn: Any, *args: Any) -> Any:
         return self.throttle.run(fn, *args) if self.throttle is not None else fn(*args)
 
-    def _record(self, step: int, kind: str, mb: int | None, start: float, end: float | None = None) -> None:
-        self.events.append([step, self.me.stage, kind, mb, start - self.t0, (time.time() if end is None else end) - self.t0])
+    def _record(self, step: int, kind: str, mb: int | None, start: float, end: float | None = None,
+                vs: int | None = None) -> None:
+        """[step, stage, kind, mb, start_s, end_s], plus the virtual stage as a 7th field when interleaved
+        (hetauto.runtime.results resolves the links by it; plain plans keep the 6-field events)."""
+        ev = [step, self.me.stage, kind, mb, start - self.t0, (time.time() if end is None else end) - self.t0]
+        if self.v > 1:
+            ev.append(self.me.stage if vs is None else vs)
+        self.events.append(ev)
 
     def _poll(self, step: int, watch: list[list[Any]]) -> None:
         """Recording only: stamp each watched transfer the first time this rank sees it complete (between actions)."""
         now = time.time()
         keep = []
-        for kind, mb, posted in watch:
+        for kind, mb, posted, vs in watch:
             if posted.done():
-                self._record(step, kind, mb, now, now)
+                self._record(step, kind, mb, now, now, vs)
             else:
-                keep.append([kind, mb, posted])
+                keep.append([kind, mb, posted, vs])
         watch[:] = keep
 
     # ------------------------------------------------------------------ one iteration
@@ -219,11 +225,11 @@ class StageExecutor:
             if code == _RECV_F:
                 recv_f[key] = posted = fwd_in.post_recv(tag(vs - 1, k, False))
                 if rec:
-                    watch.append(["RECVD_F", k, posted])
+                    watch.append(["RECVD_F", k, posted, vs])
             elif code == _RECV_B:
                 recv_b[key] = posted = bwd_in.post_recv(tag(vs, k, True))
                 if rec:
-                    watch.append(["RECVD_B", k, posted])
+                    watch.append(["RECVD_B", k, posted, vs])
             elif code == _F:
                 if vs == 0:
                     x = dp_shard(microbatch(batch, k, mbs), me.dp_index, dp).tokens
@@ -231,7 +237,7 @@ class StageExecutor:
                     posted = held[key] = recv_f.pop(key)
                     x = posted.wait().detach().requires_grad_()
                     if rec:
-                        self._record(step, "WAIT_F", k, t)
+                        self._record(step, "WAIT_F", k, t, vs=vs)
                         watch[:] = [w for w in watch if w[2] is not posted]  # WAIT_F's end bounds it now
                         t = time.time()
                 inputs[key] = x
@@ -243,13 +249,13 @@ class StageExecutor:
                     y = self._compute(chunks[c], x)
                 outputs[key] = y
                 if rec:
-                    self._record(step, "F", k, t)
+                    self._record(step, "F", k, t, vs=vs)
             elif code == _SEND_F:
                 posted = fwd_out.post_send(outputs[key].detach(), tag(vs, k, False))
                 sends.append(posted)
                 if rec:
-                    self._record(step, "SEND_F", k, t)
-                    watch.append(["SENT_F", k, posted])
+                    self._record(step, "SEND_F", k, t, vs=vs)
+                    watch.append(["SENT_F", k, posted, vs])
             elif code == _B:
                 grad = None
                 posted = None
@@ -257,7 +263,7 @@ class StageExecutor:
                     posted = recv_b.pop(key)
                     grad = posted.wait()
                     if rec:
-                        self._record(step, "WAIT_B", k, t)
+                        self._record(step, "WAIT_B", k, t, vs=vs)
                         watch[:] = [w for w in watch if w[2] is not posted]
                         t = time.time()
                 if last_b and reducers is not None:
@@ -271,7 +277,7 @@ class StageExecutor:
                 if key in held:
                     fwd_in.release(held.pop(key))  # backward is done: nothing reads the input buffer any more
                 if rec:
-                    self._record(step, "B", k, t)
+                    self._record(step, "B", k, t, vs=vs)
                 if vs == 0:
                     inputs.pop(key)
             elif code == _SEND_B:
@@ -279,12 +285,12 @@ class StageExecutor:
                 posted = bwd_out.post_send(gx, tag(vs - 1, k, True))
                 sends.append(posted)
                 if rec:
-                    self._record(step, "SEND_B", k, t)
-                    watch.append(["SENT_B", k, posted])
+                    self._record(step, "SEND_B", k, t, vs=vs)
+                    watch.append(["SENT_B", k, posted, vs])
             elif code == _REDUCE:
                 self._reduce_grads(c)
                 if rec:
-                    self._record(step, "REDUCE_GRAD", None, t)
+                    self._record(step, "REDUCE_GRAD", None, t, vs=vs)
             elif code == _OPTIM:
                 self._wait_sends(step, sends, watch)
                 sends = []
@@ -303,9 +309,9 @@ class StageExecutor:
             h.wait()
         if watch:  # recording: a send first seen complete here completed at the latest now
             now = time.time()
-            for kind, mb, posted in watch:
+            for kind, mb, posted, vs in watch:
                 if kind.startswith("SENT"):
-                    self._record(step, kind, mb, now, now)
+                    self._record(step, kind, mb, now, now, vs)
             watch[:] = [w for w in watch if not w[0].startswith("SENT")]
 
     def _reduce_grads(self, chunk: int = 0) -> None:

@@ -57,7 +57,10 @@ def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: in
     complete (RECVD_*: polled between the receiver's actions), or the receiver's wait returning (WAIT_*).
     Each is an upper bound on the completion time, exact to one action's duration on that rank, so the
     entry no longer stretches to a receiver that waits late. With an emulated link neither side can see
-    the send complete before its emulated delivery time. Only lead ranks (dp 0, tp 0) record."""
+    the send complete before its emulated delivery time. Only lead ranks (dp 0, tp 0) record.
+    Interleaved runs' events carry the virtual stage as a 7th field: transfers are matched per virtual
+    boundary and drawn on the physical link (the wrap from the last stage to the first included), entries'
+    `stage` is the virtual stage as in the simulator."""
     events = [e for r in reports for e in r.get("events", [])]
     if not events:
         return SimResult(0.0, 0.0, (), (), (), 0, ())
@@ -71,24 +74,26 @@ def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: in
     def seen(key: tuple[str, int, int], at: float) -> None:
         done[key] = min(done.get(key, at), at)
 
-    for _, stage, kind, mb, start, end in ev:
-        if kind in ("SEND_F", "SEND_B"):
-            posted[(kind, stage, mb)] = start - t0
-        elif kind in ("SENT_F", "SENT_B"):
-            seen(("SEND_" + kind[-1], stage, mb), end - t0)
-        elif kind in ("RECVD_F", "WAIT_F"):
-            seen(("SEND_F", stage - 1, mb), end - t0)
-        elif kind in ("RECVD_B", "WAIT_B"):
-            seen(("SEND_B", stage + 1, mb), end - t0)
-        if kind not in ("SEND_F", "SEND_B", "WAIT_F", "WAIT_B", "SENT_F", "SENT_B", "RECVD_F", "RECVD_B"):
-            entries.append(TimelineEntry(f"stage {stage}", kind, mb, start - t0, end - t0, stage))
-    for (kind, stage, mb), start in posted.items():
-        if (kind, stage, mb) not in done:
-            continue
-        dst = stage + 1 if kind == "SEND_F" else stage - 1
-        end = max(start, done[(kind, stage, mb)])
-        entries.append(TimelineEntry(f"link {stage}->{dst}", kind, mb, start, end, stage))
     p = plan.num_stages
+    for e in ev:
+        _, stage, kind, mb, start, end = e[:6]
+        vs = e[6] if len(e) > 6 else stage  # interleaved events carry their virtual stage (c * p + stage)
+        if kind in ("SEND_F", "SEND_B"):
+            posted[(kind, vs, mb)] = start - t0
+        elif kind in ("SENT_F", "SENT_B"):
+            seen(("SEND_" + kind[-1], vs, mb), end - t0)
+        elif kind in ("RECVD_F", "WAIT_F"):
+            seen(("SEND_F", vs - 1, mb), end - t0)
+        elif kind in ("RECVD_B", "WAIT_B"):
+            seen(("SEND_B", vs + 1, mb), end - t0)
+        if kind not in ("SEND_F", "SEND_B", "WAIT_F", "WAIT_B", "SENT_F", "SENT_B", "RECVD_F", "RECVD_B"):
+            entries.append(TimelineEntry(f"stage {stage}", kind, mb, start - t0, end - t0, vs))
+    for (kind, vs, mb), start in posted.items():
+        if (kind, vs, mb) not in done:
+            continue
+        dst = vs + 1 if kind == "SEND_F" else vs - 1  # virtual stages; links are between physical stages (mod p)
+        end = max(start, done[(kind, vs, mb)])
+        entries.append(TimelineEntry(f"link {vs % p}->{dst % p}", kind, mb, start, end, vs))
     total = max(e.end for e in entries) if entries else 0.0
     busy = tuple(sum(e.end - e.start for e in entries if e.resource == f"stage {s}" and e.kind in ("F", "B"))
                  for s in range(p))
