@@ -232,3 +232,17 @@ def test_unrunnable_interleaved_plans_are_refused_before_launch(plan: Plan, mess
     with pytest.raises(PlanMismatch) as err:
         check_executable(plan)
     assert str(err.value) == message
+
+
+def test_emulation_links_the_wrap_from_the_last_stage_to_the_first() -> None:
+    from hetauto.core.scenarios import get_scenario
+    from hetauto.runtime.emulation import emulation_for_plan
+
+    stages = (_stage((0, 2)), _stage((2, 4)).model_copy(update={"cluster": "slow"}),
+              _stage((4, 6)).model_copy(update={"cluster": "slow"}))
+    plan = make_plan(stages, m=3)
+    cluster = get_scenario("cpu-demo").cluster
+    pairs = {(a, b) for a, b, _ in emulation_for_plan(plan, cluster).links}
+    assert pairs == {(0, 1), (1, 0), (2, 0), (0, 2)}  # 0->1 crosses clusters, 1->2 does not, the wrap 2->0 does
+    flat = plan.model_copy(update={"schedule": ScheduleSpec(name="1f1b")})
+    assert {(a, b) for a, b, _ in emulation_for_plan(flat, cluster).links} == {(0, 1), (1, 0)}

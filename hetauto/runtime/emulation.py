@@ -42,20 +42,25 @@ class Emulation:
 
 def emulation_for_plan(plan: Plan, cluster: ClusterSpec) -> Emulation:
     """Speed factor of each stage's cluster, and a link for every rank pair of adjacent stages on different
-    clusters (both directions). Within a cluster nothing is delayed (loopback stands for the fast links)."""
+    clusters (both directions). Within a cluster nothing is delayed (loopback stands for the fast links).
+    Interleaved plans also send from the last stage back to the first (the wrap between chunks): that pair
+    is adjacent too, as in the cost model."""
     layouts = stage_layouts(plan)
+    pairs = [(h, h + 1) for h in range(len(layouts) - 1)]
+    if plan.schedule.name == "interleaved" and len(layouts) > 2:
+        pairs.append((len(layouts) - 1, 0))
     speeds = tuple(cluster.cluster(s.cluster).speed_factor for s in plan.stages)
     links: list[tuple[int, int, EmulatedLink]] = []
     pipes: list[tuple[int, int, SharedPipe]] = []
-    for h in range(len(layouts) - 1):
-        a, b = plan.stages[h].cluster, plan.stages[h + 1].cluster
+    for h, g in pairs:
+        a, b = plan.stages[h].cluster, plan.stages[g].cluster
         if a == b:
             continue
         spec = cluster.link(a, b)
         link = EmulatedLink(spec.latency_s, spec.bandwidth_Bps)
         cap = spec.shared_capacity_Bps
         for x in layouts[h].ranks:
-            for y in layouts[h + 1].ranks:
+            for y in layouts[g].ranks:
                 links += [(x, y, link), (y, x, link)]
                 if cap is not None:
                     pipes += [(x, y, SharedPipe(f"{a}->{b}", cap)), (y, x, SharedPipe(f"{b}->{a}", cap))]
