@@ -130,7 +130,6 @@ class StageExecutor:
             [OverlappedGradReducer(c, groups.dp_group, op="sum") for c in chunks]
             if groups.dp_group is not None and options.overlap_dp else None
         )
-        self.reducer = self.reducers[0] if self.reducers else None
         shape = (plan.microbatch_size, plan.seq_len, cfg.hidden)
         methods = plan.boundary_methods()
         lay = groups.layouts
@@ -144,8 +143,8 @@ class StageExecutor:
         for i, a in enumerate(self.actions):
             if a.type is A.B:
                 last_b[a.stage] = i
-        self._last_b = max(last_b.values(), default=-1)
-        self._program = tuple(_compile(i, a, i in last_b.values(), me.stage, p) for i, a in enumerate(self.actions))
+        last_b_at = set(last_b.values())
+        self._program = tuple(_compile(i, a, i in last_b_at, me.stage, p) for i, a in enumerate(self.actions))
         # this rank's side of its two boundaries in each direction, resolved once (None where there is none);
         # a stage always receives activations from stage r-1 (mod p) and sends them to stage r+1 (mod p)
         st, route = me.stage, self._route
