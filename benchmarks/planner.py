@@ -68,6 +68,7 @@ def features(r: PlanResult) -> dict[str, Any]:
     p = r.plan
     cross = [i for i, (a, b) in enumerate(zip(p.stages, p.stages[1:])) if a.cluster != b.cluster]
     return {"virtual_1f1b": p.schedule.name == "virtual-1f1b" and any(p.schedule.extra_warmup),
+            "interleaved_chunks": max(p.schedule.virtual_chunks, 2) if p.schedule.name == "interleaved" else 0,
             "extra_warmup_cross": [p.schedule.extra_warmup[i] for i in cross] if p.schedule.extra_warmup else [],
             "resharding": sorted({p.boundary_methods()[i] for i in cross}),
             "per_boundary_resharding": len(set(p.boundary_methods())) > 1,
@@ -184,6 +185,8 @@ def section_sweep(quick: bool) -> list[dict[str, Any]]:
                          "gain_vs_megatron": g_mega, "features": f})
             feats = ",".join(k for k in ("virtual_1f1b", "hetero_tp_dp", "per_boundary_resharding", "recompute",
                                          "zero1") if f.get(k))
+            if f.get("interleaved_chunks"):
+                feats += f",interleaved v={f['interleaved_chunks']}"
             print(f"    {bw:4d} Gbps {lat:5.1f} ms: {t:8.4g} samples/s  x{g_metis or 0:5.2f} metis  "
                   f"x{g_mega or 0:5.2f} megatron  [{feats}; resharding {'/'.join(f.get('resharding', [])) or '-'}; "
                   f"warmup {f.get('extra_warmup_cross')}; clusters {'+'.join(f.get('clusters_used', []))}]", flush=True)

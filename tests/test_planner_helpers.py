@@ -51,14 +51,26 @@ class FakeEvaluator:
             f, b = self.stage_compute_time(s.cluster, s.layers, s.tp, s.dp, plan.microbatch_size, s.recompute)
             tf.append(f)
             tb.append(b)
-        for a, b in zip(plan.stages, plan.stages[1:]):
+        pairs = list(zip(plan.stages, plan.stages[1:]))
+        interleaved = plan.schedule.name == "interleaved" and len(plan.stages) > 1
+        if interleaved:  # the data wraps from the last stage back to the first between chunks
+            pairs.append((plan.stages[-1], plan.stages[0]))
+        for a, b in pairs:
             ln = spec.cluster(a.cluster).inter_node if a.cluster == b.cluster else spec.link(a.cluster, b.cluster)
             links.append(Link(ln.latency_s, ln.bandwidth_Bps))
-            act.append(plan.microbatch_size * self.inputs.layers[a.layers[1] - 1].boundary_bytes_per_sample)
+            last = self.inputs.layers[a.layers[1] - 1]  # the wrap leaves the head: a block's activation instead
+            src = last if last.boundary_bytes_per_sample > 0 else self.inputs.layers[1]
+            act.append(plan.microbatch_size * src.boundary_bytes_per_sample)
+        if interleaved:
+            p, v = len(plan.stages), max(plan.schedule.virtual_chunks, 2)
+            act = [act[h % p] for h in range(p * v - 1)]
         return PipelineCosts(tf=tf, tb=tb, links=tuple(links), act_bytes=act or 0.0)
 
-    def inflight(self, plan: Plan) -> list[int]:
+    def inflight(self, plan: Plan) -> list[float]:
         p, m = plan.num_stages, plan.num_microbatches
+        if plan.schedule.name == "interleaved":  # Megatron's warmup, in whole-stage microbatches
+            v = max(plan.schedule.virtual_chunks, 2)
+            return [min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1) / v for i in range(p)]
         extra = plan.schedule.extra_warmup or (0,) * (p - 1)
         return [min(m, p - i + sum(extra[i:])) for i in range(p)]
 

@@ -175,3 +175,53 @@ def test_space_gives_a_slow_boundary_extra_warmup() -> None:
     plain = ev.evaluate(plan.model_copy(update={"schedule": plan.schedule.model_copy(
         update={"name": "1f1b", "extra_warmup": ()})})).iteration_time_s
     assert fast < plain
+
+
+# 7. interleave only over fast links ----------------------------------------------------------------
+def test_interleave_chunk_options_follow_the_schedule_shape() -> None:
+    assert P.interleave_chunk_options(4, 8, 26) == [2, 3, 4]
+    assert P.interleave_chunk_options(4, 6, 26) == []  # m not a multiple of p: the schedule cannot run
+    assert P.interleave_chunk_options(4, 8, 10) == [2]  # one layer slot per chunk: 4 x 3 > 10
+    assert P.interleave_chunk_options(1, 8, 26) == []  # one stage has no bubble to cut
+
+
+def test_interleave_gain_weighs_the_bubble_against_the_extra_hops() -> None:
+    # (p-1)(1-1/v) periods saved - 2(v-1) * sum of the p boundary costs (wrap included)
+    assert P.interleave_gain(4, 2, [1.0] * 4, [0.01] * 4) == pytest.approx(3 * 0.5 - 2 * 0.04)
+    assert P.interleave_gain(4, 4, [1.0, 0.5, 1.0, 1.0], [0.01] * 4) == pytest.approx(3 * 0.75 - 6 * 0.04)
+    assert P.interleave_gain(4, 2, [1.0] * 4, [0.2] * 4) == pytest.approx(1.5 - 1.6)  # slow links: a loss
+    assert P.interleave_gain(4, 4, [1.0] * 4, [0.3, 0.0, 0.0, 0.0]) == -math.inf  # 4 x 0.3 > period: link-bound
+    assert P.interleave_gain(1, 2, [1.0], []) == -math.inf
+
+
+def test_balance_gives_every_stage_at_least_one_layer_per_chunk() -> None:
+    times = [[0.1] * 6, [1.0] * 6]
+    assert P.balance_layers(times) == [5, 1]
+    assert P.balance_layers(times, least=2) == [4, 2]
+    assert P.balance_layers(times, least=3) == [3, 3]
+    assert P.balance_layers(times, least=4) is None
+
+
+def test_space_builds_interleaved_only_over_fast_links() -> None:
+    from hetauto.core.chunks import chunk_layers
+
+    cand = Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), "interleaved", False,
+                     chunks=2)
+    assert Candidate(2, ("fast",), (ClusterChoice(2, 1),), "1f1b", chunks=3).chunks == 1  # canonical
+    inp = tiny_inputs(links="400Gbps", latency="10us", layers=8, gbs=12)
+    space = StrategySpace(inp, FakeEvaluator(inp))
+    built = space.build(cand)
+    assert built.violation is None and built.pruned is None and len(built.plans) == 1
+    plan = built.plans[0]
+    assert (plan.schedule.name, plan.schedule.virtual_chunks) == ("interleaved", 2)
+    assert all(s.num_layers >= 2 for s in plan.stages) and space.interleave_gain(plan) > 0
+    assert [len(c) for c in chunk_layers(plan)] == [2, 2, 2]
+    # a 1 Gbps / 20 ms cross link: principle 7 prunes the plan before any evaluation
+    slow = tiny_inputs(links="1Gbps", latency="20ms", layers=8, gbs=12)
+    ev = FakeEvaluator(slow)
+    got = StrategySpace(slow, ev).build(cand)
+    assert got.plans == [] and got.violation is None and got.pruned.startswith("interleaved v=2: estimated gain -")
+    assert ev.evaluations == 0
+    # 16 microbatches of 1 for 3 stages: not a multiple, no plan
+    odd = StrategySpace(tiny_inputs(links="400Gbps", latency="10us", layers=8, gbs=16), ev).build(cand)
+    assert odd.plans == [] and "microbatches (8) a multiple of the stages (3)" in odd.pruned

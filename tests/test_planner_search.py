@@ -206,3 +206,67 @@ def test_default_cap_grows_with_the_device_count() -> None:
     assert default_max_evaluations(tiny_inputs()) == 1000  # 6 devices: the floor
     assert cap("paper-4c") == 4 * 256
     assert cap("scale-736") == 4 * 736
+
+
+def _pipeline_inputs(clusters: list[tuple[str, int]], cross: str = "400Gbps", cross_latency: str = "5us",
+                     gbs: int = 8):
+    """Clusters of one-device v100-16g nodes on a 400 Gbps / 5 us network, and a 48-block GPT (~2.5B params)
+    too large for data parallelism alone: the plan must pipeline, with m = gbs microbatches of one sample."""
+    from hetauto.core.cluster import cluster_from_dict
+    from hetauto.core.model import ModelConfig
+    from hetauto.planner.inputs import PlanningInputs
+    from hetauto.planner.layers import layer_list
+
+    doc = {"clusters": [{"name": n, "nodes": {"count": k, "devices_per_node": 1, "device": "v100-16g"},
+                         "inter_node": {"bandwidth": "400Gbps", "latency": "5us"}} for n, k in clusters],
+           "links": {"default": {"bandwidth": cross, "latency": cross_latency}}}
+    model = ModelConfig("pipe-test", "gpt", 48, 2048, 16, 8192, 32000, 1024, None, False)
+    return PlanningInputs(cluster_from_dict(doc, "pipe"), model, 1024, gbs, layer_list(model, 1024), None, "pipe")
+
+
+def _with_schedule(plan, name: str, v: int = 1):  # noqa: ANN001, ANN202 - a Plan
+    sched = plan.schedule.model_copy(update={"name": name, "virtual_chunks": v, "extra_warmup": ()})
+    return plan.model_copy(update={"schedule": sched, "prediction": None})
+
+
+def test_interleaved_is_picked_on_fast_links_with_few_microbatches() -> None:
+    from hetauto.core.chunks import chunk_layers
+    from hetauto.core.plan import Plan
+    from hetauto.core.plan_check import check_plan
+    from hetauto.planner.evaluate import Evaluator
+    from hetauto.planner.space import Candidate, ClusterChoice
+
+    inp = _pipeline_inputs([("a", 4)])
+    ev = Evaluator(inp)
+    space = StrategySpace(inp, ev)
+    base = space.build(Candidate(1, ("a",), (ClusterChoice(4, 1),), "1f1b")).plans[0]
+    plain, inter = ev.evaluate(base), ev.evaluate(_with_schedule(base, "interleaved", 2))
+    assert plain.feasible and inter.feasible  # the premise: same stages, m = 8, interleaving cuts the bubble
+    assert inter.throughput_samples_s > 1.1 * plain.throughput_samples_s
+    r = plan(inp, "mcts", seed=0, evaluator=Evaluator(inp))
+    p = r.plan
+    assert p.schedule.name == "interleaved" and p.schedule.virtual_chunks in (2, 3, 4)
+    assert r.evaluation.throughput_samples_s >= inter.throughput_samples_s
+    again = Plan.from_json(p.to_json())
+    assert again == p
+    check_plan(again, inp.cluster, inp.model)
+    assert [len(c) for c in chunk_layers(again)] == [p.schedule.virtual_chunks] * p.num_stages
+    assert Evaluator(inp).evaluate(again.model_copy(update={"prediction": None})).throughput_samples_s == \
+        pytest.approx(r.evaluation.throughput_samples_s, rel=1e-12)
+
+
+def test_interleaved_is_not_picked_across_a_slow_cross_cluster_link() -> None:
+    from hetauto.planner.evaluate import Evaluator
+    from hetauto.planner.space import Candidate, ClusterChoice
+
+    inp = _pipeline_inputs([("a", 2), ("b", 2)], cross="1Gbps", cross_latency="10ms")
+    ev = Evaluator(inp)
+    space = StrategySpace(inp, ev)
+    cand = Candidate(1, ("a", "b"), (ClusterChoice(2, 1), ClusterChoice(2, 1)), "1f1b")
+    base = space.build(cand).plans[0]
+    plain, inter = ev.evaluate(base), ev.evaluate(_with_schedule(base, "interleaved", 2))
+    assert inter.throughput_samples_s < plain.throughput_samples_s  # the premise: the slow link loses it
+    assert space.build(Candidate(1, ("a", "b"), cand.choices, "interleaved", chunks=2)).pruned
+    r = plan(inp, "mcts", seed=0, evaluator=Evaluator(inp))
+    assert r.plan.schedule.name != "interleaved"
+    assert r.evaluation.throughput_samples_s > inter.throughput_samples_s

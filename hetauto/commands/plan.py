@@ -179,6 +179,7 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
                      f"{format_bytes(ev.peak_memory_bytes[i])} / {format_bytes(ev.memory_capacity_bytes[i])}"])
     print_table(f"plan ({r.planner}): {p.num_stages} stages, microbatch {p.microbatch_size} x {p.num_microbatches}, "
                 f"{p.schedule.name}" + (f" extra warmup {list(p.schedule.extra_warmup)}" if p.schedule.extra_warmup else "")
+                + (f" v={max(p.schedule.virtual_chunks, 2)}" if p.schedule.name == "interleaved" else "")
                 + (", ZeRO-1" if p.zero1 else "") + _resharding_note(p),
                 ["stage", "cluster", "devices", "layers", "tp x dp", "recompute", "memory used / available"], rows)
     console.print(f"iteration {format_time(ev.iteration_time_s)}, {ev.throughput_samples_s:.3g} samples/s, "

@@ -139,7 +139,7 @@ class Priors:
                 continue
             size = sp.spec.cluster(name).num_devices // ch.stages
             dp = size // ch.tp
-            per_stage = max(1, int(round(share / ch.stages)))
+            per_stage = min(max(1, int(round(share / ch.stages))), sp.num_layers - 1)  # one cluster: share = all
             f, b = sp.evaluator.stage_compute_time(name, (1, 1 + per_stage), ch.tp, dp, mbs, ch.recompute)
             mem = sp.evaluator.stage_memory_bytes(name, (1, 1 + per_stage), ch.tp, dp, mbs,
                                                   min(m, ch.stages + 1), ch.recompute, False)

@@ -16,6 +16,10 @@ Each function is one principle, tested on its own (tests/test_planner_principles
    interchangeable, so orders that only swap them are one order.
 6. Slow boundaries get Virtual-1F1B depth (`warmup_for_boundaries`): k_h = ceil(2 c_h / period), capped by
    the memory each upstream stage has left; when memory forbids it the caller tries a different cut.
+7. Interleave only where the links are fast (`interleave_chunk_options`, `interleave_gain`): v chunks per
+   stage cut the fill/drain bubble by a factor v, at the price of v x the boundary messages (plus the wrap
+   from the last stage back to the first). Worth it with fast links and few microbatches; across a slow
+   link it loses, and Virtual-1F1B (6) is the tool there.
 """
 
 from __future__ import annotations
@@ -92,24 +96,24 @@ def proportional_layers(weights: Sequence[float], total: int) -> list[int]:
 
 
 def _fill(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]], base: Sequence[float],
-          caps: Sequence[float], limit: float) -> list[int] | None:
+          caps: Sequence[float], limit: float, least: int = 1) -> list[int] | None:
     """Greedy: each stage takes as many layers as fit under `limit` seconds and its memory capacity,
-    leaving one layer per remaining stage (optimal for a contiguous min-max split)."""
+    leaving `least` layers per remaining stage (optimal for a contiguous min-max split)."""
     p, n = len(times), len(times[0])
     counts, pos = [], 0
     for s in range(p):
         rest = p - s - 1
         t, m, c = 0.0, base[s], 0
-        last = n - rest if s < p - 1 else n
+        last = n - rest * least if s < p - 1 else n
         while pos < last:
             nt, nm = t + times[s][pos], m + mems[s][pos]
             must = s == p - 1
             if nm > caps[s] or (nt > limit and (c > 0 or not must) and not (c == 0 and must)):
-                if must or c == 0:
+                if must or c < least:
                     return None
                 break
             t, m, c, pos = nt, nm, c + 1, pos + 1
-        if c == 0:
+        if c < least:
             return None
         counts.append(c)
     return counts if pos == n else None
@@ -117,25 +121,26 @@ def _fill(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]], bas
 
 def balance_layers(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]] | None = None,
                    base: Sequence[float] | None = None, caps: Sequence[float] | None = None,
-                   iterations: int = 30) -> list[int] | None:
+                   iterations: int = 30, least: int = 1) -> list[int] | None:
     """Contiguous layer counts per stage minimising the slowest stage's time, each stage within memory.
 
     `times[s][l]` / `mems[s][l]`: what layer l costs on stage s (seconds per microbatch; bytes per device),
-    `base[s]` the stage's fixed memory, `caps[s]` its capacity. None when no split fits in memory."""
+    `base[s]` the stage's fixed memory, `caps[s]` its capacity; every stage takes at least `least` layers
+    (interleaved 1F1B: one per chunk). None when no split fits in memory."""
     p = len(times)
     n = len(times[0]) if p else 0
-    if p == 0 or n < p:
+    if p == 0 or n < p * least:
         return None
     mems = mems or [[0.0] * n for _ in range(p)]
     base = base or [0.0] * p
     caps = caps or [math.inf] * p
-    if _fill(times, mems, base, caps, math.inf) is None:
+    if _fill(times, mems, base, caps, math.inf, least) is None:
         return None
     lo, hi = 0.0, max(sum(t) for t in times)
-    best = _fill(times, mems, base, caps, hi) or _fill(times, mems, base, caps, math.inf)
+    best = _fill(times, mems, base, caps, hi, least) or _fill(times, mems, base, caps, math.inf, least)
     for _ in range(iterations):
         mid = (lo + hi) / 2
-        got = _fill(times, mems, base, caps, mid)
+        got = _fill(times, mems, base, caps, mid, least)
         if got is None:
             lo = mid
         else:
@@ -231,3 +236,34 @@ def warmup_for_boundaries(boundary_cost: Sequence[float], stage_period: Sequence
         return wanted, wanted
     caps = [None if c is None else max(int(c), p - r) for r, c in enumerate(memory_cap)]
     return wanted, cap_extra_warmup(p, wanted, caps)
+
+
+# 7 -------------------------------------------------------------------------------------------------
+INTERLEAVE_CHUNKS = (2, 3, 4)  # chunks per stage the search tries (Megatron uses 2-4; more rarely pays)
+
+
+def interleave_chunk_options(p: int, m: int, num_layers: int,
+                             options: Sequence[int] = INTERLEAVE_CHUNKS) -> list[int]:
+    """The chunk counts v an interleaved 1F1B plan of `p` stages can have: at least two stages, `m`
+    microbatches a multiple of p (the schedule runs them in groups of p), and one layer slot per chunk
+    (p * v <= num_layers; the balance then gives every stage at least v)."""
+    if p < 2 or m % p:
+        return []
+    return [v for v in options if v >= 2 and p * v <= num_layers]
+
+
+def interleave_gain(p: int, v: int, stage_period: Sequence[float], boundary_cost: Sequence[float]) -> float:
+    """Estimated seconds per iteration that interleaving with `v` chunks saves over plain 1F1B on the same
+    stages (> 0: worth scoring; the Evaluator decides). The fill and drain shrink from (p-1) to (p-1)/v
+    periods of the slowest stage (`stage_period`: F+B per microbatch), saving (p-1)(1-1/v) periods; but
+    a microbatch now crosses p*v - 1 boundaries instead of p - 1, so fill and drain each pay p(v-1) more
+    hops: 2(v-1) * sum(c_h) over the p boundaries, the wrap (last stage -> first) included
+    (`boundary_cost`, seconds per message). In the steady state a link carries v messages per microbatch
+    per direction; if v * c_h exceeds the period the pipeline is link-bound and interleaving only loses
+    (-inf)."""
+    if p < 2 or v < 2 or not stage_period:
+        return -math.inf
+    period = max(stage_period)
+    if any(v * c > period for c in boundary_cost):
+        return -math.inf
+    return (p - 1) * (1.0 - 1.0 / v) * period - 2.0 * (v - 1) * sum(boundary_cost)

@@ -241,7 +241,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
             start: Scored | None = None) -> Scored | None:
     """Local search from `start` (default: the best so far): each decision in turn (every cluster's choice,
     the microbatch, the cluster order, the tail, the extra Virtual-1F1B depth at cross-cluster boundaries,
-    each boundary pair's resharding method) set to its best
+    interleaved 1F1B with v chunks, each boundary pair's resharding method) set to its best
     option with the others fixed, until nothing improves. Returns the local optimum reached."""
     from dataclasses import replace
 
@@ -260,6 +260,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
         moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
         moves.append(lambda c: [replace(c, warmup_bonus=b) for b in WARMUP_BONUS
                                 if c.schedule == "virtual-1f1b" and len(c.order) > 1])
+        moves.append(lambda c: interleave_options(space, c))
         for j in range(2 * len(cur.candidate.order) - 1):  # at most: one pair inside and one after each cluster
             moves.append(lambda c, j=j: reshard_options(space, c, j))
         for move in moves:
@@ -291,6 +292,24 @@ def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable
         if out_of_time():
             return
         descend(space, scorer, out_of_time, start=s)
+
+
+def interleave_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
+    """`cand` as interleaved 1F1B with each chunk count of `space.interleave` its shape allows (principle 7:
+    >= 2 stages, microbatches a multiple of the stages, a layer per chunk), and, when `cand` is already
+    interleaved, with ZeRO-1 toggled (the tail move would drop the interleaving). Whether the links are
+    fast enough is checked when the candidate is built (no evaluation spent on a pruned one)."""
+    from dataclasses import replace
+
+    if not space.interleave or space.inputs.global_batch % cand.microbatch_size:
+        return []
+    p = len(space.layout(cand))
+    m = space.inputs.global_batch // cand.microbatch_size
+    out = [replace(cand, schedule="interleaved", chunks=v)
+           for v in P.interleave_chunk_options(p, m, space.num_layers, space.interleave)]
+    if cand.schedule == "interleaved":
+        out += [replace(cand, zero1=z) for z in space.zero1_options if z != cand.zero1]
+    return [c for c in out if c != cand]
 
 
 def reshard_options(space: StrategySpace, cand: Candidate, j: int) -> list[Candidate]:

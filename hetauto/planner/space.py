@@ -1,12 +1,16 @@
 """The strategy space: the decisions a planner makes, and how a complete set of decisions becomes a Plan.
 
 A `Candidate` holds the searched decisions: microbatch size, the clusters' pipeline order, and per cluster
-(number of node-aligned stages, TP degree, recompute), then schedule and ZeRO-1. Everything else follows
+(number of node-aligned stages, TP degree, recompute), then schedule (with its chunk count when interleaved)
+and ZeRO-1. Everything else follows
 by rule (see principles.py): DP = group / TP; layers balanced to the stages' measured speeds within
 memory; Virtual-1F1B extra warmup sized from the boundary costs and capped by memory (with a second cut
 that makes room for it); one resharding method for every boundary unless `Candidate.reshard` overrides it
 per cluster pair (a stage never spans clusters and each cluster appears once in an order, so a cross-cluster
 pair is one boundary; the boundaries inside one cluster join identical layouts and share one method).
+Interleaved 1F1B (`schedule="interleaved"`, `chunks` v): every stage takes at least v layers (its count split
+evenly into v chunks, hetauto.core.chunks), memory sized for the interleaved in-flight count, and the plan is
+only built where principle 7 expects a gain (fast links; see `Built.pruned`).
 
 Costs come from the Evaluator's cheap, cached pieces (`stage_compute_time`, `stage_memory_bytes`,
 `pipeline_costs`); a plan is scored only by `Evaluator.evaluate`.
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 
@@ -48,6 +53,14 @@ class Candidate:
     balance: Balance = "minimax"
     reshard: tuple[tuple[str, str, str], ...] = ()  # (from cluster, to cluster, method) overrides, sorted
     warmup_bonus: int = 0  # Virtual-1F1B depth added to the rule's at each cross-cluster boundary (memory permitting)
+    chunks: int = 1  # interleaved 1F1B: model chunks per stage (>= 2); 1 for every other schedule
+
+    def __post_init__(self) -> None:
+        """Canonical chunk count (1 unless interleaved, at least 2 when interleaved), so equal plans have
+        equal candidates whichever move produced them."""
+        v = max(self.chunks, 2) if self.schedule == "interleaved" else 1
+        if v != self.chunks:
+            object.__setattr__(self, "chunks", v)
 
     def method(self, a: str, b: str) -> str:
         """The resharding method of a boundary from a stage of cluster `a` to one of cluster `b`."""
@@ -100,6 +113,7 @@ class Built:
 
     plans: list[Plan] = field(default_factory=list)
     violation: str | None = None
+    pruned: str | None = None  # no plan, by a principle rather than a constraint (e.g. interleaving over slow links)
 
 
 class StrategySpace:
@@ -108,7 +122,9 @@ class StrategySpace:
     def __init__(self, inputs: PlanningInputs, evaluator: Any, *, max_microbatch: int | None = None,
                  schedules: tuple[str, ...] = ("1f1b", "virtual-1f1b"), zero1: tuple[bool, ...] = (False, True),
                  recompute: tuple[bool, ...] = (False, True), allow_unused: bool = True,
-                 resharding: str = "scatter-allgather") -> None:
+                 resharding: str = "scatter-allgather", interleave: tuple[int, ...] = P.INTERLEAVE_CHUNKS) -> None:
+        """`interleave`: the chunk counts the search's descent tries as interleaved 1F1B (() turns it off);
+        `schedules`: the tree's schedule options."""
         self.inputs = inputs
         self.evaluator = evaluator
         self.spec = inputs.cluster
@@ -118,6 +134,7 @@ class StrategySpace:
         self.recompute_options = recompute
         self.allow_unused = allow_unused
         self.resharding = resharding
+        self.interleave = interleave
         gbs = inputs.global_batch
         cap = max_microbatch if max_microbatch is not None else 32
         self._mbs = [b for b in range(1, min(gbs, cap) + 1) if gbs % b == 0]
@@ -228,6 +245,8 @@ class StrategySpace:
                 return Built(violation=f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}")
         costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
         caps = [self.spec.cluster(st.cluster).device.memory_bytes for st in stages]
+        if cand.schedule == "interleaved":
+            return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
         key = (cand.balance, mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages))
         if key not in self._splits:  # the schedule and resharding variants of one layout share the split
@@ -253,6 +272,44 @@ class StrategySpace:
                 out.append(self._plan(cand, stages, counts2, m, "virtual-1f1b", wanted))
         return Built(out)
 
+    def _build_interleaved(self, cand: Candidate, stages: list[StageLayout], costs: list[_StageCost],
+                           caps: list[float], m: int) -> Built:
+        """Interleaved 1F1B with `cand.chunks` chunks per stage: the shape rules, a split with >= v layers
+        per stage within memory at the interleaved in-flight count, then principle 7's gain estimate."""
+        p, v = len(stages), cand.chunks
+        if not P.interleave_chunk_options(p, m, self.num_layers, (v,)):
+            return Built(pruned=f"interleaved v={v} needs >= 2 stages, microbatches ({m}) a multiple of the "
+                                f"stages ({p}) and {v} layers per stage ({self.num_layers} slots)")
+        q = [cm.inflight_microbatches("interleaved", p, m, i, virtual_chunks=v) for i in range(p)]
+        key = (cand.balance, cand.microbatch_size, cand.zero1,
+               tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages), "interleaved", v, m)
+        if key not in self._splits:
+            self._splits[key] = self._split(cand.balance, stages, costs, caps, q, least=v)
+        counts = self._splits[key]
+        if counts is None:
+            return Built(violation=self._memory_violation(stages, costs, caps, q))
+        plan = self._plan(cand, stages, counts, m, "interleaved", ())
+        gain = self.interleave_gain(plan)
+        if gain <= 0:
+            return Built(pruned=f"interleaved v={v}: estimated gain {gain:.3g} s <= 0 (the boundaries cost more "
+                                f"than the bubble it saves)")
+        return Built([plan])
+
+    def interleave_gain(self, plan: Plan) -> float:
+        """Principle 7's estimate for an interleaved `plan` (seconds saved per iteration vs plain 1F1B)."""
+        pc = self.evaluator.pipeline_costs(plan)
+        p = plan.num_stages
+        act = pc.act_bytes
+        cost = []
+        for h, ln in enumerate(pc.links):
+            b = act if isinstance(act, (int, float)) else act[h]
+            cost.append(0.0 if ln is None else ln.latency + b / ln.bandwidth)
+        period = []
+        for r in range(p):
+            vals = [pc.tf, pc.tb, pc.tp_f, pc.tp_b]
+            period.append(sum(x if isinstance(x, (int, float)) else x[r] for x in vals))
+        return P.interleave_gain(p, plan.schedule.virtual_chunks, period, cost)
+
     def _matrices(self, costs: list[_StageCost], q: list[int]) -> tuple[list[list[float]], list[list[float]], list[float]]:
         times = [c.times for c in costs]
         mems = [[s + a * qi for s, a in zip(c.static, c.act)] for c, qi in zip(costs, q)]
@@ -260,7 +317,7 @@ class StrategySpace:
         return times, mems, base
 
     def _split(self, how: Balance, stages: list[StageLayout], costs: list[_StageCost], caps: list[float],
-               q: list[int]) -> list[int] | None:
+               q: list[float], least: int = 1) -> list[int] | None:
         times, mems, base = self._matrices(costs, q)
         n, p = self.num_layers, len(stages)
         if how == "uniform":
@@ -275,12 +332,12 @@ class StrategySpace:
             counts = P.proportional_layers([1.0 / max(c.times[min(1, n - 1)], 1e-30) for c in costs], n)
         elif how == "average":  # every stage looks alike (device speeds averaged, as AMP does)
             avg = [sum(col) / p for col in zip(*times)]
-            return P.balance_layers([avg] * p, mems, base, caps)
+            return P.balance_layers([avg] * p, mems, base, caps, least=least)
         else:
-            return P.balance_layers(times, mems, base, caps)
-        if self._fits(counts, mems, base, caps):
+            return P.balance_layers(times, mems, base, caps, least=least)
+        if min(counts) >= least and self._fits(counts, mems, base, caps):
             return counts
-        return P.balance_layers(times, mems, base, caps)  # rebalanced for memory (Metis does the same)
+        return P.balance_layers(times, mems, base, caps, least=least)  # rebalanced for memory (Metis does the same)
 
     @staticmethod
     def _fits(counts: list[int], mems: list[list[float]], base: list[float], caps: list[float]) -> bool:
@@ -344,12 +401,14 @@ class StrategySpace:
             schedule, extra = "1f1b", ()
         return Plan(model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len,
                     global_batch=inp.global_batch, microbatch_size=cand.microbatch_size, num_microbatches=m,
-                    stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra)),
+                    stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra),
+                                                             virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
                     resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
                     zero1=cand.zero1)
 
 
 def plan_key(plan: Plan) -> tuple:
     """Everything that changes a plan's score (the transposition table's key)."""
-    return (plan.microbatch_size, plan.zero1, plan.schedule.name, plan.schedule.extra_warmup, plan.resharding,
+    return (plan.microbatch_size, plan.zero1, plan.schedule.name, plan.schedule.virtual_chunks,
+            plan.schedule.extra_warmup, plan.resharding,
             tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute) for s in plan.stages))
