@@ -270,3 +270,26 @@ def test_interleaved_is_not_picked_across_a_slow_cross_cluster_link() -> None:
     r = plan(inp, "mcts", seed=0, evaluator=Evaluator(inp))
     assert r.plan.schedule.name != "interleaved"
     assert r.evaluation.throughput_samples_s > inter.throughput_samples_s
+
+
+def test_tree_offers_interleaved_only_where_the_layout_allows_it() -> None:
+    from hetauto.planner.evaluate import Evaluator
+    from hetauto.planner.space import ClusterChoice
+
+    inp = tiny_inputs(layers=8, gbs=12)
+    space = StrategySpace(inp, FakeEvaluator(inp))
+    three = (ClusterChoice(2, 1), ClusterChoice(1, 1))  # 3 stages
+    assert space.tails_for(2, three) == space.tails() + [("interleaved", False), ("interleaved", True)]  # m = 6
+    assert space.tails_for(3, three) == space.tails()  # m = 4: not a multiple of the 3 stages
+    short = tiny_inputs(layers=3, gbs=12)  # 5 layer slots < 3 stages x 2 chunks
+    assert StrategySpace(short, FakeEvaluator(short)).tails_for(2, three) == space.tails()
+    assert space.tails_for(1, (ClusterChoice(1, 1), ClusterChoice(0, 1))) == space.tails()  # one stage
+    assert StrategySpace(inp, FakeEvaluator(inp), interleave=()).tails_for(2, three) == space.tails()
+    # on fast links the exhaustive optimum of the tree (v = 2 there) is interleaved; MCTS's descent also tries
+    # v = 3, 4 and goes past it
+    pipe = _pipeline_inputs([("a", 4)])
+    ex = plan(pipe, "exhaustive", evaluator=Evaluator(pipe))
+    ours = plan(pipe, "mcts", seed=0, evaluator=Evaluator(pipe))
+    assert (ex.plan.schedule.name, ex.plan.schedule.virtual_chunks) == ("interleaved", 2)
+    assert ours.plan.schedule.virtual_chunks > 2
+    assert ours.evaluation.throughput_samples_s > ex.evaluation.throughput_samples_s

@@ -8,7 +8,8 @@ scores it. Q is the mean throughput normalised by the best seen, so rewards live
 
 A transposition table keyed by the candidate and by the built plan (`space.plan_key`) means no plan is
 scored twice, whichever path reached it. Priors come from the principles: memory-feasible choices with a
-short estimated stage time and few TP hops first; Virtual-1F1B before plain 1F1B.
+short estimated stage time and few TP hops first; Virtual-1F1B before plain 1F1B before interleaved 1F1B
+(offered only where the layout's shape allows it, `space.tails_for`).
 """
 
 from __future__ import annotations
@@ -152,7 +153,10 @@ class Priors:
         return _normalise([max(x, 0.02) ** 2 for x in w])
 
     def tail(self, options: list[tuple[str, bool]]) -> list[float]:
-        return _normalise([(2.0 if s == "virtual-1f1b" else 1.0) * (1.0 if not z else 0.8) for s, z in options])
+        # Virtual-1F1B first (it only adds depth where a boundary is slow); interleaving last (principle 7:
+        # it pays only on fast links, and build() prunes it elsewhere)
+        w = {"virtual-1f1b": 2.0, "interleaved": 0.5}
+        return _normalise([w.get(s, 1.0) * (1.0 if not z else 0.8) for s, z in options])
 
 
 # ------------------------------------------------------------------------------------------- search
@@ -194,7 +198,7 @@ class MCTS:
             opts = [o for o in opts if used + o.stages <= sp.num_layers]
             return (opts, self.priors.cluster(name, path[0], opts)) if opts else ([], [])
         if d == 2 + k:
-            opts = sp.tails()
+            opts = sp.tails_for(path[0], path[2:2 + k])
             return opts, self.priors.tail(opts)
         return None
 
@@ -203,7 +207,8 @@ class MCTS:
         order = path[1]
         k = len(order)
         sched, z = path[2 + k]
-        return Candidate(path[0], order, tuple(path[2:2 + k]), sched, z, space.resharding)
+        return Candidate(path[0], order, tuple(path[2:2 + k]), sched, z, space.resharding,
+                         chunks=space.interleave[0] if sched == "interleaved" and space.interleave else 1)
 
     def _make(self, path: tuple) -> _Node:
         got = self._options(path)

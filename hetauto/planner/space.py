@@ -153,6 +153,16 @@ class StrategySpace:
     def tails(self) -> list[tuple[str, bool]]:
         return [(s, z) for s in self.schedules for z in self.zero1_options]
 
+    def tails_for(self, mbs: int, choices: "tuple[ClusterChoice, ...] | list[ClusterChoice]") -> list[tuple[str, bool]]:
+        """The tail options of one layout: `tails()`, plus interleaved 1F1B (its first chunk count; the
+        descent tries the others) where the layout's shape allows it (principle 7)."""
+        out = self.tails()
+        if self.interleave and "interleaved" not in self.schedules and self.inputs.global_batch % mbs == 0:
+            p = sum(ch.stages for ch in choices)
+            if P.interleave_chunk_options(p, self.inputs.global_batch // mbs, self.num_layers, self.interleave[:1]):
+                out += [("interleaved", z) for z in self.zero1_options]
+        return out
+
     def cluster_options(self, name: str, mbs: int) -> list[ClusterChoice]:
         """Choices for one cluster at microbatch `mbs`: node-aligned groups, TP inside a node, dp | mbs, and
         a memory floor: one block (ZeRO-1 on, one microbatch in flight) must fit or the branch is cut."""

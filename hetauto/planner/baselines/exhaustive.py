@@ -12,7 +12,6 @@ from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
 
 def all_candidates(space: StrategySpace) -> Iterator[Candidate]:
     """Every candidate MCTS could reach (same options, same pruning), in a fixed order."""
-    tails = space.tails()
     for mbs in space.microbatch_sizes():
         for order in space.orders():
             def rec(i: int, acc: tuple[ClusterChoice, ...], used: int) -> Iterator[tuple[ClusterChoice, ...]]:
@@ -25,8 +24,9 @@ def all_candidates(space: StrategySpace) -> Iterator[Candidate]:
                         yield from rec(i + 1, acc + (ch,), used + ch.stages)
 
             for choices in rec(0, (), 0):
-                for sched, z in tails:
-                    yield Candidate(mbs, order, choices, sched, z, space.resharding)
+                for sched, z in space.tails_for(mbs, choices):
+                    yield Candidate(mbs, order, choices, sched, z, space.resharding,
+                                    chunks=space.interleave[0] if sched == "interleaved" else 1)
 
 
 def exhaustive(inputs: PlanningInputs, evaluator: Any, *, record: Callable[[Scorer], None],
