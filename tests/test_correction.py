@@ -16,6 +16,7 @@ from hetauto.core.profile import get_device
 from hetauto.planner.correction import (
     FEATURES, Correction, TrainingRow, analytical_row, read_rows, rows_from_profile,
 )
+from hetauto.planner.correction import _forest_x
 from hetauto.planner.evaluate import Evaluator
 from hetauto.planner.inputs import load_planning_inputs
 
@@ -69,7 +70,7 @@ def test_deterministic_for_a_seed_and_matches_sklearn() -> None:
     pa = [a.log_ratios(r.features) for r in probe]
     assert pa == [b.log_ratios(r.features) for r in probe]
     assert pa != [c.log_ratios(r.features) for r in probe]
-    sk = a._sklearn.predict([list(r.features) for r in probe])  # type: ignore[attr-defined]
+    sk = a._sklearn.predict([_forest_x(r.features) for r in probe])  # type: ignore[attr-defined]
     for r, (f, bk), (sf, sb) in zip(probe, pa, sk):
         bf, bb = a._base_log(r.features, 10 ** r.features[FEATURES.index("log_analytical_s")],
                              2 * 10 ** r.features[FEATURES.index("log_analytical_s")])
@@ -208,3 +209,54 @@ def test_shipped_rows_load_and_cover_cpu_only() -> None:
     h800 = load_planning_inputs(scenario="paper-4c")
     corrected = Evaluator(h800, correction=corr).stage_compute_time("h800", (1, 5), 8, 1, 1)
     assert corrected == Evaluator(h800).stage_compute_time("h800", (1, 5), 8, 1, 1)
+
+
+def two_profile_rows(n: int, seed: int) -> tuple[list[TrainingRow], list[TrainingRow]]:
+    """The same synthetic measurements against two profiles of the same hardware: the catalog `cpu` guess and a
+    'measured' one (13x lower peak, 7x lower bandwidth), as cost_model_accuracy.py makes them."""
+    from dataclasses import replace
+
+    cat = get_device("cpu")
+    loc = replace(cat, peak_flops=cat.peak_flops / 13, memory_bandwidth_Bps=cat.memory_bandwidth_Bps / 7)
+    a, b = [], []
+    for r in synthetic_rows(n, seed):
+        speed = 10 ** (r.features[FEATURES.index("log_peak_flops")] - math.log10(cat.peak_flops))
+        cfg = ModelConfig("syn", "llama" if r.features[FEATURES.index("is_llama")] else "gpt", 4,
+                          int(r.features[FEATURES.index("hidden")]), 4, 4 * int(r.features[FEATURES.index("hidden")]),
+                          256, max_seq_len=256)
+        blocks = int(r.features[FEATURES.index("blocks")])
+        row = analytical_row(loc.scaled(speed), cfg, int(r.features[FEATURES.index("seq_len")]), (1, 1 + blocks),
+                             microbatch=int(r.features[FEATURES.index("samples_per_replica")]),
+                             measured_forward_s=r.measured_forward_s, measured_backward_s=r.measured_backward_s)
+        assert row.features[FEATURES.index("log_flops")] == r.features[FEATURES.index("log_flops")]
+        a.append(r)
+        b.append(row)
+    return a, b
+
+
+def test_two_profiles_of_the_same_hardware_do_not_interfere() -> None:
+    """Rows against the catalog profile and against a measured profile of the same machine (same seconds,
+    different peaks) fit together as well as each family alone: the base is fitted per profile family."""
+    train_cat, train_loc = two_profile_rows(300, 11)
+    test_cat, test_loc = two_profile_rows(100, 12)
+
+    def err(corr: Correction, rows: list[TrainingRow]) -> float:
+        pred = []
+        for r in rows:
+            rf, rb = corr.ratios(r.features, (r.analytical_forward_s, r.analytical_backward_s))
+            pred.append(r.analytical_forward_s * rf + r.analytical_backward_s * rb)
+        return mape(pred, [r.measured_forward_s + r.measured_backward_s for r in rows])
+
+    both = Correction.fit(train_cat + train_loc, seed=0)
+    assert len(both._bases) == 2
+    alone_cat, alone_loc = Correction.fit(train_cat, seed=0), Correction.fit(train_loc, seed=0)
+    assert err(both, test_cat) < 0.1 and err(both, test_loc) < 0.1
+    assert err(both, test_cat) < 1.1 * err(alone_cat, test_cat)
+    assert err(both, test_loc) < 1.1 * err(alone_loc, test_loc)
+    # the same measurement seen through either profile gets the same prediction (a pooled base: up to 25% apart)
+    def seconds(r: TrainingRow) -> float:
+        a = (r.analytical_forward_s, r.analytical_backward_s)
+        return sum(x * y for x, y in zip(a, both.ratios(r.features, a)))
+
+    apart = [abs(seconds(c) / seconds(loc) - 1) for c, loc in zip(test_cat, test_loc)]
+    assert max(apart) < 0.03 and sum(apart) / len(apart) < 0.01

@@ -10,6 +10,13 @@ Two levels, both refit from the rows: a non-negative least-squares calibration o
 seconds x peak FLOP/s, so emulated speed factors share one fit) captures the smooth part of the bias, which trees
 extrapolate badly; the random forest then learns the remaining log ratio from all features.
 
+The base is fitted per *profile family*: rows whose profiles share a machine balance (log10 peak FLOP/s / memory
+bandwidth, which a speed factor leaves unchanged). Why: device-normalised units make a device and its scaled
+copies consistent, but two profiles of the same hardware (the catalog's rough `cpu` guess and this machine's
+measured profile) give the same seconds different peaks, so one pooled fit is wrong for both and the forest
+cannot tell catalog x0.5 from measured x1 (nearly equal peaks, 2x apart in time). A stage takes the base of the
+family with the nearest balance; the forest also sees the balance, for what the bases leave.
+
 Persistence: only the *training rows* (JSON or CSV) and the hyper-parameters are stored; the forest is refit
 at load (a few thousand rows fit in well under a second, deterministic for the stored seed). Nothing a user is
 handed is unpickled: loading parses JSON/CSV text into floats and nothing else.
@@ -24,6 +31,7 @@ import csv
 import io
 import json
 import math
+import statistics
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +102,36 @@ def _base_columns(f: Sequence[float]) -> tuple[float, ...]:
             10 ** f[_I["log_analytical_s"]] * peak)
 
 
+FAMILY_GAP = 0.02  # decades of machine balance that separate two profile families
+
+
+def _balance(f: Sequence[float]) -> float:
+    """log10(peak FLOP/s / memory bandwidth): the same for a profile and its speed-scaled copies."""
+    return f[_I["log_peak_flops"]] - f[_I["log_memory_bandwidth"]]
+
+
+def _forest_x(f: Sequence[float]) -> list[float]:
+    """The forest's inputs: the stored features plus the machine balance (identifies the profile family)."""
+    return [*f, _balance(f)]
+
+
+def _families(rows: Sequence[TrainingRow]) -> list[list[TrainingRow]]:
+    """Rows grouped by machine balance (sorted; a gap > FAMILY_GAP starts a new family)."""
+    out: list[list[TrainingRow]] = []
+    last = -math.inf
+    for r in sorted(rows, key=_balance_of):
+        b = _balance_of(r)
+        if b - last > FAMILY_GAP:
+            out.append([])
+        out[-1].append(r)
+        last = b
+    return out
+
+
+def _balance_of(r: TrainingRow) -> float:
+    return _balance(r.features)
+
+
 def _fit_base(rows: Sequence[TrainingRow], which: int) -> tuple[float, ...]:
     """Relative-error NNLS: minimise sum(((A w - y) / y)^2), y = measured seconds x peak."""
     import numpy as np
@@ -128,7 +166,8 @@ class Correction:
     hyperparameters: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_HYPERPARAMETERS))
     reason: str = "no training data: analytical model only"
     _trees: list[_Tree] = field(default_factory=list, repr=False)
-    _base: tuple[tuple[float, ...], tuple[float, ...]] | None = field(default=None, repr=False)
+    # per profile family: (mean machine balance, forward weights, backward weights)
+    _bases: list[tuple[float, tuple[float, ...], tuple[float, ...]]] = field(default_factory=list, repr=False)
     _peak_range: tuple[float, float] = field(default=(math.inf, -math.inf), repr=False)
     _cache: dict[tuple[float, ...], tuple[float, float]] = field(default_factory=dict, repr=False)
 
@@ -154,9 +193,15 @@ class Correction:
 
         peaks = [r.features[_I["log_peak_flops"]] for r in rows]
         corr._peak_range = (min(peaks) - PEAK_MARGIN, max(peaks) + PEAK_MARGIN)
-        if len(rows) >= 2 * len(_base_columns(rows[0].features)):
-            corr._base = (_fit_base(rows, 0), _fit_base(rows, 1))
-        x = [list(r.features) for r in rows]
+        need = 2 * len(_base_columns(rows[0].features))
+        for fam in _families(rows):  # families too small for their own base take the nearest one's
+            if len(fam) >= need:
+                corr._bases.append((statistics.fmean(_balance_of(r) for r in fam), _fit_base(fam, 0),
+                                    _fit_base(fam, 1)))
+        if not corr._bases and len(rows) >= need:  # only small families: one pooled base
+            corr._bases.append((statistics.fmean(_balance_of(r) for r in rows), _fit_base(rows, 0),
+                                _fit_base(rows, 1)))
+        x = [_forest_x(r.features) for r in rows]
         y = [list(corr._base_log(r.features, r.analytical_forward_s, r.analytical_backward_s, r.measured))
              for r in rows]
         forest = RandomForestRegressor(n_estimators=hp["n_estimators"], max_depth=hp["max_depth"],
@@ -173,8 +218,12 @@ class Correction:
                   measured: tuple[float, float] | None = None) -> tuple[float, float]:
         """log(base / analytical) per pass, or with `measured` the forest's target log(measured / base)."""
         out = []
+        w = None
+        if self._bases:
+            bal = _balance(f)
+            w = min(self._bases, key=lambda e: abs(e[0] - bal))
         for which, analytical in ((0, af), (1, ab)):
-            base = _base_seconds(self._base[which], f) if self._base is not None else analytical
+            base = _base_seconds(w[1 + which], f) if w is not None else analytical
             if not base > 0:
                 base = analytical
             out.append(math.log(measured[which] / base) if measured is not None else math.log(base / analytical))
@@ -189,7 +238,8 @@ class Correction:
             af = 10 ** features[_I["log_analytical_s"]]
             analytical = (af, 2.0 * af)
         base = self._base_log(features, *analytical)
-        features = struct.unpack(f"{len(features)}f", struct.pack(f"{len(features)}f", *features))  # sklearn: float32
+        x = _forest_x(features)
+        features = struct.unpack(f"{len(x)}f", struct.pack(f"{len(x)}f", *x))  # sklearn: float32
         sf = sb = 0.0
         for t in self._trees:
             i = 0
