@@ -140,17 +140,66 @@ def test_measured_allreduce_and_one_bucket_no_overlap() -> None:
                                                                rel=1e-12)
 
 
-def test_host_cores_count_a_throttled_rank_by_its_busy_share() -> None:
+def test_host_cores_contention_per_stage_counts_own_replicas_and_others_busy_share() -> None:
+    # Factor_s = max(1, (n_s + sum_{j != s} n_j u_j) / host_cores), u_j = m (f_j + b_j) speed_j / iteration
+    for dp in (1, 2):
+        plan = _plan(dp)
+        inp = inputs_for_plan(plan)
+        free_ev = Evaluator(inp, overheads=Overheads())
+        free = free_ev.evaluate(plan).iteration_time_s
+        costs = free_ev.pipeline_costs(plan)
+        m = plan.num_microbatches
+        u = [m * (f + b) * s / free for f, b, s in zip(costs.tf, costs.tb, (1.0, 0.5))]
+        cores = 0.8
+        want = (max(1.0, (dp + dp * u[1]) / cores), max(1.0, (dp + dp * u[0]) / cores))
+        ev = Evaluator(inp, overheads=Overheads(host_cores=cores))
+        assert ev.contention_factors(plan, costs.tf, costs.tb, free) == pytest.approx(want, rel=1e-12)
+        scaled = replace(costs, tf=tuple(k * x for k, x in zip(want, costs.tf)),
+                         tb=tuple(k * x for k, x in zip(want, costs.tb)))
+        assert ev.evaluate(plan).iteration_time_s == pytest.approx(
+            simulate(schedule_for_plan(plan), scaled).iteration_time, rel=1e-12)
+        # enough cores for every rank at once: nothing changes
+        assert Evaluator(inp, overheads=Overheads(host_cores=2.0 * dp)).evaluate(plan).iteration_time_s == \
+            pytest.approx(free, rel=1e-12)
+
+
+def test_tp_waits_take_no_core_and_are_not_stretched() -> None:
+    # tp 2 stages: of the wall-clock TP terms only tp_cpu_fraction is work; the waits neither load the host
+    # nor get stretched by its contention factor
     plan = _plan()
+    plan = plan.model_copy(update={"stages": tuple(st.model_copy(update={"devices": (0, 1), "tp": 2})
+                                                   for st in plan.stages)})
     inp = inputs_for_plan(plan)
-    free = Evaluator(inp, overheads=Overheads()).evaluate(plan).iteration_time_s
-    costs = Evaluator(inp, overheads=Overheads()).pipeline_costs(plan)
+    oh = Overheads(tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02, tp_cpu_fraction=0.25)
+    ev = Evaluator(inp, overheads=oh)
+    costs = ev.pipeline_costs(plan)
+    t = ev.evaluate(plan).iteration_time_s
+    waits = [(blocks * 0.01 * 0.75, blocks * 0.02 * 0.75) for blocks in (2.0, 2.0 / 0.5)]
     m = plan.num_microbatches
-    busy = sum(m * (f + b) * s for f, b, s in zip(costs.tf, costs.tb, (1.0, 0.5))) / free
-    one = Evaluator(inp, overheads=Overheads(host_cores=busy / 2)).evaluate(plan).iteration_time_s
-    scaled = replace(costs, tf=tuple(2 * x for x in costs.tf), tb=tuple(2 * x for x in costs.tb))
-    assert one == pytest.approx(simulate(schedule_for_plan(plan), scaled).iteration_time, rel=1e-12)
-    assert Evaluator(inp, overheads=Overheads(host_cores=busy)).evaluate(plan).iteration_time_s == pytest.approx(free)
+    u = [m * (f + b - w[0] - w[1]) * s / t for f, b, w, s in zip(costs.tf, costs.tb, waits, (1.0, 0.5))]
+    cores = 1.5
+    want = (max(1.0, (2 + 2 * u[1]) / cores), max(1.0, (2 + 2 * u[0]) / cores))
+    loaded = Evaluator(inp, overheads=replace(oh, host_cores=cores))
+    assert loaded.contention_factors(plan, costs.tf, costs.tb, t) == pytest.approx(want, rel=1e-12)
+    assert min(want) > 1.0
+    scaled = replace(costs, tf=tuple(w[0] + k * (x - w[0]) for k, x, w in zip(want, costs.tf, waits)),
+                     tb=tuple(w[1] + k * (x - w[1]) for k, x, w in zip(want, costs.tb, waits)))
+    assert loaded.evaluate(plan).iteration_time_s == pytest.approx(
+        simulate(schedule_for_plan(plan), scaled).iteration_time, rel=1e-12)
+
+
+def test_allreduce_wake_added_to_every_dp_stage_and_tp_cpu_fraction() -> None:
+    from hetauto.planner.calibration import tp_cpu_fraction
+
+    plan = _plan(dp=2)
+    inp = inputs_for_plan(plan)
+    base = Evaluator(inp, overheads=CPU_OH).pipeline_costs(plan)
+    woke = Evaluator(inp, overheads=replace(CPU_OH, allreduce_wake_s=3e-3)).pipeline_costs(plan)
+    assert woke.allreduce == pytest.approx(tuple(a + 3e-3 for a in base.allreduce), rel=1e-12)
+    single = Evaluator(inputs_for_plan(_plan()), overheads=replace(CPU_OH, allreduce_wake_s=3e-3)).pipeline_costs(_plan())
+    assert single.allreduce == (0.0, 0.0)  # dp 1: no all-reduce, no wake-up
+    assert tp_cpu_fraction(0.060, 0.021) == pytest.approx(0.35)
+    assert tp_cpu_fraction(0.0, 0.01) == 1.0 and tp_cpu_fraction(0.01, 0.02) == 1.0
 
 
 def test_file_without_newer_terms_reads_neutral_and_is_remeasured_on_request(tmp_path, monkeypatch) -> None:

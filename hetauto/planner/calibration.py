@@ -36,7 +36,7 @@ from typing import Any
 from hetauto.core.profile import DeviceProfile
 
 __all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "available_cores", "cache_path", "compute_scale_for", "effective_cores", "local_calibration",
-           "measure_calibration", "per_block_slope", "unloaded_step"]
+           "measure_calibration", "per_block_slope", "tp_cpu_fraction", "unloaded_step"]
 
 CALIBRATION_SCHEMA = "hetauto.calibration/1"
 
@@ -48,7 +48,9 @@ class Overheads:
     `fwd_layer_s`/`bwd_layer_s` are per layer slot of a stage per microbatch action (divided by the cluster's
     speed factor, like compute: the executor throttles the whole action); `p2p_alpha_s` is added to every
     boundary message's latency; `allreduce_alpha_s` to every data-parallel gradient all-reduce;
-    `step_s` once per iteration; `activation_bytes_scale` multiplies the cost model's bf16 boundary bytes
+    `step_s` once per iteration; `allreduce_wake_s` to every DP all-reduce too (measured as it runs in a step:
+    right after compute, where rank skew and waking gloo's threads cost more than a tight loop's alpha);
+    `activation_bytes_scale` multiplies the cost model's bf16 boundary bytes
     (2.0: the executor sends fp32 on CPU).
 
     Terms for what one CPU host adds (all neutral by default, so the analytical model stays the GPU one):
@@ -57,7 +59,8 @@ class Overheads:
     FLOPs; like compute, divided by the speed factor); `allreduce_Bps` the measured gloo all-reduce bus
     bandwidth (with `allreduce_alpha_s` as the ring's 2 latency steps at d = 2) replacing the DP group's
     link; `grad_bytes_scale` the gradient dtype (fp32 on CPU); `host_cores` the *effective* cores: the
-    host's count divided by the slowdown measured when that many ranks compute at once."""
+    host's count divided by the slowdown measured when that many ranks compute at once; `tp_cpu_fraction`
+    the CPU share of the (wall-clock) TP terms, so host-core contention counts only the work, not the waits."""
 
     fwd_layer_s: float = 0.0
     bwd_layer_s: float = 0.0
@@ -72,6 +75,9 @@ class Overheads:
     allreduce_Bps: float = 0.0  # > 0: measured all-reduce bus bandwidth replacing the DP group's link
     grad_bytes_scale: float = 1.0  # multiplies the bf16 gradient bytes (2.0: fp32 gradients on CPU)
     reference_fb_s: float = 0.0  # > 0: measured F+B of reference_plan()'s stage, anchoring a covering forest
+    tp_cpu_fraction: float = 1.0  # share of tp_*_layer_s that is CPU work (the rest: collective waits, no core)
+    allreduce_wake_s: float = 0.0  # extra wall time of a DP all-reduce issued right after compute (rank skew,
+    #                                gloo threads waking) over the same all-reduce in a tight loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,9 +230,11 @@ def per_block_slope(t1: float, t3: float) -> float:
     return max((t3 - t1) / 2, t1 / 2)
 
 
-def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float, float]:
+def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float, float, float]:
     """Low quantiles per message (a shared machine deschedules some; a mean would charge every message for them):
-    one-way p2p of a tiny tensor (half a ping-pong), a tiny all-reduce, an AR_PROBE_BYTES all-reduce."""
+    one-way p2p of a tiny tensor (half a ping-pong), a tiny all-reduce, an AR_PROBE_BYTES all-reduce; and the
+    median of that all-reduce issued right after a fixed amount of compute, as the executor's REDUCE_GRAD
+    follows the last backward (each rank arrives on its own; gloo's threads have gone to sleep)."""
     import torch
 
     from hetauto.core.comm import Communicator
@@ -249,14 +257,25 @@ def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float, floa
     ar = _median_time(lambda: comm.all_reduce(x), repeat, q=GLOO_QUANTILE)
     comm.barrier()
     ar_big = _median_time(lambda: comm.all_reduce(big), max(9, repeat // 5), q=GLOO_QUANTILE)
+    comm.barrier()
+    a = torch.randn(128, 128)
+    after = []
+    for _ in range(max(9, repeat // 10)):
+        for _ in range(40):  # fixed work (~ms), no barrier: the ranks' own skew is part of what is measured
+            a = torch.tanh(a @ a)
+        t = time.perf_counter()
+        comm.all_reduce(big)
+        after.append(time.perf_counter() - t)
     comm.destroy()
-    return p2p, ar, ar_big
+    return p2p, ar, ar_big, statistics.median(after)
 
 
-def _tp_block_overheads(rank: int, world: int, repeat: int, clock: Any = time.thread_time) -> tuple[float, float]:
+def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, float, float, float]:
     """Two ranks, tp = 2 (DTensor, as the executor shards a stage): extra forward / backward time per block
-    over the same unsharded stage timed in the same processes (1 sample x seq 32, where FLOPs are negligible),
-    in thread CPU time by default: DTensor's dispatch work (~8 / 15 ms per block here), not the waits."""
+    over the same unsharded stage timed in the same processes (1 sample x seq 32, where FLOPs are negligible).
+    Returns (fwd wall, bwd wall, fwd CPU, bwd CPU) per block. Wall time is what an executor action lasts:
+    DTensor's dispatch work (~8 / 15 ms per block here, its CPU time) plus waiting on its many small gloo
+    collectives (about as much again); taken at GLOO_QUANTILE like the other gloo terms."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -269,30 +288,47 @@ def _tp_block_overheads(rank: int, world: int, repeat: int, clock: Any = time.th
     dist.init_process_group("gloo")
     cfg = get_model("tiny-gpt")
     mesh = DeviceMesh("cpu", list(range(world)))
-    extra: dict[int, tuple[float, float]] = {}
+    extra: dict[tuple[int, str], tuple[float, float]] = {}
     for blocks in (1, 3):
-        timed = []
+        timed: dict[str, list[tuple[float, float]]] = {"wall": [], "cpu": []}
         for sharded in (False, True):
             st = build_stage(cfg, (1, 1 + blocks), 0)
             if sharded:
                 st = parallelize_stage(st, mesh)
             x = torch.randn(1, 32, cfg.hidden, requires_grad=True)
-            fs, bs = [], []
+            fs: dict[str, list[float]] = {"wall": [], "cpu": []}
+            bs: dict[str, list[float]] = {"wall": [], "cpu": []}
             for i in range(repeat + 2):
                 dist.barrier()
-                t = clock()
+                t, c = time.perf_counter(), time.thread_time()
                 y = st(x)
-                t1 = clock()
+                t1, c1 = time.perf_counter(), time.thread_time()
                 y.sum().backward()
-                t2 = clock()
+                t2, c2 = time.perf_counter(), time.thread_time()
                 if i >= 2:  # the first calls build DTensor's sharding-propagation caches
-                    fs.append(t1 - t)
-                    bs.append(t2 - t1)
-            timed.append((statistics.median(fs), statistics.median(bs)))
-        (pf, pb), (sf, sb) = timed
-        extra[blocks] = (max(0.0, sf - pf), max(0.0, sb - pb))
+                    fs["wall"].append(t1 - t)
+                    bs["wall"].append(t2 - t1)
+                    fs["cpu"].append(c1 - c)
+                    bs["cpu"].append(c2 - c1)
+            timed["wall"].append((_quantile(fs["wall"], GLOO_QUANTILE), _quantile(bs["wall"], GLOO_QUANTILE)))
+            timed["cpu"].append((statistics.median(fs["cpu"]), statistics.median(bs["cpu"])))
+        for clock, ((pf, pb), (sf, sb)) in timed.items():
+            extra[(blocks, clock)] = (max(0.0, sf - pf), max(0.0, sb - pb))
     dist.destroy_process_group()
-    return per_block_slope(extra[1][0], extra[3][0]), per_block_slope(extra[1][1], extra[3][1])
+    return (per_block_slope(extra[(1, "wall")][0], extra[(3, "wall")][0]),
+            per_block_slope(extra[(1, "wall")][1], extra[(3, "wall")][1]),
+            per_block_slope(extra[(1, "cpu")][0], extra[(3, "cpu")][0]),
+            per_block_slope(extra[(1, "cpu")][1], extra[(3, "cpu")][1]))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ts = sorted(values)
+    return ts[min(len(ts) - 1, int(q * len(ts)))]
+
+
+def tp_cpu_fraction(wall_s: float, cpu_s: float) -> float:
+    """CPU share of the wall-clock TP terms, in [0, 1] (1.0 when the wall time is not positive)."""
+    return min(1.0, max(0.0, cpu_s / wall_s)) if wall_s > 0 else 1.0
 
 
 def _concurrent_fb(rank: int, world: int, repeat: int) -> float:
@@ -453,12 +489,16 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     p2p = statistics.fmean(a[0] for a in alphas)
     ar = statistics.fmean(a[1] for a in alphas)
     ar_big = statistics.fmean(a[2] for a in alphas)
+    ar_after = statistics.fmean(a[3] for a in alphas)
     tp = run_ranks(_tp_block_overheads, 2, 10, timeout=300)
-    # DTensor's dispatch in CPU time, plus Megatron's two all-reduces per block per pass at the gloo alpha
+    # DTensor per block in wall time (its dispatch and the waits on its collectives: what an action lasts)
+    tpf, tpb = (statistics.fmean(t[i] for t in tp) for i in (0, 1))
+    tpf_cpu, tpb_cpu = (statistics.fmean(t[i] for t in tp) for i in (2, 3))
     oh = Overheads(fwd_layer_s=fl, bwd_layer_s=bl, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
-                   activation_bytes_scale=2.0, tp_fwd_layer_s=statistics.fmean(t[0] for t in tp) + 2 * ar,
-                   tp_bwd_layer_s=statistics.fmean(t[1] for t in tp) + 2 * ar,
-                   allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0)
+                   activation_bytes_scale=2.0, tp_fwd_layer_s=tpf, tp_bwd_layer_s=tpb,
+                   tp_cpu_fraction=tp_cpu_fraction(tpf + tpb, tpf_cpu + tpb_cpu),
+                   allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0,
+                   allreduce_wake_s=max(0.0, ar_after - ar_big))
     oh = _reference_plan_terms(profile, oh, device_key)
     cores = os.cpu_count() or 1
     # CPU time on both sides: what running side by side costs the hardware (shared caches, memory bandwidth,

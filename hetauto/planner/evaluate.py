@@ -268,6 +268,8 @@ class Evaluator:
             else:
                 ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, bytes_scale=scale)
                           + (oh.allreduce_alpha_s if oh is not None and st.dp > 1 else 0.0))
+            if oh is not None and st.dp > 1 and oh.allreduce_wake_s > 0:  # issued right after the last backward
+                ar[-1] += oh.allreduce_wake_s
             opt.append(cm.optimizer_time(sums, c, tp=st.tp, dp=st.dp, zero1=plan.zero1))
         overlap = self.dp_overlap
         if overlap and any(gbytes):
@@ -361,14 +363,12 @@ class Evaluator:
             t, bubble = self._iteration(plan, costs)
             oh = self.overheads
             if oh is not None and oh.host_cores > 0 and t > 0:
-                # every rank runs on this one host: ranks computing at the same time share its cores; a slow
-                # (throttled) device sleeps the rest of its action, so it keeps a core busy speed x its time
-                m = plan.num_microbatches
-                busy = sum(st.num_devices * m * (f + b) * self.cluster(st.cluster).speed_factor / t
-                           for st, f, b in zip(plan.stages, costs.tf, costs.tb))
-                factor = busy / oh.host_cores
-                if factor > 1.0:
-                    costs = replace(costs, tf=tuple(x * factor for x in costs.tf), tb=tuple(x * factor for x in costs.tb))
+                factors = self.contention_factors(plan, costs.tf, costs.tb, t)
+                if any(x > 1.0 for x in factors):
+                    # time-slicing stretches the work; a TP collective's wait is the partner's (stretched) work
+                    waits = [self._tp_waits(st) for st in plan.stages]
+                    costs = replace(costs, tf=tuple(w[0] + (x - w[0]) * k for x, k, w in zip(costs.tf, factors, waits)),
+                                    tb=tuple(w[1] + (x - w[1]) * k for x, k, w in zip(costs.tb, factors, waits)))
                     t, bubble = self._iteration(plan, costs)
             if self.overheads is not None and self.overheads.step_s:
                 t += self.overheads.step_s
@@ -380,6 +380,40 @@ class Evaluator:
                             flops / t / devices / 1e12 if t > 0 else 0.0, tuple(peaks), tuple(caps), None)
         self._plans[key] = ev
         return ev
+
+    def contention_factors(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
+                           iteration_s: float) -> tuple[float, ...]:
+        """Per stage: how much slower its F/B run when every rank shares this host's `host_cores`.
+
+        Why per stage and not the iteration's average load: a rank is slowed by the ranks computing *while
+        it computes*. Its own stage's replicas (dp x tp) run the same action at the same moment, so all
+        n_s of them count; a rank of another stage j is computing with probability u_j (its busy share of
+        the iteration, independent of ours). A throttled rank sleeps the rest of its action, so it keeps a
+        core busy speed x its time. Factor_s = max(1, (n_s + sum_{j != s} n_j u_j) / host_cores)."""
+        oh = self.overheads
+        if oh is None or oh.host_cores <= 0 or iteration_s <= 0:
+            return tuple(1.0 for _ in plan.stages)
+        m = plan.num_microbatches
+        u = [min(1.0, m * self._cpu_busy(st, f + b) * self.cluster(st.cluster).speed_factor / iteration_s)
+             for st, f, b in zip(plan.stages, tf, tb)]
+        load = [st.num_devices * x for st, x in zip(plan.stages, u)]
+        total = sum(load)
+        return tuple(max(1.0, (st.num_devices + total - ld) / oh.host_cores) for st, ld in zip(plan.stages, load))
+
+    def _tp_waits(self, st: StagePlan) -> tuple[float, float]:
+        """(forward, backward) seconds per microbatch of a stage's TP terms spent waiting on collectives:
+        the TP terms are wall time, of which only `tp_cpu_fraction` is work that keeps a core busy."""
+        oh = self.overheads
+        if oh is None or st.tp <= 1 or oh.tp_cpu_fraction >= 1.0:
+            return (0.0, 0.0)
+        blocks = self.table.range(*st.layers).blocks / self.cluster(st.cluster).speed_factor
+        idle = 1.0 - oh.tp_cpu_fraction
+        return (blocks * oh.tp_fwd_layer_s * idle, blocks * oh.tp_bwd_layer_s * idle)
+
+    def _cpu_busy(self, st: StagePlan, fb_s: float) -> float:
+        """The part of a stage's F+B (seconds per microbatch) that keeps a core busy (TP waits taken out)."""
+        wf, wb = self._tp_waits(st)
+        return max(0.0, fb_s - wf - wb)
 
     def _iteration(self, plan: Plan, costs: PipelineCosts) -> tuple[float, float]:
         name = plan.schedule.name
