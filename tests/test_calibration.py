@@ -163,6 +163,21 @@ def test_host_cores_contention_per_stage_counts_own_replicas_and_others_busy_sha
             pytest.approx(free, rel=1e-12)
 
 
+def test_step_work_shares_the_host_cores_with_every_rank() -> None:
+    # every rank does its step work (optimizer, loss, bookkeeping) at the end: step_s x max(1, world / cores)
+    plan = _plan(dp=2)  # 4 ranks
+    inp = inputs_for_plan(plan)
+    oh = Overheads(host_cores=64.0)  # enough cores: no contention anywhere
+    free = Evaluator(inp, overheads=oh).evaluate(plan).iteration_time_s
+    assert Evaluator(inp, overheads=replace(oh, step_s=0.01)).evaluate(plan).iteration_time_s == \
+        pytest.approx(free + 0.01, rel=1e-12)
+    ev = Evaluator(inp, overheads=Overheads(host_cores=1.6, step_s=0.01))
+    assert ev.step_contention(plan) == pytest.approx(2.5)
+    no_step = Evaluator(inp, overheads=Overheads(host_cores=1.6)).evaluate(plan).iteration_time_s
+    assert ev.evaluate(plan).iteration_time_s == pytest.approx(no_step + 0.025, rel=1e-12)
+    assert Evaluator(inp, overheads=Overheads(step_s=0.01)).step_contention(plan) == 1.0  # own devices
+
+
 def test_tp_waits_take_no_core_and_are_not_stretched() -> None:
     # tp 2 stages: of the wall-clock TP terms only tp_cpu_fraction is work; the waits neither load the host
     # nor get stretched by its contention factor

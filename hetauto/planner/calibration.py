@@ -13,7 +13,11 @@ step with the prediction, so the prediction for *this* machine must use measured
   stage), the gloo all-reduce bus bandwidth (1 MiB vs a tiny all-reduce), fp32 gradients, and the effective
   cores (the reference stage's CPU time alone and with one copy per core at once). Compute terms
   (dispatch per layer, the reference F+B behind compute_scale) are thread CPU time: the work itself, which
-  other engineers' load on a shared machine does not inflate; the gloo terms are wall-clock medians; the
+  other engineers' load on a shared machine does not inflate; the gloo terms are wall-clock low quantiles;
+  DTensor's per-block term is wall clock too (a TP action lasts its dispatch *plus* the waits on its many
+  small collectives, about as long again), with its CPU share kept apart (`tp_cpu_fraction`) so host-core
+  contention counts only the work; the DP all-reduce gets its wake-up cost right after compute
+  (`allreduce_wake_s`: the executor's REDUCE_GRAD follows the last backward, not a tight loop); the
   quick GEMM profile is taken twice and the faster kept (a descheduled run only ever looks slower).
 
 Nothing is measured unless asked: `local_calibration(measure=True)` measures and writes

@@ -370,8 +370,8 @@ class Evaluator:
                     costs = replace(costs, tf=tuple(w[0] + (x - w[0]) * k for x, k, w in zip(costs.tf, factors, waits)),
                                     tb=tuple(w[1] + (x - w[1]) * k for x, k, w in zip(costs.tb, factors, waits)))
                     t, bubble = self._iteration(plan, costs)
-            if self.overheads is not None and self.overheads.step_s:
-                t += self.overheads.step_s
+            if oh is not None and oh.step_s:
+                t += oh.step_s * self.step_contention(plan)
             thr = plan.global_batch / t if t > 0 else 0.0
             devices = plan.world_size
             peak_sum = sum(self.cluster(st.cluster).device.peak_flops * st.num_devices for st in plan.stages)
@@ -399,6 +399,14 @@ class Evaluator:
         load = [st.num_devices * x for st, x in zip(plan.stages, u)]
         total = sum(load)
         return tuple(max(1.0, (st.num_devices + total - ld) / oh.host_cores) for st, ld in zip(plan.stages, load))
+
+    def step_contention(self, plan: Plan) -> float:
+        """Stretch of the per-step work (`Overheads.step_s`: loss, optimizer, bookkeeping; CPU work measured on
+        one rank) when every rank does its own at the iteration's end on one host: max(1, world / host_cores)."""
+        oh = self.overheads
+        if oh is None or oh.host_cores <= 0:
+            return 1.0
+        return max(1.0, plan.world_size / oh.host_cores)
 
     def _tp_waits(self, st: StagePlan) -> tuple[float, float]:
         """(forward, backward) seconds per microbatch of a stage's TP terms spent waiting on collectives:
