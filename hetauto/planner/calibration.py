@@ -494,7 +494,7 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     ar = statistics.fmean(a[1] for a in alphas)
     ar_big = statistics.fmean(a[2] for a in alphas)
     ar_after = statistics.fmean(a[3] for a in alphas)
-    tp = run_ranks(_tp_block_overheads, 2, 10, timeout=300)
+    tp = run_ranks(_tp_block_overheads, 2, 20, timeout=300)  # 20: a steadier low quantile of the waits
     # DTensor per block in wall time (its dispatch and the waits on its collectives: what an action lasts)
     tpf, tpb = (statistics.fmean(t[i] for t in tp) for i in (0, 1))
     tpf_cpu, tpb_cpu = (statistics.fmean(t[i] for t in tp) for i in (2, 3))
