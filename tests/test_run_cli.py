@@ -90,3 +90,25 @@ def test_emulated_prediction_without_a_cached_calibration_says_how_to_measure_it
                       "with python -c 'from hetauto.planner.calibration import local_calibration as c; "
                       "c(measure=True)')")
     assert _predicted(plan)[1:] == ("cost model + simulator", False)  # not emulated: the plan's own clusters
+
+
+def test_emulated_prediction_with_a_stale_cached_calibration_names_the_missing_terms(tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    from hetauto.commands.run import _predicted
+    from hetauto.core.profile import get_device
+    from hetauto.planner.calibration import Calibration, Overheads, cache_path
+    from hetauto.planner.evaluate import evaluate_plan
+
+    monkeypatch.setenv("HETAUTO_CACHE_DIR", str(tmp_path / "cache"))
+    cal = Calibration("cpu", get_device("cpu"), Overheads(fwd_layer_s=1e-3, step_s=2e-3), "h", "t", "now")
+    doc = cal.to_document()
+    del doc["overheads"]["allreduce_wake_s"], doc["overheads"]["tp_cpu_fraction"]  # written by an older hetauto
+    cache_path().parent.mkdir(parents=True)
+    cache_path().write_text(json.dumps(doc))
+    plan = Plan.load(_write(tmp_path, _stage("fast", (0,), (0, 3)), _stage("slow", (0,), (3, 6))))
+    got, source, calibrated = _predicted(plan, emulate=True)
+    assert calibrated is True and got == evaluate_plan(plan, calibration=cal).iteration_time_s
+    assert source == ("cost model + simulator, calibrated for this machine (the cached calibration predates "
+                      "tp_cpu_fraction, allreduce_wake_s; re-measure with python -c "
+                      "'from hetauto.planner.calibration import local_calibration as c; c(measure=True)')")

@@ -102,6 +102,9 @@ def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -
             if calibration is None:
                 note = (" (uncalibrated: no cached calibration of this machine; measure it once with python -c "
                         "'from hetauto.planner.calibration import local_calibration as c; c(measure=True)')")
+            elif getattr(calibration, "missing_terms", ()):
+                note = (f" (the cached calibration predates {', '.join(calibration.missing_terms)}; re-measure with "
+                        "python -c 'from hetauto.planner.calibration import local_calibration as c; c(measure=True)')")
     try:
         if calibration is not None:
             try:

@@ -33,7 +33,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,8 @@ class Calibration:
     host: str
     torch_version: str
     measured_at: str
+    # Overheads terms the file predates (read as neutral): the prediction is weaker until re-measured
+    missing_terms: tuple[str, ...] = ()
 
     def profile_overrides(self) -> dict[str, DeviceProfile]:
         return {self.device_key: self.profile}
@@ -111,8 +113,9 @@ class Calibration:
                             "delete the file and re-measure (hetauto.planner.calibration.measure_calibration)")
         try:
             oh = Overheads(**{k: float(v) for k, v in doc["overheads"].items()})
+            missing = tuple(f.name for f in fields(Overheads) if f.name not in doc["overheads"])
             return cls(str(doc["device_key"]), profile_from_dict(doc["profile"], source), oh, str(doc["host"]),
-                       str(doc["torch_version"]), str(doc["measured_at"]))
+                       str(doc["torch_version"]), str(doc["measured_at"]), missing)
         except (KeyError, TypeError, ValueError) as err:
             raise SpecError(source, "overheads", f"malformed calibration ({err})", "delete the file and re-measure") from None
 
@@ -153,8 +156,6 @@ def local_calibration(*, measure: bool = False, cache_dir: str | Path | None = N
 def _stale(doc: dict[str, Any]) -> bool:
     """A file written before some Overheads term existed: it reads (missing terms neutral), but asking to
     measure re-measures it."""
-    from dataclasses import fields
-
     have = doc.get("overheads", {})
     return any(f.name not in have for f in fields(Overheads))
 
