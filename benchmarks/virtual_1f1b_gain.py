@@ -85,19 +85,19 @@ def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
     comm = Communicator.init_from_env("gloo", timeout_s=120, links=table)
     opts = ExecutorOptions(steps=steps, record=True)
 
+    def step_time(ex, i: int) -> float:  # the slowest rank's wall time of one step, all ranks starting together
+        comm.barrier()
+        t = torch.tensor([0.0], dtype=torch.float64)
+        start = time.perf_counter()
+        ex.step(i)
+        t[0] = time.perf_counter() - start
+        comm.all_reduce(t, "max")
+        return float(t)
+
     def timed(plan, n: int) -> tuple[list[float], object]:  # the probe
         ex = StageExecutor(build_groups(comm, plan), plan, cfg, opts)
-        out = []
-        for i in range(n + 1):
-            comm.barrier()
-            t = torch.tensor([0.0], dtype=torch.float64)
-            start = time.perf_counter()
-            ex.step(i)
-            t[0] = time.perf_counter() - start
-            comm.all_reduce(t, "max")
-            if i:
-                out.append(float(t))
-        return out, ex
+        out = [step_time(ex, i) for i in range(n + 1)]
+        return out[1:], ex
 
     def stage_times(events: list, stat=statistics.median) -> tuple[list[float], list[float]]:
         fb = torch.tensor([_times(events, "F", stat), _times(events, "B", stat)], dtype=torch.float64)
@@ -120,14 +120,9 @@ def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
     base, virt = [], []
     for i in range(steps + 1):
         for e, out in ((ex, base), (vex, virt)):
-            comm.barrier()
-            t = torch.tensor([0.0], dtype=torch.float64)
-            start = time.perf_counter()
-            e.step(i)
-            t[0] = time.perf_counter() - start
-            comm.all_reduce(t, "max")
+            t = step_time(e, i)
             if i:
-                out.append(float(t))
+                out.append(t)
     # the simulator's compute inputs: this run's F/B times per stage over both schedules (the same work);
     # mean, not median: a critical path sums durations
     tf, tb = stage_times(ex.events + vex.events)

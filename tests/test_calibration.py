@@ -14,6 +14,7 @@ from hetauto.core.profile import get_device
 from hetauto.planner.calibration import Calibration, Overheads, cache_path, local_calibration
 from hetauto.planner.evaluate import Evaluator, evaluate_plan, inputs_for_plan
 from hetauto.schedule import schedule_for_plan, simulate
+from _correction_rows import biased_rows
 
 OH = Overheads(fwd_layer_s=1e-3, bwd_layer_s=2e-3, p2p_alpha_s=5e-4, allreduce_alpha_s=3e-4, step_s=7e-3,
                activation_bytes_scale=2.0, compute_scale=1.5)
@@ -235,19 +236,11 @@ def test_file_without_newer_terms_reads_neutral_and_is_remeasured_on_request(tmp
 
 def test_covered_stage_takes_the_forest_anchored_on_the_reference_stage() -> None:
     from hetauto.planner.calibration import compute_scale_for, reference_plan
-    from hetauto.planner.correction import Correction, TrainingRow, analytical_row
+    from hetauto.planner.correction import Correction
 
     plan = _plan()
     inp = inputs_for_plan(plan)
-    rows = []
-    for speed in (1.0, 0.5):
-        dev = inp.cluster.clusters[0].device.scaled(speed)
-        for mb in (1, 2, 4, 8):
-            for a, b in ((0, 3), (3, 6), (0, 6), (1, 4)):
-                r = analytical_row(dev, inp.model, inp.seq_len, (a, b), microbatch=mb, measured_forward_s=1.0,
-                                   measured_backward_s=1.0)
-                rows.append(TrainingRow(r.features, r.analytical_forward_s, r.analytical_backward_s,
-                                        3 * r.analytical_forward_s, 2 * r.analytical_backward_s))
+    rows = biased_rows([inp.cluster.clusters[0].device.scaled(speed) for speed in (1.0, 0.5)], inp.model, inp.seq_len)
     corr = Correction.fit(rows)
     forest = Evaluator(inp, correction=corr)
     ref = reference_plan()

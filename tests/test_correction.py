@@ -19,6 +19,7 @@ from hetauto.planner.correction import (
 from hetauto.planner.correction import _forest_x
 from hetauto.planner.evaluate import Evaluator
 from hetauto.planner.inputs import load_planning_inputs
+from _correction_rows import biased_rows
 
 
 def synthetic_rows(n: int, seed: int) -> list[TrainingRow]:
@@ -141,15 +142,7 @@ def test_bad_rows_name_the_field(tmp_path) -> None:
 
 def test_evaluator_applies_the_correction() -> None:
     inp = load_planning_inputs(scenario="cpu-demo")
-    rows = []
-    dev = inp.cluster.clusters[0].device
-    for mb in (1, 2, 4, 8):
-        for a, b in ((0, 3), (3, 6), (0, 6), (1, 4)):
-            r = analytical_row(dev, inp.model, inp.seq_len, (a, b), microbatch=mb, measured_forward_s=1.0,
-                               measured_backward_s=1.0)
-            rows.append(TrainingRow(r.features, r.analytical_forward_s, r.analytical_backward_s,
-                                    3 * r.analytical_forward_s, 2 * r.analytical_backward_s))
-    corr = Correction.fit(rows)
+    corr = Correction.fit(biased_rows([inp.cluster.clusters[0].device], inp.model, inp.seq_len))
     plain, fixed = Evaluator(inp), Evaluator(inp, correction=corr)
     assert fixed.cost_model_name == "analytical+forest"
     f0, b0 = plain.stage_compute_time("fast", (0, 3), 1, 1, 4)

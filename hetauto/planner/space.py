@@ -309,15 +309,7 @@ class StrategySpace:
         """Principle 7's estimate for an interleaved `plan` (seconds saved per iteration vs plain 1F1B)."""
         pc = self.evaluator.pipeline_costs(plan)
         p = plan.num_stages
-        act = pc.act_bytes
-        cost = []
-        for h, ln in enumerate(pc.links):
-            b = act if isinstance(act, (int, float)) else act[h]
-            cost.append(0.0 if ln is None else ln.latency + b / ln.bandwidth)
-        period = []
-        for r in range(p):
-            vals = [pc.tf, pc.tb, pc.tp_f, pc.tp_b]
-            period.append(sum(x if isinstance(x, (int, float)) else x[r] for x in vals))
+        cost, period = _hops_and_periods(pc, p, len(pc.links))
         return P.interleave_gain(p, plan.schedule.virtual_chunks, period, cost)
 
     def _matrices(self, costs: list[_StageCost], q: list[int]) -> tuple[list[list[float]], list[list[float]], list[float]]:
@@ -378,16 +370,7 @@ class StrategySpace:
                 m: int, bonus: list[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
         pc = self.evaluator.pipeline_costs(plan)
         p = plan.num_stages
-        act = pc.act_bytes
-        cost = []
-        for h in range(p - 1):
-            ln = pc.links[h] if h < len(pc.links) else None
-            b = act if isinstance(act, (int, float)) else act[h]
-            cost.append(0.0 if ln is None else ln.latency + b / ln.bandwidth)
-        period = []
-        for r in range(p):
-            vals = [pc.tf, pc.tb, pc.tp_f, pc.tp_b]
-            period.append(sum(v if isinstance(v, (int, float)) else v[r] for v in vals))
+        cost, period = _hops_and_periods(pc, p, p - 1)
         mcap: list[int | None] = []
         pos = 0
         for c, cap, cnt in zip(costs, caps, counts):
@@ -406,7 +389,6 @@ class StrategySpace:
             out.append(StagePlan(cluster=st.cluster, device_type=dev, devices=st.devices, layers=(pos, pos + c),
                                  tp=st.tp, dp=st.dp, recompute=st.recompute))
             pos += c
-        p = len(out)
         if schedule == "virtual-1f1b" and not any(extra):
             schedule, extra = "1f1b", ()
         return Plan(model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len,
@@ -422,3 +404,17 @@ def plan_key(plan: Plan) -> tuple:
     return (plan.microbatch_size, plan.zero1, plan.schedule.name, plan.schedule.virtual_chunks,
             plan.schedule.extra_warmup, plan.resharding,
             tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute) for s in plan.stages))
+
+
+def _hops_and_periods(pc: Any, p: int, hops: int) -> tuple[list[float], list[float]]:
+    """Per boundary h < hops: one microbatch's latency + bytes / bandwidth (0 without a link); per stage: its
+    F + B per microbatch, TP collectives included. The inputs of principles 6 (Virtual-1F1B depth) and 7."""
+    act = pc.act_bytes
+    cost = []
+    for h in range(hops):
+        ln = pc.links[h] if h < len(pc.links) else None
+        b = act if isinstance(act, (int, float)) else act[h]
+        cost.append(0.0 if ln is None else ln.latency + b / ln.bandwidth)
+    period = [sum(x if isinstance(x, (int, float)) else x[r] for x in (pc.tf, pc.tb, pc.tp_f, pc.tp_b))
+              for r in range(p)]
+    return cost, period
