@@ -256,3 +256,54 @@ def test_covered_stage_takes_the_forest_anchored_on_the_reference_stage() -> Non
             f2, b2 = forest.stage_compute_time(cluster, layers, 2, 1, 2)  # TP's DTensor term added as measured
             assert both.stage_compute_time(cluster, layers, 2, 1, 2) == pytest.approx(
                 (f2 * anchor + n * 1e-3 + 2 / speed * 0.01, b2 * anchor + n * 2e-3 + 2 / speed * 0.02), rel=1e-12)
+
+
+def test_measured_optimizer_per_tensor_and_parameter_replaces_memory_bound_adam() -> None:
+    # stage optimizer = tensors x optim_tensor_s + params / tp x optim_param_s, x max(1, devices / host_cores);
+    # not divided by the speed factor (OPTIM is not throttled); both terms 0: the memory-bound Adam physics
+    from hetauto.planner import costmodel as cm
+
+    plan = _plan(dp=2)
+    inp = inputs_for_plan(plan)
+    table = cm.LayerTable(inp.layers)
+    params = [table.range(0, 3).params, table.range(3, 6).params]
+    assert [table.range(0, 3).param_tensors, table.range(3, 6).param_tensors] == [34, 35]
+    phys = Evaluator(inp, overheads=Overheads()).pipeline_costs(plan).optim
+    assert phys == Evaluator(inp).pipeline_costs(plan).optim and phys[0] > 0
+    oh = Overheads(optim_tensor_s=1e-4, optim_param_s=2e-8)
+    want = tuple(n * 1e-4 + p * 2e-8 for n, p in zip((34, 35), params))
+    assert Evaluator(inp, overheads=oh).pipeline_costs(plan).optim == pytest.approx(want, rel=1e-12)
+    # two dp replicas step at once on 1.6 effective cores: x 2 / 1.6; on 4 cores: unchanged
+    loaded = Evaluator(inp, overheads=replace(oh, host_cores=1.6)).pipeline_costs(plan).optim
+    assert loaded == pytest.approx(tuple(x * 1.25 for x in want), rel=1e-12)
+    assert Evaluator(inp, overheads=replace(oh, host_cores=4.0)).pipeline_costs(plan).optim == \
+        pytest.approx(want, rel=1e-12)
+    # tp 2 shards the values, not the tensors
+    tp_plan = plan.model_copy(update={"stages": tuple(st.model_copy(update={"dp": 1, "tp": 2}) for st in plan.stages)})
+    assert Evaluator(inp, overheads=oh).pipeline_costs(tp_plan).optim == pytest.approx(
+        tuple(n * 1e-4 + p / 2 * 2e-8 for n, p in zip((34, 35), params)), rel=1e-12)
+
+
+def test_optimizer_fit_least_squares_non_negative() -> None:
+    from hetauto.planner.calibration import optimizer_fit
+
+    # exact samples of 5e-5 s per tensor + 1e-8 s per parameter: recovered exactly
+    rows = [(n, p, n * 5e-5 + p * 1e-8) for n, p in ((2, 18432.0), (16, 49984.0), (69, 234880.0))]
+    a, b = optimizer_fit(rows)
+    assert a == pytest.approx(5e-5, rel=1e-9) and b == pytest.approx(1e-8, rel=1e-9)
+    # per-tensor cost only, with noise that makes the joint slope per parameter negative: refit on tensors alone
+    rows = [(2, 20000.0, 2e-4), (16, 50000.0, 1.6e-3), (69, 100000.0, 6.9e-3)]
+    a, b = optimizer_fit(rows)
+    assert b == 0.0 and a == pytest.approx(1e-4, rel=1e-12)
+    assert optimizer_fit([(0, 0.0, 0.0)]) == (0.0, 0.0)
+
+
+def test_calibration_without_optimizer_terms_reads_neutral_and_names_them(tmp_path) -> None:
+    cal = Calibration("cpu", get_device("cpu"), replace(OH, optim_tensor_s=1e-4, optim_param_s=1e-8), "host",
+                      "2.13.0", "then")
+    doc = cal.to_document()
+    del doc["overheads"]["optim_tensor_s"], doc["overheads"]["optim_param_s"]
+    path = cache_path(tmp_path)
+    path.write_text(json.dumps(doc))
+    old = local_calibration(cache_dir=tmp_path)
+    assert old.overheads == OH and old.missing_terms == ("optim_tensor_s", "optim_param_s")

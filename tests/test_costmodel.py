@@ -104,6 +104,42 @@ def test_dp_allreduce_and_optimizer() -> None:
         cm.optimizer_time(sums, c, tp=1, dp=4) / 4)
 
 
+def test_param_tensor_counts_and_measured_optimizer_closed_form() -> None:
+    import dataclasses
+
+    # GPT: embedding 2 (token, positions), block 16, head 3 (norm weight + bias, projection); what the
+    # executor's reference stage modules hold (tiny GPT whole: 2 + 4 x 16 + 3 = 69)
+    layers = layer_list(GPT, 32)
+    assert [la.param_tensors for la in layers] == [2, 16, 16, 16, 16, 3]
+    table = cm.LayerTable(layers)
+    assert table.range(0, 6).param_tensors == 69 and table.range(1, 3).param_tensors == 32
+    assert table.range(5, 6).param_tensors == 3
+    llama = dataclasses.replace(GPT, arch="llama", num_kv_heads=2, tie_embeddings=True)
+    assert [la.param_tensors for la in layer_list(llama, 32)] == [1, 9, 9, 9, 9, 1]
+    # alpha per tensor + beta per parameter of this device (tp shards values, not tensors; ZeRO-1 the states)
+    sums = table.range(1, 3)
+    params = 2 * layers[1].params
+    assert cm.measured_optimizer_time(sums, tp=1, dp=1, per_tensor_s=1e-4, per_param_s=2e-8) == pytest.approx(
+        32 * 1e-4 + params * 2e-8, rel=1e-12)
+    assert cm.measured_optimizer_time(sums, tp=2, dp=4, per_tensor_s=1e-4, per_param_s=2e-8, zero1=True) == \
+        pytest.approx(32 * 1e-4 + params / 8 * 2e-8, rel=1e-12)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_param_tensors_match_the_executors_stage_modules(arch: str) -> None:
+    # what the executor's optimizer steps over: the parameters of build_stage(cfg, layers) for every range
+    import dataclasses
+
+    from hetauto.runtime.stage import build_stage
+
+    cfg = dataclasses.replace(GPT, arch=arch, num_layers=2, num_kv_heads=2 if arch == "llama" else None)
+    table = cm.LayerTable(layer_list(cfg, 32))
+    n = cfg.num_layers + 2
+    for a in range(n):
+        for b in range(a + 1, n + 1):
+            assert table.range(a, b).param_tensors == len(list(build_stage(cfg, (a, b), 0).parameters())), (a, b)
+
+
 def test_boundary_methods() -> None:
     S = 8e6
     net, local = LinkSpec(1e9, 1e-3), LinkSpec(1e11, 1e-6)

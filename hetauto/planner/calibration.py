@@ -40,7 +40,7 @@ from typing import Any
 from hetauto.core.profile import DeviceProfile
 
 __all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "available_cores", "cache_path", "compute_scale_for", "effective_cores", "local_calibration",
-           "measure_calibration", "per_block_slope", "tp_cpu_fraction", "unloaded_step"]
+           "measure_calibration", "optimizer_fit", "per_block_slope", "tp_cpu_fraction", "unloaded_step"]
 
 CALIBRATION_SCHEMA = "hetauto.calibration/1"
 
@@ -82,6 +82,8 @@ class Overheads:
     tp_cpu_fraction: float = 1.0  # share of tp_*_layer_s that is CPU work (the rest: collective waits, no core)
     allreduce_wake_s: float = 0.0  # extra wall time of a DP all-reduce issued right after compute (rank skew,
     #                                gloo threads waking) over the same all-reduce in a tight loop
+    optim_tensor_s: float = 0.0  # > 0 (or optim_param_s > 0): the optimizer step per parameter tensor of a stage
+    optim_param_s: float = 0.0  # ... plus per parameter of one device, replacing memory-bound Adam
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +328,60 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
             per_block_slope(extra[(1, "cpu")][1], extra[(3, "cpu")][1]))
 
 
+OPTIM_PROBE_RANGES = ((0, 1), (1, 2), (0, 6))  # tiny GPT: embedding (few big tensors), one block, the whole
+
+
+def optimizer_fit(samples: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """(per tensor, per parameter) seconds from (tensors, parameters, step seconds) samples: least squares
+    through the origin, both non-negative (a negative slope from noise is dropped and the other refitted)."""
+    stt = sum(n * n for n, _, _ in samples)
+    spp = sum(p * p for _, p, _ in samples)
+    stp = sum(n * p for n, p, _ in samples)
+    sty = sum(n * y for n, _, y in samples)
+    spy = sum(p * y for _, p, y in samples)
+    det = stt * spp - stp * stp
+    if det > 0:
+        a = (sty * spp - spy * stp) / det
+        b = (spy * stt - sty * stp) / det
+        if a >= 0 and b >= 0:
+            return a, b
+    a1 = sty / stt if stt > 0 else 0.0
+    b1 = spy / spp if spp > 0 else 0.0
+    # one term alone: the one with the smaller squared error
+    err_a = sum((y - a1 * n) ** 2 for n, _, y in samples)
+    err_b = sum((y - b1 * p) ** 2 for _, p, y in samples)
+    return (max(0.0, a1), 0.0) if err_a <= err_b else (0.0, max(0.0, b1))
+
+
+def _optimizer_samples(repeat: int = 25) -> list[tuple[int, float, float]]:
+    """The executor's optimizer step (make_optimizer: single-tensor AdamW, then zero_grad) over the stage
+    modules of OPTIM_PROBE_RANGES, thread CPU time (the work, not other processes' load), median after
+    warm-up: (parameter tensors, parameters, seconds) each."""
+    import torch
+
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.reference import make_optimizer
+    from hetauto.runtime.stage import build_stage
+
+    torch.set_num_threads(1)
+    cfg = get_model("tiny-gpt")
+    out = []
+    for layers in OPTIM_PROBE_RANGES:
+        params = list(build_stage(cfg, layers, 0).parameters())
+        opt = make_optimizer(params, 1e-3)
+        ts = []
+        for i in range(repeat + 3):
+            for p in params:
+                p.grad = torch.randn_like(p)
+            c = time.thread_time()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i >= 3:  # the first steps allocate the moments
+                ts.append(time.thread_time() - c)
+        out.append((len(params), float(sum(p.numel() for p in params)), statistics.median(ts)))
+    return out
+
+
 def _quantile(values: list[float], q: float) -> float:
     ts = sorted(values)
     return ts[min(len(ts) - 1, int(q * len(ts)))]
@@ -400,7 +456,8 @@ def reference_plan():  # noqa: ANN201 - a Plan
 
 def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str) -> Overheads:
     """compute_scale from the reference stage's F+B timed in this process, step_s from `hetauto run` of the
-    reference plan (what the executor adds per step: loss, optimizer, barriers, bookkeeping)."""
+    reference plan as the residual over the prediction with every other term (optimizer step included, so
+    it is not counted twice: what is left is loss, barriers, bookkeeping)."""
     import subprocess
     import sys
     import tempfile
@@ -499,11 +556,14 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     # DTensor per block in wall time (its dispatch and the waits on its collectives: what an action lasts)
     tpf, tpb = (statistics.fmean(t[i] for t in tp) for i in (0, 1))
     tpf_cpu, tpb_cpu = (statistics.fmean(t[i] for t in tp) for i in (2, 3))
+    optim_tensor, optim_param = optimizer_fit(_optimizer_samples())
     oh = Overheads(fwd_layer_s=fl, bwd_layer_s=bl, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
                    activation_bytes_scale=2.0, tp_fwd_layer_s=tpf, tp_bwd_layer_s=tpb,
                    tp_cpu_fraction=tp_cpu_fraction(tpf + tpb, tpf_cpu + tpb_cpu),
                    allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0,
-                   allreduce_wake_s=max(0.0, ar_after - ar_big))
+                   allreduce_wake_s=max(0.0, ar_after - ar_big), optim_tensor_s=optim_tensor,
+                   optim_param_s=optim_param)
+    # step_s: the residual of the reference run after every term above, the optimizer's included
     oh = _reference_plan_terms(profile, oh, device_key)
     cores = os.cpu_count() or 1
     # CPU time on both sides: what running side by side costs the hardware (shared caches, memory bandwidth,

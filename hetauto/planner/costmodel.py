@@ -93,6 +93,7 @@ class RangeSums:
     act_block_input: float  # per sample: what a recomputed block keeps (2*s*h) summed over the blocks
     max_block_act: float  # one block's full activation per sample (the recompute transient)
     boundary_bytes_per_sample: float  # what the range's last layer sends onward
+    param_tensors: int = 0  # parameter tensors (a per-tensor optimizer's fixed cost counts these)
 
 
 class LayerTable:
@@ -109,6 +110,7 @@ class LayerTable:
         self._blocks = prefix([float(b) for b in blocks])
         self._bflops = prefix([la.fwd_flops_per_token if la.kind == "block" else 0.0 for la in layers])
         self._params = prefix([float(la.params) for la in layers])
+        self._tensors = prefix([float(la.param_tensors) for la in layers])
         self._rep = prefix([la.act_replicated_bytes for la in layers])
         self._sh = prefix([la.act_sharded_bytes for la in layers])
         self._sc = prefix([la.act_score_bytes for la in layers])
@@ -135,6 +137,7 @@ class LayerTable:
             act_score=self._sc[b] - self._sc[a], act_block_input=self._binp[b] - self._binp[a],
             max_block_act=self._max_block if self._blocks[b] > self._blocks[a] else 0.0,
             boundary_bytes_per_sample=self.layers[b - 1].boundary_bytes_per_sample,
+            param_tensors=int(self._tensors[b] - self._tensors[a]),
         )
         self._cache[key] = out
         return out
@@ -264,6 +267,16 @@ def optimizer_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, zero1
     """Adam step: memory-bound over this device's parameters (its 1/dp shard with ZeRO-1)."""
     params = sums.params / tp / (dp if zero1 else 1)
     return params * ADAM_STEP_BYTES_PER_PARAM / cluster.device.memory_bandwidth_Bps
+
+
+def measured_optimizer_time(sums: RangeSums, *, tp: int, dp: int, per_tensor_s: float, per_param_s: float,
+                            zero1: bool = False) -> float:
+    """Per-tensor optimizer step as measured on this host: tensors x per_tensor_s + this device's parameters
+    x per_param_s. Why: a single-tensor AdamW on a CPU pays a fixed dispatch cost per parameter tensor
+    (~0.1 ms: a dozen eager ops) that dwarfs the bytes for small tensors; TP shards each tensor, it does not
+    change how many there are."""
+    params = sums.params / tp / (dp if zero1 else 1)
+    return sums.param_tensors * per_tensor_s + params * per_param_s
 
 
 # ------------------------------------------------------------------------------------------ boundaries

@@ -270,7 +270,7 @@ class Evaluator:
                           + (oh.allreduce_alpha_s if oh is not None and st.dp > 1 else 0.0))
             if oh is not None and st.dp > 1 and oh.allreduce_wake_s > 0:  # issued right after the last backward
                 ar[-1] += oh.allreduce_wake_s
-            opt.append(cm.optimizer_time(sums, c, tp=st.tp, dp=st.dp, zero1=plan.zero1))
+            opt.append(self._optimizer_time(st, sums, c, plan.zero1))
         overlap = self.dp_overlap
         if overlap and any(gbytes):
             # the last bucket fills only when the last backward ends: a one-bucket stage cannot overlap at all
@@ -407,6 +407,18 @@ class Evaluator:
         if oh is None or oh.host_cores <= 0:
             return 1.0
         return max(1.0, plan.world_size / oh.host_cores)
+
+    def _optimizer_time(self, st: StagePlan, sums: cm.RangeSums, c: Cluster, zero1: bool) -> float:
+        """One stage's optimizer step: memory-bound Adam, or with measured per-tensor / per-parameter terms
+        (Overheads.optim_*) those, stretched when the stage's own replicas (dp x tp, stepping at the same
+        moment) outnumber the host's cores: x max(1, devices / host_cores). Not divided by the speed
+        factor: the executor throttles F/B actions only."""
+        oh = self.overheads
+        if oh is None or (oh.optim_tensor_s <= 0 and oh.optim_param_s <= 0):
+            return cm.optimizer_time(sums, c, tp=st.tp, dp=st.dp, zero1=zero1)
+        t = cm.measured_optimizer_time(sums, tp=st.tp, dp=st.dp, per_tensor_s=oh.optim_tensor_s,
+                                       per_param_s=oh.optim_param_s, zero1=zero1)
+        return t * (max(1.0, st.num_devices / oh.host_cores) if oh.host_cores > 0 else 1.0)
 
     def _tp_waits(self, st: StagePlan) -> tuple[float, float]:
         """(forward, backward) seconds per microbatch of a stage's TP terms spent waiting on collectives:

@@ -52,6 +52,9 @@ class LayerCost:
     act_sharded_bytes: float  # per sample; sharded by TP
     act_score_bytes: float  # per sample; attention scores (sharded by TP, absent with flash attention)
     boundary_bytes_per_sample: float  # the activation sent to the next stage (bf16)
+    # parameter tensors (weights, biases, norm scales): a per-tensor optimizer's step pays a fixed cost per
+    # tensor, which on a CPU outweighs the bytes (calibration.Overheads.optim_tensor_s); TP does not change it
+    param_tensors: int = 0
 
     @property
     def fwd_flops_per_sample(self) -> float:
@@ -102,6 +105,23 @@ def block_params(m: ModelConfig) -> int:
     return attn + mlp + norms
 
 
+def block_param_tensors(m: ModelConfig) -> int:
+    """Parameter tensors of one block of the reference implementation: GPT 16 (two LayerNorms' weight and
+    bias, Q/K/V/output and two MLP Linears with biases), Llama 9 (two RMSNorm scales, seven bias-free Linears)."""
+    return 16 if m.arch == "gpt" else 9
+
+
+def embedding_param_tensors(m: ModelConfig) -> int:
+    """Token embedding, plus the learned positions of a GPT."""
+    return 2 if m.arch == "gpt" else 1
+
+
+def head_param_tensors(m: ModelConfig) -> int:
+    """Final norm (weight and bias for GPT, a scale for Llama) plus the output projection unless tied (counted
+    like `head_params`: a tied projection is the embedding's tensor)."""
+    return (2 if m.arch == "gpt" else 1) + (0 if m.tie_embeddings else 1)
+
+
 def _block_matmul_weights(m: ModelConfig) -> int:
     h, f, kv = m.hidden, m.ffn_hidden, m.kv_heads * m.head_dim
     mlp = (2 if m.arch == "gpt" else 3) * h * f
@@ -144,15 +164,16 @@ def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCos
     h, v = model.hidden, model.vocab_size
     boundary = float(BYTES_BF16 * s * h)
     emb_act = float(s * h) if model.arch == "gpt" else 0.0  # embedding dropout mask
-    layers = [LayerCost(0, "embedding", "embedding", embedding_params(model), 0.0, s, h, emb_act, 0.0, 0.0, boundary)]
-    bp = block_params(model)
+    layers = [LayerCost(0, "embedding", "embedding", embedding_params(model), 0.0, s, h, emb_act, 0.0, 0.0, boundary,
+                        embedding_param_tensors(model))]
+    bp, bt = block_params(model), block_param_tensors(model)
     bflops = 2.0 * _block_matmul_weights(model) + 4.0 * s * h
     rep, sh, sc = _block_activation_split(model, s)
     for i in range(model.num_layers):
-        layers.append(LayerCost(i + 1, "block", f"block_{i}", bp, bflops, s, h, rep, sh, sc, boundary))
+        layers.append(LayerCost(i + 1, "block", f"block_{i}", bp, bflops, s, h, rep, sh, sc, boundary, bt))
     # head: final-norm input and output (replicated), fp32 logits for the loss (sharded by vocab-parallel TP)
     layers.append(LayerCost(model.num_layers + 1, "head", "head", head_params(model), 2.0 * v * h, s, h,
-                            float(4 * s * h), float(4 * s * v), 0.0, 0.0))
+                            float(4 * s * h), float(4 * s * v), 0.0, 0.0, head_param_tensors(model)))
     return tuple(layers)
 
 
@@ -188,15 +209,17 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
         if isinstance(sub, nn.Embedding):
             emb_ids.update(id(p) for p in sub.parameters() if id(p) not in in_blocks)
     seen: set[int] = set()
-    emb_params = head_params_ = 0
+    emb_params = head_params_ = emb_tensors = head_tensors = 0
     for p in module.parameters():  # deduplicated: tied weights count once, in the embedding
         if id(p) in seen or id(p) in in_blocks:
             continue
         seen.add(id(p))
         if id(p) in emb_ids:
             emb_params += p.numel()
+            emb_tensors += 1
         else:
             head_params_ += p.numel()
+            head_tensors += 1
 
     n = len(blocks)
     saved = [0.0] * (n + 2)
@@ -251,12 +274,14 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
     head_flops = float(total) - sum(block_flops)
     h = _hidden_of(blocks[0])
     boundary = float(BYTES_BF16 * seq_len * h) if h else 0.0
-    out = [LayerCost(0, "embedding", "embedding", emb_params, 0.0, seq_len, h, saved[0], 0.0, 0.0, boundary)]
+    out = [LayerCost(0, "embedding", "embedding", emb_params, 0.0, seq_len, h, saved[0], 0.0, 0.0, boundary,
+                     emb_tensors)]
     for i, blk in enumerate(blocks):
         out.append(LayerCost(i + 1, "block", f"block_{i}", sum(p.numel() for p in blk.parameters()),
-                             block_flops[i] / seq_len, seq_len, h, 0.0, saved[i + 1], 0.0, boundary))
+                             block_flops[i] / seq_len, seq_len, h, 0.0, saved[i + 1], 0.0, boundary,
+                             len(list(blk.parameters()))))
     out.append(LayerCost(n + 1, "head", "head", head_params_, head_flops / seq_len, seq_len, h,
-                         0.0, saved[n + 1], 0.0, 0.0))
+                         0.0, saved[n + 1], 0.0, 0.0, head_tensors))
     return tuple(out)
 
 
