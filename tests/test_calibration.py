@@ -278,10 +278,14 @@ def test_measured_optimizer_per_tensor_and_parameter_replaces_memory_bound_adam(
     assert loaded == pytest.approx(tuple(x * 1.25 for x in want), rel=1e-12)
     assert Evaluator(inp, overheads=replace(oh, host_cores=4.0)).pipeline_costs(plan).optim == \
         pytest.approx(want, rel=1e-12)
-    # tp 2 shards the values, not the tensors
+    # tp 2 shards the values, not the tensors; DTensor adds tp_optim_block_s per block (2 blocks per stage)
     tp_plan = plan.model_copy(update={"stages": tuple(st.model_copy(update={"dp": 1, "tp": 2}) for st in plan.stages)})
     assert Evaluator(inp, overheads=oh).pipeline_costs(tp_plan).optim == pytest.approx(
         tuple(n * 1e-4 + p / 2 * 2e-8 for n, p in zip((34, 35), params)), rel=1e-12)
+    assert Evaluator(inp, overheads=replace(oh, tp_optim_block_s=5e-3)).pipeline_costs(tp_plan).optim == \
+        pytest.approx(tuple(n * 1e-4 + p / 2 * 2e-8 + 2 * 5e-3 for n, p in zip((34, 35), params)), rel=1e-12)
+    assert Evaluator(inp, overheads=replace(oh, tp_optim_block_s=5e-3)).pipeline_costs(plan).optim == \
+        pytest.approx(want, rel=1e-12)  # tp 1: plain tensors
 
 
 def test_optimizer_fit_least_squares_non_negative() -> None:

@@ -84,6 +84,7 @@ class Overheads:
     #                                gloo threads waking) over the same all-reduce in a tight loop
     optim_tensor_s: float = 0.0  # > 0 (or optim_param_s > 0): the optimizer step per parameter tensor of a stage
     optim_param_s: float = 0.0  # ... plus per parameter of one device, replacing memory-bound Adam
+    tp_optim_block_s: float = 0.0  # extra optimizer step per transformer block of a tp > 1 stage (DTensor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,10 +278,11 @@ def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float, floa
     return p2p, ar, ar_big, statistics.median(after)
 
 
-def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, float, float, float]:
+def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, float, float, float, float]:
     """Two ranks, tp = 2 (DTensor, as the executor shards a stage): extra forward / backward time per block
     over the same unsharded stage timed in the same processes (1 sample x seq 32, where FLOPs are negligible).
-    Returns (fwd wall, bwd wall, fwd CPU, bwd CPU) per block. Wall time is what an executor action lasts:
+    Returns (fwd wall, bwd wall, fwd CPU, bwd CPU, optimizer step CPU) per block; the last: AdamW over
+    DTensor parameters (each elementwise op dispatched through DTensor, ~10x a plain tensor's). Wall time is what an executor action lasts:
     DTensor's dispatch work (~8 / 15 ms per block here, its CPU time) plus waiting on its many small gloo
     collectives (about as much again); taken at GLOO_QUANTILE like the other gloo terms."""
     import torch
@@ -296,8 +298,10 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
     cfg = get_model("tiny-gpt")
     mesh = DeviceMesh("cpu", list(range(world)))
     extra: dict[tuple[int, str], tuple[float, float]] = {}
+    opt_extra: dict[int, float] = {}
     for blocks in (1, 3):
         timed: dict[str, list[tuple[float, float]]] = {"wall": [], "cpu": []}
+        opt_s: list[float] = []
         for sharded in (False, True):
             st = build_stage(cfg, (1, 1 + blocks), 0)
             if sharded:
@@ -319,13 +323,37 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
                     bs["cpu"].append(c2 - c1)
             timed["wall"].append((_quantile(fs["wall"], GLOO_QUANTILE), _quantile(bs["wall"], GLOO_QUANTILE)))
             timed["cpu"].append((statistics.median(fs["cpu"]), statistics.median(bs["cpu"])))
+            opt_s.append(_optimizer_step_time(list(st.parameters()), repeat))
         for clock, ((pf, pb), (sf, sb)) in timed.items():
             extra[(blocks, clock)] = (max(0.0, sf - pf), max(0.0, sb - pb))
+        opt_extra[blocks] = max(0.0, opt_s[1] - opt_s[0])
     dist.destroy_process_group()
     return (per_block_slope(extra[(1, "wall")][0], extra[(3, "wall")][0]),
             per_block_slope(extra[(1, "wall")][1], extra[(3, "wall")][1]),
             per_block_slope(extra[(1, "cpu")][0], extra[(3, "cpu")][0]),
-            per_block_slope(extra[(1, "cpu")][1], extra[(3, "cpu")][1]))
+            per_block_slope(extra[(1, "cpu")][1], extra[(3, "cpu")][1]),
+            per_block_slope(opt_extra[1], opt_extra[3]))
+
+
+def _optimizer_step_time(params: list[Any], repeat: int, q: float = GLOO_QUANTILE) -> float:
+    """The executor's optimizer step (AdamW + zero_grad) over `params` (plain or DTensor), thread CPU time,
+    low quantile after warm-up; gradients are the parameters' own zeros-like (DTensor keeps the sharding)."""
+    import torch
+
+    from hetauto.runtime.reference import make_optimizer
+
+    opt = make_optimizer(params, 1e-3)
+    ts = []
+    for i in range(repeat + 3):
+        with torch.no_grad():
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        c = time.thread_time()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= 3:
+            ts.append(time.thread_time() - c)
+    return _quantile(ts, q)
 
 
 OPTIM_PROBE_RANGES = ((0, 1), (1, 2), (0, 6))  # tiny GPT: embedding (few big tensors), one block, the whole
@@ -557,13 +585,14 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     # DTensor per block in wall time (its dispatch and the waits on its collectives: what an action lasts)
     tpf, tpb = (statistics.fmean(t[i] for t in tp) for i in (0, 1))
     tpf_cpu, tpb_cpu = (statistics.fmean(t[i] for t in tp) for i in (2, 3))
+    tp_optim = statistics.fmean(t[4] for t in tp)
     optim_tensor, optim_param = optimizer_fit(_optimizer_samples())
     oh = Overheads(fwd_layer_s=fl, bwd_layer_s=bl, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
                    activation_bytes_scale=2.0, tp_fwd_layer_s=tpf, tp_bwd_layer_s=tpb,
                    tp_cpu_fraction=tp_cpu_fraction(tpf + tpb, tpf_cpu + tpb_cpu),
                    allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0,
                    allreduce_wake_s=max(0.0, ar_after - ar_big), optim_tensor_s=optim_tensor,
-                   optim_param_s=optim_param)
+                   optim_param_s=optim_param, tp_optim_block_s=tp_optim)
     # step_s: the residual of the reference run after every term above, the optimizer's included
     oh = _reference_plan_terms(profile, oh, device_key)
     cores = os.cpu_count() or 1

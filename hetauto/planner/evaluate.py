@@ -410,7 +410,7 @@ class Evaluator:
 
     def _optimizer_time(self, st: StagePlan, sums: cm.RangeSums, c: Cluster, zero1: bool) -> float:
         """One stage's optimizer step: memory-bound Adam, or with measured per-tensor / per-parameter terms
-        (Overheads.optim_*) those, stretched when the stage's own replicas (dp x tp, stepping at the same
+        (Overheads.optim_*, plus tp_optim_block_s per block of a tp > 1 stage) those, stretched when the stage's own replicas (dp x tp, stepping at the same
         moment) outnumber the host's cores: x max(1, devices / host_cores). Not divided by the speed
         factor: the executor throttles F/B actions only."""
         oh = self.overheads
@@ -418,6 +418,8 @@ class Evaluator:
             return cm.optimizer_time(sums, c, tp=st.tp, dp=st.dp, zero1=zero1)
         t = cm.measured_optimizer_time(sums, tp=st.tp, dp=st.dp, per_tensor_s=oh.optim_tensor_s,
                                        per_param_s=oh.optim_param_s, zero1=zero1)
+        if st.tp > 1:  # DTensor parameters: every elementwise op of the step goes through DTensor's dispatch
+            t += sums.blocks * oh.tp_optim_block_s
         return t * (max(1.0, st.num_devices / oh.host_cores) if oh.host_cores > 0 else 1.0)
 
     def _tp_waits(self, st: StagePlan) -> tuple[float, float]:
