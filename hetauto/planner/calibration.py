@@ -171,8 +171,7 @@ def _median_time(fn: Any, repeat: int, clock: Any = time.perf_counter, q: float 
         t = clock()
         fn()
         ts.append(clock() - t)
-    ts.sort()
-    return ts[min(len(ts) - 1, int(q * len(ts)))] if q != 0.5 else statistics.median(ts)
+    return statistics.median(ts) if q == 0.5 else _quantile(ts, q)
 
 
 def _layer_overheads(repeat: int = 30) -> tuple[float, float]:
@@ -340,20 +339,29 @@ def _optimizer_step_time(params: list[Any], repeat: int, q: float = GLOO_QUANTIL
     low quantile after warm-up; gradients are the parameters' own zeros-like (DTensor keeps the sharding)."""
     import torch
 
+    return _optimizer_step_times([params], repeat, q, torch.zeros_like)[0]
+
+
+def _optimizer_step_times(param_sets: list[list[Any]], repeat: int, q: float, grad_like: Any) -> list[float]:
+    """Per parameter set, the `q` quantile of the executor's optimizer step (make_optimizer: single-tensor
+    AdamW, then zero_grad) in thread CPU time, after 3 warm-up steps (they allocate the moments). The sets
+    are timed in turn, so a slow phase of the host hits all of them alike; gradients from `grad_like(p)`."""
+    import torch
+
     from hetauto.runtime.reference import make_optimizer
 
-    opt = make_optimizer(params, 1e-3)
-    ts = []
+    probes = [(params, make_optimizer(params, 1e-3), []) for params in param_sets]
     for i in range(repeat + 3):
-        with torch.no_grad():
-            for p in params:
-                p.grad = torch.zeros_like(p)
-        c = time.thread_time()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i >= 3:
-            ts.append(time.thread_time() - c)
-    return _quantile(ts, q)
+        for params, opt, ts in probes:
+            with torch.no_grad():
+                for p in params:
+                    p.grad = grad_like(p)
+            c = time.thread_time()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i >= 3:
+                ts.append(time.thread_time() - c)
+    return [_quantile(ts, q) for _, _, ts in probes]
 
 
 OPTIM_PROBE_RANGES = ((0, 1), (1, 2), (0, 6))  # tiny GPT: embedding (few big tensors), one block, the whole
@@ -390,25 +398,13 @@ def _optimizer_samples(repeat: int = 40, q: float = GLOO_QUANTILE) -> list[tuple
     import torch
 
     from hetauto.core.model_catalog import get_model
-    from hetauto.runtime.reference import make_optimizer
     from hetauto.runtime.stage import build_stage
 
     torch.set_num_threads(1)
     cfg = get_model("tiny-gpt")
-    probes = []
-    for layers in OPTIM_PROBE_RANGES:
-        params = list(build_stage(cfg, layers, 0).parameters())
-        probes.append((params, make_optimizer(params, 1e-3), []))
-    for i in range(repeat + 3):
-        for params, opt, ts in probes:
-            for p in params:
-                p.grad = torch.randn_like(p)
-            c = time.thread_time()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if i >= 3:  # the first steps allocate the moments
-                ts.append(time.thread_time() - c)
-    return [(len(params), float(sum(p.numel() for p in params)), _quantile(ts, q)) for params, _, ts in probes]
+    sets = [list(build_stage(cfg, layers, 0).parameters()) for layers in OPTIM_PROBE_RANGES]
+    times = _optimizer_step_times(sets, repeat, q, torch.randn_like)
+    return [(len(params), float(sum(p.numel() for p in params)), t) for params, t in zip(sets, times)]
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -428,14 +424,7 @@ def _concurrent_fb(rank: int, world: int, repeat: int) -> float:
 
 def _core_share(rank: int, world: int, repeat: int) -> float:
     """CPU / wall time of the reference stage's F+B loop in this rank: the share of a core it got."""
-    import torch
-
-    from hetauto.core.model_catalog import get_model
-    from hetauto.runtime.stage import build_stage
-
-    torch.set_num_threads(1)
-    st = build_stage(get_model("tiny-gpt"), (0, 6), 0)
-    x = torch.randint(0, 256, (8, 32))
+    st, x = _reference_stage()
     st(x).float().sum().backward()  # warm-up
     w, c = time.perf_counter(), time.thread_time()
     for _ in range(repeat):
@@ -455,16 +444,20 @@ def available_cores(repeat: int = 10) -> float:
     return max(0.1, min(float(cores), sum(shares)))
 
 
-def _reference_fb(repeat: int, clock: Any = time.thread_time) -> float:
-    """F+B of the reference stage; by default in thread CPU time (the work, whatever else the machine runs)."""
+def _reference_stage() -> tuple[Any, Any]:
+    """reference_plan()'s stage module (the whole tiny GPT, one thread) and its microbatch of 8 x 32 tokens."""
     import torch
 
     from hetauto.core.model_catalog import get_model
     from hetauto.runtime.stage import build_stage
 
     torch.set_num_threads(1)
-    st = build_stage(get_model("tiny-gpt"), (0, 6), 0)
-    x = torch.randint(0, 256, (8, 32))
+    return build_stage(get_model("tiny-gpt"), (0, 6), 0), torch.randint(0, 256, (8, 32))
+
+
+def _reference_fb(repeat: int, clock: Any = time.thread_time) -> float:
+    """F+B of the reference stage; by default in thread CPU time (the work, whatever else the machine runs)."""
+    st, x = _reference_stage()
     ts = []
     for _ in range(repeat):
         t = clock()

@@ -91,7 +91,7 @@ _CODES = {A.RECV_F: _RECV_F, A.RECV_B: _RECV_B, A.F: _F, A.SEND_F: _SEND_F, A.B:
           A.REDUCE_GRAD: _REDUCE, A.OPTIM: _OPTIM}
 
 
-def _compile(i: int, a: Action, last_b: bool, stage: int, p: int) -> tuple[int, int, bool, int, int]:
+def _compile(a: Action, last_b: bool, stage: int, p: int) -> tuple[int, int, bool, int, int]:
     """(opcode, microbatch, is its virtual stage's last backward of the step, virtual stage, chunk): the
     action list as the interpreter loop reads it."""
     code = _CODES.get(a.type)
@@ -144,7 +144,7 @@ class StageExecutor:
             if a.type is A.B:
                 last_b[a.stage] = i
         last_b_at = set(last_b.values())
-        self._program = tuple(_compile(i, a, i in last_b_at, me.stage, p) for i, a in enumerate(self.actions))
+        self._program = tuple(_compile(a, i in last_b_at, me.stage, p) for i, a in enumerate(self.actions))
         # this rank's side of its two boundaries in each direction, resolved once (None where there is none);
         # a stage always receives activations from stage r-1 (mod p) and sends them to stage r+1 (mod p)
         st, route = me.stage, self._route

@@ -115,12 +115,14 @@ class FilePipeClock:
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
 
+    def _path(self, name: str) -> Path:
+        return self.directory / f"{_file_safe(name)}.clock"
+
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
             self.directory.mkdir(parents=True, exist_ok=True)  # another rank may have closed and removed it
-            fd = self._fds[name] = os.open(self.directory / f"{safe}.clock", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = self._fds[name] = os.open(self._path(name), os.O_RDWR | os.O_CREAT, 0o600)
         return fd
 
     def reserve(self, name: str, now: float, duration: float) -> tuple[float, float]:
@@ -143,7 +145,7 @@ class FilePipeClock:
             names, self._fds = list(self._fds), {}
         if self.remove_on_close:
             for name in names:
-                (self.directory / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.clock").unlink(missing_ok=True)
+                self._path(name).unlink(missing_ok=True)
             try:
                 self.directory.rmdir()
             except OSError:  # another rank's files are still there, or it is gone already
@@ -157,7 +159,12 @@ def default_pipe_dir() -> Path:
     if explicit:
         return Path(explicit)
     job = f"{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', str(os.getppid()))}"
-    return Path(tempfile.gettempdir()) / f"hetauto-pipes-{re.sub(r'[^A-Za-z0-9_.-]', '_', job)}"
+    return Path(tempfile.gettempdir()) / f"hetauto-pipes-{_file_safe(job)}"
+
+
+def _file_safe(name: str) -> str:
+    """`name` with every character a file name should not carry replaced by '_'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 class LinkHandle:
