@@ -403,10 +403,15 @@ class Evaluator:
     def step_contention(self, plan: Plan) -> float:
         """Stretch of the per-step work (`Overheads.step_s`: loss, optimizer, bookkeeping; CPU work measured on
         one rank) when every rank does its own at the iteration's end on one host: max(1, world / host_cores)."""
+        return self._host_stretch(plan.world_size)
+
+    def _host_stretch(self, ranks: float) -> float:
+        """max(1, ranks / host_cores): how much `ranks` ranks working at once on this host slow each other
+        (1.0 when the calibration does not say the ranks share one host)."""
         oh = self.overheads
         if oh is None or oh.host_cores <= 0:
             return 1.0
-        return max(1.0, plan.world_size / oh.host_cores)
+        return max(1.0, ranks / oh.host_cores)
 
     def _optimizer_time(self, st: StagePlan, sums: cm.RangeSums, c: Cluster, zero1: bool) -> float:
         """One stage's optimizer step: memory-bound Adam, or with measured per-tensor / per-parameter terms
@@ -420,7 +425,7 @@ class Evaluator:
                                        per_param_s=oh.optim_param_s, zero1=zero1)
         if st.tp > 1:  # DTensor parameters: every elementwise op of the step goes through DTensor's dispatch
             t += sums.blocks * oh.tp_optim_block_s
-        return t * (max(1.0, st.num_devices / oh.host_cores) if oh.host_cores > 0 else 1.0)
+        return t * self._host_stretch(st.num_devices)
 
     def _tp_waits(self, st: StagePlan) -> tuple[float, float]:
         """(forward, backward) seconds per microbatch of a stage's TP terms spent waiting on collectives:
