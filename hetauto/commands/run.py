@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "latest complete checkpoint in --checkpoint-dir")
 
 
+MEASURE_CALIBRATION = "python -c 'from hetauto.planner.calibration import local_calibration as c; c(measure=True)'"
+
+
 def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -> tuple[float | None, str, bool]:
     """The planner's predicted step time, or None with the reason (the planner may not be installed yet), and
     whether it was calibrated.
@@ -100,11 +103,10 @@ def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -
             note = f" (uncalibrated: {err})"
         else:
             if calibration is None:
-                note = (" (uncalibrated: no cached calibration of this machine; measure it once with python -c "
-                        "'from hetauto.planner.calibration import local_calibration as c; c(measure=True)')")
+                note = f" (uncalibrated: no cached calibration of this machine; measure it once with {MEASURE_CALIBRATION})"
             elif getattr(calibration, "missing_terms", ()):
                 note = (f" (the cached calibration predates {', '.join(calibration.missing_terms)}; re-measure with "
-                        "python -c 'from hetauto.planner.calibration import local_calibration as c; c(measure=True)')")
+                        f"{MEASURE_CALIBRATION})")
     try:
         if calibration is not None:
             try:

@@ -24,7 +24,6 @@ from hetauto.planner.space import Candidate, StrategySpace, boundary_pairs
 
 RESHARD_METHODS = ("scatter-allgather", "leader-broadcast", "lanes")
 PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy")
-DEFAULT_BUDGET_S = 10.0  # a time bound for callers that want one (the CLI's default is the stop rule)
 DEFAULT_MAX_EVALUATIONS = 1000  # the default cap (at least; see default_max_evaluations) without iterations/budget
 EVALUATIONS_PER_DEVICE = 4  # larger clusters have a larger space: the default cap grows with the device count
 DEFAULT_PATIENCE = 300  # the stop rule: this many evaluations without a better plan ends the search
