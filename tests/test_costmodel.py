@@ -125,19 +125,38 @@ def test_param_tensor_counts_and_measured_optimizer_closed_form() -> None:
         pytest.approx(32 * 1e-4 + params / 8 * 2e-8, rel=1e-12)
 
 
+@pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
-def test_param_tensors_match_the_executors_stage_modules(arch: str) -> None:
-    # what the executor's optimizer steps over: the parameters of build_stage(cfg, layers) for every range
+def test_param_tensors_match_the_executors_stage_modules(arch: str, tied: bool) -> None:
+    # what the executor's optimizer steps over: the parameters of build_stage(cfg, layers) for every range;
+    # a tied head apart from the embedding holds its own copy of the table (one tensor more), with it none
     import dataclasses
 
     from hetauto.runtime.stage import build_stage
 
-    cfg = dataclasses.replace(GPT, arch=arch, num_layers=2, num_kv_heads=2 if arch == "llama" else None)
+    cfg = dataclasses.replace(GPT, arch=arch, num_layers=2, num_kv_heads=2 if arch == "llama" else None,
+                              tie_embeddings=tied)
     table = cm.LayerTable(layer_list(cfg, 32))
     n = cfg.num_layers + 2
     for a in range(n):
         for b in range(a + 1, n + 1):
             assert table.range(a, b).param_tensors == len(list(build_stage(cfg, (a, b), 0).parameters())), (a, b)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_tiny_gpt_param_tensors_equal_the_stage_modules_for_every_range(tied: bool) -> None:
+    import dataclasses
+
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.stage import build_stage
+
+    cfg = dataclasses.replace(get_model("tiny-gpt"), tie_embeddings=tied)
+    table = cm.LayerTable(layer_list(cfg, 32))
+    n = cfg.num_layer_slots
+    counts = {(a, b): table.range(a, b).param_tensors for a in range(n) for b in range(a + 1, n + 1)}
+    assert counts == {r: len(list(build_stage(cfg, r, 0).parameters())) for r in counts}
+    # closed form: head alone 3 (norm weight + bias, projection) tied or not; whole model 2 + 4 x 16 + 3 - tied
+    assert counts[(n - 1, n)] == 3 and counts[(0, n)] == 69 - tied
 
 
 def test_boundary_methods() -> None:

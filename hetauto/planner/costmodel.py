@@ -137,7 +137,8 @@ class LayerTable:
             act_score=self._sc[b] - self._sc[a], act_block_input=self._binp[b] - self._binp[a],
             max_block_act=self._max_block if self._blocks[b] > self._blocks[a] else 0.0,
             boundary_bytes_per_sample=self.layers[b - 1].boundary_bytes_per_sample,
-            param_tensors=int(self._tensors[b] - self._tensors[a]),
+            param_tensors=int(self._tensors[b] - self._tensors[a])
+            + (head.tied_param_tensors if has_head and not has_emb else 0),
         )
         self._cache[key] = out
         return out

@@ -55,6 +55,10 @@ class LayerCost:
     # parameter tensors (weights, biases, norm scales): a per-tensor optimizer's step pays a fixed cost per
     # tensor, which on a CPU outweighs the bytes (calibration.Overheads.optim_tensor_s); TP does not change it
     param_tensors: int = 0
+    # tensors the head holds of its own only on a stage without the embedding: its copy of a tied table (the
+    # executor's split stages each keep one and sum their gradients); `param_tensors` counts it once, in the
+    # embedding, as a stage holding both slots does
+    tied_param_tensors: int = 0
 
     @property
     def fwd_flops_per_sample(self) -> float:
@@ -118,8 +122,14 @@ def embedding_param_tensors(m: ModelConfig) -> int:
 
 def head_param_tensors(m: ModelConfig) -> int:
     """Final norm (weight and bias for GPT, a scale for Llama) plus the output projection unless tied (counted
-    like `head_params`: a tied projection is the embedding's tensor)."""
+    like `head_params`: a tied projection is the embedding's tensor; `tied_head_param_tensors` adds it back
+    where the head sits apart from the embedding)."""
     return (2 if m.arch == "gpt" else 1) + (0 if m.tie_embeddings else 1)
+
+
+def tied_head_param_tensors(m: ModelConfig) -> int:
+    """The tied projection a head stage without the embedding holds of its own (1 when tied, else 0)."""
+    return 1 if m.tie_embeddings else 0
 
 
 def _block_matmul_weights(m: ModelConfig) -> int:
@@ -173,7 +183,8 @@ def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCos
         layers.append(LayerCost(i + 1, "block", f"block_{i}", bp, bflops, s, h, rep, sh, sc, boundary, bt))
     # head: final-norm input and output (replicated), fp32 logits for the loss (sharded by vocab-parallel TP)
     layers.append(LayerCost(model.num_layers + 1, "head", "head", head_params(model), 2.0 * v * h, s, h,
-                            float(4 * s * h), float(4 * s * v), 0.0, 0.0, head_param_tensors(model)))
+                            float(4 * s * h), float(4 * s * v), 0.0, 0.0, head_param_tensors(model),
+                            tied_head_param_tensors(model)))
     return tuple(layers)
 
 
@@ -208,6 +219,11 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
     for sub in module.modules():
         if isinstance(sub, nn.Embedding):
             emb_ids.update(id(p) for p in sub.parameters() if id(p) not in in_blocks)
+    # head-side tensors shared with the embedding (a tied table): counted once, in the embedding, and again
+    # for a head stage apart from it
+    head_side = {id(p) for sub in module.modules() if not isinstance(sub, nn.Embedding)
+                 for p in sub.parameters(recurse=False)}
+    tied_tensors = len(head_side & emb_ids)
     seen: set[int] = set()
     emb_params = head_params_ = emb_tensors = head_tensors = 0
     for p in module.parameters():  # deduplicated: tied weights count once, in the embedding
@@ -281,7 +297,7 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
                              block_flops[i] / seq_len, seq_len, h, 0.0, saved[i + 1], 0.0, boundary,
                              len(list(blk.parameters()))))
     out.append(LayerCost(n + 1, "head", "head", head_params_, head_flops / seq_len, seq_len, h,
-                         0.0, saved[n + 1], 0.0, 0.0, head_tensors))
+                         0.0, saved[n + 1], 0.0, 0.0, head_tensors, tied_tensors))
     return tuple(out)
 
 
