@@ -84,6 +84,54 @@ def test_small_plans_match_simulator(schedule: str) -> None:
     assert e.bubble_fraction == pytest.approx(ref.bubble_fraction, abs=1e-12)
 
 
+def _chunked_plan(chunks: tuple | None) -> Plan:
+    # tiny-gpt (slots: embedding, 4 blocks, head) on two stages of 3 slots, 2 chunks each
+    base = small_plan(4, "interleaved")
+    if chunks is None:
+        return base
+    stages = tuple(st.model_copy(update={"chunks": ch}) for st, ch in zip(base.stages, chunks))
+    return base.model_copy(update={"stages": stages})
+
+
+@pytest.mark.parametrize("chunks", [None, (((0, 1), (3, 5)), ((1, 3), (5, 6)))])
+def test_interleaved_virtual_stages_are_priced_by_their_own_layers(chunks: tuple | None) -> None:
+    # default layout: virtual stages [0,2) [2,4) [4,5) [5,6) (embedding + block, 2 blocks, block, head);
+    # explicit: [0,1) (the embedding alone) [1,3) [3,5) [5,6): each its own F/B, not 1/2 of its stage's
+    plan = _chunked_plan(chunks)
+    ev = Evaluator(inputs_for_plan(plan))
+    layout = chunks or (((0, 2), (4, 5)), ((2, 4), (5, 6)))
+    costs = ev.pipeline_costs(plan)
+    per_stage = ev.pipeline_costs(plan, per_chunk=False)
+    assert len(costs.tf) == len(costs.tb) == 4 and len(per_stage.tf) == 2
+    for k in range(4):
+        r, c = k % 2, k // 2
+        st = plan.stages[r]
+        own = [ev.stage_compute_time(st.cluster, ch, 1, 1, plan.microbatch_size) for ch in layout[r]]
+        f, b = own[c]
+        # its share of the stage's F/B, the chunk priced alone; here (no correction) that is the chunk's own
+        assert costs.tf[k] == per_stage.tf[r] * (f / (own[0][0] + own[1][0]))
+        assert costs.tb[k] == per_stage.tb[r] * (b / (own[0][1] + own[1][1]))
+        assert (costs.tf[k], costs.tb[k]) == pytest.approx((f, b), rel=1e-12)
+    assert costs.tf[0] + costs.tf[2] == pytest.approx(per_stage.tf[0], rel=1e-12)
+    assert costs.tf[0] != costs.tf[2]  # uneven chunks: the old 1/v split gave both per_stage.tf[0] / 2
+    if chunks is not None:  # the embedding alone (a lookup, no GEMM) is the cheapest virtual stage
+        assert costs.tf[0] < min(costs.tf[1:]) and costs.tb[0] < min(costs.tb[1:])
+    e = ev.evaluate(plan)
+    ref = simulate(schedule_for_plan(plan), costs)
+    assert e.iteration_time_s == ref.iteration_time and e.bubble_fraction == ref.bubble_fraction
+    # another schedule (a what-if) gets the per-stage times
+    assert stage_times_for_plan(plan, schedule="1f1b").tf == per_stage.tf
+    assert stage_times_for_plan(plan).tf == costs.tf
+
+
+def test_non_interleaved_costs_are_per_stage() -> None:
+    for name in ("1f1b", "virtual-1f1b", "gpipe"):
+        plan = small_plan(4, name)
+        ev = Evaluator(inputs_for_plan(plan))
+        assert ev.pipeline_costs(plan) == ev.pipeline_costs(plan, per_chunk=False)
+        assert len(ev.pipeline_costs(plan).tf) == 2
+
+
 def test_infeasible_plan_names_the_stage() -> None:
     inp, plan = paper_plan(128, 4, 2)
     e = Evaluator(inp).evaluate(plan)

@@ -113,7 +113,7 @@ def _from_plan(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
     except ImportError:
         raise HetautoError("cost model not available yet: hetauto.planner.evaluate.stage_times_for_plan is missing; "
                            "use --synthetic") from None
-    costs = stage_times_for_plan(plan)
+    costs = stage_times_for_plan(plan, schedule=args.schedule)
     from hetauto.schedule import schedule_for_plan
 
     sched = schedule_for_plan(plan, args.schedule)

@@ -8,7 +8,8 @@ the embedding in virtual stage 0 and the head in the last one.
 
 The rule keeps what the cost model charges (hetauto.planner.evaluate): each stage holds exactly as many
 slots as its `layers` range is long, split as evenly as possible into its v chunks (the first `n % v`
-chunks one slot longer), so a planner's interleaved plan runs unchanged with the compute it was priced for.
+chunks one slot longer), so a planner's interleaved plan runs unchanged with the compute it was priced for
+(the cost model prices every virtual stage by these same slots: Evaluator.chunk_costs).
 A plan may instead give every stage's `chunks` explicitly (StagePlan.chunks); `tile_chunks` checks them.
 
 Shared with the schedule: `virtual_chunks(name, v)` is the chunk count the schedule generator really uses

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from hetauto.core.chunks import effective_chunks, tile_chunks
 from hetauto.core.cluster import Cluster
 from hetauto.core.errors import InfeasiblePlan, PlanMismatch
 from hetauto.core.plan import Plan, Prediction, StagePlan
@@ -241,14 +242,40 @@ class Evaluator:
         self._links[key] = hit
         return hit
 
-    def pipeline_costs(self, plan: Plan, *, fold_shared: bool = True) -> PipelineCosts:
+    def pipeline_costs(self, plan: Plan, *, fold_shared: bool = True, per_chunk: bool = True) -> PipelineCosts:
         """What the simulator gets (seconds, bytes) for `plan`.
 
         `fold_shared`: a shared link group that only one directed boundary uses is, exactly, a narrower
         link (bandwidth min(k_senders * per_flow, capacity), see `_fold_groups`), so it is folded into that
-        link and the plan keeps the fast 1F1B path; groups used by several boundaries stay for the simulator."""
+        link and the plan keeps the fast 1F1B path; groups used by several boundaries stay for the simulator.
+        `per_chunk`: an interleaved plan's F/B per virtual stage (`chunk_costs`); False gives them per stage
+        (to simulate the plan under another schedule)."""
         self._check(plan)
-        return self._costs(plan, fold_shared)
+        costs = self._costs(plan, fold_shared)
+        return self.chunk_costs(plan, costs) if per_chunk else costs
+
+    def chunk_costs(self, plan: Plan, costs: PipelineCosts) -> PipelineCosts:
+        """`costs` with an interleaved plan's per-stage F/B split over its virtual stages (index c * p + r).
+
+        Why not 1/v each: the chunks of a stage hold different slots (hetauto.core.chunks, the layout the
+        executor builds): the embedding sits only in virtual stage 0 and the head only in the last. Each
+        chunk takes its stage's F (and B) times its own share, the chunk priced by its own layer range
+        (`stage_compute_time`) over the sum of its stage's chunks, so the stage totals that calibration,
+        correction and host contention act on stay as they are. Other schedules: `costs` unchanged."""
+        v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
+        if v == 1:
+            return costs
+        p, mb = plan.num_stages, plan.microbatch_size
+        tf, tb = [0.0] * (p * v), [0.0] * (p * v)
+        layout = tile_chunks([st.layers for st in plan.stages], v, [st.chunks for st in plan.stages])
+        for r, (st, chunks) in enumerate(zip(plan.stages, layout)):
+            times = [self.stage_compute_time(st.cluster, ch, st.tp, st.dp, mb, st.recompute) if ch[1] > ch[0]
+                     else (0.0, 0.0) for ch in chunks]  # an empty chunk (fewer layers than chunks) does nothing
+            sf, sb = sum(t[0] for t in times), sum(t[1] for t in times)
+            for c, (f, b) in enumerate(times):
+                tf[c * p + r] = costs.tf[r] * (f / sf) if sf > 0 else costs.tf[r] / v
+                tb[c * p + r] = costs.tb[r] * (b / sb) if sb > 0 else costs.tb[r] / v
+        return replace(costs, tf=tuple(tf), tb=tuple(tb))
 
     def _costs(self, plan: Plan, fold_shared: bool = True) -> PipelineCosts:
         mb = plan.microbatch_size
@@ -460,7 +487,7 @@ class Evaluator:
             return iteration_1f1b(costs.tf, costs.tb, plan.num_microbatches, extra_warmup=ks, lookahead=look,
                                   fwd=fwd, bwd=bwd, allreduce=costs.allreduce, optim=costs.optim,
                                   dp_overlap=costs.dp_overlap)
-        res = simulate(_schedule(plan), costs)
+        res = simulate(_schedule(plan), self.chunk_costs(plan, costs))
         return res.iteration_time, res.bubble_fraction
 
 
@@ -539,9 +566,12 @@ def inputs_for_plan(plan: Plan) -> PlanningInputs:
     return load_planning_inputs(cluster=src, model=plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len)
 
 
-def stage_times_for_plan(plan: Plan, inputs: PlanningInputs | None = None) -> PipelineCosts:
-    """The simulator's costs for `plan` (what `hetauto simulate PLAN` runs)."""
-    return Evaluator(inputs or inputs_for_plan(plan)).pipeline_costs(plan)
+def stage_times_for_plan(plan: Plan, inputs: PlanningInputs | None = None, schedule: str | None = None
+                         ) -> PipelineCosts:
+    """The simulator's costs for `plan` (what `hetauto simulate PLAN` runs), for its own schedule or, given
+    `schedule` (a what-if), that one: per-virtual-stage F/B only where it is the plan's own."""
+    own = schedule is None or schedule == plan.schedule.name
+    return Evaluator(inputs or inputs_for_plan(plan)).pipeline_costs(plan, per_chunk=own)
 
 
 def evaluate_plan(plan: Plan, inputs: PlanningInputs | None = None, *, correction: "Correction | str | None" = None,

@@ -415,6 +415,7 @@ def _hops_and_periods(pc: Any, p: int, hops: int) -> tuple[list[float], list[flo
         ln = pc.links[h] if h < len(pc.links) else None
         b = act if isinstance(act, (int, float)) else act[h]
         cost.append(0.0 if ln is None else ln.latency + b / ln.bandwidth)
-    period = [sum(x if isinstance(x, (int, float)) else x[r] for x in (pc.tf, pc.tb, pc.tp_f, pc.tp_b))
+    # a stage's entries: one, or one per virtual stage (c * p + r) for an interleaved plan
+    period = [sum(x if isinstance(x, (int, float)) else sum(x[r::p]) for x in (pc.tf, pc.tb, pc.tp_f, pc.tp_b))
               for r in range(p)]
     return cost, period

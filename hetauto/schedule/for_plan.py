@@ -5,7 +5,8 @@ Pipeline "ranks" here are the plan's stages (p = number of stages): every device
 action list. Interleaved schedules give each stage v = max(virtual_chunks, 2) chunks (virtual stage
 `chunk * p + rank`, as hetauto.core.chunks.effective_chunks); which layer slots each chunk holds is
 hetauto.core.chunks.chunk_layers (the stage's layer count split evenly, or the plan's explicit
-`stages[i].chunks`), which the executor builds and the cost model prices as 1/v of the stage each, the
+`stages[i].chunks`), which the executor builds and the cost model prices chunk by chunk (each its share of
+the stage's F/B by its own layers: the embedding only in virtual stage 0, the head only in the last), the
 data wrapping from the last stage back to the first between chunks.
 """
 
