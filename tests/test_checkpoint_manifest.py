@@ -217,3 +217,36 @@ def test_finding_and_reading_checkpoints_needs_no_dcp_import(tmp_path: Path) -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout == "[]\n"
+
+
+def test_run_resume_checks_the_checkpoint_before_launch_without_importing_torch(tmp_path: Path) -> None:
+    """`hetauto run --resume` reads and checks the manifest in the launcher (plain JSON): importing torch there
+    cost ~3 s before any rank started (the ranks import it themselves)."""
+    import os
+    import subprocess
+    import sys
+
+    from hetauto.core.model_catalog import get_model
+    from hetauto.core.plan import Plan, StagePlan
+    from hetauto.runtime.stage import build_stage
+
+    cfg = get_model("tiny-gpt")
+    stages = tuple(StagePlan(cluster=c, device_type="cpu", devices=(0,), layers=l, tp=1, dp=1)
+                   for c, l in (("fast", (0, 3)), ("slow", (3, 6))))
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=stages)
+    plan.save(tmp_path / "plan.json")
+    stage = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    ck = save_checkpoint(tmp_path / "ck", 1, stage, make_optimizer(stage.parameters(), 1e-3), plan=plan,
+                         extra={"next_step": 2, "seed": 7})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"),
+                          "--resume", str(tmp_path / "ck"), "--steps", "4", "--print-launch"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # the checkpoint was read: its data seed is the run's, its directory is handed to the ranks
+    assert out.stdout.count(f"--seed 7 --timeout 60.0 --cluster-base {tmp_path} --resume {tmp_path / 'ck'}") == 2
+    assert ck.parent == tmp_path / "ck"
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "hetauto.runtime.checkpoint_manifest" in imported
+    assert sorted(m for m in imported if m == "torch" or m.startswith("torch.")) == []

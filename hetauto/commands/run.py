@@ -294,7 +294,7 @@ def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *
     silently trains other data, and a warning scrolls past in a long log. Changing them on purpose (a batch-size
     ramp, a longer context) is legitimate: `--allow-data-change` continues with a warning naming both values.
     The microbatch split and the stage layout may change freely (same rows, same order)."""
-    from hetauto.runtime.checkpoint import check_model_config, data_stream_changes, read_manifest
+    from hetauto.runtime.checkpoint_manifest import check_model_config, data_stream_changes, read_manifest
 
     man = read_manifest(resume)
     check_model_config(man, cfg, resume)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import json
 import os
 import random
@@ -35,7 +34,6 @@ import re
 import shutil
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -43,15 +41,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import hetauto
 from hetauto.core.errors import CheckpointError, CheckpointMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.runtime import faults
 
 # torch.distributed.checkpoint (and the DTensor it pulls in) costs seconds per process to import: it is
-# imported inside save/load only, so finding, reading and checking checkpoints (the CLI before a launch, a
-# restarted worker looking for its checkpoint, a run without checkpoints) never pays for it.
-METADATA_FILE = ".metadata.json"  # = checkpoint_storage.METADATA_FILE (test_checkpoint_manifest checks they agree)
+# imported inside save/load only, so finding, reading and checking checkpoints (a restarted worker looking for
+# its checkpoint, a run without checkpoints) never pays for it; the launcher's pre-launch checks use
+# checkpoint_manifest, which imports no torch at all.
+from hetauto.runtime.checkpoint_manifest import (  # noqa: F401 - re-exported: the torch-free part of the API
+    _TMP_PREFIX, CHECKPOINT_FORMAT, MANIFEST_FILE, METADATA_FILE, Manifest, _check_model_dict,
+    _complete_checkpoints, _resolve, _sha256, check_model_config, checkpoint_dir_name, data_stream_changes,
+    latest_checkpoint, read_manifest, verify_checkpoint,
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -69,72 +71,11 @@ __all__ = [
     "data_stream_changes",
 ]
 
-CHECKPOINT_FORMAT = "hetauto.checkpoint/1"
-MANIFEST_FILE = "manifest.json"
-_PREFIX = "step-"
-_TMP_PREFIX = ".tmp-step-"
+
 def _options() -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(flatten_optimizer_state_dict=True)
-# ModelConfig fields that decide the parameters' names and shapes (the name alone may differ).
-_STRUCTURAL = ("arch", "num_layers", "hidden", "num_heads", "ffn_hidden", "vocab_size", "max_seq_len",
-               "num_kv_heads", "tie_embeddings")
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    """What a checkpoint is: everything but the tensors, as plain JSON (`manifest.json`)."""
-
-    step: int
-    model: dict[str, Any]
-    plan: dict[str, Any] | None
-    world_size: int
-    extra: dict[str, Any] = field(default_factory=dict)
-    hetauto_version: str = hetauto.__version__
-    created_unix: float = 0.0
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    format: str = CHECKPOINT_FORMAT
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str, source: str = MANIFEST_FILE) -> "Manifest":
-        """Parse a manifest; CheckpointError (one line) when it is not a valid hetauto.checkpoint/1 manifest."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{source}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{source}: a manifest is a JSON object, got {type(data).__name__}")
-        if data.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(
-                f"{source}: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r} (not a hetauto checkpoint, "
-                "or written by an incompatible hetauto version)"
-            )
-        kinds: dict[str, tuple[type, ...]] = {
-            "step": (int,), "model": (dict,), "plan": (dict, type(None)), "world_size": (int,), "extra": (dict,),
-            "hetauto_version": (str,), "created_unix": (int, float), "files": (dict,), "format": (str,),
-        }
-        for name, types in kinds.items():
-            if name not in data:
-                raise CheckpointError(f"{source}: field {name!r} is missing")
-            v = data[name]
-            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-                raise CheckpointError(f"{source}: field {name!r} has type {type(v).__name__}")
-        unknown = sorted(set(data) - set(kinds))
-        if unknown:
-            raise CheckpointError(f"{source}: unknown field(s) {', '.join(unknown)}")
-        if data["step"] < 0 or data["world_size"] < 1:
-            raise CheckpointError(f"{source}: step must be >= 0 and world_size >= 1")
-        return cls(**data)
-
-    def model_config(self) -> ModelConfig:
-        try:
-            return ModelConfig(**self.model)
-        except TypeError as exc:
-            raise CheckpointError(f"{MANIFEST_FILE}: model: {exc}") from None
 
 
 # ----------------------------------------------------------------------------------------- RNG
@@ -194,10 +135,6 @@ def _all_ok(ok: bool, comm: Any) -> bool:
     else:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
-
-
-def checkpoint_dir_name(step: int) -> str:
-    return f"{_PREFIX}{int(step):08d}"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -264,14 +201,6 @@ def _model_dict(module: nn.Module) -> dict[str, Any]:
             f"{type(module).__name__} has no ModelConfig `cfg`; checkpoint a hetauto stage module (build_stage)"
         )
     return dataclasses.asdict(cfg)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _rank_file(rank: int) -> str:
@@ -373,108 +302,8 @@ def _first_line(exc: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\]\s*", "", line)  # drop gloo's "[file.cc:553] " source prefix
 
 
-# ----------------------------------------------------------------------------------------- find / read
-
-
-def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of complete checkpoints under root, oldest first (temp and replaced dirs ignored)."""
-    out: list[tuple[int, Path]] = []
-    if not root.is_dir():
-        return out
-    for p in root.iterdir():
-        digits = p.name[len(_PREFIX):]
-        if not p.name.startswith(_PREFIX) or not digits.isdigit() or not p.is_dir():
-            continue
-        if not (p / MANIFEST_FILE).is_file() or not (p / METADATA_FILE).is_file():
-            continue
-        out.append((int(digits), p))
-    return sorted(out)
-
-
-def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint directory under `root` (None when there is none). Directories
-    still being written (`.tmp-step-…`) or lacking a manifest are ignored."""
-    found = _complete_checkpoints(Path(root))
-    return found[-1][1] if found else None
-
-
-def _resolve(directory: str | os.PathLike) -> Path:
-    path = Path(directory)
-    if (path / MANIFEST_FILE).is_file():
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        if not path.exists():
-            raise CheckpointError(f"{path}: no such checkpoint directory")
-        raise CheckpointError(
-            f"{path}: no complete checkpoint here (a checkpoint directory has {MANIFEST_FILE}; "
-            f"'{_TMP_PREFIX}…' directories are unfinished writes)"
-        )
-    return latest
-
-
-def read_manifest(directory: str | os.PathLike) -> Manifest:
-    """The manifest of a checkpoint directory, or of the latest checkpoint under a root."""
-    path = _resolve(directory)
-    try:
-        text = (path / MANIFEST_FILE).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path / MANIFEST_FILE}: cannot read: {exc}") from None
-    return Manifest.from_json(text, str(path / MANIFEST_FILE))
-
-
-def verify_checkpoint(directory: str | os.PathLike) -> list[str]:
-    """Re-hash every file the manifest lists; return the problems (empty: the checkpoint is intact)."""
-    path = _resolve(directory)
-    manifest = read_manifest(path)
-    problems: list[str] = []
-    if not manifest.files:
-        problems.append("manifest lists no files")
-    for name, info in sorted(manifest.files.items()):
-        f = path / name
-        if not f.is_file():
-            problems.append(f"{name}: missing")
-        elif f.stat().st_size != info.get("bytes"):
-            problems.append(f"{name}: {f.stat().st_size} bytes, manifest says {info.get('bytes')}")
-        elif _sha256(f) != info.get("sha256"):
-            problems.append(f"{name}: sha256 differs from the manifest")
-    return problems
-
-
 def _check_model(manifest: Manifest, module: nn.Module, where: Path) -> None:
     _check_model_dict(manifest, _model_dict(module), where)
-
-
-def check_model_config(manifest: Manifest, cfg: ModelConfig, where: str | os.PathLike) -> None:
-    """CheckpointMismatch (with the differing fields) when the checkpoint is not of model `cfg`; for checking a
-    `--resume` before any process is launched."""
-    _check_model_dict(manifest, dataclasses.asdict(cfg), Path(where))
-
-
-_DATA_FIELDS = (("global_batch", "global batch"), ("seq_len", "sequence length"))
-
-
-def data_stream_changes(manifest: Manifest, plan: Any) -> list[tuple[str, Any, Any]]:
-    """(what, checkpoint's value, `plan`'s value) for each plan field that defines the training data stream and
-    differs between the checkpoint's run and `plan` (a Plan or its JSON dict): the global batch and the
-    sequence length. A step's batch is a pure function of (seed, step, global batch, sequence length), so a
-    change in either means the resumed run trains on other batches than the checkpoint's run would have;
-    the microbatch split and the stage layout do not change the data. Empty when the checkpoint records no plan."""
-    theirs = manifest.plan or {}
-    mine = plan.model_dump(mode="json", by_alias=True) if hasattr(plan, "model_dump") else dict(plan)
-    return [(label, theirs[key], mine.get(key)) for key, label in _DATA_FIELDS
-            if theirs.get(key) is not None and theirs[key] != mine.get(key)]
-
-
-def _check_model_dict(manifest: Manifest, mine: dict[str, Any], where: Path) -> None:
-    theirs = manifest.model
-    diffs = [f"{k} {theirs.get(k)!r} != {mine.get(k)!r}" for k in _STRUCTURAL if theirs.get(k) != mine.get(k)]
-    if diffs:
-        raise CheckpointMismatch(
-            f"{where}: checkpoint is of model {theirs.get('name')!r}, this job trains {mine.get('name')!r}: "
-            f"{', '.join(diffs[:4])}{' …' if len(diffs) > 4 else ''} (resume with the model the checkpoint was "
-            "trained with, or start a new --checkpoint-dir)"
-        )
 
 
 def _check_keys(path: Path, tensors: Mapping[str, torch.Tensor]) -> str | None:

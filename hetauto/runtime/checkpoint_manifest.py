@@ -1,0 +1,211 @@
+"""A checkpoint's manifest and where checkpoints are, without torch (hetauto.runtime.checkpoint re-exports all).
+
+Why a module of its own: importing torch costs seconds, and `hetauto run --resume` checks the checkpoint
+(complete, of this model, same data stream, steps left) in the launcher before any rank starts; the
+launcher itself never touches a tensor. The manifest (`manifest.json`) is plain JSON, so finding, reading
+and checking a checkpoint needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hetauto
+from hetauto.core.errors import CheckpointError, CheckpointMismatch
+from hetauto.core.model import ModelConfig
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "MANIFEST_FILE",
+    "METADATA_FILE",
+    "Manifest",
+    "checkpoint_dir_name",
+    "latest_checkpoint",
+    "read_manifest",
+    "verify_checkpoint",
+    "check_model_config",
+    "data_stream_changes",
+]
+
+METADATA_FILE = ".metadata.json"  # = checkpoint_storage.METADATA_FILE (test_checkpoint_manifest checks they agree)
+CHECKPOINT_FORMAT = "hetauto.checkpoint/1"
+MANIFEST_FILE = "manifest.json"
+_PREFIX = "step-"
+_TMP_PREFIX = ".tmp-step-"
+
+# ModelConfig fields that decide the parameters' names and shapes (the name alone may differ).
+_STRUCTURAL = ("arch", "num_layers", "hidden", "num_heads", "ffn_hidden", "vocab_size", "max_seq_len",
+               "num_kv_heads", "tie_embeddings")
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a checkpoint is: everything but the tensors, as plain JSON (`manifest.json`)."""
+
+    step: int
+    model: dict[str, Any]
+    plan: dict[str, Any] | None
+    world_size: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    hetauto_version: str = hetauto.__version__
+    created_unix: float = 0.0
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    format: str = CHECKPOINT_FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = MANIFEST_FILE) -> "Manifest":
+        """Parse a manifest; CheckpointError (one line) when it is not a valid hetauto.checkpoint/1 manifest."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{source}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{source}: a manifest is a JSON object, got {type(data).__name__}")
+        if data.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(
+                f"{source}: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r} (not a hetauto checkpoint, "
+                "or written by an incompatible hetauto version)"
+            )
+        kinds: dict[str, tuple[type, ...]] = {
+            "step": (int,), "model": (dict,), "plan": (dict, type(None)), "world_size": (int,), "extra": (dict,),
+            "hetauto_version": (str,), "created_unix": (int, float), "files": (dict,), "format": (str,),
+        }
+        for name, types in kinds.items():
+            if name not in data:
+                raise CheckpointError(f"{source}: field {name!r} is missing")
+            v = data[name]
+            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                raise CheckpointError(f"{source}: field {name!r} has type {type(v).__name__}")
+        unknown = sorted(set(data) - set(kinds))
+        if unknown:
+            raise CheckpointError(f"{source}: unknown field(s) {', '.join(unknown)}")
+        if data["step"] < 0 or data["world_size"] < 1:
+            raise CheckpointError(f"{source}: step must be >= 0 and world_size >= 1")
+        return cls(**data)
+
+    def model_config(self) -> ModelConfig:
+        try:
+            return ModelConfig(**self.model)
+        except TypeError as exc:
+            raise CheckpointError(f"{MANIFEST_FILE}: model: {exc}") from None
+
+
+def checkpoint_dir_name(step: int) -> str:
+    return f"{_PREFIX}{int(step):08d}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------- find / read
+
+
+def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of complete checkpoints under root, oldest first (temp and replaced dirs ignored)."""
+    out: list[tuple[int, Path]] = []
+    if not root.is_dir():
+        return out
+    for p in root.iterdir():
+        digits = p.name[len(_PREFIX):]
+        if not p.name.startswith(_PREFIX) or not digits.isdigit() or not p.is_dir():
+            continue
+        if not (p / MANIFEST_FILE).is_file() or not (p / METADATA_FILE).is_file():
+            continue
+        out.append((int(digits), p))
+    return sorted(out)
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint directory under `root` (None when there is none). Directories
+    still being written (`.tmp-step-…`) or lacking a manifest are ignored."""
+    found = _complete_checkpoints(Path(root))
+    return found[-1][1] if found else None
+
+
+def _resolve(directory: str | os.PathLike) -> Path:
+    path = Path(directory)
+    if (path / MANIFEST_FILE).is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        if not path.exists():
+            raise CheckpointError(f"{path}: no such checkpoint directory")
+        raise CheckpointError(
+            f"{path}: no complete checkpoint here (a checkpoint directory has {MANIFEST_FILE}; "
+            f"'{_TMP_PREFIX}…' directories are unfinished writes)"
+        )
+    return latest
+
+
+def read_manifest(directory: str | os.PathLike) -> Manifest:
+    """The manifest of a checkpoint directory, or of the latest checkpoint under a root."""
+    path = _resolve(directory)
+    try:
+        text = (path / MANIFEST_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path / MANIFEST_FILE}: cannot read: {exc}") from None
+    return Manifest.from_json(text, str(path / MANIFEST_FILE))
+
+
+def verify_checkpoint(directory: str | os.PathLike) -> list[str]:
+    """Re-hash every file the manifest lists; return the problems (empty: the checkpoint is intact)."""
+    path = _resolve(directory)
+    manifest = read_manifest(path)
+    problems: list[str] = []
+    if not manifest.files:
+        problems.append("manifest lists no files")
+    for name, info in sorted(manifest.files.items()):
+        f = path / name
+        if not f.is_file():
+            problems.append(f"{name}: missing")
+        elif f.stat().st_size != info.get("bytes"):
+            problems.append(f"{name}: {f.stat().st_size} bytes, manifest says {info.get('bytes')}")
+        elif _sha256(f) != info.get("sha256"):
+            problems.append(f"{name}: sha256 differs from the manifest")
+    return problems
+
+
+def check_model_config(manifest: Manifest, cfg: ModelConfig, where: str | os.PathLike) -> None:
+    """CheckpointMismatch (with the differing fields) when the checkpoint is not of model `cfg`; for checking a
+    `--resume` before any process is launched."""
+    _check_model_dict(manifest, dataclasses.asdict(cfg), Path(where))
+
+
+_DATA_FIELDS = (("global_batch", "global batch"), ("seq_len", "sequence length"))
+
+
+def data_stream_changes(manifest: Manifest, plan: Any) -> list[tuple[str, Any, Any]]:
+    """(what, checkpoint's value, `plan`'s value) for each plan field that defines the training data stream and
+    differs between the checkpoint's run and `plan` (a Plan or its JSON dict): the global batch and the
+    sequence length. A step's batch is a pure function of (seed, step, global batch, sequence length), so a
+    change in either means the resumed run trains on other batches than the checkpoint's run would have;
+    the microbatch split and the stage layout do not change the data. Empty when the checkpoint records no plan."""
+    theirs = manifest.plan or {}
+    mine = plan.model_dump(mode="json", by_alias=True) if hasattr(plan, "model_dump") else dict(plan)
+    return [(label, theirs[key], mine.get(key)) for key, label in _DATA_FIELDS
+            if theirs.get(key) is not None and theirs[key] != mine.get(key)]
+
+
+def _check_model_dict(manifest: Manifest, mine: dict[str, Any], where: Path) -> None:
+    theirs = manifest.model
+    diffs = [f"{k} {theirs.get(k)!r} != {mine.get(k)!r}" for k in _STRUCTURAL if theirs.get(k) != mine.get(k)]
+    if diffs:
+        raise CheckpointMismatch(
+            f"{where}: checkpoint is of model {theirs.get('name')!r}, this job trains {mine.get('name')!r}: "
+            f"{', '.join(diffs[:4])}{' …' if len(diffs) > 4 else ''} (resume with the model the checkpoint was "
+            "trained with, or start a new --checkpoint-dir)"
+        )
