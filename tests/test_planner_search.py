@@ -164,14 +164,15 @@ def test_per_boundary_resharding_picks_the_cheaper_method_per_boundary() -> None
     """A (dp 4, tp 1) -> B (dp 1, tp 4) -> C (dp 1, tp 4) over slow 1 Gbps links. Per resharding.md:
     A<->B: lanes move S over 4 lanes with no all-gather, scatter-allgather one S-sized lane plus an
     all-gather: lanes win. B<->C: lanes send 4 copies (4S over 4 lanes = S/bw), scatter-allgather S/4 per
-    lane plus a fast NVLink all-gather: scatter-allgather wins. So neither uniform method is best."""
+    lane plus a fast NVLink all-gather: scatter-allgather wins. So neither uniform method is best; the
+    descent's per-boundary move (reshard_options) finds each boundary's own."""
     from hetauto.core.cluster import cluster_from_dict
     from hetauto.core.model import ModelConfig
     from hetauto.planner.evaluate import Evaluator
     from hetauto.planner.inputs import PlanningInputs
     from hetauto.planner.layers import layer_list
     from hetauto.planner.mcts import Scorer
-    from hetauto.planner.search import descend_resharding
+    from hetauto.planner.search import reshard_options
     from hetauto.planner.space import Candidate, ClusterChoice
 
     doc = {"clusters": [{"name": n, "nodes": {"count": 1, "devices_per_node": 4, "device": "a100-80g"}}
@@ -184,14 +185,31 @@ def test_per_boundary_resharding_picks_the_cheaper_method_per_boundary() -> None
     choices = (ClusterChoice(1, 1), ClusterChoice(1, 4), ClusterChoice(1, 4))
     uniform = {m: scorer.score(Candidate(4, ("a", "b", "c"), choices, "1f1b", False, m))
                for m in ("lanes", "scatter-allgather", "leader-broadcast")}
-    start = uniform["scatter-allgather"]
-    got = descend_resharding(space, scorer, start)
-    assert got.plan.resharding == ("lanes", "scatter-allgather")
-    assert got.candidate.reshard == (("a", "b", "lanes"),)
-    for u in uniform.values():
-        assert got.evaluation.throughput_samples_s > u.evaluation.throughput_samples_s
-    again = descend_resharding(space, scorer, uniform["lanes"])  # from the other side: the same answer
-    assert again.plan.resharding == ("lanes", "scatter-allgather")
+
+    def best(start, j):  # the best of `start` and its pair-j alternatives
+        return max([start, *(scorer.score(c) for c in reshard_options(space, start.candidate, j))],
+                   key=lambda s: s.evaluation.throughput_samples_s)
+
+    for start in (uniform["scatter-allgather"], uniform["lanes"]):  # from either side: the same answer
+        got = best(best(start, 0), 1)
+        assert got.plan.resharding == ("lanes", "scatter-allgather")
+        for u in uniform.values():
+            assert got.evaluation.throughput_samples_s > u.evaluation.throughput_samples_s
+    assert best(uniform["scatter-allgather"], 0).candidate.reshard == (("a", "b", "lanes"),)
+    assert reshard_options(space, uniform["lanes"].candidate, 2) == []  # two boundary pairs only
+
+
+def test_reshard_methods_are_the_plan_irs() -> None:
+    from dataclasses import fields
+    from typing import get_args
+
+    from hetauto.core.plan import ReshardMethod
+    from hetauto.planner.search import RESHARD_METHODS
+    from hetauto.planner.space import Candidate
+
+    assert sorted(RESHARD_METHODS) == sorted(get_args(ReshardMethod))  # each once, none missing
+    default = next(f.default for f in fields(Candidate) if f.name == "resharding")
+    assert RESHARD_METHODS[0] == default  # the default first: a tie keeps it
 
 
 def test_default_cap_grows_with_the_device_count() -> None:

@@ -22,6 +22,8 @@ from hetauto.planner.layers import total_params
 from hetauto.planner.mcts import MCTS, ProgressFn, Scored, Scorer, TracePoint
 from hetauto.planner.space import Candidate, StrategySpace, boundary_pairs
 
+# every hetauto.core.plan.ReshardMethod (a test checks they agree), in the order the descent and the polish try
+# them: the default first, so a tie keeps it
 RESHARD_METHODS = ("scatter-allgather", "leader-broadcast", "lanes")
 PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy")
 DEFAULT_MAX_EVALUATIONS = 1000  # the default cap (at least; see default_max_evaluations) without iterations/budget
@@ -321,24 +323,6 @@ def reshard_options(space: StrategySpace, cand: Candidate, j: int) -> list[Candi
         return []
     a, b = pairs[j]
     return [cand.with_method(a, b, m) for m in RESHARD_METHODS if m != cand.method(a, b)]
-
-
-def descend_resharding(space: StrategySpace, scorer: Scorer, start: Scored,
-                       out_of_time: Callable[[], bool] = lambda: False) -> Scored:
-    """Coordinate descent over the resharding method of each boundary pair of `start`'s layout only (the
-    other decisions fixed), until no single pair's method improves."""
-    cur = start
-    improved = True
-    while improved:
-        improved = False
-        for j in range(len(boundary_pairs(space.layout(cur.candidate)))):
-            for cand in reshard_options(space, cur.candidate, j):
-                if out_of_time():
-                    return cur
-                got = scorer.score(cand)
-                if got is not None and got.evaluation.throughput_samples_s > cur.evaluation.throughput_samples_s:
-                    cur, improved = got, True
-    return cur
 
 
 def polish(space: StrategySpace, scorer: Scorer, best: Scored | None) -> Scored | None:
