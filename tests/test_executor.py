@@ -6,6 +6,7 @@ One process set runs all cases (group creation is cheap; process start-up is not
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import pytest
 
@@ -15,7 +16,7 @@ from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
 from hetauto.runtime.executor import check_executable
 from hetauto.runtime.groups import placement, stage_layouts
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import measured_timeline, summarize
+from hetauto.runtime.results import measured_timeline, stage_compute, summarize
 from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED = 3, 3
@@ -121,6 +122,36 @@ def test_reports_carry_a_timeline_in_the_simulator_format(runs) -> None:
     assert tl.iteration_time > 0 and 0 <= tl.bubble_fraction < 1
     for r in runs[1]:
         assert (r["losses"] is not None) == (r["stage"] == 2)
+
+
+@pytest.mark.multiprocess
+def test_lead_ranks_report_each_steps_compute_cpu_time(runs) -> None:
+    plan = make_plan("1f1b", CASES[1][2])
+    leads = sorted((r for r in runs[1] if r["dp_index"] == 0 and r["tp_index"] == 0), key=lambda r: r["stage"])
+    assert [r["stage"] for r in leads] == [0, 1, 2]
+    assert all(r["compute_cpu_s"] == {} for r in runs[1] if r not in leads)  # only lead ranks record
+    summary = stage_compute(plan, runs[1])
+    for r, c in zip(leads, summary):
+        cpu = r["compute_cpu_s"]
+        assert set(cpu) == {"F", "B", "OPTIM"} and all(len(v) == STEPS and min(v) > 0 for v in cpu.values())
+        assert c.stage == r["stage"] and c.cluster == plan.stages[c.stage].cluster
+        assert c.cpu_s == {k: statistics.median(v[1:]) for k, v in cpu.items()}
+        for step in range(STEPS):  # thread CPU time never exceeds the actions' wall time
+            wall = sum(e[5] - e[4] for e in r["events"] if e[0] == step and e[2] in ("F", "B"))
+            assert cpu["F"][step] + cpu["B"][step] <= wall + 1e-4
+
+
+def test_stage_compute_takes_medians_after_the_first_step() -> None:
+    plan = make_plan()
+    ev = [[s, 0, k, 0, 10.0 * s, 10.0 * s + d] for s in range(3) for k, d in (("F", 1.0 + s), ("B", 2.0), ("OPTIM", 0.5))]
+    ev += [[s, 0, "SEND_F", 0, 10.0 * s, 10.0 * s] for s in range(3)]  # not compute
+    lead = {"rank": 0, "stage": 0, "dp_index": 0, "tp_index": 0, "events": ev,
+            "compute_cpu_s": {"F": [9.0, 1.0, 3.0], "B": [1.5, 1.5, 1.5], "OPTIM": [0.4, 0.4, 0.4]}}
+    other = dict(lead, rank=1, tp_index=1, compute_cpu_s={})
+    (c,) = stage_compute(plan, [other, lead])
+    assert c.cpu_s == {"F": 2.0, "B": 1.5, "OPTIM": 0.4}
+    assert c.wall_s == pytest.approx({"F": 2.5, "B": 2.0, "OPTIM": 0.5})
+    assert c.to_dict() == {"stage": 0, "cluster": "fast", "cpu_s": c.cpu_s, "wall_s": c.wall_s}
 
 
 def test_layout_and_placement_follow_the_plan_ir() -> None:

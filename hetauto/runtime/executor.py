@@ -78,6 +78,9 @@ class RankReport:
     step_s: list[float]
     sent_bytes: dict[str, int]
     events: list[list[Any]] = field(default_factory=list)  # [step, stage, kind, mb, start_s, end_s]
+    # lead ranks: per step, the thread CPU seconds of the F, B and OPTIM actions (the work without waits, throttle
+    # sleeps or time-slicing: wall / CPU is what the rest of the host cost this stage)
+    compute_cpu_s: dict[str, list[float]] = field(default_factory=dict)
     throttled_s: float = 0.0
     start_step: int = 0  # the first step this run trained (> 0 when resumed from a checkpoint)
     checkpoints: list[str] = field(default_factory=list)  # directories written by this run (rank 0 only)
@@ -157,6 +160,7 @@ class StageExecutor:
         self.normaliser = plan.global_batch * plan.seq_len
         self.t0 = 0.0
         self.events: list[list[Any]] = []
+        self.cpu: dict[str, list[float]] = {"F": [], "B": [], "OPTIM": []} if self._rec else {}
 
     # ------------------------------------------------------------------ helpers
     def _route(self, tplan: TransferPlan) -> BoundaryRoute:
@@ -167,6 +171,10 @@ class StageExecutor:
 
     def _compute(self, fn: Any, *args: Any) -> Any:
         return self.throttle.run(fn, *args) if self.throttle is not None else fn(*args)
+
+    def _add_cpu(self, kind: str, since: float) -> None:
+        """Recording: this step's thread CPU seconds of `kind` actions grow by the time since `since`."""
+        self.cpu[kind][-1] += time.thread_time() - since
 
     def _record(self, step: int, kind: str, mb: int | None, start: float, end: float | None = None,
                 vs: int | None = None) -> None:
@@ -213,7 +221,10 @@ class StageExecutor:
         sends: list[Any] = []
         watch: list[list[Any]] = []  # recording: transfers not yet seen complete
         loss_sum = 0.0
-        t = 0.0
+        t = c0 = 0.0
+        if rec:
+            for per_step in self.cpu.values():
+                per_step.append(0.0)
         for a in self._program:
             code, k, last_b, vs, c = a
             key = vs * m + k if k is not None else -1
@@ -240,6 +251,8 @@ class StageExecutor:
                         watch[:] = [w for w in watch if w[2] is not posted]  # WAIT_F's end bounds it now
                         t = time.time()
                 inputs[key] = x
+                if rec:
+                    c0 = time.thread_time()
                 if vs == n - 1:
                     tgt = dp_shard(microbatch(batch, k, mbs), me.dp_index, dp).targets
                     y = self._compute(chunks[c], x, tgt, self.normaliser)
@@ -248,6 +261,7 @@ class StageExecutor:
                     y = self._compute(chunks[c], x)
                 outputs[key] = y
                 if rec:
+                    self._add_cpu("F", c0)
                     self._record(step, "F", k, t, vs=vs)
             elif code == _SEND_F:
                 posted = fwd_out.post_send(outputs[key].detach(), tag(vs, k, False))
@@ -268,7 +282,11 @@ class StageExecutor:
                 if last_b and reducers is not None:
                     reducers[c].arm()
                 y = outputs.pop(key)
+                if rec:
+                    c0 = time.thread_time()
                 self._compute(torch.autograd.backward, y, grad)
+                if rec:
+                    self._add_cpu("B", c0)
                 if posted is not None:
                     gx = inputs[key].grad if key in inputs else None
                     if gx is None or gx.data_ptr() != posted.buf.data_ptr():  # autograd may hand the buffer on
@@ -293,9 +311,12 @@ class StageExecutor:
             elif code == _OPTIM:
                 self._wait_sends(step, sends, watch)
                 sends = []
+                if rec:
+                    c0 = time.thread_time()
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 if rec:
+                    self._add_cpu("OPTIM", c0)
                     self._record(step, "OPTIM", None, t)
         self._wait_sends(step, sends, watch)
         if recv_f or recv_b or outputs:
@@ -364,7 +385,7 @@ class StageExecutor:
             losses=losses if report_loss else None, step_s=step_s,
             sent_bytes={f"{a}->{b}": n - before.get((a, b), 0) for (a, b), n in sorted(world.sent_bytes().items())
                         if n > before.get((a, b), 0)},
-            events=self.events, throttled_s=self.throttle.slept_s if self.throttle is not None else 0.0,
+            events=self.events, compute_cpu_s=self.cpu, throttled_s=self.throttle.slept_s if self.throttle is not None else 0.0,
             start_step=start, checkpoints=written if me.rank == 0 else [],
         )
 

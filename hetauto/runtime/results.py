@@ -14,7 +14,7 @@ from hetauto.core.plan import Plan
 from hetauto.runtime.layout import stage_layouts
 from hetauto.schedule.simulator import SimResult, TimelineEntry
 
-__all__ = ["RunSummary", "summarize", "measured_timeline"]
+__all__ = ["RunSummary", "StageCompute", "summarize", "measured_timeline", "stage_compute"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,47 @@ def summarize(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> RunSummary:
             per[name] = per.get(name, 0) + n
     per_step = {k: v // max(steps, 1) for k, v in sorted(per.items())}
     return RunSummary(losses, step_s, measured, per_step, sum(float(r.get("throttled_s", 0.0)) for r in reports))
+
+
+@dataclass(frozen=True, slots=True)
+class StageCompute:
+    """One stage's compute per step (its lead rank; medians over the steps after the first): thread CPU seconds
+    and wall seconds of its F, B and OPTIM actions, each summed over the step's microbatches.
+
+    Why: wall / CPU is what sharing the host cost the stage (time-slicing, throttle sleeps excluded from CPU),
+    and CPU alone is the work the cost model's compute terms predict. OPTIM's wall time includes waiting for
+    the step's last sends (the executor waits for them before stepping)."""
+
+    stage: int
+    cluster: str
+    cpu_s: dict[str, float]
+    wall_s: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "cluster": self.cluster, "cpu_s": self.cpu_s, "wall_s": self.wall_s}
+
+
+def _steady_median(values: Sequence[float]) -> float:
+    return statistics.median(values[1:]) if len(values) > 1 else (values[0] if values else 0.0)
+
+
+def stage_compute(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> tuple[StageCompute, ...]:
+    """Per stage, from the lead ranks' `compute_cpu_s` and events (stages without a recording lead are left out)."""
+    out = []
+    for r in sorted(reports, key=lambda r: r["stage"]):
+        cpu = r.get("compute_cpu_s") or {}
+        if not cpu or r.get("dp_index", 0) != 0 or r.get("tp_index", 0) != 0:
+            continue
+        steps = sorted({int(e[0]) for e in r.get("events", [])})
+        wall: dict[str, list[float]] = {k: [0.0] * len(steps) for k in cpu}
+        index = {s: i for i, s in enumerate(steps)}
+        for e in r.get("events", []):
+            if e[2] in wall:
+                wall[e[2]][index[int(e[0])]] += float(e[5]) - float(e[4])
+        stage = int(r["stage"])
+        out.append(StageCompute(stage, plan.stages[stage].cluster, {k: _steady_median(v) for k, v in cpu.items()},
+                                {k: _steady_median(v) for k, v in wall.items()}))
+    return tuple(out)
 
 
 def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: int | None = None) -> SimResult:
