@@ -94,21 +94,19 @@ def test_default_correction_by_name_applies_only_inside_its_range() -> None:
 
 
 def test_measured_term_closed_forms() -> None:
-    from hetauto.planner.calibration import (allreduce_bandwidth, compute_scale_for, effective_cores,
-                                             per_block_slope, unloaded_step)
+    from hetauto.planner.calibration import (allreduce_bandwidth, compute_scale_for, per_block_slope,
+                                             step_residual)
 
     assert allreduce_bandwidth(2**20, 3e-4, 3e-4 + 2**20 / 5e8) == pytest.approx(5e8)
     assert allreduce_bandwidth(2**20, 3e-4, 2e-4) == 0.0  # noise: fall back to the link
-    assert effective_cores(2, 0.010, 0.0125) == pytest.approx(1.6)  # two at once each 1.25x slower
-    assert effective_cores(2, 0.010, 0.009) == 2.0 and effective_cores(4, 0.010, 0.100) == 1.0
     assert per_block_slope(0.010, 0.030) == pytest.approx(0.010)
     assert per_block_slope(0.010, 0.012) == pytest.approx(0.005)  # slope below t1/2: noise
     # 30 ms measured, 6 slots x 2 ms dispatch: the remaining 18 ms over a 9 ms analytical estimate
-    assert compute_scale_for(0.030, 0.009, 6, 0.002) == pytest.approx(2.0)
-    assert compute_scale_for(0.030, 0.010, 6, 0.010) == pytest.approx(0.15)  # dispatch >= measured: 5% floor
-    # a 90 ms step whose 60 ms of F+B wall was 20 ms of CPU: the machine ran 3x loaded -> 30 ms
-    assert unloaded_step(0.090, 0.060, 0.020) == pytest.approx(0.030)
-    assert unloaded_step(0.090, 0.015, 0.020) == 0.090 and unloaded_step(0.090, 0.0, 0.020) == 0.090
+    assert compute_scale_for(0.030, 0.009, 6 * 0.002) == pytest.approx(2.0)
+    assert compute_scale_for(0.030, 0.010, 6 * 0.010) == pytest.approx(0.15)  # dispatch >= measured: 5% floor
+    # a 30 ms step whose F, B and OPTIM took 27 ms of it: 3 ms outside the actions
+    assert step_residual(0.030, {"F": 0.010, "B": 0.012, "OPTIM": 0.005}) == pytest.approx(0.003)
+    assert step_residual(0.020, {"F": 0.010, "B": 0.012}) == 0.0  # noise: never negative
 
 
 CPU_OH = Overheads(tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02, allreduce_alpha_s=4e-4, allreduce_Bps=1e9,
@@ -245,7 +243,7 @@ def test_covered_stage_takes_the_forest_anchored_on_the_reference_stage() -> Non
     forest = Evaluator(inp, correction=corr)
     ref = reference_plan()
     rf, rb = Evaluator(inputs_for_plan(ref), correction=corr).stage_compute_time("fast", (0, 6), 1, 1, 8)
-    for ref_fb, anchor in ((0.0, 1.0), (0.05, compute_scale_for(0.05, rf + rb, 6, 3e-3))):
+    for ref_fb, anchor in ((0.0, 1.0), (0.05, compute_scale_for(0.05, rf + rb, 6 * 3e-3))):
         oh = replace(OH, tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02, reference_fb_s=ref_fb)
         both = Evaluator(inp, correction=corr, overheads=oh)
         for cluster, layers, speed in (("fast", (0, 3), 1.0), ("slow", (3, 6), 0.5)):
@@ -311,3 +309,86 @@ def test_calibration_without_optimizer_terms_reads_neutral_and_names_them(tmp_pa
     path.write_text(json.dumps(doc))
     old = local_calibration(cache_dir=tmp_path)
     assert old.overheads == OH and old.missing_terms == ("optim_tensor_s", "optim_param_s")
+
+
+def test_optimizer_fit_weighs_relative_errors() -> None:
+    from hetauto.planner.calibration import optimizer_fit
+
+    # 5e-5 s per tensor + 1e-8 per parameter, the biggest step 10% slow (a noisy probe): an absolute least squares
+    # lets that 6 ms sample pull the fit to 8% off the 0.2 ms-scale ones; relative errors keep every sample closer
+    rows = [(50, 1000.0, 50 * 5e-5 + 1000 * 1e-8), (2, 200000.0, 2 * 5e-5 + 2e-3),
+            (60, 230000.0, (60 * 5e-5 + 2.3e-3) * 1.10)]
+    a, b = optimizer_fit(rows)
+    assert max(abs((a * n + b * p) / y - 1) for n, p, y in rows) < 0.07
+    assert a == pytest.approx(5.16e-5, rel=1e-2) and b == pytest.approx(1.026e-8, rel=1e-2)
+
+
+def test_dispatch_counts_blocks_and_edge_slots_apart() -> None:
+    oh = Overheads(fwd_layer_s=1e-3, bwd_layer_s=2e-3, edge_fwd_s=2e-4, edge_bwd_s=3e-4)
+    assert oh.dispatch_s(4, 2) == pytest.approx((4e-3 + 4e-4, 8e-3 + 6e-4))
+    # edge terms not measured (an older calibration): an edge slot costs what a block does
+    assert Overheads(fwd_layer_s=1e-3, bwd_layer_s=2e-3).dispatch_s(4, 2) == pytest.approx((6e-3, 12e-3))
+    plan = _plan()
+    inp = inputs_for_plan(plan)
+    base = Evaluator(inp)
+    ev = Evaluator(inp, overheads=replace(oh, compute_scale=1.5))
+    # stage (0, 3): the embedding and two blocks; stage (3, 6): two blocks and the head, on the half-speed cluster
+    for cluster, layers, speed in (("fast", (0, 3), 1.0), ("slow", (3, 6), 0.5)):
+        f, b = base.stage_compute_time(cluster, layers, 1, 1, 2)
+        assert ev.stage_compute_time(cluster, layers, 1, 1, 2) == pytest.approx(
+            (f * 1.5 + (2e-3 + 2e-4) / speed, b * 1.5 + (4e-3 + 3e-4) / speed), rel=1e-12)
+
+
+def test_at_speed_scales_the_cpu_terms_only() -> None:
+    oh = replace(OH, tp_fwd_layer_s=1e-2, tp_bwd_layer_s=2e-2, optim_tensor_s=1e-4, optim_param_s=1e-8,
+                 tp_optim_block_s=3e-3, reference_fb_s=0.02, edge_fwd_s=1e-4, edge_bwd_s=2e-4, wake_s=5e-4,
+                 allreduce_Bps=1e9, allreduce_wake_s=2e-3, host_cores=2.0, tp_cpu_fraction=0.6)
+    got = oh.at_speed(1.25)
+    cpu = {"fwd_layer_s", "bwd_layer_s", "edge_fwd_s", "edge_bwd_s", "compute_scale", "tp_fwd_layer_s",
+           "tp_bwd_layer_s", "optim_tensor_s", "optim_param_s", "tp_optim_block_s", "step_s", "reference_fb_s",
+           "wake_s"}
+    for name in Overheads.__dataclass_fields__:
+        want = getattr(oh, name) * (1.25 if name in cpu else 1.0)
+        assert getattr(got, name) == pytest.approx(want, rel=1e-12), name
+
+
+def test_wake_up_cost_goes_to_pipelined_or_throttled_stages() -> None:
+    oh = Overheads(wake_s=5e-4)
+    plan = _plan()
+    inp = inputs_for_plan(plan)
+    base, ev = Evaluator(inp).pipeline_costs(plan), Evaluator(inp, overheads=oh).pipeline_costs(plan)
+    # every stage of a pipeline waits on receives: + wake_s per F and per B, / speed like compute
+    assert ev.tf == pytest.approx((base.tf[0] + 5e-4, base.tf[1] + 5e-4 / 0.5), rel=1e-12)
+    assert ev.tb == pytest.approx((base.tb[0] + 5e-4, base.tb[1] + 5e-4 / 0.5), rel=1e-12)
+
+    def one_stage(cluster: str) -> Plan:
+        return Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=8, microbatch_size=8,
+                    num_microbatches=1, schedule=ScheduleSpec(name="1f1b"),
+                    stages=(StagePlan(cluster=cluster, device_type="cpu", devices=(0,), layers=(0, 6), tp=1, dp=1),))
+
+    # one stage back to back at full speed: never sleeps; throttled: sleeps after every action
+    fast, slow = one_stage("fast"), one_stage("slow")
+    assert Evaluator(inp, overheads=oh).pipeline_costs(fast).tf == Evaluator(inp).pipeline_costs(fast).tf
+    assert Evaluator(inp, overheads=oh).pipeline_costs(slow).tf[0] == pytest.approx(
+        Evaluator(inp).pipeline_costs(slow).tf[0] + 1e-3, rel=1e-12)
+
+
+@pytest.mark.multiprocess
+def test_busy_host_keeps_cores_computing_and_leaves_nothing_behind() -> None:
+    import os
+    import time
+
+    from hetauto.planner.calibration import busy_host
+
+    def cpu_s(pid: int) -> float:  # utime + stime of a process, from /proc
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    with busy_host(1) as host:
+        (proc,) = host.procs
+        before = cpu_s(proc.pid)
+        time.sleep(0.5)
+        assert cpu_s(proc.pid) - before > 0.3  # it computes (ready only after its warm-up)
+    assert proc.poll() is not None and host.procs == []
+    with busy_host(0) as host:
+        assert host.procs == []

@@ -6,19 +6,26 @@ step with the prediction, so the prediction for *this* machine must use measured
 
 - `profile`: a quick `hetauto.profiling.run_profile` (GEMM efficiency fit, memory bandwidth, float32: the
   executor's CPU dtype) that replaces the catalog entry for the local device key;
-- `Overheads`: per-layer-slot dispatch cost of one forward / one backward (the executor's own stage modules at
-  a negligible shape: 1 sample x 1 token), per-message point-to-point alpha and all-reduce alpha (two gloo
-  processes, tiny tensors), and the bytes per activation element the executor sends (fp32 on CPU);
+- `Overheads`: dispatch cost of one forward / one backward per transformer block and per embedding/head slot
+  (the executor's own stage modules at a negligible shape: 1 sample x 1 token), the wake-up cost of an action
+  after its rank slept, per-message point-to-point alpha and all-reduce alpha (two gloo processes, tiny
+  tensors), and the bytes per activation element the executor sends (fp32 on CPU);
 - what a CPU host adds for tp/dp > 1: DTensor's per-block cost at tp = 2 (two processes, sharded vs plain
-  stage), the gloo all-reduce bus bandwidth (1 MiB vs a tiny all-reduce), fp32 gradients, and the effective
-  cores (the reference stage's CPU time alone and with one copy per core at once). Compute terms
-  (dispatch per layer, the reference F+B behind compute_scale) are thread CPU time: the work itself, which
-  other engineers' load on a shared machine does not inflate; the gloo terms are wall-clock low quantiles;
-  DTensor's per-block term is wall clock too (a TP action lasts its dispatch *plus* the waits on its many
-  small collectives, about as long again), with its CPU share kept apart (`tp_cpu_fraction`) so host-core
-  contention counts only the work; the DP all-reduce gets its wake-up cost right after compute
-  (`allreduce_wake_s`: the executor's REDUCE_GRAD follows the last backward, not a tight loop); the
-  quick GEMM profile is taken twice and the faster kept (a descheduled run only ever looks slower).
+  stage), the gloo all-reduce bus bandwidth (1 MiB vs a tiny all-reduce), fp32 gradients, and the host's
+  cores (for time-slicing when ranks outnumber them).
+
+How the CPU-time terms (dispatch, the reference F+B behind compute_scale, the optimizer step, wake-up) are
+taken: thread CPU time (the work itself, which other engineers' load does not inflate), every probe in turns
+over many rounds (`_cpu_terms`: this VM's speed flips between two modes several times a second, so terms
+timed in blocks disagreed by up to 3x), with companion processes keeping the other cores busy (`busy_host`:
+a multi-rank run's condition; this host's cores slow each other when all compute); then their *level* is
+set by the executor itself: its run of `reference_pipeline()` reports per-action CPU time, and every CPU term
+is scaled by measured / predicted (~1.2-1.3x: the loss, hooks, buffers and waits around an action). The gloo
+terms are wall-clock low quantiles; DTensor's per-block term is a wall-clock median (a TP action lasts its
+dispatch *plus* the waits on its many small collectives), with its CPU share kept apart (`tp_cpu_fraction`)
+so host-core contention counts only the work; the DP all-reduce gets its wake-up cost right after compute
+(`allreduce_wake_s`: the executor's REDUCE_GRAD follows the last backward, not a tight loop); the quick
+GEMM profile is taken twice and the faster kept (a descheduled run only ever looks slower).
 
 Nothing is measured unless asked: `local_calibration(measure=True)` measures and writes
 `~/.cache/hetauto/calibration-<host>-torch<version>.json` (plain JSON, no pickle); `local_calibration()` only
@@ -39,8 +46,8 @@ from typing import Any
 
 from hetauto.core.profile import DeviceProfile
 
-__all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "available_cores", "cache_path", "compute_scale_for", "effective_cores", "local_calibration",
-           "measure_calibration", "optimizer_fit", "per_block_slope", "tp_cpu_fraction", "unloaded_step"]
+__all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "available_cores", "cache_path", "busy_host", "compute_scale_for", "local_calibration",
+           "measure_calibration", "optimizer_fit", "per_block_slope", "step_residual", "tp_cpu_fraction"]
 
 CALIBRATION_SCHEMA = "hetauto.calibration/1"
 
@@ -49,8 +56,9 @@ CALIBRATION_SCHEMA = "hetauto.calibration/1"
 class Overheads:
     """Fixed costs of the executor that scale with actions, layers and messages, not with FLOPs (seconds).
 
-    `fwd_layer_s`/`bwd_layer_s` are per layer slot of a stage per microbatch action (divided by the cluster's
-    speed factor, like compute: the executor throttles the whole action); `p2p_alpha_s` is added to every
+    `fwd_layer_s`/`bwd_layer_s` are per transformer block of a stage per microbatch action (divided by the
+    cluster's speed factor, like compute: the executor throttles the whole action), `edge_fwd_s`/`edge_bwd_s`
+    the same per embedding or head slot; `p2p_alpha_s` is added to every
     boundary message's latency; `allreduce_alpha_s` to every data-parallel gradient all-reduce;
     `step_s` once per iteration; `allreduce_wake_s` to every DP all-reduce too (measured as it runs in a step:
     right after compute, where rank skew and waking gloo's threads cost more than a tight loop's alpha);
@@ -62,8 +70,9 @@ class Overheads:
     per-op sharding dispatch and its small gloo collectives: ~10 ms per block on a CPU, dwarfing the
     FLOPs; like compute, divided by the speed factor); `allreduce_Bps` the measured gloo all-reduce bus
     bandwidth (with `allreduce_alpha_s` as the ring's 2 latency steps at d = 2) replacing the DP group's
-    link; `grad_bytes_scale` the gradient dtype (fp32 on CPU); `host_cores` the *effective* cores: the
-    host's count divided by the slowdown measured when that many ranks compute at once; `tp_cpu_fraction`
+    link; `grad_bytes_scale` the gradient dtype (fp32 on CPU); `host_cores` the cores all ranks share
+    (time-slicing when they outnumber them; the slowdown of cores computing side by side is already in the
+    CPU-time terms, measured with every core busy); `tp_cpu_fraction`
     the CPU share of the (wall-clock) TP terms, so host-core contention counts only the work, not the waits."""
 
     fwd_layer_s: float = 0.0
@@ -85,6 +94,31 @@ class Overheads:
     optim_tensor_s: float = 0.0  # > 0 (or optim_param_s > 0): the optimizer step per parameter tensor of a stage
     optim_param_s: float = 0.0  # ... plus per parameter of one device, replacing memory-bound Adam
     tp_optim_block_s: float = 0.0  # extra optimizer step per transformer block of a tp > 1 stage (DTensor)
+    # per embedding / head slot per action (a lookup or one projection: a few ops, ~1/3 of a block's); both 0:
+    # not measured, such a slot costs what a block does (fwd_layer_s / bwd_layer_s)
+    edge_fwd_s: float = 0.0
+    edge_bwd_s: float = 0.0
+    # extra CPU time of an F/B action that starts after its rank slept (a receive's wait, a throttle's sleep):
+    # the core's caches and clock have gone cold (~0.5 ms per action here, a fifth of a tiny stage's action)
+    wake_s: float = 0.0
+
+    def at_speed(self, ratio: float) -> "Overheads":
+        """These overheads for CPU work that takes `ratio` times as long as where they were measured (the
+        executor vs isolated probes, a host running slower): every CPU-time term (dispatch, compute_scale,
+        DTensor, optimizer, per-step work, wake-up, the reference F+B) times `ratio`; the gloo terms (wall-clock
+        exchanges, mostly waiting) and host_cores as they are."""
+        cpu = ("fwd_layer_s", "bwd_layer_s", "edge_fwd_s", "edge_bwd_s", "compute_scale", "tp_fwd_layer_s",
+               "tp_bwd_layer_s", "optim_tensor_s", "optim_param_s", "tp_optim_block_s", "step_s", "reference_fb_s",
+               "wake_s")
+        return replace(self, **{name: getattr(self, name) * ratio for name in cpu})
+
+    def dispatch_s(self, blocks: float, edges: float) -> tuple[float, float]:
+        """(forward, backward) fixed cost of an action over `blocks` transformer blocks and `edges`
+        embedding/head slots (already divided by the speed factor when the caller throttles)."""
+        if self.edge_fwd_s > 0 or self.edge_bwd_s > 0:
+            return (blocks * self.fwd_layer_s + edges * self.edge_fwd_s,
+                    blocks * self.bwd_layer_s + edges * self.edge_bwd_s)
+        return ((blocks + edges) * self.fwd_layer_s, (blocks + edges) * self.bwd_layer_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,37 +208,6 @@ def _median_time(fn: Any, repeat: int, clock: Any = time.perf_counter, q: float 
     return statistics.median(ts) if q == 0.5 else _quantile(ts, q)
 
 
-def _layer_overheads(repeat: int = 30) -> tuple[float, float]:
-    """Forward / backward wall time per block of the executor's own stage module at 1 sample x 1 token."""
-    import torch
-
-    from hetauto.core.model_catalog import get_model
-    from hetauto.runtime.stage import build_stage
-
-    torch.set_num_threads(1)
-    cfg = get_model("tiny-gpt")
-    out = []
-    for blocks in (1, 3):
-        st = build_stage(cfg, (1, 1 + blocks), 0)
-        x = torch.randn(1, 1, cfg.hidden, requires_grad=True)
-        holder: dict[str, Any] = {}
-
-        def fwd() -> None:
-            holder["y"] = st(x)
-
-        def bwd() -> None:
-            holder["y"].sum().backward()
-
-        fs, bs = [], []
-        for _ in range(repeat):
-            fs.append(_median_time(fwd, 1, time.thread_time))  # CPU time: other processes' load does not count
-            bs.append(_median_time(bwd, 1, time.thread_time))
-        out.append((statistics.median(fs), statistics.median(bs)))
-    (f1, b1), (f3, b3) = out
-    # slope over blocks: the per-layer part (the 1-block intercept is Python call overhead of the action)
-    return per_block_slope(f1, f3), per_block_slope(b1, b3)
-
-
 GLOO_QUANTILE = 0.2  # wall-clock gloo timings: a low quantile, the exchange when both ranks are scheduled
 AR_PROBE_BYTES = 1 << 20  # all-reduce size for the bandwidth term: about a tiny model's fp32 gradients
 
@@ -215,19 +218,11 @@ def allreduce_bandwidth(nbytes: float, small_s: float, big_s: float) -> float:
     return nbytes / (big_s - small_s) if big_s > small_s else 0.0
 
 
-def effective_cores(cores: int, alone_s: float, together_s: float) -> float:
-    """Cores the ranks effectively get: `cores` ranks computing at once took `together_s` for what one alone
-    does in `alone_s` (CPU time: shared caches, memory bandwidth, SMT siblings), clipped to [1, cores]."""
-    if together_s <= 0 or alone_s <= 0:
-        return float(cores)
-    return min(float(cores), max(1.0, cores * alone_s / together_s))
-
-
-def compute_scale_for(measured_fb_s: float, analytical_fb_s: float, layer_slots: int, dispatch_per_slot_s: float) -> float:
+def compute_scale_for(measured_fb_s: float, analytical_fb_s: float, dispatch_s: float) -> float:
     """Scale of the analytical (FLOP and byte) part so the reference stage's F+B comes out as measured:
-    (measured - slots x per-slot dispatch) / analytical. The dispatch terms are measured on their own and
+    (measured - the stage's dispatch terms) / analytical. The dispatch terms are measured on their own and
     stay unscaled; at least 5% of measured is left to the FLOPs (a noisy dispatch measurement)."""
-    rest = max(measured_fb_s - layer_slots * dispatch_per_slot_s, 0.05 * measured_fb_s)
+    rest = max(measured_fb_s - dispatch_s, 0.05 * measured_fb_s)
     return rest / analytical_fb_s if analytical_fb_s > 0 else 1.0
 
 
@@ -283,7 +278,8 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
     Returns (fwd wall, bwd wall, fwd CPU, bwd CPU, optimizer step CPU) per block; the last: AdamW over
     DTensor parameters (each elementwise op dispatched through DTensor, ~10x a plain tensor's). Wall time is what an executor action lasts:
     DTensor's dispatch work (~8 / 15 ms per block here, its CPU time) plus waiting on its many small gloo
-    collectives (about as much again); taken at GLOO_QUANTILE like the other gloo terms."""
+    collectives (about as much again); the median (an action in a run meets the partner's delays as often as
+    this loop does; a low quantile kept only the lucky exchanges and came out ~15% short)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -320,7 +316,7 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
                     bs["wall"].append(t2 - t1)
                     fs["cpu"].append(c1 - c)
                     bs["cpu"].append(c2 - c1)
-            timed["wall"].append((_quantile(fs["wall"], GLOO_QUANTILE), _quantile(bs["wall"], GLOO_QUANTILE)))
+            timed["wall"].append((statistics.median(fs["wall"]), statistics.median(bs["wall"])))
             timed["cpu"].append((statistics.median(fs["cpu"]), statistics.median(bs["cpu"])))
             opt_s.append(_optimizer_step_time(list(st.parameters()), repeat))
         for clock, ((pf, pb), (sf, sb)) in timed.items():
@@ -369,7 +365,10 @@ OPTIM_PROBE_RANGES = ((0, 1), (1, 2), (0, 6))  # tiny GPT: embedding (few big te
 
 def optimizer_fit(samples: list[tuple[int, float, float]]) -> tuple[float, float]:
     """(per tensor, per parameter) seconds from (tensors, parameters, step seconds) samples: least squares
-    through the origin, both non-negative (a negative slope from noise is dropped and the other refitted)."""
+    through the origin on *relative* errors (each sample divided by its time, so a 7 ms step does not drown a
+    0.3 ms one that pins the per-tensor term), both non-negative (a negative slope from noise is dropped and
+    the other refitted)."""
+    samples = [(n / y, p / y, 1.0) if y > 0 else (n, p, y) for n, p, y in samples]
     stt = sum(n * n for n, _, _ in samples)
     spp = sum(p * p for _, p, _ in samples)
     stp = sum(n * p for n, p, _ in samples)
@@ -389,22 +388,125 @@ def optimizer_fit(samples: list[tuple[int, float, float]]) -> tuple[float, float
     return (max(0.0, a1), 0.0) if err_a <= err_b else (0.0, max(0.0, b1))
 
 
-def _optimizer_samples(repeat: int = 40, q: float = GLOO_QUANTILE) -> list[tuple[int, float, float]]:
-    """The executor's optimizer step (make_optimizer: single-tensor AdamW, then zero_grad) over the stage
-    modules of OPTIM_PROBE_RANGES: (parameter tensors, parameters, seconds) each. Thread CPU time (the
-    work, not other processes' load), the ranges timed in turn (a slow phase of the host hits all of them
-    alike) and a low quantile: this VM's CPU time for the same step is bimodal (4 vs 8 ms for the tiny GPT,
-    phases of ~10 steps), and the executor's measured OPTIM sits at the fast mode."""
+WAKE_SLEEP_S = 0.004  # about one tiny action: long enough for the core to go idle
+CPU_ROUNDS = 30  # turns of every CPU-time probe: this host's speed flips between two modes every ~0.2-0.5 s
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTerms:
+    """What the thread-CPU-time probes measured (seconds): dispatch per block (1 sample x 1 token), the
+    reference stage's F+B, and (tensors, parameters, step seconds) per optimizer probe (OPTIM_PROBE_RANGES'
+    stage modules, then the whole model's 1-D parameters)."""
+
+    fwd_layer_s: float
+    bwd_layer_s: float
+    edge_fwd_s: float
+    edge_bwd_s: float
+    wake_s: float
+    reference_fb_s: float
+    optimizer: tuple[tuple[int, float, float], ...]
+
+
+def _cpu_terms(rounds: int = CPU_ROUNDS) -> CpuTerms:
+    """Every thread-CPU-time probe in turns, `rounds` times, each term the mean over rounds of its in-round
+    median. Why: this VM's CPU speed is bimodal (~1.45x, flipping every fraction of a second); one probe
+    timed in a block can land wholly in one mode and the next in the other, so terms measured in blocks
+    disagree by up to that factor (compute_scale varied 3x between calibrations). In turns, every term sees
+    the same mix of modes, the mix a training run averages over.
+
+    The probes: forward / backward of the executor's stage modules with 1 and 3 blocks at 1 sample x 1
+    token (their slope is the per-block dispatch; the 1-block intercept is the action's own call overhead)
+    and of the embedding and the head alone (their mean: the per-edge-slot cost, intercept included), a
+    two-block action back to back and with a sleep before its forward and its backward (half the difference:
+    the wake-up cost per action),
+    the reference stage's F+B (reference_plan()'s stage, behind compute_scale), and the executor's optimizer
+    step (make_optimizer: single-tensor AdamW, then zero_grad) over the stage modules of OPTIM_PROBE_RANGES
+    and over the whole model's 1-D parameters."""
     import torch
 
     from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.reference import make_optimizer
     from hetauto.runtime.stage import build_stage
 
     torch.set_num_threads(1)
     cfg = get_model("tiny-gpt")
-    sets = [list(build_stage(cfg, layers, 0).parameters()) for layers in OPTIM_PROBE_RANGES]
-    times = _optimizer_step_times(sets, repeat, q, torch.randn_like)
-    return [(len(params), float(sum(p.numel() for p in params)), t) for params, t in zip(sets, times)]
+    clock = time.thread_time  # the work, not other processes' load
+    ref, ref_x = _reference_stage()
+    n = cfg.num_layers + 2
+    dispatch = [(build_stage(cfg, (1, 1 + blocks), 0), torch.randn(1, 1, cfg.hidden, requires_grad=True))
+                for blocks in (1, 3)]
+    # the edges alone: the embedding (token ids in) and the head (hidden states in, loss-like sum out)
+    edges = [(build_stage(cfg, (0, 1), 0), torch.zeros(1, 1, dtype=torch.long)),
+             (build_stage(cfg, (n - 1, n), 0), torch.randn(1, 1, cfg.hidden, requires_grad=True))]
+    # a typical action (two blocks, a 2 x 32 microbatch), back to back and after a sleep
+    action = (build_stage(cfg, (1, 3), 0), torch.randn(2, 32, cfg.hidden, requires_grad=True))
+    opt_sets = [list(build_stage(cfg, layers, 0).parameters()) for layers in OPTIM_PROBE_RANGES]
+    # and the whole model's vectors (biases, norms): many tensors, few parameters, pinning the per-tensor term
+    opt_sets.append([p for p in build_stage(cfg, (0, n), 0).parameters() if p.dim() == 1])
+    opts = [make_optimizer(params, 1e-3) for params in opt_sets]
+
+    def ref_fb() -> float:
+        t = clock()
+        ref(ref_x).float().sum().backward()
+        return clock() - t
+
+    def fwd_bwd(st: Any, x: Any) -> tuple[float, float]:
+        t = clock()
+        y = st(x)
+        t1 = clock()
+        y.float().sum().backward()
+        return t1 - t, clock() - t1
+
+    def woken_fb() -> float:
+        time.sleep(WAKE_SLEEP_S)
+        f = clock()
+        y = action[0](action[1])
+        f = clock() - f
+        time.sleep(WAKE_SLEEP_S)
+        b = clock()
+        y.float().sum().backward()
+        return f + clock() - b
+
+    def opt_step(params: list[Any], opt: Any) -> float:
+        with torch.no_grad():
+            for p in params:
+                p.grad = torch.randn_like(p)
+        t = clock()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return clock() - t
+
+    ref_fb()
+    for st, x in dispatch + edges + [action]:
+        fwd_bwd(st, x)
+    for _ in range(3):  # the first steps allocate the moments
+        for params, opt in zip(opt_sets, opts):
+            opt_step(params, opt)
+    per_round: dict[str, list[float]] = {}
+
+    def add(name: str, samples: list[float]) -> None:
+        per_round.setdefault(name, []).append(statistics.median(samples))
+
+    for _ in range(rounds):
+        add("ref", [ref_fb() for _ in range(3)])
+        for blocks, (st, x) in zip((1, 3), dispatch):
+            fb = [fwd_bwd(st, x) for _ in range(5)]
+            add(f"f{blocks}", [f for f, _ in fb])
+            add(f"b{blocks}", [b for _, b in fb])
+        for i, (st, x) in enumerate(edges):
+            fb = [fwd_bwd(st, x) for _ in range(5)]
+            add(f"edge_f{i}", [f for f, _ in fb])
+            add(f"edge_b{i}", [b for _, b in fb])
+        for i, (params, opt) in enumerate(zip(opt_sets, opts)):
+            add(f"opt{i}", [opt_step(params, opt) for _ in range(2)])
+        add("awake", [sum(fwd_bwd(*action)) for _ in range(2)])
+        add("woken", [woken_fb() for _ in range(2)])
+    mean = {k: statistics.fmean(v) for k, v in per_round.items()}
+    optimizer = tuple((len(params), float(sum(p.numel() for p in params)), mean[f"opt{i}"])
+                      for i, params in enumerate(opt_sets))
+    return CpuTerms(per_block_slope(mean["f1"], mean["f3"]), per_block_slope(mean["b1"], mean["b3"]),
+                    (mean["edge_f0"] + mean["edge_f1"]) / 2, (mean["edge_b0"] + mean["edge_b1"]) / 2,
+                    max(0.0, mean["woken"] - mean["awake"]) / 2, mean["ref"], optimizer)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -417,11 +519,6 @@ def tp_cpu_fraction(wall_s: float, cpu_s: float) -> float:
     return min(1.0, max(0.0, cpu_s / wall_s)) if wall_s > 0 else 1.0
 
 
-def _concurrent_fb(rank: int, world: int, repeat: int) -> float:
-    """The reference stage's F+B median while `world` ranks run it at the same time (no communication)."""
-    return _reference_fb(repeat)
-
-
 def _core_share(rank: int, world: int, repeat: int) -> float:
     """CPU / wall time of the reference stage's F+B loop in this rank: the share of a core it got."""
     st, x = _reference_stage()
@@ -431,6 +528,25 @@ def _core_share(rank: int, world: int, repeat: int) -> float:
         st(x).float().sum().backward()
     wall = time.perf_counter() - w
     return (time.thread_time() - c) / wall if wall > 0 else 1.0
+
+
+def _reference_fb_rounds(rounds: int = 12) -> float:
+    """The reference stage's F+B in thread CPU time, mean over `rounds` rounds of 3 (spread by short sleeps
+    over more of the host's mode flips, as `_cpu_terms` takes its terms)."""
+    st, x = _reference_stage()
+    clock = time.thread_time
+
+    def fb() -> float:
+        t = clock()
+        st(x).float().sum().backward()
+        return clock() - t
+
+    fb()
+    per_round = []
+    for _ in range(rounds):
+        per_round.append(statistics.median([fb() for _ in range(3)]))
+        time.sleep(0.02)
+    return statistics.fmean(per_round)
 
 
 def available_cores(repeat: int = 10) -> float:
@@ -455,17 +571,6 @@ def _reference_stage() -> tuple[Any, Any]:
     return build_stage(get_model("tiny-gpt"), (0, 6), 0), torch.randint(0, 256, (8, 32))
 
 
-def _reference_fb(repeat: int, clock: Any = time.thread_time) -> float:
-    """F+B of the reference stage; by default in thread CPU time (the work, whatever else the machine runs)."""
-    st, x = _reference_stage()
-    ts = []
-    for _ in range(repeat):
-        t = clock()
-        st(x).float().sum().backward()
-        ts.append(clock() - t)
-    return statistics.median(ts)
-
-
 def reference_plan():  # noqa: ANN201 - a Plan
     """The calibration's reference run: the whole tiny GPT as one stage on one cpu-demo device, one microbatch
     of 8. Not one of the plans `benchmarks/predicted_vs_measured.py` validates on."""
@@ -476,55 +581,83 @@ def reference_plan():  # noqa: ANN201 - a Plan
                 stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 6), tp=1, dp=1),))
 
 
-def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str) -> Overheads:
-    """compute_scale from the reference stage's F+B timed in this process, step_s from `hetauto run` of the
-    reference plan as the residual over the prediction with every other term (optimizer step included, so
-    it is not counted twice: what is left is loss, barriers, bookkeeping)."""
-    import subprocess
-    import sys
-    import tempfile
+def reference_pipeline():  # noqa: ANN201 - a Plan
+    """The calibration's executor run (emulated, as `hetauto run --emulate` runs cpu-demo plans): the tiny GPT
+    cut after its first block, the embedding and that block on a `fast` device, the rest on a `slow` one
+    (throttled), two microbatches of 4 over the emulated 1 ms link: two ranks computing at once, waiting on
+    each other and on the link, as the executor runs a pipeline. Not one of the plans
+    `benchmarks/predicted_vs_measured.py` validates on."""
+    from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+
+    return Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=8, microbatch_size=4,
+                num_microbatches=2, schedule=ScheduleSpec(name="1f1b"),
+                stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 2), tp=1, dp=1),
+                        StagePlan(cluster="slow", device_type="cpu", devices=(0,), layers=(2, 6), tp=1, dp=1)))
+
+
+def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str, isolated_fb: float) -> Overheads:
+    """compute_scale from the reference stage's F+B timed in isolation (`isolated_fb`); then the CPU terms'
+    level from the executor's own run of reference_pipeline(), and step_s from its run of reference_plan()
+    (`hetauto run`, per-action CPU and wall time).
+
+    Why the executor: it does the same F/B with more around it (two ranks computing at once, waits between
+    actions, the loss, its buffers and hooks) and its actions take ~1.2-1.3x the CPU time the isolated
+    probes predict. Every CPU-time term is scaled by that ratio (Overheads.at_speed): the isolated probes
+    give the terms' *shape* (per block, per edge, per tensor, per microbatch size), the executor their level.
+    The isolated F+B is taken again right after the run, and the prediction scaled by its drift, so a change
+    of the host's speed since the probes does not pass for the ratio. step_s is the one-rank run's step
+    minus its F, B and OPTIM wall time (loss, data, bookkeeping), measured against the run's own actions so
+    the host's speed at that moment cancels out."""
     from dataclasses import replace
 
     from hetauto.planner.evaluate import Evaluator, inputs_for_plan
 
-    plan = reference_plan()
-    measured_fb = _reference_fb(15)
-    ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
-    d = ev.stage_detail("fast", (0, 6), 1, 1, 8)
-    oh = replace(oh, compute_scale=compute_scale_for(measured_fb, d.fwd_compute_s + d.bwd_compute_s, 6,
-                                                     oh.fwd_layer_s + oh.bwd_layer_s), reference_fb_s=measured_fb)
-    predicted = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh).evaluate(plan)
+    ref = reference_plan()
+    st = ref.stages[0]
+    ev = Evaluator(inputs_for_plan(ref), profile_overrides={device_key: profile}, overheads=oh)
+    d = ev.stage_detail(st.cluster, st.layers, 1, 1, ref.microbatch_size)
+    oh = replace(oh, compute_scale=compute_scale_for(isolated_fb, d.fwd_compute_s + d.bwd_compute_s,
+                                                     sum(ev.dispatch_s(st.layers, 1.0))), reference_fb_s=isolated_fb)
+    plan = reference_pipeline()
+    doc = _executor_run(plan, 20, emulate=True)
+    if doc is not None:
+        with busy_host((os.cpu_count() or 1) - 1):  # as isolated_fb was taken
+            drift = _reference_fb_rounds() / isolated_fb
+        ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
+        costs = ev.pipeline_costs(plan)
+        m = plan.num_microbatches
+        speed = [ev.cluster(s.cluster).speed_factor for s in plan.stages]  # CPU time: the throttle's sleep apart
+        stages = doc.get("stage_compute", [])
+        measured = sum(c["cpu_s"].get("F", 0.0) + c["cpu_s"].get("B", 0.0) for c in stages)
+        predicted = sum(m * (costs.tf[c["stage"]] + costs.tb[c["stage"]]) * speed[c["stage"]] for c in stages)
+        if measured > 0 and predicted > 0:
+            oh = oh.at_speed(measured / (predicted * (1.0 + drift) / 2))
+    doc = _executor_run(ref, 12, emulate=False)
+    if doc is not None:
+        oh = replace(oh, step_s=step_residual(doc["measured_step_s"],
+                                              (doc.get("stage_compute") or [{}])[0].get("wall_s", {})))
+    return oh
+
+
+def _executor_run(plan: Any, steps: int, *, emulate: bool) -> dict[str, Any] | None:
+    """`hetauto run PLAN --json` (no reference loss) in a subprocess; its JSON document, None if it failed."""
+    import subprocess
+    import sys
+    import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
         plan.save(path)
-        trace = Path(tmp) / "trace.json"
-        out = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--json", "--steps", "5",
-                              "--no-reference", "--trace", str(trace)], capture_output=True, text=True, timeout=300)
-        if out.returncode != 0:
-            return oh
-        last = json.loads(out.stdout)["step_s"][-1]
-        fb_wall = _traced_compute_s(trace)
-    # the other terms are CPU time: take the machine's load out of the step as the traced F+B shows it
-    return replace(oh, step_s=max(0.0, unloaded_step(last, fb_wall, measured_fb) - predicted.iteration_time_s))
+        out = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--json", "--steps", str(steps),
+                              "--no-reference"] + (["--emulate"] if emulate else []),
+                             capture_output=True, text=True, timeout=300)
+    return json.loads(out.stdout) if out.returncode == 0 else None
 
 
-def _traced_compute_s(trace: Path) -> float:
-    """Wall seconds of the F/B actions in a `hetauto run --trace` file (its last step); 0.0 if unreadable."""
-    try:
-        doc = json.loads(trace.read_text())
-    except (OSError, ValueError):
-        return 0.0
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
-    return sum(float(e.get("dur", 0.0)) for e in events
-               if e.get("ph") == "X" and str(e.get("name", ""))[:1] in ("F", "B")) / 1e6
-
-
-def unloaded_step(step_wall_s: float, fb_wall_s: float, fb_cpu_s: float) -> float:
-    """A measured step with the machine's load taken out: scaled by the F+B's CPU / wall time (<= 1) in that
-    step. Why: on a shared machine the reference run's wall time carries other processes' load."""
-    if fb_wall_s <= 0 or fb_cpu_s <= 0:
-        return step_wall_s
-    return step_wall_s * min(1.0, fb_cpu_s / fb_wall_s)
+def step_residual(step_s: float, action_wall_s: dict[str, float]) -> float:
+    """A one-stage run's per-step cost outside its actions: the step minus its F, B and OPTIM wall time
+    (`hetauto.runtime.results.StageCompute.wall_s`), never negative."""
+    return max(0.0, step_s - sum(action_wall_s.values()))
 
 
 def _best_profile(device_key: str, tries: int = 2) -> DeviceProfile:
@@ -561,14 +694,60 @@ def _cpu_time_gemm_flops(n: int, repeat: int = 20) -> float:
     return 2.0 * n**3 / best if best > 0 else 0.0
 
 
+def _companion_loop(limit_s: float = 900.0) -> None:
+    """A busy companion (`busy_host`): the reference stage's F+B in a loop until killed, its parent exits, or
+    `limit_s` passes (never an orphan that outlives the calibration)."""
+    import sys
+
+    parent = os.getppid()
+    st, x = _reference_stage()
+    st(x).float().sum().backward()
+    print("ready", flush=True)
+    sys.stdout.close()
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end and os.getppid() == parent:
+        st(x).float().sum().backward()
+
+
+class busy_host:
+    """Keep `n` other cores busy with the reference stage's F+B while the CPU-time probes run.
+
+    Why: this host's cores slow each other down when they all compute (shared caches and memory bandwidth, and
+    on this VM a bimodal clock: one busy core often runs ~1.45x faster than two), and a multi-rank run keeps
+    every core busy. Probed with the other cores idle, the compute terms would come out at whichever speed the
+    host happened to give a lone core; with them busy they come out at the speed the ranks get."""
+
+    def __init__(self, n: int) -> None:
+        self.n = max(0, n)
+        self.procs: list[Any] = []
+
+    def __enter__(self) -> "busy_host":
+        import subprocess
+        import sys
+
+        code = "from hetauto.planner.calibration import _companion_loop; _companion_loop()"
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
+                      for _ in range(self.n)]
+        for p in self.procs:
+            p.stdout.readline()  # "ready" (or EOF if it failed: then it simply adds no load)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+
+
 def measure_calibration(device_key: str = "cpu") -> Calibration:
     """Measure this machine (CPU backend): quick float32 profile, layer dispatch costs, gloo alphas."""
     import datetime
 
     from hetauto.testing.multiproc import run_ranks
 
-    profile = _best_profile(device_key)
-    fl, bl = _layer_overheads()
+    cores = os.cpu_count() or 1
     alphas = run_ranks(_comm_alphas, 2, 200, timeout=120)
     p2p = statistics.fmean(a[0] for a in alphas)
     ar = statistics.fmean(a[1] for a in alphas)
@@ -579,20 +758,21 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     tpf, tpb = (statistics.fmean(t[i] for t in tp) for i in (0, 1))
     tpf_cpu, tpb_cpu = (statistics.fmean(t[i] for t in tp) for i in (2, 3))
     tp_optim = statistics.fmean(t[4] for t in tp)
-    optim_tensor, optim_param = optimizer_fit(_optimizer_samples())
-    oh = Overheads(fwd_layer_s=fl, bwd_layer_s=bl, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
+    with busy_host(cores - 1):  # CPU-time probes at the speed a rank gets while the other ranks compute
+        profile = _best_profile(device_key)
+        cpu = _cpu_terms()
+    optim_tensor, optim_param = optimizer_fit(list(cpu.optimizer))
+    oh = Overheads(fwd_layer_s=cpu.fwd_layer_s, bwd_layer_s=cpu.bwd_layer_s, edge_fwd_s=cpu.edge_fwd_s,
+                   edge_bwd_s=cpu.edge_bwd_s, wake_s=cpu.wake_s, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
                    activation_bytes_scale=2.0, tp_fwd_layer_s=tpf, tp_bwd_layer_s=tpb,
                    tp_cpu_fraction=tp_cpu_fraction(tpf + tpb, tpf_cpu + tpb_cpu),
                    allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0,
                    allreduce_wake_s=max(0.0, ar_after - ar_big), optim_tensor_s=optim_tensor,
                    optim_param_s=optim_param, tp_optim_block_s=tp_optim)
-    # step_s: the residual of the reference run after every term above, the optimizer's included
-    oh = _reference_plan_terms(profile, oh, device_key)
-    cores = os.cpu_count() or 1
-    # CPU time on both sides: what running side by side costs the hardware (shared caches, memory bandwidth,
-    # SMT siblings), not time-slicing (the Evaluator models oversubscription) nor other processes' load
-    alone = _reference_fb(15)
-    together = statistics.fmean(run_ranks(_concurrent_fb, cores, 15, timeout=120)) if cores > 1 else alone
-    oh = replace(oh, host_cores=effective_cores(cores, alone, together))
+    # the CPU terms' level and step_s from the executor's own run (its two ranks keep both cores busy)
+    oh = _reference_plan_terms(profile, oh, device_key, cpu.reference_fb_s)
+    # what computing side by side costs the hardware is in the terms above (measured with every core busy):
+    # host_cores is left to time-slicing, which the Evaluator models when ranks outnumber the cores
+    oh = replace(oh, host_cores=float(cores))
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return Calibration(device_key, profile, oh, platform.node(), _torch_version(), now)

@@ -148,14 +148,32 @@ class Evaluator:
                 speed = self.cluster(cluster).speed_factor
                 # a stage the forest covers: its shape-dependence with the forest's own scale anchored on the
                 # calibration's reference stage (compute_scale belongs to the analytical estimate)
-                n = (layers[1] - layers[0]) / speed
                 scale = self._forest_anchor() if covered else oh.compute_scale
-                hit = (hit[0] * scale + n * oh.fwd_layer_s, hit[1] * scale + n * oh.bwd_layer_s)
+                df, db = self.dispatch_s(layers, speed)
+                hit = (hit[0] * scale + df, hit[1] * scale + db)
                 if tp > 1:  # DTensor dispatch per sharded block (embedding and head stay replicated), measured as is
                     blocks = self.table.range(layers[0], layers[1]).blocks / speed
                     hit = (hit[0] + blocks * oh.tp_fwd_layer_s, hit[1] + blocks * oh.tp_bwd_layer_s)
             self._compute[key] = hit
         return hit
+
+    def dispatch_s(self, layers: tuple[int, int], speed: float) -> tuple[float, float]:
+        """(forward, backward) fixed cost per action of a stage over `layers` at `speed` (Overheads.dispatch_s:
+        blocks and embedding/head slots apart); (0, 0) without overheads."""
+        oh = self.overheads
+        if oh is None:
+            return (0.0, 0.0)
+        blocks = self.table.range(layers[0], layers[1]).blocks
+        f, b = oh.dispatch_s(blocks, layers[1] - layers[0] - blocks)
+        return (f / speed, b / speed)
+
+    def _wake_s(self, plan: Plan, c: Cluster) -> float:
+        """Overheads.wake_s per F/B action where the rank sleeps between actions: every stage of a pipeline
+        (it waits on receives) and a throttled one (it sleeps after each action); like compute, / speed."""
+        oh = self.overheads
+        if oh is None or oh.wake_s <= 0 or (plan.num_stages == 1 and c.speed_factor >= 1.0):
+            return 0.0
+        return oh.wake_s / c.speed_factor
 
     def _forest_anchor(self) -> float:
         """compute_scale for the forest: (measured F+B of the calibration's reference stage - its dispatch terms)
@@ -179,8 +197,7 @@ class Evaluator:
                     from hetauto.planner.calibration import compute_scale_for
 
                     f, b = ev.stage_compute_time(st.cluster, st.layers, 1, 1, ref.microbatch_size)
-                    slots = st.layers[1] - st.layers[0]
-                    self._anchor = compute_scale_for(oh.reference_fb_s, f + b, slots, oh.fwd_layer_s + oh.bwd_layer_s)
+                    self._anchor = compute_scale_for(oh.reference_fb_s, f + b, sum(self.dispatch_s(st.layers, 1.0)))
         return self._anchor
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
@@ -284,10 +301,11 @@ class Evaluator:
         scale = oh.grad_bytes_scale if oh is not None else 1.0
         for st in plan.stages:
             f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute)
-            tf.append(f)
-            tb.append(b)
-            sums = self.table.range(*st.layers)
             c = self.cluster(st.cluster)
+            wake = self._wake_s(plan, c)
+            tf.append(f + wake)
+            tb.append(b + wake)
+            sums = self.table.range(*st.layers)
             gbytes.append(cm.dp_grad_bytes(sums, tp=st.tp, bytes_scale=scale) if st.dp > 1 else 0.0)
             if oh is not None and oh.allreduce_Bps > 0:  # measured collective: alpha = the ring's 2 steps at d = 2
                 ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, bytes_scale=scale,
