@@ -3,7 +3,9 @@
 Six cpu-demo plans (tiny GPT; cluster `fast` at speed 1, `slow` at speed 0.5, 1 Gbps / 1 ms emulated link
 between them): different cuts, tp/dp, 1F1B vs Virtual-1F1B, one and both clusters. Each plan runs for real
 (torchrun, gloo, in-process link emulation and speed throttling); its measured step (median of the steps after
-the first) is compared with three predictions:
+the first; with `--rounds R` every plan runs R times, the plans in turn, and the median of the R is kept: this
+VM's speed drifts over minutes, so one run of a plan can land in a slow or a fast spell) is compared with three
+predictions:
 
 - `catalog`: the analytical model with the catalog's rough `cpu` profile (what `hetauto run` printed so far);
 - `calibrated`: the measured local profile and executor overheads (hetauto.planner.calibration; measured once,
@@ -13,7 +15,7 @@ the first) is compared with three predictions:
 Target: |predicted - measured| / measured <= 25% for `calibrated`. `--save-rows FILE` writes the (plan features,
 measured, predicted) rows that `benchmarks/cost_model_accuracy.py --plan-rows FILE` reports.
 
-    python benchmarks/predicted_vs_measured.py [--quick] [--json] [--save-rows FILE] [--recalibrate]
+    python benchmarks/predicted_vs_measured.py [--quick] [--json] [--rounds R] [--save-rows FILE] [--recalibrate] [--probe]
 
 The machine is shared: the load average is printed at the start and after each plan. `--recalibrate`
 measures the calibration in the same run (same load) instead of reading the cache; `--probe` measures,
@@ -77,7 +79,8 @@ def measure(plan, steps: int, tmp: Path) -> float:  # noqa: ANN001 - a Plan
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="4 plans, 4 steps each")
+    ap.add_argument("--quick", action="store_true", help="4 plans, 4 steps each, one round")
+    ap.add_argument("--rounds", type=int, default=None, help="runs per plan, the plans in turn (default 2; --quick 1)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--save-rows", metavar="FILE")
     ap.add_argument("--recalibrate", action="store_true",
@@ -100,34 +103,44 @@ def main() -> int:
     if args.quick:
         chosen = dict(list(chosen.items())[:4])
     steps = 4 if args.quick else 6
-    rows = []
+    rounds = args.rounds or (1 if args.quick else 2)
     from dataclasses import replace
 
     from hetauto.planner.calibration import available_cores
 
+    runs: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in chosen}  # (step, load, cores)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, plan in chosen.items():
-            probe = available_cores() if args.probe else None
-            inp = inputs_for_plan(plan)
-            pred = {"catalog": evaluate_plan(plan, inp).iteration_time_s,
-                    **({"calibrated@load": evaluate_plan(plan, inp, calibration=cal, overheads=replace(
-                        cal.overheads, host_cores=min(cal.overheads.host_cores or probe, probe))).iteration_time_s}
-                       if probe is not None else {}),
-                    "calibrated": evaluate_plan(plan, inp, calibration=cal).iteration_time_s,
-                    "calibrated+forest": evaluate_plan(plan, inp, calibration=cal, correction="default").iteration_time_s}
-            meas = measure(plan, steps, Path(tmp))
-            load = os.getloadavg()[0]
-            rows.append({"plan": name, "features": features(plan), "measured_s": meas, "predicted_s": pred,
-                         "error": {k: (v - meas) / meas for k, v in pred.items()}, "load": load})
-            if probe is not None:
-                rows[-1]["cores_available"] = probe
-            e = rows[-1]["error"]
-            print(f"{name:28s} measured {meas * 1e3:7.1f} ms | catalog {pred['catalog'] * 1e3:6.1f} ({e['catalog']:+.0%})"
-                  f" | calibrated {pred['calibrated'] * 1e3:6.1f} ({e['calibrated']:+.0%})"
-                  f" | +forest {pred['calibrated+forest'] * 1e3:6.1f} ({e['calibrated+forest']:+.0%})"
-                  + (f" | {probe:.2f} cores left: {pred['calibrated@load'] * 1e3:6.1f} ({e['calibrated@load']:+.0%})"
-                     if probe is not None else "")
-                  + f" | load {load:.1f}", flush=True)
+        for r in range(rounds):
+            for name, plan in chosen.items():
+                probe = available_cores() if args.probe else None
+                meas = measure(plan, steps, Path(tmp))
+                runs[name].append((meas, os.getloadavg()[0], probe))
+                print(f"  round {r + 1}/{rounds} {name:28s} measured {meas * 1e3:7.1f} ms"
+                      + (f" ({probe:.2f} cores left)" if probe is not None else ""), flush=True)
+    rows = []
+    for name, plan in chosen.items():
+        meas = statistics.median(m for m, _, _ in runs[name])
+        load = statistics.fmean(ld for _, ld, _ in runs[name])
+        probe = statistics.fmean(c for _, _, c in runs[name]) if args.probe else None
+        inp = inputs_for_plan(plan)
+        pred = {"catalog": evaluate_plan(plan, inp).iteration_time_s,
+                **({"calibrated@load": evaluate_plan(plan, inp, calibration=cal, overheads=replace(
+                    cal.overheads, host_cores=min(cal.overheads.host_cores or probe, probe))).iteration_time_s}
+                   if probe is not None else {}),
+                "calibrated": evaluate_plan(plan, inp, calibration=cal).iteration_time_s,
+                "calibrated+forest": evaluate_plan(plan, inp, calibration=cal, correction="default").iteration_time_s}
+        rows.append({"plan": name, "features": features(plan), "measured_s": meas,
+                     "measured_runs_s": [m for m, _, _ in runs[name]], "predicted_s": pred,
+                     "error": {k: (v - meas) / meas for k, v in pred.items()}, "load": load})
+        if probe is not None:
+            rows[-1]["cores_available"] = probe
+        e = rows[-1]["error"]
+        print(f"{name:28s} measured {meas * 1e3:7.1f} ms | catalog {pred['catalog'] * 1e3:6.1f} ({e['catalog']:+.0%})"
+              f" | calibrated {pred['calibrated'] * 1e3:6.1f} ({e['calibrated']:+.0%})"
+              f" | +forest {pred['calibrated+forest'] * 1e3:6.1f} ({e['calibrated+forest']:+.0%})"
+              + (f" | {probe:.2f} cores left: {pred['calibrated@load'] * 1e3:6.1f} ({e['calibrated@load']:+.0%})"
+                 if probe is not None else "")
+              + f" | load {load:.1f}", flush=True)
     summary = {k: statistics.fmean(abs(r["error"][k]) for r in rows) for k in rows[0]["error"]}
     worst = {k: max(abs(r["error"][k]) for r in rows) for k in rows[0]["error"]}
     print("mean |error|: " + ", ".join(f"{k} {v:.0%}" for k, v in summary.items()))
