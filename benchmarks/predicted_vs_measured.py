@@ -80,7 +80,7 @@ def measure(plan, steps: int, tmp: Path) -> float:  # noqa: ANN001 - a Plan
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 plans, 4 steps each, one round")
-    ap.add_argument("--rounds", type=int, default=None, help="runs per plan, the plans in turn (default 2; --quick 1)")
+    ap.add_argument("--rounds", type=int, default=None, help="runs per plan, the plans in turn (default 3; --quick 1)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--save-rows", metavar="FILE")
     ap.add_argument("--recalibrate", action="store_true",
@@ -103,7 +103,7 @@ def main() -> int:
     if args.quick:
         chosen = dict(list(chosen.items())[:4])
     steps = 4 if args.quick else 6
-    rounds = args.rounds or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 3)
     from dataclasses import replace
 
     from hetauto.planner.calibration import available_cores

@@ -392,3 +392,44 @@ def test_busy_host_keeps_cores_computing_and_leaves_nothing_behind() -> None:
     assert proc.poll() is not None and host.procs == []
     with busy_host(0) as host:
         assert host.procs == []
+
+
+def test_link_lag_goes_to_cross_cluster_boundaries_only() -> None:
+    three = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=8, microbatch_size=2,
+                 num_microbatches=4, schedule=ScheduleSpec(name="1f1b"),
+                 stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 2), tp=1, dp=1),
+                         StagePlan(cluster="fast", device_type="cpu", devices=(1,), layers=(2, 4), tp=1, dp=1),
+                         StagePlan(cluster="slow", device_type="cpu", devices=(0,), layers=(4, 6), tp=1, dp=1)))
+    inp = inputs_for_plan(three)
+    base = Evaluator(inp, overheads=Overheads(p2p_alpha_s=1e-4)).pipeline_costs(three)
+    lagged = Evaluator(inp, overheads=Overheads(p2p_alpha_s=1e-4, link_lag_s=8e-4)).pipeline_costs(three)
+    assert lagged.links[0].latency == base.links[0].latency  # fast -> fast: not an emulated cross-cluster link
+    assert lagged.links[1].latency == pytest.approx(base.links[1].latency + 8e-4, rel=1e-12)
+    assert lagged.links_back[1].latency == pytest.approx(base.links_back[1].latency + 8e-4, rel=1e-12)
+
+
+def test_link_dispatch_lag_weighs_ranks_by_their_messages() -> None:
+    from hetauto.runtime.results import link_dispatch_lag
+
+    reports = [{"link_dispatch_lag_s": [0.004, 0.001, 30]}, {"link_dispatch_lag_s": [0.010, 0.002, 10]},
+               {"link_dispatch_lag_s": [0.0, 0.0, 0]}, {}]
+    assert link_dispatch_lag(reports) == pytest.approx({"mean_s": 0.00125, "max_s": 0.010, "messages": 40.0})
+    assert link_dispatch_lag([{}, {"link_dispatch_lag_s": [0.0, 0.0, 0]}]) is None
+
+
+def test_contention_is_the_expected_stretch_over_the_other_ranks_busy_moments() -> None:
+    from hetauto.planner.evaluate import busy_count_distribution
+
+    assert busy_count_distribution([(2, 0.5), (1, 0.2)]) == pytest.approx([0.2, 0.45, 0.3, 0.05])
+    assert busy_count_distribution([]) == [1.0]
+    # 2 + 2 ranks on 3 cores: a stage's own pair stretches only when both others compute, (2 + 2) / 3, with
+    # probability u^2: E = 1 + u^2 / 3, where the stretch at the mean load, max(1, (2 + 2u) / 3), is 1 for u < 1/2
+    plan = _plan(dp=2)
+    inp = inputs_for_plan(plan)
+    free_ev = Evaluator(inp, overheads=Overheads())
+    free = free_ev.evaluate(plan).iteration_time_s
+    costs = free_ev.pipeline_costs(plan)
+    u = [plan.num_microbatches * (f + b) * s / free for f, b, s in zip(costs.tf, costs.tb, (1.0, 0.5))]
+    assert max(u) < 0.5
+    got = Evaluator(inp, overheads=Overheads(host_cores=3.0)).contention_factors(plan, costs.tf, costs.tb, free)
+    assert got == pytest.approx((1 + u[1] ** 2 / 3, 1 + u[0] ** 2 / 3), rel=1e-12)

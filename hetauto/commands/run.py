@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
                 job.kill()
                 raise
         reports = job.wait()
-    from hetauto.runtime.results import measured_timeline, stage_compute, summarize
+    from hetauto.runtime.results import link_dispatch_lag, measured_timeline, stage_compute, summarize
 
     summary = summarize(plan, reports)
     start = int(reports[0].get("start_step", 0))
@@ -251,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
         "measured_over_predicted": ratio,
         "bytes_per_link": summary.bytes_per_link,
         "stage_compute": [c.to_dict() for c in stage_compute(plan, reports)],
+        "link_dispatch_lag": link_dispatch_lag(reports),
         "world_size": plan.world_size,
         "emulated": bool(args.emulate),
         "emulation": args.emulate,

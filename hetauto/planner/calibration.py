@@ -101,6 +101,9 @@ class Overheads:
     # extra CPU time of an F/B action that starts after its rank slept (a receive's wait, a throttle's sleep):
     # the core's caches and clock have gone cold (~0.5 ms per action here, a fifth of a tiny stage's action)
     wake_s: float = 0.0
+    # added to every cross-cluster boundary message: how late the link emulation posts a send after its delivery
+    # time (its thread needs the GIL and a core; ~0.4-1.3 ms here), on top of the gloo exchange (p2p_alpha_s)
+    link_lag_s: float = 0.0
 
     def at_speed(self, ratio: float) -> "Overheads":
         """These overheads for CPU work that takes `ratio` times as long as where they were measured (the
@@ -605,7 +608,8 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     probes predict. Every CPU-time term is scaled by that ratio (Overheads.at_speed): the isolated probes
     give the terms' *shape* (per block, per edge, per tensor, per microbatch size), the executor their level.
     The isolated F+B is taken again right after the run, and the prediction scaled by its drift, so a change
-    of the host's speed since the probes does not pass for the ratio. step_s is the one-rank run's step
+    of the host's speed since the probes does not pass for the ratio. The same run's link emulation says how
+    late it delivers (link_lag_s). step_s is the one-rank run's step
     minus its F, B and OPTIM wall time (loss, data, bookkeeping), measured against the run's own actions so
     the host's speed at that moment cancels out."""
     from dataclasses import replace
@@ -632,6 +636,7 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
         predicted = sum(m * (costs.tf[c["stage"]] + costs.tb[c["stage"]]) * speed[c["stage"]] for c in stages)
         if measured > 0 and predicted > 0:
             oh = oh.at_speed(measured / (predicted * (1.0 + drift) / 2))
+        oh = replace(oh, link_lag_s=float((doc.get("link_dispatch_lag") or {}).get("mean_s", 0.0)))
     doc = _executor_run(ref, 12, emulate=False)
     if doc is not None:
         oh = replace(oh, step_s=step_residual(doc["measured_step_s"],

@@ -14,7 +14,7 @@ from hetauto.core.plan import Plan
 from hetauto.runtime.layout import stage_layouts
 from hetauto.schedule.simulator import SimResult, TimelineEntry
 
-__all__ = ["RunSummary", "StageCompute", "summarize", "measured_timeline", "stage_compute"]
+__all__ = ["RunSummary", "StageCompute", "link_dispatch_lag", "summarize", "measured_timeline", "stage_compute"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,17 @@ class StageCompute:
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "cluster": self.cluster, "cpu_s": self.cpu_s, "wall_s": self.wall_s}
+
+
+def link_dispatch_lag(reports: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """How late the emulated links posted their sends after the delivery time, over every rank's messages:
+    {"mean_s", "max_s", "messages"}; None when no rank sent over an emulated link. Why: the emulation's
+    dispatch thread needs the GIL and a core to post on time, and what it is late by adds to every transfer."""
+    lags = [r["link_dispatch_lag_s"] for r in reports if r.get("link_dispatch_lag_s") and r["link_dispatch_lag_s"][2]]
+    n = sum(int(x[2]) for x in lags)
+    if not n:
+        return None
+    return {"mean_s": sum(x[1] * x[2] for x in lags) / n, "max_s": max(x[0] for x in lags), "messages": float(n)}
 
 
 def _steady_median(values: Sequence[float]) -> float:

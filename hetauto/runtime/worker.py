@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         report = train_rank(comm, plan, cfg, opts, ckpt)
         doc = report.to_dict()
         doc["restart"] = restart
+        if links is not None:  # how late the emulated links delivered: [max s, mean s, messages]
+            doc["link_dispatch_lag_s"] = list(links.dispatch_lag())
         (out / f"rank{rank}.json").write_text(json.dumps(doc), encoding="utf-8")
         if links is not None:
             links.close()
