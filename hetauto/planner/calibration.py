@@ -295,50 +295,41 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
     dist.init_process_group("gloo")
     cfg = get_model("tiny-gpt")
     mesh = DeviceMesh("cpu", list(range(world)))
+    # the four stages (1 and 3 blocks, plain and sharded) timed in turns, so a slow spell of the host hits all
+    # of them alike (in blocks, the per-block terms varied 1.5x between calibrations)
+    probes = [(blocks, sharded, parallelize_stage(build_stage(cfg, (1, 1 + blocks), 0), mesh) if sharded
+               else build_stage(cfg, (1, 1 + blocks), 0)) for blocks in (1, 3) for sharded in (False, True)]
+    x = torch.randn(1, 32, cfg.hidden, requires_grad=True)
+    samples: dict[tuple[int, bool], dict[str, list[float]]] = {
+        (b, sh): {"fw": [], "bw": [], "fc": [], "bc": []} for b, sh, _ in probes}
+    for i in range(repeat + 2):
+        for blocks, sharded, st in probes:
+            dist.barrier()
+            t, c = time.perf_counter(), time.thread_time()
+            y = st(x)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            y.sum().backward()
+            t2, c2 = time.perf_counter(), time.thread_time()
+            if i >= 2:  # the first calls build DTensor's sharding-propagation caches
+                got = samples[(blocks, sharded)]
+                got["fw"].append(t1 - t)
+                got["bw"].append(t2 - t1)
+                got["fc"].append(c1 - c)
+                got["bc"].append(c2 - c1)
+    med = {k: {q: statistics.median(v) for q, v in d.items()} for k, d in samples.items()}
     extra: dict[tuple[int, str], tuple[float, float]] = {}
-    opt_extra: dict[int, float] = {}
     for blocks in (1, 3):
-        timed: dict[str, list[tuple[float, float]]] = {"wall": [], "cpu": []}
-        opt_s: list[float] = []
-        for sharded in (False, True):
-            st = build_stage(cfg, (1, 1 + blocks), 0)
-            if sharded:
-                st = parallelize_stage(st, mesh)
-            x = torch.randn(1, 32, cfg.hidden, requires_grad=True)
-            fs: dict[str, list[float]] = {"wall": [], "cpu": []}
-            bs: dict[str, list[float]] = {"wall": [], "cpu": []}
-            for i in range(repeat + 2):
-                dist.barrier()
-                t, c = time.perf_counter(), time.thread_time()
-                y = st(x)
-                t1, c1 = time.perf_counter(), time.thread_time()
-                y.sum().backward()
-                t2, c2 = time.perf_counter(), time.thread_time()
-                if i >= 2:  # the first calls build DTensor's sharding-propagation caches
-                    fs["wall"].append(t1 - t)
-                    bs["wall"].append(t2 - t1)
-                    fs["cpu"].append(c1 - c)
-                    bs["cpu"].append(c2 - c1)
-            timed["wall"].append((statistics.median(fs["wall"]), statistics.median(bs["wall"])))
-            timed["cpu"].append((statistics.median(fs["cpu"]), statistics.median(bs["cpu"])))
-            opt_s.append(_optimizer_step_time(list(st.parameters()), repeat))
-        for clock, ((pf, pb), (sf, sb)) in timed.items():
-            extra[(blocks, clock)] = (max(0.0, sf - pf), max(0.0, sb - pb))
-        opt_extra[blocks] = max(0.0, opt_s[1] - opt_s[0])
+        plain, sharded = med[(blocks, False)], med[(blocks, True)]
+        extra[(blocks, "wall")] = (max(0.0, sharded["fw"] - plain["fw"]), max(0.0, sharded["bw"] - plain["bw"]))
+        extra[(blocks, "cpu")] = (max(0.0, sharded["fc"] - plain["fc"]), max(0.0, sharded["bc"] - plain["bc"]))
+    opt = _optimizer_step_times([list(st.parameters()) for _, _, st in probes], repeat, GLOO_QUANTILE, torch.zeros_like)
+    opt_extra = {1: max(0.0, opt[1] - opt[0]), 3: max(0.0, opt[3] - opt[2])}
     dist.destroy_process_group()
     return (per_block_slope(extra[(1, "wall")][0], extra[(3, "wall")][0]),
             per_block_slope(extra[(1, "wall")][1], extra[(3, "wall")][1]),
             per_block_slope(extra[(1, "cpu")][0], extra[(3, "cpu")][0]),
             per_block_slope(extra[(1, "cpu")][1], extra[(3, "cpu")][1]),
             per_block_slope(opt_extra[1], opt_extra[3]))
-
-
-def _optimizer_step_time(params: list[Any], repeat: int, q: float = GLOO_QUANTILE) -> float:
-    """The executor's optimizer step (AdamW + zero_grad) over `params` (plain or DTensor), thread CPU time,
-    low quantile after warm-up; gradients are the parameters' own zeros-like (DTensor keeps the sharding)."""
-    import torch
-
-    return _optimizer_step_times([params], repeat, q, torch.zeros_like)[0]
 
 
 def _optimizer_step_times(param_sets: list[list[Any]], repeat: int, q: float, grad_like: Any) -> list[float]:
@@ -533,25 +524,6 @@ def _core_share(rank: int, world: int, repeat: int) -> float:
     return (time.thread_time() - c) / wall if wall > 0 else 1.0
 
 
-def _reference_fb_rounds(rounds: int = 12) -> float:
-    """The reference stage's F+B in thread CPU time, mean over `rounds` rounds of 3 (spread by short sleeps
-    over more of the host's mode flips, as `_cpu_terms` takes its terms)."""
-    st, x = _reference_stage()
-    clock = time.thread_time
-
-    def fb() -> float:
-        t = clock()
-        st(x).float().sum().backward()
-        return clock() - t
-
-    fb()
-    per_round = []
-    for _ in range(rounds):
-        per_round.append(statistics.median([fb() for _ in range(3)]))
-        time.sleep(0.02)
-    return statistics.fmean(per_round)
-
-
 def available_cores(repeat: int = 10) -> float:
     """Cores this machine gives its ranks *now*: one copy of the reference stage per core, each measuring the
     share of a core it got (CPU / wall); their sum. Why: on a shared machine other processes take cores, and
@@ -584,6 +556,9 @@ def reference_plan():  # noqa: ANN201 - a Plan
                 stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 6), tp=1, dp=1),))
 
 
+LEVEL_RUNS = 3  # executor runs of reference_pipeline() behind the CPU terms' level (their median)
+
+
 def reference_pipeline():  # noqa: ANN201 - a Plan
     """The calibration's executor run (emulated, as `hetauto run --emulate` runs cpu-demo plans): the tiny GPT
     cut after its first block, the embedding and that block on a `fast` device, the rest on a `slow` one
@@ -607,8 +582,8 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     actions, the loss, its buffers and hooks) and its actions take ~1.2-1.3x the CPU time the isolated
     probes predict. Every CPU-time term is scaled by that ratio (Overheads.at_speed): the isolated probes
     give the terms' *shape* (per block, per edge, per tensor, per microbatch size), the executor their level.
-    The isolated F+B is taken again right after the run, and the prediction scaled by its drift, so a change
-    of the host's speed since the probes does not pass for the ratio. The same run's link emulation says how
+    The run is repeated LEVEL_RUNS times and the median ratio kept (a speed probe next to each run did not
+    track the run's own speed on this VM: it added noise, not removed it). The same run's link emulation says how
     late it delivers (link_lag_s). step_s is the one-rank run's step
     minus its F, B and OPTIM wall time (loss, data, bookkeeping), measured against the run's own actions so
     the host's speed at that moment cancels out."""
@@ -623,20 +598,24 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     oh = replace(oh, compute_scale=compute_scale_for(isolated_fb, d.fwd_compute_s + d.bwd_compute_s,
                                                      sum(ev.dispatch_s(st.layers, 1.0))), reference_fb_s=isolated_fb)
     plan = reference_pipeline()
-    doc = _executor_run(plan, 20, emulate=True)
-    if doc is not None:
-        with busy_host((os.cpu_count() or 1) - 1):  # as isolated_fb was taken
-            drift = _reference_fb_rounds() / isolated_fb
-        ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
-        costs = ev.pipeline_costs(plan)
-        m = plan.num_microbatches
-        speed = [ev.cluster(s.cluster).speed_factor for s in plan.stages]  # CPU time: the throttle's sleep apart
-        stages = doc.get("stage_compute", [])
-        measured = sum(c["cpu_s"].get("F", 0.0) + c["cpu_s"].get("B", 0.0) for c in stages)
-        predicted = sum(m * (costs.tf[c["stage"]] + costs.tb[c["stage"]]) * speed[c["stage"]] for c in stages)
-        if measured > 0 and predicted > 0:
-            oh = oh.at_speed(measured / (predicted * (1.0 + drift) / 2))
-        oh = replace(oh, link_lag_s=float((doc.get("link_dispatch_lag") or {}).get("mean_s", 0.0)))
+    ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
+    costs = ev.pipeline_costs(plan)
+    m = plan.num_microbatches
+    speed = [ev.cluster(s.cluster).speed_factor for s in plan.stages]  # CPU time: the throttle's sleep apart
+    ratios, lags = [], []
+    for _ in range(LEVEL_RUNS):  # one run can land in a slow or a fast spell of the host: the median of a few
+        doc = _executor_run(plan, 20, emulate=True)
+        if doc is not None:
+            stages = doc.get("stage_compute", [])
+            measured = sum(c["cpu_s"].get("F", 0.0) + c["cpu_s"].get("B", 0.0) for c in stages)
+            predicted = sum(m * (costs.tf[c["stage"]] + costs.tb[c["stage"]]) * speed[c["stage"]] for c in stages)
+            if measured > 0 and predicted > 0:
+                ratios.append(measured / predicted)
+            lags.append(float((doc.get("link_dispatch_lag") or {}).get("mean_s", 0.0)))
+    if ratios:
+        oh = oh.at_speed(statistics.median(ratios))
+    if lags:
+        oh = replace(oh, link_lag_s=statistics.median(lags))
     doc = _executor_run(ref, 12, emulate=False)
     if doc is not None:
         oh = replace(oh, step_s=step_residual(doc["measured_step_s"],
@@ -758,14 +737,14 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     ar = statistics.fmean(a[1] for a in alphas)
     ar_big = statistics.fmean(a[2] for a in alphas)
     ar_after = statistics.fmean(a[3] for a in alphas)
-    tp = run_ranks(_tp_block_overheads, 2, 20, timeout=300)  # 20: a steadier low quantile of the waits
+    tp = run_ranks(_tp_block_overheads, 2, 20, timeout=300)
+    with busy_host(cores - 1):  # CPU-time probes at the speed a rank gets while the other ranks compute
+        profile = _best_profile(device_key)
+        cpu = _cpu_terms()
     # DTensor per block in wall time (its dispatch and the waits on its collectives: what an action lasts)
     tpf, tpb = (statistics.fmean(t[i] for t in tp) for i in (0, 1))
     tpf_cpu, tpb_cpu = (statistics.fmean(t[i] for t in tp) for i in (2, 3))
     tp_optim = statistics.fmean(t[4] for t in tp)
-    with busy_host(cores - 1):  # CPU-time probes at the speed a rank gets while the other ranks compute
-        profile = _best_profile(device_key)
-        cpu = _cpu_terms()
     optim_tensor, optim_param = optimizer_fit(list(cpu.optimizer))
     oh = Overheads(fwd_layer_s=cpu.fwd_layer_s, bwd_layer_s=cpu.bwd_layer_s, edge_fwd_s=cpu.edge_fwd_s,
                    edge_bwd_s=cpu.edge_bwd_s, wake_s=cpu.wake_s, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
