@@ -332,25 +332,31 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
             per_block_slope(opt_extra[1], opt_extra[3]))
 
 
+def _timed_optimizer_step(params: list[Any], opt: Any, grad_like: Any) -> float:
+    """One optimizer step (then zero_grad) over `params` with gradients `grad_like(p)`, in thread CPU time."""
+    import torch
+
+    with torch.no_grad():
+        for p in params:
+            p.grad = grad_like(p)
+    c = time.thread_time()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.thread_time() - c
+
+
 def _optimizer_step_times(param_sets: list[list[Any]], repeat: int, q: float, grad_like: Any) -> list[float]:
     """Per parameter set, the `q` quantile of the executor's optimizer step (make_optimizer: single-tensor
     AdamW, then zero_grad) in thread CPU time, after 3 warm-up steps (they allocate the moments). The sets
     are timed in turn, so a slow phase of the host hits all of them alike; gradients from `grad_like(p)`."""
-    import torch
-
     from hetauto.runtime.reference import make_optimizer
 
     probes = [(params, make_optimizer(params, 1e-3), []) for params in param_sets]
     for i in range(repeat + 3):
         for params, opt, ts in probes:
-            with torch.no_grad():
-                for p in params:
-                    p.grad = grad_like(p)
-            c = time.thread_time()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            t = _timed_optimizer_step(params, opt, grad_like)
             if i >= 3:
-                ts.append(time.thread_time() - c)
+                ts.append(t)
     return [_quantile(ts, q) for _, _, ts in probes]
 
 
@@ -462,13 +468,7 @@ def _cpu_terms(rounds: int = CPU_ROUNDS) -> CpuTerms:
         return f + clock() - b
 
     def opt_step(params: list[Any], opt: Any) -> float:
-        with torch.no_grad():
-            for p in params:
-                p.grad = torch.randn_like(p)
-        t = clock()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return clock() - t
+        return _timed_optimizer_step(params, opt, torch.randn_like)
 
     ref_fb()
     for st, x in dispatch + edges + [action]:
