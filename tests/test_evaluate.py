@@ -19,8 +19,8 @@ from hetauto.schedule import schedule_for_plan, simulate
 
 
 def paper_plan(m: int = 128, per_cluster: int = 4, tp: int = 4, schedule: str = "1f1b",
-               extra: tuple[int, ...] = (), resharding: tuple[str, ...] = ()) -> tuple:
-    inp = load_planning_inputs(scenario="paper-4c")
+               extra: tuple[int, ...] = (), resharding: tuple[str, ...] = (), model: str | None = None) -> tuple:
+    inp = load_planning_inputs(scenario="paper-4c", model=model)
     n = len(inp.layers)
     p = 4 * per_cluster
     per = 64 // per_cluster
@@ -194,3 +194,35 @@ def test_simulate_cli_plan_mode(tmp_path, capsys) -> None:
     e = evaluate_plan(small_plan(4))
     assert doc["stages"] == 2 and doc["microbatches"] == 4
     assert doc["iteration_time_s"] == pytest.approx(e.iteration_time_s, rel=1e-9)
+
+
+def test_tied_table_split_across_stages_is_held_and_summed_by_the_head_stage() -> None:
+    """A tied model whose head sits apart from the embedding: the head stage holds its own copy of the
+    vocab x hidden table (parameters, gradients, optimizer states), and after the DP sum the two copies'
+    gradients are summed over the link between the first and last stage (Megatron's embedding group)."""
+    from dataclasses import replace
+
+    from hetauto.planner import costmodel as cm
+
+    inp, plan = paper_plan(128, 2, 8, model="gpt3-13b")
+    m = inp.model
+    assert m.tie_embeddings
+    head = inp.layers[-1]
+    assert head.tied_params == m.vocab_size * m.hidden
+    untied = replace(inp, layers=inp.layers[:-1] + (replace(head, tied_params=0),))
+    ev, ev0 = Evaluator(inp), Evaluator(untied)
+    last, first = plan.stages[-1], plan.stages[0]
+    assert ev.table.range(*last.layers).params == ev0.table.range(*last.layers).params + head.tied_params
+    n = len(inp.layers)
+    assert ev.table.range(0, n).params == ev0.table.range(0, n).params  # one stage holds the table once
+    mem, mem0 = (e.stage_memory_bytes(last.cluster, last.layers, last.tp, last.dp, plan.microbatch_size, 1)
+                 for e in (ev, ev0))
+    assert mem - mem0 == pytest.approx(head.tied_params / last.tp * cm.adam_bytes_per_param(last.dp, False), rel=1e-9)
+    c, c0 = ev.pipeline_costs(plan), ev0.pipeline_costs(plan)
+    link = inp.cluster.link(first.cluster, last.cluster)
+    tied = cm.ring_allreduce_time(head.tied_params / last.tp * 2, 2, link.bandwidth_Bps, link.latency_s)
+    assert tied > 0
+    assert c.allreduce[0] - c0.allreduce[0] == pytest.approx(tied, rel=1e-9)
+    assert c.allreduce[1:-1] == c0.allreduce[1:-1]
+    assert c.allreduce[-1] - c0.allreduce[-1] > tied  # and its own DP all-reduce now carries the table too
+    assert ev.evaluate(plan).iteration_time_s > ev0.evaluate(plan).iteration_time_s

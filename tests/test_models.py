@@ -246,5 +246,6 @@ def test_layers_from_module_nested_and_tied():
     assert layers[0].params == v * h and layers[-1].params == 0  # tied weight counted once, in the embedding
     # ... and one tensor, which a head stage apart from the embedding holds again (its own copy)
     assert (layers[0].param_tensors, layers[-1].param_tensors, layers[-1].tied_param_tensors) == (1, 0, 1)
-    assert layers_from_module(_Net, s)[-1].tied_param_tensors == 0
+    assert layers[-1].tied_params == v * h
+    assert layers_from_module(_Net, s)[-1].tied_param_tensors == layers_from_module(_Net, s)[-1].tied_params == 0
     assert [l.fwd_flops_per_token for l in layers] == [0.0, 2 * (2 * h * 2 * h), 2 * (2 * h * 2 * h), 2 * h * v]

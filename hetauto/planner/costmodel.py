@@ -132,7 +132,7 @@ class LayerTable:
             blocks=int(self._blocks[b] - self._blocks[a]), has_embedding=has_emb, has_head=has_head,
             block_flops_per_token=self._bflops[b] - self._bflops[a],
             head_flops_per_token=head.fwd_flops_per_token if has_head else 0.0,
-            params=self._params[b] - self._params[a],
+            params=self._params[b] - self._params[a] + (head.tied_params if has_head and not has_emb else 0),
             act_replicated=self._rep[b] - self._rep[a], act_sharded=self._sh[b] - self._sh[a],
             act_score=self._sc[b] - self._sc[a], act_block_input=self._binp[b] - self._binp[a],
             max_block_act=self._max_block if self._blocks[b] > self._blocks[a] else 0.0,

@@ -295,6 +295,23 @@ class Evaluator:
                 tb[c * p + r] = costs.tb[r] * (b / sb) if sb > 0 else costs.tb[r] / v
         return replace(costs, tf=tuple(tf), tb=tuple(tb))
 
+    def _tied_sum_s(self, plan: Plan) -> float:
+        """The tied table's gradient sum between the embedding stage and the head stage (Megatron's embedding
+        group: each rank's shard of the head's copy with its partner's), over the link between the two stages'
+        clusters. 0 without a tied table split across stages."""
+        head = self.inputs.layers[-1]
+        if plan.num_stages < 2 or head.kind != "head" or head.tied_params <= 0:
+            return 0.0
+        first, last = plan.stages[0], plan.stages[-1]
+        oh = self.overheads
+        scale = oh.grad_bytes_scale if oh is not None else 1.0
+        nbytes = head.tied_params / last.tp * cm.BYTES_BF16 * scale
+        ca, cb = self.cluster(first.cluster), self.cluster(last.cluster)
+        link = self.inputs.cluster.link(ca.name, cb.name) if ca.name != cb.name else ca.inter_node
+        if oh is not None and oh.allreduce_Bps > 0 and ca.name == cb.name:
+            return cm.ring_allreduce_time(nbytes, 2, oh.allreduce_Bps, oh.allreduce_alpha_s / 2)
+        return cm.ring_allreduce_time(nbytes, 2, link.bandwidth_Bps, link.latency_s)
+
     def _costs(self, plan: Plan, fold_shared: bool = True) -> PipelineCosts:
         mb = plan.microbatch_size
         tf, tb, ar, opt, gbytes = [], [], [], [], []
@@ -324,6 +341,10 @@ class Evaluator:
                 overlap = False
             else:  # as a span from the last backward's start (where an overlapped all-reduce starts)
                 ar = [cm.exposed_allreduce_span(b, a, g) if g > 0 else a for b, a, g in zip(tb, ar, gbytes)]
+        tied = self._tied_sum_s(plan)
+        if tied > 0:  # after the DP sum, on both ends of the table
+            ar[0] += tied
+            ar[-1] += tied
         methods = plan.boundary_methods()
         stages = plan.stages
         p = len(stages)

@@ -59,6 +59,9 @@ class LayerCost:
     # executor's split stages each keep one and sum their gradients); `param_tensors` counts it once, in the
     # embedding, as a stage holding both slots does
     tied_param_tensors: int = 0
+    # and the elements of that copy (vocab x hidden): its parameters, gradients and optimizer states live on
+    # the head stage too, and its gradient is summed with the embedding stage's every step
+    tied_params: int = 0
 
     @property
     def fwd_flops_per_sample(self) -> float:
@@ -132,6 +135,11 @@ def tied_head_param_tensors(m: ModelConfig) -> int:
     return 1 if m.tie_embeddings else 0
 
 
+def tied_head_params(m: ModelConfig) -> int:
+    """Elements of that projection (vocab x hidden when tied, else 0)."""
+    return m.vocab_size * m.hidden if m.tie_embeddings else 0
+
+
 def _block_matmul_weights(m: ModelConfig) -> int:
     h, f, kv = m.hidden, m.ffn_hidden, m.kv_heads * m.head_dim
     mlp = (2 if m.arch == "gpt" else 3) * h * f
@@ -184,7 +192,7 @@ def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCos
     # head: final-norm input and output (replicated), fp32 logits for the loss (sharded by vocab-parallel TP)
     layers.append(LayerCost(model.num_layers + 1, "head", "head", head_params(model), 2.0 * v * h, s, h,
                             float(4 * s * h), float(4 * s * v), 0.0, 0.0, head_param_tensors(model),
-                            tied_head_param_tensors(model)))
+                            tied_head_param_tensors(model), tied_head_params(model)))
     return tuple(layers)
 
 
@@ -223,7 +231,9 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
     # for a head stage apart from it
     head_side = {id(p) for sub in module.modules() if not isinstance(sub, nn.Embedding)
                  for p in sub.parameters(recurse=False)}
-    tied_tensors = len(head_side & emb_ids)
+    tied = head_side & emb_ids
+    tied_tensors = len(tied)
+    tied_elems = sum(p.numel() for p in module.parameters() if id(p) in tied)
     seen: set[int] = set()
     emb_params = head_params_ = emb_tensors = head_tensors = 0
     for p in module.parameters():  # deduplicated: tied weights count once, in the embedding
@@ -297,7 +307,7 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
                              block_flops[i] / seq_len, seq_len, h, 0.0, saved[i + 1], 0.0, boundary,
                              len(list(blk.parameters()))))
     out.append(LayerCost(n + 1, "head", "head", head_params_, head_flops / seq_len, seq_len, h,
-                         0.0, saved[n + 1], 0.0, 0.0, head_tensors, tied_tensors))
+                         0.0, saved[n + 1], 0.0, 0.0, head_tensors, tied_tensors, tied_elems))
     return tuple(out)
 
 
