@@ -41,7 +41,6 @@ def _plan() -> Plan:
 
 
 def _run(plan: Path, timeout: float, *extra: str, env: dict | None = None) -> tuple[dict, float]:
-    t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(plan), "--steps", str(STEPS), "--seed",
                            str(SEED), "--timeout", str(timeout), "--no-reference", "--json", *extra],
                           capture_output=True, text=True, env=env, timeout=600)

@@ -202,6 +202,45 @@ def test_tp_waits_take_no_core_and_are_not_stretched() -> None:
         simulate(schedule_for_plan(plan), scaled).iteration_time, rel=1e-12)
 
 
+def test_loaded_tp_terms_interpolate_by_the_load_beside_each_tp_group() -> None:
+    # with loaded TP terms measured (beside host_cores busy companions), a TP stage's DTensor terms are not
+    # stretched with its work: they move from the unloaded to the loaded measurement by the load beside the TP
+    # group (own other replicas + the other stages' expected busy ranks, over host_cores); the rest of the
+    # action is stretched by the contention factor
+    plan = _plan()
+    plan = plan.model_copy(update={"stages": (plan.stages[0].model_copy(update={"devices": (0, 1), "tp": 2}),
+                                              plan.stages[1].model_copy(update={"devices": (0, 1), "dp": 2}))})
+    inp = inputs_for_plan(plan)
+    oh = Overheads(tp_fwd_layer_s=0.01, tp_bwd_layer_s=0.02, tp_cpu_fraction=0.5, host_cores=2.0,
+                   tp_fwd_layer_loaded_s=0.015, tp_bwd_layer_loaded_s=0.04)
+    ev = Evaluator(inp, overheads=oh)
+    costs = ev.pipeline_costs(plan)
+    t0 = ev._iteration(plan, costs)[0]
+    m = plan.num_microbatches
+    blocks = 2.0  # stage 0: embedding + 2 blocks, at speed 1
+    waits = (blocks * 0.01 * 0.5, blocks * 0.02 * 0.5)
+    u0 = min(1.0, m * (costs.tf[0] + costs.tb[0] - sum(waits)) / t0)
+    u1 = min(1.0, m * (costs.tf[1] + costs.tb[1]) * 0.5 / t0)
+    # stage 0 (one TP pair): stage 1's two ranks, each busy u1 of the time, over 2 cores; stage 1 has no TP
+    load = 2 * u1 / 2.0
+    assert ev.tp_loads(plan, costs.tf, costs.tb, t0) == pytest.approx((load, 0.0), rel=1e-12)
+    assert 0 < load < 1
+    k = ev.contention_factors(plan, costs.tf, costs.tb, t0)
+    want_f0 = blocks * (0.01 + 0.005 * load) + (costs.tf[0] - blocks * 0.01) * k[0]
+    want_b0 = blocks * (0.02 + 0.02 * load) + (costs.tb[0] - blocks * 0.02) * k[0]
+    got = ev._contended(plan, costs.tf, costs.tb, k, ev.tp_loads(plan, costs.tf, costs.tb, t0))
+    assert got["tf"] == pytest.approx((want_f0, costs.tf[1] * k[1]), rel=1e-12)
+    assert got["tb"] == pytest.approx((want_b0, costs.tb[1] * k[1]), rel=1e-12)
+    assert ev.evaluate(plan).iteration_time_s == pytest.approx(
+        simulate(schedule_for_plan(plan), replace(costs, **got)).iteration_time, rel=1e-12)
+    # not measured: the CPU share of the TP terms is stretched instead, as before
+    unloaded = Evaluator(inp, overheads=replace(oh, tp_fwd_layer_loaded_s=0.0, tp_bwd_layer_loaded_s=0.0))
+    assert unloaded.tp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
+    got = unloaded._contended(plan, costs.tf, costs.tb, k, (0.0, 0.0))
+    assert got["tf"][0] == pytest.approx(waits[0] + (costs.tf[0] - waits[0]) * k[0], rel=1e-12)
+    assert u0 > 0
+
+
 def test_allreduce_wake_added_to_every_dp_stage_and_tp_cpu_fraction() -> None:
     from hetauto.planner.calibration import tp_cpu_fraction
 
@@ -342,11 +381,12 @@ def test_dispatch_counts_blocks_and_edge_slots_apart() -> None:
 def test_at_speed_scales_the_cpu_terms_only() -> None:
     oh = replace(OH, tp_fwd_layer_s=1e-2, tp_bwd_layer_s=2e-2, optim_tensor_s=1e-4, optim_param_s=1e-8,
                  tp_optim_block_s=3e-3, reference_fb_s=0.02, edge_fwd_s=1e-4, edge_bwd_s=2e-4, wake_s=5e-4,
-                 allreduce_Bps=1e9, allreduce_wake_s=2e-3, host_cores=2.0, tp_cpu_fraction=0.6)
+                 allreduce_Bps=1e9, allreduce_wake_s=2e-3, host_cores=2.0, tp_cpu_fraction=0.6,
+                 tp_fwd_layer_loaded_s=2e-2, tp_bwd_layer_loaded_s=3e-2)
     got = oh.at_speed(1.25)
     cpu = {"fwd_layer_s", "bwd_layer_s", "edge_fwd_s", "edge_bwd_s", "compute_scale", "tp_fwd_layer_s",
            "tp_bwd_layer_s", "optim_tensor_s", "optim_param_s", "tp_optim_block_s", "step_s", "reference_fb_s",
-           "wake_s"}
+           "wake_s", "tp_fwd_layer_loaded_s", "tp_bwd_layer_loaded_s"}
     for name in Overheads.__dataclass_fields__:
         want = getattr(oh, name) * (1.25 if name in cpu else 1.0)
         assert getattr(got, name) == pytest.approx(want, rel=1e-12), name
@@ -433,3 +473,30 @@ def test_contention_is_the_expected_stretch_over_the_other_ranks_busy_moments() 
     assert max(u) < 0.5
     got = Evaluator(inp, overheads=Overheads(host_cores=3.0)).contention_factors(plan, costs.tf, costs.tb, free)
     assert got == pytest.approx((1 + u[1] ** 2 / 3, 1 + u[0] ** 2 / 3), rel=1e-12)
+
+
+def test_host_level_is_the_reference_pipelines_measured_over_predicted_cpu(monkeypatch) -> None:
+    # each run of reference_pipeline() reports its F and B CPU seconds per stage; the level is the median over
+    # runs of their sum over the calibration's prediction (m x (F + B) per stage, x the speed factor: the
+    # throttle's sleep is no CPU), and at_level re-levels every CPU term by it
+    from hetauto.planner import calibration as calmod
+
+    cal = Calibration("cpu", get_device("cpu"), OH, "host", "2.13.0", "now")
+    plan = calmod.reference_pipeline()
+    ev = Evaluator(inputs_for_plan(plan), profile_overrides=cal.profile_overrides(), overheads=OH)
+    costs = ev.pipeline_costs(plan)
+    m = plan.num_microbatches
+    speeds = (1.0, 0.5)
+    ratios = iter((1.3, 0.9, 1.1))
+
+    def fake_run(p, steps, *, emulate):
+        assert p == plan and emulate
+        r = next(ratios)
+        return {"stage_compute": [{"stage": i, "cpu_s": {"F": r * m * costs.tf[i] * s, "B": r * m * costs.tb[i] * s}}
+                                  for i, s in enumerate(speeds)], "link_dispatch_lag": {"mean_s": 1e-3}}
+
+    monkeypatch.setattr(calmod, "_executor_run", fake_run)
+    assert calmod.host_level(cal, runs=3) == pytest.approx(1.1, rel=1e-12)
+    assert cal.at_level(1.1).overheads == OH.at_speed(1.1)
+    monkeypatch.setattr(calmod, "_executor_run", lambda *a, **k: None)  # no run came back: the calibration as is
+    assert calmod.host_level(cal) == 1.0

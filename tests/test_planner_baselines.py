@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from hetauto.planner.evaluate import Evaluator
 from hetauto.planner.inputs import load_planning_inputs

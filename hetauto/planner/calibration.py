@@ -22,8 +22,9 @@ a multi-rank run's condition; this host's cores slow each other when all compute
 set by the executor itself: its run of `reference_pipeline()` reports per-action CPU time, and every CPU term
 is scaled by measured / predicted (~1.2-1.3x: the loss, hooks, buffers and waits around an action). The gloo
 terms are wall-clock low quantiles; DTensor's per-block term is a wall-clock median (a TP action lasts its
-dispatch *plus* the waits on its many small collectives), with its CPU share kept apart (`tp_cpu_fraction`)
-so host-core contention counts only the work; the DP all-reduce gets its wake-up cost right after compute
+dispatch *plus* the waits on its many small collectives), with its CPU share kept apart (`tp_cpu_fraction`,
+process CPU time: gloo's threads included) so host-core contention counts only the work, and measured again
+with every core's worth of other work beside it (`tp_*_layer_loaded_s`: its waits grow with the load); the DP all-reduce gets its wake-up cost right after compute
 (`allreduce_wake_s`: the executor's REDUCE_GRAD follows the last backward, not a tight loop); the quick
 GEMM profile is taken twice and the faster kept (a descheduled run only ever looks slower).
 
@@ -104,6 +105,13 @@ class Overheads:
     # added to every cross-cluster boundary message: how late the link emulation posts a send after its delivery
     # time (its thread needs the GIL and a core; ~0.4-1.3 ms here), on top of the gloo exchange (p2p_alpha_s)
     link_lag_s: float = 0.0
+    # tp_fwd_layer_s / tp_bwd_layer_s measured with host_cores companion processes computing beside the TP pair
+    # (0: not measured). Why: a TP action is dozens of small collectives, and each one waits for a partner that
+    # time-slicing may have put off its core, so its waits grow with the host's load far beyond its own work's
+    # stretch (~1.5x per block with every core's worth of other work here); the Evaluator interpolates between
+    # the two by the load the plan's other ranks put on the host
+    tp_fwd_layer_loaded_s: float = 0.0
+    tp_bwd_layer_loaded_s: float = 0.0
 
     def at_speed(self, ratio: float) -> "Overheads":
         """These overheads for CPU work that takes `ratio` times as long as where they were measured (the
@@ -112,7 +120,7 @@ class Overheads:
         exchanges, mostly waiting) and host_cores as they are."""
         cpu = ("fwd_layer_s", "bwd_layer_s", "edge_fwd_s", "edge_bwd_s", "compute_scale", "tp_fwd_layer_s",
                "tp_bwd_layer_s", "optim_tensor_s", "optim_param_s", "tp_optim_block_s", "step_s", "reference_fb_s",
-               "wake_s")
+               "wake_s", "tp_fwd_layer_loaded_s", "tp_bwd_layer_loaded_s")
         return replace(self, **{name: getattr(self, name) * ratio for name in cpu})
 
     def dispatch_s(self, blocks: float, edges: float) -> tuple[float, float]:
@@ -137,6 +145,10 @@ class Calibration:
 
     def profile_overrides(self) -> dict[str, DeviceProfile]:
         return {self.device_key: self.profile}
+
+    def at_level(self, ratio: float) -> "Calibration":
+        """This calibration for a host whose CPU work now takes `ratio` times as long (`host_level`)."""
+        return replace(self, overheads=self.overheads.at_speed(ratio))
 
     def to_document(self) -> dict[str, Any]:
         return {"schema": CALIBRATION_SCHEMA, "device_key": self.device_key, "profile": self.profile.to_document(),
@@ -278,7 +290,9 @@ def _comm_alphas(rank: int, world: int, repeat: int) -> tuple[float, float, floa
 def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, float, float, float, float]:
     """Two ranks, tp = 2 (DTensor, as the executor shards a stage): extra forward / backward time per block
     over the same unsharded stage timed in the same processes (1 sample x seq 32, where FLOPs are negligible).
-    Returns (fwd wall, bwd wall, fwd CPU, bwd CPU, optimizer step CPU) per block; the last: AdamW over
+    Returns (fwd wall, bwd wall, fwd CPU, bwd CPU, optimizer step CPU) per block. The F/B CPU is the process's
+    (gloo's own threads move the collectives' bytes: ~1/4 more than the main thread's time, and a core is just
+    as busy with them); the optimizer's the main thread's. The last: AdamW over
     DTensor parameters (each elementwise op dispatched through DTensor, ~10x a plain tensor's). Wall time is what an executor action lasts:
     DTensor's dispatch work (~8 / 15 ms per block here, its CPU time) plus waiting on its many small gloo
     collectives (about as much again); the median (an action in a run meets the partner's delays as often as
@@ -305,11 +319,11 @@ def _tp_block_overheads(rank: int, world: int, repeat: int) -> tuple[float, floa
     for i in range(repeat + 2):
         for blocks, sharded, st in probes:
             dist.barrier()
-            t, c = time.perf_counter(), time.thread_time()
+            t, c = time.perf_counter(), time.process_time()
             y = st(x)
-            t1, c1 = time.perf_counter(), time.thread_time()
+            t1, c1 = time.perf_counter(), time.process_time()
             y.sum().backward()
-            t2, c2 = time.perf_counter(), time.thread_time()
+            t2, c2 = time.perf_counter(), time.process_time()
             if i >= 2:  # the first calls build DTensor's sharding-propagation caches
                 got = samples[(blocks, sharded)]
                 got["fw"].append(t1 - t)
@@ -597,21 +611,7 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
     d = ev.stage_detail(st.cluster, st.layers, 1, 1, ref.microbatch_size)
     oh = replace(oh, compute_scale=compute_scale_for(isolated_fb, d.fwd_compute_s + d.bwd_compute_s,
                                                      sum(ev.dispatch_s(st.layers, 1.0))), reference_fb_s=isolated_fb)
-    plan = reference_pipeline()
-    ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
-    costs = ev.pipeline_costs(plan)
-    m = plan.num_microbatches
-    speed = [ev.cluster(s.cluster).speed_factor for s in plan.stages]  # CPU time: the throttle's sleep apart
-    ratios, lags = [], []
-    for _ in range(LEVEL_RUNS):  # one run can land in a slow or a fast spell of the host: the median of a few
-        doc = _executor_run(plan, 20, emulate=True)
-        if doc is not None:
-            stages = doc.get("stage_compute", [])
-            measured = sum(c["cpu_s"].get("F", 0.0) + c["cpu_s"].get("B", 0.0) for c in stages)
-            predicted = sum(m * (costs.tf[c["stage"]] + costs.tb[c["stage"]]) * speed[c["stage"]] for c in stages)
-            if measured > 0 and predicted > 0:
-                ratios.append(measured / predicted)
-            lags.append(float((doc.get("link_dispatch_lag") or {}).get("mean_s", 0.0)))
+    ratios, lags = _pipeline_level(profile, oh, device_key, LEVEL_RUNS)
     if ratios:
         oh = oh.at_speed(statistics.median(ratios))
     if lags:
@@ -621,6 +621,41 @@ def _reference_plan_terms(profile: DeviceProfile, oh: Overheads, device_key: str
         oh = replace(oh, step_s=step_residual(doc["measured_step_s"],
                                               (doc.get("stage_compute") or [{}])[0].get("wall_s", {})))
     return oh
+
+
+def _pipeline_level(profile: DeviceProfile, oh: Overheads, device_key: str,
+                    runs: int) -> tuple[list[float], list[float]]:
+    """`runs` executor runs of reference_pipeline(): per run, its F and B actions' measured CPU time over what
+    `oh` predicts for them, and the link emulation's mean dispatch lag."""
+    from hetauto.planner.evaluate import Evaluator, inputs_for_plan
+
+    plan = reference_pipeline()
+    ev = Evaluator(inputs_for_plan(plan), profile_overrides={device_key: profile}, overheads=oh)
+    costs = ev.pipeline_costs(plan)
+    m = plan.num_microbatches
+    speed = [ev.cluster(s.cluster).speed_factor for s in plan.stages]  # CPU time: the throttle's sleep apart
+    ratios, lags = [], []
+    for _ in range(runs):  # one run can land in a slow or a fast spell of the host: the median of a few
+        doc = _executor_run(plan, 20, emulate=True)
+        if doc is not None:
+            stages = doc.get("stage_compute", [])
+            measured = sum(c["cpu_s"].get("F", 0.0) + c["cpu_s"].get("B", 0.0) for c in stages)
+            predicted = sum(m * (costs.tf[c["stage"]] + costs.tb[c["stage"]]) * speed[c["stage"]] for c in stages)
+            if measured > 0 and predicted > 0:
+                ratios.append(measured / predicted)
+            lags.append(float((doc.get("link_dispatch_lag") or {}).get("mean_s", 0.0)))
+    return ratios, lags
+
+
+def host_level(cal: Calibration, runs: int = 1) -> float:
+    """How much longer (> 1) or shorter the executor's CPU work takes now than `cal` predicts: the median over
+    `runs` runs of reference_pipeline() (~5 s each) of measured / predicted F+B CPU time; 1.0 if none ran.
+
+    Why: a shared host's speed drifts (on this VM ~25% over ten minutes, while a calibration takes a few), so a
+    prediction made minutes after its calibration inherits that drift. `cal.at_level(host_level(cal))` is the
+    calibration re-levelled to the host as it is now; only the level is re-measured, every term's shape stays."""
+    ratios, _ = _pipeline_level(cal.profile, cal.overheads, cal.device_key, runs)
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def _executor_run(plan: Any, steps: int, *, emulate: bool) -> dict[str, Any] | None:
@@ -738,6 +773,8 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     ar_big = statistics.fmean(a[2] for a in alphas)
     ar_after = statistics.fmean(a[3] for a in alphas)
     tp = run_ranks(_tp_block_overheads, 2, 20, timeout=300)
+    with busy_host(cores):  # the same TP pair with every core's worth of other work beside it
+        tp_loaded = run_ranks(_tp_block_overheads, 2, 20, timeout=300)
     with busy_host(cores - 1):  # CPU-time probes at the speed a rank gets while the other ranks compute
         profile = _best_profile(device_key)
         cpu = _cpu_terms()
@@ -749,6 +786,8 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
     oh = Overheads(fwd_layer_s=cpu.fwd_layer_s, bwd_layer_s=cpu.bwd_layer_s, edge_fwd_s=cpu.edge_fwd_s,
                    edge_bwd_s=cpu.edge_bwd_s, wake_s=cpu.wake_s, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
                    activation_bytes_scale=2.0, tp_fwd_layer_s=tpf, tp_bwd_layer_s=tpb,
+                   tp_fwd_layer_loaded_s=max(tpf, statistics.fmean(t[0] for t in tp_loaded)),
+                   tp_bwd_layer_loaded_s=max(tpb, statistics.fmean(t[1] for t in tp_loaded)),
                    tp_cpu_fraction=tp_cpu_fraction(tpf + tpb, tpf_cpu + tpb_cpu),
                    allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0,
                    allreduce_wake_s=max(0.0, ar_after - ar_big), optim_tensor_s=optim_tensor,

@@ -431,11 +431,9 @@ class Evaluator:
             oh = self.overheads
             if oh is not None and oh.host_cores > 0 and t > 0:
                 factors = self.contention_factors(plan, costs.tf, costs.tb, t)
-                if any(x > 1.0 for x in factors):
-                    # time-slicing stretches the work; a TP collective's wait is the partner's (stretched) work
-                    waits = [self._tp_waits(st) for st in plan.stages]
-                    costs = replace(costs, tf=tuple(w[0] + (x - w[0]) * k for x, k, w in zip(costs.tf, factors, waits)),
-                                    tb=tuple(w[1] + (x - w[1]) * k for x, k, w in zip(costs.tb, factors, waits)))
+                loads = self.tp_loads(plan, costs.tf, costs.tb, t)
+                if any(x > 1.0 for x in factors) or any(loads):
+                    costs = replace(costs, **self._contended(plan, costs.tf, costs.tb, factors, loads))
                     t, bubble = self._iteration(plan, costs)
             if oh is not None and oh.step_s:
                 t += oh.step_s * self.step_contention(plan)
@@ -447,6 +445,49 @@ class Evaluator:
                             flops / t / devices / 1e12 if t > 0 else 0.0, tuple(peaks), tuple(caps), None)
         self._plans[key] = ev
         return ev
+
+    def _contended(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...], factors: tuple[float, ...],
+                   loads: tuple[float, ...]) -> dict[str, tuple[float, ...]]:
+        """tf/tb on a shared host: the work stretched by its stage's contention factor; a TP stage's DTensor
+        terms either interpolated between their unloaded and loaded measurements by `loads` (when measured:
+        their waits on partners put off their cores grow with the host's load, not with the stretch of the
+        work) or, without a loaded measurement, only their CPU share stretched (a wait is the partner's work)."""
+        oh = self.overheads
+        out: dict[str, list[float]] = {"tf": [], "tb": []}
+        for st, f, b, k, load in zip(plan.stages, tf, tb, factors, loads):
+            terms = self._tp_terms(st)
+            loaded = self._tp_terms(st, loaded=True)
+            for name, x, i in (("tf", f, 0), ("tb", b, 1)):
+                if oh is not None and loaded[i] > 0:
+                    kept = terms[i] + (loaded[i] - terms[i]) * load
+                    out[name].append(kept + (x - terms[i]) * k)
+                else:
+                    w = self._tp_waits(st)[i]
+                    out[name].append(w + (x - w) * k)
+        return {name: tuple(v) for name, v in out.items()}
+
+    def tp_loads(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
+                 iteration_s: float) -> tuple[float, ...]:
+        """Per stage: the other work beside each of its TP groups, in units of `host_cores` (what the loaded TP
+        terms were measured beside: 1.0): its own stage's other replicas (they compute when it does) plus the
+        ranks of the other stages expected busy (n_j x u_j, the busy shares of `contention_factors`); 0.0 for
+        tp = 1 stages, or when the calibration has no loaded TP terms."""
+        oh = self.overheads
+        if oh is None or oh.host_cores <= 0 or iteration_s <= 0 or (oh.tp_fwd_layer_loaded_s <= 0
+                                                                  and oh.tp_bwd_layer_loaded_s <= 0):
+            return tuple(0.0 for _ in plan.stages)
+        u = self._busy_shares(plan, tf, tb, iteration_s)
+        total = sum(st.num_devices * x for st, x in zip(plan.stages, u))
+        return tuple((st.num_devices - st.tp + total - st.num_devices * x) / oh.host_cores if st.tp > 1 else 0.0
+                     for st, x in zip(plan.stages, u))
+
+    def _busy_shares(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
+                     iteration_s: float) -> list[float]:
+        """Per stage: the share of the iteration its ranks keep a core busy (F/B work, TP waits taken out; a
+        throttled rank sleeps the rest of its action)."""
+        m = plan.num_microbatches
+        return [min(1.0, m * self._cpu_busy(st, f + b) * self.cluster(st.cluster).speed_factor / iteration_s)
+                for st, f, b in zip(plan.stages, tf, tb)]
 
     def contention_factors(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
                            iteration_s: float) -> tuple[float, ...]:
@@ -464,9 +505,7 @@ class Evaluator:
         oh = self.overheads
         if oh is None or oh.host_cores <= 0 or iteration_s <= 0:
             return tuple(1.0 for _ in plan.stages)
-        m = plan.num_microbatches
-        u = [min(1.0, m * self._cpu_busy(st, f + b) * self.cluster(st.cluster).speed_factor / iteration_s)
-             for st, f, b in zip(plan.stages, tf, tb)]
+        u = self._busy_shares(plan, tf, tb, iteration_s)
         cores = oh.host_cores
         if plan.world_size > CONTENTION_EXACT_RANKS:
             load = [st.num_devices * x for st, x in zip(plan.stages, u)]
@@ -505,15 +544,26 @@ class Evaluator:
             t += sums.blocks * oh.tp_optim_block_s
         return t * self._host_stretch(st.num_devices)
 
+    def _tp_terms(self, st: StagePlan, loaded: bool = False) -> tuple[float, float]:
+        """(forward, backward) seconds per microbatch of a tp > 1 stage's DTensor terms (Overheads.tp_*_layer_s,
+        or their `loaded` measurement) per sharded block, slowed by the speed factor like its compute."""
+        oh = self.overheads
+        if oh is None or st.tp <= 1:
+            return (0.0, 0.0)
+        blocks = self.table.range(*st.layers).blocks / self.cluster(st.cluster).speed_factor
+        if loaded:
+            return (blocks * oh.tp_fwd_layer_loaded_s, blocks * oh.tp_bwd_layer_loaded_s)
+        return (blocks * oh.tp_fwd_layer_s, blocks * oh.tp_bwd_layer_s)
+
     def _tp_waits(self, st: StagePlan) -> tuple[float, float]:
         """(forward, backward) seconds per microbatch of a stage's TP terms spent waiting on collectives:
         the TP terms are wall time, of which only `tp_cpu_fraction` is work that keeps a core busy."""
         oh = self.overheads
         if oh is None or st.tp <= 1 or oh.tp_cpu_fraction >= 1.0:
             return (0.0, 0.0)
-        blocks = self.table.range(*st.layers).blocks / self.cluster(st.cluster).speed_factor
         idle = 1.0 - oh.tp_cpu_fraction
-        return (blocks * oh.tp_fwd_layer_s * idle, blocks * oh.tp_bwd_layer_s * idle)
+        f, b = self._tp_terms(st)
+        return (f * idle, b * idle)
 
     def _cpu_busy(self, st: StagePlan, fb_s: float) -> float:
         """The part of a stage's F+B (seconds per microbatch) that keeps a core busy (TP waits taken out)."""

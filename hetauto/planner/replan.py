@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetauto.core.errors import CheckpointMismatch, SpecError
+from hetauto.core.errors import SpecError
 from hetauto.core.model import ModelConfig
 from hetauto.core.model_catalog import get_model
 from hetauto.planner.inputs import PlanningInputs, load_planning_inputs

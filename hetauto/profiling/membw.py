@@ -35,6 +35,4 @@ def measure_memory_bandwidth(
     copy_s = time_call(lambda: a.copy_(b), backend, warmup=1, repeats=repeats)
     triad_s = time_call(lambda: torch.add(b, c, alpha=3.0, out=a), backend, warmup=1, repeats=repeats)
     size = n * 4
-    result = MemoryBandwidth(size, 2.0 * size / copy_s, 3.0 * size / triad_s)
-    del a, b, c
-    return result
+    return MemoryBandwidth(size, 2.0 * size / copy_s, 3.0 * size / triad_s)

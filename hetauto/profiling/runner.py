@@ -19,7 +19,6 @@ import datetime
 import os
 import platform
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
