@@ -91,9 +91,12 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
                      m: int, cache: dict | None = None) -> tuple[float, Candidate] | None:
     spec = space.spec
     cache = {} if cache is None else cache
+    by_name = cache.get("clusters")
+    if by_name is None:  # a dict, not spec.cluster's scan: this runs per stage of ~10^5 shapes
+        by_name = cache["clusters"] = {c.name: c for c in spec.clusters}
     tps = []
     for name, k in zip(order, ks):
-        c = spec.cluster(name)
+        c = by_name[name]
         size = c.num_devices // k
         tp = 1
         while (mbs % (size // tp)) and tp * 2 <= min(size, c.devices_per_node):
@@ -112,7 +115,7 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
         names: list[str] = []
         costs, prefix, dps, tpl = [], [], [], []
         for name, k, t in zip(order, ks, tps):  # the stages of one cluster are alike: one cost per cluster
-            dp = spec.cluster(name).num_devices // k // t
+            dp = by_name[name].num_devices // k // t
             key = (name, t, dp, mbs)
             got = cache.get(key)
             if got is None:
@@ -132,7 +135,7 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
             end = pos + cnt
             need = (c.base_static + c.base_act * q + (pf.static[end] - pf.static[pos])
                     + q * (pf.act[end] - pf.act[pos]))
-            cap = spec.cluster(name).device.memory_bytes
+            cap = by_name[name].device.memory_bytes
             if need / cap > worst:
                 worst, worst_cluster = need / cap, name
             e.append(pf.times[end] - pf.times[pos])
@@ -140,20 +143,20 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
         if worst <= 1.0:
             break
         j = order.index(worst_cluster)
-        c = spec.cluster(worst_cluster)
+        c = by_name[worst_cluster]
         size = c.num_devices // ks[j]
         if tps[j] * 2 > min(size, c.devices_per_node):
             return None  # Metis' memory re-balance of layers happens in build(); here: give up this shape
         tps[j] *= 2
     act = mbs * layers[1].boundary_bytes_per_sample
-    cuts = sum(act / spec.cluster(a).intra_node.bandwidth_Bps  # Metis reads intra where it means inter
+    cuts = sum(act / by_name[a].intra_node.bandwidth_Bps  # Metis reads intra where it means inter
                for a in names[:-1])
     ar = 0.0
     pos = 0
     for name, t, dp, cnt in zip(names, tpl, dps, counts):
         if dp > 1:
             params = (pparams[pos + cnt] - pparams[pos]) / t
-            bw = spec.cluster(name).inter_node.bandwidth_Bps
+            bw = by_name[name].inter_node.bandwidth_Bps
             ar = max(ar, 2 * (dp - 1) / dp * 2 * params / bw)
         pos += cnt
     return (m - 1) * max(e) + sum(e) + ar + cuts, cand
