@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("hetauto.commands.plan", "search for the best parallelization plan"),
     "simulate": ("hetauto.commands.simulate", "simulate a plan's pipeline schedule"),
     "run": ("hetauto.commands.run", "run a plan for real with torchrun"),
+    "calibrate": ("hetauto.commands.calibrate", "measure this machine's executor overheads for run's predictions"),
 }
 
 

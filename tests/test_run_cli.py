@@ -87,8 +87,7 @@ def test_emulated_prediction_without_a_cached_calibration_says_how_to_measure_it
     got, source, calibrated = _predicted(plan, emulate=True)
     assert calibrated is False and got == evaluate_plan(plan).iteration_time_s
     assert source == ("cost model + simulator (uncalibrated: no cached calibration of this machine; measure it once "
-                      "with python -c 'from hetauto.planner.calibration import local_calibration as c; "
-                      "c(measure=True)')")
+                      "with `hetauto calibrate`)")
     assert _predicted(plan)[1:] == ("cost model + simulator", False)  # not emulated: the plan's own clusters
 
 
@@ -110,5 +109,4 @@ def test_emulated_prediction_with_a_stale_cached_calibration_names_the_missing_t
     got, source, calibrated = _predicted(plan, emulate=True)
     assert calibrated is True and got == evaluate_plan(plan, calibration=cal).iteration_time_s
     assert source == ("cost model + simulator, calibrated for this machine (the cached calibration predates "
-                      "tp_cpu_fraction, allreduce_wake_s; re-measure with python -c "
-                      "'from hetauto.planner.calibration import local_calibration as c; c(measure=True)')")
+                      "tp_cpu_fraction, allreduce_wake_s; re-measure with `hetauto calibrate`)")

@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "latest complete checkpoint in --checkpoint-dir")
 
 
-MEASURE_CALIBRATION = "python -c 'from hetauto.planner.calibration import local_calibration as c; c(measure=True)'"
+MEASURE_CALIBRATION = "`hetauto calibrate`"
 
 
 def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -> tuple[float | None, str, bool]:

@@ -47,8 +47,9 @@ from typing import Any
 
 from hetauto.core.profile import DeviceProfile
 
-__all__ = ["Overheads", "Calibration", "allreduce_bandwidth", "available_cores", "cache_path", "busy_host", "compute_scale_for", "local_calibration",
-           "measure_calibration", "optimizer_fit", "per_block_slope", "step_residual", "tp_cpu_fraction"]
+__all__ = ["CALIBRATION_PHASES", "Calibration", "Overheads", "allreduce_bandwidth", "available_cores", "busy_host",
+           "cache_path", "compute_scale_for", "host_level", "local_calibration", "measure_calibration", "optimizer_fit",
+           "per_block_slope", "save_calibration", "step_residual", "tp_cpu_fraction"]
 
 CALIBRATION_SCHEMA = "hetauto.calibration/1"
 
@@ -200,9 +201,16 @@ def local_calibration(*, measure: bool = False, cache_dir: str | Path | None = N
     elif not measure:
         return None
     cal = measure_calibration()
+    save_calibration(cal, cache_dir)
+    return cal
+
+
+def save_calibration(cal: Calibration, cache_dir: str | Path | None = None) -> Path:
+    """Write `cal` where `local_calibration` reads it (plain JSON); returns the path."""
+    path = cache_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cal.to_document(), indent=1))
-    return cal
+    return path
 
 
 def _stale(doc: dict[str, Any]) -> bool:
@@ -760,21 +768,35 @@ class busy_host:
         self.procs = []
 
 
-def measure_calibration(device_key: str = "cpu") -> Calibration:
-    """Measure this machine (CPU backend): quick float32 profile, layer dispatch costs, gloo alphas."""
+CALIBRATION_PHASES = ("gloo latency and all-reduce bandwidth", "DTensor per block, alone",
+                      "DTensor per block, beside busy cores", "GEMM profile and CPU-time probes",
+                      "executor runs of the reference pipeline")
+
+
+def measure_calibration(device_key: str = "cpu", progress: Any = None) -> Calibration:
+    """Measure this machine (CPU backend): quick float32 profile, layer dispatch costs, gloo alphas.
+    `progress(i, phase)` (optional) is called as each of CALIBRATION_PHASES starts (~75 s in all here)."""
     import datetime
 
     from hetauto.testing.multiproc import run_ranks
 
+    def phase(i: int) -> None:
+        if progress is not None:
+            progress(i, CALIBRATION_PHASES[i])
+
     cores = os.cpu_count() or 1
+    phase(0)
     alphas = run_ranks(_comm_alphas, 2, 200, timeout=120)
     p2p = statistics.fmean(a[0] for a in alphas)
     ar = statistics.fmean(a[1] for a in alphas)
     ar_big = statistics.fmean(a[2] for a in alphas)
     ar_after = statistics.fmean(a[3] for a in alphas)
+    phase(1)
     tp = run_ranks(_tp_block_overheads, 2, 20, timeout=300)
+    phase(2)
     with busy_host(cores):  # the same TP pair with every core's worth of other work beside it
         tp_loaded = run_ranks(_tp_block_overheads, 2, 20, timeout=300)
+    phase(3)
     with busy_host(cores - 1):  # CPU-time probes at the speed a rank gets while the other ranks compute
         profile = _best_profile(device_key)
         cpu = _cpu_terms()
@@ -793,6 +815,7 @@ def measure_calibration(device_key: str = "cpu") -> Calibration:
                    allreduce_wake_s=max(0.0, ar_after - ar_big), optim_tensor_s=optim_tensor,
                    optim_param_s=optim_param, tp_optim_block_s=tp_optim)
     # the CPU terms' level and step_s from the executor's own run (its two ranks keep both cores busy)
+    phase(4)
     oh = _reference_plan_terms(profile, oh, device_key, cpu.reference_fb_s)
     # what computing side by side costs the hardware is in the terms above (measured with every core busy):
     # host_cores is left to time-slicing, which the Evaluator models when ranks outnumber the cores
