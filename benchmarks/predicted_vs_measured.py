@@ -10,22 +10,12 @@ predictions:
 - `catalog`: the analytical model with the catalog's rough `cpu` profile (what `hetauto run` printed so far);
 - `calibrated`: the measured local profile and executor overheads (hetauto.planner.calibration; measured once,
   cached under ~/.cache/hetauto; not fitted to these runs);
-- `calibrated+forest`: the same with the shipped correction (`correction="default"`);
-- `calibrated@run`: the calibration re-levelled to the host over the same minutes as the runs (default on;
-  `--no-track-level` skips it): before each round, and once after the last, one run of the calibration's own
-  reference pipeline (not one of these plans) says how much slower or faster the host runs the executor's
-  CPU work than the calibration predicts (`calibration.host_level`); the median of those checks re-levels
-  every CPU term (`Calibration.at_level`). Only the level is re-measured: every term's shape (per block, per
-  slot, per tensor, contention, links) is the calibration's. Why: this VM's speed drifts ~25-40% over ten
-  minutes while calibration and runs take six, so a calibration taken once carries the drift between its
-  minute and the runs' into every prediction. (One check does not follow the run right after it: one run of
-  a plan varies +-20% from the next, so the checks are pooled, as the runs are.)
+- `calibrated+forest`: the same with the shipped correction (`correction="default"`).
 
 Target: |predicted - measured| / measured <= 25% for `calibrated`. `--save-rows FILE` writes the (plan features,
 measured, predicted) rows that `benchmarks/cost_model_accuracy.py --plan-rows FILE` reports.
 
-    python benchmarks/predicted_vs_measured.py [--quick] [--json] [--rounds R] [--save-rows FILE] [--recalibrate]
-                                               [--no-track-level] [--probe]
+    python benchmarks/predicted_vs_measured.py [--quick] [--json] [--rounds R] [--save-rows FILE] [--recalibrate] [--probe]
 
 The machine is shared: the load average is printed at the start and after each plan. `--recalibrate`
 measures the calibration in the same run (same load) instead of reading the cache; `--probe` measures,
@@ -95,15 +85,13 @@ def main() -> int:
     ap.add_argument("--save-rows", metavar="FILE")
     ap.add_argument("--recalibrate", action="store_true",
                     help="measure a fresh calibration in this run (not cached), so it sees the same machine load")
-    ap.add_argument("--no-track-level", dest="track_level", action="store_false",
-                    help="skip the reference-pipeline run before each round (and the calibrated@run column)")
     ap.add_argument("--probe", action="store_true",
                     help="measure the cores left to the ranks right before each plan (calibration.available_cores) "
                          "and also report the calibrated prediction with host_cores = what was left")
     args = ap.parse_args()
     import os
 
-    from hetauto.planner.calibration import host_level, local_calibration, measure_calibration
+    from hetauto.planner.calibration import local_calibration, measure_calibration
     from hetauto.planner.evaluate import evaluate_plan, inputs_for_plan
 
     load0 = os.getloadavg()[0]
@@ -121,24 +109,14 @@ def main() -> int:
     from hetauto.planner.calibration import available_cores
 
     runs: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in chosen}  # (step, load, cores)
-    levels: list[float] = []
-
-    def level() -> None:
-        if args.track_level:
-            levels.append(host_level(cal))
-            print(f"  host level {levels[-1]:.2f} (executor CPU work / calibration's prediction)", flush=True)
-
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            level()
             for name, plan in chosen.items():
                 probe = available_cores() if args.probe else None
                 meas = measure(plan, steps, Path(tmp))
                 runs[name].append((meas, os.getloadavg()[0], probe))
                 print(f"  round {r + 1}/{rounds} {name:28s} measured {meas * 1e3:7.1f} ms"
                       + (f" ({probe:.2f} cores left)" if probe is not None else ""), flush=True)
-        level()
-    run_cal = cal.at_level(statistics.median(levels)) if levels else None
     rows = []
     for name, plan in chosen.items():
         meas = statistics.median(m for m, _, _ in runs[name])
@@ -151,12 +129,9 @@ def main() -> int:
                    if probe is not None else {}),
                 "calibrated": evaluate_plan(plan, inp, calibration=cal).iteration_time_s,
                 "calibrated+forest": evaluate_plan(plan, inp, calibration=cal, correction="default").iteration_time_s}
-        if run_cal is not None:
-            pred["calibrated@run"] = evaluate_plan(plan, inp, calibration=run_cal).iteration_time_s
-        error = {k: (v - meas) / meas for k, v in pred.items()}
         rows.append({"plan": name, "features": features(plan), "measured_s": meas,
                      "measured_runs_s": [m for m, _, _ in runs[name]], "predicted_s": pred,
-                     "error": error, "load": load})
+                     "error": {k: (v - meas) / meas for k, v in pred.items()}, "load": load})
         if probe is not None:
             rows[-1]["cores_available"] = probe
         e = rows[-1]["error"]
@@ -165,15 +140,11 @@ def main() -> int:
               f" | +forest {pred['calibrated+forest'] * 1e3:6.1f} ({e['calibrated+forest']:+.0%})"
               + (f" | {probe:.2f} cores left: {pred['calibrated@load'] * 1e3:6.1f} ({e['calibrated@load']:+.0%})"
                  if probe is not None else "")
-              + (f" | @run {pred['calibrated@run'] * 1e3:6.1f} ({e['calibrated@run']:+.0%})" if run_cal else "")
               + f" | load {load:.1f}", flush=True)
     summary = {k: statistics.fmean(abs(r["error"][k]) for r in rows) for k in rows[0]["error"]}
     worst = {k: max(abs(r["error"][k]) for r in rows) for k in rows[0]["error"]}
     print("mean |error|: " + ", ".join(f"{k} {v:.0%}" for k, v in summary.items()))
     print("max  |error|: " + ", ".join(f"{k} {v:.0%}" for k, v in worst.items()) + " (target <= 25% calibrated)")
-    if levels:
-        print("host level per check: " + " ".join(f"{lv:.2f}" for lv in levels)
-              + f" (median {statistics.median(levels):.2f} re-levels calibrated@run)")
     print(f"calibration: {cal.overheads} ({cal.host}, torch {cal.torch_version}, {cal.measured_at}); "
           f"profile peak {cal.profile.peak_flops / 1e9:.1f} GFLOP/s, memory {cal.profile.memory_bandwidth_Bps / 1e9:.1f} GB/s")
     if args.save_rows:
@@ -181,8 +152,6 @@ def main() -> int:
     if args.json:
         print(json.dumps({"plans": len(rows), "mape": summary["calibrated"], "max_error": worst["calibrated"],
                           "mape_catalog": summary["catalog"], "mape_forest": summary["calibrated+forest"],
-                          **({"mape_run": summary["calibrated@run"], "max_error_run": worst["calibrated@run"],
-                              "host_levels": levels} if run_cal else {}),
                           "rows": rows}))
     return 0
 

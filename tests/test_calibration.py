@@ -241,6 +241,32 @@ def test_loaded_tp_terms_interpolate_by_the_load_beside_each_tp_group() -> None:
     assert u0 > 0
 
 
+def test_loaded_allreduce_wake_grows_with_the_load_beside_each_dp_group() -> None:
+    # the wake-up of a REDUCE_GRAD issued right after compute was measured alone and beside host_cores busy
+    # companions: a dp > 1 stage pays the difference times the load beside its DP group (its own stage's other
+    # ranks + the other stages' expected busy ranks, over host_cores)
+    plan = _plan(dp=2)
+    inp = inputs_for_plan(plan)
+    oh = Overheads(allreduce_wake_s=2e-3, allreduce_wake_loaded_s=5e-3, host_cores=2.0, allreduce_Bps=1e9,
+                   grad_bytes_scale=2.0)
+    ev = Evaluator(inp, overheads=oh)
+    costs = ev.pipeline_costs(plan)
+    t0 = ev._iteration(plan, costs)[0]
+    m = plan.num_microbatches
+    u = [min(1.0, m * (f + b) * s / t0) for f, b, s in zip(costs.tf, costs.tb, (1.0, 0.5))]
+    want = (2 * u[1] / 2.0, 2 * u[0] / 2.0)  # each DP pair: the other stage's two ranks
+    assert ev.dp_loads(plan, costs.tf, costs.tb, t0) == pytest.approx(want, rel=1e-12)
+    assert ev.tp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
+    k = ev.contention_factors(plan, costs.tf, costs.tb, t0)
+    scaled = replace(costs, **ev._contended(plan, costs.tf, costs.tb, k, (0.0, 0.0)),
+                     allreduce=tuple(a + 3e-3 * ld for a, ld in zip(costs.allreduce, want)))
+    assert ev.evaluate(plan).iteration_time_s == pytest.approx(
+        simulate(schedule_for_plan(plan), scaled).iteration_time, rel=1e-12)
+    # no loaded measurement (or none above the alone one): no load term
+    for alone in (replace(oh, allreduce_wake_loaded_s=0.0), replace(oh, allreduce_wake_loaded_s=2e-3)):
+        assert Evaluator(inp, overheads=alone).dp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
+
+
 def test_allreduce_wake_added_to_every_dp_stage_and_tp_cpu_fraction() -> None:
     from hetauto.planner.calibration import tp_cpu_fraction
 

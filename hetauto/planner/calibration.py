@@ -25,7 +25,8 @@ terms are wall-clock low quantiles; DTensor's per-block term is a wall-clock med
 dispatch *plus* the waits on its many small collectives), with its CPU share kept apart (`tp_cpu_fraction`,
 process CPU time: gloo's threads included) so host-core contention counts only the work, and measured again
 with every core's worth of other work beside it (`tp_*_layer_loaded_s`: its waits grow with the load); the DP all-reduce gets its wake-up cost right after compute
-(`allreduce_wake_s`: the executor's REDUCE_GRAD follows the last backward, not a tight loop); the quick
+(`allreduce_wake_s`: the executor's REDUCE_GRAD follows the last backward, not a tight loop; again beside busy
+cores, `allreduce_wake_loaded_s`); the quick
 GEMM profile is taken twice and the faster kept (a descheduled run only ever looks slower).
 
 Nothing is measured unless asked: `local_calibration(measure=True)` measures and writes
@@ -113,6 +114,9 @@ class Overheads:
     # the two by the load the plan's other ranks put on the host
     tp_fwd_layer_loaded_s: float = 0.0
     tp_bwd_layer_loaded_s: float = 0.0
+    # allreduce_wake_s measured the same way, beside host_cores companions (0: not measured): a REDUCE_GRAD
+    # issued right after compute waits longer for a partner that is off its core (~+3 ms here)
+    allreduce_wake_loaded_s: float = 0.0
 
     def at_speed(self, ratio: float) -> "Overheads":
         """These overheads for CPU work that takes `ratio` times as long as where they were measured (the
@@ -768,7 +772,7 @@ class busy_host:
         self.procs = []
 
 
-CALIBRATION_PHASES = ("gloo latency and all-reduce bandwidth", "DTensor per block, alone",
+CALIBRATION_PHASES = ("gloo latency and all-reduce bandwidth, alone and beside busy cores", "DTensor per block, alone",
                       "DTensor per block, beside busy cores", "GEMM profile and CPU-time probes",
                       "executor runs of the reference pipeline")
 
@@ -791,6 +795,8 @@ def measure_calibration(device_key: str = "cpu", progress: Any = None) -> Calibr
     ar = statistics.fmean(a[1] for a in alphas)
     ar_big = statistics.fmean(a[2] for a in alphas)
     ar_after = statistics.fmean(a[3] for a in alphas)
+    with busy_host(cores):  # the all-reduce after compute again, with every core's worth of other work beside it
+        ar_after_loaded = statistics.fmean(a[3] for a in run_ranks(_comm_alphas, 2, 200, timeout=120))
     phase(1)
     tp = run_ranks(_tp_block_overheads, 2, 20, timeout=300)
     phase(2)
@@ -812,7 +818,8 @@ def measure_calibration(device_key: str = "cpu", progress: Any = None) -> Calibr
                    tp_bwd_layer_loaded_s=max(tpb, statistics.fmean(t[1] for t in tp_loaded)),
                    tp_cpu_fraction=tp_cpu_fraction(tpf + tpb, tpf_cpu + tpb_cpu),
                    allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0,
-                   allreduce_wake_s=max(0.0, ar_after - ar_big), optim_tensor_s=optim_tensor,
+                   allreduce_wake_s=max(0.0, ar_after - ar_big),
+                   allreduce_wake_loaded_s=max(0.0, ar_after - ar_big, ar_after_loaded - ar_big), optim_tensor_s=optim_tensor,
                    optim_param_s=optim_param, tp_optim_block_s=tp_optim)
     # the CPU terms' level and step_s from the executor's own run (its two ranks keep both cores busy)
     phase(4)

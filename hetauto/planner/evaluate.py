@@ -432,8 +432,11 @@ class Evaluator:
             if oh is not None and oh.host_cores > 0 and t > 0:
                 factors = self.contention_factors(plan, costs.tf, costs.tb, t)
                 loads = self.tp_loads(plan, costs.tf, costs.tb, t)
-                if any(x > 1.0 for x in factors) or any(loads):
-                    costs = replace(costs, **self._contended(plan, costs.tf, costs.tb, factors, loads))
+                dp_loads = self.dp_loads(plan, costs.tf, costs.tb, t)
+                if any(x > 1.0 for x in factors) or any(loads) or any(dp_loads):
+                    extra = oh.allreduce_wake_loaded_s - oh.allreduce_wake_s
+                    costs = replace(costs, **self._contended(plan, costs.tf, costs.tb, factors, loads),
+                                    allreduce=tuple(a + extra * ld for a, ld in zip(costs.allreduce, dp_loads)))
                     t, bubble = self._iteration(plan, costs)
             if oh is not None and oh.step_s:
                 t += oh.step_s * self.step_contention(plan)
@@ -469,17 +472,35 @@ class Evaluator:
     def tp_loads(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
                  iteration_s: float) -> tuple[float, ...]:
         """Per stage: the other work beside each of its TP groups, in units of `host_cores` (what the loaded TP
-        terms were measured beside: 1.0): its own stage's other replicas (they compute when it does) plus the
-        ranks of the other stages expected busy (n_j x u_j, the busy shares of `contention_factors`); 0.0 for
-        tp = 1 stages, or when the calibration has no loaded TP terms."""
+        terms were measured beside: 1.0; `_loads_beside`); 0.0 for tp = 1 stages, or when the calibration has
+        no loaded TP terms."""
         oh = self.overheads
-        if oh is None or oh.host_cores <= 0 or iteration_s <= 0 or (oh.tp_fwd_layer_loaded_s <= 0
-                                                                  and oh.tp_bwd_layer_loaded_s <= 0):
+        if oh is None or (oh.tp_fwd_layer_loaded_s <= 0 and oh.tp_bwd_layer_loaded_s <= 0):
+            return tuple(0.0 for _ in plan.stages)
+        return self._loads_beside(plan, tf, tb, iteration_s, [st.tp if st.tp > 1 else 0 for st in plan.stages])
+
+    def dp_loads(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
+                 iteration_s: float) -> tuple[float, ...]:
+        """Per stage: the other work beside each of its DP groups when they all-reduce, in units of `host_cores`
+        (the loaded all-reduce wake-up was measured beside host_cores companions); 0.0 for dp = 1 stages, or when
+        the calibration has no loaded wake-up."""
+        oh = self.overheads
+        if oh is None or oh.allreduce_wake_loaded_s <= oh.allreduce_wake_s:
+            return tuple(0.0 for _ in plan.stages)
+        return self._loads_beside(plan, tf, tb, iteration_s, [st.dp if st.dp > 1 else 0 for st in plan.stages])
+
+    def _loads_beside(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...], iteration_s: float,
+                      group: list[int]) -> tuple[float, ...]:
+        """Per stage with a group of `group[s]` ranks (0: none): the ranks beside that group expected busy, over
+        `host_cores`: its own stage's other ranks (they compute when it does) plus the other stages' ranks,
+        each busy its stage's share of the iteration (n_j x u_j, as in `contention_factors`)."""
+        oh = self.overheads
+        if oh is None or oh.host_cores <= 0 or iteration_s <= 0:
             return tuple(0.0 for _ in plan.stages)
         u = self._busy_shares(plan, tf, tb, iteration_s)
         total = sum(st.num_devices * x for st, x in zip(plan.stages, u))
-        return tuple((st.num_devices - st.tp + total - st.num_devices * x) / oh.host_cores if st.tp > 1 else 0.0
-                     for st, x in zip(plan.stages, u))
+        return tuple((st.num_devices - g + total - st.num_devices * x) / oh.host_cores if g > 0 else 0.0
+                     for st, x, g in zip(plan.stages, u, group))
 
     def _busy_shares(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
                      iteration_s: float) -> list[float]:
