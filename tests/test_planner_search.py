@@ -311,3 +311,27 @@ def test_tree_offers_interleaved_only_where_the_layout_allows_it() -> None:
     assert (ex.plan.schedule.name, ex.plan.schedule.virtual_chunks) == ("interleaved", 2)
     assert ours.plan.schedule.virtual_chunks > 2
     assert ours.evaluation.throughput_samples_s > ex.evaluation.throughput_samples_s
+
+
+def test_descend_without_each_cluster_leaves_a_basin_that_needs_two_changes() -> None:
+    # gpt3-1.3b on paper-4c: from h800 2x tp2 + a100 + ascend tp8, no single change improves (coordinate descent
+    # stops at 0.826 s), but dropping ascend and then re-shaping h800 into 4 tp-1 stages reaches 0.675 s
+    from hetauto.planner.evaluate import Evaluator
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.mcts import Scorer
+    from hetauto.planner.search import descend, descend_without_each_cluster
+    from hetauto.planner.space import UNUSED, Candidate, ClusterChoice
+
+    inp = load_planning_inputs(scenario="paper-4c", model="gpt3-1.3b")
+    space = StrategySpace(inp, Evaluator(inp))
+    scorer = Scorer(space)
+    start = scorer.score(Candidate(32, ("h800", "a100", "ascend", "mi250x"),
+                                   (ClusterChoice(2, 2), ClusterChoice(1, 2), ClusterChoice(1, 8), UNUSED),
+                                   "virtual-1f1b", True))
+    assert start is not None
+    stuck = descend(space, scorer, lambda: False, start=start)
+    assert stuck.evaluation.iteration_time_s == pytest.approx(start.evaluation.iteration_time_s, rel=1e-3)
+    descend_without_each_cluster(space, scorer, lambda: False)
+    best = scorer.best
+    assert best.evaluation.iteration_time_s < 0.85 * stuck.evaluation.iteration_time_s
+    assert best.candidate.choices == (ClusterChoice(4, 1), ClusterChoice(1, 2), UNUSED, UNUSED)

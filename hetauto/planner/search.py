@@ -20,7 +20,7 @@ from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
 from hetauto.planner.mcts import MCTS, ProgressFn, Scored, Scorer, TracePoint
-from hetauto.planner.space import Candidate, StrategySpace, boundary_pairs
+from hetauto.planner.space import UNUSED, Candidate, StrategySpace, boundary_pairs
 
 # every hetauto.core.plan.ReshardMethod (a test checks they agree), in the order the descent and the polish try
 # them: the default first, so a tie keeps it
@@ -181,6 +181,7 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=progress,
                    start=start, max_evaluations=first_cap, stop=stop)
         descend_from_top(space, scorer, spent, TOP_K)
+        descend_without_each_cluster(space, scorer, spent)
         search._record()
         while not stop():
             done = ev.evaluations
@@ -293,6 +294,29 @@ def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable
         if out_of_time():
             return
         descend(space, scorer, out_of_time, start=s)
+
+
+def descend_without_each_cluster(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool]) -> None:
+    """Descend again from the best with each cluster it uses left out (one at a time).
+
+    Why: a plan that leaves a slow cluster out needs two changes at once -- the cluster dropped *and* the
+    others re-shaped to take its layers (e.g. gpt3-1.3b on paper-4c: h800 as 4 tp-1 stages + a100, ascend and
+    mi250x unused, 18% faster than the h800 tp-2 + a100 + ascend basin the search settled in for some
+    seeds); coordinate descent makes one change at a time and each alone is worse."""
+    from dataclasses import replace
+
+    best = scorer.best
+    if best is None:
+        return
+    cand = best.candidate
+    for i, choice in enumerate(cand.choices):
+        if choice.stages == 0 or sum(c.stages > 0 for c in cand.choices) < 2:
+            continue
+        if out_of_time():
+            return
+        start = scorer.score(replace(cand, choices=cand.choices[:i] + (UNUSED,) + cand.choices[i + 1:]))
+        if start is not None:
+            descend(space, scorer, out_of_time, start=start)
 
 
 def interleave_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
