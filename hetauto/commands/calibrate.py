@@ -98,7 +98,8 @@ def _report(cal: Any, path: Any, *, measured: bool, level: float | None, as_json
     if cal.missing_terms:
         print(f"predates {', '.join(cal.missing_terms)} (read as neutral): re-measure with `hetauto calibrate`")
     if level is not None:
-        drift = "no re-measure needed" if 0.8 <= level <= 1.25 else "the host has drifted: re-measure with `hetauto calibrate`"
+        drift = ("no re-measure needed" if 0.8 <= level <= 1.25
+                 else "the host has drifted: re-measure with `hetauto calibrate`")
         print(f"host level {level:.2f} (executor CPU work now / the calibration's prediction; {drift})")
 
 

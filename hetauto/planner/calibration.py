@@ -24,9 +24,9 @@ is scaled by measured / predicted (~1.2-1.3x: the loss, hooks, buffers and waits
 terms are wall-clock low quantiles; DTensor's per-block term is a wall-clock median (a TP action lasts its
 dispatch *plus* the waits on its many small collectives), with its CPU share kept apart (`tp_cpu_fraction`,
 process CPU time: gloo's threads included) so host-core contention counts only the work, and measured again
-with every core's worth of other work beside it (`tp_*_layer_loaded_s`: its waits grow with the load); the DP all-reduce gets its wake-up cost right after compute
-(`allreduce_wake_s`: the executor's REDUCE_GRAD follows the last backward, not a tight loop; again beside busy
-cores, `allreduce_wake_loaded_s`); the quick
+with every core's worth of other work beside it (`tp_*_layer_loaded_s`: its waits grow with the load); the
+DP all-reduce gets its wake-up cost right after compute (`allreduce_wake_s`: the executor's REDUCE_GRAD
+follows the last backward, not a tight loop; again beside busy cores, `allreduce_wake_loaded_s`); the quick
 GEMM profile is taken twice and the faster kept (a descheduled run only ever looks slower).
 
 Nothing is measured unless asked: `local_calibration(measure=True)` measures and writes
@@ -772,9 +772,9 @@ class busy_host:
         self.procs = []
 
 
-CALIBRATION_PHASES = ("gloo latency and all-reduce bandwidth, alone and beside busy cores", "DTensor per block, alone",
-                      "DTensor per block, beside busy cores", "GEMM profile and CPU-time probes",
-                      "executor runs of the reference pipeline")
+CALIBRATION_PHASES = ("gloo latency and all-reduce bandwidth, alone and beside busy cores",
+                      "DTensor per block, alone", "DTensor per block, beside busy cores",
+                      "GEMM profile and CPU-time probes", "executor runs of the reference pipeline")
 
 
 def measure_calibration(device_key: str = "cpu", progress: Any = None) -> Calibration:
@@ -819,8 +819,8 @@ def measure_calibration(device_key: str = "cpu", progress: Any = None) -> Calibr
                    tp_cpu_fraction=tp_cpu_fraction(tpf + tpb, tpf_cpu + tpb_cpu),
                    allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0,
                    allreduce_wake_s=max(0.0, ar_after - ar_big),
-                   allreduce_wake_loaded_s=max(0.0, ar_after - ar_big, ar_after_loaded - ar_big), optim_tensor_s=optim_tensor,
-                   optim_param_s=optim_param, tp_optim_block_s=tp_optim)
+                   allreduce_wake_loaded_s=max(0.0, ar_after - ar_big, ar_after_loaded - ar_big),
+                   optim_tensor_s=optim_tensor, optim_param_s=optim_param, tp_optim_block_s=tp_optim)
     # the CPU terms' level and step_s from the executor's own run (its two ranks keep both cores busy)
     phase(4)
     oh = _reference_plan_terms(profile, oh, device_key, cpu.reference_fb_s)
