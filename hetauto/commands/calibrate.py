@@ -9,7 +9,7 @@ from typing import Any
 from hetauto.commands._output import print_json, print_table
 from hetauto.core.errors import HetautoError
 
-# Overheads terms in seconds (shown in ms); the rest are ratios, counts or bandwidths
+# the Overheads terms that are not seconds (every other term is a duration, shown in ms, or ns when tiny)
 _UNITS = {"allreduce_Bps": "B/s", "host_cores": "cores", "activation_bytes_scale": "x", "grad_bytes_scale": "x",
           "compute_scale": "x", "tp_cpu_fraction": "share"}
 
