@@ -460,13 +460,13 @@ class Evaluator:
         for st, f, b, k, load in zip(plan.stages, tf, tb, factors, loads):
             terms = self._tp_terms(st)
             loaded = self._tp_terms(st, loaded=True)
+            waits = self._tp_waits(st)
             for name, x, i in (("tf", f, 0), ("tb", b, 1)):
                 if oh is not None and loaded[i] > 0:
                     kept = terms[i] + (loaded[i] - terms[i]) * load
                     out[name].append(kept + (x - terms[i]) * k)
                 else:
-                    w = self._tp_waits(st)[i]
-                    out[name].append(w + (x - w) * k)
+                    out[name].append(waits[i] + (x - waits[i]) * k)
         return {name: tuple(v) for name, v in out.items()}
 
     def tp_loads(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],

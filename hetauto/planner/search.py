@@ -306,11 +306,11 @@ def descend_without_each_cluster(space: StrategySpace, scorer: Scorer, out_of_ti
     from dataclasses import replace
 
     best = scorer.best
-    if best is None:
-        return
+    if best is None or sum(c.stages > 0 for c in best.candidate.choices) < 2:
+        return  # nothing to leave out: one cluster carries the whole model
     cand = best.candidate
     for i, choice in enumerate(cand.choices):
-        if choice.stages == 0 or sum(c.stages > 0 for c in cand.choices) < 2:
+        if choice.stages == 0:
             continue
         if out_of_time():
             return
