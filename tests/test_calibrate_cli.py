@@ -68,3 +68,12 @@ def test_show_and_check_read_the_cache_without_measuring(cache, monkeypatch, cap
         "with `hetauto calibrate`)")
     assert main(["calibrate", "--check", "--runs", "0"]) == 2
     assert "--runs must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_corrupt_cache_is_a_one_line_error_naming_the_file_and_the_fix(cache, capsys) -> None:
+    cache_path().parent.mkdir(parents=True)
+    cache_path().write_text("{not json")
+    assert main(["calibrate", "--show"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hetauto calibrate: error: {cache_path()}: not a readable calibration (")
+    assert err.endswith("(delete the file and re-measure with `hetauto calibrate`)") and "\n" not in err

@@ -198,7 +198,13 @@ def local_calibration(*, measure: bool = False, cache_dir: str | Path | None = N
     or written before one of today's Overheads terms existed."""
     path = cache_path(cache_dir)
     if path.is_file():
-        doc = json.loads(path.read_text())
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            from hetauto.core.errors import SpecError
+
+            raise SpecError(path, "", f"not a readable calibration ({err})",
+                            "delete the file and re-measure with `hetauto calibrate`") from None
         cal = Calibration.from_document(doc, path)
         if not measure or not _stale(doc):
             return cal
