@@ -109,7 +109,7 @@ BAD = [
      "spec.yaml: clusters[1].inter_node.latency: time value '-1us' must be zero or positive"),
     ("unknown field",
      lambda d: d["clusters"][0].__setitem__("gpus", 8),
-     "spec.yaml: clusters[0].gpus: unknown field (expected one of: name, nodes, intra_node, inter_node, speed_factor)"),
+     "spec.yaml: clusters[0].gpus: unknown field (expected one of: name, nodes, intra_node, inter_node, speed_factor, backend)"),
     ("missing device",
      lambda d: d["clusters"][0]["nodes"].pop("device"),
      "spec.yaml: clusters[0].nodes.device: required field is missing"),

@@ -105,7 +105,9 @@ def test_to_document_round_trips(tmp_path):
                        "cpu, h100, h20, h800, max-1550, mi250x, mi300x, v100-16g)"),
     ({"base": "h100", "peak_flops": "9TFLOP"}, "p.yaml: peak_flops: unknown flops unit 'TFLOP' in '9TFLOP'; accepted "
                                                "units: FLOPS, GFLOPS, TFLOPS, PFLOPS (or FLOP/s forms)"),
-    ({"base": "h100", "backend": "tpu"}, "p.yaml: backend: Input should be 'cuda', 'rocm', 'npu', 'xpu', 'cpu' or 'mock'"),
+    ({"base": "h100", "backend": "TPU!"}, "p.yaml: backend: 'TPU!' is not a backend name; use a lowercase name such as "
+                                          "cuda, rocm, npu, xpu, cpu, mock or an installed plugin's (`hetauto backends` "
+                                          "lists them)"),
     ({"base": "h100", "efficiency": {"max_eff": 1.5, "half_size_flops": 1}},
      "p.yaml: efficiency.max_eff: Input should be less than or equal to 1"),
     ({"base": "h100", "measured": {"gemm": [{"m": 1, "n": 1, "k": 1, "seconds": 0}]}},

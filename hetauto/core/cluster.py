@@ -17,6 +17,8 @@ dataclass values that the planner, simulator and executor share. Example:
           shared_capacity: 400Gbps    # optional: all flows between the two clusters share this
 
 `speed_factor` on a cluster scales its device's compute and memory bandwidth (emulated mock clusters).
+`backend` on a cluster names the backend its ranks run on when it is not the device profile's `backend:`
+(`hetauto backends` lists them; e.g. `mock` for a cluster of emulated devices).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hetauto.core.errors import SpecError
-from hetauto.core.profile import DeviceProfile, get_device
+from hetauto.core.profile import Backend, DeviceProfile, get_device
 from hetauto.core.specio import read_document, validate_document
 from hetauto.core.units import parse_bandwidth, parse_time
 
@@ -92,6 +94,8 @@ class ClusterDoc(_Strict):
     intra_node: NodeLinkDoc = NodeLinkDoc()
     inter_node: NodeLinkDoc = NodeLinkDoc()
     speed_factor: float = Field(default=1.0, gt=0, le=1e6)
+    # the backend this cluster's ranks run on, when not its device profile's (e.g. `mock` for emulated devices)
+    backend: Backend | None = None
 
 
 class OverrideDoc(LinkDoc):
@@ -166,6 +170,12 @@ class Cluster:
     inter_node: LinkSpec
     speed_factor: float = 1.0
     device_ref: str = ""  # what the spec said: a catalog key or a profile path
+    backend_override: str | None = None  # the spec's `backend:` (None: the device profile's)
+
+    @property
+    def backend(self) -> str:
+        """The backend this cluster's ranks run on: the cluster's own `backend:`, else its device profile's."""
+        return self.backend_override or self.device.backend
 
     @property
     def num_devices(self) -> int:
@@ -226,7 +236,8 @@ class ClusterSpec:
              "nodes": {"count": c.num_nodes, "devices_per_node": c.devices_per_node, "device": c.device_ref or c.device.key},
              "intra_node": {"bandwidth": c.intra_node.bandwidth_Bps, "latency": c.intra_node.latency_s},
              "inter_node": {"bandwidth": c.inter_node.bandwidth_Bps, "latency": c.inter_node.latency_s},
-             **({"speed_factor": c.speed_factor} if c.speed_factor != 1.0 else {})}
+             **({"speed_factor": c.speed_factor} if c.speed_factor != 1.0 else {}),
+             **({"backend": c.backend_override} if c.backend_override else {})}
             for c in self.clusters]}
         links: dict[str, Any] = {}
         if self.default_link is not None:
@@ -277,7 +288,7 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
             c.inter_node.bandwidth if c.inter_node.bandwidth is not None else device.nic_bandwidth_Bps,
             c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S)
         clusters.append(Cluster(c.name, c.nodes.count, c.nodes.devices_per_node, device, intra, inter,
-                                c.speed_factor, c.nodes.device))
+                                c.speed_factor, c.nodes.device, c.backend))
 
     def to_link(d: LinkDoc) -> LinkSpec:
         return LinkSpec(float(d.bandwidth), float(d.latency),

@@ -34,6 +34,8 @@ PLAN_SCHEMA = "hetauto.plan/1"
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b"]
 ReshardMethod = Literal["lanes", "leader-broadcast", "scatter-allgather"]
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+GradReduceDtype = Literal["fp32", "bf16", "fp16"]
 
 
 class _Frozen(BaseModel):
@@ -85,6 +87,18 @@ class ScheduleSpec(_Frozen):
     extra_warmup: tuple[int, ...] = ()
 
 
+class TrainingSpec(_Frozen):
+    """How the plan trains numerically (hetauto.core.precision): compute dtype and DP gradient-reduction dtype.
+
+    `precision`: "auto" resolves when the plan runs (bf16 where every stage's device supports it, fp32 where
+    a stage computes on the host CPU, i.e. the cpu and mock backends); bf16/fp16 are mixed precision (fp32
+    master weights and optimizer states, compute and stage-boundary tensors in the 16-bit dtype; fp16 with
+    dynamic loss scaling); fp32 is plain fp32. `grad_reduce_dtype`: the dtype of the DP gradient sum."""
+
+    precision: Precision = "auto"
+    grad_reduce_dtype: GradReduceDtype = "fp32"
+
+
 class Prediction(_Frozen):
     iteration_time_s: float
     throughput_samples_s: float
@@ -107,9 +121,18 @@ class Plan(_Frozen):
     schedule: ScheduleSpec = ScheduleSpec()
     resharding: tuple[ReshardMethod, ...] = ()
     zero1: bool = False
+    training: TrainingSpec = TrainingSpec()
     prediction: Prediction | None = None
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):  # type: ignore[no-untyped-def]
+        """Leave `training` out while it is the default: plans written before it keep their exact JSON."""
+        data = handler(self)
+        if self.training == TrainingSpec() and isinstance(data, dict):
+            data.pop("training", None)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":

@@ -20,16 +20,29 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from hetauto.core.errors import SpecError
 from hetauto.core.specio import read_document, validate_document
 from hetauto.core.units import parse_bandwidth, parse_bytes, parse_flops
 
-Backend = Literal["cuda", "rocm", "npu", "xpu", "cpu", "mock"]
+# A backend name: a built-in (cuda, rocm, npu, xpu, cpu, mock) or an installed plugin's; whether it exists and runs
+# here is checked before launch (`hetauto run`), not when the profile is read, so a plan can be made anywhere.
+BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+def _backend_name(value: Any) -> Any:
+    if isinstance(value, str) and not BACKEND_NAME.match(value):
+        raise ValueError(f"{value!r} is not a backend name; use a lowercase name such as cuda, rocm, npu, xpu, cpu, "
+                         "mock or an installed plugin's (`hetauto backends` lists them)")
+    return value
+
+
+Backend = Annotated[str, AfterValidator(_backend_name)]
 PROFILE_SCHEMA = "hetauto.profile/1"
 
 
