@@ -22,6 +22,7 @@ import pluggy
 from hetauto.backends import hookspecs
 from hetauto.core.backend import Backend
 from hetauto.core.errors import BackendUnavailable, HetautoError, UnknownBackend
+from hetauto.core.transport import TransportSpec
 
 ENTRY_POINT_GROUP = "hetauto.backends"
 BUILTIN_MODULES = (
@@ -31,6 +32,7 @@ BUILTIN_MODULES = (
     "hetauto.backends.xpu",
     "hetauto.backends.cpu",
     "hetauto.backends.mock",
+    "hetauto.backends.transports",
 )
 BUILTIN_SOURCE = "builtin"
 
@@ -95,6 +97,7 @@ class BackendRegistry:
         self._current_plugin = "?"
         self.errors: list[PluginError] = []
         self.skipped: list[SkippedPlugin] = []
+        self._transports: list[tuple[TransportSpec, str]] = []
 
     # -- called by plugins ------------------------------------------------------------------
     def add(self, backend: Backend) -> None:
@@ -105,6 +108,35 @@ class BackendRegistry:
             raise ValueError(f"backend '{name}' is already registered by {self._sources[name]}")
         self._backends[name] = backend
         self._sources[name] = self._current_source
+
+    def add_transport(self, spec: TransportSpec) -> None:
+        if not isinstance(spec, TransportSpec):
+            raise TypeError(f"registry.add_transport() needs a hetauto TransportSpec, got {type(spec).__name__}")
+        for other, source in self._transports:
+            if other.name == spec.name:
+                raise ValueError(f"transport '{spec.name}' is already registered by {source}")
+        self._transports.append((spec, self._current_source))
+
+    def transports(self) -> list[TransportSpec]:
+        """By priority, highest first; ties by name."""
+        return [t for t, _ in sorted(self._transports, key=lambda ts: (-ts[0].priority, ts[0].name))]
+
+    def transport_source(self, name: str) -> str:
+        for spec, source in self._transports:
+            if spec.name == name:
+                return source
+        raise KeyError(name)
+
+    def transport_for(self, src: Backend, dst: Backend) -> TransportSpec:
+        """The highest-priority transport that carries tensors between stages on `src` and `dst`."""
+        for spec in self.transports():
+            try:
+                if spec.supports(src, dst):
+                    return spec
+            except Exception:  # noqa: BLE001 - a plugin's faulty check means "does not support"
+                continue
+        raise HetautoError(f"no transport connects backend '{src.name}' to '{dst.name}' "
+                           f"(registered: {', '.join(t.name for t in self.transports()) or 'none'})")
 
     # -- lookups ----------------------------------------------------------------------------
     def __contains__(self, name: object) -> bool:
@@ -203,15 +235,19 @@ class PluginLoader:
             return False
         others = [p for p in self.pm.get_plugins() if p is not plugin]
         hook = self.pm.subset_hook_caller("hetauto_register_backends", remove_plugins=others)
+        transports = self.pm.subset_hook_caller("hetauto_transports", remove_plugins=others)
         before = dict(reg._backends)
+        before_transports = list(reg._transports)
         reg._current_source, reg._current_plugin = source, name
         try:
             hook(registry=reg)
+            transports(registry=reg)
         except Exception as err:
             # Roll back whatever this plugin half-registered.
             for added in set(reg._backends) - set(before):
                 del reg._backends[added]
                 del reg._sources[added]
+            reg._transports = before_transports
             self.pm.unregister(plugin)
             reg.errors.append(PluginError(name, source, _one_line(err)))
             return False

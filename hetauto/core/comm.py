@@ -202,8 +202,10 @@ class Communicator:
         world = range(dist.get_world_size())
         return cls(None, world, timeout_s=timeout_s, backend=str(dist.get_backend()), links=links)
 
-    def new_group(self, ranks: Sequence[int], *, timeout_s: float | None = None) -> "Communicator":
-        """A communicator over `ranks` (group ranks of this communicator; group order is sorted order).
+    def new_group(self, ranks: Sequence[int], *, timeout_s: float | None = None,
+                  backend: str | None = None) -> "Communicator":
+        """A communicator over `ranks` (group ranks of this communicator; group order is sorted order), on
+        `backend` (a dist-backend name such as "nccl"; default: this communicator's).
 
         torch.distributed requires every process of the job to call this, in the same order and with the
         same list, members or not. Non-members get a communicator whose `rank` is -1 and must not use it.
@@ -214,14 +216,14 @@ class Communicator:
         global_ranks = [self.ranks[r] for r in members]
         t = self.timeout_s if timeout_s is None else float(timeout_s)
         try:
-            backend = self.backend if ":" not in self.backend else None  # composite: inherit the world's
-            group = dist.new_group(global_ranks, timeout=_td(t), backend=backend)
+            name = backend or (self.backend if ":" not in self.backend else None)  # composite: inherit the world's
+            group = dist.new_group(global_ranks, timeout=_td(t), backend=name)
         except Exception as exc:  # noqa: BLE001
             raise CommunicationError(
                 f"rank {self.global_rank}: new_group({global_ranks}) failed: {_reason(exc)}"
             ) from None
         child = Communicator(
-            group, global_ranks, timeout_s=t, backend=self.backend, links=self.links, traffic=self._traffic
+            group, global_ranks, timeout_s=t, backend=backend or self.backend, links=self.links, traffic=self._traffic
         )
         self._children.append(child)
         return child

@@ -152,7 +152,7 @@ def sample_layers(
 
         for tp in sorted({p.tp for p in grid if p.tp > 1 and world_size % p.tp == 0}):
             groups = [list(range(s, s + tp)) for s in range(0, world_size, tp)]
-            meshes[tp] = build_meshes(groups, device.type)
+            meshes[tp] = build_meshes(groups, backends=[backend] * len(groups))
     out: list[LayerSample] = []
     for point in grid:
         label = f"block mb={point.microbatch} s={point.seq_len} h={point.hidden} tp={point.tp}"

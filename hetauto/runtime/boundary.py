@@ -67,12 +67,15 @@ class Posted:
 
 
 class BoundaryRoute:
-    """This rank's messages of `plan` (both stages' ranks call it with the same plan)."""
+    """This rank's messages of `plan` (both stages' ranks call it with the same plan) over `comm`: the
+    boundary's transport for this direction (hetauto.core.transport), or any Communicator-like object with
+    global_rank / group_rank_of / isend / irecv / links. Receive buffers are `dtype` tensors on `device`."""
 
     def __init__(self, comm: Any, plan: TransferPlan, *, local_groups: Mapping[tuple[int, ...], Any] | None,
-                 timeout_s: float, dtype: torch.dtype = torch.float32) -> None:
+                 timeout_s: float, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
         me = comm.global_rank
         self.comm, self.plan, self.local_groups, self.timeout_s, self.dtype = comm, plan, local_groups, timeout_s, dtype
+        self.device = device if device is not None else torch.device("cpu")
         b, s, h = plan.shape
         self.in_src, self.in_dst = me in plan.src.ranks, me in plan.dst.ranks
         self.src_shape = (b // plan.src.dp, s, h)
@@ -103,10 +106,10 @@ class BoundaryRoute:
     def post_recv(self, tag_base: int) -> Posted:
         """Post this rank's receives into a reused buffer of the destination slice's shape."""
         if self.general:
-            pending = start_transfer(self.comm, self.plan, None, dtype=self.dtype, local_groups=self.local_groups,
-                                     tag_base=tag_base, timeout_s=self.timeout_s)
+            pending = start_transfer(self.comm, self.plan, None, dtype=self.dtype, device=self.device,
+                                     local_groups=self.local_groups, tag_base=tag_base, timeout_s=self.timeout_s)
             return Posted([], None, False, self.timeout_s, pending)
-        buf = self._free.pop() if self._free else torch.empty(self.dst_shape, dtype=self.dtype)
+        buf = self._free.pop() if self._free else torch.empty(self.dst_shape, dtype=self.dtype, device=self.device)
         flat = buf.view(-1)
         comm, t = self.comm, self.timeout_s
         handles = [comm.irecv(flat[a:z], peer, tag=tag_base + tag, timeout_s=t) for peer, a, z, tag in self.recvs]

@@ -1,17 +1,28 @@
-"""The per-rank interpreter: run a plan's schedule action lists for real on torch.distributed.
+"""The per-rank interpreter: run a plan's schedule action lists for real on torch.distributed, on the
+rank's own device, through the backend contract.
 
 Every rank of a stage runs that stage's action list (hetauto.schedule.schedule_for_plan):
-  RECV_F/RECV_B  post the receives of a boundary transfer (hetauto.runtime.resharding.start_transfer)
-                 early; the compute that needs them waits just before it runs;
-  F / B          forward / backward of the stage's module (DTensor TP inside the stage), throttled to
-                 the device's speed factor when emulating;
+  RECV_F/RECV_B  post the receives of a boundary transfer (hetauto.runtime.boundary, over the boundary's
+                 transport) early; the compute that needs them waits just before it runs;
+  F / B          forward / backward of the stage's module (DTensor TP inside the stage) on the rank's
+                 device, under the plan's precision (hetauto.runtime.mixed_precision), throttled to the
+                 device's speed factor when emulating;
   SEND_F/SEND_B  post the sends asynchronously (waited at the end of the step, before OPTIM);
-  REDUCE_GRAD    DP gradient SUM (bucketed; overlapped with the step's last backward when dp > 1),
-                 then the tied-embedding sum between first and last stage when the model ties;
-  OPTIM          AdamW (hetauto.runtime.reference.make_optimizer).
-Messages are tagged per (boundary, microbatch, direction), so the order in which the two sides post
-them does not matter. The loss follows hetauto.runtime.reference: each last-stage dp shard backprops
-sum-CE / (global_batch * seq_len), gradients are summed.
+  REDUCE_GRAD    DP gradient SUM (bucketed; overlapped with the step's last backward when dp > 1), in the
+                 plan's gradient-reduction dtype, then the tied-embedding sum between first and last stage;
+  OPTIM          AdamW (hetauto.runtime.reference.make_optimizer) on the fp32 master weights; with fp16,
+                 unscale and skip the step when any rank's gradients overflowed.
+Each action type has its handler (`StageExecutor._handlers`); a step's state lives in one `_StepState`.
+
+Devices: the rank's device comes from its stage's backend (hetauto.runtime.devices.RankDevice): the stage
+module, its optimizer state and every buffer live there; step and action times come from the backend's
+timer (device events where the vendor has them). Nothing here names a vendor.
+
+Messages are tagged per (boundary, microbatch, direction), so the order in which the two sides post them
+does not matter on transports with tags (gloo); on tag-less device transports (nccl, hccl) each direction of
+a boundary has its own group and both sides post in schedule order. The loss follows
+hetauto.runtime.reference: each last-stage dp shard backprops sum-CE / (global_batch * seq_len),
+gradients are summed.
 
 Interleaved 1F1B (v > 1 chunks per stage): a rank builds one module per chunk (slots from
 hetauto.core.chunks.chunk_layers, initialised from (seed, slot) like every stage, so the chain of virtual
@@ -39,11 +50,13 @@ from hetauto.core.comm import Communicator
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
-from hetauto.runtime.data import dp_shard, microbatch, synthetic_batch
-from hetauto.runtime.groups import RankGroups, build_groups
-from hetauto.runtime.reference import make_optimizer
 from hetauto.runtime.boundary import BoundaryRoute
+from hetauto.runtime.data import dp_shard, microbatch, synthetic_batch
+from hetauto.runtime.devices import RankDevice
 from hetauto.runtime.executable import check_executable
+from hetauto.runtime.groups import RankGroups, build_groups
+from hetauto.runtime.mixed_precision import Precision
+from hetauto.runtime.reference import make_optimizer
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import ChunkedStage, StageModule, build_stage
 from hetauto.runtime.throttle import Throttle
@@ -64,6 +77,8 @@ class ExecutorOptions:
     speed_factor: float = 1.0  # < 1 emulates a slower device (Throttle)
     overlap_dp: bool = True  # DP all-reduce overlapped with the last backward
     record: bool = True  # keep the lead rank's timeline
+    # each stage's backend name (None: cpu for every stage); HETAUTO_BACKEND's forcing is the launcher's job
+    backends: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -81,9 +96,18 @@ class RankReport:
     # lead ranks: per step, the thread CPU seconds of the F, B and OPTIM actions (the work without waits, throttle
     # sleeps or time-slicing: wall / CPU is what the rest of the host cost this stage)
     compute_cpu_s: dict[str, list[float]] = field(default_factory=dict)
+    # lead ranks: per step, the device time of the F, B and OPTIM actions (the backend's timer)
+    compute_device_s: dict[str, list[float]] = field(default_factory=dict)
     throttled_s: float = 0.0
     start_step: int = 0  # the first step this run trained (> 0 when resumed from a checkpoint)
     checkpoints: list[str] = field(default_factory=list)  # directories written by this run (rank 0 only)
+    backend: str = "cpu"
+    device: str = "cpu:0"
+    dist_backend: str = "gloo"
+    precision: str = "fp32"
+    peak_memory_bytes: int = 0  # the backend's memory_stats peak for this rank's device
+    transports: list[str] = field(default_factory=list)  # per forward boundary (stage_backends.boundary_pairs)
+    overflow_steps: int = 0  # fp16: steps skipped because some rank's gradients overflowed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,12 +127,43 @@ def _compile(a: Action, last_b: bool, stage: int, p: int) -> tuple[int, int, boo
     return code, a.microbatch, last_b, a.stage, a.stage // p
 
 
+class _StepState:
+    """What one iteration holds between its actions, keyed by (virtual stage, microbatch) (`vs * m + k`):
+    with interleaving one rank holds the same microbatch in several chunks at once."""
+
+    __slots__ = ("step", "batch", "recv_f", "recv_b", "inputs", "held", "outputs", "sends", "watch", "loss", "t")
+
+    def __init__(self, step: int, batch: Any) -> None:
+        self.step, self.batch = step, batch
+        self.recv_f: dict[int, Any] = {}
+        self.recv_b: dict[int, Any] = {}
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.held: dict[int, Any] = {}  # forward-input receives whose buffer autograd still reads
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.sends: list[Any] = []
+        self.watch: list[list[Any]] = []  # recording: transfers not yet seen complete
+        self.loss: torch.Tensor | float = 0.0
+        self.t = 0.0  # wall time the current action started (recording)
+
+
+def _cpu_device() -> RankDevice:
+    from hetauto.backends import get_backend
+
+    cpu = get_backend("cpu")
+    return RankDevice(cpu, 0, cpu.device(0), cpu.capabilities(0))
+
+
 class StageExecutor:
     """One rank's stage module, optimizer, transfer plans and action list; `step(i)` runs one iteration."""
 
-    def __init__(self, groups: RankGroups, plan: Plan, cfg: ModelConfig, options: ExecutorOptions) -> None:
+    def __init__(self, groups: RankGroups, plan: Plan, cfg: ModelConfig, options: ExecutorOptions,
+                 device: RankDevice | None = None, precision: str = "fp32") -> None:
         check_executable(plan)
         self.g, self.plan, self.cfg, self.opt_ = groups, plan, cfg, options
+        self.dev = device if device is not None else _cpu_device()
+        self.device = self.dev.device
+        self.mp = Precision(precision, self.device.type, plan.training.grad_reduce_dtype)
+        self.scaler = self.mp.loss_scaler()
         me = groups.me
         s = plan.stages[me.stage]
         self.me = me
@@ -116,7 +171,8 @@ class StageExecutor:
         # interleaved: v chunks per stage, virtual stage c*p + r = chunk c of stage r (hetauto.core.chunks)
         self.v = v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
         self.n_virtual = p * v
-        chunks = [build_stage(cfg, rng, options.seed, s.recompute) for rng in chunk_layers(plan)[me.stage]]
+        chunks = [build_stage(cfg, rng, options.seed, s.recompute).to(self.device)
+                  for rng in chunk_layers(plan)[me.stage]]
         if groups.tp_mesh is not None or groups.dp_group is not None:
             # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it
             from hetauto.runtime.tensor_parallel import OverlappedGradReducer, parallelize_stage
@@ -130,7 +186,7 @@ class StageExecutor:
         self.throttle = Throttle(options.speed_factor) if options.speed_factor != 1.0 else None
         # one reducer per chunk, armed before that chunk's last backward of the step
         self.reducers = (
-            [OverlappedGradReducer(c, groups.dp_group, op="sum") for c in chunks]
+            [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
             if groups.dp_group is not None and options.overlap_dp else None
         )
         shape = (plan.microbatch_size, plan.seq_len, cfg.hidden)
@@ -149,22 +205,35 @@ class StageExecutor:
         last_b_at = set(last_b.values())
         self._program = tuple(_compile(a, i in last_b_at, me.stage, p) for i, a in enumerate(self.actions))
         # this rank's side of its two boundaries in each direction, resolved once (None where there is none);
-        # a stage always receives activations from stage r-1 (mod p) and sends them to stage r+1 (mod p)
+        # a stage always receives activations from stage r-1 (mod p) and sends them to stage r+1 (mod p).
+        # groups.transports[h] carries boundary h -> h+1; the wrap's is the last one (boundary_pairs)
         st, route = me.stage, self._route
         last = len(lay) - 1
-        self._fwd_in = route(self.fwd[st - 1]) if st > 0 else route(wrap_f) if wrap_f else None
-        self._bwd_out = route(self.bwd[st - 1]) if st > 0 else route(wrap_b) if wrap_b else None
-        self._fwd_out = route(self.fwd[st]) if st < last else route(wrap_f) if wrap_f else None
-        self._bwd_in = route(self.bwd[st]) if st < last else route(wrap_b) if wrap_b else None
+        tr = groups.transports
+        self._fwd_in = (route(self.fwd[st - 1], tr[st - 1].forward) if st > 0
+                        else route(wrap_f, tr[-1].forward) if wrap_f else None)
+        self._bwd_out = (route(self.bwd[st - 1], tr[st - 1].backward) if st > 0
+                         else route(wrap_b, tr[-1].backward) if wrap_b else None)
+        self._fwd_out = (route(self.fwd[st], tr[st].forward) if st < last
+                         else route(wrap_f, tr[-1].forward) if wrap_f else None)
+        self._bwd_in = (route(self.bwd[st], tr[st].backward) if st < last
+                        else route(wrap_b, tr[-1].backward) if wrap_b else None)
         self._rec = bool(options.record and me.is_lead)
         self.normaliser = plan.global_batch * plan.seq_len
         self.t0 = 0.0
         self.events: list[list[Any]] = []
         self.cpu: dict[str, list[float]] = {"F": [], "B": [], "OPTIM": []} if self._rec else {}
+        self.dev_s: dict[str, list[float]] = {"F": [], "B": [], "OPTIM": []} if self._rec else {}
+        self._timers: list[tuple[str, Any]] = []  # this step's (kind, device timer) of recorded compute
+        self._handlers: dict[int, Callable[[_StepState, int, bool, int, int], None]] = {
+            _RECV_F: self._recv_f, _RECV_B: self._recv_b, _F: self._forward, _SEND_F: self._send_f,
+            _B: self._backward, _SEND_B: self._send_b, _REDUCE: self._reduce, _OPTIM: self._optim,
+        }
 
     # ------------------------------------------------------------------ helpers
-    def _route(self, tplan: TransferPlan) -> BoundaryRoute:
-        return BoundaryRoute(self.g.world, tplan, local_groups=self.g.tp_comms, timeout_s=self.opt_.timeout_s)
+    def _route(self, tplan: TransferPlan, transport: Any) -> BoundaryRoute:
+        return BoundaryRoute(transport, tplan, local_groups=self.g.tp_comms, timeout_s=self.opt_.timeout_s,
+                             dtype=self.mp.boundary_dtype, device=self.device)
 
     def _tag(self, boundary: int, mb: int, backward: bool) -> int:
         return ((boundary * self.plan.num_microbatches + mb) * 2 + int(backward)) * self.tag_stride
@@ -172,9 +241,18 @@ class StageExecutor:
     def _compute(self, fn: Any, *args: Any) -> Any:
         return self.throttle.run(fn, *args) if self.throttle is not None else fn(*args)
 
-    def _add_cpu(self, kind: str, since: float) -> None:
-        """Recording: this step's thread CPU seconds of `kind` actions grow by the time since `since`."""
-        self.cpu[kind][-1] += time.thread_time() - since
+    def _timed(self, kind: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run compute `fn`; when recording, count its thread CPU time and time it on the device."""
+        if not self._rec:
+            return self._compute(fn, *args)
+        timer = self.dev.backend.timer()
+        c0 = time.thread_time()
+        timer.start()
+        out = self._compute(fn, *args)
+        timer.stop()
+        self.cpu[kind][-1] += time.thread_time() - c0
+        self._timers.append((kind, timer))
+        return out
 
     def _record(self, step: int, kind: str, mb: int | None, start: float, end: float | None = None,
                 vs: int | None = None) -> None:
@@ -196,133 +274,140 @@ class StageExecutor:
                 keep.append([kind, mb, posted, vs])
         watch[:] = keep
 
+    def _waited(self, st: _StepState, kind: str, k: int, vs: int, posted: Any) -> None:
+        """Recording: the wait for `posted` ended now; its own completion stamp is no longer needed."""
+        if self._rec:
+            self._record(st.step, kind, k, st.t, vs=vs)
+            st.watch[:] = [w for w in st.watch if w[2] is not posted]
+            st.t = time.time()
+
     # ------------------------------------------------------------------ one iteration
     def step(self, step: int) -> float:
-        """Run the action list once; return this rank's loss contribution (0 on non-last stages).
-
-        State is keyed by (virtual stage, microbatch) (`vs * m + k`): with interleaving one rank holds the
-        same microbatch in several chunks at once. Boundary k (virtual stage k -> k+1) tags its messages."""
-        plan, me, chunks = self.plan, self.me, self.chunks
-        p, m, n = plan.num_stages, plan.num_microbatches, self.n_virtual
+        """Run the action list once; return this rank's loss contribution (0 on non-last stages)."""
+        plan, me = self.plan, self.me
+        p, m = plan.num_stages, plan.num_microbatches
         rec = self._rec
         need_data = me.stage == 0 or me.stage == p - 1
         batch = synthetic_batch(self.opt_.seed, step, plan.global_batch, plan.seq_len, self.cfg.vocab_size) if need_data else None
-        dp = plan.stages[me.stage].dp
-        mbs = plan.microbatch_size
-        fwd_in, bwd_in = self._fwd_in, self._bwd_in
-        fwd_out, bwd_out = self._fwd_out, self._bwd_out
-        reducers = self.reducers
-        tag = self._tag
-        recv_f: dict[int, Any] = {}
-        recv_b: dict[int, Any] = {}
-        inputs: dict[int, torch.Tensor] = {}
-        held: dict[int, Any] = {}  # forward-input receives whose buffer autograd still reads
-        outputs: dict[int, torch.Tensor] = {}
-        sends: list[Any] = []
-        watch: list[list[Any]] = []  # recording: transfers not yet seen complete
-        loss_sum = 0.0
-        t = c0 = 0.0
+        st = _StepState(step, batch)
         if rec:
-            for per_step in self.cpu.values():
+            for per_step in (*self.cpu.values(), *self.dev_s.values()):
                 per_step.append(0.0)
-        for a in self._program:
-            code, k, last_b, vs, c = a
-            key = vs * m + k if k is not None else -1
+            self._timers = []
+        handlers = self._handlers
+        for code, k, last_b, vs, c in self._program:
             if rec:
-                if watch:
-                    self._poll(step, watch)
-                t = time.time()
-            if code == _RECV_F:
-                recv_f[key] = posted = fwd_in.post_recv(tag(vs - 1, k, False))
-                if rec:
-                    watch.append(["RECVD_F", k, posted, vs])
-            elif code == _RECV_B:
-                recv_b[key] = posted = bwd_in.post_recv(tag(vs, k, True))
-                if rec:
-                    watch.append(["RECVD_B", k, posted, vs])
-            elif code == _F:
-                if vs == 0:
-                    x = dp_shard(microbatch(batch, k, mbs), me.dp_index, dp).tokens
-                else:
-                    posted = held[key] = recv_f.pop(key)
-                    x = posted.wait().detach().requires_grad_()
-                    if rec:
-                        self._record(step, "WAIT_F", k, t, vs=vs)
-                        watch[:] = [w for w in watch if w[2] is not posted]  # WAIT_F's end bounds it now
-                        t = time.time()
-                inputs[key] = x
-                if rec:
-                    c0 = time.thread_time()
-                if vs == n - 1:
-                    tgt = dp_shard(microbatch(batch, k, mbs), me.dp_index, dp).targets
-                    y = self._compute(chunks[c], x, tgt, self.normaliser)
-                    loss_sum += float(y.detach())
-                else:
-                    y = self._compute(chunks[c], x)
-                outputs[key] = y
-                if rec:
-                    self._add_cpu("F", c0)
-                    self._record(step, "F", k, t, vs=vs)
-            elif code == _SEND_F:
-                posted = fwd_out.post_send(outputs[key].detach(), tag(vs, k, False))
-                sends.append(posted)
-                if rec:
-                    self._record(step, "SEND_F", k, t, vs=vs)
-                    watch.append(["SENT_F", k, posted, vs])
-            elif code == _B:
-                grad = None
-                posted = None
-                if vs != n - 1:
-                    posted = recv_b.pop(key)
-                    grad = posted.wait()
-                    if rec:
-                        self._record(step, "WAIT_B", k, t, vs=vs)
-                        watch[:] = [w for w in watch if w[2] is not posted]
-                        t = time.time()
-                if last_b and reducers is not None:
-                    reducers[c].arm()
-                y = outputs.pop(key)
-                if rec:
-                    c0 = time.thread_time()
-                self._compute(torch.autograd.backward, y, grad)
-                if rec:
-                    self._add_cpu("B", c0)
-                if posted is not None:
-                    gx = inputs[key].grad if key in inputs else None
-                    if gx is None or gx.data_ptr() != posted.buf.data_ptr():  # autograd may hand the buffer on
-                        bwd_in.release(posted)
-                if key in held:
-                    fwd_in.release(held.pop(key))  # backward is done: nothing reads the input buffer any more
-                if rec:
-                    self._record(step, "B", k, t, vs=vs)
-                if vs == 0:
-                    inputs.pop(key)
-            elif code == _SEND_B:
-                gx = inputs.pop(key).grad
-                posted = bwd_out.post_send(gx, tag(vs - 1, k, True))
-                sends.append(posted)
-                if rec:
-                    self._record(step, "SEND_B", k, t, vs=vs)
-                    watch.append(["SENT_B", k, posted, vs])
-            elif code == _REDUCE:
-                self._reduce_grads(c)
-                if rec:
-                    self._record(step, "REDUCE_GRAD", None, t, vs=vs)
-            elif code == _OPTIM:
-                self._wait_sends(step, sends, watch)
-                sends = []
-                if rec:
-                    c0 = time.thread_time()
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                if rec:
-                    self._add_cpu("OPTIM", c0)
-                    self._record(step, "OPTIM", None, t)
-        self._wait_sends(step, sends, watch)
-        if recv_f or recv_b or outputs:
-            raise RuntimeError(f"rank {me.rank}: schedule left work behind (recv_f {sorted(recv_f)}, "
-                               f"recv_b {sorted(recv_b)}, outputs {sorted(outputs)}) in {p}-stage plan")
-        return loss_sum
+                if st.watch:
+                    self._poll(step, st.watch)
+                st.t = time.time()
+            handlers[code](st, vs * m + k if k is not None else -1, last_b, vs, c)
+        self._wait_sends(step, st.sends, st.watch)
+        if st.recv_f or st.recv_b or st.outputs:
+            raise RuntimeError(f"rank {me.rank}: schedule left work behind (recv_f {sorted(st.recv_f)}, "
+                               f"recv_b {sorted(st.recv_b)}, outputs {sorted(st.outputs)}) in {p}-stage plan")
+        if rec:
+            for kind, timer in self._timers:
+                self.dev_s[kind][-1] += timer.elapsed_s()
+        return float(st.loss)
+
+    def _recv_f(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        k = key % self.plan.num_microbatches
+        st.recv_f[key] = posted = self._fwd_in.post_recv(self._tag(vs - 1, k, False))
+        if self._rec:
+            st.watch.append(["RECVD_F", k, posted, vs])
+
+    def _recv_b(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        k = key % self.plan.num_microbatches
+        st.recv_b[key] = posted = self._bwd_in.post_recv(self._tag(vs, k, True))
+        if self._rec:
+            st.watch.append(["RECVD_B", k, posted, vs])
+
+    def _forward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        k = key % self.plan.num_microbatches
+        me, mbs, dp = self.me, self.plan.microbatch_size, self.plan.stages[self.me.stage].dp
+        if vs == 0:
+            x = dp_shard(microbatch(st.batch, k, mbs), me.dp_index, dp).tokens.to(self.device)
+        else:
+            posted = st.held[key] = st.recv_f.pop(key)
+            x = self.mp.from_wire(posted.wait().detach()).requires_grad_()
+            self._waited(st, "WAIT_F", k, vs, posted)
+        st.inputs[key] = x
+        with self.mp.autocast():
+            if vs == self.n_virtual - 1:
+                tgt = dp_shard(microbatch(st.batch, k, mbs), me.dp_index, dp).targets.to(self.device)
+                y = self._timed("F", self.chunks[c], x, tgt, self.normaliser)
+                st.loss = st.loss + y.detach().float()
+            else:
+                y = self._timed("F", self.chunks[c], x)
+        st.outputs[key] = y
+        if self._rec:
+            self._record(st.step, "F", k, st.t, vs=vs)
+
+    def _send_f(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        k = key % self.plan.num_microbatches
+        posted = self._fwd_out.post_send(self.mp.to_wire(st.outputs[key].detach()), self._tag(vs, k, False))
+        st.sends.append(posted)
+        if self._rec:
+            self._record(st.step, "SEND_F", k, st.t, vs=vs)
+            st.watch.append(["SENT_F", k, posted, vs])
+
+    def _backward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        k = key % self.plan.num_microbatches
+        grad = None
+        posted = None
+        y = st.outputs.pop(key)
+        if vs != self.n_virtual - 1:
+            posted = st.recv_b.pop(key)
+            grad = posted.wait()
+            if grad.dtype != y.dtype:  # a 16-bit boundary gradient for the fp32 output
+                grad = grad.to(y.dtype)
+            self._waited(st, "WAIT_B", k, vs, posted)
+        elif self.scaler is not None:  # fp16: backprop the scaled loss
+            grad = torch.full_like(y, self.scaler.scale)
+        if last_b and self.reducers is not None:
+            self.reducers[c].arm()
+        self._timed("B", torch.autograd.backward, y, grad)
+        if posted is not None:
+            gx = st.inputs[key].grad if key in st.inputs else None
+            if gx is None or posted.buf is None or gx.data_ptr() != posted.buf.data_ptr():  # autograd may hand the buffer on
+                self._bwd_in.release(posted)
+        if key in st.held:
+            self._fwd_in.release(st.held.pop(key))  # backward is done: nothing reads the input buffer any more
+        if self._rec:
+            self._record(st.step, "B", k, st.t, vs=vs)
+        if vs == 0:
+            st.inputs.pop(key)
+
+    def _send_b(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        k = key % self.plan.num_microbatches
+        gx = self.mp.to_wire(st.inputs.pop(key).grad)
+        posted = self._bwd_out.post_send(gx, self._tag(vs - 1, k, True))
+        st.sends.append(posted)
+        if self._rec:
+            self._record(st.step, "SEND_B", k, st.t, vs=vs)
+            st.watch.append(["SENT_B", k, posted, vs])
+
+    def _reduce(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        self._reduce_grads(c)
+        if self._rec:
+            self._record(st.step, "REDUCE_GRAD", None, st.t, vs=vs)
+
+    def _optim(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        self._wait_sends(st.step, st.sends, st.watch)
+        st.sends = []
+        overflow = False
+        if self.scaler is not None:
+            overflow = self.scaler.unscale_and_check(self.stage.parameters(), self._vote)
+            self.scaler.update(overflow)
+        if not overflow:
+            self._timed("OPTIM", self.optimizer.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._rec:
+            self._record(st.step, "OPTIM", None, st.t)
+
+    def _vote(self, local: torch.Tensor) -> torch.Tensor:
+        """fp16 overflow: the maximum over every rank of the job (world group, host memory)."""
+        return self.g.world.all_reduce(local, op="max")
 
     def _wait_sends(self, step: int, sends: list[Any], watch: list[list[Any]]) -> None:
         for h in sends:
@@ -343,21 +428,23 @@ class StageExecutor:
         elif self.g.dp_group is not None:
             from hetauto.runtime.tensor_parallel import allreduce_gradients
 
-            allreduce_gradients(module, self.g.dp_group, op="sum")
+            allreduce_gradients(module, self.g.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype)
         w = module.tied_embedding_weight()
         if w is not None and self.g.tied_group is not None:
             import torch.distributed as dist
 
+            # over a gloo group in host memory: the first and last stage may sit on different vendors
             contrib = w.grad if (self.me.dp_index == 0 and self.me.tp_index == 0 and w.grad is not None) else None
-            buf = contrib.clone() if contrib is not None else torch.zeros_like(w)
+            buf = contrib.detach().to("cpu", copy=True) if contrib is not None else torch.zeros(w.shape, dtype=w.dtype)
             dist.all_reduce(buf, group=self.g.tied_group)
-            w.grad = buf
+            w.grad = buf.to(w.device)
 
     def run(self, steps: int, *, start: int = 0, after_step: Callable[[int], str | None] | None = None) -> RankReport:
         """Train steps `start..steps-1` (step indices are global: a resumed run continues the numbering, so
         its batches are the uninterrupted run's). Before each step the installed fault
         (hetauto.runtime.faults) may fire; after it `after_step(step)` runs (checkpointing) and what it
-        returns (a checkpoint directory or None) is listed in the report."""
+        returns (a checkpoint directory or None) is listed in the report. Step times come from the
+        backend's timer, so queued device work is counted."""
         from hetauto.runtime import faults
 
         world = self.g.world
@@ -370,9 +457,11 @@ class StageExecutor:
         written: list[str] = []
         for i in range(start, steps):
             faults.maybe_fail(i)
-            t = time.perf_counter()
+            timer = self.dev.backend.timer()
+            timer.start()
             losses.append(self.step(i))
-            step_s.append(time.perf_counter() - t)
+            timer.stop()
+            step_s.append(timer.elapsed_s())
             if after_step is not None:
                 path = after_step(i)
                 if path is not None:
@@ -385,14 +474,20 @@ class StageExecutor:
             losses=losses if report_loss else None, step_s=step_s,
             sent_bytes={f"{a}->{b}": n - before.get((a, b), 0) for (a, b), n in sorted(world.sent_bytes().items())
                         if n > before.get((a, b), 0)},
-            events=self.events, compute_cpu_s=self.cpu, throttled_s=self.throttle.slept_s if self.throttle is not None else 0.0,
+            events=self.events, compute_cpu_s=self.cpu, compute_device_s=self.dev_s,
+            throttled_s=self.throttle.slept_s if self.throttle is not None else 0.0,
             start_step=start, checkpoints=written if me.rank == 0 else [],
+            backend=self.dev.name, device=self.dev.describe(), dist_backend=self.dev.dist_backend,
+            precision=self.mp.name, peak_memory_bytes=self.dev.peak_memory_bytes(),
+            transports=[t.name for t in self.g.transports],
+            overflow_steps=self.scaler.skipped if self.scaler is not None else 0,
         )
 
 
 def run_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: ExecutorOptions) -> RankReport:
     """Build this rank's groups and stage, train `options.steps` steps, return what it measured.
     Every rank of the job calls it (group creation is collective)."""
-    torch.manual_seed(options.seed)
-    groups = build_groups(world, plan, tied=cfg.tie_embeddings)
-    return StageExecutor(groups, plan, cfg, options).run(options.steps)
+    from hetauto.runtime.training import prepare_rank
+
+    groups, device, precision = prepare_rank(world, plan, cfg, options)
+    return StageExecutor(groups, plan, cfg, options, device, precision).run(options.steps)

@@ -1,4 +1,5 @@
-"""Single-process reference training: the numbers the distributed executor must reproduce (1e-5, fp32).
+"""Single-process reference training: the numbers the distributed executor must reproduce (1e-5 in fp32; per
+precision, hetauto.core.precision.PRECISION_TOLERANCE).
 
 Loss normalisation (the contract the executor follows):
   * step loss = mean token cross-entropy over the whole global batch (gbs * seq_len tokens);
@@ -17,6 +18,7 @@ import torch
 
 from hetauto.core.model import ModelConfig
 from hetauto.runtime.data import microbatch, num_microbatches, synthetic_batch
+from hetauto.runtime.mixed_precision import Precision
 from hetauto.runtime.stage import build_model
 
 __all__ = ["ADAMW_BETAS", "ADAMW_EPS", "ADAMW_WEIGHT_DECAY", "make_optimizer", "reference_losses"]
@@ -42,9 +44,14 @@ def reference_losses(
     microbatch_size: int,
     seq_len: int,
     lr: float = 1e-3,
+    precision: str = "fp32",
 ) -> list[float]:
     """Train the whole model in one process for `steps` steps on `synthetic_batch(seed, step, ...)`; return
-    each step's loss (mean token cross-entropy over the global batch, measured before that step's update)."""
+    each step's loss (mean token cross-entropy over the global batch, measured before that step's update).
+    `precision` (a resolved one: fp32, bf16, fp16) runs as the executor runs it (hetauto.runtime.mixed_precision),
+    on the host CPU."""
+    mp = Precision(precision, "cpu")
+    scaler = mp.loss_scaler()
     m = num_microbatches(gbs, microbatch_size)
     model = build_model(model_cfg, seed)
     opt = make_optimizer(model.parameters(), lr)
@@ -55,10 +62,15 @@ def reference_losses(
         total = 0.0
         for j in range(m):
             mb = microbatch(batch, j, microbatch_size)
-            loss = model(mb.tokens, mb.targets, normaliser)
-            loss.backward()
+            with mp.autocast():
+                loss = model(mb.tokens, mb.targets, normaliser)
+            (loss * scaler.scale if scaler is not None else loss).backward()
             total += loss.item()
-        opt.step()
+        overflow = scaler is not None and scaler.unscale_and_check(model.parameters(), lambda x: x)
+        if not overflow:
+            opt.step()
+        if scaler is not None:
+            scaler.update(overflow)
         opt.zero_grad(set_to_none=True)
         losses.append(total)
     return losses

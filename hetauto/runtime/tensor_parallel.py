@@ -12,8 +12,10 @@ because their inputs and upstream gradients are replicated). A TP stage therefor
 plain replicated tensors: boundary activations are identical on all TP ranks of a dp replica, and so
 are the input gradients handed back to the previous stage.
 
-Process groups: `DeviceMesh("cpu", ranks)` creates a process group, which every rank of the world must
-create collectively in the same order; `build_meshes` does that for a list of TP groups.
+Process groups: each TP group's process group is created on its stage's backend (nccl, hccl, xccl; gloo on
+cpu and mock), which every rank of the world must do collectively in the same order, and its DeviceMesh is
+built over that group (`DeviceMesh.from_group`) with the backend's device type; `build_meshes` does that
+for a list of TP groups.
 """
 
 from __future__ import annotations
@@ -49,26 +51,36 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
             )
 
 
-def build_meshes(stage_rank_groups: Sequence[Sequence[int]], device_type: str = "cpu") -> DeviceMesh | None:
-    """Create one 1-D DeviceMesh per TP group (groups of size 1 are skipped: nothing to shard).
+def build_meshes(stage_rank_groups: Sequence[Sequence[int]], backends: Sequence[Any] | None = None,
+                 timeout_s: float | None = None) -> DeviceMesh | None:
+    """Create one 1-D DeviceMesh per TP group (groups of size 1 are skipped: nothing to shard), each on its
+    stage's backend (`backends[i]` for group i: its `dist_backend` for the process group, its `device_type`
+    for the mesh; default gloo on cpu), with the run's timeout.
 
     EVERY rank of the world must call this with the same groups in the same order (each mesh creates a
     process group collectively). Returns the mesh of the group containing this rank, or None when this
     rank is in no group of size > 1 (a tp=1 stage).
     """
+    import datetime
+
     me = dist.get_rank()
     seen: set[int] = set()
     mine: DeviceMesh | None = None
-    for group in stage_rank_groups:
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s is not None else None
+    for i, group in enumerate(stage_rank_groups):
         ranks = [int(r) for r in group]
         if len(set(ranks)) != len(ranks) or seen.intersection(ranks):
             raise ValueError(f"TP group {ranks} repeats a rank (each rank belongs to exactly one TP group)")
         seen.update(ranks)
         if len(ranks) < 2:
             continue
-        mesh = DeviceMesh(device_type, ranks)
+        backend = backends[i] if backends is not None else None
+        dist_name = backend.dist_backend if backend is not None else "gloo"
+        device_type = backend.device_type if backend is not None else "cpu"
+        pg = dist.new_group(ranks, backend=dist_name, **({"timeout": timeout} if timeout is not None else {}))
         if me in ranks:
-            mine = mesh
+            # the mesh over the group made here: DeviceMesh's own group creation would take the world's backend
+            mine = DeviceMesh.from_group(pg, device_type, mesh=ranks)
     return mine
 
 
@@ -110,7 +122,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def allreduce_gradients(
-    module: nn.Module, group: dist.ProcessGroup | None, bucket_bytes: int = 25 * 2**20, op: str = "sum"
+    module: nn.Module, group: dist.ProcessGroup | None, bucket_bytes: int = 25 * 2**20, op: str = "sum",
+    reduce_dtype: torch.dtype | None = None,
 ) -> int:
     """All-reduce every parameter gradient of `module` across `group` in flat buckets; return the bucket count.
 
@@ -119,6 +132,7 @@ def allreduce_gradients(
     parameters are reduced through their local shards (the dp group is orthogonal to the TP mesh). Buckets
     hold gradients of one dtype, in parameter order, up to `bucket_bytes` (a larger single gradient
     gets a bucket of its own). Parameters without a gradient are skipped (identically on every replica).
+    `reduce_dtype` (e.g. bf16: half the bytes) is the dtype the buckets are summed in (default: the gradients').
     """
     _check_op(op)
     if group is not None and dist.get_world_size(group) == 1:
@@ -127,10 +141,15 @@ def allreduce_gradients(
     grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
     buckets = _bucketize(grads, bucket_bytes)
     for bucket in buckets:
-        flat = torch.cat([g.reshape(-1) for g in bucket])
+        flat = _flat(bucket, reduce_dtype)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
         _unflatten(flat, bucket, size if op == "avg" else 1)
     return len(buckets)
+
+
+def _flat(grads: Sequence[torch.Tensor], reduce_dtype: torch.dtype | None) -> torch.Tensor:
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    return flat if reduce_dtype is None or flat.dtype == reduce_dtype else flat.to(reduce_dtype)
 
 
 def _check_op(op: str) -> None:
@@ -161,7 +180,7 @@ def _unflatten(flat: torch.Tensor, bucket: Sequence[torch.Tensor], divide_by: in
     offset = 0
     for g in bucket:
         n = g.numel()
-        g.copy_(flat[offset : offset + n].view_as(g))
+        g.copy_(flat[offset : offset + n].view_as(g))  # copy_ casts a reduced 16-bit bucket back
         offset += n
 
 
@@ -182,11 +201,13 @@ class OverlappedGradReducer:
     """
 
     def __init__(
-        self, module: nn.Module, group: dist.ProcessGroup | None, bucket_bytes: int = 25 * 2**20, op: str = "sum"
+        self, module: nn.Module, group: dist.ProcessGroup | None, bucket_bytes: int = 25 * 2**20, op: str = "sum",
+        reduce_dtype: torch.dtype | None = None,
     ) -> None:
         _check_op(op)
         self.group = group
         self.op = op
+        self.reduce_dtype = reduce_dtype
         self.params = [p for p in module.parameters() if p.requires_grad][::-1]
         self._bucket_of: dict[int, int] = {}
         plan = _bucketize([_local(p.detach()) for p in self.params], bucket_bytes)
@@ -222,7 +243,7 @@ class OverlappedGradReducer:
             self._next += 1
             if not grads:
                 continue
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = _flat(grads, self.reduce_dtype)
             work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
             self._inflight.append((flat, grads, work))
 

@@ -9,19 +9,22 @@ function of (seed, step)), so its losses are the uninterrupted run's, bit for bi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hetauto.core.comm import Communicator
-from hetauto.core.errors import CheckpointMismatch
+from hetauto.core.errors import CheckpointMismatch, PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
+from hetauto.core.precision import DeviceKind, resolve_precision
+from hetauto.runtime.devices import RankDevice
 from hetauto.runtime.executor import ExecutorOptions, RankReport, StageExecutor
-from hetauto.runtime.groups import build_groups
+from hetauto.runtime.groups import RankGroups, build_groups
 
-__all__ = ["CheckpointOptions", "train_rank", "should_checkpoint"]
+__all__ = ["CheckpointOptions", "train_rank", "should_checkpoint", "prepare_rank"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +47,51 @@ def should_checkpoint(step: int, steps: int, every: int) -> bool:
     return (step + 1) % every == 0 or step == steps - 1
 
 
+def prepare_rank(world: Communicator, plan: Plan, cfg: ModelConfig,
+                 options: ExecutorOptions) -> tuple[RankGroups, RankDevice, str]:
+    """Every rank of the job calls it: select this rank's stage backend (plugin manager), bind its device
+    on this host (hetauto.runtime.devices), seed it, agree on the plan's precision with every other rank
+    (each contributes what its device supports), and build the groups and boundary transports."""
+    from hetauto.backends import get_backend
+    from hetauto.runtime.devices import bind_device, device_index, require_available
+    from hetauto.runtime.layout import placement
+
+    names = tuple(options.backends) if options.backends else ("cpu",) * plan.num_stages
+    if len(names) != plan.num_stages:
+        raise PlanMismatch(f"{len(names)} stage backends given for a plan of {plan.num_stages} stages")
+    me = placement(plan, world.global_rank)
+    where = f"rank {me.rank} (stage {me.stage}, cluster '{plan.stages[me.stage].cluster}')"
+    backend = require_available(names[me.stage], where)
+    per_rank = [names[placement(plan, r).stage] for r in range(plan.world_size)]
+    local_rank = int(os.environ.get("LOCAL_RANK", world.global_rank))
+    device = bind_device(backend, device_index(per_rank, world.global_rank, local_rank), where=where)
+    backend.manual_seed(options.seed)
+    precision = agree_precision(world, plan, device)
+    groups = build_groups(world, plan, tied=cfg.tie_embeddings, backends=tuple(get_backend(n) for n in names))
+    return groups, device, precision
+
+
+def agree_precision(world: Communicator, plan: Plan, device: RankDevice) -> str:
+    """`plan.training.precision` resolved over every rank's device (hetauto.core.precision.resolve_precision):
+    the same answer on every rank, or the same PlanMismatch."""
+    k = device.kind
+    mine = torch.tensor([[int(k.host), int(k.bf16), int(k.fp16)]], dtype=torch.int64)
+    rows = world.all_gather(mine)
+    kinds = [DeviceKind(host=bool(r[0, 0]), bf16=bool(r[0, 1]), fp16=bool(r[0, 2])) for r in rows]
+    try:
+        return resolve_precision(plan.training.precision, kinds)
+    except ValueError as err:
+        raise PlanMismatch(f"training.precision: {err}") from None
+
+
 def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: ExecutorOptions,
                checkpoint: CheckpointOptions = CheckpointOptions()) -> RankReport:
-    """Every rank of the job calls it: build groups and this rank's stage, load `checkpoint.resume` (resharded
-    to this plan's layout), train up to step `options.steps`, checkpointing as `checkpoint` says."""
+    """Every rank of the job calls it: build groups and this rank's stage on its device, load
+    `checkpoint.resume` (resharded to this plan's layout), train up to step `options.steps`, checkpointing
+    as `checkpoint` says."""
     torch.manual_seed(options.seed)
-    groups = build_groups(world, plan, tied=cfg.tie_embeddings)
-    ex = StageExecutor(groups, plan, cfg, options)
+    groups, device, precision = prepare_rank(world, plan, cfg, options)
+    ex = StageExecutor(groups, plan, cfg, options, device, precision)
     start = 0
     if checkpoint.resume:
         # imported only when used: torch.distributed.checkpoint costs seconds per process (see checkpoint.py)
