@@ -244,8 +244,10 @@ def test_run_resume_checks_the_checkpoint_before_launch_without_importing_torch(
                           "--resume", str(tmp_path / "ck"), "--steps", "4", "--print-launch"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    # the checkpoint was read: its data seed is the run's, its directory is handed to the ranks
-    assert out.stdout.count(f"--seed 7 --timeout 60.0 --cluster-base {tmp_path} --resume {tmp_path / 'ck'}") == 2
+    # the checkpoint was read: its data seed is the run's, its directory is handed to the ranks (the run options)
+    assert out.stdout.count(f"--options {tmp_path / 'plan.run.json'}") == 2
+    run = json.loads((tmp_path / "plan.run.json").read_text())
+    assert (run["seed"], run["cluster_base"], run["resume"]) == (7, str(tmp_path), str(tmp_path / "ck"))
     assert ck.parent == tmp_path / "ck"
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "hetauto.runtime.checkpoint_manifest" in imported

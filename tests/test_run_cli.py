@@ -12,6 +12,7 @@ import pytest
 
 from hetauto.cli import main
 from hetauto.core.plan import Plan, StagePlan
+from hetauto.runtime.options import RunOptions
 
 
 def _stage(cluster: str, devices: tuple[int, ...], layers: tuple[int, int], tp: int = 1, dp: int = 1) -> StagePlan:
@@ -71,11 +72,16 @@ def test_missing_layers_are_rejected_before_launch(tmp_path: Path, capsys) -> No
 def test_print_launch_gives_one_torchrun_command_per_node(tmp_path: Path, capsys) -> None:
     plan = _write(tmp_path, _stage("fast", (0, 1), (0, 3), tp=2), _stage("slow", (0, 1), (3, 6), tp=2))
     assert main(["run", str(plan), "--print-launch", "--json", "--master", "10.0.0.1"]) == 0
-    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    doc = json.loads(capsys.readouterr().out)
+    nodes = doc["nodes"]
     assert [n["node"] for n in nodes] == ["fast/node0", "slow/node0"]
+    options = tmp_path / "plan.run.json"  # every node reads the same RunOptions file, written next to the plan
+    assert doc["options"] == str(options)
     for i, n in enumerate(nodes):
         assert f"--nnodes=2 --node-rank={i} --nproc-per-node=2 --master-addr=10.0.0.1" in n["command"]
-        assert "-m hetauto.runtime.worker --plan" in n["command"]
+        assert n["command"].endswith(f"-m hetauto.runtime.worker --options {options}")
+    run = RunOptions.load(options)
+    assert (run.plan, run.out, run.backends, run.emulate) == (str(plan), str(tmp_path / "plan.out"), ("cpu", "cpu"), "none")
 
 
 def test_emulated_prediction_without_a_cached_calibration_says_how_to_measure_it(tmp_path: Path, monkeypatch) -> None:

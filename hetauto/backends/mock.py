@@ -19,6 +19,7 @@ import torch
 
 from hetauto.backends.hookspecs import hookimpl
 from hetauto.core.backend import Availability, Backend, Capabilities, MemoryStats
+from hetauto.core.torch_backend import host_memory_stats
 
 DEFAULT_DEVICES = 8
 DEFAULT_MEMORY = 16 * 2**30
@@ -144,9 +145,11 @@ class MockBackend(Backend):
             self.check_index(i)
 
     def memory_stats(self, i: int = 0) -> MemoryStats:
-        """Capacity is the configured size; mock devices share host RAM, so no per-device usage is known."""
+        """Capacity is the configured size; usage is this process's host memory (a rank holds one mock device,
+        and its tensors live in host RAM), so a run reports a real peak per rank."""
         self.check_index(i)
-        return MemoryStats(allocated=0, reserved=0, total=self._memory, peak=0)
+        host = host_memory_stats()
+        return MemoryStats(allocated=host.allocated, reserved=host.reserved, total=self._memory, peak=host.peak)
 
     def empty_cache(self) -> None:
         pass

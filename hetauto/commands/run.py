@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from hetauto.commands._output import print_json, print_table
 from hetauto.core.errors import CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
+from hetauto.core.precision import PRECISION_TOLERANCE
 
 REFERENCE_MAX_PARAMS = 50_000_000  # the single-process reference runs in this process: small models only
 # Why not supported: each namespace runs its own torchrun agent joined by a static rendezvous, and static
@@ -129,6 +131,10 @@ def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -
     return None, "prediction unavailable (unexpected evaluate_plan result)", False
 
 
+def _abs(path: str | None) -> str | None:
+    return None if path is None else str(Path(path).resolve())
+
+
 def _import_for_reference() -> None:
     import torch  # noqa: F401
 
@@ -180,34 +186,50 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is None:
         args.seed = 0
 
+    from hetauto.core.stage_backends import stage_backend_names
     from hetauto.runtime.launch import node_commands, start_local, worker_args
+    from hetauto.runtime.options import RunOptions
 
+    run_options = RunOptions(
+        plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
+        emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
+        backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
+        checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
+        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault)
     if args.print_launch:
-        worker = worker_args(Path(args.plan).resolve(), "OUT_DIR", steps=args.steps, seed=args.seed,
-                             emulate=bool(args.emulate), timeout_s=args.timeout, cluster_base=base,
-                             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                             keep=args.keep, resume=args.resume, inject_fault=args.inject_fault,
-                             allow_data_change=args.allow_data_change)
-        cmds = node_commands(plan, cluster, worker, master=args.master, max_restarts=args.max_restarts)
+        # every node reads the same options file: next to the plan, which every node needs at the same path too
+        plan_path = Path(args.plan).resolve()
+        options_path = plan_path.with_name(plan_path.stem + ".run.json")
+        out_dir = plan_path.with_name(plan_path.stem + ".out")
+        from dataclasses import replace
+
+        replace(run_options, out=str(out_dir)).save(options_path)
+        cmds = node_commands(plan, cluster, worker_args(options_path), master=args.master,
+                             max_restarts=args.max_restarts)
         if args.json:
-            print_json({"nodes": [{"node": n, "command": c} for n, c in cmds]})
+            print_json({"options": str(options_path), "nodes": [{"node": n, "command": c} for n, c in cmds]})
         else:
+            print(f"# copy {plan_path} and {options_path} to the same paths on every node, then run there:")
             for n, c in cmds:
                 print(f"# {n}\n{c}")
         return 0
 
+    from hetauto.runtime.preflight import check_backends
+
+    pre = check_backends(plan, cluster, emulate=bool(args.emulate))
+    from dataclasses import replace
+
+    run_options = replace(run_options, backends=pre.backends)
+    if pre.mock_devices is not None:
+        os.environ["HETAUTO_MOCK_DEVICES"] = str(pre.mock_devices)  # the workers inherit it
     want_reference = not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS
-    ck = dict(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, keep=args.keep,
-              resume=args.resume, inject_fault=args.inject_fault, allow_data_change=args.allow_data_change)
     link: dict | None = None
     if args.emulate == "netns":
         from hetauto.runtime.netns_launch import launch_netns
 
-        reports, link = launch_netns(plan, cluster, steps=args.steps, seed=args.seed, timeout_s=args.timeout,
-                                     cluster_base=base, **ck)
+        reports, link = launch_netns(plan, cluster, run_options)
     else:
-        job = start_local(plan, steps=args.steps, seed=args.seed, emulate=bool(args.emulate),
-                          timeout_s=args.timeout, cluster_base=base, max_restarts=args.max_restarts, **ck)
+        job = start_local(plan, run_options, max_restarts=args.max_restarts)
         if want_reference:
             try:
                 # Import torch here while the ranks start (they import it too, which takes longer than this):
@@ -217,12 +239,14 @@ def run(args: argparse.Namespace) -> int:
                 job.kill()
                 raise
         reports = job.wait()
-    from hetauto.runtime.results import link_dispatch_lag, measured_timeline, stage_compute, summarize
+    from hetauto.runtime.results import (boundary_table, link_dispatch_lag, measured_timeline, rank_table,
+                                         stage_compute, stage_memory, summarize)
 
     summary = summarize(plan, reports)
     start = int(reports[0].get("start_step", 0))
     restarts = max(int(r.get("restart", 0)) for r in reports)
     checkpoints = [c for r in reports for c in r.get("checkpoints", [])]
+    precision = str(reports[0].get("precision", "fp32"))
     reference: list[float] | None = None
     if want_reference:
         import torch
@@ -231,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
         reference = reference_losses(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size,
-                                     plan.seq_len)[start:]
+                                     plan.seq_len, precision=precision)[start:]
     predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)
     if args.trace:
         from hetauto.schedule.trace import write_chrome_trace
@@ -253,8 +277,14 @@ def run(args: argparse.Namespace) -> int:
         "stage_compute": [c.to_dict() for c in stage_compute(plan, reports)],
         "link_dispatch_lag": link_dispatch_lag(reports),
         "world_size": plan.world_size,
+        "precision": precision,
+        "loss_tolerance": PRECISION_TOLERANCE.get(precision),
+        "ranks": rank_table(plan, reports),
+        "boundaries": boundary_table(plan, reports),
+        "stage_memory": stage_memory(plan, reports, plan.prediction.peak_memory_bytes if plan.prediction else None),
         "emulated": bool(args.emulate),
         "emulation": args.emulate,
+        "emulated_backends": [{"stage": i, "backend": was, "runs_on": pre.backends[i]} for i, was in pre.emulated],
         "shaped_link": link,
         "trace": args.trace,
         "checkpoints": checkpoints,
@@ -271,8 +301,12 @@ def run(args: argparse.Namespace) -> int:
     pred = "-" if predicted is None else f"{predicted:.4f}"
     print(f"measured step {summary.measured_step_s:.4f} s | predicted {pred} s ({source})"
           + ("" if ratio is None or math.isnan(ratio) else f" | ratio {ratio:.2f}"))
-    for k, v in summary.bytes_per_link.items():
-        print(f"  {k}: {v} bytes/step")
+    print(f"precision {precision}" + ("" if reference is None else
+                                      f" (loss within {PRECISION_TOLERANCE[precision]:g} of the reference expected)"))
+    _print_stages(plan, doc)
+    for was in doc["emulated_backends"]:
+        print(f"  stage {was['stage']}: backend '{was['backend']}' is not on this host; emulated on "
+              f"'{was['runs_on']}' (--emulate)")
     if args.trace:
         print(f"trace: {args.trace}")
     if restarts:
@@ -283,6 +317,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
               + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
     return 0
+
+
+def _print_stages(plan: Plan, doc: dict[str, Any]) -> None:
+    """Where each stage ran (backend, devices, dist backend), its measured vs predicted peak memory, and each
+    boundary's transport, method and bytes."""
+    from hetauto.core.units import format_bytes
+
+    by_stage: dict[int, list[dict[str, Any]]] = {}
+    for r in doc["ranks"]:
+        by_stage.setdefault(r["stage"], []).append(r)
+    rows = []
+    for m in doc["stage_memory"]:
+        ranks = by_stage.get(m["stage"], [])
+        devices = ", ".join(r["device"] for r in ranks[:4]) + (" ..." if len(ranks) > 4 else "")
+        pred = m["predicted_peak_bytes"]
+        rows.append((m["stage"], m["cluster"], m["backend"] or "-", devices, ranks[0]["dist_backend"] if ranks else "-",
+                     format_bytes(m["measured_peak_bytes"]), "-" if pred is None else format_bytes(pred)))
+    print_table("stages", ["stage", "cluster", "backend", "devices", "collectives", "peak memory", "predicted"], rows)
+    rows = [(f"{b['stage']} -> {b['to_stage']}", b["transport"] or "-", b["method"], f"{b['bytes']}")
+            for b in doc["boundaries"]]
+    if rows:
+        print_table("boundaries", ["stages", "transport", "method", "bytes/step"], rows)
 
 
 def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,

@@ -14,38 +14,30 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hetauto.core.errors import CommunicationError, PlanMismatch
 from hetauto.core.plan import Plan
+from hetauto.runtime.options import RunOptions
 
-__all__ = ["JobFailed", "worker_args", "torchrun_launcher", "local_command", "node_commands", "launch_local",
+__all__ = ["JobFailed", "worker_args", "write_run_folder", "torchrun_launcher", "local_command", "node_commands", "launch_local",
            "start_local", "LocalJob", "diagnose_failure", "collect_reports", "kill_group", "torchrun_exit_codes"]
 
 
-def worker_args(plan_path: str | Path, out_dir: str | Path, *, steps: int, seed: int, emulate: bool,
-                timeout_s: float, cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-                checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
-                inject_fault: str | None = None, emulate_speed_only: bool = False,
-                allow_data_change: bool = False) -> list[str]:
-    args = ["-m", "hetauto.runtime.worker", "--plan", str(plan_path), "--out", str(out_dir), "--steps", str(steps),
-            "--seed", str(seed), "--timeout", str(timeout_s)]
-    if emulate:
-        args.append("--emulate-speed-only" if emulate_speed_only else "--emulate")
-    if cluster_base is not None:
-        args += ["--cluster-base", str(cluster_base)]
-    if checkpoint_dir is not None:
-        args += ["--checkpoint-dir", str(Path(checkpoint_dir).resolve()), "--checkpoint-every", str(checkpoint_every)]
-        if keep is not None:
-            args += ["--keep", str(keep)]
-    if resume is not None:
-        args += ["--resume", str(Path(resume).resolve())]
-        if allow_data_change:
-            args.append("--allow-data-change")
-    if inject_fault is not None:
-        args += ["--inject-fault", inject_fault]
-    return args
+def worker_args(options_path: str | Path) -> list[str]:
+    """The worker program torchrun starts on every rank: it reads everything else from the RunOptions file."""
+    return ["-m", "hetauto.runtime.worker", "--options", str(options_path)]
+
+
+def write_run_folder(folder: str | Path, plan: Plan, run: RunOptions) -> Path:
+    """Save the plan and the run's options (pointing at that plan and at `folder` for the rank reports) into
+    `folder`; return the options file the workers read."""
+    folder = Path(folder)
+    plan_path = folder / "plan.json"
+    plan.save(plan_path)
+    return replace(run, plan=str(plan_path), out=str(folder)).save(folder / "run.json")
 
 
 # `python -m torch.distributed.run` whose process ends with os._exit once torchrun returns (its workers are gone
@@ -242,42 +234,28 @@ class LocalJob:
         self._tmp.cleanup()
 
 
-def start_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: float,
-                cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-                checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
-                inject_fault: str | None = None, max_restarts: int = 0, allow_data_change: bool = False) -> LocalJob:
-    """Start the plan under torchrun on this machine and return at once (see `launch_local`)."""
+def start_local(plan: Plan, run: RunOptions, *, max_restarts: int = 0) -> LocalJob:
+    """Start the plan under torchrun on this machine and return at once (see `launch_local`). `run.plan` and
+    `run.out` are replaced by the run folder's own copies."""
     tmp = tempfile.TemporaryDirectory(prefix="hetauto-run-")
     try:
-        plan_path = Path(tmp.name) / "plan.json"
-        plan.save(plan_path)
-        worker = worker_args(plan_path, tmp.name, steps=steps, seed=seed, emulate=emulate, timeout_s=timeout_s,
-                             cluster_base=cluster_base, checkpoint_dir=checkpoint_dir,
-                             checkpoint_every=checkpoint_every, keep=keep, resume=resume, inject_fault=inject_fault,
-                             allow_data_change=allow_data_change)
+        options = write_run_folder(tmp.name, plan, run)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        deadline = (timeout_s * 3 + 60 + 5 * steps) * (max_restarts + 1)
-        proc = subprocess.Popen(local_command(plan, worker, max_restarts), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = (run.timeout_s * 3 + 60 + 5 * run.steps) * (max_restarts + 1)
+        proc = subprocess.Popen(local_command(plan, worker_args(options), max_restarts), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     except BaseException:
         tmp.cleanup()
         raise
     return LocalJob(plan, tmp, proc, deadline)
 
 
-def launch_local(plan: Plan, *, steps: int, seed: int, emulate: bool, timeout_s: float,
-                 cluster_base: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-                 checkpoint_every: int = 1, keep: int | None = None, resume: str | Path | None = None,
-                 inject_fault: str | None = None, max_restarts: int = 0,
-                 allow_data_change: bool = False) -> list[dict[str, Any]]:
+def launch_local(plan: Plan, run: RunOptions, *, max_restarts: int = 0) -> list[dict[str, Any]]:
     """Run the plan under torchrun on this machine; return every rank's report (rank order). A failed job
     raises `JobFailed` naming the culprit rank; the whole job is bounded by a wall-clock deadline (its
     process group is killed past it), so nothing can hang."""
-    return start_local(plan, steps=steps, seed=seed, emulate=emulate, timeout_s=timeout_s, cluster_base=cluster_base,
-                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep, resume=resume,
-                       inject_fault=inject_fault, max_restarts=max_restarts,
-                       allow_data_change=allow_data_change).wait()
+    return start_local(plan, run, max_restarts=max_restarts).wait()
 
 
 def collect_reports(plan: Plan, out_dir: str | Path, returncode: int, stderr: str = "",

@@ -14,13 +14,15 @@ import os
 import subprocess
 import tempfile
 import time
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.plan import Plan
-from hetauto.runtime.launch import JobFailed, collect_reports, kill_group, torchrun_launcher, worker_args
+from hetauto.runtime.launch import (JobFailed, collect_reports, kill_group, torchrun_launcher, worker_args,
+                                    write_run_folder)
+from hetauto.runtime.options import RunOptions
 
 __all__ = ["launch_netns", "cross_cluster_bandwidth"]
 
@@ -34,8 +36,7 @@ def cross_cluster_bandwidth(plan: Plan, cluster: ClusterSpec) -> float:
     return min(rates)
 
 
-def launch_netns(plan: Plan, cluster: ClusterSpec, *, steps: int, seed: int, timeout_s: float,
-                 cluster_base: str | Path | None = None, **worker_kw: Any) -> tuple[list[dict[str, Any]], dict]:
+def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
     """Run the plan with one namespace per cluster; return (rank reports, link figures: shaped rate and the
     kernel's byte counters of each namespace's veth over the run)."""
     from hetauto.runtime.layout import stage_layouts
@@ -51,10 +52,8 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, *, steps: int, seed: int, tim
         raise PlanMismatch(f"--emulate netns runs one torchrun per cluster, so each cluster's ranks must be "
                            f"contiguous; got clusters by rank {cluster_of_rank}: reorder the plan's stages")
     with tempfile.TemporaryDirectory(prefix="hetauto-netns-") as tmp, topo:
-        plan_path = Path(tmp) / "plan.json"
-        plan.save(plan_path)
-        program = worker_args(plan_path, tmp, steps=steps, seed=seed, emulate=True, emulate_speed_only=True,
-                              timeout_s=timeout_s, cluster_base=cluster_base, **worker_kw)
+        program = worker_args(write_run_folder(tmp, plan, replace(run, emulate="speed-only")))
+        timeout_s, steps = run.timeout_s, run.steps
         before = topo.link_bytes()
         procs = []
         for g in range(len(topo.groups)):

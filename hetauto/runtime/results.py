@@ -14,7 +14,8 @@ from hetauto.core.plan import Plan
 from hetauto.runtime.layout import stage_layouts
 from hetauto.schedule.simulator import SimResult, TimelineEntry
 
-__all__ = ["RunSummary", "StageCompute", "link_dispatch_lag", "summarize", "measured_timeline", "stage_compute"]
+__all__ = ["RunSummary", "StageCompute", "link_dispatch_lag", "summarize", "measured_timeline", "stage_compute",
+           "rank_table", "boundary_table", "stage_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,3 +153,49 @@ def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: in
     util = tuple(b / total if total else 0.0 for b in busy)
     bubble = 1.0 - sum(busy) / (p * total) if total else 0.0
     return SimResult(total, bubble, util, (), busy, len(entries), tuple(sorted(entries, key=lambda e: e.start)))
+
+
+def rank_table(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Where every rank ran: `{rank, stage, cluster, backend, device, dist_backend}` in rank order."""
+    return [{"rank": int(r["rank"]), "stage": int(r["stage"]), "cluster": plan.stages[int(r["stage"])].cluster,
+             "backend": r.get("backend", "cpu"), "device": r.get("device", "cpu:0"),
+             "dist_backend": r.get("dist_backend", "gloo")}
+            for r in sorted(reports, key=lambda r: int(r["rank"]))]
+
+
+def boundary_table(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every stage boundary h -> h+1: `{stage: h, transport, method, bytes}` (bytes per step, both directions,
+    from the ranks' own counts). The interleaved wrap back to stage 0 has `stage: p-1`."""
+    from hetauto.core.stage_backends import boundary_pairs
+
+    pairs = boundary_pairs(plan)
+    names = next((list(r.get("transports") or []) for r in reports if r.get("transports")), [])
+    methods = plan.boundary_methods()
+    steps = max(len(reports[0]["step_s"]), 1) if reports else 1
+    stage_of = {rank: s for s, lay in enumerate(stage_layouts(plan)) for rank in lay.ranks}
+    out = []
+    for i, (a, b) in enumerate(pairs):
+        total = 0
+        for r in reports:
+            for key, n in r["sent_bytes"].items():
+                x, y = (stage_of[int(v)] for v in key.split("->"))
+                if {x, y} == {a, b} and x != y:
+                    total += n
+        if len(pairs) == 2 and pairs[0] == (pairs[1][1], pairs[1][0]):  # p = 2 interleaved: one rank pair, both ways
+            total //= 2
+        out.append({"stage": a, "to_stage": b, "transport": names[i] if i < len(names) else None,
+                    "method": methods[min(i, len(methods) - 1)], "bytes": total // steps})
+    return out
+
+
+def stage_memory(plan: Plan, reports: Sequence[Mapping[str, Any]],
+                 predicted: Sequence[float] | None = None) -> list[dict[str, Any]]:
+    """Per stage: the highest measured peak device memory of its ranks (the backend's `memory_stats`) next
+    to the predicted peak (the plan's prediction, when it has one)."""
+    out = []
+    for s, stage in enumerate(plan.stages):
+        mine = [r for r in reports if int(r["stage"]) == s]
+        out.append({"stage": s, "cluster": stage.cluster, "backend": mine[0].get("backend", "cpu") if mine else None,
+                    "measured_peak_bytes": max((int(r.get("peak_memory_bytes", 0)) for r in mine), default=0),
+                    "predicted_peak_bytes": None if predicted is None or s >= len(predicted) else float(predicted[s])})
+    return out

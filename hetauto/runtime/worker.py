@@ -1,5 +1,9 @@
-"""torchrun entry of one rank: `python -m hetauto.runtime.worker --plan P --out DIR [--steps N] [--seed S]
-[--emulate] [--timeout S] [--checkpoint-dir D] [--checkpoint-every K] [--resume D] [--inject-fault SPEC]`.
+"""torchrun entry of one rank: `python -m hetauto.runtime.worker --options RUN.json` (a RunOptions file the
+launcher wrote: plan, output folder, steps, seed, emulation, each stage's backend, checkpoints, faults).
+
+The rank selects its stage's backend (hetauto.runtime.training.prepare_rank: through the plugin manager),
+binds its device from LOCAL_RANK, and trains its stage there; the world group is gloo (host-side traffic),
+the stage's own groups use the backend's collective library.
 
 Writes `DIR/rank<R>.started` at start, then `DIR/rank<R>.json` (the rank's `RankReport`) or, on failure,
 `DIR/rank<R>.error` (one line); a rank stopped by torchrun (SIGTERM, after another rank failed) writes
@@ -22,22 +26,7 @@ from pathlib import Path
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hetauto.runtime.worker")
-    p.add_argument("--plan", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--emulate", action="store_true")
-    p.add_argument("--emulate-speed-only", action="store_true",
-                   help="per-cluster speed factors only (the links are real: network namespaces)")
-    p.add_argument("--cluster-base", default=None, help="folder a relative plan.cluster file resolves against")
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--checkpoint-every", type=int, default=1)
-    p.add_argument("--keep", type=int, default=None)
-    p.add_argument("--resume", default=None)
-    p.add_argument("--allow-data-change", action="store_true")
-    p.add_argument("--inject-fault", default=None)
+    p.add_argument("--options", required=True, help="the run's options (RunOptions JSON, written by the launcher)")
     return p.parse_args(argv)
 
 
@@ -57,14 +46,19 @@ def _stopped(out: Path, rank: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    out = Path(args.out)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     comm = None
-    for stale in ("json", "error", "stopped"):  # left by an earlier attempt of a restarted job
-        (out / f"rank{rank}.{stale}").unlink(missing_ok=True)
-    _mark(out, rank, "started", f"attempt {restart}")
-    signal.signal(signal.SIGTERM, lambda *_: _stopped(out, rank))
+    out: Path | None = None
     try:
+        from hetauto.runtime.options import RunOptions
+
+        run = RunOptions.load(args.options)
+        out = Path(run.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in ("json", "error", "stopped"):  # left by an earlier attempt of a restarted job
+            (out / f"rank{rank}.{stale}").unlink(missing_ok=True)
+        _mark(out, rank, "started", f"attempt {restart}")
+        signal.signal(signal.SIGTERM, lambda *_: _stopped(out, rank))
         import torch
 
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -76,28 +70,30 @@ def main(argv: list[str] | None = None) -> int:
         from hetauto.runtime.groups import placement
         from hetauto.runtime.training import CheckpointOptions, train_rank
 
-        if args.inject_fault and restart == 0:  # a restarted job must not fail the same way again
-            faults.install(faults.FaultSpec.parse(args.inject_fault))
-        resume = args.resume
-        if restart > 0 and args.checkpoint_dir:
+        if run.inject_fault and restart == 0:  # a restarted job must not fail the same way again
+            faults.install(faults.FaultSpec.parse(run.inject_fault))
+        resume = run.resume
+        if restart > 0 and run.checkpoint_dir:
             from hetauto.runtime.checkpoint import latest_checkpoint
 
-            if latest_checkpoint(args.checkpoint_dir) is not None:
-                resume = args.checkpoint_dir
+            if latest_checkpoint(run.checkpoint_dir) is not None:
+                resume = run.checkpoint_dir
 
-        plan = Plan.load(args.plan)
+        plan = Plan.load(run.plan)
         cfg = load_model_for_plan(plan)
         speed, links = 1.0, None
-        if args.emulate or args.emulate_speed_only:
+        if run.emulated:
             from hetauto.runtime.emulation import emulation_for_plan
 
-            emu = emulation_for_plan(plan, cluster_for_plan(plan, args.cluster_base))
+            emu = emulation_for_plan(plan, cluster_for_plan(plan, run.cluster_base))
             speed = emu.speed_factors[placement(plan, rank).stage]
-            links = emu.link_table() if emu.links and not args.emulate_speed_only else None
-        comm = Communicator.init_from_env("gloo", timeout_s=args.timeout, links=links)
-        opts = ExecutorOptions(steps=args.steps, seed=args.seed, lr=args.lr, timeout_s=args.timeout, speed_factor=speed)
-        ckpt = CheckpointOptions(directory=args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep,
-                                 resume=resume, allow_data_change=args.allow_data_change)
+            links = emu.link_table() if emu.links and run.emulate == "inprocess" else None
+        # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
+        comm = Communicator.init_from_env("gloo", timeout_s=run.timeout_s, links=links)
+        opts = ExecutorOptions(steps=run.steps, seed=run.seed, lr=run.lr, timeout_s=run.timeout_s, speed_factor=speed,
+                               backends=run.backends or None)
+        ckpt = CheckpointOptions(directory=run.checkpoint_dir, every=run.checkpoint_every, keep=run.keep,
+                                 resume=resume, allow_data_change=run.allow_data_change)
         report = train_rank(comm, plan, cfg, opts, ckpt)
         doc = report.to_dict()
         doc["restart"] = restart
@@ -109,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as exc:  # noqa: BLE001 - reported through the file, then a non-zero exit
         msg = " ".join(str(exc).split()) or type(exc).__name__
-        (out / f"rank{rank}.error").write_text(f"rank {rank}: {type(exc).__name__}: {msg}\n", encoding="utf-8")
+        if out is not None:
+            _mark(out, rank, "error", f"rank {rank}: {type(exc).__name__}: {msg}")
+        else:
+            print(f"rank {rank}: {type(exc).__name__}: {msg}", file=sys.stderr)
         if os.environ.get("HETAUTO_DEBUG"):
             raise
         return 1
@@ -119,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
                 comm.destroy()
             except Exception:  # noqa: BLE001
                 pass
-
 
 if __name__ == "__main__":
     code = main()
