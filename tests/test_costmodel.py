@@ -30,9 +30,11 @@ def test_megatron_tp_bytes_per_block() -> None:
 
 
 def test_adam_bytes_per_param() -> None:
+    # fp32 weight 4 + fp32 gradient 4 + AdamW m, v 8 (autocast keeps the parameters fp32 at every precision);
+    # ZeRO-1 shards m and v only: the fp32 weights are the model every replica runs
     assert cm.adam_bytes_per_param() == 16.0
     assert cm.adam_bytes_per_param(8, zero1=False) == 16.0
-    assert cm.adam_bytes_per_param(8, zero1=True) == 4.0 + 12.0 / 8
+    assert cm.adam_bytes_per_param(8, zero1=True) == 8.0 + 8.0 / 8
 
 
 @pytest.mark.parametrize("p,m", [(4, 8), (4, 2), (8, 3), (1, 5)])
@@ -68,7 +70,7 @@ def test_stage_memory_closed_form() -> None:
     got = cm.stage_memory(sums, c, tp=tp, dp=dp, microbatch=b, inflight=3, flash_attention=False)
     assert got == pytest.approx(params / tp * 16 + (b / dp) * per_sample * 3 + ws, rel=1e-12)
     z = cm.stage_memory(sums, c, tp=tp, dp=dp, microbatch=b, inflight=3, zero1=True, flash_attention=False)
-    assert got - z == pytest.approx(params / tp * (12 - 12 / dp), rel=1e-12)
+    assert got - z == pytest.approx(params / tp * (8 - 8 / dp), rel=1e-12)  # ZeRO-1 shards m and v
     # recompute keeps the 2*s*h block inputs plus one block re-materialised
     r = cm.stage_memory(sums, c, tp=tp, dp=dp, microbatch=b, inflight=3, recompute=True, flash_attention=False)
     kept = 2 * (2 * 32 * 64) * (b / dp) * 3
@@ -97,8 +99,10 @@ def test_dp_allreduce_and_optimizer() -> None:
     sums = cm.LayerTable(layers).range(0, 6)
     c = _cluster()
     params = sum(la.params for la in layers)
-    t = cm.dp_allreduce_time(sums, c, tp=1, dp=4)
-    assert t == pytest.approx(cm.ring_allreduce_time(params * 2, 4, c.intra_node.bandwidth_Bps, c.intra_node.latency_s))
+    t = cm.dp_allreduce_time(sums, c, tp=1, dp=4)  # fp32 gradients (grad_reduce_dtype's default)
+    assert t == pytest.approx(cm.ring_allreduce_time(params * 4, 4, c.intra_node.bandwidth_Bps, c.intra_node.latency_s))
+    bf16 = cm.dp_allreduce_time(sums, c, tp=1, dp=4, element_bytes=2)
+    assert bf16 == pytest.approx(cm.ring_allreduce_time(params * 2, 4, c.intra_node.bandwidth_Bps, c.intra_node.latency_s))
     assert cm.dp_allreduce_time(sums, c, tp=2, dp=1) == 0.0
     assert cm.optimizer_time(sums, c, tp=1, dp=4, zero1=True) == pytest.approx(
         cm.optimizer_time(sums, c, tp=1, dp=4) / 4)
@@ -243,9 +247,9 @@ def test_dp_allreduce_with_measured_collective_and_fp32_gradients() -> None:
     sums = cm.LayerTable(layers).range(0, 6)
     c = _cluster()
     params = sum(la.params for la in layers)
-    assert cm.dp_grad_bytes(sums, tp=2, bytes_scale=2.0) == pytest.approx(params / 2 * 4)
+    assert cm.dp_grad_bytes(sums, tp=2, element_bytes=4) == pytest.approx(params / 2 * 4)
     # d = 3 ring over a measured 1e9 B/s with 1e-4 s per latency step: 2*2/3 * bytes / bw + 4 * 1e-4
-    t = cm.dp_allreduce_time(sums, c, tp=1, dp=3, bytes_scale=2.0, bandwidth_Bps=1e9, latency_s=1e-4)
+    t = cm.dp_allreduce_time(sums, c, tp=1, dp=3, element_bytes=4, bandwidth_Bps=1e9, latency_s=1e-4)
     assert t == pytest.approx(4 / 3 * params * 4 / 1e9 + 4e-4, rel=1e-12)
 
 

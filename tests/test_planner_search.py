@@ -228,14 +228,16 @@ def test_default_cap_grows_with_the_device_count() -> None:
 
 def _pipeline_inputs(clusters: list[tuple[str, int]], cross: str = "400Gbps", cross_latency: str = "5us",
                      gbs: int = 8):
-    """Clusters of one-device v100-16g nodes on a 400 Gbps / 5 us network, and a 48-block GPT (~2.5B params)
-    too large for data parallelism alone: the plan must pipeline, with m = gbs microbatches of one sample."""
+    """Clusters of one-device a100-40g nodes on a 400 Gbps / 5 us network, and a 48-block GPT (~2.5B params, 16
+    B/param of states: 37 GiB) too large for data parallelism alone: the plan must pipeline, with m = gbs
+    microbatches of one sample. (Not v100-16g: with bf16 autocast's weight casts held per in-flight microbatch,
+    ~1.2 GB per 12-block stage, an interleaved 4-stage plan needs 18 GiB there.)"""
     from hetauto.core.cluster import cluster_from_dict
     from hetauto.core.model import ModelConfig
     from hetauto.planner.inputs import PlanningInputs
     from hetauto.planner.layers import layer_list
 
-    doc = {"clusters": [{"name": n, "nodes": {"count": k, "devices_per_node": 1, "device": "v100-16g"},
+    doc = {"clusters": [{"name": n, "nodes": {"count": k, "devices_per_node": 1, "device": "a100-40g"},
                          "inter_node": {"bandwidth": "400Gbps", "latency": "5us"}} for n, k in clusters],
            "links": {"default": {"bandwidth": cross, "latency": cross_latency}}}
     model = ModelConfig("pipe-test", "gpt", 48, 2048, 16, 8192, 32000, 1024, None, False)

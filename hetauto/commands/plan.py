@@ -1,7 +1,8 @@
 """`hetauto plan`: search for the highest-throughput plan that fits; optionally compare with the baselines.
 
 No arguments: the embedded default scenario. `--json` prints one document with iteration_time_s,
-throughput_samples_s, tokens_s, mfu, search_time_s, evaluations, plan (and `baselines` with --baselines);
+throughput_samples_s, tokens_s, mfu, search_time_s, evaluations, precision (the resolved one the plan was
+priced at), plan (and `baselines` with --baselines); `--precision P` writes `training.precision: P` into the plan;
 `-o plan.json` writes the plan for `hetauto simulate` / `hetauto run`.
 """
 
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gbs", type=int, help="global batch size (samples)")
     parser.add_argument("--seq", type=int, help="sequence length (tokens)")
     parser.add_argument("--planner", default="mcts", choices=PLANNERS, help="search algorithm (default: mcts)")
+    parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp16", "fp32"),
+                        help="training precision written into the plan and priced (default: auto: fp32 when a stage "
+                             "runs on cpu/mock, else bf16)")
     parser.add_argument("--baselines", action="store_true",
                         help=f"also run {', '.join(BASELINE_SET)} and compare (same evaluator; each runs its own "
                              "algorithm to the end, e.g. metis' full enumeration, unless --budget cuts it)")
@@ -74,7 +78,7 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
         if value is not None and value < low:
             raise HetautoError(f"{flag} must be {'positive' if low else 'zero or more'}, got {value}")
     kw = dict(budget=budget, seed=args.seed, iterations=args.iterations, max_evaluations=args.max_evaluations,
-              patience=args.patience, evaluator=make_evaluator(inputs), model_ref=args.model_ref)
+              patience=args.patience, evaluator=make_evaluator(inputs, args.precision), model_ref=args.model_ref)
     if not show:
         return plan(inputs, name, **kw)
     err = Console(stderr=True)
@@ -128,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as err:
             raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
     if args.json:
-        doc: dict[str, Any] = {"planner": args.planner, **_figures(result),
+        doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
                                "plan": result.plan.model_dump(mode="json", by_alias=True),
                                "trace": [[p.elapsed_s, p.evaluations, p.best_throughput] for p in result.trace]}
@@ -151,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
                       "continue with:", highlight=False)
         console.print(f"  {_continue_command(args)}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _precision(r: PlanResult, inputs: Any) -> str:
+    """The precision the plan was priced at (its `training.precision`, "auto" resolved over its stages)."""
+    from hetauto.planner.evaluate import plan_precision
+
+    return plan_precision(r.plan, inputs.cluster)
 
 
 def _continue_command(args: argparse.Namespace) -> str:
@@ -184,7 +195,8 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
                 ["stage", "cluster", "devices", "layers", "tp x dp", "recompute", "memory used / available"], rows)
     console.print(f"iteration {format_time(ev.iteration_time_s)}, {ev.throughput_samples_s:.3g} samples/s, "
                   f"{ev.tokens_s:.4g} tokens/s, {ev.tflops_per_device:.1f} TFLOP/s per device, MFU {ev.mfu:.1%}, "
-                  f"bubble {ev.bubble_fraction:.1%}", highlight=False)
+                  f"bubble {ev.bubble_fraction:.1%}, precision {_precision(r, inputs)}"
+                  + (" (auto)" if p.training.precision == "auto" else ""), highlight=False)
     console.print(f"search {r.search_time_s:.2f} s, {r.evaluations} evaluations", highlight=False)
     if baselines:
         brow = [[r.planner, f"{ev.throughput_samples_s:.3g}", "1.00", f"{r.search_time_s:.2f}", r.evaluations]]

@@ -9,10 +9,11 @@ step with the prediction, so the prediction for *this* machine must use measured
 - `Overheads`: dispatch cost of one forward / one backward per transformer block and per embedding/head slot
   (the executor's own stage modules at a negligible shape: 1 sample x 1 token), the wake-up cost of an action
   after its rank slept, per-message point-to-point alpha and all-reduce alpha (two gloo processes, tiny
-  tensors), and the bytes per activation element the executor sends (fp32 on CPU);
+  tensors); the bytes per activation and gradient element are each plan's precision's (fp32 on CPU), not
+  measured here;
 - what a CPU host adds for tp/dp > 1: DTensor's per-block cost at tp = 2 (two processes, sharded vs plain
-  stage), the gloo all-reduce bus bandwidth (1 MiB vs a tiny all-reduce), fp32 gradients, and the host's
-  cores (for time-slicing when ranks outnumber them).
+  stage), the gloo all-reduce bus bandwidth (1 MiB vs a tiny all-reduce), and the host's cores (for
+  time-slicing when ranks outnumber them).
 
 How the CPU-time terms (dispatch, the reference F+B behind compute_scale, the optimizer step, wake-up) are
 taken: thread CPU time (the work itself, which other engineers' load does not inflate), every probe in turns
@@ -65,15 +66,16 @@ class Overheads:
     boundary message's latency; `allreduce_alpha_s` to every data-parallel gradient all-reduce;
     `step_s` once per iteration; `allreduce_wake_s` to every DP all-reduce too (measured as it runs in a step:
     right after compute, where rank skew and waking gloo's threads cost more than a tight loop's alpha);
-    `activation_bytes_scale` multiplies the cost model's bf16 boundary bytes
-    (2.0: the executor sends fp32 on CPU).
+    `activation_bytes_scale` and `grad_bytes_scale` are read from older caches (which set 2.0: the executor
+    sends fp32 on CPU) but no longer applied: the Evaluator prices each plan's own precision (fp32 on the cpu
+    and mock backends), which is what they stood in for.
 
     Terms for what one CPU host adds (all neutral by default, so the analytical model stays the GPU one):
     `tp_fwd_layer_s`/`tp_bwd_layer_s` per transformer block of a tp > 1 stage per action (DTensor's
     per-op sharding dispatch and its small gloo collectives: ~10 ms per block on a CPU, dwarfing the
     FLOPs; like compute, divided by the speed factor); `allreduce_Bps` the measured gloo all-reduce bus
     bandwidth (with `allreduce_alpha_s` as the ring's 2 latency steps at d = 2) replacing the DP group's
-    link; `grad_bytes_scale` the gradient dtype (fp32 on CPU); `host_cores` the cores all ranks share
+    link; `host_cores` the cores all ranks share
     (time-slicing when they outnumber them; the slowdown of cores computing side by side is already in the
     CPU-time terms, measured with every core busy); `tp_cpu_fraction`
     the CPU share of the (wall-clock) TP terms, so host-core contention counts only the work, not the waits."""
@@ -83,13 +85,13 @@ class Overheads:
     p2p_alpha_s: float = 0.0
     allreduce_alpha_s: float = 0.0
     step_s: float = 0.0
-    activation_bytes_scale: float = 1.0
+    activation_bytes_scale: float = 1.0  # superseded by the plan's precision: read, not applied
     compute_scale: float = 1.0  # reference stage: (measured F+B - its dispatch terms) / analytical F+B
     host_cores: float = 0.0  # > 0: all ranks share this many cores (one-machine emulation); 0: own devices
     tp_fwd_layer_s: float = 0.0  # per transformer block of a tp > 1 stage per forward action (DTensor dispatch)
     tp_bwd_layer_s: float = 0.0  # ... per backward action
     allreduce_Bps: float = 0.0  # > 0: measured all-reduce bus bandwidth replacing the DP group's link
-    grad_bytes_scale: float = 1.0  # multiplies the bf16 gradient bytes (2.0: fp32 gradients on CPU)
+    grad_bytes_scale: float = 1.0  # superseded by the plan's grad_reduce_dtype: read, not applied
     reference_fb_s: float = 0.0  # > 0: measured F+B of reference_plan()'s stage, anchoring a covering forest
     tp_cpu_fraction: float = 1.0  # share of tp_*_layer_s that is CPU work (the rest: collective waits, no core)
     allreduce_wake_s: float = 0.0  # extra wall time of a DP all-reduce issued right after compute (rank skew,
@@ -819,11 +821,11 @@ def measure_calibration(device_key: str = "cpu", progress: Any = None) -> Calibr
     optim_tensor, optim_param = optimizer_fit(list(cpu.optimizer))
     oh = Overheads(fwd_layer_s=cpu.fwd_layer_s, bwd_layer_s=cpu.bwd_layer_s, edge_fwd_s=cpu.edge_fwd_s,
                    edge_bwd_s=cpu.edge_bwd_s, wake_s=cpu.wake_s, p2p_alpha_s=p2p, allreduce_alpha_s=ar, step_s=0.0,
-                   activation_bytes_scale=2.0, tp_fwd_layer_s=tpf, tp_bwd_layer_s=tpb,
+                   tp_fwd_layer_s=tpf, tp_bwd_layer_s=tpb,
                    tp_fwd_layer_loaded_s=max(tpf, statistics.fmean(t[0] for t in tp_loaded)),
                    tp_bwd_layer_loaded_s=max(tpb, statistics.fmean(t[1] for t in tp_loaded)),
                    tp_cpu_fraction=tp_cpu_fraction(tpf + tpb, tpf_cpu + tpb_cpu),
-                   allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big), grad_bytes_scale=2.0,
+                   allreduce_Bps=allreduce_bandwidth(AR_PROBE_BYTES, ar, ar_big),
                    allreduce_wake_s=max(0.0, ar_after - ar_big),
                    allreduce_wake_loaded_s=max(0.0, ar_after - ar_big, ar_after_loaded - ar_big),
                    optim_tensor_s=optim_tensor, optim_param_s=optim_param, tp_optim_block_s=tp_optim)

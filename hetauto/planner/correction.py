@@ -431,17 +431,22 @@ def analytical_row(device: Any, model: Any, seq_len: int, layers: tuple[int, int
                    measured_forward_s: float, measured_backward_s: float, tp: int = 1, dp: int = 1,
                    recompute: bool = False, flash_attention: bool = False, source: str = "") -> TrainingRow:
     """A training row for a measured stage of `model` (layer slots `layers`) on one `device` (DeviceProfile):
-    the analytical estimate is computed here, so rows from any measurement share one definition."""
+    the analytical estimate is computed here, so rows from any measurement share one definition. It is priced at
+    the precision "auto" gives the device (fp32 on cpu/mock, the dtype those measurements ran in), as the
+    Evaluator prices a stage of it."""
     from hetauto.core.cluster import Cluster, LinkSpec
+    from hetauto.core.precision import compute_bytes, resolve_precision
     from hetauto.planner import costmodel as cm
+    from hetauto.planner.evaluate import device_kind
     from hetauto.planner.layers import layer_list
 
-    lay = layer_list(model, seq_len)
+    nbytes = compute_bytes(resolve_precision("auto", [device_kind(device.backend)]))
+    lay = tuple(la.at_compute_bytes(nbytes) for la in layer_list(model, seq_len))
     sums = cm.LayerTable(lay).range(*layers)
     cluster = Cluster("measured", 1, max(tp * dp, 1), device, LinkSpec(device.intra_node_bandwidth_Bps, 5e-6),
                       LinkSpec(device.nic_bandwidth_Bps, 1e-5))
     d = cm.stage_compute(sums, cluster, seq_len=seq_len, hidden=model.hidden, tp=tp, dp=dp, microbatch=microbatch,
-                         recompute=recompute, flash_attention=flash_attention)
+                         recompute=recompute, flash_attention=flash_attention, element_bytes=nbytes)
     feats = stage_features(peak_flops=device.peak_flops, memory_bandwidth_Bps=device.memory_bandwidth_Bps, tp=tp,
                            dp=dp, microbatch=microbatch, seq_len=seq_len, hidden=model.hidden, blocks=sums.blocks,
                            has_embedding=sums.has_embedding, has_head=sums.has_head, recompute=recompute,

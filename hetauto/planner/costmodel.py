@@ -6,10 +6,22 @@ O(1). Layer sums come from prefix sums over the layer list; efficiency depends o
 stage of any length costs a handful of multiplications. The learned correction (`correction.py`) multiplies
 the compute part by a measured/analytical ratio; the closed forms here stay the explainable baseline.
 
-Conventions (SI units): bf16 weights, gradients and activations (2 bytes); mixed-precision Adam keeps
-16 bytes per parameter (bf16 weight 2 + bf16 grad 2 + fp32 master, m, v 12); ZeRO-1 shards the 12 optimizer
-bytes over dp. Megatron TP: per block two all-reduces of the b*s*h activation forward and two backward
-(sequence parallelism swaps each for an all-gather + reduce-scatter: the same bytes on the wire).
+Conventions (SI units). Precision (`hetauto.core.precision`, resolved per plan by the Evaluator): activations,
+stage-boundary tensors and TP collectives are in the compute dtype (2 bytes for bf16/fp16, 4 for fp32; the
+LayerTable is built at that size). Model states follow what torch.autocast does, which is how the executor runs
+mixed precision: the parameters stay fp32 (autocast casts per op and keeps no persistent 16-bit copy), their
+gradients are fp32, AdamW keeps m and v in fp32: 4 + 4 + 8 = 16 bytes per parameter at every precision (pure
+fp32 is the same 16). ZeRO-1 shards the 8 optimizer bytes over dp (the fp32 weights *are* the model, each
+replica needs them whole). What mixed precision adds: autocast's 16-bit cast of each matmul weight is saved
+for backward, so every microbatch in flight holds one cast of the stage's matmul weights (2 bytes each; its
+cast cache lives for one autocast region, one forward action) until its backward frees it; full recomputation
+keeps none of the blocks' casts between forward and backward (one block's, re-made, at a time). The DP
+all-reduce and the tied-embedding gradient sum move the plan's `grad_reduce_dtype` (fp32 by default).
+Compute time uses the profile's one `peak_flops`, the rate of the dtype the device trains in: bf16 on the
+accelerator profiles (kept for an fp32 plan there until profiles carry per-dtype peaks), fp32 on the host
+profile (`cpu`), which is what a CPU runs. Megatron TP: per block two all-reduces of the b*s*h activation
+forward and two backward (sequence parallelism swaps each for an all-gather + reduce-scatter: the same bytes on
+the wire).
 """
 
 from __future__ import annotations
@@ -22,10 +34,12 @@ from hetauto.core.cluster import Cluster, LinkSpec
 from hetauto.planner.layers import BYTES_BF16, LayerCost
 
 GiB = float(1 << 30)
-WEIGHT_GRAD_BYTES = 4.0  # bf16 weight + bf16 gradient
-OPTIMIZER_BYTES = 12.0  # fp32 master weight, Adam m and v
+HOST_BACKENDS = ("cpu", "mock")  # backends whose tensors live in host memory: compute on the CPU, no host copy
+WEIGHT_GRAD_BYTES = 8.0  # fp32 weight (autocast's master: the model's own) + fp32 gradient
+OPTIMIZER_BYTES = 8.0  # AdamW m and v, fp32
 ADAM_BYTES_PER_PARAM = WEIGHT_GRAD_BYTES + OPTIMIZER_BYTES
-ADAM_STEP_BYTES_PER_PARAM = 28.0  # read master, m, v (12) + grad (2); write master, m, v (12) + bf16 weight (2)
+ADAM_STEP_BYTES_PER_PARAM = 28.0  # read weight, grad, m, v (16); write weight, m, v (12); all fp32
+FP32_BYTES = 4
 WORKSPACE_FRACTION = 0.05  # allocator fragmentation, kernel scratch, communication buffers ...
 WORKSPACE_MAX_BYTES = 2 * GiB  # ... at most this much
 DP_BUCKET_BYTES = 25 * 2**20  # gradient bucket of the executor's overlapped DP reducer (DDP's default cap)
@@ -53,7 +67,8 @@ def megatron_tp_bytes_per_block(microbatch: float, seq_len: int, hidden: int, by
 
 
 def adam_bytes_per_param(dp: int = 1, zero1: bool = False) -> float:
-    """Mixed-precision Adam: 16 B/param; ZeRO-1 divides the optimizer's 12 B by dp."""
+    """AdamW over fp32 parameters (any precision, see the module docstring): 16 B/param; ZeRO-1 divides the
+    optimizer's 8 B (m, v) by dp."""
     return WEIGHT_GRAD_BYTES + (OPTIMIZER_BYTES / dp if zero1 else OPTIMIZER_BYTES)
 
 
@@ -94,10 +109,14 @@ class RangeSums:
     max_block_act: float  # one block's full activation per sample (the recompute transient)
     boundary_bytes_per_sample: float  # what the range's last layer sends onward
     param_tensors: int = 0  # parameter tensors (a per-tensor optimizer's fixed cost counts these)
+    matmul_params: float = 0.0  # matmul weights autocast casts (and saves for backward) under mixed precision
+    max_block_matmul: float = 0.0  # one block's (what a recomputed block re-casts at a time)
+    nonblock_matmul: float = 0.0  # the embedding/head slots' share of matmul_params (kept under recompute)
 
 
 class LayerTable:
-    """Prefix sums over the layer list, so every range query is O(1)."""
+    """Prefix sums over the layer list, so every range query is O(1). Activation sums are in the layers' own
+    compute dtype (`LayerCost.compute_bytes`; build one table per precision)."""
 
     def __init__(self, layers: tuple[LayerCost, ...]) -> None:
         self.layers = layers
@@ -114,8 +133,12 @@ class LayerTable:
         self._rep = prefix([la.act_replicated_bytes for la in layers])
         self._sh = prefix([la.act_sharded_bytes for la in layers])
         self._sc = prefix([la.act_score_bytes for la in layers])
-        self._binp = prefix([float(BYTES_BF16 * la.seq_len * la.hidden) if la.kind == "block" else 0.0 for la in layers])
+        self._binp = prefix([float(la.compute_bytes * la.seq_len * la.hidden) if la.kind == "block" else 0.0
+                             for la in layers])
         self._max_block = max((la.act_bytes_per_sample for la in layers if la.kind == "block"), default=0.0)
+        self._mm = prefix([float(la.matmul_params) for la in layers])
+        self._mm_blocks = prefix([float(la.matmul_params) if la.kind == "block" else 0.0 for la in layers])
+        self._max_block_mm = max((float(la.matmul_params) for la in layers if la.kind == "block"), default=0.0)
         self._cache: dict[tuple[int, int], RangeSums] = {}
 
     def range(self, a: int, b: int) -> RangeSums:
@@ -139,6 +162,9 @@ class LayerTable:
             boundary_bytes_per_sample=self.layers[b - 1].boundary_bytes_per_sample,
             param_tensors=int(self._tensors[b] - self._tensors[a])
             + (head.tied_param_tensors if has_head and not has_emb else 0),
+            matmul_params=self._mm[b] - self._mm[a],
+            max_block_matmul=self._max_block_mm if self._blocks[b] > self._blocks[a] else 0.0,
+            nonblock_matmul=(self._mm[b] - self._mm[a]) - (self._mm_blocks[b] - self._mm_blocks[a]),
         )
         self._cache[key] = out
         return out
@@ -177,8 +203,11 @@ def group_link(cluster: Cluster, devices: int) -> LinkSpec:
 
 
 def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: int, tp: int, dp: int,
-                  microbatch: int, recompute: bool = False, flash_attention: bool = True) -> StageCompute:
-    """Forward/backward time of one microbatch (split over dp replicas) on one device of a stage."""
+                  microbatch: int, recompute: bool = False, flash_attention: bool = True,
+                  element_bytes: int = BYTES_BF16) -> StageCompute:
+    """Forward/backward time of one microbatch (split over dp replicas) on one device of a stage; `sums` from
+    a LayerTable at `element_bytes` per activation element (the compute dtype: its memory-bound part and TP
+    messages move those bytes)."""
     dev = cluster.device
     b = microbatch / dp
     tokens = b * seq_len
@@ -193,13 +222,13 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
     score = 0.0 if flash_attention else sums.act_score
     moved = b * (sums.act_replicated + (sums.act_sharded + score) / tp)
     if sums.has_embedding:
-        moved += tokens * hidden * BYTES_BF16
+        moved += tokens * hidden * element_bytes
     t += moved / dev.memory_bandwidth_Bps
     bwd = 2.0 * t + (t if recompute else 0.0)
     tp_f = tp_b = 0.0
     if tp > 1:
         link = tp_link(cluster, tp)
-        msg = b * seq_len * hidden * BYTES_BF16
+        msg = b * seq_len * hidden * element_bytes
         n_ar = 2 * sums.blocks + (1 if sums.has_embedding else 0)
         tp_f = n_ar * ring_allreduce_time(msg, tp, link.bandwidth_Bps, link.latency_s)
         tp_b = tp_f * (2.0 if recompute else 1.0)
@@ -208,8 +237,10 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
 
 def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microbatch: int, inflight: float,
                  recompute: bool = False, zero1: bool = False, sequence_parallel: bool = False,
-                 flash_attention: bool = True) -> float:
-    """One device's peak bytes: model states + activations x in-flight microbatches + workspace."""
+                 flash_attention: bool = True, cast_bytes: int = 0) -> float:
+    """One device's peak bytes: model states + (activations + weight casts) x in-flight microbatches +
+    workspace. `sums` from a LayerTable in the plan's compute dtype; `cast_bytes` the bytes per element of
+    autocast's weight casts (2 under mixed precision, 0 for fp32: nothing is cast)."""
     b = microbatch / dp
     states = sums.params / tp * adam_bytes_per_param(dp, zero1)
     score = 0.0 if flash_attention else sums.act_score
@@ -220,26 +251,31 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
         non_block = full_blocks - sums.blocks * sums.max_block_act
         per_mb = b * (sums.act_block_input / sp + max(non_block, 0.0) / tp)
         transient = b * sums.max_block_act / tp
+        casts, cast_transient = sums.nonblock_matmul, sums.max_block_matmul
     else:
         per_mb = b * (sums.act_replicated / sp + (sums.act_sharded + score) / tp)
         transient = 0.0
+        casts, cast_transient = sums.matmul_params, 0.0
+    per_mb += casts / tp * cast_bytes
+    transient += cast_transient / tp * cast_bytes
     return states + per_mb * inflight + transient + workspace_bytes(cluster.device.memory_bytes)
 
 
-def dp_grad_bytes(sums: RangeSums, *, tp: int, bytes_scale: float = 1.0) -> float:
-    """Gradient bytes one device all-reduces: its 1/tp of the stage's parameters, bf16 x `bytes_scale`."""
-    return sums.params / tp * BYTES_BF16 * bytes_scale
+def dp_grad_bytes(sums: RangeSums, *, tp: int, element_bytes: float = FP32_BYTES) -> float:
+    """Gradient bytes one device all-reduces: its 1/tp of the stage's parameters at `element_bytes` each (the
+    plan's grad_reduce_dtype; fp32 by default)."""
+    return sums.params / tp * element_bytes
 
 
-def dp_allreduce_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, bytes_scale: float = 1.0,
+def dp_allreduce_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, element_bytes: float = FP32_BYTES,
                       bandwidth_Bps: float | None = None, latency_s: float | None = None) -> float:
-    """Gradient all-reduce (bf16 x `bytes_scale`) of one device's shard over its dp peers (ZeRO-1's
+    """Gradient all-reduce (`element_bytes` per gradient) of one device's shard over its dp peers (ZeRO-1's
     reduce-scatter + all-gather moves the same bytes). `bandwidth_Bps`/`latency_s` replace the group's link
     (a measured collective bandwidth, e.g. gloo over loopback when every rank shares one host)."""
     if dp <= 1:
         return 0.0
     link = group_link(cluster, tp * dp)
-    return ring_allreduce_time(dp_grad_bytes(sums, tp=tp, bytes_scale=bytes_scale), dp,
+    return ring_allreduce_time(dp_grad_bytes(sums, tp=tp, element_bytes=element_bytes), dp,
                                bandwidth_Bps or link.bandwidth_Bps, link.latency_s if latency_s is None else latency_s)
 
 

@@ -6,6 +6,13 @@ the discrete-event simulator on `schedule_for_plan(plan)` (the schedule the exec
 1F1B/Virtual-1F1B whose shared link groups each serve one boundary (folded into that link: bandwidth
 min(k_senders * per_flow, capacity)) the equivalent recursion in `fastpipe.py` (tests check they agree).
 A `Correction` (random forest on measured stage times) rescales the compute part per stage.
+
+Precision: every plan is priced at its `training.precision`, resolved as the executor resolves it
+(`hetauto.core.precision.resolve_precision`) from its stages' backends (`hetauto.core.stage_backends`, read from
+the cluster spec, not from $HETAUTO_BACKEND: a plan is priced for the backends its spec names): "auto" is fp32
+when a stage computes on the host CPU (cpu, mock), else bf16 (an accelerator backend is assumed to have it; its
+profile does not say yet). Per-stage pieces asked for without a plan (the planner's priors) resolve the
+Evaluator's requested precision for that stage's cluster alone.
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from hetauto.core.chunks import effective_chunks, tile_chunks
-from hetauto.core.cluster import Cluster
+from hetauto.core.cluster import Cluster, ClusterSpec
 from hetauto.core.errors import InfeasiblePlan, PlanMismatch
-from hetauto.core.plan import Plan, Prediction, StagePlan
+from hetauto.core.plan import Plan, Prediction, StagePlan, TrainingSpec
+from hetauto.core.precision import DTYPE_BYTES, DeviceKind, compute_bytes, resolve_precision
+from hetauto.core.stage_backends import stage_backend_names
 from hetauto.core.units import format_bytes
 from hetauto.planner import costmodel as cm
 from hetauto.planner.fastpipe import iteration_1f1b
@@ -30,8 +39,8 @@ if TYPE_CHECKING:
     from hetauto.planner.calibration import Calibration, Overheads
     from hetauto.planner.correction import Correction
 
-__all__ = ["Evaluation", "Evaluator", "evaluate_plan", "inputs_for_plan", "raise_if_infeasible",
-           "stage_times_for_plan"]
+__all__ = ["Evaluation", "Evaluator", "device_kind", "evaluate_plan", "inputs_for_plan", "plan_precision",
+           "raise_if_infeasible", "stage_times_for_plan"]
 
 _GiB = float(1 << 30)
 
@@ -55,6 +64,22 @@ class Evaluation:
                           peak_memory_bytes=self.peak_memory_bytes, mfu=self.mfu, cost_model=cost_model)
 
 
+def device_kind(backend: str) -> DeviceKind:
+    """What precision resolution knows of a stage on `backend`: host for cpu/mock; any other backend is
+    assumed to have bf16 and fp16 (a device profile does not say yet)."""
+    return DeviceKind(host=backend in cm.HOST_BACKENDS)
+
+
+def plan_precision(plan: Plan, spec: ClusterSpec) -> str:
+    """`plan.training.precision` resolved over its stages' backends (the cluster spec's, never
+    $HETAUTO_BACKEND's); a precision a stage cannot run is a PlanMismatch saying which to use."""
+    kinds = [device_kind(b) for b in stage_backend_names(plan, spec, environ={})]
+    try:
+        return resolve_precision(plan.training.precision, kinds)
+    except ValueError as err:
+        raise PlanMismatch(str(err)) from None
+
+
 def _gib(x: float) -> str:
     return f"{x / _GiB:.1f} GiB" if x >= 0.1 * _GiB else format_bytes(x)
 
@@ -70,12 +95,14 @@ class Evaluator:
     def __init__(self, inputs: PlanningInputs, *, correction: "Correction | str | None" = None,
                  flash_attention: bool | None = None, sequence_parallel: bool = False, dp_overlap: bool = True,
                  fast_pipeline: bool = True, profile_overrides: "Mapping[str, DeviceProfile] | None" = None,
-                 overheads: "Overheads | None" = None) -> None:
+                 overheads: "Overheads | None" = None, training: TrainingSpec | None = None) -> None:
         """`correction`: a trained `Correction`, or "default" for the shipped one (`default_correction()`,
         refit once per process); it applies only to devices inside its measured speed range.
         `profile_overrides`: device key -> measured DeviceProfile replacing the catalog's (scaled by each
         cluster's speed factor), e.g. `hetauto.planner.calibration.local_calibration().profile_overrides()`.
-        `overheads`: the executor's fixed costs (calibration.Overheads); None: the pure analytical model."""
+        `overheads`: the executor's fixed costs (calibration.Overheads); None: the pure analytical model.
+        `training`: what the plans this Evaluator is asked to build train with (the planner writes it into its
+        candidates; `evaluate(plan)` always prices the plan's own `training`)."""
         self.inputs = inputs
         if isinstance(correction, str):
             correction = _named_correction(correction)
@@ -89,7 +116,10 @@ class Evaluator:
         self.sequence_parallel = sequence_parallel
         self.dp_overlap = dp_overlap
         self.fast_pipeline = fast_pipeline
+        self.training = training if training is not None else TrainingSpec()
         self.table = cm.LayerTable(inputs.layers)
+        self._tables: dict[int, cm.LayerTable] = {}
+        self._precisions: dict[tuple, str] = {}
         self._clusters = {c.name: _override(c, profile_overrides) for c in inputs.cluster.clusters}
         self._profile_overrides = profile_overrides
         self._anchor: float | None = None
@@ -111,29 +141,67 @@ class Evaluator:
     def _flash(self, cluster: Cluster) -> bool:
         if self.flash_attention is not None:
             return self.flash_attention
-        return cluster.device.backend not in ("cpu", "mock")
+        return cluster.backend not in cm.HOST_BACKENDS
+
+    def precision(self, plan: Plan) -> str:
+        """The resolved precision `plan` is priced at (`plan_precision`), cached by its training and clusters."""
+        key = (plan.training.precision, tuple(st.cluster for st in plan.stages))
+        hit = self._precisions.get(key)
+        if hit is None:
+            hit = self._precisions[key] = plan_precision(plan, self.inputs.cluster)
+        return hit
+
+    def cluster_precision(self, cluster: str) -> str:
+        """The Evaluator's requested precision resolved for a stage of `cluster` alone (pieces priced without a
+        plan)."""
+        key = (self.training.precision, cluster)
+        hit = self._precisions.get(key)
+        if hit is None:
+            backend = self.inputs.cluster.cluster(self.cluster(cluster).name).backend
+            try:
+                hit = resolve_precision(self.training.precision, [device_kind(backend)])
+            except ValueError as err:
+                raise PlanMismatch(f"cluster '{cluster}': {err}") from None
+            self._precisions[key] = hit
+        return hit
+
+    def layer_table(self, precision: str) -> cm.LayerTable:
+        """The layer sums with activations in `precision`'s compute dtype (the inputs' own table when it is theirs)."""
+        nbytes = compute_bytes(precision)
+        hit = self._tables.get(nbytes)
+        if hit is None:
+            layers = self.inputs.layers
+            same = all(la.compute_bytes == nbytes for la in layers)
+            hit = self.table if same else cm.LayerTable(tuple(la.at_compute_bytes(nbytes) for la in layers))
+            self._tables[nbytes] = hit
+        return hit
 
     def stage_detail(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
-                     recompute: bool = False) -> cm.StageCompute:
-        """The analytical breakdown (no correction) of one microbatch on one stage."""
-        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute)
+                     recompute: bool = False, precision: str | None = None) -> cm.StageCompute:
+        """The analytical breakdown (no correction) of one microbatch on one stage at `precision` (resolved;
+        None: `cluster_precision(cluster)`)."""
+        prec = precision or self.cluster_precision(cluster)
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, prec)
         hit = self._detail.get(key)
         if hit is None:
             c = self.cluster(cluster)
-            hit = cm.stage_compute(self.table.range(layers[0], layers[1]), c, seq_len=self.inputs.seq_len,
+            hit = cm.stage_compute(self.layer_table(prec).range(layers[0], layers[1]), c, seq_len=self.inputs.seq_len,
                                    hidden=self.inputs.model.hidden, tp=tp, dp=dp, microbatch=microbatch_size,
-                                   recompute=recompute, flash_attention=self._flash(c))
+                                   recompute=recompute, flash_attention=self._flash(c),
+                                   element_bytes=compute_bytes(prec))
             self._detail[key] = hit
         return hit
 
     def stage_compute_time(self, cluster: str, layers: tuple[int, int], tp: int, dp: int,
-                           microbatch_size: int, recompute: bool = False) -> tuple[float, float]:
+                           microbatch_size: int, recompute: bool = False,
+                           precision: str | None = None) -> tuple[float, float]:
         """(forward_s, backward_s) of one microbatch on one stage, TP collectives included (corrected when a
-        trained correction is attached)."""
-        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute)
+        trained correction is attached), at `precision` (resolved; None: `cluster_precision(cluster)`)."""
+        prec = precision or self.cluster_precision(cluster)
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, prec)
         hit = self._compute.get(key)
         if hit is None:
-            d = self.stage_detail(cluster, layers, tp, dp, microbatch_size, recompute)
+            d = self.stage_detail(cluster, layers, tp, dp, microbatch_size, recompute, prec)
             f, b = d.fwd_compute_s, d.bwd_compute_s
             covered = False
             if self.correction is not None:
@@ -201,16 +269,21 @@ class Evaluator:
         return self._anchor
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
-                           inflight: float, recompute: bool = False, zero1: bool = False) -> float:
+                           inflight: float, recompute: bool = False, zero1: bool = False,
+                           precision: str | None = None) -> float:
         """One device's peak: params+grads+optimizer (16 B/param; optimizer part / dp with zero1) +
-        activations * inflight + workspace margin."""
-        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1)
+        (activations + mixed precision's weight casts) * inflight + workspace margin, at `precision`
+        (resolved; None: `cluster_precision(cluster)`)."""
+        prec = precision or self.cluster_precision(cluster)
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec)
         hit = self._memory.get(key)
         if hit is None:
             c = self.cluster(cluster)
-            hit = cm.stage_memory(self.table.range(layers[0], layers[1]), c, tp=tp, dp=dp,
+            nbytes = compute_bytes(prec)
+            hit = cm.stage_memory(self.layer_table(prec).range(layers[0], layers[1]), c, tp=tp, dp=dp,
                                   microbatch=microbatch_size, inflight=inflight, recompute=recompute, zero1=zero1,
-                                  sequence_parallel=self.sequence_parallel, flash_attention=self._flash(c))
+                                  sequence_parallel=self.sequence_parallel, flash_attention=self._flash(c),
+                                  cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0)
             self._memory[key] = hit
         return hit
 
@@ -284,10 +357,11 @@ class Evaluator:
         if v == 1:
             return costs
         p, mb = plan.num_stages, plan.microbatch_size
+        prec = self.precision(plan)
         tf, tb = [0.0] * (p * v), [0.0] * (p * v)
         layout = tile_chunks([st.layers for st in plan.stages], v, [st.chunks for st in plan.stages])
         for r, (st, chunks) in enumerate(zip(plan.stages, layout)):
-            times = [self.stage_compute_time(st.cluster, ch, st.tp, st.dp, mb, st.recompute) if ch[1] > ch[0]
+            times = [self.stage_compute_time(st.cluster, ch, st.tp, st.dp, mb, st.recompute, prec) if ch[1] > ch[0]
                      else (0.0, 0.0) for ch in chunks]  # an empty chunk (fewer layers than chunks) does nothing
             sf, sb = sum(t[0] for t in times), sum(t[1] for t in times)
             for c, (f, b) in enumerate(times):
@@ -297,15 +371,14 @@ class Evaluator:
 
     def _tied_sum_s(self, plan: Plan) -> float:
         """The tied table's gradient sum between the embedding stage and the head stage (Megatron's embedding
-        group: each rank's shard of the head's copy with its partner's), over the link between the two stages'
-        clusters. 0 without a tied table split across stages."""
+        group: each rank's shard of the head's copy with its partner's, in the plan's grad_reduce_dtype), over
+        the link between the two stages' clusters. 0 without a tied table split across stages."""
         head = self.inputs.layers[-1]
         if plan.num_stages < 2 or head.kind != "head" or head.tied_params <= 0:
             return 0.0
         first, last = plan.stages[0], plan.stages[-1]
         oh = self.overheads
-        scale = oh.grad_bytes_scale if oh is not None else 1.0
-        nbytes = head.tied_params / last.tp * cm.BYTES_BF16 * scale
+        nbytes = head.tied_params / last.tp * DTYPE_BYTES[plan.training.grad_reduce_dtype]
         ca, cb = self.cluster(first.cluster), self.cluster(last.cluster)
         link = self.inputs.cluster.link(ca.name, cb.name) if ca.name != cb.name else ca.inter_node
         if oh is not None and oh.allreduce_Bps > 0 and ca.name == cb.name:
@@ -316,20 +389,22 @@ class Evaluator:
         mb = plan.microbatch_size
         tf, tb, ar, opt, gbytes = [], [], [], [], []
         oh = self.overheads
-        scale = oh.grad_bytes_scale if oh is not None else 1.0
+        prec = self.precision(plan)
+        table = self.layer_table(prec)
+        grad = DTYPE_BYTES[plan.training.grad_reduce_dtype]
         for st in plan.stages:
-            f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute)
+            f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute, prec)
             c = self.cluster(st.cluster)
             wake = self._wake_s(plan, c)
             tf.append(f + wake)
             tb.append(b + wake)
-            sums = self.table.range(*st.layers)
-            gbytes.append(cm.dp_grad_bytes(sums, tp=st.tp, bytes_scale=scale) if st.dp > 1 else 0.0)
+            sums = table.range(*st.layers)
+            gbytes.append(cm.dp_grad_bytes(sums, tp=st.tp, element_bytes=grad) if st.dp > 1 else 0.0)
             if oh is not None and oh.allreduce_Bps > 0:  # measured collective: alpha = the ring's 2 steps at d = 2
-                ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, bytes_scale=scale,
+                ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, element_bytes=grad,
                                                bandwidth_Bps=oh.allreduce_Bps, latency_s=oh.allreduce_alpha_s / 2))
             else:
-                ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, bytes_scale=scale)
+                ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, element_bytes=grad)
                           + (oh.allreduce_alpha_s if oh is not None and st.dp > 1 else 0.0))
             if oh is not None and st.dp > 1 and oh.allreduce_wake_s > 0:  # issued right after the last backward
                 ar[-1] += oh.allreduce_wake_s
@@ -357,11 +432,9 @@ class Evaluator:
         if interleaved:
             pairs.append((stages[-1], stages[0], methods[-1] if methods else "scatter-allgather"))
         for a, b, method in pairs:
-            s = self.table.range(*a.layers).boundary_bytes_per_sample * mb
+            s = table.range(*a.layers).boundary_bytes_per_sample * mb
             if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
-                s = float(self.inputs.layers[1].boundary_bytes_per_sample * mb) if len(self.inputs.layers) > 1 else 0.0
-            if self.overheads is not None:
-                s *= self.overheads.activation_bytes_scale
+                s = float(table.layers[1].boundary_bytes_per_sample * mb) if len(table.layers) > 1 else 0.0
             f, bk, gs = self._boundary(a, b, method, s)
             links.append(f)
             back.append(bk)
@@ -401,7 +474,7 @@ class Evaluator:
     @staticmethod
     def _key(plan: Plan) -> tuple:
         return (plan.seq_len, plan.global_batch, plan.microbatch_size, plan.num_microbatches, plan.stages,
-                plan.schedule, plan.boundary_methods(), plan.zero1)
+                plan.schedule, plan.boundary_methods(), plan.zero1, plan.training)
 
     def evaluate(self, plan: Plan) -> Evaluation:
         """Memory check first; then pipeline costs + simulator (or its exact fast path)."""
@@ -413,10 +486,11 @@ class Evaluator:
         self._check(plan)
         peaks, caps = [], []
         violation = None
+        prec = self.precision(plan)
         for i, st in enumerate(plan.stages):
             c = self.cluster(st.cluster)
             need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
-                                           self.inflight(plan, i), st.recompute, plan.zero1)
+                                           self.inflight(plan, i), st.recompute, plan.zero1, prec)
             peaks.append(need)
             caps.append(c.device.memory_bytes)
             if violation is None and need > c.device.memory_bytes:

@@ -22,12 +22,18 @@ attention scores (5*a*s: softmax output, dropout mask and output). We keep that 
 the architecture, so a GPT with ffn = 4h gives exactly the paper's numbers, while a Llama block (no
 dropout, SwiGLU with three ffn-wide tensors, GQA's smaller K/V) gets the same accounting applied to its
 tensors. `flash_attention=True` drops the a*s^2 score term (flash kernels keep only row statistics).
+
+Precision: the byte counts above are for a 2-byte compute dtype (bf16/fp16, `LayerCost.compute_bytes`).
+`LayerCost.at_compute_bytes(4)` re-expresses a layer for fp32 compute: every activation element in the compute
+dtype doubles, while the parts whose size does not follow it stay (`fixed_*_bytes`: the 1-byte dropout masks,
+the head's fp32 logits). Why a per-layer split and not one factor: at s = 32 the masks are a tenth of a GPT
+block's activations, and the logits most of the head's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from hetauto.core.model import ModelConfig
@@ -51,7 +57,7 @@ class LayerCost:
     act_replicated_bytes: float  # per sample; not sharded by TP (sharded by TP + sequence parallel)
     act_sharded_bytes: float  # per sample; sharded by TP
     act_score_bytes: float  # per sample; attention scores (sharded by TP, absent with flash attention)
-    boundary_bytes_per_sample: float  # the activation sent to the next stage (bf16)
+    boundary_bytes_per_sample: float  # the activation sent to the next stage (in the compute dtype)
     # parameter tensors (weights, biases, norm scales): a per-tensor optimizer's step pays a fixed cost per
     # tensor, which on a CPU outweighs the bytes (calibration.Overheads.optim_tensor_s); TP does not change it
     param_tensors: int = 0
@@ -62,6 +68,32 @@ class LayerCost:
     # and the elements of that copy (vocab x hidden): its parameters, gradients and optimizer states live on
     # the head stage too, and its gradient is summed with the embedding stage's every step
     tied_params: int = 0
+    # bytes per element of the compute dtype the activation fields above are counted in (2: bf16/fp16)
+    compute_bytes: int = BYTES_BF16
+    # the parts of act_replicated/act_sharded/act_score that do not follow the compute dtype (1-byte dropout
+    # masks, the fp32 logits): `at_compute_bytes` keeps them as they are
+    fixed_replicated_bytes: float = 0.0
+    fixed_sharded_bytes: float = 0.0
+    fixed_score_bytes: float = 0.0
+    # matmul weights (elements) whose 16-bit cast torch.autocast saves for backward under mixed precision (the
+    # block's Linear weights, the head's projection, also a tied one; not the embedding lookup, norms or biases)
+    matmul_params: int = 0
+
+    def at_compute_bytes(self, nbytes: int) -> "LayerCost":
+        """This layer with its activations in a compute dtype of `nbytes` bytes per element (4: fp32): every
+        element in the compute dtype scales, the fixed parts (masks, fp32 logits) stay."""
+        if nbytes == self.compute_bytes:
+            return self
+        k = nbytes / self.compute_bytes
+
+        def scaled(total: float, fixed: float) -> float:
+            return fixed + (total - fixed) * k
+
+        return replace(self, compute_bytes=nbytes,
+                       act_replicated_bytes=scaled(self.act_replicated_bytes, self.fixed_replicated_bytes),
+                       act_sharded_bytes=scaled(self.act_sharded_bytes, self.fixed_sharded_bytes),
+                       act_score_bytes=scaled(self.act_score_bytes, self.fixed_score_bytes),
+                       boundary_bytes_per_sample=self.boundary_bytes_per_sample * k)
 
     @property
     def fwd_flops_per_sample(self) -> float:
@@ -81,16 +113,16 @@ class LayerCost:
 
     @property
     def act_bytes_per_sample_recompute(self) -> float:
-        """Full recomputation keeps only the block input (2*s*h); embedding and head keep their own."""
+        """Full recomputation keeps only the block input (s*h in the compute dtype); embedding and head keep their own."""
         if self.kind != "block":
             return self.act_bytes_per_sample
-        return float(BYTES_BF16 * self.seq_len * self.hidden)
+        return float(self.compute_bytes * self.seq_len * self.hidden)
 
     def activation_bytes(self, microbatch: int = 1, tp: int = 1, sequence_parallel: bool = False,
                          recompute: bool = False, flash_attention: bool = False) -> float:
         """Activation bytes this layer keeps for backward, per device, for one microbatch."""
         if recompute and self.kind == "block":
-            per = BYTES_BF16 * self.seq_len * self.hidden / (tp if sequence_parallel else 1)
+            per = self.compute_bytes * self.seq_len * self.hidden / (tp if sequence_parallel else 1)
         else:
             scores = 0.0 if flash_attention else self.act_score_bytes
             rep = self.act_replicated_bytes / (tp if sequence_parallel else 1)
@@ -174,25 +206,39 @@ def _block_activation_split(m: ModelConfig, s: int) -> tuple[float, float, float
     return float(replicated), float(sharded), float(scores)
 
 
+def _block_fixed_bytes(m: ModelConfig, s: int) -> tuple[float, float]:
+    """(replicated, score) bytes of a block that are 1-byte dropout masks (GPT: two s*h masks and one a*s*s;
+    Llama: none), i.e. do not follow the compute dtype."""
+    if m.arch == "gpt":
+        return float(2 * s * m.hidden), float(m.num_heads * s * s)
+    return 0.0, 0.0
+
+
 def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCost, ...]:
-    """The analytic layer list of `model` at `seq_len` (default: the model's max_seq_len)."""
+    """The analytic layer list of `model` at `seq_len` (default: the model's max_seq_len), activations in a
+    2-byte compute dtype (`LayerCost.at_compute_bytes` for another)."""
     s = int(seq_len or model.max_seq_len)
     if s <= 0:
         raise ValueError(f"seq_len must be positive, got {s}")
     h, v = model.hidden, model.vocab_size
     boundary = float(BYTES_BF16 * s * h)
-    emb_act = float(s * h) if model.arch == "gpt" else 0.0  # embedding dropout mask
+    emb_act = float(s * h) if model.arch == "gpt" else 0.0  # embedding dropout mask (1 byte per element)
     layers = [LayerCost(0, "embedding", "embedding", embedding_params(model), 0.0, s, h, emb_act, 0.0, 0.0, boundary,
-                        embedding_param_tensors(model))]
+                        embedding_param_tensors(model), fixed_replicated_bytes=emb_act)]
     bp, bt = block_params(model), block_param_tensors(model)
     bflops = 2.0 * _block_matmul_weights(model) + 4.0 * s * h
     rep, sh, sc = _block_activation_split(model, s)
+    fixed_rep, fixed_sc = _block_fixed_bytes(model, s)
     for i in range(model.num_layers):
-        layers.append(LayerCost(i + 1, "block", f"block_{i}", bp, bflops, s, h, rep, sh, sc, boundary, bt))
+        layers.append(LayerCost(i + 1, "block", f"block_{i}", bp, bflops, s, h, rep, sh, sc, boundary, bt,
+                                fixed_replicated_bytes=fixed_rep, fixed_score_bytes=fixed_sc,
+                                matmul_params=_block_matmul_weights(model)))
     # head: final-norm input and output (replicated), fp32 logits for the loss (sharded by vocab-parallel TP)
+    logits = float(4 * s * v)
     layers.append(LayerCost(model.num_layers + 1, "head", "head", head_params(model), 2.0 * v * h, s, h,
-                            float(4 * s * h), float(4 * s * v), 0.0, 0.0, head_param_tensors(model),
-                            tied_head_param_tensors(model), tied_head_params(model)))
+                            float(4 * s * h), logits, 0.0, 0.0, head_param_tensors(model),
+                            tied_head_param_tensors(model), tied_head_params(model), fixed_sharded_bytes=logits,
+                            matmul_params=v * h))
     return tuple(layers)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from hetauto.core.cluster import Cluster, ClusterSpec
 from hetauto.schedule import cap_extra_warmup, extra_warmup_from_costs
 
-BYTES_PER_PARAM_STATES = 16.0  # bf16 weights + bf16 grads + fp32 master, Adam m and v
+BYTES_PER_PARAM_STATES = 16.0  # fp32 weights + fp32 grads + AdamW m and v (autocast keeps parameters fp32)
 
 
 def _pow2_divisors(n: int) -> list[int]:

@@ -60,10 +60,13 @@ def default_max_evaluations(inputs: PlanningInputs) -> int:
     return max(DEFAULT_MAX_EVALUATIONS, EVALUATIONS_PER_DEVICE * inputs.cluster.total_devices)
 
 
-def make_evaluator(inputs: PlanningInputs) -> Any:
+def make_evaluator(inputs: PlanningInputs, precision: str = "auto") -> Any:
+    """The Evaluator every planner scores with; its plans train at `precision` (written into each plan's
+    `training`, "auto" resolved per plan from its stages' backends)."""
+    from hetauto.core.plan import TrainingSpec
     from hetauto.planner.evaluate import Evaluator
 
-    return Evaluator(inputs)
+    return Evaluator(inputs, training=TrainingSpec(precision=precision))
 
 
 def _finish(scored: Scored | None, space: StrategySpace, scorer: Scorer | None, start: float, evaluations: int,

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
@@ -396,7 +396,7 @@ class StrategySpace:
                     stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra),
                                                              virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
                     resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
-                    zero1=cand.zero1)
+                    zero1=cand.zero1, training=getattr(self.evaluator, "training", TrainingSpec()))
 
 
 def plan_key(plan: Plan) -> tuple:
