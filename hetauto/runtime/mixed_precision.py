@@ -33,6 +33,12 @@ class Precision:
     device_type: str
     grad_reduce: str = "fp32"
 
+    def __post_init__(self) -> None:
+        for what, value in (("precision", self.name), ("grad_reduce_dtype", self.grad_reduce)):
+            if value not in TORCH_DTYPES:
+                raise ValueError(f"{what} {value!r} is not a resolved precision; use one of {', '.join(TORCH_DTYPES)} "
+                                 "(hetauto.core.precision.resolve_precision resolves 'auto')")
+
     @property
     def compute_dtype(self) -> torch.dtype:
         return TORCH_DTYPES[self.name]
