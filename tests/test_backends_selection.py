@@ -85,6 +85,8 @@ def test_hetauto_backends_command_end_to_end():
         assert "\n" not in rows[name]["reason"]
     assert rows["template"]["source"].startswith("hetauto-backend-template==")
     assert doc["errors"] == []
+    assert doc["transports"] == [{"name": "device", "priority": 10, "source": "builtin"},
+                                 {"name": "host", "priority": 0, "source": "builtin"}]
     assert "template" not in {p["name"] for p in doc.get("skipped", [])}  # isolation skips others, never ours
     text = subprocess.run([sys.executable, "-m", "hetauto.cli", "backends"], capture_output=True, text=True, env=env, timeout=120, check=True).stdout
     assert "npu: unavailable: torch_npu is not installed — install: pip install hetauto[npu]" in text

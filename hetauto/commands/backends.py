@@ -1,5 +1,6 @@
 """`hetauto backends`: every registered backend (built-in or plugin), whether it can run here and why
-not, its device count and collective backend; then the plugins that failed to load."""
+not, its device count and collective backend; the stage-boundary transports (built-in or plugin, by
+priority); then the plugins that failed to load."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
             "backends": [i.to_dict() for i in infos],
             "errors": [e.to_dict() for e in registry.errors],
             "skipped": [s.to_dict() for s in registry.skipped],
+            "transports": [{"name": t.name, "priority": t.priority, "source": registry.transport_source(t.name)}
+                           for t in registry.transports()],
         })
         return 0
     rows = [(i.name, escape(i.source), "yes" if i.available else "no", i.device_count, i.dist_backend) for i in infos]
@@ -32,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         if not i.available:
             hint = f" — install: {i.install_hint}" if i.install_hint else ""
             console.print(escape(f"  {i.name}: unavailable: {i.reason}{hint}"), soft_wrap=True)
+    console.print(escape("Transports (by priority): " + ", ".join(
+        f"{t.name} ({t.priority}, {registry.transport_source(t.name)})" for t in registry.transports())), soft_wrap=True)
     if registry.errors:
         print_table("Plugin load errors", ["plugin", "distribution", "error"],
                     [(escape(e.name), escape(e.dist), escape(e.error)) for e in registry.errors])
