@@ -159,6 +159,9 @@ class ProfileDoc(_Strict):
     memory_bandwidth: str | float | None = None
     intra_node_bandwidth: str | float | None = None
     nic_bandwidth: str | float | None = None
+    # device <-> host memory (PCIe or the vendor's host link), per direction, for copies of pinned buffers: what a
+    # `host` transport pays on each side of a boundary between two backends; absent: no copy priced (a CPU)
+    host_link_bandwidth: str | float | None = None
     efficiency: EfficiencyDoc | None = None
     source: str | None = None
     estimated: bool = False
@@ -174,7 +177,7 @@ class ProfileDoc(_Strict):
     def _bytes(cls, v: Any) -> Any:
         return v if v is None else parse_bytes(v)
 
-    @field_validator("memory_bandwidth", "intra_node_bandwidth", "nic_bandwidth")
+    @field_validator("memory_bandwidth", "intra_node_bandwidth", "nic_bandwidth", "host_link_bandwidth")
     @classmethod
     def _bandwidth(cls, v: Any) -> Any:
         return v if v is None else parse_bandwidth(v)
@@ -199,7 +202,8 @@ class EfficiencyModel:
 
 @dataclass(frozen=True, slots=True)
 class DeviceProfile:
-    """One device type. SI units: FLOP/s, bytes, bytes/s. `estimated` marks rough numbers (the CPU entry)."""
+    """One device type. SI units: FLOP/s, bytes, bytes/s. `estimated` marks rough numbers (the CPU entry).
+    `host_link_bandwidth_Bps`: device <-> host copies (inf: none priced, the device's memory is the host's)."""
 
     key: str
     name: str
@@ -213,6 +217,7 @@ class DeviceProfile:
     source: str
     estimated: bool = False
     measured: MeasuredDoc | None = field(default=None, compare=False)
+    host_link_bandwidth_Bps: float = math.inf
 
     def efficiency(self, gemm_flops: float, tp: int = 1) -> float:
         """Achieved fraction of peak for a GEMM of `gemm_flops` (2*m*n*k, per device) at TP degree `tp`."""
@@ -244,6 +249,8 @@ class DeviceProfile:
                            "tp_penalty": self.efficiency_model.tp_penalty},
             "source": self.source, "estimated": self.estimated,
         }
+        if math.isfinite(self.host_link_bandwidth_Bps):
+            out["host_link_bandwidth"] = self.host_link_bandwidth_Bps
         if self.measured is not None:
             out["measured"] = self.measured.model_dump(mode="json", exclude_defaults=True)
         return out
@@ -273,6 +280,7 @@ def _build(doc: ProfileDoc, base: DeviceProfile | None, source: str | Path | Non
         memory_bandwidth_Bps=float(pick("memory_bandwidth", base.memory_bandwidth_Bps if base else None)),
         intra_node_bandwidth_Bps=float(pick("intra_node_bandwidth", base.intra_node_bandwidth_Bps if base else None)),
         nic_bandwidth_Bps=float(pick("nic_bandwidth", base.nic_bandwidth_Bps if base else None)),
+        host_link_bandwidth_Bps=float(pick("host_link_bandwidth", base.host_link_bandwidth_Bps if base else math.inf)),
         efficiency_model=(EfficiencyModel(eff.max_eff, eff.half_size_flops, eff.tp_penalty) if eff is not None
                           else base.efficiency_model),  # type: ignore[union-attr]
         source=pick("source", base.source if base else None),

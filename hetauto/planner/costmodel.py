@@ -27,7 +27,7 @@ the wire).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from hetauto.core.cluster import Cluster, LinkSpec
@@ -320,36 +320,56 @@ def measured_optimizer_time(sums: RangeSums, *, tp: int, dp: int, per_tensor_s: 
 @dataclass(frozen=True, slots=True)
 class BoundaryCost:
     """One direction of one stage boundary for one microbatch: `cross_bytes` on the network, `serial_s` its
-    serialization, `latency_s` the one-way latency plus the receiver-side local step (broadcast/all-gather)."""
+    serialization, `latency_s` the one-way latency plus the receiver-side local step (broadcast/all-gather);
+    a `host` transport's device->host copy of one flow's bytes on its sending device (`copy_out_s`) and
+    host->device copy on its receiving device (`copy_in_s`), serial with the network transfer."""
 
     cross_bytes: float
     serial_s: float
     latency_s: float
     local_s: float
+    copy_out_s: float = 0.0
+    copy_in_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.serial_s + self.latency_s
+        """One message alone: copy out, serialize, copy in, latency."""
+        return self.copy_out_s + self.serial_s + self.copy_in_s + self.latency_s
+
+    @property
+    def busy_s(self) -> float:
+        """How long a message holds the slowest of copy-out, network and copy-in: the spacing of a stream of
+        messages. Why the slowest and not the sum: the copy engines and the NIC are separate resources (pinned
+        buffers, asynchronous copies), so message k+1 is copied out while message k is on the wire; a tandem of
+        such stations passes equal messages at the bottleneck's rate, each one delayed by the others' times."""
+        return max(self.serial_s, self.copy_out_s, self.copy_in_s)
 
 
 def boundary_cost(method: str, nbytes: float, src: tuple[int, int], dst: tuple[int, int], link: LinkSpec,
-                  local: LinkSpec) -> BoundaryCost:
+                  local: LinkSpec, host_links: tuple[float, float] = (math.inf, math.inf)) -> BoundaryCost:
     """Per resharding.md. `src`/`dst` are (dp, tp) layouts; `nbytes` = S (one microbatch's activation);
-    `link` the per-device-pair network link, `local` the destination's intra-node link."""
+    `link` the per-device-pair network link, `local` the destination's intra-node link; `host_links` the
+    sending and receiving devices' host-link bandwidths for a `host` transport (inf: that side copies nothing,
+    e.g. a CPU backend or a `device` transport): each flow's bytes (serial_s x bandwidth) are copied out on
+    its sending device and in on its receiving one."""
     dp_s, tp_s = src
     dp_d, tp_d = dst
     bw = link.bandwidth_Bps
     if method == "lanes":
         cross = tp_d * nbytes
         lanes = min(dp_s * tp_s, dp_d * tp_d)
-        return BoundaryCost(cross, cross / (lanes * bw), link.latency_s, 0.0)
-    if method == "leader-broadcast":
+        bc = BoundaryCost(cross, cross / (lanes * bw), link.latency_s, 0.0)
+    elif method == "leader-broadcast":
         ser = nbytes / (min(dp_s, dp_d) * bw)
         loc = (local.latency_s + nbytes / dp_d / local.bandwidth_Bps) if tp_d > 1 else 0.0
-        return BoundaryCost(nbytes, ser, link.latency_s + loc, loc)
-    if method == "scatter-allgather":
+        bc = BoundaryCost(nbytes, ser, link.latency_s + loc, loc)
+    elif method == "scatter-allgather":
         k = min(tp_s, tp_d)
         ser = nbytes / (min(dp_s, dp_d) * k * bw)
         loc = ring_allgather_time(nbytes / dp_d, tp_d, local.bandwidth_Bps, local.latency_s)
-        return BoundaryCost(nbytes, ser, link.latency_s + loc, loc)
-    raise ValueError(f"unknown resharding method {method!r}; use lanes, leader-broadcast or scatter-allgather")
+        bc = BoundaryCost(nbytes, ser, link.latency_s + loc, loc)
+    else:
+        raise ValueError(f"unknown resharding method {method!r}; use lanes, leader-broadcast or scatter-allgather")
+    flow = bc.serial_s * bw  # the bytes one sending device puts on the wire
+    out_bw, in_bw = host_links
+    return replace(bc, copy_out_s=flow / out_bw, copy_in_s=flow / in_bw)  # bytes / inf = 0.0: no copy

@@ -27,7 +27,7 @@ from hetauto.core.cluster import Cluster, ClusterSpec
 from hetauto.core.errors import InfeasiblePlan, PlanMismatch
 from hetauto.core.plan import Plan, Prediction, StagePlan, TrainingSpec
 from hetauto.core.precision import DTYPE_BYTES, DeviceKind, compute_bytes, resolve_precision
-from hetauto.core.stage_backends import stage_backend_names
+from hetauto.core.stage_backends import builtin_transport_kind, stage_backend_names
 from hetauto.core.units import format_bytes
 from hetauto.planner import costmodel as cm
 from hetauto.planner.fastpipe import iteration_1f1b
@@ -297,6 +297,11 @@ class Evaluator:
                   nbytes: float) -> tuple[Link, Link, dict[str, float]]:
         """(forward link a->b, backward link b->a, {shared group: capacity in 'S-bytes'/s}).
 
+        A boundary between two backends goes through the `host` transport (`host_links`): each message also pays
+        the sender's device->host and the receiver's host->device copy, serial with the network transfer; the
+        link's bandwidth is the slowest of the three, the rest is latency (`mk`), so the simulator and the
+        fast path price the same link.
+
         A cross-cluster link with `shared_capacity_Bps` caps all flows of one direction between the two
         clusters (full duplex: each direction has the capacity). Its group is named by the direction and
         by the bytes-on-the-wire factor (lanes send tp_d copies), so the capacity is in units of S."""
@@ -312,16 +317,20 @@ class Evaluator:
         else:
             nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
             link = ca.intra_node if len(nodes) == 1 else ca.inter_node
-        fwd = cm.boundary_cost(method, nbytes, (a.dp, a.tp), (b.dp, b.tp), link, cb.intra_node)
-        bwd = cm.boundary_cost(method, nbytes, (b.dp, b.tp), (a.dp, a.tp), link, ca.intra_node)
+        out_a, in_b = self.host_links(ca.name, cb.name)
+        fwd = cm.boundary_cost(method, nbytes, (a.dp, a.tp), (b.dp, b.tp), link, cb.intra_node, (out_a, in_b))
+        bwd = cm.boundary_cost(method, nbytes, (b.dp, b.tp), (a.dp, a.tp), link, ca.intra_node, (in_b, out_a))
         groups: dict[str, float] = {}
 
         oh = self.overheads
         alpha = 0.0 if oh is None else oh.p2p_alpha_s + (oh.link_lag_s if ca.name != cb.name else 0.0)
 
         def mk(bc: cm.BoundaryCost, src: str, dst: str) -> Link:
-            bw = nbytes / bc.serial_s if bc.serial_s > 0 else math.inf
-            bc = cm.BoundaryCost(bc.cross_bytes, bc.serial_s, bc.latency_s + alpha, bc.local_s)
+            # a message holds the link for the slowest of copy-out, wire and copy-in (BoundaryCost.busy_s) and
+            # arrives after all three: the other two ride in the latency, so bytes / bw + latency = total_s
+            busy = bc.busy_s
+            bw = nbytes / busy if busy > 0 else math.inf
+            bc = replace(bc, latency_s=bc.latency_s + alpha + bc.copy_out_s + bc.serial_s + bc.copy_in_s - busy)
             group = None
             if shared is not None and nbytes > 0:
                 factor = bc.cross_bytes / nbytes
@@ -332,6 +341,20 @@ class Evaluator:
         hit = (mk(fwd, ca.name, cb.name), mk(bwd, cb.name, ca.name), groups)
         self._links[key] = hit
         return hit
+
+    def host_links(self, src: str, dst: str) -> tuple[float, float]:
+        """(sender's, receiver's) host-link bandwidth for the boundary src -> dst (cluster names): (inf, inf) when
+        both run on one backend (`builtin_transport_kind` "device": no host copies), else each side's profile
+        `host_link_bandwidth`, inf on a host-CPU backend (cpu, mock: its tensors are already in host memory)."""
+        spec = self.inputs.cluster
+        ba, bb = spec.cluster(src).backend, spec.cluster(dst).backend
+        if builtin_transport_kind(ba, bb) != "host":
+            return (math.inf, math.inf)
+
+        def side(name: str, backend: str) -> float:
+            return math.inf if backend in cm.HOST_BACKENDS else self.cluster(name).device.host_link_bandwidth_Bps
+
+        return (side(src, ba), side(dst, bb))
 
     def pipeline_costs(self, plan: Plan, *, fold_shared: bool = True, per_chunk: bool = True) -> PipelineCosts:
         """What the simulator gets (seconds, bytes) for `plan`.
