@@ -183,7 +183,10 @@ class StageExecutor:
         self.stage: StageModule | ChunkedStage = chunks[0] if v == 1 else ChunkedStage(chunks)
         self.optimizer = make_optimizer(self.stage.parameters(), options.lr)
         self.actions: tuple[Action, ...] = schedule_for_plan(plan).ranks[me.stage]
-        self.throttle = Throttle(options.speed_factor) if options.speed_factor != 1.0 else None
+        # the emulated cluster's speed times the device's own (1.0 on real devices; the mock backend's
+        # HETAUTO_MOCK_SPEED), so a slow emulated device needs no branch here
+        speed = options.speed_factor * self.dev.backend.speed_factor(self.dev.index)
+        self.throttle = Throttle(speed) if speed != 1.0 else None
         # one reducer per chunk, armed before that chunk's last backward of the step
         self.reducers = (
             [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
