@@ -87,7 +87,7 @@ def test_replan_human_output_prints_the_command(tmp_path: Path, capsys: pytest.C
     text = capsys.readouterr().out
     assert f"hetauto run {out} --resume {root}" in text
     new = Plan.load(out)
-    assert (new.cluster, new.seq_len, new.global_batch) == ("cpu-demo", 32, 16)  # not cpu-demo's gbs 8
+    assert (new.cluster, new.seq_len, new.global_batch) == ("cpu-demo", 32, 16)  # not cpu-demo's gbs 160
 
 
 def test_replan_rejects_another_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
