@@ -1,0 +1,154 @@
+"""The library's three verbs, `plan`, `evaluate` and `run` (re-exported as `hetauto.plan` etc.): what
+`hetauto plan`, `hetauto evaluate` and `hetauto run` do, for a Python caller. They return values instead of
+printing, and raise `hetauto.HetautoError` (one line naming the field and the fix) on bad input.
+
+This module sits at the top, beside `hetauto.commands`: it may import the planner and the runtime; nothing below
+imports it (pyproject.toml [tool.importlinter]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hetauto.core.cluster import ClusterSpec
+    from hetauto.core.model import ModelConfig
+    from hetauto.core.plan import Plan
+    from hetauto.planner.evaluate import Evaluation
+    from hetauto.planner.search import PlanResult
+
+__all__ = ["plan", "evaluate", "run"]
+
+
+def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | None = None,
+         model: str | Path | ModelConfig | None = None, global_batch: int | None = None, seq_len: int | None = None,
+         planner: str = "mcts", precision: str = "auto", budget: float | None = None, seed: int = 0,
+         iterations: int | None = None, max_evaluations: int | None = None,
+         patience: int | None = None) -> PlanResult:
+    """Search for the highest-throughput plan that fits (what `hetauto plan` does).
+
+    The job: an embedded `scenario` (see `hetauto scenarios`; none and no `cluster`: the default scenario), or a
+    `cluster` (a spec file or a `ClusterSpec`) with a `model` (a catalog name, a Hugging Face config.json path or
+    a `ModelConfig`). `global_batch` and `seq_len` override the scenario's (a `model` given with a scenario
+    keeps the scenario's sequence length). `planner` is one of mcts, exhaustive, megatron, metis, amp, greedy;
+    `precision` is written into the plan (auto: fp32 on cpu/mock stages, else bf16). Without `budget` (seconds)
+    the result depends only on `seed`.
+
+    Returns a `PlanResult`: `.plan` (a `Plan`; `.plan.save("plan.json")` for `hetauto run`), `.evaluation`
+    (iteration_time_s, throughput_samples_s, mfu, peak_memory_bytes, ...), `.search_time_s`, `.evaluations`.
+    Raises `InfeasiblePlan` naming the tightest constraint when nothing fits.
+
+        >>> result = hetauto.plan("cpu-demo")
+        >>> result.plan.num_stages, result.evaluation.iteration_time_s
+    """
+    from hetauto.core.errors import SpecError
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.search import make_evaluator
+    from hetauto.planner.search import plan as search
+
+    if scenario is not None and cluster is not None:
+        raise SpecError(None, "cluster", f"both scenario {scenario!r} and a cluster were given; a scenario brings "
+                        "its own cluster", "pass one of them")
+    inputs = load_planning_inputs(cluster=cluster, model=model, scenario=scenario, global_batch=global_batch,
+                                  seq_len=seq_len)
+    model_ref = str(model) if isinstance(model, (str, Path)) and Path(model).is_file() else None
+    return search(inputs, planner, budget, seed, iterations=iterations, max_evaluations=max_evaluations,
+                  patience=patience, evaluator=make_evaluator(inputs, precision), model_ref=model_ref)
+
+
+def _load_plan(plan: Plan | str | Path) -> tuple[Plan, Path]:
+    """(the plan, the folder its relative paths resolve against: the plan file's, or the current one)."""
+    from hetauto.core.plan import Plan
+
+    if isinstance(plan, Plan):
+        return plan, Path.cwd()
+    return Plan.load(plan), Path(plan).resolve().parent
+
+
+def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | None = None,
+             calibrated: bool = False) -> Evaluation:
+    """Price one plan with the cost model and the simulator (the figures `hetauto plan` prints for it).
+
+    `plan` is a `Plan` or a plan JSON file; its cluster (a scenario name or a spec file, relative to the plan
+    file's folder) unless `cluster` is given. `calibrated=True` uses this machine's cached calibration
+    (`hetauto calibrate`) as `hetauto run --emulate` does; uncalibrated if none is cached.
+
+    Returns an `Evaluation`: `iteration_time_s`, `throughput_samples_s`, `tokens_s`, `mfu`, `bubble_fraction`,
+    `peak_memory_bytes` and `memory_capacity_bytes` per stage, `feasible` and `violation` (the failed
+    constraint, or None).
+
+        >>> hetauto.evaluate("plan.json").iteration_time_s
+    """
+    from hetauto.planner.evaluate import evaluate_plan, inputs_for_plan
+    from hetauto.planner.inputs import load_planning_inputs
+
+    p, base = _load_plan(plan)
+    if cluster is None and p.cluster and (base / p.cluster).is_file():
+        p = p.model_copy(update={"cluster": str(base / p.cluster)})
+    inputs = inputs_for_plan(p) if cluster is None else load_planning_inputs(
+        cluster=cluster, model=p.model, global_batch=p.global_batch, seq_len=p.seq_len)
+    calibration = None
+    if calibrated:
+        from hetauto.planner.calibration import local_calibration
+
+        calibration = local_calibration()
+    return evaluate_plan(p, inputs, calibration=calibration)
+
+
+def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False, seed: int | None = None,
+        timeout: float = 60.0, reference: bool = True, trace: str | Path | None = None,
+        checkpoint_dir: str | Path | None = None, checkpoint_every: int = 1, resume: str | Path | None = None,
+        ) -> dict[str, Any]:
+    """Train `plan` for `steps` steps on this machine with torchrun, one process per device (what `hetauto run
+    PLAN --json` does, through the same code).
+
+    `plan` is a `Plan` or a plan JSON file. `emulate=True` (or "inprocess") runs every cluster on this host with
+    its speed factor and its cross-cluster links' latency/bandwidth emulated; "netns" uses network namespaces and
+    a shaped veth link (root only). `reference=False` skips the single-process reference loss. `checkpoint_dir`,
+    `checkpoint_every`, `resume` as `hetauto run --checkpoint-dir/--checkpoint-every/--resume`.
+
+    Returns `hetauto run --json`'s document: `loss` and `reference_loss` per step, `max_loss_diff`,
+    `measured_step_s`, `predicted_step_s` with `prediction_source` and `prediction_calibrated`, `ranks`,
+    `boundaries`, `stage_memory`, `precision`, `loss_tolerance`, ...
+
+        >>> report = hetauto.run("plan.json", steps=1, emulate=True)
+        >>> report["loss"], report["reference_loss"]
+    """
+    from hetauto.commands import run as command
+    from hetauto.core.errors import HetautoError
+
+    if emulate not in (False, True, "inprocess", "netns"):
+        raise HetautoError(f"emulate must be False, True, 'inprocess' or 'netns', got {emulate!r}")
+    with tempfile.TemporaryDirectory(prefix="hetauto-run-") as tmp:
+        if isinstance(plan, (str, Path)):
+            path = str(plan)
+        else:  # a Plan object: its relative cluster file is relative to the current folder
+            p, base = _load_plan(plan)
+            if p.cluster and (base / p.cluster).is_file():
+                p = p.model_copy(update={"cluster": str((base / p.cluster).resolve())})
+            path = str(Path(tmp) / "plan.json")
+            p.save(path)
+        argv = [path, "--steps", str(steps), "--timeout", repr(float(timeout)),
+                "--checkpoint-every", str(checkpoint_every)]
+        if emulate:
+            argv += ["--emulate", "inprocess" if emulate is True else str(emulate)]
+        for flag, value in (("--seed", seed), ("--trace", trace), ("--checkpoint-dir", checkpoint_dir),
+                            ("--resume", resume)):
+            if value is not None:
+                argv += [flag, str(value)]
+        if not reference:
+            argv.append("--no-reference")
+        parser = argparse.ArgumentParser(prog="hetauto run")
+        command.add_arguments(parser)
+        args = parser.parse_args(argv)
+        args.json = True
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            command.run(args)
+    return json.loads(out.getvalue())

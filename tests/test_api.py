@@ -1,0 +1,86 @@
+"""The public API (issue 19 item 8): `hetauto.plan/evaluate/run` and the value types from `import hetauto`,
+lazily: `import hetauto` imports no third-party module (no torch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import hetauto
+from hetauto.cli import main
+
+
+def test_import_hetauto_imports_nothing_but_the_standard_library() -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import hetauto"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    names = [line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    names = names[1:]  # the header line
+    after_site = names[names.index("site") + 1:]  # what `import hetauto` itself imported
+    assert "hetauto" in after_site
+    outside = [n for n in after_site if n != "hetauto" and n.split(".")[0] not in sys.stdlib_module_names]
+    assert outside == [], f"`import hetauto` imports {outside}: keep hetauto/__init__.py lazy"
+    assert not any(n.split(".")[0] == "torch" for n in names)
+
+
+def test_every_exported_name_resolves_and_the_verbs_are_documented() -> None:
+    for name in hetauto.__all__:
+        assert getattr(hetauto, name) is not None, name
+        assert name in dir(hetauto)
+    for verb in (hetauto.plan, hetauto.evaluate, hetauto.run):
+        assert verb.__module__ == "hetauto.api"
+        assert verb.__doc__ and ">>> " in verb.__doc__
+    assert hetauto.Plan.__name__ == "Plan" and hetauto.ClusterSpec.__name__ == "ClusterSpec"
+    assert hetauto.get_scenario("cpu-demo").name == "cpu-demo"
+    assert "cpu-demo" in hetauto.scenario_names()
+    assert isinstance(hetauto.load_cluster, type(hetauto.get_model))
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        hetauto.nope  # noqa: B018
+
+
+def test_plan_and_evaluate_give_what_the_command_prints(tmp_path, capsys) -> None:
+    result = hetauto.plan("cpu-demo")
+    assert isinstance(result, hetauto.PlanResult) and isinstance(result.plan, hetauto.Plan)
+    assert main(["plan", "--scenario", "cpu-demo", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert result.evaluation.iteration_time_s == doc["iteration_time_s"]
+    assert result.plan.model_dump(mode="json", by_alias=True) == doc["plan"]
+
+    path = tmp_path / "plan.json"
+    result.plan.save(path)
+    for p in (result.plan, path, str(path)):
+        ev = hetauto.evaluate(p)
+        assert isinstance(ev, hetauto.Evaluation)
+        assert ev.feasible and ev.violation is None
+        assert ev.iteration_time_s == result.evaluation.iteration_time_s
+    scen = hetauto.get_scenario("cpu-demo")
+    assert hetauto.evaluate(path, cluster=scen.cluster).iteration_time_s == result.evaluation.iteration_time_s
+
+
+def test_plan_takes_a_cluster_and_a_model_and_refuses_both_a_scenario_and_a_cluster() -> None:
+    scen = hetauto.get_scenario("cpu-demo")
+    result = hetauto.plan(cluster=scen.cluster, model=scen.model, seq_len=scen.seq_len, global_batch=scen.global_batch,
+                          planner="greedy")
+    assert result.planner == "greedy" and result.plan.seq_len == scen.seq_len
+    with pytest.raises(hetauto.SpecError) as err:
+        hetauto.plan("cpu-demo", cluster=scen.cluster)
+    assert str(err.value) == ("cluster: both scenario 'cpu-demo' and a cluster were given; a scenario brings its own "
+                              "cluster (pass one of them)")
+
+
+def test_run_rejects_a_bad_emulate_before_launching() -> None:
+    with pytest.raises(hetauto.HetautoError, match="emulate must be False, True, 'inprocess' or 'netns', got 'x'"):
+        hetauto.run("no-such-plan.json", emulate="x")
+
+
+@pytest.mark.multiprocess
+def test_run_trains_one_emulated_step_of_a_plan_object() -> None:
+    result = hetauto.plan("cpu-demo")
+    report = hetauto.run(result.plan, steps=1, emulate=True)
+    assert report["emulated"] is True and report["world_size"] == result.plan.world_size
+    assert len(report["loss"]) == 1 and len(report["reference_loss"]) == 1
+    assert report["max_loss_diff"] <= report["loss_tolerance"]
+    assert report["measured_step_s"] > 0
