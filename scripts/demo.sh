@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: install, show the backends, validate the default scenario's inputs,
-# simulate a Virtual-1F1B pipeline over a slow boundary, then plan the cpu-demo scenario and train that
+# simulate a Virtual-1F1B pipeline over a slow boundary, then plan the cpu-demo scenario (a cpu cluster and a
+# cluster of mock devices: its plan crosses a cpu -> mock boundary through the host transport) and train that
 # plan for real (torchrun, emulated cluster speeds and links), loss next to the single-process reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."

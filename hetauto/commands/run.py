@@ -299,8 +299,13 @@ def run(args: argparse.Namespace) -> int:
     print_table(f"hetauto run: {plan.world_size} ranks, {plan.num_stages} stages, {plan.schedule.name}"
                 + (" (emulated clusters)" if args.emulate else ""), ["step", "loss", "reference", "step s"], rows)
     pred = "-" if predicted is None else f"{predicted:.4f}"
-    print(f"measured step {summary.measured_step_s:.4f} s | predicted {pred} s ({source})"
-          + ("" if ratio is None or math.isnan(ratio) else f" | ratio {ratio:.2f}"))
+    if args.emulate and not calibrated:
+        # an emulation on this host against a prediction for the plan's own devices: no ratio to show
+        print(f"measured step {summary.measured_step_s:.4f} s on this host (emulated); the plan's prediction "
+              f"{pred} s is not comparable until this host is calibrated ({MEASURE_CALIBRATION})")
+    else:
+        print(f"measured step {summary.measured_step_s:.4f} s | predicted {pred} s ({source})"
+              + ("" if ratio is None or math.isnan(ratio) else f" | ratio {ratio:.2f}"))
     print(f"precision {precision}" + ("" if reference is None else
                                       f" (loss within {PRECISION_TOLERANCE[precision]:g} of the reference expected)"))
     _print_stages(plan, doc)
@@ -330,11 +335,11 @@ def _print_stages(plan: Plan, doc: dict[str, Any]) -> None:
     rows = []
     for m in doc["stage_memory"]:
         ranks = by_stage.get(m["stage"], [])
-        devices = ", ".join(r["device"] for r in ranks[:4]) + (" ..." if len(ranks) > 4 else "")
+        devices = ", ".join(r["device"].split(" ")[0] for r in ranks[:4]) + (" ..." if len(ranks) > 4 else "")
         pred = m["predicted_peak_bytes"]
         rows.append((m["stage"], m["cluster"], m["backend"] or "-", devices, ranks[0]["dist_backend"] if ranks else "-",
                      format_bytes(m["measured_peak_bytes"]), "-" if pred is None else format_bytes(pred)))
-    print_table("stages", ["stage", "cluster", "backend", "devices", "collectives", "peak memory", "predicted"], rows)
+    print_table("stages", ["stage", "cluster", "backend", "devices", "dist", "peak mem", "predicted"], rows)
     rows = [(f"{b['stage']} -> {b['to_stage']}", b["transport"] or "-", b["method"], f"{b['bytes']}")
             for b in doc["boundaries"]]
     if rows:
@@ -343,7 +348,7 @@ def _print_stages(plan: Plan, doc: dict[str, Any]) -> None:
 
 def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,
                   allow_data_change: bool = False) -> tuple[int, int | None]:
-    """Before any launch: the checkpoint exists, is complete, is of this model, trains the same data stream as
+    """Before any launch: the checkpoint exists, is complete and intact (`require_intact`), is of this model, trains the same data stream as
     `plan`, and leaves steps to train. Returns (next step, the checkpoint's data seed).
 
     A different global batch or sequence length is an error, not a warning: `--resume` promises that the
@@ -352,8 +357,10 @@ def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *
     silently trains other data, and a warning scrolls past in a long log. Changing them on purpose (a batch-size
     ramp, a longer context) is legitimate: `--allow-data-change` continues with a warning naming both values.
     The microbatch split and the stage layout may change freely (same rows, same order)."""
-    from hetauto.runtime.checkpoint_manifest import check_model_config, data_stream_changes, read_manifest
+    from hetauto.runtime.checkpoint_manifest import (check_model_config, data_stream_changes, read_manifest,
+                                                     require_intact)
 
+    require_intact(resume)  # sizes, sha256 of every file, metadata, rank files: a damaged shard never loads
     man = read_manifest(resume)
     check_model_config(man, cfg, resume)
     start = int(man.extra.get("next_step", man.step + 1))
