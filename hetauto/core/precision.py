@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["DTYPE_BYTES", "DeviceKind", "resolve_precision", "compute_bytes", "PRECISION_TOLERANCE"]
+__all__ = ["DTYPE_BYTES", "DeviceKind", "HOST_BACKENDS", "backend_kind", "resolve_precision", "compute_bytes",
+           "PRECISION_TOLERANCE"]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -33,6 +34,17 @@ class DeviceKind:
     host: bool  # computes on the host CPU (the cpu and mock backends)
     bf16: bool = True
     fp16: bool = True
+
+
+# Built-in backends whose tensors live in host memory (device type "cpu"): they compute on the CPU and a host
+# transport copies nothing for them. The executor asks the device itself; a plan made elsewhere has only names.
+HOST_BACKENDS = ("cpu", "mock")
+
+
+def backend_kind(backend: str) -> DeviceKind:
+    """What a plan can know of a stage from its backend's name alone: host for cpu and mock; any other backend
+    is assumed to have bf16 and fp16 (the running ranks check their real devices: hetauto.runtime.training)."""
+    return DeviceKind(host=backend in HOST_BACKENDS)
 
 
 def resolve_precision(requested: str, kinds: Iterable[DeviceKind]) -> str:

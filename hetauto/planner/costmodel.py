@@ -34,7 +34,6 @@ from hetauto.core.cluster import Cluster, LinkSpec
 from hetauto.planner.layers import BYTES_BF16, LayerCost
 
 GiB = float(1 << 30)
-HOST_BACKENDS = ("cpu", "mock")  # backends whose tensors live in host memory: compute on the CPU, no host copy
 WEIGHT_GRAD_BYTES = 8.0  # fp32 weight (autocast's master: the model's own) + fp32 gradient
 OPTIMIZER_BYTES = 8.0  # AdamW m and v, fp32
 ADAM_BYTES_PER_PARAM = WEIGHT_GRAD_BYTES + OPTIMIZER_BYTES

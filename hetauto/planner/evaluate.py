@@ -26,7 +26,8 @@ from hetauto.core.chunks import effective_chunks, tile_chunks
 from hetauto.core.cluster import Cluster, ClusterSpec
 from hetauto.core.errors import InfeasiblePlan, PlanMismatch
 from hetauto.core.plan import Plan, Prediction, StagePlan, TrainingSpec
-from hetauto.core.precision import DTYPE_BYTES, DeviceKind, compute_bytes, resolve_precision
+from hetauto.core.precision import (DTYPE_BYTES, HOST_BACKENDS, DeviceKind, backend_kind, compute_bytes,
+                                    resolve_precision)
 from hetauto.core.stage_backends import builtin_transport_kind, stage_backend_names
 from hetauto.core.units import format_bytes
 from hetauto.planner import costmodel as cm
@@ -65,9 +66,8 @@ class Evaluation:
 
 
 def device_kind(backend: str) -> DeviceKind:
-    """What precision resolution knows of a stage on `backend`: host for cpu/mock; any other backend is
-    assumed to have bf16 and fp16 (a device profile does not say yet)."""
-    return DeviceKind(host=backend in cm.HOST_BACKENDS)
+    """What precision resolution knows of a stage on `backend` (hetauto.core.precision.backend_kind)."""
+    return backend_kind(backend)
 
 
 def plan_precision(plan: Plan, spec: ClusterSpec) -> str:
@@ -141,7 +141,7 @@ class Evaluator:
     def _flash(self, cluster: Cluster) -> bool:
         if self.flash_attention is not None:
             return self.flash_attention
-        return cluster.backend not in cm.HOST_BACKENDS
+        return cluster.backend not in HOST_BACKENDS
 
     def precision(self, plan: Plan) -> str:
         """The resolved precision `plan` is priced at (`plan_precision`), cached by its training and clusters."""
@@ -352,7 +352,7 @@ class Evaluator:
             return (math.inf, math.inf)
 
         def side(name: str, backend: str) -> float:
-            return math.inf if backend in cm.HOST_BACKENDS else self.cluster(name).device.host_link_bandwidth_Bps
+            return math.inf if backend in HOST_BACKENDS else self.cluster(name).device.host_link_bandwidth_Bps
 
         return (side(src, ba), side(dst, bb))
 

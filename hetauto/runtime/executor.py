@@ -54,7 +54,7 @@ from hetauto.runtime.boundary import BoundaryRoute
 from hetauto.runtime.data import dp_shard, microbatch, synthetic_batch
 from hetauto.runtime.devices import RankDevice
 from hetauto.runtime.executable import check_executable
-from hetauto.runtime.groups import RankGroups, build_groups
+from hetauto.runtime.groups import RankGroups
 from hetauto.runtime.mixed_precision import Precision
 from hetauto.runtime.reference import make_optimizer
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
