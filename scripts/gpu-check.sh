@@ -35,7 +35,9 @@
 #   GPU_CHECK_KEEP=1     keep the temp folder with plans, clusters and outputs (printed at the end)
 #   PYTHON               the interpreter (default python3)
 #
-#   bash scripts/gpu-check.sh                 # on the GPU machine
+#   bash scripts/gpu-check-wheels.sh          # here, once, where pip reaches PyPI: the packages a bare GPU image
+#                                             # lacks (pydantic & co.) as cp312 wheels in .whl/ (git-ignored)
+#   bash scripts/gpu-check.sh                 # on the GPU machine (carry .whl/ along)
 #   GPU_CHECK_DRY=1 bash scripts/gpu-check.sh # anywhere: the same path on the CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,6 +88,14 @@ else
         say "installed torch $("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)')"
     fi
     # ------------------------------------------------------------------ 2. hetauto and its pure-Python deps
+    # wheels carried in .whl/ (scripts/gpu-check-wheels.sh fetches them where pip reaches an index): a machine
+    # with no route to any index gets its missing pure-Python packages from there
+    if compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+        say "installing the carried wheels in .whl/ ..."
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$REPO"/.whl/*.whl >"$WORK/pip-wheels.log" 2>&1 || die3 "carried wheels: $(tail -n 1 "$WORK/pip-wheels.log")"
+        export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    fi
     missing=()
     for pair in pluggy:pluggy pydantic:pydantic yaml:pyyaml rich:rich numpy:numpy sklearn:scikit-learn \
                 matplotlib:matplotlib; do
