@@ -18,12 +18,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hetauto.core.errors import CommunicationError, PlanMismatch
+from hetauto.core.errors import CommunicationError, HetautoError, PlanMismatch
 from hetauto.core.plan import Plan
 from hetauto.runtime.options import RunOptions
 
 __all__ = ["JobFailed", "worker_args", "write_run_folder", "torchrun_launcher", "local_command", "node_commands", "launch_local",
-           "start_local", "LocalJob", "diagnose_failure", "collect_reports", "kill_group", "torchrun_exit_codes"]
+           "start_local", "LocalJob", "JobInterrupted", "newest_checkpoint_note", "STOP_GRACE_S", "diagnose_failure",
+           "collect_reports", "kill_group", "torchrun_exit_codes"]
 
 
 def worker_args(options_path: str | Path) -> list[str]:
@@ -208,47 +209,185 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     return JobFailed("the job failed but no rank reported why (rerun with HETAUTO_DEBUG=1)")
 
 
+STOP_GRACE_S = 5.0  # after SIGINT/SIGTERM: how long the job's processes get to exit before they are killed
+
+
+class JobInterrupted(HetautoError):
+    """`hetauto run` was interrupted (SIGINT/SIGTERM) and stopped its whole job; exit code 128 + the signal."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def newest_checkpoint_note(checkpoint_dir: str | None) -> str:
+    """'newest complete checkpoint: D (continue with --resume D)', or that there is none ('' without a folder)."""
+    if not checkpoint_dir:
+        return ""
+    from hetauto.runtime.checkpoint_manifest import latest_checkpoint
+
+    try:
+        latest = latest_checkpoint(checkpoint_dir)
+    except OSError:
+        latest = None
+    if latest is None:
+        return f"no complete checkpoint in {checkpoint_dir}"
+    return f"newest complete checkpoint: {latest} (continue with --resume {latest})"
+
+
 class LocalJob:
     """A started local torchrun job (`start_local`); `wait()` returns every rank's report (rank order) or
-    raises `JobFailed`; `kill()` ends it. Lets the caller do its own work while the ranks start and train."""
+    raises `JobFailed`; `kill()` ends it. Lets the caller do its own work while the ranks start and train.
 
-    def __init__(self, plan: Plan, tmp: tempfile.TemporaryDirectory, proc: subprocess.Popen, deadline: float) -> None:
+    The job owns its processes: torchrun and every worker carry `token` in their environment
+    (hetauto.runtime.jobprocs), so `kill()`, a missed deadline and SIGINT/SIGTERM on this process (while the
+    job runs, `start_local` installs handlers in the main thread) reach all of them, not only torchrun's
+    process group. After SIGINT/SIGTERM `wait()` stops the job (SIGTERM, `STOP_GRACE_S`, SIGKILL) and raises
+    `JobInterrupted` naming the newest complete checkpoint."""
+
+    def __init__(self, plan: Plan, tmp: tempfile.TemporaryDirectory, proc: subprocess.Popen, deadline: float,
+                 token: str = "", run: RunOptions | None = None, max_restarts: int = 0) -> None:
         self.plan, self._tmp, self.proc, self.deadline = plan, tmp, proc, deadline
+        self.token, self.run, self.max_restarts = token, run, max_restarts
+        self.out = Path(tmp.name)
+        self._signalled: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._closed = False
+
+    # --- signals
+    def _install_signals(self) -> None:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+            except (ValueError, OSError):
+                pass
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self._signalled is None:
+            self._signalled = signum
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._previous.items():
+            try:
+                signal.signal(sig, handler)
+            except (ValueError, OSError, TypeError):
+                pass
+        self._previous.clear()
+
+    def _checkpoint_note(self) -> str:
+        return newest_checkpoint_note(self.run.checkpoint_dir if self.run is not None else None)
+
+    def _interrupted(self) -> JobInterrupted:
+        from hetauto.runtime.jobprocs import stop_job
+
+        sig = self._signalled or signal.SIGTERM
+        res = stop_job(self.proc, self.token, STOP_GRACE_S)
+        name = signal.Signals(sig).name
+        how = f"stopped the job ({res.signalled} process(es): torchrun and its ranks"
+        how += f"; {res.killed} killed after {STOP_GRACE_S:g} s)" if res.killed else ")"
+        if res.left:
+            how += f"; {res.left} process(es) could not be killed"
+        note = self._checkpoint_note()
+        return JobInterrupted(f"interrupted by {name}: {how}" + (f"; {note}" if note else ""), sig)
+
+    def _read(self, name: str) -> str:
+        try:
+            return (self.out / name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
 
     def wait(self) -> list[dict[str, Any]]:
         try:
-            try:
-                stdout, stderr = self.proc.communicate(timeout=self.deadline)
-            except subprocess.TimeoutExpired:
-                kill_group(self.proc)
-                self.proc.communicate()
-                raise JobFailed(f"torchrun did not finish within {self.deadline:g}s and was killed; "
-                                "raise --timeout or check for a hung rank") from None
-            return collect_reports(self.plan, self._tmp.name, self.proc.returncode, stderr or "", stdout or "")
+            return self._wait()
         finally:
-            self._tmp.cleanup()
+            self.close()
+
+    def _wait(self) -> list[dict[str, Any]]:
+        import time
+
+        from hetauto.runtime.jobprocs import job_pids, stop_job
+
+        end = time.monotonic() + self.deadline
+        while self.proc.poll() is None:
+            if self._signalled is not None:
+                raise self._interrupted()
+            now = time.monotonic()
+            if now > end:
+                stop_job(self.proc, self.token, 0.0)
+                raise JobFailed(f"torchrun did not finish within {self.deadline:g}s and was killed; "
+                                "raise --timeout or check for a hung rank")
+            time.sleep(0.05)
+        if self._signalled is not None:
+            raise self._interrupted()
+        if self.token and job_pids(self.token):
+            stop_job(None, self.token, 2.0)  # nothing of the job outlives it
+        stdout, stderr = self._read("torchrun.out"), self._read("torchrun.err")
+        try:
+            return collect_reports(self.plan, self.out, self.proc.returncode, stderr, stdout)
+        except JobFailed as err:
+            note = self._checkpoint_note()
+            if note:
+                raise JobFailed(f"{err}; {note}", err.rank, err.stage, err.cluster) from None
+            raise
 
     def kill(self) -> None:
-        kill_group(self.proc)
-        self.proc.communicate()
+        from hetauto.runtime.jobprocs import stop_job
+
+        if self.token:
+            stop_job(self.proc, self.token, 0.0, signal.SIGKILL)
+        else:
+            kill_group(self.proc)
+        self.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._restore_signals()
+        for f in self._files:
+            f.close()
         self._tmp.cleanup()
+
+    _files: tuple = ()
 
 
 def start_local(plan: Plan, run: RunOptions, *, max_restarts: int = 0) -> LocalJob:
     """Start the plan under torchrun on this machine and return at once (see `launch_local`). `run.plan` and
     `run.out` are replaced by the run folder's own copies."""
+    from hetauto.runtime.jobprocs import JOB_ENV, new_token
+
     tmp = tempfile.TemporaryDirectory(prefix="hetauto-run-")
+    files: list = []
     try:
         options = write_run_folder(tmp.name, plan, run)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
+        token = new_token()
+        env[JOB_ENV] = token
         deadline = (run.timeout_s * 3 + 60 + 5 * run.steps) * (max_restarts + 1)
-        proc = subprocess.Popen(local_command(plan, worker_args(options), max_restarts), env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        # torchrun's (and the workers') output goes to files: a pipe nobody reads while we poll would fill up
+        files = [open(Path(tmp.name) / n, "w", encoding="utf-8") for n in ("torchrun.out", "torchrun.err")]
+        job = LocalJob(plan, tmp, None, deadline, token, run, max_restarts)  # type: ignore[arg-type]
+        job._files = tuple(files)
+        job._install_signals()  # before the Popen: a signal from now on stops the job, never orphans it
+        try:
+            job.proc = subprocess.Popen(local_command(plan, worker_args(options), max_restarts), env=env,
+                                        stdout=files[0], stderr=files[1], text=True, start_new_session=True)
+        except BaseException:
+            job._restore_signals()
+            raise
     except BaseException:
+        for f in files:
+            f.close()
         tmp.cleanup()
         raise
-    return LocalJob(plan, tmp, proc, deadline)
+    return job
 
 
 def launch_local(plan: Plan, run: RunOptions, *, max_restarts: int = 0) -> list[dict[str, Any]]:

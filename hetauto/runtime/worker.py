@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         for stale in ("json", "error", "stopped"):  # left by an earlier attempt of a restarted job
             (out / f"rank{rank}.{stale}").unlink(missing_ok=True)
-        _mark(out, rank, "started", f"attempt {restart}")
+        _mark(out, rank, "started", f"attempt {restart} pid {os.getpid()}")
         signal.signal(signal.SIGTERM, lambda *_: _stopped(out, rank))
         import torch
 

@@ -1,0 +1,127 @@
+"""`hetauto run` owns its job (issue 18): SIGINT/SIGTERM stop torchrun and every worker (they run in sessions of
+their own, so torchrun's process group is not enough), nothing of the job outlives the command, and the newest
+complete checkpoint is named. The processes of one run are found by an environment marker this test sets on
+the `hetauto run` process, which torchrun and the workers inherit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hetauto.core.plan import Plan, StagePlan
+
+CLUSTER = """clusters:
+  - {name: a, nodes: {count: 1, devices_per_node: 2, device: cpu}}
+  - {name: b, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+links:
+  default: {bandwidth: 1Gbps, latency: 1ms}
+"""
+
+
+def _plan(tp: int = 1) -> Plan:
+    a = StagePlan(cluster="a", device_type="cpu", devices=tuple(range(tp)), layers=(0, 3), tp=tp, dp=1)
+    b = StagePlan(cluster="b", device_type="cpu", devices=(0,), layers=(3, 6), tp=1, dp=1)
+    return Plan(model="tiny-gpt", cluster="three.yaml", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(a, b))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("own")
+    (d / "three.yaml").write_text(CLUSTER)
+    _plan().save(d / "plan.json")
+    _plan(tp=2).save(d / "plantp.json")
+    return d
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes whose environment has HETAUTO_TEST_MARK=mark."""
+    from hetauto.runtime.jobprocs import _state
+
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"HETAUTO_TEST_MARK={mark}".encode() in env.split(b"\0") and _state(int(name)) not in ("Z", "X", "?"):
+            out.append(int(name))
+    return out
+
+
+def start(folder: Path, *args: str, mark: str) -> subprocess.Popen:
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(folder))
+    return subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", *args, "--no-reference"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, limit: float = 120) -> None:
+    end = time.monotonic() + limit
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end, f"{path} did not appear within {limit} s"
+        time.sleep(0.1)
+
+
+def test_stop_job_reaches_processes_in_sessions_of_their_own() -> None:
+    """What torchrun does: each worker in its own session. Signalling the parent's group alone would miss them;
+    stop_job finds them by the token and kills the one that ignores SIGTERM after the grace period."""
+    from hetauto.runtime.jobprocs import JOB_ENV, job_pids, stop_job
+
+    token = uuid.uuid4().hex
+    code = ("import os, signal, subprocess, sys, time\n"
+            "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)"
+            " for _ in range(2)]\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # a worker stuck where its handler cannot run
+
+            "print('up', flush=True)\n"
+            "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, **{JOB_ENV: token}),
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert parent.stdout is not None and parent.stdout.readline().strip() == "up"
+    assert len(job_pids(token)) == 3
+    res = stop_job(parent, token, grace_s=1.0)
+    assert (res.signalled, res.killed, res.left) == (3, 1, 0)  # the two sleepers took SIGTERM, the parent did not
+    assert job_pids(token) == []
+    assert parent.returncode == -signal.SIGKILL
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sigterm_on_hetauto_run_stops_torchrun_and_every_worker(folder: Path) -> None:
+    from hetauto.runtime.launch import STOP_GRACE_S
+
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-term"
+    proc = start(folder, str(folder / "plan.json"), "--steps", "500", "--checkpoint-dir", str(ck), "--timeout", "10",
+                 mark=mark)
+    wait_for(ck / "step-00000000", proc)
+    assert len(marked(mark)) >= 4  # hetauto run, torchrun, 2 workers
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=STOP_GRACE_S + 60)
+    ended = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    left = marked(mark)
+    assert left == [], f"processes of the stopped job still running: {left}"
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("hetauto run: error: interrupted by SIGTERM: stopped the job ("), line
+    from hetauto.runtime.checkpoint_manifest import latest_checkpoint
+
+    latest = latest_checkpoint(ck)
+    assert latest is not None
+    assert line.endswith(f"; newest complete checkpoint: {latest} (continue with --resume {latest})"), line
+    assert ended < STOP_GRACE_S + 30, ended  # the grace period plus the kill, on a loaded machine
+    steps = sorted(p.name for p in ck.iterdir())
+    time.sleep(2)
+    assert sorted(p.name for p in ck.iterdir()) == steps  # nothing writes checkpoints any more
+
