@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("hetauto.commands.simulate", "simulate a plan's pipeline schedule"),
     "run": ("hetauto.commands.run", "run a plan for real with torchrun"),
     "calibrate": ("hetauto.commands.calibrate", "measure this machine's executor overheads for run's predictions"),
+    "checkpoint": ("hetauto.commands.checkpoint", "verify a checkpoint's files against its manifest"),
 }
 
 

@@ -170,8 +170,9 @@ def test_metadata_rejects_paths_outside_the_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a plain file name"):
         JsonFileSystemReader(path).read_metadata()
     fresh = build_model(CFG, 0)
-    with pytest.raises(CheckpointMismatch, match=r"\.metadata\.json: storage path"):
-        load_checkpoint(path, fresh, make_optimizer(fresh.parameters(), 1e-2))
+    with pytest.raises(CheckpointError, match=r"is damaged: \.metadata\.json: \d+ bytes, manifest says \d+$"):
+        load_checkpoint(path, fresh, make_optimizer(fresh.parameters(), 1e-2))  # it changed after the manifest
+    assert verify_checkpoint(path, hashes=False)[0].startswith(".metadata.json: ")
 
 
 def test_rng_state_round_trips_through_json() -> None:
@@ -252,3 +253,91 @@ def test_run_resume_checks_the_checkpoint_before_launch_without_importing_torch(
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "hetauto.runtime.checkpoint_manifest" in imported
     assert sorted(m for m in imported if m == "torch" or m.startswith("torch.")) == []
+
+
+def _flip(path: Path, at: int = -10) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_each_shard_carries_its_writers_hash_and_the_manifest_lists_it(tmp_path: Path) -> None:
+    from hetauto.runtime.checkpoint_manifest import read_shard_hash
+
+    model, opt = _trained()
+    path = save_checkpoint(tmp_path, 1, model, opt)
+    files = read_manifest(path).files
+    assert sorted(files) == [".metadata.json", "__0_0.distcp", "__0_0.distcp.sha256", "rank-00000.json"]
+    rec = read_shard_hash(path / "__0_0.distcp")
+    assert rec == files["__0_0.distcp"] and rec["bytes"] == (path / "__0_0.distcp").stat().st_size
+
+
+def test_one_flipped_byte_is_refused_naming_the_file_and_the_previous_checkpoint(tmp_path: Path) -> None:
+    from hetauto.runtime.checkpoint_manifest import require_intact
+
+    model, opt = _trained()
+    first = save_checkpoint(tmp_path, 1, model, opt)
+    second = save_checkpoint(tmp_path, 2, model, opt)
+    assert require_intact(tmp_path) == second
+    _flip(second / "__0_0.distcp")
+    with pytest.raises(CheckpointError) as err:
+        require_intact(tmp_path)
+    assert str(err.value) == (f"checkpoint {second} is damaged: __0_0.distcp: sha256 differs from the manifest; "
+                              f"refusing to resume from it; the previous complete checkpoint {first} verifies: "
+                              f"resume with --resume {first}")
+    fresh = build_model(CFG, 0)
+    with pytest.raises(CheckpointError, match=r"is damaged: __0_0.distcp: sha256 differs from the manifest$"):
+        load_checkpoint(second, fresh, make_optimizer(fresh.parameters(), 1e-2))  # the library refuses it too
+    _flip(first / "rank-00000.json", 3)
+    with pytest.raises(CheckpointError, match=r"no earlier complete checkpoint verifies: start again without --resume"):
+        require_intact(second)
+
+
+def test_truncated_metadata_or_rank_file_is_found_without_torch(tmp_path: Path) -> None:
+    """Sizes and metadata without hashes (--no-hashes) still find a truncated file."""
+    import hashlib
+
+    from hetauto.runtime.checkpoint_manifest import MANIFEST_FILE
+
+    model, opt = _trained()
+    path = save_checkpoint(tmp_path, 1, model, opt)
+
+    def rewrite(name: str, text: str) -> None:  # a damaged file whose manifest entry was updated to match
+        (path / name).write_text(text)
+        doc = json.loads((path / MANIFEST_FILE).read_text())
+        doc["files"][name] = {"bytes": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        (path / MANIFEST_FILE).write_text(json.dumps(doc))
+
+    md = (path / ".metadata.json").read_text()
+    (path / ".metadata.json").write_text(md[: len(md) // 2])
+    assert verify_checkpoint(path, hashes=False) == [
+        f".metadata.json: {len(md[: len(md) // 2].encode())} bytes, manifest says {len(md.encode())}"]
+    rewrite(".metadata.json", md[: len(md) // 2])
+    problems = verify_checkpoint(path)
+    assert len(problems) == 1 and problems[0].startswith(".metadata.json: not valid JSON (")
+    assert problems[0].endswith("): truncated or overwritten")
+    rewrite(".metadata.json", md)
+    rewrite("rank-00000.json", '{"rank": 0, "rn')
+    assert verify_checkpoint(path) == ["rank-00000.json: not valid JSON: truncated or overwritten"]
+
+
+def test_checkpoint_verify_command(tmp_path: Path, capsys) -> None:
+    from hetauto.cli import main
+
+    model, opt = _trained()
+    first = save_checkpoint(tmp_path, 1, model, opt)
+    second = save_checkpoint(tmp_path, 2, model, opt)
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{second}: intact (step 2, 4 files, ")
+    _flip(second / "__0_0.distcp")
+    assert main(["checkpoint", "verify", str(second), "--json"]) == 5
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["ok"], doc["problems"], doc["previous_ok"], doc["step"]) == (
+        False, ["__0_0.distcp: sha256 differs from the manifest"], str(first), 2)
+    assert main(["checkpoint", "verify", str(second)]) == 5
+    err = capsys.readouterr().err
+    assert err == (f"hetauto checkpoint: error: checkpoint {second} is damaged: __0_0.distcp: sha256 differs from the "
+                   f"manifest; refusing to resume from it; the previous complete checkpoint {first} verifies: resume "
+                   f"with --resume {first}\n")
+    assert main(["checkpoint", "verify", str(second), "--no-hashes"]) == 0  # the sizes still match
+    capsys.readouterr()

@@ -5,6 +5,7 @@ the `hetauto run` process, which torchrun and the workers inherit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -124,4 +125,35 @@ def test_sigterm_on_hetauto_run_stops_torchrun_and_every_worker(folder: Path) ->
     steps = sorted(p.name for p in ck.iterdir())
     time.sleep(2)
     assert sorted(p.name for p in ck.iterdir()) == steps  # nothing writes checkpoints any more
+
+
+def _tiny_checkpoints(root: Path, steps: int = 2) -> list[Path]:
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.checkpoint import save_checkpoint
+    from hetauto.runtime.reference import make_optimizer
+    from hetauto.runtime.stage import build_stage
+
+    cfg = get_model("tiny-gpt")
+    stage = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    opt = make_optimizer(stage.parameters(), 1e-3)
+    return [save_checkpoint(root, s, stage, opt, plan=_plan(), extra={"next_step": s + 1, "seed": 0})
+            for s in range(steps)]
+
+
+def test_resume_from_a_checkpoint_with_one_flipped_byte_is_refused_before_launch(folder: Path, capsys) -> None:
+    from hetauto.cli import main
+
+    first, second = _tiny_checkpoints(folder / "flip")
+    shard = second / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    t0 = time.monotonic()
+    assert main(["run", str(folder / "plan.json"), "--resume", str(folder / "flip"), "--steps", "4", "--json"]) == 5
+    assert time.monotonic() - t0 < 30  # refused in the launcher: no rank was started
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err == (f"checkpoint {second} is damaged: __0_0.distcp: sha256 differs from the manifest; refusing to "
+                   f"resume from it; the previous complete checkpoint {first} verifies: resume with --resume {first}")
+    assert main(["run", str(folder / "plan.json"), "--resume", str(first), "--steps", "4", "--print-launch"]) == 0
+    capsys.readouterr()
 

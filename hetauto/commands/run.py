@@ -348,8 +348,9 @@ def _print_stages(plan: Plan, doc: dict[str, Any]) -> None:
 
 def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,
                   allow_data_change: bool = False) -> tuple[int, int | None]:
-    """Before any launch: the checkpoint exists, is complete and intact (`require_intact`), is of this model, trains the same data stream as
-    `plan`, and leaves steps to train. Returns (next step, the checkpoint's data seed).
+    """Before any launch: the checkpoint exists, is complete and intact (`require_intact`: sizes, hashes,
+    metadata), is of this model, trains the same data stream as `plan`, and leaves steps to train. Returns (next
+    step, the checkpoint's data seed).
 
     A different global batch or sequence length is an error, not a warning: `--resume` promises that the
     resumed run continues the checkpoint's run (its losses are the uninterrupted run's, bit for bit on the same

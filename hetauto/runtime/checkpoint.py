@@ -14,6 +14,8 @@ Directory layout (`root` is the `--checkpoint-dir`):
                                  hetauto version, file sizes and sha256
         .metadata.json           DCP global metadata as JSON (see checkpoint_storage)
         __<rank>_0.distcp        tensor payloads (torch.load(weights_only=True) on read)
+        __<rank>_0.distcp.sha256 the shard's size and sha256, hashed by the rank that wrote it (the manifest
+                                 copies it; `verify_checkpoint` / `hetauto checkpoint verify` re-hash)
         rank-00003.json          per-rank RNG states (base64 / plain lists) and optimizer hyper-parameters
     root/.tmp-step-00000013/     a checkpoint being written: ignored by `latest_checkpoint`
 
@@ -52,7 +54,7 @@ from hetauto.runtime import faults
 from hetauto.runtime.checkpoint_manifest import (  # noqa: F401 - re-exported: the torch-free part of the API
     _TMP_PREFIX, CHECKPOINT_FORMAT, MANIFEST_FILE, METADATA_FILE, Manifest, _check_model_dict,
     _complete_checkpoints, _resolve, _sha256, check_model_config, checkpoint_dir_name, data_stream_changes,
-    latest_checkpoint, read_manifest, verify_checkpoint,
+    latest_checkpoint, read_manifest, read_shard_hash, require_intact, verify_checkpoint,
 )
 
 __all__ = [
@@ -269,11 +271,14 @@ def save_checkpoint(
         raise CheckpointError(f"writing checkpoint step {step} to {tmp} failed: {_first_line(exc)}") from None
 
     if rank == 0:
-        files = {
-            p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-            for p in sorted(tmp.iterdir())
-            if p.is_file() and not p.name.endswith(".tmp")
-        }
+        files = {}
+        for p in sorted(tmp.iterdir()):
+            if not p.is_file() or p.name.endswith(".tmp"):
+                continue
+            # a shard's hash was taken by the rank that wrote it (read_shard_hash): rank 0 reads no other shard
+            rec = read_shard_hash(p) if p.name.endswith(".distcp") else None
+            files[p.name] = rec if rec is not None and rec["bytes"] == p.stat().st_size else {
+                "bytes": p.stat().st_size, "sha256": _sha256(p)}
         manifest = Manifest(
             step=int(step), model=model, plan=plan_json, world_size=world, extra=extra_json,
             created_unix=time.time(), files=files,
@@ -351,6 +356,13 @@ def load_checkpoint(
     path = _resolve(directory)
     manifest = read_manifest(path)
     _check_model(manifest, module, path)
+    # sizes and metadata on every rank, the hashes shared out: nothing damaged is loaded, nothing is hashed twice
+    names = sorted(manifest.files)
+    problems = verify_checkpoint(path, only=set(names[rank::world]))
+    if not _all_ok(not problems, comm):
+        raise CheckpointError(f"checkpoint {path} is damaged: {problems[0]}" if problems else
+                              f"checkpoint {path} is damaged: another rank found a file that differs from the "
+                              f"manifest (hetauto checkpoint verify {path} names it)")
     tensors, hparams = _state(module, optimizer)
     problem = _check_keys(path, tensors)
     if not _all_ok(problem is None, comm):

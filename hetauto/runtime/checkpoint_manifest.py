@@ -29,6 +29,12 @@ __all__ = [
     "latest_checkpoint",
     "read_manifest",
     "verify_checkpoint",
+    "require_intact",
+    "previous_verified",
+    "complete_checkpoints",
+    "write_shard_hash",
+    "read_shard_hash",
+    "HASH_SUFFIX",
     "check_model_config",
     "data_stream_changes",
 ]
@@ -161,8 +167,89 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     return Manifest.from_json(text, str(path / MANIFEST_FILE))
 
 
-def verify_checkpoint(directory: str | os.PathLike) -> list[str]:
-    """Re-hash every file the manifest lists; return the problems (empty: the checkpoint is intact)."""
+HASH_SUFFIX = ".sha256"  # `<shard>.sha256`: the shard's size and sha256, written by the rank that wrote the shard
+
+
+def shard_hash_file(shard: str | os.PathLike) -> Path:
+    p = Path(shard)
+    return p.with_name(p.name + HASH_SUFFIX)
+
+
+def write_shard_hash(shard: str | os.PathLike) -> dict[str, Any]:
+    """Hash a shard its rank just wrote (the bytes are still in the page cache) into `<shard>.sha256` (fsynced);
+    the manifest lists it, so no rank re-reads another rank's shards to checksum the checkpoint."""
+    p = Path(shard)
+    info = {"file": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)}
+    side = shard_hash_file(p)
+    with open(side, "w", encoding="utf-8") as f:
+        f.write(json.dumps(info) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return info
+
+
+def read_shard_hash(shard: str | os.PathLike) -> dict[str, Any] | None:
+    """The `{bytes, sha256}` its writer recorded next to `shard` (None: no or unreadable record)."""
+    try:
+        info = json.loads(shard_hash_file(shard).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
+        return None
+    return {"bytes": info["bytes"], "sha256": info["sha256"]}
+
+
+def _metadata_problems(path: Path, manifest: Manifest) -> list[str]:
+    """`.metadata.json` parses, every chunk it points at lies inside a file the manifest lists, and every rank's
+    RNG file is JSON: the torch-free checks that would otherwise fail inside the ranks after launch."""
+    problems: list[str] = []
+    f = path / METADATA_FILE
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return [f"{METADATA_FILE}: cannot read: {exc.strerror or exc}"]
+    except (UnicodeDecodeError, ValueError) as exc:
+        return [f"{METADATA_FILE}: not valid JSON ({str(exc).splitlines()[0]}): truncated or overwritten"]
+    storage = data.get("storage") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(data.get("tensors"), dict) or not isinstance(storage, list):
+        return [f"{METADATA_FILE}: not a checkpoint metadata document (no tensors / storage)"]
+    for s in storage:
+        name = s.get("path") if isinstance(s, dict) else None
+        start, length = (s.get("start"), s.get("length")) if isinstance(s, dict) else (None, None)
+        if not isinstance(name, str) or not isinstance(start, int) or not isinstance(length, int):
+            problems.append(f"{METADATA_FILE}: malformed storage entry {str(s)[:80]}")
+            break
+        info = manifest.files.get(name)
+        if info is None:
+            problems.append(f"{METADATA_FILE}: points at {name}, which the manifest does not list")
+            break
+        if start < 0 or length < 0 or start + length > int(info.get("bytes", -1)):
+            problems.append(f"{METADATA_FILE}: {s.get('fqn')} lies at bytes {start}..{start + length} of {name}, "
+                            f"which has {info.get('bytes')}")
+            break
+    for r in range(manifest.world_size):
+        name = f"rank-{r:05d}.json"
+        try:
+            doc = json.loads((path / name).read_text(encoding="utf-8"))
+        except OSError:
+            problems.append(f"{name}: missing")
+            continue
+        except (UnicodeDecodeError, ValueError):
+            problems.append(f"{name}: not valid JSON: truncated or overwritten")
+            continue
+        if not isinstance(doc, dict) or "rng" not in doc:
+            problems.append(f"{name}: not a rank state file (no rng)")
+    return problems
+
+
+def verify_checkpoint(directory: str | os.PathLike, *, hashes: bool = True,
+                      only: "set[str] | None" = None) -> list[str]:
+    """Check a checkpoint without torch; return the problems, each '<file>: <what>' (empty: intact).
+
+    Every file the manifest lists exists with its size and (`hashes`) its sha256; every shard's hash record
+    agrees with the manifest; the DCP metadata parses and points only inside listed files; every rank file is
+    JSON. A manifest from before per-shard hashes (no `.sha256` files) is checked by its own list. `only`: hash
+    just these files (the ranks of a job share the hashing); sizes and metadata are checked in full anyway."""
     path = _resolve(directory)
     manifest = read_manifest(path)
     problems: list[str] = []
@@ -174,9 +261,52 @@ def verify_checkpoint(directory: str | os.PathLike) -> list[str]:
             problems.append(f"{name}: missing")
         elif f.stat().st_size != info.get("bytes"):
             problems.append(f"{name}: {f.stat().st_size} bytes, manifest says {info.get('bytes')}")
-        elif _sha256(f) != info.get("sha256"):
+        elif hashes and (only is None or name in only) and _sha256(f) != info.get("sha256"):
             problems.append(f"{name}: sha256 differs from the manifest")
+        elif name.endswith(".distcp") and (path / (name + HASH_SUFFIX)).exists():
+            rec = read_shard_hash(f)
+            if rec is None or rec != {"bytes": info.get("bytes"), "sha256": info.get("sha256")}:
+                problems.append(f"{name}: its writer's hash record {name + HASH_SUFFIX} differs from the manifest")
+    if METADATA_FILE not in manifest.files and not problems:
+        problems.append(f"{METADATA_FILE}: not listed in the manifest")
+    if not problems:
+        problems += _metadata_problems(path, manifest)
     return problems
+
+
+def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Complete checkpoint directories under `root`, oldest first."""
+    return [p for _, p in _complete_checkpoints(Path(root))]
+
+
+def previous_verified(checkpoint: str | os.PathLike, *, hashes: bool = True) -> Path | None:
+    """The newest complete checkpoint older than `checkpoint` (a `step-…` directory) that verifies, or None."""
+    path = Path(checkpoint)
+    for p in reversed(complete_checkpoints(path.parent)):
+        if p.name < path.name:
+            try:
+                if not verify_checkpoint(p, hashes=hashes):
+                    return p
+            except CheckpointError:
+                continue
+    return None
+
+
+def require_intact(directory: str | os.PathLike, *, hashes: bool = True) -> Path:
+    """The checkpoint `directory` resolves to, verified (`verify_checkpoint`); else a one-line CheckpointError
+    naming the checkpoint, its first bad file and the previous complete checkpoint that verifies."""
+    path = _resolve(directory)
+    try:
+        problems = verify_checkpoint(path, hashes=hashes)
+    except CheckpointError as exc:
+        problems = [str(exc).removeprefix(f"{path}/")]
+    if not problems:
+        return path
+    more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+    prev = previous_verified(path, hashes=hashes)
+    offer = (f"; the previous complete checkpoint {prev} verifies: resume with --resume {prev}" if prev is not None
+             else "; no earlier complete checkpoint verifies: start again without --resume")
+    raise CheckpointError(f"checkpoint {path} is damaged: {problems[0]}{more}; refusing to resume from it{offer}")
 
 
 def check_model_config(manifest: Manifest, cfg: ModelConfig, where: str | os.PathLike) -> None:

@@ -132,8 +132,9 @@ def metadata_from_json(data: Any) -> Metadata:
 
 
 class JsonFileSystemWriter(FileSystemWriter):
-    """FileSystemWriter whose global metadata is `.metadata.json`; `after_write()` runs once this rank's
-    shard files are written (and fsynced), before DCP gathers the results."""
+    """FileSystemWriter whose global metadata is `.metadata.json`; each shard file gets `<shard>.sha256` (its size
+    and sha256, hashed by the rank that wrote it); `after_write()` runs once this rank's shard files are
+    written (and fsynced), before DCP gathers the results."""
 
     def __init__(self, path: str | os.PathLike, after_write: Callable[[], None] | None = None) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1, overwrite=True)
@@ -142,6 +143,10 @@ class JsonFileSystemWriter(FileSystemWriter):
     def write_data(self, plan: Any, planner: Any) -> Any:
         fut = super().write_data(plan, planner)
         fut.wait()
+        from hetauto.runtime.checkpoint_manifest import write_shard_hash
+
+        for name in sorted({wr.storage_data.relative_path for wr in fut.value()}):
+            write_shard_hash(Path(self.path) / name)  # hashed with the shard, by the rank that wrote it
         if self._after_write is not None:
             self._after_write()
         return fut

@@ -74,10 +74,13 @@ def main(argv: list[str] | None = None) -> int:
             faults.install(faults.FaultSpec.parse(run.inject_fault))
         resume = run.resume
         if restart > 0 and run.checkpoint_dir:
-            from hetauto.runtime.checkpoint import latest_checkpoint
+            from hetauto.runtime.checkpoint_manifest import complete_checkpoints, verify_checkpoint
 
-            if latest_checkpoint(run.checkpoint_dir) is not None:
-                resume = run.checkpoint_dir
+            # the newest complete checkpoint whose files check out (sizes and metadata; load_checkpoint hashes)
+            for candidate in reversed(complete_checkpoints(run.checkpoint_dir)):
+                if not verify_checkpoint(candidate, hashes=False):
+                    resume = str(candidate)
+                    break
 
         plan = Plan.load(run.plan)
         cfg = load_model_for_plan(plan)

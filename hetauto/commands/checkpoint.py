@@ -1,0 +1,59 @@
+"""`hetauto checkpoint verify D [--json] [--no-hashes]`: is a checkpoint intact?
+
+`D` is a checkpoint directory (`step-…`) or a `--checkpoint-dir` root (its newest complete checkpoint). The
+same check `hetauto run --resume D` makes before it launches anything: every file the manifest lists exists
+with its size and sha256, each shard's hash record (written by the rank that wrote the shard) agrees, the
+DCP metadata parses and points only inside listed files, every rank file is JSON. Exit 0 when intact; else
+exit 5 with one line naming the first bad file and the previous complete checkpoint that verifies. No torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hetauto.core.errors import CheckpointError, HetautoError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    v = sub.add_parser("verify", help="check a checkpoint's files against its manifest (sizes, sha256, metadata)")
+    v.add_argument("directory", help="a checkpoint directory (step-...) or a --checkpoint-dir root (its newest)")
+    v.add_argument("--no-hashes", action="store_true", help="sizes and metadata only (fast; no sha256)")
+    v.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document on stdout")
+
+
+def verify_document(directory: str, *, hashes: bool = True) -> dict[str, Any]:
+    """What `hetauto checkpoint verify --json` prints: checkpoint, step, files, bytes, ok, problems, previous_ok."""
+    from hetauto.runtime.checkpoint_manifest import _resolve, previous_verified, read_manifest, verify_checkpoint
+
+    path = _resolve(directory)
+    try:
+        man = read_manifest(path)
+        problems = verify_checkpoint(path, hashes=hashes)
+        step, files, size = man.step, len(man.files), sum(int(f.get("bytes", 0)) for f in man.files.values())
+    except CheckpointError as exc:
+        problems, step, files, size = [str(exc)], None, 0, 0
+    prev = previous_verified(path, hashes=hashes) if problems else None
+    return {"checkpoint": str(path), "step": step, "files": files, "bytes": size, "hashes": hashes,
+            "ok": not problems, "problems": problems, "previous_ok": None if prev is None else str(prev)}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action != "verify":
+        raise HetautoError("say what to do: hetauto checkpoint verify DIR [--json]")
+    from hetauto.commands._output import print_json
+
+    doc = verify_document(args.directory, hashes=not args.no_hashes)
+    if args.json:
+        print_json(doc)
+        return 0 if doc["ok"] else CheckpointError.exit_code
+    if not doc["ok"]:
+        from hetauto.runtime.checkpoint_manifest import require_intact
+
+        require_intact(doc["checkpoint"], hashes=doc["hashes"])  # raises the one-line error the CLI prints
+    from hetauto.core.units import format_bytes
+
+    print(f"{doc['checkpoint']}: intact (step {doc['step']}, {doc['files']} files, {format_bytes(doc['bytes'])}"
+          + (", sha256 checked)" if doc["hashes"] else ", sizes and metadata only)"))
+    return 0
