@@ -157,3 +157,65 @@ def test_resume_from_a_checkpoint_with_one_flipped_byte_is_refused_before_launch
     assert main(["run", str(folder / "plan.json"), "--resume", str(first), "--steps", "4", "--print-launch"]) == 0
     capsys.readouterr()
 
+
+TP_TIMEOUT = 5
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_sigstopped_tp_rank_ends_the_job_within_the_timeout_and_is_named(folder: Path) -> None:
+    """Stage 0 is tp=2 (ranks 0, 1), stage 1 is rank 2. Rank 1 is stopped (SIGSTOP) mid-run: its TP peer waits in
+    a DTensor collective on the TP group (which has --timeout), rank 2 in a receive; both time out, and the one
+    error names rank 1 (its heartbeat went silent first), never a healthy waiter. The issue asks for 10 of 10
+    runs; 3 here keep the suite fast (each run is ~25 s on a loaded 2-core box)."""
+    ends = []
+    for attempt in range(3):
+        tmp = folder / f"tp{attempt}"
+        tmp.mkdir()
+        mark = uuid.uuid4().hex
+        ck = folder / f"ck-tp{attempt}"
+        env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp))
+        proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(folder / "plantp.json"), "--steps",
+                                 "500", "--checkpoint-dir", str(ck), "--timeout", str(TP_TIMEOUT), "--no-reference",
+                                 "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(ck / "step-00000000", proc)
+        started = next(tmp.glob("hetauto-run-*/rank1.started")).read_text()
+        pid = int(started.split("pid")[1])
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=180)
+        ends.append(time.monotonic() - t0)
+        error = json.loads(out)["error"]
+        assert error.startswith("rank 1 (stage 0, cluster 'a') stopped responding: its heartbeat stopped "), error
+        assert "did not finish within" not in error
+        assert f"; newest complete checkpoint: {ck}/step-0000" in error, error
+        assert marked(mark) == []
+    print(f"SIGSTOP of a TP rank -> job ended after {', '.join(f'{e:.1f}' for e in ends)} s (--timeout {TP_TIMEOUT})")
+    # expected: the timeout + launcher's settle (2 s) + kill (1 s) + exit; bounded loosely for a loaded machine
+    assert max(ends) < TP_TIMEOUT + 25, ends
+
+
+def test_diagnosis_names_the_rank_whose_heartbeat_stopped_not_a_killed_waiter(tmp_path: Path) -> None:
+    """Ranks 1 and 2 both vanished without a word (the launcher killed them); rank 1 was a healthy waiter whose
+    heartbeat ran until the end, rank 2's stopped 9 s earlier: rank 2 is named (rank order alone says rank 1)."""
+    from hetauto.runtime.launch import diagnose_failure
+
+    plan = Plan(model="tiny-gpt", cluster="three.yaml", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(
+                    StagePlan(cluster="a", device_type="cpu", devices=(0, 1), layers=(0, 3), tp=2, dp=1),
+                    StagePlan(cluster="b", device_type="cpu", devices=(0, 1), layers=(3, 6), tp=1, dp=2)))
+    for r in range(4):
+        (tmp_path / f"rank{r}.started").write_text(f"attempt 0 pid {100 + r}\n")
+        (tmp_path / f"rank{r}.alive").touch()
+    (tmp_path / "rank0.error").write_text("rank 0: RuntimeError: Timed out waiting 5000ms for recv operation\n")
+    (tmp_path / "rank3.error").write_text("rank 3: CommunicationError: recv from rank 0 timed out after 5s\n")
+    now = time.time()
+    for r, age in ((0, 0.2), (1, 0.0), (2, 9.0), (3, 0.3)):
+        os.utime(tmp_path / f"rank{r}.alive", (now - age, now - age))
+    err = diagnose_failure(plan, tmp_path)
+    assert (err.rank, err.stage, err.cluster) == (2, 1, "b")
+    assert str(err).startswith("rank 2 (stage 1, cluster 'b') stopped responding: its heartbeat stopped 9.0 s before "
+                               "the other ranks' (stopped or stuck; the others timed out waiting for it); 2 other "
+                               "rank(s) failed after it (secondary), first: rank 0: RuntimeError: Timed out"), str(err)
+    os.utime(tmp_path / "rank2.alive", (now, now))  # no heartbeat tells them apart: the old order (lowest rank)
+    assert str(diagnose_failure(plan, tmp_path)).startswith("rank 1 (stage 0, cluster 'a') died without an error")

@@ -132,11 +132,27 @@ def torchrun_exit_codes(text: str) -> dict[int, int]:
     return {int(r): int(c) for r, c in _ROOT_CAUSE.findall(text)}
 
 
+STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, hetauto.runtime.worker) went silent
+
+
+def heartbeats(out_dir: str | Path, world_size: int) -> dict[int, float]:
+    """rank -> when its heartbeat file (`rank<R>.alive`, touched by the worker) was last touched (unix time)."""
+    found = {}
+    for r in range(world_size):
+        try:
+            found[r] = (Path(out_dir) / f"rank{r}.alive").stat().st_mtime
+        except OSError:
+            pass
+    return found
+
+
 def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | None = None) -> JobFailed:
     """One clear error for a failed job from the ranks' marker files (hetauto.runtime.worker).
 
     Blame, in this order: a rank that started and then vanished without a report, an error or a 'stopped'
-    mark (it died: killed, out of memory, power loss); else a rank whose error is not a communication
+    mark (it died: killed, out of memory, power loss, or it stopped answering and was killed), the one whose
+    heartbeat stopped first when heartbeats tell them apart (`rank<R>.alive`: a healthy rank blocked waiting
+    for a stuck one keeps beating until it is killed); else a rank whose error is not a communication
     failure (a real exception); else a rank that the others' communication errors name and that has no
     error of its own (it was stuck until torchrun stopped it); else the first error. Communication errors
     of the other ranks are secondary: counted, the first one quoted."""
@@ -154,6 +170,12 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
         return found
 
     started, errors, stopped, done = read("started"), read("error"), read("stopped"), read("json")
+    beats = heartbeats(out, plan.world_size)
+    last = max(beats.values(), default=0.0)
+
+    def silence(r: int) -> float:
+        """How long before the job's last heartbeat this rank's stopped (0: it beat to the end, or no file)."""
+        return last - beats[r] if r in beats else 0.0
 
     def where(r: int) -> tuple[int, str]:
         s = placement(plan, r).stage
@@ -175,10 +197,16 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     died = [r for r in started if r not in errors and r not in stopped and r not in done]
     # a rank torchrun reports as failed died on its own; one it killed after its grace period (blocked in a wait
     # too long to run the SIGTERM handler) left no mark either, but torchrun does not list it as a failure
-    died.sort(key=lambda r: (r not in exit_codes, r))
+    # a rank whose heartbeat stopped long before the others' stopped answering first (SIGSTOP, a hard hang, a
+    # crash); the healthy ranks blocked in a wait for it beat until the end and were only killed after it
+    died.sort(key=lambda r: (silence(r) <= STALE_S, -silence(r) if silence(r) > STALE_S else 0,
+                             r not in exit_codes, r))
     if died:
         r = died[0]
         code = exit_codes.get(r)
+        if silence(r) > STALE_S and code is None:
+            return failed(r, f"stopped responding: its heartbeat stopped {silence(r):.1f} s before the other ranks' "
+                             "(stopped or stuck; the others timed out waiting for it)")
         return failed(r, "died without an error of its own" + (f" (exit code {code})" if code is not None else ""))
     primary = [r for r, e in sorted(errors.items()) if not _secondary(e)]
     if primary:
@@ -209,6 +237,7 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     return JobFailed("the job failed but no rank reported why (rerun with HETAUTO_DEBUG=1)")
 
 
+SETTLE_S = 2.0  # after a rank's error: how long torchrun gets to end the job before the launcher ends it
 STOP_GRACE_S = 5.0  # after SIGINT/SIGTERM: how long the job's processes get to exit before they are killed
 
 
@@ -313,6 +342,7 @@ class LocalJob:
         from hetauto.runtime.jobprocs import job_pids, stop_job
 
         end = time.monotonic() + self.deadline
+        first_error: float | None = None
         while self.proc.poll() is None:
             if self._signalled is not None:
                 raise self._interrupted()
@@ -321,6 +351,16 @@ class LocalJob:
                 stop_job(self.proc, self.token, 0.0)
                 raise JobFailed(f"torchrun did not finish within {self.deadline:g}s and was killed; "
                                 "raise --timeout or check for a hung rank")
+            if self.max_restarts == 0:  # (with restarts, torchrun's own restart handles the failure)
+                if first_error is None:
+                    if next(self.out.glob("rank*.error"), None) is not None:
+                        first_error = now
+                elif now - first_error > SETTLE_S:
+                    # a rank failed and torchrun has not ended the job: it waits 30 s for a rank that cannot take
+                    # SIGTERM (stopped, or blocked where its handler cannot run). End it now; the diagnosis names
+                    # the rank whose heartbeat went silent.
+                    stop_job(self.proc, self.token, 1.0)
+                    break
             time.sleep(0.05)
         if self._signalled is not None:
             raise self._interrupted()

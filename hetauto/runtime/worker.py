@@ -7,8 +7,9 @@ the stage's own groups use the backend's collective library.
 
 Writes `DIR/rank<R>.started` at start, then `DIR/rank<R>.json` (the rank's `RankReport`) or, on failure,
 `DIR/rank<R>.error` (one line); a rank stopped by torchrun (SIGTERM, after another rank failed) writes
-`DIR/rank<R>.stopped`. So the launcher can tell the rank that died without a word (the culprit) from the
-ranks that were only its victims, instead of showing torchrun's wall of tracebacks.
+`DIR/rank<R>.stopped`; `DIR/rank<R>.alive` is touched every HEARTBEAT_S while the process runs. So the
+launcher can tell the rank that died without a word or stopped answering (the culprit) from the ranks
+that were only its victims, instead of showing torchrun's wall of tracebacks.
 
 torchrun `--max-restarts`: on a restart (TORCHELASTIC_RESTART_COUNT > 0) the worker resumes from the
 latest complete checkpoint under `--checkpoint-dir`, and an injected fault fires only on the first attempt.
@@ -43,6 +44,34 @@ def _stopped(out: Path, rank: int) -> None:
     os._exit(143)
 
 
+HEARTBEAT_S = 0.5  # how often a rank touches DIR/rank<R>.alive (hetauto.runtime.launch reads its age)
+
+
+def _heartbeat(out: Path, rank: int, every: float = HEARTBEAT_S) -> None:
+    """Touch DIR/rank<R>.alive every `every` seconds from a daemon thread. It beats while the rank waits in a
+    collective (the wait releases the GIL) and stops when the process stops (SIGSTOP, a hard hang, death), so
+    after a failure the launcher can tell the rank that stopped answering from the healthy ranks that timed
+    out waiting for it (hetauto.runtime.launch.diagnose_failure)."""
+    import threading
+    import time
+
+    path = out / f"rank{rank}.alive"
+    try:
+        path.touch()
+    except OSError:
+        return
+
+    def beat() -> None:
+        while True:
+            time.sleep(every)
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+
+    threading.Thread(target=beat, name="hetauto-heartbeat", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -59,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             (out / f"rank{rank}.{stale}").unlink(missing_ok=True)
         _mark(out, rank, "started", f"attempt {restart} pid {os.getpid()}")
         signal.signal(signal.SIGTERM, lambda *_: _stopped(out, rank))
+        _heartbeat(out, rank)
         import torch
 
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
