@@ -100,6 +100,10 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
 def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     """(planning inputs, the checkpoint's job when --resume) with the plan's model reference in args."""
     args.model_ref = _model_ref(args)
+    if args.scenario is not None and args.cluster is not None:
+        raise HetautoError(f"--scenario {args.scenario} and --cluster {args.cluster} contradict: a scenario brings its "
+                           f"own cluster; pass --scenario {args.scenario} alone, or --cluster {args.cluster} with "
+                           "--model NAME")
     if not args.resume:
         return load_planning_inputs(cluster=args.cluster, model=args.model, scenario=args.scenario,
                                     global_batch=args.gbs, seq_len=args.seq), None
@@ -113,8 +117,87 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     return inputs, resumed
 
 
+# `--planner exhaustive` scores every candidate of the space; above this many seconds (estimated) it asks for
+# --budget instead of running for minutes or days without a word.
+EXHAUSTIVE_LIMIT_S = 60.0
+PROBE_S = 1.0  # how long the estimate scores candidates (the first ones are the slowest: caches are cold)
+
+
+def space_size(inputs: Any) -> int:
+    """How many candidates `--planner exhaustive` scores (all of baselines.exhaustive.all_candidates), counted
+    without listing them: per microbatch size and cluster order, the layouts by their total stage count (the
+    only thing a layout's tail options depend on)."""
+    from hetauto.planner.space import ClusterChoice, StrategySpace
+
+    space = StrategySpace(inputs, make_evaluator(inputs))
+    total = 0
+    for mbs in space.microbatch_sizes():
+        for order in space.orders():
+            ways = {0: 1}  # stages used so far -> number of layouts
+            for name in order:
+                step: dict[int, int] = {}
+                for used, n in ways.items():
+                    for ch in space.cluster_options(name, mbs):
+                        if used + ch.stages <= space.num_layers:
+                            step[used + ch.stages] = step.get(used + ch.stages, 0) + n
+                ways = step
+            total += sum(n * len(space.tails_for(mbs, [ClusterChoice(p)])) for p, n in ways.items() if p > 0)
+    return total
+
+
+def _exhaustive_estimate(inputs: Any, precision: str) -> tuple[int, int, float]:
+    """(candidates, how many of them PROBE_S seconds of scoring reached, the seconds it took): the rate of the
+    first candidates, which overstates the whole run's time rather than understating it."""
+    import time
+
+    from hetauto.planner.baselines.exhaustive import all_candidates
+    from hetauto.planner.mcts import Scorer
+    from hetauto.planner.space import StrategySpace
+
+    n = space_size(inputs)
+    space = StrategySpace(inputs, make_evaluator(inputs, precision))
+    scorer = Scorer(space)
+    done, start = 0, time.perf_counter()
+    for cand in all_candidates(space):
+        scorer.score(cand)
+        done += 1
+        if time.perf_counter() - start >= PROBE_S:
+            break
+    return n, done, time.perf_counter() - start
+
+
+def _check_exhaustive(inputs: Any, args: argparse.Namespace) -> None:
+    """Up front, before a search that would take longer than EXHAUSTIVE_LIMIT_S: the space's size and the
+    estimated time, and a request for --budget (with --budget: a note saying how much of the space it covers)."""
+    n, done, took = _exhaustive_estimate(inputs, args.precision)
+    if done >= n:
+        return
+    est = n * took / max(done, 1)
+    where = inputs.scenario or inputs.cluster_source or "this cluster"
+    rate = f"(it scored {done:,} in {took:.1f} s)"
+    if args.budget is None and est > EXHAUSTIVE_LIMIT_S:
+        raise HetautoError(f"--planner exhaustive: the space of {where} holds {n:,} candidates, about {_duration(est)} "
+                           f"to score them all on this machine {rate}; pass --budget SECONDS (the best plan found by "
+                           "then) or use --planner mcts")
+    if args.budget is not None and est > args.budget:
+        print(f"hetauto plan: note: --planner exhaustive: {n:,} candidates, about {_duration(est)} to score them all "
+              f"{rate}; --budget {args.budget:g} s scores the first of them only", file=sys.stderr)
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s / 3600:.0f} h"
+    return f"{s / 86400:.0f} days"
+
+
 def run(args: argparse.Namespace) -> int:
     inputs, resumed = _inputs(args)
+    if args.planner == "exhaustive":
+        _check_exhaustive(inputs, args)
     show = sys.stderr.isatty()
     result = _run_one(inputs, args.planner, args, show)
     baselines: dict[str, PlanResult] = {}

@@ -43,41 +43,57 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Link figures must carry their unit (`bandwidth: 200` could be Gb/s, GB/s or B/s: an error naming both
+# spellings, never a guess); only 0 needs none. Validated before pydantic's coercion, so `true` is not 1.0.
 class LinkDoc(_Strict):
     bandwidth: str | float
     latency: str | float = 0.0
     shared_capacity: str | float | None = None
 
-    @field_validator("bandwidth", "shared_capacity")
+    @field_validator("bandwidth", "shared_capacity", mode="before")
     @classmethod
     def _bw(cls, v: Any) -> Any:
-        return v if v is None else parse_bandwidth(v)
+        return v if v is None else parse_bandwidth(v, require_unit=True)
 
-    @field_validator("latency")
+    @field_validator("latency", mode="before")
     @classmethod
     def _lat(cls, v: Any) -> Any:
-        return parse_time(v)
+        return parse_time(v, require_unit=True)
 
 
 class NodeLinkDoc(_Strict):
     bandwidth: str | float | None = None
     latency: str | float | None = None
 
-    @field_validator("bandwidth")
+    @field_validator("bandwidth", mode="before")
     @classmethod
     def _bw(cls, v: Any) -> Any:
-        return v if v is None else parse_bandwidth(v)
+        return v if v is None else parse_bandwidth(v, require_unit=True)
 
-    @field_validator("latency")
+    @field_validator("latency", mode="before")
     @classmethod
     def _lat(cls, v: Any) -> Any:
-        return v if v is None else parse_time(v)
+        return v if v is None else parse_time(v, require_unit=True)
+
+
+def _not_a_boolean(v: Any, what: str, example: str) -> Any:
+    """YAML's `true`/`false` are not 1/0: a boolean where a number belongs is a mistake, not a count."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected {what}, got {str(v).lower()} (write e.g. {example})")
+    return v
 
 
 class NodesDoc(_Strict):
     count: int
     devices_per_node: int
     device: str = Field(min_length=1)
+
+    @field_validator("count", "devices_per_node", mode="before")
+    @classmethod
+    def _count(cls, v: Any, info: Any) -> Any:
+        if info.field_name == "count":
+            return _not_a_boolean(v, "a number of nodes", "count: 2")
+        return _not_a_boolean(v, "a number of devices per node", "devices_per_node: 8")
 
     @field_validator("count", "devices_per_node")
     @classmethod
@@ -96,6 +112,11 @@ class ClusterDoc(_Strict):
     speed_factor: float = Field(default=1.0, gt=0, le=1e6)
     # the backend this cluster's ranks run on, when not its device profile's (e.g. `mock` for emulated devices)
     backend: Backend | None = None
+
+    @field_validator("speed_factor", mode="before")
+    @classmethod
+    def _speed(cls, v: Any) -> Any:
+        return _not_a_boolean(v, "a speed factor (relative to the device profile)", "speed_factor: 0.5")
 
 
 class OverrideDoc(LinkDoc):
@@ -224,18 +245,25 @@ class ClusterSpec:
         return self.default_link
 
     def to_document(self) -> dict[str, Any]:
-        """A spec document (SI numbers) that `cluster_from_dict` reads back to an equal value."""
+        """A spec document (SI figures with their units, `"1.25e10B/s"`, `"0.002s"`: exact) that
+        `cluster_from_dict` reads back to an equal value."""
+        def bw(x: float) -> str:
+            return f"{x!r}B/s"
+
+        def sec(x: float) -> str:
+            return f"{x!r}s"
+
         def link_doc(link: LinkSpec) -> dict[str, Any]:
-            d: dict[str, Any] = {"bandwidth": link.bandwidth_Bps, "latency": link.latency_s}
+            d: dict[str, Any] = {"bandwidth": bw(link.bandwidth_Bps), "latency": sec(link.latency_s)}
             if link.shared_capacity_Bps is not None:
-                d["shared_capacity"] = link.shared_capacity_Bps
+                d["shared_capacity"] = bw(link.shared_capacity_Bps)
             return d
 
         doc: dict[str, Any] = {"clusters": [
             {"name": c.name,
              "nodes": {"count": c.num_nodes, "devices_per_node": c.devices_per_node, "device": c.device_ref or c.device.key},
-             "intra_node": {"bandwidth": c.intra_node.bandwidth_Bps, "latency": c.intra_node.latency_s},
-             "inter_node": {"bandwidth": c.inter_node.bandwidth_Bps, "latency": c.inter_node.latency_s},
+             "intra_node": {"bandwidth": bw(c.intra_node.bandwidth_Bps), "latency": sec(c.intra_node.latency_s)},
+             "inter_node": {"bandwidth": bw(c.inter_node.bandwidth_Bps), "latency": sec(c.inter_node.latency_s)},
              **({"speed_factor": c.speed_factor} if c.speed_factor != 1.0 else {}),
              **({"backend": c.backend_override} if c.backend_override else {})}
             for c in self.clusters]}

@@ -1,6 +1,7 @@
 """Parsing explicit unit strings (`"200Gbps"`, `"25GB/s"`, `"2ms"`, `"80GiB"`, `"312TFLOPS"`) into SI floats.
 
-Specs carry units as text so that a reader never guesses whether `200` meant Gb/s or GB/s. Every parser
+Specs carry units as text so that a reader never guesses whether `200` meant Gb/s or GB/s (a cluster spec's
+links must say: `require_unit`, so `bandwidth: 200` is an error, not 200 B/s). Every parser
 returns an SI float (bytes/s, seconds, bytes, FLOP/s) and raises `ValueError` listing the accepted units
 on a typo; loaders turn that into a `SpecError` naming the file and field.
 """
@@ -66,21 +67,26 @@ _KINDS: dict[str, tuple[dict[str, float], str]] = {
 }
 
 
-def parse_quantity(value: object, kind: str, *, allow_zero: bool = False) -> float:
+def parse_quantity(value: object, kind: str, *, allow_zero: bool = False, require_unit: bool = False) -> float:
     """Parse `value` (a unit string, or a plain number already in SI units) as a quantity of `kind`
     ("bytes", "bandwidth", "time" or "flops"). Negative, NaN and infinite values are rejected; zero
-    only when `allow_zero` (a latency may be 0, a bandwidth may not)."""
+    only when `allow_zero` (a latency may be 0, a bandwidth may not). With `require_unit` a number without a
+    unit (`200`, `"2"`) is rejected, saying what to write, rather than guessed to be SI; zero needs none."""
     table, accepted = _KINDS[kind]
     if isinstance(value, bool):
         raise ValueError(f"expected a {kind} value such as {_example(kind)}, got {value!r}")
     if isinstance(value, (int, float)):
         number = float(value)
+        if require_unit and number != 0 and not math.isnan(number):
+            raise ValueError(_no_unit(value, kind))
     elif isinstance(value, str):
         m = _NUMBER.match(value)
         if not m:
             raise ValueError(f"cannot read {value!r} as a {kind} value; write a number and a unit ({accepted})")
         unit = m.group(2)
         if unit == "":
+            if require_unit and float(m.group(1)) != 0:
+                raise ValueError(_no_unit(m.group(1), kind))
             factor = 1.0
         elif unit in table:
             factor = table[unit]
@@ -97,6 +103,13 @@ def parse_quantity(value: object, kind: str, *, allow_zero: bool = False) -> flo
     return number
 
 
+def _no_unit(value: object, kind: str) -> str:
+    n = value if isinstance(value, str) else f"{value:g}"
+    write = {"bandwidth": f"'{n}Gbps' (bits/s) or '{n}GB/s' (bytes/s)", "time": f"'{n}ms' or '{n}s'",
+             "bytes": f"'{n}GB' or '{n}GiB'", "flops": f"'{n}TFLOPS'"}[kind]
+    return f"{n} has no unit; write {write}"
+
+
 def _example(kind: str) -> str:
     return {"bytes": "'80GiB'", "bandwidth": "'200Gbps' or '25GB/s'", "time": "'2ms'", "flops": "'312TFLOPS'"}[kind]
 
@@ -105,14 +118,14 @@ def parse_bytes(value: object) -> float:
     return parse_quantity(value, "bytes")
 
 
-def parse_bandwidth(value: object) -> float:
+def parse_bandwidth(value: object, *, require_unit: bool = False) -> float:
     """Bytes per second. `Gbps`/`Gb/s` are bits (÷8); `GB/s`/`GBps` are bytes."""
-    return parse_quantity(value, "bandwidth")
+    return parse_quantity(value, "bandwidth", require_unit=require_unit)
 
 
-def parse_time(value: object) -> float:
+def parse_time(value: object, *, require_unit: bool = False) -> float:
     """Seconds; zero allowed (an idealised link)."""
-    return parse_quantity(value, "time", allow_zero=True)
+    return parse_quantity(value, "time", allow_zero=True, require_unit=require_unit)
 
 
 def parse_flops(value: object) -> float:

@@ -98,13 +98,15 @@ def load_planning_inputs(cluster: str | Path | ClusterSpec | None = None, model:
         cfg = scen.model
     else:
         raise SpecError(None, "--model", "no model given", "pass --model NAME or a config.json path (see `hetauto models`)")
-    seq = seq_len if seq_len is not None else (scen.seq_len if scen is not None and model is None else cfg.max_seq_len)
+    # a --model given with a scenario keeps the scenario's sequence length (not the model's maximum) unless --seq
+    seq = seq_len if seq_len is not None else (scen.seq_len if scen is not None else cfg.max_seq_len)
     gbs = global_batch if global_batch is not None else (scen.global_batch if scen is not None else DEFAULT_GLOBAL_BATCH)
     if seq <= 0:
         raise SpecError(None, "--seq", f"sequence length must be positive, got {seq}")
     if gbs <= 0:
         raise SpecError(None, "--gbs", f"global batch must be positive, got {gbs}")
     if cfg.arch == "gpt" and seq > cfg.max_seq_len:
-        raise SpecError(None, "--seq", f"{cfg.name} has learned positions for {cfg.max_seq_len} tokens, got seq {seq}",
+        whose = f"scenario {scen.name}'s seq" if seq_len is None and scen is not None else "seq"
+        raise SpecError(None, "--seq", f"{cfg.name} has learned positions for {cfg.max_seq_len} tokens, got {whose} {seq}",
                         f"use --seq <= {cfg.max_seq_len}")
     return PlanningInputs(spec, cfg, seq, gbs, layer_list(cfg, seq), scen.name if scen else None, source)
