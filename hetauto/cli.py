@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("hetauto.commands.profile", "measure the current backend into a device profile"),
     "plan": ("hetauto.commands.plan", "search for the best parallelization plan"),
     "simulate": ("hetauto.commands.simulate", "simulate a plan's pipeline schedule"),
+    "evaluate": ("hetauto.commands.evaluate", "price a plan: time, throughput, MFU, memory per stage, breakdown"),
     "run": ("hetauto.commands.run", "run a plan for real with torchrun"),
     "calibrate": ("hetauto.commands.calibrate", "measure this machine's executor overheads for run's predictions"),
     "checkpoint": ("hetauto.commands.checkpoint", "verify a checkpoint's files against its manifest"),

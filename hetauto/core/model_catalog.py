@@ -49,10 +49,15 @@ def known_models() -> list[str]:
     return sorted(MODELS)
 
 
+def is_model_path(value: str) -> bool:
+    """Whether a model reference names a config.json file (not a catalog name)."""
+    return value.endswith(".json") or "/" in value or "\\" in value
+
+
 def get_model(name_or_path: str | Path) -> ModelConfig:
     """A catalog model by name (case-insensitive) or a local Hugging Face `config.json`."""
     value = str(name_or_path)
-    if isinstance(name_or_path, Path) or value.endswith(".json") or "/" in value or "\\" in value:
+    if isinstance(name_or_path, Path) or is_model_path(value):
         return load_hf_config(value)
     key = value.strip().lower()
     if key in MODELS:

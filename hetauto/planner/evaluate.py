@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetauto.core.chunks import effective_chunks, tile_chunks
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from hetauto.planner.calibration import Calibration, Overheads
     from hetauto.planner.correction import Correction
 
-__all__ = ["Evaluation", "Evaluator", "device_kind", "evaluate_plan", "inputs_for_plan", "plan_precision",
+__all__ = ["Evaluation", "Evaluator", "StageTimes", "TimeBreakdown", "device_kind", "evaluate_plan", "inputs_for_plan", "plan_precision",
            "raise_if_infeasible", "stage_times_for_plan"]
 
 _GiB = float(1 << 30)
@@ -63,6 +64,47 @@ class Evaluation:
         return Prediction(iteration_time_s=self.iteration_time_s, throughput_samples_s=self.throughput_samples_s,
                           tokens_s=self.tokens_s, bubble_fraction=self.bubble_fraction,
                           peak_memory_bytes=self.peak_memory_bytes, mfu=self.mfu, cost_model=cost_model)
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """One stage's share of an iteration (see `Evaluator.breakdown`): per microbatch `forward_s`/`backward_s`
+    (what the pipeline sees), per iteration the rest. `source`: where the compute figures come from,
+    "analytical" (peak x efficiency) or, once profiles carry measured per-layer rows, "measured"."""
+
+    forward_s: float
+    backward_s: float
+    compute_s: float
+    tp_comm_s: float
+    dp_allreduce_s: float
+    optimizer_s: float
+    source: str = "analytical"
+
+    @property
+    def busy_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.dp_allreduce_s + self.optimizer_s
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    """`Evaluator.breakdown(plan)`: the critical stage's compute, TP, exposed DP all-reduce and optimizer, the
+    pipeline's P2P/resharding and bubble; the six sum to `iteration_time_s` (inf: an infeasible plan)."""
+
+    iteration_time_s: float
+    critical_stage: int
+    compute_s: float
+    tp_comm_s: float
+    dp_allreduce_s: float
+    p2p_resharding_s: float
+    bubble_s: float
+    optimizer_s: float
+    stages: tuple[StageTimes, ...]
+    evaluation: Evaluation
+
+    def as_dict(self) -> dict[str, float]:
+        return {"compute_s": self.compute_s, "tp_comm_s": self.tp_comm_s, "dp_allreduce_s": self.dp_allreduce_s,
+                "p2p_resharding_s": self.p2p_resharding_s, "bubble_s": self.bubble_s,
+                "optimizer_s": self.optimizer_s}
 
 
 def device_kind(backend: str) -> DeviceKind:
@@ -474,6 +516,53 @@ class Evaluator:
                              link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=overlap,
                              optim=tuple(opt))
 
+    # ----------------------------------------------------------------------------------- breakdown
+    def breakdown(self, plan: Plan) -> "TimeBreakdown":
+        """Where `plan`'s iteration time goes, from the very terms `evaluate` prices (it changes no number).
+
+        Per stage (one device of it, one iteration): `compute_s` = m x (F + B) less the TP collectives (GEMM and
+        memory-bound work, correction and measured overheads included), `tp_comm_s` = m x the TP collectives,
+        `dp_allreduce_s` = the gradient all-reduce (and tied-embedding sum) left exposed after the last backward
+        (with overlap: the span from the last backward's start less that backward), `optimizer_s` the step.
+        The iteration's figures are those of its critical stage, the busiest one (largest sum of the four;
+        the first on a tie), and the rest of the iteration is that stage's idle time: `p2p_resharding_s` = one
+        microbatch's forward trip down and gradient trip back up the pipeline across every boundary (network,
+        resharding's local step and host copies; what fill and drain wait for), at most the idle time, and
+        `bubble_s` the remainder (fill/drain and waits on slower stages). The six sum to `iteration_time_s`.
+        Executor overheads of a calibrated Evaluator that depend on host contention are left in the bubble."""
+        ev = self.evaluate(plan)
+        costs = self._costs(plan)
+        m = plan.num_microbatches
+        prec = self.precision(plan)
+        stages = []
+        for i, st in enumerate(plan.stages):
+            d = self.stage_detail(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, st.recompute, prec)
+            tf, tb = costs.tf[i], costs.tb[i]
+            tp_f, tp_b = d.tp_fwd_s, d.tp_bwd_s
+            extra_f, extra_b = self._tp_terms(st)
+            tp_comm = m * (tp_f + tp_b + extra_f + extra_b)
+            ar = costs.allreduce[i]
+            exposed = max(0.0, ar - tb) if costs.dp_overlap and ar > 0 else ar
+            stages.append(StageTimes(forward_s=tf, backward_s=tb, compute_s=m * (tf + tb) - tp_comm,
+                                     tp_comm_s=tp_comm, dp_allreduce_s=exposed, optimizer_s=costs.optim[i],
+                                     source="analytical"))
+        crit = max(range(len(stages)), key=lambda j: (stages[j].busy_s, -j))
+        c = stages[crit]
+        links = [*costs.links, *(costs.links_back or costs.links)]
+        act = costs.act_bytes
+        trip = 0.0
+        for h, ln in enumerate(links):
+            if ln is None:
+                continue
+            nb = act[h % max(len(costs.links), 1)] if isinstance(act, tuple) and act else float(act or 0.0)
+            trip += (nb / ln.bandwidth if nb and ln.bandwidth != math.inf else 0.0) + ln.latency
+        t = ev.iteration_time_s
+        idle = max(0.0, t - c.busy_s) if math.isfinite(t) else 0.0
+        p2p = min(trip, idle)
+        return TimeBreakdown(iteration_time_s=t, critical_stage=crit, compute_s=c.compute_s, tp_comm_s=c.tp_comm_s,
+                             dp_allreduce_s=c.dp_allreduce_s, p2p_resharding_s=p2p, bubble_s=idle - p2p,
+                             optimizer_s=c.optimizer_s, stages=tuple(stages), evaluation=ev)
+
     # ----------------------------------------------------------------------------------- whole plan
     def _check(self, plan: Plan) -> None:
         n = len(self.inputs.layers)
@@ -787,10 +876,13 @@ def _schedule(plan: Plan):  # noqa: ANN202 - a hetauto.schedule.Schedule
 
 
 # --------------------------------------------------------------------------------------- module helpers
-def inputs_for_plan(plan: Plan) -> PlanningInputs:
-    """Resolve `plan.cluster` (a scenario name or a cluster file) and `plan.model` (a catalog name or config)."""
+def inputs_for_plan(plan: Plan, base_dir: "str | Path | None" = None) -> PlanningInputs:
+    """Resolve `plan.cluster` (a scenario name or a cluster file) and `plan.model` (a catalog name or config);
+    `base_dir` (the plan file's folder): what a relative cluster file or config.json path resolves against
+    (None: the current directory)."""
     from hetauto.core.scenarios import scenario_names
 
+    plan = resolve_plan_paths(plan, base_dir)
     src = plan.cluster
     if src is None or src in scenario_names():
         from hetauto.core.scenarios import DEFAULT_SCENARIO, get_scenario
@@ -800,6 +892,22 @@ def inputs_for_plan(plan: Plan) -> PlanningInputs:
         return load_planning_inputs(scenario=scen.name, model=model, global_batch=plan.global_batch,
                                     seq_len=plan.seq_len)
     return load_planning_inputs(cluster=src, model=plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len)
+
+
+def resolve_plan_paths(plan: Plan, base_dir: "str | Path | None") -> Plan:
+    """`plan` with a relative cluster file and config.json path made relative to `base_dir` (scenario and
+    catalog names, absolute paths and base_dir None leave it as is)."""
+    if base_dir is None:
+        return plan
+    from hetauto.core.model_catalog import is_model_path
+    from hetauto.core.scenarios import scenario_names
+
+    update: dict[str, str] = {}
+    if plan.cluster is not None and plan.cluster not in scenario_names() and not Path(plan.cluster).is_absolute():
+        update["cluster"] = str(Path(base_dir) / plan.cluster)
+    if is_model_path(plan.model) and not Path(plan.model).is_absolute():
+        update["model"] = str(Path(base_dir) / plan.model)
+    return plan.model_copy(update=update) if update else plan
 
 
 def stage_times_for_plan(plan: Plan, inputs: PlanningInputs | None = None, schedule: str | None = None
