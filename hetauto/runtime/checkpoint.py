@@ -245,14 +245,29 @@ def save_checkpoint(
     model = _model_dict(module)
     tensors, hparams = _state(module, optimizer)
 
+    need = sum(t.numel() * t.element_size() for t in tensors.values() if not hasattr(t, "to_local"))
+    need += sum(t.to_local().numel() * t.to_local().element_size() for t in tensors.values() if hasattr(t, "to_local"))
+    failure = _SaveFailures(step, root, tmp, rank, world, comm, need)
+
+    # Every stage ends in a vote (which is also the barrier): a rank that cannot write says why and every rank
+    # raises the same one-line CheckpointError, instead of the others hanging in the next collective.
+    err: BaseException | None = None
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)  # left by a crashed attempt at this same step
-        tmp.mkdir()
-    _barrier(comm)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)  # left by a crashed attempt at this same step
+            tmp.mkdir()
+        except OSError as exc:
+            err = exc
+    failure.vote(err, root if rank == 0 and not root.is_dir() else tmp)
     rank_data = {"rank": rank, "rng": rng_state(), "optimizer": {k: _jsonable(v) for k, v in hparams.items()}}
-    _write_json(tmp / _rank_file(rank), json.dumps(rank_data))
+    err = None
+    try:
+        _write_json(tmp / _rank_file(rank), json.dumps(rank_data))
+    except OSError as exc:
+        err = exc
+    failure.vote(err, tmp / _rank_file(rank))
 
     def _after_write() -> None:
         faults.maybe_fail(step, "checkpoint", rank=rank)
@@ -260,6 +275,7 @@ def save_checkpoint(
             after_shards_written()
 
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from hetauto.runtime.checkpoint_storage import JsonFileSystemWriter
 
@@ -267,41 +283,170 @@ def save_checkpoint(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save(tensors, storage_writer=JsonFileSystemWriter(tmp, after_write=_after_write), no_dist=world == 1)
-    except Exception as exc:  # noqa: BLE001 - DCP wraps per-rank failures; report one line
-        raise CheckpointError(f"writing checkpoint step {step} to {tmp} failed: {_first_line(exc)}") from None
+    except CheckpointException as exc:  # a BaseException: DCP gathered every rank's failure, the same everywhere
+        mine = exc.failures.get(rank)
+        failure.vote(mine[0] if mine else None, tmp, others=exc)
+        raise failure.error(exc) from None
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+        failure.vote(exc, tmp)
+        raise failure.error(exc) from None
 
+    err = None
     if rank == 0:
-        files = {}
-        for p in sorted(tmp.iterdir()):
-            if not p.is_file() or p.name.endswith(".tmp"):
-                continue
-            # a shard's hash was taken by the rank that wrote it (read_shard_hash): rank 0 reads no other shard
-            rec = read_shard_hash(p) if p.name.endswith(".distcp") else None
-            files[p.name] = rec if rec is not None and rec["bytes"] == p.stat().st_size else {
-                "bytes": p.stat().st_size, "sha256": _sha256(p)}
-        manifest = Manifest(
-            step=int(step), model=model, plan=plan_json, world_size=world, extra=extra_json,
-            created_unix=time.time(), files=files,
-        )
-        _write_json(tmp / MANIFEST_FILE, manifest.to_json() + "\n")
-        _fsync_dir(tmp)
-        old = root / f".replaced-{checkpoint_dir_name(step)}"
-        if final.exists():  # re-saving a step (after a resume): swap, never leave the step missing
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        if old.exists():
-            shutil.rmtree(old)
-        if keep is not None and keep > 0:
-            for stale in _complete_checkpoints(root)[:-keep]:
-                shutil.rmtree(stale[1], ignore_errors=True)
+        try:
+            _finish(root, tmp, final, step, model, plan_json, world, extra_json, keep)
+        except OSError as exc:
+            err = exc
+    failure.vote(err, final if rank == 0 and tmp.is_dir() else tmp)
     _barrier(comm)
     return final
 
 
+def _finish(root: Path, tmp: Path, final: Path, step: int, model: dict[str, Any], plan_json: Any, world: int,
+            extra_json: dict[str, Any], keep: int | None) -> None:
+    """Rank 0, once every rank's shards are written: the manifest, the rename that publishes the checkpoint,
+    pruning to `keep`."""
+    files = {}
+    for p in sorted(tmp.iterdir()):
+        if not p.is_file() or p.name.endswith(".tmp"):
+            continue
+        # a shard's hash was taken by the rank that wrote it (read_shard_hash): rank 0 reads no other shard
+        rec = read_shard_hash(p) if p.name.endswith(".distcp") else None
+        files[p.name] = rec if rec is not None and rec["bytes"] == p.stat().st_size else {
+            "bytes": p.stat().st_size, "sha256": _sha256(p)}
+    manifest = Manifest(
+        step=int(step), model=model, plan=plan_json, world_size=world, extra=extra_json,
+        created_unix=time.time(), files=files,
+    )
+    _write_json(tmp / MANIFEST_FILE, manifest.to_json() + "\n")
+    _fsync_dir(tmp)
+    old = root / f".replaced-{checkpoint_dir_name(step)}"
+    if final.exists():  # re-saving a step (after a resume): swap, never leave the step missing
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    if old.exists():
+        shutil.rmtree(old)
+    if keep is not None and keep > 0:
+        for stale in _complete_checkpoints(root)[:-keep]:
+            shutil.rmtree(stale[1], ignore_errors=True)
+
+
+# why a rank could not write its part of a checkpoint: a code every rank shares in a vote, and the fix
+_OK, _FULL, _DENIED, _READONLY, _OTHER = 0, 1, 2, 3, 4
+_KINDS = {_FULL: "no space left on device", _DENIED: "permission denied", _READONLY: "read-only file system"}
+_FREE_SLACK = 1 << 20  # below this many free bytes after a failed write, the disk was full
+
+
+def _classify(exc: BaseException | None, where: Path, need: int) -> int:
+    import errno
+
+    if exc is None:
+        return _OK
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                return _FULL
+            if e.errno in (errno.EACCES, errno.EPERM):
+                return _DENIED
+            if e.errno == errno.EROFS:
+                return _READONLY
+        e = e.__cause__ or e.__context__
+    text = str(exc)
+    for code, words in ((_FULL, "No space left on device"), (_DENIED, "Permission denied"),
+                        (_READONLY, "Read-only file system")):
+        if words in text:
+            return code
+    # torch's zip writer reports a short write as "unexpected pos N vs M": ask the file system
+    probe = where if where.exists() else where.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+        if st.f_bavail * st.f_frsize < max(_FREE_SLACK, need):
+            return _FULL
+    except OSError:
+        pass
+    return _OTHER
+
+
+class _SaveFailures:
+    """Collective bookkeeping of one save_checkpoint: `vote` (every rank, also a barrier) raises the same one-line
+    CheckpointError on every rank when any rank failed, naming the path, the ranks and the fix, after rank 0
+    removed the temporary folder; the previous checkpoint is untouched and named."""
+
+    def __init__(self, step: int, root: Path, tmp: Path, rank: int, world: int, comm: Any, need: int) -> None:
+        self.step, self.root, self.tmp, self.rank, self.world, self.comm, self.need = step, root, tmp, rank, world, comm, need
+        self.first: str = ""
+        self.total = need
+
+    def _gather(self, code: int) -> list[int]:
+        """Every rank's code (and, into `total`, the bytes the whole checkpoint needs)."""
+        if self.world == 1 or not (dist.is_available() and dist.is_initialized()):
+            self.total = self.need
+            return [code]
+        t = torch.tensor([code, self.need], dtype=torch.int64)
+        if self.comm is not None:
+            rows = self.comm.all_gather(t)
+        else:
+            rows = [torch.empty_like(t) for _ in range(self.world)]
+            dist.all_gather(rows, t)
+        self.total = sum(int(x[1].item()) for x in rows)
+        return [int(x[0].item()) for x in rows]
+
+    def vote(self, exc: BaseException | None, where: Path, others: BaseException | None = None) -> None:
+        code = _classify(exc, where, self.need)
+        if exc is not None:
+            self.first = _first_line(exc)
+        codes = self._gather(code)
+        if any(codes):
+            if not self.first and others is not None:
+                failures = getattr(others, "failures", {})
+                self.first = next((_first_line(e) for e, _ in failures.values()), "")
+            raise self._error(codes, where)
+
+    def error(self, exc: BaseException) -> CheckpointError:
+        """For a failure every rank saw but no vote caught (should not happen): the same shape of message."""
+        return self._error([_OTHER], self.tmp, _first_line(exc))
+
+    def _error(self, codes: list[int], where: Path, detail: str | None = None) -> CheckpointError:
+        if self.rank == 0:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # nothing half-written stays behind
+        bad = [r for r, c in enumerate(codes) if c]
+        kind = max(set(codes) - {_OK}, key=lambda c: (c != _OTHER, codes.count(c)))
+        ranks = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {', '.join(map(str, bad))}"
+        where_s = where if kind != _OTHER else self.tmp
+        from hetauto.core.units import format_bytes
+
+        if kind == _FULL:
+            what = f"no space left on device under {self.root}"
+            fix = (f"free space there or point --checkpoint-dir at a larger disk (a checkpoint needs about "
+                   f"{format_bytes(self.total)}; --keep N keeps fewer)")
+        elif kind == _DENIED:
+            what = f"permission denied writing {where_s}"
+            fix = f"make {self.root} writable for uid {os.getuid()} or choose another --checkpoint-dir"
+        elif kind == _READONLY:
+            what = f"{self.root} is on a read-only file system"
+            fix = "choose a writable --checkpoint-dir"
+        else:
+            what = f"writing {where_s} failed: {detail or self.first or 'unknown error'}"
+            fix = f"check {self.root} and its disk"
+        prev = latest_checkpoint(self.root) if self.root.is_dir() else None
+        kept = (f"the previous checkpoint {prev} is intact" if prev is not None
+                else f"no earlier checkpoint in {self.root}")
+        return CheckpointError(f"checkpoint step {self.step} not written: {what} ({ranks}); {fix}; {kept}")
+
+
 def _first_line(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)  # torch's CheckpointException: every failed rank's exception
+    if isinstance(failures, dict) and failures:
+        r, (first, _) = sorted(failures.items())[0]
+        return f"rank {r}: {_first_line(first)}"
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
     return re.sub(r"^\[[^\]]*\]\s*", "", line)  # drop gloo's "[file.cc:553] " source prefix
@@ -368,6 +513,7 @@ def load_checkpoint(
     if not _all_ok(problem is None, comm):
         raise CheckpointMismatch(problem or f"{path}: another rank found this checkpoint unusable for its stage (see its error)")
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from hetauto.runtime.checkpoint_storage import JsonFileSystemReader
 
@@ -375,7 +521,7 @@ def load_checkpoint(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(tensors, storage_reader=JsonFileSystemReader(path), no_dist=world == 1)
-    except Exception as exc:  # noqa: BLE001
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
         raise CheckpointError(f"{path}: loading failed: {_first_line(exc)}") from None
 
     saved_hparams: dict[str, Any] = {}

@@ -181,10 +181,15 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
         s = placement(plan, r).stage
         return s, plan.stages[s].cluster
 
+    def body(e: str) -> str:
+        return e.split(": ", 1)[1] if e.startswith("rank ") and ": " in e else e
+
     def failed(r: int, what: str) -> JobFailed:
         s, c = where(r)
-        others = [e for q, e in sorted(errors.items()) if q != r]
-        tail = ""
+        # ranks that failed with the very same error (a full disk, a collective verdict) are named, not quoted
+        same = [q for q, e in sorted(errors.items()) if q != r and r in errors and body(e) == body(errors[r])]
+        others = [e for q, e in sorted(errors.items()) if q != r and q not in same]
+        tail = f"; the same error on rank(s) {', '.join(map(str, same))}" if same else ""
         if others:
             first = others[0] if len(others[0]) <= 240 else others[0][:237] + "..."
             tail = f"; {len(others)} other rank(s) failed after it (secondary), first: {first}"
