@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet torch==2.13.0 -e '.[dev]' -e plugins/hetauto-backend-template
-python3 -m pytest -q "$@"
+python3 -m pytest -q --durations=10 "$@"

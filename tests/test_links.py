@@ -40,13 +40,15 @@ def test_table_delays_dispatch_fifo_and_counts_bytes() -> None:
     post_time = time.monotonic() - t0
     for h in handles:
         h.wait(timeout_s=5)
-    assert post_time < 0.02  # submitting never blocks the caller: compute overlaps the transfer
+    # submitting never blocks the caller (compute overlaps the transfer): a blocking submit would take at least the
+    # first message's own latency + bytes/bandwidth (0.09 s); returning takes microseconds
+    assert post_time < lat + 40_000 / bw
     assert [name for name, _ in dispatched] == ["big", "tiny", "big2"]  # the tiny one does not overtake
     cumulative = 0
     for (name, at), (_, n) in zip(dispatched, sizes):
         cumulative += n
         lower = lat + cumulative / bw  # the wire serialises messages; latency overlaps
-        assert lower <= at - t0 < lower + 0.5, (name, at - t0, lower)
+        assert lower <= at - t0 < lower + 2.0, (name, at - t0, lower)  # not early; late only on a loaded host
     assert table.bytes_per_link() == {(0, 1): 80_010}
     assert table.messages_per_link() == {(0, 1): 3}
     assert table.get(1, 0) is None
@@ -62,7 +64,7 @@ def test_idle_link_does_not_accumulate_credit() -> None:
     t0 = time.monotonic()
     done: list[float] = []
     table.submit(0, 1, 2000, lambda: done.append(time.monotonic())).wait(5)
-    assert 0.04 <= done[0] - t0 < 0.5  # a fresh message pays latency + its own bytes, not less
+    assert 0.04 <= done[0] - t0 < 2.0  # a fresh message pays latency + its own bytes, not less
     table.close()
 
 
@@ -89,13 +91,17 @@ def test_shared_pipe_serialises_messages_to_different_receivers() -> None:
     bw = 1e6
     shared = LinkTable.between([0], [2, 3], EmulatedLink(0.0, bw), shared=True)
     separate = LinkTable.between([0], [2, 3], EmulatedLink(0.0, bw))
-    for table, second_lower, second_upper in ((shared, 0.4, 1.5), (separate, 0.2, 0.35)):
+    for table, second in ((shared, 0.4), (separate, 0.2)):
         done: list[float] = []
         t0 = time.monotonic()
         hs = [table.submit(0, d, 200_000, lambda: done.append(time.monotonic())) for d in (2, 3)]
+        posted = time.monotonic() - t0
         for h in hs:
             h.wait(5)
-        assert second_lower <= max(done) - t0 < second_upper
+        # the schedule, not the wall clock, tells serialised (0.4 s) from parallel (0.2 s): a loaded host delays
+        # delivery, never the time each message was scheduled for
+        assert max(h.deliver_at for h in hs) - t0 == pytest.approx(second, abs=posted + 1e-3)
+        assert max(done) - t0 >= second  # and nothing is delivered before it
         assert table.bytes_per_link() == {(0, 2): 200_000, (0, 3): 200_000}
         table.close()
 
@@ -149,7 +155,7 @@ def test_receiver_observes_latency_plus_bytes_over_bandwidth_fifo() -> None:
     from hetauto.testing.multiproc import run_ranks
 
     sender, receiver = run_ranks(_p2p_over_link, 2, timeout=60)
-    assert sender["post_s"] < 0.05  # isend returns at once; the link delays delivery, not the caller
+    assert sender["post_s"] < LAT  # isend returns at once (blocking would take >= LAT); the link delays delivery
     assert receiver["values"] == [[0.0], [1.0], [2.0]]
     cumulative = 0
     for i, n in enumerate(SIZES):
@@ -205,7 +211,9 @@ def test_late_receive_over_a_link_pays_its_latency_like_the_simulator() -> None:
     sender, receiver = run_ranks(_late_receive, 2, timeout=60)
     assert sender["delay"] == 0.0  # 1 -> 0 has no link
     assert receiver["delay"] == pytest.approx(RDV_LAT + RDV_HOLD, abs=1e-12)  # latency + bytes / pipe capacity
-    assert receiver["not_before"] == pytest.approx(RDV_LAT + RDV_HOLD, abs=0.01)
+    # from the receive's posting (not the send's): at least latency + hold; more only by the few instructions between
+    # posted_at and post_recv's own clock read, which a loaded host may stretch
+    assert RDV_LAT + RDV_HOLD - 1e-9 <= receiver["not_before"] < RDV_LAT + RDV_HOLD + 0.5
     assert receiver["done_at_once"] is False
     assert receiver["waited"] >= RDV_LAT + RDV_HOLD
     assert receiver["value"] == [float(i) for i in range(24)]
