@@ -143,3 +143,75 @@ def test_disk_full_during_a_run_is_one_line_naming_path_ranks_fix_and_previous(t
     assert "Traceback" not in err and len(err) < 700
     assert sorted(p.name for p in ck.iterdir()) == ["step-00000000"]  # no .tmp-step-* left
     assert verify_checkpoint(first) == []
+
+
+def _plan_files(d: Path) -> Path:
+    (d / "two.yaml").write_text(CLUSTER)
+    stages = (StagePlan(cluster="a", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
+              StagePlan(cluster="b", device_type="cpu", devices=(0,), layers=(3, 6), tp=1, dp=1))
+    Plan(model="tiny-gpt", cluster="two.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
+         stages=stages).save(d / "plan.json")
+    return d / "plan.json"
+
+
+def test_checks_that_need_no_process_run_before_launch(tmp_path: Path, capsys) -> None:
+    """Issue 18 item 5: a checkpoint path that is a file, a truncated .metadata.json or rank file: refused in
+    the launcher (main() returns without starting torchrun), one line each."""
+    import hashlib
+    import time
+
+    from hetauto.cli import main
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.checkpoint import save_checkpoint
+    from hetauto.runtime.reference import make_optimizer
+    from hetauto.runtime.stage import build_stage
+
+    plan = _plan_files(tmp_path)
+    (tmp_path / "afile").write_text("x")
+
+    def error(*args: str) -> str:
+        t0 = time.monotonic()
+        assert main(["run", str(plan), "--steps", "4", "--json", *args]) != 0
+        assert time.monotonic() - t0 < 30  # no rank was started (a launch costs more than that here)
+        return json.loads(capsys.readouterr().out)["error"]
+
+    assert error("--checkpoint-dir", str(tmp_path / "afile")) == (
+        f"--checkpoint-dir {tmp_path / 'afile'} is a file, not a folder; give a folder (it is created if missing)")
+    assert error("--checkpoint-dir", str(tmp_path / "afile" / "ck")) == (
+        f"--checkpoint-dir {tmp_path / 'afile' / 'ck'}: {tmp_path / 'afile'} is a file, so the folder cannot be "
+        "created")
+    assert error("--resume", str(tmp_path / "afile")) == (
+        f"--resume {tmp_path / 'afile'} is a file; give a checkpoint folder (step-...) or the --checkpoint-dir that "
+        "holds them")
+    cfg = get_model("tiny-gpt")
+    stage = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    ck = save_checkpoint(tmp_path / "ck", 0, stage, make_optimizer(stage.parameters(), 1e-3),
+                         extra={"next_step": 1, "seed": 0})
+
+    def truncate(name: str) -> None:  # cut in half, the manifest entry updated to match (only the content is bad)
+        text = (ck / name).read_text()[: len((ck / name).read_text()) // 2]
+        (ck / name).write_text(text)
+        doc = json.loads((ck / "manifest.json").read_text())
+        doc["files"][name] = {"bytes": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        (ck / "manifest.json").write_text(json.dumps(doc))
+
+    truncate("rank-00000.json")
+    assert error("--resume", str(ck)) == (
+        f"checkpoint {ck} is damaged: rank-00000.json: not valid JSON: truncated or overwritten; refusing to resume "
+        "from it; no earlier complete checkpoint verifies: start again without --resume")
+    truncate(".metadata.json")
+    msg = error("--resume", str(ck))
+    assert msg.startswith(f"checkpoint {ck} is damaged: .metadata.json: not valid JSON ("), msg
+    assert msg.endswith("): truncated or overwritten; refusing to resume from it; no earlier complete checkpoint "
+                        "verifies: start again without --resume"), msg
+
+
+def test_read_only_checkpoint_dir_is_refused_before_launch(tmpfs, tmp_path: Path, capsys) -> None:
+    from hetauto.cli import main
+
+    plan = _plan_files(tmp_path)
+    ro = tmpfs("1m", "ro")
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    assert main(["run", str(plan), "--checkpoint-dir", str(ro / "ck"), "--json"]) != 0
+    assert json.loads(capsys.readouterr().out)["error"] == (
+        f"--checkpoint-dir {ro / 'ck'}: {ro} is on a read-only file system; choose a writable folder")

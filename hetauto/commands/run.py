@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hetauto.commands._output import print_json, print_table
-from hetauto.core.errors import CheckpointMismatch, HetautoError
+from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
 from hetauto.core.precision import PRECISION_TOLERANCE
 
@@ -175,8 +175,13 @@ def run(args: argparse.Namespace) -> int:
         if spec.rank >= plan.world_size:
             raise HetautoError(f"--inject-fault: rank {spec.rank} is outside the plan's {plan.world_size} ranks")
         args.inject_fault = str(spec)
+    if args.checkpoint_dir is not None:
+        _check_checkpoint_dir(args.checkpoint_dir)
     start = 0
     if args.resume is not None:
+        if Path(args.resume).is_file():
+            raise CheckpointError(f"--resume {args.resume} is a file; give a checkpoint folder (step-...) or the "
+                                  "--checkpoint-dir that holds them")
         start, seed = _check_resume(args.resume, cfg, args.steps, plan, allow_data_change=args.allow_data_change)
         if args.seed is not None and seed is not None and args.seed != seed:
             raise HetautoError(f"--seed {args.seed} differs from the checkpoint's data seed {seed}; "
@@ -344,6 +349,27 @@ def _print_stages(plan: Plan, doc: dict[str, Any]) -> None:
             for b in doc["boundaries"]]
     if rows:
         print_table("boundaries", ["stages", "transport", "method", "bytes/step"], rows)
+
+
+def _check_checkpoint_dir(path: str) -> None:
+    """Before any launch: `--checkpoint-dir` is a folder (or can be made one) that this user can write; else one
+    line naming it (a file, a read-only file system, no permission) instead of every rank failing at step 1."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise CheckpointError(f"--checkpoint-dir {path} is a file, not a folder; give a folder (it is created if "
+                              "missing)")
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CheckpointError(f"--checkpoint-dir {path}: {probe} is a file, so the folder cannot be created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        try:
+            ro = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+        except OSError:
+            ro = False
+        why = "is on a read-only file system" if ro else f"is not writable for uid {os.getuid()}"
+        raise CheckpointError(f"--checkpoint-dir {path}: {probe} {why}; choose a writable folder")
 
 
 def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,
