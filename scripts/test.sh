@@ -2,6 +2,9 @@
 # Installs hetauto (CPU torch pinned: torch==2.13.0 is a local wheel, a plain `torch` would pull CUDA),
 # the dev tools and the template backend plugin (so entry-point discovery runs for real), then the tests.
 set -euo pipefail
+# Python: the active virtualenv, else ./.venv, else python3 if pip may install into it, else a new ./.venv
+# (scripts/_python.sh).
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet torch==2.13.0 -e '.[dev]' -e plugins/hetauto-backend-template
-python3 -m pytest -q --durations=10 "$@"
+source scripts/_python.sh
+"$PY" -m pip install --quiet torch==2.13.0 -e '.[dev]' -e plugins/hetauto-backend-template
+"$PY" -m pytest -q --durations=10 "$@"
