@@ -16,7 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     devices = catalog()
     if args.json:
-        print_json([{"key": k, **d.to_document()} for k, d in devices.items()])
+        # peak_flops stays one number (the primary: bf16 where listed); the per-dtype map beside it
+        print_json([{"key": k, **d.to_document(), "peak_flops": d.peak_flops,
+                     "peak_flops_by_dtype": dict(d.peak_flops_by_dtype) or {"any": d.peak_flops}}
+                    for k, d in devices.items()])
         return 0
     print_table("Device catalog (dense BF16/FP16; * = rough estimate)",
                 ["key", "name", "backend", "peak", "memory", "mem bw", "intra-node", "NIC", "max eff"],

@@ -93,10 +93,22 @@ class TrainingSpec(_Frozen):
     `precision`: "auto" resolves when the plan runs (bf16 where every stage's device supports it, fp32 where
     a stage computes on the host CPU, i.e. the cpu and mock backends); bf16/fp16 are mixed precision (fp32
     master weights and optimizer states, compute and stage-boundary tensors in the 16-bit dtype; fp16 with
-    dynamic loss scaling); fp32 is plain fp32. `grad_reduce_dtype`: the dtype of the DP gradient sum."""
+    dynamic loss scaling); fp32 is plain fp32. `grad_reduce_dtype`: the dtype of the DP gradient sum.
+    `allow_tf32`: an fp32 plan's matmuls may run as TF32 where the device has it (torch's
+    `torch.backends.cuda.matmul.allow_tf32`, False by default, so False here); the cost model then prices them
+    at the profile's tf32 peak. Omitted from the JSON while False."""
 
     precision: Precision = "auto"
     grad_reduce_dtype: GradReduceDtype = "fp32"
+    allow_tf32: bool = False
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):  # type: ignore[no-untyped-def]
+        """Leave `allow_tf32` out while False: plans written before it keep their exact JSON."""
+        data = handler(self)
+        if not self.allow_tf32 and isinstance(data, dict):
+            data.pop("allow_tf32", None)
+        return data
 
 
 class Prediction(_Frozen):

@@ -12,6 +12,15 @@ adds synchronisation):
 `max_eff` is the asymptotic fraction of peak, `half_size_flops` the GEMM size (in FLOPs, 2*m*n*k) that
 reaches half of it, `tp_penalty` (<= 1) the factor lost per doubling of TP. It is monotone increasing in
 GEMM size and non-increasing in TP.
+
+Peak FLOP/s per dtype: `peak_flops` is either one figure, the dense rate of the dtype the device trains in (bf16
+on an accelerator; a CPU profile's is its fp32 rate), used for every precision, or a map `{bf16: ..., fp16: ...,
+tf32: ..., fp32: ...}` of datasheet dense (not sparsity) tensor-core/matrix rates. `DeviceProfile.peak_flops` is
+the primary figure (bf16, else fp16, else fp32, else tf32), so code reading one number reads what it read before;
+`peak_for(precision, allow_tf32)` is the rate a plan's matmuls run at: its 16-bit dtype's (a dtype the map lacks
+uses the primary), for fp32 the tf32 rate only when the plan allows TF32 (`training.allow_tf32`) and the map
+lists it, else the fp32 rate (else the primary). Why fp32 by default: torch runs fp32 matmuls in full fp32
+unless `torch.backends.cuda.matmul.allow_tf32` is set (default False since torch 1.12).
 """
 
 from __future__ import annotations
@@ -44,6 +53,12 @@ def _backend_name(value: Any) -> Any:
 
 Backend = Annotated[str, AfterValidator(_backend_name)]
 PROFILE_SCHEMA = "hetauto.profile/1"
+PEAK_DTYPES = ("bf16", "fp16", "tf32", "fp32")  # in the order the primary figure is picked: bf16, fp16, fp32, tf32
+_PRIMARY_ORDER = ("bf16", "fp16", "fp32", "tf32")
+
+
+def _primary(peaks: dict[str, float]) -> str:
+    return next(k for k in _PRIMARY_ORDER if k in peaks)
 
 
 # ----------------------------------------------------------------------------------------------- schema
@@ -154,7 +169,7 @@ class ProfileDoc(_Strict):
     base: str | None = None
     name: str | None = None
     backend: Backend | None = None
-    peak_flops: str | float | None = None
+    peak_flops: str | float | dict[str, str | float] | None = None
     memory_bytes: str | float | None = None
     memory_bandwidth: str | float | None = None
     intra_node_bandwidth: str | float | None = None
@@ -170,6 +185,13 @@ class ProfileDoc(_Strict):
     @field_validator("peak_flops")
     @classmethod
     def _flops(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError(f"a peak_flops map needs at least one of {', '.join(PEAK_DTYPES)}")
+            bad = [k for k in v if k not in PEAK_DTYPES]
+            if bad:
+                raise ValueError(f"unknown dtype {bad[0]!r} in peak_flops; use {', '.join(PEAK_DTYPES)}")
+            return {k: parse_flops(x) for k, x in v.items()}
         return v if v is None else parse_flops(v)
 
     @field_validator("memory_bytes")
@@ -218,19 +240,32 @@ class DeviceProfile:
     estimated: bool = False
     measured: MeasuredDoc | None = field(default=None, compare=False)
     host_link_bandwidth_Bps: float = math.inf
+    # (dtype, FLOP/s) of a per-dtype `peak_flops` map, in PEAK_DTYPES order; () when the profile gave one figure
+    peak_flops_by_dtype: tuple[tuple[str, float], ...] = ()
 
     def efficiency(self, gemm_flops: float, tp: int = 1) -> float:
         """Achieved fraction of peak for a GEMM of `gemm_flops` (2*m*n*k, per device) at TP degree `tp`."""
         return self.efficiency_model(gemm_flops, tp)
 
-    def achieved_flops(self, gemm_flops: float, tp: int = 1) -> float:
-        return self.peak_flops * self.efficiency(gemm_flops, tp)
+    def achieved_flops(self, gemm_flops: float, tp: int = 1, peak_flops: float | None = None) -> float:
+        """FLOP/s of that GEMM at `peak_flops` (None: the primary peak; `peak_for` gives a precision's)."""
+        return (self.peak_flops if peak_flops is None else peak_flops) * self.efficiency(gemm_flops, tp)
+
+    def peak_for(self, precision: str, allow_tf32: bool = False) -> float:
+        """Peak FLOP/s of a plan's matmuls at resolved `precision` (see the module docstring): bf16/fp16 their
+        own entry, fp32 the tf32 entry when `allow_tf32` and listed, else the fp32 entry; the primary figure
+        for whatever the profile does not list (one-figure profiles: always)."""
+        peaks = dict(self.peak_flops_by_dtype)
+        if precision == "fp32" and allow_tf32 and "tf32" in peaks:
+            return peaks["tf32"]
+        return peaks.get(precision, self.peak_flops)
 
     def scaled(self, speed_factor: float) -> "DeviceProfile":
         """The same device `speed_factor` times as fast (emulated clusters of mock devices)."""
         if speed_factor == 1.0:
             return self
         return replace(self, peak_flops=self.peak_flops * speed_factor,
+                       peak_flops_by_dtype=tuple((k, v * speed_factor) for k, v in self.peak_flops_by_dtype),
                        memory_bandwidth_Bps=self.memory_bandwidth_Bps * speed_factor)
 
     def merge(self, doc: ProfileDoc) -> "DeviceProfile":
@@ -241,7 +276,8 @@ class DeviceProfile:
         """A profile document (plain JSON types) that `load_profile` reads back to an equal profile."""
         out: dict[str, Any] = {
             "schema": PROFILE_SCHEMA, "key": self.key, "name": self.name, "backend": self.backend,
-            "peak_flops": self.peak_flops, "memory_bytes": self.memory_bytes,
+            "peak_flops": dict(self.peak_flops_by_dtype) if self.peak_flops_by_dtype else self.peak_flops,
+            "memory_bytes": self.memory_bytes,
             "memory_bandwidth": self.memory_bandwidth_Bps, "intra_node_bandwidth": self.intra_node_bandwidth_Bps,
             "nic_bandwidth": self.nic_bandwidth_Bps,
             "efficiency": {"max_eff": self.efficiency_model.max_eff,
@@ -254,6 +290,23 @@ class DeviceProfile:
         if self.measured is not None:
             out["measured"] = self.measured.model_dump(mode="json", exclude_defaults=True)
         return out
+
+
+def _peaks(value: Any, base: DeviceProfile | None) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """(primary peak, per-dtype map) from a document's `peak_flops` over `base`'s: a map replaces the dtypes it
+    names (the others stay the base's); one figure replaces the base's primary dtype's entry (a measured
+    profile fits one GEMM dtype) or, without a per-dtype base, is the one figure."""
+    base_map = dict(base.peak_flops_by_dtype) if base is not None else {}
+    if value is None:
+        assert base is not None
+        return base.peak_flops, base.peak_flops_by_dtype
+    if isinstance(value, dict):
+        peaks = {**base_map, **{k: float(v) for k, v in value.items()}}
+    elif base_map:
+        peaks = {**base_map, _primary(base_map): float(value)}
+    else:
+        return float(value), ()
+    return peaks[_primary(peaks)], tuple((k, peaks[k]) for k in PEAK_DTYPES if k in peaks)
 
 
 def _build(doc: ProfileDoc, base: DeviceProfile | None, source: str | Path | None = None) -> DeviceProfile:
@@ -271,11 +324,13 @@ def _build(doc: ProfileDoc, base: DeviceProfile | None, source: str | Path | Non
         value = getattr(doc, name)
         return base_value if value is None else value
 
+    peak, by_dtype = _peaks(doc.peak_flops, base)
     return DeviceProfile(
         key=doc.key or (base.key if base else (Path(str(source)).stem if source else "custom")),
         name=pick("name", base.name if base else None),
         backend=pick("backend", base.backend if base else None),
-        peak_flops=float(pick("peak_flops", base.peak_flops if base else None)),
+        peak_flops=peak,
+        peak_flops_by_dtype=by_dtype,
         memory_bytes=float(pick("memory_bytes", base.memory_bytes if base else None)),
         memory_bandwidth_Bps=float(pick("memory_bandwidth", base.memory_bandwidth_Bps if base else None)),
         intra_node_bandwidth_Bps=float(pick("intra_node_bandwidth", base.intra_node_bandwidth_Bps if base else None)),

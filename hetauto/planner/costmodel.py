@@ -17,9 +17,10 @@ for backward, so every microbatch in flight holds one cast of the stage's matmul
 cast cache lives for one autocast region, one forward action) until its backward frees it; full recomputation
 keeps none of the blocks' casts between forward and backward (one block's, re-made, at a time). The DP
 all-reduce and the tied-embedding gradient sum move the plan's `grad_reduce_dtype` (fp32 by default).
-Compute time uses the profile's one `peak_flops`, the rate of the dtype the device trains in: bf16 on the
-accelerator profiles (kept for an fp32 plan there until profiles carry per-dtype peaks), fp32 on the host
-profile (`cpu`), which is what a CPU runs. Megatron TP: per block two all-reduces of the b*s*h activation
+Compute time uses the profile's peak for the plan's precision (`DeviceProfile.peak_for`: a per-dtype
+`peak_flops` map's bf16/fp16 entry; for fp32 the fp32 entry, or the tf32 entry when the plan sets
+`training.allow_tf32` and the profile lists it: torch's default keeps fp32 matmuls in fp32); a one-figure profile
+uses its figure for every precision (bf16 on accelerators, fp32 on the host profile `cpu`). Megatron TP: per block two all-reduces of the b*s*h activation
 forward and two backward (sequence parallelism swaps each for an all-gather + reduce-scatter: the same bytes on
 the wire).
 """
@@ -203,10 +204,11 @@ def group_link(cluster: Cluster, devices: int) -> LinkSpec:
 
 def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: int, tp: int, dp: int,
                   microbatch: int, recompute: bool = False, flash_attention: bool = True,
-                  element_bytes: int = BYTES_BF16) -> StageCompute:
+                  element_bytes: int = BYTES_BF16, peak_flops: float | None = None) -> StageCompute:
     """Forward/backward time of one microbatch (split over dp replicas) on one device of a stage; `sums` from
     a LayerTable at `element_bytes` per activation element (the compute dtype: its memory-bound part and TP
-    messages move those bytes)."""
+    messages move those bytes); matmuls at `peak_flops` x efficiency (None: the profile's primary peak; the
+    Evaluator passes `DeviceProfile.peak_for(precision, allow_tf32)`)."""
     dev = cluster.device
     b = microbatch / dp
     tokens = b * seq_len
@@ -215,9 +217,9 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
     t = 0.0
     if f_block > 0:
         gemm = 2.0 * tokens * hidden * hidden / tp
-        t += f_block / dev.achieved_flops(gemm, tp)
+        t += f_block / dev.achieved_flops(gemm, tp, peak_flops)
     if f_head > 0:
-        t += f_head / dev.achieved_flops(f_head, tp)
+        t += f_head / dev.achieved_flops(f_head, tp, peak_flops)
     score = 0.0 if flash_attention else sums.act_score
     moved = b * (sums.act_replicated + (sums.act_sharded + score) / tp)
     if sums.has_embedding:

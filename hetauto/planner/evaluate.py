@@ -218,32 +218,43 @@ class Evaluator:
             self._tables[nbytes] = hit
         return hit
 
+    def compute_peak(self, cluster: str, precision: str, tf32: bool | None = None) -> float:
+        """Peak FLOP/s a stage of `cluster` computes at: its profile's peak for resolved `precision`
+        (DeviceProfile.peak_for; fp32 matmuls at the tf32 peak only when `tf32` (None: the Evaluator's
+        training.allow_tf32) and the profile lists one)."""
+        allow = self.training.allow_tf32 if tf32 is None else tf32
+        return self.cluster(cluster).device.peak_for(precision, allow)
+
     def stage_detail(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
-                     recompute: bool = False, precision: str | None = None) -> cm.StageCompute:
+                     recompute: bool = False, precision: str | None = None,
+                     tf32: bool | None = None) -> cm.StageCompute:
         """The analytical breakdown (no correction) of one microbatch on one stage at `precision` (resolved;
-        None: `cluster_precision(cluster)`)."""
+        None: `cluster_precision(cluster)`), its matmuls at `compute_peak(cluster, precision, tf32)`."""
         prec = precision or self.cluster_precision(cluster)
-        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, prec)
+        allow = self.training.allow_tf32 if tf32 is None else tf32
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, prec, allow)
         hit = self._detail.get(key)
         if hit is None:
             c = self.cluster(cluster)
             hit = cm.stage_compute(self.layer_table(prec).range(layers[0], layers[1]), c, seq_len=self.inputs.seq_len,
                                    hidden=self.inputs.model.hidden, tp=tp, dp=dp, microbatch=microbatch_size,
                                    recompute=recompute, flash_attention=self._flash(c),
-                                   element_bytes=compute_bytes(prec))
+                                   element_bytes=compute_bytes(prec), peak_flops=self.compute_peak(cluster, prec, allow))
             self._detail[key] = hit
         return hit
 
     def stage_compute_time(self, cluster: str, layers: tuple[int, int], tp: int, dp: int,
                            microbatch_size: int, recompute: bool = False,
-                           precision: str | None = None) -> tuple[float, float]:
+                           precision: str | None = None, tf32: bool | None = None) -> tuple[float, float]:
         """(forward_s, backward_s) of one microbatch on one stage, TP collectives included (corrected when a
-        trained correction is attached), at `precision` (resolved; None: `cluster_precision(cluster)`)."""
+        trained correction is attached), at `precision` (resolved; None: `cluster_precision(cluster)`) and
+        `tf32` (None: the Evaluator's training.allow_tf32)."""
         prec = precision or self.cluster_precision(cluster)
-        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, prec)
+        allow = self.training.allow_tf32 if tf32 is None else tf32
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, prec, allow)
         hit = self._compute.get(key)
         if hit is None:
-            d = self.stage_detail(cluster, layers, tp, dp, microbatch_size, recompute, prec)
+            d = self.stage_detail(cluster, layers, tp, dp, microbatch_size, recompute, prec, allow)
             f, b = d.fwd_compute_s, d.bwd_compute_s
             covered = False
             if self.correction is not None:
@@ -423,10 +434,12 @@ class Evaluator:
             return costs
         p, mb = plan.num_stages, plan.microbatch_size
         prec = self.precision(plan)
+        tf32 = plan.training.allow_tf32
         tf, tb = [0.0] * (p * v), [0.0] * (p * v)
         layout = tile_chunks([st.layers for st in plan.stages], v, [st.chunks for st in plan.stages])
         for r, (st, chunks) in enumerate(zip(plan.stages, layout)):
-            times = [self.stage_compute_time(st.cluster, ch, st.tp, st.dp, mb, st.recompute, prec) if ch[1] > ch[0]
+            times = [self.stage_compute_time(st.cluster, ch, st.tp, st.dp, mb, st.recompute, prec, tf32)
+                     if ch[1] > ch[0]
                      else (0.0, 0.0) for ch in chunks]  # an empty chunk (fewer layers than chunks) does nothing
             sf, sb = sum(t[0] for t in times), sum(t[1] for t in times)
             for c, (f, b) in enumerate(times):
@@ -458,7 +471,8 @@ class Evaluator:
         table = self.layer_table(prec)
         grad = DTYPE_BYTES[plan.training.grad_reduce_dtype]
         for st in plan.stages:
-            f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute, prec)
+            f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute, prec,
+                                           plan.training.allow_tf32)
             c = self.cluster(st.cluster)
             wake = self._wake_s(plan, c)
             tf.append(f + wake)
@@ -536,7 +550,8 @@ class Evaluator:
         prec = self.precision(plan)
         stages = []
         for i, st in enumerate(plan.stages):
-            d = self.stage_detail(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, st.recompute, prec)
+            d = self.stage_detail(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, st.recompute, prec,
+                                  plan.training.allow_tf32)
             tf, tb = costs.tf[i], costs.tb[i]
             tp_f, tp_b = d.tp_fwd_s, d.tp_bwd_s
             extra_f, extra_b = self._tp_terms(st)
@@ -628,7 +643,9 @@ class Evaluator:
                 t += oh.step_s * self.step_contention(plan)
             thr = plan.global_batch / t if t > 0 else 0.0
             devices = plan.world_size
-            peak_sum = sum(self.cluster(st.cluster).device.peak_flops * st.num_devices for st in plan.stages)
+            # MFU against the peak the plan computes at (its precision's; a one-figure profile: that figure)
+            peak_sum = sum(self.compute_peak(st.cluster, prec, plan.training.allow_tf32) * st.num_devices
+                           for st in plan.stages)
             flops = self._model_flops * plan.global_batch
             ev = Evaluation(True, t, thr, thr * plan.seq_len, bubble, flops / (t * peak_sum) if t > 0 else 0.0,
                             flops / t / devices / 1e12 if t > 0 else 0.0, tuple(peaks), tuple(caps), None)
