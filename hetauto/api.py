@@ -85,12 +85,11 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
 
         >>> hetauto.evaluate("plan.json").iteration_time_s
     """
-    from hetauto.planner.evaluate import evaluate_plan, inputs_for_plan
+    from hetauto.planner.evaluate import evaluate_plan, inputs_for_plan, resolve_plan_paths
     from hetauto.planner.inputs import load_planning_inputs
 
     p, base = _load_plan(plan)
-    if cluster is None and p.cluster and (base / p.cluster).is_file():
-        p = p.model_copy(update={"cluster": str(base / p.cluster)})
+    p = resolve_plan_paths(p, base)  # a relative cluster file or config.json, as `hetauto evaluate` reads them
     inputs = inputs_for_plan(p) if cluster is None else load_planning_inputs(
         cluster=cluster, model=p.model, global_batch=p.global_batch, seq_len=p.seq_len)
     calibration = None
