@@ -219,3 +219,57 @@ def test_diagnosis_names_the_rank_whose_heartbeat_stopped_not_a_killed_waiter(tm
                                "rank(s) failed after it (secondary), first: rank 0: RuntimeError: Timed out"), str(err)
     os.utime(tmp_path / "rank2.alive", (now, now))  # no heartbeat tells them apart: the old order (lowest rank)
     assert str(diagnose_failure(plan, tmp_path)).startswith("rank 1 (stage 0, cluster 'a') died without an error")
+
+
+def test_local_rendezvous_listens_on_loopback_only() -> None:
+    from hetauto.runtime.launch import LOOPBACK, local_command, torchrun_launcher
+
+    cmd = local_command(_plan(), ["-m", "x"])
+    assert cmd[:2] == [sys.executable, "-c"] and f"s.bind(({LOOPBACK!r}, int(port)))" in cmd[2]
+    assert torchrun_launcher()[2].startswith("import os, runpy")  # netns launches: torchrun's own binding
+    code = cmd[2].split("import os, runpy")[0] + (  # the prefix alone, then a store server as torchrun makes one
+        "import datetime, subprocess\n"
+        "st = _dist.TCPStore('localhost', 0, 1, True, datetime.timedelta(seconds=5))\n"
+        "print(st.port, flush=True)\n"
+        "print(subprocess.run(['ss', '-ltn'], capture_output=True, text=True).stdout)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    port = out.split()[0]
+    listening = [line.split()[3] for line in out.splitlines()[1:] if line.startswith("LISTEN")]
+    assert f"127.0.0.1:{port}" in listening and f"*:{port}" not in listening and f"0.0.0.0:{port}" not in listening
+
+
+def test_agent_killed_after_every_rank_finished_keeps_their_reports(tmp_path: Path, capsys) -> None:
+    import tempfile
+
+    from hetauto.runtime.launch import LocalJob
+
+    tmp = tempfile.TemporaryDirectory(dir=tmp_path)
+    for r in range(2):
+        Path(tmp.name, f"rank{r}.json").write_text(json.dumps({"rank": r}))
+    agent = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert LocalJob(_plan(), tmp, agent, 60.0, uuid.uuid4().hex).wait() == [{"rank": 0}, {"rank": 1}]
+    assert capsys.readouterr().err == (f"hetauto run: warning: torchrun (the launch agent, pid {agent.pid}) was killed "
+                                       "by SIGKILL after every rank had finished; their reports are used\n")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_kill_9_of_the_torchrun_agent_mid_run_is_reported_and_its_workers_stopped(folder: Path) -> None:
+    tmp = folder / "agent"
+    tmp.mkdir()
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-agent"
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp))
+    proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(folder / "plan.json"), "--steps", "500",
+                             "--checkpoint-dir", str(ck), "--timeout", "10", "--no-reference", "--json"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(ck / "step-00000000", proc)
+    pid = int(next(tmp.glob("hetauto-run-*/rank0.started")).read_text().split("pid")[1])
+    agent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the worker's parent
+    os.kill(agent, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    error = json.loads(out)["error"]
+    assert error.startswith(f"torchrun (the launch agent, pid {agent}) was killed by SIGKILL while the ranks were "
+                            "running (0 of 2 had finished); stopped the 2 rank process(es) it left running; no rank "
+                            f"failed on its own; newest complete checkpoint: {ck}/step-0000"), error
+    assert marked(mark) == []

@@ -51,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference loss")
     parser.add_argument("--print-launch", action="store_true",
                         help="print the torchrun command for every node of a multi-node run instead of running")
-    parser.add_argument("--master", default="MASTER_HOST", help="rendezvous host for --print-launch")
+    parser.add_argument("--master", default="MASTER_HOST",
+                        help="rendezvous host for --print-launch (its store listens on all interfaces, "
+                             "unauthenticated; a local run's listens on 127.0.0.1 only)")
     ck = parser.add_argument_group("checkpoints and failures")
     ck.add_argument("--checkpoint-dir", metavar="D", help="write sharded checkpoints under D (step-XXXXXXXX folders)")
     ck.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
@@ -215,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
             print_json({"options": str(options_path), "nodes": [{"node": n, "command": c} for n, c in cmds]})
         else:
             print(f"# copy {plan_path} and {options_path} to the same paths on every node, then run there:")
+            print(f"# (the rendezvous store on {args.master} port 29500 accepts any connection, unauthenticated: "
+                  "keep that port reachable only from the job's nodes)")
             for n, c in cmds:
                 print(f"# {n}\n{c}")
         return 0

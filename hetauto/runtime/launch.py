@@ -59,16 +59,44 @@ _TORCHRUN = ("import os, runpy, sys, traceback\n"
              "os._exit(code)\n")
 
 
-def torchrun_launcher() -> list[str]:
-    """The command prefix that runs torchrun on this machine (`_TORCHRUN`), for local and namespace launches."""
-    return [sys.executable, "-c", _TORCHRUN]
+# torchrun's rendezvous and agent stores (c10d TCPStore servers) listen on every interface, whatever host they
+# are given, and take any connection: for a local run nothing off this machine has any business there. This
+# prefix makes every store server torchrun creates listen on BIND only (a socket bound here, handed to the
+# store as its master_listen_fd); the clients (the workers: MASTER_ADDR=localhost) are on this machine.
+_LOOPBACK = ("import socket as _socket, torch.distributed as _dist\n"
+             "import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as _c10d\n"
+             "import datetime as _dt\n"
+             "_socks = []\n"
+             "class _BoundStore(_dist.TCPStore):\n"
+             "    def __init__(self, host_name, port=0, world_size=None, is_master=False,\n"
+             "                 timeout=_dt.timedelta(seconds=300), wait_for_workers=True, multi_tenant=False,\n"
+             "                 master_listen_fd=None, use_libuv=True):\n"
+             "        if is_master and master_listen_fd is None:\n"
+             "            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+             "            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)\n"
+             "            s.bind((%r, int(port)))\n"
+             "            s.listen(1024)\n"
+             "            _socks.append(s)\n"
+             "            port, master_listen_fd = s.getsockname()[1], s.fileno()\n"
+             "        super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers,\n"
+             "                         multi_tenant, master_listen_fd, use_libuv)\n"
+             "_dist.TCPStore = _BoundStore\n"
+             "_c10d.TCPStore = _BoundStore\n")
+LOOPBACK = "127.0.0.1"
 
 
-def local_command(plan: Plan, worker: list[str], max_restarts: int = 0) -> list[str]:
+def torchrun_launcher(bind: str | None = None) -> list[str]:
+    """The command prefix that runs torchrun on this machine (`_TORCHRUN`), for local and namespace launches;
+    `bind`: the one address torchrun's stores listen on (None: all, torchrun's own behaviour)."""
+    return [sys.executable, "-c", (_LOOPBACK % bind if bind else "") + _TORCHRUN]
+
+
+def local_command(plan: Plan, worker: list[str], max_restarts: int = 0, bind: str | None = LOOPBACK) -> list[str]:
     """All ranks on this machine. `max_restarts` > 0: torchrun restarts the whole job after a failure and the
     workers resume from the latest complete checkpoint (hetauto.runtime.worker). Runs torchrun's own module
-    (`_TORCHRUN`: the same arguments, exit code and output, without the interpreter's teardown)."""
-    return [*torchrun_launcher(), "--standalone", f"--nproc-per-node={plan.world_size}",
+    (`_TORCHRUN`: the same arguments, exit code and output, without the interpreter's teardown), its stores
+    listening on `bind` only (loopback: a local run's rendezvous is not reachable from other hosts)."""
+    return [*torchrun_launcher(bind), "--standalone", f"--nproc-per-node={plan.world_size}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1", *worker]
 
 
@@ -348,6 +376,7 @@ class LocalJob:
 
         end = time.monotonic() + self.deadline
         first_error: float | None = None
+        stopped = False  # ended by this launcher (a rank's error, then torchrun did not end the job)
         while self.proc.poll() is None:
             if self._signalled is not None:
                 raise self._interrupted()
@@ -365,20 +394,44 @@ class LocalJob:
                     # SIGTERM (stopped, or blocked where its handler cannot run). End it now; the diagnosis names
                     # the rank whose heartbeat went silent.
                     stop_job(self.proc, self.token, 1.0)
+                    stopped = True
                     break
             time.sleep(0.05)
         if self._signalled is not None:
             raise self._interrupted()
-        if self.token and job_pids(self.token):
+        code = self.proc.returncode
+        left = job_pids(self.token) if self.token else []
+        if left:
             stop_job(None, self.token, 2.0)  # nothing of the job outlives it
         stdout, stderr = self._read("torchrun.out"), self._read("torchrun.err")
+        if code is not None and code < 0 and not stopped:
+            self._agent_died(-code, len(left))
+            code = 0  # every rank had finished: their reports stand
         try:
-            return collect_reports(self.plan, self.out, self.proc.returncode, stderr, stdout)
+            return collect_reports(self.plan, self.out, code, stderr, stdout)
         except JobFailed as err:
             note = self._checkpoint_note()
             if note:
                 raise JobFailed(f"{err}; {note}", err.rank, err.stage, err.cluster) from None
             raise
+
+    def _agent_died(self, signum: int, left: int) -> None:
+        """torchrun itself was killed (SIGKILL, the OOM killer): its workers, in sessions of their own, outlive
+        it. Fine when every rank had already written its report (a warning); else a JobFailed that says so."""
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        done = [r for r in range(self.plan.world_size) if (self.out / f"rank{r}.json").is_file()]
+        agent = f"torchrun (the launch agent, pid {self.proc.pid}) was killed by {name}"
+        if len(done) == self.plan.world_size:
+            print(f"hetauto run: warning: {agent} after every rank had finished; their reports are used",
+                  file=sys.stderr)
+            return
+        stopped = f"; stopped the {left} rank process(es) it left running" if left else ""
+        note = self._checkpoint_note()
+        raise JobFailed(f"{agent} while the ranks were running ({len(done)} of {self.plan.world_size} had finished)"
+                        f"{stopped}; no rank failed on its own" + (f"; {note}" if note else ""))
 
     def kill(self) -> None:
         from hetauto.runtime.jobprocs import stop_job
