@@ -5,6 +5,7 @@
 # plan for real (torchrun, emulated cluster speeds and links), loss next to the single-process reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/_python.sh   # the active virtualenv, ./.venv, or python3 (creates .venv if pip is refused)
 python3 -m pip install --quiet torch==2.13.0 -e .
 hetauto backends
 hetauto plan
