@@ -52,3 +52,55 @@ def test_without_an_allow_list_every_plugin_is_imported(sneaky_dist, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert sneaky_dist.read_text() == "imported"
     assert doc["skipped"] == []
+
+
+def _dist(root: Path, dist: str, module: str, marker: Path, ep: str = "sneaky") -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{module}.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n")
+    info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[hetauto.backends]\n{ep} = {module}\n")
+
+
+def test_allow_list_names_dist_and_entry_point_and_a_plain_name_must_be_unambiguous(tmp_path, monkeypatch, capsys):
+    """Issue 18 item 7: `dist:entry-point` names one plugin; a plain name (kept for compatibility) loads only while
+    one distribution offers that entry point, so an impostor earlier on the path cannot take a plugin's name."""
+    real, fake = tmp_path / "real.marker", tmp_path / "fake.marker"
+    _dist(tmp_path / "a", "sneaky-plugin", "hetauto_real_plugin", real)
+    _dist(tmp_path / "b", "impostor", "hetauto_fake_plugin", fake)
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))  # earlier on the path
+    monkeypatch.setenv("HETAUTO_PLUGINS", "sneaky")
+    assert cli.main(["backends", "--json"]) == 0
+    skipped = [s for s in json.loads(capsys.readouterr().out)["skipped"] if s["name"] == "sneaky"]
+    assert not real.exists() and not fake.exists()
+    reason = "'sneaky' in HETAUTO_PLUGINS is ambiguous: offered by impostor, sneaky-plugin; name one as DIST:sneaky"
+    assert skipped == [{"name": "sneaky", "dist": "impostor==1.0", "reason": reason},
+                       {"name": "sneaky", "dist": "sneaky-plugin==1.0", "reason": reason}]
+    reset_registry()
+    monkeypatch.setenv("HETAUTO_PLUGINS", "Sneaky_Plugin:sneaky")  # dist names compare as PEP 503 says
+    assert cli.main(["backends", "--json"]) == 0
+    skipped = [s for s in json.loads(capsys.readouterr().out)["skipped"] if s["name"] == "sneaky"]
+    assert real.read_text() == "imported" and not fake.exists()
+    assert skipped == [{"name": "sneaky", "dist": "impostor==1.0", "reason": "not in HETAUTO_PLUGINS"}]
+
+
+def test_plain_name_still_works_when_one_dist_offers_it(sneaky_dist, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "hetauto_sneaky_plugin", raising=False)  # imported by an earlier test
+    monkeypatch.setenv("HETAUTO_PLUGINS", "sneaky")
+    assert cli.main(["backends", "--json"]) == 0
+    assert [s for s in json.loads(capsys.readouterr().out)["skipped"] if s["name"] == "sneaky"] == []
+    assert sneaky_dist.read_text() == "imported"
+
+
+@pytest.mark.parametrize("value", ["", " ", " , "])
+def test_an_empty_allow_list_loads_no_plugin(sneaky_dist, monkeypatch, capsys, value):
+    monkeypatch.setenv("HETAUTO_PLUGINS", value)
+    assert cli.main(["backends", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert not sneaky_dist.exists()
+    assert {"name": "sneaky", "dist": "sneaky-plugin==1.2", "reason": "HETAUTO_PLUGINS is empty: no plugins load"} in doc["skipped"]
+    assert {s["reason"] for s in doc["skipped"]} == {"HETAUTO_PLUGINS is empty: no plugins load"}

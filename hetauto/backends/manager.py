@@ -5,7 +5,9 @@ own), then every entry point of the `hetauto.backends` group. A plugin that fail
 pluggy's validation or to register is recorded as a `PluginError` and skipped; loading never fails.
 Environment:
   HETAUTO_DISABLE_PLUGIN_AUTOLOAD=1   load no entry points (built-ins only)
-  HETAUTO_PLUGINS=a,b                 load only these entry-point names; the others are recorded as skipped
+  HETAUTO_PLUGINS=dist:a,b            load only these plugins (`dist-name:entry-point`; a plain entry-point name
+                                      only while one distribution offers it); the others are recorded as
+                                      skipped; set but empty: no plugins
   HETAUTO_BACKEND=name                `select()` uses this backend or fails loudly
 """
 
@@ -211,10 +213,52 @@ def _env_flag(name: str) -> bool:
 
 
 def _allow_list() -> set[str] | None:
+    """HETAUTO_PLUGINS as a set of `dist-name:entry-point` (dist names normalised) or plain entry-point names;
+    None when unset (every plugin loads); empty when set to nothing (no plugin loads)."""
     raw = os.environ.get("HETAUTO_PLUGINS")
-    if raw is None or not raw.strip():
+    if raw is None:
         return None
-    return {p.strip() for p in raw.split(",") if p.strip()}
+    out = set()
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        dist, sep, name = part.rpartition(":")
+        out.add(f"{_normalise(dist)}:{name.strip()}" if sep else part)
+    return out
+
+
+def _normalise(dist: str) -> str:
+    """A distribution name as PEP 503 compares them (Sneaky_Plugin == sneaky-plugin)."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", dist.strip()).lower()
+
+
+def _dist_name(ep: md.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "unknown"
+    return str(dist.metadata["Name"] if dist.metadata and dist.metadata["Name"] else getattr(dist, "name", "unknown"))
+
+
+def _skip_reason(ep: md.EntryPoint, allow: set[str] | None, offered: dict[str, set[str]]) -> str | None:
+    """Why HETAUTO_PLUGINS keeps `ep` from loading, or None. `dist:name` names one plugin exactly; a plain `name`
+    (kept for compatibility) only while a single distribution offers an entry point of that name, so a package
+    earlier on the path cannot impersonate a plugin by taking its name."""
+    if allow is None:
+        return None
+    if not allow:
+        return "HETAUTO_PLUGINS is empty: no plugins load"
+    if f"{_normalise(_dist_name(ep))}:{ep.name}" in allow:
+        return None
+    if ep.name in allow:
+        dists = offered.get(ep.name, set())
+        if len(dists) <= 1:
+            return None
+        return (f"'{ep.name}' in HETAUTO_PLUGINS is ambiguous: offered by {', '.join(sorted(dists))}; "
+                f"name one as DIST:{ep.name}")
+    return "not in HETAUTO_PLUGINS"
 
 
 class PluginLoader:
@@ -272,14 +316,20 @@ class PluginLoader:
         allow = _allow_list()
         if entry_points is None:
             entry_points = md.entry_points(group=ENTRY_POINT_GROUP)
-        seen: set[str] = set()
+        entry_points = list(entry_points)
+        offered: dict[str, set[str]] = {}
+        for ep in entry_points:
+            offered.setdefault(ep.name, set()).add(_normalise(_dist_name(ep)))
+        seen: set[tuple[str, str]] = set()
         for ep in entry_points:
             source = _dist_label(ep)
-            if ep.name in seen:  # the same dist visible twice on sys.path
+            key = (_normalise(_dist_name(ep)), ep.name)
+            if key in seen:  # the same dist visible twice on sys.path
                 continue
-            seen.add(ep.name)
-            if allow is not None and ep.name not in allow:
-                reg.skipped.append(SkippedPlugin(ep.name, source, "not in HETAUTO_PLUGINS"))
+            seen.add(key)
+            why = _skip_reason(ep, allow, offered)
+            if why is not None:
+                reg.skipped.append(SkippedPlugin(ep.name, source, why))
                 continue
             try:
                 plugin = ep.load()
