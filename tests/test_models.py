@@ -143,7 +143,7 @@ def test_hf_config_families(tmp_path, cfg, expected):
      "num_key_value_heads: 32 attention heads are not divisible by 5 KV heads (use a KV head count that divides "
      "num_attention_heads)"),
     ({**LLAMA_CFG, "model_type": "t5"},
-     "model_type: unsupported model_type 't5' (supported: llama, mistral, qwen2, gpt2, opt, gpt_neox)"),
+     "model_type: unsupported model_type 't5' (supported: llama, mistral, qwen2, gpt2, gpt_neo, opt, gpt_neox)"),
 ])
 def test_hf_config_errors(tmp_path, cfg, message):
     p = tmp_path / "config.json"

@@ -10,7 +10,7 @@ from hetauto.core.profile import (EfficiencyModel, ProfileDoc, catalog, get_devi
                                   profile_from_dict)
 
 EXPECTED_KEYS = {"a100-80g", "a100-40g", "v100-16g", "h100", "h800", "h20", "mi250x", "mi300x", "ascend-910b",
-                 "max-1550", "cpu"}
+                 "max-1550", "cpu", "h200", "gh200", "b200", "l40s", "rtx-4090", "rtx-3090", "a10", "mi325x"}
 
 
 def test_catalog_has_every_device_with_backend():
@@ -101,8 +101,9 @@ def test_to_document_round_trips(tmp_path):
 @pytest.mark.parametrize("doc, message", [
     ({"name": "x"}, "p.yaml: backend: required field is missing (give it, or set `base:` to a catalog device whose "
                     "values fill the gaps)"),
-    ({"base": "a100"}, "p.yaml: base: unknown catalog device 'a100' (known devices: a100-40g, a100-80g, ascend-910b, "
-                       "cpu, h100, h20, h800, max-1550, mi250x, mi300x, v100-16g)"),
+    ({"base": "a100"}, "p.yaml: base: unknown catalog device 'a100' (known devices: a10, a100-40g, a100-80g, "
+                       "ascend-910b, b200, cpu, gh200, h100, h20, h200, h800, l40s, max-1550, mi250x, mi300x, mi325x, "
+                       "rtx-3090, rtx-4090, v100-16g)"),
     ({"base": "h100", "peak_flops": "9TFLOP"}, "p.yaml: peak_flops: unknown flops unit 'TFLOP' in '9TFLOP'; accepted "
                                                "units: FLOPS, GFLOPS, TFLOPS, PFLOPS (or FLOP/s forms)"),
     ({"base": "h100", "backend": "TPU!"}, "p.yaml: backend: 'TPU!' is not a backend name; use a lowercase name such as "
@@ -121,7 +122,7 @@ def test_bad_profiles(doc, message):
 
 def test_get_device():
     assert get_device("H800") is catalog()["h800"]
-    with pytest.raises(SpecError, match=r"^device: unknown device type 'tpu-v5' \(known devices: a100-40g, "):
+    with pytest.raises(SpecError, match=r"^device: unknown device type 'tpu-v5' \(known devices: a10, a100-40g, "):
         get_device("tpu-v5")
 
 

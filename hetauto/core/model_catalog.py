@@ -1,7 +1,7 @@
 """Named transformer models, and `config.json` files in Hugging Face style (read locally, never fetched).
 
 `get_model(name_or_path)` accepts a catalog name (`llama2-70b`) or a path to a `config.json`
-(llama, mistral, gpt2, opt, gpt_neox field names). Only hyper-parameters are read; no weights.
+(llama, mistral, qwen2, gpt2, gpt_neo, opt, gpt_neox field names; MoE configs are refused). Only hyper-parameters are read; no weights.
 """
 
 from __future__ import annotations
@@ -79,24 +79,41 @@ def _int(data: dict[str, Any], source: Path, *names: str, default: int | None = 
                     f"a config.json needs one of: {', '.join(names)}")
 
 
+DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neo", "opt", "gpt_neox")
+# Mixture-of-experts configs are refused by name or by an expert count above 1 in any of these fields.
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "granitemoe", "olmoe",
+                   "jamba", "phimoe")
+MOE_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
 def load_hf_config(path: str | Path) -> ModelConfig:
-    """Read a Hugging Face `config.json` (llama/mistral/qwen2-style, gpt2, opt, gpt_neox)."""
+    """Read a Hugging Face `config.json` as published (llama, mistral, qwen2: RMSNorm/SwiGLU/rotary; gpt2,
+    gpt_neo, opt, gpt_neox: LayerNorm/GELU-style with learned or rotary positions, costed alike). What is not
+    modelled: gpt_neo's local attention windows and opt-350m's embedding projection (`word_embed_proj_dim`)
+    are priced as full-width dense layers, qwen2's q/k/v biases are left out of the parameter count.
+    Mixture-of-experts configs are refused with one line."""
     p = Path(path)
     data = read_document(p)
     if not isinstance(data, dict):
         raise SpecError(p, "", f"expected a JSON object, got {type(data).__name__}")
     model_type = str(data.get("model_type", "")).lower()
     name = str(data.get("_name_or_path") or data.get("name") or p.parent.name or p.stem)
+    experts = next((data[k] for k in MOE_EXPERT_FIELDS if isinstance(data.get(k), int) and data[k] > 1), None)
+    if model_type in MOE_MODEL_TYPES or experts is not None:
+        count = f" with {experts} experts" if experts is not None else ""
+        raise SpecError(p, "model_type", f"'{model_type or 'unnamed'}' is a mixture-of-experts model{count}, which "
+                        "hetauto cannot plan yet (its cost model and executor are for dense decoders)",
+                        f"use a dense model: {', '.join(DENSE_MODEL_TYPES)}")
     if model_type in ("llama", "mistral", "qwen2", "gemma") or (model_type == "" and "num_key_value_heads" in data):
         arch = "llama"
-    elif model_type in ("gpt2", "opt", "gpt_neox", "gptj", "gpt_bigcode", ""):
+    elif model_type in ("gpt2", "gpt_neo", "opt", "gpt_neox", "gptj", "gpt_bigcode", ""):
         arch = "gpt"
     else:
         raise SpecError(p, "model_type", f"unsupported model_type '{model_type}'",
-                        "supported: llama, mistral, qwen2, gpt2, opt, gpt_neox")
+                        f"supported: {', '.join(DENSE_MODEL_TYPES)}")
     hidden = _int(data, p, "hidden_size", "n_embd", "d_model")
     layers = _int(data, p, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _int(data, p, "num_attention_heads", "n_head")
+    heads = _int(data, p, "num_attention_heads", "n_head", "num_heads")
     vocab = _int(data, p, "vocab_size")
     if hidden % heads:
         raise SpecError(p, "num_attention_heads", f"hidden size {hidden} is not divisible by {heads} heads",
