@@ -56,6 +56,7 @@ from hetauto.runtime.devices import RankDevice
 from hetauto.runtime.executable import check_executable
 from hetauto.runtime.groups import RankGroups
 from hetauto.runtime.mixed_precision import Precision
+from hetauto.runtime.optim import LRSchedule, clip_coefficient, local_sq_norm
 from hetauto.runtime.reference import make_optimizer
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import ChunkedStage, StageModule, build_stage
@@ -79,6 +80,13 @@ class ExecutorOptions:
     record: bool = True  # keep the lead rank's timeline
     # each stage's backend name (None: cpu for every stage); HETAUTO_BACKEND's forcing is the launcher's job
     backends: tuple[str, ...] | None = None
+    lr_schedule: LRSchedule | None = None  # None: `lr` at every step
+    clip_grad: float | None = None  # clip gradients to this global norm (every stage, TP shard, DP replica)
+    data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
+
+    @property
+    def schedule(self) -> LRSchedule:
+        return self.lr_schedule if self.lr_schedule is not None else LRSchedule(lr=self.lr)
 
 
 @dataclass(slots=True)
@@ -108,6 +116,8 @@ class RankReport:
     peak_memory_bytes: int = 0  # the backend's memory_stats peak for this rank's device
     transports: list[str] = field(default_factory=list)  # per forward boundary (stage_backends.boundary_pairs)
     overflow_steps: int = 0  # fp16: steps skipped because some rank's gradients overflowed
+    lrs: list[float] = field(default_factory=list)  # the learning rate each step trained with
+    grad_norms: list[float] = field(default_factory=list)  # with clipping: each step's global norm before it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,6 +232,13 @@ class StageExecutor:
         self._bwd_in = (route(self.bwd[st], tr[st].backward) if st < last
                         else route(wrap_b, tr[-1].backward) if wrap_b else None)
         self._rec = bool(options.record and me.is_lead)
+        self._data = None
+        if options.data is not None and (me.stage == 0 or me.stage == p - 1):
+            from hetauto.runtime.token_data import open_tokens
+
+            self._data = open_tokens(options.data)
+        self.lrs: list[float] = []
+        self.grad_norms: list[float] = []
         self.normaliser = plan.global_batch * plan.seq_len
         self.t0 = 0.0
         self.events: list[list[Any]] = []
@@ -291,7 +308,10 @@ class StageExecutor:
         p, m = plan.num_stages, plan.num_microbatches
         rec = self._rec
         need_data = me.stage == 0 or me.stage == p - 1
-        batch = synthetic_batch(self.opt_.seed, step, plan.global_batch, plan.seq_len, self.cfg.vocab_size) if need_data else None
+        batch = None
+        if need_data:
+            batch = (self._data.batch(self.opt_.seed, step, plan.global_batch, plan.seq_len) if self._data is not None
+                     else synthetic_batch(self.opt_.seed, step, plan.global_batch, plan.seq_len, self.cfg.vocab_size))
         st = _StepState(step, batch)
         if rec:
             for per_step in (*self.cpu.values(), *self.dev_s.values()):
@@ -402,11 +422,47 @@ class StageExecutor:
         if self.scaler is not None:
             overflow = self.scaler.unscale_and_check(self.stage.parameters(), self._vote)
             self.scaler.update(overflow)
+        if self.opt_.clip_grad is not None and not overflow:
+            norm = self._global_grad_norm()
+            self.grad_norms.append(norm)
+            coef = clip_coefficient(norm, self.opt_.clip_grad)
+            if coef < 1.0:
+                for prm in self.stage.parameters():
+                    if prm.grad is not None:
+                        prm.grad.mul_(coef)
+        lr = self.opt_.schedule.lr_at(st.step)
+        self.lrs.append(lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         if not overflow:
             self._timed("OPTIM", self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)
         if self._rec:
             self._record(st.step, "OPTIM", None, st.t)
+
+    def _global_grad_norm(self) -> float:
+        """The L2 norm of the whole model's gradient, every parameter counted once: DP replicas hold equal
+        gradients after REDUCE_GRAD (dp index 0 counts), TP ranks hold distinct shards of sharded parameters
+        and copies of the replicated ones (tp index 0 counts those), and the tied table's head-side copy holds
+        the same summed gradient as the embedding's (stage 0 counts it)."""
+        me = self.me
+        total = 0.0
+        if me.dp_index == 0:
+            skip = self.stage.tied_embedding_weight() if me.stage != 0 else None
+            grads = []
+            for prm in self.stage.parameters():
+                g = prm.grad
+                if g is None or prm is skip:
+                    continue
+                placements = getattr(g, "placements", None)
+                sharded = placements is not None and any(not pl.is_replicate() for pl in placements)
+                if not sharded and me.tp_index != 0:
+                    continue
+                grads.append(g.to_local() if placements is not None else g)
+            total = local_sq_norm(grads)
+        t = torch.tensor([total], dtype=torch.float64)
+        self.g.world.all_reduce(t)
+        return float(t.item()) ** 0.5
 
     def _vote(self, local: torch.Tensor) -> torch.Tensor:
         """fp16 overflow: the maximum over every rank of the job (world group, host memory)."""
@@ -484,6 +540,7 @@ class StageExecutor:
             precision=self.mp.name, peak_memory_bytes=self.dev.peak_memory_bytes(),
             transports=[t.name for t in self.g.transports],
             overflow_steps=self.scaler.skipped if self.scaler is not None else 0,
+            lrs=list(self.lrs), grad_norms=list(self.grad_norms),
         )
 
 

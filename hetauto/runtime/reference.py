@@ -19,6 +19,7 @@ import torch
 from hetauto.core.model import ModelConfig
 from hetauto.runtime.data import microbatch, num_microbatches, synthetic_batch
 from hetauto.runtime.mixed_precision import Precision
+from hetauto.runtime.optim import LRSchedule
 from hetauto.runtime.stage import build_model
 
 __all__ = ["ADAMW_BETAS", "ADAMW_EPS", "ADAMW_WEIGHT_DECAY", "make_optimizer", "reference_losses"]
@@ -45,20 +46,32 @@ def reference_losses(
     seq_len: int,
     lr: float = 1e-3,
     precision: str = "fp32",
+    *,
+    lr_schedule: LRSchedule | None = None,
+    clip_grad: float | None = None,
+    data: str | None = None,
 ) -> list[float]:
     """Train the whole model in one process for `steps` steps on `synthetic_batch(seed, step, ...)`; return
     each step's loss (mean token cross-entropy over the global batch, measured before that step's update).
     `precision` (a resolved one: fp32, bf16, fp16) runs as the executor runs it (hetauto.runtime.mixed_precision),
-    on the host CPU."""
+    on the host CPU; `lr_schedule` (default: constant `lr`), `clip_grad` (torch.nn.utils.clip_grad_norm_) and
+    `data` (a token file, hetauto.runtime.token_data; default: the synthetic stream) as the executor's options."""
     mp = Precision(precision, "cpu")
     scaler = mp.loss_scaler()
     m = num_microbatches(gbs, microbatch_size)
     model = build_model(model_cfg, seed)
     opt = make_optimizer(model.parameters(), lr)
     normaliser = gbs * seq_len
+    schedule = lr_schedule if lr_schedule is not None else LRSchedule(lr=lr)
+    tokens = None
+    if data is not None:
+        from hetauto.runtime.token_data import open_tokens
+
+        tokens = open_tokens(data)
     losses: list[float] = []
     for step in range(steps):
-        batch = synthetic_batch(seed, step, gbs, seq_len, model_cfg.vocab_size)
+        batch = (tokens.batch(seed, step, gbs, seq_len) if tokens is not None
+                 else synthetic_batch(seed, step, gbs, seq_len, model_cfg.vocab_size))
         total = 0.0
         for j in range(m):
             mb = microbatch(batch, j, microbatch_size)
@@ -67,6 +80,10 @@ def reference_losses(
             (loss * scaler.scale if scaler is not None else loss).backward()
             total += loss.item()
         overflow = scaler is not None and scaler.unscale_and_check(model.parameters(), lambda x: x)
+        if clip_grad is not None and not overflow:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        for group in opt.param_groups:
+            group["lr"] = schedule.lr_at(step)
         if not overflow:
             opt.step()
         if scaler is not None:

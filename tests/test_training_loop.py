@@ -1,0 +1,148 @@
+"""The training loop people expect, across a pipeline: real tokens from a local token file, a warm-up + cosine
+learning-rate schedule and gradient clipping by the global norm (summed over every stage, TP shard and DP
+replica once), equal to the single-process reference; and the token file's format and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hetauto.core.errors import SpecError
+from hetauto.core.model_catalog import get_model
+from hetauto.core.plan import Plan, StagePlan
+from hetauto.runtime.optim import LRSchedule, clip_coefficient
+from hetauto.runtime.reference import reference_losses
+from hetauto.runtime.results import summarize
+from hetauto.runtime.token_data import TOKENS_FORMAT, open_tokens, write_tokens
+from hetauto.testing.multiproc import run_ranks
+
+GPT = get_model("tiny-gpt")
+TIED = dataclasses.replace(GPT, name="tiny-gpt-tied", tie_embeddings=True)
+STEPS, SEED = 4, 11
+SCHEDULE = LRSchedule(lr=3e-3, kind="cosine", warmup_steps=2, decay_steps=4, min_lr=3e-4)
+CLIP = 0.05  # below the tiny models' gradient norms: clipping acts on every step
+
+
+def _documents(n: int = 20, length: int = 150) -> list[np.ndarray]:
+    """Byte-level text (tiny-gpt's vocabulary is the 256 byte values): learnable, so the loss falls."""
+    text = b"the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. "
+    return [np.frombuffer((text * 4)[i : i + length], dtype=np.uint8).astype(np.int64) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory) -> Path:
+    return write_tokens(tmp_path_factory.mktemp("data") / "train.bin", _documents(), vocab_size=256)
+
+
+# -- the schedule and the clip coefficient, closed form -------------------------------------------------
+def test_warmup_then_cosine_to_min_lr() -> None:
+    lrs = [SCHEDULE.lr_at(s) for s in range(6)]
+    assert lrs[:2] == [1.5e-3, 3e-3]  # linear warm-up: lr * (step + 1) / warmup
+    assert lrs[2] == pytest.approx(3e-3)  # cosine starts at lr ...
+    assert lrs[3] == pytest.approx(3e-4 + 0.5 * 2.7e-3)  # ... is halfway at the middle of the decay ...
+    assert lrs[4] == lrs[5] == pytest.approx(3e-4)  # ... and stays at min_lr after decay_steps
+    assert LRSchedule(lr=1.0, kind="linear", decay_steps=4).lr_at(1) == 0.75
+    assert LRSchedule(lr=2e-3).lr_at(100) == 2e-3
+
+
+def test_clip_coefficient_is_torchs() -> None:
+    assert clip_coefficient(2.0, 1.0) == 1.0 / (2.0 + 1e-6)
+    assert clip_coefficient(0.5, 1.0) == 1.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(lr=0.0), "--lr must be > 0, got 0.0"),
+    (dict(warmup_steps=-1), "--warmup-steps must be >= 0, got -1"),
+    (dict(lr=1e-3, min_lr=1e-2), "--min-lr must be between 0 and --lr (0.001), got 0.01"),
+])
+def test_bad_schedules_say_which_flag(kwargs, message) -> None:
+    with pytest.raises(ValueError) as err:
+        LRSchedule(**kwargs)
+    assert str(err.value) == message
+
+
+# -- the token file -------------------------------------------------------------------------------------
+def test_a_token_file_round_trips_with_its_sidecar(tokens: Path) -> None:
+    tf = open_tokens(tokens)
+    assert (tf.vocab_size, tf.num_tokens, tf.documents[:3]) == (256, 3000, (0, 150, 300))
+    assert tf.tokens.dtype == np.uint16
+    np.testing.assert_array_equal(np.asarray(tf.tokens[150:300]), _documents()[1])  # document 1, in order
+    meta = json.loads(tokens.with_suffix(".json").read_text())
+    assert meta["format"] == TOKENS_FORMAT and meta["tokens"] == 3000
+
+
+def test_a_steps_batch_is_windows_of_the_file_and_a_function_of_seed_and_step(tokens: Path) -> None:
+    tf = open_tokens(tokens)
+    a, b = tf.batch(SEED, 3, 8, 16), tf.batch(SEED, 3, 8, 16)
+    assert a.tokens.equal(b.tokens) and a.targets.equal(b.targets)  # a resumed run sees the same samples
+    assert not a.tokens.equal(tf.batch(SEED, 4, 8, 16).tokens)
+    flat = np.asarray(tf.tokens, dtype=np.int64)
+    for row, tgt in zip(a.tokens.numpy(), a.targets.numpy()):
+        start = next(i for i in range(len(flat) - 16) if (flat[i : i + 16] == row).all())
+        assert (flat[start + 1 : start + 17] == tgt).all()  # targets are the next tokens
+
+
+def test_token_file_problems_are_one_line_naming_the_file(tmp_path: Path, tokens: Path) -> None:
+    with pytest.raises(SpecError) as err:
+        open_tokens(tmp_path / "none.bin")
+    assert str(err.value) == (f"{tmp_path / 'none.bin'}: (file): no such token file (make one with "
+                              "`hetauto data prepare TEXT... -o FILE.bin`)")
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(tokens.read_bytes()[:-1])
+    cut.with_suffix(".json").write_text(tokens.with_suffix(".json").read_text())
+    with pytest.raises(SpecError) as err:
+        open_tokens(cut)
+    assert str(err.value) == f"{cut}: (file): 5999 bytes is not a whole number of uint16 tokens (truncated?)"
+    with pytest.raises(SpecError) as err:
+        open_tokens(tokens).check_fits(global_batch=200, seq_len=16, model_vocab=256)
+    assert str(err.value) == (f"{tokens}: tokens: 3000 tokens are fewer than one step needs (200 samples x 17 tokens "
+                              "= 3400) (prepare more text, or lower the plan's global_batch or seq_len)")
+    with pytest.raises(SpecError) as err:
+        open_tokens(tokens).check_fits(global_batch=8, seq_len=16, model_vocab=128, model="tiny")
+    assert str(err.value) == (f"{tokens}: vocab_size: the data's vocabulary of 256 ids does not fit tiny's 128 "
+                              "(tokenize with the model's own tokenizer)")
+
+
+# -- the loop across a pipeline, against one process ---------------------------------------------------------
+def _plan(model: str) -> Plan:
+    def stage(cluster, layers, tp, dp):
+        return StagePlan(cluster=cluster, device_type="cpu", devices=tuple(range(tp * dp)), layers=layers, tp=tp, dp=dp)
+
+    return Plan(model=model, cluster="cpu-demo", seq_len=16, global_batch=8, microbatch_size=4, num_microbatches=2,
+                stages=(stage("fast", (0, 3), 2, 1), stage("slow", (3, 5), 1, 2), stage("fast", (5, 6), 1, 1)))
+
+
+def _work(rank: int, world: int, cases: list) -> list[dict]:
+    from hetauto.core.comm import Communicator
+    from hetauto.runtime.executor import ExecutorOptions, run_rank
+
+    comm = Communicator.init_from_env("gloo", timeout_s=30)
+    try:
+        out = []
+        for tied, data in cases:
+            opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, lr_schedule=SCHEDULE, clip_grad=CLIP,
+                                   data=data, backends=("cpu", "mock", "cpu"))
+            out.append(run_rank(comm, _plan("tiny-gpt"), TIED if tied else GPT, opts).to_dict())
+        return out
+    finally:
+        comm.destroy()
+
+
+@pytest.mark.multiprocess
+def test_schedule_clipping_and_real_tokens_match_the_single_process_reference(tokens: Path) -> None:
+    cases = [(False, str(tokens)), (True, None)]  # real tokens; the synthetic stream with a tied table
+    per_rank = run_ranks(_work, 5, cases, timeout=200)
+    for c, (tied, data) in enumerate(cases):
+        reports = [per_rank[r][c] for r in range(5)]
+        got = summarize(_plan("tiny-gpt"), reports).losses
+        want = reference_losses(TIED if tied else GPT, SEED, STEPS, 8, 4, 16, lr_schedule=SCHEDULE, clip_grad=CLIP,
+                                data=data)
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (tied, got, want)
+        assert got[-1] < got[0]
+        norms = {tuple(round(n, 9) for n in r["grad_norms"]) for r in reports}
+        assert len(norms) == 1 and all(n > CLIP for n in next(iter(norms)))  # one global norm, clipping acted
+        assert {tuple(r["lrs"]) for r in reports} == {tuple(SCHEDULE.lr_at(s) for s in range(STEPS))}
