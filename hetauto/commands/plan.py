@@ -22,8 +22,10 @@ from hetauto.core.units import format_bytes, format_time
 from hetauto.planner.inputs import load_planning_inputs
 from hetauto.planner.search import (DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, EVALUATIONS_PER_DEVICE, PLANNERS, PlanResult,
                                     default_max_evaluations, make_evaluator, plan)
+from hetauto.planner.space import RESHARD_METHODS, SCHEDULES
 
 BASELINE_SET = ("megatron", "metis", "amp", "greedy")
+OWN_SEARCHES = ("mcts", "exhaustive", "greedy", "single-cluster")  # the planners the feature flags restrict
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp16", "fp32"),
                         help="training precision written into the plan and priced (default: auto: fp32 when a stage "
                              "runs on cpu/mock, else bf16)")
+    parser.add_argument("--schedules", metavar="LIST",
+                        help="schedules the search may use, comma-separated from 1f1b, virtual-1f1b, interleaved "
+                             "(default: all)")
+    parser.add_argument("--no-virtual-1f1b", action="store_true", help="leave Virtual-1F1B out of the search")
+    parser.add_argument("--no-zero1", action="store_true", help="leave ZeRO-1 out of the search")
+    parser.add_argument("--no-recompute", action="store_true", help="leave activation recomputation out of the search")
+    parser.add_argument("--resharding", choices=RESHARD_METHODS,
+                        help="the one resharding method every boundary uses (default: chosen per boundary)")
     parser.add_argument("--baselines", action="store_true",
                         help=f"also run {', '.join(BASELINE_SET)} and compare (same evaluator; each runs its own "
                              "algorithm to the end, e.g. metis' full enumeration, unless --budget cuts it)")
@@ -64,6 +74,40 @@ def _figures(r: PlanResult) -> dict[str, Any]:
             "bubble_fraction": ev.bubble_fraction, "search_time_s": r.search_time_s, "evaluations": r.evaluations}
 
 
+def feature_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The StrategySpace options of the feature flags (--schedules, --no-virtual-1f1b, --no-zero1,
+    --no-recompute, --resharding): the search keeps inside them in every phase, seeds included."""
+    from hetauto.planner import principles as P
+
+    opts: dict[str, Any] = {}
+    scheds = list(SCHEDULES)
+    if getattr(args, "schedules", None):
+        scheds = [x.strip() for x in args.schedules.split(",") if x.strip()]
+        bad = [x for x in scheds if x not in SCHEDULES]
+        if bad or not scheds:
+            raise HetautoError(f"--schedules {args.schedules}: unknown schedule {', '.join(bad) or '(none)'}; "
+                               f"choose from {', '.join(SCHEDULES)}")
+    if getattr(args, "no_virtual_1f1b", False):
+        scheds = [x for x in scheds if x != "virtual-1f1b"]
+    if scheds != list(SCHEDULES):
+        tree = tuple(x for x in scheds if x != "interleaved")
+        if not tree:
+            raise HetautoError("--schedules: interleaved alone leaves no schedule for a one-stage plan; add 1f1b")
+        opts["schedules"] = tree
+        if "interleaved" not in scheds:
+            opts["interleave"] = ()
+        else:
+            opts["interleave"] = P.INTERLEAVE_CHUNKS
+    if getattr(args, "no_zero1", False):
+        opts["zero1"] = (False,)
+    if getattr(args, "no_recompute", False):
+        opts["recompute"] = (False,)
+    if getattr(args, "resharding", None):
+        opts["resharding"] = args.resharding
+        opts["resharding_methods"] = (args.resharding,)
+    return opts
+
+
 def _model_ref(args: argparse.Namespace) -> str | None:
     """A config.json path is kept as the plan's model reference (a catalog name is the model's name)."""
     return args.model if args.model and Path(args.model).is_file() else None
@@ -79,6 +123,8 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
             raise HetautoError(f"{flag} must be {'positive' if low else 'zero or more'}, got {value}")
     kw = dict(budget=budget, seed=args.seed, iterations=args.iterations, max_evaluations=args.max_evaluations,
               patience=args.patience, evaluator=make_evaluator(inputs, args.precision), model_ref=args.model_ref)
+    if name in OWN_SEARCHES:  # hetauto's own searches keep inside the feature flags; baselines run as published
+        kw["space_options"] = feature_options(args) or None
     if not show:
         return plan(inputs, name, **kw)
     err = Console(stderr=True)

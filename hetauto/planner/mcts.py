@@ -65,10 +65,16 @@ class Scorer:
         self.scored = 0
         self.improved_at = 0  # evaluator.evaluations when `best` last improved (the stop rule's clock)
         self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
+        self.refused: list[tuple[Candidate, str]] = []  # candidates outside the space's feature set, never built
 
     def score(self, cand: Candidate) -> Scored | None:
         if cand in self.by_candidate:
             return self.by_candidate[cand]
+        outside = self.space.allows(cand)
+        if outside is not None:  # a phase proposed a feature the space excludes: never scored
+            self.refused.append((cand, outside))
+            self.by_candidate[cand] = None
+            return None
         built = self.space.build(cand)
         result: Scored | None = None
         if built.violation:
@@ -164,7 +170,8 @@ class MCTS:
     """UCT search; call `run(budget_s=..., iterations=...)`; results in `scorer.best` and `trace`."""
 
     def __init__(self, space: StrategySpace, *, seed: int = 0, c_puct: float = 1.4, greedy: float = 0.75,
-                 scorer: Scorer | None = None) -> None:
+                 scorer: Scorer | None = None, start: float | None = None) -> None:
+        """`start`: the perf_counter() the trace's times count from (default: now)."""
         self.space = space
         self.rng = random.Random(seed)
         self.c = c_puct
@@ -173,7 +180,7 @@ class MCTS:
         self.priors = Priors(space)
         self.trace: list[TracePoint] = []
         self.iterations = 0
-        self._start = 0.0
+        self.start = time.perf_counter() if start is None else start
         self.root = self._make(())
 
     # decisions ---------------------------------------------------------------------------------
@@ -294,10 +301,12 @@ class MCTS:
             if stop is not None and stop():
                 return
             self.scorer.score(c)
-            self._record()
+            self.record()
 
-    def _record(self) -> None:
-        point = TracePoint(time.perf_counter() - self._start, self.space.evaluator.evaluations, self.scorer.best_throughput)
+    def record(self) -> None:
+        """Add the best so far to the trace when it improved (public: phases outside the tree, e.g. the
+        descent, call it so their improvements enter the trace when they happen)."""
+        point = TracePoint(time.perf_counter() - self.start, self.space.evaluator.evaluations, self.scorer.best_throughput)
         if not self.trace or point.best_throughput > self.trace[-1].best_throughput:
             self.trace.append(point)
 
@@ -308,7 +317,8 @@ class MCTS:
         (e.g. the stop rule: no improvement for N evaluations), or the tree is exhausted."""
         if budget_s is None and iterations is None and max_evaluations is None and stop is None:
             iterations = 200
-        self._start = start if start is not None else time.perf_counter()
+        if start is not None:
+            self.start = start
         done = 0
         ev = self.space.evaluator
         first = ev.evaluations
@@ -317,14 +327,14 @@ class MCTS:
                 break
             if iterations is not None and done >= iterations:
                 break
-            if budget_s is not None and time.perf_counter() - self._start >= budget_s:
+            if budget_s is not None and time.perf_counter() - self.start >= budget_s:
                 break
             if stop is not None and stop():
                 break
             if not self.step():
                 break
             done += 1
-            self._record()
+            self.record()
             if progress is not None:
-                progress(time.perf_counter() - self._start, self.space.evaluator.evaluations, self.scorer.best_throughput)
+                progress(time.perf_counter() - self.start, self.space.evaluator.evaluations, self.scorer.best_throughput)
         return self.scorer.best

@@ -20,16 +20,15 @@ from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
 from hetauto.planner.mcts import MCTS, ProgressFn, Scored, Scorer, TracePoint
-from hetauto.planner.space import UNUSED, Candidate, StrategySpace, boundary_pairs
+from hetauto.planner.seeds import seed_candidates
+from hetauto.planner.space import RESHARD_METHODS, UNUSED, Candidate, StrategySpace, boundary_pairs
 
-# every hetauto.core.plan.ReshardMethod (a test checks they agree), in the order the descent and the polish try
-# them: the default first, so a tie keeps it
-RESHARD_METHODS = ("scatter-allgather", "leader-broadcast", "lanes")
+__all__ = ["RESHARD_METHODS", "seed_candidates"]  # re-exported: their homes are space.py and seeds.py
+SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
 PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy")
 DEFAULT_MAX_EVALUATIONS = 1000  # the default cap (at least; see default_max_evaluations) without iterations/budget
 EVALUATIONS_PER_DEVICE = 4  # larger clusters have a larger space: the default cap grows with the device count
 DEFAULT_PATIENCE = 300  # the stop rule: this many evaluations without a better plan ends the search
-SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
 POLISH_RESERVE = 5
 WARMUP_BONUS = (0, 1, 2)  # Virtual-1F1B depth the descent tries on top of the rule's at cross-cluster boundaries
 MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
@@ -84,7 +83,7 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
     """The constraint that fails even for the most memory-lenient plan in the space (mbs 1, the most
     stages, the widest TP, recompute and ZeRO-1 on every cluster)."""
     lenient = []
-    for name in space.spec.names:
+    for name in space.clusters:
         opts = [o for o in space.cluster_options(name, 1) if o.stages > 0]
         if not opts:
             c = space.spec.cluster(name)
@@ -93,7 +92,7 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
             return (f"cluster {name} ({c.device.key}): one block needs {need / 2**30:.1f} GiB per device at "
                     f"tp={tp} with recompute and ZeRO-1 > {c.device.memory_bytes / 2**30:.0f} GiB")
         lenient.append(max(opts, key=lambda o: (o.stages, o.recompute, o.tp)))
-    order = space.spec.names
+    order = space.clusters
     stages = sum(o.stages for o in lenient)
     while stages > space.num_layers:  # keep within one layer per stage
         i = max(range(len(lenient)), key=lambda j: lenient[j].stages)
@@ -102,7 +101,8 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
             break
         lenient[i] = max(smaller, key=lambda o: (o.stages, o.recompute, o.tp))
         stages = sum(o.stages for o in lenient)
-    cand = Candidate(1, order, tuple(lenient), "1f1b", True, space.resharding)
+    cand = Candidate(1, order, tuple(lenient), space.default_tail(prefer="1f1b")[0], max(space.zero1_options),
+                     space.resharding)
     built = space.build(cand)
     if built.violation:
         return built.violation
@@ -153,8 +153,7 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         if iterations is None and max_evaluations is None and budget is None:
             max_evaluations = default_max_evaluations(inputs)
         pat = (0 if iterations is not None else DEFAULT_PATIENCE) if patience is None else patience
-        search = MCTS(space, seed=seed)
-        search._start = start
+        search = MCTS(space, seed=seed, start=start)
         scorer = search.scorer
         # a score evaluates <= 2 plans (a second cut), so the phases end <= cap + 1 and polish() adds <= 4:
         # keeping 5 back means `max_evaluations` (>= 6) is never exceeded; one candidate is always scored
@@ -162,7 +161,7 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
 
         def spent(share: float = 1.0) -> bool:
             """The upper bounds: evaluation cap and time budget."""
-            search._record()  # descent improvements enter the trace (and the progress bar) when they happen
+            search.record()  # descent improvements enter the trace (and the progress bar) when they happen
             if progress is not None:
                 progress(time.perf_counter() - start, ev.evaluations, scorer.best_throughput)
             if cap is not None and ev.evaluations >= cap:
@@ -185,7 +184,7 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
                    start=start, max_evaluations=first_cap, stop=stop)
         descend_from_top(space, scorer, spent, TOP_K)
         descend_without_each_cluster(space, scorer, spent)
-        search._record()
+        search.record()
         while not stop():
             done = ev.evaluations
             rest = None if iterations is None else iterations - (first or 0)
@@ -195,7 +194,7 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
             if iterations is not None or ev.evaluations == done:  # iterations spent, or nothing left to try
                 break
         best = polish(space, scorer, scorer.best)
-        search._record()
+        search.record()
         return _finish(best, space, scorer, start, ev.evaluations - before, search.trace, planner)
     from hetauto.planner.baselines import run_baseline
 
@@ -204,41 +203,27 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
     return _finish(best, space, scorer, start, ev.evaluations - before, trace, planner)
 
 
-def seed_candidates(space: StrategySpace) -> list[Candidate]:
-    """The principles' first guess per microbatch size: every cluster used, the fewest stages whose
-    estimated memory fits, the smallest TP, Virtual-1F1B; MCTS starts from these."""
-    out = []
-    order = max(space.orders(), key=lambda o: [space.spec.cluster(n).device.memory_bytes for n in o])
-    per_cluster = max(1, space.num_layers // len(order))
-    for mbs in space.microbatch_sizes()[:4]:
-        choices = []
-        for name in order:
-            opts = [o for o in space.cluster_options(name, mbs) if 0 < o.stages <= per_cluster]
-            plain = [o for o in opts if not o.recompute]
-            if not opts:
-                break
-            choices.append(min(plain or opts, key=lambda o: (o.tp, o.stages)))
-        if len(choices) == len(order):
-            out.append(Candidate(mbs, order, tuple(choices), "virtual-1f1b", False, space.resharding))
-    return out
-
-
 def baseline_seeds(space: StrategySpace, top: int = 3, shapes: int | None = None) -> list[Candidate]:
     """What Metis would pick (ranked by its own estimate, no evaluations), as it is and with our features
-    (min-max layer balance, Virtual-1F1B, scatter-allgather): our space contains the baselines' plans, so
-    starting from them means the search never ends below them. Metis estimates at most `shapes` (default
-    SEED_SHAPES) shapes per microbatch size: a count, not a time share, so the seeds (hence the search)
-    do not depend on the machine's load."""
+    (min-max layer balance, Virtual-1F1B, ZeRO-1, the space's resharding), each feature only where the space
+    allows it: our space contains the baselines' plans, so starting from them means the search never ends
+    below them. Metis estimates at most `shapes` (default SEED_SHAPES) shapes per microbatch size: a count,
+    not a time share, so the seeds (hence the search) do not depend on the machine's load."""
     from dataclasses import replace
 
     from hetauto.planner.baselines.metis import metis_ranked
 
     out: list[Candidate] = []
     limit = SEED_SHAPES if shapes is None else shapes
+    sched, zero1 = space.default_tail(prefer="1f1b")
+    ours_sched, _ = space.default_tail()
+    method = "lanes" if "lanes" in space.methods else space.resharding
     for _, cand in metis_ranked(space, lambda: False, per_microbatch=limit)[:top]:
-        out.append(cand)
-        ours = replace(cand, schedule="virtual-1f1b", resharding=space.resharding, balance="minimax")
-        out += [ours, replace(ours, zero1=True)]
+        theirs = replace(cand, schedule=sched, zero1=zero1, resharding=method)
+        ours = replace(cand, schedule=ours_sched, zero1=zero1, resharding=space.resharding, balance="minimax")
+        for c in (theirs, ours, *(replace(ours, zero1=True) for z in space.zero1_options if z and z != zero1)):
+            if c not in out and space.allows(c) is None:
+                out.append(c)
     return out
 
 
@@ -264,7 +249,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
                                 for o in space.orders()])
         moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
         moves.append(lambda c: [replace(c, warmup_bonus=b) for b in WARMUP_BONUS
-                                if c.schedule == "virtual-1f1b" and len(c.order) > 1])
+                                if c.schedule == "virtual-1f1b" and len(c.order) > 1 and space.virtual])
         moves.append(lambda c: interleave_options(space, c))
         for j in range(2 * len(cur.candidate.order) - 1):  # at most: one pair inside and one after each cluster
             moves.append(lambda c, j=j: reshard_options(space, c, j))
@@ -349,7 +334,7 @@ def reshard_options(space: StrategySpace, cand: Candidate, j: int) -> list[Candi
     if j >= len(pairs):
         return []
     a, b = pairs[j]
-    return [cand.with_method(a, b, m) for m in RESHARD_METHODS if m != cand.method(a, b)]
+    return [cand.with_method(a, b, m) for m in space.methods if m != cand.method(a, b)]
 
 
 def polish(space: StrategySpace, scorer: Scorer, best: Scored | None) -> Scored | None:
@@ -358,7 +343,7 @@ def polish(space: StrategySpace, scorer: Scorer, best: Scored | None) -> Scored 
         return None
     from dataclasses import replace
 
-    for method in RESHARD_METHODS:
+    for method in space.methods:
         if method != best.candidate.resharding:
             scorer.score(replace(best.candidate, resharding=method, reshard=()))
     return scorer.best

@@ -29,6 +29,11 @@ from hetauto.planner.inputs import PlanningInputs
 
 Balance = Literal["minimax", "proportional", "uniform", "average"]
 
+# every hetauto.core.plan.ReshardMethod (a test checks they agree), in the order the descent and the polish try
+# them: the default first, so a tie keeps it
+RESHARD_METHODS = ("scatter-allgather", "leader-broadcast", "lanes")
+SCHEDULES = ("1f1b", "virtual-1f1b", "interleaved")  # what the space builds (gpipe is never better than 1f1b)
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterChoice:
@@ -80,6 +85,16 @@ class Candidate:
         return replace(self, reshard=tuple(sorted(rest)))
 
 
+def _project_orders(orders: list[tuple[str, ...]], keep: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The orders restricted to the clusters in `keep` (each distinct projection once, first seen first)."""
+    out: list[tuple[str, ...]] = []
+    for o in orders:
+        q = tuple(n for n in o if n in keep)
+        if q not in out:
+            out.append(q)
+    return out
+
+
 def boundary_pairs(stages: "list[StageLayout] | list[Any]") -> list[tuple[str, str]]:
     """The distinct (from cluster, to cluster) pairs of a layout's boundaries, in pipeline order."""
     out: list[tuple[str, str]] = []
@@ -122,9 +137,13 @@ class StrategySpace:
     def __init__(self, inputs: PlanningInputs, evaluator: Any, *, max_microbatch: int | None = None,
                  schedules: tuple[str, ...] = ("1f1b", "virtual-1f1b"), zero1: tuple[bool, ...] = (False, True),
                  recompute: tuple[bool, ...] = (False, True), allow_unused: bool = True,
-                 resharding: str = "scatter-allgather", interleave: tuple[int, ...] = P.INTERLEAVE_CHUNKS) -> None:
+                 resharding: str = "scatter-allgather", interleave: tuple[int, ...] = P.INTERLEAVE_CHUNKS,
+                 resharding_methods: tuple[str, ...] | None = None, clusters: tuple[str, ...] | None = None) -> None:
         """`interleave`: the chunk counts the search's descent tries as interleaved 1F1B (() turns it off);
-        `schedules`: the tree's schedule options."""
+        `schedules`: the tree's schedule options; `resharding`: the default method, `resharding_methods` every
+        method a boundary may use (default: all of RESHARD_METHODS); `clusters`: the clusters a plan may use
+        (default: all; the `single-cluster` planner searches each alone). Together they are the space's
+        feature set: every phase of every search keeps inside it (`allows`), seeds included."""
         self.inputs = inputs
         self.evaluator = evaluator
         self.spec = inputs.cluster
@@ -135,13 +154,64 @@ class StrategySpace:
         self.allow_unused = allow_unused
         self.resharding = resharding
         self.interleave = interleave
+        allowed = RESHARD_METHODS if resharding_methods is None else tuple(resharding_methods)
+        self.methods = tuple(m for m in RESHARD_METHODS if m in allowed)
+        if resharding not in self.methods:
+            raise ValueError(f"resharding {resharding!r} is not among the allowed methods {self.methods}")
+        unknown = [x for x in schedules if x not in SCHEDULES]
+        if unknown or not schedules:
+            raise ValueError(f"schedules {schedules!r}: choose from {', '.join(SCHEDULES)}")
+        if clusters is not None:
+            missing = [c for c in clusters if c not in self.spec.names]
+            if missing or not clusters:
+                raise ValueError(f"clusters {clusters!r}: the spec has {', '.join(self.spec.names)}")
+        self.clusters = tuple(self.spec.names) if clusters is None else tuple(n for n in self.spec.names
+                                                                              if n in clusters)
         gbs = inputs.global_batch
         cap = max_microbatch if max_microbatch is not None else 32
         self._mbs = [b for b in range(1, min(gbs, cap) + 1) if gbs % b == 0]
-        self._orders = P.canonical_orders(self.spec)
+        self._orders = _project_orders(P.canonical_orders(self.spec), self.clusters)
         self._opts: dict[tuple[str, int], list[ClusterChoice]] = {}
         self._cost: dict[tuple, _StageCost] = {}
         self._splits: dict[tuple, list[int] | None] = {}
+
+    # ------------------------------------------------------------------ features
+    @property
+    def virtual(self) -> bool:
+        """Virtual-1F1B (extra warm-up depth) is in the feature set."""
+        return "virtual-1f1b" in self.schedules
+
+    def schedules_allowed(self) -> tuple[str, ...]:
+        """Every schedule a candidate may have: the tree's, plus interleaved when the descent may try it."""
+        return self.schedules + (("interleaved",) if self.interleave and "interleaved" not in self.schedules else ())
+
+    def default_tail(self, prefer: str = "virtual-1f1b") -> tuple[str, bool]:
+        """(schedule, zero1) for a seed: `prefer` when allowed (else plain 1F1B, else the first allowed), ZeRO-1
+        off when allowed."""
+        order = (prefer, "virtual-1f1b", "1f1b")
+        sched = next((x for x in order if x in self.schedules), self.schedules[0])
+        return sched, (False if False in self.zero1_options else self.zero1_options[0])
+
+    def allows(self, cand: Candidate) -> str | None:
+        """None when `cand` keeps inside the space's feature set, else the first feature it uses that the set
+        excludes (the Scorer never scores such a candidate)."""
+        if cand.schedule not in self.schedules_allowed():
+            return f"schedule {cand.schedule} (allowed: {', '.join(self.schedules_allowed())})"
+        if cand.schedule == "interleaved" and cand.chunks not in (self.interleave or (cand.chunks,)):
+            return f"interleaved v={cand.chunks} (allowed: {self.interleave})"
+        if cand.zero1 not in self.zero1_options:
+            return "ZeRO-1" if cand.zero1 else "ZeRO-1 off"
+        if cand.warmup_bonus and cand.schedule != "virtual-1f1b":
+            return "extra Virtual-1F1B depth without Virtual-1F1B"
+        for name, ch in zip(cand.order, cand.choices):
+            if ch.stages and name not in self.clusters:
+                return f"cluster {name} (allowed: {', '.join(self.clusters)})"
+            if ch.stages and ch.recompute not in self.recompute_options:
+                return "recompute" if ch.recompute else "recompute off"
+        for m in (cand.resharding, *(r[2] for r in cand.reshard)):
+            if m not in self.methods:
+                return f"resharding {m} (allowed: {', '.join(self.methods)})"
+        return None
 
     # ------------------------------------------------------------------ decisions
     def microbatch_sizes(self) -> list[int]:
@@ -170,7 +240,10 @@ class StrategySpace:
         if key in self._opts:
             return self._opts[key]
         c = self.spec.cluster(name)
-        out = [UNUSED] if self.allow_unused else []
+        out = [UNUSED] if self.allow_unused or name not in self.clusters else []
+        if name not in self.clusters:
+            self._opts[key] = out
+            return out
         for k, size in P.stage_group_options(c):
             if k > self.num_layers:
                 continue

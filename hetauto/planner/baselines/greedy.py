@@ -9,14 +9,13 @@ from typing import Any
 
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.mcts import Scorer
+from hetauto.planner.seeds import seed_candidates
 from hetauto.planner.space import StrategySpace
 
 
 def greedy(inputs: PlanningInputs, evaluator: Any, *, record: Callable[[Scorer], None],
            out_of_time: Callable[[], bool], space_options: dict[str, Any] | None = None
            ) -> tuple[StrategySpace, Scorer]:
-    from hetauto.planner.search import seed_candidates
-
     space = StrategySpace(inputs, evaluator, **(space_options or {}))
     scorer = Scorer(space)
     seeds = seed_candidates(space)

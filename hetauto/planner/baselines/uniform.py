@@ -31,10 +31,11 @@ def uniform_grid(space: StrategySpace, balance: str, zero1: tuple[bool, ...] = (
             for mbs in space.microbatch_sizes():
                 if mbs % dp:
                     continue
-                for rc in (False, True):
+                for rc in space.recompute_options:
                     choices = tuple(ClusterChoice(c.num_devices // size, tp, rc) for c in spec.clusters)
                     for z in zero1:
-                        yield Candidate(mbs, order, choices, "1f1b", z, "scatter-allgather", balance)  # type: ignore[arg-type]
+                        if z in space.zero1_options:
+                            yield Candidate(mbs, order, choices, "1f1b", z, space.resharding, balance)  # type: ignore[arg-type]
 
 
 def megatron(inputs: PlanningInputs, evaluator: Any, *, record: Callable[[Scorer], None],
