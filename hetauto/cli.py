@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("hetauto.commands.run", "run a plan for real with torchrun"),
     "calibrate": ("hetauto.commands.calibrate", "measure this machine's executor overheads for run's predictions"),
     "checkpoint": ("hetauto.commands.checkpoint", "verify a checkpoint's files against its manifest"),
+    "data": ("hetauto.commands.data", "tokenize local text into a token file for hetauto run --data"),
 }
 
 

@@ -146,3 +146,42 @@ def test_schedule_clipping_and_real_tokens_match_the_single_process_reference(to
         norms = {tuple(round(n, 9) for n in r["grad_norms"]) for r in reports}
         assert len(norms) == 1 and all(n > CLIP for n in next(iter(norms)))  # one global norm, clipping acted
         assert {tuple(r["lrs"]) for r in reports} == {tuple(SCHEDULE.lr_at(s) for s in range(STEPS))}
+
+
+# -- the commands ---------------------------------------------------------------------------------------
+def test_data_prepare_writes_a_token_file_of_the_texts_bytes(tmp_path: Path, capsys) -> None:
+    from hetauto.cli import main
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_bytes(b"hello")
+    b.write_bytes(b"\x00\xffok")
+    out = tmp_path / "train.bin"
+    assert main(["data", "prepare", str(a), str(b), "-o", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"output": str(out), "sidecar": str(out.with_suffix(".json")),
+                                                   "documents": 2, "tokens": 9, "vocab_size": 256,
+                                                   "tokenizer": "bytes"}
+    tf = open_tokens(out)
+    assert list(np.asarray(tf.tokens)) == list(b"hello") + [0, 255] + list(b"ok") and tf.documents == (0, 5)
+    assert main(["data", "prepare", str(a), "-o", str(tmp_path / "x.bin"), "--tokenizer", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"hetauto data: error: --tokenizer {tmp_path}: no tokenizer.json "
+                                               "there; give a folder holding a Hugging Face tokenizer.json, or 'bytes'")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_path: Path, tokens: Path) -> None:
+    import subprocess
+    import sys
+
+    plan = _plan("tiny-gpt").model_copy(update={"stages": (
+        StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
+        StagePlan(cluster="slow", device_type="cpu", devices=(0,), layers=(3, 6), tp=1, dp=1))})
+    plan.save(tmp_path / "plan.json")
+    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3",
+                           "--emulate", "--json", "--data", str(tokens), "--lr", "3e-3", "--lr-schedule", "linear",
+                           "--warmup-steps", "1", "--clip-grad", str(CLIP)], capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["max_loss_diff"] < 1e-5 and doc["data"] == str(tokens)
+    assert doc["lr"] == [LRSchedule(lr=3e-3, kind="linear", warmup_steps=1, decay_steps=3).lr_at(s) for s in range(3)]
+    assert len(doc["grad_norm"]) == 3 and min(doc["grad_norm"]) > CLIP

@@ -48,6 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
+    tr = parser.add_argument_group("training")
+    tr.add_argument("--data", metavar="FILE.bin",
+                    help="train on a local token file (hetauto data prepare); default: the synthetic stream")
+    tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    tr.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant",
+                    help="after the warm-up: constant (default), or decay to --min-lr at the last step")
+    tr.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (default 0)")
+    tr.add_argument("--min-lr", type=float, default=0.0, help="the learning rate the decay ends at (default 0)")
+    tr.add_argument("--clip-grad", type=float, default=None, metavar="NORM",
+                    help="clip gradients to this global norm (over every stage, TP shard and DP replica)")
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference loss")
     parser.add_argument("--print-launch", action="store_true",
                         help="print the torchrun command for every node of a multi-node run instead of running")
@@ -133,6 +143,17 @@ def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -
     return None, "prediction unavailable (unexpected evaluate_plan result)", False
 
 
+def _lr_schedule(args: argparse.Namespace) -> Any:
+    """The run's learning-rate schedule from its flags (decaying over the run's --steps), or one line."""
+    from hetauto.runtime.optim import LRSchedule
+
+    try:
+        return LRSchedule(lr=args.lr, kind=args.lr_schedule, warmup_steps=args.warmup_steps,
+                          decay_steps=args.steps, min_lr=args.min_lr)
+    except ValueError as err:
+        raise HetautoError(str(err)) from None
+
+
 def _abs(path: str | None) -> str | None:
     return None if path is None else str(Path(path).resolve())
 
@@ -197,8 +218,17 @@ def run(args: argparse.Namespace) -> int:
     from hetauto.runtime.launch import node_commands, start_local, worker_args
     from hetauto.runtime.options import RunOptions
 
+    schedule = _lr_schedule(args)
+    if args.clip_grad is not None and not args.clip_grad > 0:
+        raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")
+    if args.data is not None:
+        from hetauto.runtime.token_data import open_tokens
+
+        open_tokens(args.data).check_fits(plan.global_batch, plan.seq_len, cfg.vocab_size, cfg.name)
     run_options = RunOptions(
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
+        lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
+        clip_grad=args.clip_grad, data=_abs(args.data),
         emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
@@ -264,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
         reference = reference_losses(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size,
-                                     plan.seq_len, precision=precision)[start:]
+                                     plan.seq_len, precision=precision, lr_schedule=schedule,
+                                     clip_grad=args.clip_grad, data=run_options.data)[start:]
     predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)
     if args.trace:
         from hetauto.schedule.trace import write_chrome_trace
@@ -277,6 +308,9 @@ def run(args: argparse.Namespace) -> int:
         "reference_loss": reference,
         "max_loss_diff": None if reference is None else max(abs(a - b) for a, b in zip(summary.losses, reference)),
         "step_s": list(summary.step_s),
+        "lr": list(reports[0].get("lrs") or []),
+        "grad_norm": list(reports[0].get("grad_norms") or []) or None,
+        "data": run_options.data,
         "measured_step_s": summary.measured_step_s,
         "predicted_step_s": predicted,
         "prediction_source": source,

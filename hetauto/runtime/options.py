@@ -32,6 +32,11 @@ class RunOptions:
     steps: int = 3
     seed: int = 0
     lr: float = 1e-3
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    clip_grad: float | None = None
+    data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
     timeout_s: float = 60.0
     emulate: Literal["none", "inprocess", "speed-only"] = "none"
     cluster_base: str | None = None

@@ -123,8 +123,13 @@ def main(argv: list[str] | None = None) -> int:
             links = emu.link_table() if emu.links and run.emulate == "inprocess" else None
         # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
         comm = Communicator.init_from_env("gloo", timeout_s=run.timeout_s, links=links)
+        from hetauto.runtime.optim import LRSchedule
+
+        schedule = LRSchedule(lr=run.lr, kind=run.lr_schedule, warmup_steps=run.warmup_steps,
+                              decay_steps=run.steps, min_lr=run.min_lr)
         opts = ExecutorOptions(steps=run.steps, seed=run.seed, lr=run.lr, timeout_s=run.timeout_s, speed_factor=speed,
-                               backends=run.backends or None)
+                               backends=run.backends or None, lr_schedule=schedule, clip_grad=run.clip_grad,
+                               data=run.data)
         ckpt = CheckpointOptions(directory=run.checkpoint_dir, every=run.checkpoint_every, keep=run.keep,
                                  resume=resume, allow_data_change=run.allow_data_change)
         report = train_rank(comm, plan, cfg, opts, ckpt)

@@ -1,0 +1,78 @@
+"""`hetauto data prepare TEXT... [--tokenizer bytes|DIR] -o OUT.bin [--json]`: tokenize local text files
+into a token file that `hetauto run --data OUT.bin` trains on (hetauto.runtime.token_data).
+
+Tokenizers: `bytes` (the default) maps each byte to its value, a 256-id vocabulary (the catalog's tiny
+models); a folder holding a Hugging Face `tokenizer.json` is read with the `tokenizers` package from local
+disk only (no hub access). Each file is one document; a progress bar counts the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Callable
+
+from hetauto.commands._output import print_json
+from hetauto.core.errors import HetautoError
+
+BYTES = "bytes"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    prep = sub.add_parser("prepare", help="tokenize local text files into a token file")
+    prep.add_argument("texts", nargs="+", metavar="TEXT", help="text files (UTF-8 or any bytes), one document each")
+    prep.add_argument("--tokenizer", default=BYTES,
+                      help="'bytes' (256 ids, default) or a folder with a Hugging Face tokenizer.json")
+    prep.add_argument("-o", "--output", required=True, metavar="OUT.bin", help="the token file to write")
+    prep.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def _encoder(spec: str) -> tuple[Callable[[bytes], list[int]], int]:
+    """(bytes -> token ids, vocabulary size) for a tokenizer spec."""
+    if spec == BYTES:
+        return (lambda raw: list(raw)), 256
+    folder = Path(spec)
+    file = folder / "tokenizer.json" if folder.is_dir() else folder
+    if not file.is_file():
+        raise HetautoError(f"--tokenizer {spec}: no tokenizer.json there; give a folder holding a Hugging Face "
+                           "tokenizer.json, or 'bytes'")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise HetautoError("--tokenizer DIR needs the tokenizers package: pip install tokenizers") from None
+    tok = Tokenizer.from_file(str(file))
+    return (lambda raw: tok.encode(raw.decode("utf-8", errors="replace")).ids), int(tok.get_vocab_size())
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "action", None) != "prepare":
+        raise HetautoError("usage: hetauto data prepare TEXT... [--tokenizer bytes|DIR] -o OUT.bin")
+    from rich.progress import Progress
+
+    from hetauto.runtime.token_data import write_tokens
+
+    encode, vocab = _encoder(args.tokenizer)
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise HetautoError(f"-o {out}: the folder {out.parent} does not exist")
+    docs: list[Any] = []
+    with Progress(transient=True, disable=bool(args.json)) as bar:
+        task = bar.add_task("tokenizing", total=len(args.texts))
+        for name in args.texts:
+            try:
+                raw = Path(name).read_bytes()
+            except OSError as err:
+                raise HetautoError(f"{name}: cannot read it: {err.strerror or err}") from None
+            docs.append(encode(raw))
+            bar.advance(task)
+    path = write_tokens(out, docs, vocab)
+    total = sum(len(d) for d in docs)
+    doc = {"output": str(path), "sidecar": str(path.with_suffix(".json")), "documents": len(docs), "tokens": total,
+           "vocab_size": vocab, "tokenizer": args.tokenizer}
+    if args.json:
+        print_json(doc)
+    else:
+        print(f"wrote {total} tokens from {len(docs)} document(s) to {path} (vocabulary {vocab}; sidecar "
+              f"{path.with_suffix('.json').name})")
+    return 0
