@@ -66,6 +66,9 @@ def prepare_rank(world: Communicator, plan: Plan, cfg: ModelConfig,
     local_rank = int(os.environ.get("LOCAL_RANK", world.global_rank))
     device = bind_device(backend, device_index(per_rank, world.global_rank, local_rank), where=where)
     backend.manual_seed(options.seed)
+    # fp32 matmuls as TF32 only when the plan says so (and the cost model priced them so); torch's own default
+    # is full fp32, and this setting is the vendor-neutral one
+    torch.set_float32_matmul_precision("high" if plan.training.allow_tf32 else "highest")
     precision = agree_precision(world, plan, device)
     groups = build_groups(world, plan, tied=cfg.tie_embeddings, backends=tuple(get_backend(n) for n in names))
     return groups, device, precision
