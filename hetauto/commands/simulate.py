@@ -117,7 +117,7 @@ def _from_plan(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
     from hetauto.schedule import schedule_for_plan
 
     sched = schedule_for_plan(plan, args.schedule)
-    return sched, costs, {"plan": args.plan}
+    return sched, costs, {"plan": args.plan, "_plan": plan}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,12 +133,8 @@ def run(args: argparse.Namespace) -> int:
 
         write_chrome_trace(result, args.trace)
     if args.gantt:
-        from hetauto.schedule.trace import write_gantt
-
-        write_gantt(result, args.gantt, title=f"{sched.name} p={sched.p} m={sched.m}"
-                    + (f" v={sched.v}" if sched.v > 1 else "")
-                    + f": iteration {result.iteration_time:.4g}, bubble {100 * result.bubble_fraction:.1f}%")
-    doc = _doc(sched, result, extra)
+        _write_gantt(args, sched, result, extra)
+    doc = _doc(sched, result, {k: v for k, v in extra.items() if not k.startswith("_")})
     if args.json:
         from hetauto.commands._output import print_json
 
@@ -146,6 +142,45 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_human(doc)
     return 0
+
+
+def _write_gantt(args: argparse.Namespace, sched: Schedule, result: SimResult, extra: dict[str, Any]) -> None:
+    """The Gantt PNG: rows labelled from the plan (plan mode), time in seconds (plan mode) or in --tf's units;
+    a progress bar on stderr once drawing has taken over a second."""
+    import time
+
+    from hetauto.schedule.gantt import stage_labels, write_gantt
+
+    plan = extra.get("_plan")
+    unit = "s" if plan is not None else "units of --tf"
+    total = result.iteration_time
+    title = (f"{sched.name}, {sched.p} stages, {sched.m} microbatches" + (f", v={sched.v}" if sched.v > 1 else "")
+             + f": iteration {total:.4g} {unit}, bubble {100 * result.bubble_fraction:.1f}%")
+    if plan is not None:
+        title = f"{plan.model} on {plan.cluster or 'its cluster'}: " + title
+    start = time.perf_counter()
+    bar: list[Any] = []
+
+    def progress(step: str, done: int, of: int) -> None:
+        if not bar and time.perf_counter() - start > 1.0:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            bar.append(Progress(TextColumn("[bold]gantt[/]"), BarColumn(), TextColumn("{task.description}"),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=True))
+            bar[0].start()
+            bar.append(bar[0].add_task(step, total=of))
+        if bar:
+            bar[0].update(bar[1], completed=done, total=of, description=step)
+
+    try:
+        write_gantt(result, args.gantt, title, stages=stage_labels(plan) if plan is not None else None,
+                    time_unit=unit, progress=progress)
+    except OSError as err:
+        raise HetautoError(f"{args.gantt}: cannot write the Gantt chart: {err.strerror or err}") from None
+    finally:
+        if bar:
+            bar[0].stop()
 
 
 def _doc(sched: Schedule, r: SimResult, extra: dict[str, Any]) -> dict[str, Any]:

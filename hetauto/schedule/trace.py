@@ -1,5 +1,6 @@
 """Pictures of a simulated iteration: Chrome trace JSON (Perfetto / chrome://tracing; one track per
-stage and one per link) and a Gantt PNG, so a bubble or a stalled link is seen, not inferred."""
+stage and one per link) and a Gantt PNG (drawn by hetauto.schedule.gantt, re-exported here), so a bubble or a
+stalled link is seen, not inferred."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hetauto.schedule.actions import ScheduleError
+from hetauto.schedule.gantt import StageLabel, gantt_figure, stage_labels, write_gantt
 from hetauto.schedule.simulator import SimResult, TimelineEntry
 
-COLOURS = {
-    "F": "#4C72B0", "B": "#55A868", "I": "#8FD19E", "W": "#2E6B3E", "SEND_F": "#DD8452", "SEND_B": "#C44E52",
-    "RESHARD": "#8172B3", "REDUCE_GRAD": "#937860", "OPTIM": "#DA8BC3", "idle": "#EEEEEE",
-}
+__all__ = ["StageLabel", "chrome_trace", "gantt_figure", "stage_labels", "write_chrome_trace", "write_gantt"]
 
 
 def _tracks(timeline: Sequence[TimelineEntry]) -> list[str]:
@@ -55,39 +54,3 @@ def chrome_trace(result: SimResult, time_scale: float = 1e6) -> dict:
 
 def write_chrome_trace(result: SimResult, path: str | Path, time_scale: float = 1e6) -> None:
     Path(path).write_text(json.dumps(chrome_trace(result, time_scale)), encoding="utf-8")
-
-
-def write_gantt(result: SimResult, path: str | Path, title: str | None = None) -> None:
-    """One row per stage then per link; grey = idle (the bubbles), labels = microbatch index."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    timeline = _need(result)
-    tracks = _tracks(timeline)
-    total = result.iteration_time or 1.0
-    fig, ax = plt.subplots(figsize=(min(24, 6 + 0.12 * len(timeline) ** 0.5 * 4), 0.9 + 0.45 * len(tracks)))
-    row = {name: len(tracks) - 1 - i for i, name in enumerate(tracks)}
-    for name in tracks:
-        if name.startswith("stage"):
-            ax.broken_barh([(0, total)], (row[name] - 0.4, 0.8), facecolors=COLOURS["idle"])
-    min_label = total / 60
-    for e in timeline:
-        y = row[e.resource]
-        h = 0.8 if e.resource.startswith("stage") else 0.5
-        ax.broken_barh([(e.start, e.end - e.start)], (y - h / 2, h), facecolors=COLOURS.get(e.kind, "#999999"),
-                       edgecolors="white", linewidth=0.4)
-        if e.microbatch is not None and e.end - e.start >= min_label and e.resource.startswith("stage"):
-            ax.text((e.start + e.end) / 2, y, str(e.microbatch), ha="center", va="center", fontsize=7, color="white")
-    ax.set_yticks(list(row.values()), list(row.keys()))
-    ax.set_xlim(0, total)
-    ax.set_xlabel("time")
-    used = sorted({e.kind for e in timeline}, key=list(COLOURS).index) + ["idle"]
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in used], loc="upper center",
-              bbox_to_anchor=(0.5, -0.12 if len(tracks) > 4 else -0.25), ncol=len(used), fontsize=8, frameon=False)
-    ax.set_title(title or f"iteration {result.iteration_time:.4g}, bubble {100 * result.bubble_fraction:.1f}%")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
