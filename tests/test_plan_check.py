@@ -79,3 +79,63 @@ def test_cluster_reference_must_resolve(tmp_path) -> None:
         "  - {name: slow, nodes: {count: 1, devices_per_node: 2, device: cpu}}\n"
         "links:\n  default: {bandwidth: 1Gbps, latency: 1ms}\n")
     assert cluster_for_plan(_plan(*GOOD.stages, cluster="c.yaml"), tmp_path).names == ("fast", "slow")
+
+
+# -- one validator: what run, simulate and evaluate all refuse ------------------------------------------------
+def test_a_stage_whose_device_type_is_not_its_clusters_is_refused() -> None:
+    wrong = _plan(_stage("fast", (0, 1), (0, 3), tp=2).model_copy(update={"device_type": "h100"}), *GOOD.stages[1:])
+    with pytest.raises(PlanMismatch) as err:
+        check_plan(wrong, CLUSTER, GPT)
+    assert str(err.value) == ("stage 0: device_type 'h100' but cluster 'fast' has cpu devices; make a plan for this "
+                              "cluster (hetauto plan)")
+
+
+def test_a_plan_file_without_a_schema_or_with_a_misspelt_key_is_refused_naming_the_fix(tmp_path) -> None:
+    import json
+
+    from hetauto.core.errors import SpecError
+
+    doc = json.loads(GOOD.to_json())
+    del doc["schema"]
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as err:
+        Plan.load(tmp_path / "p.json")
+    assert str(err.value) == (f'{tmp_path / "p.json"}: schema: required field is missing (a plan file starts with '
+                              '"schema": "hetauto.plan/1"; write plans with hetauto plan -o FILE)')
+    doc = json.loads(GOOD.to_json())
+    doc["microbatch_sise"] = doc.pop("microbatch_size")
+    (tmp_path / "q.json").write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as err:
+        Plan.load(tmp_path / "q.json")
+    assert str(err.value).startswith(f"{tmp_path / 'q.json'}: microbatch_sise: unknown field")
+    assert str(err.value).endswith("(did you mean 'microbatch_size'?)")
+
+
+def test_extra_warmup_outside_the_microbatches_is_refused_when_the_plan_is_read() -> None:
+    from hetauto.core.errors import SpecError
+
+    doc = {**GOOD.model_dump(mode="json", by_alias=True), "schedule": {"name": "virtual-1f1b", "extra_warmup": [-1]}}
+    with pytest.raises(SpecError) as err:
+        Plan.from_json(__import__("json").dumps(doc), "p.json")
+    assert str(err.value) == ("p.json: schedule.extra_warmup[0] = -1 is outside 0..2 (the plan's microbatches); a "
+                              "boundary's extra warm-up is a count of microbatches")
+
+
+def test_an_absurd_cluster_size_is_refused_before_any_search() -> None:
+    from hetauto.core.cluster import MAX_DEVICES, cluster_from_dict
+    from hetauto.core.errors import SpecError
+
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict({"clusters": [{"name": "a", "nodes": {"count": 4_000_000_000, "devices_per_node": 1,
+                                                                "device": "h100"}}]}, "c.yaml")
+    assert str(err.value) == (f"c.yaml: clusters[0].nodes: the clusters hold 4,000,000,000 devices up to here, more "
+                              f"than the {MAX_DEVICES:,} hetauto plans for (check count and devices_per_node)")
+
+
+def test_run_checks_its_output_path_before_launching(tmp_path, capsys) -> None:
+    from hetauto.cli import main
+
+    GOOD.save(tmp_path / "plan.json")
+    assert main(["run", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "no" / "t.json")]) == 2
+    assert capsys.readouterr().err.strip() == (f"hetauto run: error: --trace {tmp_path / 'no' / 't.json'}: the folder "
+                                               f"{tmp_path / 'no'} does not exist; create it or choose another path")

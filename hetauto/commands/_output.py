@@ -25,3 +25,23 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     console.print(table)
+
+
+def require_writable(path: str | None, flag: str) -> None:
+    """Before any work: `path` (an output file a command will write) can be written, or one HetautoError line
+    naming the flag (so an hour's run does not end in 'internal error' at its last step)."""
+    import os
+    from pathlib import Path
+
+    from hetauto.core.errors import HetautoError
+
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise HetautoError(f"{flag} {path}: is a folder; give a file path")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise HetautoError(f"{flag} {path}: the folder {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise HetautoError(f"{flag} {path}: not writable here; choose another path")

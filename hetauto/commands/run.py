@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetauto.commands._output import print_json, print_table
+from hetauto.commands._output import print_json, print_table, require_writable
 from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
 from hetauto.core.precision import PRECISION_TOLERANCE
@@ -218,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     from hetauto.runtime.launch import node_commands, start_local, worker_args
     from hetauto.runtime.options import RunOptions
 
+    require_writable(args.trace, "--trace")
     schedule = _lr_schedule(args)
     if args.clip_grad is not None and not args.clip_grad > 0:
         raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")

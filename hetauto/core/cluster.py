@@ -36,6 +36,9 @@ from hetauto.core.units import parse_bandwidth, parse_time
 
 DEFAULT_INTRA_LATENCY_S = 5e-6
 DEFAULT_INTER_LATENCY_S = 10e-6
+# The largest job hetauto plans: ~100x today's largest training runs. Beyond it a spec is a typo (a node count
+# with three zeros too many), and searching it would run for hours and exhaust memory before saying so.
+MAX_DEVICES = 1_000_000
 
 
 # ----------------------------------------------------------------------------------------------- schema
@@ -297,7 +300,12 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
         base_dir = Path(str(source)).parent
     seen: dict[str, int] = {}
     clusters = []
+    total = 0
     for i, c in enumerate(doc.clusters):
+        total += c.nodes.count * c.nodes.devices_per_node
+        if total > MAX_DEVICES:
+            raise SpecError(source, f"clusters[{i}].nodes", f"the clusters hold {total:,} devices up to here, more "
+                            f"than the {MAX_DEVICES:,} hetauto plans for", "check count and devices_per_node")
         if c.name in seen:
             raise SpecError(source, f"clusters[{i}].name", f"duplicate cluster name '{c.name}' (also clusters[{seen[c.name]}])",
                             "give every cluster a unique name")

@@ -165,6 +165,10 @@ class Plan(_Frozen):
             raise ValueError(f"resharding needs one method per boundary ({len(self.stages) - 1}), got {len(self.resharding)}")
         if self.schedule.extra_warmup and len(self.schedule.extra_warmup) != len(self.stages) - 1:
             raise ValueError("schedule.extra_warmup needs one entry per boundary")
+        for h, w in enumerate(self.schedule.extra_warmup):
+            if not 0 <= w <= self.num_microbatches:
+                raise ValueError(f"schedule.extra_warmup[{h}] = {w} is outside 0..{self.num_microbatches} (the "
+                                 "plan's microbatches); a boundary's extra warm-up is a count of microbatches")
         given = [i for i, s in enumerate(self.stages) if s.chunks is not None]
         if given:
             v = effective_chunks(self.schedule.name, self.schedule.virtual_chunks)
@@ -199,7 +203,10 @@ class Plan(_Frozen):
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         data = read_document(path)
-        if isinstance(data, dict) and data.get("schema") not in (None, PLAN_SCHEMA):
+        if isinstance(data, dict) and "schema" not in data:
+            raise SpecError(path, "schema", "required field is missing",
+                            f'a plan file starts with "schema": "{PLAN_SCHEMA}"; write plans with hetauto plan -o FILE')
+        if isinstance(data, dict) and data.get("schema") != PLAN_SCHEMA:
             raise SpecError(path, "schema", f"unsupported plan schema {data.get('schema')!r}", f"expected {PLAN_SCHEMA!r}")
         return validate_document(cls, data, path)
 

@@ -47,6 +47,9 @@ def check_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig | None = Non
         if s.cluster not in cluster.names:
             raise PlanMismatch(f"{where}: unknown cluster '{s.cluster}'; the cluster spec has: {', '.join(cluster.names)}")
         c = cluster.cluster(s.cluster)
+        if s.device_type.lower() != c.device.key.lower():
+            raise PlanMismatch(f"{where}: device_type '{s.device_type}' but cluster '{c.name}' has {c.device.key} devices; "
+                               "make a plan for this cluster (hetauto plan)")
         for dev in s.devices:
             if not 0 <= dev < c.num_devices:
                 raise PlanMismatch(f"{where}: device {dev} is out of range for cluster '{c.name}' "

@@ -61,19 +61,54 @@ def field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def spec_error_from_validation(source: str | Path | None, exc: ValidationError) -> SpecError:
-    """The first validation error, as a one-line SpecError (with a count of the others)."""
+def fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names (aliases where set) a pydantic `model` accepts at the mapping holding `loc[-1]`."""
+    import typing
+
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        fields = current.model_fields if isinstance(current, type) and issubclass(current, BaseModel) else {}
+        field = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
+        if field is None:
+            return []
+        nxt = None
+        for cand in (field.annotation, *typing.get_args(field.annotation)):
+            for inner in (cand, *typing.get_args(cand)):
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    nxt = inner
+        if nxt is None:
+            return []
+        current = nxt
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return []
+    return [f.alias or name for name, f in current.model_fields.items()]
+
+
+def spec_error_from_validation(source: str | Path | None, exc: ValidationError,
+                               model: type[BaseModel] | None = None) -> SpecError:
+    """The first validation error, as a one-line SpecError (with a count of the others). An unknown field
+    names the closest field `model` accepts there, when one is close."""
+    import difflib
+
     errors = exc.errors(include_url=False)
-    first = errors[0]
+    # a misspelt key is also a missing one: name the misspelling, the cause, first
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     msg = str(first.get("msg", "invalid value"))
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
+    fix = None
+    loc = tuple(first.get("loc", ()))
     if first.get("type") == "extra_forbidden":
         msg = "unknown field"
+        if model is not None and loc and isinstance(loc[-1], str):
+            close = difflib.get_close_matches(loc[-1], fields_at(model, loc), n=1, cutoff=0.6)
+            fix = f"did you mean '{close[0]}'?" if close else None
     elif first.get("type") == "missing":
         msg = "required field is missing"
     more = f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return SpecError(source, field_path(tuple(first.get("loc", ()))), msg + more)
+    return SpecError(source, field_path(loc), msg + more, fix)
 
 
 def validate_document(model: type[M], data: Any, source: str | Path | None = None) -> M:
@@ -83,7 +118,7 @@ def validate_document(model: type[M], data: Any, source: str | Path | None = Non
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise spec_error_from_validation(source, exc) from None
+        raise spec_error_from_validation(source, exc, model) from None
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise SpecError(source, "", f"invalid document: {exc}") from None
 
