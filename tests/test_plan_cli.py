@@ -41,7 +41,7 @@ def test_plan_with_baselines_reports_each(capsys: pytest.CaptureFixture[str]) ->
     code = main(["plan", "--scenario", "cpu-demo", "--iterations", "20", "--baselines", "--json"])
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc["baselines"]) == {"megatron", "metis", "amp", "greedy"}
+    assert set(doc["baselines"]) == {"megatron", "metis", "amp", "greedy", "single-cluster"}
     for b in doc["baselines"].values():
         assert b["ratio"] == pytest.approx(doc["throughput_samples_s"] / b["throughput_samples_s"])
 

@@ -24,7 +24,7 @@ from hetauto.planner.search import (DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, E
                                     default_max_evaluations, make_evaluator, plan)
 from hetauto.planner.space import RESHARD_METHODS, SCHEDULES
 
-BASELINE_SET = ("megatron", "metis", "amp", "greedy")
+BASELINE_SET = ("megatron", "metis", "amp", "greedy", "single-cluster")
 OWN_SEARCHES = ("mcts", "exhaustive", "greedy", "single-cluster")  # the planners the feature flags restrict
 
 
@@ -62,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
     parser.add_argument("-o", "--output", help="write the plan (JSON) to this file")
+    parser.add_argument("--plot", metavar="PNG", help="draw the plan: clusters, stages, links, memory (PNG)")
     parser.add_argument("--resume", metavar="CHECKPOINT_DIR",
                         help="re-plan a checkpointed job (its model, seq, global batch) for the new --cluster/--scenario; "
                              "prints the `hetauto run NEW_PLAN --resume DIR` command that continues it")
@@ -260,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
             result.plan.save(args.output)
         except OSError as err:
             raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
+    if args.plot:
+        _plot(inputs, result, args)
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
@@ -272,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
                                 for n, r in baselines.items()}
         if args.output:
             doc["output"] = args.output
+        if args.plot:
+            doc["plot"] = args.plot
         if resumed is not None:
             doc["resume"] = {"checkpoint": resumed.checkpoint, "step": resumed.step,
                              "old_stages": len((resumed.old_plan or {}).get("stages", [])),
@@ -284,6 +289,15 @@ def run(args: argparse.Namespace) -> int:
                       "continue with:", highlight=False)
         console.print(f"  {_continue_command(args)}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _plot(inputs: Any, result: PlanResult, args: argparse.Namespace) -> None:
+    from hetauto.plots.plan import write_plan_picture
+
+    try:
+        write_plan_picture(result.plan, inputs, args.plot, make_evaluator(inputs, args.precision))
+    except OSError as err:
+        raise HetautoError(f"{args.plot}: cannot write the plan picture: {err.strerror or err}") from None
 
 
 def _precision(r: PlanResult, inputs: Any) -> str:
@@ -340,3 +354,5 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
                     brow)
     if args.output:
         console.print(f"plan written to {args.output}", highlight=False)
+    if args.plot:
+        console.print(f"plan picture written to {args.plot}", highlight=False)

@@ -25,7 +25,7 @@ from hetauto.planner.space import RESHARD_METHODS, UNUSED, Candidate, StrategySp
 
 __all__ = ["RESHARD_METHODS", "seed_candidates"]  # re-exported: their homes are space.py and seeds.py
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
-PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy")
+PLANNERS = ("mcts", "exhaustive", "megatron", "metis", "amp", "greedy", "single-cluster")
 DEFAULT_MAX_EVALUATIONS = 1000  # the default cap (at least; see default_max_evaluations) without iterations/budget
 EVALUATIONS_PER_DEVICE = 4  # larger clusters have a larger space: the default cap grows with the device count
 DEFAULT_PATIENCE = 300  # the stop rule: this many evaluations without a better plan ends the search
@@ -77,6 +77,37 @@ def _finish(scored: Scored | None, space: StrategySpace, scorer: Scorer | None, 
     plan = scored.plan.model_copy(update={"prediction": ev.to_prediction(name)})
     return PlanResult(plan, ev, time.perf_counter() - start, evaluations, tuple(trace), planner,
                       getattr(scorer, "estimates", 0))
+
+
+def single_cluster(inputs: PlanningInputs, evaluator: Any, *, budget: float | None = None, seed: int = 0,
+                   iterations: int | None = None, progress: ProgressFn | None = None,
+                   space_options: dict[str, Any] | None = None, max_evaluations: int | None = None,
+                   patience: int | None = None, clusters: tuple[str, ...] | None = None
+                   ) -> PlanResult:
+    """The `single-cluster` planner: hetauto's own search (mcts, same stop rule and evaluator) restricted to
+    each cluster alone, the best kept -- what an expert would run instead of a cross-cluster job. Each
+    cluster's search has the whole `budget` / `max_evaluations` / `patience`; the evaluations add up.
+    `clusters`: the ones to try (default: every cluster). InfeasiblePlan when no cluster holds the model alone,
+    naming each cluster's tightest constraint."""
+    start = time.perf_counter()
+    best: PlanResult | None = None
+    evaluations = 0
+    reasons = []
+    for name in clusters or inputs.cluster.names:
+        opts = {**(space_options or {}), "clusters": (name,)}
+        try:
+            r = _plan(inputs, "mcts", budget, seed, iterations, evaluator, progress, opts, max_evaluations, patience)
+        except InfeasiblePlan as err:
+            reasons.append(f"{name}: {err}")
+            continue
+        evaluations += r.evaluations
+        if best is None or r.evaluation.throughput_samples_s > best.evaluation.throughput_samples_s:
+            best = r
+    if best is None:
+        raise InfeasiblePlan("no single cluster holds the model: " + "; ".join(reasons))
+    from dataclasses import replace
+
+    return replace(best, planner="single-cluster", evaluations=evaluations, search_time_s=time.perf_counter() - start)
 
 
 def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> str:
@@ -147,6 +178,9 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
     if violation:
         raise InfeasiblePlan(violation)
     ev = evaluator if evaluator is not None else make_evaluator(inputs)
+    if planner == "single-cluster":
+        return single_cluster(inputs, ev, budget=budget, seed=seed, iterations=iterations, progress=progress,
+                              space_options=space_options, max_evaluations=max_evaluations, patience=patience)
     before = ev.evaluations
     if planner == "mcts":
         space = StrategySpace(inputs, ev, **(space_options or {}))

@@ -403,6 +403,8 @@ class StrategySpace:
                 counts = [blocks // p + (1 if i < blocks % p else 0) for i in range(p)]
                 counts[0] += 1
                 counts[-1] += 1
+            # Megatron's layers are uniform: when they do not fit, the layout does not fit (no rebalance)
+            return counts if min(counts) >= least and self._fits(counts, mems, base, caps) else None
         elif how == "proportional":
             counts = P.proportional_layers([1.0 / max(c.times[min(1, n - 1)], 1e-30) for c in costs], n)
         elif how == "average":  # every stage looks alike (device speeds averaged, as AMP does)

@@ -1,11 +1,17 @@
-"""Metis (USENIX ATC'24), re-implemented from its paper: device-type orders x per-type stage group sizes (powers
-of two devices) x microbatch sizes; per stage start at (dp = n, tp = 1) and, while memory does not fit, halve dp /
-double tp in the stage with the least headroom; layers in proportion to stage throughput, re-balanced for
-memory; plain 1F1B, lanes resharding. It ranks with its own cost model (below), including its known
-slip of reading the intra-node bandwidth for cut transfers; the pick is then scored by our Evaluator.
+"""Metis (USENIX ATC'24), re-implemented from its paper and checked against its public planner code
+(`cost_het_cluster.py`, `model/cost_estimator.py` HeteroCostEstimator, `model/cluster_bandwidth.py`; see
+docs/baselines.md): device-type orders x per-type stage group sizes (powers of two devices) x microbatch
+sizes; per stage start at (dp = n, tp = 1) and, while memory does not fit, halve dp / double tp in the stage
+with the least headroom; layers in proportion to stage throughput, re-balanced for memory; plain 1F1B, lanes
+resharding. It ranks with its own cost model (`metis_estimate`); the pick is then scored by our Evaluator.
 
-Estimate (s): (B-1)*max_s E_s + sum_s E_s + max_s DP all-reduce 2(d-1)/d * grad bytes / bw + sum over cuts
-of activation / bw."""
+Estimate (s), term for term as HeteroCostEstimator.get_cost: (B-1)*max_s E_s + sum_s E_s + fb_sync*B
++ max_s opt*(L_s/L)/tp_s + max_s 2(d-1)/(d*bw) * param bytes_s + sum over cuts of activation/bw + batch_gen*B.
+A group's bandwidth is the intra-node link when all its ranks sit in one node, else the inter-node one (the
+real code's `get_inter_bandwidth` returns the intra-node figure: its documented slip, the one place we
+differ on purpose). Its DP groups are built as the real code builds them (`_get_dp_groups`: rank r of a stage
+in group r mod dp, so a group holds tp ranks strided by dp), its activations counted in elements and its
+GB/s scaled by 1024*1024 to bytes per ms, as there."""
 
 from __future__ import annotations
 
@@ -13,6 +19,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from dataclasses import dataclass
+
+from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.mcts import Scorer
@@ -148,15 +157,78 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
         if tps[j] * 2 > min(size, c.devices_per_node):
             return None  # Metis' memory re-balance of layers happens in build(); here: give up this shape
         tps[j] *= 2
-    act = mbs * layers[1].boundary_bytes_per_sample
-    cuts = sum(act / by_name[a].intra_node.bandwidth_Bps  # Metis reads intra where it means inter
-               for a in names[:-1])
-    ar = 0.0
+    offsets = []
+    for name, k in zip(order, ks):
+        size = by_name[name].num_devices // k
+        offsets += [i * size for i in range(k)]
+    terms = metis_estimate(space, names, dps, tpl, offsets, counts, e, mbs, m)
+    return terms.total, cand
+
+
+# Metis reads GB/s and multiplies by 1024*1024 for bytes per ms: it takes a link as 1.048576x its bandwidth
+METIS_BW_SCALE = 2 ** 20 / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class MetisTerms:
+    """HeteroCostEstimator.get_cost's terms, in seconds."""
+
+    execution: float  # (B-1) * max E + sum E
+    fb_sync: float  # profiled fb_sync x B (0: our profiles have no such term)
+    optimizer: float  # max over stages of opt x (layers / L) / tp
+    dp: float  # max over stages of 2(d-1)/(d bw) x parameter bytes
+    pp: float  # sum over cuts of activation / bw
+    batch_gen: float  # profiled batch generation x B (0: our profiles have no such term)
+
+    @property
+    def total(self) -> float:
+        return self.execution + self.fb_sync + self.optimizer + self.dp + self.pp + self.batch_gen
+
+
+def metis_dp_groups(size: int, dp: int, tp: int) -> list[list[int]]:
+    """The real code's DP groups of a stage of `size` ranks (`_get_dp_groups`): rank r joins group r mod dp."""
+    groups: list[list[int]] = [[] for _ in range(dp)]
+    for r in range(size):
+        groups[r % dp].append(r)
+    return groups
+
+
+def metis_bandwidth(space: StrategySpace, clusters: list[str], ranks: list[list[int]]) -> float:
+    """Metis' bandwidth (B/s, before its unit scale) of a group: `ranks[i]` are device indices in
+    `clusters[i]`. One node: that node's intra-node link; else the slowest inter-node link of the clusters
+    involved (the real code reads the intra-node figure there: its documented slip, corrected here)."""
+    nodes = {(c, r // space.spec.cluster(c).devices_per_node) for c, rs in zip(clusters, ranks) for r in rs}
+    if len(nodes) == 1:
+        return space.spec.cluster(clusters[0]).intra_node.bandwidth_Bps
+    return min(space.spec.cluster(c).inter_node.bandwidth_Bps for c in set(clusters))
+
+
+def metis_estimate(space: StrategySpace, names: list[str], dps: list[int], tps: list[int], offsets: list[int],
+                   counts: list[int], e: list[float], mbs: int, m: int) -> MetisTerms:
+    """Metis' estimate of a layout: per stage its cluster, dp, tp, first device index in its cluster, layer
+    count and fwd+bwd seconds per microbatch `e`; `mbs` the microbatch (over dp), `m` the microbatches."""
+    inp = space.inputs
+    layers = inp.layers
+    n = len(layers)
+    params = [x.params for x in layers]
+    total_params = float(sum(params))
+    pp = dpc = opt = 0.0
     pos = 0
-    for name, t, dp, cnt in zip(names, tpl, dps, counts):
+    for i, (name, dp, tp, off, cnt) in enumerate(zip(names, dps, tps, offsets, counts)):
+        c = space.spec.cluster(name)
+        size = dp * tp
+        stage_bytes = cm.BYTES_BF16 * sum(params[pos:pos + cnt]) / tp  # fp16/bf16 parameters, as profiled
         if dp > 1:
-            params = (pparams[pos + cnt] - pparams[pos]) / t
-            bw = by_name[name].inter_node.bandwidth_Bps
-            ar = max(ar, 2 * (dp - 1) / dp * 2 * params / bw)
+            bw = min(metis_bandwidth(space, [name], [[off + r for r in g]]) for g in metis_dp_groups(size, dp, tp))
+            dpc = max(dpc, 2 * (dp - 1) / (dp * bw * METIS_BW_SCALE) * stage_bytes)
+        whole = total_params * cm.ADAM_STEP_BYTES_PER_PARAM / c.device.memory_bandwidth_Bps  # its optimizer_time
+        opt = max(opt, whole / tp * cnt / n)
+        if i + 1 < len(names):
+            nxt, nsize = names[i + 1], dps[i + 1] * tps[i + 1]
+            end = pos + cnt
+            elems = (mbs // dp) * inp.seq_len * (inp.model.vocab_size / tp if end == n - 1 else inp.model.hidden)
+            ranks = [[off + r for r in range(size)], [offsets[i + 1] + r for r in range(nsize)]]
+            bw = metis_bandwidth(space, [name, nxt], ranks)
+            pp += elems / (bw * METIS_BW_SCALE)
         pos += cnt
-    return (m - 1) * max(e) + sum(e) + ar + cuts, cand
+    return MetisTerms((m - 1) * max(e) + sum(e), 0.0, opt, dpc, pp, 0.0)
