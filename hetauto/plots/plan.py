@@ -1,0 +1,209 @@
+"""The picture of a plan (`hetauto plan --plot plan.png`): each cluster a box (its devices, backend, how many
+the plan uses), inside it the plan's stages in pipeline order (layers, tp x dp, devices, memory used / available
+as a bar), and between consecutive stages their boundary: the link it crosses (bandwidth, latency) and the bytes
+that cross it per training step (activations forward and gradients back, as the resharding method puts them on
+the wire). Cross-cluster boundaries are the red arrows between the boxes.
+
+`plan_picture(plan, inputs)` gathers the figures (from the plan, the cluster spec and the Evaluator);
+`plan_figure` draws them; `write_plan_picture` does both and writes a PNG.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetauto.core.cluster import ClusterSpec, LinkSpec
+from hetauto.core.plan import Plan
+from hetauto.core.units import format_bandwidth, format_bytes, format_time
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """Stage `src` -> stage `dst` (dst = 0 for an interleaved plan's wrap-around)."""
+
+    src: int
+    dst: int
+    cross: bool  # between two clusters
+    link: str  # "fast <-> slow", "intra-node", "inter-node"
+    bandwidth_Bps: float
+    latency_s: float
+    bytes_per_step: float  # both directions, on the wire, per training step
+
+
+@dataclass(frozen=True, slots=True)
+class PlanPicture:
+    plan: Plan
+    spec: ClusterSpec
+    memory_used: tuple[float, ...]
+    memory_available: tuple[float, ...]
+    boundaries: tuple[Boundary, ...]
+    title: str
+    subtitle: str
+
+
+def plan_picture(plan: Plan, inputs: Any, evaluator: Any = None) -> PlanPicture:
+    """The figures of `plan` on `inputs` (hetauto.planner.inputs.PlanningInputs); `evaluator`: the
+    hetauto.planner.evaluate.Evaluator to price it with (default: a plain one for `inputs`)."""
+    from hetauto.planner import costmodel as cm
+    from hetauto.planner.evaluate import Evaluator
+
+    ev = evaluator or Evaluator(inputs)
+    evaluation = ev.evaluate(plan)
+    spec: ClusterSpec = inputs.cluster
+    costs = ev.pipeline_costs(plan, fold_shared=False, per_chunk=False)
+    p, m = plan.num_stages, plan.num_microbatches
+    act = costs.act_bytes if isinstance(costs.act_bytes, tuple) else (float(costs.act_bytes),) * max(p - 1, 0)
+    crossings = [0] * p  # per physical boundary h (stage h -> h+1, or p-1 -> 0): virtual boundaries over it
+    size = [0.0] * p
+    for i, s in enumerate(act):
+        crossings[i % p] += 1
+        size[i % p] = s
+    methods = plan.boundary_methods()
+    out: list[Boundary] = []
+    for h in range(p):
+        if not crossings[h]:
+            continue
+        a, b = plan.stages[h], plan.stages[(h + 1) % p]
+        ca, cb = spec.cluster(a.cluster), spec.cluster(b.cluster)
+        if ca.name != cb.name:
+            link, name = spec.link(ca.name, cb.name), f"{ca.name} <-> {cb.name}"
+        else:
+            nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
+            link, name = (ca.intra_node, "intra-node") if len(nodes) == 1 else (ca.inter_node, "inter-node")
+        method = methods[h] if h < len(methods) else (methods[-1] if methods else "scatter-allgather")
+        fwd = cm.boundary_cost(method, size[h], (a.dp, a.tp), (b.dp, b.tp), link, cb.intra_node).cross_bytes
+        bwd = cm.boundary_cost(method, size[h], (b.dp, b.tp), (a.dp, a.tp), link, ca.intra_node).cross_bytes
+        out.append(Boundary(h, (h + 1) % p, ca.name != cb.name, name, link.bandwidth_Bps, link.latency_s,
+                            (fwd + bwd) * m * crossings[h]))
+    sched = plan.schedule.name + (f" v={max(plan.schedule.virtual_chunks, 2)}" if plan.schedule.name == "interleaved"
+                                  else "")
+    title = (f"{plan.model} on {plan.cluster or 'its cluster'}: {p} stages over "
+             f"{len({s.cluster for s in plan.stages})} of {len(spec.clusters)} clusters, {plan.world_size} devices")
+    sub = (f"{sched}, microbatch {plan.microbatch_size} x {m}, seq {plan.seq_len}"
+           + (", ZeRO-1" if plan.zero1 else "")
+           + f"  |  predicted: iteration {format_time(evaluation.iteration_time_s)}, "
+             f"{evaluation.throughput_samples_s:.3g} samples/s, MFU {evaluation.mfu:.1%}, "
+             f"bubble {evaluation.bubble_fraction:.1%}")
+    return PlanPicture(plan, spec, tuple(evaluation.peak_memory_bytes), tuple(evaluation.memory_capacity_bytes),
+                       tuple(out), title, sub)
+
+
+def _runs(plan: Plan) -> list[tuple[str, list[int]]]:
+    """Consecutive stages on one cluster: one box each (a plan that comes back to a cluster gets two)."""
+    out: list[tuple[str, list[int]]] = []
+    for i, s in enumerate(plan.stages):
+        if out and out[-1][0] == s.cluster:
+            out[-1][1].append(i)
+        else:
+            out.append((s.cluster, [i]))
+    return out
+
+
+def _link_text(b: Boundary) -> str:
+    lat = f", {format_time(b.latency_s)}" if b.latency_s > 0 else ""
+    bw = "unlimited" if math.isinf(b.bandwidth_Bps) else format_bandwidth(b.bandwidth_Bps)
+    return f"{b.link}\n{bw}{lat}\n{format_bytes(b.bytes_per_step)} per step"
+
+
+def plan_figure(pic: PlanPicture) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+    plan, spec = pic.plan, pic.spec
+    runs = _runs(plan)
+    used = {s.cluster for s in plan.stages}
+    unused = [c for c in spec.clusters if c.name not in used]
+    rows = max(len(st) for _, st in runs)
+    col_w, gap, stage_h, head_h = 3.3, 1.7, 0.68, 0.75
+    ncols = len(runs) + (1 if unused else 0)
+    width = max(8.0, ncols * col_w + (ncols - 1) * gap + 0.6)
+    box_h = head_h + rows * stage_h + 0.2
+    height = box_h + 1.6
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    fig.text(0.5, 1 - 0.22 / height, pic.title, ha="center", va="top", fontsize=11, fontweight="bold")
+    fig.text(0.5, 1 - 0.55 / height, pic.subtitle, ha="center", va="top", fontsize=8.5, color="#333333")
+    top = height - 1.05
+    by_src = {b.src: b for b in pic.boundaries}
+    centre: dict[int, tuple[float, float, float]] = {}  # stage -> (x left, x right, y centre)
+    x = 0.3
+    for name, stages in runs:
+        c = spec.cluster(name)
+        n_used = sum(plan.stages[i].num_devices for i in stages)
+        ax.add_patch(FancyBboxPatch((x, top - box_h), col_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                    facecolor="#F4F7FB", edgecolor="#4C72B0", linewidth=1.4))
+        ax.text(x + 0.12, top - 0.12, name, fontsize=10, fontweight="bold", va="top")
+        ax.text(x + 0.12, top - 0.42, f"{c.num_nodes} x {c.devices_per_node} {c.device_type} ({c.backend}), "
+                f"{format_bytes(c.device.memory_bytes)} each"
+                + (f", speed x{c.speed_factor:g}" if c.speed_factor != 1 else "") + f"; {n_used} of {c.num_devices} used",
+                fontsize=7, va="top", color="#333333")
+        for k, i in enumerate(stages):
+            s = plan.stages[i]
+            y0 = top - head_h - (k + 1) * stage_h + 0.08
+            sx, sw, sh = x + 0.15, col_w - 0.3, stage_h - 0.2
+            ax.add_patch(Rectangle((sx, y0), sw, sh, facecolor="white", edgecolor="#666666", linewidth=0.8))
+            ax.text(sx + 0.08, y0 + sh - 0.06, f"stage {i}: layers [{s.layers[0]}, {s.layers[1]})",
+                    fontsize=7.5, va="top", fontweight="bold")
+            ax.text(sx + sw - 0.08, y0 + sh - 0.06, f"tp {s.tp} x dp {s.dp} = {s.num_devices} dev"
+                    + (", recompute" if s.recompute else ""), fontsize=7, va="top", ha="right")
+            used_b, avail = pic.memory_used[i], pic.memory_available[i]
+            frac = used_b / avail if avail > 0 else 1.0
+            bx, bw_, bh = sx + 0.08, sw * 0.46, 0.1
+            ax.add_patch(Rectangle((bx, y0 + 0.06), bw_, bh, facecolor="#E6E6E6", edgecolor="none"))
+            ax.add_patch(Rectangle((bx, y0 + 0.06), bw_ * min(frac, 1.0), bh, edgecolor="none",
+                                   facecolor="#C44E52" if frac > 0.9 else "#55A868"))
+            ax.text(bx + bw_ + 0.08, y0 + 0.11, f"memory {format_bytes(used_b)} / {format_bytes(avail)}",
+                    fontsize=6.5, va="center")
+            centre[i] = (sx, sx + sw, y0 + sh / 2)
+            b = by_src.get(i)
+            if b is not None and not b.cross and b.dst == i + 1 and k + 1 < len(stages):
+                ax.annotate("", xy=(sx + 0.35, y0 - 0.2 + 0.01), xytext=(sx + 0.35, y0 - 0.01),
+                            arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 0.8})
+                ax.text(sx + 0.5, y0 - 0.1, _link_text(b).replace("\n", ", "), fontsize=6, va="center",
+                        color="#555555")
+        x += col_w + gap
+    if unused:
+        ax.add_patch(FancyBboxPatch((x, top - box_h), col_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                    facecolor="#F2F2F2", edgecolor="#AAAAAA", linewidth=1.0, linestyle="--"))
+        ax.text(x + 0.12, top - 0.12, "not used by this plan", fontsize=9, va="top", color="#666666")
+        for k, c in enumerate(unused):
+            ax.text(x + 0.12, top - 0.45 - 0.3 * k, f"{c.name}: {c.num_devices}x {c.device_type} ({c.backend})",
+                    fontsize=7.5, va="top", color="#666666")
+    for b in pic.boundaries:
+        if not b.cross:
+            continue
+        (al, ar, ay), (bl, br, by) = centre[b.src], centre[b.dst]
+        start, end = ((ar, ay), (bl, by)) if bl > ar else ((al, ay), (br, by))
+        rad = 0.0 if b.dst == b.src + 1 else 0.3
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="<|-|>", mutation_scale=12, color="#A31515", lw=1.6,
+                                     connectionstyle=f"arc3,rad={rad}"))
+        mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
+        ax.text(mx, my + 0.12, _link_text(b), fontsize=7, ha="center", va="bottom", color="#A31515",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
+    legend_y = 0.3
+    ax.text(0.3, legend_y, "red arrow: a boundary between clusters, with its link and the bytes that cross it per "
+            "step (both ways)\ngrey arrow: a boundary inside a cluster; bar: memory used / available per device "
+            "(red over 90%)", fontsize=7, color="#444444", va="center")
+    return fig
+
+
+def write_plan_picture(plan: Plan, inputs: Any, path: str | Path, evaluator: Any = None) -> PlanPicture:
+    """Draw `plan` (see the module docstring) into the PNG `path`; returns the figures it drew."""
+    import matplotlib.pyplot as plt
+
+    pic = plan_picture(plan, inputs, evaluator)
+    fig = plan_figure(pic)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return pic
