@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr = parser.add_argument_group("training")
     tr.add_argument("--data", metavar="FILE.bin",
                     help="train on a local token file (hetauto data prepare); default: the synthetic stream")
+    tr.add_argument("--init-from", metavar="DIR",
+                    help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral)")
     tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     tr.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant",
                     help="after the warm-up: constant (default), or decay to --min-lr at the last step")
@@ -226,10 +228,14 @@ def run(args: argparse.Namespace) -> int:
         from hetauto.runtime.token_data import open_tokens
 
         open_tokens(args.data).check_fits(plan.global_batch, plan.seq_len, cfg.vocab_size, cfg.name)
+    if args.init_from is not None:
+        from hetauto.runtime.hf_weights import check_hf_config
+
+        check_hf_config(args.init_from)  # before launch: a config the reference model cannot compute is refused
     run_options = RunOptions(
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
-        clip_grad=args.clip_grad, data=_abs(args.data),
+        clip_grad=args.clip_grad, data=_abs(args.data), init_from=_abs(args.init_from),
         emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
@@ -296,7 +302,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
         reference = reference_losses(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size,
                                      plan.seq_len, precision=precision, lr_schedule=schedule,
-                                     clip_grad=args.clip_grad, data=run_options.data)[start:]
+                                     clip_grad=args.clip_grad, data=run_options.data,
+                                     init_from=run_options.init_from)[start:]
     predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)
     if args.trace:
         from hetauto.schedule.trace import write_chrome_trace

@@ -83,6 +83,7 @@ class ExecutorOptions:
     lr_schedule: LRSchedule | None = None  # None: `lr` at every step
     clip_grad: float | None = None  # clip gradients to this global norm (every stage, TP shard, DP replica)
     data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
+    init_from: str | None = None  # a Hugging Face checkpoint folder (hetauto.runtime.hf_weights); None: random init
 
     @property
     def schedule(self) -> LRSchedule:
@@ -181,8 +182,13 @@ class StageExecutor:
         # interleaved: v chunks per stage, virtual stage c*p + r = chunk c of stage r (hetauto.core.chunks)
         self.v = v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
         self.n_virtual = p * v
-        chunks = [build_stage(cfg, rng, options.seed, s.recompute).to(self.device)
-                  for rng in chunk_layers(plan)[me.stage]]
+        chunks = [build_stage(cfg, rng, options.seed, s.recompute) for rng in chunk_layers(plan)[me.stage]]
+        if options.init_from is not None:  # published weights, this stage's slots only, before TP shards them
+            from hetauto.runtime.hf_weights import load_hf_weights
+
+            for c in chunks:
+                load_hf_weights({int(k): m for k, m in c.layers.items()}, cfg, options.init_from)
+        chunks = [c.to(self.device) for c in chunks]
         if groups.tp_mesh is not None or groups.dp_group is not None:
             # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it
             from hetauto.runtime.tensor_parallel import OverlappedGradReducer, parallelize_stage

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
 
-import torch
+if TYPE_CHECKING:  # no torch at import: the launcher builds the schedule before any rank starts
+    import torch
 
 __all__ = ["LRSchedule", "clip_coefficient", "local_sq_norm"]
 

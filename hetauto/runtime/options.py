@@ -37,6 +37,7 @@ class RunOptions:
     min_lr: float = 0.0
     clip_grad: float | None = None
     data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
+    init_from: str | None = None  # a Hugging Face checkpoint folder (hetauto.runtime.hf_weights)
     timeout_s: float = 60.0
     emulate: Literal["none", "inprocess", "speed-only"] = "none"
     cluster_base: str | None = None

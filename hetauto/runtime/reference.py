@@ -50,16 +50,22 @@ def reference_losses(
     lr_schedule: LRSchedule | None = None,
     clip_grad: float | None = None,
     data: str | None = None,
+    init_from: str | None = None,
 ) -> list[float]:
     """Train the whole model in one process for `steps` steps on `synthetic_batch(seed, step, ...)`; return
     each step's loss (mean token cross-entropy over the global batch, measured before that step's update).
     `precision` (a resolved one: fp32, bf16, fp16) runs as the executor runs it (hetauto.runtime.mixed_precision),
     on the host CPU; `lr_schedule` (default: constant `lr`), `clip_grad` (torch.nn.utils.clip_grad_norm_) and
-    `data` (a token file, hetauto.runtime.token_data; default: the synthetic stream) as the executor's options."""
+    `data` (a token file, hetauto.runtime.token_data; default: the synthetic stream) and `init_from` (a Hugging
+    Face checkpoint folder, hetauto.runtime.hf_weights) as the executor's options."""
     mp = Precision(precision, "cpu")
     scaler = mp.loss_scaler()
     m = num_microbatches(gbs, microbatch_size)
     model = build_model(model_cfg, seed)
+    if init_from is not None:
+        from hetauto.runtime.hf_weights import load_hf_weights
+
+        load_hf_weights({int(k): m for k, m in model.layers.items()}, model_cfg, init_from)
     opt = make_optimizer(model.parameters(), lr)
     normaliser = gbs * seq_len
     schedule = lr_schedule if lr_schedule is not None else LRSchedule(lr=lr)

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                               decay_steps=run.steps, min_lr=run.min_lr)
         opts = ExecutorOptions(steps=run.steps, seed=run.seed, lr=run.lr, timeout_s=run.timeout_s, speed_factor=speed,
                                backends=run.backends or None, lr_schedule=schedule, clip_grad=run.clip_grad,
-                               data=run.data)
+                               data=run.data, init_from=run.init_from)
         ckpt = CheckpointOptions(directory=run.checkpoint_dir, every=run.checkpoint_every, keep=run.keep,
                                  resume=resume, allow_data_change=run.allow_data_change)
         report = train_rank(comm, plan, cfg, opts, ckpt)

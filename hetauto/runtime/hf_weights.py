@@ -1,0 +1,136 @@
+"""Published weights in: a local Hugging Face checkpoint (`config.json` + `*.safetensors`, sharded or not)
+loaded into the reference LLaMA stages, each rank reading only the tensors of its own layer slots.
+
+Why safetensors and not `from_pretrained`: a stage needs a handful of tensors out of a checkpoint that may
+not fit one host; `safetensors.safe_open` reads a named tensor without loading the file, and the index
+(`model.safetensors.index.json`) says which shard holds it. No pickle is ever read (`.bin` checkpoints are
+refused). Tensors are loaded whole into the fp32 stage before tensor parallelism shards it.
+
+Names (`model_type` llama and mistral, whose layout the reference LLaMA has: RMSNorm, rotary positions
+with rotate-half, SwiGLU MLP, no biases): slot 0 `model.embed_tokens`; slot i+1 `model.layers.i.*`; the head
+`model.norm` and `lm_head` (the embedding when `tie_word_embeddings`). The reference model's epsilon and
+rotary base are fixed (1e-5, 10000): a config with others is refused, not silently loaded into the wrong math.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetauto.core.errors import SpecError
+from hetauto.core.model import ModelConfig
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "hf_names", "load_hf_weights", "check_hf_config"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+_BLOCK = {
+    "norm1.weight": "input_layernorm.weight",
+    "norm2.weight": "post_attention_layernorm.weight",
+    "attn.q_proj.weight": "self_attn.q_proj.weight",
+    "attn.k_proj.weight": "self_attn.k_proj.weight",
+    "attn.v_proj.weight": "self_attn.v_proj.weight",
+    "attn.o_proj.weight": "self_attn.o_proj.weight",
+    "mlp.gate.weight": "mlp.gate_proj.weight",
+    "mlp.up.weight": "mlp.up_proj.weight",
+    "mlp.down.weight": "mlp.down_proj.weight",
+}
+
+
+def check_hf_config(folder: str | Path) -> dict[str, Any]:
+    """The folder's config.json, if the reference LLaMA can hold its weights exactly; else one SpecError."""
+    from hetauto.runtime.model import NORM_EPS, ROPE_THETA
+
+    path = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except OSError:
+        raise SpecError(path, "(file)", "no config.json", "--init-from takes a Hugging Face checkpoint folder") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(path, f"line {err.lineno}", f"invalid JSON: {err.msg}") from None
+    kind = str(cfg.get("model_type", ""))
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise SpecError(path, "model_type", f"weights of model_type '{kind}' cannot be loaded yet",
+                        f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    for key, want in (("rms_norm_eps", NORM_EPS), ("rope_theta", ROPE_THETA)):
+        if key in cfg and float(cfg[key]) != want:
+            raise SpecError(path, key, f"{cfg[key]} differs from the reference model's {want:g}",
+                            "the loaded model would compute something else than it was trained to")
+    if cfg.get("rope_scaling"):
+        raise SpecError(path, "rope_scaling", "scaled rotary positions are not in the reference model")
+    if any(cfg.get(k) for k in ("attention_bias", "mlp_bias")):
+        raise SpecError(path, "attention_bias", "biases are not in the reference LLaMA")
+    return cfg
+
+
+def hf_names(cfg: ModelConfig, slot: int, ours: str, tied: bool) -> str:
+    """The checkpoint's name for our parameter `ours` (relative to its slot module) of layer slot `slot`."""
+    last = cfg.num_layer_slots - 1
+    if slot == 0:
+        return {"tok.weight": "model.embed_tokens.weight"}[ours]
+    if slot == last:
+        if ours == "norm.weight":
+            return "model.norm.weight"
+        return "model.embed_tokens.weight" if tied else "lm_head.weight"
+    return f"model.layers.{slot - 1}.{_BLOCK[ours]}"
+
+
+class _Shards:
+    """Which safetensors file holds a tensor, opened lazily (each file at most once)."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self._open = safe_open
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            self.where = {k: folder / v for k, v in weight_map.items()}
+        else:
+            files = sorted(folder.glob("*.safetensors"))
+            if not files:
+                pickled = sorted(p.name for p in folder.glob("*.bin"))
+                hint = (f"found {', '.join(pickled)}: pickled weights are never loaded; convert them to safetensors"
+                        if pickled else "save the model with save_pretrained(..., safe_serialization=True)")
+                raise SpecError(folder, "(folder)", "no *.safetensors files", hint)
+            self.where = {}
+            for f in files:
+                with safe_open(str(f), framework="pt") as fh:
+                    for k in fh.keys():
+                        self.where[k] = f
+        self._handles: dict[Path, Any] = {}
+
+    def get(self, name: str) -> torch.Tensor | None:
+        f = self.where.get(name)
+        if f is None:
+            return None
+        if f not in self._handles:
+            self._handles[f] = self._open(str(f), framework="pt")
+        return self._handles[f].get_tensor(name)
+
+
+def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str | Path) -> int:
+    """Copy the checkpoint's tensors into `modules` (layer slot -> its module, unsharded, fp32) in place;
+    returns how many tensors were read. A missing tensor or a shape that differs is one SpecError naming it."""
+    folder = Path(folder)
+    hf = check_hf_config(folder)
+    tied = bool(hf.get("tie_word_embeddings", False))
+    shards = _Shards(folder)
+    read = 0
+    with torch.no_grad():
+        for slot, module in modules.items():
+            for ours, param in module.named_parameters():
+                name = hf_names(cfg, slot, ours, tied)
+                t = shards.get(name)
+                if t is None:
+                    raise SpecError(folder, name, f"missing from the checkpoint (layer slot {slot}, {ours})",
+                                    "is this the checkpoint of the plan's model?")
+                if tuple(t.shape) != tuple(param.shape):
+                    raise SpecError(folder, name, f"has shape {list(t.shape)} but the model needs {list(param.shape)}",
+                                    "the plan's model and the checkpoint's config.json differ")
+                param.copy_(t.to(param.dtype))
+                read += 1
+    return read
