@@ -125,3 +125,45 @@ def test_hetauto_run_init_from_starts_at_transformers_loss(checkpoint: Path, tmp
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert abs(doc["loss"][0] - _transformers_loss(checkpoint)) < 1e-5 and doc["max_loss_diff"] < 1e-5
+
+
+def _train_and_checkpoint(rank: int, world: int, plan_json: str, folder: str, ckdir: str) -> dict:
+    from hetauto.core.comm import Communicator
+    from hetauto.runtime.executor import ExecutorOptions
+    from hetauto.runtime.training import CheckpointOptions, train_rank
+
+    comm = Communicator.init_from_env("gloo", timeout_s=30)
+    try:
+        cfg = get_model(Path(folder) / "config.json")
+        return train_rank(comm, Plan.from_json(plan_json), cfg,
+                          ExecutorOptions(steps=1, seed=SEED, timeout_s=30, init_from=folder),
+                          CheckpointOptions(directory=ckdir)).to_dict()
+    finally:
+        comm.destroy()
+
+
+@pytest.mark.multiprocess
+def test_a_pipelines_checkpoint_exports_to_transformers_and_loads_back(checkpoint: Path, tmp_path: Path, capsys) -> None:
+    """Weights out: a tp 2 x 2-stage run's sharded checkpoint, exported with `hetauto checkpoint export --format hf`,
+    is the model transformers computes the next step's loss with, and `--init-from` reads it back."""
+    from hetauto.cli import main
+
+    stages = tuple(StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=l, tp=2, dp=1)
+                   for l in ((0, 3), (3, 6)))
+    plan = Plan(model=str(checkpoint / "config.json"), cluster=None, seq_len=SEQ, global_batch=GBS,
+                microbatch_size=MBS, num_microbatches=GBS // MBS, stages=stages)
+    run_ranks(_train_and_checkpoint, 4, plan.to_json(), str(checkpoint), str(tmp_path / "ck"), timeout=150)
+    out = tmp_path / "hf"
+    assert main(["checkpoint", "export", str(tmp_path / "ck"), "--format", "hf", "-o", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["step"], doc["tensors"]) == (0, 2 + 4 * 9 + 1)  # embedding, 4 blocks x 9, norm + lm_head
+    cfg = get_model(checkpoint / "config.json")
+    after_one_step = reference_losses(cfg, SEED, 2, GBS, MBS, SEQ, init_from=str(checkpoint))[1]
+    model = transformers.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
+    batch = synthetic_batch(SEED, 1, GBS, SEQ, 256)
+    with torch.no_grad():
+        logits = model(batch.tokens).logits
+    hf = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 256), batch.targets.reshape(-1)))
+    assert abs(hf - after_one_step) < 1e-5
+    back = reference_losses(get_model(out / "config.json"), SEED, 1, GBS, MBS, SEQ, init_from=str(out))[0]
+    assert abs(back - _transformers_loss(out)) < 1e-5  # --init-from reads the export back

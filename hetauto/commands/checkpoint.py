@@ -1,4 +1,6 @@
 """`hetauto checkpoint verify D [--json] [--no-hashes]`: is a checkpoint intact?
+`hetauto checkpoint export D --format hf -o OUT [--json]`: the checkpoint, of any plan layout, as one Hugging
+Face checkpoint folder (config.json + model.safetensors) that transformers and `hetauto run --init-from` read.
 
 `D` is a checkpoint directory (`step-…`) or a `--checkpoint-dir` root (its newest complete checkpoint). The
 same check `hetauto run --resume D` makes before it launches anything: every file the manifest lists exists
@@ -21,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     v.add_argument("directory", help="a checkpoint directory (step-...) or a --checkpoint-dir root (its newest)")
     v.add_argument("--no-hashes", action="store_true", help="sizes and metadata only (fast; no sha256)")
     v.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document on stdout")
+    e = sub.add_parser("export", help="write the checkpoint as a Hugging Face checkpoint folder")
+    e.add_argument("directory", help="a checkpoint directory (step-...) or a --checkpoint-dir root (its newest)")
+    e.add_argument("--format", choices=("hf",), default="hf", help="hf: config.json + model.safetensors (llama)")
+    e.add_argument("-o", "--output", required=True, metavar="OUT", help="the folder to write")
+    e.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document on stdout")
 
 
 def verify_document(directory: str, *, hashes: bool = True) -> dict[str, Any]:
@@ -40,9 +47,22 @@ def verify_document(directory: str, *, hashes: bool = True) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action != "verify":
-        raise HetautoError("say what to do: hetauto checkpoint verify DIR [--json]")
     from hetauto.commands._output import print_json
+
+    if args.action == "export":
+        from hetauto.runtime.checkpoint_manifest import require_intact
+        from hetauto.runtime.hf_weights import export_hf
+
+        require_intact(args.directory)  # nothing damaged is exported
+        doc = export_hf(args.directory, args.output)
+        if getattr(args, "json", False):
+            print_json(doc)
+        else:
+            print(f"exported step {doc['step']} of {doc['checkpoint']} to {doc['output']} ({doc['tensors']} tensors, "
+                  f"{doc['parameters']:,} parameters; config.json + model.safetensors)")
+        return 0
+    if args.action != "verify":
+        raise HetautoError("say what to do: hetauto checkpoint verify DIR [--json], or export DIR --format hf -o OUT")
 
     doc = verify_document(args.directory, hashes=not args.no_hashes)
     if args.json:

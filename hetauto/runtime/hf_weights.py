@@ -24,7 +24,7 @@ from torch import nn
 from hetauto.core.errors import SpecError
 from hetauto.core.model import ModelConfig
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "hf_names", "load_hf_weights", "check_hf_config"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "hf_names", "load_hf_weights", "check_hf_config", "hf_config", "export_hf"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 _BLOCK = {
@@ -134,3 +134,50 @@ def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str
                 param.copy_(t.to(param.dtype))
                 read += 1
     return read
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    """The Hugging Face `config.json` of the reference LLaMA `cfg` (what `transformers` and this module read)."""
+    from hetauto.runtime.model import NORM_EPS, ROPE_THETA
+
+    if cfg.arch != "llama":
+        raise SpecError(None, "model", f"{cfg.name} is a {cfg.arch} model; Hugging Face export covers llama models")
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads,
+            "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": NORM_EPS, "rope_theta": ROPE_THETA,
+            "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
+            "mlp_bias": False, "torch_dtype": "float32"}
+
+
+def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
+    """Consolidate a sharded hetauto checkpoint of any plan layout into one Hugging Face checkpoint folder
+    (`config.json` + `model.safetensors`, fp32) that `transformers` and `--init-from` read. One process: the
+    checkpoint is resharded onto the whole model (torch.distributed.checkpoint), then renamed."""
+    import dataclasses
+
+    from safetensors.torch import save_file
+
+    from hetauto.core.model import ModelConfig as Config
+    from hetauto.runtime.checkpoint import load_checkpoint
+    from hetauto.runtime.checkpoint_manifest import _resolve, read_manifest
+    from hetauto.runtime.stage import build_model
+
+    path = _resolve(str(checkpoint))
+    manifest = read_manifest(path)
+    fields = {f.name for f in dataclasses.fields(Config)}
+    cfg = Config(**{k: v for k, v in manifest.model.items() if k in fields})
+    config = hf_config(cfg)
+    model = build_model(cfg, 0)
+    load_checkpoint(path, model, None, restore_rng=False)
+    tensors: dict[str, torch.Tensor] = {}
+    for key, module in model.layers.items():
+        for ours, param in module.named_parameters():
+            name = hf_names(cfg, int(key), ours, cfg.tie_embeddings)
+            tensors.setdefault(name, param.detach().to(torch.float32).contiguous().clone())
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return {"checkpoint": str(path), "step": manifest.step, "output": str(folder), "tensors": len(tensors),
+            "parameters": int(sum(t.numel() for t in tensors.values()))}
