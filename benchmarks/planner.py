@@ -10,6 +10,12 @@ Sections (ratios side by side; the last line with --json is one JSON document):
   3. two-cluster sweep over link bandwidth x latency: gain over metis and megatron, features used.
   4. search time (time to the final best) for paper-4c (256 devices) and scale-736; evaluations/s.
   5. quality: throughput as a fraction of the aggregate achievable FLOP/s bound (sum of peak x max_eff).
+  7. generated families (families.py; --quick: small clusters, seeds 0-2; else seeds 0-4): ours vs the best of
+     single-cluster / metis / megatron / amp, and the seed-to-seed spread.
+  6. ablation per scenario: our search with the baselines' features only (plain 1F1B, no ZeRO-1, no recompute,
+     lanes resharding), each feature added alone, then all (--quick: every scenario but scale-736).
+Section 2 includes single-cluster (our own search on each cluster alone, the best kept): a gain over it is the
+gain of crossing clusters at all.
 
 No planner gets a wall-time budget, so every figure but the times is independent of the machine's load;
 the load (1-minute load average) is printed next to the timings.
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # families.py
 
 from hetauto.core.scenarios import get_scenario, scenario_names  # noqa: E402
 from hetauto.planner.baselines.exhaustive import all_candidates  # noqa: E402
@@ -35,7 +42,20 @@ from hetauto.planner.layers import model_flops_per_token  # noqa: E402
 from hetauto.planner.search import PlanResult, plan  # noqa: E402
 from hetauto.planner.space import StrategySpace  # noqa: E402
 
-BASELINES = ("megatron", "metis", "amp", "greedy")
+BASELINES = ("megatron", "metis", "amp", "greedy", "single-cluster")
+# the ablation: hetauto's search with the baselines' features only (plain 1F1B, no ZeRO-1, no recompute, one
+# resharding method), then each feature added alone, then all of them
+BASE_FEATURES: dict[str, Any] = {"schedules": ("1f1b",), "interleave": (), "zero1": (False,), "recompute": (False,),
+                                 "resharding": "lanes", "resharding_methods": ("lanes",)}
+ABLATION: dict[str, dict[str, Any]] = {
+    "baselines' features": BASE_FEATURES,
+    "+ virtual-1f1b": {**BASE_FEATURES, "schedules": ("1f1b", "virtual-1f1b")},
+    "+ interleaved": {**BASE_FEATURES, "interleave": (2, 3, 4)},
+    "+ zero1": {**BASE_FEATURES, "zero1": (False, True)},
+    "+ recompute": {**BASE_FEATURES, "recompute": (False, True)},
+    "+ resharding per boundary": {**BASE_FEATURES, "resharding": "scatter-allgather", "resharding_methods": None},
+    "all": {},
+}
 
 
 CPU_S: dict[int, float] = {}  # id(result) -> CPU seconds of this process spent in plan()
@@ -160,6 +180,51 @@ def section_scenarios(quick: bool) -> dict[str, Any]:
     return {"scenarios": out, "never_below_baselines": never_below}
 
 
+def section_ablation(quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    names = [n for n in scenario_names() if not (quick and n == "scale-736")]
+    print(f"\n[6] ablation: our search (default stop rule) with the baselines' features only, each feature added "
+          f"alone, then all; samples/s (x over baselines' features); load {load():.1f}")
+    print(f"    {'scenario':12s} " + " ".join(f"{k:>26s}" for k in ABLATION))
+    for name in names:
+        inputs = load_planning_inputs(scenario=name)
+        row: dict[str, Any] = {}
+        for label, opts in ABLATION.items():
+            r = run(inputs, "mcts", space_options=opts or None)
+            row[label] = r.evaluation.throughput_samples_s if r else None
+        base = row["baselines' features"] or 0.0
+        cells = " ".join(f"{(v or 0):12.4g} ({(v or 0) / base if base else 0:5.3f}x)      " for v in row.values())
+        print(f"    {name:12s} {cells}", flush=True)
+        out[name] = {"throughput": row, "gain_over_baseline_features": {k: (v / base if base and v else None)
+                                                                         for k, v in row.items()}}
+    return out
+
+
+def section_families(quick: bool) -> list[dict[str, Any]]:
+    """The targets on generated families: ours (each seed) >= single-cluster and every baseline, spread <= 1%."""
+    from families import FULL, QUICK, family_inputs
+
+    cases, seeds = (QUICK, (0, 1, 2)) if quick else (FULL, (0, 1, 2, 3, 4))
+    rows = []
+    print(f"\n[7] generated families{' (quick: small clusters)' if quick else ''}, seeds {list(seeds)}: ours vs the "
+          f"best of single-cluster / metis / megatron / amp; load {load():.1f}")
+    for kind, args in cases:
+        inputs = family_inputs(kind, *args, small=quick)
+        ours = [run(inputs, "mcts", seed=s) for s in seeds]
+        theirs = {b: run(inputs, b) for b in ("single-cluster", "metis", "megatron", "amp")}
+        t = [r.evaluation.throughput_samples_s if r else 0.0 for r in ours]
+        best_b = max(theirs, key=lambda b: theirs[b].evaluation.throughput_samples_s if theirs[b] else 0.0)
+        floor = theirs[best_b].evaluation.throughput_samples_s if theirs[best_b] else 0.0
+        spread = (max(t) - min(t)) / max(t) if max(t) else 0.0
+        ok = min(t) >= floor * (1 - 1e-9) and spread <= 0.01
+        rows.append({"family": kind, "args": list(args), "ours": t, "baselines": {
+            b: (r.evaluation.throughput_samples_s if r else None) for b, r in theirs.items()},
+            "min_ratio": min(t) / floor if floor else None, "spread": spread, "pass": ok})
+        print(f"    {kind:9s} {str(args):10s} ours {min(t):9.4g}..{max(t):<9.4g} best baseline {best_b} {floor:9.4g}: "
+              f"x{(min(t) / floor if floor else 0):5.3f}, spread {spread:.2%} {'PASS' if ok else 'FAIL'}", flush=True)
+    return rows
+
+
 def section_sweep(quick: bool) -> list[dict[str, Any]]:
     bws = (10, 100, 400) if quick else (10, 25, 50, 100, 200, 400)
     lats = (0.5, 20.0) if quick else (0.5, 2.0, 5.0, 20.0)
@@ -203,6 +268,8 @@ def main() -> int:
     doc["mixed_small"] = section_exhaustive(args.quick)
     doc.update(section_scenarios(args.quick))
     doc["two_cluster_sweep"] = section_sweep(args.quick)
+    doc["ablation"] = section_ablation(args.quick)
+    doc["families"] = section_families(args.quick)
     doc["total_time_s"] = time.perf_counter() - t0
     print(f"\ntotal {doc['total_time_s']:.0f} s (load {load():.1f})")
     if args.json:
