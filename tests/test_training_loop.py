@@ -179,9 +179,31 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
     plan.save(tmp_path / "plan.json")
     proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3",
                            "--emulate", "--json", "--data", str(tokens), "--lr", "3e-3", "--lr-schedule", "linear",
-                           "--warmup-steps", "1", "--clip-grad", str(CLIP)], capture_output=True, text=True, timeout=230)
+                           "--warmup-steps", "1", "--clip-grad", str(CLIP), "--log-jsonl", str(tmp_path / "log.jsonl")],
+                          capture_output=True, text=True, timeout=230)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["max_loss_diff"] < 1e-5 and doc["data"] == str(tokens)
     assert doc["lr"] == [LRSchedule(lr=3e-3, kind="linear", warmup_steps=1, decay_steps=3).lr_at(s) for s in range(3)]
     assert len(doc["grad_norm"]) == 3 and min(doc["grad_norm"]) > CLIP
+    lines = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [0, 1, 2]  # written while the run went on, one line per step
+    assert [r["loss"] for r in lines] == doc["loss"] and [r["lr"] for r in lines] == doc["lr"]
+    assert [r["grad_norm"] for r in lines] == doc["grad_norm"] and all(r["tokens_s"] > 0 for r in lines)
+
+
+def test_the_step_log_joins_the_last_stages_replicas_once_each_has_written_the_step(tmp_path: Path) -> None:
+    from hetauto.runtime.step_log import StepLog, append_step, log_ranks, rank_log_name
+
+    plan = _plan("tiny-gpt")  # tp 2 | dp 2 | 1: the last stage is rank 4 alone
+    two = plan.model_copy(update={"stages": (plan.stages[0], plan.stages[1].model_copy(update={"layers": (3, 6)}))})
+    assert log_ranks(two) == (2, 3) and log_ranks(plan) == (4,)  # a dp 2 last stage: both replicas' shares
+    seen = []
+    log = StepLog(two, tmp_path, tmp_path / "out.jsonl", seen.append)
+    append_step(tmp_path / rank_log_name(2), 0, 1.5, 1e-3, None, 0.2)
+    assert log.poll() == []  # rank 3's share of step 0 is not there yet
+    with open(tmp_path / rank_log_name(3), "w") as fh:
+        fh.write('{"step": 0, "loss": 1.25, "lr": 0.001, "grad_norm": null, "step_s": 0.25}\n{"step": 1, "lo')
+    (rec,) = log.poll()  # a half-written line waits for the next poll
+    assert (rec.step, rec.loss, rec.step_s, rec.tokens_s) == (0, 2.75, 0.25, 8 * 16 / 0.25)
+    assert seen == [rec] and json.loads((tmp_path / "out.jsonl").read_text())["loss"] == 2.75

@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
+    parser.add_argument("--log-jsonl", metavar="FILE",
+                        help="append one JSON line per step as it completes (step, loss, lr, grad_norm, step_s, tokens_s)")
     tr = parser.add_argument_group("training")
     tr.add_argument("--data", metavar="FILE.bin",
                     help="train on a local token file (hetauto data prepare); default: the synthetic stream")
@@ -145,6 +147,32 @@ def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -
     return None, "prediction unavailable (unexpected evaluate_plan result)", False
 
 
+def start_hint(args: argparse.Namespace) -> int:
+    """Steps a resumed run skips (for the progress bar's total); 0 when it starts afresh."""
+    return int(getattr(args, "_resume_start", 0) or 0)
+
+
+class _StepBar:
+    """A progress bar over the run's steps on stderr (rich), with the last loss, tokens/s and the ETA."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self.task = self.progress.add_task("steps", total=max(total, 1), info="starting the ranks ...")
+        self.progress.start()
+
+    def update(self, rec: Any) -> None:
+        self.progress.update(self.task, advance=1, info=f"step {rec.step} loss {rec.loss:.4f} "
+                                                        f"{rec.tokens_s:,.0f} tokens/s")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
 def _lr_schedule(args: argparse.Namespace) -> Any:
     """The run's learning-rate schedule from its flags (decaying over the run's --steps), or one line."""
     from hetauto.runtime.optim import LRSchedule
@@ -208,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
             raise CheckpointError(f"--resume {args.resume} is a file; give a checkpoint folder (step-...) or the "
                                   "--checkpoint-dir that holds them")
         start, seed = _check_resume(args.resume, cfg, args.steps, plan, allow_data_change=args.allow_data_change)
+        args._resume_start = start
         if args.seed is not None and seed is not None and args.seed != seed:
             raise HetautoError(f"--seed {args.seed} differs from the checkpoint's data seed {seed}; "
                                "drop --seed to continue the checkpoint's run")
@@ -221,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
     from hetauto.runtime.options import RunOptions
 
     require_writable(args.trace, "--trace")
+    require_writable(args.log_jsonl, "--log-jsonl")
     schedule = _lr_schedule(args)
     if args.clip_grad is not None and not args.clip_grad > 0:
         raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")
@@ -276,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
         reports, link = launch_netns(plan, cluster, run_options)
     else:
         job = start_local(plan, run_options, max_restarts=args.max_restarts)
+        bar = _StepBar(args.steps - start_hint(args)) if not args.json else None
+        job.follow_steps(args.log_jsonl, bar.update if bar is not None else None)
         if want_reference:
             try:
                 # Import torch here while the ranks start (they import it too, which takes longer than this):
@@ -284,7 +316,11 @@ def run(args: argparse.Namespace) -> int:
             except BaseException:
                 job.kill()
                 raise
-        reports = job.wait()
+        try:
+            reports = job.wait()
+        finally:
+            if bar is not None:
+                bar.close()
     from hetauto.runtime.results import (boundary_table, link_dispatch_lag, measured_timeline, rank_table,
                                          stage_compute, stage_memory, summarize)
 

@@ -84,6 +84,7 @@ class ExecutorOptions:
     clip_grad: float | None = None  # clip gradients to this global norm (every stage, TP shard, DP replica)
     data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
     init_from: str | None = None  # a Hugging Face checkpoint folder (hetauto.runtime.hf_weights); None: random init
+    step_log: str | None = None  # append each step's line here (hetauto.runtime.step_log), for the launcher to follow
 
     @property
     def schedule(self) -> LRSchedule:
@@ -527,6 +528,11 @@ class StageExecutor:
             losses.append(self.step(i))
             timer.stop()
             step_s.append(timer.elapsed_s())
+            if self.opt_.step_log is not None:
+                from hetauto.runtime.step_log import append_step
+
+                append_step(self.opt_.step_log, i, losses[-1], self.lrs[-1] if self.lrs else None,
+                            self.grad_norms[-1] if self.grad_norms else None, step_s[-1])
             if after_step is not None:
                 path = after_step(i)
                 if path is not None:

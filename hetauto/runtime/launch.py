@@ -316,6 +316,15 @@ class LocalJob:
         self._signalled: int | None = None
         self._previous: dict[int, Any] = {}
         self._closed = False
+        self.step_log: Any = None  # a hetauto.runtime.step_log.StepLog polled while the job runs (follow_steps)
+
+    def follow_steps(self, jsonl: str | Path | None = None, on_step: Any = None) -> Any:
+        """Join the ranks' per-step lines while the job runs: each completed step is appended to `jsonl` and
+        handed to `on_step` (a StepRecord). Returns the StepLog."""
+        from hetauto.runtime.step_log import StepLog
+
+        self.step_log = StepLog(self.plan, self.out, jsonl, on_step)
+        return self.step_log
 
     # --- signals
     def _install_signals(self) -> None:
@@ -396,7 +405,11 @@ class LocalJob:
                     stop_job(self.proc, self.token, 1.0)
                     stopped = True
                     break
+            if self.step_log is not None:
+                self.step_log.poll()
             time.sleep(0.05)
+        if self.step_log is not None:
+            self.step_log.poll()
         if self._signalled is not None:
             raise self._interrupted()
         code = self.proc.returncode

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         run = RunOptions.load(args.options)
         out = Path(run.out)
         out.mkdir(parents=True, exist_ok=True)
-        for stale in ("json", "error", "stopped"):  # left by an earlier attempt of a restarted job
+        for stale in ("json", "error", "stopped", "steps.jsonl"):  # left by an earlier attempt of a restarted job
             (out / f"rank{rank}.{stale}").unlink(missing_ok=True)
         _mark(out, rank, "started", f"attempt {restart} pid {os.getpid()}")
         signal.signal(signal.SIGTERM, lambda *_: _stopped(out, rank))
@@ -127,9 +127,12 @@ def main(argv: list[str] | None = None) -> int:
 
         schedule = LRSchedule(lr=run.lr, kind=run.lr_schedule, warmup_steps=run.warmup_steps,
                               decay_steps=run.steps, min_lr=run.min_lr)
+        from hetauto.runtime.step_log import log_ranks, rank_log_name
+
+        step_log = str(out / rank_log_name(rank)) if rank in log_ranks(plan) else None
         opts = ExecutorOptions(steps=run.steps, seed=run.seed, lr=run.lr, timeout_s=run.timeout_s, speed_factor=speed,
                                backends=run.backends or None, lr_schedule=schedule, clip_grad=run.clip_grad,
-                               data=run.data, init_from=run.init_from)
+                               data=run.data, init_from=run.init_from, step_log=step_log)
         ckpt = CheckpointOptions(directory=run.checkpoint_dir, every=run.checkpoint_every, keep=run.keep,
                                  resume=resume, allow_data_change=run.allow_data_change)
         report = train_rank(comm, plan, cfg, opts, ckpt)
