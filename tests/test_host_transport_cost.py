@@ -55,7 +55,10 @@ def test_catalog_host_links_and_profile_round_trip() -> None:
     gen4, gen5 = 25e9, 50e9
     assert {k: d.host_link_bandwidth_Bps for k, d in cat.items()} == {
         "a100-40g": gen4, "a100-80g": gen4, "ascend-910b": gen4, "mi250x": gen4, "h100": gen5, "h800": gen5,
-        "h20": gen5, "mi300x": gen5, "max-1550": gen5, "v100-16g": 12e9, "cpu": math.inf}
+        "h20": gen5, "mi300x": gen5, "max-1550": gen5, "v100-16g": 12e9, "cpu": math.inf,
+        # PCIe Gen4 x16 cards, Gen5 x16 modules, and GH200's NVLink-C2C (450 GB/s per direction)
+        "a10": gen4, "l40s": gen4, "rtx-3090": gen4, "rtx-4090": gen4, "b200": gen5, "h200": gen5, "mi325x": gen5,
+        "gh200": 450e9}
     assert "host_link_bandwidth" not in cat["cpu"].to_document()  # none: the CPU's memory is the host's
     assert cat["h100"].to_document()["host_link_bandwidth"] == gen5
     measured = profile_from_dict({"base": "h100", "host_link_bandwidth": "256Gbps"}, "p.yaml")
