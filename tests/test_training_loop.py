@@ -15,7 +15,7 @@ from hetauto.core.errors import SpecError
 from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime.optim import LRSchedule, clip_coefficient
-from hetauto.runtime.reference import reference_losses
+from hetauto.runtime.reference import reference_run
 from hetauto.runtime.results import summarize
 from hetauto.runtime.token_data import TOKENS_FORMAT, open_tokens, write_tokens
 from hetauto.testing.multiproc import run_ranks
@@ -125,7 +125,8 @@ def _work(rank: int, world: int, cases: list) -> list[dict]:
         out = []
         for tied, data in cases:
             opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, lr_schedule=SCHEDULE, clip_grad=CLIP,
-                                   data=data, backends=("cpu", "mock", "cpu"))
+                                   data=data, backends=("cpu", "mock", "cpu"), eval_every=2, eval_steps=2,
+                                   eval_fraction=0.2)
             out.append(run_rank(comm, _plan("tiny-gpt"), TIED if tied else GPT, opts).to_dict())
         return out
     finally:
@@ -139,9 +140,16 @@ def test_schedule_clipping_and_real_tokens_match_the_single_process_reference(to
     for c, (tied, data) in enumerate(cases):
         reports = [per_rank[r][c] for r in range(5)]
         got = summarize(_plan("tiny-gpt"), reports).losses
-        want = reference_losses(TIED if tied else GPT, SEED, STEPS, 8, 4, 16, lr_schedule=SCHEDULE, clip_grad=CLIP,
-                                data=data)
+        ref = reference_run(TIED if tied else GPT, SEED, STEPS, 8, 4, 16, lr_schedule=SCHEDULE, clip_grad=CLIP,
+                            data=data, eval_every=2, eval_steps=2, eval_fraction=0.2)
+        want = ref.losses
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (tied, got, want)
+        # the held-out loss after steps 1 and 3 (every 2 steps, and the last), summed over the last stage's shares
+        held = [[e[0], sum(r["eval_losses"][i][1] for r in reports if r["eval_losses"])]
+                for i, e in enumerate(reports[4]["eval_losses"])]
+        assert [s for s, _ in held] == [s for s, _ in ref.eval_losses] == [1, 3]
+        assert max(abs(a[1] - b[1]) for a, b in zip(held, ref.eval_losses)) < 1e-5
+        assert held[1][1] < held[0][1]
         assert got[-1] < got[0]
         norms = {tuple(round(n, 9) for n in r["grad_norms"]) for r in reports}
         assert len(norms) == 1 and all(n > CLIP for n in next(iter(norms)))  # one global norm, clipping acted
@@ -179,7 +187,8 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
     plan.save(tmp_path / "plan.json")
     proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3",
                            "--emulate", "--json", "--data", str(tokens), "--lr", "3e-3", "--lr-schedule", "linear",
-                           "--warmup-steps", "1", "--clip-grad", str(CLIP), "--log-jsonl", str(tmp_path / "log.jsonl")],
+                           "--warmup-steps", "1", "--clip-grad", str(CLIP), "--log-jsonl", str(tmp_path / "log.jsonl"),
+                           "--eval-every", "2"],
                           capture_output=True, text=True, timeout=230)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
@@ -190,6 +199,9 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
     assert [r["step"] for r in lines] == [0, 1, 2]  # written while the run went on, one line per step
     assert [r["loss"] for r in lines] == doc["loss"] and [r["lr"] for r in lines] == doc["lr"]
     assert [r["grad_norm"] for r in lines] == doc["grad_norm"] and all(r["tokens_s"] > 0 for r in lines)
+    assert [e[0] for e in doc["eval_loss"]] == [e[0] for e in doc["reference_eval_loss"]] == [1, 2]
+    assert max(abs(a[1] - b[1]) for a, b in zip(doc["eval_loss"], doc["reference_eval_loss"])) < 1e-5
+    assert [r["eval_loss"] for r in lines] == [None, doc["eval_loss"][0][1], doc["eval_loss"][1][1]]
 
 
 def test_the_step_log_joins_the_last_stages_replicas_once_each_has_written_the_step(tmp_path: Path) -> None:

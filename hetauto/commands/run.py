@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="after the warm-up: constant (default), or decay to --min-lr at the last step")
     tr.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (default 0)")
     tr.add_argument("--min-lr", type=float, default=0.0, help="the learning rate the decay ends at (default 0)")
+    tr.add_argument("--eval-every", type=int, default=None, metavar="K",
+                    help="evaluate the held-out loss after every K steps and after the last")
+    tr.add_argument("--eval-steps", type=int, default=1, metavar="N", help="held-out global batches per evaluation")
+    tr.add_argument("--eval-fraction", type=float, default=0.05, metavar="F",
+                    help="with --data and --eval-every: the token file's tail held out for evaluation (default 0.05)")
     tr.add_argument("--clip-grad", type=float, default=None, metavar="NORM",
                     help="clip gradients to this global norm (over every stage, TP shard and DP replica)")
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference loss")
@@ -147,6 +152,16 @@ def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -
     return None, "prediction unavailable (unexpected evaluate_plan result)", False
 
 
+def _eval_losses(plan: Plan, reports: list[dict[str, Any]]) -> list[list[float]]:
+    """[[step, held-out loss], ...]: the last stage's replicas' shares summed per evaluation."""
+    from hetauto.runtime.step_log import log_ranks
+
+    mine = [r for r in reports if int(r["rank"]) in log_ranks(plan)]
+    if not mine or not mine[0].get("eval_losses"):
+        return []
+    return [[int(e[0]), sum(float(r["eval_losses"][i][1]) for r in mine)] for i, e in enumerate(mine[0]["eval_losses"])]
+
+
 def start_hint(args: argparse.Namespace) -> int:
     """Steps a resumed run skips (for the progress bar's total); 0 when it starts afresh."""
     return int(getattr(args, "_resume_start", 0) or 0)
@@ -166,7 +181,8 @@ class _StepBar:
         self.progress.start()
 
     def update(self, rec: Any) -> None:
-        self.progress.update(self.task, advance=1, info=f"step {rec.step} loss {rec.loss:.4f} "
+        held = f" held-out {rec.eval_loss:.4f}" if rec.eval_loss is not None else ""
+        self.progress.update(self.task, advance=1, info=f"step {rec.step} loss {rec.loss:.4f}{held} "
                                                         f"{rec.tokens_s:,.0f} tokens/s")
 
     def close(self) -> None:
@@ -254,10 +270,20 @@ def run(args: argparse.Namespace) -> int:
     schedule = _lr_schedule(args)
     if args.clip_grad is not None and not args.clip_grad > 0:
         raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")
+    if args.eval_every is not None and args.eval_every < 1:
+        raise HetautoError(f"--eval-every must be >= 1, got {args.eval_every}")
+    if args.eval_steps < 1:
+        raise HetautoError(f"--eval-steps must be >= 1, got {args.eval_steps}")
+    if not 0 < args.eval_fraction < 1:
+        raise HetautoError(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
     if args.data is not None:
         from hetauto.runtime.token_data import open_tokens
 
-        open_tokens(args.data).check_fits(plan.global_batch, plan.seq_len, cfg.vocab_size, cfg.name)
+        tokens = open_tokens(args.data)
+        tokens.check_fits(plan.global_batch, plan.seq_len, cfg.vocab_size, cfg.name)
+        if args.eval_every is not None and int(tokens.num_tokens * args.eval_fraction) < plan.seq_len + 1:
+            raise HetautoError(f"--eval-fraction {args.eval_fraction:g} of {args.data}'s {tokens.num_tokens} tokens "
+                               f"holds out fewer than one window of {plan.seq_len + 1}; raise it or add text")
     if args.init_from is not None:
         from hetauto.runtime.hf_weights import check_hf_config
 
@@ -266,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
         clip_grad=args.clip_grad, data=_abs(args.data), init_from=_abs(args.init_from),
+        eval_every=args.eval_every, eval_steps=args.eval_steps, eval_fraction=args.eval_fraction,
         emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
@@ -330,16 +357,20 @@ def run(args: argparse.Namespace) -> int:
     checkpoints = [c for r in reports for c in r.get("checkpoints", [])]
     precision = str(reports[0].get("precision", "fp32"))
     reference: list[float] | None = None
+    reference_eval: list[list[float]] | None = None
+    eval_losses = _eval_losses(plan, reports)
     if want_reference:
         import torch
 
-        from hetauto.runtime.reference import reference_losses
+        from hetauto.runtime.reference import reference_run
 
         torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
-        reference = reference_losses(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size,
-                                     plan.seq_len, precision=precision, lr_schedule=schedule,
-                                     clip_grad=args.clip_grad, data=run_options.data,
-                                     init_from=run_options.init_from)[start:]
+        ref = reference_run(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size, plan.seq_len,
+                            precision=precision, lr_schedule=schedule, clip_grad=args.clip_grad,
+                            data=run_options.data, init_from=run_options.init_from, eval_every=args.eval_every,
+                            eval_steps=args.eval_steps, eval_fraction=args.eval_fraction)
+        reference = ref.losses[start:]
+        reference_eval = [[s, v] for s, v in ref.eval_losses if s >= start]
     predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)
     if args.trace:
         from hetauto.schedule.trace import write_chrome_trace
@@ -354,6 +385,8 @@ def run(args: argparse.Namespace) -> int:
         "step_s": list(summary.step_s),
         "lr": list(reports[0].get("lrs") or []),
         "grad_norm": list(reports[0].get("grad_norms") or []) or None,
+        "eval_loss": eval_losses or None,
+        "reference_eval_loss": reference_eval,
         "data": run_options.data,
         "measured_step_s": summary.measured_step_s,
         "predicted_step_s": predicted,
@@ -395,6 +428,9 @@ def run(args: argparse.Namespace) -> int:
               + ("" if ratio is None or math.isnan(ratio) else f" | ratio {ratio:.2f}"))
     print(f"precision {precision}" + ("" if reference is None else
                                       f" (loss within {PRECISION_TOLERANCE[precision]:g} of the reference expected)"))
+    for i, (step, value) in enumerate(eval_losses):
+        ref_v = f" (reference {reference_eval[i][1]:.6f})" if reference_eval and i < len(reference_eval) else ""
+        print(f"held-out loss after step {step}: {value:.6f}{ref_v}")
     _print_stages(plan, doc)
     for was in doc["emulated_backends"]:
         print(f"  stage {was['stage']}: backend '{was['backend']}' is not on this host; emulated on "

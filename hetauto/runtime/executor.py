@@ -51,7 +51,7 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 from hetauto.runtime.boundary import BoundaryRoute
-from hetauto.runtime.data import dp_shard, microbatch, synthetic_batch
+from hetauto.runtime.data import dp_shard, microbatch
 from hetauto.runtime.devices import RankDevice
 from hetauto.runtime.executable import check_executable
 from hetauto.runtime.groups import RankGroups
@@ -85,6 +85,9 @@ class ExecutorOptions:
     data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
     init_from: str | None = None  # a Hugging Face checkpoint folder (hetauto.runtime.hf_weights); None: random init
     step_log: str | None = None  # append each step's line here (hetauto.runtime.step_log), for the launcher to follow
+    eval_every: int | None = None  # evaluate the held-out loss after every K steps and after the last
+    eval_steps: int = 1  # held-out global batches per evaluation
+    eval_fraction: float = 0.05  # the token file's tail held out for evaluation (with eval_every)
 
     @property
     def schedule(self) -> LRSchedule:
@@ -120,6 +123,7 @@ class RankReport:
     overflow_steps: int = 0  # fp16: steps skipped because some rank's gradients overflowed
     lrs: list[float] = field(default_factory=list)  # the learning rate each step trained with
     grad_norms: list[float] = field(default_factory=list)  # with clipping: each step's global norm before it
+    eval_losses: list[list[float]] = field(default_factory=list)  # [step, share of the held-out loss] (last stage)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -240,10 +244,16 @@ class StageExecutor:
                         else route(wrap_b, tr[-1].backward) if wrap_b else None)
         self._rec = bool(options.record and me.is_lead)
         self._data = None
-        if options.data is not None and (me.stage == 0 or me.stage == p - 1):
-            from hetauto.runtime.token_data import open_tokens
+        if me.stage == 0 or me.stage == p - 1:  # only the first and last stage read data
+            from hetauto.runtime.batches import BatchSource
 
-            self._data = open_tokens(options.data)
+            self._data = BatchSource(options.seed, cfg.vocab_size, options.data,
+                                     options.eval_fraction if options.eval_every else 0.0)
+        # evaluation: the action list's forward half (every stage's F and its transfers, in schedule order; with
+        # no backward to wait for, forward dependencies alone order it, so it cannot deadlock)
+        keep = {_RECV_F, _F, _SEND_F}
+        self._eval_program = tuple(a for a in self._program if a[0] in keep)
+        self.eval_losses: list[list[float]] = []  # [step, this rank's share of the held-out loss]
         self.lrs: list[float] = []
         self.grad_norms: list[float] = []
         self.normaliser = plan.global_batch * plan.seq_len
@@ -314,11 +324,7 @@ class StageExecutor:
         plan, me = self.plan, self.me
         p, m = plan.num_stages, plan.num_microbatches
         rec = self._rec
-        need_data = me.stage == 0 or me.stage == p - 1
-        batch = None
-        if need_data:
-            batch = (self._data.batch(self.opt_.seed, step, plan.global_batch, plan.seq_len) if self._data is not None
-                     else synthetic_batch(self.opt_.seed, step, plan.global_batch, plan.seq_len, self.cfg.vocab_size))
+        batch = self._data.train(step, plan.global_batch, plan.seq_len) if self._data is not None else None
         st = _StepState(step, batch)
         if rec:
             for per_step in (*self.cpu.values(), *self.dev_s.values()):
@@ -339,6 +345,27 @@ class StageExecutor:
             for kind, timer in self._timers:
                 self.dev_s[kind][-1] += timer.elapsed_s()
         return float(st.loss)
+
+    def evaluate(self, batches: int) -> float:
+        """The held-out loss (this rank's share: 0 off the last stage): the forward half of the action list over
+        `batches` held-out global batches, without gradients, averaged over them. Every rank calls it."""
+        plan, m = self.plan, self.plan.num_microbatches
+        rec, self._rec = self._rec, False  # evaluation is not part of the training step's timeline
+        total = 0.0
+        try:
+            for i in range(batches):
+                batch = self._data.held_out(i, plan.global_batch, plan.seq_len) if self._data is not None else None
+                st = _StepState(-(i + 1), batch)
+                with torch.no_grad():
+                    for code, k, last_b, vs, c in self._eval_program:
+                        self._handlers[code](st, vs * m + k, last_b, vs, c)
+                    self._wait_sends(st.step, st.sends, st.watch)
+                for posted in st.held.values():
+                    self._fwd_in.release(posted)
+                total += float(st.loss)
+        finally:
+            self._rec = rec
+        return total / batches
 
     def _recv_f(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
@@ -528,11 +555,16 @@ class StageExecutor:
             losses.append(self.step(i))
             timer.stop()
             step_s.append(timer.elapsed_s())
+            held_out = None
+            every = self.opt_.eval_every
+            if every and ((i + 1) % every == 0 or i == steps - 1):
+                held_out = self.evaluate(self.opt_.eval_steps)
+                self.eval_losses.append([i, held_out])
             if self.opt_.step_log is not None:
                 from hetauto.runtime.step_log import append_step
 
                 append_step(self.opt_.step_log, i, losses[-1], self.lrs[-1] if self.lrs else None,
-                            self.grad_norms[-1] if self.grad_norms else None, step_s[-1])
+                            self.grad_norms[-1] if self.grad_norms else None, step_s[-1], held_out)
             if after_step is not None:
                 path = after_step(i)
                 if path is not None:
@@ -552,7 +584,7 @@ class StageExecutor:
             precision=self.mp.name, peak_memory_bytes=self.dev.peak_memory_bytes(),
             transports=[t.name for t in self.g.transports],
             overflow_steps=self.scaler.skipped if self.scaler is not None else 0,
-            lrs=list(self.lrs), grad_norms=list(self.grad_norms),
+            lrs=list(self.lrs), grad_norms=list(self.grad_norms), eval_losses=list(self.eval_losses),
         )
 
 

@@ -38,6 +38,9 @@ class RunOptions:
     clip_grad: float | None = None
     data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
     init_from: str | None = None  # a Hugging Face checkpoint folder (hetauto.runtime.hf_weights)
+    eval_every: int | None = None  # evaluate the held-out loss every K steps and after the last
+    eval_steps: int = 1
+    eval_fraction: float = 0.05
     timeout_s: float = 60.0
     emulate: Literal["none", "inprocess", "speed-only"] = "none"
     cluster_base: str | None = None

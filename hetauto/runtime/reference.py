@@ -12,17 +12,20 @@ Loss normalisation (the contract the executor follows):
 
 from __future__ import annotations
 
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 import torch
 
 from hetauto.core.model import ModelConfig
-from hetauto.runtime.data import microbatch, num_microbatches, synthetic_batch
+from hetauto.runtime.batches import BatchSource
+from hetauto.runtime.data import microbatch, num_microbatches
 from hetauto.runtime.mixed_precision import Precision
 from hetauto.runtime.optim import LRSchedule
 from hetauto.runtime.stage import build_model
 
-__all__ = ["ADAMW_BETAS", "ADAMW_EPS", "ADAMW_WEIGHT_DECAY", "make_optimizer", "reference_losses"]
+__all__ = ["ADAMW_BETAS", "ADAMW_EPS", "ADAMW_WEIGHT_DECAY", "make_optimizer", "reference_losses", "reference_run",
+           "ReferenceRun"]
 
 ADAMW_BETAS = (0.9, 0.95)
 ADAMW_EPS = 1e-8
@@ -37,7 +40,19 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float) -> torch.opt
     )
 
 
-def reference_losses(
+def reference_losses(model_cfg: ModelConfig, seed: int, steps: int, gbs: int, microbatch_size: int, seq_len: int,
+                     lr: float = 1e-3, precision: str = "fp32", **training: Any) -> list[float]:
+    """Each step's loss of `reference_run` (the same arguments)."""
+    return reference_run(model_cfg, seed, steps, gbs, microbatch_size, seq_len, lr, precision, **training).losses
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    losses: list[float]  # each step's loss, measured before its update
+    eval_losses: list[tuple[int, float]]  # (step, held-out loss after it)
+
+
+def reference_run(
     model_cfg: ModelConfig,
     seed: int,
     steps: int,
@@ -51,13 +66,17 @@ def reference_losses(
     clip_grad: float | None = None,
     data: str | None = None,
     init_from: str | None = None,
-) -> list[float]:
-    """Train the whole model in one process for `steps` steps on `synthetic_batch(seed, step, ...)`; return
-    each step's loss (mean token cross-entropy over the global batch, measured before that step's update).
+    eval_every: int | None = None,
+    eval_steps: int = 1,
+    eval_fraction: float = 0.05,
+) -> ReferenceRun:
+    """Train the whole model in one process for `steps` steps; each step's batch comes from
+    `hetauto.runtime.batches.BatchSource` (the synthetic stream, or the token file `data`), and each step's
+    loss is the mean token cross-entropy over the global batch, measured before that step's update.
     `precision` (a resolved one: fp32, bf16, fp16) runs as the executor runs it (hetauto.runtime.mixed_precision),
-    on the host CPU; `lr_schedule` (default: constant `lr`), `clip_grad` (torch.nn.utils.clip_grad_norm_) and
-    `data` (a token file, hetauto.runtime.token_data; default: the synthetic stream) and `init_from` (a Hugging
-    Face checkpoint folder, hetauto.runtime.hf_weights) as the executor's options."""
+    on the host CPU; `lr_schedule` (default: constant `lr`), `clip_grad` (torch.nn.utils.clip_grad_norm_),
+    `init_from` (a Hugging Face checkpoint folder, hetauto.runtime.hf_weights) and the evaluation (`eval_every`
+    steps and after the last, the mean loss over `eval_steps` held-out batches) as the executor's options."""
     mp = Precision(precision, "cpu")
     scaler = mp.loss_scaler()
     m = num_microbatches(gbs, microbatch_size)
@@ -69,15 +88,23 @@ def reference_losses(
     opt = make_optimizer(model.parameters(), lr)
     normaliser = gbs * seq_len
     schedule = lr_schedule if lr_schedule is not None else LRSchedule(lr=lr)
-    tokens = None
-    if data is not None:
-        from hetauto.runtime.token_data import open_tokens
+    source = BatchSource(seed, model_cfg.vocab_size, data, eval_fraction if eval_every else 0.0)
 
-        tokens = open_tokens(data)
+    def held_out() -> float:
+        total = 0.0
+        with torch.no_grad():
+            for i in range(eval_steps):
+                batch = source.held_out(i, gbs, seq_len)
+                for j in range(m):
+                    mb = microbatch(batch, j, microbatch_size)
+                    with mp.autocast():
+                        total += model(mb.tokens, mb.targets, normaliser).item()
+        return total / eval_steps
+
     losses: list[float] = []
+    evals: list[tuple[int, float]] = []
     for step in range(steps):
-        batch = (tokens.batch(seed, step, gbs, seq_len) if tokens is not None
-                 else synthetic_batch(seed, step, gbs, seq_len, model_cfg.vocab_size))
+        batch = source.train(step, gbs, seq_len)
         total = 0.0
         for j in range(m):
             mb = microbatch(batch, j, microbatch_size)
@@ -96,4 +123,6 @@ def reference_losses(
             scaler.update(overflow)
         opt.zero_grad(set_to_none=True)
         losses.append(total)
-    return losses
+        if eval_every and ((step + 1) % eval_every == 0 or step == steps - 1):
+            evals.append((step, held_out()))
+    return ReferenceRun(losses, evals)

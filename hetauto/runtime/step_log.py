@@ -31,9 +31,10 @@ def log_ranks(plan: Plan) -> tuple[int, ...]:
 
 
 def append_step(path: str | Path, step: int, loss: float, lr: float | None, grad_norm: float | None,
-                step_s: float) -> None:
+                step_s: float, eval_loss: float | None = None) -> None:
     """A rank's line for one step (flushed at once, so the launcher sees it while the run goes on)."""
-    line = json.dumps({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_s": step_s})
+    line = json.dumps({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_s": step_s,
+                       "eval_loss": eval_loss})
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
 
@@ -46,6 +47,7 @@ class StepRecord:
     grad_norm: float | None
     step_s: float
     tokens_s: float
+    eval_loss: float | None = None  # the held-out loss after this step, when it was evaluated
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,9 +95,11 @@ class StepLog:
             del self._parts[step]
             first = parts[self.ranks[0]]
             step_s = max(float(p["step_s"]) for p in parts.values())
+            held = [p.get("eval_loss") for p in parts.values()]
             rec = StepRecord(step, sum(float(p["loss"]) for p in parts.values()), first.get("lr"),
                              first.get("grad_norm"), step_s,
-                             self.plan.global_batch * self.plan.seq_len / step_s if step_s > 0 else 0.0)
+                             self.plan.global_batch * self.plan.seq_len / step_s if step_s > 0 else 0.0,
+                             None if any(h is None for h in held) else sum(float(h) for h in held))
             out.append(rec)
             self.records.append(rec)
             if self.jsonl is not None:

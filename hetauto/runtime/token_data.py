@@ -54,10 +54,16 @@ class TokenFile:
             raise SpecError(self.path, "vocab_size", f"the data's vocabulary of {self.vocab_size} ids does not fit "
                             f"{model}'s {model_vocab}", "tokenize with the model's own tokenizer")
 
-    def batch(self, seed: int, step: int, global_batch: int, seq_len: int) -> Batch:
-        """Step `step`'s global batch: a pure function of (seed, step) and the file."""
+    def batch(self, seed: int, step: int, global_batch: int, seq_len: int,
+              region: tuple[int, int] | None = None) -> Batch:
+        """Step `step`'s global batch: a pure function of (seed, step) and the file; its windows lie inside
+        `region` (token offsets [lo, hi); default the whole file)."""
+        lo, hi = region if region is not None else (0, self.num_tokens)
+        if hi - lo < seq_len + 1:
+            raise SpecError(self.path, "tokens", f"the region [{lo}, {hi}) holds fewer than one window of "
+                            f"{seq_len + 1} tokens", "prepare more text, or hold out a larger fraction")
         g = torch.Generator().manual_seed(_seed(seed, "tokens", step))
-        starts = torch.randint(self.num_tokens - seq_len, (global_batch,), generator=g).tolist()
+        starts = (lo + torch.randint(hi - lo - seq_len, (global_batch,), generator=g)).tolist()
         rows = np.stack([np.asarray(self.tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts])
         seq = torch.from_numpy(rows)
         return Batch(tokens=seq[:, :-1].contiguous(), targets=seq[:, 1:].contiguous())
