@@ -166,7 +166,7 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     rc = main(["evaluate", str(path)])
     err = capsys.readouterr().err
     assert rc != 0 and err == ("hetauto evaluate: error: stage 0: device_type 'a100-80g' but cluster 'c' has "
-                               "flat\n")
+                               "flat devices; make a plan for this cluster (hetauto plan)\n")
 
 
 def test_human_output_fits_80_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

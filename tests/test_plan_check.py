@@ -139,3 +139,98 @@ def test_run_checks_its_output_path_before_launching(tmp_path, capsys) -> None:
     assert main(["run", str(tmp_path / "plan.json"), "--trace", str(tmp_path / "no" / "t.json")]) == 2
     assert capsys.readouterr().err.strip() == (f"hetauto run: error: --trace {tmp_path / 'no' / 't.json'}: the folder "
                                                f"{tmp_path / 'no'} does not exist; create it or choose another path")
+
+
+# -- validate_plan: the one validator of run, simulate, evaluate and plan --resume --------------------------
+THREE_CPUS = ("clusters:\n  - {name: c, nodes: {count: 1, devices_per_node: 3, device: cpu}}\n"
+              "links:\n  default: {bandwidth: 1Gbps, latency: 1ms}\n")
+
+
+def _tp3_plan(tmp_path):
+    """tiny-gpt (4 heads) at tp 3 on a 3-cpu cluster file next to the plan: the cost model prices it, the
+    executor cannot shard it."""
+    (tmp_path / "three.yaml").write_text(THREE_CPUS)
+    plan = Plan(model="tiny-gpt", cluster="three.yaml", seq_len=16, global_batch=4, microbatch_size=1,
+                num_microbatches=4, stages=(StagePlan(cluster="c", device_type="cpu", devices=(0, 1, 2),
+                                                      layers=(0, 6), tp=3, dp=1),))
+    plan.save(tmp_path / "plan.json")
+    return plan
+
+
+def test_validate_plan_loads_cluster_and_model_relative_to_the_plan_folder(tmp_path, monkeypatch) -> None:
+    from hetauto.core.plan_check import validate_plan
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "c.yaml").write_text(THREE_CPUS.replace("3, device", "2, device"))
+    plan = Plan(model="tiny-gpt", cluster="c.yaml", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(StagePlan(cluster="c", device_type="cpu", devices=(0, 1),
+                                                      layers=(0, 6), tp=2, dp=1),))
+    monkeypatch.chdir(tmp_path)
+    cluster, model = validate_plan(plan, tmp_path / "job")
+    assert (cluster.names, cluster.total_devices, model.name) == (("c",), 2, "tiny-gpt")
+    with pytest.raises(PlanMismatch) as err:
+        validate_plan(plan)
+    assert str(err.value).startswith("plan.cluster 'c.yaml' is neither a scenario (")
+    assert validate_plan(GOOD) == (CLUSTER, GPT)
+
+
+def test_validate_plan_runs_the_executors_checks_too() -> None:
+    from hetauto.core import plan_check
+    from hetauto.core.plan import ScheduleSpec
+    from hetauto.core.plan_check import validate_plan
+    from hetauto.runtime.executable import check_executable
+
+    one = _plan(_stage("fast", (0,), (0, 6))).model_copy(update={"schedule": ScheduleSpec(name="interleaved")})
+    with pytest.raises(PlanMismatch) as err:
+        validate_plan(one)
+    assert str(err.value) == ("schedule 'interleaved' needs at least 2 stages (a single stage's chunks would only "
+                              "hand activations to itself); use schedule 1f1b for a one-stage plan")
+    assert check_executable is plan_check.check_executable
+
+
+@pytest.mark.parametrize("command", ["run", "simulate", "evaluate"])
+def test_a_tp_that_does_not_divide_the_heads_is_refused_by_run_simulate_and_evaluate_alike(
+        tmp_path, capsys, command: str) -> None:
+    """Before the shared validator `simulate` and `evaluate` priced this plan that `run` refuses."""
+    from hetauto.cli import main
+
+    _tp3_plan(tmp_path)
+    assert main([command, str(tmp_path / "plan.json")]) == 2
+    assert capsys.readouterr().err == (f"hetauto {command}: error: stage 0: tp=3 does not divide tiny-gpt's "
+                                       "num_heads=4; choose a tp that divides num_heads\n")
+
+
+def test_the_cost_model_alone_would_have_priced_the_tp3_plan(tmp_path) -> None:
+    """What the validator adds: without it the simulator happily scores tp=3 over 4 heads."""
+    from hetauto.planner.evaluate import resolve_plan_paths, stage_times_for_plan
+
+    plan = resolve_plan_paths(_tp3_plan(tmp_path), tmp_path)
+    assert stage_times_for_plan(plan).tf[0] > 0
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--gantt"])
+def test_simulate_checks_its_output_paths_before_simulating(tmp_path, capsys, monkeypatch, flag: str) -> None:
+    from hetauto.cli import main
+    from hetauto.commands import simulate as command
+
+    monkeypatch.setattr(command, "simulate", lambda *a, **k: pytest.fail("simulated before checking " + flag))
+    GOOD.save(tmp_path / "plan.json")
+    bad = tmp_path / "no" / "out"
+    assert main(["simulate", str(tmp_path / "plan.json"), flag, str(bad)]) == 2
+    assert capsys.readouterr().err == (f"hetauto simulate: error: {flag} {bad}: the folder {bad.parent} does not "
+                                       "exist; create it or choose another path\n")
+    assert main(["simulate", "--synthetic", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--tf", "1",
+                 "--tb", "1", flag, str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"hetauto simulate: error: {flag} {tmp_path}: is a folder; give a file path\n"
+
+
+@pytest.mark.parametrize("flag", ["-o", "--plot"])
+def test_plan_checks_its_output_paths_before_searching(tmp_path, capsys, monkeypatch, flag: str) -> None:
+    from hetauto.cli import main
+    from hetauto.commands import plan as command
+
+    monkeypatch.setattr(command, "_inputs", lambda *a, **k: pytest.fail("read the inputs before checking " + flag))
+    bad = tmp_path / "no" / "out"
+    assert main(["plan", "--scenario", "cpu-demo", flag, str(bad)]) == 2
+    assert capsys.readouterr().err == (f"hetauto plan: error: {flag} {bad}: the folder {bad.parent} does not "
+                                       "exist; create it or choose another path\n")

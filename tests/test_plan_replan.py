@@ -111,3 +111,36 @@ def test_replan_needs_an_output_and_a_cluster(tmp_path: Path, capsys: pytest.Cap
     assert "pass --cluster NEW.yaml or --scenario NAME" in capsys.readouterr().err
     assert main(["plan", "--resume", str(tmp_path / "nothing"), "--scenario", "cpu-demo", "-o", "x.json"]) != 0
     assert "no such checkpoint directory" in capsys.readouterr().err
+
+
+def test_replan_checks_the_new_plan_with_runs_validator_before_writing_it(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan --resume` hands the new plan to hetauto.core.plan_check.validate_plan (what `hetauto run` checks)
+    with the output's folder; a refusal there is the command's one-line error and nothing is written."""
+    from hetauto.core import plan_check
+    from hetauto.core.errors import PlanMismatch
+
+    root, _ = _checkpoint(tmp_path)
+    out = tmp_path / "new.json"
+    seen: list[tuple[Plan, Path]] = []
+    real = plan_check.validate_plan
+
+    def spy(p: Plan, base: Path) -> object:
+        seen.append((p, base))
+        return real(p, base)
+
+    monkeypatch.setattr(plan_check, "validate_plan", spy)
+    assert main(["plan", "--resume", str(root), "--scenario", "cpu-demo", "--iterations", "5", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert [(p.to_json(), base) for p, base in seen] == [(Plan.load(out).to_json(), tmp_path)]
+
+    def refuse(p: Plan, base: Path) -> object:
+        raise PlanMismatch("stage 0: tp=2 does not divide tiny-gpt's num_heads=3; choose a tp that divides num_heads")
+
+    monkeypatch.setattr(plan_check, "validate_plan", refuse)
+    other = tmp_path / "other.json"
+    assert main(["plan", "--resume", str(root), "--scenario", "cpu-demo", "--iterations", "5", "-o", str(other)]) == 2
+    assert capsys.readouterr().err == ("hetauto plan: error: stage 0: tp=2 does not divide tiny-gpt's num_heads=3; "
+                                       "choose a tp that divides num_heads\n")
+    assert not other.exists()

@@ -45,6 +45,9 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
     if cluster is not None:
         ref = cluster if cluster in scenario_names() else str(Path(cluster).resolve())
         plan = plan.model_copy(update={"cluster": ref})
+    from hetauto.core.plan_check import validate_plan
+
+    validate_plan(plan, path.resolve().parent)  # what `hetauto run` would refuse, refused here too
     inputs = inputs_for_plan(plan)
     ev = Evaluator(inputs)
     br = ev.breakdown(plan)

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hetauto.commands._output import console, print_json, print_table
+from hetauto.commands._output import console, print_json, print_table, require_writable
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_time
 from hetauto.planner.inputs import load_planning_inputs
@@ -242,6 +242,8 @@ def _duration(s: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_writable(args.output, "-o")
+    require_writable(args.plot, "--plot")
     inputs, resumed = _inputs(args)
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)
@@ -256,6 +258,10 @@ def run(args: argparse.Namespace) -> int:
                 baselines[name] = _run_one(inputs, name, args, show)
             except HetautoError as err:  # a baseline that finds no plan is reported, not fatal
                 baselines[name] = err  # type: ignore[assignment]
+    if resumed is not None:  # the plan `hetauto run NEW_PLAN --resume DIR` will read: what run refuses, refused now
+        from hetauto.core.plan_check import validate_plan
+
+        validate_plan(result.plan, Path(args.output).resolve().parent)
     if args.output:
         try:
             result.plan.save(args.output)

@@ -105,9 +105,13 @@ def _synthetic(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
 
 
 def _from_plan(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[str, Any]]:
+    from pathlib import Path
+
     from hetauto.core.plan import Plan
+    from hetauto.core.plan_check import validate_plan
 
     plan = Plan.load(args.plan)
+    validate_plan(plan, Path(args.plan).resolve().parent)  # what `hetauto run` would refuse, refused here too
     try:
         from hetauto.planner.evaluate import stage_times_for_plan  # type: ignore[import-not-found]
     except ImportError:
@@ -125,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError("give either a PLAN file or --synthetic, not both")
     if not args.synthetic and not args.plan:
         raise HetautoError("give a PLAN file, or --synthetic with --schedule/--stages/--microbatches/--tf/--tb")
+    from hetauto.commands._output import require_writable
+
+    require_writable(args.trace, "--trace")
+    require_writable(args.gantt, "--gantt")
     sched, costs, extra = _synthetic(args) if args.synthetic else _from_plan(args)
     want_tl = bool(args.trace or args.gantt)
     result = simulate(sched, costs, timeline=want_tl)

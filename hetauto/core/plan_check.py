@@ -10,12 +10,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hetauto.core.chunks import ChunkError, chunk_layers, effective_chunks
 from hetauto.core.cluster import ClusterSpec, load_cluster
 from hetauto.core.errors import PlanMismatch, SpecError
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 
-__all__ = ["check_plan", "cluster_for_plan", "load_model_for_plan"]
+__all__ = ["check_executable", "check_plan", "cluster_for_plan", "load_model_for_plan", "validate_plan"]
+
+
+def validate_plan(plan: Plan, base_dir: str | Path | None = None) -> tuple[ClusterSpec, ModelConfig]:
+    """The one validator `hetauto run`, `simulate`, `evaluate` and `plan --resume` share (no torch): load the
+    plan's cluster (a scenario name or a cluster file, relative paths against `base_dir`, e.g. the plan file's
+    folder, then the working directory) and model (as `hetauto run` loads it), then `check_plan` and
+    `check_executable`. Returns (cluster, model); the first problem is one `PlanMismatch` line.
+
+    What `Plan.load` already refuses is not repeated here: a missing schema, a misspelt key (named with the
+    closest valid one), an extra warm-up outside 0..num_microbatches."""
+    cluster = cluster_for_plan(plan, base_dir)
+    model = load_model_for_plan(plan)
+    check_plan(plan, cluster, model)
+    check_executable(plan)
+    return cluster, model
 
 
 def cluster_for_plan(plan: Plan, base_dir: str | Path | None = None) -> ClusterSpec:
@@ -96,3 +112,25 @@ def load_model_for_plan(plan: Plan) -> ModelConfig:
         return get_model(plan.model)
     except SpecError as err:
         raise PlanMismatch(f"plan.model '{plan.model}': {err}") from None
+
+
+def check_executable(plan: Plan) -> None:
+    """What the executor cannot run, as a one-line PlanMismatch before anything starts.
+
+    Interleaved 1F1B runs every stage's chunks (hetauto.core.chunks.chunk_layers) and needs: at least two
+    stages (one stage would hand activations to itself: use 1f1b), microbatches a multiple of the stages
+    (Megatron's grouping, hetauto.schedule.generators.interleaved), and at least v layers per stage."""
+    if plan.schedule.name != "interleaved":
+        return
+    v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
+    p, m = plan.num_stages, plan.num_microbatches
+    if p < 2:
+        raise PlanMismatch("schedule 'interleaved' needs at least 2 stages (a single stage's chunks would only "
+                           "hand activations to itself); use schedule 1f1b for a one-stage plan")
+    if m % p:
+        raise PlanMismatch(f"schedule 'interleaved' needs num_microbatches (m={m}) to be a multiple of the "
+                           f"stages (p={p}); choose microbatch_size so that m is a multiple of {p}")
+    try:
+        chunk_layers(plan)
+    except ChunkError as exc:
+        raise PlanMismatch(f"schedule 'interleaved' with {v} chunks per stage: {exc}") from None
