@@ -188,7 +188,7 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
     proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3",
                            "--emulate", "--json", "--data", str(tokens), "--lr", "3e-3", "--lr-schedule", "linear",
                            "--warmup-steps", "1", "--clip-grad", str(CLIP), "--log-jsonl", str(tmp_path / "log.jsonl"),
-                           "--eval-every", "2"],
+                           "--eval-every", "2", "--tensorboard", str(tmp_path / "tb")],
                           capture_output=True, text=True, timeout=230)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
@@ -202,6 +202,13 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
     assert [e[0] for e in doc["eval_loss"]] == [e[0] for e in doc["reference_eval_loss"]] == [1, 2]
     assert max(abs(a[1] - b[1]) for a, b in zip(doc["eval_loss"], doc["reference_eval_loss"])) < 1e-5
     assert [r["eval_loss"] for r in lines] == [None, doc["eval_loss"][0][1], doc["eval_loss"][1][1]]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "tb"))
+    board.Reload()
+    assert [(e.step, round(e.value, 5)) for e in board.Scalars("train/loss")] == [
+        (i, round(v, 5)) for i, v in enumerate(doc["loss"])]
+    assert [e.step for e in board.Scalars("eval/loss")] == [1, 2]
 
 
 def test_the_step_log_joins_the_last_stages_replicas_once_each_has_written_the_step(tmp_path: Path) -> None:

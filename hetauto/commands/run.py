@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="write each step's loss, lr, grad norm, tokens/s and held-out loss as TensorBoard scalars")
     parser.add_argument("--log-jsonl", metavar="FILE",
                         help="append one JSON line per step as it completes (step, loss, lr, grad_norm, step_s, tokens_s)")
     tr = parser.add_argument_group("training")
@@ -167,6 +169,30 @@ def start_hint(args: argparse.Namespace) -> int:
     return int(getattr(args, "_resume_start", 0) or 0)
 
 
+class _Board:
+    """TensorBoard scalars per step (the `tensorboard` package's writer, through torch.utils.tensorboard)."""
+
+    def __init__(self, folder: str) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise HetautoError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+        self.writer = SummaryWriter(log_dir=folder)
+
+    def add(self, rec: Any) -> None:
+        w = self.writer
+        w.add_scalar("train/loss", rec.loss, rec.step)
+        w.add_scalar("train/tokens_per_s", rec.tokens_s, rec.step)
+        w.add_scalar("train/step_s", rec.step_s, rec.step)
+        for tag, value in (("train/lr", rec.lr), ("train/grad_norm", rec.grad_norm), ("eval/loss", rec.eval_loss)):
+            if value is not None:
+                w.add_scalar(tag, value, rec.step)
+        w.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class _StepBar:
     """A progress bar over the run's steps on stderr (rich), with the last loss, tokens/s and the ETA."""
 
@@ -267,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
 
     require_writable(args.trace, "--trace")
     require_writable(args.log_jsonl, "--log-jsonl")
+    if args.tensorboard is not None and Path(args.tensorboard).exists() and not Path(args.tensorboard).is_dir():
+        raise HetautoError(f"--tensorboard {args.tensorboard}: is a file; give a folder for the event files")
     schedule = _lr_schedule(args)
     if args.clip_grad is not None and not args.clip_grad > 0:
         raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")
@@ -334,7 +362,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         job = start_local(plan, run_options, max_restarts=args.max_restarts)
         bar = _StepBar(args.steps - start_hint(args)) if not args.json else None
-        job.follow_steps(args.log_jsonl, bar.update if bar is not None else None)
+        board = _Board(args.tensorboard) if args.tensorboard else None
+        sinks = [f for f in (bar.update if bar is not None else None, board.add if board is not None else None) if f]
+        job.follow_steps(args.log_jsonl, (lambda rec: [f(rec) for f in sinks]) if sinks else None)
         if want_reference:
             try:
                 # Import torch here while the ranks start (they import it too, which takes longer than this):
@@ -348,6 +378,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if bar is not None:
                 bar.close()
+            if board is not None:
+                board.close()
     from hetauto.runtime.results import (boundary_table, link_dispatch_lag, measured_timeline, rank_table,
                                          stage_compute, stage_memory, summarize)
 
