@@ -1,6 +1,6 @@
 """Planner benchmark: MCTS against the exhaustive optimum and the baselines, all scored by one Evaluator.
 
-    python benchmarks/planner.py [--quick] [--json]
+    python benchmarks/planner.py [--quick] [--json] [--plot progress.png]
 
 Sections (ratios side by side; the last line with --json is one JSON document):
   1. mixed-small: MCTS with <= 5% of exhaustive's evaluations vs the exhaustive optimum (3 seeds).
@@ -166,7 +166,8 @@ def section_scenarios(quick: bool) -> dict[str, Any]:
                      "evaluations_per_s": ours.evaluations / ours.search_time_s if ours else 0.0,
                      "evaluations_per_cpu_s": ours.evaluations / max(cpu_s(ours), 1e-9) if ours else 0.0,
                      "fraction_of_bound": t_ours / achievable_bound(inputs),
-                     "features": features(ours) if ours else None}
+                     "features": features(ours) if ours else None,
+                     "traces": {b: _trace(r) for b, r in {"mcts": ours, **theirs}.items()}}
     never_below = all(v["min_ratio"] is None or v["min_ratio"] >= 1.0 - 1e-9 for v in out.values())
     p4 = out.get("paper-4c", {})
     print(f"    paper-4c vs best baseline ({p4.get('best_baseline')}): {p4.get('ratio_vs_best_baseline') or 0:.3f}x "
@@ -258,8 +259,56 @@ def section_sweep(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _trace(result: PlanResult | None) -> list[list[float]]:
+    """[[evaluations, best samples/s so far], ...]: the planner's progress (its final point when it kept none)."""
+    if result is None:
+        return []
+    points = [[p.evaluations, p.best_throughput] for p in result.trace if p.best_throughput > 0]
+    final = [max(result.evaluations, 1), result.evaluation.throughput_samples_s]
+    return points + [final] if not points or points[-1] != final else points
+
+
+def plot_traces(doc: dict[str, Any], path: str) -> None:
+    """Best throughput vs evaluations for every planner, one panel per shipped scenario (a step line per
+    planner; a planner that ranks by its own estimate shows its evaluations as one point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in scenario_names() if n in doc and doc[n].get("traces")]
+    cols = 3
+    rows = (len(names) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    colors = dict(zip(("mcts", *BASELINES), plt.get_cmap("tab10").colors))
+    for ax, name in zip(axes.flat, names):
+        for planner, pts in doc[name]["traces"].items():
+            if not pts:
+                continue
+            xs, ys = [max(p[0], 1) for p in pts], [p[1] for p in pts]
+            style = dict(color=colors.get(planner), lw=2.2 if planner == "mcts" else 1.3, label=planner)
+            if len(pts) == 1:
+                ax.plot(xs, ys, "o", **style)
+            else:
+                ax.step(xs, ys, where="post", **style)
+        ax.set_xscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("evaluations (log)")
+        ax.set_ylabel("best samples/s so far")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.suptitle("planner progress: best throughput found vs evaluations (higher sooner is better)")
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False, bbox_to_anchor=(0.5, 0.94))
+    fig.tight_layout(rect=(0, 0, 1, 0.86 if rows == 1 else 0.92))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plot", metavar="PNG", help="draw best throughput vs evaluations for every planner")
     ap.add_argument("--quick", action="store_true", help="smaller grids (mixed-small microbatch <= 4, 6 sweep points)")
     ap.add_argument("--json", action="store_true", help="print one JSON document as the last line")
     args = ap.parse_args()
@@ -271,6 +320,9 @@ def main() -> int:
     doc["ablation"] = section_ablation(args.quick)
     doc["families"] = section_families(args.quick)
     doc["total_time_s"] = time.perf_counter() - t0
+    if args.plot:
+        plot_traces(doc, args.plot)
+        print(f"\nplot: {args.plot}")
     print(f"\ntotal {doc['total_time_s']:.0f} s (load {load():.1f})")
     if args.json:
         print(json.dumps(doc, default=str))
