@@ -188,7 +188,7 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
     proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3",
                            "--emulate", "--json", "--data", str(tokens), "--lr", "3e-3", "--lr-schedule", "linear",
                            "--warmup-steps", "1", "--clip-grad", str(CLIP), "--log-jsonl", str(tmp_path / "log.jsonl"),
-                           "--eval-every", "2", "--tensorboard", str(tmp_path / "tb")],
+                           "--eval-every", "2", "--tensorboard", str(tmp_path / "tb"), "--weight-decay", "0.1"],
                           capture_output=True, text=True, timeout=230)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)

@@ -62,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="after the warm-up: constant (default), or decay to --min-lr at the last step")
     tr.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (default 0)")
     tr.add_argument("--min-lr", type=float, default=0.0, help="the learning rate the decay ends at (default 0)")
+    tr.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's decoupled weight decay (default 0.01)")
     tr.add_argument("--eval-every", type=int, default=None, metavar="K",
                     help="evaluate the held-out loss after every K steps and after the last")
     tr.add_argument("--eval-steps", type=int, default=1, metavar="N", help="held-out global batches per evaluation")
@@ -300,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")
     if args.eval_every is not None and args.eval_every < 1:
         raise HetautoError(f"--eval-every must be >= 1, got {args.eval_every}")
+    if args.weight_decay < 0:
+        raise HetautoError(f"--weight-decay must be >= 0, got {args.weight_decay}")
     if args.eval_steps < 1:
         raise HetautoError(f"--eval-steps must be >= 1, got {args.eval_steps}")
     if not 0 < args.eval_fraction < 1:
@@ -321,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
         clip_grad=args.clip_grad, data=_abs(args.data), init_from=_abs(args.init_from),
         eval_every=args.eval_every, eval_steps=args.eval_steps, eval_fraction=args.eval_fraction,
+        weight_decay=args.weight_decay,
         emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
@@ -400,7 +404,8 @@ def run(args: argparse.Namespace) -> int:
         ref = reference_run(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size, plan.seq_len,
                             precision=precision, lr_schedule=schedule, clip_grad=args.clip_grad,
                             data=run_options.data, init_from=run_options.init_from, eval_every=args.eval_every,
-                            eval_steps=args.eval_steps, eval_fraction=args.eval_fraction)
+                            eval_steps=args.eval_steps, eval_fraction=args.eval_fraction,
+                            weight_decay=args.weight_decay)
         reference = ref.losses[start:]
         reference_eval = [[s, v] for s, v in ref.eval_losses if s >= start]
     predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)

@@ -57,7 +57,7 @@ from hetauto.runtime.executable import check_executable
 from hetauto.runtime.groups import RankGroups
 from hetauto.runtime.mixed_precision import Precision
 from hetauto.runtime.optim import LRSchedule, clip_coefficient, local_sq_norm
-from hetauto.runtime.reference import make_optimizer
+from hetauto.runtime.reference import ADAMW_WEIGHT_DECAY, make_optimizer
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import ChunkedStage, StageModule, build_stage
 from hetauto.runtime.throttle import Throttle
@@ -88,6 +88,7 @@ class ExecutorOptions:
     eval_every: int | None = None  # evaluate the held-out loss after every K steps and after the last
     eval_steps: int = 1  # held-out global batches per evaluation
     eval_fraction: float = 0.05  # the token file's tail held out for evaluation (with eval_every)
+    weight_decay: float = ADAMW_WEIGHT_DECAY  # AdamW's decoupled weight decay
 
     @property
     def schedule(self) -> LRSchedule:
@@ -202,7 +203,7 @@ class StageExecutor:
         self.chunks: tuple[StageModule, ...] = tuple(chunks)
         # one module for the optimizer and checkpoints: the stage itself, or all its chunks by global slot name
         self.stage: StageModule | ChunkedStage = chunks[0] if v == 1 else ChunkedStage(chunks)
-        self.optimizer = make_optimizer(self.stage.parameters(), options.lr)
+        self.optimizer = make_optimizer(self.stage.parameters(), options.lr, options.weight_decay)
         self.actions: tuple[Action, ...] = schedule_for_plan(plan).ranks[me.stage]
         # the emulated cluster's speed times the device's own (1.0 on real devices; the mock backend's
         # HETAUTO_MOCK_SPEED), so a slow emulated device needs no branch here

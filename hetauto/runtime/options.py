@@ -41,6 +41,7 @@ class RunOptions:
     eval_every: int | None = None  # evaluate the held-out loss every K steps and after the last
     eval_steps: int = 1
     eval_fraction: float = 0.05
+    weight_decay: float = 0.01  # AdamW's (hetauto.runtime.reference.ADAMW_WEIGHT_DECAY)
     timeout_s: float = 60.0
     emulate: Literal["none", "inprocess", "speed-only"] = "none"
     cluster_base: str | None = None

@@ -32,11 +32,12 @@ ADAMW_EPS = 1e-8
 ADAMW_WEIGHT_DECAY = 0.01
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float,
+                   weight_decay: float = ADAMW_WEIGHT_DECAY) -> torch.optim.AdamW:
     """AdamW with the project's fixed hyper-parameters; single-tensor path (elementwise, so sharded
     parameters step exactly like their unsharded whole)."""
     return torch.optim.AdamW(
-        list(params), lr=lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=ADAMW_WEIGHT_DECAY, foreach=False
+        list(params), lr=lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=weight_decay, foreach=False
     )
 
 
@@ -69,6 +70,7 @@ def reference_run(
     eval_every: int | None = None,
     eval_steps: int = 1,
     eval_fraction: float = 0.05,
+    weight_decay: float = ADAMW_WEIGHT_DECAY,
 ) -> ReferenceRun:
     """Train the whole model in one process for `steps` steps; each step's batch comes from
     `hetauto.runtime.batches.BatchSource` (the synthetic stream, or the token file `data`), and each step's
@@ -85,7 +87,7 @@ def reference_run(
         from hetauto.runtime.hf_weights import load_hf_weights
 
         load_hf_weights({int(k): m for k, m in model.layers.items()}, model_cfg, init_from)
-    opt = make_optimizer(model.parameters(), lr)
+    opt = make_optimizer(model.parameters(), lr, weight_decay)
     normaliser = gbs * seq_len
     schedule = lr_schedule if lr_schedule is not None else LRSchedule(lr=lr)
     source = BatchSource(seed, model_cfg.vocab_size, data, eval_fraction if eval_every else 0.0)
