@@ -83,5 +83,7 @@ def test_two_rank_cli_on_mock_backend(tmp_path: Path) -> None:
     assert 0 < prof.efficiency_model.max_eff < 1
     fits = prof.measured.collectives  # type: ignore[union-attr]
     for fit in (fits.all_reduce, fits.all_gather, fits.p2p):
-        assert fit is not None and fit.alpha_s >= 0 and fit.beta_s_per_byte > 0 and fit.world_size == 2
+        # a loaded 2-core host can flatten the slope to 0 (the fit clamps at 0), never below
+        assert fit is not None and fit.alpha_s >= 0 and fit.beta_s_per_byte >= 0 and fit.world_size == 2
+        assert len(fit.points) >= 3
     assert not os.path.exists(tmp_path / "profile-a100-80g.yaml")
