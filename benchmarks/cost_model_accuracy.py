@@ -104,20 +104,9 @@ def _measure(cfg, layers, mb: int, seq: int, reps: int) -> tuple[float, float]:
 
 
 def _spearman(a: list[float], b: list[float]) -> float:
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2.0
-            i = j + 1
-        return r
+    from scipy.stats import rankdata  # average ranks for ties (scipy comes with scikit-learn)
 
-    ra, rb = ranks(a), ranks(b)
+    ra, rb = [float(x) for x in rankdata(a)], [float(x) for x in rankdata(b)]
     ma, mb = statistics.fmean(ra), statistics.fmean(rb)
     cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
     va = math.sqrt(sum((x - ma) ** 2 for x in ra))

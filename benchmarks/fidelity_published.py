@@ -65,18 +65,10 @@ def mape(published: list[float], predicted: list[float]) -> float:
 
 
 def ranks(values: list[float]) -> list[float]:
-    """1-based ranks, ties given the mean of the ranks they span."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
+    """1-based ranks, ties given the mean of the ranks they span (scipy's rankdata; scipy comes with scikit-learn)."""
+    from scipy.stats import rankdata
+
+    return [float(r) for r in rankdata(values)]
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -148,7 +140,7 @@ def select_rows(doc: dict[str, Any], names: str | None) -> list[dict[str, Any]]:
 
 def flops_per_token(convention: str, model: Any, seq_len: int) -> float:
     """FLOPs per token in a source's own convention (the table's `flops_conventions`)."""
-    from hetauto.planner.layers import embedding_params, total_params
+    from hetauto.planner.layers import total_params
 
     l, h, s = model.num_layers, model.hidden, seq_len
     if convention == "megatron-eq3":

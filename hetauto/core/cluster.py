@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hetauto.core.errors import SpecError
 from hetauto.core.profile import Backend, DeviceProfile, get_device
-from hetauto.core.specio import read_document, validate_document
+from hetauto.core.specio import fields_at, read_document, validate_document
 from hetauto.core.units import parse_bandwidth, parse_time
 
 DEFAULT_INTRA_LATENCY_S = 5e-6
@@ -146,25 +146,7 @@ class ClusterSpecDoc(_Strict):
 
 def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
     """Field names accepted at the mapping that holds `loc[-1]` (to suggest them for an unknown field)."""
-    import typing
-
-    model: Any = ClusterSpecDoc
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return []
-        ann = field.annotation
-        nxt = None
-        for cand in (ann, *typing.get_args(ann)):
-            for inner in (cand, *typing.get_args(cand)):
-                if isinstance(inner, type) and issubclass(inner, BaseModel):
-                    nxt = inner
-        if nxt is None:
-            return []
-        model = nxt
-    return list(model.model_fields)
+    return fields_at(ClusterSpecDoc, loc)
 
 
 # ----------------------------------------------------------------------------------------------- values
