@@ -17,9 +17,10 @@ from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.plan import Plan
 
-__all__ = ["FORCE_ENV", "stage_backend_names", "builtin_transport_kind", "boundary_pairs"]
+__all__ = ["DEFAULT_BACKEND", "FORCE_ENV", "stage_backend_names", "builtin_transport_kind", "boundary_pairs"]
 
 FORCE_ENV = "HETAUTO_BACKEND"
+DEFAULT_BACKEND = "cpu"  # what a caller that names no backends (tests, benchmarks) trains on: the host
 
 
 def stage_backend_names(plan: Plan, cluster: ClusterSpec, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -29,8 +29,13 @@ import torch
 from hetauto.core.backend import Backend
 from hetauto.core.comm import Communicator, Handle
 
-__all__ = ["Transport", "TransportSpec", "BoundaryTransport", "DeviceTransport", "HostTransport",
+__all__ = ["HOST_COLLECTIVE", "Transport", "TransportSpec", "BoundaryTransport", "DeviceTransport", "HostTransport",
            "DeviceTransportSpec", "HostTransportSpec", "BUILTIN_TRANSPORTS"]
+
+
+# The collective library that moves host-memory tensors between processes of any vendor: the world group, the
+# `host` transport and every host-side sum run on it.
+HOST_COLLECTIVE = "gloo"
 
 
 class Transport(ABC):
@@ -229,7 +234,8 @@ class HostTransportSpec(TransportSpec):
 
     def connect(self, world: Communicator, src_ranks: Sequence[int], dst_ranks: Sequence[int],
                 src: Backend, dst: Backend) -> BoundaryTransport:
-        group = world if world.backend == "gloo" else world.new_group(sorted({*src_ranks, *dst_ranks}), backend="gloo")
+        group = (world if world.backend == HOST_COLLECTIVE
+                 else world.new_group(sorted({*src_ranks, *dst_ranks}), backend=HOST_COLLECTIVE))
         t = HostTransport(world, group)
         return BoundaryTransport(self.name, t, t)
 

@@ -50,6 +50,7 @@ from hetauto.core.comm import Communicator
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
+from hetauto.core.stage_backends import DEFAULT_BACKEND
 from hetauto.runtime.boundary import BoundaryRoute
 from hetauto.runtime.data import dp_shard, microbatch
 from hetauto.runtime.devices import RankDevice
@@ -163,11 +164,11 @@ class _StepState:
         self.t = 0.0  # wall time the current action started (recording)
 
 
-def _cpu_device() -> RankDevice:
+def _default_device() -> RankDevice:
     from hetauto.backends import get_backend
 
-    cpu = get_backend("cpu")
-    return RankDevice(cpu, 0, cpu.device(0), cpu.capabilities(0))
+    host = get_backend(DEFAULT_BACKEND)
+    return RankDevice(host, 0, host.device(0), host.capabilities(0))
 
 
 class StageExecutor:
@@ -177,7 +178,7 @@ class StageExecutor:
                  device: RankDevice | None = None, precision: str = "fp32") -> None:
         check_executable(plan)
         self.g, self.plan, self.cfg, self.opt_ = groups, plan, cfg, options
-        self.dev = device if device is not None else _cpu_device()
+        self.dev = device if device is not None else _default_device()
         self.device = self.dev.device
         self.mp = Precision(precision, self.device.type, plan.training.grad_reduce_dtype)
         self.scaler = self.mp.loss_scaler()

@@ -25,8 +25,8 @@ import torch.distributed as dist
 from hetauto.core.backend import Backend
 from hetauto.core.comm import Communicator
 from hetauto.core.plan import Plan
-from hetauto.core.stage_backends import boundary_pairs
-from hetauto.core.transport import BoundaryTransport
+from hetauto.core.stage_backends import DEFAULT_BACKEND, boundary_pairs
+from hetauto.core.transport import HOST_COLLECTIVE, BoundaryTransport
 from hetauto.runtime.layout import RankPlacement, placement, stage_layouts
 from hetauto.runtime.resharding import StageLayout
 
@@ -52,13 +52,13 @@ class RankGroups:
 def _cpu_backends(plan: Plan) -> tuple[Backend, ...]:
     from hetauto.backends import get_backend
 
-    return (get_backend("cpu"),) * plan.num_stages
+    return (get_backend(DEFAULT_BACKEND),) * plan.num_stages
 
 
 def build_groups(world: Communicator, plan: Plan, *, tied: bool = False,
                  backends: tuple[Backend, ...] | None = None) -> RankGroups:
     """Create every stage's TP mesh, DP groups and TP communicators, and every boundary's transport
-    (collectively, same order everywhere). `backends`: each stage's backend (default: cpu for all).
+    (collectively, same order everywhere). `backends`: each stage's backend (default: DEFAULT_BACKEND for all).
 
     `tied=True` (tied embeddings split across the first and last stage) also creates one gloo group over
     the first and last stage's ranks to sum the shared table's gradient.
@@ -97,7 +97,7 @@ def build_groups(world: Communicator, plan: Plan, *, tied: bool = False,
     groups.transports = _connect_boundaries(world, plan, layouts, backends)
     if tied and len(layouts) > 1:
         ranks = tuple(layouts[0].ranks) + tuple(layouts[-1].ranks)
-        g = dist.new_group(list(ranks), timeout=timeout, backend="gloo")  # the two ends may be different vendors
+        g = dist.new_group(list(ranks), timeout=timeout, backend=HOST_COLLECTIVE)  # the two ends may be different vendors
         if world.global_rank in ranks:
             groups.tied_group, groups.tied_ranks = g, ranks
     return groups

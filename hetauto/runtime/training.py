@@ -20,6 +20,7 @@ from hetauto.core.errors import CheckpointMismatch, PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 from hetauto.core.precision import DeviceKind, resolve_precision
+from hetauto.core.stage_backends import DEFAULT_BACKEND
 from hetauto.runtime.devices import RankDevice
 from hetauto.runtime.executor import ExecutorOptions, RankReport, StageExecutor
 from hetauto.runtime.groups import RankGroups, build_groups
@@ -56,7 +57,7 @@ def prepare_rank(world: Communicator, plan: Plan, cfg: ModelConfig,
     from hetauto.runtime.devices import bind_device, device_index, require_available
     from hetauto.runtime.layout import placement
 
-    names = tuple(options.backends) if options.backends else ("cpu",) * plan.num_stages
+    names = tuple(options.backends) if options.backends else (DEFAULT_BACKEND,) * plan.num_stages
     if len(names) != plan.num_stages:
         raise PlanMismatch(f"{len(names)} stage backends given for a plan of {plan.num_stages} stages")
     me = placement(plan, world.global_rank)

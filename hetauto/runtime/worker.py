@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         from hetauto.core.comm import Communicator
         from hetauto.core.plan import Plan
         from hetauto.core.plan_check import cluster_for_plan, load_model_for_plan
+        from hetauto.core.transport import HOST_COLLECTIVE
         from hetauto.runtime import faults
         from hetauto.runtime.executor import ExecutorOptions
         from hetauto.runtime.groups import placement
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             speed = emu.speed_factors[placement(plan, rank).stage]
             links = emu.link_table() if emu.links and run.emulate == "inprocess" else None
         # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
-        comm = Communicator.init_from_env("gloo", timeout_s=run.timeout_s, links=links)
+        comm = Communicator.init_from_env(HOST_COLLECTIVE, timeout_s=run.timeout_s, links=links)
         from hetauto.runtime.optim import LRSchedule
 
         schedule = LRSchedule(lr=run.lr, kind=run.lr_schedule, warmup_steps=run.warmup_steps,
