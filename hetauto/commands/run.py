@@ -243,8 +243,7 @@ def _param_count(cfg: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetauto.core.plan_check import check_plan, cluster_for_plan, load_model_for_plan
-    from hetauto.runtime.executable import check_executable
+    from hetauto.core.plan_check import validate_plan
 
     if args.steps < 1:
         raise HetautoError(f"--steps must be >= 1, got {args.steps}")
@@ -260,10 +259,7 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError(NETNS_RESTARTS)
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
-    cluster = cluster_for_plan(plan, base)
-    cfg = load_model_for_plan(plan)
-    check_plan(plan, cluster, cfg)
-    check_executable(plan)
+    cluster, cfg = validate_plan(plan, base)
     if args.inject_fault is not None:
         from hetauto.runtime.faults import FaultSpec
 
