@@ -91,11 +91,11 @@ def main() -> int:
     args = ap.parse_args()
     import os
 
-    from hetauto.planner.calibration import local_calibration, measure_calibration
+    from hetauto.profiling.calibration import ensure_calibration, measure_calibration
     from hetauto.planner.evaluate import evaluate_plan, inputs_for_plan
 
     load0 = os.getloadavg()[0]
-    cal = measure_calibration() if args.recalibrate else local_calibration(measure=True)
+    cal = measure_calibration() if args.recalibrate else ensure_calibration()
     assert cal is not None
     print(f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} after calibration "
           f"({os.cpu_count()} cores; shared machine: expect noise)", flush=True)
@@ -106,7 +106,7 @@ def main() -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     from dataclasses import replace
 
-    from hetauto.planner.calibration import available_cores
+    from hetauto.profiling.calibration import available_cores
 
     runs: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in chosen}  # (step, load, cores)
     with tempfile.TemporaryDirectory() as tmp:

@@ -185,9 +185,9 @@ def main() -> int:
     latency = res["latency"]
     # what the measured F/B medians leave out: every message's gloo alpha, and the executor's fixed cost per
     # step (loss, optimizer, barriers), both from the local calibration (measured once, cached; not fitted here)
-    from hetauto.planner.calibration import local_calibration
+    from hetauto.profiling.calibration import ensure_calibration
 
-    cal = local_calibration(measure=True)
+    cal = ensure_calibration()
     alpha = cal.overheads.p2p_alpha_s if cal is not None else 0.0
     step = cal.overheads.step_s if cal is not None else 0.0
     # in-run inputs: everything the simulator needs, measured in the 1F1B run under the load both runs

@@ -11,6 +11,7 @@ import pytest
 from hetauto.cli import main
 from hetauto.core.profile import get_device
 from hetauto.planner import calibration as calmod
+from hetauto.profiling import calibration as probes
 from hetauto.planner.calibration import Calibration, Overheads, cache_path, local_calibration
 
 CAL = Calibration("cpu", get_device("cpu"), Overheads(fwd_layer_s=5e-4, optim_param_s=1.5e-8, host_cores=2.0,
@@ -27,20 +28,20 @@ def test_calibrate_measures_and_writes_the_cache(cache, monkeypatch, capsys) -> 
     phases = []
 
     def fake(device_key="cpu", progress=None):
-        for i, phase in enumerate(calmod.CALIBRATION_PHASES):
+        for i, phase in enumerate(probes.CALIBRATION_PHASES):
             if progress is not None:
                 progress(i, phase)
             phases.append(phase)
         return CAL
 
-    monkeypatch.setattr(calmod, "measure_calibration", fake)
+    monkeypatch.setattr(probes, "measure_calibration", fake)
     assert main(["calibrate", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["path"] == str(cache_path()) and doc["measured"] is True
     assert doc["overheads"] == asdict(CAL.overheads) and doc["missing_terms"] == []
     assert (doc["host"], doc["torch_version"], doc["measured_at"]) == ("host", "2.13.0", "2026-12-01 10:00 UTC")
     assert local_calibration() == CAL  # what hetauto run --emulate reads next
-    assert phases == list(calmod.CALIBRATION_PHASES)
+    assert phases == list(probes.CALIBRATION_PHASES)
     # people: the phases drive a progress bar (stderr), the terms a table with units, the path last
     assert main(["calibrate"]) == 0
     out = capsys.readouterr().out
@@ -49,7 +50,7 @@ def test_calibrate_measures_and_writes_the_cache(cache, monkeypatch, capsys) -> 
 
 
 def test_show_and_check_read_the_cache_without_measuring(cache, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(calmod, "measure_calibration", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.setattr(probes, "measure_calibration", lambda *a, **k: pytest.fail("measured"))
     assert main(["calibrate", "--show"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == (f"hetauto calibrate: error: no calibration cached at {cache_path()}; "
@@ -59,7 +60,7 @@ def test_show_and_check_read_the_cache_without_measuring(cache, monkeypatch, cap
     doc = json.loads(capsys.readouterr().out)
     assert doc["measured"] is False and "host_level" not in doc
     asked = []
-    monkeypatch.setattr(calmod, "host_level", lambda cal, runs=1: asked.append((cal, runs)) or 1.4)
+    monkeypatch.setattr(probes, "host_level", lambda cal, runs=1: asked.append((cal, runs)) or 1.4)
     assert main(["calibrate", "--check", "--runs", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["host_level"] == 1.4 and asked == [(CAL, 2)]
     assert main(["calibrate", "--check"]) == 0

@@ -283,7 +283,7 @@ def test_allreduce_wake_added_to_every_dp_stage_and_tp_cpu_fraction() -> None:
 
 
 def test_file_without_newer_terms_reads_neutral_and_is_remeasured_on_request(tmp_path, monkeypatch) -> None:
-    import hetauto.planner.calibration as calmod
+    import hetauto.profiling.calibration as probes
 
     cal = Calibration("cpu", get_device("cpu"), OH, "host", "2.13.0", "then")
     doc = cal.to_document()
@@ -293,9 +293,11 @@ def test_file_without_newer_terms_reads_neutral_and_is_remeasured_on_request(tmp
     old = local_calibration(cache_dir=tmp_path)
     assert old.overheads == OH and old.overheads.tp_fwd_layer_s == 0.0  # neutral default, still usable
     fresh = Calibration("cpu", get_device("cpu"), CPU_OH, "host", "2.13.0", "now")
-    monkeypatch.setattr(calmod, "measure_calibration", lambda: fresh)
-    assert local_calibration(measure=True, cache_dir=tmp_path) == fresh  # stale: measured again ...
+    monkeypatch.setattr(probes, "measure_calibration", lambda: fresh)
+    assert probes.ensure_calibration(cache_dir=tmp_path) == fresh  # stale: measured again ...
     assert local_calibration(cache_dir=tmp_path) == fresh  # ... and cached
+    monkeypatch.setattr(probes, "measure_calibration", lambda: pytest.fail("measured"))
+    assert probes.ensure_calibration(cache_dir=tmp_path) == fresh  # current: read, not measured
 
 
 def test_covered_stage_takes_the_forest_anchored_on_the_reference_stage() -> None:
@@ -445,7 +447,7 @@ def test_busy_host_keeps_cores_computing_and_leaves_nothing_behind() -> None:
     import os
     import time
 
-    from hetauto.planner.calibration import busy_host
+    from hetauto.profiling.calibration import busy_host
 
     def cpu_s(pid: int) -> float:  # utime + stime of a process, from /proc
         fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
@@ -510,7 +512,7 @@ def test_host_level_is_the_reference_pipelines_measured_over_predicted_cpu(monke
     # each run of reference_pipeline() reports its F and B CPU seconds per stage; the level is the median over
     # runs of their sum over the calibration's prediction (m x (F + B) per stage, x the speed factor: the
     # throttle's sleep is no CPU), and at_level re-levels every CPU term by it
-    from hetauto.planner import calibration as calmod
+    from hetauto.profiling import calibration as calmod
 
     cal = Calibration("cpu", get_device("cpu"), OH, "host", "2.13.0", "now")
     plan = calmod.reference_pipeline()

@@ -1,5 +1,5 @@
 """`hetauto calibrate`: measure what this machine's executor costs beyond the analytical model, for
-`hetauto run --emulate`'s predictions (hetauto.planner.calibration), or show / check the cached measurement."""
+`hetauto run --emulate`'s predictions (hetauto.planner.calibration; measured by hetauto.profiling.calibration), or show / check the cached measurement."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hetauto.planner import calibration as calmod
+    from hetauto.profiling import calibration as probes
 
     path = calmod.cache_path()
     if args.show or args.check:
@@ -40,23 +41,23 @@ def run(args: argparse.Namespace) -> int:
             if args.runs < 1:
                 raise HetautoError(f"--runs must be at least 1, got {args.runs}")
             level = _with_status(f"running the reference pipeline {args.runs}x",
-                                 lambda: calmod.host_level(cal, runs=args.runs), args.json)
+                                 lambda: probes.host_level(cal, runs=args.runs), args.json)
         _report(cal, path, measured=False, level=level, as_json=args.json)
         return 0
-    cal = _measure(calmod, args.json)
+    cal = _measure(probes, args.json)
     path = calmod.save_calibration(cal)
     _report(cal, path, measured=True, level=None, as_json=args.json)
     return 0
 
 
-def _measure(calmod: Any, quiet: bool) -> Any:
+def _measure(probes: Any, quiet: bool) -> Any:
     """measure_calibration with a progress bar over its phases on stderr (stdout stays one JSON document)."""
     if quiet:
-        return calmod.measure_calibration()
+        return probes.measure_calibration()
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    phases = calmod.CALIBRATION_PHASES
+    phases = probes.CALIBRATION_PHASES
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("calibrating", total=len(phases))
@@ -64,7 +65,7 @@ def _measure(calmod: Any, quiet: bool) -> Any:
         def progress(i: int, phase: str) -> None:
             bar.update(task, completed=i, description=f"calibrating: {phase}")
 
-        return calmod.measure_calibration(progress=progress)
+        return probes.measure_calibration(progress=progress)
 
 
 def _with_status(message: str, fn: Any, quiet: bool) -> Any:
