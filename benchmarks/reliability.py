@@ -165,13 +165,13 @@ class _Job:
 
 # -- checkpoints -----------------------------------------------------------------------------------------------
 def _next_step(ck: Path | None) -> int:
-    from hetauto.runtime.checkpoint_manifest import read_manifest
+    from hetauto.core.checkpoint_manifest import read_manifest
 
     return int(read_manifest(ck).extra["next_step"]) if ck is not None else 0
 
 
 def _verifies(ck: Path | None) -> bool:
-    from hetauto.runtime.checkpoint_manifest import verify_checkpoint
+    from hetauto.core.checkpoint_manifest import verify_checkpoint
 
     return ck is not None and verify_checkpoint(ck) == []
 
@@ -200,7 +200,7 @@ def _row(fault: str, *, ended: bool, detect: float | None, lost: int | None, ck:
 def case_inject(name: str, fault: str, plan: Path, timeout: float, full: list[float] | None,
                 restarts: int = 0) -> dict[str, Any]:
     """A fault the executor injects (--inject-fault): a rank exits or hangs at a step."""
-    from hetauto.runtime.checkpoint_manifest import latest_checkpoint
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
     from hetauto.runtime.faults import FAULT_LOG_ENV, FaultSpec
 
     spec = FaultSpec.parse(fault)
@@ -230,7 +230,7 @@ def case_inject(name: str, fault: str, plan: Path, timeout: float, full: list[fl
 def _stopped_from_outside(name: str, plan: Path, timeout: float, full: list[float] | None,
                           act: Callable[[_Job], None], ended_if: Callable[[int, dict, str], bool]) -> dict[str, Any]:
     """A long job, acted on (`act`) once its first checkpoint is complete; detect = from the act to the end."""
-    from hetauto.runtime.checkpoint_manifest import latest_checkpoint
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         ck = Path(tmp) / "ck"
@@ -275,7 +275,7 @@ def case_sigstop(plan: Path, timeout: float, full: list[float] | None) -> dict[s
 def case_corrupt(plan: Path, timeout: float, root: Path, full: list[float] | None) -> dict[str, Any]:
     """One byte of the newest checkpoint's first shard flipped (in a copy of `root`), then --resume: refused
     before launch with one line naming the file and the previous checkpoint that verifies."""
-    from hetauto.runtime.checkpoint_manifest import complete_checkpoints
+    from hetauto.core.checkpoint_manifest import complete_checkpoints
 
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "ck"
@@ -299,7 +299,7 @@ def case_corrupt(plan: Path, timeout: float, root: Path, full: list[float] | Non
 
 def case_disk_full(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
     """Checkpoints every step into a small tmpfs: step 0's fits, step 1's does not (root only)."""
-    from hetauto.runtime.checkpoint_manifest import latest_checkpoint
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
 
     name = "disk full during checkpoint"
     if os.geteuid() != 0:

@@ -120,7 +120,7 @@ def test_a_checkpoint_exception_from_torch_is_one_line(tmp_path: Path, monkeypat
 @pytest.mark.timeout(300)
 def test_disk_full_during_a_run_is_one_line_naming_path_ranks_fix_and_previous(tmpfs, tmp_path: Path) -> None:
     """A 2-rank run checkpoints every step into a 5 MiB tmpfs: step 0 (~2.7 MiB) fits, step 1 does not."""
-    from hetauto.runtime.checkpoint_manifest import verify_checkpoint
+    from hetauto.core.checkpoint_manifest import verify_checkpoint
 
     disk = tmpfs("5m")
     (tmp_path / "two.yaml").write_text(CLUSTER)

@@ -251,7 +251,7 @@ def test_run_resume_checks_the_checkpoint_before_launch_without_importing_torch(
     assert (run["seed"], run["cluster_base"], run["resume"]) == (7, str(tmp_path), str(tmp_path / "ck"))
     assert ck.parent == tmp_path / "ck"
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
-    assert "hetauto.runtime.checkpoint_manifest" in imported
+    assert "hetauto.core.checkpoint_manifest" in imported
     assert sorted(m for m in imported if m == "torch" or m.startswith("torch.")) == []
 
 
@@ -262,7 +262,7 @@ def _flip(path: Path, at: int = -10) -> None:
 
 
 def test_each_shard_carries_its_writers_hash_and_the_manifest_lists_it(tmp_path: Path) -> None:
-    from hetauto.runtime.checkpoint_manifest import read_shard_hash
+    from hetauto.core.checkpoint_manifest import read_shard_hash
 
     model, opt = _trained()
     path = save_checkpoint(tmp_path, 1, model, opt)
@@ -273,7 +273,7 @@ def test_each_shard_carries_its_writers_hash_and_the_manifest_lists_it(tmp_path:
 
 
 def test_one_flipped_byte_is_refused_naming_the_file_and_the_previous_checkpoint(tmp_path: Path) -> None:
-    from hetauto.runtime.checkpoint_manifest import require_intact
+    from hetauto.core.checkpoint_manifest import require_intact
 
     model, opt = _trained()
     first = save_checkpoint(tmp_path, 1, model, opt)
@@ -297,7 +297,7 @@ def test_truncated_metadata_or_rank_file_is_found_without_torch(tmp_path: Path) 
     """Sizes and metadata without hashes (--no-hashes) still find a truncated file."""
     import hashlib
 
-    from hetauto.runtime.checkpoint_manifest import MANIFEST_FILE
+    from hetauto.core.checkpoint_manifest import MANIFEST_FILE
 
     model, opt = _trained()
     path = save_checkpoint(tmp_path, 1, model, opt)

@@ -116,7 +116,7 @@ def test_sigterm_on_hetauto_run_stops_torchrun_and_every_worker(folder: Path) ->
     assert left == [], f"processes of the stopped job still running: {left}"
     line = err.strip().splitlines()[-1]
     assert line.startswith("hetauto run: error: interrupted by SIGTERM: stopped the job ("), line
-    from hetauto.runtime.checkpoint_manifest import latest_checkpoint
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
 
     latest = latest_checkpoint(ck)
     assert latest is not None

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def verify_document(directory: str, *, hashes: bool = True) -> dict[str, Any]:
     """What `hetauto checkpoint verify --json` prints: checkpoint, step, files, bytes, ok, problems, previous_ok."""
-    from hetauto.runtime.checkpoint_manifest import _resolve, previous_verified, read_manifest, verify_checkpoint
+    from hetauto.core.checkpoint_manifest import _resolve, previous_verified, read_manifest, verify_checkpoint
 
     path = _resolve(directory)
     try:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from hetauto.commands._output import print_json
 
     if args.action == "export":
-        from hetauto.runtime.checkpoint_manifest import require_intact
+        from hetauto.core.checkpoint_manifest import require_intact
         from hetauto.runtime.hf_weights import export_hf
 
         require_intact(args.directory)  # nothing damaged is exported
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0 if doc["ok"] else CheckpointError.exit_code
     if not doc["ok"]:
-        from hetauto.runtime.checkpoint_manifest import require_intact
+        from hetauto.core.checkpoint_manifest import require_intact
 
         require_intact(doc["checkpoint"], hashes=doc["hashes"])  # raises the one-line error the CLI prints
     from hetauto.core.units import format_bytes

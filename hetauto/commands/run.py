@@ -535,7 +535,7 @@ def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *
     silently trains other data, and a warning scrolls past in a long log. Changing them on purpose (a batch-size
     ramp, a longer context) is legitimate: `--allow-data-change` continues with a warning naming both values.
     The microbatch split and the stage layout may change freely (same rows, same order)."""
-    from hetauto.runtime.checkpoint_manifest import (check_model_config, data_stream_changes, read_manifest,
+    from hetauto.core.checkpoint_manifest import (check_model_config, data_stream_changes, read_manifest,
                                                      require_intact)
 
     require_intact(resume)  # sizes, sha256 of every file, metadata, rank files: a damaged shard never loads

@@ -35,7 +35,7 @@ class Resumed:
 
 def read_resumed(checkpoint_dir: str | Path) -> Resumed:
     """The job a checkpoint belongs to (a checkpoint directory, or a root: its latest complete checkpoint)."""
-    from hetauto.runtime.checkpoint_manifest import _resolve, read_manifest
+    from hetauto.core.checkpoint_manifest import _resolve, read_manifest
 
     path = _resolve(checkpoint_dir)
     man = read_manifest(path)
@@ -51,7 +51,7 @@ def read_resumed(checkpoint_dir: str | Path) -> Resumed:
 def check_same_model(resumed: Resumed, model: str | Path | ModelConfig) -> ModelConfig:
     """The requested model if it is the checkpoint's (same structure); CheckpointMismatch naming the
     differing fields otherwise."""
-    from hetauto.runtime.checkpoint_manifest import check_model_config, read_manifest
+    from hetauto.core.checkpoint_manifest import check_model_config, read_manifest
 
     cfg = model if isinstance(model, ModelConfig) else get_model(model)
     check_model_config(read_manifest(resumed.checkpoint), cfg, resumed.checkpoint)

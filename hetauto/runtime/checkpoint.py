@@ -50,8 +50,8 @@ from hetauto.runtime import faults
 # torch.distributed.checkpoint (and the DTensor it pulls in) costs seconds per process to import: it is
 # imported inside save/load only, so finding, reading and checking checkpoints (a restarted worker looking for
 # its checkpoint, a run without checkpoints) never pays for it; the launcher's pre-launch checks use
-# checkpoint_manifest, which imports no torch at all.
-from hetauto.runtime.checkpoint_manifest import (  # noqa: F401 - re-exported: the torch-free part of the API
+# hetauto.core.checkpoint_manifest, which imports no torch at all.
+from hetauto.core.checkpoint_manifest import (  # noqa: F401 - re-exported: the torch-free part of the API
     _TMP_PREFIX, CHECKPOINT_FORMAT, MANIFEST_FILE, METADATA_FILE, Manifest, _check_model_dict,
     _complete_checkpoints, _resolve, _sha256, check_model_config, checkpoint_dir_name, data_stream_changes,
     latest_checkpoint, read_manifest, read_shard_hash, require_intact, verify_checkpoint,

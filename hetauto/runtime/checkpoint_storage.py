@@ -143,7 +143,7 @@ class JsonFileSystemWriter(FileSystemWriter):
     def write_data(self, plan: Any, planner: Any) -> Any:
         fut = super().write_data(plan, planner)
         fut.wait()
-        from hetauto.runtime.checkpoint_manifest import write_shard_hash
+        from hetauto.core.checkpoint_manifest import write_shard_hash
 
         for name in sorted({wr.storage_data.relative_path for wr in fut.value()}):
             write_shard_hash(Path(self.path) / name)  # hashed with the shard, by the rank that wrote it

@@ -160,7 +160,7 @@ def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
 
     from hetauto.core.model import ModelConfig as Config
     from hetauto.runtime.checkpoint import load_checkpoint
-    from hetauto.runtime.checkpoint_manifest import _resolve, read_manifest
+    from hetauto.core.checkpoint_manifest import _resolve, read_manifest
     from hetauto.runtime.stage import build_model
 
     path = _resolve(str(checkpoint))

@@ -287,7 +287,7 @@ def newest_checkpoint_note(checkpoint_dir: str | None) -> str:
     """'newest complete checkpoint: D (continue with --resume D)', or that there is none ('' without a folder)."""
     if not checkpoint_dir:
         return ""
-    from hetauto.runtime.checkpoint_manifest import latest_checkpoint
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
 
     try:
         latest = latest_checkpoint(checkpoint_dir)

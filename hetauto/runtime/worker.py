@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             faults.install(faults.FaultSpec.parse(run.inject_fault))
         resume = run.resume
         if restart > 0 and run.checkpoint_dir:
-            from hetauto.runtime.checkpoint_manifest import complete_checkpoints, verify_checkpoint
+            from hetauto.core.checkpoint_manifest import complete_checkpoints, verify_checkpoint
 
             # the newest complete checkpoint whose files check out (sizes and metadata; load_checkpoint hashes)
             for candidate in reversed(complete_checkpoints(run.checkpoint_dir)):
