@@ -153,7 +153,7 @@ def test_host_cores_contention_per_stage_counts_own_replicas_and_others_busy_sha
         cores = 0.8
         want = (max(1.0, (dp + dp * u[1]) / cores), max(1.0, (dp + dp * u[0]) / cores))
         ev = Evaluator(inp, overheads=Overheads(host_cores=cores))
-        assert ev.contention_factors(plan, costs.tf, costs.tb, free) == pytest.approx(want, rel=1e-12)
+        assert ev.host.contention_factors(plan, costs.tf, costs.tb, free) == pytest.approx(want, rel=1e-12)
         scaled = replace(costs, tf=tuple(k * x for k, x in zip(want, costs.tf)),
                          tb=tuple(k * x for k, x in zip(want, costs.tb)))
         assert ev.evaluate(plan).iteration_time_s == pytest.approx(
@@ -172,10 +172,10 @@ def test_step_work_shares_the_host_cores_with_every_rank() -> None:
     assert Evaluator(inp, overheads=replace(oh, step_s=0.01)).evaluate(plan).iteration_time_s == \
         pytest.approx(free + 0.01, rel=1e-12)
     ev = Evaluator(inp, overheads=Overheads(host_cores=1.6, step_s=0.01))
-    assert ev.step_contention(plan) == pytest.approx(2.5)
+    assert ev.host.step_contention(plan) == pytest.approx(2.5)
     no_step = Evaluator(inp, overheads=Overheads(host_cores=1.6)).evaluate(plan).iteration_time_s
     assert ev.evaluate(plan).iteration_time_s == pytest.approx(no_step + 0.025, rel=1e-12)
-    assert Evaluator(inp, overheads=Overheads(step_s=0.01)).step_contention(plan) == 1.0  # own devices
+    assert Evaluator(inp, overheads=Overheads(step_s=0.01)).host.step_contention(plan) == 1.0  # own devices
 
 
 def test_tp_waits_take_no_core_and_are_not_stretched() -> None:
@@ -195,7 +195,7 @@ def test_tp_waits_take_no_core_and_are_not_stretched() -> None:
     cores = 1.5
     want = (max(1.0, (2 + 2 * u[1]) / cores), max(1.0, (2 + 2 * u[0]) / cores))
     loaded = Evaluator(inp, overheads=replace(oh, host_cores=cores))
-    assert loaded.contention_factors(plan, costs.tf, costs.tb, t) == pytest.approx(want, rel=1e-12)
+    assert loaded.host.contention_factors(plan, costs.tf, costs.tb, t) == pytest.approx(want, rel=1e-12)
     assert min(want) > 1.0
     scaled = replace(costs, tf=tuple(w[0] + k * (x - w[0]) for k, x, w in zip(want, costs.tf, waits)),
                      tb=tuple(w[1] + k * (x - w[1]) for k, x, w in zip(want, costs.tb, waits)))
@@ -224,20 +224,20 @@ def test_loaded_tp_terms_interpolate_by_the_load_beside_each_tp_group() -> None:
     u1 = min(1.0, m * (costs.tf[1] + costs.tb[1]) * 0.5 / t0)
     # stage 0 (one TP pair): stage 1's two ranks, each busy u1 of the time, over 2 cores; stage 1 has no TP
     load = 2 * u1 / 2.0
-    assert ev.tp_loads(plan, costs.tf, costs.tb, t0) == pytest.approx((load, 0.0), rel=1e-12)
+    assert ev.host.tp_loads(plan, costs.tf, costs.tb, t0) == pytest.approx((load, 0.0), rel=1e-12)
     assert 0 < load < 1
-    k = ev.contention_factors(plan, costs.tf, costs.tb, t0)
+    k = ev.host.contention_factors(plan, costs.tf, costs.tb, t0)
     want_f0 = blocks * (0.01 + 0.005 * load) + (costs.tf[0] - blocks * 0.01) * k[0]
     want_b0 = blocks * (0.02 + 0.02 * load) + (costs.tb[0] - blocks * 0.02) * k[0]
-    got = ev._contended(plan, costs.tf, costs.tb, k, ev.tp_loads(plan, costs.tf, costs.tb, t0))
+    got = ev.host.contended(plan, costs.tf, costs.tb, k, ev.host.tp_loads(plan, costs.tf, costs.tb, t0))
     assert got["tf"] == pytest.approx((want_f0, costs.tf[1] * k[1]), rel=1e-12)
     assert got["tb"] == pytest.approx((want_b0, costs.tb[1] * k[1]), rel=1e-12)
     assert ev.evaluate(plan).iteration_time_s == pytest.approx(
         simulate(schedule_for_plan(plan), replace(costs, **got)).iteration_time, rel=1e-12)
     # not measured: the CPU share of the TP terms is stretched instead, as before
     unloaded = Evaluator(inp, overheads=replace(oh, tp_fwd_layer_loaded_s=0.0, tp_bwd_layer_loaded_s=0.0))
-    assert unloaded.tp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
-    got = unloaded._contended(plan, costs.tf, costs.tb, k, (0.0, 0.0))
+    assert unloaded.host.tp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
+    got = unloaded.host.contended(plan, costs.tf, costs.tb, k, (0.0, 0.0))
     assert got["tf"][0] == pytest.approx(waits[0] + (costs.tf[0] - waits[0]) * k[0], rel=1e-12)
     assert u0 > 0
 
@@ -256,16 +256,16 @@ def test_loaded_allreduce_wake_grows_with_the_load_beside_each_dp_group() -> Non
     m = plan.num_microbatches
     u = [min(1.0, m * (f + b) * s / t0) for f, b, s in zip(costs.tf, costs.tb, (1.0, 0.5))]
     want = (2 * u[1] / 2.0, 2 * u[0] / 2.0)  # each DP pair: the other stage's two ranks
-    assert ev.dp_loads(plan, costs.tf, costs.tb, t0) == pytest.approx(want, rel=1e-12)
-    assert ev.tp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
-    k = ev.contention_factors(plan, costs.tf, costs.tb, t0)
-    scaled = replace(costs, **ev._contended(plan, costs.tf, costs.tb, k, (0.0, 0.0)),
+    assert ev.host.dp_loads(plan, costs.tf, costs.tb, t0) == pytest.approx(want, rel=1e-12)
+    assert ev.host.tp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
+    k = ev.host.contention_factors(plan, costs.tf, costs.tb, t0)
+    scaled = replace(costs, **ev.host.contended(plan, costs.tf, costs.tb, k, (0.0, 0.0)),
                      allreduce=tuple(a + 3e-3 * ld for a, ld in zip(costs.allreduce, want)))
     assert ev.evaluate(plan).iteration_time_s == pytest.approx(
         simulate(schedule_for_plan(plan), scaled).iteration_time, rel=1e-12)
     # no loaded measurement (or none above the alone one): no load term
     for alone in (replace(oh, allreduce_wake_loaded_s=0.0), replace(oh, allreduce_wake_loaded_s=2e-3)):
-        assert Evaluator(inp, overheads=alone).dp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
+        assert Evaluator(inp, overheads=alone).host.dp_loads(plan, costs.tf, costs.tb, t0) == (0.0, 0.0)
 
 
 def test_allreduce_wake_added_to_every_dp_stage_and_tp_cpu_fraction() -> None:
@@ -491,7 +491,7 @@ def test_link_dispatch_lag_weighs_ranks_by_their_messages() -> None:
 
 
 def test_contention_is_the_expected_stretch_over_the_other_ranks_busy_moments() -> None:
-    from hetauto.planner.evaluate import busy_count_distribution
+    from hetauto.planner.host_contention import busy_count_distribution
 
     assert busy_count_distribution([(2, 0.5), (1, 0.2)]) == pytest.approx([0.2, 0.45, 0.3, 0.05])
     assert busy_count_distribution([]) == [1.0]
@@ -504,7 +504,7 @@ def test_contention_is_the_expected_stretch_over_the_other_ranks_busy_moments() 
     costs = free_ev.pipeline_costs(plan)
     u = [plan.num_microbatches * (f + b) * s / free for f, b, s in zip(costs.tf, costs.tb, (1.0, 0.5))]
     assert max(u) < 0.5
-    got = Evaluator(inp, overheads=Overheads(host_cores=3.0)).contention_factors(plan, costs.tf, costs.tb, free)
+    got = Evaluator(inp, overheads=Overheads(host_cores=3.0)).host.contention_factors(plan, costs.tf, costs.tb, free)
     assert got == pytest.approx((1 + u[1] ** 2 / 3, 1 + u[0] ** 2 / 3), rel=1e-12)
 
 

@@ -33,6 +33,7 @@ from hetauto.core.stage_backends import builtin_transport_kind, stage_backend_na
 from hetauto.core.units import format_bytes
 from hetauto.planner import costmodel as cm
 from hetauto.planner.fastpipe import iteration_1f1b
+from hetauto.planner.host_contention import HostContention
 from hetauto.planner.inputs import PlanningInputs, load_planning_inputs
 from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
 
@@ -150,6 +151,10 @@ class Evaluator:
             correction = _named_correction(correction)
         self.correction = correction if correction is not None and correction.trained else None
         self.overheads = overheads
+        # CPU emulation only: ranks sharing one host's cores (None: every rank its own device)
+        self.host = (HostContention(overheads, lambda name: self.cluster(name).speed_factor,
+                                    lambda st, loaded: self._tp_terms(st, loaded=loaded))
+                     if overheads is not None else None)
         self.cost_model_name = "analytical+forest" if self.correction is not None else "analytical"
         if profile_overrides or overheads is not None:
             self.cost_model_name += "+calibrated"
@@ -630,17 +635,13 @@ class Evaluator:
             costs = self._costs(plan)  # already checked above
             t, bubble = self._iteration(plan, costs)
             oh = self.overheads
-            if oh is not None and oh.host_cores > 0 and t > 0:
-                factors = self.contention_factors(plan, costs.tf, costs.tb, t)
-                loads = self.tp_loads(plan, costs.tf, costs.tb, t)
-                dp_loads = self.dp_loads(plan, costs.tf, costs.tb, t)
-                if any(x > 1.0 for x in factors) or any(loads) or any(dp_loads):
-                    extra = oh.allreduce_wake_loaded_s - oh.allreduce_wake_s
-                    costs = replace(costs, **self._contended(plan, costs.tf, costs.tb, factors, loads),
-                                    allreduce=tuple(a + extra * ld for a, ld in zip(costs.allreduce, dp_loads)))
+            if self.host is not None:  # ranks sharing this host's cores (CPU emulation): hetauto.planner.host_contention
+                contended = self.host.apply(plan, costs, t)
+                if contended is not None:
+                    costs = contended
                     t, bubble = self._iteration(plan, costs)
             if oh is not None and oh.step_s:
-                t += oh.step_s * self.step_contention(plan)
+                t += oh.step_s * (self.host.step_contention(plan) if self.host is not None else 1.0)
             thr = plan.global_batch / t if t > 0 else 0.0
             devices = plan.world_size
             # MFU against the peak the plan computes at (its precision's; a one-figure profile: that figure)
@@ -651,108 +652,6 @@ class Evaluator:
                             flops / t / devices / 1e12 if t > 0 else 0.0, tuple(peaks), tuple(caps), None)
         self._plans[key] = ev
         return ev
-
-    def _contended(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...], factors: tuple[float, ...],
-                   loads: tuple[float, ...]) -> dict[str, tuple[float, ...]]:
-        """tf/tb on a shared host: the work stretched by its stage's contention factor; a TP stage's DTensor
-        terms either interpolated between their unloaded and loaded measurements by `loads` (when measured:
-        their waits on partners put off their cores grow with the host's load, not with the stretch of the
-        work) or, without a loaded measurement, only their CPU share stretched (a wait is the partner's work)."""
-        oh = self.overheads
-        out: dict[str, list[float]] = {"tf": [], "tb": []}
-        for st, f, b, k, load in zip(plan.stages, tf, tb, factors, loads):
-            terms = self._tp_terms(st)
-            loaded = self._tp_terms(st, loaded=True)
-            waits = self._tp_waits(st)
-            for name, x, i in (("tf", f, 0), ("tb", b, 1)):
-                if oh is not None and loaded[i] > 0:
-                    kept = terms[i] + (loaded[i] - terms[i]) * load
-                    out[name].append(kept + (x - terms[i]) * k)
-                else:
-                    out[name].append(waits[i] + (x - waits[i]) * k)
-        return {name: tuple(v) for name, v in out.items()}
-
-    def tp_loads(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
-                 iteration_s: float) -> tuple[float, ...]:
-        """Per stage: the other work beside each of its TP groups, in units of `host_cores` (what the loaded TP
-        terms were measured beside: 1.0; `_loads_beside`); 0.0 for tp = 1 stages, or when the calibration has
-        no loaded TP terms."""
-        oh = self.overheads
-        if oh is None or (oh.tp_fwd_layer_loaded_s <= 0 and oh.tp_bwd_layer_loaded_s <= 0):
-            return tuple(0.0 for _ in plan.stages)
-        return self._loads_beside(plan, tf, tb, iteration_s, [st.tp if st.tp > 1 else 0 for st in plan.stages])
-
-    def dp_loads(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
-                 iteration_s: float) -> tuple[float, ...]:
-        """Per stage: the other work beside each of its DP groups when they all-reduce, in units of `host_cores`
-        (the loaded all-reduce wake-up was measured beside host_cores companions); 0.0 for dp = 1 stages, or when
-        the calibration has no loaded wake-up."""
-        oh = self.overheads
-        if oh is None or oh.allreduce_wake_loaded_s <= oh.allreduce_wake_s:
-            return tuple(0.0 for _ in plan.stages)
-        return self._loads_beside(plan, tf, tb, iteration_s, [st.dp if st.dp > 1 else 0 for st in plan.stages])
-
-    def _loads_beside(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...], iteration_s: float,
-                      group: list[int]) -> tuple[float, ...]:
-        """Per stage with a group of `group[s]` ranks (0: none): the ranks beside that group expected busy, over
-        `host_cores`: its own stage's other ranks (they compute when it does) plus the other stages' ranks,
-        each busy its stage's share of the iteration (n_j x u_j, as in `contention_factors`)."""
-        oh = self.overheads
-        if oh is None or oh.host_cores <= 0 or iteration_s <= 0:
-            return tuple(0.0 for _ in plan.stages)
-        u = self._busy_shares(plan, tf, tb, iteration_s)
-        total = sum(st.num_devices * x for st, x in zip(plan.stages, u))
-        return tuple((st.num_devices - g + total - st.num_devices * x) / oh.host_cores if g > 0 else 0.0
-                     for st, x, g in zip(plan.stages, u, group))
-
-    def _busy_shares(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
-                     iteration_s: float) -> list[float]:
-        """Per stage: the share of the iteration its ranks keep a core busy (F/B work, TP waits taken out; a
-        throttled rank sleeps the rest of its action)."""
-        m = plan.num_microbatches
-        return [min(1.0, m * self._cpu_busy(st, f + b) * self.cluster(st.cluster).speed_factor / iteration_s)
-                for st, f, b in zip(plan.stages, tf, tb)]
-
-    def contention_factors(self, plan: Plan, tf: tuple[float, ...], tb: tuple[float, ...],
-                           iteration_s: float) -> tuple[float, ...]:
-        """Per stage: how much slower its F/B run when every rank shares this host's `host_cores`.
-
-        Why per stage and not the iteration's average load: a rank is slowed by the ranks computing *while
-        it computes*. Its own stage's replicas (dp x tp) run the same action at the same moment, so all
-        n_s of them count; a rank of another stage j is computing with probability u_j (its busy share of
-        the iteration, independent of ours). A throttled rank sleeps the rest of its action, so it keeps a
-        core busy speed x its time. With K the number of other ranks computing (a sum of Binomial(n_j, u_j)),
-        Factor_s = E[max(1, (n_s + K) / host_cores)]: the expectation, not the stretch at the mean load (the
-        max is convex: moments when two others compute cost more than moments with none save; at the mean it
-        came out 1.0 where the executor measured 1.25-1.45 for 4 ranks on 2 cores). Worlds over
-        CONTENTION_EXACT_RANKS take the stretch at the mean (K's spread shrinks relative to its mean)."""
-        oh = self.overheads
-        if oh is None or oh.host_cores <= 0 or iteration_s <= 0:
-            return tuple(1.0 for _ in plan.stages)
-        u = self._busy_shares(plan, tf, tb, iteration_s)
-        cores = oh.host_cores
-        if plan.world_size > CONTENTION_EXACT_RANKS:
-            load = [st.num_devices * x for st, x in zip(plan.stages, u)]
-            total = sum(load)
-            return tuple(max(1.0, (st.num_devices + total - ld) / cores) for st, ld in zip(plan.stages, load))
-        out = []
-        for s, st in enumerate(plan.stages):
-            others = busy_count_distribution([(o.num_devices, u[j]) for j, o in enumerate(plan.stages) if j != s])
-            out.append(sum(p * max(1.0, (st.num_devices + k) / cores) for k, p in enumerate(others)))
-        return tuple(out)
-
-    def step_contention(self, plan: Plan) -> float:
-        """Stretch of the per-step work (`Overheads.step_s`: loss, optimizer, bookkeeping; CPU work measured on
-        one rank) when every rank does its own at the iteration's end on one host: max(1, world / host_cores)."""
-        return self._host_stretch(plan.world_size)
-
-    def _host_stretch(self, ranks: float) -> float:
-        """max(1, ranks / host_cores): how much `ranks` ranks working at once on this host slow each other
-        (1.0 when the calibration does not say the ranks share one host)."""
-        oh = self.overheads
-        if oh is None or oh.host_cores <= 0:
-            return 1.0
-        return max(1.0, ranks / oh.host_cores)
 
     def _optimizer_time(self, st: StagePlan, sums: cm.RangeSums, c: Cluster, zero1: bool) -> float:
         """One stage's optimizer step: memory-bound Adam, or with measured per-tensor / per-parameter terms
@@ -766,7 +665,7 @@ class Evaluator:
                                        per_param_s=oh.optim_param_s, zero1=zero1)
         if st.tp > 1:  # DTensor parameters: every elementwise op of the step goes through DTensor's dispatch
             t += sums.blocks * oh.tp_optim_block_s
-        return t * self._host_stretch(st.num_devices)
+        return t * (self.host.host_stretch(st.num_devices) if self.host is not None else 1.0)
 
     def _tp_terms(self, st: StagePlan, loaded: bool = False) -> tuple[float, float]:
         """(forward, backward) seconds per microbatch of a tp > 1 stage's DTensor terms (Overheads.tp_*_layer_s,
@@ -778,21 +677,6 @@ class Evaluator:
         if loaded:
             return (blocks * oh.tp_fwd_layer_loaded_s, blocks * oh.tp_bwd_layer_loaded_s)
         return (blocks * oh.tp_fwd_layer_s, blocks * oh.tp_bwd_layer_s)
-
-    def _tp_waits(self, st: StagePlan) -> tuple[float, float]:
-        """(forward, backward) seconds per microbatch of a stage's TP terms spent waiting on collectives:
-        the TP terms are wall time, of which only `tp_cpu_fraction` is work that keeps a core busy."""
-        oh = self.overheads
-        if oh is None or st.tp <= 1 or oh.tp_cpu_fraction >= 1.0:
-            return (0.0, 0.0)
-        idle = 1.0 - oh.tp_cpu_fraction
-        f, b = self._tp_terms(st)
-        return (f * idle, b * idle)
-
-    def _cpu_busy(self, st: StagePlan, fb_s: float) -> float:
-        """The part of a stage's F+B (seconds per microbatch) that keeps a core busy (TP waits taken out)."""
-        wf, wb = self._tp_waits(st)
-        return max(0.0, fb_s - wf - wb)
 
     def _iteration(self, plan: Plan, costs: PipelineCosts) -> tuple[float, float]:
         name = plan.schedule.name
@@ -817,23 +701,6 @@ class Evaluator:
 
 
 _CORRECTIONS: dict[str, "Correction"] = {}
-
-
-CONTENTION_EXACT_RANKS = 64
-
-
-def busy_count_distribution(groups: list[tuple[int, float]]) -> list[float]:
-    """P(K = k), k = 0..sum n, of K = sum of independent Binomial(n, u) over `groups` of (ranks n, busy share u):
-    how many of those ranks compute at a random moment (convolution, one rank at a time)."""
-    dist = [1.0]
-    for n, u in groups:
-        for _ in range(n):
-            nxt = [0.0] * (len(dist) + 1)
-            for k, p in enumerate(dist):
-                nxt[k] += p * (1.0 - u)
-                nxt[k + 1] += p * u
-            dist = nxt
-    return dist
 
 
 def _named_correction(name: str) -> "Correction":
