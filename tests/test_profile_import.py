@@ -24,6 +24,7 @@ def test_import_the_real_metis_files_prints_rows(tmp_path, capsys) -> None:
                  "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["device"] == "a100-80g" and doc["num_rows"] == 6 and len(doc["rows"]) == 6
+    assert doc["assumed"] == {"seq_len": 1024, "precision": "fp16"}
     assert doc["rows"][4] == {"kind": "block", "tp": 1, "microbatch": 2, "seq_len": 1024, "precision": "fp16",
                               "forward_ms": 58.86340141296387 / 3, "backward_ms": 58.86340141296387 * 2 / 3,
                               "memory_mb": 4838.5, "model": "GPT3", "origin": "DeviceType.A100_tp1_bs2.json"}
@@ -32,9 +33,22 @@ def test_import_the_real_metis_files_prints_rows(tmp_path, capsys) -> None:
     # what the files do not record is the caller's to say
     assert main(["profile", "import", "--from", "metis", str(REAL), "--device", "a100-80g", "-o", str(out),
                  "--model", "gpt3-6.7b", "--seq-len", "2048", "--precision", "bf16"]) == 0
-    assert "wrote" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "wrote" in text and "note:" not in text  # nothing assumed
+    assert main(["profile", "import", "--from", "metis", str(REAL), "--device", "a100-80g", "-o", str(out)]) == 0
+    assert ("note: the Metis files record no seq len or precision; assumed seq-len 1024, precision fp16"
+            in " ".join(capsys.readouterr().out.split()))
+    assert main(["profile", "import", "--from", "metis", str(REAL), "--device", "a100-80g", "-o", str(out),
+                 "--model", "gpt3-6.7b", "--seq-len", "2048", "--precision", "bf16"]) == 0
     rows = load_profile(out).measured.layers
     assert {(r.model, r.seq_len, r.precision) for r in rows} == {("gpt3-6.7b", 2048, "bf16")}
+    # --device may be a profile file (a measured one): the rows go onto it, its own figures kept
+    mine, again = tmp_path / "my-a100.yaml", tmp_path / "again.yaml"
+    mine.write_text("schema: hetauto.profile/1\nkey: my-a100\nbase: a100-80g\nmemory_bytes: 40GiB\n")
+    assert main(["profile", "import", "--from", "metis", str(REAL), "--device", str(mine), "-o", str(again)]) == 0
+    capsys.readouterr()
+    got = load_profile(again)
+    assert got.key == "my-a100" and got.memory_bytes == 40 * 2**30 and len(got.measured.layers) == 6
 
 
 def test_import_csv(tmp_path, capsys) -> None:

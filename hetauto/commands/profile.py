@@ -14,7 +14,8 @@ document itself (what the file holds), so `hetauto profile --json > p.json` is a
 per-layer rows the Evaluator prices with (hetauto.planner.measured): Metis' per-device files (their own
 samples as they are; `--model`, `--seq-len`, `--precision` say what they measured, which the files do not
 record) or a plain CSV (hetauto.interop.layer_csv: one row per layer; rows of other devices are skipped).
-`--json` prints `{"profile", "device", "num_rows", "rows"}`.
+`--json` prints `{"profile", "device", "num_rows", "assumed", "rows"}` (`assumed`: the Metis defaults used
+for what the files do not record: seq_len, precision).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def import_profile(files: list[str], source_format: str, device: str, *, model: 
 
         if seq_len is not None and seq_len < 1:
             raise HetautoError(f"--seq-len must be >= 1, got {seq_len}")
-        got = import_metis(files[0] if len(files) == 1 else files, base=base.key, model=model,
+        got = import_metis(files[0] if len(files) == 1 else files, onto=base, model=model,
                            seq_len=seq_len or METIS_DEFAULT_SEQ_LEN, precision=precision or METIS_DEFAULT_PRECISION)
         assert got.measured is not None
         rows, profiles = got.measured.layers, got.measured.model_profiles
@@ -149,10 +150,18 @@ def run_import(args: argparse.Namespace) -> int:
         raise HetautoError(f"cannot write profile '{args.output}': {err.strerror or err} (choose another -o OUT)") from None
     assert prof.measured is not None
     rows = prof.measured.layers
+    assumed: dict[str, object] = {}
+    if args.source_format == "metis":  # what the files do not record and the caller did not say
+        from hetauto.interop.metis import METIS_DEFAULT_PRECISION, METIS_DEFAULT_SEQ_LEN
+
+        if args.seq_len is None:
+            assumed["seq_len"] = METIS_DEFAULT_SEQ_LEN
+        if args.precision is None:
+            assumed["precision"] = METIS_DEFAULT_PRECISION
     if getattr(args, "json", False):
         from hetauto.commands._output import print_json
 
-        print_json({"profile": str(args.output), "device": prof.key, "num_rows": len(rows),
+        print_json({"profile": str(args.output), "device": prof.key, "num_rows": len(rows), "assumed": assumed,
                     "rows": [r.model_dump(mode="json", exclude_none=True) for r in rows]})
         return 0
     from rich.markup import escape
@@ -164,6 +173,11 @@ def run_import(args: argparse.Namespace) -> int:
                 [(escape(r.model or f"hidden {r.hidden}"), r.kind, str(r.tp), str(r.microbatch), str(r.seq_len),
                   r.precision, f"{r.forward_ms:.4g}", f"{r.backward_ms:.4g}",
                   "-" if r.memory_mb is None else f"{r.memory_mb:.5g}") for r in rows])
+    if assumed:
+        said = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in assumed.items())
+        console.print(escape(f"  note: the Metis files record no {' or '.join(k.replace('_', ' ') for k in assumed)}; "
+                             f"assumed {said} (pass --seq-len / --precision to say what they measured)"),
+                      soft_wrap=True)
     console.print(escape(f"wrote {args.output} ({len(rows)} rows)"), soft_wrap=True)
     return 0
 

@@ -40,6 +40,7 @@ import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
@@ -99,14 +100,14 @@ class _TimeSec(_Lenient):
     forward_backward_time_ms: float = Field(ge=0)
     batch_generator_time_ms: float = Field(default=0.0, ge=0)
     optimizer_time_ms: float = Field(default=0.0, ge=0)
-    layer_compute_total_ms: list[float]
+    layer_compute_total_ms: list[Annotated[float, Field(ge=0)]]
 
 
 class _MemSec(_Lenient):
     # the README's name, the sample files' name; Metis itself reads neither
     total_memory_mb: float | None = Field(default=None, ge=0,
                                           validation_alias=AliasChoices("total_memory_mb", "total_memory"))
-    layer_memory_total_mb: list[float]
+    layer_memory_total_mb: list[Annotated[float, Field(ge=0)]]
 
 
 class MetisProfileDoc(_Lenient):
@@ -135,6 +136,9 @@ def read_metis_file(path: str | Path) -> tuple[str, ModelLayerProfile]:
     dtype, tp, bs = parse_metis_filename(path)
     doc = validate_document(MetisProfileDoc, read_document(path), path)
     n = len(doc.execution_time.layer_compute_total_ms)
+    if n < 3:
+        raise SpecError(path, "execution_time.layer_compute_total_ms", f"has {n} layers",
+                        "a Metis profile lists embedding, at least one block and head")
     for field, values in (("execution_memory.layer_memory_total_mb", doc.execution_memory.layer_memory_total_mb),
                           ("model.parameters.parameters_per_layer_bytes", doc.model.parameters.parameters_per_layer_bytes)):
         if len(values) != n:
@@ -187,12 +191,12 @@ def _files(source: str | Path | Iterable[str | Path]) -> list[Path]:
 
 def import_metis(source: str | Path | Iterable[str | Path], device_type: str | None = None,
                  base: str | None = None, *, model: str | None = None, seq_len: int = METIS_DEFAULT_SEQ_LEN,
-                 precision: str = METIS_DEFAULT_PRECISION) -> DeviceProfile:
+                 precision: str = METIS_DEFAULT_PRECISION, onto: DeviceProfile | None = None) -> DeviceProfile:
     """Metis files (a directory or a list) of one device type -> a hetauto profile whose
     `measured.model_profiles` hold the files and `measured.layers` their layer rows (`metis_layer_rows`, for
     `model`, default each file's model_name, at `seq_len` and `precision`: the files record neither);
-    physical figures come from the catalog device `base` (default: the catalog device matching the Metis
-    type)."""
+    physical figures come from `onto` (a profile) or else the catalog device `base` (default: the catalog
+    device matching the Metis type)."""
     by_type: dict[str, list[ModelLayerProfile]] = {}
     names: dict[tuple[str, int, int], Path] = {}
     for f in _files(source):
@@ -211,7 +215,7 @@ def import_metis(source: str | Path | Iterable[str | Path], device_type: str | N
                         f"types present: {', '.join(sorted(by_type))}")
     key = (base or METIS_TO_KEY.get(device_type.upper(), "")).lower()
     cat = catalog()
-    if key not in cat:
+    if onto is None and key not in cat:
         raise SpecError(str(source), "", f"Metis device type '{device_type}' has no hetauto catalog device",
                         f"pass base= one of: {', '.join(sorted(cat))}")
     rows = tuple(sorted(by_type[device_type], key=lambda r: (r.tp, r.microbatch)))
@@ -221,7 +225,7 @@ def import_metis(source: str | Path | Iterable[str | Path], device_type: str | N
     measured = MeasuredDoc(model_profiles=rows, layers=layers)
     from dataclasses import replace
 
-    return replace(cat[key], measured=measured)
+    return replace(onto if onto is not None else cat[key], measured=measured)
 
 
 def export_metis(profile: DeviceProfile, out_dir: str | Path, device_type: str | None = None) -> list[Path]:
