@@ -163,3 +163,20 @@ def test_evaluate_cli_reports_the_source_per_stage(tmp_path, capsys) -> None:
     assert main(["evaluate", str(tmp_path / "plan.json")]) == 0
     text = capsys.readouterr().out
     assert "measured" in text and "analytical" in text
+
+
+def test_the_evaluator_looks_up_tp_by_log2_and_the_per_device_microbatch() -> None:
+    # every kind at tp 1 and 4, microbatch 1 and 4: the block as GRID, embedding/head a tenth of it
+    rows = GRID + tuple(row(k, r.tp, r.microbatch, r.forward_ms / 10, r.backward_ms / 10)
+                        for k in ("embedding", "head") for r in GRID)
+    ev = evaluator(rows)
+    # tp 2, dp 1, microbatch 2 over blocks [1, 3): 2 x (17/6, 16/3) ms (the hand-computed tp-2 point)
+    f, b = ev.measured_stage_time("fast", (1, 3), 2, 1, 2, precision="fp32")
+    assert f == pytest.approx(2 * 17 / 6 * MS, rel=1e-12) and b == pytest.approx(2 * 16 / 3 * MS, rel=1e-12)
+    assert ev.stage_compute_time("fast", (1, 3), 2, 1, 2, precision="fp32") == (f, b)
+    # dp 2 splits microbatch 4 into 2 per device: the tp-1 microbatch-2 block, (4, 22/3) ms
+    f, b = ev.measured_stage_time("fast", (1, 2), 1, 2, 4, precision="fp32")
+    assert f == pytest.approx(4.0 * MS, rel=1e-12) and b == pytest.approx(22 / 3 * MS, rel=1e-12)
+    assert ev.stage_source("fast", (1, 2), 1, 2, 4, precision="fp32") == "measured"
+    assert ev.stage_source("fast", (1, 2), 8, 1, 4, precision="fp32") == "analytical"  # tp 8 > 4
+    assert ev.measured_stage_time("fast", (1, 2), 1, 1, 2, precision="bf16") is None  # no bf16 rows
