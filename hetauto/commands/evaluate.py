@@ -2,8 +2,8 @@
 
 Prints the iteration time, throughput, MFU, whether the plan fits (`feasible`, and the failed constraint by
 name when it does not), every stage's memory per device against what its device has and where its compute
-figures come from (`source`: "analytical" = peak x efficiency; "measured" is reserved for profiles with
-measured per-layer rows), and a time `breakdown` (`hetauto.planner.evaluate.Evaluator.breakdown`: compute, TP
+figures come from (`source`: "analytical" = peak x efficiency; "measured" = the device profile's measured
+per-layer rows, hetauto.planner.measured), and a time `breakdown` (`hetauto.planner.evaluate.Evaluator.breakdown`: compute, TP
 communication, exposed DP all-reduce, P2P and resharding, bubble, optimizer; they sum to the iteration time).
 
 Relative paths in the plan (its `cluster` file, a `config.json` model) resolve against the plan file's folder;

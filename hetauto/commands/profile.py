@@ -6,6 +6,16 @@
 
 Under torchrun every rank measures; rank 0 prints and writes the file. `--json` prints the profile
 document itself (what the file holds), so `hetauto profile --json > p.json` is a loadable profile.
+
+    hetauto profile import --from metis DeviceType.A100_tp1_bs*.json --device a100-80g -o a100.yaml
+    hetauto profile import --from csv layers.csv --device h100 -o h100.yaml [--json]
+
+`import` writes a profile of catalog device KEY (or profile file) whose `measured.layers` hold measured
+per-layer rows the Evaluator prices with (hetauto.planner.measured): Metis' per-device files (their own
+samples as they are; `--model`, `--seq-len`, `--precision` say what they measured, which the files do not
+record) or a plain CSV (hetauto.interop.layer_csv: one row per layer; rows of other devices are skipped).
+`--json` prints `{"profile", "device", "num_rows", "assumed", "rows"}` (`assumed`: the Metis defaults used
+for what the files do not record: seq_len, precision).
 """
 
 from __future__ import annotations
@@ -14,7 +24,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from hetauto.core.errors import HetautoError
+
+if TYPE_CHECKING:
+    from hetauto.core.profile import DeviceProfile
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +43,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GEMM dtypes (default: bfloat16 float16 float32; --quick: bfloat16 float32)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="deadline of every collective when several ranks run (default 120)")
+    sub = parser.add_subparsers(dest="profile_action", metavar="import")
+    imp = sub.add_parser("import", help="measured per-layer rows from Metis profile files or a CSV",
+                         description="Write a profile whose measured.layers rows come from Metis files or a CSV.")
+    imp.add_argument("files", nargs="+", metavar="FILES", help="Metis DeviceType.*_tp*_bs*.json files (or a "
+                     "folder of them), or CSV files")
+    imp.add_argument("--from", dest="source_format", required=True, choices=("metis", "csv"),
+                     help="what FILES are")
+    imp.add_argument("--device", required=True, metavar="KEY", help="catalog device (or profile file) the rows "
+                     "were measured on; the written profile is that device with these rows")
+    imp.add_argument("-o", "--output", required=True, metavar="OUT", help="profile file to write (.yaml or .json)")
+    imp.add_argument("--model", metavar="NAME", help="model the rows measured (metis: default each file's "
+                     "model_name; csv: fills an empty model cell)")
+    imp.add_argument("--seq-len", type=int, metavar="N", help="metis: sequence length the files were measured at "
+                     "(default 1024, that of Metis' own GPT profiles)")
+    imp.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
+                     help="metis: precision the files were measured in (default fp16)")
+    imp.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                     help="print one JSON document on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "profile_action", None) == "import":
+        return run_import(args)
     from hetauto.backends import select_backend
     from hetauto.core.profile import save_profile
     from hetauto.profiling.runner import ProfileOptions, run_profile
@@ -63,6 +98,87 @@ def run(args: argparse.Namespace) -> int:
         print_json(result.profile.to_document())
         return 0
     _print_human(result, path)
+    return 0
+
+
+def import_profile(files: list[str], source_format: str, device: str, *, model: str | None = None,
+                   seq_len: int | None = None, precision: str | None = None) -> "DeviceProfile":
+    """The profile `hetauto profile import` writes: `device` with measured layer rows from `files`."""
+    from dataclasses import replace
+
+    from hetauto.core.profile import MeasuredDoc, get_device
+
+    base = get_device(device)
+    if source_format == "metis":
+        from hetauto.interop.metis import METIS_DEFAULT_PRECISION, METIS_DEFAULT_SEQ_LEN, import_metis
+
+        if seq_len is not None and seq_len < 1:
+            raise HetautoError(f"--seq-len must be >= 1, got {seq_len}")
+        got = import_metis(files[0] if len(files) == 1 else files, onto=base, model=model,
+                           seq_len=seq_len or METIS_DEFAULT_SEQ_LEN, precision=precision or METIS_DEFAULT_PRECISION)
+        assert got.measured is not None
+        rows, profiles = got.measured.layers, got.measured.model_profiles
+    else:
+        from hetauto.interop.layer_csv import read_layer_csv
+
+        if seq_len is not None or precision is not None:
+            raise HetautoError("--seq-len and --precision are for --from metis; a CSV row names its own "
+                               "(columns seq_len, precision)")
+        found = [(dev, row) for f in files for dev, row in read_layer_csv(f, model)]
+        names = {base.key.lower(), base.name.lower(), device.lower()}
+        rows = tuple(row for dev, row in found if dev.lower() in names)
+        if not rows:
+            present = ", ".join(sorted({dev for dev, _ in found}))
+            raise HetautoError(f"no rows of device '{device}' in {', '.join(files)} (its device column holds: "
+                               f"{present}; pass --device one of those)")
+        profiles = ()
+    old = base.measured or MeasuredDoc()
+    measured = old.model_copy(update={"layers": rows, "model_profiles": profiles or old.model_profiles})
+    return replace(base, measured=measured)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from hetauto.core.profile import save_profile
+
+    if not Path(args.output).resolve().parent.is_dir():
+        raise HetautoError(f"cannot write profile '{args.output}': its directory does not exist (choose another -o OUT)")
+    prof = import_profile(args.files, args.source_format, args.device, model=args.model, seq_len=args.seq_len,
+                          precision=args.precision)
+    try:
+        save_profile(prof, args.output)
+    except OSError as err:
+        raise HetautoError(f"cannot write profile '{args.output}': {err.strerror or err} (choose another -o OUT)") from None
+    assert prof.measured is not None
+    rows = prof.measured.layers
+    assumed: dict[str, object] = {}
+    if args.source_format == "metis":  # what the files do not record and the caller did not say
+        from hetauto.interop.metis import METIS_DEFAULT_PRECISION, METIS_DEFAULT_SEQ_LEN
+
+        if args.seq_len is None:
+            assumed["seq_len"] = METIS_DEFAULT_SEQ_LEN
+        if args.precision is None:
+            assumed["precision"] = METIS_DEFAULT_PRECISION
+    if getattr(args, "json", False):
+        from hetauto.commands._output import print_json
+
+        print_json({"profile": str(args.output), "device": prof.key, "num_rows": len(rows), "assumed": assumed,
+                    "rows": [r.model_dump(mode="json", exclude_none=True) for r in rows]})
+        return 0
+    from rich.markup import escape
+
+    from hetauto.commands._output import console, print_table
+
+    print_table(f"Measured layer rows for '{prof.key}'",
+                ["model", "kind", "tp", "microbatch", "seq", "precision", "fwd ms", "bwd ms", "MiB"],
+                [(escape(r.model or f"hidden {r.hidden}"), r.kind, str(r.tp), str(r.microbatch), str(r.seq_len),
+                  r.precision, f"{r.forward_ms:.4g}", f"{r.backward_ms:.4g}",
+                  "-" if r.memory_mb is None else f"{r.memory_mb:.5g}") for r in rows])
+    if assumed:
+        said = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in assumed.items())
+        console.print(escape(f"  note: the Metis files record no {' or '.join(k.replace('_', ' ') for k in assumed)}; "
+                             f"assumed {said} (pass --seq-len / --precision to say what they measured)"),
+                      soft_wrap=True)
+    console.print(escape(f"wrote {args.output} ({len(rows)} rows)"), soft_wrap=True)
     return 0
 
 

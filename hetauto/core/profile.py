@@ -33,7 +33,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hetauto.core.errors import SpecError
 from hetauto.core.specio import read_document, validate_document
@@ -138,12 +138,64 @@ class ModelLayerProfile(_Strict):
     forward_backward_ms: float = Field(ge=0)
     batch_generator_ms: float = Field(default=0.0, ge=0)
     optimizer_ms: float = Field(default=0.0, ge=0)
-    total_memory_mb: float = Field(ge=0)
+    total_memory_mb: float | None = Field(default=None, ge=0)  # Metis reads none; its sample files lack the _mb name
     total_params_bytes: float = Field(ge=0)
 
 
+LAYER_KINDS = ("embedding", "block", "head")
+ROW_PRECISIONS = ("bf16", "fp16", "fp32")
+# torch dtype names a LayerSample carries -> the precision names rows and plans use
+_DTYPE_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+class LayerRow(_Strict):
+    """One measured layer of one kind at (tp, microbatch, seq_len, precision), per device: what the Evaluator
+    prices a stage with in preference to peak x efficiency (hetauto.planner.measured). `microbatch` is the
+    samples one device runs (a stage's microbatch / dp); times include the layer's own TP collectives.
+    Which model's layer it is: `model` (a model name, compared case-insensitively) and/or its shape
+    (`hidden`, `num_heads`, `ffn_hidden`, `arch`); every field given must match the model priced, and at
+    least one of `model` and `hidden` must be given (a row that names neither would price any model's layer)."""
+
+    kind: Literal["embedding", "block", "head"]
+    tp: int = Field(ge=1)
+    microbatch: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    precision: Literal["bf16", "fp16", "fp32"]
+    forward_ms: float = Field(ge=0)
+    backward_ms: float = Field(ge=0)
+    memory_mb: float | None = Field(default=None, ge=0)
+    model: str | None = None
+    hidden: int | None = Field(default=None, ge=1)
+    num_heads: int | None = Field(default=None, ge=1)
+    ffn_hidden: int | None = Field(default=None, ge=1)
+    arch: str | None = None
+    origin: str | None = None  # where the row came from (a file, "hetauto profile --samples")
+
+    @model_validator(mode="after")
+    def _names_a_layer(self) -> "LayerRow":
+        if self.model is None and self.hidden is None:
+            raise ValueError("a measured layer row needs `model` (the model name) or `hidden` (its hidden size) "
+                             "so it prices only that model's layers")
+        return self
+
+
+def sample_row(sample: LayerSample) -> LayerRow | None:
+    """A `hetauto profile --samples` block timing as a measured block row (None: a dtype rows do not price)."""
+    precision = _DTYPE_PRECISION.get(sample.dtype)
+    if precision is None:
+        return None
+    return LayerRow(kind="block", tp=sample.tp, microbatch=sample.microbatch, seq_len=sample.seq_len,
+                    precision=precision, forward_ms=sample.forward_s * 1e3,  # type: ignore[arg-type]
+                    backward_ms=sample.backward_s * 1e3,
+                    memory_mb=None if sample.memory_bytes is None else sample.memory_bytes / 2**20,
+                    hidden=sample.hidden, num_heads=sample.num_heads, ffn_hidden=sample.ffn_hidden, arch=sample.arch,
+                    origin="hetauto profile --samples")
+
+
 class MeasuredDoc(_Strict):
-    """Optional measured sections; written by `hetauto profile` and the Metis importer."""
+    """Optional measured sections; written by `hetauto profile` and the Metis importer. `layers`: measured
+    per-layer rows (`hetauto profile import`); `samples` (`hetauto profile --samples`) count as block rows too
+    (`layer_rows`); `model_profiles` keep Metis' own per-model figures for `export_metis`."""
 
     backend_version: str | None = None
     host: str | None = None
@@ -152,6 +204,7 @@ class MeasuredDoc(_Strict):
     collectives: CollectiveFits = CollectiveFits()
     samples: tuple[LayerSample, ...] = ()
     model_profiles: tuple[ModelLayerProfile, ...] = ()
+    layers: tuple[LayerRow, ...] = ()
 
     @field_validator("memory_bandwidth")
     @classmethod
@@ -159,6 +212,11 @@ class MeasuredDoc(_Strict):
         if v is not None:
             parse_bandwidth(v)
         return v
+
+    def layer_rows(self) -> tuple[LayerRow, ...]:
+        """Every measured layer row this profile carries: `layers`, then the `samples` as block rows."""
+        from_samples = tuple(r for r in (sample_row(s) for s in self.samples) if r is not None)
+        return self.layers + from_samples
 
 
 class ProfileDoc(_Strict):

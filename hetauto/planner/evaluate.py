@@ -6,6 +6,10 @@ the discrete-event simulator on `schedule_for_plan(plan)` (the schedule the exec
 1F1B/Virtual-1F1B whose shared link groups each serve one boundary (folded into that link: bandwidth
 min(k_senders * per_flow, capacity)) the equivalent recursion in `fastpipe.py` (tests check they agree).
 A `Correction` (random forest on measured stage times) rescales the compute part per stage.
+Measured profiles: where a stage's device profile carries measured per-layer rows for this model, seq_len and
+precision that cover all its layers at its (tp, microbatch / dp), interpolated as `hetauto.planner.measured`
+documents, its forward/backward come from them instead of peak x efficiency (and the correction); outside
+the measured range the stage is priced analytically; `stage_source` / `StageTimes.source` say which.
 
 Precision: every plan is priced at its `training.precision`, resolved as the executor resolves it
 (`hetauto.core.precision.resolve_precision`) from its stages' backends (`hetauto.core.stage_backends`, read from
@@ -35,6 +39,8 @@ from hetauto.planner import costmodel as cm
 from hetauto.planner.fastpipe import iteration_1f1b
 from hetauto.planner.host_contention import HostContention
 from hetauto.planner.inputs import PlanningInputs, load_planning_inputs
+from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, measured_layers
+from hetauto.planner.measured import stage_time as measured_stage
 from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
 
 if TYPE_CHECKING:
@@ -71,7 +77,9 @@ class Evaluation:
 class StageTimes:
     """One stage's share of an iteration (see `Evaluator.breakdown`): per microbatch `forward_s`/`backward_s`
     (what the pipeline sees), per iteration the rest. `source`: where the compute figures come from,
-    "analytical" (peak x efficiency) or, once profiles carry measured per-layer rows, "measured"."""
+    "analytical" (peak x efficiency) or "measured" (the device profile's measured layer rows,
+    hetauto.planner.measured; their TP collectives are inside the measured times, so `tp_comm_s` holds only
+    the calibrated executor's TP terms)."""
 
     forward_s: float
     backward_s: float
@@ -173,6 +181,8 @@ class Evaluator:
         self._compute: dict[tuple, tuple[float, float]] = {}
         self._detail: dict[tuple, cm.StageCompute] = {}
         self._memory: dict[tuple, float] = {}
+        self._measured_tables: dict[tuple[str, str], MeasuredLayers | None] = {}
+        self._kind_times: dict[tuple, KindTimes] = {}
         self._plans: dict[tuple, Evaluation] = {}
         self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
         self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
@@ -259,22 +269,27 @@ class Evaluator:
         key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, prec, allow)
         hit = self._compute.get(key)
         if hit is None:
-            d = self.stage_detail(cluster, layers, tp, dp, microbatch_size, recompute, prec, allow)
-            f, b = d.fwd_compute_s, d.bwd_compute_s
+            measured = self.measured_stage_time(cluster, layers, tp, dp, microbatch_size, recompute, prec)
             covered = False
-            if self.correction is not None:
-                c = self.cluster(cluster)
-                feats = self.correction.features_for(c, self.inputs, layers, tp, dp, microbatch_size, recompute, d)
-                covered = self.correction.covers(feats)
-                rf, rb = self.correction.ratios(feats, (f, b))
-                f, b = f * rf, b * rb
-            hit = (f + d.tp_fwd_s, b + d.tp_bwd_s)
+            if measured is not None:  # measured rows win over peak x efficiency (and the correction)
+                hit = measured
+            else:
+                d = self.stage_detail(cluster, layers, tp, dp, microbatch_size, recompute, prec, allow)
+                f, b = d.fwd_compute_s, d.bwd_compute_s
+                if self.correction is not None:
+                    c = self.cluster(cluster)
+                    feats = self.correction.features_for(c, self.inputs, layers, tp, dp, microbatch_size, recompute, d)
+                    covered = self.correction.covers(feats)
+                    rf, rb = self.correction.ratios(feats, (f, b))
+                    f, b = f * rf, b * rb
+                hit = (f + d.tp_fwd_s, b + d.tp_bwd_s)
             oh = self.overheads
             if oh is not None:
                 speed = self.cluster(cluster).speed_factor
                 # a stage the forest covers: its shape-dependence with the forest's own scale anchored on the
-                # calibration's reference stage (compute_scale belongs to the analytical estimate)
-                scale = self._forest_anchor() if covered else oh.compute_scale
+                # calibration's reference stage (compute_scale belongs to the analytical estimate; measured
+                # rows are taken as they are)
+                scale = 1.0 if measured is not None else self._forest_anchor() if covered else oh.compute_scale
                 df, db = self.dispatch_s(layers, speed)
                 hit = (hit[0] * scale + df, hit[1] * scale + db)
                 if tp > 1:  # DTensor dispatch per sharded block (embedding and head stay replicated), measured as is
@@ -282,6 +297,47 @@ class Evaluator:
                     hit = (hit[0] + blocks * oh.tp_fwd_layer_s, hit[1] + blocks * oh.tp_bwd_layer_s)
             self._compute[key] = hit
         return hit
+
+    def measured_table(self, cluster: str, precision: str) -> MeasuredLayers | None:
+        """The measured layer rows of `cluster`'s device that price this model at this seq_len and resolved
+        `precision` (hetauto.planner.measured), indexed once per (cluster, precision); None: none do."""
+        key = (cluster, precision)
+        if key not in self._measured_tables:
+            m = self.cluster(cluster).device.measured
+            rows = m.layer_rows() if m is not None else ()
+            self._measured_tables[key] = (measured_layers(rows, self.inputs.model, self.inputs.seq_len, precision)
+                                          if rows else None)
+        return self._measured_tables[key]
+
+    def measured_stage_time(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
+                            recompute: bool = False, precision: str | None = None) -> tuple[float, float] | None:
+        """(forward_s, backward_s) of one microbatch on one stage from its device's measured layer rows
+        (interpolated as hetauto.planner.measured documents, at the per-device microbatch microbatch / dp,
+        divided by the cluster's speed factor); None when a layer kind of the stage is not measured there, and
+        the stage is priced analytically. The per-kind lookups are computed once per (cluster, precision,
+        tp, per-device microbatch)."""
+        prec = precision or self.cluster_precision(cluster)
+        table = self.measured_table(cluster, prec)
+        if table is None:
+            return None
+        b = microbatch_size / dp
+        tkey = (cluster, prec, tp, b)
+        times = self._kind_times.get(tkey)
+        if times is None:
+            times = self._kind_times[tkey] = kind_times(table, tp, b)
+        sums = self.table.range(layers[0], layers[1])
+        t = measured_stage(times, embedding=sums.has_embedding, blocks=sums.blocks, head=sums.has_head,
+                           recompute=recompute)
+        if t is None:
+            return None
+        speed = self.cluster(cluster).speed_factor
+        return (t[0] / speed, t[1] / speed)
+
+    def stage_source(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
+                     recompute: bool = False, precision: str | None = None) -> str:
+        """"measured" when the stage's compute comes from measured layer rows, else "analytical"."""
+        got = self.measured_stage_time(cluster, layers, tp, dp, microbatch_size, recompute, precision)
+        return "analytical" if got is None else "measured"
 
     def dispatch_s(self, layers: tuple[int, int], speed: float) -> tuple[float, float]:
         """(forward, backward) fixed cost per action of a stage over `layers` at `speed` (Overheads.dispatch_s:
@@ -558,14 +614,16 @@ class Evaluator:
             d = self.stage_detail(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, st.recompute, prec,
                                   plan.training.allow_tf32)
             tf, tb = costs.tf[i], costs.tb[i]
-            tp_f, tp_b = d.tp_fwd_s, d.tp_bwd_s
+            source = self.stage_source(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, st.recompute, prec)
+            # measured rows hold the layers' TP collectives inside their times: counted as compute
+            tp_f, tp_b = (d.tp_fwd_s, d.tp_bwd_s) if source == "analytical" else (0.0, 0.0)
             extra_f, extra_b = self._tp_terms(st)
             tp_comm = m * (tp_f + tp_b + extra_f + extra_b)
             ar = costs.allreduce[i]
             exposed = max(0.0, ar - tb) if costs.dp_overlap and ar > 0 else ar
             stages.append(StageTimes(forward_s=tf, backward_s=tb, compute_s=m * (tf + tb) - tp_comm,
                                      tp_comm_s=tp_comm, dp_allreduce_s=exposed, optimizer_s=costs.optim[i],
-                                     source="analytical"))
+                                     source=source))
         crit = max(range(len(stages)), key=lambda j: (stages[j].busy_s, -j))
         c = stages[crit]
         links = [*costs.links, *(costs.links_back or costs.links)]
