@@ -154,7 +154,9 @@ def _amp_unit(weights: dict[str, float], tp: int = 1) -> list[float]:
 
 
 def test_amp_partition_is_pipe_ast_ties_to_the_longest_last_stage() -> None:
-    """Reference values: AMP's own pipe_ast (cut costs 0) on these inputs; min-max, ties to the first cut."""
+    """Reference values: AMP's own pipe_ast (cut costs 0) on these inputs; min-max, ties to the first cut.
+    Differs on purpose: the real pipe_ast keeps `cost_ - cost_c` after comparing `cost_` (a later cut must win
+    by one transfer); we count cuts on both sides, where, equal for every cut of a boundary, they never decide."""
     from hetauto.planner.baselines.uniform import amp_partition
 
     assert amp_partition([1.0] * 5, 2) == [2, 3]  # our min-max split would be as good; AMP's tie rule picks this
