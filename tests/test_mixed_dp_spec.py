@@ -125,6 +125,11 @@ def test_stage_shares_and_offsets() -> None:
     ((1.0, 2.0), 4, (1, 3)),          # floor 1.33 -> 1, 2.67 -> 2; remainder to the faster
     ((100.0, 1.0, 1.0), 4, (2, 1, 1)),  # floors 3, 0, 0 -> 3, 1, 1 = 5 > 4: the largest gives one back
     ((2.0, 1.0, 1.0), 8, (4, 2, 2)),
+    # floors 4, 1, 1, 1, 1 (8 of 10): the 2 left go one by one to whoever finishes soonest with one more:
+    # the fast one twice (5/3.5 = 1.43, then 6/3.5 = 1.71, both < 2/1)
+    ((3.5, 1.0, 1.0, 1.0, 1.0), 10, (6, 1, 1, 1, 1)),
+    # equal speeds: the remainder spreads one each, first replicas first (not all onto one)
+    ((1.0, 1.0, 1.0), 5, (2, 2, 1)),
 ])
 def test_shares_follow_speed_rounded_with_the_remainder_to_the_fastest(speeds, total, shares) -> None:
     assert speed_shares(speeds, total) == shares

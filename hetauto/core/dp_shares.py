@@ -6,8 +6,10 @@ mixed DP group (replicas on node groups of different devices, as Metis, Sailor a
 correct if they agree. No torch.
 
 Shares by speed (`speed_shares`): replica d gets floor(total * speed_d / sum(speeds)) samples, at least 1;
-what rounding leaves goes to the fastest replica (the first of equals), so its share is never smaller than
-proportional. A mixed stage's step then lasts as long as its slowest member given its share.
+what rounding leaves goes one sample at a time to the replica that would finish soonest with it ((share + 1)
+/ speed least: the fastest first, the first of equals on a tie), so the slowest member given its share is as
+fast as integer shares allow (with two replicas: the whole remainder to the faster one unless that makes it
+the slower). A mixed stage's step lasts as long as that slowest member.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def stage_device_type(cluster: Cluster, stage: StagePlan) -> str:
 
 def speed_shares(speeds: Sequence[float], total: int) -> tuple[int, ...]:
     """`total` samples split in proportion to `speeds` (see the module docstring): integers, each >= 1, the
-    rounding remainder to the fastest replica."""
+    rounding remainder to the replicas that finish soonest with one more (the fastest first)."""
     n = len(speeds)
     if n < 1 or total < n:
         raise ValueError(f"cannot split {total} samples across {n} replicas with at least one each")
@@ -66,6 +68,7 @@ def speed_shares(speeds: Sequence[float], total: int) -> tuple[int, ...]:
     shares = [max(1, math.floor(total * s / whole)) for s in speeds]
     while sum(shares) > total:  # the floor of 1 took samples: give them back from the largest share
         shares[max(range(n), key=lambda d: (shares[d], -d))] -= 1
-    fastest = max(range(n), key=lambda d: (speeds[d], -d))
-    shares[fastest] += total - sum(shares)
+    for _ in range(total - sum(shares)):
+        d = min(range(n), key=lambda i: ((shares[i] + 1) / speeds[i], -speeds[i], i))
+        shares[d] += 1
     return tuple(shares)

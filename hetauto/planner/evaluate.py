@@ -164,10 +164,12 @@ class Evaluator:
         self._tables: dict[int, cm.LayerTable] = {}
         self._precisions: dict[tuple, str] = {}
         self._clusters = {c.name: _override(c, profile_overrides) for c in inputs.cluster.clusters}
+        self._group_parent: dict[str, str] = {}  # a node group's view name -> its mixed cluster's name
         for c in inputs.cluster.clusters:  # a mixed cluster's node groups, each priced as a cluster of one device
             for g in range(len(c.node_groups)):
                 view = c.group_view(g)
                 self._clusters[view.name] = _override(view, profile_overrides)
+                self._group_parent[view.name] = c.name
         self._profile_overrides = profile_overrides
         self._anchor: float | None = None
         self._compute: dict[tuple, tuple[float, float]] = {}
@@ -204,7 +206,7 @@ class Evaluator:
         key = (self.training.precision, cluster)
         hit = self._precisions.get(key)
         if hit is None:
-            backend = self.inputs.cluster.cluster(self.cluster(cluster).name).backend
+            backend = self.inputs.cluster.cluster(self._group_parent.get(cluster, self.cluster(cluster).name)).backend
             try:
                 hit = resolve_precision(self.training.precision, [device_kind(backend)])
             except ValueError as err:
