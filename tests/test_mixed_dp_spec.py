@@ -139,3 +139,13 @@ def test_shares_follow_speed_rounded_with_the_remainder_to_the_fastest(speeds, t
 def test_shares_need_a_sample_per_replica() -> None:
     with pytest.raises(ValueError, match="cannot split 1 samples across 2 replicas with at least one each"):
         speed_shares((1.0, 1.0), 1)
+
+
+def test_a_mixed_cluster_exports_to_metis_with_each_nodes_own_instance_type(tmp_path) -> None:
+    """Metis describes a heterogeneous cluster per node (hostfile `IP slots=N`, cluster file `instance_type`)."""
+    from hetauto.interop.metis import export_metis_cluster
+
+    _, clusterfile = export_metis_cluster(cluster_from_dict(LAB), tmp_path)
+    nodes = json.loads(clusterfile.read_text(encoding="utf-8"))
+    assert [(n["instance_type"], n["memory"]) for n in nodes.values()] == [
+        ("H100", 80 * 2**30 / 1e9), ("A100", 80 * 2**30 / 1e9), ("A100", 80 * 2**30 / 1e9)]
