@@ -49,7 +49,7 @@ def stage_device_type(cluster: Cluster, stage: StagePlan) -> str:
     if not cluster.is_mixed:
         return cluster.device.key
     keys: list[str] = []
-    for d, g in enumerate(replica_groups(cluster, stage)):
+    for g in replica_groups(cluster, stage):
         key = cluster.groups[g].device.key
         if key not in keys:
             keys.append(key)

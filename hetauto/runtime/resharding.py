@@ -379,7 +379,6 @@ def start_transfer(
     import torch
 
     me = comm.global_rank
-    b, s, h = plan.shape
     in_src, in_dst = me in plan.src.ranks, me in plan.dst.ranks
     src_flat = None
     if in_src:
