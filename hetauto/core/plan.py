@@ -6,9 +6,9 @@ half-open `[start, end)`. A stage's devices are indices into its cluster's devic
 contiguous and lies inside one node. The microbatch (`microbatch_size` samples) is split along the batch
 dimension across a stage's `dp` replicas, so stages may have different dp as long as each divides it; a stage
 may instead give `dp_shares` (samples per replica, in dp order, summing to `microbatch_size`), an uneven split
-for replicas on devices of different speed (a mixed cluster's node groups). With `dp_shares` a mixed stage's
-`device_type` names its replicas' device types joined by "+" in replica order of first appearance
-(hetauto.core.dp_shares.stage_device_type), e.g. "h100+a100-80g".
+for replicas on devices of different speed (a mixed cluster's node groups). A stage whose replicas sit on
+node groups of different devices names their device types joined by "+" in replica order of first appearance
+as its `device_type` (hetauto.core.dp_shares.stage_device_type), e.g. "h100+a100-80g".
 
 Interleaved 1F1B (`schedule.name == "interleaved"`, v = max(virtual_chunks, 2) chunks per stage): virtual
 stage `c * p + r` is chunk `c` of stage `r`, and the model runs through the virtual stages in order (the
