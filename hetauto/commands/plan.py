@@ -335,7 +335,8 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
     rows = []
     for i, s in enumerate(p.stages):
         rows.append([i, s.cluster, f"{s.num_devices}x {s.device_type}", f"[{s.layers[0]}, {s.layers[1]})",
-                     f"{s.tp} x {s.dp}", "yes" if s.recompute else "",
+                     f"{s.tp} x {s.dp}" + (f" shares {':'.join(map(str, s.dp_shares))}" if s.dp_shares else ""),
+                     "yes" if s.recompute else "",
                      f"{format_bytes(ev.peak_memory_bytes[i])} / {format_bytes(ev.memory_capacity_bytes[i])}"])
     print_table(f"plan ({r.planner}): {p.num_stages} stages, microbatch {p.microbatch_size} x {p.num_microbatches}, "
                 f"{p.schedule.name}" + (f" extra warmup {list(p.schedule.extra_warmup)}" if p.schedule.extra_warmup else "")

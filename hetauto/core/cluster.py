@@ -17,6 +17,21 @@ dataclass values that the planner, simulator and executor share. Example:
           shared_capacity: 400Gbps    # optional: all flows between the two clusters share this
 
 `speed_factor` on a cluster scales its device's compute and memory bandwidth (emulated mock clusters).
+
+Mixed devices in one cluster (as Metis's hostfile + per-node `instance_type`, Sailor and FlashFlex describe
+them): `nodes` may instead be a list of node groups, each `{count, devices_per_node, device}` with an optional
+`speed_factor` of its own (times the cluster's). Devices are numbered node-major across the groups in the
+order listed (group 0's nodes first), so every group needs the same `devices_per_node`, and one backend runs
+the whole cluster (the groups' devices' backends must agree, or the cluster names its `backend:`):
+
+    clusters:
+      - name: lab
+        nodes:
+          - {count: 1, devices_per_node: 8, device: h100}
+          - {count: 2, devices_per_node: 8, device: a100-80g}   # devices 8..23
+        inter_node: {bandwidth: 200Gbps, latency: 10us}
+
+A stage's DP replicas may then sit on different groups (`StagePlan.dp_shares` splits its microbatch).
 `backend` on a cluster names the backend its ranks run on when it is not the device profile's `backend:`
 (`hetauto backends` lists them; e.g. `mock` for a cluster of emulated devices).
 """
@@ -27,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetauto.core.errors import SpecError
 from hetauto.core.profile import Backend, DeviceProfile, get_device
@@ -107,9 +122,22 @@ class NodesDoc(_Strict):
         return v
 
 
+class NodeGroupDoc(NodesDoc):
+    """One group of identical nodes inside a mixed cluster (`nodes:` given as a list)."""
+
+    speed_factor: float = Field(default=1.0, gt=0, le=1e6)
+
+    @field_validator("speed_factor", mode="before")
+    @classmethod
+    def _speed(cls, v: Any) -> Any:
+        return _not_a_boolean(v, "a speed factor (relative to the device profile)", "speed_factor: 0.5")
+
+
 class ClusterDoc(_Strict):
     name: str = Field(min_length=1)
-    nodes: NodesDoc
+    # `nodes:` as a list arrives here as `node_groups` (see _groups_apart); exactly one of the two is set
+    nodes: NodesDoc | None = None
+    node_groups: tuple[NodeGroupDoc, ...] | None = None
     intra_node: NodeLinkDoc = NodeLinkDoc()
     inter_node: NodeLinkDoc = NodeLinkDoc()
     speed_factor: float = Field(default=1.0, gt=0, le=1e6)
@@ -120,6 +148,23 @@ class ClusterDoc(_Strict):
     @classmethod
     def _speed(cls, v: Any) -> Any:
         return _not_a_boolean(v, "a speed factor (relative to the device profile)", "speed_factor: 0.5")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _groups_apart(cls, data: Any) -> Any:
+        """`nodes: [...]` (node groups) validates as `node_groups`, so a mapping keeps its exact errors."""
+        if isinstance(data, dict) and isinstance(data.get("nodes"), (list, tuple)):
+            data = {k: v for k, v in data.items() if k != "nodes"} | {"node_groups": data["nodes"]}
+        return data
+
+    @model_validator(mode="after")
+    def _some_nodes(self) -> "ClusterDoc":
+        if self.nodes is None and self.node_groups is None:
+            raise ValueError("nodes: required field is missing (give nodes: {count, devices_per_node, device}, "
+                             "or a list of such node groups for nodes of different devices)")
+        if self.node_groups is not None and not self.node_groups:
+            raise ValueError("nodes: an empty list of node groups; list at least one {count, devices_per_node, device}")
+        return self
 
 
 class OverrideDoc(LinkDoc):
@@ -145,8 +190,14 @@ class ClusterSpecDoc(_Strict):
 
 
 def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
-    """Field names accepted at the mapping that holds `loc[-1]` (to suggest them for an unknown field)."""
-    return fields_at(ClusterSpecDoc, loc)
+    """Field names accepted at the mapping that holds `loc[-1]` (to suggest them for an unknown field); the
+    internal `node_groups` is spelt `nodes` in a file."""
+    return [f for f in fields_at(ClusterSpecDoc, loc) if f != "node_groups"]
+
+
+def _file_field(field: str) -> str:
+    """A validation error's field as the file spells it (`node_groups[1]` is `nodes[1]` there)."""
+    return field.replace(".node_groups", ".nodes")
 
 
 # ----------------------------------------------------------------------------------------------- values
@@ -167,6 +218,18 @@ CrossLink = LinkSpec
 
 
 @dataclass(frozen=True, slots=True)
+class NodeGroup:
+    """`count` identical nodes of a mixed cluster, nodes `first_node..first_node+count-1`. `device` is scaled
+    by the cluster's and the group's speed factors together; `speed_factor` is the group's own."""
+
+    count: int
+    device: DeviceProfile
+    device_ref: str = ""
+    speed_factor: float = 1.0
+    first_node: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Cluster:
     name: str
     num_nodes: int
@@ -177,6 +240,39 @@ class Cluster:
     speed_factor: float = 1.0
     device_ref: str = ""  # what the spec said: a catalog key or a profile path
     backend_override: str | None = None  # the spec's `backend:` (None: the device profile's)
+    # a mixed cluster's node groups (two or more, in device order); () for one device type. A mixed cluster's
+    # `device` is its first group's: price or place its devices by `group_of(device)` / `group_view(g)`
+    node_groups: tuple[NodeGroup, ...] = ()
+
+    @property
+    def is_mixed(self) -> bool:
+        """Whether the cluster holds node groups of different devices or speeds."""
+        return len(self.node_groups) > 1
+
+    @property
+    def groups(self) -> tuple[NodeGroup, ...]:
+        """The node groups; a cluster of one device type is one group of all its nodes."""
+        if self.node_groups:
+            return self.node_groups
+        return (NodeGroup(self.num_nodes, self.device, self.device_ref, 1.0, 0),)
+
+    def group_of(self, device: int) -> int:
+        """Index of the node group holding device `device` (node-major numbering across the groups)."""
+        node = device // self.devices_per_node
+        for g, grp in enumerate(self.groups):
+            if grp.first_node <= node < grp.first_node + grp.count:
+                return g
+        raise ValueError(f"device {device} is out of range for cluster '{self.name}' ({self.num_devices} devices)")
+
+    def group_view(self, g: int) -> "Cluster":
+        """Node group `g` as a cluster of one device type (named `NAME.nodes[g]`, its links the cluster's), so
+        the cost model prices a DP replica on it as on any homogeneous cluster. Group 0 of an unmixed cluster
+        is the cluster itself."""
+        if not self.is_mixed:
+            return self
+        grp = self.node_groups[g]
+        return Cluster(f"{self.name}.nodes[{g}]", grp.count, self.devices_per_node, grp.device, self.intra_node,
+                       self.inter_node, self.speed_factor * grp.speed_factor, grp.device_ref, self.backend_override)
 
     @property
     def backend(self) -> str:
@@ -244,9 +340,15 @@ class ClusterSpec:
                 d["shared_capacity"] = bw(link.shared_capacity_Bps)
             return d
 
+        def nodes_doc(c: Cluster) -> Any:
+            if not c.is_mixed:
+                return {"count": c.num_nodes, "devices_per_node": c.devices_per_node, "device": c.device_ref or c.device.key}
+            return [{"count": g.count, "devices_per_node": c.devices_per_node, "device": g.device_ref or g.device.key,
+                     **({"speed_factor": g.speed_factor} if g.speed_factor != 1.0 else {})} for g in c.node_groups]
+
         doc: dict[str, Any] = {"clusters": [
             {"name": c.name,
-             "nodes": {"count": c.num_nodes, "devices_per_node": c.devices_per_node, "device": c.device_ref or c.device.key},
+             "nodes": nodes_doc(c),
              "intra_node": {"bandwidth": bw(c.intra_node.bandwidth_Bps), "latency": sec(c.intra_node.latency_s)},
              "inter_node": {"bandwidth": bw(c.inter_node.bandwidth_Bps), "latency": sec(c.inter_node.latency_s)},
              **({"speed_factor": c.speed_factor} if c.speed_factor != 1.0 else {}),
@@ -276,7 +378,10 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
                 first = exc.errors(include_url=False)[0]
                 allowed = _allowed_fields(tuple(first.get("loc", ())))
                 if allowed:
-                    raise SpecError(source, err.field, "unknown field", f"expected one of: {', '.join(allowed)}") from None
+                    raise SpecError(source, _file_field(err.field), "unknown field",
+                                    f"expected one of: {', '.join(allowed)}") from None
+        if ".node_groups" in err.field:
+            raise SpecError(source, _file_field(err.field), err.problem, err.fix) from None
         raise
     if base_dir is None and source is not None:
         base_dir = Path(str(source)).parent
@@ -284,6 +389,14 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
     clusters = []
     total = 0
     for i, c in enumerate(doc.clusters):
+        if c.node_groups is not None:
+            clusters.append(_mixed_cluster(c, i, source, base_dir, seen))
+            total += clusters[-1].num_devices
+            if total > MAX_DEVICES:
+                raise SpecError(source, f"clusters[{i}].nodes", f"the clusters hold {total:,} devices up to here, "
+                                f"more than the {MAX_DEVICES:,} hetauto plans for", "check count and devices_per_node")
+            continue
+        assert c.nodes is not None
         total += c.nodes.count * c.nodes.devices_per_node
         if total > MAX_DEVICES:
             raise SpecError(source, f"clusters[{i}].nodes", f"the clusters hold {total:,} devices up to here, more "
@@ -339,6 +452,55 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
                                     f"add links.default or an override with between: [{names[x]}, {names[y]}]")
     return ClusterSpec(tuple(clusters), default, tuple(overrides), doc.name,
                        None if source is None else str(source))
+
+
+def _load_device(ref: str, field: str, source: str | Path | None, base_dir: str | Path | None) -> DeviceProfile:
+    try:
+        return get_device(ref, base_dir)
+    except SpecError as err:
+        if err.file is None:  # unknown catalog key
+            raise SpecError(source, field, err.problem, err.fix) from None
+        raise SpecError(source, field, f"cannot load profile: {err}") from None
+
+
+def _mixed_cluster(c: ClusterDoc, i: int, source: str | Path | None, base_dir: str | Path | None,
+                   seen: dict[str, int]) -> Cluster:
+    """A cluster given as node groups (`nodes: [...]`); one group is an ordinary cluster of that device."""
+    assert c.node_groups is not None
+    if c.name in seen:
+        raise SpecError(source, f"clusters[{i}].name", f"duplicate cluster name '{c.name}' (also clusters[{seen[c.name]}])",
+                        "give every cluster a unique name")
+    seen[c.name] = i
+    first = c.node_groups[0]
+    groups, node = [], 0
+    for g, n in enumerate(c.node_groups):
+        where = f"clusters[{i}].nodes[{g}]"
+        if n.devices_per_node != first.devices_per_node:
+            raise SpecError(source, f"{where}.devices_per_node",
+                            f"{n.devices_per_node}, but nodes[0] has {first.devices_per_node}: the node groups of one "
+                            "cluster have the same devices per node (devices are numbered node-major across them)",
+                            "put nodes of another size in a cluster of their own")
+        device = _load_device(n.device, f"{where}.device", source, base_dir).scaled(c.speed_factor * n.speed_factor)
+        groups.append(NodeGroup(n.count, device, n.device, n.speed_factor, node))
+        node += n.count
+    backends = {grp.device.backend for grp in groups}
+    if c.backend is None and len(backends) > 1:
+        named = ", ".join(f"nodes[{g}] {grp.device.key} on {grp.device.backend}" for g, grp in enumerate(groups))
+        raise SpecError(source, f"clusters[{i}].nodes", f"node groups on different backends ({named}); one backend "
+                        "runs a cluster", "put each backend's nodes in a cluster of their own, or name the cluster's backend:")
+    lead = groups[0].device
+    intra = LinkSpec(
+        c.intra_node.bandwidth if c.intra_node.bandwidth is not None
+        else min(grp.device.intra_node_bandwidth_Bps for grp in groups),
+        c.intra_node.latency if c.intra_node.latency is not None else DEFAULT_INTRA_LATENCY_S)
+    inter = LinkSpec(
+        c.inter_node.bandwidth if c.inter_node.bandwidth is not None else min(grp.device.nic_bandwidth_Bps for grp in groups),
+        c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S)
+    if len(groups) == 1:
+        return Cluster(c.name, first.count, first.devices_per_node, lead, intra, inter,
+                       c.speed_factor * first.speed_factor, first.device, c.backend)
+    return Cluster(c.name, node, first.devices_per_node, lead, intra, inter, c.speed_factor, first.device, c.backend,
+                   tuple(groups))
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

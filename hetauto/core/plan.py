@@ -4,7 +4,11 @@ Layer ranges index the model's layer list `[embedding, block_0 .. block_{N-1}, h
 half-open `[start, end)`. A stage's devices are indices into its cluster's devices (node-major:
 `node * devices_per_node + local`); ranks inside a stage are `dp_index * tp + tp_index`, so a TP group is
 contiguous and lies inside one node. The microbatch (`microbatch_size` samples) is split along the batch
-dimension across a stage's `dp` replicas, so stages may have different dp as long as each divides it.
+dimension across a stage's `dp` replicas, so stages may have different dp as long as each divides it; a stage
+may instead give `dp_shares` (samples per replica, in dp order, summing to `microbatch_size`), an uneven split
+for replicas on devices of different speed (a mixed cluster's node groups). A stage whose replicas sit on
+node groups of different devices names their device types joined by "+" in replica order of first appearance
+as its `device_type` (hetauto.core.dp_shares.stage_device_type), e.g. "h100+a100-80g".
 
 Interleaved 1F1B (`schedule.name == "interleaved"`, v = max(virtual_chunks, 2) chunks per stage): virtual
 stage `c * p + r` is chunk `c` of stage `r`, and the model runs through the virtual stages in order (the
@@ -52,13 +56,20 @@ class StagePlan(_Frozen):
     recompute: bool = False
     # interleaved schedule only: this stage's v chunk ranges, in chunk order (see the module docstring)
     chunks: tuple[tuple[int, int], ...] | None = None
+    # samples of each microbatch that DP replica d runs (len dp, each >= 1, sum microbatch_size): an uneven
+    # split, e.g. by device speed where the replicas sit on different node groups (hetauto.core.dp_shares);
+    # None: the even split microbatch_size / dp
+    dp_shares: tuple[int, ...] | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):  # type: ignore[no-untyped-def]
-        """Leave `chunks` out when not given: plans without it keep their exact JSON."""
+        """Leave `chunks` and `dp_shares` out when not given: plans without them keep their exact JSON."""
         data = handler(self)
-        if self.chunks is None and isinstance(data, dict):
-            data.pop("chunks", None)
+        if isinstance(data, dict):
+            if self.chunks is None:
+                data.pop("chunks", None)
+            if self.dp_shares is None:
+                data.pop("dp_shares", None)
         return data
 
     @property
@@ -77,6 +88,13 @@ class StagePlan(_Frozen):
             raise ValueError("a device appears twice in one stage")
         if not 0 <= self.layers[0] < self.layers[1]:
             raise ValueError(f"layer range {list(self.layers)} is empty or negative; use [start, end) with start < end")
+        if self.dp_shares is not None:
+            if len(self.dp_shares) != self.dp:
+                raise ValueError(f"dp_shares {list(self.dp_shares)} has {len(self.dp_shares)} entries but dp = {self.dp}; "
+                                 "give one share (samples per microbatch) per DP replica")
+            if min(self.dp_shares) < 1:
+                raise ValueError(f"dp_shares {list(self.dp_shares)}: every DP replica runs at least 1 sample of each "
+                                 "microbatch; lower dp or raise the share")
         return self
 
 
@@ -159,7 +177,11 @@ class Plan(_Frozen):
         if self.stages[0].layers[0] != 0:
             raise ValueError(f"the first stage must start at layer 0, not {self.stages[0].layers[0]}")
         for i, s in enumerate(self.stages):
-            if self.microbatch_size % s.dp:
+            if s.dp_shares is not None:
+                if sum(s.dp_shares) != self.microbatch_size:
+                    raise ValueError(f"stage {i}: dp_shares {list(s.dp_shares)} sum to {sum(s.dp_shares)}, not "
+                                     f"microbatch_size={self.microbatch_size}; the replicas' shares split each microbatch")
+            elif self.microbatch_size % s.dp:
                 raise ValueError(f"stage {i}: dp={s.dp} does not divide microbatch_size={self.microbatch_size}")
         if self.resharding and len(self.resharding) != len(self.stages) - 1:
             raise ValueError(f"resharding needs one method per boundary ({len(self.stages) - 1}), got {len(self.resharding)}")

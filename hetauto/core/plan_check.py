@@ -63,7 +63,7 @@ def check_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig | None = Non
         if s.cluster not in cluster.names:
             raise PlanMismatch(f"{where}: unknown cluster '{s.cluster}'; the cluster spec has: {', '.join(cluster.names)}")
         c = cluster.cluster(s.cluster)
-        if s.device_type.lower() != c.device.key.lower():
+        if not c.is_mixed and s.device_type.lower() != c.device.key.lower():
             raise PlanMismatch(f"{where}: device_type '{s.device_type}' but cluster '{c.name}' has {c.device.key} devices; "
                                "make a plan for this cluster (hetauto plan)")
         for dev in s.devices:
@@ -74,13 +74,20 @@ def check_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig | None = Non
                 raise PlanMismatch(f"{where}: device {dev} of cluster '{c.name}' is also used by stage "
                                    f"{used[(c.name, dev)]}; give every stage its own devices")
             used[(c.name, dev)] = i
+        if c.is_mixed:
+            from hetauto.core.dp_shares import stage_device_type
+
+            want = stage_device_type(c, s)
+            if s.device_type.lower() != want.lower():
+                raise PlanMismatch(f"{where}: device_type '{s.device_type}' but its devices {list(s.devices)} of mixed "
+                                   f"cluster '{c.name}' are {want}; name them device_type '{want}'")
         for d in range(s.dp):
             group = s.devices[d * s.tp : (d + 1) * s.tp]
             nodes = sorted({dev // c.devices_per_node for dev in group})
             if len(nodes) > 1:
                 raise PlanMismatch(f"{where}: tp group {list(group)} spans nodes {nodes} of cluster '{c.name}' "
                                    f"({c.devices_per_node} devices per node); keep each tp group inside one node")
-        if plan.microbatch_size % s.dp:
+        if s.dp_shares is None and plan.microbatch_size % s.dp:
             raise PlanMismatch(f"{where}: dp={s.dp} does not divide microbatch_size={plan.microbatch_size}; "
                                "choose a dp that divides it")
     if model is None:

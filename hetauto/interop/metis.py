@@ -272,21 +272,23 @@ def export_metis_cluster(spec: ClusterSpec, out_dir: str | Path) -> tuple[Path, 
     out.mkdir(parents=True, exist_ok=True)
     hosts, cluster_doc = [], {}
     for ci, c in enumerate(spec.clusters):
-        dtype = KEY_TO_METIS.get(c.device.key, c.device.key.upper())
-        problem = metis_type_problem(dtype)
-        if problem is not None:
-            warnings.warn(MetisCompatibilityWarning(f"cluster '{c.name}' (hetauto device '{c.device.key}'): "
-                                                    f"{problem}"), stacklevel=2)
+        for dev in {g.device.key: g.device for g in c.groups}.values():  # a mixed cluster: each group's device
+            problem = metis_type_problem(KEY_TO_METIS.get(dev.key, dev.key.upper()))
+            if problem is not None:
+                warnings.warn(MetisCompatibilityWarning(f"cluster '{c.name}' (hetauto device '{dev.key}'): "
+                                                        f"{problem}"), stacklevel=2)
         if c.devices_per_node >= 10:
             warnings.warn(MetisCompatibilityWarning(
                 f"cluster '{c.name}': slots={c.devices_per_node} — Metis' hostfile parser reads one character "
                 f"(int(...[6:7])) and will see {str(c.devices_per_node)[0]} devices per node"), stacklevel=2)
         for n in range(c.num_nodes):
+            dev = c.groups[c.group_of(n * c.devices_per_node)].device  # a mixed cluster: each node its group's
+            dtype = KEY_TO_METIS.get(dev.key, dev.key.upper())
             ip = f"10.{ci}.{n // 250}.{n % 250 + 1}"
             hosts.append(f"{ip} slots={c.devices_per_node}")
             cluster_doc[ip] = {"instance_type": dtype, "inter_bandwidth": c.inter_node.bandwidth_Bps / 1e9,
                                "intra_bandwidth": c.intra_node.bandwidth_Bps / 1e9,
-                               "memory": c.device.memory_bytes / 2**30}
+                               "memory": dev.memory_bytes / 2**30}
     hostfile, clusterfile = out / "hostfile", out / "clusterfile.json"
     hostfile.write_text("\n".join(hosts) + "\n", encoding="utf-8")
     clusterfile.write_text(json.dumps(cluster_doc, indent=2) + "\n", encoding="utf-8")

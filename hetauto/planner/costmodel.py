@@ -202,6 +202,13 @@ def group_link(cluster: Cluster, devices: int) -> LinkSpec:
     return cluster.intra_node if devices <= cluster.devices_per_node else cluster.inter_node
 
 
+def spanned_link(cluster: Cluster, devices: "tuple[int, ...] | list[int]") -> LinkSpec:
+    """The slowest hop of a ring over exactly `devices` (not necessarily contiguous, e.g. DP replicas on a mixed
+    cluster's node groups): the node's own links when they share one node, else the NIC."""
+    nodes = {d // cluster.devices_per_node for d in devices}
+    return cluster.intra_node if len(nodes) <= 1 else cluster.inter_node
+
+
 def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: int, tp: int, dp: int,
                   microbatch: int, recompute: bool = False, flash_attention: bool = True,
                   element_bytes: int = BYTES_BF16, peak_flops: float | None = None) -> StageCompute:

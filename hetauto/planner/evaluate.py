@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetauto.core.chunks import effective_chunks, tile_chunks
-from hetauto.core.cluster import Cluster, ClusterSpec
+from hetauto.core.cluster import Cluster, ClusterSpec, LinkSpec
+from hetauto.core.dp_shares import replica_groups, speed_shares, stage_device_type, stage_shares
 from hetauto.core.errors import InfeasiblePlan, PlanMismatch
 from hetauto.core.plan import Plan, Prediction, StagePlan, TrainingSpec
 from hetauto.core.precision import (DTYPE_BYTES, HOST_BACKENDS, DeviceKind, backend_kind, compute_bytes,
@@ -176,6 +177,12 @@ class Evaluator:
         self._tables: dict[int, cm.LayerTable] = {}
         self._precisions: dict[tuple, str] = {}
         self._clusters = {c.name: _override(c, profile_overrides) for c in inputs.cluster.clusters}
+        self._group_parent: dict[str, str] = {}  # a node group's view name -> its mixed cluster's name
+        for c in inputs.cluster.clusters:  # a mixed cluster's node groups, each priced as a cluster of one device
+            for g in range(len(c.node_groups)):
+                view = c.group_view(g)
+                self._clusters[view.name] = _override(view, profile_overrides)
+                self._group_parent[view.name] = c.name
         self._profile_overrides = profile_overrides
         self._anchor: float | None = None
         self._compute: dict[tuple, tuple[float, float]] = {}
@@ -214,7 +221,7 @@ class Evaluator:
         key = (self.training.precision, cluster)
         hit = self._precisions.get(key)
         if hit is None:
-            backend = self.inputs.cluster.cluster(self.cluster(cluster).name).backend
+            backend = self.inputs.cluster.cluster(self._group_parent.get(cluster, self.cluster(cluster).name)).backend
             try:
                 hit = resolve_precision(self.training.precision, [device_kind(backend)])
             except ValueError as err:
@@ -407,6 +414,91 @@ class Evaluator:
                                         virtual_chunks=max(s.virtual_chunks, 2) if s.name == "interleaved" else 1,
                                         extra_warmup=tuple(s.extra_warmup))
 
+    # ----------------------------------------------------------------------------------- mixed DP groups
+    # A stage whose DP replicas sit on a mixed cluster's node groups, or run uneven `dp_shares`: each replica is
+    # priced as a stage of its own node group (`Cluster.group_view`) running its own rows (the microbatch argument
+    # share x dp, so the cost model's microbatch / dp is its share); the stage takes as long as its slowest
+    # replica, fits where every replica fits, and reduces gradients over the link its devices span.
+    def is_split(self, st: StagePlan) -> bool:
+        """Whether `st` is priced replica by replica (mixed node groups or uneven shares)."""
+        return st.dp_shares is not None or self.cluster(st.cluster).is_mixed
+
+    def replicas(self, st: StagePlan, microbatch_size: int) -> tuple[tuple[str, int, int], ...]:
+        """(cluster key, microbatch argument, replicas) per distinct kind of `st`'s DP replicas, in order of
+        first appearance: ((st.cluster, microbatch_size, dp),) for a stage priced as a whole."""
+        c = self.cluster(st.cluster)
+        if not self.is_split(st):
+            return ((st.cluster, microbatch_size, st.dp),)
+        groups = replica_groups(c, st) if c.is_mixed else (0,) * st.dp
+        count: dict[tuple[str, int], int] = {}
+        for g, n in zip(groups, stage_shares(st, microbatch_size)):
+            key = (c.group_view(g).name if c.is_mixed else st.cluster, n * st.dp)
+            count[key] = count.get(key, 0) + 1
+        return tuple((k, mb, n) for (k, mb), n in count.items())
+
+    def replica_compute_time(self, st: StagePlan, layers: tuple[int, int], microbatch_size: int,
+                             precision: str, tf32: bool) -> tuple[float, float]:
+        """(forward_s, backward_s) of one microbatch on `st` over `layers`: its slowest replica's, each
+        direction apart (a boundary waits for every replica's rows)."""
+        times = [self.stage_compute_time(k, layers, st.tp, st.dp, mb, st.recompute, precision, tf32)
+                 for k, mb, _ in self.replicas(st, microbatch_size)]
+        return (max(t[0] for t in times), max(t[1] for t in times))
+
+    def slowest_replica(self, st: StagePlan, microbatch_size: int, precision: str, tf32: bool) -> tuple[str, int]:
+        """(cluster key, microbatch argument) of the replica kind with the largest F + B (the first on a tie)."""
+        kinds = self.replicas(st, microbatch_size)
+        fb = [sum(self.stage_compute_time(k, st.layers, st.tp, st.dp, mb, st.recompute, precision, tf32))
+              for k, mb, _ in kinds]
+        k, mb, _ = kinds[max(range(len(kinds)), key=lambda j: (fb[j], -j))]
+        return k, mb
+
+    def balanced_shares(self, st: StagePlan, microbatch_size: int, precision: str | None = None,
+                        tf32: bool | None = None) -> tuple[int, ...]:
+        """`st`'s microbatch split across its replicas in proportion to their speed (hetauto.core.dp_shares.
+        speed_shares), a replica's speed being 1 / its F + B at the even split on its node group."""
+        c = self.cluster(st.cluster)
+        prec = precision or self.cluster_precision(st.cluster)
+        allow = self.training.allow_tf32 if tf32 is None else tf32
+        groups = replica_groups(c, st) if c.is_mixed else (0,) * st.dp
+        even = max(1, microbatch_size // st.dp) * st.dp
+        speeds = [1.0 / sum(self.stage_compute_time(c.group_view(g).name if c.is_mixed else st.cluster, st.layers,
+                                                    st.tp, st.dp, even, st.recompute, prec, allow))
+                  for g in groups]
+        return speed_shares(speeds, microbatch_size)
+
+    def replica_memory(self, plan: Plan, stage: int, precision: str) -> tuple[float, float, str]:
+        """(peak bytes, capacity, what) of `plan.stages[stage]`'s tightest replica kind (largest need / capacity):
+        each replica kind needs its own rows' activations on its own device."""
+        st = plan.stages[stage]
+        c = self.cluster(st.cluster)
+        best: tuple[float, float, str] | None = None
+        for k, mb, n in self.replicas(st, plan.microbatch_size):
+            view = self.cluster(k)
+            need = self.stage_memory_bytes(k, st.layers, st.tp, st.dp, mb, self.inflight(plan, stage), st.recompute,
+                                           plan.zero1, precision)
+            cap = view.device.memory_bytes
+            where = k[len(c.name) + 1:] if c.is_mixed else ""
+            what = f"{n * st.tp}x {view.device.key}" + (f" on {where}" if where else "") + f", {mb // st.dp} rows"
+            if best is None or need / cap > best[0] / best[1]:
+                best = (need, cap, what)
+        assert best is not None
+        return best
+
+    def _stage_peak(self, st: StagePlan, precision: str, tf32: bool) -> float:
+        """Peak FLOP/s of all `st`'s devices together (a mixed stage's replicas at their own devices' peaks)."""
+        c = self.cluster(st.cluster)
+        if not c.is_mixed:
+            return self.compute_peak(st.cluster, precision, tf32) * st.num_devices
+        return sum(self.compute_peak(c.group_view(g).name, precision, tf32) * st.tp for g in replica_groups(c, st))
+
+    def _dp_link(self, st: StagePlan) -> "LinkSpec | None":
+        """The link a mixed cluster's DP group spans (intra-node when all its devices share a node); None: the
+        cost model's contiguous-devices rule (costmodel.group_link)."""
+        c = self.cluster(st.cluster)
+        if not c.is_mixed:
+            return None
+        return cm.spanned_link(c, st.devices)
+
     def _boundary(self, a: StagePlan, b: StagePlan, method: str,
                   nbytes: float) -> tuple[Link, Link, dict[str, float]]:
         """(forward link a->b, backward link b->a, {shared group: capacity in 'S-bytes'/s}).
@@ -499,7 +591,8 @@ class Evaluator:
         tf, tb = [0.0] * (p * v), [0.0] * (p * v)
         layout = tile_chunks([st.layers for st in plan.stages], v, [st.chunks for st in plan.stages])
         for r, (st, chunks) in enumerate(zip(plan.stages, layout)):
-            times = [self.stage_compute_time(st.cluster, ch, st.tp, st.dp, mb, st.recompute, prec, tf32)
+            times = [(self.replica_compute_time(st, ch, mb, prec, tf32) if self.is_split(st) else
+                      self.stage_compute_time(st.cluster, ch, st.tp, st.dp, mb, st.recompute, prec, tf32))
                      if ch[1] > ch[0]
                      else (0.0, 0.0) for ch in chunks]  # an empty chunk (fewer layers than chunks) does nothing
             sf, sb = sum(t[0] for t in times), sum(t[1] for t in times)
@@ -532,9 +625,13 @@ class Evaluator:
         table = self.layer_table(prec)
         grad = DTYPE_BYTES[plan.training.grad_reduce_dtype]
         for st in plan.stages:
-            f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute, prec,
-                                           plan.training.allow_tf32)
-            c = self.cluster(st.cluster)
+            if self.is_split(st):  # a mixed DP group: its slowest replica, priced on that replica's devices
+                f, b = self.replica_compute_time(st, st.layers, mb, prec, plan.training.allow_tf32)
+                c = self.cluster(self.slowest_replica(st, mb, prec, plan.training.allow_tf32)[0])
+            else:
+                f, b = self.stage_compute_time(st.cluster, st.layers, st.tp, st.dp, mb, st.recompute, prec,
+                                               plan.training.allow_tf32)
+                c = self.cluster(st.cluster)
             wake = self._wake_s(plan, c)
             tf.append(f + wake)
             tb.append(b + wake)
@@ -544,11 +641,15 @@ class Evaluator:
                 ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, element_bytes=grad,
                                                bandwidth_Bps=oh.allreduce_Bps, latency_s=oh.allreduce_alpha_s / 2))
             else:
-                ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, element_bytes=grad)
+                span = self._dp_link(st)
+                ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, element_bytes=grad,
+                                               **({} if span is None else {"bandwidth_Bps": span.bandwidth_Bps,
+                                                                           "latency_s": span.latency_s}))
                           + (oh.allreduce_alpha_s if oh is not None and st.dp > 1 else 0.0))
             if oh is not None and st.dp > 1 and oh.allreduce_wake_s > 0:  # issued right after the last backward
                 ar[-1] += oh.allreduce_wake_s
-            opt.append(self._optimizer_time(st, sums, c, plan.zero1))
+            opt.append(max(self._optimizer_time(st, sums, self.cluster(k), plan.zero1)
+                           for k, _, _ in self.replicas(st, mb)))
         overlap = self.dp_overlap
         if overlap and any(gbytes):
             # the last bucket fills only when the last backward ends: a one-bucket stage cannot overlap at all
@@ -611,8 +712,9 @@ class Evaluator:
         prec = self.precision(plan)
         stages = []
         for i, st in enumerate(plan.stages):
-            d = self.stage_detail(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, st.recompute, prec,
-                                  plan.training.allow_tf32)
+            key, mb = (self.slowest_replica(st, plan.microbatch_size, prec, plan.training.allow_tf32)
+                       if self.is_split(st) else (st.cluster, plan.microbatch_size))
+            d = self.stage_detail(key, st.layers, st.tp, st.dp, mb, st.recompute, prec, plan.training.allow_tf32)
             tf, tb = costs.tf[i], costs.tb[i]
             source = self.stage_source(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, st.recompute, prec)
             # measured rows hold the layers' TP collectives inside their times: counted as compute
@@ -652,8 +754,13 @@ class Evaluator:
         used: dict[tuple[str, int], int] = {}
         for i, st in enumerate(plan.stages):
             c = self.cluster(st.cluster)
-            if st.device_type.lower() != c.device.key.lower():
-                raise PlanMismatch(f"stage {i}: device_type '{st.device_type}' but cluster '{c.name}' has {c.device.key}")
+            if c.is_mixed:
+                for d in st.devices:
+                    if not 0 <= d < c.num_devices:
+                        raise PlanMismatch(f"stage {i}: device {d} is outside cluster '{c.name}' (0..{c.num_devices - 1})")
+            has = stage_device_type(c, st) if c.is_mixed else c.device.key
+            if st.device_type.lower() != has.lower():
+                raise PlanMismatch(f"stage {i}: device_type '{st.device_type}' but cluster '{c.name}' has {has}")
             for d in st.devices:
                 if not 0 <= d < c.num_devices:
                     raise PlanMismatch(f"stage {i}: device {d} is outside cluster '{c.name}' (0..{c.num_devices - 1})")
@@ -681,12 +788,15 @@ class Evaluator:
             c = self.cluster(st.cluster)
             need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
                                            self.inflight(plan, i), st.recompute, plan.zero1, prec)
+            cap, who = c.device.memory_bytes, f"{st.num_devices}x {c.device.key}"
+            if self.is_split(st):  # memory per device type: each replica kind's rows on its own device
+                need, cap, who = self.replica_memory(plan, i, prec)
             peaks.append(need)
-            caps.append(c.device.memory_bytes)
-            if violation is None and need > c.device.memory_bytes:
-                violation = (f"stage {i} (cluster {c.name}, {st.num_devices}x {c.device.key}, layers "
+            caps.append(cap)
+            if violation is None and need > cap:
+                violation = (f"stage {i} (cluster {c.name}, {who}, layers "
                              f"[{st.layers[0]}, {st.layers[1]})): needs {_gib(need)} per device > "
-                             f"{_gib(c.device.memory_bytes)}")
+                             f"{_gib(cap)}")
         if violation is not None:
             ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation)
         else:
@@ -703,8 +813,7 @@ class Evaluator:
             thr = plan.global_batch / t if t > 0 else 0.0
             devices = plan.world_size
             # MFU against the peak the plan computes at (its precision's; a one-figure profile: that figure)
-            peak_sum = sum(self.compute_peak(st.cluster, prec, plan.training.allow_tf32) * st.num_devices
-                           for st in plan.stages)
+            peak_sum = sum(self._stage_peak(st, prec, plan.training.allow_tf32) for st in plan.stages)
             flops = self._model_flops * plan.global_batch
             ev = Evaluation(True, t, thr, thr * plan.seq_len, bubble, flops / (t * peak_sum) if t > 0 else 0.0,
                             flops / t / devices / 1e12 if t > 0 else 0.0, tuple(peaks), tuple(caps), None)

@@ -42,6 +42,10 @@ class PlanningInputs:
                 "speed_factor": c.speed_factor,
                 "intra_node": {"bandwidth_Bps": c.intra_node.bandwidth_Bps, "latency_s": c.intra_node.latency_s},
                 "inter_node": {"bandwidth_Bps": c.inter_node.bandwidth_Bps, "latency_s": c.inter_node.latency_s}})
+            if c.is_mixed:  # a mixed cluster's node groups ("device" etc. above are its first group's)
+                clusters[-1]["node_groups"] = [
+                    {"device": g.device.key, "nodes": g.count, "first_node": g.first_node, "speed_factor": g.speed_factor,
+                     "peak_flops": g.device.peak_flops, "memory_bytes": g.device.memory_bytes} for g in c.groups]
         links = []
         names = spec.names
         for i in range(len(names)):
@@ -62,6 +66,11 @@ class PlanningInputs:
                f"seq {self.seq_len}, global batch {self.global_batch}",
                f"cluster {self.cluster_source or '-'}: {self.cluster.total_devices} devices in {len(self.cluster.clusters)} clusters"]
         for c in self.cluster.clusters:
+            if c.is_mixed:  # one line per node group
+                out += [f"  {c.name}.nodes[{g}]: {grp.count}x{c.devices_per_node} {grp.device.key} "
+                        f"({format_flops(grp.device.peak_flops)}, {format_bytes(grp.device.memory_bytes)}, "
+                        f"NIC {format_bandwidth(c.inter_node.bandwidth_Bps)})" for g, grp in enumerate(c.groups)]
+                continue
             out.append(f"  {c.name}: {c.num_nodes}x{c.devices_per_node} {c.device.key} "
                        f"({format_flops(c.device.peak_flops)}, {format_bytes(c.device.memory_bytes)}, "
                        f"NIC {format_bandwidth(c.inter_node.bandwidth_Bps)})")

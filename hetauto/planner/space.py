@@ -12,6 +12,11 @@ Interleaved 1F1B (`schedule="interleaved"`, `chunks` v): every stage takes at le
 evenly into v chunks, hetauto.core.chunks), memory sized for the interleaved in-flight count, and the plan is
 only built where principle 7 expects a gain (fast links; see `Built.pruned`).
 
+Mixed clusters (node groups of different devices, hetauto.core.cluster): a stage is still a node-aligned group,
+so a stage spanning node groups is a mixed DP group; its replicas' `dp_shares` follow their speed
+(`Evaluator.balanced_shares` on one block) and it is costed as its slowest replica, its memory per device type
+(scaled onto the tightest group's capacity). Shares that come out even are left out of the plan.
+
 Costs come from the Evaluator's cheap, cached pieces (`stage_compute_time`, `stage_memory_bytes`,
 `pipeline_costs`); a plan is scored only by `Evaluator.evaluate`.
 """
@@ -22,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hetauto.core.dp_shares import replica_groups, stage_device_type
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
@@ -111,6 +117,7 @@ class StageLayout:
     tp: int
     dp: int
     recompute: bool
+    shares: tuple[int, ...] | None = None  # a mixed DP group's per-replica samples (None: even split)
 
 
 @dataclass(slots=True)
@@ -249,9 +256,16 @@ class StrategySpace:
                 continue
             for tp in P.tp_options(size, c.devices_per_node):
                 dp = size // tp
-                if mbs % dp:
+                if mbs % dp and not c.is_mixed:
                     continue
                 for rc in self.recompute_options:
+                    if c.is_mixed:  # every node group must hold one block at the even split
+                        if mbs < dp or any(self.evaluator.stage_memory_bytes(c.group_view(g).name, (1, 2), tp, dp,
+                                                                            max(1, mbs // dp) * dp, 1, rc, True)
+                                           > grp.device.memory_bytes for g, grp in enumerate(c.groups)):
+                            continue
+                        out.append(ClusterChoice(k, tp, rc))
+                        continue
                     floor = self.evaluator.stage_memory_bytes(name, (1, 2), tp, dp, mbs, 1, rc, True)
                     if floor <= c.device.memory_bytes:
                         out.append(ClusterChoice(k, tp, rc))
@@ -266,11 +280,37 @@ class StrategySpace:
                 continue
             c = self.spec.cluster(name)
             for devs in P.stage_devices(c, ch.stages):
-                stages.append(StageLayout(name, devs, ch.tp, len(devs) // ch.tp, ch.recompute))
+                st = StageLayout(name, devs, ch.tp, len(devs) // ch.tp, ch.recompute)
+                if c.is_mixed:
+                    st = self._mixed_shares(st, cand.microbatch_size)
+                stages.append(st)
         return stages
 
+    def _probe(self, st: StageLayout, layers: tuple[int, int]) -> StagePlan:
+        """`st` over `layers` as a StagePlan (what the Evaluator prices a mixed DP group from)."""
+        c = self.spec.cluster(st.cluster)
+        probe = StagePlan(cluster=st.cluster, device_type=c.device.key, devices=st.devices, layers=layers, tp=st.tp,
+                          dp=st.dp, recompute=st.recompute, dp_shares=st.shares)
+        return probe.model_copy(update={"device_type": stage_device_type(c, probe)})
+
+    def _mixed_shares(self, st: StageLayout, mbs: int) -> StageLayout:
+        """A stage of a mixed cluster with its replicas' shares by speed (one block's F + B on each node
+        group), left even (None) when they come out even or the replicas share one node group."""
+        c = self.spec.cluster(st.cluster)
+        groups = replica_groups(c, self._probe(st, (1, 2)))
+        if len(set(groups)) == 1 or mbs < st.dp:
+            return st
+        shares = self.evaluator.balanced_shares(self._probe(st, (1, 2) if self.num_layers > 2 else (0, 1)), mbs)
+        if len(set(shares)) == 1 and mbs % st.dp == 0:
+            return st
+        from dataclasses import replace
+
+        return replace(st, shares=shares)
+
     def stage_cost(self, st: StageLayout, mbs: int, zero1: bool) -> _StageCost:
-        key = (st.cluster, st.tp, st.dp, st.recompute, mbs, zero1)
+        c = self.spec.cluster(st.cluster)
+        mixed = c.is_mixed and bool(st.devices)
+        key = (st.cluster, st.tp, st.dp, st.recompute, mbs, zero1) + ((st.devices, st.shares) if mixed else ())
         got = self._cost.get(key)
         if got is not None:
             return got
@@ -278,10 +318,19 @@ class StrategySpace:
         layers = self.inputs.layers
 
         def t(r: tuple[int, int]) -> float:
+            if mixed:  # its slowest replica given its share
+                prec = ev.cluster_precision(st.cluster)
+                return sum(ev.replica_compute_time(self._probe(st, r), r, mbs, prec, ev.training.allow_tf32))
             f, b = ev.stage_compute_time(st.cluster, r, st.tp, st.dp, mbs, st.recompute)
             return f + b
 
+        cap = self.stage_capacity(st)
+
         def m(r: tuple[int, int], q: int) -> float:
+            if mixed:  # each replica kind's need on its own device, scaled onto the stage's capacity
+                probe = self._probe(st, r)
+                return max(ev.stage_memory_bytes(k, r, st.tp, st.dp, mb, q, st.recompute, zero1)
+                           * cap / ev.cluster(k).device.memory_bytes for k, mb, _ in ev.replicas(probe, mbs))
             return ev.stage_memory_bytes(st.cluster, r, st.tp, st.dp, mbs, q, st.recompute, zero1)
 
         tb = t((1, 2)) if n > 2 else 0.0
@@ -309,6 +358,13 @@ class StrategySpace:
         self._cost[key] = got
         return got
 
+    def stage_capacity(self, st: StageLayout) -> float:
+        """Memory per device of `st`: its cluster's device's, or a mixed DP group's smallest replica device's."""
+        c = self.spec.cluster(st.cluster)
+        if not c.is_mixed or not st.devices:
+            return c.device.memory_bytes
+        return min(c.groups[c.group_of(st.devices[d * st.tp])].device.memory_bytes for d in range(st.dp))
+
     # ------------------------------------------------------------------ building
     def build(self, cand: Candidate) -> Built:
         """Plan variants for `cand` (one, or two when Virtual-1F1B warmup needs a different cut)."""
@@ -324,10 +380,10 @@ class StrategySpace:
         if p > self.num_layers:
             return Built(violation=f"{p} stages for {self.num_layers} layers")
         for i, st in enumerate(stages):
-            if mbs % st.dp:
+            if mbs % st.dp and st.shares is None:
                 return Built(violation=f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}")
         costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
-        caps = [self.spec.cluster(st.cluster).device.memory_bytes for st in stages]
+        caps = [self.stage_capacity(st) for st in stages]
         if cand.schedule == "interleaved":
             return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
@@ -460,9 +516,10 @@ class StrategySpace:
         inp = self.inputs
         out, pos = [], 0
         for st, c in zip(stages, counts):
-            dev = self.spec.cluster(st.cluster).device.key
+            cl = self.spec.cluster(st.cluster)
+            dev = self._probe(st, (0, 1)).device_type if cl.is_mixed else cl.device.key
             out.append(StagePlan(cluster=st.cluster, device_type=dev, devices=st.devices, layers=(pos, pos + c),
-                                 tp=st.tp, dp=st.dp, recompute=st.recompute))
+                                 tp=st.tp, dp=st.dp, recompute=st.recompute, dp_shares=st.shares))
             pos += c
         if schedule == "virtual-1f1b" and not any(extra):
             schedule, extra = "1f1b", ()

@@ -78,8 +78,8 @@ class BoundaryRoute:
         self.device = device if device is not None else torch.device("cpu")
         b, s, h = plan.shape
         self.in_src, self.in_dst = me in plan.src.ranks, me in plan.dst.ranks
-        self.src_shape = (b // plan.src.dp, s, h)
-        self.dst_shape = (b // plan.dst.dp, s, h)
+        self.src_shape = plan.src_shape(me) if self.in_src else (b // plan.src.dp, s, h)
+        self.dst_shape = plan.dst_shape(me) if self.in_dst else (b // plan.dst.dp, s, h)
         # the general path: a rank on both sides, or a destination rank inside a local collective
         self.general = (self.in_src and self.in_dst) or any(me in step.ranks for step in plan.local)
         sends, recvs = [], []

@@ -76,9 +76,20 @@ def _shard_rows(rows: int, d: int, dp: int) -> slice:
     return slice(d * per, (d + 1) * per)
 
 
-def dp_shard(x: Batch | torch.Tensor, d: int, dp: int) -> Batch | torch.Tensor:
-    """Replica d's rows [d*b/dp, (d+1)*b/dp) of a microbatch (a Batch or any tensor with batch first)."""
+def _share_rows(rows: int, d: int, shares: tuple[int, ...]) -> slice:
+    if sum(shares) != rows:
+        raise ValueError(f"dp shares {list(shares)} do not sum to the microbatch's {rows} rows")
+    if not 0 <= d < len(shares):
+        raise ValueError(f"dp index {d} is outside [0, {len(shares)})")
+    start = sum(shares[:d])
+    return slice(start, start + shares[d])
+
+
+def dp_shard(x: Batch | torch.Tensor, d: int, dp: int, shares: tuple[int, ...] | None = None) -> Batch | torch.Tensor:
+    """Replica d's rows [d*b/dp, (d+1)*b/dp) of a microbatch (a Batch or any tensor with batch first); with
+    `shares` (a plan's dp_shares: rows per replica) the rows [sum(shares[:d]), sum(shares[:d + 1]))."""
+    n = x.rows if isinstance(x, Batch) else int(x.shape[0])
+    rows = _shard_rows(n, d, dp) if shares is None else _share_rows(n, d, tuple(shares))
     if isinstance(x, Batch):
-        rows = _shard_rows(x.rows, d, dp)
         return Batch(x.tokens[rows], x.targets[rows])
-    return x[_shard_rows(int(x.shape[0]), d, dp)]
+    return x[rows]

@@ -22,7 +22,9 @@ Messages are tagged per (boundary, microbatch, direction), so the order in which
 does not matter on transports with tags (gloo); on tag-less device transports (nccl, hccl) each direction of
 a boundary has its own group and both sides post in schedule order. The loss follows
 hetauto.runtime.reference: each last-stage dp shard backprops sum-CE / (global_batch * seq_len),
-gradients are summed.
+gradients are summed. So uneven DP shares (`StagePlan.dp_shares`: replica d runs its own number of rows of
+every microbatch) need no reweighting: each replica's gradient already carries its rows' weight, and the
+sum over replicas is the full batch's gradient.
 
 Interleaved 1F1B (v > 1 chunks per stage): a rank builds one module per chunk (slots from
 hetauto.core.chunks.chunk_layers, initialised from (seed, slot) like every stage, so the chain of virtual
@@ -384,8 +386,9 @@ class StageExecutor:
     def _forward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
         me, mbs, dp = self.me, self.plan.microbatch_size, self.plan.stages[self.me.stage].dp
+        shares = self.plan.stages[me.stage].dp_shares  # uneven rows per replica (None: mbs / dp each)
         if vs == 0:
-            x = dp_shard(microbatch(st.batch, k, mbs), me.dp_index, dp).tokens.to(self.device)
+            x = dp_shard(microbatch(st.batch, k, mbs), me.dp_index, dp, shares).tokens.to(self.device)
         else:
             posted = st.held[key] = st.recv_f.pop(key)
             x = self.mp.from_wire(posted.wait().detach()).requires_grad_()
@@ -393,7 +396,7 @@ class StageExecutor:
         st.inputs[key] = x
         with self.mp.autocast():
             if vs == self.n_virtual - 1:
-                tgt = dp_shard(microbatch(st.batch, k, mbs), me.dp_index, dp).targets.to(self.device)
+                tgt = dp_shard(microbatch(st.batch, k, mbs), me.dp_index, dp, shares).targets.to(self.device)
                 y = self._timed("F", self.chunks[c], x, tgt, self.normaliser)
                 st.loss = st.loss + y.detach().float()
             else:

@@ -35,7 +35,7 @@ def stage_layouts(plan: Plan) -> tuple[StageLayout, ...]:
     """Global ranks of each stage: stages one after another, `dp_index * tp + tp_index` inside."""
     out, first = [], 0
     for s in plan.stages:
-        out.append(StageLayout.contiguous(s.dp, s.tp, first))
+        out.append(StageLayout.contiguous(s.dp, s.tp, first, s.dp_shares))
         first += s.num_devices
     return tuple(out)
 

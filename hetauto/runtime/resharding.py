@@ -20,10 +20,15 @@ Methods (S = bytes of the whole microbatch activation):
   over k sender NICs. With equal layouts this is exactly Megatron's scatter-gather (tp rank j -> tp rank
   j); in general it is Alpa's cross-mesh resharding restricted to batch-split, tp-replicated tensors.
 When dp differs, a destination slice takes the overlapping parts of one or several source slices.
+
+Uneven DP shares (a plan's `dp_shares`, e.g. replicas on devices of different speed): a layout's `shares`
+give the rows each dp replica holds (summing to the microbatch); slices are then consecutive runs of those
+sizes instead of b/dp each, and everything above holds with the slice boundaries moved.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
@@ -52,6 +57,8 @@ class StageLayout:
     dp: int
     tp: int
     ranks: tuple[int, ...]
+    # rows of the batch each dp replica holds, in dp order (None: b/dp each)
+    shares: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dp < 1 or self.tp < 1:
@@ -60,10 +67,26 @@ class StageLayout:
             raise InfeasiblePlan(
                 f"stage layout dp={self.dp} tp={self.tp} needs {self.dp * self.tp} distinct ranks, got {list(self.ranks)}"
             )
+        if self.shares is not None and (len(self.shares) != self.dp or min(self.shares) < 1):
+            raise InfeasiblePlan(f"stage layout dp={self.dp} needs one share >= 1 per replica, got {list(self.shares)}")
 
     @classmethod
-    def contiguous(cls, dp: int, tp: int, first_rank: int = 0) -> "StageLayout":
-        return cls(dp, tp, tuple(range(first_rank, first_rank + dp * tp)))
+    def contiguous(cls, dp: int, tp: int, first_rank: int = 0,
+                   shares: tuple[int, ...] | None = None) -> "StageLayout":
+        return cls(dp, tp, tuple(range(first_rank, first_rank + dp * tp)), shares)
+
+    def offsets(self, b: int) -> tuple[int, ...]:
+        """Replica d holds rows [offsets[d], offsets[d + 1]) of a b-row batch."""
+        if self.shares is None:
+            return tuple(d * (b // self.dp) for d in range(self.dp + 1))
+        out = [0]
+        for n in self.shares:
+            out.append(out[-1] + n)
+        return tuple(out)
+
+    def rows(self, b: int, dp_index: int) -> int:
+        """Rows of a b-row batch that replica `dp_index` holds."""
+        return b // self.dp if self.shares is None else self.shares[dp_index]
 
     def rank(self, dp_index: int, tp_index: int) -> int:
         return self.ranks[dp_index * self.tp + tp_index]
@@ -120,14 +143,24 @@ class TransferPlan:
     def src_range(self, rank: int) -> tuple[int, int]:
         """Flat range of the global tensor that source `rank` holds."""
         i, _ = self.src.coords(rank)
-        n = self.shape[0] // self.src.dp * self.row
-        return i * n, (i + 1) * n
+        off = self.src.offsets(self.shape[0])
+        return off[i] * self.row, off[i + 1] * self.row
 
     def dst_range(self, rank: int) -> tuple[int, int]:
         """Flat range of the global tensor that destination `rank` ends with."""
         i, _ = self.dst.coords(rank)
-        n = self.shape[0] // self.dst.dp * self.row
-        return i * n, (i + 1) * n
+        off = self.dst.offsets(self.shape[0])
+        return off[i] * self.row, off[i + 1] * self.row
+
+    def src_shape(self, rank: int) -> tuple[int, int, int]:
+        """The local slice source `rank` holds ([rows of its replica, s, h])."""
+        b, s, h = self.shape
+        return (self.src.rows(b, self.src.coords(rank)[0]), s, h)
+
+    def dst_shape(self, rank: int) -> tuple[int, int, int]:
+        """The local slice destination `rank` ends with."""
+        b, s, h = self.shape
+        return (self.dst.rows(b, self.dst.coords(rank)[0]), s, h)
 
     @property
     def num_tags(self) -> int:
@@ -177,19 +210,27 @@ def plan_transfer(
         raise InfeasiblePlan(f"boundary tensor shape must be [batch, seq, hidden] with positive sizes, got {list(shape)}")
     b, s, h = (int(d) for d in shape)
     for name, lay in (("source", src), ("destination", dst)):
-        if b % lay.dp:
+        if lay.shares is None and b % lay.dp:
             raise InfeasiblePlan(
                 f"microbatch of {b} samples cannot be split across the {name} stage's dp={lay.dp}; "
                 "choose a microbatch size divisible by every stage's dp"
             )
+        if lay.shares is not None and sum(lay.shares) != b:
+            raise InfeasiblePlan(f"the {name} stage's dp shares {list(lay.shares)} do not sum to the microbatch's "
+                                 f"{b} samples")
     row = s * h
-    ns, nd = b // src.dp * row, b // dst.dp * row
+    s_off = [o * row for o in src.offsets(b)]
+    d_off = [o * row for o in dst.offsets(b)]
+
+    def overlapping(lo: int, hi: int) -> range:
+        """The source dp slices that overlap flat range [lo, hi)."""
+        return range(bisect.bisect_right(s_off, lo) - 1, bisect.bisect_left(s_off, hi))
 
     def senders(lo: int, hi: int, tp_choice: int) -> list[tuple[int, int, int]]:
         """(source rank, start, stop) pieces covering [lo, hi): one source dp slice each."""
         out = []
-        for i_s in range(lo // ns, (hi - 1) // ns + 1):
-            a, z = max(lo, i_s * ns), min(hi, (i_s + 1) * ns)
+        for i_s in overlapping(lo, hi):
+            a, z = max(lo, s_off[i_s]), min(hi, s_off[i_s + 1])
             if a < z:
                 out.append((src.rank(i_s, tp_choice % src.tp), a, z))
         return out
@@ -197,7 +238,7 @@ def plan_transfer(
     raw: list[tuple[int, int, int, int]] = []  # src, dst, start, stop
     local: list[LocalStep] = []
     for i_d in range(dst.dp):
-        lo, hi = i_d * nd, (i_d + 1) * nd
+        lo, hi = d_off[i_d], d_off[i_d + 1]
         group = dst.tp_group(i_d)
         if method == "lanes":
             for j in range(dst.tp):
@@ -209,10 +250,12 @@ def plan_transfer(
         else:
             parts = _chunks(lo, hi, dst.tp)
             k = min(src.tp, dst.tp)
-            for i_s in range(lo // ns, (hi - 1) // ns + 1):
+            for i_s in overlapping(lo, hi):
                 # the piece destination slice i_d needs from source slice i_s: k senders send 1/k each,
                 # each sub-piece cut at the destination chunk boundaries (chunk j is owned by tp rank j)
-                a_p, z_p = max(lo, i_s * ns), min(hi, (i_s + 1) * ns)
+                a_p, z_p = max(lo, s_off[i_s]), min(hi, s_off[i_s + 1])
+                if a_p >= z_p:
+                    continue
                 for q, (a_q, z_q) in enumerate(_chunks(a_p, z_p, k)):
                     sender = src.rank(i_s, (q + i_d * k) % src.tp)
                     for j, (a_c, z_c) in enumerate(parts):
@@ -336,18 +379,17 @@ def start_transfer(
     import torch
 
     me = comm.global_rank
-    b, s, h = plan.shape
     in_src, in_dst = me in plan.src.ranks, me in plan.dst.ranks
     src_flat = None
     if in_src:
-        want = (b // plan.src.dp, s, h)
+        want = plan.src_shape(me)
         if tensor is None or tuple(tensor.shape) != want:
             got = None if tensor is None else tuple(tensor.shape)
             raise InfeasiblePlan(f"rank {me}: source slice must have shape {list(want)}, got {got}")
         src_flat = tensor.contiguous().view(-1)
         dtype = dtype or tensor.dtype
         device = device or tensor.device
-    out = torch.empty((b // plan.dst.dp, s, h), dtype=dtype or torch.float32, device=device) if in_dst else None
+    out = torch.empty(plan.dst_shape(me), dtype=dtype or torch.float32, device=device) if in_dst else None
     recvs, sends = [], []
     if in_dst:
         base, flat = plan.dst_range(me)[0], out.view(-1)

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             from hetauto.runtime.emulation import emulation_for_plan
 
             emu = emulation_for_plan(plan, cluster_for_plan(plan, run.cluster_base))
-            speed = emu.speed_factors[placement(plan, rank).stage]
+            speed = emu.speed_of(rank, placement(plan, rank).stage)
             links = emu.link_table() if emu.links and run.emulate == "inprocess" else None
         # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
         comm = Communicator.init_from_env(HOST_COLLECTIVE, timeout_s=run.timeout_s, links=links)
