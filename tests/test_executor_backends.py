@@ -85,13 +85,17 @@ def test_loss_matches_the_single_process_reference_of_the_same_precision(runs, c
 
 @pytest.mark.multiprocess
 def test_a_16_bit_run_is_closer_to_its_own_precisions_reference_than_to_fp32(runs) -> None:
-    """The run and the reference really compute in 16 bits: each is nearer the other than to the fp32 numbers."""
+    """The run really computes in 16 bits: it leaves the fp32 numbers by more than any fp32 run may (the fp32
+    tolerance), while staying within its own precision's tolerance of its reference. Not "nearer its own
+    reference than fp32's": on a CPU with AMX bf16 (oneDNN's own blocking and fp32 accumulation) a pipelined
+    run and the single-process bf16 reference differ by 7e-5, more than the two references do (5e-5)."""
     for case in (4, 5):
         plan = CASES[case][1]
+        prec = plan.training.precision
         got = summarize(plan, runs[case]).losses
-        own = max(abs(a - b) for a, b in zip(got, _reference(plan, plan.training.precision)))
+        own = max(abs(a - b) for a, b in zip(got, _reference(plan, prec)))
         fp32 = max(abs(a - b) for a, b in zip(got, _reference(plan, "fp32")))
-        assert 0 < own < fp32, (plan.training.precision, own, fp32)
+        assert own <= PRECISION_TOLERANCE[prec] and fp32 > PRECISION_TOLERANCE["fp32"], (prec, own, fp32)
     assert {r["overflow_steps"] for r in runs[5]} == {0}  # the first loss scale 2^16 does not overflow here
 
 
