@@ -311,6 +311,9 @@ def run(args: argparse.Namespace) -> int:
         if args.eval_every is not None and int(tokens.num_tokens * args.eval_fraction) < plan.seq_len + 1:
             raise HetautoError(f"--eval-fraction {args.eval_fraction:g} of {args.data}'s {tokens.num_tokens} tokens "
                                f"holds out fewer than one window of {plan.seq_len + 1}; raise it or add text")
+    if args.init_from is not None and cfg.builder is not None:
+        raise HetautoError(f"--init-from loads Hugging Face weights into the reference GPT/LLaMA; {cfg.name} is a stage "
+                           "builder model: initialise it in its own modules instead")
     if args.init_from is not None:
         from hetauto.runtime.hf_weights import check_hf_config
 

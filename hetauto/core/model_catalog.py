@@ -55,10 +55,15 @@ def is_model_path(value: str) -> bool:
 
 
 def get_model(name_or_path: str | Path) -> ModelConfig:
-    """A catalog model by name (case-insensitive) or a local Hugging Face `config.json`."""
+    """A catalog model by name (case-insensitive), a local Hugging Face `config.json`, or a stage builder
+    "pkg.module:NAME" (hetauto.core.user_model)."""
     value = str(name_or_path)
     if isinstance(name_or_path, Path) or is_model_path(value):
         return load_hf_config(value)
+    from hetauto.core.user_model import builder_model_config, is_builder_ref
+
+    if is_builder_ref(value):  # "pkg.module:NAME": the user's own stage builder (hetauto.core.user_model)
+        return builder_model_config(value)
     key = value.strip().lower()
     if key in MODELS:
         return MODELS[key]

@@ -249,7 +249,7 @@ class StrategySpace:
                 continue
             for tp in P.tp_options(size, c.devices_per_node):
                 dp = size // tp
-                if mbs % dp:
+                if mbs % dp or (tp > 1 and self.inputs.model.builder is not None):  # builder models run at tp 1
                     continue
                 for rc in self.recompute_options:
                     floor = self.evaluator.stage_memory_bytes(name, (1, 2), tp, dp, mbs, 1, rc, True)

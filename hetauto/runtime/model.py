@@ -210,6 +210,10 @@ def build_slot(cfg: ModelConfig, slot: int, seed: int) -> nn.Module:
     last = cfg.num_layer_slots - 1
     if not 0 <= slot <= last:
         raise ValueError(f"layer slot {slot} is outside [0, {last}] for a model with {cfg.num_layers} blocks")
+    if cfg.builder is not None:  # the user's own model (hetauto.core.user_model)
+        from hetauto.runtime.user_model import build_user_slot
+
+        return build_user_slot(cfg, slot, _slot_seed(seed, slot))
     if slot == 0:
         m: nn.Module = Embedding(cfg)
         m.reset_parameters_from(seed)
