@@ -53,8 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-jsonl", metavar="FILE",
                         help="append one JSON line per step as it completes (step, loss, lr, grad_norm, step_s, tokens_s)")
     tr = parser.add_argument_group("training")
-    tr.add_argument("--data", metavar="FILE.bin",
-                    help="train on a local token file (hetauto data prepare); default: the synthetic stream")
+    tr.add_argument("--data", metavar="FILE.bin|DIR",
+                    help="train on a local token file (hetauto data prepare) or a Hugging Face datasets folder "
+                         "(save_to_disk); default: the synthetic stream")
+    tr.add_argument("--data-column", metavar="NAME", default=None,
+                    help="with a datasets folder as --data: the column of token ids (default input_ids)")
     tr.add_argument("--init-from", metavar="DIR",
                     help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral)")
     tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
@@ -303,10 +306,12 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError(f"--eval-steps must be >= 1, got {args.eval_steps}")
     if not 0 < args.eval_fraction < 1:
         raise HetautoError(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
+    if args.data_column is not None and args.data is None:
+        raise HetautoError("--data-column names a column of the --data folder; pass --data DIR too")
     if args.data is not None:
         from hetauto.runtime.token_data import open_tokens
 
-        tokens = open_tokens(args.data)
+        tokens = open_tokens(args.data, args.data_column)
         tokens.check_fits(plan.global_batch, plan.seq_len, cfg.vocab_size, cfg.name)
         if args.eval_every is not None and int(tokens.num_tokens * args.eval_fraction) < plan.seq_len + 1:
             raise HetautoError(f"--eval-fraction {args.eval_fraction:g} of {args.data}'s {tokens.num_tokens} tokens "
@@ -327,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
         emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
-        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault)
+        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column)
     if args.print_launch:
         # every node reads the same options file: next to the plan, which every node needs at the same path too
         plan_path = Path(args.plan).resolve()
@@ -404,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
                             precision=precision, lr_schedule=schedule, clip_grad=args.clip_grad,
                             data=run_options.data, init_from=run_options.init_from, eval_every=args.eval_every,
                             eval_steps=args.eval_steps, eval_fraction=args.eval_fraction,
-                            weight_decay=args.weight_decay)
+                            weight_decay=args.weight_decay, data_column=run_options.data_column)
         reference = ref.losses[start:]
         reference_eval = [[s, v] for s, v in ref.eval_losses if s >= start]
     predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)
