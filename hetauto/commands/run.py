@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--data-column", metavar="NAME", default=None,
                     help="with a datasets folder as --data: the column of token ids (default input_ids)")
     tr.add_argument("--init-from", metavar="DIR",
-                    help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral)")
+                    help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral, gpt2)")
     tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     tr.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant",
                     help="after the warm-up: constant (default), or decay to --min-lr at the last step")
