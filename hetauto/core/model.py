@@ -29,6 +29,8 @@ class ModelConfig:
     num_kv_heads: int | None = None  # None: equal to num_heads (no GQA)
     tie_embeddings: bool = False
     builder: str | None = None  # arch "custom": the stage builder's "pkg.module:NAME"
+    # arch "gpt": the MLP's GELU, exact (erf) or the tanh approximation GPT-2 was trained with ("gelu_new")
+    gelu: Literal["exact", "tanh"] = "exact"
 
     @property
     def kv_heads(self) -> int:

@@ -84,6 +84,7 @@ def _int(data: dict[str, Any], source: Path, *names: str, default: int | None = 
                     f"a config.json needs one of: {', '.join(names)}")
 
 
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # transformers' names of the tanh-approximated GELU
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neo", "opt", "gpt_neox")
 # Mixture-of-experts configs are refused by name or by an expert count above 1 in any of these fields.
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "granitemoe", "olmoe",
@@ -133,5 +134,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     tie = data.get("tie_word_embeddings", arch == "gpt")
     if not isinstance(tie, bool):
         raise SpecError(p, "tie_word_embeddings", f"must be true or false, got {tie!r}")
-    return ModelConfig(name, arch, layers, hidden, heads, ffn, vocab, seq, kv if kv != heads else None, tie)
+    # gpt2's MLP: its default "gelu_new" (and "gelu_pytorch_tanh") is the tanh approximation of the GELU
+    act = data.get("activation_function", "gelu_new") if model_type == "gpt2" else "gelu"
+    gelu = "tanh" if act in TANH_GELUS else "exact"
+    return ModelConfig(name, arch, layers, hidden, heads, ffn, vocab, seq, kv if kv != heads else None, tie,
+                       gelu=gelu)
 

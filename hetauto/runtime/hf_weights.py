@@ -15,9 +15,10 @@ rotary base are fixed (1e-5, 10000): a config with others is refused, not silent
 head): slot 0 `transformer.wte` and `transformer.wpe`; slot i+1 `transformer.h.i.*`; the head `transformer.ln_f`
 and the tied `wte` (or `lm_head`). GPT-2's layers are `Conv1D`s, whose weight is [in, out], the transpose of
 an `nn.Linear`'s, and its attention input is one fused `c_attn` of q, k and v side by side along the output:
-each of our q/k/v projections is its third of it, transposed. Only the exact GELU (`activation_function`
-"gelu") is the reference GPT's: GPT-2's published "gelu_new" (the tanh approximation) is refused, as are
-attention scalings other than 1/sqrt(head_dim). `model_type` qwen2 is refused with its reason: its q/k/v
+each of our q/k/v projections is its third of it, transposed. The reference GPT's GELU is the exact one
+("gelu") or, for a config that says "gelu_new" (GPT-2's published default), "gelu_pytorch_tanh" or "gelu_fast",
+the tanh approximation (`ModelConfig.gelu`, read from the same config.json); another activation is refused, as
+are attention scalings other than 1/sqrt(head_dim). `model_type` qwen2 is refused with its reason: its q/k/v
 projections carry biases, which the reference LLaMA has not.
 """
 
@@ -96,11 +97,12 @@ def _check_gpt2(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     """A gpt2 config.json the reference GPT computes exactly, else one SpecError naming the field."""
     from hetauto.runtime.model import NORM_EPS
 
+    from hetauto.core.model_catalog import TANH_GELUS
+
     act = cfg.get("activation_function", "gelu_new")
-    if act != "gelu":
-        raise SpecError(path, "activation_function", f"'{act}' is not the reference GPT's exact (erf) GELU "
-                        "('gelu_new' and 'gelu_pytorch_tanh' are its tanh approximation)",
-                        "only a model trained with activation_function 'gelu' loads exactly")
+    if act != "gelu" and act not in TANH_GELUS:
+        raise SpecError(path, "activation_function", f"'{act}' is not a GELU of the reference GPT",
+                        f"it has the exact 'gelu' and the tanh approximation ({', '.join(TANH_GELUS)})")
     if float(cfg.get("layer_norm_epsilon", 1e-5)) != NORM_EPS:
         raise SpecError(path, "layer_norm_epsilon", f"{cfg['layer_norm_epsilon']} differs from the reference "
                         f"model's {NORM_EPS:g}", "the loaded model would compute something else than it was trained to")
@@ -188,6 +190,13 @@ def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str
     hf = check_hf_config(folder)
     gpt2 = hf.get("model_type") == "gpt2"
     tied = bool(hf.get("tie_word_embeddings", gpt2))
+    if gpt2:
+        from hetauto.core.model_catalog import TANH_GELUS
+
+        act = hf.get("activation_function", "gelu_new")
+        if ("tanh" if act in TANH_GELUS else "exact") != cfg.gelu:
+            raise SpecError(folder / "config.json", "activation_function", f"'{act}' is not the {cfg.gelu} GELU "
+                            f"of the plan's model {cfg.name}", "plan with the checkpoint's config.json as the model")
     shards = _Shards(folder)
     read = 0
     with torch.no_grad():
@@ -222,7 +231,8 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.arch == "gpt":
         return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
                 "n_embd": cfg.hidden, "n_inner": cfg.ffn_hidden, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
-                "n_positions": cfg.max_seq_len, "layer_norm_epsilon": NORM_EPS, "activation_function": "gelu",
+                "n_positions": cfg.max_seq_len, "layer_norm_epsilon": NORM_EPS,
+                "activation_function": "gelu_new" if cfg.gelu == "tanh" else "gelu",
                 "tie_word_embeddings": cfg.tie_embeddings, "scale_attn_weights": True,
                 "scale_attn_by_inverse_layer_idx": False, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
                 "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32"}
