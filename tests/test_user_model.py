@@ -102,3 +102,20 @@ def test_a_builder_that_breaks_the_protocol_is_refused(tmp_path: Path, monkeypat
     assert str(err.value) == ("model: cannot import 'no_such_module_here' for 'no_such_module_here:Model': No module "
                               "named 'no_such_module_here' (run from the folder that holds it, or put that folder "
                               "on PYTHONPATH)")
+
+
+def test_a_forward_the_planner_cannot_count_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "itemmodel.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Scalar(nn.Module):\n    def forward(self, x):\n        return x * float(x.sum().item())\n\n"
+        "class Model:\n    vocab_size, hidden, num_blocks, max_seq_len = 8, 4, 1, 8\n"
+        "    def embedding(self):\n        return nn.Embedding(8, 4)\n"
+        "    def block(self, i):\n        return Scalar()\n"
+        "    def head(self):\n        return nn.Linear(4, 8)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SpecError) as err:
+        layer_list(get_model("itemmodel:Model"), 8)
+    assert str(err.value).startswith("model: itemmodel:Model: block(0)'s forward on a [1, 8] sample on the meta device "
+                                     "failed: ")
+    assert str(err.value).endswith("(the planner counts it on meta tensors: no .item(), .cpu() or tensors made on a "
+                                   "device in forward)")

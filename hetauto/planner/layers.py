@@ -389,6 +389,7 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
     from torch import nn
     from torch.utils.flop_counter import FlopCounterMode
 
+    from hetauto.core.errors import SpecError
     from hetauto.core.user_model import load_builder
 
     b = load_builder(ref)
@@ -400,8 +401,10 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
     x: Any = torch.zeros(1, s, dtype=torch.long, device="meta")
     out = []
     for i, mod in enumerate(slots):
+        what = "embedding()" if i == 0 else "head()" if i == n + 1 else f"block({i - 1})"
         if not isinstance(mod, nn.Module):
-            raise TypeError(f"{ref}: slot {i} is a {type(mod).__name__}, not a torch.nn.Module")
+            raise SpecError(None, "model", f"{ref}: {what} returned a {type(mod).__name__}, not an nn.Module",
+                            "each factory of the stage builder returns a torch.nn.Module")
         params = list(mod.parameters())
         ids = {id(p) for p in params}
         saved = [0.0]
@@ -417,8 +420,14 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
             return t
 
         counter = FlopCounterMode(display=False)
-        with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            x = mod(x)
+        try:
+            with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                x = mod(x)
+        except Exception as err:  # the user's forward: one line, not a traceback from inside it
+            raise SpecError(None, "model", f"{ref}: {what}'s forward on a [1, {s}] sample on the meta device "
+                            f"failed: {type(err).__name__}: {err}",
+                            "the planner counts it on meta tensors: no .item(), .cpu() or tensors made on a device "
+                            "in forward") from None
         kind: LayerKind = "embedding" if i == 0 else "head" if i == n + 1 else "block"
         matmul = 0 if i == 0 else sum(p.numel() for sub in mod.modules() if not isinstance(sub, nn.Embedding)
                                       for p in sub.parameters(recurse=False) if p.dim() >= 2)
