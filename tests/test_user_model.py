@@ -1,6 +1,6 @@
 """Your own model (hetauto.core.user_model): the example causal mixer's layer list is counted from its modules
 (parameters and FLOPs in closed form), the planner plans it at tp 1, a 2-stage run (recomputed blocks on the
-first stage, dp 2 on the second) equals the single-process model, and a builder that breaks the protocol is refused with one line."""
+first stage, dp 2 on the second) and an interleaved run equal the single-process model, and a builder that breaks the protocol is refused with one line."""
 
 from __future__ import annotations
 
@@ -77,6 +77,13 @@ def test_a_two_stage_run_equals_the_single_process_model() -> None:
     losses = summarize(plan, run_ranks(_work, 3, plan.to_json(), timeout=120)).losses
     reference = reference_losses(get_model(REF), SEED, 3, GBS, MBS, S)
     assert max(abs(a - b) for a, b in zip(losses, reference)) < 1e-5
+    # interleaved 1F1B, two chunks per stage (chunk_layers: stage 0 holds slots [0, 2) and [4, 5), stage 1 [2, 4), [5, 6))
+    stages = tuple(StagePlan(cluster=c, device_type="cpu", devices=(0,), layers=l, tp=1, dp=1)
+                   for c, l in (("fast", (0, 3)), ("slow", (3, N + 2))))
+    inter = Plan(model=REF, cluster="cpu-demo", seq_len=S, global_batch=GBS, microbatch_size=2, num_microbatches=4,
+                 stages=stages, schedule={"name": "interleaved", "virtual_chunks": 2})
+    losses = summarize(inter, run_ranks(_work, 2, inter.to_json(), timeout=120)).losses
+    assert max(abs(a - b) for a, b in zip(losses, reference_losses(get_model(REF), SEED, 3, GBS, 2, S))) < 1e-5
     assert abs(reference[0] - reference_losses(get_model(REF), SEED + 1, 1, GBS, MBS, S)[0]) > 1e-4  # seeded init
 
 
