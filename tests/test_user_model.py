@@ -1,6 +1,7 @@
 """Your own model (hetauto.core.user_model): the example causal mixer's layer list is counted from its modules
 (parameters and FLOPs in closed form), the planner plans it at tp 1, a 2-stage run (recomputed blocks on the
-first stage, dp 2 on the second) and an interleaved run equal the single-process model, and a builder that breaks the protocol is refused with one line."""
+first stage, dp 2 on the second) and an interleaved run equal the single-process model, and a builder that
+breaks the protocol is refused with one line."""
 
 from __future__ import annotations
 

@@ -60,7 +60,8 @@ class StageModule(nn.Module):
         if not self.is_first and x.dim() != 3:
             raise ValueError(f"stage [{self.start}, {self.end}) takes hidden states [b, s, h], got shape {tuple(x.shape)}")
         for key, layer in self.layers.items():
-            block = isinstance(layer, Block) or (self.cfg.builder is not None and 0 < int(key) < self.cfg.num_layers + 1)
+            block = isinstance(layer, Block) or (self.cfg.builder is not None  # a builder model's block slot
+                                                 and 0 < int(key) < self.cfg.num_layers + 1)
             if self.recompute and block and torch.is_grad_enabled() and x.requires_grad:
                 x = checkpoint(layer, x, use_reentrant=False)
             else:
