@@ -1,6 +1,8 @@
 """Is the data loader ever the bottleneck? Samples per second a token file gives (hetauto.runtime.batches:
 a step's global batch of windows from a memory-mapped .bin) next to the samples per second the executor
-consumes on the cpu-demo plan, measured in one run. Target: loader >= 10x consumption.
+consumes on the cpu-demo plan, measured in one run. Target: loader >= 10x consumption. The same tokens as a
+Hugging Face datasets folder (save_to_disk, 4 Arrow shards: hetauto.runtime.hf_dataset) get a row of their
+own when the datasets package is installed.
 
 Why these two: every first and last stage rank builds the step's global batch itself before its first
 forward (no prefetch thread), so loader time is on the critical path: it must be small next to a step.
@@ -29,6 +31,22 @@ def _token_file(folder: Path, tokens: int = 2_000_000) -> Path:
                          dtype=np.uint8).astype(np.int64)
     reps = tokens // len(text) + 1
     return write_tokens(folder / "train.bin", [np.tile(text, reps)[:tokens]], vocab_size=256)
+
+
+def _dataset_folder(path: Path, folder: Path, row: int = 1000) -> Path | None:
+    """The token file's ids as a datasets folder of `row`-token rows in 4 shards (None without datasets)."""
+    try:
+        import datasets
+    except ImportError:
+        return None
+    import numpy as np
+
+    ids = np.fromfile(path, dtype=np.uint16).astype(np.int32)
+    rows = [ids[i : i + row].tolist() for i in range(0, ids.size, row)]
+    out = folder / "train-ds"
+    datasets.disable_progress_bars()
+    datasets.Dataset.from_dict({"input_ids": rows}).save_to_disk(str(out), num_shards=4)
+    return out
 
 
 def loader_rate(path: Path, global_batch: int, seq_len: int, steps: int) -> float:
@@ -70,9 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         path = _token_file(folder)
         consumed, shape = executor_rate(path, folder, args.steps)
         loaded = loader_rate(path, shape["global_batch"], shape["seq_len"], steps=50)
+        ds = _dataset_folder(path, folder)
+        from_ds = loader_rate(ds, shape["global_batch"], shape["seq_len"], steps=50) if ds is not None else None
     ratio = loaded / consumed
-    doc = {"loader_samples_s": loaded, "executor_samples_s": consumed, "ratio": ratio, "target": 10.0, **shape}
+    doc = {"loader_samples_s": loaded, "executor_samples_s": consumed, "ratio": ratio, "target": 10.0, **shape,
+           "datasets_loader_samples_s": from_ds, "datasets_ratio": None if from_ds is None else from_ds / consumed}
     print(f"loader   {loaded:12,.0f} samples/s (BatchSource.train on a memory-mapped token file)")
+    if from_ds is not None:
+        print(f"datasets {from_ds:12,.0f} samples/s (the same tokens as a datasets folder, 4 Arrow shards): "
+              f"ratio {from_ds / consumed:.1f}x")
     print(f"executor {consumed:12,.0f} samples/s (hetauto run on cpu-demo, global batch {shape['global_batch']}, "
           f"seq {shape['seq_len']})")
     print(f"ratio {ratio:.1f}x (target >= 10x)")

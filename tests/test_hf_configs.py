@@ -18,8 +18,8 @@ DATA = Path(__file__).parent / "data" / "hf"
 
 
 @pytest.mark.parametrize("name, expected, params", [
-    # GPT-2 small: 124,439,808 parameters (transformers' num_parameters()), tied head
-    ("gpt2", ModelConfig("gpt2", "gpt", 12, 768, 12, 3072, 50257, 1024, None, True), 124_439_808),
+    # GPT-2 small: 124,439,808 parameters (transformers' num_parameters()), tied head, "gelu_new" (tanh) GELU
+    ("gpt2", ModelConfig("gpt2", "gpt", 12, 768, 12, 3072, 50257, 1024, None, True, gelu="tanh"), 124_439_808),
     # published 125,198,592: GPT-Neo's q/k/v projections have no bias (12 layers x 3 x 768 = 27,648 fewer)
     ("gpt-neo-125m", ModelConfig("gpt-neo-125m", "gpt", 12, 768, 12, 3072, 50257, 2048, None, True),
      125_198_592 + 27_648),

@@ -209,6 +209,11 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
     assert [(e.step, round(e.value, 5)) for e in board.Scalars("train/loss")] == [
         (i, round(v, 5)) for i, v in enumerate(doc["loss"])]
     assert [e.step for e in board.Scalars("eval/loss")] == [1, 2]
+    from hetauto.commands.run import _flops_per_peak
+
+    per_peak = _flops_per_peak(plan)  # MFU: the step's model FLOPs over the plan's peak in its step time
+    assert [r["mfu"] for r in lines] == [per_peak / r["step_s"] for r in lines]
+    assert [e.step for e in board.Scalars("train/mfu")] == [0, 1, 2] and len(doc["mfu"]) == 3
 
 
 def test_the_step_log_joins_the_last_stages_replicas_once_each_has_written_the_step(tmp_path: Path) -> None:
@@ -226,3 +231,25 @@ def test_the_step_log_joins_the_last_stages_replicas_once_each_has_written_the_s
     (rec,) = log.poll()  # a half-written line waits for the next poll
     assert (rec.step, rec.loss, rec.step_s, rec.tokens_s) == (0, 2.75, 0.25, 8 * 16 / 0.25)
     assert seen == [rec] and json.loads((tmp_path / "out.jsonl").read_text())["loss"] == 2.75
+
+
+def test_a_steps_mfu_is_its_model_flops_over_the_plans_peak_in_its_step_time(tmp_path: Path) -> None:
+    from hetauto.commands.run import _flops_per_peak
+    from hetauto.planner.evaluate import evaluate_plan
+    from hetauto.planner.layers import model_flops_per_token
+    from hetauto.runtime.step_log import StepLog, append_step, rank_log_name
+
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=8, microbatch_size=4,
+                num_microbatches=2, stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
+                                            StagePlan(cluster="slow", device_type="cpu", devices=(0,), layers=(3, 6), tp=1,
+                                                      dp=1)))
+    # cpu-demo: fast 1 TFLOP/s, slow 1 TFLOP/s at speed factor 0.5, one device each; fp32 (its peak is the figure)
+    flops = model_flops_per_token(GPT, 16) * 8 * 16
+    assert _flops_per_peak(plan) == pytest.approx(flops / 1.5e12, rel=1e-12)
+    assert evaluate_plan(plan).mfu == pytest.approx(_flops_per_peak(plan) / evaluate_plan(plan).iteration_time_s)
+    log = StepLog(plan, tmp_path, tmp_path / "out.jsonl", flops_per_peak=flops / 1.5e12)
+    append_step(tmp_path / rank_log_name(1), 0, 1.5, 1e-3, None, 0.5)
+    (rec,) = log.poll()
+    assert rec.mfu == pytest.approx(flops / 1.5e12 / 0.5, rel=1e-12)
+    assert json.loads((tmp_path / "out.jsonl").read_text())["mfu"] == rec.mfu
+    assert StepLog(plan, tmp_path).flops_per_peak is None  # no figure given: no MFU claimed

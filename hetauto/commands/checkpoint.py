@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     v.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document on stdout")
     e = sub.add_parser("export", help="write the checkpoint as a Hugging Face checkpoint folder")
     e.add_argument("directory", help="a checkpoint directory (step-...) or a --checkpoint-dir root (its newest)")
-    e.add_argument("--format", choices=("hf",), default="hf", help="hf: config.json + model.safetensors (llama)")
+    e.add_argument("--format", choices=("hf",), default="hf", help="hf: config.json + model.safetensors (llama; gpt as gpt2)")
     e.add_argument("-o", "--output", required=True, metavar="OUT", help="the folder to write")
     e.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document on stdout")
 

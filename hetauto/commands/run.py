@@ -49,14 +49,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
     parser.add_argument("--tensorboard", metavar="DIR",
-                        help="write each step's loss, lr, grad norm, tokens/s and held-out loss as TensorBoard scalars")
+                        help="write each step's loss, lr, grad norm, tokens/s, MFU and held-out loss as TensorBoard scalars")
     parser.add_argument("--log-jsonl", metavar="FILE",
-                        help="append one JSON line per step as it completes (step, loss, lr, grad_norm, step_s, tokens_s)")
+                        help="append one JSON line per step as it completes (step, loss, lr, grad_norm, step_s, tokens_s, mfu)")
     tr = parser.add_argument_group("training")
-    tr.add_argument("--data", metavar="FILE.bin",
-                    help="train on a local token file (hetauto data prepare); default: the synthetic stream")
+    tr.add_argument("--data", metavar="FILE.bin|DIR",
+                    help="train on a local token file (hetauto data prepare) or a Hugging Face datasets folder "
+                         "(save_to_disk); default: the synthetic stream")
+    tr.add_argument("--data-column", metavar="NAME", default=None,
+                    help="with a datasets folder as --data: the column of token ids (default input_ids)")
     tr.add_argument("--init-from", metavar="DIR",
-                    help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral)")
+                    help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral, gpt2)")
     tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     tr.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant",
                     help="after the warm-up: constant (default), or decay to --min-lr at the last step")
@@ -155,6 +158,24 @@ def _predicted(plan: Plan, *, emulate: bool = False, base: Path | None = None) -
     return None, "prediction unavailable (unexpected evaluate_plan result)", False
 
 
+def _flops_per_peak(plan: Plan, base: Path | None = None) -> float | None:
+    """Model FLOPs of one step over the summed peak FLOP/s of the plan's devices (seconds), from the planner's
+    uncalibrated evaluation (mfu x iteration time: its MFU definition, the cluster spec's peaks at the plan's
+    precision); a step's MFU is this over its step time. None when the planner cannot evaluate the plan."""
+    try:
+        from hetauto.planner.evaluate import evaluate_plan  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    if base is not None and plan.cluster and (base / plan.cluster).is_file():
+        plan = plan.model_copy(update={"cluster": str(base / plan.cluster)})
+    try:
+        res: Any = evaluate_plan(plan)
+    except HetautoError:
+        return None
+    mfu, t = getattr(res, "mfu", None), getattr(res, "iteration_time_s", None)
+    return float(mfu) * float(t) if mfu and t and math.isfinite(t) else None
+
+
 def _eval_losses(plan: Plan, reports: list[dict[str, Any]]) -> list[list[float]]:
     """[[step, held-out loss], ...]: the last stage's replicas' shares summed per evaluation."""
     from hetauto.runtime.step_log import log_ranks
@@ -185,7 +206,8 @@ class _Board:
         w.add_scalar("train/loss", rec.loss, rec.step)
         w.add_scalar("train/tokens_per_s", rec.tokens_s, rec.step)
         w.add_scalar("train/step_s", rec.step_s, rec.step)
-        for tag, value in (("train/lr", rec.lr), ("train/grad_norm", rec.grad_norm), ("eval/loss", rec.eval_loss)):
+        for tag, value in (("train/lr", rec.lr), ("train/grad_norm", rec.grad_norm), ("eval/loss", rec.eval_loss),
+                           ("train/mfu", getattr(rec, "mfu", None))):
             if value is not None:
                 w.add_scalar(tag, value, rec.step)
         w.flush()
@@ -209,8 +231,9 @@ class _StepBar:
 
     def update(self, rec: Any) -> None:
         held = f" held-out {rec.eval_loss:.4f}" if rec.eval_loss is not None else ""
+        mfu = f" MFU {rec.mfu:.1%}" if getattr(rec, "mfu", None) is not None else ""
         self.progress.update(self.task, advance=1, info=f"step {rec.step} loss {rec.loss:.4f}{held} "
-                                                        f"{rec.tokens_s:,.0f} tokens/s")
+                                                        f"{rec.tokens_s:,.0f} tokens/s{mfu}")
 
     def close(self) -> None:
         self.progress.stop()
@@ -303,14 +326,19 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError(f"--eval-steps must be >= 1, got {args.eval_steps}")
     if not 0 < args.eval_fraction < 1:
         raise HetautoError(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
+    if args.data_column is not None and args.data is None:
+        raise HetautoError("--data-column names a column of the --data folder; pass --data DIR too")
     if args.data is not None:
         from hetauto.runtime.token_data import open_tokens
 
-        tokens = open_tokens(args.data)
+        tokens = open_tokens(args.data, args.data_column)
         tokens.check_fits(plan.global_batch, plan.seq_len, cfg.vocab_size, cfg.name)
         if args.eval_every is not None and int(tokens.num_tokens * args.eval_fraction) < plan.seq_len + 1:
             raise HetautoError(f"--eval-fraction {args.eval_fraction:g} of {args.data}'s {tokens.num_tokens} tokens "
                                f"holds out fewer than one window of {plan.seq_len + 1}; raise it or add text")
+    if args.init_from is not None and cfg.builder is not None:
+        raise HetautoError(f"--init-from loads Hugging Face weights into the reference GPT/LLaMA; {cfg.name} is a stage "
+                           "builder model: initialise it in its own modules instead")
     if args.init_from is not None:
         from hetauto.runtime.hf_weights import check_hf_config
 
@@ -324,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
         emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
-        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault)
+        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column)
     if args.print_launch:
         # every node reads the same options file: next to the plan, which every node needs at the same path too
         plan_path = Path(args.plan).resolve()
@@ -355,6 +383,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ["HETAUTO_MOCK_DEVICES"] = str(pre.mock_devices)  # the workers inherit it
     want_reference = not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS
     link: dict | None = None
+    flops_per_peak = _flops_per_peak(plan, base)  # a step's MFU is this over its step time
     if args.emulate == "netns":
         from hetauto.runtime.netns_launch import launch_netns
 
@@ -364,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
         bar = _StepBar(args.steps - start_hint(args)) if not args.json else None
         board = _Board(args.tensorboard) if args.tensorboard else None
         sinks = [f for f in (bar.update if bar is not None else None, board.add if board is not None else None) if f]
-        job.follow_steps(args.log_jsonl, (lambda rec: [f(rec) for f in sinks]) if sinks else None)
+        job.follow_steps(args.log_jsonl, (lambda rec: [f(rec) for f in sinks]) if sinks else None, flops_per_peak)
         if want_reference:
             try:
                 # Import torch here while the ranks start (they import it too, which takes longer than this):
@@ -401,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
                             precision=precision, lr_schedule=schedule, clip_grad=args.clip_grad,
                             data=run_options.data, init_from=run_options.init_from, eval_every=args.eval_every,
                             eval_steps=args.eval_steps, eval_fraction=args.eval_fraction,
-                            weight_decay=args.weight_decay)
+                            weight_decay=args.weight_decay, data_column=run_options.data_column)
         reference = ref.losses[start:]
         reference_eval = [[s, v] for s, v in ref.eval_losses if s >= start]
     predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)
@@ -416,6 +445,7 @@ def run(args: argparse.Namespace) -> int:
         "reference_loss": reference,
         "max_loss_diff": None if reference is None else max(abs(a - b) for a, b in zip(summary.losses, reference)),
         "step_s": list(summary.step_s),
+        "mfu": None if flops_per_peak is None else [flops_per_peak / s if s > 0 else None for s in summary.step_s],
         "lr": list(reports[0].get("lrs") or []),
         "grad_norm": list(reports[0].get("grad_norms") or []) or None,
         "eval_loss": eval_losses or None,

@@ -13,10 +13,13 @@ from typing import Literal
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """A decoder-only transformer. `arch="gpt"`: LayerNorm, GELU MLP, learned positions, biases.
-    `arch="llama"`: RMSNorm, SwiGLU MLP, rotary positions, no biases, optional GQA (`num_kv_heads`)."""
+    `arch="llama"`: RMSNorm, SwiGLU MLP, rotary positions, no biases, optional GQA (`num_kv_heads`).
+    `arch="custom"`: the user's own model, `builder` = "pkg.module:NAME" (hetauto.core.user_model); only
+    `num_layers`, `hidden` (the activation width between stages), `vocab_size` and `max_seq_len` describe it,
+    its per-layer costs are counted from its modules (hetauto.planner.layers.layers_from_builder)."""
 
     name: str
-    arch: Literal["gpt", "llama"]
+    arch: Literal["gpt", "llama", "custom"]
     num_layers: int
     hidden: int
     num_heads: int
@@ -25,6 +28,9 @@ class ModelConfig:
     max_seq_len: int = 2048
     num_kv_heads: int | None = None  # None: equal to num_heads (no GQA)
     tie_embeddings: bool = False
+    builder: str | None = None  # arch "custom": the stage builder's "pkg.module:NAME"
+    # arch "gpt": the MLP's GELU, exact (erf) or the tanh approximation GPT-2 was trained with ("gelu_new")
+    gelu: Literal["exact", "tanh"] = "exact"
 
     @property
     def kv_heads(self) -> int:

@@ -55,10 +55,15 @@ def is_model_path(value: str) -> bool:
 
 
 def get_model(name_or_path: str | Path) -> ModelConfig:
-    """A catalog model by name (case-insensitive) or a local Hugging Face `config.json`."""
+    """A catalog model by name (case-insensitive), a local Hugging Face `config.json`, or a stage builder
+    "pkg.module:NAME" (hetauto.core.user_model)."""
     value = str(name_or_path)
     if isinstance(name_or_path, Path) or is_model_path(value):
         return load_hf_config(value)
+    from hetauto.core.user_model import builder_model_config, is_builder_ref
+
+    if is_builder_ref(value):  # "pkg.module:NAME": the user's own stage builder (hetauto.core.user_model)
+        return builder_model_config(value)
     key = value.strip().lower()
     if key in MODELS:
         return MODELS[key]
@@ -79,6 +84,7 @@ def _int(data: dict[str, Any], source: Path, *names: str, default: int | None = 
                     f"a config.json needs one of: {', '.join(names)}")
 
 
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # transformers' names of the tanh-approximated GELU
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neo", "opt", "gpt_neox")
 # Mixture-of-experts configs are refused by name or by an expert count above 1 in any of these fields.
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "granitemoe", "olmoe",
@@ -128,5 +134,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     tie = data.get("tie_word_embeddings", arch == "gpt")
     if not isinstance(tie, bool):
         raise SpecError(p, "tie_word_embeddings", f"must be true or false, got {tie!r}")
-    return ModelConfig(name, arch, layers, hidden, heads, ffn, vocab, seq, kv if kv != heads else None, tie)
+    # gpt2's MLP: its default "gelu_new" (and "gelu_pytorch_tanh") is the tanh approximation of the GELU
+    act = data.get("activation_function", "gelu_new") if model_type == "gpt2" else "gelu"
+    gelu = "tanh" if act in TANH_GELUS else "exact"
+    return ModelConfig(name, arch, layers, hidden, heads, ffn, vocab, seq, kv if kv != heads else None, tie,
+                       gelu=gelu)
 

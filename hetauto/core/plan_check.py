@@ -98,6 +98,9 @@ def check_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig | None = Non
         if s.layers[1] > n:
             raise PlanMismatch(f"stage {i}: layers {list(s.layers)} go past the model's {n} layer slots "
                                f"({model.name}: embedding, {model.num_layers} blocks, head); end at most {n}")
+        if model.builder is not None and s.tp > 1:
+            raise PlanMismatch(f"stage {i}: tp={s.tp}, but {model.name} is a stage builder model, which runs with "
+                               "tp 1 (hetauto.core.user_model has no tensor-parallel plan); use tp 1")
         for what, size in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads),
                            ("ffn_hidden", model.ffn_hidden)):
             if size % s.tp:

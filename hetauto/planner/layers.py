@@ -32,6 +32,7 @@ block's activations, and the logits most of the head's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -189,6 +190,8 @@ def head_params(m: ModelConfig) -> int:
 
 
 def total_params(m: ModelConfig) -> int:
+    if m.builder is not None:  # the user's own model: counted from its modules (layers_from_builder)
+        return sum(la.params for la in layers_from_builder(m.builder, m.max_seq_len))
     return embedding_params(m) + m.num_layers * block_params(m) + head_params(m)
 
 
@@ -220,6 +223,8 @@ def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCos
     s = int(seq_len or model.max_seq_len)
     if s <= 0:
         raise ValueError(f"seq_len must be positive, got {s}")
+    if model.builder is not None:
+        return layers_from_builder(model.builder, s)
     h, v = model.hidden, model.vocab_size
     boundary = float(BYTES_BF16 * s * h)
     emb_act = float(s * h) if model.arch == "gpt" else 0.0  # embedding dropout mask (1 byte per element)
@@ -365,3 +370,69 @@ def _hidden_of(block: Any) -> int:
         if isinstance(sub, nn.Linear):
             return int(sub.in_features)
     return 0
+
+
+# ------------------------------------------------------------------------------------------- from a stage builder
+@functools.lru_cache(maxsize=64)
+def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
+    """The layer list of a stage builder model (hetauto.core.user_model), each slot built alone on the meta
+    device (no weights, no memory) and run once on a [1, seq_len] sample.
+
+    Counted, not modelled: `params` and `param_tensors` are the slot module's parameters; `fwd_flops_per_token`
+    is what torch.utils.flop_counter.FlopCounterMode counts for the slot's forward (matmuls, einsums,
+    convolutions and attention kernels at 2 FLOPs per multiply-add; elementwise ops and norms count 0, as in
+    `layer_list`) divided by seq_len; backward is 2x forward as for every layer. Activations are the tensors
+    autograd saves for backward in that forward (fp32 on meta, so `compute_bytes` is 4 and
+    `LayerCost.at_compute_bytes` re-expresses them for a 16-bit run), kept as not sharded: a builder model runs
+    at tp 1. `matmul_params` are the slot's parameters of 2 or more dimensions outside nn.Embedding tables."""
+    import torch
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hetauto.core.errors import SpecError
+    from hetauto.core.user_model import load_builder
+
+    b = load_builder(ref)
+    n, h, s = b.num_blocks, b.hidden, int(seq_len)
+    if s > b.max_seq_len:
+        raise ValueError(f"seq_len {s} exceeds {ref}'s max_seq_len {b.max_seq_len}")
+    with torch.device("meta"):
+        slots = [b.embedding(), *(b.block(i) for i in range(n)), b.head()]
+    x: Any = torch.zeros(1, s, dtype=torch.long, device="meta")
+    out = []
+    for i, mod in enumerate(slots):
+        what = "embedding()" if i == 0 else "head()" if i == n + 1 else f"block({i - 1})"
+        if not isinstance(mod, nn.Module):
+            raise SpecError(None, "model", f"{ref}: {what} returned a {type(mod).__name__}, not an nn.Module",
+                            "each factory of the stage builder returns a torch.nn.Module")
+        params = list(mod.parameters())
+        ids = {id(p) for p in params}
+        saved = [0.0]
+        seen: set[int] = set()
+
+        def pack(t: Any, ids: set[int] = ids, saved: list[float] = saved, seen: set[int] = seen) -> Any:
+            base = t
+            while base._base is not None:
+                base = base._base
+            if id(t) not in seen and id(base) not in ids:
+                seen.add(id(t))
+                saved[0] += t.numel() * t.element_size()
+            return t
+
+        counter = FlopCounterMode(display=False)
+        try:
+            with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                x = mod(x)
+        except Exception as err:  # the user's forward: one line, not a traceback from inside it
+            raise SpecError(None, "model", f"{ref}: {what}'s forward on a [1, {s}] sample on the meta device "
+                            f"failed: {type(err).__name__}: {err}",
+                            "the planner counts it on meta tensors: no .item(), .cpu() or tensors made on a device "
+                            "in forward") from None
+        kind: LayerKind = "embedding" if i == 0 else "head" if i == n + 1 else "block"
+        matmul = 0 if i == 0 else sum(p.numel() for sub in mod.modules() if not isinstance(sub, nn.Embedding)
+                                      for p in sub.parameters(recurse=False) if p.dim() >= 2)
+        out.append(LayerCost(i, kind, kind if kind != "block" else f"block_{i - 1}", sum(p.numel() for p in params),
+                             float(counter.get_total_flops()) / s, s, h, saved[0], 0.0, 0.0,
+                             0.0 if kind == "head" else float(4 * s * h), len(params), compute_bytes=4,
+                             matmul_params=matmul))
+    return tuple(out)

@@ -256,7 +256,8 @@ class StrategySpace:
                 continue
             for tp in P.tp_options(size, c.devices_per_node):
                 dp = size // tp
-                if mbs % dp and not c.is_mixed:
+                # a mixed cluster splits the microbatch unevenly; builder models run at tp 1
+                if (mbs % dp and not c.is_mixed) or (tp > 1 and self.inputs.model.builder is not None):
                     continue
                 for rc in self.recompute_options:
                     if c.is_mixed:  # every node group must hold one block at the even split

@@ -23,6 +23,7 @@ class BatchSource:
     vocab_size: int
     data: str | None = None
     eval_fraction: float = 0.0  # > 0: hold out the token file's tail for evaluation
+    data_column: str | None = None  # a datasets folder's token-id column (None: input_ids)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -32,7 +33,7 @@ class BatchSource:
         if self.data is not None:
             from hetauto.runtime.token_data import open_tokens
 
-            self._file = open_tokens(self.data)
+            self._file = open_tokens(self.data, self.data_column)
             n = self._file.num_tokens
             self._split = n - int(n * self.eval_fraction) if self.eval_fraction > 0 else n
 

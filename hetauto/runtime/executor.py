@@ -92,6 +92,7 @@ class ExecutorOptions:
     eval_steps: int = 1  # held-out global batches per evaluation
     eval_fraction: float = 0.05  # the token file's tail held out for evaluation (with eval_every)
     weight_decay: float = ADAMW_WEIGHT_DECAY  # AdamW's decoupled weight decay
+    data_column: str | None = None  # with a datasets folder as `data`: its token-id column (None: input_ids)
 
     @property
     def schedule(self) -> LRSchedule:
@@ -252,7 +253,7 @@ class StageExecutor:
             from hetauto.runtime.batches import BatchSource
 
             self._data = BatchSource(options.seed, cfg.vocab_size, options.data,
-                                     options.eval_fraction if options.eval_every else 0.0)
+                                     options.eval_fraction if options.eval_every else 0.0, options.data_column)
         # evaluation: the action list's forward half (every stage's F and its transfers, in schedule order; with
         # no backward to wait for, forward dependencies alone order it, so it cannot deadlock)
         keep = {_RECV_F, _F, _SEND_F}

@@ -10,6 +10,16 @@ Names (`model_type` llama and mistral, whose layout the reference LLaMA has: RMS
 with rotate-half, SwiGLU MLP, no biases): slot 0 `model.embed_tokens`; slot i+1 `model.layers.i.*`; the head
 `model.norm` and `lm_head` (the embedding when `tie_word_embeddings`). The reference model's epsilon and
 rotary base are fixed (1e-5, 10000): a config with others is refused, not silently loaded into the wrong math.
+
+`model_type` gpt2 loads into the reference GPT (LayerNorm, learned positions, biases everywhere, no bias on the
+head): slot 0 `transformer.wte` and `transformer.wpe`; slot i+1 `transformer.h.i.*`; the head `transformer.ln_f`
+and the tied `wte` (or `lm_head`). GPT-2's layers are `Conv1D`s, whose weight is [in, out], the transpose of
+an `nn.Linear`'s, and its attention input is one fused `c_attn` of q, k and v side by side along the output:
+each of our q/k/v projections is its third of it, transposed. The reference GPT's GELU is the exact one
+("gelu") or, for a config that says "gelu_new" (GPT-2's published default), "gelu_pytorch_tanh" or "gelu_fast",
+the tanh approximation (`ModelConfig.gelu`, read from the same config.json); another activation is refused, as
+are attention scalings other than 1/sqrt(head_dim). `model_type` qwen2 is refused with its reason: its q/k/v
+projections carry biases, which the reference LLaMA has not.
 """
 
 from __future__ import annotations
@@ -26,7 +36,20 @@ from hetauto.core.model import ModelConfig
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "hf_names", "load_hf_weights", "check_hf_config", "hf_config", "export_hf"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "gpt2")
+# model types whose layout the reference models cannot hold, with the reason (one line, not a "not yet")
+UNSUPPORTED_MODEL_TYPES = {"qwen2": "qwen2's q/k/v projections carry biases (Qwen2Attention), which the reference "
+                                    "LLaMA has not; its weights would load into a model that computes something else"}
+_GPT2_BLOCK = {  # ours -> (GPT-2's tensor, how ours is cut from it: None = as is, "t" = transposed, "q"/"k"/"v")
+    "norm1.weight": ("ln_1.weight", None), "norm1.bias": ("ln_1.bias", None),
+    "norm2.weight": ("ln_2.weight", None), "norm2.bias": ("ln_2.bias", None),
+    "attn.q_proj.weight": ("attn.c_attn.weight", "q"), "attn.q_proj.bias": ("attn.c_attn.bias", "q"),
+    "attn.k_proj.weight": ("attn.c_attn.weight", "k"), "attn.k_proj.bias": ("attn.c_attn.bias", "k"),
+    "attn.v_proj.weight": ("attn.c_attn.weight", "v"), "attn.v_proj.bias": ("attn.c_attn.bias", "v"),
+    "attn.o_proj.weight": ("attn.c_proj.weight", "t"), "attn.o_proj.bias": ("attn.c_proj.bias", None),
+    "mlp.up.weight": ("mlp.c_fc.weight", "t"), "mlp.up.bias": ("mlp.c_fc.bias", None),
+    "mlp.down.weight": ("mlp.c_proj.weight", "t"), "mlp.down.bias": ("mlp.c_proj.bias", None),
+}
 _BLOCK = {
     "norm1.weight": "input_layernorm.weight",
     "norm2.weight": "post_attention_layernorm.weight",
@@ -52,6 +75,10 @@ def check_hf_config(folder: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise SpecError(path, f"line {err.lineno}", f"invalid JSON: {err.msg}") from None
     kind = str(cfg.get("model_type", ""))
+    if kind in UNSUPPORTED_MODEL_TYPES:
+        raise SpecError(path, "model_type", UNSUPPORTED_MODEL_TYPES[kind])
+    if kind == "gpt2":
+        return _check_gpt2(path, cfg)
     if kind not in SUPPORTED_MODEL_TYPES:
         raise SpecError(path, "model_type", f"weights of model_type '{kind}' cannot be loaded yet",
                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -64,6 +91,50 @@ def check_hf_config(folder: str | Path) -> dict[str, Any]:
     if any(cfg.get(k) for k in ("attention_bias", "mlp_bias")):
         raise SpecError(path, "attention_bias", "biases are not in the reference LLaMA")
     return cfg
+
+
+def _check_gpt2(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """A gpt2 config.json the reference GPT computes exactly, else one SpecError naming the field."""
+    from hetauto.runtime.model import NORM_EPS
+
+    from hetauto.core.model_catalog import TANH_GELUS
+
+    act = cfg.get("activation_function", "gelu_new")
+    if act != "gelu" and act not in TANH_GELUS:
+        raise SpecError(path, "activation_function", f"'{act}' is not a GELU of the reference GPT",
+                        f"it has the exact 'gelu' and the tanh approximation ({', '.join(TANH_GELUS)})")
+    if float(cfg.get("layer_norm_epsilon", 1e-5)) != NORM_EPS:
+        raise SpecError(path, "layer_norm_epsilon", f"{cfg['layer_norm_epsilon']} differs from the reference "
+                        f"model's {NORM_EPS:g}", "the loaded model would compute something else than it was trained to")
+    for key, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                      ("add_cross_attention", False)):
+        if bool(cfg.get(key, want)) != want:
+            raise SpecError(path, key, f"{cfg[key]!r} is not in the reference GPT (it has {want})")
+    return cfg
+
+
+def _gpt2_source(cfg: ModelConfig, slot: int, ours: str, tied: bool) -> tuple[str, str | None]:
+    """(GPT-2's tensor name, how ours is cut from it) for our parameter `ours` of layer slot `slot`."""
+    last = cfg.num_layer_slots - 1
+    if slot == 0:
+        return {"tok.weight": "transformer.wte.weight", "pos.weight": "transformer.wpe.weight"}[ours], None
+    if slot == last:
+        if ours.startswith("norm."):
+            return f"transformer.ln_f.{ours.removeprefix('norm.')}", None
+        return ("transformer.wte.weight" if tied else "lm_head.weight"), None
+    name, how = _GPT2_BLOCK[ours]
+    return f"transformer.h.{slot - 1}.{name}", how
+
+
+def _cut(t: torch.Tensor, how: str | None, hidden: int) -> torch.Tensor:
+    """Ours from GPT-2's tensor: a Conv1D weight [in, out] transposed, or the q/k/v third of the fused c_attn."""
+    if how is None:
+        return t
+    if how == "t":
+        return t.t()
+    part = "qkv".index(how)
+    piece = t[..., part * hidden : (part + 1) * hidden]
+    return piece.t() if t.dim() == 2 else piece
 
 
 def hf_names(cfg: ModelConfig, slot: int, ours: str, tied: bool) -> str:
@@ -117,14 +188,31 @@ def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str
     returns how many tensors were read. A missing tensor or a shape that differs is one SpecError naming it."""
     folder = Path(folder)
     hf = check_hf_config(folder)
-    tied = bool(hf.get("tie_word_embeddings", False))
+    gpt2 = hf.get("model_type") == "gpt2"
+    tied = bool(hf.get("tie_word_embeddings", gpt2))
+    if gpt2:
+        from hetauto.core.model_catalog import TANH_GELUS
+
+        act = hf.get("activation_function", "gelu_new")
+        if ("tanh" if act in TANH_GELUS else "exact") != cfg.gelu:
+            raise SpecError(folder / "config.json", "activation_function", f"'{act}' is not the {cfg.gelu} GELU "
+                            f"of the plan's model {cfg.name}", "plan with the checkpoint's config.json as the model")
     shards = _Shards(folder)
     read = 0
     with torch.no_grad():
         for slot, module in modules.items():
             for ours, param in module.named_parameters():
-                name = hf_names(cfg, slot, ours, tied)
-                t = shards.get(name)
+                how = None
+                if gpt2:
+                    name, how = _gpt2_source(cfg, slot, ours, tied)
+                    t = shards.get(name)
+                    if t is None:  # a GPT2Model saved without its LM head: no "transformer." prefix
+                        t = shards.get(name.removeprefix("transformer."))
+                    if t is not None:
+                        t = _cut(t, how, cfg.hidden)
+                else:
+                    name = hf_names(cfg, slot, ours, tied)
+                    t = shards.get(name)
                 if t is None:
                     raise SpecError(folder, name, f"missing from the checkpoint (layer slot {slot}, {ours})",
                                     "is this the checkpoint of the plan's model?")
@@ -140,8 +228,17 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """The Hugging Face `config.json` of the reference LLaMA `cfg` (what `transformers` and this module read)."""
     from hetauto.runtime.model import NORM_EPS, ROPE_THETA
 
+    if cfg.arch == "gpt":
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
+                "n_embd": cfg.hidden, "n_inner": cfg.ffn_hidden, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
+                "n_positions": cfg.max_seq_len, "layer_norm_epsilon": NORM_EPS,
+                "activation_function": "gelu_new" if cfg.gelu == "tanh" else "gelu",
+                "tie_word_embeddings": cfg.tie_embeddings, "scale_attn_weights": True,
+                "scale_attn_by_inverse_layer_idx": False, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32"}
     if cfg.arch != "llama":
-        raise SpecError(None, "model", f"{cfg.name} is a {cfg.arch} model; Hugging Face export covers llama models")
+        raise SpecError(None, "model", f"{cfg.name} is a {cfg.arch} model; Hugging Face export covers the reference "
+                        "llama and gpt models")
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden, "num_hidden_layers": cfg.num_layers,
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads,
@@ -171,10 +268,22 @@ def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
     model = build_model(cfg, 0)
     load_checkpoint(path, model, None, restore_rng=False)
     tensors: dict[str, torch.Tensor] = {}
+    fused: dict[str, dict[str, torch.Tensor]] = {}  # gpt2: c_attn's q, k, v parts, joined below
     for key, module in model.layers.items():
         for ours, param in module.named_parameters():
-            name = hf_names(cfg, int(key), ours, cfg.tie_embeddings)
-            tensors.setdefault(name, param.detach().to(torch.float32).contiguous().clone())
+            t = param.detach().to(torch.float32)
+            if cfg.arch == "gpt":
+                name, how = _gpt2_source(cfg, int(key), ours, cfg.tie_embeddings)
+                if how in ("q", "k", "v"):
+                    fused.setdefault(name, {})[how] = t
+                    continue
+                t = t.t() if how == "t" else t
+            else:
+                name = hf_names(cfg, int(key), ours, cfg.tie_embeddings)
+            tensors.setdefault(name, t.contiguous().clone())
+    for name, parts in fused.items():  # Conv1D layout: [in, 3 * hidden], q | k | v along the output
+        joined = [parts[p].t() if parts[p].dim() == 2 else parts[p] for p in "qkv"]
+        tensors[name] = torch.cat(joined, dim=-1).contiguous()
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -318,12 +318,14 @@ class LocalJob:
         self._closed = False
         self.step_log: Any = None  # a hetauto.runtime.step_log.StepLog polled while the job runs (follow_steps)
 
-    def follow_steps(self, jsonl: str | Path | None = None, on_step: Any = None) -> Any:
+    def follow_steps(self, jsonl: str | Path | None = None, on_step: Any = None,
+                     flops_per_peak: float | None = None) -> Any:
         """Join the ranks' per-step lines while the job runs: each completed step is appended to `jsonl` and
-        handed to `on_step` (a StepRecord). Returns the StepLog."""
+        handed to `on_step` (a StepRecord; its MFU from `flops_per_peak`, see hetauto.runtime.step_log). Returns
+        the StepLog."""
         from hetauto.runtime.step_log import StepLog
 
-        self.step_log = StepLog(self.plan, self.out, jsonl, on_step)
+        self.step_log = StepLog(self.plan, self.out, jsonl, on_step, flops_per_peak)
         return self.step_log
 
     # --- signals

@@ -135,12 +135,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GPT: down(gelu(up x)) with biases. LLaMA: down(silu(gate x) * up x), no biases."""
+    """GPT: down(gelu(up x)) with biases (the exact GELU, or its tanh approximation: `cfg.gelu`). LLaMA:
+    down(silu(gate x) * up x), no biases."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         bias = cfg.arch == "gpt"
         self.gated = cfg.arch == "llama"
+        self.approximate = "tanh" if cfg.gelu == "tanh" else "none"
         self.gate = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False) if self.gated else None
         self.up = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=bias)
         self.down = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=bias)
@@ -148,7 +150,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
             return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x)))
+        return self.down(F.gelu(self.up(x), approximate=self.approximate))
 
 
 class Block(nn.Module):
@@ -210,6 +212,10 @@ def build_slot(cfg: ModelConfig, slot: int, seed: int) -> nn.Module:
     last = cfg.num_layer_slots - 1
     if not 0 <= slot <= last:
         raise ValueError(f"layer slot {slot} is outside [0, {last}] for a model with {cfg.num_layers} blocks")
+    if cfg.builder is not None:  # the user's own model (hetauto.core.user_model)
+        from hetauto.runtime.user_model import build_user_slot
+
+        return build_user_slot(cfg, slot, _slot_seed(seed, slot))
     if slot == 0:
         m: nn.Module = Embedding(cfg)
         m.reset_parameters_from(seed)

@@ -52,6 +52,7 @@ class RunOptions:
     resume: str | None = None
     allow_data_change: bool = False
     inject_fault: str | None = None
+    data_column: str | None = None  # a datasets folder's token-id column (hetauto.runtime.hf_dataset)
 
     def __post_init__(self) -> None:
         if self.emulate not in EMULATION_MODES:

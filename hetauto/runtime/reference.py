@@ -71,6 +71,7 @@ def reference_run(
     eval_steps: int = 1,
     eval_fraction: float = 0.05,
     weight_decay: float = ADAMW_WEIGHT_DECAY,
+    data_column: str | None = None,
 ) -> ReferenceRun:
     """Train the whole model in one process for `steps` steps; each step's batch comes from
     `hetauto.runtime.batches.BatchSource` (the synthetic stream, or the token file `data`), and each step's
@@ -90,7 +91,7 @@ def reference_run(
     opt = make_optimizer(model.parameters(), lr, weight_decay)
     normaliser = gbs * seq_len
     schedule = lr_schedule if lr_schedule is not None else LRSchedule(lr=lr)
-    source = BatchSource(seed, model_cfg.vocab_size, data, eval_fraction if eval_every else 0.0)
+    source = BatchSource(seed, model_cfg.vocab_size, data, eval_fraction if eval_every else 0.0, data_column)
 
     def held_out() -> float:
         total = 0.0

@@ -59,8 +59,10 @@ class StageModule(nn.Module):
         `loss_normaliser` defaults to `targets.numel()` (a plain per-token mean)."""
         if not self.is_first and x.dim() != 3:
             raise ValueError(f"stage [{self.start}, {self.end}) takes hidden states [b, s, h], got shape {tuple(x.shape)}")
-        for layer in self.layers.values():
-            if self.recompute and isinstance(layer, Block) and torch.is_grad_enabled() and x.requires_grad:
+        for key, layer in self.layers.items():
+            block = isinstance(layer, Block) or (self.cfg.builder is not None  # a builder model's block slot
+                                                 and 0 < int(key) < self.cfg.num_layers + 1)
+            if self.recompute and block and torch.is_grad_enabled() and x.requires_grad:
                 x = checkpoint(layer, x, use_reentrant=False)
             else:
                 x = layer(x)

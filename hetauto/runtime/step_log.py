@@ -1,5 +1,11 @@
 """Follow a run step by step while it trains: the last stage's ranks append each step to a file, the launcher
-joins them into one record per step (loss, lr, grad norm, step time, tokens/s) for a progress bar and a JSONL log.
+joins them into one record per step (loss, lr, grad norm, step time, tokens/s, MFU) for a progress bar and a
+JSONL log.
+
+MFU: the step's model FLOPs over what the plan's devices could compute in the step's wall time at their peak,
+i.e. `flops_per_peak / step_s` where `flops_per_peak` (seconds) = model FLOPs per step / summed peak FLOP/s,
+which the launcher takes from the planner's evaluation of the plan (its MFU definition; the runtime counts no
+FLOPs itself). None when the launcher gives none.
 
 Why files and not a collective: the loss of a step is split over the last stage's DP replicas (each holds its
 shard's share); summing it with one more collective would add a synchronisation to every step just for a log
@@ -48,6 +54,7 @@ class StepRecord:
     step_s: float
     tokens_s: float
     eval_loss: float | None = None  # the held-out loss after this step, when it was evaluated
+    mfu: float | None = None  # model FLOPs utilisation of the step against the plan's devices' peak (see above)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,8 +65,9 @@ class StepLog:
     and appends them to `jsonl` (when given)."""
 
     def __init__(self, plan: Plan, folder: str | Path, jsonl: str | Path | None = None,
-                 on_step: Callable[[StepRecord], None] | None = None) -> None:
+                 on_step: Callable[[StepRecord], None] | None = None, flops_per_peak: float | None = None) -> None:
         self.plan, self.folder = plan, Path(folder)
+        self.flops_per_peak = flops_per_peak
         self.ranks = log_ranks(plan)
         self.jsonl = Path(jsonl) if jsonl is not None else None
         self.on_step = on_step
@@ -99,7 +107,8 @@ class StepLog:
             rec = StepRecord(step, sum(float(p["loss"]) for p in parts.values()), first.get("lr"),
                              first.get("grad_norm"), step_s,
                              self.plan.global_batch * self.plan.seq_len / step_s if step_s > 0 else 0.0,
-                             None if any(h is None for h in held) else sum(float(h) for h in held))
+                             None if any(h is None for h in held) else sum(float(h) for h in held),
+                             self.flops_per_peak / step_s if self.flops_per_peak is not None and step_s > 0 else None)
             out.append(rec)
             self.records.append(rec)
             if self.jsonl is not None:

@@ -36,7 +36,7 @@ class TokenFile:
 
     path: Path
     vocab_size: int
-    tokens: np.ndarray  # memory-mapped, 1-D
+    tokens: np.ndarray  # memory-mapped, 1-D (a datasets folder's column: hetauto.runtime.hf_dataset.ConcatenatedIds)
     documents: tuple[int, ...] = ()
 
     @property
@@ -73,10 +73,23 @@ def _sidecar(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-def open_tokens(path: str | Path) -> TokenFile:
-    """Open `NAME.bin` with its `NAME.json` sidecar; a problem is one SpecError naming the file and field."""
+def open_tokens(path: str | Path, column: str | None = None) -> TokenFile:
+    """Open `NAME.bin` with its `NAME.json` sidecar, or a Hugging Face `datasets` folder saved to disk (its
+    `column` of token ids, default `input_ids`: hetauto.runtime.hf_dataset); a problem is one SpecError naming
+    the file and field."""
     path = Path(path)
+    from hetauto.runtime.hf_dataset import DEFAULT_COLUMN, is_dataset_folder, read_dataset_column
+
+    if is_dataset_folder(path):
+        ids, vocab, starts = read_dataset_column(path, column or DEFAULT_COLUMN)
+        return TokenFile(path, vocab, ids, starts)  # type: ignore[arg-type]
+    if column is not None:
+        raise SpecError(path, "--data-column", f"picks a column of a datasets folder; {path.name} is not one",
+                        "drop --data-column for a token file")
     side = _sidecar(path)
+    if path.is_dir():
+        raise SpecError(path, "(folder)", "neither a token file nor a datasets folder (no state.json)",
+                        "save a tokenized dataset with Dataset.save_to_disk(FOLDER), or give a .bin")
     if not path.is_file():
         raise SpecError(path, "(file)", "no such token file", "make one with `hetauto data prepare TEXT... -o FILE.bin`")
     try:
