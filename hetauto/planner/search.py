@@ -19,7 +19,8 @@ from hetauto.core.plan import Plan
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
-from hetauto.planner.mcts import MCTS, ProgressFn, Scored, Scorer, TracePoint
+from hetauto.planner.mcts import MCTS
+from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint
 from hetauto.planner.seeds import seed_candidates
 from hetauto.planner.space import RESHARD_METHODS, UNUSED, Candidate, StrategySpace, boundary_pairs
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.mcts import Scorer
+from hetauto.planner.scoring import Scorer
 from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
 
 
