@@ -290,6 +290,15 @@ def test_dp_allreduce_with_measured_collective_and_fp32_gradients() -> None:
     assert t == pytest.approx(4 / 3 * params * 4 / 1e9 + 4e-4, rel=1e-12)
 
 
+def test_ring_allreduce_over_uneven_hops() -> None:
+    """By hand: 4 ranks, hop 2 slow (5 B/s, 3 s latency), the others 10 B/s and 1 s: 2 * 3/4 * 8 B / 5 B/s = 2.4 s
+    paced by the slow hop; latencies along 6 consecutive hops: 2 * (1 + 1 + 3 + 1) - (1 + 1) = 10 s. Equal hops:
+    the uniform ring's closed form."""
+    assert cm.ring_allreduce_time_over(8.0, [(10.0, 1.0), (10.0, 1.0), (5.0, 3.0), (10.0, 1.0)]) == pytest.approx(12.4)
+    assert cm.ring_allreduce_time_over(8.0, [(10.0, 1.0)] * 5) == pytest.approx(cm.ring_allreduce_time(8.0, 5, 10.0, 1.0))
+    assert cm.ring_allreduce_time_over(8.0, [(10.0, 1.0)]) == 0.0
+
+
 def test_dp_buckets_and_exposed_allreduce() -> None:
     mib = float(2**20)
     assert cm.dp_buckets(0.0) == (0, 0.0)
