@@ -157,6 +157,12 @@ def _recurse(p: int, m: int, tf: Sequence[float], tb: Sequence[float], warmups: 
     return rank_t, last_b, (end_f, end_b, send_f, send_b)
 
 
+def steady_window(warmups: Sequence[int], lookahead: Sequence[int]) -> int:
+    """Microbatches per window `periodic_shift` compares: the reach R (see there) plus 2."""
+    look = [max(1, d) for d in lookahead]
+    return max([warmups[h] - warmups[h + 1] for h in range(len(warmups) - 1)] + look) + 3
+
+
 def periodic_shift(events: _Events, warmups: Sequence[int], lookahead: Sequence[int], m: int,
                    span: int) -> float | None:
     """The shift delta with t(e, k + span) = t(e, k) + delta for every event e of microbatch k from the end of
@@ -174,8 +180,7 @@ def periodic_shift(events: _Events, warmups: Sequence[int], lookahead: Sequence[
     end_f, end_b, send_f, send_b = events
     p = len(end_f)
     look = [max(1, d) for d in lookahead]
-    reach = max([warmups[h] - warmups[h + 1] for h in range(p - 1)] + look) + 1
-    width = reach + 2
+    width = steady_window(warmups, lookahead)
     w_max = max(warmups)
     lo = m - w_max - span - width  # B(r, k) is steady for k <= m - 1 - w_r, F(r, k) for k >= w_r + 1
     if lo < max(look) + 1:
@@ -208,6 +213,8 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
     op = list(optim) if optim is not None else [0.0] * p
     m0 = min(m, max(max(warm) + TRANSIENT, EXACT_NODES // p))
     span = period(tf, tb, [min(w, m) for w in warm], look, fw, bw)[1] if m0 < m else 1
+    if m0 < m:  # at least long enough for periodic_shift's two windows after the warm-ups, and TRANSIENT more
+        m0 = min(m, max(m0, max(warm) + span + steady_window(warm, look) + max(look) + 1 + TRANSIENT))
     while True:
         m0 = min(m, m0 + (m - m0) % span)  # extrapolate by whole critical cycles
         rank_t, last_b, events = _recurse(p, m0, tf, tb, tuple(min(w, m0) for w in warm), look, fw, bw)
