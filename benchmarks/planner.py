@@ -14,6 +14,9 @@ Sections (ratios side by side; the last line with --json is one JSON document):
      single-cluster / metis / megatron / amp, and the seed-to-seed spread.
   6. ablation per scenario: our search with the baselines' features only (plain 1F1B, no ZeRO-1, no recompute,
      lanes resharding), each feature added alone, then all (--quick: every scenario but scale-736).
+  8. scale: scale-736 and the 4096-device input benchmarks/data/scale-4096.yaml, each planned in a fresh process
+     on one core: CPU s, evaluations per CPU s, peak RSS against the targets (<= 30 s, <= 120 s and 4 GiB;
+     --quick: scale-736 only).
 Section 2 includes single-cluster (our own search on each cluster alone, the best kept): a gain over it is the
 gain of crossing clusters at all.
 
@@ -306,6 +309,51 @@ def plot_traces(doc: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+SCALE_4096 = Path(__file__).resolve().parent / "data" / "scale-4096.yaml"  # 4 clusters x 128 nodes x 8 devices
+# (what, target CPU s on one core, inputs as load_planning_inputs keywords)
+SCALE = (("scale-736", 30.0, {"scenario": "scale-736"}),
+         ("scale-4096", 120.0, {"cluster": str(SCALE_4096), "model": "gpt3-175b", "seq_len": 2048, "global_batch": 4096}))
+SCALE_RSS_BYTES = 4 * 2**30
+_SCALE_CHILD = """
+import json, os, resource, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core: what the target is stated for
+sys.path.insert(0, sys.argv[2])
+from hetauto.planner.inputs import load_planning_inputs
+from hetauto.planner.search import plan
+c0 = time.process_time()
+r = plan(load_planning_inputs(**json.loads(sys.argv[1])), "mcts", seed=0)
+cpu = time.process_time() - c0
+print(json.dumps({"cpu_s": cpu, "wall_s": r.search_time_s, "evaluations": r.evaluations,
+                  "throughput": r.evaluation.throughput_samples_s, "stages": r.plan.num_stages,
+                  "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def section_scale(quick: bool) -> dict[str, Any]:
+    """[8] scale (issue 17 item 7): each input planned in a fresh process pinned to one core (its own peak RSS),
+    default stop rule, seed 0; --quick: scale-736 only."""
+    import subprocess
+
+    print(f"\n[8] scale: one core, fresh process each (load {load():.1f})")
+    out: dict[str, Any] = {}
+    root = str(Path(__file__).resolve().parents[1])
+    for name, target, kw in SCALE[:1] if quick else SCALE:
+        done = subprocess.run([sys.executable, "-c", _SCALE_CHILD, json.dumps(kw), root], capture_output=True,
+                              text=True, check=False)
+        if done.returncode:
+            print(f"    {name}: failed: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        row["evaluations_per_cpu_s"] = row["evaluations"] / max(row["cpu_s"], 1e-9)
+        row["pass"] = row["cpu_s"] <= target and row["rss_bytes"] <= SCALE_RSS_BYTES
+        out[name] = row
+        print(f"    {name:10s} {row['cpu_s']:6.1f} s CPU (target <= {target:.0f}), {row['wall_s']:6.1f} s wall, "
+              f"{row['evaluations']:5d} evaluations, {row['evaluations_per_cpu_s']:6.1f} evaluations per CPU s, "
+              f"peak RSS {row['rss_bytes'] / 2**30:.2f} GiB (target <= 4), {row['stages']} stages, "
+              f"{row['throughput']:.4g} samples/s -> {'PASS' if row['pass'] else 'FAIL'}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plot", metavar="PNG", help="draw best throughput vs evaluations for every planner")
@@ -319,6 +367,7 @@ def main() -> int:
     doc["two_cluster_sweep"] = section_sweep(args.quick)
     doc["ablation"] = section_ablation(args.quick)
     doc["families"] = section_families(args.quick)
+    doc["scale"] = section_scale(args.quick)
     doc["total_time_s"] = time.perf_counter() - t0
     if args.plot:
         plot_traces(doc, args.plot)

@@ -203,7 +203,7 @@ def test_simulate_cli_plan_mode(tmp_path, capsys) -> None:
 def test_tied_table_split_across_stages_is_held_and_summed_by_the_head_stage() -> None:
     """A tied model whose head sits apart from the embedding: the head stage holds its own copy of the
     vocab x hidden table (parameters, gradients, optimizer states), and after the DP sum the two copies'
-    gradients are summed over the link between the first and last stage (Megatron's embedding group)."""
+    gradients are summed as the executor sums them: the whole fp32 table over every rank of both stages."""
     from dataclasses import replace
 
     from hetauto.planner import costmodel as cm
@@ -223,10 +223,28 @@ def test_tied_table_split_across_stages_is_held_and_summed_by_the_head_stage() -
                  for e in (ev, ev0))
     assert mem - mem0 == pytest.approx(head.tied_params / last.tp * cm.adam_bytes_per_param(last.dp, False), rel=1e-9)
     c, c0 = ev.pipeline_costs(plan), ev0.pipeline_costs(plan)
-    link = inp.cluster.link(first.cluster, last.cluster)
-    # fp32 gradients (grad_reduce_dtype's default), 4 bytes each
-    tied = cm.ring_allreduce_time(head.tied_params / last.tp * 4, 2, link.bandwidth_Bps, link.latency_s)
-    assert tied > 0
+    # by hand: a gloo ring over the 32 + 32 ranks of stage 0 (h800, devices 0-31, 4 nodes) and stage 7 (mi250x,
+    # devices 32-63 of its cluster, 4 nodes), in rank order: per cluster 28 intra-node hops and 3 NIC hops, and
+    # the h800 <-> mi250x link twice (into stage 7 and back to rank 0). Bytes: the whole table in fp32 (not
+    # 1/tp of it, not grad_reduce_dtype), 2 * 63/64 of it down the slowest hop; latencies along 2 * 63
+    # consecutive hops: every hop twice but two neighbouring intra-node ones once. Plus the table to host
+    # memory and back over PCIe (gloo sums in host memory).
+    assert (first.cluster, first.devices, last.cluster, last.devices) == ("h800", tuple(range(32)), "mi250x",
+                                                                           tuple(range(32, 64)))
+    h, x = inp.cluster.cluster("h800"), inp.cluster.cluster("mi250x")
+    cross = inp.cluster.link("h800", "mi250x")
+    nbytes = m.vocab_size * m.hidden * 4
+    slowest = min(cross.bandwidth_Bps, h.inter_node.bandwidth_Bps, x.inter_node.bandwidth_Bps,
+                  h.intra_node.bandwidth_Bps, x.intra_node.bandwidth_Bps)
+    lat = (2 * cross.latency_s + 3 * (h.inter_node.latency_s + x.inter_node.latency_s)
+           + 28 * (h.intra_node.latency_s + x.intra_node.latency_s))
+    walk = 2 * lat - 2 * min(h.intra_node.latency_s, x.intra_node.latency_s)
+    pcie = min(h.device.host_link_bandwidth_Bps, x.device.host_link_bandwidth_Bps)
+    tied = 2 * 63 / 64 * nbytes / slowest + walk + 2 * nbytes / pcie
+    assert ev._tied_sum_s(plan) == pytest.approx(tied, rel=1e-12)
+    # what it was priced at before (issue 17): each rank's 1/tp shard with one partner, the table 2 x 1/8 cheaper
+    before = cm.ring_allreduce_time(head.tied_params / last.tp * 4, 2, cross.bandwidth_Bps, cross.latency_s)
+    assert tied > 3 * before
     assert c.allreduce[0] - c0.allreduce[0] == pytest.approx(tied, rel=1e-9)
     assert c.allreduce[1:-1] == c0.allreduce[1:-1]
     assert c.allreduce[-1] - c0.allreduce[-1] > tied  # and its own DP all-reduce now carries the table too

@@ -139,20 +139,23 @@ def test_dp_and_tied_gradient_sums_move_grad_reduce_dtype_bytes() -> None:
                                                        rel=1e-12)
 
 
-def test_tied_sum_in_grad_reduce_dtype() -> None:
+def test_tied_sum_in_fp32_whatever_grad_reduce_dtype() -> None:
+    """The executor sums the tied table's fp32 master gradient (hetauto.runtime.executor `_reduce_grads`), not
+    in grad_reduce_dtype (which only the DP sum uses): a bf16 grad_reduce_dtype leaves the tied sum's price as
+    it is, and it is the whole table's 4 bytes per element."""
     from dataclasses import replace
 
     from tests.test_evaluate import paper_plan
 
     inp, plan = paper_plan(128, 2, 8, model="gpt3-13b")
-    head = inp.layers[-1]
-    untied = replace(inp, layers=inp.layers[:-1] + (replace(head, tied_params=0),))
-    p = plan.model_copy(update={"training": TrainingSpec(grad_reduce_dtype="bf16")})
-    c, c0 = Evaluator(inp).pipeline_costs(p), Evaluator(untied).pipeline_costs(p)
-    first, last = p.stages[0], p.stages[-1]
-    link = inp.cluster.link(first.cluster, last.cluster)
-    tied = cm.ring_allreduce_time(head.tied_params / last.tp * 2, 2, link.bandwidth_Bps, link.latency_s)
-    assert c.allreduce[0] - c0.allreduce[0] == pytest.approx(tied, rel=1e-9)
+    ev = Evaluator(inp)
+    bf16 = plan.model_copy(update={"training": TrainingSpec(grad_reduce_dtype="bf16")})
+    assert ev._tied_sum_s(bf16) == ev._tied_sum_s(plan) > 0
+    more = replace(inp, layers=inp.layers[:-1] + (replace(inp.layers[-1], tied_params=2 * inp.layers[-1].tied_params),))
+    # twice the table: the bytes terms (ring and host copies) double, the latencies along the ring do not
+    lat = [h[1] for h in ev._tied_ring(plan.stages[0], plan.stages[-1])]
+    walk = 2 * sum(lat) - min(a + b for a, b in zip(lat, lat[1:] + lat[:1]))
+    assert ev._tied_sum_s(plan) * 2 - Evaluator(more)._tied_sum_s(plan) == pytest.approx(walk, rel=1e-9)
 
 
 def test_plan_cli_writes_the_requested_precision(tmp_path, capsys) -> None:

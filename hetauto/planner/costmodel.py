@@ -28,6 +28,7 @@ the wire).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
@@ -51,6 +52,21 @@ def ring_allreduce_time(nbytes: float, d: int, bandwidth_Bps: float, latency_s: 
     if d <= 1 or nbytes <= 0:
         return 0.0
     return 2.0 * (d - 1) / d * nbytes / bandwidth_Bps + 2.0 * (d - 1) * latency_s
+
+
+def ring_allreduce_time_over(nbytes: float, hops: Sequence[tuple[float, float]]) -> float:
+    """Ring all-reduce of `nbytes` over a ring whose hop i (rank i -> rank i+1, the last one back to rank 0) has
+    (bandwidth B/s, latency s) `hops[i]`: every one of the 2(d-1) steps sends bytes/d down every hop at once, so
+    the slowest hop paces the bytes, 2(d-1)/d * bytes / min(bandwidth); a step's message waits for the previous
+    step's from the rank before, so the latencies add along 2(d-1) consecutive hops -- every hop twice but two
+    neighbours once, the worst such walk: 2 sum(lat) - min(lat_i + lat_(i+1)). Equal to `ring_allreduce_time`
+    when every hop is the same; a ring across two clusters pays the slow link's latency 4 times, not 2(d-1)."""
+    d = len(hops)
+    if d <= 1 or nbytes <= 0:
+        return 0.0
+    lat = [h[1] for h in hops]
+    walk = 2.0 * sum(lat) - min(lat[i] + lat[(i + 1) % d] for i in range(d))
+    return 2.0 * (d - 1) / d * nbytes / min(h[0] for h in hops) + walk
 
 
 def ring_allgather_time(nbytes: float, d: int, bandwidth_Bps: float, latency_s: float = 0.0) -> float:

@@ -602,20 +602,50 @@ class Evaluator:
         return replace(costs, tf=tuple(tf), tb=tuple(tb))
 
     def _tied_sum_s(self, plan: Plan) -> float:
-        """The tied table's gradient sum between the embedding stage and the head stage (Megatron's embedding
-        group: each rank's shard of the head's copy with its partner's, in the plan's grad_reduce_dtype), over
-        the link between the two stages' clusters. 0 without a tied table split across stages."""
+        """The tied table's gradient sum between the embedding stage and the head stage, as the executor runs it
+        (hetauto.runtime.executor `_reduce_grads`, the group from runtime.groups `build_groups`): after the DP
+        sum, one all-reduce of the whole vocab x hidden table in fp32 (the master gradient, whatever
+        grad_reduce_dtype; the table is never TP-sharded) over one host-collective (gloo) group of *every* rank
+        of the first and the last stage (each end's dp 0 / tp 0 rank contributes its copy, the others zeros),
+        in rank order: a ring whose hops are the links between consecutive devices (`_tied_ring`), so the
+        link between the two stages' clusters paces it and pays its latency 4 times. On an accelerator the
+        table is also copied to host memory (the contributors) and back (every rank) over `host_link_bandwidth`.
+        0 without a tied table split across stages."""
         head = self.inputs.layers[-1]
         if plan.num_stages < 2 or head.kind != "head" or head.tied_params <= 0:
             return 0.0
         first, last = plan.stages[0], plan.stages[-1]
+        nbytes = head.tied_params * DTYPE_BYTES["fp32"]
         oh = self.overheads
-        nbytes = head.tied_params / last.tp * DTYPE_BYTES[plan.training.grad_reduce_dtype]
-        ca, cb = self.cluster(first.cluster), self.cluster(last.cluster)
-        link = self.inputs.cluster.link(ca.name, cb.name) if ca.name != cb.name else ca.inter_node
-        if oh is not None and oh.allreduce_Bps > 0 and ca.name == cb.name:
-            return cm.ring_allreduce_time(nbytes, 2, oh.allreduce_Bps, oh.allreduce_alpha_s / 2)
-        return cm.ring_allreduce_time(nbytes, 2, link.bandwidth_Bps, link.latency_s)
+        if oh is not None and oh.allreduce_Bps > 0 and first.cluster == last.cluster:  # measured gloo on this host
+            t = cm.ring_allreduce_time(nbytes, first.num_devices + last.num_devices, oh.allreduce_Bps,
+                                       oh.allreduce_alpha_s / 2)
+        else:
+            t = cm.ring_allreduce_time_over(nbytes, self._tied_ring(first, last))
+        spec = self.inputs.cluster
+
+        def host_bw(st: StagePlan) -> float:
+            return math.inf if spec.cluster(st.cluster).backend in HOST_BACKENDS else \
+                self.cluster(st.cluster).device.host_link_bandwidth_Bps
+
+        copy = nbytes / min(host_bw(first), host_bw(last))  # out on the contributors, then in on every rank
+        return t + 2 * copy
+
+    def _tied_ring(self, first: StagePlan, last: StagePlan) -> list[tuple[float, float]]:
+        """(bandwidth, latency) of each hop of the tied sum's ring: first stage's devices then the last's, back
+        to the first. Consecutive devices of one node: the intra-node link (an upper bound for gloo, which goes
+        through host memory there; the sum is priced by the measured gloo figure instead where the Evaluator
+        has one), of one cluster: its inter-node link, of two clusters: the link between them."""
+        members = [(first.cluster, d) for d in first.devices] + [(last.cluster, d) for d in last.devices]
+        hops = []
+        for (ca, da), (cb, db) in zip(members, members[1:] + members[:1]):
+            if ca != cb:
+                ln = self.inputs.cluster.link(ca, cb)
+            else:
+                c = self.cluster(ca)
+                ln = c.intra_node if da // c.devices_per_node == db // c.devices_per_node else c.inter_node
+            hops.append((ln.bandwidth_Bps, ln.latency_s))
+        return hops
 
     def _costs(self, plan: Plan, fold_shared: bool = True) -> PipelineCosts:
         mb = plan.microbatch_size

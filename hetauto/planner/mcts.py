@@ -21,23 +21,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace, plan_key
+from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint, record_improvement
+from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
+
+__all__ = ["MCTS", "Priors", "ProgressFn", "Scored", "Scorer", "TracePoint"]  # the last four: from scoring.py
 
 Decision = Any
-
-
-@dataclass(frozen=True, slots=True)
-class TracePoint:
-    elapsed_s: float
-    evaluations: int
-    best_throughput: float
-
-
-@dataclass(slots=True)
-class Scored:
-    candidate: Candidate
-    plan: Any  # Plan
-    evaluation: Any  # Evaluation
 
 
 @dataclass(slots=True)
@@ -48,58 +37,6 @@ class _Node:
     visits: int = 0
     total: float = 0.0
     exhausted: bool = False
-
-
-ProgressFn = Callable[[float, int, float], None]
-
-
-class Scorer:
-    """Builds candidates and scores their plans once (transposition table); remembers the best."""
-
-    def __init__(self, space: StrategySpace) -> None:
-        self.space = space
-        self.by_candidate: dict[Candidate, Scored | None] = {}
-        self.by_plan: dict[tuple, Any] = {}
-        self.best: Scored | None = None
-        self.violations: list[str] = []
-        self.scored = 0
-        self.improved_at = 0  # evaluator.evaluations when `best` last improved (the stop rule's clock)
-        self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
-        self.refused: list[tuple[Candidate, str]] = []  # candidates outside the space's feature set, never built
-
-    def score(self, cand: Candidate) -> Scored | None:
-        if cand in self.by_candidate:
-            return self.by_candidate[cand]
-        outside = self.space.allows(cand)
-        if outside is not None:  # a phase proposed a feature the space excludes: never scored
-            self.refused.append((cand, outside))
-            self.by_candidate[cand] = None
-            return None
-        built = self.space.build(cand)
-        result: Scored | None = None
-        if built.violation:
-            self.violations.append(built.violation)
-        for plan in built.plans:
-            key = plan_key(plan)
-            ev = self.by_plan.get(key)
-            if ev is None:
-                ev = self.space.evaluator.evaluate(plan)
-                self.by_plan[key] = ev
-                self.scored += 1
-                if not ev.feasible and ev.violation:
-                    self.violations.append(ev.violation)
-            if ev.feasible and (result is None or ev.throughput_samples_s > result.evaluation.throughput_samples_s):
-                result = Scored(cand, plan, ev)
-        self.by_candidate[cand] = result
-        if result is not None and (self.best is None or
-                                   result.evaluation.throughput_samples_s > self.best.evaluation.throughput_samples_s):
-            self.best = result
-            self.improved_at = self.space.evaluator.evaluations
-        return result
-
-    @property
-    def best_throughput(self) -> float:
-        return self.best.evaluation.throughput_samples_s if self.best else 0.0
 
 
 # ------------------------------------------------------------------------------------------- priors
@@ -306,9 +243,7 @@ class MCTS:
     def record(self) -> None:
         """Add the best so far to the trace when it improved (public: phases outside the tree, e.g. the
         descent, call it so their improvements enter the trace when they happen)."""
-        point = TracePoint(time.perf_counter() - self.start, self.space.evaluator.evaluations, self.scorer.best_throughput)
-        if not self.trace or point.best_throughput > self.trace[-1].best_throughput:
-            self.trace.append(point)
+        record_improvement(self.trace, self.start, self.space.evaluator.evaluations, self.scorer.best_throughput)
 
     def run(self, budget_s: float | None = None, iterations: int | None = None,
             progress: ProgressFn | None = None, start: float | None = None,

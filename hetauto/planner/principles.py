@@ -28,7 +28,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from hetauto.core.cluster import Cluster, ClusterSpec
+from hetauto.core.cluster import MAX_DEVICES, Cluster, ClusterSpec
 from hetauto.schedule import cap_extra_warmup, extra_warmup_from_costs
 
 BYTES_PER_PARAM_STATES = 16.0  # fp32 weights + fp32 grads + AdamW m and v (autocast keeps parameters fp32)
@@ -164,6 +164,37 @@ def memory_floor_violation(params: int, spec: ClusterSpec) -> str | None:
     return (f"model states need {need / gib:.1f} GiB (16 B/param x {params / 1e9:.3g}B params) but all "
             f"{spec.total_devices} devices together hold {have / gib:.1f} GiB; use more or larger devices "
             f"or a smaller model")
+
+
+def placeable(cluster: Cluster, num_layers: int, microbatch_sizes: Sequence[int]) -> bool:
+    """Whether the strategy space can use `cluster` at all: a node-aligned split into at most `num_layers`
+    equal stages with a TP degree inside a node whose dp divides one of the microbatch sizes (every stage
+    replicates dp times; each replica takes whole samples of a microbatch). No evaluation: divisors only."""
+    for k, size in stage_group_options(cluster):
+        if k <= num_layers and any(b % (size // t) == 0 for t in tp_options(size, cluster.devices_per_node)
+                                   for b in microbatch_sizes):
+            return True
+    return False
+
+
+def scale_violation(spec: ClusterSpec, num_layers: int, microbatch_sizes: Sequence[int]) -> str | None:
+    """Up front, before any search: the job is larger than hetauto plans for (MAX_DEVICES, the cluster
+    spec's own limit, for specs built in code), or no cluster can be placed (`placeable`): one line naming the
+    limit, else None. Why: a cluster too large for the space is otherwise found out only after the search
+    (as "no plan fits"), and millions of devices would be enumerated first."""
+    n = spec.total_devices
+    if n > MAX_DEVICES:
+        return (f"the clusters hold {n:,} devices, more than the {MAX_DEVICES:,} hetauto plans for "
+                "(hetauto.core.cluster.MAX_DEVICES)")
+    if any(placeable(c, num_layers, microbatch_sizes) for c in spec.clusters):
+        return None
+    b = max(microbatch_sizes)
+    largest = max(spec.clusters, key=lambda c: c.devices_per_node)
+    return (f"no cluster fits the strategy space: each must split into at most {num_layers} stages (one per layer) "
+            f"of tp <= devices per node x dp dividing a microbatch size <= {b}, so at most {num_layers} x "
+            f"{largest.devices_per_node} x {b} = {num_layers * largest.devices_per_node * b:,} devices per cluster; "
+            f"the smallest here has {min(c.num_devices for c in spec.clusters):,} (use fewer nodes per cluster: a "
+            "plan uses every device of each cluster it uses)")
 
 
 # 5 -------------------------------------------------------------------------------------------------

@@ -19,9 +19,11 @@ from hetauto.core.plan import Plan
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
-from hetauto.planner.mcts import MCTS, ProgressFn, Scored, Scorer, TracePoint
+from hetauto.planner.mcts import MCTS
+from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint
 from hetauto.planner.seeds import seed_candidates
-from hetauto.planner.space import RESHARD_METHODS, UNUSED, Candidate, StrategySpace, boundary_pairs
+from hetauto.planner.space import (RESHARD_METHODS, UNUSED, Candidate, StrategySpace, boundary_pairs,
+                                   microbatch_options)
 
 __all__ = ["RESHARD_METHODS", "seed_candidates"]  # re-exported: their homes are space.py and seeds.py
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
@@ -118,6 +120,9 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
         opts = [o for o in space.cluster_options(name, 1) if o.stages > 0]
         if not opts:
             c = space.spec.cluster(name)
+            if not P.placeable(c, space.num_layers, space.microbatch_sizes()):
+                lenient.append(UNUSED)  # too large for the space, whatever its memory (see P.scale_violation)
+                continue
             tp = max(P.tp_options(c.devices_per_node, c.devices_per_node))
             need = space.evaluator.stage_memory_bytes(name, (1, 2), tp, 1, 1, 1, True, True)
             return (f"cluster {name} ({c.device.key}): one block needs {need / 2**30:.1f} GiB per device at "
@@ -174,6 +179,10 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
     if planner not in PLANNERS:
         raise HetautoError(f"unknown planner '{planner}'; choose one of: {', '.join(PLANNERS)}")
     start = time.perf_counter()
+    violation = P.scale_violation(inputs.cluster, len(inputs.layers),
+                                  microbatch_options(inputs.global_batch, (space_options or {}).get("max_microbatch")))
+    if violation:
+        raise InfeasiblePlan(violation)
     violation = P.memory_floor_violation(total_params(inputs.model), inputs.cluster)
     if violation:
         raise InfeasiblePlan(violation)

@@ -138,6 +138,16 @@ class Built:
     pruned: str | None = None  # no plan, by a principle rather than a constraint (e.g. interleaving over slow links)
 
 
+DEFAULT_MAX_MICROBATCH = 32
+
+
+def microbatch_options(global_batch: int, max_microbatch: int | None = None) -> list[int]:
+    """The microbatch sizes a space searches: the divisors of the global batch up to `max_microbatch`
+    (default DEFAULT_MAX_MICROBATCH)."""
+    cap = max_microbatch if max_microbatch is not None else DEFAULT_MAX_MICROBATCH
+    return [b for b in range(1, min(global_batch, cap) + 1) if global_batch % b == 0]
+
+
 class StrategySpace:
     """Enumerates options per decision (with principle pruning) and turns candidates into plans."""
 
@@ -174,9 +184,7 @@ class StrategySpace:
                 raise ValueError(f"clusters {clusters!r}: the spec has {', '.join(self.spec.names)}")
         self.clusters = tuple(self.spec.names) if clusters is None else tuple(n for n in self.spec.names
                                                                               if n in clusters)
-        gbs = inputs.global_batch
-        cap = max_microbatch if max_microbatch is not None else 32
-        self._mbs = [b for b in range(1, min(gbs, cap) + 1) if gbs % b == 0]
+        self._mbs = microbatch_options(inputs.global_batch, max_microbatch)
         self._orders = _project_orders(P.canonical_orders(self.spec), self.clusters)
         self._opts: dict[tuple[str, int], list[ClusterChoice]] = {}
         self._cost: dict[tuple, _StageCost] = {}

@@ -11,7 +11,7 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.mcts import ProgressFn, Scored, Scorer, TracePoint
+from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint, record_improvement
 from hetauto.planner.space import StrategySpace
 
 BASELINES = ("exhaustive", "megatron", "metis", "amp", "greedy")
@@ -24,11 +24,9 @@ def run_baseline(name: str, inputs: PlanningInputs, evaluator: Any, *, budget: f
     trace: list[TracePoint] = []
 
     def record(scorer: Scorer) -> None:
-        t = time.perf_counter() - start
-        if not trace or scorer.best_throughput > trace[-1].best_throughput:
-            trace.append(TracePoint(t, evaluator.evaluations, scorer.best_throughput))
+        record_improvement(trace, start, evaluator.evaluations, scorer.best_throughput)
         if progress is not None:
-            progress(t, evaluator.evaluations, scorer.best_throughput)
+            progress(time.perf_counter() - start, evaluator.evaluations, scorer.best_throughput)
 
     def out_of_time() -> bool:
         return budget is not None and time.perf_counter() - start >= budget

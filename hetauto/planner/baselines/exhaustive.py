@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.mcts import Scorer
+from hetauto.planner.scoring import Scorer
 from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
 
 

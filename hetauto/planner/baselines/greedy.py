@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.mcts import Scorer
+from hetauto.planner.scoring import Scorer
 from hetauto.planner.seeds import seed_candidates
 from hetauto.planner.space import StrategySpace
 

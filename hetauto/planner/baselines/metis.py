@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.mcts import Scorer
+from hetauto.planner.scoring import Scorer
 from hetauto.planner.space import Candidate, ClusterChoice, StageLayout, StrategySpace
 
 

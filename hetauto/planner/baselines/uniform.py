@@ -13,7 +13,7 @@ from typing import Any
 
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.mcts import Scored, Scorer
+from hetauto.planner.scoring import Scored, Scorer
 from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
 
 

@@ -1,0 +1,87 @@
+"""Scoring candidates once: the transposition table every planner shares (MCTS, the descent, the baselines).
+
+Why its own module: the baselines score their picks with the same `Scorer` as the search, and neither the
+search nor the baselines should import the other (or the tree search) to get it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hetauto.planner.space import Candidate, StrategySpace, plan_key
+
+
+@dataclass(frozen=True, slots=True)
+class TracePoint:
+    elapsed_s: float
+    evaluations: int
+    best_throughput: float
+
+
+@dataclass(slots=True)
+class Scored:
+    candidate: Candidate
+    plan: Any  # Plan
+    evaluation: Any  # Evaluation
+
+
+ProgressFn = Callable[[float, int, float], None]
+
+
+def record_improvement(trace: list[TracePoint], start: float, evaluations: int, best_throughput: float) -> None:
+    """Append (time since `start`, evaluations, best) to `trace` when the best improved on its last point: the
+    one trace rule of MCTS (`MCTS.record`) and the baselines (`run_baseline`)."""
+    if not trace or best_throughput > trace[-1].best_throughput:
+        trace.append(TracePoint(time.perf_counter() - start, evaluations, best_throughput))
+
+
+class Scorer:
+    """Builds candidates and scores their plans once (transposition table); remembers the best."""
+
+    def __init__(self, space: StrategySpace) -> None:
+        self.space = space
+        self.by_candidate: dict[Candidate, Scored | None] = {}
+        self.by_plan: dict[tuple, Any] = {}
+        self.best: Scored | None = None
+        self.violations: list[str] = []
+        self.scored = 0
+        self.improved_at = 0  # evaluator.evaluations when `best` last improved (the stop rule's clock)
+        self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
+        self.refused: list[tuple[Candidate, str]] = []  # candidates outside the space's feature set, never built
+
+    def score(self, cand: Candidate) -> Scored | None:
+        if cand in self.by_candidate:
+            return self.by_candidate[cand]
+        outside = self.space.allows(cand)
+        if outside is not None:  # a phase proposed a feature the space excludes: never scored
+            self.refused.append((cand, outside))
+            self.by_candidate[cand] = None
+            return None
+        built = self.space.build(cand)
+        result: Scored | None = None
+        if built.violation:
+            self.violations.append(built.violation)
+        for plan in built.plans:
+            key = plan_key(plan)
+            ev = self.by_plan.get(key)
+            if ev is None:
+                ev = self.space.evaluator.evaluate(plan)
+                self.by_plan[key] = ev
+                self.scored += 1
+                if not ev.feasible and ev.violation:
+                    self.violations.append(ev.violation)
+            if ev.feasible and (result is None or ev.throughput_samples_s > result.evaluation.throughput_samples_s):
+                result = Scored(cand, plan, ev)
+        self.by_candidate[cand] = result
+        if result is not None and (self.best is None or
+                                   result.evaluation.throughput_samples_s > self.best.evaluation.throughput_samples_s):
+            self.best = result
+            self.improved_at = self.space.evaluator.evaluations
+        return result
+
+    @property
+    def best_throughput(self) -> float:
+        return self.best.evaluation.throughput_samples_s if self.best else 0.0
