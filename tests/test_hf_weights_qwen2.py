@@ -168,6 +168,14 @@ def test_qwen2s_sliding_window_off_or_on_no_layer_is_accepted(checkpoint: Path, 
         assert check_hf_config(_config(tmp_path, {**doc, **change}), None, SEQ)["model_type"] == "qwen2"
 
 
+def test_without_layer_types_qwen2s_window_starts_at_max_window_layers(checkpoint: Path, tmp_path: Path) -> None:
+    doc = {k: v for k, v in json.loads((checkpoint / "config.json").read_text()).items() if k != "layer_types"}
+    on = {**doc, "use_sliding_window": True, "sliding_window": 8}
+    assert check_hf_config(_config(tmp_path, {**on, "max_window_layers": 4}), None, SEQ)  # no layer from 4 of 4 on
+    with pytest.raises(SpecError, match="sliding_window: qwen2 attends to the last 8 tokens only"):
+        check_hf_config(_config(tmp_path, {**on, "max_window_layers": 3}), None, SEQ)  # layer 3 slides
+
+
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory) -> Path:
     """A tiny Mistral whose attention window is exactly the plan's sequence length."""

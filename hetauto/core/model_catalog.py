@@ -140,7 +140,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     gelu = "tanh" if act in TANH_GELUS else "exact"
     llama_math = {}
     if model_type in ("llama", "mistral", "qwen2"):
-        llama_math = {"qkv_bias": model_type == "qwen2", "norm_eps": _float(data, p, "rms_norm_eps", HF_RMS_NORM_EPS),
+        llama_math = {"qkv_bias": model_type == "qwen2", "norm_eps": hf_norm_eps(data, p),
                       "rope_theta": hf_rope_theta(data, p)}
     return ModelConfig(name, arch, layers, hidden, heads, ffn, vocab, seq, kv if kv != heads else None, tie,
                        gelu=gelu, **llama_math)
@@ -157,6 +157,11 @@ def _float(data: dict[str, Any], source: Path, name: str, default: float) -> flo
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
         raise SpecError(source, name, f"must be a positive number, got {v!r}")
     return float(v)
+
+
+def hf_norm_eps(data: dict[str, Any], source: Path) -> float:
+    """The RMSNorm epsilon of a llama-family config.json: `rms_norm_eps`, else transformers' default 1e-6."""
+    return _float(data, source, "rms_norm_eps", HF_RMS_NORM_EPS)
 
 
 def hf_rope_theta(data: dict[str, Any], source: Path) -> float:

@@ -126,15 +126,18 @@ def _attention_window(cfg: dict[str, Any]) -> int | None:
     types = cfg.get("layer_types")
     if isinstance(types, list):
         return window if "sliding_attention" in types else None
-    return window if int(cfg.get("num_hidden_layers", 0)) > int(cfg.get("max_window_layers", 28)) else None
+    layers, full = cfg.get("num_hidden_layers"), cfg.get("max_window_layers", 28)
+    if isinstance(layers, int) and isinstance(full, int):
+        return window if layers > full else None
+    return window
 
 
 def _check_same_math(path: Path, hf: dict[str, Any], model: ModelConfig) -> None:
     """The checkpoint's RMSNorm epsilon, rotary base and q/k/v biases are the plan's model's, else one SpecError."""
-    from hetauto.core.model_catalog import HF_RMS_NORM_EPS, hf_rope_theta
+    from hetauto.core.model_catalog import hf_norm_eps, hf_rope_theta
 
     kind = hf.get("model_type")
-    for key, theirs, ours in (("rms_norm_eps", float(hf.get("rms_norm_eps", HF_RMS_NORM_EPS)), model.norm_eps),
+    for key, theirs, ours in (("rms_norm_eps", hf_norm_eps(hf, path), model.norm_eps),
                               ("rope_theta", hf_rope_theta(hf, path), model.rope_theta),
                               ("model_type", kind == "qwen2", model.qkv_bias)):
         if theirs != ours:
