@@ -81,6 +81,30 @@ def test_model_from_another_checkpoint_is_rejected_with_the_reason(tmp_path: Pat
     assert "\n" not in str(err.value)
 
 
+def test_qkv_biases_are_structural_and_a_checkpoint_from_before_the_field_has_none(tmp_path: Path) -> None:
+    import dataclasses
+
+    llama = ModelConfig("ck-l", "llama", num_layers=2, hidden=16, num_heads=2, ffn_hidden=32, vocab_size=20,
+                        max_seq_len=8)
+    qwen = dataclasses.replace(llama, name="ck-q", qkv_bias=True)
+    model, opt = _trained(qwen)
+    save_checkpoint(tmp_path / "q", 1, model, opt)
+    plain = build_model(llama, 0)
+    with pytest.raises(CheckpointMismatch) as err:  # else the biases would be dropped without a word
+        load_checkpoint(tmp_path / "q", plain, None)
+    assert str(err.value) == (
+        f"{tmp_path / 'q' / 'step-00000001'}: checkpoint is of model 'ck-q', this job trains 'ck-l': qkv_bias True != "
+        "False (resume with the model the checkpoint was trained with, or start a new --checkpoint-dir)")
+    model, opt = _trained(llama)
+    save_checkpoint(tmp_path / "l", 1, model, opt)
+    manifest = tmp_path / "l" / "step-00000001" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    del doc["model"]["qkv_bias"], doc["model"]["norm_eps"], doc["model"]["rope_theta"]  # as written before them
+    manifest.write_text(json.dumps(doc))
+    load_checkpoint(tmp_path / "l", plain, None)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), plain.state_dict().values()))
+
+
 def test_missing_optimizer_state_is_a_mismatch_not_a_traceback(tmp_path: Path) -> None:
     model, _ = _trained()
     save_checkpoint(tmp_path, 1, model, None)  # weights only

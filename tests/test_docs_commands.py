@@ -1,6 +1,6 @@
 """Every command the README and docs/ show as runnable runs: fenced ```bash / ```python blocks right after an
 HTML comment `<!-- runnable -->`. Each document's blocks run in order in one fresh folder (a later block may use
-what an earlier one wrote, e.g. plan.json) that links to the checkout's plugins/, benchmarks/, scripts/ and pyproject.toml, so
+what an earlier one wrote, e.g. plan.json) that links to the checkout's plugins/, benchmarks/, scripts/, examples/ and pyproject.toml, so
 commands read as if run from the repository root. Longer commands are shown unmarked (the docs say which).
 The whole test takes ~45 s here (one emulated training run of one step); keep it under ~60 s."""
 
@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"<!--\s*runnable\s*-->\s*\n```(bash|python)\n(.*?)\n```", re.DOTALL)
-LINKED = ("plugins", "benchmarks", "scripts", "pyproject.toml")
+LINKED = ("plugins", "benchmarks", "scripts", "examples", "pyproject.toml")
 
 
 def runnable_blocks(text: str) -> list[tuple[str, str]]:

@@ -30,9 +30,9 @@ DATA = Path(__file__).parent / "data" / "hf"
      1_100_048_384),
     ("mistral-7b-v0.1", ModelConfig("mistral-7b-v0.1", "llama", 32, 4096, 32, 14336, 32000, 32768, 8, False),
      7_241_732_096),
-    # published 494,032,768: qwen2's q/k/v biases (24 x (896 + 128 + 128) = 27,648) are not modelled
-    ("qwen2-0.5b", ModelConfig("qwen2-0.5b", "llama", 24, 896, 14, 4864, 151936, 131072, 2, True),
-     494_032_768 - 27_648),
+    # published 494,032,768, with qwen2's q/k/v biases (24 x (896 + 128 + 128) = 27,648), epsilon and rotary base
+    ("qwen2-0.5b", ModelConfig("qwen2-0.5b", "llama", 24, 896, 14, 4864, 151936, 131072, 2, True, qkv_bias=True,
+                               norm_eps=1e-6, rope_theta=1e6), 494_032_768),
 ])
 def test_published_configs_import(name: str, expected: ModelConfig, params: int) -> None:
     cfg = get_model(DATA / name / "config.json")

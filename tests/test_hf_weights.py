@@ -99,8 +99,8 @@ def test_configs_the_reference_model_cannot_compute_are_refused(checkpoint: Path
     (tmp_path / "config.json").write_text(json.dumps({**doc, "rms_norm_eps": 1e-6}))
     with pytest.raises(SpecError) as err:
         reference_losses(cfg, SEED, 1, GBS, MBS, SEQ, init_from=str(tmp_path))
-    assert str(err.value) == (f"{tmp_path / 'config.json'}: rms_norm_eps: 1e-06 differs from the reference model's "
-                              "1e-05 (the loaded model would compute something else than it was trained to)")
+    assert str(err.value) == (f"{tmp_path / 'config.json'}: rms_norm_eps: 1e-06 differs from the plan's model "
+                              f"{cfg.name}'s 1e-05 (plan with the checkpoint's config.json as the model)")
     (tmp_path / "config.json").write_text((checkpoint / "config.json").read_text())
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(SpecError) as err:

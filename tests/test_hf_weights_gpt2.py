@@ -125,6 +125,6 @@ def test_what_the_reference_models_cannot_compute_is_refused(checkpoint: Path, t
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     with pytest.raises(SpecError) as err:
         reference_losses(cfg, SEED, 1, GBS, MBS, SEQ, init_from=str(tmp_path))
-    assert str(err.value) == (f"{tmp_path / 'config.json'}: model_type: qwen2's q/k/v projections carry biases "
-                              "(Qwen2Attention), which the reference LLaMA has not; its weights would load into a "
-                              "model that computes something else")
+    assert str(err.value) == (f"{tmp_path / 'config.json'}: model_type: a qwen2 checkpoint does not load into the "
+                              f"plan's model {cfg.name}, a gpt model (plan with the checkpoint's config.json as the "
+                              "model)")

@@ -5,6 +5,7 @@ breaks the protocol is refused with one line."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -50,6 +51,44 @@ def test_the_planner_plans_it_at_tp_1() -> None:
     result = plan(inputs, "mcts", seed=0, max_evaluations=200)
     assert result.plan.model == REF and all(s.tp == 1 for s in result.plan.stages)
     check_plan(result.plan, get_scenario("cpu-demo").cluster, get_model(REF))
+
+
+@pytest.mark.parametrize("scenario, seq_len", [("cpu-demo", None), ("mixed-small", S)])
+def test_the_baselines_propose_tp_1_only(scenario: str, seq_len: int | None) -> None:
+    """Megatron's and AMP's grid (uniform_grid), Metis' ranked shapes and the exhaustive enumeration keep a
+    builder model at tp 1, as the search does (StrategySpace.tp_options): `hetauto run` refuses tp > 1 for it.
+    The same space offers a reference LLaMA of the same depth tp > 1, so the restriction is what removes it."""
+    from hetauto.planner.baselines.exhaustive import all_candidates
+    from hetauto.planner.baselines.metis import metis_ranked
+    from hetauto.planner.baselines.uniform import uniform_grid
+    from hetauto.planner.evaluate import Evaluator
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.space import StrategySpace
+
+    def proposals(model: str) -> dict[str, list]:
+        inputs = load_planning_inputs(scenario=scenario, model=model, seq_len=seq_len)
+        space = StrategySpace(inputs, Evaluator(inputs))
+        return {"grid": list(uniform_grid(space, "uniform")), "metis": [c for _, c in metis_ranked(space, lambda: False)],
+                "exhaustive": list(itertools.islice(all_candidates(space), 2000))}
+
+    def widest(cands: list) -> int:
+        return max(ch.tp for c in cands for ch in c.choices)
+
+    mine, llama = proposals(REF), proposals("tiny-llama")
+    assert all(mine[k] for k in mine) and {k: widest(v) for k, v in mine.items()} == dict.fromkeys(mine, 1)
+    assert all(widest(v) > 1 for v in llama.values())
+
+
+@pytest.mark.parametrize("name, scenario, gbs", [
+    ("metis", "two-cluster", None), ("metis", "mixed-small", 4),  # Metis doubled tp to 2 in its last stage here
+    ("megatron", "mixed-small", None), ("amp", "mixed-small", None), ("greedy", "mixed-small", None)])
+def test_each_baselines_plan_of_a_builder_model_is_one_run_accepts(name: str, scenario: str, gbs: int | None) -> None:
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.search import plan
+
+    result = plan(load_planning_inputs(scenario=scenario, model=REF, seq_len=S, global_batch=gbs), name, seed=0)
+    assert [s.tp for s in result.plan.stages] == [1] * len(result.plan.stages)
+    check_plan(result.plan, get_scenario(scenario).cluster, get_model(REF))
 
 
 def _two_stages(tp: int = 1) -> Plan:
@@ -127,3 +166,37 @@ def test_a_forward_the_planner_cannot_count_is_one_line(tmp_path: Path, monkeypa
                                      "failed: ")
     assert str(err.value).endswith("(the planner counts it on meta tensors: no .item(), .cpu() or tensors made on a "
                                    "device in forward)")
+
+
+def _train(rank: int, world: int, plan_json: str, ckdir: str, resume: str | None, steps: int) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from hetauto.core.comm import Communicator
+    from hetauto.runtime.executor import ExecutorOptions
+    from hetauto.runtime.training import CheckpointOptions, train_rank
+
+    comm = Communicator.init_from_env("gloo", timeout_s=30)
+    try:
+        return train_rank(comm, Plan.from_json(plan_json), get_model(REF),
+                          ExecutorOptions(steps=steps, seed=SEED, timeout_s=30),
+                          CheckpointOptions(directory=ckdir, resume=resume)).to_dict()
+    finally:
+        comm.destroy()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_a_resumed_run_of_a_builder_model_continues_where_it_stopped(tmp_path: Path) -> None:
+    """N steps == N/2 steps, then a resume from their checkpoint for the other N/2: the same losses, bit for bit
+    (the user's modules' parameters and Adam state round-trip through the sharded checkpoint)."""
+    steps = 4
+    stages = tuple(StagePlan(cluster="fast", device_type="cpu", devices=(i,), layers=l, tp=1, dp=1)
+                   for i, l in enumerate(((0, 3), (3, N + 2))))
+    plan = Plan(model=REF, cluster="cpu-demo", seq_len=S, global_batch=GBS, microbatch_size=MBS,
+                num_microbatches=GBS // MBS, stages=stages)
+    whole = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "a"), None, steps, timeout=200)
+    half = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "b"), None, steps // 2, timeout=200)
+    rest = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "c"), str(tmp_path / "b"), steps, timeout=200)
+    assert rest[0]["start_step"] == steps // 2
+    losses = list(summarize(plan, whole).losses)
+    assert list(summarize(plan, half).losses) + list(summarize(plan, rest).losses) == losses
+    assert len(set(losses)) == steps  # it trains: a resume that restarted from the initial weights would differ

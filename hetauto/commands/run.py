@@ -342,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from is not None:
         from hetauto.runtime.hf_weights import check_hf_config
 
-        check_hf_config(args.init_from)  # before launch: a config the reference model cannot compute is refused
+        # before launch: a config the reference model cannot compute (at the plan's seq_len) is refused
+        check_hf_config(args.init_from, None if cfg.arch == "gpt" else cfg, plan.seq_len)
     run_options = RunOptions(
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,

@@ -47,7 +47,8 @@ _TMP_PREFIX = ".tmp-step-"
 
 # ModelConfig fields that decide the parameters' names and shapes (the name alone may differ).
 _STRUCTURAL = ("arch", "num_layers", "hidden", "num_heads", "ffn_hidden", "vocab_size", "max_seq_len",
-               "num_kv_heads", "tie_embeddings")
+               "num_kv_heads", "tie_embeddings", "qkv_bias")
+_ADDED_LATER = {"qkv_bias": False}  # fields a checkpoint written before them lacks: its model had the default
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +332,7 @@ def data_stream_changes(manifest: Manifest, plan: Any) -> list[tuple[str, Any, A
 
 
 def _check_model_dict(manifest: Manifest, mine: dict[str, Any], where: Path) -> None:
-    theirs = manifest.model
+    theirs = {**_ADDED_LATER, **manifest.model}
     diffs = [f"{k} {theirs.get(k)!r} != {mine.get(k)!r}" for k in _STRUCTURAL if theirs.get(k) != mine.get(k)]
     if diffs:
         raise CheckpointMismatch(

@@ -13,7 +13,10 @@ from typing import Literal
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """A decoder-only transformer. `arch="gpt"`: LayerNorm, GELU MLP, learned positions, biases.
-    `arch="llama"`: RMSNorm, SwiGLU MLP, rotary positions, no biases, optional GQA (`num_kv_heads`).
+    `arch="llama"`: RMSNorm, SwiGLU MLP, rotary positions, no biases, optional GQA (`num_kv_heads`); `qkv_bias`
+    gives the q/k/v projections biases (qwen2; the output projection stays without one).
+    `norm_eps` (every norm's epsilon) and `rope_theta` (the rotary base) are read from a Hugging Face config
+    (`rms_norm_eps`, `rope_theta`); the defaults are the reference models' own (1e-5, 10000).
     `arch="custom"`: the user's own model, `builder` = "pkg.module:NAME" (hetauto.core.user_model); only
     `num_layers`, `hidden` (the activation width between stages), `vocab_size` and `max_seq_len` describe it,
     its per-layer costs are counted from its modules (hetauto.planner.layers.layers_from_builder)."""
@@ -31,6 +34,9 @@ class ModelConfig:
     builder: str | None = None  # arch "custom": the stage builder's "pkg.module:NAME"
     # arch "gpt": the MLP's GELU, exact (erf) or the tanh approximation GPT-2 was trained with ("gelu_new")
     gelu: Literal["exact", "tanh"] = "exact"
+    qkv_bias: bool = False  # arch "llama": biases on the q/k/v projections (qwen2's Qwen2Attention)
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
 
     @property
     def kv_heads(self) -> int:

@@ -96,8 +96,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     """Read a Hugging Face `config.json` as published (llama, mistral, qwen2: RMSNorm/SwiGLU/rotary; gpt2,
     gpt_neo, opt, gpt_neox: LayerNorm/GELU-style with learned or rotary positions, costed alike). What is not
     modelled: gpt_neo's local attention windows and opt-350m's embedding projection (`word_embed_proj_dim`)
-    are priced as full-width dense layers, qwen2's q/k/v biases are left out of the parameter count.
-    Mixture-of-experts configs are refused with one line."""
+    are priced as full-width dense layers. qwen2's q/k/v biases (`qkv_bias`), the RMSNorm epsilon and the
+    rotary base (`rope_theta`, or transformers 5's `rope_parameters.rope_theta`) are read for the llama family,
+    absent ones at transformers' defaults (1e-6, 10000). Mixture-of-experts configs are refused with one line."""
     p = Path(path)
     data = read_document(p)
     if not isinstance(data, dict):
@@ -137,6 +138,39 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     # gpt2's MLP: its default "gelu_new" (and "gelu_pytorch_tanh") is the tanh approximation of the GELU
     act = data.get("activation_function", "gelu_new") if model_type == "gpt2" else "gelu"
     gelu = "tanh" if act in TANH_GELUS else "exact"
+    llama_math = {}
+    if model_type in ("llama", "mistral", "qwen2"):
+        llama_math = {"qkv_bias": model_type == "qwen2", "norm_eps": hf_norm_eps(data, p),
+                      "rope_theta": hf_rope_theta(data, p)}
     return ModelConfig(name, arch, layers, hidden, heads, ffn, vocab, seq, kv if kv != heads else None, tie,
-                       gelu=gelu)
+                       gelu=gelu, **llama_math)
+
+
+HF_RMS_NORM_EPS = 1e-6  # transformers' LlamaConfig / MistralConfig / Qwen2Config default
+HF_ROPE_THETA = 10000.0  # transformers' default rotary base
+
+
+def _float(data: dict[str, Any], source: Path, name: str, default: float) -> float:
+    v = data.get(name.rpartition(".")[2])
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise SpecError(source, name, f"must be a positive number, got {v!r}")
+    return float(v)
+
+
+def hf_norm_eps(data: dict[str, Any], source: Path) -> float:
+    """The RMSNorm epsilon of a llama-family config.json: `rms_norm_eps`, else transformers' default 1e-6."""
+    return _float(data, source, "rms_norm_eps", HF_RMS_NORM_EPS)
+
+
+def hf_rope_theta(data: dict[str, Any], source: Path) -> float:
+    """The rotary base of a config.json: `rope_theta` (transformers 4), else `rope_parameters.rope_theta`
+    (transformers 5 writes it there), else transformers' default 10000."""
+    if data.get("rope_theta") is not None:
+        return _float(data, source, "rope_theta", HF_ROPE_THETA)
+    rope = data.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+        return _float(rope, source, "rope_parameters.rope_theta", HF_ROPE_THETA)
+    return HF_ROPE_THETA
 

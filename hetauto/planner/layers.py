@@ -139,7 +139,7 @@ def block_params(m: ModelConfig) -> int:
         mlp = h * f + f + f * h + h
         norms = 2 * 2 * h
     else:
-        attn = h * h + 2 * h * kv + h * h
+        attn = h * h + 2 * h * kv + h * h + ((h + 2 * kv) if m.qkv_bias else 0)
         mlp = 3 * h * f
         norms = 2 * h
     return attn + mlp + norms
@@ -147,8 +147,9 @@ def block_params(m: ModelConfig) -> int:
 
 def block_param_tensors(m: ModelConfig) -> int:
     """Parameter tensors of one block of the reference implementation: GPT 16 (two LayerNorms' weight and
-    bias, Q/K/V/output and two MLP Linears with biases), Llama 9 (two RMSNorm scales, seven bias-free Linears)."""
-    return 16 if m.arch == "gpt" else 9
+    bias, Q/K/V/output and two MLP Linears with biases), Llama 9 (two RMSNorm scales, seven bias-free Linears),
+    plus 3 with q/k/v biases (qwen2)."""
+    return 16 if m.arch == "gpt" else 9 + (3 if m.qkv_bias else 0)
 
 
 def embedding_param_tensors(m: ModelConfig) -> int:

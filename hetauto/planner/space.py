@@ -248,6 +248,14 @@ class StrategySpace:
                 out += [("interleaved", z) for z in self.zero1_options]
         return out
 
+    def tp_options(self, group_size: int, devices_per_node: int) -> list[int]:
+        """TP degrees a stage of `group_size` devices may take (principles.tp_options); only 1 for a stage
+        builder model, which has no tensor-parallel plan (hetauto.core.user_model): the search and every
+        baseline propose only what `hetauto run` runs."""
+        if self.inputs.model.builder is not None:
+            return [1]
+        return P.tp_options(group_size, devices_per_node)
+
     def cluster_options(self, name: str, mbs: int) -> list[ClusterChoice]:
         """Choices for one cluster at microbatch `mbs`: node-aligned groups, TP inside a node, dp | mbs, and
         a memory floor: one block (ZeRO-1 on, one microbatch in flight) must fit or the branch is cut."""
@@ -262,10 +270,9 @@ class StrategySpace:
         for k, size in P.stage_group_options(c):
             if k > self.num_layers:
                 continue
-            for tp in P.tp_options(size, c.devices_per_node):
+            for tp in self.tp_options(size, c.devices_per_node):
                 dp = size // tp
-                # a mixed cluster splits the microbatch unevenly; builder models run at tp 1
-                if (mbs % dp and not c.is_mixed) or (tp > 1 and self.inputs.model.builder is not None):
+                if mbs % dp and not c.is_mixed:  # a mixed cluster splits the microbatch unevenly
                     continue
                 for rc in self.recompute_options:
                     if c.is_mixed:  # every node group must hold one block at the even split

@@ -197,7 +197,7 @@ class StageExecutor:
             from hetauto.runtime.hf_weights import load_hf_weights
 
             for c in chunks:
-                load_hf_weights({int(k): m for k, m in c.layers.items()}, cfg, options.init_from)
+                load_hf_weights({int(k): m for k, m in c.layers.items()}, cfg, options.init_from, plan.seq_len)
         chunks = [c.to(self.device) for c in chunks]
         if groups.tp_mesh is not None or groups.dp_group is not None:
             # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it

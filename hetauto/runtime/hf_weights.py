@@ -6,10 +6,16 @@ not fit one host; `safetensors.safe_open` reads a named tensor without loading t
 (`model.safetensors.index.json`) says which shard holds it. No pickle is ever read (`.bin` checkpoints are
 refused). Tensors are loaded whole into the fp32 stage before tensor parallelism shards it.
 
-Names (`model_type` llama and mistral, whose layout the reference LLaMA has: RMSNorm, rotary positions
-with rotate-half, SwiGLU MLP, no biases): slot 0 `model.embed_tokens`; slot i+1 `model.layers.i.*`; the head
-`model.norm` and `lm_head` (the embedding when `tie_word_embeddings`). The reference model's epsilon and
-rotary base are fixed (1e-5, 10000): a config with others is refused, not silently loaded into the wrong math.
+Names (`model_type` llama, mistral and qwen2, whose layout the reference LLaMA has: RMSNorm, rotary positions
+with rotate-half, SwiGLU MLP, no biases but qwen2's on q/k/v): slot 0 `model.embed_tokens`; slot i+1
+`model.layers.i.*`; the head `model.norm` and `lm_head` (the embedding when `tie_word_embeddings`). The RMSNorm
+epsilon, the rotary base and qwen2's q/k/v biases are the plan's model's (`ModelConfig.norm_eps`, `rope_theta`,
+`qkv_bias`, read from the same config.json): a checkpoint whose config says otherwise is refused, not silently
+loaded into other math. So is what the reference LLaMA cannot compute: another activation than SiLU, a
+`head_dim` other than hidden / heads, scaled rotary positions, llama's `attention_bias` (it biases o_proj too)
+or `mlp_bias`, and a sliding attention window shorter than the plan's sequence (mistral's `sliding_window`;
+qwen2's when `use_sliding_window` puts a layer on it): a window of at least seq_len tokens is the full causal
+attention the reference computes (transformers masks key j for query i when i - j >= window).
 
 `model_type` gpt2 loads into the reference GPT (LayerNorm, learned positions, biases everywhere, no bias on the
 head): slot 0 `transformer.wte` and `transformer.wpe`; slot i+1 `transformer.h.i.*`; the head `transformer.ln_f`
@@ -18,8 +24,7 @@ an `nn.Linear`'s, and its attention input is one fused `c_attn` of q, k and v si
 each of our q/k/v projections is its third of it, transposed. The reference GPT's GELU is the exact one
 ("gelu") or, for a config that says "gelu_new" (GPT-2's published default), "gelu_pytorch_tanh" or "gelu_fast",
 the tanh approximation (`ModelConfig.gelu`, read from the same config.json); another activation is refused, as
-are attention scalings other than 1/sqrt(head_dim). `model_type` qwen2 is refused with its reason: its q/k/v
-projections carry biases, which the reference LLaMA has not.
+are attention scalings other than 1/sqrt(head_dim).
 """
 
 from __future__ import annotations
@@ -36,10 +41,7 @@ from hetauto.core.model import ModelConfig
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "hf_names", "load_hf_weights", "check_hf_config", "hf_config", "export_hf"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "gpt2")
-# model types whose layout the reference models cannot hold, with the reason (one line, not a "not yet")
-UNSUPPORTED_MODEL_TYPES = {"qwen2": "qwen2's q/k/v projections carry biases (Qwen2Attention), which the reference "
-                                    "LLaMA has not; its weights would load into a model that computes something else"}
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
 _GPT2_BLOCK = {  # ours -> (GPT-2's tensor, how ours is cut from it: None = as is, "t" = transposed, "q"/"k"/"v")
     "norm1.weight": ("ln_1.weight", None), "norm1.bias": ("ln_1.bias", None),
     "norm2.weight": ("ln_2.weight", None), "norm2.bias": ("ln_2.bias", None),
@@ -57,16 +59,19 @@ _BLOCK = {
     "attn.k_proj.weight": "self_attn.k_proj.weight",
     "attn.v_proj.weight": "self_attn.v_proj.weight",
     "attn.o_proj.weight": "self_attn.o_proj.weight",
+    "attn.q_proj.bias": "self_attn.q_proj.bias",  # qwen2 (ModelConfig.qkv_bias)
+    "attn.k_proj.bias": "self_attn.k_proj.bias",
+    "attn.v_proj.bias": "self_attn.v_proj.bias",
     "mlp.gate.weight": "mlp.gate_proj.weight",
     "mlp.up.weight": "mlp.up_proj.weight",
     "mlp.down.weight": "mlp.down_proj.weight",
 }
 
 
-def check_hf_config(folder: str | Path) -> dict[str, Any]:
-    """The folder's config.json, if the reference LLaMA can hold its weights exactly; else one SpecError."""
-    from hetauto.runtime.model import NORM_EPS, ROPE_THETA
-
+def check_hf_config(folder: str | Path, model: ModelConfig | None = None, seq_len: int | None = None
+                    ) -> dict[str, Any]:
+    """The folder's config.json, if the reference model can hold its weights exactly (and, given the plan's
+    `model` and `seq_len`, compute what the checkpoint's model computes on them); else one SpecError."""
     path = Path(folder) / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
@@ -75,22 +80,72 @@ def check_hf_config(folder: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise SpecError(path, f"line {err.lineno}", f"invalid JSON: {err.msg}") from None
     kind = str(cfg.get("model_type", ""))
-    if kind in UNSUPPORTED_MODEL_TYPES:
-        raise SpecError(path, "model_type", UNSUPPORTED_MODEL_TYPES[kind])
     if kind == "gpt2":
         return _check_gpt2(path, cfg)
     if kind not in SUPPORTED_MODEL_TYPES:
         raise SpecError(path, "model_type", f"weights of model_type '{kind}' cannot be loaded yet",
                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    for key, want in (("rms_norm_eps", NORM_EPS), ("rope_theta", ROPE_THETA)):
-        if key in cfg and float(cfg[key]) != want:
-            raise SpecError(path, key, f"{cfg[key]} differs from the reference model's {want:g}",
-                            "the loaded model would compute something else than it was trained to")
-    if cfg.get("rope_scaling"):
-        raise SpecError(path, "rope_scaling", "scaled rotary positions are not in the reference model")
-    if any(cfg.get(k) for k in ("attention_bias", "mlp_bias")):
-        raise SpecError(path, "attention_bias", "biases are not in the reference LLaMA")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise SpecError(path, "hidden_act", f"'{act}' is not the reference LLaMA's SwiGLU activation 'silu'")
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    if cfg.get("head_dim") is not None and isinstance(heads, int) and heads > 0 and isinstance(hidden, int) \
+            and cfg["head_dim"] != hidden // heads:
+        raise SpecError(path, "head_dim", f"{cfg['head_dim']} is not hidden_size / num_attention_heads = "
+                        f"{hidden // heads}, the reference LLaMA's head width")
+    rope = cfg.get("rope_parameters")
+    if cfg.get("rope_scaling") or (isinstance(rope, dict) and rope.get("rope_type", "default") != "default"):
+        raise SpecError(path, "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters.rope_type",
+                        "scaled rotary positions are not in the reference model")
+    if cfg.get("attention_bias"):
+        raise SpecError(path, "attention_bias", f"{kind}'s attention_bias also puts a bias on o_proj, which the "
+                        "reference LLaMA has not (it has qwen2's biases on q/k/v only)")
+    if cfg.get("mlp_bias"):
+        raise SpecError(path, "mlp_bias", "MLP biases are not in the reference LLaMA")
+    window = _attention_window(cfg)
+    if window is not None and seq_len is not None and seq_len > window:
+        raise SpecError(path, "sliding_window", f"{kind} attends to the last {window} tokens only, but the plan's "
+                        f"seq_len is {seq_len} and the reference model attends to the whole sequence",
+                        f"plan with seq_len <= {window}")
+    if model is not None:
+        _check_same_math(path, cfg, model)
     return cfg
+
+
+def _attention_window(cfg: dict[str, Any]) -> int | None:
+    """The sliding attention window some layer of a llama-family config uses, or None (full attention).
+    mistral: `sliding_window` on every layer; qwen2: only with `use_sliding_window`, on the layers `layer_types`
+    names "sliding_attention" (transformers' default: those from `max_window_layers` on)."""
+    window = cfg.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool):
+        return None
+    if cfg.get("model_type") != "qwen2":
+        return window
+    if not cfg.get("use_sliding_window"):
+        return None
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        return window if "sliding_attention" in types else None
+    layers, full = cfg.get("num_hidden_layers"), cfg.get("max_window_layers", 28)
+    if isinstance(layers, int) and isinstance(full, int):
+        return window if layers > full else None
+    return window
+
+
+def _check_same_math(path: Path, hf: dict[str, Any], model: ModelConfig) -> None:
+    """The checkpoint's RMSNorm epsilon, rotary base and q/k/v biases are the plan's model's, else one SpecError."""
+    from hetauto.core.model_catalog import hf_norm_eps, hf_rope_theta
+
+    kind = hf.get("model_type")
+    for key, theirs, ours in (("rms_norm_eps", hf_norm_eps(hf, path), model.norm_eps),
+                              ("rope_theta", hf_rope_theta(hf, path), model.rope_theta),
+                              ("model_type", kind == "qwen2", model.qkv_bias)):
+        if theirs != ours:
+            said = (f"{kind} ({'with' if theirs else 'without'} q/k/v biases)" if key == "model_type"
+                    else f"{theirs:g}")
+            mine = f"{'with' if ours else 'without'} them" if key == "model_type" else f"{ours:g}"
+            raise SpecError(path, key, f"{said} differs from the plan's model {model.name}'s {mine}",
+                            "plan with the checkpoint's config.json as the model")
 
 
 def _check_gpt2(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -183,12 +238,18 @@ class _Shards:
         return self._handles[f].get_tensor(name)
 
 
-def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str | Path) -> int:
+def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str | Path,
+                    seq_len: int | None = None) -> int:
     """Copy the checkpoint's tensors into `modules` (layer slot -> its module, unsharded, fp32) in place;
-    returns how many tensors were read. A missing tensor or a shape that differs is one SpecError naming it."""
+    returns how many tensors were read. A missing tensor or a shape that differs is one SpecError naming it,
+    as is a config the plan's model `cfg` at `seq_len` does not compute alike (check_hf_config)."""
     folder = Path(folder)
-    hf = check_hf_config(folder)
+    hf = check_hf_config(folder, None if cfg.arch == "gpt" else cfg, seq_len)
     gpt2 = hf.get("model_type") == "gpt2"
+    if gpt2 != (cfg.arch == "gpt"):
+        raise SpecError(folder / "config.json", "model_type", f"a {hf.get('model_type')} checkpoint does not load "
+                        f"into the plan's model {cfg.name}, a {cfg.arch} model",
+                        "plan with the checkpoint's config.json as the model")
     tied = bool(hf.get("tie_word_embeddings", gpt2))
     if gpt2:
         from hetauto.core.model_catalog import TANH_GELUS
@@ -225,8 +286,9 @@ def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """The Hugging Face `config.json` of the reference LLaMA `cfg` (what `transformers` and this module read)."""
-    from hetauto.runtime.model import NORM_EPS, ROPE_THETA
+    """The Hugging Face `config.json` of the reference model `cfg` (what `transformers` and this module read):
+    gpt2, qwen2 (a LLaMA with q/k/v biases) or llama."""
+    from hetauto.runtime.model import NORM_EPS
 
     if cfg.arch == "gpt":
         return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
@@ -239,11 +301,15 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.arch != "llama":
         raise SpecError(None, "model", f"{cfg.name} is a {cfg.arch} model; Hugging Face export covers the reference "
                         "llama and gpt models")
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads,
-            "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": NORM_EPS, "rope_theta": ROPE_THETA,
-            "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
+    common = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden,
+              "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+              "num_key_value_heads": cfg.kv_heads, "max_position_embeddings": cfg.max_seq_len,
+              "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tie_embeddings,
+              "hidden_act": "silu"}
+    if cfg.qkv_bias:
+        return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **common, "use_sliding_window": False,
+                "sliding_window": None, "attention_dropout": 0.0, "torch_dtype": "float32"}
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "attention_bias": False,
             "mlp_bias": False, "torch_dtype": "float32"}
 
 

@@ -57,8 +57,8 @@ def slot_generator(seed: int, slot: int) -> torch.Generator:
 
 def _norm(cfg: ModelConfig) -> nn.Module:
     if cfg.arch == "gpt":
-        return nn.LayerNorm(cfg.hidden, eps=NORM_EPS)
-    return nn.RMSNorm(cfg.hidden, eps=NORM_EPS)
+        return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
+    return nn.RMSNorm(cfg.hidden, eps=cfg.norm_eps)
 
 
 def _embedding_table(cfg: ModelConfig, seed: int) -> torch.Tensor:
@@ -94,10 +94,10 @@ class Embedding(nn.Module):
                 self.pos.weight.copy_(torch.randn(self.pos.weight.shape, generator=g) * INIT_STD)
 
 
-def _rotary(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding on [b, heads, s, d] (rotate-half convention, theta 10000)."""
+def _rotary(x: torch.Tensor, theta: float = ROPE_THETA) -> torch.Tensor:
+    """Rotary position embedding on [b, heads, s, d] (rotate-half convention, base `theta`: `cfg.rope_theta`)."""
     seq, dim = x.shape[-2], x.shape[-1]
-    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)  # [s, d/2]
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
@@ -107,16 +107,19 @@ def _rotary(x: torch.Tensor) -> torch.Tensor:
 
 class Attention(nn.Module):
     """Causal self-attention; GQA when num_kv_heads < num_heads. Head counts come from tensor widths
-    (so a column-sharded q/k/v under TP just sees its local heads)."""
+    (so a column-sharded q/k/v under TP just sees its local heads). GPT: biases everywhere; LLaMA: none, or
+    on q/k/v only (`cfg.qkv_bias`, qwen2), which column parallelism shards with their output rows."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         bias = cfg.arch == "gpt"
+        qkv_bias = bias or cfg.qkv_bias
         self.head_dim = cfg.head_dim
         self.rotary = cfg.arch == "llama"
-        self.q_proj = nn.Linear(cfg.hidden, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=bias)
+        self.theta = cfg.rope_theta
+        self.q_proj = nn.Linear(cfg.hidden, cfg.num_heads * cfg.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,7 +128,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         if self.rotary:
-            q, k = _rotary(q), _rotary(k)
+            q, k = _rotary(q, self.theta), _rotary(k, self.theta)
         rep = q.shape[1] // k.shape[1]
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)

@@ -87,7 +87,7 @@ def reference_run(
     if init_from is not None:
         from hetauto.runtime.hf_weights import load_hf_weights
 
-        load_hf_weights({int(k): m for k, m in model.layers.items()}, model_cfg, init_from)
+        load_hf_weights({int(k): m for k, m in model.layers.items()}, model_cfg, init_from, seq_len)
     opt = make_optimizer(model.parameters(), lr, weight_decay)
     normaliser = gbs * seq_len
     schedule = lr_schedule if lr_schedule is not None else LRSchedule(lr=lr)

@@ -58,7 +58,7 @@ def metis_ranked(space: StrategySpace, out_of_time: Callable[[], bool], per_micr
              for c in spec.clusters}  # device-group sizes are powers of two
     for mbs in space.microbatch_sizes():
         m = gbs // mbs
-        valid = {c.name: [k for k in kopts[c.name] if _dp_fits(c.num_devices // k, c.devices_per_node, mbs)]
+        valid = {c.name: [k for k in kopts[c.name] if _dp_fits(space, c.num_devices // k, c.devices_per_node, mbs)]
                  for c in spec.clusters}
         orders = space.orders()
         quota = None if per_microbatch is None else max(1, per_microbatch // len(orders))
@@ -80,9 +80,14 @@ def metis_ranked(space: StrategySpace, out_of_time: Callable[[], bool], per_micr
     return ranked
 
 
-def _dp_fits(size: int, dpn: int, mbs: int) -> bool:
-    """Some TP degree inside the node leaves a DP degree that divides the microbatch."""
-    return any(mbs % (size // t) == 0 for t in P.tp_options(size, dpn))
+def _dp_fits(space: StrategySpace, size: int, dpn: int, mbs: int) -> bool:
+    """Some TP degree inside the node (the space's: 1 for a builder model) leaves a DP degree dividing the microbatch."""
+    return any(mbs % (size // t) == 0 for t in space.tp_options(size, dpn))
+
+
+def _tp_limit(space: StrategySpace, size: int, dpn: int) -> int:
+    """The widest TP Metis doubles up to in a stage of `size` devices: one node's worth, 1 for a builder model."""
+    return min(size, dpn) if space.inputs.model.builder is None else 1
 
 
 class _Prefix:
@@ -108,7 +113,7 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
         c = by_name[name]
         size = c.num_devices // k
         tp = 1
-        while (mbs % (size // tp)) and tp * 2 <= min(size, c.devices_per_node):
+        while (mbs % (size // tp)) and tp * 2 <= _tp_limit(space, size, c.devices_per_node):
             tp *= 2
         if mbs % (size // tp):
             return None
@@ -154,7 +159,7 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
         j = order.index(worst_cluster)
         c = by_name[worst_cluster]
         size = c.num_devices // ks[j]
-        if tps[j] * 2 > min(size, c.devices_per_node):
+        if tps[j] * 2 > _tp_limit(space, size, c.devices_per_node):
             return None  # Metis' memory re-balance of layers happens in build(); here: give up this shape
         tps[j] *= 2
     offsets = []

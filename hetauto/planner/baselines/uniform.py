@@ -28,7 +28,7 @@ def uniform_grid(space: StrategySpace, balance: str, zero1: tuple[bool, ...] = (
         if not ok or pp > space.num_layers:
             continue
         dpn = min(c.devices_per_node for c in spec.clusters)
-        for tp in P.tp_options(size, dpn):
+        for tp in space.tp_options(size, dpn):  # builder models: tp 1 only
             dp = size // tp
             for mbs in space.microbatch_sizes():
                 if mbs % dp:
