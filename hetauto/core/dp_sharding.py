@@ -1,0 +1,63 @@
+"""Data-parallel sharding levels: what a stage's DP replicas shard among themselves and what they communicate.
+
+Why one module: the plan IR names the level, the cost model prices it, the planner searches it and the executor
+refuses what it cannot run; all four must mean the same thing by each name. No torch here.
+
+A level's *key* (`DP_LEVELS`) is what the cost model and the planner pass around; a plan stores it as
+`dp_sharding` (+ `reshard_after_forward` for fsdp) or, for ZeRO-1, as the older `zero1: true`
+(`hetauto.core.plan.Plan.dp_level`). Per device of a stage with P = its parameters / tp and d = dp; c = the
+compute dtype's bytes (2 for bf16/fp16, 4 for fp32), g = `grad_reduce_dtype`'s; every level keeps AdamW's
+fp32 m and v (8 B), fp32 gradients (4 B) and fp32 master weights (4 B):
+
+- `none`: plain DP. Everything replicated, 16 P. Once per step (after the last backward, bucketed and overlapped
+  with it): all-reduce of the P gradients (g B each).
+- `zero1` (Megatron's distributed optimizer, DeepSpeed ZeRO stage 1): optimizer states sharded, 8 P + 8 P / d.
+  Once per step: reduce-scatter of the gradients + all-gather of the updated weights, the all-reduce's bytes.
+- `zero2` (ZeRO stage 2): + gradients sharded, 4 P + 12 P / d, plus one unit's fp32 gradient before it is
+  reduce-scattered. Every microbatch's backward reduce-scatters its gradients (g B) as they are produced, so only
+  the 1/d shard accumulates over the microbatches; once per step the updated fp32 weights (4 P) are all-gathered.
+- `fsdp` (ZeRO stage 3, torch FSDP2 `fully_shard` per layer slot with `MixedPrecisionPolicy(param_dtype=compute,
+  reduce_dtype=grad_reduce_dtype)`, reshard_after_forward=True): + parameters sharded, 16 P / d. Each unit
+  (a layer slot: the embedding, each block, the head) is all-gathered in the compute dtype (FSDP2 casts the
+  shard before the all-gather: no per-microbatch autocast weight copies) for its forward and again for its
+  backward, every microbatch; its gradient is reduce-scattered (g B) after its backward, every microbatch.
+  Transient: two gathered units (the current one and the prefetched next) and one unit's unsharded gradient.
+- `fsdp-keep` (`dp_sharding: fsdp` with `reshard_after_forward: false`; the Llama 3 paper's "we do not reshard
+  after forward", torchtitan's default under pipeline parallelism): the gathered compute-dtype parameters are
+  kept from the step's first forward to its last backward and the unsharded compute-dtype gradients accumulate
+  over the microbatches (torch.distributed.pipelining resharding after and syncing gradients on the last
+  backward only): once per step one all-gather (c B) and one reduce-scatter (g B); 16 P / d + 2 c P.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["DP_LEVELS", "DPSharding", "RUNNABLE_LEVELS", "level_key", "shards_optimizer", "level_label"]
+
+DPSharding = Literal["none", "zero1", "zero2", "fsdp"]
+DP_LEVELS = ("none", "zero1", "zero2", "fsdp", "fsdp-keep")
+# what `hetauto run` executes: plain DP, and ZeRO-1 (run as plain DP: the same arithmetic, the memory of `none`)
+RUNNABLE_LEVELS = ("none", "zero1")
+
+
+def level_key(level: "bool | str") -> str:
+    """The level key of a planner/cost-model argument: False/True (the older zero1 flag) or a level key."""
+    if level is True:
+        return "zero1"
+    if level is False or level is None:
+        return "none"
+    if level not in DP_LEVELS:
+        raise ValueError(f"unknown DP sharding level {level!r}; use one of {', '.join(DP_LEVELS)}")
+    return level
+
+
+def shards_optimizer(level: "bool | str") -> bool:
+    """Whether the optimizer states (and so the optimizer step) are divided over dp."""
+    return level_key(level) != "none"
+
+
+def level_label(level: "bool | str") -> str:
+    """How a plan summary names the level ("" for plain DP)."""
+    return {"none": "", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP",
+            "fsdp-keep": "FSDP (no reshard after forward)"}[level_key(level)]
