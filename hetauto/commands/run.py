@@ -266,7 +266,7 @@ def _param_count(cfg: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetauto.core.plan_check import validate_plan
+    from hetauto.core.plan_check import check_runnable_sharding, validate_plan
 
     if args.steps < 1:
         raise HetautoError(f"--steps must be >= 1, got {args.steps}")
@@ -283,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
+    check_runnable_sharding(plan)
     if args.inject_fault is not None:
         from hetauto.runtime.faults import FaultSpec
 

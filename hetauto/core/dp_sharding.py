@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["DP_LEVELS", "DPSharding", "RUNNABLE_LEVELS", "level_key", "shards_optimizer", "level_label"]
+__all__ = ["DP_LEVELS", "DPSharding", "RUNNABLE_LEVELS", "level_key", "shards_optimizer", "level_label",
+           "plan_fields", "least_memory", "parse_levels"]
 
 DPSharding = Literal["none", "zero1", "zero2", "fsdp"]
 DP_LEVELS = ("none", "zero1", "zero2", "fsdp", "fsdp-keep")
@@ -55,6 +56,42 @@ def level_key(level: "bool | str") -> str:
 def shards_optimizer(level: "bool | str") -> bool:
     """Whether the optimizer states (and so the optimizer step) are divided over dp."""
     return level_key(level) != "none"
+
+
+def plan_fields(level: "bool | str") -> dict:
+    """The Plan fields that write `level`: ZeRO-1 as the older `zero1: true` (its JSON unchanged), zero2 and
+    fsdp as `dp_sharding`, fsdp-keep as fsdp with `reshard_after_forward: false`."""
+    key = level_key(level)
+    if key in ("none", "zero1"):
+        return {"zero1": key == "zero1"}
+    if key == "fsdp-keep":
+        return {"dp_sharding": "fsdp", "reshard_after_forward": False}
+    return {"dp_sharding": key}
+
+
+# from least to most memory per device at dp > 1 (the planner's memory floor takes the first it may use)
+_BY_MEMORY = ("fsdp", "fsdp-keep", "zero2", "zero1", "none")
+
+
+def least_memory(levels: "tuple[bool | str, ...] | list[bool | str]") -> "bool | str":
+    """Of `levels` (False/True or level keys), the one with the least memory per device."""
+    return min(levels, key=lambda z: _BY_MEMORY.index(level_key(z)))
+
+
+def parse_levels(text: str) -> "tuple[bool | str, ...]":
+    """`--dp-sharding LIST` -> the planner's options (none -> False, zero1 -> True, the others their keys);
+    ValueError names an unknown level."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in DP_LEVELS]
+    if bad or not names:
+        raise ValueError(f"--dp-sharding {text}: unknown level {', '.join(bad) or '(none)'}; choose from "
+                         f"{', '.join(DP_LEVELS)}")
+    out: list = []
+    for x in names:
+        z = False if x == "none" else True if x == "zero1" else x
+        if z not in out:
+            out.append(z)
+    return tuple(out)
 
 
 def level_label(level: "bool | str") -> str:

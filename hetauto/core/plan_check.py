@@ -12,11 +12,13 @@ from pathlib import Path
 
 from hetauto.core.chunks import ChunkError, chunk_layers, effective_chunks
 from hetauto.core.cluster import ClusterSpec, load_cluster
+from hetauto.core.dp_sharding import RUNNABLE_LEVELS
 from hetauto.core.errors import PlanMismatch, SpecError
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 
-__all__ = ["check_executable", "check_plan", "cluster_for_plan", "load_model_for_plan", "validate_plan"]
+__all__ = ["check_executable", "check_plan", "check_runnable_sharding", "cluster_for_plan", "load_model_for_plan",
+           "validate_plan"]
 
 
 def validate_plan(plan: Plan, base_dir: str | Path | None = None) -> tuple[ClusterSpec, ModelConfig]:
@@ -144,3 +146,13 @@ def check_executable(plan: Plan) -> None:
         chunk_layers(plan)
     except ChunkError as exc:
         raise PlanMismatch(f"schedule 'interleaved' with {v} chunks per stage: {exc}") from None
+
+
+def check_runnable_sharding(plan: Plan) -> None:
+    """`hetauto run` executes DP sharding levels none and zero1 only (hetauto.core.dp_sharding.RUNNABLE_LEVELS;
+    zero1 runs as plain DP). A zero2 / fsdp plan is priced, simulated and evaluated, but refused here in one
+    line. Not part of `validate_plan`, which `simulate` and `evaluate` share."""
+    if plan.dp_level not in RUNNABLE_LEVELS:
+        raise PlanMismatch(f"dp_sharding '{plan.dp_sharding}'" + ("" if plan.reshard_after_forward else
+                           " (reshard_after_forward false)") + " is priced by hetauto plan/evaluate but hetauto run "
+                           "does not execute it yet; set dp_sharding to none or zero1 to run the plan")
