@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -185,6 +186,8 @@ def test_planner_levels_flag_and_default() -> None:
     assert parse_levels("none,zero1,fsdp,fsdp-keep") == (False, True, "fsdp", "fsdp-keep")
     with pytest.raises(ValueError, match="unknown level zero3; choose from none, zero1, zero2, fsdp, fsdp-keep"):
         parse_levels("zero3")
+    with pytest.raises(ValueError, match="prices ZeRO-2 but hetauto run does not execute it"):
+        parse_levels("none,zero2")
     assert least_memory((True, False, "zero2", "fsdp-keep")) == "fsdp-keep"
     ns = argparse.Namespace(dp_sharding="none,fsdp", no_zero1=False)
     assert feature_options(ns)["zero1"] == (False, "fsdp")
@@ -192,16 +195,36 @@ def test_planner_levels_flag_and_default() -> None:
     inputs = _fsdp_inputs()
     space = StrategySpace(inputs, Evaluator(inputs))
     assert space.zero1_options == (False, True)  # the default proposes only what hetauto run executes
-    cand = Candidate(4, tuple(inputs.cluster.names), tuple(ClusterChoice(1, 1) for _ in inputs.cluster.names),
-                     "1f1b", "fsdp")
+    names = tuple(inputs.cluster.names)
+    cand = Candidate(4, names, (ClusterChoice(1, 1),) + (ClusterChoice(0),) * (len(names) - 1), "1f1b", "fsdp")
     assert space.allows(cand) == "dp_sharding fsdp"
     wide = StrategySpace(inputs, Evaluator(inputs), zero1=(False, "fsdp"))
     assert wide.allows(cand) is None and wide.floor_level == "fsdp"
+    # only what hetauto run executes: FSDP at tp 1
+    tp2 = replace(cand, choices=(ClusterChoice(1, 2),) + cand.choices[1:])
+    assert wide.allows(tp2) == "dp_sharding fsdp runs at tp 1 only (a stage has tp 2)"
+    two = replace(cand, choices=(ClusterChoice(2, 1),) + cand.choices[1:])  # opt-350m ties its embedding
+    assert wide.allows(two).startswith("dp_sharding fsdp does not run with a tied embedding split across stages")
 
 
-def test_run_refuses_unexecuted_levels() -> None:
+def test_run_refuses_what_it_does_not_execute() -> None:
+    from hetauto.core.model_catalog import get_model
+
     check_runnable_sharding(Plan.model_validate(_plan(zero1=True)))
+    check_runnable_sharding(Plan.model_validate(_plan(dp_sharding="fsdp", reshard_after_forward=False)),
+                            get_model("opt-350m"))  # one stage: its tied table stays inside it
+    tail = (": hetauto plan/evaluate price it, hetauto run does not execute it; set dp_sharding to none or zero1 (or "
+            "fsdp within those limits) to run the plan")
     with pytest.raises(PlanMismatch) as err:
-        check_runnable_sharding(Plan.model_validate(_plan(dp_sharding="fsdp", reshard_after_forward=False)))
-    assert str(err.value) == ("dp_sharding 'fsdp' (reshard_after_forward false) is priced by hetauto plan/evaluate but "
-                              "hetauto run does not execute it yet; set dp_sharding to none or zero1 to run the plan")
+        check_runnable_sharding(Plan.model_validate(_plan(dp_sharding="zero2")))
+    assert str(err.value) == "dp_sharding zero2 is priced but not executed" + tail
+    fp16 = _plan(dp_sharding="fsdp", training={"precision": "fp16"})
+    with pytest.raises(PlanMismatch) as err:
+        check_runnable_sharding(Plan.model_validate(fp16))
+    assert str(err.value) == "dp_sharding fsdp does not run with precision fp16 (use bf16 or fp32)" + tail
+    two = _plan(dp_sharding="fsdp")
+    two["stages"] = [{"cluster": "fast", "device_type": "cpu", "devices": [0], "layers": [0, 3], "tp": 1, "dp": 1},
+                     {"cluster": "fast", "device_type": "cpu", "devices": [1], "layers": [3, 6], "tp": 1, "dp": 1}]
+    with pytest.raises(PlanMismatch, match="^dp_sharding fsdp does not run with a tied embedding split across stages"):
+        check_runnable_sharding(Plan.model_validate(two), get_model("opt-350m"))  # only its tie flag is read
+    check_runnable_sharding(Plan.model_validate(two), get_model("tiny-llama"))

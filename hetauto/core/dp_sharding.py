@@ -34,12 +34,33 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = ["DP_LEVELS", "DPSharding", "RUNNABLE_LEVELS", "level_key", "shards_optimizer", "level_label",
-           "plan_fields", "least_memory", "parse_levels"]
+           "plan_fields", "least_memory", "parse_levels", "FSDP_LEVELS", "fsdp_unrunnable"]
 
 DPSharding = Literal["none", "zero1", "zero2", "fsdp"]
 DP_LEVELS = ("none", "zero1", "zero2", "fsdp", "fsdp-keep")
-# what `hetauto run` executes: plain DP, and ZeRO-1 (run as plain DP: the same arithmetic, the memory of `none`)
-RUNNABLE_LEVELS = ("none", "zero1")
+# what `hetauto run` executes: plain DP, ZeRO-1 (run as plain DP: the same arithmetic, the memory of `none`) and
+# FSDP (torch FSDP2, hetauto.runtime.fsdp) within FSDP_RUN_LIMITS; not ZeRO-2
+RUNNABLE_LEVELS = ("none", "zero1", "fsdp", "fsdp-keep")
+FSDP_LEVELS = ("fsdp", "fsdp-keep")
+
+
+def fsdp_unrunnable(level: "bool | str", *, max_tp: int, stages: int, tied: bool, precision: str) -> str | None:
+    """Why `hetauto run` cannot execute `level` with these plan features (None: it can): ZeRO-2 is priced only;
+    FSDP runs at tp 1 (FSDP2 over a TP DTensor stage needs a 2-D mesh the executor does not build), not with
+    fp16 (its loss scaler's unscale is not checked on sharded gradients) and not with a tied table split across
+    stages (its gradient sum between the first and last stage reads a whole gradient)."""
+    key = level_key(level)
+    if key == "zero2":
+        return "dp_sharding zero2 is priced but not executed"
+    if key not in FSDP_LEVELS:
+        return None
+    if max_tp > 1:
+        return f"dp_sharding fsdp runs at tp 1 only (a stage has tp {max_tp})"
+    if precision == "fp16":
+        return "dp_sharding fsdp does not run with precision fp16 (use bf16 or fp32)"
+    if tied and stages > 1:
+        return "dp_sharding fsdp does not run with a tied embedding split across stages (use one stage or an untied model)"
+    return None
 
 
 def level_key(level: "bool | str") -> str:
@@ -86,6 +107,9 @@ def parse_levels(text: str) -> "tuple[bool | str, ...]":
     if bad or not names:
         raise ValueError(f"--dp-sharding {text}: unknown level {', '.join(bad) or '(none)'}; choose from "
                          f"{', '.join(DP_LEVELS)}")
+    if "zero2" in names:
+        raise ValueError("--dp-sharding zero2: hetauto evaluate prices ZeRO-2 but hetauto run does not execute it, "
+                         "so the planner does not propose it; choose from none, zero1, fsdp, fsdp-keep")
     out: list = []
     for x in names:
         z = False if x == "none" else True if x == "zero1" else x

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hetauto.core.chunks import ChunkError, chunk_layers, effective_chunks
 from hetauto.core.cluster import ClusterSpec, load_cluster
-from hetauto.core.dp_sharding import RUNNABLE_LEVELS
+from hetauto.core.dp_sharding import fsdp_unrunnable
 from hetauto.core.errors import PlanMismatch, SpecError
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
@@ -148,11 +148,12 @@ def check_executable(plan: Plan) -> None:
         raise PlanMismatch(f"schedule 'interleaved' with {v} chunks per stage: {exc}") from None
 
 
-def check_runnable_sharding(plan: Plan) -> None:
-    """`hetauto run` executes DP sharding levels none and zero1 only (hetauto.core.dp_sharding.RUNNABLE_LEVELS;
-    zero1 runs as plain DP). A zero2 / fsdp plan is priced, simulated and evaluated, but refused here in one
-    line. Not part of `validate_plan`, which `simulate` and `evaluate` share."""
-    if plan.dp_level not in RUNNABLE_LEVELS:
-        raise PlanMismatch(f"dp_sharding '{plan.dp_sharding}'" + ("" if plan.reshard_after_forward else
-                           " (reshard_after_forward false)") + " is priced by hetauto plan/evaluate but hetauto run "
-                           "does not execute it yet; set dp_sharding to none or zero1 to run the plan")
+def check_runnable_sharding(plan: Plan, model: ModelConfig | None = None) -> None:
+    """What `hetauto run` cannot execute of the plan's DP sharding (hetauto.core.dp_sharding.fsdp_unrunnable:
+    zero2 at all; fsdp at tp > 1, with fp16, with a tied table split across stages), as one PlanMismatch line.
+    Such a plan is still priced, simulated and evaluated: not part of `validate_plan`, which they share."""
+    why = fsdp_unrunnable(plan.dp_level, max_tp=max(s.tp for s in plan.stages), stages=plan.num_stages,
+                          tied=bool(model is not None and model.tie_embeddings), precision=plan.training.precision)
+    if why is not None:
+        raise PlanMismatch(f"{why}: hetauto plan/evaluate price it, hetauto run does not execute it; set "
+                           "dp_sharding to none or zero1 (or fsdp within those limits) to run the plan")

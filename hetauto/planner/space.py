@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hetauto.core.dp_shares import replica_groups, stage_device_type
-from hetauto.core.dp_sharding import least_memory, plan_fields
+from hetauto.core.dp_sharding import fsdp_unrunnable, least_memory, plan_fields
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
@@ -221,6 +221,13 @@ class StrategySpace:
             if isinstance(cand.zero1, str):
                 return f"dp_sharding {cand.zero1}"
             return "ZeRO-1" if cand.zero1 else "ZeRO-1 off"
+        if isinstance(cand.zero1, str):  # only what hetauto run executes (hetauto.core.dp_sharding.fsdp_unrunnable)
+            used = [ch for name, ch in zip(cand.order, cand.choices) if ch.stages]
+            why = fsdp_unrunnable(cand.zero1, max_tp=max((ch.tp for ch in used), default=1),
+                                  stages=sum(ch.stages for ch in used), tied=self.inputs.model.tie_embeddings,
+                                  precision=getattr(self.evaluator, "training", TrainingSpec()).precision)
+            if why is not None:
+                return why
         if cand.warmup_bonus and cand.schedule != "virtual-1f1b":
             return "extra Virtual-1F1B depth without Virtual-1F1B"
         for name, ch in zip(cand.order, cand.choices):
