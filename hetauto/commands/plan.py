@@ -45,9 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-virtual-1f1b", action="store_true", help="leave Virtual-1F1B out of the search")
     parser.add_argument("--no-zero1", action="store_true", help="leave ZeRO-1 out of the search")
     parser.add_argument("--dp-sharding", metavar="LIST",
-                        help="DP sharding levels the search may use, comma-separated from none, zero1, zero2, fsdp, "
-                             "fsdp-keep (fsdp without reshard after forward); default none,zero1 (what hetauto run "
-                             "executes)")
+                        help="DP sharding levels the search may use, comma-separated from none, zero1, fsdp, "
+                             "fsdp-keep (fsdp without reshard after forward; both at tp 1); default none,zero1")
     parser.add_argument("--no-recompute", action="store_true", help="leave activation recomputation out of the search")
     parser.add_argument("--resharding", choices=RESHARD_METHODS,
                         help="the one resharding method every boundary uses (default: chosen per boundary)")

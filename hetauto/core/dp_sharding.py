@@ -106,7 +106,7 @@ def parse_levels(text: str) -> "tuple[bool | str, ...]":
     bad = [x for x in names if x not in DP_LEVELS]
     if bad or not names:
         raise ValueError(f"--dp-sharding {text}: unknown level {', '.join(bad) or '(none)'}; choose from "
-                         f"{', '.join(DP_LEVELS)}")
+                         "none, zero1, fsdp, fsdp-keep")
     if "zero2" in names:
         raise ValueError("--dp-sharding zero2: hetauto evaluate prices ZeRO-2 but hetauto run does not execute it, "
                          "so the planner does not propose it; choose from none, zero1, fsdp, fsdp-keep")
