@@ -1,8 +1,9 @@
 """`dp_sharding: fsdp` in the executor (hetauto.runtime.fsdp: FSDP2 over each stage's DP group) on 4 gloo processes,
-each case trained to the single-process reference loss: one stage of dp 4 (tiny-gpt with its embedding tied to the
-head, inside the stage; blocks recomputed), two stages of dp 2 (tiny-llama) with FSDP resharding after forward, and the same with
-reshard_after_forward false and gradient clipping (every DP rank's shard counts in the global norm). One process
-set runs all cases."""
+each case trained to the single-process reference loss of its precision: one stage of dp 4 (tiny-gpt with its
+embedding tied to the head, inside the stage; blocks recomputed), two stages of dp 2 (tiny-llama) with FSDP
+resharding after forward, the same with reshard_after_forward false and gradient clipping (every DP rank's shard
+counts in the global norm), and interleaved 1F1B (2 chunks per stage, each its own FSDP root) in bf16 (FSDP2
+gathering bf16 parameters). One process set runs all cases."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import dataclasses
 import pytest
 
 from hetauto.core.model_catalog import get_model
-from hetauto.core.plan import Plan, StagePlan
+from hetauto.core.precision import PRECISION_TOLERANCE
+from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED, CLIP = 3, 5, 0.05
-CASES = ["one-stage-dp4", "two-stage-fsdp", "two-stage-keep-clip"]
+CASES = ["one-stage-dp4", "two-stage-fsdp", "two-stage-keep-clip", "interleaved-bf16"]
 
 
 def _cfg(case: str):
@@ -34,9 +36,12 @@ def _plan(case: str) -> Plan:
     else:
         stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=(0, 3), tp=1, dp=2),
                   StagePlan(cluster="fast", device_type="cpu", devices=(2, 3), layers=(3, 6), tp=1, dp=2))
-    return Plan(model="tiny-gpt" if case == "one-stage-dp4" else "tiny-llama", cluster="cpu-demo", seq_len=16, global_batch=16, microbatch_size=4,
-                num_microbatches=4, stages=stages, dp_sharding="fsdp",
-                reshard_after_forward=case != "two-stage-keep-clip")
+    interleaved = case == "interleaved-bf16"  # v = 2 chunks per stage, each chunk its own FSDP root
+    return Plan(model="tiny-gpt" if case == "one-stage-dp4" else "tiny-llama", cluster="cpu-demo", seq_len=16,
+                global_batch=16, microbatch_size=4, num_microbatches=4, stages=stages, dp_sharding="fsdp",
+                reshard_after_forward=case != "two-stage-keep-clip",
+                schedule=ScheduleSpec(name="interleaved", virtual_chunks=2) if interleaved else ScheduleSpec(),
+                training=TrainingSpec(precision="bf16") if interleaved else TrainingSpec())
 
 
 def _work(rank: int, world: int, cases: list[str]) -> list[dict]:
@@ -66,10 +71,12 @@ def runs() -> list[list[dict]]:
 def test_fsdp_trains_to_the_reference_loss(runs, case: int) -> None:
     name = CASES[case]
     got = summarize(_plan(name), runs[case])
-    want = reference_losses(_cfg(name), SEED, STEPS, 16, 4, 16,
+    prec = "bf16" if name.endswith("bf16") else "fp32"
+    want = reference_losses(_cfg(name), SEED, STEPS, 16, 4, 16, precision=prec,
                             clip_grad=CLIP if name.endswith("clip") else None)
     assert len(got.losses) == STEPS
-    assert max(abs(a - b) for a, b in zip(got.losses, want)) < 1e-5, (got.losses, want)
+    diff = max(abs(a - b) for a, b in zip(got.losses, want))
+    assert diff < PRECISION_TOLERANCE[prec], (got.losses, want)
     assert got.losses[-1] < got.losses[0]
 
 
