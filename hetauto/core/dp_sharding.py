@@ -33,14 +33,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["DP_LEVELS", "DPSharding", "RUNNABLE_LEVELS", "level_key", "shards_optimizer", "level_label",
+__all__ = ["DP_LEVELS", "DPSharding", "level_key", "shards_optimizer", "level_label",
            "plan_fields", "least_memory", "parse_levels", "FSDP_LEVELS", "fsdp_unrunnable"]
 
 DPSharding = Literal["none", "zero1", "zero2", "fsdp"]
 DP_LEVELS = ("none", "zero1", "zero2", "fsdp", "fsdp-keep")
-# what `hetauto run` executes: plain DP, ZeRO-1 (run as plain DP: the same arithmetic, the memory of `none`) and
-# FSDP (torch FSDP2, hetauto.runtime.fsdp) within FSDP_RUN_LIMITS; not ZeRO-2
-RUNNABLE_LEVELS = ("none", "zero1", "fsdp", "fsdp-keep")
+# `hetauto run` executes plain DP, ZeRO-1 (run as plain DP: the same arithmetic, the memory of `none`) and FSDP
+# (torch FSDP2, hetauto.runtime.fsdp) within `fsdp_unrunnable`'s limits; not ZeRO-2
 FSDP_LEVELS = ("fsdp", "fsdp-keep")
 
 
