@@ -268,7 +268,7 @@ class Prediction:
     breakdown: dict[str, float] = field(default_factory=dict)
     violation: str | None = None
     covered: str | None = None  # stages the correction applied to, "k/n"
-    memory: dict[str, float] = field(default_factory=dict)  # a plan that does not fit: its first stage's terms, GiB
+    memory: dict[str, float] = field(default_factory=dict)  # a plan that does not fit: its failing stage's terms, GiB
 
 
 @dataclass
@@ -315,7 +315,7 @@ def memory_terms(ev: Any, plan: Any, stage: int = 0) -> dict[str, float]:
         casts = 0.0
     inflight = ev.inflight(plan, stage)
     gib = float(1 << 30)
-    return {"static": at(0) / gib, "per_microbatch": (at(1) - at(0)) / gib, "weight_casts": casts / gib,
+    return {"stage": stage, "static": at(0) / gib, "per_microbatch": (at(1) - at(0)) / gib, "weight_casts": casts / gib,
             "inflight": inflight, "total": at(inflight) / gib}
 
 
@@ -338,7 +338,9 @@ def _predict(setup: RowSetup, fpt: float, correction: Any) -> Prediction:
     elif correction is not None:
         covered = "untrained"
     if not e.feasible:
-        return Prediction(False, violation=e.violation, covered=covered, memory=memory_terms(ev, plan))
+        failing = next((i for i, (need, cap) in enumerate(zip(e.peak_memory_bytes, e.memory_capacity_bytes))
+                        if need > cap), 0)  # the stage the violation names
+        return Prediction(False, violation=e.violation, covered=covered, memory=memory_terms(ev, plan, failing))
     tok = e.tokens_s / plan.world_size
     b = ev.breakdown(plan)
     parts = b.as_dict()
@@ -435,11 +437,11 @@ def print_table(results: list[RowResult], summaries: dict[str, dict[str, Any]], 
     for r in results:
         if r.approximate:
             w(f"  {r.name}: {' '.join(r.approximate.split())}\n")
-    w("\nmemory of the first stage of a plan that does not fit (GiB; datasheet-only):\n")
+    w("\nmemory of the stage of a plan that does not fit (the first that does not; GiB; datasheet-only):\n")
     for r in results:
         m = r.datasheet.memory
         if r.error is None and m:
-            w(f"  {r.name:32} static {m['static']:.1f} + {m['inflight']:g} in flight x {m['per_microbatch']:.2f} "
+            w(f"  {r.name:32} stage {m['stage']:g}: static {m['static']:.1f} + {m['inflight']:g} in flight x {m['per_microbatch']:.2f} "
               f"(of which weight casts {m['weight_casts']:.2f}) = {m['total']:.1f}\n")
     w("\nwhere the predicted time goes (critical stage, share of the iteration; datasheet-only):\n")
     for r in results:

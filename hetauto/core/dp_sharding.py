@@ -22,11 +22,14 @@ fp32 m and v (8 B), fp32 gradients (4 B) and fp32 master weights (4 B):
   shard before the all-gather: no per-microbatch autocast weight copies) for its forward and again for its
   backward, every microbatch; its gradient is reduce-scattered (g B) after its backward, every microbatch.
   Transient: two gathered units (the current one and the prefetched next) and one unit's unsharded gradient.
-- `fsdp-keep` (`dp_sharding: fsdp` with `reshard_after_forward: false`; the Llama 3 paper's "we do not reshard
-  after forward", torchtitan's default under pipeline parallelism): the gathered compute-dtype parameters are
-  kept from the step's first forward to its last backward and the unsharded compute-dtype gradients accumulate
-  over the microbatches (torch.distributed.pipelining resharding after and syncing gradients on the last
-  backward only): once per step one all-gather (c B) and one reduce-scatter (g B); 16 P / d + 2 c P.
+- `fsdp-keep` (`dp_sharding: fsdp` with `reshard_after_forward: false`, FSDP2's own meaning; the Llama 3
+  paper's "shards optimizer states and gradients, but for model shards we do not reshard after forward"): a
+  unit gathered for a microbatch's forward stays gathered until that microbatch's backward, which needs no
+  second all-gather and reduce-scatters the gradient as `fsdp` does. Per microbatch: one all-gather (c B) and
+  one reduce-scatter (g B). In a pipeline some microbatch is always between its forward and its backward, so
+  the whole stage's parameters stay gathered: 16 P / d + c P, plus one unit's unsharded gradient (U c, + U g
+  where g != c). Not modelled: torch.distributed.pipelining's FSDP2 driving (torchtitan under PP), which also
+  defers the gradient reduce-scatter to the step's last backward and so keeps unsharded gradients (c P more).
 """
 
 from __future__ import annotations

@@ -108,8 +108,9 @@ def dp_shard_transient_bytes(sums: "RangeSums", *, tp: int, dp: int, level: "boo
     device, U = the largest unit's parameters / tp, P = the stage's / tp, c = `gather_bytes` (the compute
     dtype), g = `grad_bytes` (grad_reduce_dtype): zero2: U x 4 (one unit's fp32 gradient before its
     reduce-scatter); fsdp: 2 U c (the gathered unit and the prefetched next) + U c (its unsharded gradient)
-    + U g where g != c (that gradient cast for the reduce-scatter); fsdp-keep: 2 P c (every gathered parameter
-    and its accumulating unsharded gradient, the whole step) + U g where g != c. none, zero1 and dp 1: 0."""
+    + U g where g != c (that gradient cast for the reduce-scatter); fsdp-keep: P c (every parameter stays
+    gathered while some microbatch is between its forward and backward) + U c + U g where g != c (one unit's
+    gradient before its reduce-scatter). none, zero1 and dp 1: 0."""
     level = level_key(level)
     if dp <= 1 or level in ("none", "zero1"):
         return 0.0
@@ -119,7 +120,7 @@ def dp_shard_transient_bytes(sums: "RangeSums", *, tp: int, dp: int, level: "boo
         return u * FP32_BYTES
     if level == "fsdp":
         return 3.0 * u * gather_bytes + cast
-    return 2.0 * p * gather_bytes + cast
+    return p * gather_bytes + u * gather_bytes + cast
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,7 @@ class ShardComm:
     """A DP sharding level's collectives for one device (seconds, before any overlap): per microbatch in its
     forward (`mb_fwd_s`) and its backward (`mb_bwd_s`); per step, `step_overlap_s` launched as the last
     backward produces gradients (overlapped with it as the DP all-reduce is) and `step_serial_s` that nothing
-    hides (the all-gather of ZeRO-2's updated weights, fsdp-keep's first gather)."""
+    hides (the all-gather of ZeRO-2's updated weights)."""
 
     mb_fwd_s: float = 0.0
     mb_bwd_s: float = 0.0
@@ -141,9 +142,10 @@ def dp_shard_comm(sums: "RangeSums", *, tp: int, dp: int, level: "bool | str", g
     device, P = params / tp: an all-gather or reduce-scatter of X bytes gathered is (d-1)/d X / bw, plus (d-1)
     latencies per unit (FSDP issues one per layer slot). zero2: each microbatch's backward reduce-scatters P g;
     the step all-gathers the fp32 weights, P x 4 (serial, after the optimizer). fsdp: each microbatch's
-    forward all-gathers P c, its backward all-gathers P c again and reduce-scatters P g. fsdp-keep: once per
-    step an all-gather of P c (serial) and a reduce-scatter of P g (overlapped like the all-reduce). none and
-    zero1 (priced by `dp_allreduce_time`) and dp 1: all zero."""
+    forward all-gathers P c, its backward all-gathers P c again and reduce-scatters P g. fsdp-keep: each
+    microbatch's forward all-gathers P c and its backward only reduce-scatters P g (an upper bound: a unit
+    still gathered for an earlier microbatch is not gathered again). none and zero1 (priced by
+    `dp_allreduce_time`) and dp 1: all zero."""
     level = level_key(level)
     if dp <= 1 or level in ("none", "zero1"):
         return ShardComm()
@@ -157,7 +159,7 @@ def dp_shard_comm(sums: "RangeSums", *, tp: int, dp: int, level: "bool | str", g
         return ShardComm(mb_bwd_s=reduce, step_serial_s=ring(p * FP32_BYTES, 1))
     if level == "fsdp":
         return ShardComm(mb_fwd_s=gather, mb_bwd_s=gather + reduce)
-    return ShardComm(step_overlap_s=reduce, step_serial_s=gather)
+    return ShardComm(mb_fwd_s=gather, mb_bwd_s=reduce)
 
 
 def prefetch_exposed(comm_s: float, compute_s: float, units: int) -> float:

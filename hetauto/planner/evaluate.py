@@ -768,9 +768,8 @@ class Evaluator:
         """Per stage, the REDUCE_GRAD term of a ZeRO-2 / FSDP plan (`ar` holds each stage's overlappable step
         collective o, ShardComm.step_overlap_s): with overlap, a span from the last backward's start (b): o
         issued unit by unit as that backward frees gradients, so max(o, b + o / units), then the serial part s
-        (ShardComm.step_serial_s) after the backward: max(b, that) + s; without overlap o + s. fsdp-keep's
-        first all-gather is priced here too, after the step's last backward instead of before its first
-        forward (the same sum; an upper bound where a stage's wait for its first activation would hide it)."""
+        (ShardComm.step_serial_s) after the backward: max(b, that) + s; without overlap o + s. (No level has
+        an overlapped step collective today: ZeRO-2 and FSDP reduce-scatter per microbatch; kept general.)"""
         out = []
         prec = self.precision(plan)
         for i, st in enumerate(plan.stages):

@@ -438,10 +438,6 @@ class StageExecutor:
             grad = torch.full_like(y, self.scaler.scale)
         if last_b and self.reducers is not None:
             self.reducers[c].arm()
-        if self.fsdp:
-            from hetauto.runtime.fsdp import prepare_backward
-
-            prepare_backward(self.chunks[c], keep=not self.plan.reshard_after_forward, last=last_b)
         self._timed("B", torch.autograd.backward, y, grad)
         if posted is not None:
             gx = st.inputs[key].grad if key in st.inputs else None

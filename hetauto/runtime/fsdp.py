@@ -13,11 +13,10 @@ embedding and the head, which may share the tied table inside one stage; FSDP2 k
 torchtitan (models/llama3/infra/parallelize.py `apply_fsdp`) makes the embedding and the norm+output units of
 their own as well; here they share the root's, so the root's transient is the larger.
 
-`reshard_after_forward=False` (fsdp-keep): the gathered parameters stay from the step's first forward to its last
-backward and the unsharded gradients accumulate, reduced only on the last backward of the step
-(`prepare_backward(last=True)`), as torch.distributed.pipelining drives FSDP2 (`set_requires_gradient_sync` /
-`set_reshard_after_backward` on the last backward only). What `hetauto run` refuses with FSDP (tp > 1, fp16,
-a tied table split across stages, checkpoints) is hetauto.core.plan_check.check_runnable_sharding.
+`reshard_after_forward=False` (fsdp-keep) is FSDP2's own: a unit gathered for a microbatch's forward stays
+gathered until that microbatch's backward, which reduce-scatters its gradient (every microbatch, as with True).
+What `hetauto run` refuses with FSDP (tp > 1, fp16, a tied table split across stages, checkpoints) is
+hetauto.core.plan_check.check_runnable_sharding.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from torch import nn
 
 from hetauto.runtime.model import Block
 
-__all__ = ["shard_stage", "prepare_backward"]
+__all__ = ["shard_stage"]
 
 
 def shard_stage(module: nn.Module, dp_group: Any, device_type: str, *, reshard_after_forward: bool,
@@ -49,12 +48,3 @@ def shard_stage(module: nn.Module, dp_group: Any, device_type: str, *, reshard_a
         unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # plain SUM (gloo: no PREMUL_SUM)
     return module
 
-
-def prepare_backward(module: nn.Module, *, keep: bool, last: bool) -> None:
-    """Before one microbatch's backward: with `keep` (reshard_after_forward False), sync gradients and reshard
-    only on the step's `last` backward (the unsharded gradients accumulate until then); without, nothing
-    (FSDP2's default: every backward reduce-scatters into the sharded gradient)."""
-    if keep:
-        module.set_is_last_backward(last)  # type: ignore[operator]
-        module.set_requires_gradient_sync(last)  # type: ignore[operator]
-        module.set_reshard_after_backward(last)  # type: ignore[operator]
