@@ -61,7 +61,8 @@ def fsdp_unrunnable(level: "bool | str", *, max_tp: int, stages: int, tied: bool
     if precision == "fp16":
         return "dp_sharding fsdp does not run with precision fp16 (use bf16 or fp32)"
     if tied and stages > 1:
-        return "dp_sharding fsdp does not run with a tied embedding split across stages (use one stage or an untied model)"
+        return ("dp_sharding fsdp does not run with a tied embedding split across stages (use one stage or an "
+                "untied model)")
     return None
 
 

@@ -138,8 +138,8 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
             break
         lenient[i] = max(smaller, key=lambda o: (o.stages, o.recompute, o.tp))
         stages = sum(o.stages for o in lenient)
-    cand = Candidate(1, order, tuple(lenient), space.default_tail(prefer="1f1b")[0], least_memory(space.zero1_options),
-                     space.resharding)
+    cand = Candidate(1, order, tuple(lenient), space.default_tail(prefer="1f1b")[0],
+                     least_memory(space.zero1_options), space.resharding)
     built = space.build(cand)
     if built.violation:
         return built.violation
