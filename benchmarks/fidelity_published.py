@@ -50,7 +50,8 @@ TABLE_SCHEMA = "hetauto.published-runs/1"
 DEVICES_PER_NODE = 8
 REQUIRED = ("name", "source", "citation", "device", "gpus", "model", "seq_len", "tp", "pp", "dp", "microbatch",
             "global_batch", "precision", "recompute", "published")
-KNOWN = set(REQUIRED) | {"schedule", "chunks", "stage_split", "zero1", "flash_attention", "sequence_parallel", "approximate"}
+KNOWN = set(REQUIRED) | {"schedule", "chunks", "stage_split", "zero1", "dp_sharding", "reshard_after_forward",
+                         "flash_attention", "sequence_parallel", "approximate"}
 PUBLISHED_KEYS = {"tokens_per_s_per_gpu", "tflops_per_gpu", "percent_of_peak", "mfu_percent", "flops"}
 
 
@@ -243,6 +244,10 @@ def build_row(row: dict[str, Any], root: Path) -> RowSetup:
            "global_batch": row["global_batch"], "microbatch_size": mb, "num_microbatches": row["global_batch"] // mb,
            "stages": stages, "schedule": schedule, "zero1": bool(row.get("zero1", False)),
            "training": {"precision": row["precision"]}}
+    if "dp_sharding" in row:  # hetauto.core.dp_sharding: zero2 / fsdp (FSDP2, torchtitan, Llama 3)
+        doc["dp_sharding"] = row["dp_sharding"]
+    if "reshard_after_forward" in row:
+        doc["reshard_after_forward"] = bool(row["reshard_after_forward"])
     plan = Plan.model_validate(doc)
     plan.save(folder / "plan.json")
     # as `hetauto evaluate PLAN` reads it: relative paths against the plan's folder, then what `hetauto run` checks
@@ -263,7 +268,7 @@ class Prediction:
     breakdown: dict[str, float] = field(default_factory=dict)
     violation: str | None = None
     covered: str | None = None  # stages the correction applied to, "k/n"
-    memory: dict[str, float] = field(default_factory=dict)  # a plan that does not fit: its first stage's terms, GiB
+    memory: dict[str, float] = field(default_factory=dict)  # a plan that does not fit: its failing stage's terms, GiB
 
 
 @dataclass
@@ -295,19 +300,22 @@ class RowResult:
 def memory_terms(ev: Any, plan: Any, stage: int = 0) -> dict[str, float]:
     """A stage's memory in GiB, apart: `static` (model states, workspace, a re-materialised block), `per_microbatch`
     (kept per in-flight microbatch), `weight_casts` (of which the 16-bit weight copies autocast saves per in-flight
-    microbatch: hetauto prices its executor's fp32 master weights under autocast), `inflight`, `total`."""
+    microbatch: hetauto prices its executor's fp32 master weights under autocast; none under FSDP, which casts at
+    its all-gather), `inflight`, `total`."""
     from hetauto.core.precision import compute_bytes
 
     st, prec = plan.stages[stage], ev.precision(plan)
     def at(inflight: float) -> float:
         return ev.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, inflight,
-                                     st.recompute, plan.zero1, prec)
+                                     st.recompute, plan.dp_level, prec)
     sums = ev.layer_table(prec).range(*st.layers)
     nbytes = compute_bytes(prec)
     casts = (sums.nonblock_matmul if st.recompute else sums.matmul_params) / st.tp * (nbytes if nbytes < 4 else 0)
+    if plan.dp_level in ("fsdp", "fsdp-keep") and st.dp > 1:
+        casts = 0.0
     inflight = ev.inflight(plan, stage)
     gib = float(1 << 30)
-    return {"static": at(0) / gib, "per_microbatch": (at(1) - at(0)) / gib, "weight_casts": casts / gib,
+    return {"stage": stage, "static": at(0) / gib, "per_microbatch": (at(1) - at(0)) / gib, "weight_casts": casts / gib,
             "inflight": inflight, "total": at(inflight) / gib}
 
 
@@ -330,7 +338,9 @@ def _predict(setup: RowSetup, fpt: float, correction: Any) -> Prediction:
     elif correction is not None:
         covered = "untrained"
     if not e.feasible:
-        return Prediction(False, violation=e.violation, covered=covered, memory=memory_terms(ev, plan))
+        failing = next((i for i, (need, cap) in enumerate(zip(e.peak_memory_bytes, e.memory_capacity_bytes))
+                        if need > cap), 0)  # the stage the violation names
+        return Prediction(False, violation=e.violation, covered=covered, memory=memory_terms(ev, plan, failing))
     tok = e.tokens_s / plan.world_size
     b = ev.breakdown(plan)
     parts = b.as_dict()
@@ -427,11 +437,11 @@ def print_table(results: list[RowResult], summaries: dict[str, dict[str, Any]], 
     for r in results:
         if r.approximate:
             w(f"  {r.name}: {' '.join(r.approximate.split())}\n")
-    w("\nmemory of the first stage of a plan that does not fit (GiB; datasheet-only):\n")
+    w("\nmemory of the stage of a plan that does not fit (the first that does not; GiB; datasheet-only):\n")
     for r in results:
         m = r.datasheet.memory
         if r.error is None and m:
-            w(f"  {r.name:32} static {m['static']:.1f} + {m['inflight']:g} in flight x {m['per_microbatch']:.2f} "
+            w(f"  {r.name:32} stage {m['stage']:g}: static {m['static']:.1f} + {m['inflight']:g} in flight x {m['per_microbatch']:.2f} "
               f"(of which weight casts {m['weight_casts']:.2f}) = {m['total']:.1f}\n")
     w("\nwhere the predicted time goes (critical stage, share of the iteration; datasheet-only):\n")
     for r in results:

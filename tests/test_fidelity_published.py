@@ -113,12 +113,16 @@ def test_summary_scores_the_predicted_rows_and_leaves_out_those_that_do_not_fit(
 
 
 def test_the_benchmark_runs_on_one_row_and_prints_one_json_document(capsys: pytest.CaptureFixture[str]) -> None:
-    assert fp.main(["--rows", "megatron-1.7b,torchtitan-llama3-70b-64xa100", "--json", "--no-correction"]) == 0
+    assert fp.main(["--rows", "megatron-1.7b,torchtitan-llama3-70b-64xa100,llama3-405b-8192xh100", "--json",
+                    "--no-correction"]) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    first, second = doc["rows"]
+    first, fsdp, third = doc["rows"]
     assert first["datasheet"]["feasible"] and first["datasheet"]["tokens_per_s_per_gpu"] > 0
     assert first["published_tokens_per_s_per_gpu"] == pytest.approx(9288, abs=1)
-    assert not second["datasheet"]["feasible"] and "GiB" in second["datasheet"]["violation"]  # reported, not dropped
-    assert doc["summary"]["datasheet-only"]["not_fitting"] == ["torchtitan-llama3-70b-64xa100"]
+    # 70B over 64 A100 fits once FSDP is priced as FSDP (16 B / 64 per parameter), not as ZeRO-1
+    assert fsdp["datasheet"]["feasible"] and fsdp["approximate"] is None
+    assert not third["datasheet"]["feasible"] and "GiB" in third["datasheet"]["violation"]  # reported, not dropped
+    assert third["datasheet"]["memory"]["weight_casts"] == 0.0  # FSDP casts at its all-gather, not per microbatch
+    assert doc["summary"]["datasheet-only"]["not_fitting"] == ["llama3-405b-8192xh100"]
     with pytest.raises(SystemExit):
         fp.main(["--rows", "no-such-row", "--no-correction"])

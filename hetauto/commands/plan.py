@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetauto.commands._output import console, print_json, print_table, require_writable
+from hetauto.core.dp_sharding import level_label
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_time
 from hetauto.planner.inputs import load_planning_inputs
@@ -43,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: all)")
     parser.add_argument("--no-virtual-1f1b", action="store_true", help="leave Virtual-1F1B out of the search")
     parser.add_argument("--no-zero1", action="store_true", help="leave ZeRO-1 out of the search")
+    parser.add_argument("--dp-sharding", metavar="LIST",
+                        help="DP sharding levels the search may use, comma-separated from none, zero1, fsdp, "
+                             "fsdp-keep (fsdp without reshard after forward; both at tp 1); default none,zero1")
     parser.add_argument("--no-recompute", action="store_true", help="leave activation recomputation out of the search")
     parser.add_argument("--resharding", choices=RESHARD_METHODS,
                         help="the one resharding method every boundary uses (default: chosen per boundary)")
@@ -99,8 +103,15 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
             opts["interleave"] = ()
         else:
             opts["interleave"] = P.INTERLEAVE_CHUNKS
+    if getattr(args, "dp_sharding", None):
+        from hetauto.core.dp_sharding import parse_levels
+
+        try:
+            opts["zero1"] = parse_levels(args.dp_sharding)
+        except ValueError as err:
+            raise HetautoError(str(err)) from None
     if getattr(args, "no_zero1", False):
-        opts["zero1"] = (False,)
+        opts["zero1"] = tuple(z for z in opts.get("zero1", (False, True)) if z is not True) or (False,)
     if getattr(args, "no_recompute", False):
         opts["recompute"] = (False,)
     if getattr(args, "resharding", None):
@@ -341,7 +352,7 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
     print_table(f"plan ({r.planner}): {p.num_stages} stages, microbatch {p.microbatch_size} x {p.num_microbatches}, "
                 f"{p.schedule.name}" + (f" extra warmup {list(p.schedule.extra_warmup)}" if p.schedule.extra_warmup else "")
                 + (f" v={max(p.schedule.virtual_chunks, 2)}" if p.schedule.name == "interleaved" else "")
-                + (", ZeRO-1" if p.zero1 else "") + _resharding_note(p),
+                + (f", {level_label(p.dp_level)}" if p.dp_level != "none" else "") + _resharding_note(p),
                 ["stage", "cluster", "devices", "layers", "tp x dp", "recompute", "memory used / available"], rows)
     console.print(f"iteration {format_time(ev.iteration_time_s)}, {ev.throughput_samples_s:.3g} samples/s, "
                   f"{ev.tokens_s:.4g} tokens/s, {ev.tflops_per_device:.1f} TFLOP/s per device, MFU {ev.mfu:.1%}, "

@@ -266,7 +266,7 @@ def _param_count(cfg: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetauto.core.plan_check import validate_plan
+    from hetauto.core.plan_check import check_runnable_sharding, validate_plan
 
     if args.steps < 1:
         raise HetautoError(f"--steps must be >= 1, got {args.steps}")
@@ -283,6 +283,10 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
+    check_runnable_sharding(plan, cfg)
+    if plan.dp_level in ("fsdp", "fsdp-keep") and (args.checkpoint_dir is not None or args.resume is not None):
+        raise HetautoError("dp_sharding fsdp runs without checkpoints (its sharded state is not in hetauto's "
+                           "checkpoint layout yet); drop --checkpoint-dir/--resume or set dp_sharding to none or zero1")
     if args.inject_fault is not None:
         from hetauto.runtime.faults import FaultSpec
 

@@ -19,6 +19,12 @@ order, so the embedding is in virtual stage 0 and the head in the last. A plan m
 stage's `chunks` explicitly (v non-empty `[start, end)` ranges per stage, holding exactly the stage's layer
 count and tiling the model consecutively in virtual-stage order); `chunks` is only valid with "interleaved"
 and is omitted from the JSON when not given, so older plans read and write unchanged.
+
+Data-parallel sharding (`hetauto.core.dp_sharding` says what each level shards and communicates): `dp_sharding`
+is one of none, zero1, zero2, fsdp; `reshard_after_forward` (fsdp only, default true) false keeps the gathered
+parameters from a step's first forward to its last backward. The older `zero1: true` still means ZeRO-1 (a plan
+gives one or the other); both new fields are omitted from the JSON while default, so older plans keep their exact
+JSON. `Plan.dp_level` is the one key the cost model, the planner and the executor read.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 from hetauto.core.chunks import effective_chunks, tile_chunks
 
+from hetauto.core.dp_sharding import DPSharding
 from hetauto.core.errors import SpecError
 from hetauto.core.specio import read_document, validate_document
 
@@ -151,6 +158,8 @@ class Plan(_Frozen):
     schedule: ScheduleSpec = ScheduleSpec()
     resharding: tuple[ReshardMethod, ...] = ()
     zero1: bool = False
+    dp_sharding: DPSharding = "none"  # hetauto.core.dp_sharding; "zero1" here and `zero1: true` mean the same
+    reshard_after_forward: bool = True  # fsdp only: False keeps the gathered parameters through the step
     training: TrainingSpec = TrainingSpec()
     prediction: Prediction | None = None
 
@@ -158,11 +167,24 @@ class Plan(_Frozen):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):  # type: ignore[no-untyped-def]
-        """Leave `training` out while it is the default: plans written before it keep their exact JSON."""
+        """Leave `training`, `dp_sharding` and `reshard_after_forward` out while they are the default: plans
+        written before them keep their exact JSON."""
         data = handler(self)
         if self.training == TrainingSpec() and isinstance(data, dict):
             data.pop("training", None)
+        if isinstance(data, dict):
+            if self.dp_sharding == "none":
+                data.pop("dp_sharding", None)
+            if self.reshard_after_forward:
+                data.pop("reshard_after_forward", None)
         return data
+
+    @property
+    def dp_level(self) -> str:
+        """The DP sharding level key (hetauto.core.dp_sharding.DP_LEVELS) of this plan."""
+        if self.dp_sharding == "fsdp":
+            return "fsdp" if self.reshard_after_forward else "fsdp-keep"
+        return "zero1" if self.zero1 else self.dp_sharding
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
@@ -183,6 +205,12 @@ class Plan(_Frozen):
                                      f"microbatch_size={self.microbatch_size}; the replicas' shares split each microbatch")
             elif self.microbatch_size % s.dp:
                 raise ValueError(f"stage {i}: dp={s.dp} does not divide microbatch_size={self.microbatch_size}")
+        if self.zero1 and self.dp_sharding not in ("none", "zero1"):
+            raise ValueError(f"zero1: true and dp_sharding '{self.dp_sharding}' contradict each other ("
+                             f"{self.dp_sharding} already shards the optimizer states); give only dp_sharding")
+        if not self.reshard_after_forward and self.dp_sharding != "fsdp":
+            raise ValueError(f"reshard_after_forward: false is only valid with dp_sharding 'fsdp', not "
+                             f"'{self.dp_sharding}' (remove it or set dp_sharding to 'fsdp')")
         if self.resharding and len(self.resharding) != len(self.stages) - 1:
             raise ValueError(f"resharding needs one method per boundary ({len(self.stages) - 1}), got {len(self.resharding)}")
         if self.schedule.extra_warmup and len(self.schedule.extra_warmup) != len(self.stages) - 1:

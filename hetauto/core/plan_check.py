@@ -12,11 +12,13 @@ from pathlib import Path
 
 from hetauto.core.chunks import ChunkError, chunk_layers, effective_chunks
 from hetauto.core.cluster import ClusterSpec, load_cluster
+from hetauto.core.dp_sharding import fsdp_unrunnable
 from hetauto.core.errors import PlanMismatch, SpecError
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 
-__all__ = ["check_executable", "check_plan", "cluster_for_plan", "load_model_for_plan", "validate_plan"]
+__all__ = ["check_executable", "check_plan", "check_runnable_sharding", "cluster_for_plan", "load_model_for_plan",
+           "validate_plan"]
 
 
 def validate_plan(plan: Plan, base_dir: str | Path | None = None) -> tuple[ClusterSpec, ModelConfig]:
@@ -144,3 +146,14 @@ def check_executable(plan: Plan) -> None:
         chunk_layers(plan)
     except ChunkError as exc:
         raise PlanMismatch(f"schedule 'interleaved' with {v} chunks per stage: {exc}") from None
+
+
+def check_runnable_sharding(plan: Plan, model: ModelConfig | None = None) -> None:
+    """What `hetauto run` cannot execute of the plan's DP sharding (hetauto.core.dp_sharding.fsdp_unrunnable:
+    zero2 at all; fsdp at tp > 1, with fp16, with a tied table split across stages), as one PlanMismatch line.
+    Such a plan is still priced, simulated and evaluated: not part of `validate_plan`, which they share."""
+    why = fsdp_unrunnable(plan.dp_level, max_tp=max(s.tp for s in plan.stages), stages=plan.num_stages,
+                          tied=bool(model is not None and model.tie_embeddings), precision=plan.training.precision)
+    if why is not None:
+        raise PlanMismatch(f"{why}: hetauto plan/evaluate price it, hetauto run does not execute it; set "
+                           "dp_sharding to none or zero1 (or fsdp within those limits) to run the plan")

@@ -23,6 +23,11 @@ Compute time uses the profile's peak for the plan's precision (`DeviceProfile.pe
 uses its figure for every precision (bf16 on accelerators, fp32 on the host profile `cpu`). Megatron TP: per block two all-reduces of the b*s*h activation
 forward and two backward (sequence parallelism swaps each for an all-gather + reduce-scatter: the same bytes on
 the wire).
+
+Data-parallel sharding (`hetauto.core.dp_sharding`, one level per plan): `model_state_bytes` gives the model
+states per level, `dp_shard_transient_bytes` what the level gathers or holds unsharded on top, `dp_shard_comm`
+the per-microbatch and per-step collectives (ring formulas over the DP group's link); FSDP's prefetch overlap
+is `prefetch_exposed`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from hetauto.core.cluster import Cluster, LinkSpec
+from hetauto.core.dp_sharding import level_key, shards_optimizer
 from hetauto.planner.layers import BYTES_BF16, LayerCost
 
 GiB = float(1 << 30)
@@ -82,10 +88,88 @@ def megatron_tp_bytes_per_block(microbatch: float, seq_len: int, hidden: int, by
     return 2.0 * microbatch * seq_len * hidden * bytes_per_element
 
 
-def adam_bytes_per_param(dp: int = 1, zero1: bool = False) -> float:
+def adam_bytes_per_param(dp: int = 1, zero1: "bool | str" = False) -> float:
     """AdamW over fp32 parameters (any precision, see the module docstring): 16 B/param; ZeRO-1 divides the
-    optimizer's 8 B (m, v) by dp."""
-    return WEIGHT_GRAD_BYTES + (OPTIMIZER_BYTES / dp if zero1 else OPTIMIZER_BYTES)
+    optimizer's 8 B (m, v) by dp, ZeRO-2 also the 4 B gradient, FSDP all 16 (`zero1`: a bool or a level key of
+    hetauto.core.dp_sharding)."""
+    level = level_key(zero1)
+    if level == "none":
+        return WEIGHT_GRAD_BYTES + OPTIMIZER_BYTES
+    if level == "zero1":
+        return WEIGHT_GRAD_BYTES + OPTIMIZER_BYTES / dp
+    if level == "zero2":
+        return FP32_BYTES + (FP32_BYTES + OPTIMIZER_BYTES) / dp
+    return (WEIGHT_GRAD_BYTES + OPTIMIZER_BYTES) / dp
+
+
+def dp_shard_transient_bytes(sums: "RangeSums", *, tp: int, dp: int, level: "bool | str", gather_bytes: int,
+                             grad_bytes: int = FP32_BYTES) -> float:
+    """Bytes a DP sharding level holds on top of its sharded model states (hetauto.core.dp_sharding), per
+    device, U = the largest unit's parameters / tp, P = the stage's / tp, c = `gather_bytes` (the compute
+    dtype), g = `grad_bytes` (grad_reduce_dtype): zero2: U x 4 (one unit's fp32 gradient before its
+    reduce-scatter); fsdp: 2 U c (the gathered unit and the prefetched next) + U c (its unsharded gradient)
+    + U g where g != c (that gradient cast for the reduce-scatter); fsdp-keep: P c (every parameter stays
+    gathered while some microbatch is between its forward and backward) + U c + U g where g != c (one unit's
+    gradient before its reduce-scatter). none, zero1 and dp 1: 0."""
+    level = level_key(level)
+    if dp <= 1 or level in ("none", "zero1"):
+        return 0.0
+    u, p = sums.max_unit_params / tp, sums.params / tp
+    cast = u * grad_bytes if grad_bytes != gather_bytes else 0.0
+    if level == "zero2":
+        return u * FP32_BYTES
+    if level == "fsdp":
+        return 3.0 * u * gather_bytes + cast
+    return p * gather_bytes + u * gather_bytes + cast
+
+
+@dataclass(frozen=True, slots=True)
+class ShardComm:
+    """A DP sharding level's collectives for one device (seconds, before any overlap): per microbatch in its
+    forward (`mb_fwd_s`) and its backward (`mb_bwd_s`); per step, `step_overlap_s` launched as the last
+    backward produces gradients (overlapped with it as the DP all-reduce is) and `step_serial_s` that nothing
+    hides (the all-gather of ZeRO-2's updated weights)."""
+
+    mb_fwd_s: float = 0.0
+    mb_bwd_s: float = 0.0
+    step_overlap_s: float = 0.0
+    step_serial_s: float = 0.0
+
+
+def dp_shard_comm(sums: "RangeSums", *, tp: int, dp: int, level: "bool | str", gather_bytes: int,
+                  grad_bytes: int, bandwidth_Bps: float, latency_s: float) -> ShardComm:
+    """Ring collectives of ZeRO-2 and FSDP over a stage's DP group (`bandwidth_Bps`/`latency_s`: its link), per
+    device, P = params / tp: an all-gather or reduce-scatter of X bytes gathered is (d-1)/d X / bw, plus (d-1)
+    latencies per unit (FSDP issues one per layer slot). zero2: each microbatch's backward reduce-scatters P g;
+    the step all-gathers the fp32 weights, P x 4 (serial, after the optimizer). fsdp: each microbatch's
+    forward all-gathers P c, its backward all-gathers P c again and reduce-scatters P g. fsdp-keep: each
+    microbatch's forward all-gathers P c and its backward only reduce-scatters P g (an upper bound: a unit
+    still gathered for an earlier microbatch is not gathered again). none and zero1 (priced by
+    `dp_allreduce_time`) and dp 1: all zero."""
+    level = level_key(level)
+    if dp <= 1 or level in ("none", "zero1"):
+        return ShardComm()
+    p, units = sums.params / tp, max(1, sums.units)
+
+    def ring(nbytes: float, n_units: int) -> float:
+        return (dp - 1) / dp * nbytes / bandwidth_Bps + n_units * (dp - 1) * latency_s
+
+    gather, reduce = ring(p * gather_bytes, units), ring(p * grad_bytes, units)
+    if level == "zero2":
+        return ShardComm(mb_bwd_s=reduce, step_serial_s=ring(p * FP32_BYTES, 1))
+    if level == "fsdp":
+        return ShardComm(mb_fwd_s=gather, mb_bwd_s=gather + reduce)
+    return ShardComm(mb_fwd_s=gather, mb_bwd_s=reduce)
+
+
+def prefetch_exposed(comm_s: float, compute_s: float, units: int) -> float:
+    """The part of a pass's per-unit collectives that its compute does not hide, FSDP-style prefetch (unit k+1's
+    collective runs while unit k computes), `units` equal units: the first unit's comm / n is exposed and the
+    other (n-1)/n overlap the pass's compute: comm / n + max(0, comm (n-1)/n - compute)."""
+    if comm_s <= 0:
+        return 0.0
+    n = max(1, units)
+    return comm_s / n + max(0.0, comm_s * (n - 1) / n - compute_s)
 
 
 def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_chunks: int = 1,
@@ -128,6 +212,8 @@ class RangeSums:
     matmul_params: float = 0.0  # matmul weights autocast casts (and saves for backward) under mixed precision
     max_block_matmul: float = 0.0  # one block's (what a recomputed block re-casts at a time)
     nonblock_matmul: float = 0.0  # the embedding/head slots' share of matmul_params (kept under recompute)
+    max_unit_params: float = 0.0  # the largest layer slot's parameters (an FSDP unit: embedding, a block, the head)
+    units: int = 0  # layer slots in the range (FSDP units)
 
 
 class LayerTable:
@@ -155,6 +241,7 @@ class LayerTable:
         self._mm = prefix([float(la.matmul_params) for la in layers])
         self._mm_blocks = prefix([float(la.matmul_params) if la.kind == "block" else 0.0 for la in layers])
         self._max_block_mm = max((float(la.matmul_params) for la in layers if la.kind == "block"), default=0.0)
+        self._max_block_params = max((float(la.params) for la in layers if la.kind == "block"), default=0.0)
         self._cache: dict[tuple[int, int], RangeSums] = {}
 
     def range(self, a: int, b: int) -> RangeSums:
@@ -181,6 +268,10 @@ class LayerTable:
             matmul_params=self._mm[b] - self._mm[a],
             max_block_matmul=self._max_block_mm if self._blocks[b] > self._blocks[a] else 0.0,
             nonblock_matmul=(self._mm[b] - self._mm[a]) - (self._mm_blocks[b] - self._mm_blocks[a]),
+            max_unit_params=max(self._max_block_params if self._blocks[b] > self._blocks[a] else 0.0,
+                                float(self.layers[0].params) if has_emb else 0.0,
+                                float(head.params + (head.tied_params if not has_emb else 0)) if has_head else 0.0),
+            units=b - a,
         )
         self._cache[key] = out
         return out
@@ -260,13 +351,21 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
 
 
 def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microbatch: int, inflight: float,
-                 recompute: bool = False, zero1: bool = False, sequence_parallel: bool = False,
-                 flash_attention: bool = True, cast_bytes: int = 0) -> float:
+                 recompute: bool = False, zero1: "bool | str" = False, sequence_parallel: bool = False,
+                 flash_attention: bool = True, cast_bytes: int = 0, grad_bytes: int = FP32_BYTES) -> float:
     """One device's peak bytes: model states + (activations + weight casts) x in-flight microbatches +
     workspace. `sums` from a LayerTable in the plan's compute dtype; `cast_bytes` the bytes per element of
-    autocast's weight casts (2 under mixed precision, 0 for fp32: nothing is cast)."""
+    autocast's weight casts (2 under mixed precision, 0 for fp32: nothing is cast). `zero1`: False/True or a DP
+    sharding level key (hetauto.core.dp_sharding): the states per `adam_bytes_per_param`, plus
+    `dp_shard_transient_bytes` (gathered at the compute dtype, reduced at `grad_bytes`); fsdp casts at its
+    all-gather, so it keeps no per-microbatch weight casts."""
     b = microbatch / dp
-    states = sums.params / tp * adam_bytes_per_param(dp, zero1)
+    level = level_key(zero1)
+    states = sums.params / tp * adam_bytes_per_param(dp, level)
+    states += dp_shard_transient_bytes(sums, tp=tp, dp=dp, level=level, gather_bytes=cast_bytes or FP32_BYTES,
+                                       grad_bytes=grad_bytes)
+    if level in ("fsdp", "fsdp-keep") and dp > 1:
+        cast_bytes = 0
     score = 0.0 if flash_attention else sums.act_score
     sp = tp if sequence_parallel else 1
     if recompute and sums.blocks:
@@ -324,19 +423,19 @@ def exposed_allreduce_span(backward_s: float, allreduce_s: float, grad_bytes: fl
     return max(allreduce_s, backward_s + allreduce_s * last / grad_bytes)
 
 
-def optimizer_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, zero1: bool = False) -> float:
-    """Adam step: memory-bound over this device's parameters (its 1/dp shard with ZeRO-1)."""
-    params = sums.params / tp / (dp if zero1 else 1)
+def optimizer_time(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, zero1: "bool | str" = False) -> float:
+    """Adam step: memory-bound over this device's parameters (its 1/dp shard with any sharding level)."""
+    params = sums.params / tp / (dp if shards_optimizer(zero1) else 1)
     return params * ADAM_STEP_BYTES_PER_PARAM / cluster.device.memory_bandwidth_Bps
 
 
 def measured_optimizer_time(sums: RangeSums, *, tp: int, dp: int, per_tensor_s: float, per_param_s: float,
-                            zero1: bool = False) -> float:
+                            zero1: "bool | str" = False) -> float:
     """Per-tensor optimizer step as measured on this host: tensors x per_tensor_s + this device's parameters
     x per_param_s. Why: a single-tensor AdamW on a CPU pays a fixed dispatch cost per parameter tensor
     (~0.1 ms: a dozen eager ops) that dwarfs the bytes for small tensors; TP shards each tensor, it does not
     change how many there are."""
-    params = sums.params / tp / (dp if zero1 else 1)
+    params = sums.params / tp / (dp if shards_optimizer(zero1) else 1)
     return sums.param_tensors * per_tensor_s + params * per_param_s
 
 

@@ -191,6 +191,7 @@ class Evaluator:
         self._measured_tables: dict[tuple[str, str], MeasuredLayers | None] = {}
         self._kind_times: dict[tuple, KindTimes] = {}
         self._plans: dict[tuple, Evaluation] = {}
+        self._shard_exposed: tuple[tuple, list[float]] = ((), [])
         self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
         self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
 
@@ -390,11 +391,13 @@ class Evaluator:
         return self._anchor
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
-                           inflight: float, recompute: bool = False, zero1: bool = False,
+                           inflight: float, recompute: bool = False, zero1: "bool | str" = False,
                            precision: str | None = None) -> float:
         """One device's peak: params+grads+optimizer (16 B/param; optimizer part / dp with zero1) +
         (activations + mixed precision's weight casts) * inflight + workspace margin, at `precision`
-        (resolved; None: `cluster_precision(cluster)`)."""
+        (resolved; None: `cluster_precision(cluster)`). `zero1` may be a DP sharding level key
+        (hetauto.core.dp_sharding; costmodel.stage_memory prices it, its gradient casts at the Evaluator's
+        training.grad_reduce_dtype)."""
         prec = precision or self.cluster_precision(cluster)
         key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec)
         hit = self._memory.get(key)
@@ -404,7 +407,8 @@ class Evaluator:
             hit = cm.stage_memory(self.layer_table(prec).range(layers[0], layers[1]), c, tp=tp, dp=dp,
                                   microbatch=microbatch_size, inflight=inflight, recompute=recompute, zero1=zero1,
                                   sequence_parallel=self.sequence_parallel, flash_attention=self._flash(c),
-                                  cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0)
+                                  cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0,
+                                  grad_bytes=DTYPE_BYTES[self.training.grad_reduce_dtype])
             self._memory[key] = hit
         return hit
 
@@ -475,7 +479,7 @@ class Evaluator:
         for k, mb, n in self.replicas(st, plan.microbatch_size):
             view = self.cluster(k)
             need = self.stage_memory_bytes(k, st.layers, st.tp, st.dp, mb, self.inflight(plan, stage), st.recompute,
-                                           plan.zero1, precision)
+                                           plan.dp_level, precision)
             cap = view.device.memory_bytes
             where = k[len(c.name) + 1:] if c.is_mixed else ""
             what = f"{n * st.tp}x {view.device.key}" + (f" on {where}" if where else "") + f", {mb // st.dp} rows"
@@ -650,6 +654,8 @@ class Evaluator:
     def _costs(self, plan: Plan, fold_shared: bool = True) -> PipelineCosts:
         mb = plan.microbatch_size
         tf, tb, ar, opt, gbytes = [], [], [], [], []
+        exposed_mb: list[float] = []  # per stage: a microbatch's ZeRO-2 / FSDP collectives its compute does not hide
+        self._shard_exposed = (self._key(plan), exposed_mb)  # the last plan's: what breakdown() counts as DP comm
         oh = self.overheads
         prec = self.precision(plan)
         table = self.layer_table(prec)
@@ -663,9 +669,19 @@ class Evaluator:
                                                plan.training.allow_tf32)
                 c = self.cluster(st.cluster)
             wake = self._wake_s(plan, c)
-            tf.append(f + wake)
-            tb.append(b + wake)
             sums = table.range(*st.layers)
+            shard = self.shard_comm(plan, st, c)
+            ex_f = cm.prefetch_exposed(shard.mb_fwd_s, f, sums.units)
+            ex_b = cm.prefetch_exposed(shard.mb_bwd_s, b, sums.units)
+            tf.append(f + wake + ex_f)
+            tb.append(b + wake + ex_b)
+            exposed_mb.append(ex_f + ex_b)
+            if plan.dp_level not in ("none", "zero1"):  # its step collectives: _sharded_step_terms below
+                gbytes.append(0.0)
+                ar.append(shard.step_overlap_s)
+                opt.append(max(self._optimizer_time(st, sums, self.cluster(k), plan.dp_level)
+                               for k, _, _ in self.replicas(st, mb)))
+                continue
             gbytes.append(cm.dp_grad_bytes(sums, tp=st.tp, element_bytes=grad) if st.dp > 1 else 0.0)
             if oh is not None and oh.allreduce_Bps > 0:  # measured collective: alpha = the ring's 2 steps at d = 2
                 ar.append(cm.dp_allreduce_time(sums, c, tp=st.tp, dp=st.dp, element_bytes=grad,
@@ -678,7 +694,7 @@ class Evaluator:
                           + (oh.allreduce_alpha_s if oh is not None and st.dp > 1 else 0.0))
             if oh is not None and st.dp > 1 and oh.allreduce_wake_s > 0:  # issued right after the last backward
                 ar[-1] += oh.allreduce_wake_s
-            opt.append(max(self._optimizer_time(st, sums, self.cluster(k), plan.zero1)
+            opt.append(max(self._optimizer_time(st, sums, self.cluster(k), plan.dp_level)
                            for k, _, _ in self.replicas(st, mb)))
         overlap = self.dp_overlap
         if overlap and any(gbytes):
@@ -687,6 +703,8 @@ class Evaluator:
                 overlap = False
             else:  # as a span from the last backward's start (where an overlapped all-reduce starts)
                 ar = [cm.exposed_allreduce_span(b, a, g) if g > 0 else a for b, a, g in zip(tb, ar, gbytes)]
+        if plan.dp_level not in ("none", "zero1"):  # ZeRO-2 / FSDP: what is left of their per-step collectives
+            ar = self._sharded_step_terms(plan, tb, ar, gbytes, overlap)
         tied = self._tied_sum_s(plan)
         if tied > 0:  # after the DP sum, on both ends of the table
             ar[0] += tied
@@ -722,6 +740,52 @@ class Evaluator:
                              link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=overlap,
                              optim=tuple(opt))
 
+    # ----------------------------------------------------------------------------------- DP sharding
+    def _dp_group_link(self, st: StagePlan, c: Cluster) -> tuple[float, float]:
+        """(bandwidth B/s, latency s) of `st`'s DP group, as the all-reduce is priced: the measured collective
+        where the Evaluator has one, else the link a mixed group spans, else the contiguous-devices rule."""
+        oh = self.overheads
+        if oh is not None and oh.allreduce_Bps > 0:
+            return oh.allreduce_Bps, oh.allreduce_alpha_s / 2
+        span = self._dp_link(st)
+        link = span if span is not None else cm.group_link(c, st.tp * st.dp)
+        return link.bandwidth_Bps, link.latency_s
+
+    def shard_comm(self, plan: Plan, st: StagePlan, c: Cluster | None = None) -> cm.ShardComm:
+        """`st`'s ZeRO-2 / FSDP collectives (costmodel.dp_shard_comm) over its DP group's link, gathered in the
+        plan's compute dtype and reduced in its grad_reduce_dtype; all zero for none and zero1."""
+        if plan.dp_level in ("none", "zero1") or st.dp <= 1:
+            return cm.ShardComm()
+        c = c if c is not None else self.cluster(st.cluster)
+        prec = self.precision(plan)
+        bw, lat = self._dp_group_link(st, c)
+        return cm.dp_shard_comm(self.layer_table(prec).range(*st.layers), tp=st.tp, dp=st.dp, level=plan.dp_level,
+                                gather_bytes=compute_bytes(prec),
+                                grad_bytes=DTYPE_BYTES[plan.training.grad_reduce_dtype], bandwidth_Bps=bw,
+                                latency_s=lat)
+
+    def _sharded_step_terms(self, plan: Plan, tb: list[float], ar: list[float], gbytes: list[float],
+                            overlap: bool) -> list[float]:
+        """Per stage, the REDUCE_GRAD term of a ZeRO-2 / FSDP plan (`ar` holds each stage's overlappable step
+        collective o, ShardComm.step_overlap_s): with overlap, a span from the last backward's start (b): o
+        issued unit by unit as that backward frees gradients, so max(o, b + o / units), then the serial part s
+        (ShardComm.step_serial_s) after the backward: max(b, that) + s; without overlap o + s. (No level has
+        an overlapped step collective today: ZeRO-2 and FSDP reduce-scatter per microbatch; kept general.)"""
+        out = []
+        prec = self.precision(plan)
+        for i, st in enumerate(plan.stages):
+            k = (self.slowest_replica(st, plan.microbatch_size, prec, plan.training.allow_tf32)[0]
+                 if self.is_split(st) else st.cluster)
+            s = self.shard_comm(plan, st, self.cluster(k)).step_serial_s
+            o, b = ar[i], tb[i]
+            if not overlap:
+                out.append(o + s)
+                continue
+            units = max(1, self.layer_table(prec).range(*st.layers).units)
+            span = max(o, b + o / units) if o > 0 else 0.0
+            out.append(max(b, span) + s if s > 0 else span)
+        return out
+
     # ----------------------------------------------------------------------------------- breakdown
     def breakdown(self, plan: Plan) -> "TimeBreakdown":
         """Where `plan`'s iteration time goes, from the very terms `evaluate` prices (it changes no number).
@@ -753,7 +817,9 @@ class Evaluator:
             tp_comm = m * (tp_f + tp_b + extra_f + extra_b)
             ar = costs.allreduce[i]
             exposed = max(0.0, ar - tb) if costs.dp_overlap and ar > 0 else ar
-            stages.append(StageTimes(forward_s=tf, backward_s=tb, compute_s=m * (tf + tb) - tp_comm,
+            shard_mb = m * self._shard_exposed[1][i]  # ZeRO-2 / FSDP per microbatch (this plan's: _costs above)
+            exposed += shard_mb
+            stages.append(StageTimes(forward_s=tf, backward_s=tb, compute_s=m * (tf + tb) - tp_comm - shard_mb,
                                      tp_comm_s=tp_comm, dp_allreduce_s=exposed, optimizer_s=costs.optim[i],
                                      source=source))
         crit = max(range(len(stages)), key=lambda j: (stages[j].busy_s, -j))
@@ -801,7 +867,7 @@ class Evaluator:
     @staticmethod
     def _key(plan: Plan) -> tuple:
         return (plan.seq_len, plan.global_batch, plan.microbatch_size, plan.num_microbatches, plan.stages,
-                plan.schedule, plan.boundary_methods(), plan.zero1, plan.training)
+                plan.schedule, plan.boundary_methods(), plan.dp_level, plan.training)
 
     def evaluate(self, plan: Plan) -> Evaluation:
         """Memory check first; then pipeline costs + simulator (or its exact fast path)."""
@@ -817,7 +883,7 @@ class Evaluator:
         for i, st in enumerate(plan.stages):
             c = self.cluster(st.cluster)
             need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
-                                           self.inflight(plan, i), st.recompute, plan.zero1, prec)
+                                           self.inflight(plan, i), st.recompute, plan.dp_level, prec)
             cap, who = c.device.memory_bytes, f"{st.num_devices}x {c.device.key}"
             if self.is_split(st):  # memory per device type: each replica kind's rows on its own device
                 need, cap, who = self.replica_memory(plan, i, prec)
@@ -850,7 +916,7 @@ class Evaluator:
         self._plans[key] = ev
         return ev
 
-    def _optimizer_time(self, st: StagePlan, sums: cm.RangeSums, c: Cluster, zero1: bool) -> float:
+    def _optimizer_time(self, st: StagePlan, sums: cm.RangeSums, c: Cluster, zero1: "bool | str") -> float:
         """One stage's optimizer step: memory-bound Adam, or with measured per-tensor / per-parameter terms
         (Overheads.optim_*, plus tp_optim_block_s per block of a tp > 1 stage) those, stretched when the stage's own replicas (dp x tp, stepping at the same
         moment) outnumber the host's cores: x max(1, devices / host_cores). Not divided by the speed

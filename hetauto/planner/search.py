@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hetauto.core.dp_sharding import least_memory
 from hetauto.core.errors import HetautoError, InfeasiblePlan
 from hetauto.core.plan import Plan
 from hetauto.planner import principles as P
@@ -137,8 +138,8 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
             break
         lenient[i] = max(smaller, key=lambda o: (o.stages, o.recompute, o.tp))
         stages = sum(o.stages for o in lenient)
-    cand = Candidate(1, order, tuple(lenient), space.default_tail(prefer="1f1b")[0], max(space.zero1_options),
-                     space.resharding)
+    cand = Candidate(1, order, tuple(lenient), space.default_tail(prefer="1f1b")[0],
+                     least_memory(space.zero1_options), space.resharding)
     built = space.build(cand)
     if built.violation:
         return built.violation
@@ -265,7 +266,7 @@ def baseline_seeds(space: StrategySpace, top: int = 3, shapes: int | None = None
     for _, cand in metis_ranked(space, lambda: False, per_microbatch=limit)[:top]:
         theirs = replace(cand, schedule=sched, zero1=zero1, resharding=method)
         ours = replace(cand, schedule=ours_sched, zero1=zero1, resharding=space.resharding, balance="minimax")
-        for c in (theirs, ours, *(replace(ours, zero1=True) for z in space.zero1_options if z and z != zero1)):
+        for c in (theirs, ours, *(replace(ours, zero1=z) for z in space.zero1_options if z and z != zero1)):
             if c not in out and space.allows(c) is None:
                 out.append(c)
     return out

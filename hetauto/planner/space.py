@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hetauto.core.dp_shares import replica_groups, stage_device_type
+from hetauto.core.dp_sharding import fsdp_unrunnable, least_memory, plan_fields
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
@@ -59,7 +60,7 @@ class Candidate:
     order: tuple[str, ...]
     choices: tuple[ClusterChoice, ...]
     schedule: str = "virtual-1f1b"
-    zero1: bool = False
+    zero1: "bool | str" = False  # DP sharding: False none, True ZeRO-1, or a hetauto.core.dp_sharding key
     resharding: str = "scatter-allgather"
     balance: Balance = "minimax"
     reshard: tuple[tuple[str, str, str], ...] = ()  # (from cluster, to cluster, method) overrides, sorted
@@ -152,7 +153,7 @@ class StrategySpace:
     """Enumerates options per decision (with principle pruning) and turns candidates into plans."""
 
     def __init__(self, inputs: PlanningInputs, evaluator: Any, *, max_microbatch: int | None = None,
-                 schedules: tuple[str, ...] = ("1f1b", "virtual-1f1b"), zero1: tuple[bool, ...] = (False, True),
+                 schedules: tuple[str, ...] = ("1f1b", "virtual-1f1b"), zero1: tuple["bool | str", ...] = (False, True),
                  recompute: tuple[bool, ...] = (False, True), allow_unused: bool = True,
                  resharding: str = "scatter-allgather", interleave: tuple[int, ...] = P.INTERLEAVE_CHUNKS,
                  resharding_methods: tuple[str, ...] | None = None, clusters: tuple[str, ...] | None = None) -> None:
@@ -160,7 +161,9 @@ class StrategySpace:
         `schedules`: the tree's schedule options; `resharding`: the default method, `resharding_methods` every
         method a boundary may use (default: all of RESHARD_METHODS); `clusters`: the clusters a plan may use
         (default: all; the `single-cluster` planner searches each alone). Together they are the space's
-        feature set: every phase of every search keeps inside it (`allows`), seeds included."""
+        feature set: every phase of every search keeps inside it (`allows`), seeds included. `zero1`: the DP
+        sharding levels (False: none, True: ZeRO-1, or hetauto.core.dp_sharding keys "zero2", "fsdp",
+        "fsdp-keep"); the default proposes only what `hetauto run` executes."""
         self.inputs = inputs
         self.evaluator = evaluator
         self.spec = inputs.cluster
@@ -215,7 +218,16 @@ class StrategySpace:
         if cand.schedule == "interleaved" and cand.chunks not in (self.interleave or (cand.chunks,)):
             return f"interleaved v={cand.chunks} (allowed: {self.interleave})"
         if cand.zero1 not in self.zero1_options:
+            if isinstance(cand.zero1, str):
+                return f"dp_sharding {cand.zero1}"
             return "ZeRO-1" if cand.zero1 else "ZeRO-1 off"
+        if isinstance(cand.zero1, str):  # only what hetauto run executes (hetauto.core.dp_sharding.fsdp_unrunnable)
+            used = [ch for name, ch in zip(cand.order, cand.choices) if ch.stages]
+            why = fsdp_unrunnable(cand.zero1, max_tp=max((ch.tp for ch in used), default=1),
+                                  stages=sum(ch.stages for ch in used), tied=self.inputs.model.tie_embeddings,
+                                  precision=getattr(self.evaluator, "training", TrainingSpec()).precision)
+            if why is not None:
+                return why
         if cand.warmup_bonus and cand.schedule != "virtual-1f1b":
             return "extra Virtual-1F1B depth without Virtual-1F1B"
         for name, ch in zip(cand.order, cand.choices):
@@ -227,6 +239,12 @@ class StrategySpace:
             if m not in self.methods:
                 return f"resharding {m} (allowed: {', '.join(self.methods)})"
         return None
+
+    @property
+    def floor_level(self) -> "bool | str":
+        """The DP sharding level of the memory floor (`cluster_options`): ZeRO-1 or any allowed level that
+        needs less memory (hetauto.core.dp_sharding.least_memory)."""
+        return least_memory((True, *self.zero1_options))
 
     # ------------------------------------------------------------------ decisions
     def microbatch_sizes(self) -> list[int]:
@@ -277,12 +295,13 @@ class StrategySpace:
                 for rc in self.recompute_options:
                     if c.is_mixed:  # every node group must hold one block at the even split
                         if mbs < dp or any(self.evaluator.stage_memory_bytes(c.group_view(g).name, (1, 2), tp, dp,
-                                                                            max(1, mbs // dp) * dp, 1, rc, True)
+                                                                            max(1, mbs // dp) * dp, 1, rc,
+                                                                            self.floor_level)
                                            > grp.device.memory_bytes for g, grp in enumerate(c.groups)):
                             continue
                         out.append(ClusterChoice(k, tp, rc))
                         continue
-                    floor = self.evaluator.stage_memory_bytes(name, (1, 2), tp, dp, mbs, 1, rc, True)
+                    floor = self.evaluator.stage_memory_bytes(name, (1, 2), tp, dp, mbs, 1, rc, self.floor_level)
                     if floor <= c.device.memory_bytes:
                         out.append(ClusterChoice(k, tp, rc))
         self._opts[key] = out
@@ -323,7 +342,7 @@ class StrategySpace:
 
         return replace(st, shares=shares)
 
-    def stage_cost(self, st: StageLayout, mbs: int, zero1: bool) -> _StageCost:
+    def stage_cost(self, st: StageLayout, mbs: int, zero1: "bool | str") -> _StageCost:
         c = self.spec.cluster(st.cluster)
         mixed = c.is_mixed and bool(st.devices)
         key = (st.cluster, st.tp, st.dp, st.recompute, mbs, zero1) + ((st.devices, st.shares) if mixed else ())
@@ -544,12 +563,12 @@ class StrategySpace:
                     stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra),
                                                              virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
                     resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
-                    zero1=cand.zero1, training=getattr(self.evaluator, "training", TrainingSpec()))
+                    **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()))
 
 
 def plan_key(plan: Plan) -> tuple:
     """Everything that changes a plan's score (the transposition table's key)."""
-    return (plan.microbatch_size, plan.zero1, plan.schedule.name, plan.schedule.virtual_chunks,
+    return (plan.microbatch_size, plan.dp_level, plan.schedule.name, plan.schedule.virtual_chunks,
             plan.schedule.extra_warmup, plan.resharding,
             tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute) for s in plan.stages))
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetauto.core.cluster import ClusterSpec, LinkSpec
+from hetauto.core.dp_sharding import level_label
 from hetauto.core.plan import Plan
 from hetauto.core.units import format_bandwidth, format_bytes, format_time
 
@@ -83,7 +84,7 @@ def plan_picture(plan: Plan, inputs: Any, evaluator: Any = None) -> PlanPicture:
     title = (f"{plan.model} on {plan.cluster or 'its cluster'}: {p} stages over "
              f"{len({s.cluster for s in plan.stages})} of {len(spec.clusters)} clusters, {plan.world_size} devices")
     sub = (f"{sched}, microbatch {plan.microbatch_size} x {m}, seq {plan.seq_len}"
-           + (", ZeRO-1" if plan.zero1 else "")
+           + (f", {level_label(plan.dp_level)}" if plan.dp_level != "none" else "")
            + f"  |  predicted: iteration {format_time(evaluation.iteration_time_s)}, "
              f"{evaluation.throughput_samples_s:.3g} samples/s, MFU {evaluation.mfu:.1%}, "
              f"bubble {evaluation.bubble_fraction:.1%}")

@@ -204,6 +204,15 @@ class StageExecutor:
             from hetauto.runtime.tensor_parallel import OverlappedGradReducer, parallelize_stage
 
             chunks = [parallelize_stage(c, groups.tp_mesh) for c in chunks]
+        # dp_sharding fsdp: FSDP2 over the stage's DP group does the DP gradient sum (hetauto.runtime.fsdp)
+        self.fsdp = plan.dp_level in ("fsdp", "fsdp-keep") and groups.dp_group is not None
+        if self.fsdp:
+            from hetauto.runtime.fsdp import shard_stage
+
+            chunks = [shard_stage(c, groups.dp_group, self.device.type,
+                                  reshard_after_forward=plan.reshard_after_forward,
+                                  param_dtype=self.mp.compute_dtype if self.mp.mixed else None,
+                                  reduce_dtype=self.mp.reduce_dtype) for c in chunks]
         self.chunks: tuple[StageModule, ...] = tuple(chunks)
         # one module for the optimizer and checkpoints: the stage itself, or all its chunks by global slot name
         self.stage: StageModule | ChunkedStage = chunks[0] if v == 1 else ChunkedStage(chunks)
@@ -216,7 +225,7 @@ class StageExecutor:
         # one reducer per chunk, armed before that chunk's last backward of the step
         self.reducers = (
             [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
-            if groups.dp_group is not None and options.overlap_dp else None
+            if groups.dp_group is not None and options.overlap_dp and not self.fsdp else None
         )
         shape = (plan.microbatch_size, plan.seq_len, cfg.hidden)
         methods = plan.boundary_methods()
@@ -484,10 +493,11 @@ class StageExecutor:
         """The L2 norm of the whole model's gradient, every parameter counted once: DP replicas hold equal
         gradients after REDUCE_GRAD (dp index 0 counts), TP ranks hold distinct shards of sharded parameters
         and copies of the replicated ones (tp index 0 counts those), and the tied table's head-side copy holds
-        the same summed gradient as the embedding's (stage 0 counts it)."""
+        the same summed gradient as the embedding's (stage 0 counts it). Under FSDP every DP rank holds its
+        own shard of every gradient: all count."""
         me = self.me
         total = 0.0
-        if me.dp_index == 0:
+        if me.dp_index == 0 or self.fsdp:
             skip = self.stage.tied_embedding_weight() if me.stage != 0 else None
             grads = []
             for prm in self.stage.parameters():
@@ -524,7 +534,7 @@ class StageExecutor:
         module = self.chunks[chunk]
         if self.reducers is not None:
             self.reducers[chunk].finish()
-        elif self.g.dp_group is not None:
+        elif self.g.dp_group is not None and not self.fsdp:  # FSDP reduce-scattered them in backward
             from hetauto.runtime.tensor_parallel import allreduce_gradients
 
             allreduce_gradients(module, self.g.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype)

@@ -34,7 +34,11 @@ def worker_args(options_path: str | Path) -> list[str]:
 
 def write_run_folder(folder: str | Path, plan: Plan, run: RunOptions) -> Path:
     """Save the plan and the run's options (pointing at that plan and at `folder` for the rank reports) into
-    `folder`; return the options file the workers read."""
+    `folder`; return the options file the workers read. A DP sharding level the executor does not run is
+    refused here too (hetauto.core.plan_check.check_runnable_sharding), for callers other than `hetauto run`."""
+    from hetauto.core.plan_check import check_runnable_sharding
+
+    check_runnable_sharding(plan)
     folder = Path(folder)
     plan_path = folder / "plan.json"
     plan.save(plan_path)

@@ -1,0 +1,50 @@
+"""FSDP (`dp_sharding: fsdp`, hetauto.core.dp_sharding) on a stage module: torch FSDP2 `fully_shard` over the
+stage's DP group.
+
+Why FSDP2 and not a hand-rolled shard: it already does what the cost model prices (per-unit all-gather in the
+compute dtype before a unit's forward and backward, reduce-scatter of its gradient after its backward, prefetch
+of the next unit) and composes with the executor's own pieces as they are: the stage is still one module the
+interpreter calls per microbatch (`torch.autograd.backward` fires FSDP2's hooks), AdamW steps DTensor shards
+elementwise exactly like the whole, and the DP gradient sum is FSDP2's reduce-scatter (gradient divide factor 1:
+the executor sums, hetauto.runtime.reference's loss is normalised by the global batch).
+
+Units: every Block slot is its own `fully_shard` unit; the root unit (the stage module) holds the rest (the
+embedding and the head, which may share the tied table inside one stage; FSDP2 keeps a parameter in one unit).
+torchtitan (models/llama3/infra/parallelize.py `apply_fsdp`) makes the embedding and the norm+output units of
+their own as well; here they share the root's, so the root's transient is the larger.
+
+`reshard_after_forward=False` (fsdp-keep) is FSDP2's own: a unit gathered for a microbatch's forward stays
+gathered until that microbatch's backward, which reduce-scatters its gradient (every microbatch, as with True).
+What `hetauto run` refuses with FSDP (tp > 1, fp16, a tied table split across stages, checkpoints) is
+hetauto.core.plan_check.check_runnable_sharding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetauto.runtime.model import Block
+
+__all__ = ["shard_stage"]
+
+
+def shard_stage(module: nn.Module, dp_group: Any, device_type: str, *, reshard_after_forward: bool,
+                param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> nn.Module:
+    """`module` (a StageModule) with its Block slots and itself `fully_shard`ed over `dp_group`; parameters in
+    `param_dtype` for compute (None: as stored, fp32), gradients reduced in `reduce_dtype`, summed over dp."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = DeviceMesh.from_group(dp_group, device_type)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    units = [layer for layer in module.layers.values() if isinstance(layer, Block)] + [module]
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    for unit in units:  # per unit: the setting does not reach a unit from its parent
+        unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # a sum, as the executor's DP reduction
+        unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # plain SUM (gloo: no PREMUL_SUM)
+    return module
+
