@@ -121,7 +121,8 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
             tp = max(P.tp_options(c.devices_per_node, c.devices_per_node))
             need = space.evaluator.stage_memory_bytes(name, (1, 2), tp, 1, 1, 1, True, True)
             return (f"cluster {name} ({c.device.key}): one block needs {need / 2**30:.1f} GiB per device at "
-                    f"tp={tp} with recompute and ZeRO-1 > {c.device.memory_bytes / 2**30:.0f} GiB")
+                    f"tp={tp} with recompute and ZeRO-1 > {space.capacity(name) / 2**30:.1f} GiB available"
+                    + (f" (--memory-headroom {space.headroom:g})" if space.headroom else ""))
         lenient.append(max(opts, key=lambda o: (o.stages, o.recompute, o.tp)))
     order = space.clusters
     stages = sum(o.stages for o in lenient)
@@ -174,7 +175,7 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
     if planner not in PLANNERS:
         raise HetautoError(f"unknown planner '{planner}'; choose one of: {', '.join(PLANNERS)}")
     start = time.perf_counter()
-    violation = P.memory_floor_violation(total_params(inputs.model), inputs.cluster)
+    violation = P.memory_floor_violation(total_params(inputs.model), inputs.cluster, inputs.memory_headroom)
     if violation:
         raise InfeasiblePlan(violation)
     ev = evaluator if evaluator is not None else make_evaluator(inputs)

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hetauto.core.headroom import memory_violation, usable_bytes
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
@@ -148,6 +149,7 @@ class StrategySpace:
         self.evaluator = evaluator
         self.spec = inputs.cluster
         self.num_layers = len(inputs.layers)
+        self.headroom = inputs.memory_headroom  # every fit below is against capacity(), written into each plan
         self.schedules = schedules
         self.zero1_options = zero1
         self.recompute_options = recompute
@@ -213,6 +215,10 @@ class StrategySpace:
                 return f"resharding {m} (allowed: {', '.join(self.methods)})"
         return None
 
+    def capacity(self, name: str) -> float:
+        """What a stage of cluster `name` may use per device: its memory less the headroom."""
+        return usable_bytes(self.spec.cluster(name).device.memory_bytes, self.headroom)
+
     # ------------------------------------------------------------------ decisions
     def microbatch_sizes(self) -> list[int]:
         return list(self._mbs)
@@ -253,7 +259,7 @@ class StrategySpace:
                     continue
                 for rc in self.recompute_options:
                     floor = self.evaluator.stage_memory_bytes(name, (1, 2), tp, dp, mbs, 1, rc, True)
-                    if floor <= c.device.memory_bytes:
+                    if floor <= self.capacity(name):
                         out.append(ClusterChoice(k, tp, rc))
         self._opts[key] = out
         return out
@@ -327,7 +333,7 @@ class StrategySpace:
             if mbs % st.dp:
                 return Built(violation=f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}")
         costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
-        caps = [self.spec.cluster(st.cluster).device.memory_bytes for st in stages]
+        caps = [self.capacity(st.cluster) for st in stages]
         if cand.schedule == "interleaved":
             return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
@@ -436,8 +442,8 @@ class StrategySpace:
             if need / cap > worst:
                 dev = self.spec.cluster(st.cluster)
                 worst = need / cap
-                msg = (f"stage {i} (cluster {st.cluster}, {len(st.devices)}x {dev.device.key}, layers "
-                       f"[{pos}, {pos + cnt})): needs {need / 2**30:.1f} GiB per device > {cap / 2**30:.0f} GiB")
+                msg = memory_violation(i, st.cluster, len(st.devices), dev.device.key, (pos, pos + cnt), need,
+                                       dev.device.memory_bytes, self.headroom)
             pos += cnt
         return msg
 
@@ -471,7 +477,8 @@ class StrategySpace:
                     stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra),
                                                              virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
                     resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
-                    zero1=cand.zero1, training=getattr(self.evaluator, "training", TrainingSpec()))
+                    zero1=cand.zero1, training=getattr(self.evaluator, "training", TrainingSpec()),
+                    memory_headroom=self.headroom)
 
 
 def plan_key(plan: Plan) -> tuple:
