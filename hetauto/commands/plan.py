@@ -181,25 +181,12 @@ PROBE_S = 1.0  # how long the estimate scores candidates (the first ones are the
 
 
 def space_size(inputs: Any) -> int:
-    """How many candidates `--planner exhaustive` scores (all of baselines.exhaustive.all_candidates), counted
-    without listing them: per microbatch size and cluster order, the layouts by their total stage count (the
-    only thing a layout's tail options depend on)."""
-    from hetauto.planner.space import ClusterChoice, StrategySpace
+    """How many candidates `--planner exhaustive` scores (all of baselines.exhaustive.all_candidates: the whole
+    space hetauto's search explores), counted without listing them."""
+    from hetauto.planner.baselines.exhaustive import count_candidates
+    from hetauto.planner.space import StrategySpace
 
-    space = StrategySpace(inputs, make_evaluator(inputs))
-    total = 0
-    for mbs in space.microbatch_sizes():
-        for order in space.orders():
-            ways = {0: 1}  # stages used so far -> number of layouts
-            for name in order:
-                step: dict[int, int] = {}
-                for used, n in ways.items():
-                    for ch in space.cluster_options(name, mbs):
-                        if used + ch.stages <= space.num_layers:
-                            step[used + ch.stages] = step.get(used + ch.stages, 0) + n
-                ways = step
-            total += sum(n * len(space.tails_for(mbs, [ClusterChoice(p)])) for p, n in ways.items() if p > 0)
-    return total
+    return count_candidates(StrategySpace(inputs, make_evaluator(inputs)))
 
 
 def _exhaustive_estimate(inputs: Any, precision: str) -> tuple[int, int, float]:
