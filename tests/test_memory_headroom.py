@@ -149,7 +149,9 @@ def test_every_planner_fits_into_the_memory_left_by_the_headroom(name: str, tmp_
     that headroom and uses at most the rest (ignoring the headroom would return the first plan again)."""
     (tmp_path / "flat.yaml").write_text(PROFILE.format(mem=8 << 30))
     (tmp_path / "cluster.yaml").write_text(TWO)
-    kw = {"iterations": 20} if name in ("mcts", "single-cluster") else {}
+    kw: dict = {"iterations": 20} if name in ("mcts", "single-cluster") else {}
+    if name == "exhaustive":  # its whole space here is ~10^5 plans; microbatch <= 2, no recompute: seconds
+        kw["space_options"] = {"max_microbatch": 2, "recompute": (False,)}
 
     def inputs(headroom: float):  # type: ignore[no-untyped-def]
         return load_planning_inputs(cluster=tmp_path / "cluster.yaml", model="gpt3-1.3b", global_batch=16,
