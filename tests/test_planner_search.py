@@ -222,13 +222,18 @@ def test_default_cap_grows_with_the_device_count() -> None:
     from hetauto.planner.inputs import PlanningInputs
     from hetauto.planner.search import default_max_evaluations
 
-    def cap(name: str) -> int:
-        inp = tiny_inputs()
-        return default_max_evaluations(PlanningInputs(get_scenario(name).cluster, inp.model, 512, 16, inp.layers))
+    from hetauto.core.cluster import cluster_from_dict
 
-    assert default_max_evaluations(tiny_inputs()) == 1000  # 6 devices: the floor
-    assert cap("paper-4c") == 4 * 256
-    assert cap("scale-736") == 4 * 736
+    def cap(spec) -> int:  # type: ignore[no-untyped-def]
+        inp = tiny_inputs()
+        return default_max_evaluations(PlanningInputs(spec, inp.model, 512, 16, inp.layers))
+
+    assert default_max_evaluations(tiny_inputs()) == 3000  # 6 devices: the floor
+    assert cap(get_scenario("paper-4c").cluster) == 3000  # 4 x 256 = 1024 < the floor
+    assert cap(get_scenario("scale-736").cluster) == 3000  # 4 x 736 = 2944 < the floor
+    big = cluster_from_dict({"clusters": [{"name": "a", "nodes": {"count": 128, "devices_per_node": 8,
+                                                                  "device": "h800"}}]}, "big")
+    assert cap(big) == 4 * 1024
 
 
 def _pipeline_inputs(clusters: list[tuple[str, int]], cross: str = "400Gbps", cross_latency: str = "5us",
