@@ -30,7 +30,7 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
          model: str | Path | ModelConfig | None = None, global_batch: int | None = None, seq_len: int | None = None,
          planner: str = "mcts", precision: str = "auto", budget: float | None = None, seed: int = 0,
          iterations: int | None = None, max_evaluations: int | None = None,
-         patience: int | None = None) -> PlanResult:
+         patience: int | None = None, memory_headroom: float | None = None) -> PlanResult:
     """Search for the highest-throughput plan that fits (what `hetauto plan` does).
 
     The job: an embedded `scenario` (see `hetauto scenarios`; none and no `cluster`: the default scenario), or a
@@ -38,7 +38,8 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
     a `ModelConfig`). `global_batch` and `seq_len` override the scenario's (a `model` given with a scenario
     keeps the scenario's sequence length). `planner` is one of mcts, exhaustive, megatron, metis, amp, greedy;
     `precision` is written into the plan (auto: fp32 on cpu/mock stages, else bf16). Without `budget` (seconds)
-    the result depends only on `seed`.
+    the result depends only on `seed`. `memory_headroom`: the share of each device's memory every stage leaves
+    free (default 0.10), recorded in the plan.
 
     Returns a `PlanResult`: `.plan` (a `Plan`; `.plan.save("plan.json")` for `hetauto run`), `.evaluation`
     (iteration_time_s, throughput_samples_s, mfu, peak_memory_bytes, ...), `.search_time_s`, `.evaluations`.
@@ -56,7 +57,7 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
         raise SpecError(None, "cluster", f"both scenario {scenario!r} and a cluster were given; a scenario brings "
                         "its own cluster", "pass one of them")
     inputs = load_planning_inputs(cluster=cluster, model=model, scenario=scenario, global_batch=global_batch,
-                                  seq_len=seq_len)
+                                  seq_len=seq_len, memory_headroom=memory_headroom)
     model_ref = str(model) if isinstance(model, (str, Path)) and Path(model).is_file() else None
     return search(inputs, planner, budget, seed, iterations=iterations, max_evaluations=max_evaluations,
                   patience=patience, evaluator=make_evaluator(inputs, precision), model_ref=model_ref)
@@ -80,8 +81,8 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
     (`hetauto calibrate`) as `hetauto run --emulate` does; uncalibrated if none is cached.
 
     Returns an `Evaluation`: `iteration_time_s`, `throughput_samples_s`, `tokens_s`, `mfu`, `bubble_fraction`,
-    `peak_memory_bytes` and `memory_capacity_bytes` per stage, `feasible` and `violation` (the failed
-    constraint, or None).
+    `peak_memory_bytes`, `memory_capacity_bytes` and `memory_available_bytes` (less the plan's
+    `memory_headroom`) per stage, `feasible` and `violation` (the failed constraint, or None).
 
         >>> hetauto.evaluate("plan.json").iteration_time_s
     """
@@ -91,7 +92,8 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
     p, base = _load_plan(plan)
     p = resolve_plan_paths(p, base)  # a relative cluster file or config.json, as `hetauto evaluate` reads them
     inputs = inputs_for_plan(p) if cluster is None else load_planning_inputs(
-        cluster=cluster, model=p.model, global_batch=p.global_batch, seq_len=p.seq_len)
+        cluster=cluster, model=p.model, global_batch=p.global_batch, seq_len=p.seq_len,
+        memory_headroom=p.memory_headroom)
     calibration = None
     if calibrated:
         from hetauto.planner.calibration import local_calibration

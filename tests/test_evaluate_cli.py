@@ -92,7 +92,8 @@ def test_single_stage_breakdown_is_closed_form(tmp_path: Path, capsys: pytest.Ca
     assert bd["compute_s"] == pytest.approx(m * 3 * fwd, rel=1e-12)
     assert sum(bd.values()) == pytest.approx(doc["iteration_time_s"], rel=1e-12)
     st = doc["stages"][0]
-    assert st["source"] == "analytical" and st["fits"] and st["memory_available_bytes"] == 80 * 2**30
+    assert st["source"] == "analytical" and st["fits"] and st["memory_device_bytes"] == 80 * 2**30
+    assert doc["memory_headroom"] == 0.1 and st["memory_available_bytes"] == 0.9 * 80 * 2**30  # the default kept free
     assert st["forward_s"] == pytest.approx(fwd + tp_comm / m / 2, rel=1e-12)
     assert doc["throughput_samples_s"] == pytest.approx(8 / doc["iteration_time_s"], rel=1e-12)
 
@@ -134,9 +135,9 @@ def test_infeasible_plan_names_stage_device_and_gib(tmp_path: Path, capsys: pyte
     assert rc == 0 and doc["feasible"] is False and doc["iteration_time_s"] is None and doc["breakdown"] is None
     need = doc["stages"][0]["memory_bytes"]
     assert doc["violation"] == (f"stage 0 (cluster c, 1x flat, layers [0, 26)): needs {need / 2**30:.1f} GiB per "
-                                "device > 8.0 GiB")
+                                "device > 7.2 GiB available (--memory-headroom 0.1 keeps 0.8 GiB of 8.0 GiB free)")
     assert doc["failed"] == {"constraint": "memory", "stage": 0, "cluster": "c", "device": "flat",
-                             "needed_bytes": need, "available_bytes": 8 * 2**30, "message": doc["violation"]}
+                             "needed_bytes": need, "available_bytes": 0.9 * 8 * 2**30, "message": doc["violation"]}
     rc = main(["evaluate", str(path)])
     out = capsys.readouterr().out
     assert rc == 0 and "does not fit (memory): stage 0 (cluster c, 1x flat" in out

@@ -49,7 +49,9 @@ def test_plan_with_baselines_reports_each(capsys: pytest.CaptureFixture[str]) ->
 def test_human_output_has_the_stage_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--scenario", "cpu-demo", "--iterations", "10"]) == 0
     text = capsys.readouterr().out
-    assert "tp x dp" in text and "/ 16GiB" in text and "samples/s" in text and "evaluations" in text
+    # available: the cpu's 16 GiB less the default --memory-headroom 0.1
+    assert "tp x dp" in text and "14.4GiB" in text and "samples/s" in text and "evaluations" in text
+    assert "free" in text and "less --memory-headroom 0.1" in text
 
 
 def test_model_too_large_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,7 +59,7 @@ def test_model_too_large_is_one_line_error(capsys: pytest.CaptureFixture[str]) -
     assert code != 0
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
-    assert "model states need" in err and "all 4 devices together hold 64.0 GiB" in err
+    assert "model states need" in err and "all 4 devices together hold 57.6 GiB with --memory-headroom 0.1" in err
 
 
 def test_bad_budget_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -39,7 +39,7 @@ def test_amp_uses_one_layout_for_every_stage() -> None:
 
 
 def test_mcts_matches_exhaustive_on_cpu_demo_with_the_real_evaluator() -> None:
-    inp = load_planning_inputs(scenario="cpu-demo")
+    inp = load_planning_inputs(scenario="cpu-demo", global_batch=8)  # 16778 evaluations for the whole space
     ex = plan(inp, "exhaustive", evaluator=Evaluator(inp))
     ours = plan(inp, "mcts", iterations=60, seed=0, evaluator=Evaluator(inp))
     assert ours.evaluation.throughput_samples_s >= ex.evaluation.throughput_samples_s * (1 - 1e-12)
@@ -111,7 +111,8 @@ def test_megatron_does_not_rebalance_layers_that_do_not_fit() -> None:
     uniform = sp.build(Candidate(4, ("fast", "slow"), choices, "1f1b", False, balance="uniform"))
     minimax = sp.build(Candidate(4, ("fast", "slow"), choices, "1f1b", False, balance="minimax"))
     assert minimax.plans and not uniform.plans
-    assert uniform.violation == "stage 1 (cluster slow, 2x v100-16g, layers [91, 182)): needs 16.7 GiB per device > 16 GiB"
+    assert uniform.violation == ("stage 1 (cluster slow, 2x v100-16g, layers [91, 182)): needs 16.7 GiB per device > "
+                                 "14.4 GiB available (--memory-headroom 0.1 keeps 1.6 GiB of 16.0 GiB free)")
 
 
 def test_single_cluster_is_the_best_of_our_search_on_each_cluster_alone() -> None:

@@ -66,6 +66,8 @@ def test_every_evaluated_plan_keeps_inside_the_restriction(name: str, planner: s
     monkeypatch.setattr(StrategySpace, "allows", spy)  # the Scorer's guard: no phase may need it
     inp = _inputs()
     ev = Recording(inp)
+    if planner == "exhaustive":  # the whole space (tens of thousands of plans) at microbatch 1: seconds
+        opts = {**opts, "max_microbatch": 1}
     r = plan(inp, planner, seed=1, evaluator=ev, space_options=opts,
              **({"max_evaluations": 300} if planner == "mcts" else {}))
     assert ev.plans and all(ok(p) for p in ev.plans)

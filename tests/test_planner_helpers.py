@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from hetauto.core.cluster import ClusterSpec, cluster_from_dict
+from hetauto.core.headroom import memory_violation, usable_bytes
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 from hetauto.planner.evaluate import Evaluation
@@ -88,17 +89,18 @@ class FakeEvaluator:
             cap = spec.cluster(s.cluster).device.memory_bytes
             peaks.append(need)
             caps.append(cap)
-            if need > cap and violation is None:
-                violation = (f"stage {i} (cluster {s.cluster}, {len(s.devices)}x {s.device_type}, layers "
-                             f"[{s.layers[0]}, {s.layers[1]})): needs {need / GIB:.1f} GiB per device > {cap / GIB:.0f} GiB")
+            if need > usable_bytes(cap, plan.memory_headroom) and violation is None:  # the plan's headroom kept free
+                violation = memory_violation(i, s.cluster, len(s.devices), s.device_type, s.layers, need, cap,
+                                             plan.memory_headroom)
         if violation:
-            ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation)
+            ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation,
+                            plan.memory_headroom)
         else:
             res = simulate(schedule_for_plan(plan), self.pipeline_costs(plan))
             t = res.iteration_time
             thr = plan.global_batch / t
             ev = Evaluation(True, t, thr, thr * plan.seq_len, res.bubble_fraction, 0.0, 0.0, tuple(peaks),
-                                tuple(caps), None)
+                                tuple(caps), None, plan.memory_headroom)
         self._cache[key] = ev
         return ev
 

@@ -8,7 +8,9 @@ communication, exposed DP all-reduce, P2P and resharding, bubble, optimizer; the
 
 Relative paths in the plan (its `cluster` file, a `config.json` model) resolve against the plan file's folder;
 `--cluster F` (a path relative to the current directory, or a scenario name) replaces the plan's cluster;
-`--precision P` prices the plan as if its `training.precision` were P. An infeasible plan is a result, not an
+`--precision P` prices the plan as if its `training.precision` were P; `--memory-headroom F` checks its memory
+with F of each device kept free instead of the plan's own `memory_headroom` (each stage's
+`memory_available_bytes` is its device's memory less that share). An infeasible plan is a result, not an
 error: exit 0 with `feasible: false`; bad input (no such file, a plan that does not match its cluster or model)
 exits non-zero with one line.
 """
@@ -28,10 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", help="cluster spec file or scenario name replacing the plan's cluster")
     parser.add_argument("--precision", choices=PRECISIONS, help="price the plan at this training precision "
                         "instead of its own training.precision")
+    from hetauto.commands._headroom import add_check_argument
+
+    add_check_argument(parser)
 
 
 def evaluate_document(plan_path: str | Path, cluster: str | None = None,
-                      precision: str | None = None) -> dict[str, Any]:
+                      precision: str | None = None, memory_headroom: float | None = None) -> dict[str, Any]:
     """What `hetauto evaluate --json` prints (JSON types only; an infinite time is null)."""
     from hetauto.core.plan import Plan
     from hetauto.core.scenarios import scenario_names
@@ -41,6 +46,10 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
     plan = Plan.load(path)
     if precision is not None:
         plan = plan.model_copy(update={"training": plan.training.model_copy(update={"precision": precision})})
+    if memory_headroom is not None:
+        from hetauto.core.headroom import check_headroom
+
+        plan = plan.model_copy(update={"memory_headroom": check_headroom(memory_headroom)})
     plan = resolve_plan_paths(plan, path.resolve().parent)
     if cluster is not None:
         ref = cluster if cluster in scenario_names() else str(Path(cluster).resolve())
@@ -59,8 +68,8 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
 
     stages = []
     failed = None
-    for i, (st, times, need, cap) in enumerate(zip(plan.stages, br.stages, e.peak_memory_bytes,
-                                                   e.memory_capacity_bytes)):
+    for i, (st, times, need, cap, device_bytes) in enumerate(zip(plan.stages, br.stages, e.peak_memory_bytes,
+                                                                 e.memory_available_bytes, e.memory_capacity_bytes)):
         fits = need <= cap
         if not fits and failed is None:
             failed = {"constraint": "memory", "stage": i, "cluster": st.cluster, "device": st.device_type,
@@ -68,7 +77,7 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
         stages.append({
             "stage": i, "cluster": st.cluster, "device": st.device_type, "devices": st.num_devices,
             "layers": list(st.layers), "tp": st.tp, "dp": st.dp, "recompute": st.recompute,
-            "memory_bytes": need, "memory_available_bytes": cap, "fits": fits,
+            "memory_bytes": need, "memory_available_bytes": cap, "memory_device_bytes": device_bytes, "fits": fits,
             "forward_s": times.forward_s, "backward_s": times.backward_s, "compute_s": times.compute_s,
             "tp_comm_s": times.tp_comm_s, "dp_allreduce_s": times.dp_allreduce_s, "optimizer_s": times.optimizer_s,
             "source": times.source})
@@ -78,7 +87,7 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
         "cost_model": ev.cost_model_name, "feasible": e.feasible, "violation": e.violation, "failed": failed,
         "iteration_time_s": num(e.iteration_time_s), "throughput_samples_s": e.throughput_samples_s,
         "tokens_s": e.tokens_s, "mfu": e.mfu, "tflops_per_device": e.tflops_per_device,
-        "bubble_fraction": e.bubble_fraction, "world_size": plan.world_size,
+        "bubble_fraction": e.bubble_fraction, "world_size": plan.world_size, "memory_headroom": plan.memory_headroom,
         "global_batch": plan.global_batch, "microbatch_size": plan.microbatch_size,
         "num_microbatches": plan.num_microbatches, "schedule": plan.schedule.name,
         "critical_stage": br.critical_stage if e.feasible else None,
@@ -88,7 +97,7 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = evaluate_document(args.plan, args.cluster, args.precision)
+    doc = evaluate_document(args.plan, args.cluster, args.precision, getattr(args, "memory_headroom", None))
     if args.json:
         from hetauto.commands._output import print_json
 

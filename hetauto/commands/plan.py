@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-recompute", action="store_true", help="leave activation recomputation out of the search")
     parser.add_argument("--resharding", choices=RESHARD_METHODS,
                         help="the one resharding method every boundary uses (default: chosen per boundary)")
+    from hetauto.commands._headroom import add_planning_argument
+
+    add_planning_argument(parser)
     parser.add_argument("--baselines", action="store_true",
                         help=f"also run {', '.join(BASELINE_SET)} and compare (same evaluator; each runs its own "
                              "algorithm to the end, e.g. metis' full enumeration, unless --budget cuts it)")
@@ -162,9 +165,12 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:
         raise HetautoError(f"--scenario {args.scenario} and --cluster {args.cluster} contradict: a scenario brings its "
                            f"own cluster; pass --scenario {args.scenario} alone, or --cluster {args.cluster} with "
                            "--model NAME")
+    from hetauto.commands._headroom import requested
+
+    headroom = requested(args)
     if not args.resume:
         return load_planning_inputs(cluster=args.cluster, model=args.model, scenario=args.scenario,
-                                    global_batch=args.gbs, seq_len=args.seq), None
+                                    global_batch=args.gbs, seq_len=args.seq, memory_headroom=headroom), None
     if not args.output:
         raise HetautoError("--resume writes a new plan for `hetauto run PLAN --resume DIR`: pass -o NEW_PLAN.json")
     from hetauto.planner.replan import replan_inputs
@@ -172,6 +178,10 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     inputs, ref, resumed = replan_inputs(args.resume, cluster=args.cluster, scenario=args.scenario,
                                          model=args.model, global_batch=args.gbs, seq_len=args.seq)
     args.model_ref = ref
+    if headroom is not None:
+        from dataclasses import replace
+
+        inputs = replace(inputs, memory_headroom=headroom)
     return inputs, resumed
 
 
@@ -182,25 +192,12 @@ PROBE_S = 1.0  # how long the estimate scores candidates (the first ones are the
 
 
 def space_size(inputs: Any) -> int:
-    """How many candidates `--planner exhaustive` scores (all of baselines.exhaustive.all_candidates), counted
-    without listing them: per microbatch size and cluster order, the layouts by their total stage count (the
-    only thing a layout's tail options depend on)."""
-    from hetauto.planner.space import ClusterChoice, StrategySpace
+    """How many candidates `--planner exhaustive` scores (all of baselines.exhaustive.all_candidates: the whole
+    space hetauto's search explores), counted without listing them."""
+    from hetauto.planner.baselines.exhaustive import count_candidates
+    from hetauto.planner.space import StrategySpace
 
-    space = StrategySpace(inputs, make_evaluator(inputs))
-    total = 0
-    for mbs in space.microbatch_sizes():
-        for order in space.orders():
-            ways = {0: 1}  # stages used so far -> number of layouts
-            for name in order:
-                step: dict[int, int] = {}
-                for used, n in ways.items():
-                    for ch in space.cluster_options(name, mbs):
-                        if used + ch.stages <= space.num_layers:
-                            step[used + ch.stages] = step.get(used + ch.stages, 0) + n
-                ways = step
-            total += sum(n * len(space.tails_for(mbs, [ClusterChoice(p)])) for p, n in ways.items() if p > 0)
-    return total
+    return count_candidates(StrategySpace(inputs, make_evaluator(inputs)))
 
 
 def _exhaustive_estimate(inputs: Any, precision: str) -> tuple[int, int, float]:
@@ -348,12 +345,16 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
         rows.append([i, s.cluster, f"{s.num_devices}x {s.device_type}", f"[{s.layers[0]}, {s.layers[1]})",
                      f"{s.tp} x {s.dp}" + (f" shares {':'.join(map(str, s.dp_shares))}" if s.dp_shares else ""),
                      "yes" if s.recompute else "",
-                     f"{format_bytes(ev.peak_memory_bytes[i])} / {format_bytes(ev.memory_capacity_bytes[i])}"])
+                     f"{format_bytes(ev.peak_memory_bytes[i])} / {format_bytes(ev.memory_available_bytes[i])}",
+                     f"{1 - ev.peak_memory_bytes[i] / ev.memory_capacity_bytes[i]:.0%}"])
     print_table(f"plan ({r.planner}): {p.num_stages} stages, microbatch {p.microbatch_size} x {p.num_microbatches}, "
                 f"{p.schedule.name}" + (f" extra warmup {list(p.schedule.extra_warmup)}" if p.schedule.extra_warmup else "")
                 + (f" v={max(p.schedule.virtual_chunks, 2)}" if p.schedule.name == "interleaved" else "")
                 + (f", {level_label(p.dp_level)}" if p.dp_level != "none" else "") + _resharding_note(p),
-                ["stage", "cluster", "devices", "layers", "tp x dp", "recompute", "memory used / available"], rows)
+                ["stage", "cluster", "devices", "layers", "tp x dp", "recompute", "memory used / available",
+                 "free"], rows)
+    console.print(f"available: each device's memory less --memory-headroom {p.memory_headroom:g}; free: the share "
+                  "of the device's memory the stage leaves unused", highlight=False)
     console.print(f"iteration {format_time(ev.iteration_time_s)}, {ev.throughput_samples_s:.3g} samples/s, "
                   f"{ev.tokens_s:.4g} tokens/s, {ev.tflops_per_device:.1f} TFLOP/s per device, MFU {ev.mfu:.1%}, "
                   f"bubble {ev.bubble_fraction:.1%}, precision {_precision(r, inputs)}"

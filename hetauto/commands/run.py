@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
+    from hetauto.commands._headroom import add_check_argument
+
+    add_check_argument(parser)
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
     parser.add_argument("--tensorboard", metavar="DIR",
                         help="write each step's loss, lr, grad norm, tokens/s, MFU and held-out loss as TensorBoard scalars")
@@ -287,6 +290,10 @@ def run(args: argparse.Namespace) -> int:
     if plan.dp_level in ("fsdp", "fsdp-keep") and (args.checkpoint_dir is not None or args.resume is not None):
         raise HetautoError("dp_sharding fsdp runs without checkpoints (its sharded state is not in hetauto's "
                            "checkpoint layout yet); drop --checkpoint-dir/--resume or set dp_sharding to none or zero1")
+    from hetauto.commands._headroom import require_fit, with_headroom
+    from hetauto.planner.evaluate import resolve_plan_paths
+
+    require_fit(resolve_plan_paths(with_headroom(plan, args), base))  # what would not fit is refused before launch
     if args.inject_fault is not None:
         from hetauto.runtime.faults import FaultSpec
 

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activation-bytes", type=float, default=0.0, help="bytes sent per microbatch per boundary")
     parser.add_argument("--memory-cap", action="append", default=[], metavar="I:K",
                         help="stage I holds at most K microbatches in flight (caps Virtual-1F1B warmup); repeatable")
+    from hetauto.commands._headroom import add_check_argument
+
+    add_check_argument(parser)
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace JSON (Perfetto)")
     parser.add_argument("--gantt", metavar="FILE", help="write a Gantt chart PNG")
 
@@ -110,14 +113,19 @@ def _from_plan(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
     from hetauto.core.plan import Plan
     from hetauto.core.plan_check import validate_plan
 
-    plan = Plan.load(args.plan)
+    from hetauto.commands._headroom import require_fit, with_headroom
+    from hetauto.planner.evaluate import resolve_plan_paths
+
+    plan = with_headroom(Plan.load(args.plan), args)
     validate_plan(plan, Path(args.plan).resolve().parent)  # what `hetauto run` would refuse, refused here too
+    resolved = resolve_plan_paths(plan, Path(args.plan).resolve().parent)  # a cluster file beside the plan
+    require_fit(resolved)
     try:
         from hetauto.planner.evaluate import stage_times_for_plan  # type: ignore[import-not-found]
     except ImportError:
         raise HetautoError("cost model not available yet: hetauto.planner.evaluate.stage_times_for_plan is missing; "
                            "use --synthetic") from None
-    costs = stage_times_for_plan(plan, schedule=args.schedule)
+    costs = stage_times_for_plan(resolved, schedule=args.schedule)
     from hetauto.schedule import schedule_for_plan
 
     sched = schedule_for_plan(plan, args.schedule)

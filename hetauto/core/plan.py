@@ -42,6 +42,10 @@ from hetauto.core.errors import SpecError
 from hetauto.core.specio import read_document, validate_document
 
 PLAN_SCHEMA = "hetauto.plan/1"
+# the share of each device's memory a plan keeps free (the allocator's fragmentation, library workspaces, what
+# the cost model does not see): planners fit stages into (1 - headroom) x memory, and every check of a saved plan
+# (hetauto simulate / evaluate / run) uses the plan's own `memory_headroom` unless --memory-headroom overrides it
+DEFAULT_MEMORY_HEADROOM = 0.10
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b"]
 ReshardMethod = Literal["lanes", "leader-broadcast", "scatter-allgather"]
@@ -161,6 +165,9 @@ class Plan(_Frozen):
     dp_sharding: DPSharding = "none"  # hetauto.core.dp_sharding; "zero1" here and `zero1: true` mean the same
     reshard_after_forward: bool = True  # fsdp only: False keeps the gathered parameters through the step
     training: TrainingSpec = TrainingSpec()
+    # share of each device's memory kept free (DEFAULT_MEMORY_HEADROOM); a plan file without it was made before
+    # the field existed and is checked at the default
+    memory_headroom: float = Field(default=DEFAULT_MEMORY_HEADROOM, ge=0.0, lt=1.0)
     prediction: Prediction | None = None
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

@@ -31,11 +31,11 @@ from hetauto.core.chunks import effective_chunks, tile_chunks
 from hetauto.core.cluster import Cluster, ClusterSpec, LinkSpec
 from hetauto.core.dp_shares import replica_groups, speed_shares, stage_device_type, stage_shares
 from hetauto.core.errors import InfeasiblePlan, PlanMismatch
+from hetauto.core.headroom import memory_violation, usable_bytes
 from hetauto.core.plan import Plan, Prediction, StagePlan, TrainingSpec
 from hetauto.core.precision import (DTYPE_BYTES, HOST_BACKENDS, DeviceKind, backend_kind, compute_bytes,
                                     resolve_precision)
 from hetauto.core.stage_backends import builtin_transport_kind, stage_backend_names
-from hetauto.core.units import format_bytes
 from hetauto.planner import costmodel as cm
 from hetauto.planner.fastpipe import iteration_1f1b
 from hetauto.planner.host_contention import HostContention
@@ -52,8 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["Evaluation", "Evaluator", "StageTimes", "TimeBreakdown", "device_kind", "evaluate_plan", "inputs_for_plan", "plan_precision",
            "raise_if_infeasible", "stage_times_for_plan"]
 
-_GiB = float(1 << 30)
-
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
@@ -67,6 +65,12 @@ class Evaluation:
     peak_memory_bytes: tuple[float, ...]
     memory_capacity_bytes: tuple[float, ...]
     violation: str | None = None
+    memory_headroom: float = 0.0  # the share of each device's memory the plan kept free (the plan's own)
+
+    @property
+    def memory_available_bytes(self) -> tuple[float, ...]:
+        """Per stage, what its device may use: its memory less the headroom."""
+        return tuple(usable_bytes(c, self.memory_headroom) for c in self.memory_capacity_bytes)
 
     def to_prediction(self, cost_model: str = "analytical") -> Prediction:
         return Prediction(iteration_time_s=self.iteration_time_s, throughput_samples_s=self.throughput_samples_s,
@@ -130,10 +134,6 @@ def plan_precision(plan: Plan, spec: ClusterSpec) -> str:
         return resolve_precision(plan.training.precision, kinds)
     except ValueError as err:
         raise PlanMismatch(str(err)) from None
-
-
-def _gib(x: float) -> str:
-    return f"{x / _GiB:.1f} GiB" if x >= 0.1 * _GiB else format_bytes(x)
 
 
 class Evaluator:
@@ -867,7 +867,7 @@ class Evaluator:
     @staticmethod
     def _key(plan: Plan) -> tuple:
         return (plan.seq_len, plan.global_batch, plan.microbatch_size, plan.num_microbatches, plan.stages,
-                plan.schedule, plan.boundary_methods(), plan.dp_level, plan.training)
+                plan.schedule, plan.boundary_methods(), plan.dp_level, plan.training, plan.memory_headroom)
 
     def evaluate(self, plan: Plan) -> Evaluation:
         """Memory check first; then pipeline costs + simulator (or its exact fast path)."""
@@ -889,12 +889,12 @@ class Evaluator:
                 need, cap, who = self.replica_memory(plan, i, prec)
             peaks.append(need)
             caps.append(cap)
-            if violation is None and need > cap:
-                violation = (f"stage {i} (cluster {c.name}, {who}, layers "
-                             f"[{st.layers[0]}, {st.layers[1]})): needs {_gib(need)} per device > "
-                             f"{_gib(cap)}")
+            if violation is None and need > usable_bytes(cap, plan.memory_headroom):
+                violation = memory_violation(i, c.name, st.num_devices, c.device.key, st.layers, need, cap,
+                                             plan.memory_headroom, who=who)
         if violation is not None:
-            ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation)
+            ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation,
+                            plan.memory_headroom)
         else:
             costs = self._costs(plan)  # already checked above
             t, bubble = self._iteration(plan, costs)
@@ -912,7 +912,8 @@ class Evaluator:
             peak_sum = sum(self._stage_peak(st, prec, plan.training.allow_tf32) for st in plan.stages)
             flops = self._model_flops * plan.global_batch
             ev = Evaluation(True, t, thr, thr * plan.seq_len, bubble, flops / (t * peak_sum) if t > 0 else 0.0,
-                            flops / t / devices / 1e12 if t > 0 else 0.0, tuple(peaks), tuple(caps), None)
+                            flops / t / devices / 1e12 if t > 0 else 0.0, tuple(peaks), tuple(caps), None,
+                            plan.memory_headroom)
         self._plans[key] = ev
         return ev
 
@@ -1037,8 +1038,9 @@ def inputs_for_plan(plan: Plan, base_dir: "str | Path | None" = None) -> Plannin
         scen = get_scenario(src or DEFAULT_SCENARIO)
         model = None if plan.model == scen.model.name else plan.model
         return load_planning_inputs(scenario=scen.name, model=model, global_batch=plan.global_batch,
-                                    seq_len=plan.seq_len)
-    return load_planning_inputs(cluster=src, model=plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len)
+                                    seq_len=plan.seq_len, memory_headroom=plan.memory_headroom)
+    return load_planning_inputs(cluster=src, model=plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len,
+                                memory_headroom=plan.memory_headroom)
 
 
 def resolve_plan_paths(plan: Plan, base_dir: "str | Path | None") -> Plan:

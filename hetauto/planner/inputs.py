@@ -13,6 +13,7 @@ from typing import Any
 
 from hetauto.core.cluster import ClusterSpec, load_cluster
 from hetauto.core.errors import SpecError
+from hetauto.core.headroom import DEFAULT_MEMORY_HEADROOM, check_headroom
 from hetauto.core.model import ModelConfig
 from hetauto.core.model_catalog import get_model
 from hetauto.core.scenarios import DEFAULT_SCENARIO, get_scenario
@@ -31,6 +32,8 @@ class PlanningInputs:
     layers: tuple[LayerCost, ...]
     scenario: str | None = None
     cluster_source: str | None = None  # scenario name or cluster file, for the plan's `cluster` field
+    # share of each device's memory every planner keeps free (hetauto.core.headroom), written into each plan
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
 
     def summary(self) -> dict[str, Any]:
         spec = self.cluster
@@ -85,8 +88,10 @@ class PlanningInputs:
 
 def load_planning_inputs(cluster: str | Path | ClusterSpec | None = None, model: str | Path | ModelConfig | None = None,
                          scenario: str | None = None, global_batch: int | None = None,
-                         seq_len: int | None = None) -> PlanningInputs:
-    """Resolve and validate the planner's inputs (see module docstring for the precedence)."""
+                         seq_len: int | None = None, memory_headroom: float | None = None) -> PlanningInputs:
+    """Resolve and validate the planner's inputs (see module docstring for the precedence); `memory_headroom`:
+    the share of each device's memory kept free (None: DEFAULT_MEMORY_HEADROOM)."""
+    headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else check_headroom(memory_headroom)
     scen = None
     if scenario is not None or (cluster is None and model is None):
         scen = get_scenario(scenario or DEFAULT_SCENARIO)
@@ -118,4 +123,4 @@ def load_planning_inputs(cluster: str | Path | ClusterSpec | None = None, model:
         whose = f"scenario {scen.name}'s seq" if seq_len is None and scen is not None else "seq"
         raise SpecError(None, "--seq", f"{cfg.name} has learned positions for {cfg.max_seq_len} tokens, got {whose} {seq}",
                         f"use --seq <= {cfg.max_seq_len}")
-    return PlanningInputs(spec, cfg, seq, gbs, layer_list(cfg, seq), scen.name if scen else None, source)
+    return PlanningInputs(spec, cfg, seq, gbs, layer_list(cfg, seq), scen.name if scen else None, source, headroom)

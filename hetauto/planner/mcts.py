@@ -73,7 +73,7 @@ class Priors:
         """Short estimated stage time for the cluster's throughput share of layers, if memory plausibly fits;
         TP and recompute only when they buy something."""
         sp = self.space
-        cap = sp.spec.cluster(name).device.memory_bytes
+        cap = sp.capacity(name)
         m = sp.inputs.global_batch // mbs
         share = self.layer_share[name]
         w = []

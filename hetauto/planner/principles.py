@@ -154,16 +154,18 @@ def model_state_bytes(params: int) -> float:
     return BYTES_PER_PARAM_STATES * params
 
 
-def memory_floor_violation(params: int, spec: ClusterSpec) -> str | None:
-    """The tightest global constraint: model states alone against all devices' memory (None if they fit)."""
+def memory_floor_violation(params: int, spec: ClusterSpec, headroom: float = 0.0) -> str | None:
+    """The tightest global constraint: model states alone against all devices' memory, `headroom` of each
+    kept free (None if they fit)."""
     need = model_state_bytes(params)
-    have = sum(c.num_devices * c.device.memory_bytes for c in spec.clusters)
+    have = sum(c.num_devices * c.device.memory_bytes for c in spec.clusters) * (1.0 - headroom)
     if need <= have:
         return None
     gib = 1024.0 ** 3
     return (f"model states need {need / gib:.1f} GiB (16 B/param x {params / 1e9:.3g}B params) but all "
-            f"{spec.total_devices} devices together hold {have / gib:.1f} GiB; use more or larger devices "
-            f"or a smaller model")
+            f"{spec.total_devices} devices together hold {have / gib:.1f} GiB"
+            + (f" with --memory-headroom {headroom:g} kept free" if headroom else "")
+            + "; use more or larger devices or a smaller model")
 
 
 def placeable(cluster: Cluster, num_layers: int, microbatch_sizes: Sequence[int]) -> bool:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from hetauto.core.dp_shares import replica_groups, stage_device_type
 from hetauto.core.dp_sharding import fsdp_unrunnable, least_memory, plan_fields
+from hetauto.core.headroom import memory_violation, usable_bytes
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
@@ -168,6 +169,7 @@ class StrategySpace:
         self.evaluator = evaluator
         self.spec = inputs.cluster
         self.num_layers = len(inputs.layers)
+        self.headroom = inputs.memory_headroom  # every fit below is against capacity(), written into each plan
         self.schedules = schedules
         self.zero1_options = zero1
         self.recompute_options = recompute
@@ -246,6 +248,10 @@ class StrategySpace:
         needs less memory (hetauto.core.dp_sharding.least_memory)."""
         return least_memory((True, *self.zero1_options))
 
+    def capacity(self, name: str) -> float:
+        """What a stage of cluster `name` may use per device: its memory less the headroom."""
+        return usable_bytes(self.spec.cluster(name).device.memory_bytes, self.headroom)
+
     # ------------------------------------------------------------------ decisions
     def microbatch_sizes(self) -> list[int]:
         return list(self._mbs)
@@ -297,12 +303,13 @@ class StrategySpace:
                         if mbs < dp or any(self.evaluator.stage_memory_bytes(c.group_view(g).name, (1, 2), tp, dp,
                                                                             max(1, mbs // dp) * dp, 1, rc,
                                                                             self.floor_level)
-                                           > grp.device.memory_bytes for g, grp in enumerate(c.groups)):
+                                           > usable_bytes(grp.device.memory_bytes, self.headroom)
+                                           for g, grp in enumerate(c.groups)):
                             continue
                         out.append(ClusterChoice(k, tp, rc))
                         continue
                     floor = self.evaluator.stage_memory_bytes(name, (1, 2), tp, dp, mbs, 1, rc, self.floor_level)
-                    if floor <= c.device.memory_bytes:
+                    if floor <= self.capacity(name):
                         out.append(ClusterChoice(k, tp, rc))
         self._opts[key] = out
         return out
@@ -418,7 +425,7 @@ class StrategySpace:
             if mbs % st.dp and st.shares is None:
                 return Built(violation=f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}")
         costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
-        caps = [self.stage_capacity(st) for st in stages]
+        caps = [usable_bytes(self.stage_capacity(st), self.headroom) for st in stages]
         if cand.schedule == "interleaved":
             return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
@@ -433,6 +440,7 @@ class StrategySpace:
             return Built([plan])
         bonus = [cand.warmup_bonus if a.cluster != b.cluster else 0 for a, b in zip(stages, stages[1:])]
         wanted, kept = self._warmup(plan, costs, caps, counts, m, bonus if cand.warmup_bonus else None)
+        wanted = tuple(min(w, m) for w in wanted)  # deeper than the m microbatches is all of them (a plan's bound)
         if not any(wanted):
             return Built([plan])
         out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept)] if any(kept) else [plan]
@@ -527,8 +535,8 @@ class StrategySpace:
             if need / cap > worst:
                 dev = self.spec.cluster(st.cluster)
                 worst = need / cap
-                msg = (f"stage {i} (cluster {st.cluster}, {len(st.devices)}x {dev.device.key}, layers "
-                       f"[{pos}, {pos + cnt})): needs {need / 2**30:.1f} GiB per device > {cap / 2**30:.0f} GiB")
+                msg = memory_violation(i, st.cluster, len(st.devices), dev.device.key, (pos, pos + cnt), need,
+                                       self.stage_capacity(st), self.headroom)
             pos += cnt
         return msg
 
@@ -563,7 +571,8 @@ class StrategySpace:
                     stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra),
                                                              virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
                     resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
-                    **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()))
+                    **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
+                    memory_headroom=self.headroom)
 
 
 def plan_key(plan: Plan) -> tuple:

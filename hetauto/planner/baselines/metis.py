@@ -149,7 +149,7 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
             end = pos + cnt
             need = (c.base_static + c.base_act * q + (pf.static[end] - pf.static[pos])
                     + q * (pf.act[end] - pf.act[pos]))
-            cap = by_name[name].device.memory_bytes
+            cap = space.capacity(name)  # Metis' device memory, less the plan's headroom
             if need / cap > worst:
                 worst, worst_cluster = need / cap, name
             e.append(pf.times[end] - pf.times[pos])
