@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_serializer, model_validator
 
 from hetauto.core.chunks import effective_chunks, tile_chunks
 
@@ -141,12 +141,15 @@ class TrainingSpec(_Frozen):
 
 
 class Prediction(_Frozen):
-    iteration_time_s: float
-    throughput_samples_s: float
-    tokens_s: float
-    bubble_fraction: float
-    peak_memory_bytes: tuple[float, ...]
-    mfu: float | None = None
+    """What the planner predicted for the plan; finite numbers only (JSON has no infinity, so a plan that loaded
+    with one could not be written back)."""
+
+    iteration_time_s: FiniteFloat
+    throughput_samples_s: FiniteFloat
+    tokens_s: FiniteFloat
+    bubble_fraction: FiniteFloat
+    peak_memory_bytes: tuple[FiniteFloat, ...]
+    mfu: FiniteFloat | None = None
     cost_model: str = "analytical"
 
 
