@@ -15,13 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from families import QUICK, family_inputs  # noqa: E402
 
 
-WAN_TIED = pytest.mark.xfail(strict=True, reason="issue 17 item 3, open: with the tied table's sum priced as the executor "
-                              "runs it (item 6), mcts on wan 5 Gbps / 40 ms stops at 485.7 samples/s (h800 in 4 stages), "
-                              "the single-cluster search reaches 543.4 (h800 in 2 stages, interleaved, 4 chunks): the "
-                              "descent from h800 alone (1 stage, tp 4) needs the layout and the schedule changed at once")
-
-
-@pytest.mark.parametrize("kind,args", [pytest.param(*QUICK[0], marks=WAN_TIED), *QUICK[1:]])
+@pytest.mark.parametrize("kind,args", QUICK)
 def test_plan_beats_the_best_single_cluster_and_every_baseline(kind: str, args: tuple) -> None:
     inp = family_inputs(kind, *args, small=True)
     ours = [plan(inp, "mcts", seed=s, evaluator=Evaluator(inp)).evaluation.throughput_samples_s for s in (0, 1)]

@@ -39,6 +39,8 @@ POLISH_RESERVE = 5
 WARMUP_BONUS = (0, 1, 2)  # Virtual-1F1B depth the descent tries on top of the rule's at cross-cluster boundaries
 MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
 TOP_K = 3
+SINGLE_CLUSTER_EVALUATIONS = 600  # per cluster, for the tree search of each single-cluster restart
+SINGLE_CLUSTER_PATIENCE = 150
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,11 +407,15 @@ def joint_schedule_options(space: StrategySpace, cand: Candidate) -> list[Candid
 
 
 def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool]) -> None:
-    """Restarts seeded from each single-cluster optimum: for each cluster, a descent in the space of that
-    cluster alone (from the principles' seeds and Metis' picks there) reaches its local optimum, which then
-    enters the whole space as a start (the other clusters unused) and descends there, clusters may be added
-    back. Why: over a slow link the best plan may use one cluster, and from a cross-cluster basin that is
-    many changes away (issue 17: seeds stuck 3.5-18% below the faster cluster alone)."""
+    """Restarts seeded from each single-cluster optimum: for each cluster, a tree search in the space of that
+    cluster alone (seeded with the principles' seeds and Metis' picks there, at most SINGLE_CLUSTER_EVALUATIONS,
+    stopped after SINGLE_CLUSTER_PATIENCE without a better plan, then the descent from its best) reaches its
+    optimum, which enters the whole space as a start (the other clusters unused) and descends there, clusters
+    may be added back. Why: over a slow link the best plan may use one cluster, and from a cross-cluster basin
+    that is many changes away (issue 17: seeds stuck 3.5-18% below the faster cluster alone). Why a tree search
+    and not a descent alone: on a 5 Gbps / 40 ms WAN the single-cluster optimum (2 stages, interleaved, 4
+    chunks) is three changes from the descent's start (1 stage, tp 4), each worse alone. The tree's seed is 0
+    for every outer seed, so every seed reaches the same single-cluster optimum (the seed-to-seed spread)."""
     from dataclasses import replace
 
     if len(space.clusters) < 2:
@@ -422,14 +428,20 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
                             schedules=space.schedules, zero1=space.zero1_options, recompute=space.recompute_options,
                             allow_unused=space.allow_unused, resharding=space.resharding, interleave=space.interleave,
                             resharding_methods=space.methods, clusters=(name,))
-        local = Scorer(sub)
-        for c in seed_candidates(sub) + baseline_seeds(sub, top=2):
-            if out_of_time():
-                return
-            local.score(c)
+        tree = MCTS(sub, seed=0)  # the same seed for every outer seed: each reaches the same single-cluster optimum
+        local = tree.scorer
+        tree.seed_with(seed_candidates(sub) + baseline_seeds(sub, top=2), out_of_time)
         if local.best is None:
             continue
-        descend(sub, local, out_of_time)
+        began = space.evaluator.evaluations
+
+        def local_done() -> bool:
+            used = space.evaluator.evaluations
+            return (out_of_time() or used - began >= SINGLE_CLUSTER_EVALUATIONS
+                    or used - max(local.improved_at, began) >= SINGLE_CLUSTER_PATIENCE)
+
+        tree.run(stop=local_done)
+        descend_from_top(sub, local, out_of_time, TOP_K)
         best = local.best.candidate
         whole = tuple(best.choices[0] if n == name else UNUSED for n in order)
         start = scorer.score(replace(best, order=order, choices=whole, reshard=()))
