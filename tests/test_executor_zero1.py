@@ -1,8 +1,9 @@
 """`zero1: true` in the executor (hetauto.runtime.zero1: AdamW's m and v split over each stage's DP group,
 gradients reduce-scattered, updated parameters all-gathered) on 4 gloo processes, each case trained to the
-single-process reference loss: one stage of dp 2 x tp 2 (tiny-gpt, its table tied inside the stage; clipped,
-so the step-0 norm is checked), two stages of dp 2 (the tied table split across them, its gradient summed
-before the reduce-scatter), and a checkpoint at step 2 resumed to step 3 bit-exact against the uninterrupted
+single-process reference loss, clipped (so the step-0 gradient norm is checked against the reference's): one
+stage of dp 2 x tp 2 (tiny-gpt, its table tied inside the stage), two stages of dp 2 (the tied table split
+across them, its gradient summed before the reduce-scatter), two stages of dp 2 then tp 2 (ZeRO-1 on the first
+only: the tied sum meets a plain stage), and a checkpoint at step 2 resumed to step 3 bit-exact against the uninterrupted
 run. Each rank's optimizer must hold state for its owned slice only. One process set runs every case."""
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED, CLIP = 3, 5, 0.05
 TIED = dataclasses.replace(get_model("tiny-gpt"), name="tiny-gpt-tied", tie_embeddings=True)
-CASES = ["one-stage-dp2-tp2-clip", "two-stage-dp2-tied"]
+CASES = ["one-stage-dp2-tp2-clip", "two-stage-dp2-tied-clip", "two-stage-dp2-to-tp2-tied-clip"]
 
 
 def _plan(case: str) -> Plan:
     if case.startswith("one-stage"):
         stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1, 2, 3), layers=(0, 6), tp=2, dp=2),)
+    elif "to-tp2" in case:  # ZeRO-1 on stage 0 only (stage 1 has dp 1): the tied sum mixes both paths
+        stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=(0, 3), tp=1, dp=2),
+                  StagePlan(cluster="fast", device_type="cpu", devices=(2, 3), layers=(3, 6), tp=2, dp=1))
     else:
         stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=(0, 3), tp=1, dp=2),
                   StagePlan(cluster="fast", device_type="cpu", devices=(2, 3), layers=(3, 6), tp=1, dp=2))
@@ -36,10 +40,14 @@ def _plan(case: str) -> Plan:
                 num_microbatches=4, stages=stages, zero1=True)
 
 
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
     """One rank's report plus what its ZeRO-1 partition owns (counted independently of the optimizer)."""
     from hetauto.runtime.executor import StageExecutor
-    from hetauto.runtime.training import CheckpointOptions, prepare_rank
+    from hetauto.runtime.training import prepare_rank
 
     groups, device, precision = prepare_rank(comm, plan, TIED, opts)
     ex = StageExecutor(groups, plan, TIED, opts, device, precision)
@@ -60,12 +68,10 @@ def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
                                comm=comm)
 
     rep = ex.run(opts.steps, start=start, after_step=after).to_dict()
-    numel = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in ex.stage.parameters())
+    numel = sum(_local(p).numel() for p in ex.stage.parameters())
     rep["local_numel"] = numel
-    rep["state_numel"] = sum(s["exp_avg"].numel() + s["exp_avg_sq"].numel() for s in ex.optimizer.state.values())
-    rep["weights"] = [float((p.to_local() if hasattr(p, "to_local") else p).double().sum()) for p in
-                      ex.stage.parameters()]
-    del CheckpointOptions
+    rep["state_numel"] = sum(_local(s[k]).numel() for s in ex.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
+    rep["weights"] = [float(_local(p).double().sum()) for p in ex.stage.parameters()]
     return rep
 
 
@@ -82,8 +88,9 @@ def _work(rank: int, world: int, root: str) -> list[dict]:
             out.append(_run(comm, _plan(case), opts))
         # the two-stage case again: 2 steps with a checkpoint after step 1, then resumed for step 2
         plan = _plan(CASES[1])
-        _run(comm, plan, ExecutorOptions(steps=2, seed=SEED, timeout_s=30), CheckpointOptions(directory=root))
-        out.append(_run(comm, plan, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30),
+        _run(comm, plan, ExecutorOptions(steps=2, seed=SEED, timeout_s=30, clip_grad=CLIP),
+             CheckpointOptions(directory=root))
+        out.append(_run(comm, plan, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, clip_grad=CLIP),
                         CheckpointOptions(resume=f"{root}/step-00000001")))
         return out
     finally:
@@ -111,6 +118,9 @@ def test_zero1_trains_to_the_reference_loss(runs, case: int) -> None:
 @pytest.mark.parametrize("case", range(len(CASES)), ids=CASES)
 def test_each_rank_holds_optimizer_state_for_its_slice_only(runs, case: int) -> None:
     for r in runs[case]:
+        if _plan(CASES[case]).stages[r["stage"]].dp == 1:  # plain: the whole stage's state
+            assert r["state_numel"] == 2 * r["local_numel"] and r["optimizer_state_bytes"] == 8 * r["local_numel"]
+            continue
         n = r["local_numel"]
         dp_index = r["dp_index"]
         shard = math.ceil(n / 2)
@@ -139,10 +149,12 @@ def _reference_first_norm() -> float:
 
 
 @pytest.mark.multiprocess
-def test_zero1_global_norm_counts_every_owned_slice_once(runs) -> None:
+@pytest.mark.parametrize("case", range(len(CASES)), ids=CASES)
+def test_zero1_global_norm_counts_every_owned_slice_once(runs, case: int) -> None:
     # Adam barely sees a gradient's scale, so the loss alone would miss a norm over one rank's slice, a TP copy
-    # counted twice or a DP mean for a sum: the step-0 norm before clipping must equal the whole model's
-    norms = {r["grad_norms"][0] for r in runs[CASES.index("one-stage-dp2-tp2-clip")]}
+    # counted twice, a DP mean for a sum or a tied gradient summed dp times: the step-0 norm before clipping
+    # must equal the whole model's
+    norms = {r["grad_norms"][0] for r in runs[case]}
     assert len(norms) == 1
     assert norms.pop() == pytest.approx(_reference_first_norm(), rel=1e-6)
 
@@ -150,7 +162,7 @@ def test_zero1_global_norm_counts_every_owned_slice_once(runs) -> None:
 @pytest.mark.multiprocess
 def test_zero1_resume_is_bit_exact(runs) -> None:
     plan = _plan(CASES[1])
-    whole, resumed = runs[1], runs[2]
+    whole, resumed = runs[1], runs[len(CASES)]
     assert summarize(plan, resumed).losses[-1] == summarize(plan, whole).losses[-1]
     for a, b in zip(whole, resumed):
         assert a["weights"] == b["weights"]
