@@ -10,8 +10,10 @@ Every rank of a stage runs that stage's action list (hetauto.schedule.schedule_f
   SEND_F/SEND_B  post the sends asynchronously (waited at the end of the step, before OPTIM);
   REDUCE_GRAD    DP gradient SUM (bucketed; overlapped with the step's last backward when dp > 1), in the
                  plan's gradient-reduction dtype, then the tied-embedding sum between first and last stage;
+                 with zero1 the tied sum first, then a reduce-scatter (hetauto.runtime.zero1);
   OPTIM          AdamW (hetauto.runtime.reference.make_optimizer) on the fp32 master weights; with fp16,
-                 unscale and skip the step when any rank's gradients overflowed.
+                 unscale and skip the step when any rank's gradients overflowed; with zero1 AdamW steps this
+                 rank's owned slice and the updated slices are all-gathered.
 Each action type has its handler (`StageExecutor._handlers`); a step's state lives in one `_StepState`.
 
 Devices: the rank's device comes from its stage's backend (hetauto.runtime.devices.RankDevice): the stage

@@ -120,7 +120,8 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: Execu
             return None
         from hetauto.runtime.checkpoint import save_checkpoint
 
-        return save_checkpoint(checkpoint.directory, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
+        optimizer = ex.checkpoint_optimizer(gather=True)  # zero1: the DP group's m and v gathered (collective)
+        return save_checkpoint(checkpoint.directory, step, ex.stage, optimizer, plan=plan,
                                extra={"next_step": step + 1, "seed": options.seed, "lr": options.lr},
                                keep=checkpoint.keep, comm=world)
 
