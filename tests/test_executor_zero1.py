@@ -1,10 +1,12 @@
 """`zero1: true` in the executor (hetauto.runtime.zero1: AdamW's m and v split over each stage's DP group,
 gradients reduce-scattered, updated parameters all-gathered) on 4 gloo processes, each case trained to the
-single-process reference loss, clipped (so the step-0 gradient norm is checked against the reference's): one
-stage of dp 2 x tp 2 (tiny-gpt, its table tied inside the stage), two stages of dp 2 (the tied table split
-across them, its gradient summed before the reduce-scatter), two stages of dp 2 then tp 2 (ZeRO-1 on the first
-only: the tied sum meets a plain stage), and a checkpoint at step 2 resumed to step 3 bit-exact against the
-uninterrupted run. Each rank's optimizer must hold state for its owned slice only. One process set runs every case."""
+single-process reference loss of its precision. fp32 cases are clipped, so their step-0 gradient norm is checked
+against the reference's: one stage of dp 2 x tp 2 (tiny-gpt, its table tied inside the stage), two stages of
+dp 2 (the tied table split across them, summed before the reduce-scatter), two stages of dp 2 then tp 2 (ZeRO-1
+on the first only, its replicas running 3 and 1 rows of every microbatch: the tied sum meets a plain stage).
+Also interleaved 1F1B in bf16 (one partition per chunk), fp16 with loss scaling, and a checkpoint after step 2
+resumed for step 3, bit-exact against the uninterrupted run. Each rank's optimizer must hold state for its
+owned slice only. One process set runs every case."""
 
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ def _precision(case: str) -> str:
 def _plan(case: str) -> Plan:
     if case.startswith("one-stage"):
         stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1, 2, 3), layers=(0, 6), tp=2, dp=2),)
-    elif "to-tp2" in case:  # ZeRO-1 on stage 0 only (stage 1 has dp 1): the tied sum mixes both paths
-        stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=(0, 3), tp=1, dp=2),
+    elif "to-tp2" in case:  # ZeRO-1 on stage 0 only (stage 1 has dp 1): the tied sum mixes both paths; uneven rows
+        stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=(0, 3), tp=1, dp=2,
+                            dp_shares=(3, 1)),
                   StagePlan(cluster="fast", device_type="cpu", devices=(2, 3), layers=(3, 6), tp=2, dp=1))
     else:
         stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=(0, 3), tp=1, dp=2),
