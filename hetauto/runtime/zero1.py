@@ -153,7 +153,8 @@ class Zero1Partition:
         layout whatever the sharding."""
         keys = ("exp_avg", "exp_avg_sq")
         step = next((optimizer.state[pc]["step"] for pc in self.pieces if pc in optimizer.state), None)
-        have = torch.tensor([0.0 if step is None else 1.0])
+        dev = self.locals[0].device if self.locals else torch.device("cpu")
+        have = torch.tensor([0.0 if step is None else 1.0], device=dev)  # the DP group's library may be device-only
         if not bool(self.comm.all_reduce(have, op="min").item()):
             return  # no step taken yet (fp16 may have skipped them all): nothing to save, as plain DP
         per_key: dict[str, list[torch.Tensor]] = {}
