@@ -41,7 +41,7 @@ __all__ = ["DP_LEVELS", "DPSharding", "level_key", "shards_optimizer", "level_la
 
 DPSharding = Literal["none", "zero1", "zero2", "fsdp"]
 DP_LEVELS = ("none", "zero1", "zero2", "fsdp", "fsdp-keep")
-# `hetauto run` executes plain DP, ZeRO-1 (run as plain DP: the same arithmetic, the memory of `none`) and FSDP
+# `hetauto run` executes plain DP, ZeRO-1 (m and v sharded, hetauto.runtime.zero1) and FSDP
 # (torch FSDP2, hetauto.runtime.fsdp) within `fsdp_unrunnable`'s limits; not ZeRO-2
 FSDP_LEVELS = ("fsdp", "fsdp-keep")
 

@@ -10,8 +10,10 @@ Every rank of a stage runs that stage's action list (hetauto.schedule.schedule_f
   SEND_F/SEND_B  post the sends asynchronously (waited at the end of the step, before OPTIM);
   REDUCE_GRAD    DP gradient SUM (bucketed; overlapped with the step's last backward when dp > 1), in the
                  plan's gradient-reduction dtype, then the tied-embedding sum between first and last stage;
+                 with zero1 the tied sum first, then a reduce-scatter (hetauto.runtime.zero1);
   OPTIM          AdamW (hetauto.runtime.reference.make_optimizer) on the fp32 master weights; with fp16,
-                 unscale and skip the step when any rank's gradients overflowed.
+                 unscale and skip the step when any rank's gradients overflowed; with zero1 AdamW steps this
+                 rank's owned slice and the updated slices are all-gathered.
 Each action type has its handler (`StageExecutor._handlers`); a step's state lives in one `_StepState`.
 
 Devices: the rank's device comes from its stage's backend (hetauto.runtime.devices.RankDevice): the stage
@@ -64,6 +66,7 @@ from hetauto.runtime.reference import ADAMW_WEIGHT_DECAY, make_optimizer
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import ChunkedStage, StageModule, build_stage
 from hetauto.runtime.throttle import Throttle
+from hetauto.runtime.zero1 import state_bytes
 from hetauto.schedule.actions import Action, ActionType
 from hetauto.schedule.for_plan import schedule_for_plan
 
@@ -129,6 +132,8 @@ class RankReport:
     lrs: list[float] = field(default_factory=list)  # the learning rate each step trained with
     grad_norms: list[float] = field(default_factory=list)  # with clipping: each step's global norm before it
     eval_losses: list[list[float]] = field(default_factory=list)  # [step, share of the held-out loss] (last stage)
+    # AdamW's per-element state (m and v) this rank holds at the end: 8 B per parameter, 1/dp of them with zero1
+    optimizer_state_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,7 +221,21 @@ class StageExecutor:
         self.chunks: tuple[StageModule, ...] = tuple(chunks)
         # one module for the optimizer and checkpoints: the stage itself, or all its chunks by global slot name
         self.stage: StageModule | ChunkedStage = chunks[0] if v == 1 else ChunkedStage(chunks)
-        self.optimizer = make_optimizer(self.stage.parameters(), options.lr, options.weight_decay)
+        # zero1 (hetauto.runtime.zero1): per chunk, its parameters split over the DP group; AdamW steps the owned
+        # pieces only (m and v for 1/dp of the stage), the updated pieces are all-gathered after the step
+        self.zero1 = plan.dp_level == "zero1" and groups.dp_group is not None
+        self.partitions: list[Any] = []
+        if self.zero1:
+            from hetauto.runtime.zero1 import Zero1Partition, piece_params
+
+            lay = groups.layouts[me.stage]
+            dp_ranks = sorted(lay.rank(d, me.tp_index) for d in range(lay.dp))
+            self.dp_comm = Communicator(groups.dp_group, dp_ranks, timeout_s=groups.world.timeout_s,
+                                        backend=self.dev.dist_backend)
+            self.partitions = [Zero1Partition(c, self.dp_comm, self.mp.reduce_dtype) for c in chunks]
+            self.optimizer = make_optimizer(piece_params(self.partitions), options.lr, options.weight_decay)
+        else:
+            self.optimizer = make_optimizer(self.stage.parameters(), options.lr, options.weight_decay)
         self.actions: tuple[Action, ...] = schedule_for_plan(plan).ranks[me.stage]
         # the emulated cluster's speed times the device's own (1.0 on real devices; the mock backend's
         # HETAUTO_MOCK_SPEED), so a slow emulated device needs no branch here
@@ -225,7 +244,7 @@ class StageExecutor:
         # one reducer per chunk, armed before that chunk's last backward of the step
         self.reducers = (
             [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
-            if groups.dp_group is not None and options.overlap_dp and not self.fsdp else None
+            if groups.dp_group is not None and options.overlap_dp and not self.fsdp and not self.zero1 else None
         )
         shape = (plan.microbatch_size, plan.seq_len, cfg.hidden)
         methods = plan.boundary_methods()
@@ -468,15 +487,19 @@ class StageExecutor:
         self._wait_sends(st.step, st.sends, st.watch)
         st.sends = []
         overflow = False
+        # what the optimizer steps: the stage's parameters, or (zero1) this rank's owned pieces of them, whose
+        # gradients alone hold the DP sum; the overflow vote is over every rank, so DP ranks skip together
+        stepped = ([pc for part in self.partitions for pc in part.pieces] if self.zero1
+                   else list(self.stage.parameters()))
         if self.scaler is not None:
-            overflow = self.scaler.unscale_and_check(self.stage.parameters(), self._vote)
+            overflow = self.scaler.unscale_and_check(stepped, self._vote)
             self.scaler.update(overflow)
         if self.opt_.clip_grad is not None and not overflow:
             norm = self._global_grad_norm()
             self.grad_norms.append(norm)
             coef = clip_coefficient(norm, self.opt_.clip_grad)
             if coef < 1.0:
-                for prm in self.stage.parameters():
+                for prm in stepped:
                     if prm.grad is not None:
                         prm.grad.mul_(coef)
         lr = self.opt_.schedule.lr_at(st.step)
@@ -484,20 +507,40 @@ class StageExecutor:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if not overflow:
-            self._timed("OPTIM", self.optimizer.step)
+            self._timed("OPTIM", self._step_optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.zero1:
+            self.stage.zero_grad(set_to_none=True)
         if self._rec:
             self._record(st.step, "OPTIM", None, st.t)
+
+    def _step_optimizer(self) -> None:
+        """AdamW's step; with zero1 then the all-gather of every rank's updated pieces (per chunk)."""
+        self.optimizer.step()
+        for part in self.partitions:
+            part.all_gather_params()
 
     def _global_grad_norm(self) -> float:
         """The L2 norm of the whole model's gradient, every parameter counted once: DP replicas hold equal
         gradients after REDUCE_GRAD (dp index 0 counts), TP ranks hold distinct shards of sharded parameters
         and copies of the replicated ones (tp index 0 counts those), and the tied table's head-side copy holds
         the same summed gradient as the embedding's (stage 0 counts it). Under FSDP every DP rank holds its
-        own shard of every gradient: all count."""
+        own shard of every gradient: all count; under zero1 every DP rank its owned pieces."""
         me = self.me
         total = 0.0
-        if me.dp_index == 0 or self.fsdp:
+        if self.zero1:
+            skip = self.stage.tied_embedding_weight() if me.stage != 0 else None
+            grads = []
+            for part in self.partitions:
+                for pc, (i, _, _) in zip(part.pieces, part.ranges):
+                    prm = part.params[i]
+                    placements = getattr(prm, "placements", None)
+                    sharded = placements is not None and any(not pl.is_replicate() for pl in placements)
+                    if pc.grad is None or prm is skip or (not sharded and me.tp_index != 0):
+                        continue
+                    grads.append(pc.grad)
+            total = local_sq_norm(grads)
+        elif me.dp_index == 0 or self.fsdp:
             skip = self.stage.tied_embedding_weight() if me.stage != 0 else None
             grads = []
             for prm in self.stage.parameters():
@@ -532,6 +575,9 @@ class StageExecutor:
         """REDUCE_GRAD of one chunk (the schedule has one per virtual stage): its DP sum, then the tied
         table's sum when this chunk holds the embedding or the head."""
         module = self.chunks[chunk]
+        if self.zero1:
+            self._reduce_zero1(chunk)
+            return
         if self.reducers is not None:
             self.reducers[chunk].finish()
         elif self.g.dp_group is not None and not self.fsdp:  # FSDP reduce-scattered them in backward
@@ -547,6 +593,46 @@ class StageExecutor:
             buf = contrib.detach().to("cpu", copy=True) if contrib is not None else torch.zeros(w.shape, dtype=w.dtype)
             dist.all_reduce(buf, group=self.g.tied_group)
             w.grad = buf.to(w.device)
+
+    def _reduce_zero1(self, chunk: int) -> None:
+        """zero1's REDUCE_GRAD of one chunk: the tied table's sum first, over every DP replica's own gradient
+        (each a share of the batch's; dp index 0 then keeps the sum and the others zero, so the DP sum below
+        counts it once), then the reduce-scatter of the chunk's flat gradient (hetauto.runtime.zero1)."""
+        module = self.chunks[chunk]
+        w = module.tied_embedding_weight()
+        if w is not None and self.g.tied_group is not None:
+            import torch.distributed as dist
+
+            # the other end's stage, if it runs plain DP (dp 1), contributes its reduced gradient from dp index 0
+            contrib = w.grad if (self.me.tp_index == 0 and w.grad is not None) else None
+            buf = contrib.detach().to("cpu", copy=True) if contrib is not None else torch.zeros(w.shape, dtype=w.dtype)
+            dist.all_reduce(buf, group=self.g.tied_group)
+            w.grad = buf.to(w.device) if self.me.dp_index == 0 else torch.zeros_like(w)
+        self.partitions[chunk].reduce_scatter_grads()
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_optimizer(self, *, gather: bool) -> torch.optim.Optimizer:
+        """The optimizer a checkpoint saves or loads, over `self.stage`'s parameters: the executor's own, or with
+        zero1 a whole-stage AdamW (`gather=True`: the DP group's shards gathered into it, collective; False:
+        empty, for `load_checkpoint` to fill and `adopt_checkpoint_optimizer` to slice). A zero1 checkpoint is
+        so in plain DP's layout: it resumes at any dp and any sharding level."""
+        if not self.zero1:
+            return self.optimizer
+        full = make_optimizer(self.stage.parameters(), self.opt_.lr, self.opt_.weight_decay)
+        for group in full.param_groups:
+            group["lr"] = self.optimizer.param_groups[0]["lr"]
+        if gather:
+            for part in self.partitions:
+                part.gather_state(self.optimizer, full)
+        return full
+
+    def adopt_checkpoint_optimizer(self, full: torch.optim.Optimizer) -> None:
+        """After `load_checkpoint` into `checkpoint_optimizer(gather=False)`: zero1 keeps its own slice of it."""
+        if full is self.optimizer:
+            return
+        for part in self.partitions:
+            part.scatter_state(full, self.optimizer)
+        self.stage.zero_grad(set_to_none=True)  # DCP's optimizer-state init left zero gradients behind
 
     def run(self, steps: int, *, start: int = 0, after_step: Callable[[int], str | None] | None = None) -> RankReport:
         """Train steps `start..steps-1` (step indices are global: a resumed run continues the numbering, so
@@ -601,6 +687,7 @@ class StageExecutor:
             transports=[t.name for t in self.g.transports],
             overflow_steps=self.scaler.skipped if self.scaler is not None else 0,
             lrs=list(self.lrs), grad_norms=list(self.grad_norms), eval_losses=list(self.eval_losses),
+            optimizer_state_bytes=state_bytes(self.optimizer),
         )
 
 

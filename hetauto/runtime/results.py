@@ -156,10 +156,12 @@ def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: in
 
 
 def rank_table(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Where every rank ran: `{rank, stage, cluster, backend, device, dist_backend}` in rank order."""
+    """Where every rank ran: `{rank, stage, cluster, backend, device, dist_backend, optimizer_state_bytes}` in rank
+    order (the last: AdamW's m and v the rank holds, 1/dp of its stage's under ZeRO-1)."""
     return [{"rank": int(r["rank"]), "stage": int(r["stage"]), "cluster": plan.stages[int(r["stage"])].cluster,
              "backend": r.get("backend", "cpu"), "device": r.get("device", "cpu:0"),
-             "dist_backend": r.get("dist_backend", "gloo")}
+             "dist_backend": r.get("dist_backend", "gloo"),
+             "optimizer_state_bytes": int(r.get("optimizer_state_bytes", 0))}
             for r in sorted(reports, key=lambda r: int(r["rank"]))]
 
 
@@ -191,11 +193,13 @@ def boundary_table(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> list[dic
 def stage_memory(plan: Plan, reports: Sequence[Mapping[str, Any]],
                  predicted: Sequence[float] | None = None) -> list[dict[str, Any]]:
     """Per stage: the highest measured peak device memory of its ranks (the backend's `memory_stats`) next
-    to the predicted peak (the plan's prediction, when it has one)."""
+    to the predicted peak (the plan's prediction, when it has one), and the most optimizer-state bytes (AdamW's
+    m and v) one of its ranks held (the cost model prices 8 B per parameter / tp, / dp under ZeRO-1)."""
     out = []
     for s, stage in enumerate(plan.stages):
         mine = [r for r in reports if int(r["stage"]) == s]
         out.append({"stage": s, "cluster": stage.cluster, "backend": mine[0].get("backend", "cpu") if mine else None,
                     "measured_peak_bytes": max((int(r.get("peak_memory_bytes", 0)) for r in mine), default=0),
+                    "optimizer_state_bytes": max((int(r.get("optimizer_state_bytes", 0)) for r in mine), default=0),
                     "predicted_peak_bytes": None if predicted is None or s >= len(predicted) else float(predicted[s])})
     return out

@@ -101,7 +101,9 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: Execu
         # imported only when used: torch.distributed.checkpoint costs seconds per process (see checkpoint.py)
         from hetauto.runtime.checkpoint import data_stream_changes, load_checkpoint
 
-        man = load_checkpoint(checkpoint.resume, ex.stage, ex.optimizer, plan=plan, comm=world)
+        into = ex.checkpoint_optimizer(gather=False)  # zero1: a whole-stage optimizer, sliced after the load
+        man = load_checkpoint(checkpoint.resume, ex.stage, into, plan=plan, comm=world)
+        ex.adopt_checkpoint_optimizer(into)
         changes = data_stream_changes(man, plan)
         if changes and not checkpoint.allow_data_change:
             diff = "; ".join(f"{what} {old} in the checkpoint, {new} in this plan" for what, old, new in changes)
@@ -118,7 +120,8 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: Execu
             return None
         from hetauto.runtime.checkpoint import save_checkpoint
 
-        return save_checkpoint(checkpoint.directory, step, ex.stage, ex.optimizer, plan=plan,
+        optimizer = ex.checkpoint_optimizer(gather=True)  # zero1: the DP group's m and v gathered (collective)
+        return save_checkpoint(checkpoint.directory, step, ex.stage, optimizer, plan=plan,
                                extra={"next_step": step + 1, "seed": options.seed, "lr": options.lr},
                                keep=checkpoint.keep, comm=world)
 
