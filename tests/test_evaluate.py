@@ -169,9 +169,10 @@ def test_memory_grows_with_inflight_and_zero1_shrinks_it() -> None:
 
 
 def test_caches_and_evaluation_count() -> None:
-    inp, plan = paper_plan(64, 2, 8)
-    ev = Evaluator(inp)
+    plan = small_plan()  # feasible: only a feasible evaluation has a prediction (finite numbers)
+    ev = Evaluator(inputs_for_plan(plan))
     e1 = ev.evaluate(plan)
+    assert e1.feasible
     e2 = ev.evaluate(plan.model_copy(update={"prediction": e1.to_prediction()}))
     assert e1 == e2 and ev.evaluations == 1 and ev.cost_model_name == "analytical"
 

@@ -73,6 +73,9 @@ class Evaluation:
         return tuple(usable_bytes(c, self.memory_headroom) for c in self.memory_capacity_bytes)
 
     def to_prediction(self, cost_model: str = "analytical") -> Prediction:
+        """What a plan file records of a feasible evaluation (an infeasible one has no finite time to record)."""
+        if not self.feasible:
+            raise InfeasiblePlan(f"an infeasible plan has no prediction to record: {self.violation}")
         return Prediction(iteration_time_s=self.iteration_time_s, throughput_samples_s=self.throughput_samples_s,
                           tokens_s=self.tokens_s, bubble_fraction=self.bubble_fraction,
                           peak_memory_bytes=self.peak_memory_bytes, mfu=self.mfu, cost_model=cost_model)
@@ -696,7 +699,10 @@ class Evaluator:
                 ar[-1] += oh.allreduce_wake_s
             opt.append(max(self._optimizer_time(st, sums, self.cluster(k), plan.dp_level)
                            for k, _, _ in self.replicas(st, mb)))
-        overlap = self.dp_overlap
+        # ZeRO-1 as the executor runs it (hetauto.runtime.zero1): the reduce-scatter is issued after the last
+        # backward (one contiguous partition per chunk: no bucket is ready earlier) and the all-gather after the
+        # optimizer step, so the all-reduce's bytes are exposed, not overlapped
+        overlap = self.dp_overlap and plan.dp_level != "zero1"
         if overlap and any(gbytes):
             # the last bucket fills only when the last backward ends: a one-bucket stage cannot overlap at all
             if all(cm.dp_buckets(g)[0] <= 1 for g in gbytes):
