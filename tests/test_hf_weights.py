@@ -18,6 +18,7 @@ from hetauto.runtime.data import synthetic_batch
 from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.testing.multiproc import run_ranks
+from _hf_ranks import train_one_step_from
 
 SEED, GBS, MBS, SEQ = 3, 8, 4, 16
 
@@ -127,21 +128,6 @@ def test_hetauto_run_init_from_starts_at_transformers_loss(checkpoint: Path, tmp
     assert abs(doc["loss"][0] - _transformers_loss(checkpoint)) < 1e-5 and doc["max_loss_diff"] < 1e-5
 
 
-def _train_and_checkpoint(rank: int, world: int, plan_json: str, folder: str, ckdir: str) -> dict:
-    from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions, train_rank
-
-    comm = Communicator.init_from_env("gloo", timeout_s=30)
-    try:
-        cfg = get_model(Path(folder) / "config.json")
-        return train_rank(comm, Plan.from_json(plan_json), cfg,
-                          ExecutorOptions(steps=1, seed=SEED, timeout_s=30, init_from=folder),
-                          CheckpointOptions(directory=ckdir)).to_dict()
-    finally:
-        comm.destroy()
-
-
 @pytest.mark.multiprocess
 def test_a_pipelines_checkpoint_exports_to_transformers_and_loads_back(checkpoint: Path, tmp_path: Path, capsys) -> None:
     """Weights out: a tp 2 x 2-stage run's sharded checkpoint, exported with `hetauto checkpoint export --format hf`,
@@ -152,7 +138,7 @@ def test_a_pipelines_checkpoint_exports_to_transformers_and_loads_back(checkpoin
                    for l in ((0, 3), (3, 6)))
     plan = Plan(model=str(checkpoint / "config.json"), cluster=None, seq_len=SEQ, global_batch=GBS,
                 microbatch_size=MBS, num_microbatches=GBS // MBS, stages=stages)
-    run_ranks(_train_and_checkpoint, 4, plan.to_json(), str(checkpoint), str(tmp_path / "ck"), timeout=150)
+    run_ranks(train_one_step_from, 4, plan.to_json(), str(checkpoint), str(tmp_path / "ck"), SEED, timeout=150)
     out = tmp_path / "hf"
     assert main(["checkpoint", "export", str(tmp_path / "ck"), "--format", "hf", "-o", str(out), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

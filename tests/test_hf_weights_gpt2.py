@@ -21,6 +21,7 @@ from hetauto.runtime.data import synthetic_batch
 from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.testing.multiproc import run_ranks
+from _hf_ranks import train_one_step_from
 
 SEED, GBS, MBS, SEQ, V = 3, 8, 4, 16, 256
 
@@ -63,21 +64,6 @@ def test_the_reference_gpt_loaded_from_transformers_gpt2_gives_transformers_loss
     assert abs(reference_losses(cfg, SEED, 1, GBS, MBS, SEQ)[0] - ours) > 1e-3  # the weights came from the file
 
 
-def _work(rank: int, world: int, plan_json: str, folder: str, ckdir: str | None) -> dict:
-    from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions, train_rank
-
-    comm = Communicator.init_from_env("gloo", timeout_s=30)
-    try:
-        cfg = get_model(Path(folder) / "config.json")
-        return train_rank(comm, Plan.from_json(plan_json), cfg,
-                          ExecutorOptions(steps=1, seed=SEED, timeout_s=30, init_from=folder),
-                          CheckpointOptions(directory=ckdir)).to_dict()
-    finally:
-        comm.destroy()
-
-
 @pytest.mark.multiprocess
 def test_a_two_stage_tp2_pipeline_gives_transformers_loss_and_exports_back(checkpoint: Path, tmp_path: Path,
                                                                            capsys) -> None:
@@ -87,7 +73,8 @@ def test_a_two_stage_tp2_pipeline_gives_transformers_loss_and_exports_back(check
                    for l in ((0, 3), (3, 6)))
     plan = Plan(model=str(checkpoint / "config.json"), cluster=None, seq_len=SEQ, global_batch=GBS,
                 microbatch_size=MBS, num_microbatches=GBS // MBS, stages=stages)
-    reports = run_ranks(_work, 4, plan.to_json(), str(checkpoint), str(tmp_path / "ck"), timeout=150)
+    reports = run_ranks(train_one_step_from, 4, plan.to_json(), str(checkpoint), str(tmp_path / "ck"), SEED,
+                        timeout=150)
     assert abs(summarize(plan, reports).losses[0] - _transformers_loss(checkpoint)) < 1e-5
     out = tmp_path / "hf"
     assert main(["checkpoint", "export", str(tmp_path / "ck"), "--format", "hf", "-o", str(out), "--json"]) == 0

@@ -22,6 +22,7 @@ from hetauto.runtime.hf_weights import check_hf_config
 from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.testing.multiproc import run_ranks
+from _hf_ranks import train_one_step_from
 
 SEED, GBS, MBS, SEQ, VOCAB = 3, 8, 4, 16, 256
 TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=176, num_hidden_layers=4, num_attention_heads=4,
@@ -74,21 +75,6 @@ def test_the_reference_model_loaded_from_qwen2_weights_gives_transformers_loss(c
     assert abs(unbiased - ours) > 1e-3  # the biases were read and used
 
 
-def _train_and_checkpoint(rank: int, world: int, plan_json: str, folder: str, ckdir: str) -> dict:
-    from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions, train_rank
-
-    comm = Communicator.init_from_env("gloo", timeout_s=30)
-    try:
-        cfg = get_model(Path(folder) / "config.json")
-        return train_rank(comm, Plan.from_json(plan_json), cfg,
-                          ExecutorOptions(steps=1, seed=SEED, timeout_s=30, init_from=folder),
-                          CheckpointOptions(directory=ckdir)).to_dict()
-    finally:
-        comm.destroy()
-
-
 @pytest.mark.multiprocess
 def test_a_two_stage_tp2_pipeline_gives_transformers_loss_and_exports_a_qwen2_checkpoint(
         checkpoint: Path, tmp_path: Path, capsys) -> None:
@@ -101,7 +87,8 @@ def test_a_two_stage_tp2_pipeline_gives_transformers_loss_and_exports_a_qwen2_ch
                    for l in ((0, 3), (3, 6)))
     plan = Plan(model=str(checkpoint / "config.json"), cluster=None, seq_len=SEQ, global_batch=GBS,
                 microbatch_size=MBS, num_microbatches=GBS // MBS, stages=stages)
-    reports = run_ranks(_train_and_checkpoint, 4, plan.to_json(), str(checkpoint), str(tmp_path / "ck"), timeout=150)
+    reports = run_ranks(train_one_step_from, 4, plan.to_json(), str(checkpoint), str(tmp_path / "ck"), SEED,
+                        timeout=150)
     assert abs(summarize(plan, reports).losses[0] - _transformers_loss(checkpoint)) < 1e-5
     out = tmp_path / "hf"
     assert main(["checkpoint", "export", str(tmp_path / "ck"), "--format", "hf", "-o", str(out), "--json"]) == 0
