@@ -17,6 +17,7 @@ from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.testing.multiproc import run_ranks
+from _reference_norm import first_step_grad_norm
 
 STEPS, SEED, CLIP = 3, 5, 0.05
 CASES = ["one-stage-dp4", "two-stage-fsdp", "two-stage-keep-clip", "interleaved-bf16"]
@@ -80,23 +81,6 @@ def test_fsdp_trains_to_the_reference_loss(runs, case: int) -> None:
     assert got.losses[-1] < got.losses[0]
 
 
-def _reference_first_norm(name: str) -> float:
-    """The single-process model's global gradient norm at step 0 (what clipping sees before any update)."""
-    import torch
-
-    from hetauto.runtime.batches import BatchSource
-    from hetauto.runtime.data import microbatch
-    from hetauto.runtime.stage import build_model
-
-    cfg = _cfg(name)
-    model = build_model(cfg, SEED)
-    batch = BatchSource(SEED, cfg.vocab_size, None, 0.0, None).train(0, 16, 16)
-    for j in range(4):
-        mb = microbatch(batch, j, 4)
-        model(mb.tokens, mb.targets, 16 * 16).backward()
-    return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
-
-
 @pytest.mark.multiprocess
 def test_fsdp_gradient_is_the_dp_sum_and_every_shard_counts_in_the_norm(runs) -> None:
     # Adam is nearly blind to a gradient's scale, so the loss alone would not catch a DP mean for a sum, or a
@@ -104,4 +88,4 @@ def test_fsdp_gradient_is_the_dp_sum_and_every_shard_counts_in_the_norm(runs) ->
     name = "two-stage-keep-clip"
     norms = {r["grad_norms"][0] for r in runs[CASES.index(name)]}
     assert len(norms) == 1
-    assert norms.pop() == pytest.approx(_reference_first_norm(name), rel=1e-6)
+    assert norms.pop() == pytest.approx(first_step_grad_norm(_cfg(name), SEED), rel=1e-6)

@@ -25,6 +25,7 @@ from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.runtime.zero1 import Zero1Partition
 from hetauto.testing.multiproc import run_ranks
+from _reference_norm import first_step_grad_norm
 
 STEPS, SEED, CLIP = 3, 5, 0.05
 TIED = dataclasses.replace(get_model("tiny-gpt"), name="tiny-gpt-tied", tie_embeddings=True)
@@ -179,19 +180,6 @@ def test_each_rank_holds_optimizer_state_for_its_slice_only(runs, case: int) -> 
         assert all(c == copies[0] for c in copies)
 
 
-def _reference_first_norm() -> float:
-    from hetauto.runtime.batches import BatchSource
-    from hetauto.runtime.data import microbatch
-    from hetauto.runtime.stage import build_model
-
-    model = build_model(TIED, SEED)
-    batch = BatchSource(SEED, TIED.vocab_size, None, 0.0, None).train(0, 16, 16)
-    for j in range(4):
-        mb = microbatch(batch, j, 4)
-        model(mb.tokens, mb.targets, 16 * 16).backward()
-    return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", [CASES.index(c) for c in FP32], ids=FP32)
 def test_zero1_global_norm_counts_every_owned_slice_once(runs, case: int) -> None:
@@ -200,7 +188,7 @@ def test_zero1_global_norm_counts_every_owned_slice_once(runs, case: int) -> Non
     # must equal the whole model's
     norms = {r["grad_norms"][0] for r in runs[case]}
     assert len(norms) == 1
-    assert norms.pop() == pytest.approx(_reference_first_norm(), rel=1e-6)
+    assert norms.pop() == pytest.approx(first_step_grad_norm(TIED, SEED), rel=1e-6)
 
 
 @pytest.mark.multiprocess
