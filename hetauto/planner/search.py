@@ -338,26 +338,65 @@ def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable
 
 
 def descend_without_each_cluster(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool]) -> None:
-    """Descend again from the best with each cluster it uses left out (one at a time).
+    """Descend again from the best with each cluster it uses left out (one at a time): first in the space
+    without that cluster (so the first move cannot put it back), then, from that local optimum, in the whole
+    space (where adding it back is kept only if it pays).
 
     Why: a plan that leaves a slow cluster out needs two changes at once -- the cluster dropped *and* the
     others re-shaped to take its layers (e.g. gpt3-1.3b on paper-4c: h800 as 4 tp-1 stages + a100, ascend and
     mi250x unused, 18% faster than the h800 tp-2 + a100 + ascend basin the search settled in for some
-    seeds); coordinate descent makes one change at a time and each alone is worse."""
-    from dataclasses import replace
-
+    seeds); coordinate descent makes one change at a time and each alone is worse. Why the restricted space:
+    on mixed(4,25) seed 1 kept mi250x as one 2-layer stage (114.8 samples/s); without it, the cluster order
+    re-fitted, 116.7 -- but the whole-space descent's first move re-added mi250x (+1.2%) before the order
+    move."""
     best = scorer.best
     if best is None or sum(c.stages > 0 for c in best.candidate.choices) < 2:
         return  # nothing to leave out: one cluster carries the whole model
     cand = best.candidate
-    for i, choice in enumerate(cand.choices):
+    for name, choice in zip(cand.order, cand.choices):
         if choice.stages == 0:
             continue
         if out_of_time():
             return
-        start = scorer.score(replace(cand, choices=cand.choices[:i] + (UNUSED,) + cand.choices[i + 1:]))
-        if start is not None:
-            descend(space, scorer, out_of_time, start=start)
+        sub = restricted_space(space, tuple(n for n in space.clusters if n != name))
+        local = Scorer(sub)
+        start = local.score(_without(cand, name))
+        if start is None:
+            continue
+        reached = descend(sub, local, out_of_time, start=start) or start
+        whole = _lifted(space, reached.candidate)
+        got = None if whole is None else scorer.score(whole)
+        if got is not None:
+            descend(space, scorer, out_of_time, start=got)
+
+
+def restricted_space(space: StrategySpace, clusters: tuple[str, ...]) -> StrategySpace:
+    """`space` with only `clusters` usable (every other setting the same)."""
+    return StrategySpace(space.inputs, space.evaluator, max_microbatch=max(space.microbatch_sizes()),
+                         schedules=space.schedules, zero1=space.zero1_options, recompute=space.recompute_options,
+                         allow_unused=space.allow_unused, resharding=space.resharding, interleave=space.interleave,
+                         resharding_methods=space.methods, clusters=clusters)
+
+
+def _without(cand: Candidate, name: str) -> Candidate:
+    """`cand` with cluster `name` taken out of its order (and its resharding overrides)."""
+    from dataclasses import replace
+
+    keep = [i for i, n in enumerate(cand.order) if n != name]
+    return replace(cand, order=tuple(cand.order[i] for i in keep), choices=tuple(cand.choices[i] for i in keep),
+                   reshard=tuple(r for r in cand.reshard if name not in r[:2]))
+
+
+def _lifted(space: StrategySpace, cand: Candidate) -> Candidate | None:
+    """A restricted space's candidate in the whole space: the first order of `space` whose projection is
+    `cand`'s, the other clusters unused; None when no order projects to it."""
+    from dataclasses import replace
+
+    used = dict(zip(cand.order, cand.choices))
+    for order in space.orders():
+        if tuple(n for n in order if n in used) == cand.order:
+            return replace(cand, order=order, choices=tuple(used.get(n, UNUSED) for n in order))
+    return None
 
 
 def joint_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
@@ -365,32 +404,43 @@ def joint_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
     (a larger DP degree needs a larger microbatch, a one-setting-at-a-time descent cannot get there). Per
     microbatch b, two re-fits: each cluster keeps its stage count with the TP closest to its current one whose
     dp divides b ("same stages"), and each cluster takes its widest dp dividing b at its current TP or the
-    nearest ("widest dp"); a cluster that cannot be fitted is left out (which clusters are used changes too)."""
+    nearest ("widest dp"), and each cluster keeps its TP with its dp scaled by b / current b, the stages
+    following ("proportional": the same samples per DP rank, the shape an expert tries first). The
+    proportional re-fit comes with every DP-sharding level of the space too: a wider dp with fewer, fuller
+    stages fits only with the optimizer state sharded (issue 17, mixed(4,5): h800 alone as 8 stages x dp 4,
+    mbs 4, no ZeRO-1 -> 4 stages x dp 8, mbs 8, ZeRO-1 is +3.9%, each of the three changes alone is worse);
+    a cluster that cannot be fitted is left out (which clusters are used changes too)."""
     from dataclasses import replace
 
     out: list[Candidate] = []
     for b in space.microbatch_sizes():
         if b == cand.microbatch_size:
             continue
-        for how in ("same", "widest"):
+        for how in ("same", "widest", "proportional"):
             choices = []
             for name, ch in zip(cand.order, cand.choices):
                 if ch.stages == 0:
                     choices.append(ch)
                     continue
                 opts = [o for o in space.cluster_options(name, b) if o.stages > 0 and o.recompute == ch.recompute]
+                size = space.spec.cluster(name).num_devices
                 if how == "same":
                     opts = [o for o in opts if o.stages == ch.stages]
                     pick = min(opts, key=lambda o: (abs(o.tp - ch.tp), o.tp), default=None)
+                elif how == "proportional":
+                    dp = size // ch.stages // ch.tp * b // cand.microbatch_size
+                    pick = next((o for o in opts if o.tp == ch.tp and o.stages * o.tp * dp == size), None)
                 else:
-                    size = space.spec.cluster(name).num_devices
                     pick = max(opts, key=lambda o: (size // o.stages // o.tp, -abs(o.tp - ch.tp), -o.stages),
                                default=None)
                 choices.append(pick if pick is not None else UNUSED)
             if any(c.stages for c in choices) and sum(c.stages for c in choices) <= space.num_layers:
                 got = replace(cand, microbatch_size=b, choices=tuple(choices))
-                if got not in out:
-                    out.append(got)
+                levels = [cand.zero1] + [z for z in space.zero1_options if z != cand.zero1] \
+                    if how == "proportional" else [cand.zero1]
+                for z in levels:
+                    if replace(got, zero1=z) not in out:
+                        out.append(replace(got, zero1=z))
     return out
 
 
@@ -424,10 +474,7 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
     for name in space.clusters:
         if out_of_time():
             return
-        sub = StrategySpace(space.inputs, space.evaluator, max_microbatch=max(space.microbatch_sizes()),
-                            schedules=space.schedules, zero1=space.zero1_options, recompute=space.recompute_options,
-                            allow_unused=space.allow_unused, resharding=space.resharding, interleave=space.interleave,
-                            resharding_methods=space.methods, clusters=(name,))
+        sub = restricted_space(space, (name,))
         tree = MCTS(sub, seed=0)  # the same seed for every outer seed: each reaches the same single-cluster optimum
         local = tree.scorer
         tree.seed_with(seed_candidates(sub) + baseline_seeds(sub, top=2), out_of_time)
