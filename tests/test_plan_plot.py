@@ -51,9 +51,10 @@ def test_picture_figures_links_bytes_and_memory(demo) -> None:
     assert all(b.bytes_per_step > 0 for b in pic.boundaries)
     assert len(pic.memory_used) == plan.num_stages
     assert all(0 < u < a for u, a in zip(pic.memory_used, pic.memory_available))
+    assert pic.memory_usable == tuple((1 - plan.memory_headroom) * a for a in pic.memory_available)
     fig = plan_figure(pic)
     texts = " | ".join(t.get_text() for t in fig.axes[0].texts)
-    for want in ("fast", "slow", "stage 0: layers [0, ", "tp 1 x dp", "memory ", "per step", "1Gbps"):
+    for want in ("fast", "slow", "stage 0: layers [0, ", "tp 1 x dp", "memory ", " usable", "per step", "1Gbps"):
         assert want in texts
     plt.close(fig)
 

@@ -39,10 +39,11 @@ class PlanPicture:
     plan: Plan
     spec: ClusterSpec
     memory_used: tuple[float, ...]
-    memory_available: tuple[float, ...]
+    memory_available: tuple[float, ...]  # each stage's device memory
     boundaries: tuple[Boundary, ...]
     title: str
     subtitle: str
+    memory_usable: tuple[float, ...] = ()  # what a stage may use: its device memory less the plan's headroom
 
 
 def plan_picture(plan: Plan, inputs: Any, evaluator: Any = None) -> PlanPicture:
@@ -89,7 +90,7 @@ def plan_picture(plan: Plan, inputs: Any, evaluator: Any = None) -> PlanPicture:
              f"{evaluation.throughput_samples_s:.3g} samples/s, MFU {evaluation.mfu:.1%}, "
              f"bubble {evaluation.bubble_fraction:.1%}")
     return PlanPicture(plan, spec, tuple(evaluation.peak_memory_bytes), tuple(evaluation.memory_capacity_bytes),
-                       tuple(out), title, sub)
+                       tuple(out), title, sub, tuple(evaluation.memory_available_bytes))
 
 
 def _runs(plan: Plan) -> list[tuple[str, list[int]]]:
@@ -157,13 +158,18 @@ def plan_figure(pic: PlanPicture) -> Any:
             ax.text(sx + sw - 0.08, y0 + sh - 0.06, f"tp {s.tp} x dp {s.dp} = {s.num_devices} dev"
                     + (", recompute" if s.recompute else ""), fontsize=7, va="top", ha="right")
             used_b, avail = pic.memory_used[i], pic.memory_available[i]
+            usable = pic.memory_usable[i] if pic.memory_usable else avail
             frac = used_b / avail if avail > 0 else 1.0
             bx, bw_, bh = sx + 0.08, sw * 0.46, 0.1
             ax.add_patch(Rectangle((bx, y0 + 0.06), bw_, bh, facecolor="#E6E6E6", edgecolor="none"))
             ax.add_patch(Rectangle((bx, y0 + 0.06), bw_ * min(frac, 1.0), bh, edgecolor="none",
-                                   facecolor="#C44E52" if frac > 0.9 else "#55A868"))
-            ax.text(bx + bw_ + 0.08, y0 + 0.11, f"memory {format_bytes(used_b)} / {format_bytes(avail)}",
-                    fontsize=6.5, va="center")
+                                   facecolor="#C44E52" if used_b > 0.9 * usable else "#55A868"))
+            if usable < avail:  # the headroom kept free: a tick where the usable memory ends
+                ux = bx + bw_ * usable / avail
+                ax.plot([ux, ux], [y0 + 0.03, y0 + 0.19], color="#333333", lw=0.8)
+            label = (f"memory {format_bytes(used_b)} / {format_bytes(usable)} usable" if usable < avail
+                     else f"memory {format_bytes(used_b)} / {format_bytes(avail)}")
+            ax.text(bx + bw_ + 0.08, y0 + 0.11, label, fontsize=6.5, va="center")
             centre[i] = (sx, sx + sw, y0 + sh / 2)
             b = by_src.get(i)
             if b is not None and not b.cross and b.dst == i + 1 and k + 1 < len(stages):
@@ -192,8 +198,8 @@ def plan_figure(pic: PlanPicture) -> Any:
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
     legend_y = 0.3
     ax.text(0.3, legend_y, "red arrow: a boundary between clusters, with its link and the bytes that cross it per "
-            "step (both ways)\ngrey arrow: a boundary inside a cluster; bar: memory used / available per device "
-            "(red over 90%)", fontsize=7, color="#444444", va="center")
+            "step (both ways)\ngrey arrow: a boundary inside a cluster; bar: memory used / device memory, less the "
+            "headroom kept free (from the tick on); red over 90% of the usable memory", fontsize=7, color="#444444", va="center")
     return fig
 
 
