@@ -53,6 +53,20 @@ def test_the_planner_plans_it_at_tp_1() -> None:
     check_plan(result.plan, get_scenario("cpu-demo").cluster, get_model(REF))
 
 
+def test_the_memory_refusal_quotes_the_tp_a_builder_model_can_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no device memory to spare, the tightest constraint is priced at the widest TP the space has:
+    8 on mixed-small's 8-device nodes for a reference model, 1 for a builder model (it has no TP plan)."""
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.search import make_evaluator, tightest_violation
+    from hetauto.planner.space import StrategySpace
+
+    monkeypatch.setattr(StrategySpace, "capacity", lambda self, name: 1.0)
+    for model, tp in ((REF, 1), ("gpt3-1.3b", 8)):
+        inputs = load_planning_inputs(scenario="mixed-small", model=model, seq_len=S)
+        why = tightest_violation(StrategySpace(inputs, make_evaluator(inputs)))
+        assert f"per device at tp={tp} with recompute and ZeRO-1 > 0.0 GiB available" in why, why
+
+
 @pytest.mark.parametrize("scenario, seq_len", [("cpu-demo", None), ("mixed-small", S)])
 def test_the_baselines_propose_tp_1_only(scenario: str, seq_len: int | None) -> None:
     """Megatron's and AMP's grid (uniform_grid), Metis' ranked shapes and the exhaustive enumeration keep a

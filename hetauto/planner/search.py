@@ -129,7 +129,7 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
             if not P.placeable(c, space.num_layers, space.microbatch_sizes()):
                 lenient.append(UNUSED)  # too large for the space, whatever its memory (see P.scale_violation)
                 continue
-            tp = max(P.tp_options(c.devices_per_node, c.devices_per_node))
+            tp = max(space.tp_options(c.devices_per_node, c.devices_per_node))  # 1 for a builder model
             need = space.evaluator.stage_memory_bytes(name, (1, 2), tp, 1, 1, 1, True, True)
             return (f"cluster {name} ({c.device.key}): one block needs {need / 2**30:.1f} GiB per device at "
                     f"tp={tp} with recompute and ZeRO-1 > {space.capacity(name) / 2**30:.1f} GiB available"
