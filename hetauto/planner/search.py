@@ -279,11 +279,12 @@ def baseline_seeds(space: StrategySpace, top: int = 3, shapes: int | None = None
 
 
 def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], rounds: int = 4,
-            start: Scored | None = None) -> Scored | None:
+            start: Scored | None = None, fixed: frozenset[str] = frozenset()) -> Scored | None:
     """Local search from `start` (default: the best so far): each decision in turn (every cluster's choice,
     the microbatch, the cluster order, the tail, the extra Virtual-1F1B depth at cross-cluster boundaries,
     interleaved 1F1B with v chunks, each boundary pair's resharding method) set to its best
-    option with the others fixed, until nothing improves. Returns the local optimum reached."""
+    option with the others fixed, until nothing improves. `fixed`: clusters whose own choice is not moved
+    (the joint move re-fits only used clusters, so an unused one stays out). Returns the local optimum."""
     from dataclasses import replace
 
     cur = start or scorer.best
@@ -293,8 +294,9 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
         before = cur.evaluation.throughput_samples_s
         moves: list[Callable[[Candidate], list[Candidate]]] = []
         for i in range(len(cur.candidate.order)):
-            moves.append(lambda c, i=i: [replace(c, choices=c.choices[:i] + (o,) + c.choices[i + 1:])
-                                         for o in space.cluster_options(c.order[i], c.microbatch_size)])
+            moves.append(lambda c, i=i: [] if c.order[i] in fixed else
+                         [replace(c, choices=c.choices[:i] + (o,) + c.choices[i + 1:])
+                          for o in space.cluster_options(c.order[i], c.microbatch_size)])
         moves.append(lambda c: [replace(c, microbatch_size=b) for b in space.microbatch_sizes()])
         moves.append(lambda c: joint_options(space, c))
         moves.append(lambda c: joint_schedule_options(space, c))
@@ -338,36 +340,29 @@ def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable
 
 
 def descend_without_each_cluster(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool]) -> None:
-    """Descend again from the best with each cluster it uses left out (one at a time): first in the space
-    without that cluster (so the first move cannot put it back), then, from that local optimum, in the whole
-    space (where adding it back is kept only if it pays).
+    """Descend again from the best with each cluster it uses left out (one at a time) and kept out (its choice
+    fixed at unused); the later phases' descents are free to add it back where that pays.
 
     Why: a plan that leaves a slow cluster out needs two changes at once -- the cluster dropped *and* the
     others re-shaped to take its layers (e.g. gpt3-1.3b on paper-4c: h800 as 4 tp-1 stages + a100, ascend and
     mi250x unused, 18% faster than the h800 tp-2 + a100 + ascend basin the search settled in for some
-    seeds); coordinate descent makes one change at a time and each alone is worse. Why the restricted space:
-    on mixed(4,25) seed 1 kept mi250x as one 2-layer stage (114.8 samples/s); without it, the cluster order
-    re-fitted, 116.7 -- but the whole-space descent's first move re-added mi250x (+1.2%) before the order
-    move."""
+    seeds); coordinate descent makes one change at a time and each alone is worse. Why kept out first: on
+    mixed(4,25) seed 1 kept mi250x as one 2-layer stage (114.8 samples/s); without it, the cluster order
+    re-fitted, 116.7 -- but a free descent's first move re-added mi250x (+1.2%) before the order move."""
+    from dataclasses import replace
+
     best = scorer.best
     if best is None or sum(c.stages > 0 for c in best.candidate.choices) < 2:
         return  # nothing to leave out: one cluster carries the whole model
     cand = best.candidate
-    for name, choice in zip(cand.order, cand.choices):
+    for i, (name, choice) in enumerate(zip(cand.order, cand.choices)):
         if choice.stages == 0:
             continue
         if out_of_time():
             return
-        sub = restricted_space(space, tuple(n for n in space.clusters if n != name))
-        local = Scorer(sub)
-        start = local.score(_without(cand, name))
-        if start is None:
-            continue
-        reached = descend(sub, local, out_of_time, start=start) or start
-        whole = _lifted(space, reached.candidate)
-        got = None if whole is None else scorer.score(whole)
-        if got is not None:
-            descend(space, scorer, out_of_time, start=got)
+        start = scorer.score(replace(cand, choices=cand.choices[:i] + (UNUSED,) + cand.choices[i + 1:]))
+        if start is not None:
+            descend(space, scorer, out_of_time, start=start, fixed=frozenset({name}))
 
 
 def restricted_space(space: StrategySpace, clusters: tuple[str, ...]) -> StrategySpace:
@@ -376,27 +371,6 @@ def restricted_space(space: StrategySpace, clusters: tuple[str, ...]) -> Strateg
                          schedules=space.schedules, zero1=space.zero1_options, recompute=space.recompute_options,
                          allow_unused=space.allow_unused, resharding=space.resharding, interleave=space.interleave,
                          resharding_methods=space.methods, clusters=clusters)
-
-
-def _without(cand: Candidate, name: str) -> Candidate:
-    """`cand` with cluster `name` taken out of its order (and its resharding overrides)."""
-    from dataclasses import replace
-
-    keep = [i for i, n in enumerate(cand.order) if n != name]
-    return replace(cand, order=tuple(cand.order[i] for i in keep), choices=tuple(cand.choices[i] for i in keep),
-                   reshard=tuple(r for r in cand.reshard if name not in r[:2]))
-
-
-def _lifted(space: StrategySpace, cand: Candidate) -> Candidate | None:
-    """A restricted space's candidate in the whole space: the first order of `space` whose projection is
-    `cand`'s, the other clusters unused; None when no order projects to it."""
-    from dataclasses import replace
-
-    used = dict(zip(cand.order, cand.choices))
-    for order in space.orders():
-        if tuple(n for n in order if n in used) == cand.order:
-            return replace(cand, order=order, choices=tuple(used.get(n, UNUSED) for n in order))
-    return None
 
 
 def joint_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
