@@ -2,7 +2,7 @@
 profiles of the same hardware: Sailor's (SOSP'25, github.com/eth-easl/sailor, MIT) OPT-350 runs on Clariden
 (CSCS; GH200 96GB, 4 per node) and its per-layer GH200 profile. Nothing is fitted to them.
 
-    python benchmarks/fidelity_measured.py [--precision fp32|bf16|fp16] [--json] [--write-csv]
+    python benchmarks/fidelity_measured.py [--precision fp32|tf32|bf16|fp16] [--json] [--write-csv]
 
 Data (benchmarks/data/sailor/, README.md there names the source files and commit):
 - `opt350_clariden_runs.yaml`: 15 plans Sailor ran (1 to 32 nodes, tp 4, pp 1/2/4, dp 1..32, microbatch 1..8,
@@ -99,6 +99,11 @@ def measured_profile(csv_path: Path, out: Path) -> Path:
     return out
 
 
+def training_of(precision: str) -> dict[str, Any]:
+    """The plan's `training` for a `--precision` choice: "tf32" is fp32 with TF32 matmuls allowed."""
+    return {"precision": "fp32", "allow_tf32": True} if precision == "tf32" else {"precision": precision}
+
+
 def build_plan(run: dict[str, Any], folder: Path, device: str, precision: str):
     """The run as a hetauto plan in `folder` (cluster.yaml, plan.json), validated as `hetauto run` does."""
     import yaml
@@ -127,7 +132,7 @@ def build_plan(run: dict[str, Any], folder: Path, device: str, precision: str):
         first += n
     doc = {"schema": "hetauto.plan/1", "model": MODEL, "cluster": "cluster.yaml", "seq_len": SEQ_LEN,
            "global_batch": run["gbs"], "microbatch_size": mb, "num_microbatches": run["gbs"] // mb,
-           "stages": stages, "schedule": {"name": "1f1b"}, "training": {"precision": precision}}
+           "stages": stages, "schedule": {"name": "1f1b"}, "training": training_of(precision)}
     plan = Plan.model_validate(doc)
     plan.save(folder / "plan.json")
     spec, cfg = validate_plan(resolve_plan_paths(Plan.load(folder / "plan.json"), folder), base_dir=folder)
@@ -175,13 +180,14 @@ def stage_sources(run: dict[str, Any], folder: Path, device: str, precision: str
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
-                    help="the precision assumed for the runs and the profile rows (default fp32)")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                    help="the precision assumed for the runs and the profile rows (default fp32; tf32: fp32 "
+                         "with TF32 matmuls allowed)")
     ap.add_argument("--json", action="store_true", help="print one JSON document (the last line)")
     ap.add_argument("--write-csv", action="store_true", help=f"(re)write {CSV_OUT.relative_to(DATA.parent.parent)}")
     args = ap.parse_args(argv)
     profile = json.loads(PROFILE.read_text(encoding="utf-8"))
-    rows = sailor_profile_to_rows(profile, args.precision)
+    rows = sailor_profile_to_rows(profile, "fp32" if args.precision == "tf32" else args.precision)
     text = rows_to_csv(rows)
     if args.write_csv:
         CSV_OUT.write_text(text, encoding="utf-8")
