@@ -376,7 +376,7 @@ def restricted_space(space: StrategySpace, clusters: tuple[str, ...]) -> Strateg
 def joint_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
     """The joint move: every other microbatch size with every used cluster's choice re-fitted to it at once
     (a larger DP degree needs a larger microbatch, a one-setting-at-a-time descent cannot get there). Per
-    microbatch b, two re-fits: each cluster keeps its stage count with the TP closest to its current one whose
+    microbatch b, three re-fits: each cluster keeps its stage count with the TP closest to its current one whose
     dp divides b ("same stages"), and each cluster takes its widest dp dividing b at its current TP or the
     nearest ("widest dp"), and each cluster keeps its TP with its dp scaled by b / current b, the stages
     following ("proportional": the same samples per DP rank, the shape an expert tries first). The
