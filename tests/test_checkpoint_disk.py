@@ -145,13 +145,27 @@ def test_disk_full_during_a_run_is_one_line_naming_path_ranks_fix_and_previous(t
     assert verify_checkpoint(first) == []
 
 
-def _plan_files(d: Path) -> Path:
+def _plan_files(d: Path, dp_sharding: str = "none") -> Path:
     (d / "two.yaml").write_text(CLUSTER)
     stages = (StagePlan(cluster="a", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
               StagePlan(cluster="b", device_type="cpu", devices=(0,), layers=(3, 6), tp=1, dp=1))
     Plan(model="tiny-gpt", cluster="two.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
-         stages=stages).save(d / "plan.json")
+         stages=stages, dp_sharding=dp_sharding).save(d / "plan.json")
     return d / "plan.json"
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint-dir", "--resume"])
+def test_fsdp_plans_take_checkpoint_flags(tmp_path: Path, capsys, flag: str) -> None:
+    """dp_sharding fsdp checkpoints like the other levels (tests/test_executor_fsdp.py resumes one): its plan
+    reaches the checkpoint path's own checks, no longer a refusal of the flag."""
+    from hetauto.cli import main
+
+    plan = _plan_files(tmp_path, "fsdp")
+    (tmp_path / "afile").write_text("x")
+    assert main(["run", str(plan), "--steps", "4", "--json", flag, str(tmp_path / "afile")]) != 0
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err.startswith(f"{flag} {tmp_path / 'afile'}"), err
+    assert "without checkpoints" not in err
 
 
 def test_checks_that_need_no_process_run_before_launch(tmp_path: Path, capsys) -> None:

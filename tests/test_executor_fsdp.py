@@ -3,7 +3,9 @@ each case trained to the single-process reference loss of its precision: one sta
 embedding tied to the head, inside the stage; blocks recomputed), two stages of dp 2 (tiny-llama) with FSDP
 resharding after forward, the same with reshard_after_forward false and gradient clipping (every DP rank's shard
 counts in the global norm), and interleaved 1F1B (2 chunks per stage, each its own FSDP root) in bf16 (FSDP2
-gathering bf16 parameters). One process set runs all cases."""
+gathering bf16 parameters). Also a checkpoint of the two-stage case after step 1 resumed for step 2, bit-exact
+(losses and every rank's parameter shards) against the uninterrupted run, and the same checkpoint resumed under
+plain DP (`dp_sharding: none`: the sharded save is layout independent). One process set runs all cases."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from hetauto.testing.multiproc import run_ranks
 from _reference_norm import first_step_grad_norm
 
 STEPS, SEED, CLIP = 3, 5, 0.05
+WEIGHT_TOLERANCE = 1e-7  # a weight resumed under another DP layout: apart by rounding only (3.7e-9 seen)
 CASES = ["one-stage-dp4", "two-stage-fsdp", "two-stage-keep-clip", "interleaved-bf16"]
 
 
@@ -45,7 +48,50 @@ def _plan(case: str) -> Plan:
                 training=TrainingSpec(precision="bf16") if interleaved else TrainingSpec())
 
 
-def _work(rank: int, world: int, cases: list[str]) -> list[dict]:
+def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
+    """One rank's report plus its parameters' local shards, through the checkpoint calls `hetauto run` makes
+    (hetauto.runtime.training.train_rank): load before the first step, save after each step."""
+    from hetauto.runtime.checkpoint import load_checkpoint, save_checkpoint
+    from hetauto.runtime.executor import StageExecutor
+    from hetauto.runtime.training import prepare_rank
+
+    cfg = _cfg("two-stage-fsdp")
+    groups, device, precision = prepare_rank(comm, plan, cfg, opts)
+    ex = StageExecutor(groups, plan, cfg, opts, device, precision)
+    start = 0
+    if ckpt is not None and ckpt.resume:
+        into = ex.checkpoint_optimizer(gather=False)
+        start = load_checkpoint(ckpt.resume, ex.stage, into, plan=plan, comm=comm).step + 1
+        ex.adopt_checkpoint_optimizer(into)
+
+    def after(step: int):
+        if ckpt is None or ckpt.directory is None:
+            return None
+        return save_checkpoint(ckpt.directory, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
+                               comm=comm)
+
+    rep = ex.run(opts.steps, start=start, after_step=after).to_dict()
+    # as lists: a tensor crosses the result queue as shared memory, which dies with the rank's process
+    rep["shards"] = [(p.to_local() if hasattr(p, "to_local") else p).detach().flatten().tolist()
+                     for p in ex.stage.parameters()]
+    return rep
+
+
+def _resumes(comm, root: str) -> list[dict]:
+    """The two-stage case for STEPS steps whole, then 2 steps checkpointed after each, then resumed from step 1
+    under fsdp and under plain DP."""
+    from hetauto.runtime.executor import ExecutorOptions
+    from hetauto.runtime.training import CheckpointOptions
+
+    plan = _plan("two-stage-fsdp")
+    opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30)
+    whole = _run(comm, plan, opts)
+    _run(comm, plan, dataclasses.replace(opts, steps=2), CheckpointOptions(directory=root))
+    resume = CheckpointOptions(resume=f"{root}/step-00000001")
+    return [whole, _run(comm, plan, opts, resume), _run(comm, plan.model_copy(update={"dp_sharding": "none"}), opts, resume)]
+
+
+def _work(rank: int, world: int, cases: list[str], root: str) -> list[dict]:
     from hetauto.core.comm import Communicator
     from hetauto.runtime.executor import ExecutorOptions, run_rank
 
@@ -56,15 +102,15 @@ def _work(rank: int, world: int, cases: list[str]) -> list[dict]:
             opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30,
                                    clip_grad=CLIP if case.endswith("clip") else None)
             out.append(run_rank(comm, _plan(case), _cfg(case), opts).to_dict())
-        return out
+        return out + _resumes(comm, root)
     finally:
         comm.destroy()
 
 
 @pytest.fixture(scope="module")
-def runs() -> list[list[dict]]:
-    per_rank = run_ranks(_work, 4, CASES, timeout=150)
-    return [[per_rank[r][c] for r in range(4)] for c in range(len(CASES))]
+def runs(tmp_path_factory) -> list[list[dict]]:
+    per_rank = run_ranks(_work, 4, CASES, str(tmp_path_factory.mktemp("fsdp")), timeout=200)
+    return [[per_rank[r][c] for r in range(4)] for c in range(len(CASES) + 3)]
 
 
 @pytest.mark.multiprocess
@@ -89,3 +135,26 @@ def test_fsdp_gradient_is_the_dp_sum_and_every_shard_counts_in_the_norm(runs) ->
     norms = {r["grad_norms"][0] for r in runs[CASES.index(name)]}
     assert len(norms) == 1
     assert norms.pop() == pytest.approx(first_step_grad_norm(_cfg(name), SEED), rel=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_fsdp_resume_is_bit_exact_and_loads_under_plain_dp(runs) -> None:
+    plan = _plan("two-stage-fsdp")
+    whole, resumed, plain = runs[len(CASES):]
+    want = summarize(plan, whole).losses
+    assert summarize(plan, resumed).losses == want[2:]
+    assert summarize(plan, plain).losses == want[2:]  # the sharded checkpoint in plain DP's whole tensors
+    for a, b in zip(whole, resumed):
+        assert b["start_step"] == 2
+        assert a["shards"] == b["shards"]  # the optimizer's m and v came back too: step 2 moved them alike
+    for stage in (0, 1):  # plain DP's all-reduce rounds its step-2 gradient sum apart from FSDP2's reduce-scatter
+        got = next(r["shards"] for r in plain if r["stage"] == stage)
+        for x, y in zip(_whole_tensors(whole, stage), got):
+            assert max(abs(u - v) for u, v in zip(x, y)) < WEIGHT_TOLERANCE
+
+
+def _whole_tensors(reports: list[dict], stage: int) -> list[list[float]]:
+    """A stage's parameters from its DP ranks' FSDP2 shards (Shard(0): dim-0 blocks in DP order, so the
+    flattened blocks concatenate to the flattened whole)."""
+    mine = sorted((r for r in reports if r["stage"] == stage), key=lambda r: r["dp_index"])
+    return [sum((r["shards"][i] for r in mine), []) for i in range(len(mine[0]["shards"]))]

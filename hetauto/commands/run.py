@@ -287,9 +287,6 @@ def run(args: argparse.Namespace) -> int:
     base = Path(args.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
     check_runnable_sharding(plan, cfg)
-    if plan.dp_level in ("fsdp", "fsdp-keep") and (args.checkpoint_dir is not None or args.resume is not None):
-        raise HetautoError("dp_sharding fsdp runs without checkpoints (its sharded state is not in hetauto's "
-                           "checkpoint layout yet); drop --checkpoint-dir/--resume or set dp_sharding to none or zero1")
     from hetauto.commands._headroom import require_fit, with_headroom
     from hetauto.planner.evaluate import resolve_plan_paths
 

@@ -2,8 +2,9 @@
 
 Why DCP: every rank writes only what it holds (its stage's slots, its TP shard), and on load every rank
 reads only what its NEW stage/TP/DP position needs: parameter names are global slot names
-(`layers.<slot>.…`) and TP parameters are DTensors whose metadata records their global shape and shard
-offsets, so a checkpoint from one plan layout loads into any other (other stage cuts, tp, dp). The
+(`layers.<slot>.…`) and TP parameters (and FSDP's, sharded over DP: hetauto.runtime.fsdp) are DTensors whose
+metadata records their global shape and shard offsets, so a checkpoint from one plan layout loads into any
+other (other stage cuts, tp, dp, DP sharding level). The
 optimizer state goes through `get_state_dict`/`set_state_dict` (flattened, keyed by the same names), so
 it reshards the same way. DP replicas hold identical state; DCP's planner writes each chunk once.
 

@@ -615,7 +615,8 @@ class StageExecutor:
         """The optimizer a checkpoint saves or loads, over `self.stage`'s parameters: the executor's own, or with
         zero1 a whole-stage AdamW (`gather=True`: the DP group's shards gathered into it, collective; False:
         empty, for `load_checkpoint` to fill and `adopt_checkpoint_optimizer` to slice). A zero1 checkpoint is
-        so in plain DP's layout: it resumes at any dp and any sharding level."""
+        so in plain DP's layout: it resumes at any dp and any sharding level. fsdp needs no gather: its own
+        optimizer's DTensor shards save and load as TP shards do (hetauto.runtime.fsdp)."""
         if not self.zero1:
             return self.optimizer
         full = make_optimizer(self.stage.parameters(), self.opt_.lr, self.opt_.weight_decay)

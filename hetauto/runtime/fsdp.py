@@ -15,8 +15,17 @@ their own as well; here they share the root's, so the root's transient is the la
 
 `reshard_after_forward=False` (fsdp-keep) is FSDP2's own: a unit gathered for a microbatch's forward stays
 gathered until that microbatch's backward, which reduce-scatters its gradient (every microbatch, as with True).
-What `hetauto run` refuses with FSDP (tp > 1, fp16, a tied table split across stages, checkpoints) is
+What `hetauto run` refuses with FSDP (tp > 1, fp16, a tied table split across stages) is
 hetauto.core.plan_check.check_runnable_sharding.
+
+Checkpoints (hetauto.runtime.checkpoint) save the *sharded* state, not a gathered full one: `get_state_dict`
+hands out FSDP2's parameters and AdamW's m and v as DTensors (Shard(0) over the DP group) under the same
+global slot names as plain DP, and DCP records each chunk's global shape and offsets, exactly as it does for
+TP shards. The checkpoint format (one DCP store of global tensors per stage) is therefore unchanged and layout
+independent: an fsdp checkpoint resumes under fsdp bit for bit, and loads into plain DP, ZeRO-1 or another
+dp (and theirs into fsdp), each rank reading only the chunks its new layout needs. Gathering to full state
+(`StateDictOptions(full_state_dict=True)`) would buy nothing but a whole stage's weights and m and v in one
+rank's memory per save; ZeRO-1 gathers only because its flat pieces are not DTensors (hetauto.runtime.zero1).
 """
 
 from __future__ import annotations
