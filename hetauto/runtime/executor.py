@@ -179,6 +179,19 @@ def _default_device() -> RankDevice:
     return RankDevice(host, 0, host.device(0), host.capabilities(0))
 
 
+def _tp_sharded(t: torch.Tensor) -> bool:
+    """Whether `t` is split across the stage's TP ranks (else each TP rank holds the same copy): a DTensor not
+    Replicate on its "tp" mesh dim (FSDP with tp > 1: the (dp, tp) mesh; a "dp"-only mesh is FSDP's split of a
+    TP-replicated parameter), or on any dim of an unnamed mesh (TP's 1-D mesh; FSDP's at tp 1, tp index 0)."""
+    placements = getattr(t, "placements", None)
+    if placements is None:
+        return False
+    names = t.device_mesh.mesh_dim_names  # type: ignore[attr-defined]
+    if names:
+        return "tp" in names and not placements[names.index("tp")].is_replicate()
+    return any(not pl.is_replicate() for pl in placements)
+
+
 class StageExecutor:
     """One rank's stage module, optimizer, transfer plans and action list; `step(i)` runs one iteration."""
 
@@ -208,16 +221,20 @@ class StageExecutor:
             # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it
             from hetauto.runtime.tensor_parallel import OverlappedGradReducer, parallelize_stage
 
-            chunks = [parallelize_stage(c, groups.tp_mesh) for c in chunks]
-        # dp_sharding fsdp: FSDP2 over the stage's DP group does the DP gradient sum (hetauto.runtime.fsdp)
+        # dp_sharding fsdp: FSDP2 over the stage's DP group does the DP gradient sum (hetauto.runtime.fsdp); with
+        # tp > 1 TP shards on the "tp" and FSDP2 on the "dp" sub-mesh of one 2-D mesh (FSDP2 needs them related)
         self.fsdp = plan.dp_level in ("fsdp", "fsdp-keep") and groups.dp_group is not None
+        mesh2d = self._fsdp_tp_mesh() if self.fsdp and groups.tp_mesh is not None else None
+        if groups.tp_mesh is not None or groups.dp_group is not None:
+            chunks = [parallelize_stage(c, mesh2d["tp"] if mesh2d is not None else groups.tp_mesh) for c in chunks]
         if self.fsdp:
             from hetauto.runtime.fsdp import shard_stage
 
             chunks = [shard_stage(c, groups.dp_group, self.device.type,
                                   reshard_after_forward=plan.reshard_after_forward,
                                   param_dtype=self.mp.compute_dtype if self.mp.mixed else None,
-                                  reduce_dtype=self.mp.reduce_dtype) for c in chunks]
+                                  reduce_dtype=self.mp.reduce_dtype,
+                                  mesh=mesh2d["dp"] if mesh2d is not None else None) for c in chunks]
         self.chunks: tuple[StageModule, ...] = tuple(chunks)
         # one module for the optimizer and checkpoints: the stage itself, or all its chunks by global slot name
         self.stage: StageModule | ChunkedStage = chunks[0] if v == 1 else ChunkedStage(chunks)
@@ -514,6 +531,14 @@ class StageExecutor:
         if self._rec:
             self._record(st.step, "OPTIM", None, st.t)
 
+    def _fsdp_tp_mesh(self) -> Any:
+        """This stage's 2-D (dp, tp) mesh over the DP group and the TP mesh's own group (hetauto.runtime.fsdp)."""
+        from hetauto.runtime.fsdp import stage_mesh
+
+        lay = self.g.layouts[self.me.stage]
+        ranks = [[lay.rank(d, t) for t in range(lay.tp)] for d in range(lay.dp)]
+        return stage_mesh(self.g.dp_group, self.g.tp_mesh.get_group(), ranks, self.device.type)
+
     def _step_optimizer(self) -> None:
         """AdamW's step; with zero1 then the all-gather of every rank's updated pieces (per chunk)."""
         self.optimizer.step()
@@ -534,9 +559,7 @@ class StageExecutor:
             for part in self.partitions:
                 for pc, (i, _, _) in zip(part.pieces, part.ranges):
                     prm = part.params[i]
-                    placements = getattr(prm, "placements", None)
-                    sharded = placements is not None and any(not pl.is_replicate() for pl in placements)
-                    if pc.grad is None or prm is skip or (not sharded and me.tp_index != 0):
+                    if pc.grad is None or prm is skip or (not _tp_sharded(prm) and me.tp_index != 0):
                         continue
                     grads.append(pc.grad)
             total = local_sq_norm(grads)
@@ -547,11 +570,9 @@ class StageExecutor:
                 g = prm.grad
                 if g is None or prm is skip:
                     continue
-                placements = getattr(g, "placements", None)
-                sharded = placements is not None and any(not pl.is_replicate() for pl in placements)
-                if not sharded and me.tp_index != 0:
+                if not _tp_sharded(g) and me.tp_index != 0:
                     continue
-                grads.append(g.to_local() if placements is not None else g)
+                grads.append(g.to_local() if hasattr(g, "to_local") else g)
             total = local_sq_norm(grads)
         t = torch.tensor([total], dtype=torch.float64)
         self.g.world.all_reduce(t)

@@ -37,17 +37,29 @@ from torch import nn
 
 from hetauto.runtime.model import Block
 
-__all__ = ["shard_stage"]
+__all__ = ["shard_stage", "stage_mesh"]
+
+
+def stage_mesh(dp_group: Any, tp_group: Any, ranks: list[list[int]], device_type: str) -> Any:
+    """The stage's 2-D ("dp", "tp") DeviceMesh over its existing DP and TP process groups (`ranks[d][t]`: the
+    global rank at dp index d, tp index t), as torchtitan's: TP on mesh["tp"], then FSDP2 on mesh["dp"]. FSDP2
+    only composes with a TP DTensor whose mesh is a sub-mesh of the one it shards over."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group([dp_group, tp_group], device_type, mesh=torch.tensor(ranks, dtype=torch.int),
+                                 mesh_dim_names=("dp", "tp"))
 
 
 def shard_stage(module: nn.Module, dp_group: Any, device_type: str, *, reshard_after_forward: bool,
-                param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> nn.Module:
-    """`module` (a StageModule) with its Block slots and itself `fully_shard`ed over `dp_group`; parameters in
+                param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None, mesh: Any = None) -> nn.Module:
+    """`module` (a StageModule) with its Block slots and itself `fully_shard`ed over `dp_group` (or `mesh`, the
+    "dp" sub-mesh of stage_mesh when TP already sharded the stage on its "tp" sub-mesh); parameters in
     `param_dtype` for compute (None: as stored, fp32), gradients reduced in `reduce_dtype`, summed over dp."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = DeviceMesh.from_group(dp_group, device_type)
+    if mesh is None:
+        mesh = DeviceMesh.from_group(dp_group, device_type)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     units = [layer for layer in module.layers.values() if isinstance(layer, Block)] + [module]
     for unit in units:
