@@ -1,7 +1,8 @@
 """`dp_sharding: fsdp` with TP inside the stage (hetauto.runtime.fsdp.stage_mesh: TP on the "tp", FSDP2 on the
 "dp" sub-mesh of one 2-D mesh, as torchtitan) on 4 gloo processes: one stage of tp 2 x dp 2 trains to the
-single-process reference loss and to the same plan under plain DP, and clipping's global norm counts each
-TP-replicated parameter once (its FSDP2 shard sits on every TP rank)."""
+single-process reference loss and to the same plan under plain DP, clipping's global norm counts each
+TP-replicated parameter once (its FSDP2 shard sits on every TP rank), those parameters stay equal on the TP
+ranks, and a checkpoint after step 0 resumes bit-exact under fsdp and loads under plain DP."""
 
 from __future__ import annotations
 
@@ -26,23 +27,60 @@ def _plan(level: str) -> Plan:
                 num_microbatches=4, stages=(stage,), dp_sharding=level)
 
 
-def _work(rank: int, world: int) -> list[dict]:
-    """Every level's reports, with clipping (the step's norm before clipping is recorded)."""
+def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
+    """One rank's report plus its parameters' local shards, through `hetauto run`'s checkpoint calls (as
+    tests/test_executor_fsdp.py): load before the first step, save after each step."""
+    from hetauto.runtime.checkpoint import load_checkpoint, save_checkpoint
+    from hetauto.runtime.executor import StageExecutor
+    from hetauto.runtime.training import prepare_rank
+
+    cfg = get_model("tiny-llama")
+    groups, device, precision = prepare_rank(comm, plan, cfg, opts)
+    ex = StageExecutor(groups, plan, cfg, opts, device, precision)
+    start = 0
+    if ckpt is not None and ckpt.resume:
+        into = ex.checkpoint_optimizer(gather=False)
+        start = load_checkpoint(ckpt.resume, ex.stage, into, plan=plan, comm=comm).step + 1
+        ex.adopt_checkpoint_optimizer(into)
+
+    def after(step: int):
+        if ckpt is None or ckpt.directory is None:
+            return None
+        return save_checkpoint(ckpt.directory, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
+                               comm=comm)
+
+    from hetauto.runtime.executor import _tp_sharded
+
+    rep = ex.run(opts.steps, start=start, after_step=after).to_dict()
+    rep["tp_sharded"] = [_tp_sharded(p) for p in ex.stage.parameters()]
+    rep["shards"] = [(p.to_local() if hasattr(p, "to_local") else p).detach().flatten().tolist()
+                     for p in ex.stage.parameters()]
+    return rep
+
+
+def _work(rank: int, world: int, root: str) -> list[dict]:
+    """Every level's reports, with clipping (the step's norm before clipping is recorded); then the fsdp plan
+    checkpointed after step 0 and resumed for step 1, under fsdp and under plain DP."""
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.runtime.executor import ExecutorOptions
+    from hetauto.runtime.training import CheckpointOptions
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, clip_grad=CLIP)
-        return [run_rank(comm, _plan(level), get_model("tiny-llama"), opts).to_dict() for level in LEVELS]
+        out = [_run(comm, _plan(level), opts) for level in LEVELS]
+        _run(comm, _plan("fsdp"), opts, CheckpointOptions(directory=root))
+        resume = CheckpointOptions(resume=f"{root}/step-00000000")
+        return out + [_run(comm, _plan(level), opts, resume) for level in LEVELS]
     finally:
         comm.destroy()
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, list[dict]]:
-    per_rank = run_ranks(_work, 4, timeout=200)
-    return {level: [per_rank[r][i] for r in range(4)] for i, level in enumerate(LEVELS)}
+def runs(tmp_path_factory) -> dict[str, list[dict]]:
+    per_rank = run_ranks(_work, 4, str(tmp_path_factory.mktemp("fsdptp")), timeout=200)
+    names = LEVELS + tuple(f"resumed-{level}" for level in LEVELS)
+    return {name: [per_rank[r][i] for r in range(4)] for i, name in enumerate(names)}
 
 
 @pytest.mark.multiprocess
@@ -60,3 +98,26 @@ def test_fsdp_with_tp_norm_counts_every_parameter_once(runs) -> None:
     norms = {r["grad_norms"][0] for r in runs["fsdp"]}
     assert len(norms) == 1
     assert norms.pop() == pytest.approx(first_step_grad_norm(get_model("tiny-llama"), SEED), rel=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_fsdp_with_tp_resumes_bit_exact_and_loads_under_plain_dp(runs) -> None:
+    want = summarize(_plan("fsdp"), runs["fsdp"]).losses
+    assert summarize(_plan("fsdp"), runs["resumed-fsdp"]).losses == want[1:]
+    for a, b in zip(runs["fsdp"], runs["resumed-fsdp"]):
+        assert b["start_step"] == 1
+        assert a["shards"] == b["shards"]  # the 2-D DTensor shards and their m and v came back
+    plain = summarize(_plan("none"), runs["resumed-none"]).losses
+    assert abs(plain[0] - want[1]) < PRECISION_TOLERANCE["fp32"], (plain, want)
+
+
+@pytest.mark.multiprocess
+def test_fsdp_with_tp_keeps_replicated_parameters_equal_on_tp_ranks(runs) -> None:
+    # the embedding, norms and head are TP-replicated: FSDP2 splits them over dp only, so the two TP ranks of a
+    # dp index must hold the same shard after the steps (their gradients were the same)
+    reports = runs["fsdp"]
+    assert any(reports[0]["tp_sharded"]) and not all(reports[0]["tp_sharded"])
+    for d in (0, 1):
+        a, b = sorted((r for r in reports if r["dp_index"] == d), key=lambda r: r["tp_index"])
+        for i, sharded in enumerate(a["tp_sharded"]):
+            assert sharded or a["shards"][i] == b["shards"][i], i
