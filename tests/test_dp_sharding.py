@@ -184,9 +184,9 @@ def test_planner_levels_flag_and_default() -> None:
     assert space.allows(cand) == "dp_sharding fsdp"
     wide = StrategySpace(inputs, Evaluator(inputs), zero1=(False, "fsdp"))
     assert wide.allows(cand) is None and wide.floor_level == "fsdp"
-    # only what hetauto run executes: FSDP at tp 1
+    # FSDP runs with TP inside a stage (a 2-D (dp, tp) mesh, hetauto.runtime.fsdp)
     tp2 = replace(cand, choices=(ClusterChoice(1, 2),) + cand.choices[1:])
-    assert wide.allows(tp2) == "dp_sharding fsdp runs at tp 1 only (a stage has tp 2)"
+    assert wide.allows(tp2) is None
     two = replace(cand, choices=(ClusterChoice(2, 1),) + cand.choices[1:])  # opt-350m ties its embedding
     assert wide.allows(two).startswith("dp_sharding fsdp does not run with a tied embedding split across stages")
 
@@ -197,6 +197,10 @@ def test_run_refuses_what_it_does_not_execute() -> None:
     check_runnable_sharding(Plan.model_validate(_plan(zero1=True)))
     check_runnable_sharding(Plan.model_validate(_plan(dp_sharding="fsdp", reshard_after_forward=False)),
                             get_model("opt-350m"))  # one stage: its tied table stays inside it
+    tp2 = _plan(dp_sharding="fsdp")  # a stage at tp > 1 runs (hetauto.runtime.fsdp.stage_mesh)
+    tp2["stages"] = [{"cluster": "fast", "device_type": "cpu", "devices": [0, 1, 2, 3], "layers": [0, 6], "tp": 2,
+                      "dp": 2}]
+    check_runnable_sharding(Plan.model_validate(tp2))
     tail = (": hetauto plan/evaluate price it, hetauto run does not execute it; set dp_sharding to none or zero1 (or "
             "fsdp within those limits) to run the plan")
     with pytest.raises(PlanMismatch) as err:

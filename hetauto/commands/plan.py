@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-zero1", action="store_true", help="leave ZeRO-1 out of the search")
     parser.add_argument("--dp-sharding", metavar="LIST",
                         help="DP sharding levels the search may use, comma-separated from none, zero1, fsdp, "
-                             "fsdp-keep (fsdp without reshard after forward; both at tp 1); default none,zero1")
+                             "fsdp-keep (fsdp without reshard after forward; neither with fp16); default none,zero1")
     parser.add_argument("--no-recompute", action="store_true", help="leave activation recomputation out of the search")
     parser.add_argument("--resharding", choices=RESHARD_METHODS,
                         help="the one resharding method every boundary uses (default: chosen per boundary)")

@@ -48,16 +48,14 @@ FSDP_LEVELS = ("fsdp", "fsdp-keep")
 
 def fsdp_unrunnable(level: "bool | str", *, max_tp: int, stages: int, tied: bool, precision: str) -> str | None:
     """Why `hetauto run` cannot execute `level` with these plan features (None: it can): ZeRO-2 is priced only;
-    FSDP runs at tp 1 (FSDP2 over a TP DTensor stage needs a 2-D mesh the executor does not build), not with
-    fp16 (its loss scaler's unscale is not checked on sharded gradients) and not with a tied table split across
-    stages (its gradient sum between the first and last stage reads a whole gradient)."""
+    FSDP runs at any tp (TP then FSDP2 on one 2-D (dp, tp) mesh, hetauto.runtime.fsdp), but not with fp16 (its
+    loss scaler's unscale is not checked on sharded gradients) and not with a tied table split across stages (its
+    gradient sum between the first and last stage reads a whole gradient). `max_tp` is kept for callers."""
     key = level_key(level)
     if key == "zero2":
         return "dp_sharding zero2 is priced but not executed"
     if key not in FSDP_LEVELS:
         return None
-    if max_tp > 1:
-        return f"dp_sharding fsdp runs at tp 1 only (a stage has tp {max_tp})"
     if precision == "fp16":
         return "dp_sharding fsdp does not run with precision fp16 (use bf16 or fp32)"
     if tied and stages > 1:

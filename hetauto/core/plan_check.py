@@ -150,7 +150,7 @@ def check_executable(plan: Plan) -> None:
 
 def check_runnable_sharding(plan: Plan, model: ModelConfig | None = None) -> None:
     """What `hetauto run` cannot execute of the plan's DP sharding (hetauto.core.dp_sharding.fsdp_unrunnable:
-    zero2 at all; fsdp at tp > 1, with fp16, with a tied table split across stages), as one PlanMismatch line.
+    zero2 at all; fsdp with fp16, with a tied table split across stages), as one PlanMismatch line.
     Such a plan is still priced, simulated and evaluated: not part of `validate_plan`, which they share."""
     why = fsdp_unrunnable(plan.dp_level, max_tp=max(s.tp for s in plan.stages), stages=plan.num_stages,
                           tied=bool(model is not None and model.tie_embeddings), precision=plan.training.precision)

@@ -550,7 +550,8 @@ class StageExecutor:
         gradients after REDUCE_GRAD (dp index 0 counts), TP ranks hold distinct shards of sharded parameters
         and copies of the replicated ones (tp index 0 counts those), and the tied table's head-side copy holds
         the same summed gradient as the embedding's (stage 0 counts it). Under FSDP every DP rank holds its
-        own shard of every gradient: all count; under zero1 every DP rank its owned pieces."""
+        own shard of every gradient: all count (a TP-replicated one on tp index 0 only, `_tp_sharded`); under zero1
+        every DP rank its owned pieces."""
         me = self.me
         total = 0.0
         if self.zero1:

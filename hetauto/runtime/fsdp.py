@@ -1,6 +1,13 @@
 """FSDP (`dp_sharding: fsdp`, hetauto.core.dp_sharding) on a stage module: torch FSDP2 `fully_shard` over the
 stage's DP group.
 
+With tp > 1 (torchtitan's order, models/llama3/infra/parallelize.py): `stage_mesh` builds the stage's 2-D
+("dp", "tp") DeviceMesh over the DP and TP process groups it already has, TP (hetauto.runtime.tensor_parallel)
+shards on mesh["tp"], then `fully_shard` on mesh["dp"]; FSDP2 composes only with a TP DTensor on a sub-mesh of
+the mesh it shards over. TP-sharded weights become 2-D DTensors (dp: Shard(0) or _StridedShard, tp: TP's
+placement); the TP-replicated ones (embedding, norms, head) are split over "dp" only, so every TP rank of a dp
+index holds the same shard and gets the same gradient (their inputs and upstream gradients are replicated).
+
 Why FSDP2 and not a hand-rolled shard: it already does what the cost model prices (per-unit all-gather in the
 compute dtype before a unit's forward and backward, reduce-scatter of its gradient after its backward, prefetch
 of the next unit) and composes with the executor's own pieces as they are: the stage is still one module the
@@ -15,7 +22,7 @@ their own as well; here they share the root's, so the root's transient is the la
 
 `reshard_after_forward=False` (fsdp-keep) is FSDP2's own: a unit gathered for a microbatch's forward stays
 gathered until that microbatch's backward, which reduce-scatters its gradient (every microbatch, as with True).
-What `hetauto run` refuses with FSDP (tp > 1, fp16, a tied table split across stages) is
+What `hetauto run` refuses with FSDP (fp16, a tied table split across stages) is
 hetauto.core.plan_check.check_runnable_sharding.
 
 Checkpoints (hetauto.runtime.checkpoint) save the *sharded* state, not a gathered full one: `get_state_dict`
