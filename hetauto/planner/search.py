@@ -477,12 +477,15 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
     """Interleaved 1F1B tried on the `shapes` distinct shapes (microbatch, order, choices) scored so far whose
     bound is highest: throughput / (1 - bubble) x (1 - bubble / v), v the most chunks of the space -- what
     the shape would reach if interleaving cut its bubble v-fold at no cost (it also adds v-fold boundary
-    transfers, so the bound is optimistic); shapes whose bound is below the best are skipped.
+    transfers, so the bound is optimistic); shapes whose bound is below the best are skipped. Each is tried
+    in its own and up to two other cluster orders, at every DP-sharding level.
 
     Why: the tree's schedules are plain and Virtual-1F1B, and the descent tries interleaving only from where
     it stands; a shape with a large bubble is poor under both and best interleaved, an isolated basin
     (mixed-small, microbatch <= 2: v100 then a100 in 4 + 4 stages is 61.8 samples/s under Virtual-1F1B, the
-    space's optimum 67.5 interleaved in 2 chunks, every neighbour <= 63.5; the search stopped at 66.3)."""
+    space's optimum 67.5 interleaved in 2 chunks, every neighbour <= 63.5; every seed stopped at 66.3; seed 1 had scored only a100 first, with ZeRO-1)."""
+    from dataclasses import replace
+
     if not space.interleave:
         return
     v = max(space.interleave)
@@ -499,10 +502,22 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
         if bound > best and bound > ranked.get(key, (0.0, cand))[0]:
             ranked[key] = (bound, cand)
     for _, cand in sorted(ranked.values(), key=lambda x: -x[0])[:shapes]:
-        for c in interleave_options(space, cand):
+        for c in [x for o in _reorders(space, cand) for z in space.zero1_options
+                  for x in interleave_options(space, replace(o, zero1=z))]:
             if out_of_time():
                 return
             scorer.score(c)
+
+
+def _reorders(space: StrategySpace, cand: Candidate, others: int = 2) -> list[Candidate]:
+    """`cand`, then `cand` in up to `others` other cluster orders of the space (each cluster's choice kept):
+    interleaving adds boundary transfers, so the best order may change with it (mixed-small: a100 first
+    under Virtual-1F1B, v100 first interleaved)."""
+    from dataclasses import replace
+
+    by = dict(zip(cand.order, cand.choices))
+    rest = [o for o in space.orders() if o != cand.order and set(o) == set(cand.order)][:others]
+    return [cand] + [replace(cand, order=o, choices=tuple(by[n] for n in o), reshard=()) for o in rest]
 
 
 def interleave_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
