@@ -19,6 +19,7 @@ from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.testing.multiproc import run_ranks
+from _checkpointed_rank import run_checkpointed
 from _reference_norm import first_step_grad_norm
 
 STEPS, SEED, CLIP = 3, 5, 0.05
@@ -49,28 +50,8 @@ def _plan(case: str) -> Plan:
 
 
 def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
-    """One rank's report plus its parameters' local shards, through the checkpoint calls `hetauto run` makes
-    (hetauto.runtime.training.train_rank): load before the first step, save after each step."""
-    from hetauto.runtime.checkpoint import load_checkpoint, save_checkpoint
-    from hetauto.runtime.executor import StageExecutor
-    from hetauto.runtime.training import prepare_rank
-
-    cfg = _cfg("two-stage-fsdp")
-    groups, device, precision = prepare_rank(comm, plan, cfg, opts)
-    ex = StageExecutor(groups, plan, cfg, opts, device, precision)
-    start = 0
-    if ckpt is not None and ckpt.resume:
-        into = ex.checkpoint_optimizer(gather=False)
-        start = load_checkpoint(ckpt.resume, ex.stage, into, plan=plan, comm=comm).step + 1
-        ex.adopt_checkpoint_optimizer(into)
-
-    def after(step: int):
-        if ckpt is None or ckpt.directory is None:
-            return None
-        return save_checkpoint(ckpt.directory, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
-                               comm=comm)
-
-    rep = ex.run(opts.steps, start=start, after_step=after).to_dict()
+    """One rank's report plus its parameters' local shards, through the checkpoint calls `hetauto run` makes."""
+    ex, rep = run_checkpointed(comm, plan, _cfg("two-stage-fsdp"), opts, ckpt)
     # as lists: a tensor crosses the result queue as shared memory, which dies with the rank's process
     rep["shards"] = [(p.to_local() if hasattr(p, "to_local") else p).detach().flatten().tolist()
                      for p in ex.stage.parameters()]

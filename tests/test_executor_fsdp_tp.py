@@ -14,6 +14,7 @@ from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.testing.multiproc import run_ranks
+from _checkpointed_rank import run_checkpointed
 from _reference_norm import first_step_grad_norm
 
 STEPS, SEED, CLIP = 2, 5, 0.05
@@ -28,30 +29,10 @@ def _plan(level: str) -> Plan:
 
 
 def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
-    """One rank's report plus its parameters' local shards, through `hetauto run`'s checkpoint calls (as
-    tests/test_executor_fsdp.py): load before the first step, save after each step."""
-    from hetauto.runtime.checkpoint import load_checkpoint, save_checkpoint
-    from hetauto.runtime.executor import StageExecutor
-    from hetauto.runtime.training import prepare_rank
-
-    cfg = get_model("tiny-llama")
-    groups, device, precision = prepare_rank(comm, plan, cfg, opts)
-    ex = StageExecutor(groups, plan, cfg, opts, device, precision)
-    start = 0
-    if ckpt is not None and ckpt.resume:
-        into = ex.checkpoint_optimizer(gather=False)
-        start = load_checkpoint(ckpt.resume, ex.stage, into, plan=plan, comm=comm).step + 1
-        ex.adopt_checkpoint_optimizer(into)
-
-    def after(step: int):
-        if ckpt is None or ckpt.directory is None:
-            return None
-        return save_checkpoint(ckpt.directory, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
-                               comm=comm)
-
+    """One rank's report plus its parameters' local shards, through `hetauto run`'s checkpoint calls."""
     from hetauto.runtime.executor import _tp_sharded
 
-    rep = ex.run(opts.steps, start=start, after_step=after).to_dict()
+    ex, rep = run_checkpointed(comm, plan, get_model("tiny-llama"), opts, ckpt)
     rep["tp_sharded"] = [_tp_sharded(p) for p in ex.stage.parameters()]
     rep["shards"] = [(p.to_local() if hasattr(p, "to_local") else p).detach().flatten().tolist()
                      for p in ex.stage.parameters()]

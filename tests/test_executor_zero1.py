@@ -25,6 +25,7 @@ from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.results import summarize
 from hetauto.runtime.zero1 import Zero1Partition
 from hetauto.testing.multiproc import run_ranks
+from _checkpointed_rank import run_checkpointed
 from _reference_norm import first_step_grad_norm
 
 STEPS, SEED, CLIP = 3, 5, 0.05
@@ -70,28 +71,7 @@ def _local(t):
 
 def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
     """One rank's report plus what its ZeRO-1 partition owns (counted independently of the optimizer)."""
-    from hetauto.runtime.executor import StageExecutor
-    from hetauto.runtime.training import prepare_rank
-
-    groups, device, precision = prepare_rank(comm, plan, TIED, opts)
-    ex = StageExecutor(groups, plan, TIED, opts, device, precision)
-    start = 0
-    if ckpt is not None and ckpt.resume:
-        from hetauto.runtime.checkpoint import load_checkpoint
-
-        into = ex.checkpoint_optimizer(gather=False)
-        start = load_checkpoint(ckpt.resume, ex.stage, into, plan=plan, comm=comm).step + 1
-        ex.adopt_checkpoint_optimizer(into)
-
-    def after(step: int):
-        if ckpt is None or ckpt.directory is None:
-            return None
-        from hetauto.runtime.checkpoint import save_checkpoint
-
-        return save_checkpoint(ckpt.directory, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
-                               comm=comm)
-
-    rep = ex.run(opts.steps, start=start, after_step=after).to_dict()
+    ex, rep = run_checkpointed(comm, plan, TIED, opts, ckpt)
     numel = sum(_local(p).numel() for p in ex.stage.parameters())
     rep["local_numel"] = numel
     rep["state_numel"] = sum(_local(s[k]).numel() for s in ex.optimizer.state.values()

@@ -220,7 +220,6 @@ class StageExecutor:
         if groups.tp_mesh is not None or groups.dp_group is not None:
             # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it
             from hetauto.runtime.tensor_parallel import OverlappedGradReducer, parallelize_stage
-
         # dp_sharding fsdp: FSDP2 over the stage's DP group does the DP gradient sum (hetauto.runtime.fsdp); with
         # tp > 1 TP shards on the "tp" and FSDP2 on the "dp" sub-mesh of one 2-D mesh (FSDP2 needs them related)
         self.fsdp = plan.dp_level in ("fsdp", "fsdp-keep") and groups.dp_group is not None
