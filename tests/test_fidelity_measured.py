@@ -46,4 +46,4 @@ def test_every_run_is_priced_from_the_measured_rows(tmp_path: Path) -> None:
     for run in runs[:3]:
         p = fm.predict(run, tmp_path / run["name"], str(prof), "fp32")
         assert p["ok"], p
-        assert set(fm.stage_sources(run, tmp_path / run["name"], str(prof), "fp32")) == {"m"}
+        assert set(p["stages"]) == {"m"}
