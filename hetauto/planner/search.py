@@ -475,28 +475,34 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
 def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
                          shapes: int = INTERLEAVE_SHAPES) -> None:
     """Interleaved 1F1B tried on the `shapes` distinct shapes (microbatch, order, choices) scored so far whose
-    bound is highest: throughput / (1 - bubble) x (1 - bubble / v), v the most chunks of the space -- what
+    bound is highest: throughput / (1 - bubble) x (1 - bubble / v), v the most chunks the shape allows -- what
     the shape would reach if interleaving cut its bubble v-fold at no cost (it also adds v-fold boundary
-    transfers, so the bound is optimistic); shapes whose bound is below the best are skipped. Each is tried
-    in its own and up to two other cluster orders, at every DP-sharding level.
+    transfers, so the bound is optimistic); shapes whose bound is below the best are skipped, and so are
+    shapes that cannot be interleaved at all (principle 7: their microbatches not a multiple of their
+    stages). Each is tried in its own and up to two other cluster orders, at every DP-sharding level.
 
     Why: the tree's schedules are plain and Virtual-1F1B, and the descent tries interleaving only from where
     it stands; a shape with a large bubble is poor under both and best interleaved, an isolated basin
     (mixed-small, microbatch <= 2: v100 then a100 in 4 + 4 stages is 61.8 samples/s under Virtual-1F1B, the
-    space's optimum 67.5 interleaved in 2 chunks, every neighbour <= 63.5; every seed stopped at 66.3; seed 1 had scored only a100 first, with ZeRO-1)."""
+    space's optimum 67.5 interleaved in 2 chunks, every neighbour <= 63.5; every seed stopped at 66.3; seed 1 had scored only a100 first, with ZeRO-1).
+    Why only shapes that can be interleaved: deeper pipelines than microbatches have the largest bubbles and so
+    the highest bounds; on two-cluster (gbs 16, mbs <= 2) such shapes (36 stages for 8 microbatches, bubble
+    0.87) took all 16 places and no interleaved plan was scored, the optimum (16 stages, mbs 1, 3 chunks,
+    9.37 samples/s) was missed by 2.6%."""
     from dataclasses import replace
 
     if not space.interleave:
         return
-    v = max(space.interleave)
     best = scorer.best_throughput
     ranked: dict[tuple, tuple[float, Candidate]] = {}
     for cand, got in list(scorer.by_candidate.items()):
         if got is None or cand.schedule == "interleaved":
             continue
         e = got.evaluation
-        if e.bubble_fraction >= 1.0:
+        counts = _chunk_counts(space, cand)
+        if e.bubble_fraction >= 1.0 or not counts:
             continue
+        v = max(counts)
         bound = e.throughput_samples_s / (1.0 - e.bubble_fraction) * (1.0 - e.bubble_fraction / v)
         key = (cand.microbatch_size, cand.order, cand.choices)
         if bound > best and bound > ranked.get(key, (0.0, cand))[0]:
@@ -507,6 +513,14 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
             if out_of_time():
                 return
             scorer.score(c)
+
+
+def _chunk_counts(space: StrategySpace, cand: Candidate) -> list[int]:
+    """The interleaved chunk counts `cand`'s shape allows (principle 7); [] when it cannot be interleaved."""
+    if space.inputs.global_batch % cand.microbatch_size:
+        return []
+    return P.interleave_chunk_options(len(space.layout(cand)), space.inputs.global_batch // cand.microbatch_size,
+                                      space.num_layers, space.interleave)
 
 
 def _reorders(space: StrategySpace, cand: Candidate, others: int = 2) -> list[Candidate]:
@@ -527,12 +541,9 @@ def interleave_options(space: StrategySpace, cand: Candidate) -> list[Candidate]
     fast enough is checked when the candidate is built (no evaluation spent on a pruned one)."""
     from dataclasses import replace
 
-    if not space.interleave or space.inputs.global_batch % cand.microbatch_size:
+    if not space.interleave:
         return []
-    p = len(space.layout(cand))
-    m = space.inputs.global_batch // cand.microbatch_size
-    out = [replace(cand, schedule="interleaved", chunks=v)
-           for v in P.interleave_chunk_options(p, m, space.num_layers, space.interleave)]
+    out = [replace(cand, schedule="interleaved", chunks=v) for v in _chunk_counts(space, cand)]
     if cand.schedule == "interleaved":
         out += [replace(cand, zero1=z) for z in space.zero1_options if z != cand.zero1]
     return [c for c in out if c != cand]
