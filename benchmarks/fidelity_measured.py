@@ -24,6 +24,8 @@ Sailor's layer slots as they are, microbatch_size = Sailor's mbs x dp, 1F1B), pr
 without correction: datasheet-only (the catalog's gh200), and with the measured rows (the gh200 profile with the
 converted rows, `hetauto.interop.layer_csv`). Per run: predicted vs measured seconds per iteration and the
 critical stage's breakdown; over the runs MAPE = mean |pred - meas| / meas and Spearman (fidelity_published's).
+Memory: each run's measured `max_mem` next to hetauto's peak per device, with flash and with eager attention (the
+runs record neither their attention kernel nor what their memory counter counts, so this is a report, not a target).
 """
 
 from __future__ import annotations
@@ -152,8 +154,11 @@ def predict(run: dict[str, Any], folder: Path, device: str, precision: str) -> d
         b = ev.breakdown(plan)
         parts = {k[:-2]: v / b.iteration_time_s for k, v in b.as_dict().items()} if b.iteration_time_s > 0 else {}
         # per stage 'm' (measured rows) or 'a' (analytical), the source `hetauto evaluate --json` prints
+        # the memory model both ways: the runs' attention kernel is not recorded (flash: no score matrices kept)
+        eager = Evaluator(inputs, flash_attention=False).evaluate(plan)
         return {"ok": True, "iteration_s": e.iteration_time_s, "breakdown": parts,
-                "stages": "".join(st.source[0] for st in b.stages)}
+                "stages": "".join(st.source[0] for st in b.stages), "peak_memory_bytes": max(e.peak_memory_bytes),
+                "peak_memory_eager_bytes": max(eager.peak_memory_bytes)}
     except Exception as err:  # noqa: BLE001 - reported, never dropped
         return {"ok": False, "why": f"{type(err).__name__}: {err}"}
 
@@ -183,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"name": run["name"], "nodes": run["nodes"], "gpus": DEVICES_PER_NODE * run["nodes"],
                             "parallel": f"{run['stages'][0]['tp']}/{len(run['stages'])}/{run['stages'][0]['dp']}",
                             "mbs": run["mbs"], "gbs": run["gbs"], "measured_s": run["measured_iteration_s"],
+                            "measured_max_mem_bytes": run.get("measured_max_mem_bytes"),
                             "datasheet": ds, "measured_rows": ms})
     summary = {}
     for which in ("datasheet", "measured_rows"):
@@ -191,8 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         pred = [r[which]["iteration_s"] for r in got]
         summary[which] = {"runs": len(got), "mape": mape(meas, pred), "spearman": spearman(meas, pred),
                           "signed_mean": (sum(q / p - 1 for p, q in zip(meas, pred)) / len(got)) if got else math.nan}
+    mem = [(r["measured_max_mem_bytes"], r["measured_rows"]) for r in results
+           if r["measured_rows"]["ok"] and r.get("measured_max_mem_bytes")]
+    memory = {"runs": len(mem),
+              "mape_flash": mape([m for m, _ in mem], [p["peak_memory_bytes"] for _, p in mem]),
+              "mape_eager": mape([m for m, _ in mem], [p["peak_memory_eager_bytes"] for _, p in mem])} if mem else None
     if args.json:
-        print(json.dumps({"precision": args.precision, "runs": results, "summary": summary}, default=str))
+        print(json.dumps({"precision": args.precision, "runs": results, "summary": summary, "memory": memory}, default=str))
         return 0
     w = sys.stdout.write
     w(f"OPT-350 on Clariden GH200, precision assumed {args.precision}; seconds per iteration\n")
@@ -217,6 +228,18 @@ def main(argv: list[str] | None = None) -> int:
             if p["ok"]:
                 parts = ", ".join(f"{k} {100 * v:.0f}%" for k, v in p["breakdown"].items() if v >= 0.005)
                 w(f"  {r['name']:14} {which:13} {p['iteration_s']:7.3f} s: {parts}\n")
+    w("\nmemory per device, GiB: measured max_mem (Sailor's memory log; what it counts -- allocated, reserved or "
+      "the CUDA context too -- is not recorded) vs hetauto's peak (measured rows' plan; the rows carry no memory) "
+      "with flash attention and with eager attention (score matrices kept):\n")
+    for r in results:
+        p, m = r["measured_rows"], r.get("measured_max_mem_bytes")
+        if p["ok"] and m:
+            f, e = p["peak_memory_bytes"], p["peak_memory_eager_bytes"]
+            w(f"  {r['name']:14} mbs {r['mbs']}: measured {m / 2**30:5.1f} | flash {f / 2**30:5.1f} ({100 * (f / m - 1):+4.0f}%)"
+              f" | eager {e / 2**30:5.1f} ({100 * (e / m - 1):+4.0f}%)\n")
+    if mem:
+        w(f"  MAPE: flash {100 * memory['mape_flash']:.0f}%, eager "
+          f"{100 * memory['mape_eager']:.0f}% over {len(mem)} runs\n")
     w("\n")
     for which, s in summary.items():
         w(f"{which:13} runs {s['runs']:>2}  MAPE {100 * s['mape']:.1f}%  signed mean {100 * s['signed_mean']:+.1f}%  "
