@@ -2,20 +2,23 @@
 profiles of the same hardware: Sailor's (SOSP'25, github.com/eth-easl/sailor, MIT) OPT-350 runs on Clariden
 (CSCS; GH200 96GB, 4 per node) and its per-layer GH200 profile. Nothing is fitted to them.
 
-    python benchmarks/fidelity_measured.py [--precision fp32|tf32|bf16|fp16] [--json] [--write-csv]
+    python benchmarks/fidelity_measured.py [--precision fp32|tf32|bf16|fp16] [--dp-overlap] [--json] [--write-csv]
 
 Data (benchmarks/data/sailor/, README.md there names the source files and commit):
 - `opt350_clariden_runs.yaml`: 15 plans Sailor ran (1 to 32 nodes, tp 4, pp 1/2/4, dp 1..32, microbatch 1..8,
   global batch 1..1024), each with its measured seconds per iteration;
 - `opt350_gh96_profile.json`: Sailor's measured per-layer forward / backward / update seconds for OPT-350 on GH-96
-  at microbatch 1..128 and tp 1, 2, 4 (Sailor's validation prices these runs from it).
+  at microbatch 1..128 and tp 1, 2, 4 (Sailor's validation prices these runs from it);
+- `peer_simulated.yaml`: what Sailor's simulator and its Metis, Piper, Varuna and FlashFlex re-implementations
+  predict for the same runs (their code run here as Sailor's own validation script runs it; printed side by side).
 
 `sailor_profile_to_rows` turns the profile into hetauto layer rows (`hetauto profile import --from csv` format):
 per (microbatch, tp) one embedding row (layer 0), one block row (the mean of layers 1..24; they differ by < 4%),
 one head row (layer 25), seconds -> ms; the update time is dropped (hetauto prices the optimizer step itself),
 memory left empty (the profile has none). What the files do not say, assumed: seq_len 2048 (Sailor's
 training_config_opt_350.json) and the precision (`--precision`, default fp32: Sailor's validate.py simulates these
-runs with fp16=False; the profile's block forward, 69 GFLOP in 1.40 ms at microbatch 1, tp 1, is 49 TFLOP/s, which
+runs with fp16=False and its launch script, ae_scripts/clariden_scripts/run_opt.slurm, passes neither --fp16 nor
+--bf16; the profile's block forward, 69 GFLOP in 1.40 ms at microbatch 1, tp 1, is 49 TFLOP/s, which
 is 73% of GH200's fp32 peak but 5% of bf16's, so the runs may have used TF32 matmuls: the precision is the largest
 uncertainty of this comparison and the script prints what each choice gives).
 
@@ -24,8 +27,14 @@ Sailor's layer slots as they are, microbatch_size = Sailor's mbs x dp, 1F1B), pr
 without correction: datasheet-only (the catalog's gh200), and with the measured rows (the gh200 profile with the
 converted rows, `hetauto.interop.layer_csv`). Per run: predicted vs measured seconds per iteration and the
 critical stage's breakdown; over the runs MAPE = mean |pred - meas| / meas and Spearman (fidelity_published's).
-Memory: each run's measured `max_mem` next to hetauto's peak per device, with flash and with eager attention (the
-runs record neither their attention kernel nor what their memory counter counts, so this is a report, not a target).
+
+Priced as the runs ran, from run_opt.slurm (Megatron-DeepSpeed's pretrain_gpt.py under DeepSpeed): `"zero_optimization":
+{}` is ZeRO stage 0, whose gradient all-reduce runs after the last backward (DeepSpeed's PipelineEngine ReduceGrads
+instruction, the engine's allreduce_gradients at the accumulation boundary), not overlapped with it as hetauto's
+executor does: the Evaluator's `dp_overlap=False` (`--dp-overlap` prices them as hetauto would run them); no
+--use-flash-attn: eager attention (`flash_attention=False`). Memory: each run's measured `max_mem` next to hetauto's
+peak per device, as run (eager) and with flash attention; what the runs' memory counter counts (allocated, reserved,
+the CUDA context) is not recorded, so memory is a report, not a target.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from fidelity_published import mape, spearman  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data" / "sailor"
 RUNS = DATA / "opt350_clariden_runs.yaml"
 PROFILE = DATA / "opt350_gh96_profile.json"
+PEERS = DATA / "peer_simulated.yaml"
 CSV_OUT = DATA / "opt350_gh96_layers.csv"
 DEVICE = "gh200"
 MODEL = "opt-350m"
@@ -142,23 +152,34 @@ def build_plan(run: dict[str, Any], folder: Path, device: str, precision: str):
     return plan, inputs
 
 
-def predict(run: dict[str, Any], folder: Path, device: str, precision: str) -> dict[str, Any]:
+def load_peers(path: Path = PEERS) -> dict[str, dict[str, float]]:
+    """{run name: {simulator: predicted seconds}} of `peer_simulated.yaml`."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if doc.get("schema") != "hetauto.peer-simulated/1":
+        raise ValueError(f"{path}: expected schema hetauto.peer-simulated/1")
+    return doc["runs"]
+
+
+def predict(run: dict[str, Any], folder: Path, device: str, precision: str, dp_overlap: bool = False) -> dict[str, Any]:
+    """One run priced by the Evaluator (no correction), as the run ran: eager attention, the gradient all-reduce
+    after the backward unless `dp_overlap` (see the module docstring)."""
     from hetauto.planner.evaluate import Evaluator
 
     try:
         plan, inputs = build_plan(run, folder, device, precision)
-        ev = Evaluator(inputs)
+        ev = Evaluator(inputs, flash_attention=False, dp_overlap=dp_overlap)
         e = ev.evaluate(plan)
         if not e.feasible:
             return {"ok": False, "why": f"does not fit: {e.violation}"}
         b = ev.breakdown(plan)
         parts = {k[:-2]: v / b.iteration_time_s for k, v in b.as_dict().items()} if b.iteration_time_s > 0 else {}
         # per stage 'm' (measured rows) or 'a' (analytical), the source `hetauto evaluate --json` prints
-        # the memory model both ways: the runs' attention kernel is not recorded (flash: no score matrices kept)
-        eager = Evaluator(inputs, flash_attention=False).evaluate(plan)
+        flash = Evaluator(inputs, flash_attention=True, dp_overlap=dp_overlap).evaluate(plan)  # memory, for contrast
         return {"ok": True, "iteration_s": e.iteration_time_s, "breakdown": parts,
                 "stages": "".join(st.source[0] for st in b.stages), "peak_memory_bytes": max(e.peak_memory_bytes),
-                "peak_memory_eager_bytes": max(eager.peak_memory_bytes)}
+                "peak_memory_flash_bytes": max(flash.peak_memory_bytes)}
     except Exception as err:  # noqa: BLE001 - reported, never dropped
         return {"ok": False, "why": f"{type(err).__name__}: {err}"}
 
@@ -168,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
                     help="the precision assumed for the runs and the profile rows (default fp32; tf32: fp32 "
                          "with TF32 matmuls allowed)")
+    ap.add_argument("--dp-overlap", action="store_true",
+                    help="price the gradient all-reduce overlapped with the backward (hetauto's executor), not after "
+                         "it (how these DeepSpeed ZeRO-0 runs did it)")
     ap.add_argument("--json", action="store_true", help="print one JSON document (the last line)")
     ap.add_argument("--write-csv", action="store_true", help=f"(re)write {CSV_OUT.relative_to(DATA.parent.parent)}")
     args = ap.parse_args(argv)
@@ -177,19 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_csv:
         CSV_OUT.write_text(text, encoding="utf-8")
     runs = load_runs()
+    peers = load_peers()
     results = []
     with tempfile.TemporaryDirectory(prefix="hetauto-sailor-") as tmp:
         root = Path(tmp)
         (root / "layers.csv").write_text(text, encoding="utf-8")
         prof = measured_profile(root / "layers.csv", root / "gh200-measured.yaml")
         for run in runs:
-            ds = predict(run, root / "ds" / run["name"], DEVICE, args.precision)
-            ms = predict(run, root / "ms" / run["name"], str(prof), args.precision)
+            ds = predict(run, root / "ds" / run["name"], DEVICE, args.precision, args.dp_overlap)
+            ms = predict(run, root / "ms" / run["name"], str(prof), args.precision, args.dp_overlap)
             results.append({"name": run["name"], "nodes": run["nodes"], "gpus": DEVICES_PER_NODE * run["nodes"],
                             "parallel": f"{run['stages'][0]['tp']}/{len(run['stages'])}/{run['stages'][0]['dp']}",
                             "mbs": run["mbs"], "gbs": run["gbs"], "measured_s": run["measured_iteration_s"],
                             "measured_max_mem_bytes": run.get("measured_max_mem_bytes"),
-                            "datasheet": ds, "measured_rows": ms})
+                            "datasheet": ds, "measured_rows": ms, "peers": peers.get(run["name"], {})})
     summary = {}
     for which in ("datasheet", "measured_rows"):
         got = [r for r in results if r[which]["ok"]]
@@ -197,18 +222,25 @@ def main(argv: list[str] | None = None) -> int:
         pred = [r[which]["iteration_s"] for r in got]
         summary[which] = {"runs": len(got), "mape": mape(meas, pred), "spearman": spearman(meas, pred),
                           "signed_mean": (sum(q / p - 1 for p, q in zip(meas, pred)) / len(got)) if got else math.nan}
+    for sim in sorted({k for r in results for k in r["peers"]}, key=lambda k: (k != "sailor", k)):
+        got = [r for r in results if sim in r["peers"]]
+        meas = [r["measured_s"] for r in got]
+        pred = [r["peers"][sim] for r in got]
+        summary[f"peer:{sim}"] = {"runs": len(got), "mape": mape(meas, pred), "spearman": spearman(meas, pred),
+                                  "signed_mean": sum(q / p - 1 for p, q in zip(meas, pred)) / len(got)}
     mem = [(r["measured_max_mem_bytes"], r["measured_rows"]) for r in results
            if r["measured_rows"]["ok"] and r.get("measured_max_mem_bytes")]
     memory = {"runs": len(mem),
-              "mape_flash": mape([m for m, _ in mem], [p["peak_memory_bytes"] for _, p in mem]),
-              "mape_eager": mape([m for m, _ in mem], [p["peak_memory_eager_bytes"] for _, p in mem])} if mem else None
+              "mape_as_run": mape([m for m, _ in mem], [p["peak_memory_bytes"] for _, p in mem]),
+              "mape_flash": mape([m for m, _ in mem], [p["peak_memory_flash_bytes"] for _, p in mem])} if mem else None
     if args.json:
-        print(json.dumps({"precision": args.precision, "runs": results, "summary": summary, "memory": memory}, default=str))
+        print(json.dumps({"precision": args.precision, "dp_overlap": args.dp_overlap, "runs": results, "summary": summary, "memory": memory}, default=str))
         return 0
     w = sys.stdout.write
-    w(f"OPT-350 on Clariden GH200, precision assumed {args.precision}; seconds per iteration\n")
+    w(f"OPT-350 on Clariden GH200, precision assumed {args.precision}, gradient all-reduce "
+      f"{'overlapped with the backward' if args.dp_overlap else 'after the backward (as run)'}; seconds per iteration\n")
     head = (f"{'run':14} {'GPUs':>4} {'tp/pp/dp':>8} {'mbs':>3} {'gbs':>5} | {'measured':>8} | {'datasheet':>9} {'err':>6}"
-            f" | {'meas.rows':>9} {'err':>6} {'stages':>6}")
+            f" | {'meas.rows':>9} {'err':>6} {'stages':>6} | {'sailor':>6} {'err':>6}")
     w(head + "\n" + "-" * len(head) + "\n")
     for r in results:
         line = f"{r['name']:14} {r['gpus']:>4} {r['parallel']:>8} {r['mbs']:>3} {r['gbs']:>5} | {r['measured_s']:8.3f} |"
@@ -219,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 line += f" {p['why'][:40]}"
             line += " |" if which == "datasheet" else ""
-        line += f" {r['measured_rows'].get('stages', ''):>6}"
+        line += f" {r['measured_rows'].get('stages', ''):>6} |"
+        sim = r["peers"].get("sailor")
+        line += f" {sim:6.3f} {100 * (sim / r['measured_s'] - 1):+5.0f}%" if sim is not None else ""
         w(line + "\n")
     w("\nwhere the predicted time goes (critical stage, share of the iteration):\n")
     for r in results:
@@ -230,19 +264,20 @@ def main(argv: list[str] | None = None) -> int:
                 w(f"  {r['name']:14} {which:13} {p['iteration_s']:7.3f} s: {parts}\n")
     w("\nmemory per device, GiB: measured max_mem (Sailor's memory log; what it counts -- allocated, reserved or "
       "the CUDA context too -- is not recorded) vs hetauto's peak (measured rows' plan; the rows carry no memory) "
-      "with flash attention and with eager attention (score matrices kept):\n")
+      "as run (eager attention: score matrices kept) and with flash attention:\n")
     for r in results:
         p, m = r["measured_rows"], r.get("measured_max_mem_bytes")
         if p["ok"] and m:
-            f, e = p["peak_memory_bytes"], p["peak_memory_eager_bytes"]
-            w(f"  {r['name']:14} mbs {r['mbs']}: measured {m / 2**30:5.1f} | flash {f / 2**30:5.1f} ({100 * (f / m - 1):+4.0f}%)"
-              f" | eager {e / 2**30:5.1f} ({100 * (e / m - 1):+4.0f}%)\n")
-    if mem:
-        w(f"  MAPE: flash {100 * memory['mape_flash']:.0f}%, eager "
-          f"{100 * memory['mape_eager']:.0f}% over {len(mem)} runs\n")
+            e, f = p["peak_memory_bytes"], p["peak_memory_flash_bytes"]
+            w(f"  {r['name']:14} mbs {r['mbs']}: measured {m / 2**30:5.1f} | eager {e / 2**30:5.1f} ({100 * (e / m - 1):+4.0f}%)"
+              f" | flash {f / 2**30:5.1f} ({100 * (f / m - 1):+4.0f}%)\n")
+    if memory:
+        w(f"  MAPE: as run (eager) {100 * memory['mape_as_run']:.0f}%, flash "
+          f"{100 * memory['mape_flash']:.0f}% over {memory['runs']} runs\n")
     w("\n")
+    w("iteration time over the runs (peer: its own simulator, peer_simulated.yaml):\n")
     for which, s in summary.items():
-        w(f"{which:13} runs {s['runs']:>2}  MAPE {100 * s['mape']:.1f}%  signed mean {100 * s['signed_mean']:+.1f}%  "
+        w(f"{which:16} runs {s['runs']:>2}  MAPE {100 * s['mape']:.1f}%  signed mean {100 * s['signed_mean']:+.1f}%  "
           f"Spearman {s['spearman']:.3f}\n")
     return 0
 

@@ -47,3 +47,25 @@ def test_every_run_is_priced_from_the_measured_rows(tmp_path: Path) -> None:
         p = fm.predict(run, tmp_path / run["name"], str(prof), "fp32")
         assert p["ok"], p
         assert set(p["stages"]) == {"m"}
+
+
+def test_the_runs_are_priced_with_the_gradient_all_reduce_after_the_backward(tmp_path: Path) -> None:
+    """DeepSpeed ZeRO-0 (the runs' framework) all-reduces after the last backward: a dp > 1 run costs more than
+    with hetauto's overlapped all-reduce; a dp 1 run has no all-reduce, so both agree."""
+    (tmp_path / "l.csv").write_text(fm.CSV_OUT.read_text(encoding="utf-8"), encoding="utf-8")
+    prof = str(fm.measured_profile(tmp_path / "l.csv", tmp_path / "gh200-measured.yaml"))
+    runs = {r["name"]: r for r in fm.load_runs()}
+    for name, dp in (("N16_D16", 16), ("N1_D1_M4_G32", 1)):
+        after = fm.predict(runs[name], tmp_path / "a" / name, prof, "fp32")
+        overlapped = fm.predict(runs[name], tmp_path / "o" / name, prof, "fp32", dp_overlap=True)
+        assert runs[name]["stages"][0]["dp"] == dp
+        if dp > 1:
+            assert after["iteration_s"] > overlapped["iteration_s"]
+        else:
+            assert after["iteration_s"] == pytest.approx(overlapped["iteration_s"], rel=1e-12)
+
+
+def test_every_run_has_each_peer_simulators_prediction() -> None:
+    peers = fm.load_peers()
+    assert set(peers) == {r["name"] for r in fm.load_runs()}
+    assert all(set(v) == {"sailor", "metis", "piper", "varuna", "flashflex"} for v in peers.values())
