@@ -215,45 +215,60 @@ def main(argv: list[str] | None = None) -> int:
                             "mbs": run["mbs"], "gbs": run["gbs"], "measured_s": run["measured_iteration_s"],
                             "measured_max_mem_bytes": run.get("measured_max_mem_bytes"),
                             "datasheet": ds, "measured_rows": ms, "peers": peers.get(run["name"], {})})
+    summary, memory = summarise(results)
+    if args.json:
+        print(json.dumps({"precision": args.precision, "dp_overlap": args.dp_overlap, "runs": results,
+                          "summary": summary, "memory": memory}, default=str))
+        return 0
+    report(results, summary, memory, args.precision, args.dp_overlap)
+    return 0
+
+
+def _fit(meas: list[float], pred: list[float]) -> dict[str, float]:
+    return {"runs": len(meas), "mape": mape(meas, pred), "spearman": spearman(meas, pred),
+            "signed_mean": sum(q / p - 1 for p, q in zip(meas, pred)) / len(meas) if meas else math.nan}
+
+
+def summarise(results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """({datasheet, measured_rows, peer:NAME: MAPE, Spearman, signed mean}, memory MAPEs or None)."""
     summary = {}
     for which in ("datasheet", "measured_rows"):
         got = [r for r in results if r[which]["ok"]]
-        meas = [r["measured_s"] for r in got]
-        pred = [r[which]["iteration_s"] for r in got]
-        summary[which] = {"runs": len(got), "mape": mape(meas, pred), "spearman": spearman(meas, pred),
-                          "signed_mean": (sum(q / p - 1 for p, q in zip(meas, pred)) / len(got)) if got else math.nan}
+        summary[which] = _fit([r["measured_s"] for r in got], [r[which]["iteration_s"] for r in got])
     for sim in sorted({k for r in results for k in r["peers"]}, key=lambda k: (k != "sailor", k)):
         got = [r for r in results if sim in r["peers"]]
-        meas = [r["measured_s"] for r in got]
-        pred = [r["peers"][sim] for r in got]
-        summary[f"peer:{sim}"] = {"runs": len(got), "mape": mape(meas, pred), "spearman": spearman(meas, pred),
-                                  "signed_mean": sum(q / p - 1 for p, q in zip(meas, pred)) / len(got)}
+        summary[f"peer:{sim}"] = _fit([r["measured_s"] for r in got], [r["peers"][sim] for r in got])
     mem = [(r["measured_max_mem_bytes"], r["measured_rows"]) for r in results
            if r["measured_rows"]["ok"] and r.get("measured_max_mem_bytes")]
-    memory = {"runs": len(mem),
-              "mape_as_run": mape([m for m, _ in mem], [p["peak_memory_bytes"] for _, p in mem]),
-              "mape_flash": mape([m for m, _ in mem], [p["peak_memory_flash_bytes"] for _, p in mem])} if mem else None
-    if args.json:
-        print(json.dumps({"precision": args.precision, "dp_overlap": args.dp_overlap, "runs": results, "summary": summary, "memory": memory}, default=str))
-        return 0
+    if not mem:
+        return summary, None
+    meas = [m for m, _ in mem]
+    return summary, {"runs": len(mem), "mape_as_run": mape(meas, [p["peak_memory_bytes"] for _, p in mem]),
+                     "mape_flash": mape(meas, [p["peak_memory_flash_bytes"] for _, p in mem])}
+
+
+def _err(pred: float, meas: float) -> str:
+    return f"{100 * (pred / meas - 1):+5.0f}%"
+
+
+def report(results: list[dict[str, Any]], summary: dict[str, Any], memory: dict[str, Any] | None, precision: str,
+           dp_overlap: bool) -> None:
     w = sys.stdout.write
-    w(f"OPT-350 on Clariden GH200, precision assumed {args.precision}, gradient all-reduce "
-      f"{'overlapped with the backward' if args.dp_overlap else 'after the backward (as run)'}; seconds per iteration\n")
-    head = (f"{'run':14} {'GPUs':>4} {'tp/pp/dp':>8} {'mbs':>3} {'gbs':>5} | {'measured':>8} | {'datasheet':>9} {'err':>6}"
-            f" | {'meas.rows':>9} {'err':>6} {'stages':>6} | {'sailor':>6} {'err':>6}")
+    how = "overlapped with the backward" if dp_overlap else "after the backward (as run)"
+    w(f"OPT-350 on Clariden GH200, precision assumed {precision}, gradient all-reduce {how}; seconds per iteration\n")
+    head = (f"{'run':14} {'GPUs':>4} {'tp/pp/dp':>8} {'mbs':>3} {'gbs':>5} | {'measured':>8} | {'datasheet':>9} "
+            f"{'err':>6} | {'meas.rows':>9} {'err':>6} {'stages':>6} | {'sailor':>6} {'err':>6}")
     w(head + "\n" + "-" * len(head) + "\n")
     for r in results:
-        line = f"{r['name']:14} {r['gpus']:>4} {r['parallel']:>8} {r['mbs']:>3} {r['gbs']:>5} | {r['measured_s']:8.3f} |"
+        meas = r["measured_s"]
+        line = f"{r['name']:14} {r['gpus']:>4} {r['parallel']:>8} {r['mbs']:>3} {r['gbs']:>5} | {meas:8.3f} |"
         for which in ("datasheet", "measured_rows"):
             p = r[which]
-            if p["ok"]:
-                line += f" {p['iteration_s']:9.3f} {100 * (p['iteration_s'] / r['measured_s'] - 1):+5.0f}%"
-            else:
-                line += f" {p['why'][:40]}"
+            line += f" {p['iteration_s']:9.3f} {_err(p['iteration_s'], meas)}" if p["ok"] else f" {p['why'][:40]}"
             line += " |" if which == "datasheet" else ""
         line += f" {r['measured_rows'].get('stages', ''):>6} |"
         sim = r["peers"].get("sailor")
-        line += f" {sim:6.3f} {100 * (sim / r['measured_s'] - 1):+5.0f}%" if sim is not None else ""
+        line += f" {sim:6.3f} {_err(sim, meas)}" if sim is not None else ""
         w(line + "\n")
     w("\nwhere the predicted time goes (critical stage, share of the iteration):\n")
     for r in results:
@@ -269,18 +284,15 @@ def main(argv: list[str] | None = None) -> int:
         p, m = r["measured_rows"], r.get("measured_max_mem_bytes")
         if p["ok"] and m:
             e, f = p["peak_memory_bytes"], p["peak_memory_flash_bytes"]
-            w(f"  {r['name']:14} mbs {r['mbs']}: measured {m / 2**30:5.1f} | eager {e / 2**30:5.1f} ({100 * (e / m - 1):+4.0f}%)"
-              f" | flash {f / 2**30:5.1f} ({100 * (f / m - 1):+4.0f}%)\n")
+            w(f"  {r['name']:14} mbs {r['mbs']}: measured {m / 2**30:5.1f} | eager {e / 2**30:5.1f} ({_err(e, m)})"
+              f" | flash {f / 2**30:5.1f} ({_err(f, m)})\n")
     if memory:
-        w(f"  MAPE: as run (eager) {100 * memory['mape_as_run']:.0f}%, flash "
-          f"{100 * memory['mape_flash']:.0f}% over {memory['runs']} runs\n")
-    w("\n")
-    w("iteration time over the runs (peer: its own simulator, peer_simulated.yaml):\n")
-    for which, s in summary.items():
-        w(f"{which:16} runs {s['runs']:>2}  MAPE {100 * s['mape']:.1f}%  signed mean {100 * s['signed_mean']:+.1f}%  "
-          f"Spearman {s['spearman']:.3f}\n")
-    return 0
-
+        w(f"  MAPE: as run (eager) {100 * memory['mape_as_run']:.0f}%, flash {100 * memory['mape_flash']:.0f}% "
+          f"over {memory['runs']} runs\n")
+    w("\niteration time over the runs (peer: its own simulator, peer_simulated.yaml):\n")
+    for which, x in summary.items():
+        w(f"{which:16} runs {x['runs']:>2}  MAPE {100 * x['mape']:.1f}%  signed mean {100 * x['signed_mean']:+.1f}%  "
+          f"Spearman {x['spearman']:.3f}\n")
 
 if __name__ == "__main__":
     raise SystemExit(main())

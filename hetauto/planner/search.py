@@ -484,7 +484,8 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
     Why: the tree's schedules are plain and Virtual-1F1B, and the descent tries interleaving only from where
     it stands; a shape with a large bubble is poor under both and best interleaved, an isolated basin
     (mixed-small, microbatch <= 2: v100 then a100 in 4 + 4 stages is 61.8 samples/s under Virtual-1F1B, the
-    space's optimum 67.5 interleaved in 2 chunks, every neighbour <= 63.5; every seed stopped at 66.3; seed 1 had scored only a100 first, with ZeRO-1).
+    space's optimum 67.5 interleaved in 2 chunks, every neighbour <= 63.5; every seed stopped at 66.3; seed 1
+    had scored only a100 first, with ZeRO-1).
     Why only shapes that can be interleaved: deeper pipelines than microbatches have the largest bubbles and so
     the highest bounds; on two-cluster (gbs 16, mbs <= 2) such shapes (36 stages for 8 microbatches, bubble
     0.87) took all 16 places and no interleaved plan was scored, the optimum (16 stages, mbs 1, 3 chunks,
