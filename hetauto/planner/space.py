@@ -440,7 +440,9 @@ class StrategySpace:
             return Built([plan])
         bonus = [cand.warmup_bonus if a.cluster != b.cluster else 0 for a, b in zip(stages, stages[1:])]
         wanted, kept = self._warmup(plan, costs, caps, counts, m, bonus if cand.warmup_bonus else None)
-        wanted = tuple(min(w, m) for w in wanted)  # deeper than the m microbatches is all of them (a plan's bound)
+        # deeper than the m microbatches is all of them (a plan's bound); `kept` too: a stage without activations
+        # (the embedding alone) has no memory cap on its depth
+        wanted, kept = tuple(min(w, m) for w in wanted), tuple(min(k, m) for k in kept)
         if not any(wanted):
             return Built([plan])
         out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept)] if any(kept) else [plan]
