@@ -23,8 +23,8 @@ from hetauto.planner.layers import total_params
 from hetauto.planner.mcts import MCTS
 from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint
 from hetauto.planner.seeds import seed_candidates
-from hetauto.planner.space import (RESHARD_METHODS, UNUSED, Candidate, StrategySpace, boundary_pairs,
-                                   microbatch_options)
+from hetauto.planner.space import (RESHARD_METHODS, SEARCHED_BALANCES, UNUSED, Candidate, StrategySpace,
+                                   boundary_pairs, microbatch_options)
 
 __all__ = ["RESHARD_METHODS", "seed_candidates"]  # re-exported: their homes are space.py and seeds.py
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
@@ -283,8 +283,8 @@ def baseline_seeds(space: StrategySpace, top: int = 3, shapes: int | None = None
 def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], rounds: int = 4,
             start: Scored | None = None, fixed: frozenset[str] = frozenset()) -> Scored | None:
     """Local search from `start` (default: the best so far): each decision in turn (every cluster's choice,
-    the microbatch, the cluster order, the tail, the extra Virtual-1F1B depth at cross-cluster boundaries,
-    interleaved 1F1B with v chunks, each boundary pair's resharding method) set to its best
+    the microbatch, the cluster order, the tail, the layer balance, the extra Virtual-1F1B depth at
+    cross-cluster boundaries, interleaved 1F1B with v chunks, each boundary pair's resharding method) set to its best
     option with the others fixed, until nothing improves. `fixed`: clusters whose own choice is not moved
     (the joint move re-fits only used clusters, so an unused one stays out). Returns the local optimum."""
     from dataclasses import replace
@@ -305,6 +305,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
         moves.append(lambda c: [replace(c, order=o, choices=tuple(dict(zip(c.order, c.choices))[n] for n in o))
                                 for o in space.orders()])
         moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
+        moves.append(lambda c: [replace(c, balance=b) for b in SEARCHED_BALANCES if b != c.balance])
         moves.append(lambda c: [replace(c, warmup_bonus=b) for b in WARMUP_BONUS
                                 if c.schedule == "virtual-1f1b" and len(c.order) > 1 and space.virtual])
         moves.append(lambda c: interleave_options(space, c))

@@ -36,6 +36,9 @@ from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 
 Balance = Literal["minimax", "proportional", "uniform", "average"]
+# the layer balances the search tries (its descent's balance move; exhaustive enumerates the same): ours, and
+# Metis' proportional split, which wins where minimax under-weights a heavy head (interleaved chunks)
+SEARCHED_BALANCES: tuple[Balance, ...] = ("minimax", "proportional")
 
 # every hetauto.core.plan.ReshardMethod (a test checks they agree), in the order the descent and the polish try
 # them: the default first, so a tie keeps it

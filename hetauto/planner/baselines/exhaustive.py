@@ -3,7 +3,7 @@
 The search reaches more than its tree's levels (microbatch, order, cluster choices, schedule x ZeRO-1): its
 descent also sets the extra Virtual-1F1B depth at cross-cluster boundaries (`search.WARMUP_BONUS`), every
 interleaved chunk count (`space.interleave`), each boundary pair's resharding method and the default method
-(the polish), and the Metis seeds bring Metis' proportional layer balance, which the descent keeps. So the
+(the polish), and the layer balance (minimax, or Metis' proportional split: the descent's balance move). So the
 whole space is the tree's candidates (`tree_candidates`, what the MCTS tree itself enumerates) times those
 settings (`all_candidates`); `--planner exhaustive` scores all of it. Equal plans reached from different
 candidates are evaluated once (the Scorer's transposition table).
@@ -19,13 +19,14 @@ from typing import Any
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.scoring import Scorer
-from hetauto.planner.space import Balance, Candidate, ClusterChoice, StrategySpace, boundary_pairs
+from hetauto.planner.space import (SEARCHED_BALANCES, Balance, Candidate, ClusterChoice, StrategySpace,
+                                   boundary_pairs)
 
 # the search's extra Virtual-1F1B depths (hetauto.planner.search.WARMUP_BONUS; a test checks they agree: this
 # module sits below search, so it cannot import it) and the layer balances its candidates carry (its own and
 # Metis' seeds')
 WARMUP_BONUS = (0, 1, 2)
-BALANCES: tuple[Balance, ...] = ("minimax", "proportional")
+BALANCES: tuple[Balance, ...] = SEARCHED_BALANCES
 
 
 def layouts(space: StrategySpace) -> Iterator[tuple[int, tuple[str, ...], tuple[ClusterChoice, ...]]]:
