@@ -32,8 +32,8 @@ def test_plan_beats_the_best_single_cluster_and_every_baseline(kind: str, args: 
 def test_restarts_from_single_cluster_optima_escape_a_cross_cluster_basin(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three mixed-vendor clusters over 10 Gbps: without the joint move and the single-cluster restarts the
     search settles at 121.7 samples/s (ascend in 16 stages); with them it reaches 223.0, the single-cluster
-    optimum (a100 in 2 stages of dp 8, interleaved in 4 chunks, Metis' proportional layer split: 13 + 13 layers;
-    before the descent's balance move, 222.7 in 1 stage, tp 4 x dp 4). (Before ZeRO-1's collectives were priced
+    optimum (a100 in 2 stages of dp 8, 13 + 13 layers, interleaved in 4 chunks; before the descent's balance
+    move, 222.7 in 1 stage, tp 4 x dp 4). (Before ZeRO-1's collectives were priced
     as the executor runs them, exposed, 213.0 and 228.6; before the tied table's sum was, 170.3 and 247.3.)"""
     import hetauto.planner.search as S
 

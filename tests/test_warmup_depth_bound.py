@@ -20,7 +20,8 @@ def _inputs() -> PlanningInputs:
            "links": {"overrides": [{"between": [a, b], "bandwidth": f"{bw}Gbps", "latency": f"{ms}ms",
                                     "shared_capacity": f"{bw}Gbps"} for a, b, bw, ms in links]}}
     m = get_model("llama2-7b")
-    return PlanningInputs(cluster_from_dict(doc, "warmup-bound"), m, 4096, 64, layer_list(m, 4096), None, "warmup-bound")
+    spec = cluster_from_dict(doc, "warmup-bound")
+    return PlanningInputs(spec, m, 4096, 64, layer_list(m, 4096), None, "warmup-bound")
 
 
 def test_a_stage_without_activations_gets_no_deeper_warmup_than_the_microbatches() -> None:

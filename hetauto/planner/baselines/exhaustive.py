@@ -23,8 +23,7 @@ from hetauto.planner.space import (SEARCHED_BALANCES, Balance, Candidate, Cluste
                                    boundary_pairs)
 
 # the search's extra Virtual-1F1B depths (hetauto.planner.search.WARMUP_BONUS; a test checks they agree: this
-# module sits below search, so it cannot import it) and the layer balances its candidates carry (its own and
-# Metis' seeds')
+# module sits below search, so it cannot import it) and the layer balances its descent tries
 WARMUP_BONUS = (0, 1, 2)
 BALANCES: tuple[Balance, ...] = SEARCHED_BALANCES
 
