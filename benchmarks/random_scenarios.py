@@ -29,7 +29,7 @@ from hetauto.core.cluster import cluster_from_dict  # noqa: E402
 from hetauto.core.errors import HetautoError, InfeasiblePlan  # noqa: E402
 from hetauto.core.model_catalog import get_model, known_models  # noqa: E402
 from hetauto.planner.inputs import PlanningInputs  # noqa: E402
-from hetauto.planner.layers import layer_list  # noqa: E402
+from hetauto.planner.layers import layer_list, total_params  # noqa: E402
 from hetauto.planner.search import plan  # noqa: E402
 
 DEVICE_DIR = Path(__file__).resolve().parent.parent / "hetauto" / "data" / "devices"
@@ -38,17 +38,7 @@ GBS = (64, 128, 256, 512)
 SEQ = (1024, 2048, 4096)
 
 
-def _params_b(name: str) -> float:
-    """Approximate parameter count (billions) of a catalog model: 12 L h^2-ish blocks plus embeddings."""
-    m = get_model(name)
-    kv = (m.num_kv_heads or m.num_heads) / m.num_heads
-    attn = m.hidden * m.hidden * (2 + 2 * kv)
-    mlp = (3 if m.arch == "llama" else 2) * m.hidden * m.ffn_hidden
-    emb = m.vocab_size * m.hidden * (1 if m.tie_embeddings else 2)
-    return (m.num_layers * (attn + mlp) + emb) / 1e9
-
-
-MODELS = sorted(n for n in known_models() if 1.0 <= _params_b(n) <= 14.0)
+MODELS = sorted(n for n in known_models() if 1e9 <= total_params(get_model(n)) <= 14e9)  # dense 1-13B
 
 
 def draw_scenario(rng: random.Random) -> dict[str, Any]:
