@@ -99,7 +99,7 @@ def test_stop_job_reaches_processes_in_sessions_of_their_own() -> None:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_sigterm_on_hetauto_run_stops_torchrun_and_every_worker(folder: Path) -> None:
-    from hetauto.runtime.launch import STOP_GRACE_S
+    from hetauto.launch.local import STOP_GRACE_S
 
     mark = uuid.uuid4().hex
     ck = folder / "ck-term"
@@ -198,7 +198,7 @@ def test_sigstopped_tp_rank_ends_the_job_within_the_timeout_and_is_named(folder:
 def test_diagnosis_names_the_rank_whose_heartbeat_stopped_not_a_killed_waiter(tmp_path: Path) -> None:
     """Ranks 1 and 2 both vanished without a word (the launcher killed them); rank 1 was a healthy waiter whose
     heartbeat ran until the end, rank 2's stopped 9 s earlier: rank 2 is named (rank order alone says rank 1)."""
-    from hetauto.runtime.launch import diagnose_failure
+    from hetauto.launch.local import diagnose_failure
 
     plan = Plan(model="tiny-gpt", cluster="three.yaml", seq_len=16, global_batch=4, microbatch_size=2,
                 num_microbatches=2, stages=(
@@ -222,7 +222,7 @@ def test_diagnosis_names_the_rank_whose_heartbeat_stopped_not_a_killed_waiter(tm
 
 
 def test_local_rendezvous_listens_on_loopback_only() -> None:
-    from hetauto.runtime.launch import LOOPBACK, local_command, torchrun_launcher
+    from hetauto.launch.local import LOOPBACK, local_command, torchrun_launcher
 
     cmd = local_command(_plan(), ["-m", "x"])
     assert cmd[:2] == [sys.executable, "-c"] and f"s.bind(({LOOPBACK!r}, int(port)))" in cmd[2]
@@ -241,7 +241,7 @@ def test_local_rendezvous_listens_on_loopback_only() -> None:
 def test_agent_killed_after_every_rank_finished_keeps_their_reports(tmp_path: Path, capsys) -> None:
     import tempfile
 
-    from hetauto.runtime.launch import LocalJob
+    from hetauto.launch.local import LocalJob
 
     tmp = tempfile.TemporaryDirectory(dir=tmp_path)
     for r in range(2):

@@ -20,6 +20,8 @@ class CudaBackend(TorchModuleBackend):
     priority = 80
     install_hint = CUDA_INDEX_HINT
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    socket_ifname_env = "NCCL_SOCKET_IFNAME"
+    device_resource = "nvidia.com/gpu"
     fallback_dist_backend = "nccl"
 
     def _probe(self) -> Availability:

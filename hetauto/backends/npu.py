@@ -24,6 +24,8 @@ class NpuBackend(TorchModuleBackend):
     priority = 100
     install_hint = "pip install hetauto[npu]"
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
+    socket_ifname_env = "HCCL_SOCKET_IFNAME"
+    device_resource = "huawei.com/Ascend910"
     fallback_dist_backend = "hccl"
 
     @property

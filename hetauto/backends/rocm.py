@@ -18,6 +18,8 @@ class RocmBackend(TorchModuleBackend):
     priority = 80
     install_hint = ROCM_INDEX_HINT
     visible_devices_env = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+    socket_ifname_env = "NCCL_SOCKET_IFNAME"  # RCCL reads NCCL's variables
+    device_resource = "amd.com/gpu"
     fallback_dist_backend = "nccl"
 
     def _probe(self) -> Availability:

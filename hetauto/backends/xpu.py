@@ -21,6 +21,7 @@ class XpuBackend(TorchModuleBackend):
     priority = 60
     install_hint = "pip install hetauto[xpu] (and torch from https://download.pytorch.org/whl/xpu)"
     visible_devices_env = "ZE_AFFINITY_MASK"
+    device_resource = "gpu.intel.com/i915"
     fallback_dist_backend = "xccl"
 
     def _probe(self) -> Availability:

@@ -316,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
         args.seed = 0
 
     from hetauto.core.stage_backends import stage_backend_names
-    from hetauto.runtime.launch import node_commands, start_local, worker_args
+    from hetauto.launch.local import node_commands, start_local, worker_args
     from hetauto.runtime.options import RunOptions
 
     require_writable(args.trace, "--trace")
@@ -394,7 +394,7 @@ def run(args: argparse.Namespace) -> int:
     link: dict | None = None
     flops_per_peak = _flops_per_peak(plan, base)  # a step's MFU is this over its step time
     if args.emulate == "netns":
-        from hetauto.runtime.netns_launch import launch_netns
+        from hetauto.launch.netns import launch_netns
 
         reports, link = launch_netns(plan, cluster, run_options)
     else:

@@ -90,7 +90,7 @@ class ExecutorOptions:
     clip_grad: float | None = None  # clip gradients to this global norm (every stage, TP shard, DP replica)
     data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
     init_from: str | None = None  # a Hugging Face checkpoint folder (hetauto.runtime.hf_weights); None: random init
-    step_log: str | None = None  # append each step's line here (hetauto.runtime.step_log), for the launcher to follow
+    step_log: Callable[[str], None] | None = None  # takes each step's line (hetauto.runtime.step_log.step_line)
     eval_every: int | None = None  # evaluate the held-out loss after every K steps and after the last
     eval_steps: int = 1  # held-out global batches per evaluation
     eval_fraction: float = 0.05  # the token file's tail held out for evaluation (with eval_every)
@@ -685,10 +685,10 @@ class StageExecutor:
                 held_out = self.evaluate(self.opt_.eval_steps)
                 self.eval_losses.append([i, held_out])
             if self.opt_.step_log is not None:
-                from hetauto.runtime.step_log import append_step
+                from hetauto.runtime.step_log import step_line
 
-                append_step(self.opt_.step_log, i, losses[-1], self.lrs[-1] if self.lrs else None,
-                            self.grad_norms[-1] if self.grad_norms else None, step_s[-1], held_out)
+                self.opt_.step_log(step_line(i, losses[-1], self.lrs[-1] if self.lrs else None,
+                                             self.grad_norms[-1] if self.grad_norms else None, step_s[-1], held_out))
             if after_step is not None:
                 path = after_step(i)
                 if path is not None:

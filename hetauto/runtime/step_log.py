@@ -1,4 +1,4 @@
-"""Follow a run step by step while it trains: the last stage's ranks append each step to a file, the launcher
+"""Follow a run step by step while it trains: the last stage's ranks send each step's line, the launcher
 joins them into one record per step (loss, lr, grad norm, step time, tokens/s, MFU) for a progress bar and a
 JSONL log.
 
@@ -7,10 +7,11 @@ i.e. `flops_per_peak / step_s` where `flops_per_peak` (seconds) = model FLOPs pe
 which the launcher takes from the planner's evaluation of the plan (its MFU definition; the runtime counts no
 FLOPs itself). None when the launcher gives none.
 
-Why files and not a collective: the loss of a step is split over the last stage's DP replicas (each holds its
-shard's share); summing it with one more collective would add a synchronisation to every step just for a log
-line. Each tp-index-0 rank of the last stage instead appends `{"step", "loss", "lr", "grad_norm", "step_s"}`
-to `rank<R>.steps.jsonl` in the run folder, and `StepLog.poll` emits a step once every such rank has written it.
+Why per-rank lines and not a collective: the loss of a step is split over the last stage's DP replicas (each
+holds its shard's share); summing it with one more collective would add a synchronisation to every step just for
+a log line. Each tp-index-0 rank of the last stage instead sends `{"step", "loss", "lr", "grad_norm", "step_s"}`
+through the job's control store (hetauto.runtime.control); the launcher's agent appends it to
+`rank<R>.steps.jsonl` in its own run folder, and `StepLog.poll` emits a step once every such rank has sent it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Callable
 from hetauto.core.plan import Plan
 from hetauto.runtime.layout import stage_layouts
 
-__all__ = ["StepRecord", "StepLog", "log_ranks", "rank_log_name", "append_step"]
+__all__ = ["StepRecord", "StepLog", "log_ranks", "rank_log_name", "step_line"]
 
 
 def rank_log_name(rank: int) -> str:
@@ -36,13 +37,12 @@ def log_ranks(plan: Plan) -> tuple[int, ...]:
     return tuple(lay.rank(d, 0) for d in range(lay.dp))
 
 
-def append_step(path: str | Path, step: int, loss: float, lr: float | None, grad_norm: float | None,
-                step_s: float, eval_loss: float | None = None) -> None:
-    """A rank's line for one step (flushed at once, so the launcher sees it while the run goes on)."""
-    line = json.dumps({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_s": step_s,
+def step_line(step: int, loss: float, lr: float | None, grad_norm: float | None, step_s: float,
+              eval_loss: float | None = None) -> str:
+    """A rank's line for one step (sent through the control store at once, so the launcher sees it while the run
+    goes on; the launcher's agent appends it to `rank<R>.steps.jsonl` in its run folder)."""
+    return json.dumps({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_s": step_s,
                        "eval_loss": eval_loss})
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
 
 
 @dataclass(frozen=True, slots=True)

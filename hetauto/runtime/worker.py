@@ -5,11 +5,12 @@ The rank selects its stage's backend (hetauto.runtime.training.prepare_rank: thr
 binds its device from LOCAL_RANK, and trains its stage there; the world group is gloo (host-side traffic),
 the stage's own groups use the backend's collective library.
 
-Writes `DIR/rank<R>.started` at start, then `DIR/rank<R>.json` (the rank's `RankReport`) or, on failure,
-`DIR/rank<R>.error` (one line); a rank stopped by torchrun (SIGTERM, after another rank failed) writes
-`DIR/rank<R>.stopped`; `DIR/rank<R>.alive` is touched every HEARTBEAT_S while the process runs. So the
-launcher can tell the rank that died without a word or stopped answering (the culprit) from the ranks
-that were only its victims, instead of showing torchrun's wall of tracebacks.
+Reports through the job's control store (hetauto.runtime.control; its address in HETAUTO_CONTROL), never a
+shared folder: a "started" mark, then the rank's `RankReport` or, on failure, an "error" line; a rank stopped by
+torchrun (SIGTERM, after another rank failed) sends "stopped"; its heartbeat counter is bumped every HEARTBEAT_S
+while the process runs. So the launcher's agent, on whatever node it runs, can tell the rank that died without a
+word or stopped answering (the culprit) from the ranks that were only its victims, instead of showing torchrun's
+wall of tracebacks.
 
 torchrun `--max-restarts`: on a restart (TORCHELASTIC_RESTART_COUNT > 0) the worker resumes from the
 latest complete checkpoint under `--checkpoint-dir`, and an injected fault fires only on the first attempt.
@@ -22,7 +23,8 @@ import json
 import os
 import signal
 import sys
-from pathlib import Path
+
+from hetauto.runtime.control import ControlClient
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,45 +33,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _mark(out: Path, rank: int, kind: str, text: str) -> None:
-    try:
-        (out / f"rank{rank}.{kind}").write_text(text + "\n", encoding="utf-8")
-    except OSError:
-        pass
-
-
-def _stopped(out: Path, rank: int) -> None:
+def _stopped(control: "ControlClient", rank: int) -> None:
     """SIGTERM from torchrun: another rank failed and the agent ends the rest. Say so, then exit at once."""
-    _mark(out, rank, "stopped", f"rank {rank}: stopped by torchrun after another rank failed")
-    os._exit(143)
-
-
-HEARTBEAT_S = 0.5  # how often a rank touches DIR/rank<R>.alive (hetauto.runtime.launch reads its age)
-
-
-def _heartbeat(out: Path, rank: int, every: float = HEARTBEAT_S) -> None:
-    """Touch DIR/rank<R>.alive every `every` seconds from a daemon thread. It beats while the rank waits in a
-    collective (the wait releases the GIL) and stops when the process stops (SIGSTOP, a hard hang, death), so
-    after a failure the launcher can tell the rank that stopped answering from the healthy ranks that timed
-    out waiting for it (hetauto.runtime.launch.diagnose_failure)."""
-    import threading
-    import time
-
-    path = out / f"rank{rank}.alive"
     try:
-        path.touch()
-    except OSError:
-        return
-
-    def beat() -> None:
-        while True:
-            time.sleep(every)
-            try:
-                os.utime(path)
-            except OSError:
-                pass
-
-    threading.Thread(target=beat, name="hetauto-heartbeat", daemon=True).start()
+        control.post("stopped", f"rank {rank}: stopped by torchrun after another rank failed")
+    finally:
+        os._exit(143)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,18 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     comm = None
-    out: Path | None = None
+    control: ControlClient | None = None
     try:
         from hetauto.runtime.options import RunOptions
 
         run = RunOptions.load(args.options)
-        out = Path(run.out)
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in ("json", "error", "stopped", "steps.jsonl"):  # left by an earlier attempt of a restarted job
-            (out / f"rank{rank}.{stale}").unlink(missing_ok=True)
-        _mark(out, rank, "started", f"attempt {restart} pid {os.getpid()}")
-        signal.signal(signal.SIGTERM, lambda *_: _stopped(out, rank))
-        _heartbeat(out, rank)
+        control = ControlClient.from_env(rank, timeout_s=max(30.0, run.timeout_s))
+        control.post("started", f"attempt {restart} pid {os.getpid()}")  # the agent drops an earlier attempt's marks
+        signal.signal(signal.SIGTERM, lambda *_: _stopped(control, rank))  # type: ignore[arg-type]
+        control.start_heartbeat()
         import torch
 
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -128,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
 
         schedule = LRSchedule(lr=run.lr, kind=run.lr_schedule, warmup_steps=run.warmup_steps,
                               decay_steps=run.steps, min_lr=run.min_lr)
-        from hetauto.runtime.step_log import log_ranks, rank_log_name
+        from hetauto.runtime.step_log import log_ranks
 
-        step_log = str(out / rank_log_name(rank)) if rank in log_ranks(plan) else None
+        step_log = (lambda line: control.post("step", line)) if rank in log_ranks(plan) else None  # type: ignore[union-attr]
         opts = ExecutorOptions(steps=run.steps, seed=run.seed, lr=run.lr, timeout_s=run.timeout_s, speed_factor=speed,
                                backends=run.backends or None, lr_schedule=schedule, clip_grad=run.clip_grad,
                                data=run.data, init_from=run.init_from, step_log=step_log,
@@ -143,16 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         doc["restart"] = restart
         if links is not None:  # how late the emulated links delivered: [max s, mean s, messages]
             doc["link_dispatch_lag_s"] = list(links.dispatch_lag())
-        (out / f"rank{rank}.json").write_text(json.dumps(doc), encoding="utf-8")
+        control.post("report", json.dumps(doc))
         if links is not None:
             links.close()
         return 0
     except BaseException as exc:  # noqa: BLE001 - reported through the file, then a non-zero exit
         msg = " ".join(str(exc).split()) or type(exc).__name__
-        if out is not None:
-            _mark(out, rank, "error", f"rank {rank}: {type(exc).__name__}: {msg}")
-        else:
-            print(f"rank {rank}: {type(exc).__name__}: {msg}", file=sys.stderr)
+        line = f"rank {rank}: {type(exc).__name__}: {msg}"
+        try:
+            if control is None:
+                raise RuntimeError("no control store")
+            control.post("error", line)
+        except Exception:  # noqa: BLE001 - the agent is unreachable: torchrun's log is all that is left
+            print(line, file=sys.stderr)
         if os.environ.get("HETAUTO_DEBUG"):
             raise
         return 1

@@ -20,7 +20,7 @@ from typing import Any
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.plan import Plan
-from hetauto.runtime.launch import (JobFailed, collect_reports, kill_group, torchrun_launcher, worker_args,
+from hetauto.launch.local import (JobFailed, collect_reports, kill_group, torchrun_launcher, worker_args,
                                     write_run_folder)
 from hetauto.runtime.options import RunOptions
 

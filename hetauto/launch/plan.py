@@ -1,0 +1,305 @@
+"""The launch plan (`"schema": "hetauto.launch/1"`): where every rank of a plan runs, site by site.
+
+Why its own document: no open scheduler co-schedules two sites, so hetauto owns the cross-site part. A plan says
+which devices each stage uses; the launch plan adds what getting processes there needs: per site (a plan cluster,
+or several that one scheduler runs) its nodes, each node's process count (nodes may differ), global rank range
+and node rank, its backend and the devices it uses, the environment, and the rendezvous (torchrun's static one at a
+master address every site reaches, plus the control port the lead node's agent serves). The plan and the run
+options travel inside it, so a target's artifacts carry everything a node needs and nothing is copied by hand.
+
+Ranks: torchrun numbers them node by node in node-rank order, and the plan numbers them stage after stage, so a
+node's ranks must be one contiguous run (`derive` refuses a plan that returns to a node after another one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hetauto.core.cluster import ClusterSpec
+from hetauto.core.errors import PlanMismatch, SpecError
+from hetauto.core.plan import Plan
+from hetauto.core.specio import read_document, validate_document
+
+__all__ = ["LAUNCH_SCHEMA", "DEFAULT_PORT", "NodeLaunch", "SiteLaunch", "Rendezvous", "LaunchPlan", "derive",
+           "plan_digest", "parse_master", "parse_sites", "HOST_SOCKET_ENV"]
+
+LAUNCH_SCHEMA = "hetauto.launch/1"
+DEFAULT_PORT = 29500  # torchrun's default master port; the control port is the next one
+HOST_SOCKET_ENV = "GLOO_SOCKET_IFNAME"  # the world group and the host transport are gloo on every backend
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeLaunch(_Frozen):
+    """One machine: `node` is its index in its cluster (device // devices_per_node), `first_rank` and `nproc`
+    its contiguous global ranks, `devices` the cluster-local device indices on it that the plan uses (in local
+    rank order), `visible_devices_env` the backend's variables that select them (none for cpu/mock)."""
+
+    node_rank: int = Field(ge=0)
+    cluster: str
+    node: int = Field(ge=0)
+    first_rank: int = Field(ge=0)
+    nproc: int = Field(ge=1)
+    backend: str
+    device_type: str  # the device profile key (e.g. h100), for schedulers that request devices by model
+    devices: tuple[int, ...]
+    visible_devices_env: tuple[str, ...] = ()
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+
+class SiteLaunch(_Frozen):
+    """What one site's operator submits: the plan clusters it runs, their nodes, the environment for them."""
+
+    name: str = Field(min_length=1)
+    clusters: tuple[str, ...] = Field(min_length=1)
+    nodes: tuple[NodeLaunch, ...] = Field(min_length=1)
+    env: dict[str, str] = {}
+    # what the site's scheduler needs that a plan does not say (`--site-option SITE.KEY=VALUE`): e.g. slurm
+    # `partition`, `account`, `time`; kubernetes `image`, `namespace`; skypilot `cloud`, `region`. Each target
+    # documents the keys it reads and refuses ones it does not know.
+    options: dict[str, str] = {}
+
+    @property
+    def node_ranks(self) -> tuple[int, ...]:
+        return tuple(n.node_rank for n in self.nodes)
+
+    def cluster_nodes(self, cluster: str) -> tuple[NodeLaunch, ...]:
+        return tuple(n for n in self.nodes if n.cluster == cluster)
+
+
+class Rendezvous(_Frozen):
+    """torchrun's static rendezvous at `master_addr:master_port` (on the lead site's node rank 0) and the lead
+    agent's control store at `master_addr:control_port`; both must be reachable from every node of every site."""
+
+    backend: str = "static"
+    master_addr: str = Field(min_length=1)
+    master_port: int = Field(ge=1, le=65535)
+    control_port: int = Field(ge=1, le=65535)
+    lead_site: str
+    join_timeout_s: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ports(self) -> "Rendezvous":
+        if self.backend != "static":
+            raise ValueError("rendezvous backend must be 'static' (c10d takes rank 0's hostname, which other sites "
+                             "may not resolve)")
+        if self.master_port == self.control_port:
+            raise ValueError("control_port must differ from master_port")
+        return self
+
+
+class LaunchPlan(_Frozen):
+    schema_: str = Field(default=LAUNCH_SCHEMA, alias="schema")
+    plan_sha256: str = Field(min_length=64, max_length=64)
+    world_size: int = Field(ge=1)
+    rendezvous: Rendezvous
+    sites: tuple[SiteLaunch, ...] = Field(min_length=1)
+    plan: dict[str, Any]
+    run: dict[str, Any]  # hetauto.runtime.options.RunOptions fields, less `plan` and `out` (each node sets them)
+    files: dict[str, str] = {}  # files the plan names (a cluster spec, a model config), by the name the plan uses
+    needs: tuple[str, ...] = ()  # what every node must have, in words (software, storage, ports)
+
+    @model_validator(mode="after")
+    def _check(self) -> "LaunchPlan":
+        if self.schema_ != LAUNCH_SCHEMA:
+            raise ValueError(f"unsupported launch schema {self.schema_!r}; expected {LAUNCH_SCHEMA!r}")
+        nodes = sorted((n for s in self.sites for n in s.nodes), key=lambda n: n.node_rank)
+        if [n.node_rank for n in nodes] != list(range(len(nodes))):
+            raise ValueError(f"node ranks must be 0..{len(nodes) - 1}, each once; got {[n.node_rank for n in nodes]}")
+        expected = 0
+        for n in nodes:
+            if n.first_rank != expected:
+                raise ValueError(f"node rank {n.node_rank} starts at rank {n.first_rank}; torchrun gives it rank "
+                                 f"{expected} (ranks are numbered node by node)")
+            if len(n.devices) != n.nproc:
+                raise ValueError(f"node rank {n.node_rank}: {len(n.devices)} devices for {n.nproc} processes")
+            expected += n.nproc
+        if expected != self.world_size:
+            raise ValueError(f"the nodes hold {expected} ranks but world_size is {self.world_size}")
+        names = [s.name for s in self.sites]
+        if len(set(names)) != len(names):
+            raise ValueError(f"site names must be unique, got {names}")
+        if self.rendezvous.lead_site not in names:
+            raise ValueError(f"lead_site {self.rendezvous.lead_site!r} is not a site ({', '.join(names)})")
+        if nodes[0] not in self.site(self.rendezvous.lead_site).nodes:
+            raise ValueError("node rank 0 must be on the lead site (it hosts the rendezvous)")
+        if plan_digest(self.plan) != self.plan_sha256:
+            raise ValueError("plan_sha256 does not match the embedded plan (the plan was edited after launch)")
+        return self
+
+    # --- queries
+    def site(self, name: str) -> SiteLaunch:
+        for s in self.sites:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def nodes(self) -> tuple[NodeLaunch, ...]:
+        return tuple(sorted((n for s in self.sites for n in s.nodes), key=lambda n: n.node_rank))
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(len(s.nodes) for s in self.sites)
+
+    def node(self, node_rank: int) -> tuple[SiteLaunch, NodeLaunch]:
+        for s in self.sites:
+            for n in s.nodes:
+                if n.node_rank == node_rank:
+                    return s, n
+        raise KeyError(node_rank)
+
+    def the_plan(self) -> Plan:
+        return validate_document(Plan, self.plan, "launch plan: plan")
+
+    # --- JSON
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LaunchPlan":
+        data = read_document(path)
+        if isinstance(data, dict) and data.get("schema") != LAUNCH_SCHEMA:
+            got = data.get("schema")
+            raise SpecError(path, "schema", "required field is missing" if got is None else
+                            f"unsupported launch schema {got!r}",
+                            f'a launch plan starts with "schema": "{LAUNCH_SCHEMA}"; write one with hetauto launch')
+        return validate_document(cls, data, path)
+
+
+def plan_digest(plan: Mapping[str, Any] | Plan) -> str:
+    """sha256 of the plan's canonical JSON: what every node must agree on before the job starts."""
+    doc = plan.model_dump(mode="json", by_alias=True) if isinstance(plan, Plan) else plan
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def parse_master(text: str) -> tuple[str, int]:
+    """`HOST[:PORT]` (an IPv6 address in brackets: `[fd00::1]:29500`) -> (host, port)."""
+    text = text.strip()
+    host, port = text, DEFAULT_PORT
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise SpecError(None, "--master", f"{text!r}: unclosed '['", "write an IPv6 master as [ADDR]:PORT")
+        host, rest = text[1:end], text[end + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                raise SpecError(None, "--master", f"{text!r}: expected ':PORT' after ']'", "e.g. [fd00::1]:29500")
+            port = _port(rest[1:])
+    elif text.count(":") == 1:
+        host, p = text.split(":")
+        port = _port(p)
+    if not host or any(c.isspace() for c in host):
+        raise SpecError(None, "--master", f"{text!r} is not a host name or address", "e.g. --master 10.0.0.1:29500")
+    if port >= 65535:
+        raise SpecError(None, "--master", f"port {port} leaves no room for the control port ({port} + 1)",
+                        "choose a port below 65535")
+    return host, port
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise SpecError(None, "--master", f"port {text!r} is not a number in 1..65535", "e.g. --master node0:29500")
+    return port
+
+
+def parse_sites(specs: Sequence[str], clusters: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """`--site NAME=CLUSTER[,CLUSTER...]` options -> site name -> the plan clusters it runs; every plan cluster
+    not named is a site of its own (named after it)."""
+    sites: dict[str, tuple[str, ...]] = {}
+    taken: dict[str, str] = {}
+    for spec in specs:
+        name, sep, members = spec.partition("=")
+        names = tuple(m.strip() for m in members.split(",") if m.strip())
+        if not sep or not name.strip() or not names:
+            raise SpecError(None, "--site", f"{spec!r}: expected NAME=CLUSTER[,CLUSTER...]", "e.g. --site siteA=h100,a100")
+        for c in names:
+            if c not in clusters:
+                raise SpecError(None, "--site", f"{spec!r}: '{c}' is not a cluster of the plan",
+                                f"the plan's clusters: {', '.join(clusters)}")
+            if c in taken:
+                raise SpecError(None, "--site", f"cluster '{c}' is in sites '{taken[c]}' and '{name.strip()}'",
+                                "name each cluster in one --site")
+            taken[c] = name.strip()
+        sites[name.strip()] = names
+    for c in clusters:
+        if c not in taken:
+            if c in sites:
+                raise SpecError(None, "--site", f"site name '{c}' is also a cluster that no --site names",
+                                "rename the site or add the cluster to a site")
+            sites[c] = (c,)
+    return sites
+
+
+def _node_runs(plan: Plan, cluster: ClusterSpec) -> list[tuple[str, int, list[int], str]]:
+    """(cluster, node index, cluster-local device of each of its ranks, device type) per node, in rank order."""
+    runs: list[tuple[str, int, list[int], str]] = []
+    seen: set[tuple[str, int]] = set()
+    rank = 0
+    for s in plan.stages:
+        spec = cluster.cluster(s.cluster)
+        per_node = spec.devices_per_node
+        for dev in s.devices:
+            key = (s.cluster, dev // per_node)
+            if runs and (runs[-1][0], runs[-1][1]) == key:
+                runs[-1][2].append(dev % per_node)
+            elif key in seen:
+                raise PlanMismatch(f"rank {rank} goes back to {s.cluster} node {key[1]} after another node: torchrun "
+                                   "numbers a node's ranks contiguously; reorder the plan's stages so each node's "
+                                   "stages are adjacent")
+            else:
+                seen.add(key)
+                runs.append((s.cluster, key[1], [dev % per_node], spec.groups[spec.group_of(dev)].device.key))
+            rank += 1
+    return runs
+
+
+def derive(plan: Plan, cluster: ClusterSpec, run: Mapping[str, Any], *, master: str, port: int = DEFAULT_PORT,
+           backends: Sequence[str], visible_env: Mapping[str, Sequence[str]],
+           sites: Mapping[str, Sequence[str]] | None = None, env: Mapping[str, str] | None = None,
+           site_env: Mapping[str, Mapping[str, str]] | None = None,
+           site_options: Mapping[str, Mapping[str, str]] | None = None, join_timeout_s: float = 300.0,
+           files: Mapping[str, str] | None = None, needs: Sequence[str] = ()) -> LaunchPlan:
+    """The launch plan of `plan` on `cluster` (its ClusterSpec). `backends[i]`: stage i's backend;
+    `visible_env[backend]`: its visible-devices variables; `sites`: site -> plan clusters (default one site per
+    cluster); `env`: for every node, `site_env[site]` on top; the lead site is the one holding rank 0."""
+    stage_backend = {s.cluster: backends[i] for i, s in enumerate(plan.stages)}
+    clusters = list(dict.fromkeys(s.cluster for s in plan.stages))
+    sites = dict(sites) if sites else {c: (c,) for c in clusters}
+    site_of = {c: name for name, members in sites.items() for c in members}
+    nodes: dict[str, list[NodeLaunch]] = {name: [] for name in sites}
+    first = 0
+    for i, (c, node, devices, kind) in enumerate(_node_runs(plan, cluster)):
+        b = stage_backend[c]
+        nodes[site_of[c]].append(NodeLaunch(node_rank=i, cluster=c, node=node, first_rank=first, nproc=len(devices),
+                                            backend=b, device_type=kind, devices=tuple(devices),
+                                            visible_devices_env=tuple(visible_env.get(b, ()))))
+        first += len(devices)
+    site_env, site_options = site_env or {}, site_options or {}
+    built = tuple(SiteLaunch(name=name, clusters=tuple(members), nodes=tuple(nodes[name]),
+                             env={**(env or {}), **site_env.get(name, {})}, options=dict(site_options.get(name, {})))
+                  for name, members in sites.items() if nodes[name])
+    lead = site_of[plan.stages[0].cluster]
+    run_doc = {k: v for k, v in run.items() if k not in ("plan", "out")}
+    doc = plan.model_dump(mode="json", by_alias=True)
+    return LaunchPlan(plan_sha256=plan_digest(doc), world_size=plan.world_size,
+                      rendezvous=Rendezvous(master_addr=master, master_port=port, control_port=port + 1,
+                                            lead_site=lead, join_timeout_s=join_timeout_s),
+                      sites=built, plan=doc, run=run_doc, files=dict(files or {}), needs=tuple(needs))

@@ -1,0 +1,116 @@
+"""Launch targets: each renders a launch plan into what a site's operator submits, as files.
+
+Targets are pluggy plugins (project marker "hetauto", like backends): a module or object with a `@hookimpl`
+`hetauto_launch_targets(registry)` that calls `registry.add(MyTarget())`. The built-ins (torchrun, slurm,
+kubernetes, skypilot) register exactly so, then every entry point of the `hetauto.launch_targets` group; a
+site with its own scheduler adds one without touching hetauto. A plugin that fails to load is recorded, never fatal.
+
+A target is small: `name`, `summary`, and `render(launch) -> {relative path: file text}`. Every artifact ends in
+the same node agent (`python3 -m hetauto node launch.json --node-rank N`, hetauto.commands.node), so a target
+only says how its scheduler starts one agent per node and which node rank each gets.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import shlex
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import pluggy
+
+from hetauto.core.errors import HetautoError
+from hetauto.launch.plan import LaunchPlan
+
+__all__ = ["LaunchTarget", "TargetRegistry", "get_targets", "hookimpl", "ENTRY_POINT_GROUP", "BUILTIN_MODULES",
+           "embedded_launch", "node_command", "LAUNCH_FILE"]
+
+PROJECT = "hetauto"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+ENTRY_POINT_GROUP = "hetauto.launch_targets"
+BUILTIN_MODULES = ("hetauto.launch.target_torchrun", "hetauto.launch.target_slurm",
+                   "hetauto.launch.target_kubernetes", "hetauto.launch.target_skypilot")
+LAUNCH_FILE = "launch.json"
+
+
+@runtime_checkable
+class LaunchTarget(Protocol):
+    name: str
+    summary: str
+
+    def render(self, launch: LaunchPlan) -> dict[str, str]:
+        """Files to write, by path relative to the output folder (executable scripts end in `.sh`)."""
+
+
+class _Specs:
+    @hookspec
+    def hetauto_launch_targets(self, registry: "TargetRegistry") -> None:
+        """Add launch targets with `registry.add(MyTarget())`."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadError:
+    name: str
+    error: str
+
+
+class TargetRegistry:
+    def __init__(self) -> None:
+        self._targets: dict[str, LaunchTarget] = {}
+        self.errors: list[LoadError] = []
+
+    def add(self, target: Any) -> None:
+        if not isinstance(target, LaunchTarget):
+            raise TypeError(f"{target!r} is not a launch target (needs name, summary, render(launch))")
+        if target.name in self._targets:
+            raise ValueError(f"launch target {target.name!r} is already registered")
+        self._targets[target.name] = target
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._targets)
+
+    def get(self, name: str) -> LaunchTarget:
+        try:
+            return self._targets[name]
+        except KeyError:
+            raise HetautoError(f"unknown launch target {name!r}; known: {', '.join(self._targets)}") from None
+
+
+def get_targets(entry_points: bool = True) -> TargetRegistry:
+    """The built-in targets, then the entry-point plugins (each failure recorded in `registry.errors`)."""
+    import importlib
+
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(_Specs)
+    registry = TargetRegistry()
+    for mod in BUILTIN_MODULES:
+        pm.register(importlib.import_module(mod), name=mod)
+    if entry_points:
+        for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                pm.register(ep.load(), name=f"ep:{ep.name}")
+            except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, never fatal
+                registry.errors.append(LoadError(ep.name, f"{type(exc).__name__}: {exc}"))
+    for impl in pm.hook.hetauto_launch_targets.get_hookimpls():
+        try:
+            impl.function(registry=registry)
+        except Exception as exc:  # noqa: BLE001
+            registry.errors.append(LoadError(impl.plugin_name, f"{type(exc).__name__}: {exc}"))
+    return registry
+
+
+def embedded_launch(launch: LaunchPlan, path: str = LAUNCH_FILE, marker: str = "HETAUTO_LAUNCH_JSON") -> str:
+    """Shell lines that write the launch plan to `path` (a quoted here-document: nothing in it is expanded)."""
+    text = launch.to_json(indent=None)
+    if f"\n{marker}\n" in f"\n{text}\n":  # cannot happen with one-line JSON; kept as a guard
+        raise HetautoError("the launch plan contains the here-document marker")
+    return f"cat > {path} <<'{marker}'\n{text}\n{marker}\n"
+
+
+def node_command(node_rank: str, *, devices: str = "plan", extra: str = "") -> str:
+    """The node agent's command line; `node_rank` is shell text (a number or an expansion such as
+    "$NODE_RANK"), `devices`: "plan" (set the visible-devices variable from the plan) or "scheduler"."""
+    return (f'"${{HETAUTO_PYTHON:-python3}}" -m hetauto node {LAUNCH_FILE} --node-rank {node_rank} '
+            f"--visible-devices {shlex.quote(devices)}" + (f" {extra}" if extra else ""))

@@ -1,0 +1,92 @@
+"""A rank's side of the job's control plane: reports, marks, step lines and heartbeats through a TCP store.
+
+Why a store and not files: the ranks of a job that spans machines share no folder. Every rank connects as a
+client to the control store that the lead node's agent serves (hetauto.launch.control, `HETAUTO_CONTROL=HOST:PORT`
+in the rank's environment; the same on one host, where `hetauto run` serves it on 127.0.0.1). The agent outlives
+every rank, so a rank's last words (an error, a SIGTERM mark, its report) reach it even when the rank dies
+right after. Plain JSON strings, never pickle.
+
+Keys (the protocol; the agent side reads exactly these):
+  hetauto/seq          a counter: a message's number is what `add(seq, 1)` returned (1, 2, ...)
+  hetauto/msg/<i>      message i: {"rank": R, "kind": KIND, "text": TEXT}; KIND is one of MESSAGE_KINDS
+  hetauto/beat/<R>     rank R's heartbeat counter, bumped every HEARTBEAT_S by a thread of the rank
+A message is counted before it is written, so a reader may find a number whose message is not there yet; it
+waits for it (and skips it after a grace period: the rank died between the two calls).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["CONTROL_ENV", "SEQ_KEY", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
+           "ControlClient"]
+
+CONTROL_ENV = "HETAUTO_CONTROL"
+SEQ_KEY = "hetauto/seq"
+MESSAGE_KINDS = ("started", "error", "stopped", "report", "step")
+HEARTBEAT_S = 0.5  # how often a rank bumps its heartbeat (the agent compares when each rank's last changed)
+
+
+def msg_key(i: int) -> str:
+    return f"hetauto/msg/{i}"
+
+
+def beat_key(rank: int) -> str:
+    return f"hetauto/beat/{rank}"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[V6]:PORT' -> (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _connect(address: str, timeout_s: float) -> Any:
+    import torch.distributed as dist
+
+    host, port = split_address(address)
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+class ControlClient:
+    """One rank's connection. `post(kind, text)` sends a message; `start_heartbeat()` bumps the rank's counter
+    from a daemon thread (its own connection) that keeps beating while the rank waits in a collective and
+    stops when the process stops (SIGSTOP, a hard hang, death)."""
+
+    def __init__(self, address: str, rank: int, timeout_s: float = 60.0) -> None:
+        self.address, self.rank, self.timeout_s = address, rank, timeout_s
+        self._store = _connect(address, timeout_s)
+
+    @classmethod
+    def from_env(cls, rank: int, timeout_s: float = 60.0) -> "ControlClient":
+        address = os.environ.get(CONTROL_ENV, "")
+        if not address:
+            raise RuntimeError(f"{CONTROL_ENV} is not set: ranks are started by hetauto run or hetauto node, which "
+                               "serve the job's control store")
+        return cls(address, rank, timeout_s)
+
+    def post(self, kind: str, text: str) -> None:
+        if kind not in MESSAGE_KINDS:
+            raise ValueError(f"unknown control message kind {kind!r}")
+        i = int(self._store.add(SEQ_KEY, 1))
+        self._store.set(msg_key(i), json.dumps({"rank": self.rank, "kind": kind, "text": text}))
+
+    def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
+        store = _connect(self.address, self.timeout_s)
+        key = beat_key(self.rank)
+        store.add(key, 1)
+
+        def beat() -> None:
+            while True:
+                time.sleep(every)
+                try:
+                    store.add(key, 1)
+                except Exception:  # noqa: BLE001 - the agent is gone: nothing left to tell
+                    return
+
+        threading.Thread(target=beat, name="hetauto-heartbeat", daemon=True).start()
