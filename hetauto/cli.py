@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("hetauto.commands.simulate", "simulate a plan's pipeline schedule"),
     "evaluate": ("hetauto.commands.evaluate", "price a plan: time, throughput, MFU, memory per stage, breakdown"),
     "run": ("hetauto.commands.run", "run a plan for real with torchrun"),
+    "launch": ("hetauto.commands.launch", "write what each site submits to run a plan across machines and sites"),
+    "node": ("hetauto.commands.node", "the node agent that hetauto launch's scripts run on each machine"),
     "calibrate": ("hetauto.commands.calibrate", "measure this machine's executor overheads for run's predictions"),
     "checkpoint": ("hetauto.commands.checkpoint", "verify a checkpoint's files against its manifest"),
     "data": ("hetauto.commands.data", "tokenize local text into a token file for hetauto run --data"),

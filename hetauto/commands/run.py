@@ -37,24 +37,15 @@ NETNS_RESTARTS = ("--max-restarts is not supported with --emulate netns: each na
                   "--max-restarts, or rerun the netns job with --resume CHECKPOINT_DIR after a failure")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("plan", help="plan JSON file (hetauto plan -o plan.json)")
+def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """What the ranks train and how (hetauto run and hetauto launch alike); returns the checkpoints group."""
     parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    parser.add_argument("--emulate", nargs="?", const="inprocess", default=None, choices=("inprocess", "netns"),
-                        help="emulate the plan's clusters: per-cluster speed factor and cross-cluster link latency/"
-                             "bandwidth in-process (default), or 'netns': one torchrun per cluster in its own network "
-                             "namespace joined by a tc-shaped veth link (root only)")
     parser.add_argument("--seed", type=int, default=None,
                         help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
     from hetauto.commands._headroom import add_check_argument
 
     add_check_argument(parser)
-    parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
-    parser.add_argument("--tensorboard", metavar="DIR",
-                        help="write each step's loss, lr, grad norm, tokens/s, MFU and held-out loss as TensorBoard scalars")
-    parser.add_argument("--log-jsonl", metavar="FILE",
-                        help="append one JSON line per step as it completes (step, loss, lr, grad_norm, step_s, tokens_s, mfu)")
     tr = parser.add_argument_group("training")
     tr.add_argument("--data", metavar="FILE.bin|DIR",
                     help="train on a local token file (hetauto data prepare) or a Hugging Face datasets folder "
@@ -76,12 +67,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="with --data and --eval-every: the token file's tail held out for evaluation (default 0.05)")
     tr.add_argument("--clip-grad", type=float, default=None, metavar="NORM",
                     help="clip gradients to this global norm (over every stage, TP shard and DP replica)")
-    parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference loss")
-    parser.add_argument("--print-launch", action="store_true",
-                        help="print the torchrun command for every node of a multi-node run instead of running")
-    parser.add_argument("--master", default="MASTER_HOST",
-                        help="rendezvous host for --print-launch (its store listens on all interfaces, "
-                             "unauthenticated; a local run's listens on 127.0.0.1 only)")
     ck = parser.add_argument_group("checkpoints and failures")
     ck.add_argument("--checkpoint-dir", metavar="D", help="write sharded checkpoints under D (step-XXXXXXXX folders)")
     ck.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
@@ -97,6 +82,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ck.add_argument("--inject-fault", metavar="SPEC",
                     help="rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]: kill (or stall) rank R at step S "
                          "(first attempt only)")
+    return ck
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", help="plan JSON file (hetauto plan -o plan.json)")
+    parser.add_argument("--emulate", nargs="?", const="inprocess", default=None, choices=("inprocess", "netns"),
+                        help="emulate the plan's clusters: per-cluster speed factor and cross-cluster link latency/"
+                             "bandwidth in-process (default), or 'netns': one torchrun per cluster in its own network "
+                             "namespace joined by a tc-shaped veth link (root only)")
+    ck = add_job_arguments(parser)
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace of the measured last step")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="write each step's loss, lr, grad norm, tokens/s, MFU and held-out loss as TensorBoard scalars")
+    parser.add_argument("--log-jsonl", metavar="FILE",
+                        help="append one JSON line per step as it completes (step, loss, lr, grad_norm, step_s, tokens_s, mfu)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference loss")
+    parser.add_argument("--print-launch", action="store_true",
+                        help="print what hetauto launch --target torchrun writes (one script per node) instead of running")
+    parser.add_argument("--master", default=None, metavar="HOST[:PORT]",
+                        help="with --print-launch: the rendezvous address every node reaches (required there)")
     ck.add_argument("--max-restarts", type=int, default=0, metavar="N",
                     help="torchrun restarts the job up to N times after a failure; each restart resumes from the "
                          "latest complete checkpoint in --checkpoint-dir")
@@ -242,7 +247,7 @@ class _StepBar:
         self.progress.stop()
 
 
-def _lr_schedule(args: argparse.Namespace) -> Any:
+def _lr_schedule(args: Any) -> Any:
     """The run's learning-rate schedule from its flags (decaying over the run's --steps), or one line."""
     from hetauto.runtime.optim import LRSchedule
 
@@ -251,6 +256,12 @@ def _lr_schedule(args: argparse.Namespace) -> Any:
                           decay_steps=args.steps, min_lr=args.min_lr)
     except ValueError as err:
         raise HetautoError(str(err)) from None
+
+
+def _schedule_of(run: Any) -> Any:
+    """The learning-rate schedule a RunOptions trains with (its fields are the flags' names)."""
+    return _lr_schedule(argparse.Namespace(lr=run.lr, lr_schedule=run.lr_schedule, warmup_steps=run.warmup_steps,
+                                           steps=run.steps, min_lr=run.min_lr))
 
 
 def _abs(path: str | None) -> str | None:
@@ -268,7 +279,9 @@ def _param_count(cfg: Any) -> int:
     return n * (4 * h * h + 3 * h * f) + 2 * v * h
 
 
-def run(args: argparse.Namespace) -> int:
+def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
+    """Check a run's flags, plan, data and checkpoints before anything starts; returns (plan, cluster spec, model
+    config, the plan's folder, the RunOptions the ranks will read). Shared by hetauto run and hetauto launch."""
     from hetauto.core.plan_check import check_runnable_sharding, validate_plan
 
     if args.steps < 1:
@@ -362,6 +375,12 @@ def run(args: argparse.Namespace) -> int:
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
         allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column)
+    return plan, cluster, cfg, base, run_options
+
+
+def run(args: argparse.Namespace) -> int:
+    plan, cluster, cfg, base, run_options = prepare_run(args)
+    schedule = _schedule_of(run_options)
     if args.print_launch:
         # every node reads the same options file: next to the plan, which every node needs at the same path too
         plan_path = Path(args.plan).resolve()
@@ -418,85 +437,29 @@ def run(args: argparse.Namespace) -> int:
                 bar.close()
             if board is not None:
                 board.close()
-    from hetauto.runtime.results import (boundary_table, link_dispatch_lag, measured_timeline, rank_table,
-                                         stage_compute, stage_memory, summarize)
-
-    summary = summarize(plan, reports)
-    start = int(reports[0].get("start_step", 0))
-    restarts = max(int(r.get("restart", 0)) for r in reports)
-    checkpoints = [c for r in reports for c in r.get("checkpoints", [])]
-    precision = str(reports[0].get("precision", "fp32"))
-    reference: list[float] | None = None
-    reference_eval: list[list[float]] | None = None
-    eval_losses = _eval_losses(plan, reports)
-    if want_reference:
-        import torch
-
-        from hetauto.runtime.reference import reference_run
-
-        torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
-        ref = reference_run(cfg, args.seed, args.steps, plan.global_batch, plan.microbatch_size, plan.seq_len,
-                            precision=precision, lr_schedule=schedule, clip_grad=args.clip_grad,
-                            data=run_options.data, init_from=run_options.init_from, eval_every=args.eval_every,
-                            eval_steps=args.eval_steps, eval_fraction=args.eval_fraction,
-                            weight_decay=args.weight_decay, data_column=run_options.data_column)
-        reference = ref.losses[start:]
-        reference_eval = [[s, v] for s, v in ref.eval_losses if s >= start]
-    predicted, source, calibrated = _predicted(plan, emulate=bool(args.emulate), base=base)
-    if args.trace:
-        from hetauto.schedule.trace import write_chrome_trace
-
-        write_chrome_trace(measured_timeline(plan, reports), args.trace)
-    ratio = summary.measured_step_s / predicted if predicted else None
-    doc = {
-        "start_step": start,
-        "loss": list(summary.losses),
-        "reference_loss": reference,
-        "max_loss_diff": None if reference is None else max(abs(a - b) for a, b in zip(summary.losses, reference)),
-        "step_s": list(summary.step_s),
-        "mfu": None if flops_per_peak is None else [flops_per_peak / s if s > 0 else None for s in summary.step_s],
-        "lr": list(reports[0].get("lrs") or []),
-        "grad_norm": list(reports[0].get("grad_norms") or []) or None,
-        "eval_loss": eval_losses or None,
-        "reference_eval_loss": reference_eval,
-        "data": run_options.data,
-        "measured_step_s": summary.measured_step_s,
-        "predicted_step_s": predicted,
-        "prediction_source": source,
-        "prediction_calibrated": calibrated,
-        "measured_over_predicted": ratio,
-        "bytes_per_link": summary.bytes_per_link,
-        "stage_compute": [c.to_dict() for c in stage_compute(plan, reports)],
-        "link_dispatch_lag": link_dispatch_lag(reports),
-        "world_size": plan.world_size,
-        "precision": precision,
-        "loss_tolerance": PRECISION_TOLERANCE.get(precision),
-        "ranks": rank_table(plan, reports),
-        "boundaries": boundary_table(plan, reports),
-        "stage_memory": stage_memory(plan, reports, plan.prediction.peak_memory_bytes if plan.prediction else None),
-        "emulated": bool(args.emulate),
-        "emulation": args.emulate,
-        "emulated_backends": [{"stage": i, "backend": was, "runs_on": pre.backends[i]} for i, was in pre.emulated],
-        "shaped_link": link,
-        "trace": args.trace,
-        "checkpoints": checkpoints,
-        "restarts": restarts,
-        "seed": args.seed,
-    }
+    doc = result_document(plan, cfg, reports, run_options, base=base, emulate=args.emulate,
+                          want_reference=want_reference, link=link, trace=args.trace,
+                          emulated_backends=tuple({"stage": i, "backend": was, "runs_on": pre.backends[i]}
+                                                  for i, was in pre.emulated))
+    start, reference = doc["start_step"], doc["reference_loss"]
+    predicted, source, calibrated = doc["predicted_step_s"], doc["prediction_source"], doc["prediction_calibrated"]
+    ratio, precision, restarts, checkpoints = (doc["measured_over_predicted"], doc["precision"], doc["restarts"],
+                                               doc["checkpoints"])
+    eval_losses, reference_eval = doc["eval_loss"] or [], doc["reference_eval_loss"]
     if args.json:
         print_json(doc)
         return 0
-    rows = [(start + i, f"{l:.6f}", "-" if reference is None else f"{reference[i]:.6f}", f"{summary.step_s[i]:.3f}")
-            for i, l in enumerate(summary.losses)]
+    rows = [(start + i, f"{l:.6f}", "-" if reference is None else f"{reference[i]:.6f}", f"{doc['step_s'][i]:.3f}")
+            for i, l in enumerate(doc["loss"])]
     print_table(f"hetauto run: {plan.world_size} ranks, {plan.num_stages} stages, {plan.schedule.name}"
                 + (" (emulated clusters)" if args.emulate else ""), ["step", "loss", "reference", "step s"], rows)
     pred = "-" if predicted is None else f"{predicted:.4f}"
     if args.emulate and not calibrated:
         # an emulation on this host against a prediction for the plan's own devices: no ratio to show
-        print(f"measured step {summary.measured_step_s:.4f} s on this host (emulated); the plan's prediction "
+        print(f"measured step {doc['measured_step_s']:.4f} s on this host (emulated); the plan's prediction "
               f"{pred} s is not comparable until this host is calibrated ({MEASURE_CALIBRATION})")
     else:
-        print(f"measured step {summary.measured_step_s:.4f} s | predicted {pred} s ({source})"
+        print(f"measured step {doc['measured_step_s']:.4f} s | predicted {pred} s ({source})"
               + ("" if ratio is None or math.isnan(ratio) else f" | ratio {ratio:.2f}"))
     print(f"precision {precision}" + ("" if reference is None else
                                       f" (loss within {PRECISION_TOLERANCE[precision]:g} of the reference expected)"))
@@ -517,6 +480,82 @@ def run(args: argparse.Namespace) -> int:
         print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
               + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
     return 0
+
+
+def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: Any, *, base: Path,
+                    emulate: str | None, want_reference: bool, link: dict | None = None, trace: str | None = None,
+                    emulated_backends: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """`hetauto run --json`'s document from the ranks' reports (`run`: the RunOptions they ran with): losses next
+    to the single-process reference (`want_reference`), measured next to predicted step time, per rank, boundary
+    and stage. The lead node agent of a multi-site job (hetauto node) writes the same document."""
+    schedule = _schedule_of(run)
+    flops_per_peak = _flops_per_peak(plan, base)
+    from hetauto.runtime.results import (boundary_table, link_dispatch_lag, measured_timeline, rank_table,
+                                         stage_compute, stage_memory, summarize)
+
+    summary = summarize(plan, reports)
+    start = int(reports[0].get("start_step", 0))
+    restarts = max(int(r.get("restart", 0)) for r in reports)
+    checkpoints = [c for r in reports for c in r.get("checkpoints", [])]
+    precision = str(reports[0].get("precision", "fp32"))
+    reference: list[float] | None = None
+    reference_eval: list[list[float]] | None = None
+    eval_losses = _eval_losses(plan, reports)
+    if want_reference:
+        import torch
+
+        from hetauto.runtime.reference import reference_run
+
+        torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
+        ref = reference_run(cfg, run.seed, run.steps, plan.global_batch, plan.microbatch_size, plan.seq_len,
+                            precision=precision, lr_schedule=schedule, clip_grad=run.clip_grad,
+                            data=run.data, init_from=run.init_from, eval_every=run.eval_every,
+                            eval_steps=run.eval_steps, eval_fraction=run.eval_fraction,
+                            weight_decay=run.weight_decay, data_column=run.data_column)
+        reference = ref.losses[start:]
+        reference_eval = [[s, v] for s, v in ref.eval_losses if s >= start]
+    predicted, source, calibrated = _predicted(plan, emulate=bool(emulate), base=base)
+    if trace:
+        from hetauto.schedule.trace import write_chrome_trace
+
+        write_chrome_trace(measured_timeline(plan, reports), trace)
+    ratio = summary.measured_step_s / predicted if predicted else None
+    doc = {
+        "start_step": start,
+        "loss": list(summary.losses),
+        "reference_loss": reference,
+        "max_loss_diff": None if reference is None else max(abs(a - b) for a, b in zip(summary.losses, reference)),
+        "step_s": list(summary.step_s),
+        "mfu": None if flops_per_peak is None else [flops_per_peak / s if s > 0 else None for s in summary.step_s],
+        "lr": list(reports[0].get("lrs") or []),
+        "grad_norm": list(reports[0].get("grad_norms") or []) or None,
+        "eval_loss": eval_losses or None,
+        "reference_eval_loss": reference_eval,
+        "data": run.data,
+        "measured_step_s": summary.measured_step_s,
+        "predicted_step_s": predicted,
+        "prediction_source": source,
+        "prediction_calibrated": calibrated,
+        "measured_over_predicted": ratio,
+        "bytes_per_link": summary.bytes_per_link,
+        "stage_compute": [c.to_dict() for c in stage_compute(plan, reports)],
+        "link_dispatch_lag": link_dispatch_lag(reports),
+        "world_size": plan.world_size,
+        "precision": precision,
+        "loss_tolerance": PRECISION_TOLERANCE.get(precision),
+        "ranks": rank_table(plan, reports),
+        "boundaries": boundary_table(plan, reports),
+        "stage_memory": stage_memory(plan, reports, plan.prediction.peak_memory_bytes if plan.prediction else None),
+        "emulated": bool(emulate),
+        "emulation": emulate,
+        "emulated_backends": list(emulated_backends),
+        "shaped_link": link,
+        "trace": trace,
+        "checkpoints": checkpoints,
+        "restarts": restarts,
+        "seed": run.seed,
+    }
+    return doc
 
 
 def _print_stages(plan: Plan, doc: dict[str, Any]) -> None:

@@ -1,8 +1,9 @@
-"""Build and run the torchrun command for a plan, and collect the ranks' reports.
+"""Run a plan under torchrun on this machine, and collect and diagnose the ranks' reports.
 
-Why torchrun even on one machine: the same launch path works across clusters (one command per node,
-`--print-launch`); locally it is `--standalone --nproc-per-node=W`. The ranks write their reports to
-files in a temporary folder (JSON, never pickle), which this module reads back.
+Why torchrun even on one machine: the same launch path works across machines and sites (hetauto launch writes
+one torchrun per node); locally it is `--standalone --nproc-per-node=W`. The ranks report through the job's control
+store (hetauto.runtime.control), which this process serves (hetauto.launch.control) and mirrors into a temporary
+run folder (JSON, never pickle); the same mirror runs in the lead node agent of a multi-site job.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hetauto.core.plan import Plan
 from hetauto.runtime.options import RunOptions
 
 __all__ = ["JobFailed", "worker_args", "write_run_folder", "torchrun_launcher", "local_command", "node_commands", "launch_local",
-           "start_local", "LocalJob", "JobInterrupted", "newest_checkpoint_note", "STOP_GRACE_S", "diagnose_failure",
+           "start_local", "start_job", "LocalJob", "JobInterrupted", "newest_checkpoint_note", "STOP_GRACE_S", "diagnose_failure",
            "collect_reports", "kill_group", "torchrun_exit_codes"]
 
 
@@ -168,7 +169,7 @@ STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, h
 
 
 def heartbeats(out_dir: str | Path, world_size: int) -> dict[int, float]:
-    """rank -> when its heartbeat file (`rank<R>.alive`, touched by the worker) was last touched (unix time)."""
+    """rank -> when its heartbeat file (`rank<R>.alive`, touched by the control mirror when the rank's heartbeat moves) was last touched (unix time)."""
     found = {}
     for r in range(world_size):
         try:
@@ -275,11 +276,11 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
 
 
 SETTLE_S = 2.0  # after a rank's error: how long torchrun gets to end the job before the launcher ends it
-STOP_GRACE_S = 5.0  # after SIGINT/SIGTERM: how long the job's processes get to exit before they are killed
+STOP_GRACE_S = 5.0  # after SIGINT/SIGTERM/SIGHUP: how long the job's processes get to exit before they are killed
 
 
 class JobInterrupted(HetautoError):
-    """`hetauto run` was interrupted (SIGINT/SIGTERM) and stopped its whole job; exit code 128 + the signal."""
+    """`hetauto run` was interrupted (SIGINT/SIGTERM/SIGHUP) and stopped its whole job; exit code 128 + the signal."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
@@ -307,19 +308,26 @@ class LocalJob:
     raises `JobFailed`; `kill()` ends it. Lets the caller do its own work while the ranks start and train.
 
     The job owns its processes: torchrun and every worker carry `token` in their environment
-    (hetauto.runtime.jobprocs), so `kill()`, a missed deadline and SIGINT/SIGTERM on this process (while the
+    (hetauto.runtime.jobprocs), so `kill()`, a missed deadline and SIGINT/SIGTERM/SIGHUP on this process (while the
     job runs, `start_local` installs handlers in the main thread) reach all of them, not only torchrun's
-    process group. After SIGINT/SIGTERM `wait()` stops the job (SIGTERM, `STOP_GRACE_S`, SIGKILL) and raises
+    process group. After SIGINT/SIGTERM/SIGHUP `wait()` stops the job (SIGTERM, `STOP_GRACE_S`, SIGKILL) and raises
     `JobInterrupted` naming the newest complete checkpoint."""
 
-    def __init__(self, plan: Plan, tmp: tempfile.TemporaryDirectory, proc: subprocess.Popen, deadline: float,
-                 token: str = "", run: RunOptions | None = None, max_restarts: int = 0) -> None:
-        self.plan, self._tmp, self.proc, self.deadline = plan, tmp, proc, deadline
+    def __init__(self, plan: Plan, tmp: tempfile.TemporaryDirectory | str | Path, proc: subprocess.Popen,
+                 deadline: float, token: str = "", run: RunOptions | None = None, max_restarts: int = 0) -> None:
+        self.plan, self.proc, self.deadline = plan, proc, deadline
+        self._tmp = tmp if isinstance(tmp, tempfile.TemporaryDirectory) else None  # removed on close
         self.token, self.run, self.max_restarts = token, run, max_restarts
-        self.out = Path(tmp.name)
+        self.out = Path(tmp.name if isinstance(tmp, tempfile.TemporaryDirectory) else tmp)
+        # a node of a multi-node job: `watch()` is called every poll and returns why the job must stop (the lead
+        # ended it), else None; `collect` False: the reports are the lead's to collect, this node only waits
+        self.watch: Any = None
+        self.collect = True
+        self.on_failure: Any = None  # called with the error when wait() fails (the lead tells the other nodes)
         self._signalled: int | None = None
         self._previous: dict[int, Any] = {}
         self._closed = False
+        self.control: Any = None  # the hetauto.launch.control.ControlServer the ranks report to
         self.step_log: Any = None  # a hetauto.runtime.step_log.StepLog polled while the job runs (follow_steps)
 
     def follow_steps(self, jsonl: str | Path | None = None, on_step: Any = None,
@@ -338,7 +346,7 @@ class LocalJob:
 
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal or SSH session closed
             try:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
             except (ValueError, OSError):
@@ -381,6 +389,10 @@ class LocalJob:
     def wait(self) -> list[dict[str, Any]]:
         try:
             return self._wait()
+        except BaseException as err:
+            if self.on_failure is not None:
+                self.on_failure(err)
+            raise
         finally:
             self.close()
 
@@ -400,6 +412,11 @@ class LocalJob:
                 stop_job(self.proc, self.token, 0.0)
                 raise JobFailed(f"torchrun did not finish within {self.deadline:g}s and was killed; "
                                 "raise --timeout or check for a hung rank")
+            if self.watch is not None:
+                why = self.watch()
+                if why:
+                    stop_job(self.proc, self.token, 1.0)
+                    raise JobFailed(why)
             if self.max_restarts == 0:  # (with restarts, torchrun's own restart handles the failure)
                 if first_error is None:
                     if next(self.out.glob("rank*.error"), None) is not None:
@@ -414,6 +431,8 @@ class LocalJob:
             if self.step_log is not None:
                 self.step_log.poll()
             time.sleep(0.05)
+        if self.control is not None:
+            self.control.close()  # a last read: everything the finished ranks sent is in the run folder now
         if self.step_log is not None:
             self.step_log.poll()
         if self._signalled is not None:
@@ -423,6 +442,11 @@ class LocalJob:
         if left:
             stop_job(None, self.token, 2.0)  # nothing of the job outlives it
         stdout, stderr = self._read("torchrun.out"), self._read("torchrun.err")
+        if not self.collect:
+            if code:
+                tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
+                raise JobFailed(f"torchrun on this node exited {code}: {tail[0]} (the lead node names the culprit)")
+            return []
         if code is not None and code < 0 and not stopped:
             self._agent_died(-code, len(left))
             code = 0  # every rank had finished: their reports stand
@@ -467,42 +491,69 @@ class LocalJob:
             return
         self._closed = True
         self._restore_signals()
+        if self.control is not None:
+            self.control.close()
         for f in self._files:
             f.close()
-        self._tmp.cleanup()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
     _files: tuple = ()
 
 
 def start_local(plan: Plan, run: RunOptions, *, max_restarts: int = 0) -> LocalJob:
     """Start the plan under torchrun on this machine and return at once (see `launch_local`). `run.plan` and
-    `run.out` are replaced by the run folder's own copies."""
-    from hetauto.runtime.jobprocs import JOB_ENV, new_token
-
+    `run.out` are replaced by the run folder's own copies; the ranks report to a control store on loopback."""
     tmp = tempfile.TemporaryDirectory(prefix="hetauto-run-")
-    files: list = []
     try:
         options = write_run_folder(tmp.name, plan, run)
-        env = dict(os.environ)
+        return start_job(plan, run, tmp, lambda worker: local_command(plan, worker, max_restarts), options,
+                         max_restarts=max_restarts, control_bind=LOOPBACK)
+    except BaseException:
+        tmp.cleanup()
+        raise
+
+
+def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory | str | Path, command: Any,
+              options: Path, *, max_restarts: int = 0, control_bind: str | None = LOOPBACK, control_port: int = 0,
+              control_address: str | None = None, env: dict[str, str] | None = None) -> LocalJob:
+    """Start `command(worker args)` (a torchrun command line) with the job's token and control address in its
+    environment, its output in the run folder, and return the running LocalJob. `control_bind`: serve the
+    control store here (on `control_port`; the lead's agent, or a one-host run), mirroring into the run folder;
+    None: the ranks report to `control_address`, served elsewhere (a non-lead node)."""
+    from hetauto.launch.control import ControlServer
+    from hetauto.runtime.control import CONTROL_ENV
+    from hetauto.runtime.jobprocs import JOB_ENV, new_token
+
+    out = Path(folder.name if isinstance(folder, tempfile.TemporaryDirectory) else folder)
+    files: list = []
+    control = None
+    try:
+        if control_bind is not None:
+            control = ControlServer(out, bind=control_bind, port=control_port, advertise=control_address).start()
+        env = dict(os.environ if env is None else env)
         env.setdefault("OMP_NUM_THREADS", "1")
         token = new_token()
         env[JOB_ENV] = token
+        env[CONTROL_ENV] = control.address if control is not None else str(control_address)
         deadline = (run.timeout_s * 3 + 60 + 5 * run.steps) * (max_restarts + 1)
         # torchrun's (and the workers') output goes to files: a pipe nobody reads while we poll would fill up
-        files = [open(Path(tmp.name) / n, "w", encoding="utf-8") for n in ("torchrun.out", "torchrun.err")]
-        job = LocalJob(plan, tmp, None, deadline, token, run, max_restarts)  # type: ignore[arg-type]
+        files = [open(out / n, "w", encoding="utf-8") for n in ("torchrun.out", "torchrun.err")]
+        job = LocalJob(plan, folder, None, deadline, token, run, max_restarts)  # type: ignore[arg-type]
         job._files = tuple(files)
+        job.control = control
         job._install_signals()  # before the Popen: a signal from now on stops the job, never orphans it
         try:
-            job.proc = subprocess.Popen(local_command(plan, worker_args(options), max_restarts), env=env,
-                                        stdout=files[0], stderr=files[1], text=True, start_new_session=True)
+            job.proc = subprocess.Popen(command(worker_args(options)), env=env, stdout=files[0], stderr=files[1],
+                                        text=True, start_new_session=True)
         except BaseException:
             job._restore_signals()
             raise
     except BaseException:
         for f in files:
             f.close()
-        tmp.cleanup()
+        if control is not None:
+            control.close()
         raise
     return job
 

@@ -108,6 +108,7 @@ class LaunchPlan(_Frozen):
     run: dict[str, Any]  # hetauto.runtime.options.RunOptions fields, less `plan` and `out` (each node sets them)
     files: dict[str, str] = {}  # files the plan names (a cluster spec, a model config), by the name the plan uses
     needs: tuple[str, ...] = ()  # what every node must have, in words (software, storage, ports)
+    reference: bool = True  # the lead computes the single-process reference loss (small models only)
 
     @model_validator(mode="after")
     def _check(self) -> "LaunchPlan":
@@ -276,7 +277,7 @@ def derive(plan: Plan, cluster: ClusterSpec, run: Mapping[str, Any], *, master: 
            sites: Mapping[str, Sequence[str]] | None = None, env: Mapping[str, str] | None = None,
            site_env: Mapping[str, Mapping[str, str]] | None = None,
            site_options: Mapping[str, Mapping[str, str]] | None = None, join_timeout_s: float = 300.0,
-           files: Mapping[str, str] | None = None, needs: Sequence[str] = ()) -> LaunchPlan:
+           files: Mapping[str, str] | None = None, needs: Sequence[str] = (), reference: bool = True) -> LaunchPlan:
     """The launch plan of `plan` on `cluster` (its ClusterSpec). `backends[i]`: stage i's backend;
     `visible_env[backend]`: its visible-devices variables; `sites`: site -> plan clusters (default one site per
     cluster); `env`: for every node, `site_env[site]` on top; the lead site is the one holding rank 0."""
@@ -302,4 +303,5 @@ def derive(plan: Plan, cluster: ClusterSpec, run: Mapping[str, Any], *, master: 
     return LaunchPlan(plan_sha256=plan_digest(doc), world_size=plan.world_size,
                       rendezvous=Rendezvous(master_addr=master, master_port=port, control_port=port + 1,
                                             lead_site=lead, join_timeout_s=join_timeout_s),
-                      sites=built, plan=doc, run=run_doc, files=dict(files or {}), needs=tuple(needs))
+                      sites=built, plan=doc, run=run_doc, files=dict(files or {}), needs=tuple(needs),
+                      reference=reference)

@@ -1,0 +1,67 @@
+"""`hetauto node LAUNCH.json --node-rank N [--workdir D] [--visible-devices plan|scheduler] [--json]`: the node
+agent every artifact of `hetauto launch` runs, one per machine (hetauto.launch.node does the work).
+
+It joins the job (the lead, node rank 0, waits for every site and refuses a node with another plan), runs torchrun
+for this node, and on the lead follows the steps and writes the run's result (`hetauto run --json`'s document) to
+`result.json` in the working folder; a failure ends in one line naming the culprit rank, its stage and cluster.
+Exit codes: 0 done, 1 failed (the job or a bad input), 128 + N after signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hetauto.commands._output import print_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("launch", help="the launch plan (launch.json, written by hetauto launch)")
+    parser.add_argument("--node-rank", type=int, required=True, help="this machine's node rank in the launch plan")
+    parser.add_argument("--workdir", default=".", help="this node's working folder (default: the current one)")
+    parser.add_argument("--visible-devices", default="plan", choices=("plan", "scheduler"),
+                        help="plan: select the plan's devices with the backend's visible-devices variable; "
+                             "scheduler: keep what the scheduler set (Slurm, Kubernetes, SkyPilot)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hetauto.launch.node import prepare_node, start_node
+    from hetauto.launch.plan import LaunchPlan
+
+    launch = LaunchPlan.load(args.launch)
+    job = prepare_node(launch, args.node_rank, args.workdir, visible_devices=args.visible_devices)
+    say = (lambda text: print(f"hetauto node {args.node_rank}: {text}", file=sys.stderr, flush=True))
+    running = start_node(job, progress=say)
+    say(f"{job.where()}: started {job.node.nproc} rank(s) "
+        f"{job.node.first_rank}-{job.node.first_rank + job.node.nproc - 1}")
+    if not job.lead:
+        running.wait()
+        say("done")
+        return 0
+    running.follow_steps(job.workdir / "steps.jsonl",
+                         lambda rec: say(f"step {rec.step}: loss {rec.loss:.6f}, {rec.step_s:.3f} s"))
+    reports = running.wait()
+    doc = _result(job, reports, no_reference=not launch.reference)
+    path = job.workdir / "result.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    if args.json:
+        print_json(doc)
+    else:
+        diff = doc.get("max_loss_diff")
+        say(f"done: {len(doc['ranks'])} ranks, loss {', '.join(f'{x:.6f}' for x in doc['loss'])}"
+            + ("" if diff is None else f" (max difference to the reference {diff:.2g})") + f"; result: {path}")
+    return 0
+
+
+def _result(job, reports: list, *, no_reference: bool) -> dict:  # type: ignore[no-untyped-def]
+    from hetauto.commands.run import REFERENCE_MAX_PARAMS, _param_count, result_document
+    from hetauto.core.plan_check import load_model_for_plan
+
+    cfg = load_model_for_plan(job.plan)
+    want = not no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS
+    doc = result_document(job.plan, cfg, reports, job.run, base=Path(job.workdir), emulate=None, want_reference=want)
+    doc["launch"] = {"plan_sha256": job.launch.plan_sha256, "sites": [s.name for s in job.launch.sites],
+                     "nodes": job.launch.num_nodes}
+    return doc

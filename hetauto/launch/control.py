@@ -1,0 +1,161 @@
+"""The lead side of the job's control plane: serve the control store, mirror what the ranks send into a run folder.
+
+The ranks (hetauto.runtime.control) post marks, reports and step lines to a TCP store that this process serves and
+outlives; a daemon thread here reads them and writes the run folder's files on *this* machine, the same files a
+one-host run always had (`rank<R>.started|error|stopped|json|steps.jsonl`, `rank<R>.alive` touched when the rank's
+heartbeat counter moves, by this machine's clock). So the diagnosis (hetauto.launch.local.diagnose_failure), the
+step log and the report collection read one folder whatever machines the ranks ran on, and the clocks of other
+sites never matter.
+
+The store also carries the node agents' handshake (hetauto.launch.node): `node/<R>` registrations, the lead's
+`verdict/<R>`, and `abort` (the lead ended the job: every agent stops its ranks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from hetauto.runtime.control import SEQ_KEY, beat_key, msg_key
+
+__all__ = ["ControlServer", "HOLE_GRACE_S", "POLL_S"]
+
+POLL_S = 0.05  # how often new messages are read
+BEAT_POLL_S = 0.25  # how often the heartbeat counters are read
+HOLE_GRACE_S = 2.0  # a counted message still missing after this long is skipped (its rank died mid-post)
+
+
+class ControlServer:
+    """Serves a control store on `bind:port` (port 0: a free one) and mirrors the ranks' messages into `folder`.
+
+    `address` is what the ranks connect to (`advertise` or the bound address). Use as a context manager or
+    `start()` / `close()`; `close()` stops the thread after a last full read, so nothing a finished rank sent is
+    lost."""
+
+    def __init__(self, folder: str | Path, bind: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> None:
+        import torch.distributed as dist
+
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((bind, int(port)))
+        self._sock.listen(1024)
+        self.port = int(self._sock.getsockname()[1])
+        host = advertise or bind
+        self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        self.store = dist.TCPStore(bind, self.port, is_master=True, timeout=timedelta(seconds=30),
+                                   wait_for_workers=False, master_listen_fd=self._sock.fileno(), use_libuv=True)
+        self.lock = threading.Lock()  # the store object is shared by the mirror thread and the agent's handshake
+        self._next = 1
+        self._hole_since: float | None = None
+        self._beats: dict[int, int] = {}
+        self._ranks: set[int] = set()
+        self._last_beat_poll = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle
+    def start(self) -> "ControlServer":
+        self._thread = threading.Thread(target=self._loop, name="hetauto-control", daemon=True)
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> "ControlServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop mirroring after a last read of everything sent so far (idempotent)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.poll(final=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a store hiccup must not end the mirror; the next poll retries
+                pass
+            self._stop.wait(POLL_S)
+
+    # --- store access for the agents' handshake
+    def set(self, key: str, value: str) -> None:
+        with self.lock:
+            self.store.set(key, value)
+
+    def get(self, key: str) -> str | None:
+        """The key's value, or None when it is not set (never blocks)."""
+        with self.lock:
+            if not self.store.check([key]):
+                return None
+            return self.store.get(key).decode("utf-8")
+
+    # --- mirroring
+    def poll(self, final: bool = False) -> None:
+        with self.lock:
+            seq = int(self.store.add(SEQ_KEY, 0))
+            while self._next <= seq:
+                key = msg_key(self._next)
+                if not self.store.check([key]):
+                    now = time.monotonic()
+                    if self._hole_since is None:
+                        self._hole_since = now
+                    if not final and now - self._hole_since < HOLE_GRACE_S:
+                        break
+                    self._next += 1  # counted but never written: its rank died between the two calls
+                    self._hole_since = None
+                    continue
+                self._handle(json.loads(self.store.get(key)))
+                self.store.delete_key(key)
+                self._next += 1
+                self._hole_since = None
+            now = time.monotonic()
+            if final or now - self._last_beat_poll >= BEAT_POLL_S:
+                self._last_beat_poll = now
+                for r in sorted(self._ranks):
+                    count = int(self.store.add(beat_key(r), 0))
+                    if count != self._beats.get(r):
+                        self._beats[r] = count
+                        self._touch(r)
+
+    def _path(self, rank: int, kind: str) -> Path:
+        return self.folder / f"rank{rank}.{kind}"
+
+    def _touch(self, rank: int) -> None:
+        path = self._path(rank, "alive")
+        try:
+            path.touch()
+            os.utime(path)
+        except OSError:
+            pass
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        rank, kind, text = int(msg["rank"]), str(msg["kind"]), str(msg["text"])
+        try:
+            if kind == "started":  # a restarted attempt: drop what the earlier one left
+                for stale in ("json", "error", "stopped", "steps.jsonl"):
+                    self._path(rank, stale).unlink(missing_ok=True)
+                self._ranks.add(rank)
+                self._touch(rank)
+                self._path(rank, "started").write_text(text + "\n", encoding="utf-8")
+            elif kind == "step":
+                with open(self._path(rank, "steps.jsonl"), "a", encoding="utf-8") as fh:
+                    fh.write(text + "\n")
+            elif kind in ("error", "stopped"):
+                self._path(rank, kind).write_text(text + "\n", encoding="utf-8")
+            elif kind == "report":
+                self._path(rank, "json").write_text(text, encoding="utf-8")
+        except OSError:
+            pass
