@@ -75,7 +75,7 @@ def _key_values(specs: list[str], flag: str, sep: str) -> dict[str, dict[str, st
 def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path, run_options: Any) -> Any:
     """The launch plan of a checked plan and its run options, from the launch flags."""
     from hetauto.backends import get_registry
-    from hetauto.launch.plan import HOST_SOCKET_ENV, derive, parse_master, parse_sites
+    from hetauto.launch.plan import HOST_SOCKET_ENV, derive, parse_master, parse_sites, portable_plan
 
     host, port = parse_master(args.master)
     clusters = list(dict.fromkeys(s.cluster for s in plan.stages))
@@ -114,13 +114,11 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
         if scope and scope not in sites:
             raise SpecError(None, "--env", f"'{scope}' is not a site", f"one of: {', '.join(sites)}")
     common = {"OMP_NUM_THREADS": str(args.omp_threads), **envs.get("", {})}
-    files = {}
-    if plan.cluster and (base / plan.cluster).is_file():  # a cluster file next to the plan travels with it
-        files[plan.cluster] = (base / plan.cluster).read_text(encoding="utf-8")
+    plan, files = portable_plan(plan, base)  # a cluster file the plan names travels inside the launch plan
     run_doc = {k: v for k, v in _asdict(run_options).items() if k not in ("plan", "out", "cluster_base")}
     needs = (f"python3 with hetauto {_version()} and torch (the same versions on every node); "
              "HETAUTO_PYTHON names another interpreter",
-             f"node rank 0 ({sites and next(iter(sites))}) reachable from every node at {host} ports {port} "
+             f"node rank 0 (site '{next(iter(sites))}') reachable from every node at {host} ports {port} "
              f"(torchrun's rendezvous) and {port + 1} (the control store); both accept any connection: open them "
              "to the job's nodes only",
              "every path the run options name (--data, --init-from) present on every node",

@@ -4,24 +4,28 @@ joined by a kernel-shaped link (hetauto.runtime.netns: veth + tc tbf at the plan
 Why: the in-process link emulation delays sends in our own code; here the stage boundary's traffic goes
 through TCP and a real rate-limited interface, and the kernel counts the bytes that crossed it. Each cluster
 is a torchrun "node" (static rendezvous at the first namespace's address), exactly like a multi-node run,
-so the plan's ranks of one cluster must be contiguous. Compute speed factors are still emulated per rank.
+so the plan's ranks of one cluster must be contiguous. Compute speed factors are still emulated per rank. Each
+namespace runs the node agent of a multi-site job (hetauto node) in a working folder of its own, so this is the
+cross-site launch path end to end: join, control store at the lead's veth address, no shared folder.
 Root and iproute2 only (`netns.available()` says why not).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.plan import Plan
-from hetauto.launch.local import (JobFailed, collect_reports, kill_group, torchrun_launcher, worker_args,
-                                    write_run_folder)
+from hetauto.launch.local import JobFailed, collect_reports, kill_group
 from hetauto.runtime.options import RunOptions
 
 __all__ = ["launch_netns", "cross_cluster_bandwidth"]
@@ -38,7 +42,12 @@ def cross_cluster_bandwidth(plan: Plan, cluster: ClusterSpec) -> float:
 
 def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
     """Run the plan with one namespace per cluster; return (rank reports, link figures: shaped rate and the
-    kernel's byte counters of each namespace's veth over the run)."""
+    kernel's byte counters of each namespace's veth over the run).
+
+    Each namespace is a site of a multi-site job: its own working folder, its node agent (`hetauto node`, as
+    `hetauto launch --target torchrun` scripts start it) with the launch plan, the lead in the first namespace
+    serving the rendezvous and the control store at its veth address. The reports are the lead's."""
+    from hetauto.launch.plan import HOST_SOCKET_ENV, derive, portable_plan
     from hetauto.runtime.layout import stage_layouts
     from hetauto.runtime.netns import NamespaceTopology, ShapedLinkError, available
 
@@ -51,30 +60,45 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
     if [r for g in topo.groups for r in g] != list(range(plan.world_size)):
         raise PlanMismatch(f"--emulate netns runs one torchrun per cluster, so each cluster's ranks must be "
                            f"contiguous; got clusters by rank {cluster_of_rank}: reorder the plan's stages")
+    names = list(dict.fromkeys(cluster_of_rank))
+    portable, files = portable_plan(plan, run.cluster_base)
+    doc = json.loads(replace(run, emulate="speed-only").to_json())
+    launch = derive(portable, cluster, {k: v for k, v in doc.items() if k != "cluster_base"},
+                    master=topo.addresses[0], port=topo.master_port, backends=run.backends or ("cpu",) * plan.num_stages,
+                    visible_env={}, site_env={c: {HOST_SOCKET_ENV: topo.interfaces[g]} for g, c in enumerate(names)},
+                    env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, files=files, reference=False)
+    if launch.num_nodes != len(topo.namespaces):
+        raise PlanMismatch(f"--emulate netns runs one node per cluster; this plan uses {launch.num_nodes} nodes of "
+                           f"its {len(names)} clusters")
+    deadline_s = run.timeout_s * 3 + 60 + 5 * run.steps + launch.rendezvous.join_timeout_s
     with tempfile.TemporaryDirectory(prefix="hetauto-netns-") as tmp, topo:
-        program = worker_args(write_run_folder(tmp, plan, replace(run, emulate="speed-only")))
-        timeout_s, steps = run.timeout_s, run.steps
         before = topo.link_bytes()
         procs = []
-        for g in range(len(topo.groups)):
-            env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **topo.env_for_group(g))
-            procs.append(subprocess.Popen(topo.torchrun_command(g, program, torchrun=torchrun_launcher()), env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True, start_new_session=True))
-        deadline = time.monotonic() + timeout_s * 3 + 60 + 5 * steps
+        for g, ns in enumerate(topo.namespaces):
+            work = Path(tmp) / f"site{g}"
+            work.mkdir()
+            launch.save(work / "launch.json")
+            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "hetauto", "node", "launch.json",
+                   "--node-rank", str(g), "--workdir", str(work)]
+            procs.append(subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True))
+        end = time.monotonic() + deadline_s
         outs: list[tuple[str, str]] = []
         for p in procs:
             try:
-                outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
+                outs.append(p.communicate(timeout=max(1.0, end - time.monotonic())))
             except subprocess.TimeoutExpired:
                 for q in procs:
                     kill_group(q)
-                raise JobFailed(f"the namespace job did not finish within {timeout_s * 3 + 60 + 5 * steps:g}s and "
-                                "was killed; raise --timeout or check for a hung rank") from None
+                raise JobFailed(f"the namespace job did not finish within {deadline_s:g}s and was killed; raise "
+                                "--timeout or check for a hung rank") from None
         after = topo.link_bytes()
-        code = next((p.returncode for p in procs if p.returncode), 0)
-        reports = collect_reports(plan, tmp, code, "\n".join(e for _, e in outs), "\n".join(o for o, _ in outs))
+        if procs[0].returncode != 0:
+            lines = outs[0][1].strip().splitlines() or [f"the lead node agent exited {procs[0].returncode}"]
+            raise JobFailed(lines[-1].split(": error: ", 1)[-1])
+        lead = Path(tmp) / "site0" / "run"
+        reports = collect_reports(plan, lead, 0)
         counters = {}
-        for ns, name in zip(topo.namespaces, dict.fromkeys(cluster_of_rank)):
+        for ns, name in zip(topo.namespaces, names):
             counters[name] = {k: after[ns][k] - before[ns][k] for k in ("tx", "rx")}
-        return reports, {"shaped_Bps": rate, "kernel_bytes": counters,
-                         "interfaces": dict(zip(dict.fromkeys(cluster_of_rank), topo.interfaces))}
+        return reports, {"shaped_Bps": rate, "kernel_bytes": counters, "interfaces": dict(zip(names, topo.interfaces))}

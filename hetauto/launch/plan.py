@@ -26,7 +26,7 @@ from hetauto.core.plan import Plan
 from hetauto.core.specio import read_document, validate_document
 
 __all__ = ["LAUNCH_SCHEMA", "DEFAULT_PORT", "NodeLaunch", "SiteLaunch", "Rendezvous", "LaunchPlan", "derive",
-           "plan_digest", "parse_master", "parse_sites", "HOST_SOCKET_ENV"]
+           "plan_digest", "parse_master", "parse_sites", "portable_plan", "HOST_SOCKET_ENV"]
 
 LAUNCH_SCHEMA = "hetauto.launch/1"
 DEFAULT_PORT = 29500  # torchrun's default master port; the control port is the next one
@@ -305,3 +305,16 @@ def derive(plan: Plan, cluster: ClusterSpec, run: Mapping[str, Any], *, master: 
                                             lead_site=lead, join_timeout_s=join_timeout_s),
                       sites=built, plan=doc, run=run_doc, files=dict(files or {}), needs=tuple(needs),
                       reference=reference)
+
+
+def portable_plan(plan: Plan, base: str | Path | None) -> tuple[Plan, dict[str, str]]:
+    """The plan as another machine can read it: a cluster file it names (relative to `base`, or absolute) is
+    carried in the launch plan's `files` under its file name, and the plan names that file."""
+    ref = plan.cluster
+    if not ref:
+        return plan, {}
+    for candidate in ([Path(base) / ref] if base is not None else []) + [Path(ref)]:
+        if candidate.is_file():
+            name = f"cluster-{candidate.name}"
+            return plan.model_copy(update={"cluster": name}), {name: candidate.read_text(encoding="utf-8")}
+    return plan, {}  # a scenario name (or a file every node has at that path)

@@ -1,0 +1,125 @@
+"""Two sites on one machine, started from the scripts `hetauto launch --target torchrun` wrote, exactly as written.
+
+Each site is a network namespace with a working folder of its own (nothing shared between them); the sites' nodes
+run different process counts (1 + 3). Checked: the losses equal the single-process reference and the lead's
+result.json lists every rank; a rank SIGSTOPped on the non-lead site is named as the culprit; a site that never
+starts is named by the lead after --join-timeout. Needs root and iproute2 (hetauto.runtime.netns.available())."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hetauto.cli import main
+from hetauto.core.plan import Plan, StagePlan
+from hetauto.launch.local import JobFailed
+from hetauto.launch.node import JoinFailed
+from hetauto.runtime import netns
+
+pytestmark = [pytest.mark.netns, pytest.mark.multiprocess]
+
+CLUSTER = """\
+clusters:
+  - {name: fast, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+  - {name: slow, nodes: {count: 1, devices_per_node: 4, device: cpu}, backend: mock}
+links:
+  default: {bandwidth: 1Gbps, latency: 1ms}
+"""
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1 + 3 rank plan: the fast site's one cpu rank, the slow site's three mock ranks (dp 3)."""
+    if not netns.available().ok:
+        pytest.fail(f"network namespaces are needed here: {netns.available().reason}")
+    folder = tmp_path_factory.mktemp("plan")
+    (folder / "sites.yaml").write_text(CLUSTER, encoding="utf-8")
+    stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
+              StagePlan(cluster="slow", device_type="cpu", devices=(0, 1, 2), layers=(3, 6), tp=1, dp=3))
+    Plan(model="tiny-gpt", cluster="sites.yaml", seq_len=16, global_batch=6, microbatch_size=3, num_microbatches=2,
+         stages=stages).save(folder / "plan.json")
+    return folder / "plan.json"
+
+
+class Sites:
+    """The two namespaces, the launch output and one working folder per site."""
+
+    def __init__(self, root: Path, plan: Path, topo: netns.NamespaceTopology, *extra: str) -> None:
+        self.root, self.topo = root, topo
+        out = root / "launch"
+        argv = ["launch", str(plan), "--target", "torchrun", "--master", f"{topo.addresses[0]}:29500", "-o", str(out),
+                "--iface", f"fast={topo.interfaces[0]}", "--iface", f"slow={topo.interfaces[1]}", *extra]
+        assert main(argv) == 0
+        self.scripts = [out / "fast" / "node0.sh", out / "slow" / "node1.sh"]
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, site: int) -> subprocess.Popen:
+        work = self.root / f"site{site}"
+        work.mkdir(exist_ok=True)
+        proc = subprocess.Popen(["ip", "netns", "exec", self.topo.namespaces[site], "bash", str(self.scripts[site])],
+                                cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def lead_folder(self) -> Path:
+        return next((self.root / "site0").glob("hetauto-job-*-node0"))
+
+
+def _topology() -> netns.NamespaceTopology:
+    return netns.NamespaceTopology([[0], [1, 2, 3]], bandwidth_Bps=125e6)
+
+
+@pytest.mark.timeout(240)
+def test_two_sites_from_the_written_scripts_train_to_the_reference(tmp_path: Path, plan_file: Path) -> None:
+    with _topology() as topo:
+        sites = Sites(tmp_path, plan_file, topo, "--steps", "2", "--timeout", "30")
+        lead, other = sites.start(0), sites.start(1)
+        out, err = lead.communicate(timeout=200)
+        assert lead.returncode == 0, err[-2000:]
+        assert other.wait(timeout=60) == 0, other.stderr.read()[-2000:] if other.stderr else ""
+    doc = json.loads((sites.lead_folder() / "result.json").read_text())
+    assert doc["max_loss_diff"] < 1e-5 and len(doc["loss"]) == 2
+    assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1, 2, 3]
+    assert doc["launch"]["sites"] == ["fast", "slow"] and doc["launch"]["nodes"] == 2
+    assert not list((tmp_path / "site1").glob("*/result.json"))  # only the lead writes the result
+    assert "waiting for 1 node(s) to join: node rank 1 (site 'slow', cluster 'slow' node 0)" in err or \
+        "started 1 rank(s) 0-0" in err
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_stopped_on_the_other_site_is_named(tmp_path: Path, plan_file: Path) -> None:
+    with _topology() as topo:
+        sites = Sites(tmp_path, plan_file, topo, "--steps", "400", "--timeout", "5")
+        lead, other = sites.start(0), sites.start(1)
+        started = None
+        end = time.monotonic() + 150
+        while time.monotonic() < end and lead.poll() is None:  # wait for rank 2 to have trained a step
+            folder = next((tmp_path / "site0").glob("hetauto-job-*-node0"), None)
+            if folder is not None and (folder / "steps.jsonl").is_file() and (folder / "run" / "rank2.started").is_file():
+                started = (folder / "run" / "rank2.started").read_text()
+                break
+            time.sleep(0.2)
+        assert started is not None, "rank 2 never started a step"
+        os.kill(int(started.split("pid")[1]), signal.SIGSTOP)
+        _, err = lead.communicate(timeout=120)
+        other.wait(timeout=60)
+    assert lead.returncode == JobFailed("").exit_code, err[-3000:]
+    assert "rank 2 (stage 1, cluster 'slow') stopped responding" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_site_is_named_after_the_join_timeout(tmp_path: Path, plan_file: Path) -> None:
+    with _topology() as topo:
+        sites = Sites(tmp_path, plan_file, topo, "--join-timeout", "2")
+        lead = sites.start(0)
+        _, err = lead.communicate(timeout=90)
+    assert lead.returncode == JoinFailed("").exit_code
+    assert err.strip().splitlines()[-1] == (
+        "hetauto node: error: not every site joined within the join timeout (2 s): missing site 'slow' node rank(s) 1; "
+        f"start their scripts, check that they reach {topo.addresses[0]} ports 29500-29501, or raise --join-timeout")
