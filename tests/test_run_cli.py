@@ -69,20 +69,25 @@ def test_missing_layers_are_rejected_before_launch(tmp_path: Path, capsys) -> No
     assert "layers 5..5 are missing: extend the last stage to end at 6" in capsys.readouterr().err
 
 
-def test_print_launch_gives_one_torchrun_command_per_node(tmp_path: Path, capsys) -> None:
+def test_print_launch_prints_the_torchrun_target_scripts(tmp_path: Path, capsys) -> None:
     plan = _write(tmp_path, _stage("fast", (0, 1), (0, 3), tp=2), _stage("slow", (0, 1), (3, 6), tp=2))
     assert main(["run", str(plan), "--print-launch", "--json", "--master", "10.0.0.1"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    nodes = doc["nodes"]
-    assert [n["node"] for n in nodes] == ["fast/node0", "slow/node0"]
-    options = tmp_path / "plan.run.json"  # every node reads the same RunOptions file, written next to the plan
-    assert doc["options"] == str(options)
-    for i, n in enumerate(nodes):
-        assert f"--nnodes=2 --node-rank={i} --nproc-per-node=2 --master-addr=10.0.0.1" in n["command"]
-        assert n["command"].endswith(f"-m hetauto.runtime.worker --options {options}")
-    run = RunOptions.load(options)
-    # cpu-demo's cluster slow runs on the mock backend (its own `backend: mock`)
-    assert (run.plan, run.out, run.backends, run.emulate) == (str(plan), str(tmp_path / "plan.out"), ("cpu", "mock"), "none")
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert sorted(files) == ["README.txt", "fast/node0.sh", "launch.json", "slow/node1.sh"]
+    for i, site in enumerate(("fast", "slow")):
+        assert files[f"{site}/node{i}.sh"].endswith(
+            f'exec "${{HETAUTO_PYTHON:-python3}}" -m hetauto node launch.json --node-rank {i} --visible-devices plan "$@"\n')
+    launch = json.loads(files["launch.json"])
+    assert launch["rendezvous"]["master_addr"] == "10.0.0.1" and launch["rendezvous"]["master_port"] == 29500
+    # cpu-demo's cluster slow runs on the mock backend (its own `backend: mock`); the options travel inside
+    assert launch["run"]["backends"] == ["cpu", "mock"] and launch["run"]["emulate"] == "none"
+    assert [n["nproc"] for s in launch["sites"] for n in s["nodes"]] == [2, 2]
+
+
+def test_master_without_print_launch_is_refused(tmp_path: Path, capsys) -> None:
+    plan = _write(tmp_path, _stage("fast", (0,), (0, 3)), _stage("slow", (0,), (3, 6)))
+    assert main(["run", str(plan), "--master", "node0"]) != 0
+    assert "--master is for --print-launch (or hetauto launch)" in capsys.readouterr().err
 
 
 def test_emulated_prediction_without_a_cached_calibration_says_how_to_measure_it(tmp_path: Path, monkeypatch) -> None:

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 from pathlib import Path
-from typing import Any
 
+from hetauto.commands._launching import derive_launch, render, write_files
 from hetauto.commands._output import print_json
-from hetauto.core.errors import HetautoError, SpecError
 
 DEFAULT_TARGET = "torchrun"
 
@@ -57,132 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the lead node skips the single-process reference loss")
     add_job_arguments(parser)
     add_launch_arguments(parser)
-
-
-def _key_values(specs: list[str], flag: str, sep: str) -> dict[str, dict[str, str]]:
-    """['[SCOPE<sep>]KEY=VALUE', ...] -> {scope or '': {KEY: VALUE}}."""
-    out: dict[str, dict[str, str]] = {}
-    for spec in specs:
-        head, eq, value = spec.partition("=")
-        scope, dot, key = head.rpartition(sep) if sep in head else ("", "", head)
-        if not eq or not key.strip():
-            raise SpecError(None, flag, f"{spec!r}: expected {'[SITE' + sep + ']' if sep else ''}KEY=VALUE",
-                            f"e.g. {flag} " + ("slow.partition=gpu" if sep == "." else "NCCL_DEBUG=WARN"))
-        out.setdefault(scope.strip(), {})[key.strip()] = value
-    return out
-
-
-def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path, run_options: Any) -> Any:
-    """The launch plan of a checked plan and its run options, from the launch flags."""
-    from hetauto.backends import get_registry
-    from hetauto.launch.plan import HOST_SOCKET_ENV, derive, parse_master, parse_sites, portable_plan
-
-    host, port = parse_master(args.master)
-    clusters = list(dict.fromkeys(s.cluster for s in plan.stages))
-    sites = parse_sites(args.site, clusters)
-    if args.join_timeout <= 0:
-        raise HetautoError(f"--join-timeout must be > 0 seconds, got {args.join_timeout}")
-    if args.omp_threads < 1:
-        raise HetautoError(f"--omp-threads must be >= 1, got {args.omp_threads}")
-    registry = get_registry()
-    backends = list(run_options.backends)
-    known = {}
-    for b in dict.fromkeys(backends):
-        try:
-            known[b] = registry.get(b)
-        except Exception:  # noqa: BLE001 - an unknown backend is the site's to have; no variables from us
-            known[b] = None
-    visible = {b: (be.visible_devices_envs if be is not None else ()) for b, be in known.items()}
-    options = _key_values(args.site_option, "--site-option", ".")
-    for scope in options:
-        if scope not in sites:
-            raise SpecError(None, "--site-option", f"'{scope or '(none)'}' is not a site",
-                            f"write SITE.KEY=VALUE with one of: {', '.join(sites)}")
-    envs = _key_values(args.env, "--env", ":")
-    site_env: dict[str, dict[str, str]] = {name: dict(envs.get(name, {})) for name in sites}
-    for spec in args.iface:
-        site, eq, name = spec.rpartition("=")
-        for s in ([site] if eq else list(sites)):
-            if s not in sites:
-                raise SpecError(None, "--iface", f"'{s}' is not a site", f"one of: {', '.join(sites)}")
-            site_env[s][HOST_SOCKET_ENV] = name
-            for c in sites[s]:
-                be = known.get(backends[[st.cluster for st in plan.stages].index(c)])
-                if be is not None and be.socket_ifname_env:
-                    site_env[s][be.socket_ifname_env] = name
-    for scope in envs:
-        if scope and scope not in sites:
-            raise SpecError(None, "--env", f"'{scope}' is not a site", f"one of: {', '.join(sites)}")
-    common = {"OMP_NUM_THREADS": str(args.omp_threads), **envs.get("", {})}
-    plan, files = portable_plan(plan, base)  # a cluster file the plan names travels inside the launch plan
-    run_doc = {k: v for k, v in _asdict(run_options).items() if k not in ("plan", "out", "cluster_base")}
-    needs = (f"python3 with hetauto {_version()} and torch (the same versions on every node); "
-             "HETAUTO_PYTHON names another interpreter",
-             f"node rank 0 (site '{next(iter(sites))}') reachable from every node at {host} ports {port} "
-             f"(torchrun's rendezvous) and {port + 1} (the control store); both accept any connection: open them "
-             "to the job's nodes only",
-             "every path the run options name (--data, --init-from) present on every node",
-             "--checkpoint-dir on storage every node writes (a shared file system)" if run_options.checkpoint_dir
-             else "no shared storage (no checkpoints)")
-    return derive(plan, cluster, run_doc, master=host, port=port, backends=backends, visible_env=visible,
-                  sites=sites, env=common, site_env=site_env, site_options=options, join_timeout_s=args.join_timeout,
-                  files=files, needs=needs, reference=not getattr(args, "no_reference", False))
-
-
-def _asdict(run_options: Any) -> dict[str, Any]:
-    import json
-
-    return json.loads(run_options.to_json())
-
-
-def _version() -> str:
-    from hetauto import __version__
-
-    return __version__
-
-
-def render(target_name: str, launch: Any) -> dict[str, str]:
-    """The target's files plus launch.json and README.txt."""
-    from hetauto.launch.targets import get_targets
-
-    target = get_targets().get(target_name)
-    files = dict(target.render(launch))
-    files["launch.json"] = launch.to_json() + "\n"
-    files["README.txt"] = readme(target_name, launch, files)
-    return files
-
-
-def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
-    rdzv = launch.rendezvous
-    lines = [f"hetauto launch --target {target_name}: {launch.world_size} ranks on {launch.num_nodes} node(s) at "
-             f"{len(launch.sites)} site(s); plan sha256 {launch.plan_sha256[:12]}",
-             f"lead: site '{rdzv.lead_site}' node rank 0 at {rdzv.master_addr} (rendezvous port {rdzv.master_port}, "
-             f"control port {rdzv.control_port}); it writes result.json in its working folder", ""]
-    for site in launch.sites:
-        mine = sorted(p for p in files if p.startswith(site.name + "/"))
-        lines.append(f"site '{site.name}' (clusters {', '.join(site.clusters)}): submit {', '.join(mine)}")
-        for n in site.nodes:
-            lines.append(f"  node rank {n.node_rank}: cluster '{n.cluster}' node {n.node}, {n.nproc} x {n.backend}, "
-                         f"ranks {n.first_rank}-{n.first_rank + n.nproc - 1}")
-    lines += ["", "every node needs:"] + [f"  - {need}" for need in launch.needs]
-    return "\n".join(lines) + "\n"
-
-
-def write_files(folder: str | Path, files: dict[str, str]) -> list[Path]:
-    out = Path(folder)
-    if out.exists() and not out.is_dir():
-        raise HetautoError(f"-o {folder}: is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()):
-        raise HetautoError(f"-o {folder}: the folder is not empty; give a new or empty folder (nothing is overwritten)")
-    written = []
-    for rel, text in files.items():
-        path = out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        if rel.endswith(".sh") or rel.endswith(".sbatch"):
-            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        written.append(path)
-    return written
 
 
 def _defaults_for_prepare(args: argparse.Namespace) -> argparse.Namespace:

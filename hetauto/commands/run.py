@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-launch", action="store_true",
                         help="print what hetauto launch --target torchrun writes (one script per node) instead of running")
     parser.add_argument("--master", default=None, metavar="HOST[:PORT]",
-                        help="with --print-launch: the rendezvous address every node reaches (required there)")
+                        help="with --print-launch: the lead's address every node reaches (default: MASTER_HOST, to edit)")
     ck.add_argument("--max-restarts", type=int, default=0, metavar="N",
                     help="torchrun restarts the job up to N times after a failure; each restart resumes from the "
                          "latest complete checkpoint in --checkpoint-dir")
@@ -296,6 +296,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--keep must be >= 1, got {args.keep}")
     if args.max_restarts and args.emulate == "netns":
         raise HetautoError(NETNS_RESTARTS)
+
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
@@ -329,7 +330,6 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         args.seed = 0
 
     from hetauto.core.stage_backends import stage_backend_names
-    from hetauto.launch.local import node_commands, start_local, worker_args
     from hetauto.runtime.options import RunOptions
 
     require_writable(args.trace, "--trace")
@@ -379,27 +379,14 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan, cluster, cfg, base, run_options = prepare_run(args)
-    schedule = _schedule_of(run_options)
-    if args.print_launch:
-        # every node reads the same options file: next to the plan, which every node needs at the same path too
-        plan_path = Path(args.plan).resolve()
-        options_path = plan_path.with_name(plan_path.stem + ".run.json")
-        out_dir = plan_path.with_name(plan_path.stem + ".out")
-        from dataclasses import replace
+    from hetauto.launch.local import start_local
 
-        replace(run_options, out=str(out_dir)).save(options_path)
-        cmds = node_commands(plan, cluster, worker_args(options_path), master=args.master,
-                             max_restarts=args.max_restarts)
-        if args.json:
-            print_json({"options": str(options_path), "nodes": [{"node": n, "command": c} for n, c in cmds]})
-        else:
-            print(f"# copy {plan_path} and {options_path} to the same paths on every node, then run there:")
-            print(f"# (the rendezvous store on {args.master} port 29500 accepts any connection, unauthenticated: "
-                  "keep that port reachable only from the job's nodes)")
-            for n, c in cmds:
-                print(f"# {n}\n{c}")
-        return 0
+    if args.master and not args.print_launch:
+        raise HetautoError("--master is for --print-launch (or hetauto launch); without it hetauto run trains on "
+                           "this machine: drop --master, or add --print-launch")
+    plan, cluster, cfg, base, run_options = prepare_run(args)
+    if args.print_launch:
+        return _print_launch(args, plan, cluster, base, run_options)
 
     from hetauto.runtime.preflight import check_backends
 
@@ -479,6 +466,26 @@ def run(args: argparse.Namespace) -> int:
     if link is not None:
         print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
               + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
+    return 0
+
+
+def _print_launch(args: argparse.Namespace, plan: Plan, cluster: Any, base: Path, run_options: Any) -> int:
+    """What `hetauto launch --target torchrun` would write (one script per node, the launch plan inside each),
+    printed instead of written. Kept for the habit; hetauto launch writes the files."""
+    from hetauto.commands._launching import derive_launch, render
+
+    args.master = args.master or "MASTER_HOST"  # a placeholder to edit in the printed scripts
+    for name, value in (("site", []), ("site_option", []), ("iface", []), ("env", []), ("join_timeout", 300.0),
+                        ("omp_threads", 1)):
+        setattr(args, name, getattr(args, name, value))
+    files = render("torchrun", derive_launch(args, plan, cluster, base, run_options))
+    if args.json:
+        print_json({"files": files})
+        return 0
+    for path, text in files.items():
+        if path.endswith(".sh"):
+            print(f"# ===== {path}\n{text}")
+    print(f"# ===== README.txt\n{files['README.txt']}", end="")
     return 0
 
 

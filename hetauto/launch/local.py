@@ -19,11 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hetauto.core.errors import CommunicationError, HetautoError, PlanMismatch
+from hetauto.core.errors import CommunicationError, HetautoError
 from hetauto.core.plan import Plan
 from hetauto.runtime.options import RunOptions
 
-__all__ = ["JobFailed", "worker_args", "write_run_folder", "torchrun_launcher", "local_command", "node_commands", "launch_local",
+__all__ = ["JobFailed", "worker_args", "write_run_folder", "torchrun_launcher", "local_command", "launch_local",
            "start_local", "start_job", "LocalJob", "JobInterrupted", "newest_checkpoint_note", "STOP_GRACE_S", "diagnose_failure",
            "collect_reports", "kill_group", "torchrun_exit_codes"]
 
@@ -103,40 +103,6 @@ def local_command(plan: Plan, worker: list[str], max_restarts: int = 0, bind: st
     listening on `bind` only (loopback: a local run's rendezvous is not reachable from other hosts)."""
     return [*torchrun_launcher(bind), "--standalone", f"--nproc-per-node={plan.world_size}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1", *worker]
-
-
-def node_commands(plan: Plan, cluster: Any, worker: list[str], master: str = "MASTER_HOST",
-                  port: int = 29500, max_restarts: int = 0) -> list[tuple[str, str]]:
-    """(node label, torchrun command) per physical node, in node-rank order (`cluster`: the ClusterSpec).
-
-    torchrun numbers ranks node by node with the same process count on each node, and the plan numbers
-    ranks stage after stage, so the plan's ranks must come in equal, contiguous runs per node; else a
-    PlanMismatch says so."""
-    import shlex
-
-    labels = [f"{s.cluster}/node{dev // cluster.cluster(s.cluster).devices_per_node}"
-              for s in plan.stages for dev in s.devices]
-    order: list[str] = []
-    counts: dict[str, int] = {}
-    for i, label in enumerate(labels):
-        if label not in counts:
-            order.append(label)
-            counts[label] = 0
-        elif labels[i - 1] != label:
-            raise PlanMismatch(f"rank {i} goes back to {label} after another node: torchrun needs each node's ranks "
-                               "contiguous; reorder the plan's stages so a node's stages are adjacent")
-        counts[label] += 1
-    sizes = set(counts.values())
-    if len(sizes) != 1:
-        raise PlanMismatch(f"ranks per node differ ({counts}); torchrun runs the same --nproc-per-node on every node")
-    nproc = sizes.pop()
-    out = []
-    for i, label in enumerate(order):
-        cmd = ["python", "-m", "torch.distributed.run", f"--nnodes={len(order)}", f"--node-rank={i}",
-               f"--nproc-per-node={nproc}", f"--master-addr={master}", f"--master-port={port}",
-               *([f"--max-restarts={max_restarts}"] if max_restarts else []), *worker]
-        out.append((label, shlex.join(cmd)))
-    return out
 
 
 class JobFailed(CommunicationError):

@@ -27,11 +27,11 @@ from typing import Any, Callable
 
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
-from hetauto.launch.local import JobFailed, LocalJob, start_job, torchrun_launcher, write_run_folder
+from hetauto.launch.local import LocalJob, start_job, torchrun_launcher, write_run_folder
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.runtime.options import RunOptions
 
-__all__ = ["NodeJob", "prepare_node", "join", "start_node", "JoinFailed", "ABORT_KEY", "node_key", "verdict_key",
+__all__ = ["NodeJob", "prepare_node", "start_node", "JoinFailed", "ABORT_KEY", "node_key", "verdict_key",
            "VISIBLE_DEVICES_MODES"]
 
 ABORT_KEY = "hetauto/abort"

@@ -1,10 +1,246 @@
-"""The `kubernetes` launch target (being written)."""
+"""The `kubernetes` launch target: one JobSet (`jobset.x-k8s.io/v1alpha2`) per site, `<site>/jobset.yaml`, to
+`kubectl apply -f` on that site's cluster (the JobSet controller must be installed there).
+
+One replicatedJob per *node group*: consecutive node ranks of one plan cluster with the same process count and
+device (a cluster whose plan uses 8 devices of one node and 4 of the next gives two groups). A group of N nodes is
+one Indexed Job (`replicas: 1`, `parallelism = completions = N`): JobSet's own PyTorch examples
+(site/static/examples/pytorch/cnn-mnist/mnist.yaml in kubernetes-sigs/jobset) run torchrun-style multi-node
+training exactly so, with the pod's completion index as torchrun's node rank, and JobSet's webhook defaults every
+replicatedJob to Indexed completion for it. So pod i of a group runs node rank `first node rank of the group + i`
+(`$JOB_COMPLETION_INDEX`, which Kubernetes sets in every container of an Indexed Job's pod).
+
+(`replicas: N` Jobs of one pod each would number nodes by the JobSet's job-index label instead; nothing gains.)
+
+Each pod writes the launch plan from a quoted here-document in its own command (`bash -c`) and starts the node
+agent, as the torchrun and slurm artifacts do. Not a ConfigMap: the file stays one object that `kubectl apply`
+creates in one step, with nothing left behind or shared by name between two launches, and no ConfigMap rights
+needed; the plan is a few kB (a ConfigMap would hold at most 1 MiB anyway). The scheduler's device plugin gives
+the pod its devices (`<backend's device resource>: nproc` limits), so the agent runs with `--visible-devices
+scheduler`. Pods use the cluster's pod network (no hostNetwork): the rendezvous address and the pod addresses must
+be reachable between the sites (a Service or load balancer in front of the lead pod, a routed pod network).
+
+Site options (`--site-option SITE.KEY=VALUE`): `image` (required: a container image with python3, torch for the
+backend, and hetauto), `namespace`, `node_selector` (`key=value[,key=value...]`), `service_account`.
+"""
 
 from __future__ import annotations
 
-from hetauto.launch.targets import hookimpl
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from hetauto.core.errors import HetautoError
+from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
+from hetauto.launch.targets import embedded_launch, hookimpl, node_command
+
+__all__ = ["KubernetesTarget", "NodeGroup", "node_groups", "jobset", "jobset_path", "dump_yaml", "OPTIONS",
+           "API_VERSION"]
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+OPTIONS = ("image", "namespace", "node_selector", "service_account")
+CONTAINER = "hetauto"
+# Kubernetes sets it in each container of an Indexed Job's pods (batch/v1 Job, completionMode: Indexed)
+INDEX_ENV = "JOB_COMPLETION_INDEX"
+NODE_RANK = '"$HETAUTO_NODE_RANK"'  # the node agent's --node-rank, as shell text
+# A pod is named <jobset>-<replicatedJob>-<job index>-<pod index>-<5 random>, a DNS-1035 label of at most 63
+# characters (JobSet's webhook refuses the JobSet otherwise): the two names get 30 and 15 characters, the rest
+# fits "-0-999-abcde".
+_JOBSET_NAME_MAX, _GROUP_NAME_MAX = 30, 15
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """Consecutive node ranks of one cluster with one process count and device: one replicatedJob."""
+
+    nodes: tuple[NodeLaunch, ...]
+
+    @property
+    def first(self) -> NodeLaunch:
+        return self.nodes[0]
+
+    @property
+    def name(self) -> str:
+        first = self.first
+        return _dns_label(f"n{first.node_rank}-{first.cluster}", _GROUP_NAME_MAX)
+
+
+def node_groups(site: SiteLaunch) -> list[NodeGroup]:
+    groups: list[list[NodeLaunch]] = []
+    for n in sorted(site.nodes, key=lambda n: n.node_rank):
+        last = groups[-1][-1] if groups else None
+        if (last is not None and n.node_rank == last.node_rank + 1 and n.cluster == last.cluster
+                and n.nproc == last.nproc and n.backend == last.backend and n.device_type == last.device_type):
+            groups[-1].append(n)
+        else:
+            groups.append([n])
+    return [NodeGroup(tuple(g)) for g in groups]
+
+
+def jobset_path(site: SiteLaunch) -> str:
+    return f"{site.name}/jobset.yaml"
+
+
+def jobset_name(launch: LaunchPlan, site: SiteLaunch) -> str:
+    return f"{_dns_label(f'hetauto-{site.name}', _JOBSET_NAME_MAX - 9)}-{launch.plan_sha256[:8]}"
+
+
+def _dns_label(text: str, limit: int) -> str:
+    """Lower-case letters, digits and '-', starting with a letter and ending with a letter or digit."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    if not label or not label[0].isalpha():
+        label = f"x-{label}"
+    return label[:limit].rstrip("-")
+
+
+def _options(site: SiteLaunch) -> dict[str, str]:
+    unknown = sorted(set(site.options) - set(OPTIONS))
+    if unknown:
+        raise HetautoError(f"site '{site.name}': unknown kubernetes option '{unknown[0]}' (known: "
+                           f"{', '.join(OPTIONS)}; pass them as --site-option {site.name}.KEY=VALUE)")
+    opts = {k: v.strip() for k, v in site.options.items()}
+    if not opts.get("image"):
+        raise HetautoError(f"site '{site.name}': the kubernetes target needs a container image (python3, torch for "
+                           f"the site's backend, hetauto): pass --site-option {site.name}.image=IMAGE")
+    for key in ("namespace", "service_account"):
+        if key in opts and not opts[key]:
+            raise HetautoError(f"site '{site.name}': option {key} is empty (--site-option {site.name}.{key}=NAME)")
+    return opts
+
+
+def _node_selector(site: SiteLaunch, text: str) -> dict[str, str]:
+    selector: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise HetautoError(f"site '{site.name}': node_selector {text!r}: expected key=value[,key=value...] "
+                               f"(e.g. --site-option {site.name}.node_selector=nvidia.com/gpu.product=H100)")
+        selector[key.strip()] = value.strip()
+    return selector
+
+
+def _device_resource(site: SiteLaunch, backend: str) -> str | None:
+    """The extended resource the backend's device plugin advertises (nvidia.com/gpu ...); None: cpu, mock."""
+    from hetauto.backends import get_registry
+
+    registry = get_registry()
+    if backend not in registry:
+        raise HetautoError(f"site '{site.name}': backend '{backend}' is not registered where hetauto launch runs, so "
+                           "its Kubernetes device resource is unknown; install its plugin here (hetauto backends "
+                           "lists the registered ones)")
+    return registry.get(backend).device_resource
+
+
+def _script(launch: LaunchPlan, group: NodeGroup) -> str:
+    first, count = group.first, len(group.nodes)
+    ranks = f"node rank {first.node_rank}" if count == 1 else \
+        f"node ranks {first.node_rank}-{first.node_rank + count - 1} (pod i: node rank {first.node_rank} + i)"
+    return (
+        f"# hetauto launch (kubernetes): cluster '{first.cluster}', {ranks} of {launch.num_nodes}; "
+        f"{first.nproc} process(es) per node, backend {first.backend}\n"
+        "set -euo pipefail\n"
+        f'export HETAUTO_NODE_RANK=$((HETAUTO_FIRST_NODE_RANK + ${{{INDEX_ENV}:?not an Indexed Job pod}}))\n'
+        f'work="${{HETAUTO_WORKDIR:-/tmp/hetauto-job-{launch.plan_sha256[:12]}}}"\n'
+        'mkdir -p "$work"\n'
+        'cd "$work"\n'
+        + embedded_launch(launch)
+        + f"exec {node_command(NODE_RANK, devices='scheduler')}\n"
+    )
+
+
+def _pod_template(launch: LaunchPlan, site: SiteLaunch, group: NodeGroup, opts: dict[str, str]) -> dict[str, Any]:
+    first, rdzv = group.first, launch.rendezvous
+    env = [{"name": "HETAUTO_FIRST_NODE_RANK", "value": str(first.node_rank)},
+           {"name": "MASTER_ADDR", "value": rdzv.master_addr},
+           {"name": "MASTER_PORT", "value": str(rdzv.master_port)},
+           {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    container: dict[str, Any] = {"name": CONTAINER, "image": opts["image"],
+                                 "command": ["bash", "-c", _script(launch, group)], "env": env}
+    if first.node_rank == 0:  # the lead: torchrun's static rendezvous and the control store listen here
+        container["ports"] = [{"name": "rendezvous", "containerPort": rdzv.master_port, "protocol": "TCP"},
+                              {"name": "control", "containerPort": rdzv.control_port, "protocol": "TCP"}]
+    resource = _device_resource(site, first.backend)
+    if resource is not None:
+        container["resources"] = {"limits": {resource: first.nproc}}
+    # a static rendezvous cannot take a restarted node back: a failed pod fails its Job and so the JobSet
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if "node_selector" in opts:
+        spec["nodeSelector"] = _node_selector(site, opts["node_selector"])
+    if "service_account" in opts:
+        spec["serviceAccountName"] = opts["service_account"]
+    return {"metadata": {"labels": {"app.kubernetes.io/name": "hetauto",
+                                    "hetauto/node-group": group.name}},
+            "spec": spec}
+
+
+def jobset(launch: LaunchPlan, site: SiteLaunch) -> dict[str, Any]:
+    """The JobSet of one site, as the dict that is written as YAML."""
+    opts = _options(site)
+    metadata: dict[str, Any] = {"name": jobset_name(launch, site)}
+    if "namespace" in opts:
+        metadata["namespace"] = opts["namespace"]
+    metadata["labels"] = {"app.kubernetes.io/name": "hetauto"}
+    metadata["annotations"] = {"hetauto/site": site.name, "hetauto/plan-sha256": launch.plan_sha256}
+    jobs = []
+    for group in node_groups(site):
+        count = len(group.nodes)
+        jobs.append({
+            "name": group.name,
+            "replicas": 1,
+            "template": {"spec": {
+                "completionMode": "Indexed",
+                "parallelism": count,
+                "completions": count,
+                "backoffLimit": 0,
+                "template": _pod_template(launch, site, group, opts),
+            }},
+        })
+    return {"apiVersion": API_VERSION, "kind": "JobSet", "metadata": metadata, "spec": {"replicatedJobs": jobs}}
+
+
+class _Dumper(yaml.SafeDumper):
+    """yaml.safe_dump's dumper, writing multi-line strings (the pod's script) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(doc: dict[str, Any]) -> str:
+    """`yaml.safe_dump(doc, sort_keys=False)` with literal blocks for multi-line strings."""
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=False, width=120)
+
+
+def _header(launch: LaunchPlan, site: SiteLaunch) -> str:
+    rdzv = launch.rendezvous
+    lead = site.name == rdzv.lead_site
+    lead_job = node_groups(site)[0].name
+    role = (f"the lead site: the first pod of {lead_job} (node rank 0) serves the rendezvous ({rdzv.master_port}) "
+            f"and the control store ({rdzv.control_port});\n# {rdzv.master_addr} must reach that pod on both ports "
+            "from every site (e.g. through a Service or a load balancer that you create)" if lead else
+            f"its pods join the lead at {rdzv.master_addr} ports {rdzv.master_port} and {rdzv.control_port}")
+    needs = "".join(f"# needs: {n}\n" for n in launch.needs)
+    ranks = ", ".join(map(str, site.node_ranks))
+    return (f"# hetauto launch (kubernetes): site '{site.name}' ({', '.join(site.clusters)}), node rank"
+            f"{'s' if len(site.nodes) > 1 else ''} {ranks} of {launch.num_nodes}, plan {launch.plan_sha256[:12]}\n"
+            f"# {role}.\n"
+            "# Pods talk to pods of the other sites directly (the collectives): their addresses must be routable\n"
+            "# between the sites. Submit with: kubectl apply -f jobset.yaml (the JobSet controller must be installed)\n"
+            + needs)
+
+
+class KubernetesTarget:
+    name = "kubernetes"
+    summary = "one JobSet per site (one Indexed Job per node group); kubectl apply -f SITE/jobset.yaml"
+
+    def render(self, launch: LaunchPlan) -> dict[str, str]:
+        return {jobset_path(s): _header(launch, s) + dump_yaml(jobset(launch, s)) for s in launch.sites}
 
 
 @hookimpl
 def hetauto_launch_targets(registry) -> None:  # type: ignore[no-untyped-def]
-    pass
+    registry.add(KubernetesTarget())

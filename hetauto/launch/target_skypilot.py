@@ -1,10 +1,203 @@
-"""The `skypilot` launch target (being written)."""
+"""The `skypilot` launch target: one SkyPilot task per site, `<site>/task.yaml`, to `sky launch` there.
+
+A SkyPilot task is one cluster of `num_nodes` equal nodes (one `resources`), so a site must be equal nodes: one
+process count and one device. A site whose nodes differ is refused with the `--site` that splits it. The task's
+`run` writes the launch plan from a quoted here-document and starts the node agent on every node with node rank
+= the site's first node rank + `$SKYPILOT_NODE_RANK` (0 on SkyPilot's head node), so a site's node ranks must be
+consecutive (they are, unless a site joins clusters the plan interleaves). SkyPilot gives each node its devices,
+hence `--visible-devices scheduler`.
+
+`resources.accelerators` is `NAME:nproc` with NAME SkyPilot's accelerator name for the node's device profile
+(`SKYPILOT_ACCELERATORS`, checked against SkyPilot's accelerator catalog, skypilot-org/skypilot-catalog
+catalogs/v7/common/accelerators.csv); cpu and mock sites ask for `cpus: "<nproc>+"` instead. Site options
+(`--site-option SITE.KEY=VALUE`): `cloud`, `region`, `zone`, `image_id`, and `accelerators` (`NAME[:COUNT]`, for
+a device the table lacks or another name, e.g. A100-80GB-SXM; COUNT must be the node's process count).
+"""
 
 from __future__ import annotations
 
-from hetauto.launch.targets import hookimpl
+from typing import Any
+
+import yaml
+
+from hetauto.core.errors import HetautoError
+from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
+from hetauto.launch.targets import embedded_launch, hookimpl, node_command
+
+__all__ = ["SkyPilotTarget", "SKYPILOT_ACCELERATORS", "OPTIONS", "task", "task_path", "accelerators"]
+
+OPTIONS = ("cloud", "region", "zone", "accelerators", "image_id")
+HOST_BACKENDS = ("cpu", "mock")  # no accelerator to ask for
+NODE_RANK = '"$HETAUTO_NODE_RANK"'  # the node agent's --node-rank, as shell text
+
+# hetauto device profile key (hetauto devices) -> SkyPilot accelerator name. Every name is in SkyPilot's catalog
+# (skypilot-org/skypilot-catalog catalogs/v7/common/accelerators.csv, and memory in catalogs/v7/common/metadata.csv:
+# A100 is the 40 GB part, V100 the 16 GB one). Catalog devices SkyPilot's clouds do not offer under any name (h20,
+# h800, mi250x, mi325x, ascend-910b, max-1550) are absent: name them with --site-option SITE.accelerators=NAME.
+SKYPILOT_ACCELERATORS = {
+    "a10": "A10",
+    "a100-40g": "A100",
+    "a100-80g": "A100-80GB",
+    "b200": "B200",
+    "gh200": "GH200",
+    "h100": "H100",
+    "h200": "H200",
+    "l40s": "L40S",
+    "mi300x": "MI300X",
+    "rtx-3090": "RTX3090",
+    "rtx-4090": "RTX4090",
+    "v100-16g": "V100",
+}
+
+
+def task_path(site: SiteLaunch) -> str:
+    return f"{site.name}/task.yaml"
+
+
+def _options(site: SiteLaunch) -> dict[str, str]:
+    unknown = sorted(set(site.options) - set(OPTIONS))
+    if unknown:
+        raise HetautoError(f"site '{site.name}': unknown skypilot option '{unknown[0]}' (known: {', '.join(OPTIONS)}; "
+                           f"pass them as --site-option {site.name}.KEY=VALUE)")
+    opts = {k: v.strip() for k, v in site.options.items()}
+    for key, value in opts.items():
+        if not value:
+            raise HetautoError(f"site '{site.name}': option {key} is empty (--site-option {site.name}.{key}=VALUE)")
+    return opts
+
+
+def _equal_nodes(site: SiteLaunch) -> NodeLaunch:
+    """The site's first node; refuses a site that one SkyPilot task cannot hold."""
+    nodes = sorted(site.nodes, key=lambda n: n.node_rank)
+    first = nodes[0]
+    shapes = {(n.nproc, n.backend, n.device_type) for n in nodes}
+    if len(shapes) > 1:
+        kinds = "; ".join(f"cluster {n.cluster} node {n.node} (node rank {n.node_rank}): {n.nproc} x {n.device_type}"
+                          for n in nodes)
+        uneven = [c for c in site.clusters if len({(n.nproc, n.device_type) for n in site.cluster_nodes(c)}) > 1]
+        if uneven:  # no --site can split one cluster's nodes
+            why = (f"the plan uses a different number of devices on the nodes of cluster {uneven[0]}: use a plan "
+                   "that fills its nodes evenly, or the torchrun, slurm or kubernetes target, which run unequal nodes")
+        else:
+            why = ("split it with one --site per kind of node, e.g. "
+                   + " ".join(f"--site {site.name}-{c}={c}" for c in site.clusters))
+        raise HetautoError(f"site '{site.name}': a SkyPilot task runs equal nodes (one process count, one device), "
+                           f"but its nodes differ ({kinds}); {why}")
+    ranks = [n.node_rank for n in nodes]
+    if ranks != list(range(first.node_rank, first.node_rank + len(nodes))):
+        raise HetautoError(f"site '{site.name}': node ranks {ranks} are not consecutive, so $SKYPILOT_NODE_RANK cannot "
+                           "number them; make the clusters whose nodes interleave separate sites (--site)")
+    return first
+
+
+def accelerators(site: SiteLaunch, node: NodeLaunch, opts: dict[str, str]) -> str | None:
+    """`NAME:COUNT` for the node's devices; None for a host-only backend (cpu, mock) without the option."""
+    given = opts.get("accelerators")
+    if given is not None:
+        name, sep, count = given.partition(":")
+        if not name.strip():
+            raise HetautoError(f"site '{site.name}': accelerators {given!r}: expected NAME[:COUNT], e.g. H100:8")
+        if sep:
+            try:
+                ok = float(count) == node.nproc
+            except ValueError:
+                ok = False
+            if not ok:
+                raise HetautoError(f"site '{site.name}': accelerators {given!r}: each node runs {node.nproc} "
+                                   f"process(es), one per device; write {name.strip()}:{node.nproc}")
+        return f"{name.strip()}:{node.nproc}"
+    if node.backend in HOST_BACKENDS:
+        return None
+    name = SKYPILOT_ACCELERATORS.get(node.device_type)
+    if name is None:
+        raise HetautoError(f"site '{site.name}': no SkyPilot accelerator name is known for device '{node.device_type}'"
+                           f"; pass --site-option {site.name}.accelerators=NAME:{node.nproc} (sky show-gpus lists "
+                           "the names)")
+    return f"{name}:{node.nproc}"
+
+
+def _script(launch: LaunchPlan, site: SiteLaunch, first: NodeLaunch) -> str:
+    count = len(site.nodes)
+    ranks = f"node rank {first.node_rank}" if count == 1 else \
+        f"node ranks {first.node_rank}-{first.node_rank + count - 1} (SkyPilot node i: node rank {first.node_rank} + i)"
+    return (
+        f"# hetauto launch (skypilot): site '{site.name}', {ranks} of {launch.num_nodes}; "
+        f"{first.nproc} process(es) per node, backend {first.backend}\n"
+        "set -euo pipefail\n"
+        "export HETAUTO_NODE_RANK=$((HETAUTO_FIRST_NODE_RANK + ${SKYPILOT_NODE_RANK:?not run by SkyPilot}))\n"
+        f'work="${{HETAUTO_WORKDIR:-$HOME/hetauto-job-{launch.plan_sha256[:12]}}}"\n'
+        'mkdir -p "$work"\n'
+        'cd "$work"\n'
+        + embedded_launch(launch)
+        + f"exec {node_command(NODE_RANK, devices='scheduler')}\n"
+    )
+
+
+def task(launch: LaunchPlan, site: SiteLaunch) -> dict[str, Any]:
+    """The SkyPilot task of one site, as the dict that is written as YAML."""
+    opts = _options(site)
+    first = _equal_nodes(site)
+    resources: dict[str, Any] = {}
+    for key in ("cloud", "region", "zone"):
+        if key in opts:
+            resources[key] = opts[key]
+    acc = accelerators(site, first, opts)
+    if acc is None:
+        resources["cpus"] = f"{first.nproc}+"
+    else:
+        resources["accelerators"] = acc
+    if "image_id" in opts:
+        resources["image_id"] = opts["image_id"]
+    rdzv = launch.rendezvous
+    return {
+        "name": f"hetauto-{site.name}-{launch.plan_sha256[:8]}",
+        "num_nodes": len(site.nodes),
+        "resources": resources,
+        "envs": {"HETAUTO_FIRST_NODE_RANK": str(first.node_rank), "MASTER_ADDR": rdzv.master_addr,
+                 "MASTER_PORT": str(rdzv.master_port), "PYTHONUNBUFFERED": "1"},
+        "run": _script(launch, site, first),
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """yaml.safe_dump's dumper, writing multi-line strings (the run script) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _header(launch: LaunchPlan, site: SiteLaunch) -> str:
+    rdzv = launch.rendezvous
+    lead = site.name == rdzv.lead_site
+    role = (f"the lead site: its head node (node rank 0) serves the rendezvous ({rdzv.master_port}) and the control "
+            f"store ({rdzv.control_port});\n# {rdzv.master_addr} must be that node's address (e.g. a reserved static "
+            "IP), reachable from every site on both ports" if lead else
+            f"its nodes join the lead at {rdzv.master_addr} ports {rdzv.master_port} and {rdzv.control_port}")
+    needs = "".join(f"# needs: {n}\n" for n in launch.needs)
+    ranks = ", ".join(map(str, site.node_ranks))
+    return (f"# hetauto launch (skypilot): site '{site.name}' ({', '.join(site.clusters)}), node rank"
+            f"{'s' if len(site.nodes) > 1 else ''} {ranks} of {launch.num_nodes}, plan {launch.plan_sha256[:12]}\n"
+            f"# {role}.\n"
+            "# The nodes talk to the other sites' nodes directly (the collectives); open the job's ports to those\n"
+            "# nodes only (the rendezvous and the control store accept any connection).\n"
+            f"# Submit with: sky launch -c hetauto-{site.name} task.yaml\n"
+            + needs)
+
+
+class SkyPilotTarget:
+    name = "skypilot"
+    summary = "one SkyPilot task per site (equal nodes); sky launch SITE/task.yaml"
+
+    def render(self, launch: LaunchPlan) -> dict[str, str]:
+        return {task_path(s): _header(launch, s) + yaml.dump(task(launch, s), Dumper=_Dumper, sort_keys=False,
+                                                            default_flow_style=False, width=120)
+                for s in launch.sites}
 
 
 @hookimpl
 def hetauto_launch_targets(registry) -> None:  # type: ignore[no-untyped-def]
-    pass
+    registry.add(SkyPilotTarget())
