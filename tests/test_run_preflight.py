@@ -109,5 +109,5 @@ def test_hetauto_backend_forces_every_stage(tmp_path: Path, monkeypatch) -> None
 def test_print_launch_hands_every_node_the_stages_backends_without_probing_them(tmp_path: Path, capsys) -> None:
     plan = _files(tmp_path, host_devices=2)  # cuda is not here, but the nodes that run it are elsewhere
     assert main(["run", str(plan), "--print-launch", "--json"]) == 0
-    options = json.loads(Path(json.loads(capsys.readouterr().out)["options"]).read_text())
+    options = json.loads(json.loads(capsys.readouterr().out)["files"]["launch.json"])["run"]
     assert options["backends"] == ["cuda", "cpu"]

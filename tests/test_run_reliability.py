@@ -241,7 +241,7 @@ def test_resume_with_another_global_batch_or_seq_len_is_refused_unless_allowed(f
     assert captured.err == (f"hetauto run: warning: {ck}: global batch 8 in the checkpoint, 4 in this plan; sequence "
                             "length 32 in the checkpoint, 16 in this plan; --allow-data-change: training continues on a "
                             "different data stream from step 2 on, so the losses do not continue the checkpoint's run\n")
-    run = json.loads(Path(json.loads(captured.out)["options"]).read_text())  # what every rank is told
+    run = json.loads(json.loads(captured.out)["files"]["launch.json"])["run"]  # what every rank is told
     assert (run["resume"], run["allow_data_change"]) == (str(ck), True)
     same = PLANT.model_copy(update={"microbatch_size": 1, "num_microbatches": 4})  # same rows, other split
     ck2 = save_checkpoint(files / "resplit", 1, stage, make_optimizer(stage.parameters(), 1e-3), plan=same,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -217,7 +218,7 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
 
 
 def test_the_step_log_joins_the_last_stages_replicas_once_each_has_written_the_step(tmp_path: Path) -> None:
-    from hetauto.runtime.step_log import StepLog, append_step, log_ranks, rank_log_name
+    from hetauto.runtime.step_log import StepLog, log_ranks, rank_log_name
 
     plan = _plan("tiny-gpt")  # tp 2 | dp 2 | 1: the last stage is rank 4 alone
     two = plan.model_copy(update={"stages": (plan.stages[0], plan.stages[1].model_copy(update={"layers": (3, 6)}))})
@@ -237,7 +238,7 @@ def test_a_steps_mfu_is_its_model_flops_over_the_plans_peak_in_its_step_time(tmp
     from hetauto.commands.run import _flops_per_peak
     from hetauto.planner.evaluate import evaluate_plan
     from hetauto.planner.layers import model_flops_per_token
-    from hetauto.runtime.step_log import StepLog, append_step, rank_log_name
+    from hetauto.runtime.step_log import StepLog, rank_log_name
 
     plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=8, microbatch_size=4,
                 num_microbatches=2, stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
@@ -253,3 +254,11 @@ def test_a_steps_mfu_is_its_model_flops_over_the_plans_peak_in_its_step_time(tmp
     assert rec.mfu == pytest.approx(flops / 1.5e12 / 0.5, rel=1e-12)
     assert json.loads((tmp_path / "out.jsonl").read_text())["mfu"] == rec.mfu
     assert StepLog(plan, tmp_path).flops_per_peak is None  # no figure given: no MFU claimed
+
+
+def append_step(path: Path, *fields: Any) -> None:
+    """A rank's step line as the lead's control mirror appends it to the run folder (hetauto.launch.control)."""
+    from hetauto.runtime.step_log import step_line
+
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(step_line(*fields) + "\n")
