@@ -73,7 +73,8 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
              f"(torchrun's rendezvous) and {port + 1} (the control store); both accept any connection: open them "
              "to the job's nodes only",
              "every path the run options name (--data, --init-from) present on every node",
-             "--checkpoint-dir on storage every node writes (a shared file system)" if run_options.checkpoint_dir
+             f"{run_options.checkpoint_dir} on storage every node writes, at that path (a shared file system; checked by "
+             "every rank before the first step)" if run_options.checkpoint_dir
              else "no shared storage (no checkpoints)")
     return derive(plan, cluster, run_doc, master=host, port=port, backends=backends, visible_env=visible,
                   sites=sites, env=common, site_env=site_env, site_options=options, join_timeout_s=args.join_timeout,

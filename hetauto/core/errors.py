@@ -56,6 +56,11 @@ class CommunicationError(HetautoError):
     exit_code = 3
 
 
+class PeerFailed(CommunicationError):
+    """This rank is fine but a collective verdict says another rank failed (that rank raises the real error);
+    the launcher's diagnosis counts it as secondary and blames the rank it names."""
+
+
 class InfeasiblePlan(HetautoError):
     """No plan (or not this plan) fits the cluster: names the constraint that failed and the numbers."""
 

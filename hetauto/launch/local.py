@@ -116,7 +116,7 @@ class JobFailed(CommunicationError):
 
 
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
-_SECONDARY = ("CommunicationError", "DistBackendError", "DistNetworkError", "DistStoreError")
+_SECONDARY = ("CommunicationError", "PeerFailed", "DistBackendError", "DistNetworkError", "DistStoreError")
 _LOST = re.compile(r"timed? ?out|connection (?:closed|reset|refused)|broken pipe", re.IGNORECASE)
 _PEER = re.compile(r"\b(?:from|to|peer|rank)s?\s+(\d+)")
 

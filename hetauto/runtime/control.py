@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 import time
 from datetime import timedelta
@@ -56,11 +57,18 @@ def _connect(address: str, timeout_s: float) -> Any:
 class ControlClient:
     """One rank's connection. `post(kind, text)` sends a message; `start_heartbeat()` bumps the rank's counter
     from a daemon thread (its own connection) that keeps beating while the rank waits in a collective and
-    stops when the process stops (SIGSTOP, a hard hang, death)."""
+    stops when the process stops (SIGSTOP, a hard hang, death).
+
+    Why a sender thread: a message costs two store round trips (~1 ms across a site link), which a training
+    step must not wait for. Every message goes through one queue in order; a step line returns at once, while
+    the marks and the report (`started`, `error`, `stopped`, `report`) wait until everything before them has
+    been sent, so a rank's last words reach the agent before the rank exits."""
 
     def __init__(self, address: str, rank: int, timeout_s: float = 60.0) -> None:
         self.address, self.rank, self.timeout_s = address, rank, timeout_s
         self._store = _connect(address, timeout_s)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._send_loop, name="hetauto-control-send", daemon=True).start()
 
     @classmethod
     def from_env(cls, rank: int, timeout_s: float = 60.0) -> "ControlClient":
@@ -70,11 +78,45 @@ class ControlClient:
                                "serve the job's control store")
         return cls(address, rank, timeout_s)
 
-    def post(self, kind: str, text: str) -> None:
+    def post(self, kind: str, text: str, wait: bool | None = None) -> None:
+        """Send a message. `wait` (default: every kind but `step`) returns only once it and everything posted
+        before it are in the store, and raises what sending raised."""
         if kind not in MESSAGE_KINDS:
             raise ValueError(f"unknown control message kind {kind!r}")
-        i = int(self._store.add(SEQ_KEY, 1))
-        self._store.set(msg_key(i), json.dumps({"rank": self.rank, "kind": kind, "text": text}))
+        body = json.dumps({"rank": self.rank, "kind": kind, "text": text})
+        if wait is None:
+            wait = kind != "step"
+        if not wait:
+            self._queue.put((body, None))
+            return
+        done: list[BaseException | None] = []
+        event = threading.Event()
+        self._queue.put((body, (event, done)))
+        if not event.wait(self.timeout_s):
+            raise TimeoutError(f"control store {self.address}: message not sent within {self.timeout_s:g} s")
+        if done and done[0] is not None:
+            raise done[0]
+
+    def flush(self) -> None:
+        """Wait until every message posted so far is in the store."""
+        event = threading.Event()
+        self._queue.put((None, (event, [])))
+        event.wait(self.timeout_s)
+
+    def _send_loop(self) -> None:
+        while True:
+            body, waiter = self._queue.get()
+            error: BaseException | None = None
+            if body is not None:
+                try:
+                    i = int(self._store.add(SEQ_KEY, 1))
+                    self._store.set(msg_key(i), body)
+                except Exception as exc:  # noqa: BLE001 - handed to a waiting poster; a step line is dropped
+                    error = exc
+            if waiter is not None:
+                event, done = waiter
+                done.append(error)
+                event.set()
 
     def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
         store = _connect(self.address, self.timeout_s)

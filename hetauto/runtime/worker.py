@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             links = emu.link_table() if emu.links and run.emulate == "inprocess" else None
         # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
         comm = Communicator.init_from_env(HOST_COLLECTIVE, timeout_s=run.timeout_s, links=links)
+        if run.checkpoint_dir:  # every rank writes it and sees the same folder, or the job ends now, naming who
+            from hetauto.runtime.checkpoint_reach import check_checkpoint_folder
+
+            check_checkpoint_folder(comm, run.checkpoint_dir)
         from hetauto.runtime.optim import LRSchedule
 
         schedule = LRSchedule(lr=run.lr, kind=run.lr_schedule, warmup_steps=run.warmup_steps,
