@@ -225,6 +225,14 @@ def test_every_device_backend_names_its_resource() -> None:
         "xpu": "gpu.intel.com/i915", "cpu": None, "mock": None}
 
 
+def test_every_device_backend_names_its_interface_variables() -> None:
+    """What --iface sets beside GLOO_SOCKET_IFNAME: the variables each collective library reads."""
+    registry = get_registry()
+    assert {b: registry.get(b).socket_ifname_envs for b in ("cuda", "rocm", "npu", "xpu", "cpu", "mock")} == {
+        "cuda": ("NCCL_SOCKET_IFNAME",), "rocm": ("NCCL_SOCKET_IFNAME",), "npu": ("HCCL_SOCKET_IFNAME",),
+        "xpu": ("CCL_KVS_IFACE", "FI_TCP_IFACE"), "cpu": (), "mock": ()}
+
+
 def test_kubernetes_pod_index_gives_each_node_its_rank(tmp_path: Path) -> None:
     """Run each pod's command as Kubernetes would (its env plus JOB_COMPLETION_INDEX): every node rank once, and
     the launch plan it writes is the one rendered."""

@@ -21,6 +21,9 @@ class XpuBackend(TorchModuleBackend):
     priority = 60
     install_hint = "pip install hetauto[xpu] (and torch from https://download.pytorch.org/whl/xpu)"
     visible_devices_env = "ZE_AFFINITY_MASK"
+    # oneCCL's own rendezvous (its KVS) and libfabric's tcp provider each pick an interface (oneCCL's kvs sources
+    # name CCL_KVS_IFACE; libfabric's fi_tcp(7) FI_TCP_IFACE); deployments set both
+    socket_ifname_env = ("CCL_KVS_IFACE", "FI_TCP_IFACE")
     device_resource = "gpu.intel.com/i915"
     fallback_dist_backend = "xccl"
 

@@ -59,8 +59,8 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
             site_env[s][HOST_SOCKET_ENV] = name
             for c in sites[s]:
                 be = known.get(backends[[st.cluster for st in plan.stages].index(c)])
-                if be is not None and be.socket_ifname_env:
-                    site_env[s][be.socket_ifname_env] = name
+                for var in (be.socket_ifname_envs if be is not None else ()):
+                    site_env[s][var] = name
     for scope in envs:
         if scope and scope not in sites:
             raise SpecError(None, "--env", f"'{scope}' is not a site", f"one of: {', '.join(sites)}")

@@ -193,10 +193,10 @@ class Backend(ABC):
     priority: ClassVar[int] = 0
     install_hint: ClassVar[str | None] = None
     visible_devices_env: ClassVar[str | tuple[str, ...]] = ()
-    # launching across machines (hetauto.launch): the variable that binds the backend's collective library to one
+    # launching across machines (hetauto.launch): the variable(s) that bind the backend's collective library to one
     # network interface (e.g. NCCL_SOCKET_IFNAME), and the Kubernetes extended resource its device plugin
-    # advertises (e.g. nvidia.com/gpu); None: the backend has none
-    socket_ifname_env: ClassVar[str | None] = None
+    # advertises (e.g. nvidia.com/gpu); () / None: the backend has none
+    socket_ifname_env: ClassVar[str | tuple[str, ...]] = ()
     device_resource: ClassVar[str | None] = None
     fallback_dist_backend: ClassVar[str] = "gloo"
     auto_select: ClassVar[bool] = True  # False: only chosen when asked for by name (e.g. mock)
@@ -270,6 +270,11 @@ class Backend(ABC):
     def visible_devices_envs(self) -> tuple[str, ...]:
         env = self.visible_devices_env
         return (env,) if isinstance(env, str) else tuple(env)
+
+    @property
+    def socket_ifname_envs(self) -> tuple[str, ...]:
+        env = self.socket_ifname_env
+        return (env,) if isinstance(env, str) else tuple(env or ())
 
     # -- planning ------------------------------------------------------------------------------
     def default_profile(self) -> str | None:
