@@ -84,6 +84,32 @@ def test_print_launch_prints_the_torchrun_target_scripts(tmp_path: Path, capsys)
     assert [n["nproc"] for s in launch["sites"] for n in s["nodes"]] == [2, 2]
 
 
+def test_a_model_config_and_cluster_file_travel_inside_the_launch_plan(tmp_path: Path, monkeypatch) -> None:
+    """Nothing copied by hand: a node in an empty folder elsewhere gets the model's config.json and the cluster."""
+    from hetauto.core.model_catalog import get_model
+    from hetauto.launch.node import prepare_node
+    from hetauto.launch.plan import LaunchPlan
+
+    here = tmp_path / "planning"
+    (here / "tiny").mkdir(parents=True)
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
+              "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 64}
+    (here / "tiny" / "config.json").write_text(json.dumps(config))
+    (here / "sites.yaml").write_text("clusters:\n  - {name: a, nodes: {count: 1, devices_per_node: 2, device: cpu}}\n")
+    monkeypatch.chdir(here)
+    plan = Plan(model="tiny/config.json", cluster="sites.yaml", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(_stage("a", (0, 1), (0, 8), dp=2),))
+    plan.save(here / "plan.json")
+    assert main(["launch", str(here / "plan.json"), "--master", "10.0.0.1", "-o", str(tmp_path / "out")]) == 0
+    launch = LaunchPlan.load(tmp_path / "out" / "launch.json")
+    assert sorted(launch.files) == ["cluster-sites.yaml", "model-config.json"]
+    job = prepare_node(launch, 0, tmp_path / "node0")
+    shipped = Plan.load(tmp_path / "node0" / "run" / "plan.json")
+    assert shipped.model == str((tmp_path / "node0" / "model-config.json").resolve())
+    assert json.loads(Path(shipped.model).read_text()) == config
+    assert get_model(shipped.model).num_layers == 6 and job.plan.model == shipped.model
+
+
 def test_master_without_print_launch_is_refused(tmp_path: Path, capsys) -> None:
     plan = _write(tmp_path, _stage("fast", (0,), (0, 3)), _stage("slow", (0,), (3, 6)))
     assert main(["run", str(plan), "--master", "node0"]) != 0

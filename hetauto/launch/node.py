@@ -95,6 +95,8 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
     plan = launch.the_plan()
+    if plan.model in launch.files:  # a model config.json that travelled with the launch plan
+        plan = plan.model_copy(update={"model": str(work / plan.model)})
     run = RunOptions.from_dict({**launch.run, "plan": str(work / "plan.json"), "out": str(work / "run"),
                                 "cluster_base": str(work)}, "launch plan: run")
     options = write_run_folder(work / "run", plan, run)

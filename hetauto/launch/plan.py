@@ -308,13 +308,36 @@ def derive(plan: Plan, cluster: ClusterSpec, run: Mapping[str, Any], *, master: 
 
 
 def portable_plan(plan: Plan, base: str | Path | None) -> tuple[Plan, dict[str, str]]:
-    """The plan as another machine can read it: a cluster file it names (relative to `base`, or absolute) is
-    carried in the launch plan's `files` under its file name, and the plan names that file."""
-    ref = plan.cluster
+    """The plan as another machine can read it: a cluster file and a model config.json it names (relative to
+    `base`, to the working folder, or absolute) travel in the launch plan's `files` under their file names, and
+    the plan names those files (the node agent resolves them in its working folder)."""
+    files: dict[str, str] = {}
+    update: dict[str, str] = {}
+    cluster = _local_file(plan.cluster, base)
+    if cluster is not None:
+        update["cluster"] = f"cluster-{cluster.name}"
+        files[update["cluster"]] = cluster.read_text(encoding="utf-8")
+    from hetauto.core.model_catalog import is_model_path
+
+    if is_model_path(plan.model):
+        model = _local_file(plan.model, base, inside="config.json")
+        if model is not None:
+            update["model"] = MODEL_FILE
+            files[MODEL_FILE] = model.read_text(encoding="utf-8")
+    return (plan.model_copy(update=update) if update else plan), files
+
+
+MODEL_FILE = "model-config.json"  # the name a model's config.json travels under
+
+
+def _local_file(ref: str | None, base: str | Path | None, inside: str | None = None) -> Path | None:
+    """The file `ref` names here (`inside` a folder it names), or None: a scenario or catalog name, or a file
+    every node has at that path."""
     if not ref:
-        return plan, {}
+        return None
     for candidate in ([Path(base) / ref] if base is not None else []) + [Path(ref)]:
+        if inside is not None and candidate.is_dir():
+            candidate = candidate / inside
         if candidate.is_file():
-            name = f"cluster-{candidate.name}"
-            return plan.model_copy(update={"cluster": name}), {name: candidate.read_text(encoding="utf-8")}
-    return plan, {}  # a scenario name (or a file every node has at that path)
+            return candidate
+    return None
