@@ -184,6 +184,13 @@ def test_site_options_become_sbatch_options(cpu_demo) -> None:
     assert directives(files["fast/job.sbatch"])[0][4:] == ["--partition=cpu", "--account=proj1",
                                                            "--time=00:10:00", "--qos=high"]
     assert directives(files["slow/job.sbatch"])[0][4:] == []
+    launch = launch_plan(cpu_demo, options={"fast": {"exclusive": "yes", "cpus-per-task": "8", "mem": "0",
+                                                     "constraint": "ib"}, "slow": {"exclusive": "user"}})
+    files = SlurmTarget().render(launch)
+    assert directives(files["fast/job.sbatch"])[0][4:] == ["--constraint=ib", "--mem=0", "--cpus-per-task=8",
+                                                           "--exclusive"]
+    assert "--kill-on-bad-exit=1 --cpus-per-task=8 \\\n" in files["fast/job.sbatch"]
+    assert directives(files["slow/job.sbatch"])[0][4:] == ["--exclusive=user"]
 
 
 def test_unknown_site_option_is_refused(cpu_demo) -> None:
@@ -191,7 +198,12 @@ def test_unknown_site_option_is_refused(cpu_demo) -> None:
     with pytest.raises(HetautoError) as err:
         SlurmTarget().render(launch)
     assert str(err.value) == ("slurm target: site 'fast': unknown site option 'gres'; known: partition, account, "
-                              "time, qos (KEY@CLUSTER: for one cluster's component)")
+                              "time, qos, constraint, mem, cpus-per-task, exclusive (KEY@CLUSTER: for one cluster's "
+                              "component)")
+    for key, value, want in (("cpus-per-task", "0", "must be a positive integer, got '0'"),
+                             ("exclusive", "no", "must be one of yes, user, mcs, topo, got 'no'")):
+        with pytest.raises(HetautoError, match=f"site option '{key}' {want}"):
+            SlurmTarget().render(launch_plan(cpu_demo, options={"fast": {key: value}}))
     launch = launch_plan(cpu_demo, sites=BOTH, options={"both": {"partition@h100": "gpu"}})
     with pytest.raises(HetautoError, match=r"site option 'partition@h100' names 'h100', which is not a cluster of "
                                            r"the site \(fast, slow\)"):

@@ -10,9 +10,11 @@ gres sets (`--visible-devices scheduler`). A site that runs several of the plan'
 job: one component per cluster (`#SBATCH hetjob` between them), one `srun --het-group=K` per component, run
 together; the job fails when any of them does.
 
-Site options (`--site-option SITE.KEY=VALUE`): `partition`, `account`, `time`, `qos`, each for every component of
-the site's job; `KEY@CLUSTER` (e.g. `--site-option siteA.partition@h100=gpu`) sets it for that cluster's
-component only (a heterogeneous job's components usually sit in different partitions).
+Site options (`--site-option SITE.KEY=VALUE`): `partition`, `account`, `time`, `qos`, `constraint`, `mem`,
+`cpus-per-task` (a positive integer; given to each srun too, which does not take it from the job in Slurm
+22.05-23.02) and `exclusive` (`yes`, or Slurm's `user`, `mcs`, `topo`), each for every component of the site's
+job; `KEY@CLUSTER` (e.g. `--site-option siteA.partition@h100=gpu`) sets it for that cluster's component only (a
+heterogeneous job's components usually sit in different partitions).
 
 Checked against Slurm's documentation and source (SchedMD/slurm, master of 2026-08 and tag slurm-22-05-8-1,
 Debian 12's slurm-wlm 22.05.8), and on a local two-node Slurm 22.05.8 (scripts/slurm-local.sh):
@@ -39,7 +41,9 @@ from hetauto.launch.targets import embedded_launch, hookimpl, node_command
 
 __all__ = ["SlurmTarget", "site_script", "script_path", "OPTIONS", "MAX_NODE_SCRIPT"]
 
-OPTIONS = ("partition", "account", "time", "qos")  # site options, each an sbatch option of the same name
+# site options, each an sbatch option of the same name
+OPTIONS = ("partition", "account", "time", "qos", "constraint", "mem", "cpus-per-task", "exclusive")
+EXCLUSIVE = ("yes", "user", "mcs", "topo")  # yes: a bare --exclusive
 HOST_BACKENDS = ("cpu", "mock")  # backends that need no devices from the scheduler
 # A node's script travels to srun as one argument (`bash -c SCRIPT`), launch.json included; Linux caps one
 # argument at 128 KiB (MAX_ARG_STRLEN).
@@ -71,8 +75,18 @@ def _component_options(site: SiteLaunch) -> dict[str, dict[str, str]]:
         if not value.strip() or any(c.isspace() for c in value):
             raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be one word without "
                                f"spaces, got {value!r}")
+        if name == "cpus-per-task" and not (value.isdigit() and int(value) > 0):
+            raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be a positive integer, "
+                               f"got {value!r}")
+        if name == "exclusive" and value not in EXCLUSIVE:
+            raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be one of "
+                               f"{', '.join(EXCLUSIVE)}, got {value!r}")
         (per[cluster] if cluster else common)[name] = value
     return {c: {**common, **per[c]} for c in site.clusters}
+
+
+def _sbatch_option(name: str, value: str) -> str:
+    return "--exclusive" if (name, value) == ("exclusive", "yes") else f"--{name}={value}"
 
 
 def _gpus(nodes: tuple[NodeLaunch, ...]) -> str:
@@ -153,7 +167,8 @@ def site_script(launch: LaunchPlan, site: SiteLaunch) -> str:
         if k == 0:
             lines += [f"#SBATCH --job-name=hetauto-{site.name}", f"#SBATCH --output=hetauto-{site.name}-%j.out"]
         lines += [f"#SBATCH --nodes={len(nodes)}", "#SBATCH --ntasks-per-node=1"]
-        lines += [f"#SBATCH --{name}={options[cluster][name]}" for name in OPTIONS if name in options[cluster]]
+        lines += [f"#SBATCH {_sbatch_option(name, options[cluster][name])}" for name in OPTIONS
+                  if name in options[cluster]]
         lines += [f"#SBATCH {gpus}" for gpus in [_gpus(nodes)] if gpus]
     lines += ["set -euo pipefail", ""]
     lines += ["# what each node runs (srun hands it to bash; launch.json travels inside it)",
@@ -163,6 +178,8 @@ def site_script(launch: LaunchPlan, site: SiteLaunch) -> str:
     for k, (cluster, nodes) in enumerate(components):
         args = ([f"--het-group={k}"] if het else []) + [f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
                                                          "--ntasks-per-node=1", _gpus(nodes), "--kill-on-bad-exit=1"]
+        if "cpus-per-task" in options[cluster]:
+            args.append(f"--cpus-per-task={options[cluster]['cpus-per-task']}")
         srun.append(f"srun {' '.join(a for a in args if a)} \\\n"
                     f'    bash -c "$node_script" hetauto-node{f" {k}" if het else ""} "$@"')
     if not het:
@@ -187,7 +204,7 @@ def site_script(launch: LaunchPlan, site: SiteLaunch) -> str:
 class SlurmTarget:
     name = "slurm"
     summary = ("one sbatch script per site, <site>/job.sbatch (a heterogeneous job when a site runs several "
-               "clusters); options partition, account, time, qos")
+               "clusters); options " + ", ".join(OPTIONS) + " (KEY@CLUSTER: one cluster's component)")
 
     def render(self, launch: LaunchPlan) -> dict[str, str]:
         return {script_path(s): site_script(launch, s) for s in launch.sites}
