@@ -8,8 +8,8 @@ Prints, side by side in one run:
   pessimistic case);
 - two sites as network namespaces started from `hetauto launch --target torchrun` scripts: seconds from start to
   the first step on the lead;
-- the time from SIGSTOP of a rank on the non-lead site to the lead's verdict naming it (at --timeout 5), and the
-  time to name a site that never starts (at --join-timeout 3).
+- the time from SIGSTOP of a rank on the non-lead site to the lead's exit with the verdict naming it (at
+  --timeout 5), and from the lead agent's start to its exit naming a site that never starts (at --join-timeout 3).
 """
 
 from __future__ import annotations
@@ -201,8 +201,8 @@ def hung_rank() -> float:
 def missing_site() -> float:
     with tempfile.TemporaryDirectory() as tmp, netns.NamespaceTopology([[0], [1, 2, 3]], 125e6) as topo:
         with contextlib.redirect_stdout(open(os.devnull, "w")):
-            t0 = time.monotonic()
             procs = _sites(Path(tmp), topo, "--join-timeout", "3", start=(0,))
+        t0 = time.monotonic()  # the lead's agent has just been started (the launch files are written)
         _, err = procs[0].communicate()
         assert "missing site 'slow' node rank(s) 1" in err, err[-500:]
         return time.monotonic() - t0
