@@ -26,16 +26,9 @@ import time
 from pathlib import Path
 
 from hetauto.cli import main as cli
-from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime import netns
+from hetauto.testing.two_sites import write_two_site_plan
 
-CLUSTER = """\
-clusters:
-  - {name: fast, nodes: {count: 1, devices_per_node: 1, device: cpu}}
-  - {name: slow, nodes: {count: 1, devices_per_node: 4, device: cpu}, backend: mock}
-links:
-  default: {bandwidth: 1Gbps, latency: 1ms}
-"""
 MESSAGES_PER_STEP = 3  # the last stage's step lines (dp 3: one per rank); heartbeats have their own thread
 
 
@@ -127,19 +120,10 @@ def loop_ratio(step_s: float, steps: int = 8, pairs: int = 25) -> float:
     return statistics.median(ratios)
 
 
-def _plan(folder: Path) -> Path:
-    (folder / "sites.yaml").write_text(CLUSTER, encoding="utf-8")
-    stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
-              StagePlan(cluster="slow", device_type="cpu", devices=(0, 1, 2), layers=(3, 6), tp=1, dp=3))
-    Plan(model="tiny-gpt", cluster="sites.yaml", seq_len=16, global_batch=6, microbatch_size=3, num_microbatches=2,
-         stages=stages).save(folder / "plan.json")
-    return folder / "plan.json"
-
-
 def _sites(root: Path, topo: netns.NamespaceTopology, *extra: str, start: tuple[int, ...] = (0, 1)) -> list:
     out = root / "launch"
-    argv = ["launch", str(_plan(root)), "--master", f"{topo.addresses[0]}:29500", "-o", str(out), "--iface",
-            f"fast={topo.interfaces[0]}", "--iface", f"slow={topo.interfaces[1]}", *extra]
+    argv = ["launch", str(write_two_site_plan(root)), "--master", f"{topo.addresses[0]}:29500", "-o", str(out),
+            "--iface", f"fast={topo.interfaces[0]}", "--iface", f"slow={topo.interfaces[1]}", *extra]
     assert cli(argv) == 0
     procs = []
     for g in start:

@@ -17,20 +17,12 @@ from pathlib import Path
 import pytest
 
 from hetauto.cli import main
-from hetauto.core.plan import Plan, StagePlan
 from hetauto.launch.local import JobFailed
 from hetauto.launch.node import JoinFailed
 from hetauto.runtime import netns
+from hetauto.testing.two_sites import write_two_site_plan
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiprocess]
-
-CLUSTER = """\
-clusters:
-  - {name: fast, nodes: {count: 1, devices_per_node: 1, device: cpu}}
-  - {name: slow, nodes: {count: 1, devices_per_node: 4, device: cpu}, backend: mock}
-links:
-  default: {bandwidth: 1Gbps, latency: 1ms}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +30,7 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1 + 3 rank plan: the fast site's one cpu rank, the slow site's three mock ranks (dp 3)."""
     if not netns.available().ok:
         pytest.fail(f"network namespaces are needed here: {netns.available().reason}")
-    folder = tmp_path_factory.mktemp("plan")
-    (folder / "sites.yaml").write_text(CLUSTER, encoding="utf-8")
-    stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
-              StagePlan(cluster="slow", device_type="cpu", devices=(0, 1, 2), layers=(3, 6), tp=1, dp=3))
-    Plan(model="tiny-gpt", cluster="sites.yaml", seq_len=16, global_batch=6, microbatch_size=3, num_microbatches=2,
-         stages=stages).save(folder / "plan.json")
-    return folder / "plan.json"
+    return write_two_site_plan(tmp_path_factory.mktemp("plan"))
 
 
 class Sites:

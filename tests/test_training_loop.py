@@ -176,6 +176,36 @@ def test_data_prepare_writes_a_token_file_of_the_texts_bytes(tmp_path: Path, cap
                                                "there; give a folder holding a Hugging Face tokenizer.json, or 'bytes'")
 
 
+def test_data_prepare_never_overwrites_what_it_did_not_write(tmp_path: Path, capsys) -> None:
+    from hetauto.cli import main
+
+    text = tmp_path / "small.txt"
+    text.write_text("precious")
+    (tmp_path / "notes.json").write_text("{}")
+    (tmp_path / "dir").mkdir()
+    cases = {
+        str(text): f"-o {text}: the token file would overwrite the input {text}; choose another -o, such as "
+                   f"{tmp_path / 'small-tokens.bin'}",
+        str(tmp_path / "small.bin"): f"-o {tmp_path / 'small.bin'}: its sidecar would overwrite the input "
+                                     f"{tmp_path / 'small.json'}; choose another -o, such as "
+                                     f"{tmp_path / 'small-tokens.bin'}",
+        str(tmp_path / "dir"): f"-o {tmp_path / 'dir'}: is a folder; give a file name such as "
+                               f"{tmp_path / 'dir' / 'tokens.bin'}",
+        str(tmp_path / "notes.bin"): f"-o {tmp_path / 'notes.bin'}: {tmp_path / 'notes.json'} exists and is not a "
+                                     "token file written by hetauto data prepare; remove it or choose another -o "
+                                     "(nothing is overwritten)",
+    }
+    (tmp_path / "small.json").write_text("also precious")
+    for out, message in cases.items():
+        args = ["data", "prepare", str(text), str(tmp_path / "small.json"), "-o", out]
+        assert main(args) == 2, out
+        assert capsys.readouterr().err.strip() == f"hetauto data: error: {message}"
+    assert text.read_text() == "precious" and (tmp_path / "notes.json").read_text() == "{}"
+    out = tmp_path / "t.bin"
+    assert main(["data", "prepare", str(text), "-o", str(out)]) == 0
+    assert main(["data", "prepare", str(text), "-o", str(out)]) == 0  # its own output may be written again
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_path: Path, tokens: Path) -> None:

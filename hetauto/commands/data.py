@@ -45,6 +45,39 @@ def _encoder(spec: str) -> tuple[Callable[[bytes], list[int]], int]:
     return (lambda raw: tok.encode(raw.decode("utf-8", errors="replace")).ids), int(tok.get_vocab_size())
 
 
+def _ours(path: Path) -> bool:
+    """Whether `path` is a token file this command wrote (its sidecar says so): it may be written again."""
+    import json
+
+    from hetauto.runtime.token_data import TOKENS_FORMAT
+
+    try:
+        meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == TOKENS_FORMAT
+
+
+def _check_output(out: Path, texts: list[Path]) -> None:
+    """Nothing the user handed us, or any file not written by this command, is overwritten."""
+    sidecar = out.with_suffix(".json")
+    if out.is_dir():
+        raise HetautoError(f"-o {out}: is a folder; give a file name such as {out / 'tokens.bin'}")
+    if not out.parent.is_dir():
+        raise HetautoError(f"-o {out}: the folder {out.parent} does not exist")
+    inputs = {t.resolve() for t in texts if t.exists()}
+    for target, what in ((out, "the token file"), (sidecar, "its sidecar")):
+        if target.resolve() in inputs:
+            raise HetautoError(f"-o {out}: {what} would overwrite the input {target}; choose another -o, such as "
+                               f"{out.with_name(out.stem + '-tokens.bin')}")
+    if out.suffix == ".json":
+        raise HetautoError(f"-o {out}: the token file and its .json sidecar would be one file; give a .bin name")
+    for target in (out, sidecar):
+        if target.exists() and not _ours(out):
+            raise HetautoError(f"-o {out}: {target} exists and is not a token file written by hetauto data prepare; "
+                               "remove it or choose another -o (nothing is overwritten)")
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "action", None) != "prepare":
         raise HetautoError("usage: hetauto data prepare TEXT... [--tokenizer bytes|DIR] -o OUT.bin")
@@ -54,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     encode, vocab = _encoder(args.tokenizer)
     out = Path(args.output)
-    if not out.parent.is_dir():
-        raise HetautoError(f"-o {out}: the folder {out.parent} does not exist")
+    _check_output(out, [Path(t) for t in args.texts])
     docs: list[Any] = []
     with Progress(transient=True, disable=bool(args.json)) as bar:
         task = bar.add_task("tokenizing", total=len(args.texts))

@@ -29,11 +29,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import embedded_launch, hookimpl, node_command
+from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command
 
 __all__ = ["KubernetesTarget", "NodeGroup", "node_groups", "jobset", "jobset_path", "dump_yaml", "OPTIONS",
            "API_VERSION"]
@@ -197,22 +196,6 @@ def jobset(launch: LaunchPlan, site: SiteLaunch) -> dict[str, Any]:
             }},
         })
     return {"apiVersion": API_VERSION, "kind": "JobSet", "metadata": metadata, "spec": {"replicatedJobs": jobs}}
-
-
-class _Dumper(yaml.SafeDumper):
-    """yaml.safe_dump's dumper, writing multi-line strings (the pod's script) as literal blocks."""
-
-
-def _str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
-
-
-_Dumper.add_representer(str, _str)
-
-
-def dump_yaml(doc: dict[str, Any]) -> str:
-    """`yaml.safe_dump(doc, sort_keys=False)` with literal blocks for multi-line strings."""
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=False, width=120)
 
 
 def _header(launch: LaunchPlan, site: SiteLaunch) -> str:

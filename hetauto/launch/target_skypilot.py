@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import embedded_launch, hookimpl, node_command
+from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command
 
 __all__ = ["SkyPilotTarget", "SKYPILOT_ACCELERATORS", "OPTIONS", "task", "task_path", "accelerators"]
 
@@ -159,17 +158,6 @@ def task(launch: LaunchPlan, site: SiteLaunch) -> dict[str, Any]:
     }
 
 
-class _Dumper(yaml.SafeDumper):
-    """yaml.safe_dump's dumper, writing multi-line strings (the run script) as literal blocks."""
-
-
-def _str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
-
-
-_Dumper.add_representer(str, _str)
-
-
 def _header(launch: LaunchPlan, site: SiteLaunch) -> str:
     rdzv = launch.rendezvous
     lead = site.name == rdzv.lead_site
@@ -193,9 +181,7 @@ class SkyPilotTarget:
     summary = "one SkyPilot task per site (equal nodes); sky launch SITE/task.yaml"
 
     def render(self, launch: LaunchPlan) -> dict[str, str]:
-        return {task_path(s): _header(launch, s) + yaml.dump(task(launch, s), Dumper=_Dumper, sort_keys=False,
-                                                            default_flow_style=False, width=120)
-                for s in launch.sites}
+        return {task_path(s): _header(launch, s) + dump_yaml(task(launch, s)) for s in launch.sites}
 
 
 @hookimpl

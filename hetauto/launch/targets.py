@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import pluggy
+import yaml
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan
 
-__all__ = ["LaunchTarget", "TargetRegistry", "get_targets", "hookimpl", "ENTRY_POINT_GROUP", "BUILTIN_MODULES",
+__all__ = ["LaunchTarget", "dump_yaml", "TargetRegistry", "get_targets", "hookimpl", "ENTRY_POINT_GROUP", "BUILTIN_MODULES",
            "embedded_launch", "node_command", "LAUNCH_FILE"]
 
 PROJECT = "hetauto"
@@ -114,3 +115,20 @@ def node_command(node_rank: str, *, devices: str = "plan", extra: str = "") -> s
     "$NODE_RANK"), `devices`: "plan" (set the visible-devices variable from the plan) or "scheduler"."""
     return (f'"${{HETAUTO_PYTHON:-python3}}" -m hetauto node {LAUNCH_FILE} --node-rank {node_rank} '
             f"--visible-devices {shlex.quote(devices)}" + (f" {extra}" if extra else ""))
+
+
+class _Dumper(yaml.SafeDumper):
+    """yaml.safe_dump's dumper, writing multi-line strings (a node's script) as literal blocks."""
+
+
+def _literal(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _literal)
+
+
+def dump_yaml(doc: dict[str, Any]) -> str:
+    """What the YAML targets write: `yaml.safe_dump(doc, sort_keys=False)` with literal blocks for multi-line
+    strings, 120 columns."""
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=False, width=120)
