@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,25 +49,42 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
         >>> result = hetauto.plan("cpu-demo")
         >>> result.plan.num_stages, result.evaluation.iteration_time_s
     """
-    from hetauto.core.errors import SpecError
+    from hetauto.core.errors import HetautoError, SpecError
     from hetauto.planner.inputs import load_planning_inputs
     from hetauto.planner.search import make_evaluator
     from hetauto.planner.search import plan as search
 
+    _expect("scenario", scenario, (str,), "a scenario name", optional=True)
+    _expect("cluster", cluster, (str, Path, _cluster_type()), "a cluster spec file or a ClusterSpec", optional=True)
+    _expect("model", model, (str, Path, _model_type()), "a model name, a config.json path or a ModelConfig",
+            optional=True)
+    for name, value in (("global_batch", global_batch), ("seq_len", seq_len), ("iterations", iterations),
+                        ("max_evaluations", max_evaluations), ("patience", patience)):
+        _expect(name, value, (int,), "an integer", optional=True)
+    _expect("seed", seed, (int,), "an integer")
+    _expect("planner", planner, (str,), "a planner name")
+    _expect("precision", precision, (str,), "one of " + ", ".join(PRECISIONS))
+    if precision not in PRECISIONS:
+        raise HetautoError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    _expect("budget", budget, (int, float), "seconds", optional=True)
+    _expect("memory_headroom", memory_headroom, (int, float), "a share from 0 to below 1", optional=True)
     if scenario is not None and cluster is not None:
         raise SpecError(None, "cluster", f"both scenario {scenario!r} and a cluster were given; a scenario brings "
                         "its own cluster", "pass one of them")
-    inputs = load_planning_inputs(cluster=cluster, model=model, scenario=scenario, global_batch=global_batch,
-                                  seq_len=seq_len, memory_headroom=memory_headroom)
-    model_ref = str(model) if isinstance(model, (str, Path)) and Path(model).is_file() else None
-    return search(inputs, planner, budget, seed, iterations=iterations, max_evaluations=max_evaluations,
-                  patience=patience, evaluator=make_evaluator(inputs, precision), model_ref=model_ref)
+    with _keywords():
+        inputs = load_planning_inputs(cluster=cluster, model=model, scenario=scenario, global_batch=global_batch,
+                                      seq_len=seq_len, memory_headroom=memory_headroom)
+        model_ref = str(model) if isinstance(model, (str, Path)) and Path(model).is_file() else None
+        return search(inputs, planner, budget, seed, iterations=iterations, max_evaluations=max_evaluations,
+                      patience=patience, evaluator=make_evaluator(inputs, precision), model_ref=model_ref)
 
 
 def _load_plan(plan: Plan | str | Path) -> tuple[Plan, Path]:
     """(the plan, the folder its relative paths resolve against: the plan file's, or the current one)."""
     from hetauto.core.plan import Plan
 
+    _expect("plan", plan, (Plan, str, Path), "a Plan or a plan JSON file (Plan.load reads a file; "
+            "Plan.model_validate a dict)")
     if isinstance(plan, Plan):
         return plan, Path.cwd()
     return Plan.load(plan), Path(plan).resolve().parent
@@ -90,16 +108,18 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
     from hetauto.planner.inputs import load_planning_inputs
 
     p, base = _load_plan(plan)
-    p = resolve_plan_paths(p, base)  # a relative cluster file or config.json, as `hetauto evaluate` reads them
-    inputs = inputs_for_plan(p) if cluster is None else load_planning_inputs(
-        cluster=cluster, model=p.model, global_batch=p.global_batch, seq_len=p.seq_len,
-        memory_headroom=p.memory_headroom)
-    calibration = None
-    if calibrated:
-        from hetauto.planner.calibration import local_calibration
+    _expect("cluster", cluster, (str, Path, _cluster_type()), "a cluster spec file or a ClusterSpec", optional=True)
+    with _keywords():
+        p = resolve_plan_paths(p, base)  # a relative cluster file or config.json, as `hetauto evaluate` reads them
+        inputs = inputs_for_plan(p) if cluster is None else load_planning_inputs(
+            cluster=cluster, model=p.model, global_batch=p.global_batch, seq_len=p.seq_len,
+            memory_headroom=p.memory_headroom)
+        calibration = None
+        if calibrated:
+            from hetauto.planner.calibration import local_calibration
 
-        calibration = local_calibration()
-    return evaluate_plan(p, inputs, calibration=calibration)
+            calibration = local_calibration()
+        return evaluate_plan(p, inputs, calibration=calibration)
 
 
 def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False, seed: int | None = None,
@@ -126,6 +146,14 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
 
     if emulate not in (False, True, "inprocess", "netns"):
         raise HetautoError(f"emulate must be False, True, 'inprocess' or 'netns', got {emulate!r}")
+    for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every)):
+        _expect(name, value, (int,), "an integer")
+    _expect("seed", seed, (int,), "an integer", optional=True)
+    _expect("timeout", timeout, (int, float), "seconds")
+    for name, value in (("trace", trace), ("checkpoint_dir", checkpoint_dir), ("resume", resume)):
+        _expect(name, value, (str, Path), "a path", optional=True)
+    if not isinstance(plan, (str, Path)):
+        _load_plan(plan)  # the type check
     with tempfile.TemporaryDirectory(prefix="hetauto-run-") as tmp:
         if isinstance(plan, (str, Path)):
             path = str(plan)
@@ -150,6 +178,61 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
         args = parser.parse_args(argv)
         args.json = True
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), _keywords():
             command.run(args)
     return json.loads(out.getvalue())
+
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+# the command line's flags, as this module's keywords: errors from the code the commands share name the keyword
+_FLAG_KEYWORDS = {"--gbs": "global_batch", "--seq": "seq_len", "--memory-headroom": "memory_headroom",
+                  "--steps": "steps", "--timeout": "timeout", "--checkpoint-dir": "checkpoint_dir",
+                  "--checkpoint-every": "checkpoint_every", "--resume": "resume", "--seed": "seed",
+                  "--budget": "budget", "--emulate": "emulate", "--trace": "trace", "--planner": "planner",
+                  "--precision": "precision", "--cluster": "cluster", "--model": "model", "--scenario": "scenario",
+                  "--iterations": "iterations", "--max-evaluations": "max_evaluations", "--patience": "patience"}
+_FLAG = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in sorted(_FLAG_KEYWORDS, key=len, reverse=True))
+                   + r")(?![\w-])")
+
+
+def _expect(name: str, value: Any, types: tuple[type, ...], what: str, optional: bool = False) -> None:
+    """A wrong argument type is a HetautoError naming the keyword, never a TypeError from deep inside."""
+    from hetauto.core.errors import HetautoError
+
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise HetautoError(f"{name}: expected {what}, got {type(value).__name__} {value!r:.80}")
+
+
+def _cluster_type() -> type:
+    from hetauto.core.cluster import ClusterSpec
+
+    return ClusterSpec
+
+
+def _model_type() -> type:
+    from hetauto.core.model import ModelConfig
+
+    return ModelConfig
+
+
+@contextlib.contextmanager
+def _keywords() -> Any:
+    """Errors raised through the commands' code name the keyword (global_batch) where they name a flag (--gbs);
+    a pydantic ValidationError (a value the typed config refuses) becomes a one-line HetautoError."""
+    from pydantic import ValidationError
+
+    from hetauto.core.errors import HetautoError
+
+    try:
+        yield
+    except HetautoError as err:
+        text = _FLAG.sub(lambda m: _FLAG_KEYWORDS[m.group(1)], str(err))
+        if text != str(err):
+            err.args = (text,)
+        raise
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in first.get("loc", ())) or "value"
+        raise HetautoError(f"{field}: {first.get('msg', 'invalid')}") from None

@@ -71,6 +71,27 @@ def test_plan_takes_a_cluster_and_a_model_and_refuses_both_a_scenario_and_a_clus
                               "cluster (pass one of them)")
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda: hetauto.plan("cpu-demo", precision="fp8"), "precision: 'fp8' is not one of auto, bf16, fp16, fp32"),
+    (lambda: hetauto.plan("cpu-demo", global_batch="16"), "global_batch: expected an integer, got str '16'"),
+    (lambda: hetauto.plan("cpu-demo", global_batch=True), "global_batch: expected an integer, got bool True"),
+    (lambda: hetauto.plan("cpu-demo", global_batch=0), "global_batch: global batch must be positive, got 0"),
+    (lambda: hetauto.plan("cpu-demo", seq_len=-1), "seq_len: sequence length must be positive, got -1"),
+    (lambda: hetauto.plan("cpu-demo", seed=1.5), "seed: expected an integer, got float 1.5"),
+    (lambda: hetauto.plan("cpu-demo", budget="x"), "budget: expected seconds, got str 'x'"),
+    (lambda: hetauto.plan(cluster=5), "cluster: expected a cluster spec file or a ClusterSpec, got int 5"),
+    (lambda: hetauto.evaluate({"a": 1}), "plan: expected a Plan or a plan JSON file (Plan.load reads a file; "
+                                         "Plan.model_validate a dict), got dict {'a': 1}"),
+    (lambda: hetauto.run({"a": 1}), "plan: expected a Plan or a plan JSON file (Plan.load reads a file; "
+                                    "Plan.model_validate a dict), got dict {'a': 1}"),
+    (lambda: hetauto.run("plan.json", steps="2"), "steps: expected an integer, got str '2'"),
+])
+def test_bad_arguments_are_one_line_errors_naming_the_keyword(call, message) -> None:
+    with pytest.raises(hetauto.HetautoError) as err:
+        call()
+    assert str(err.value) == message
+
+
 def test_run_rejects_a_bad_emulate_before_launching() -> None:
     with pytest.raises(hetauto.HetautoError, match="emulate must be False, True, 'inprocess' or 'netns', got 'x'"):
         hetauto.run("no-such-plan.json", emulate="x")
