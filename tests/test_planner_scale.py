@@ -41,9 +41,16 @@ def test_clusters_too_large_for_the_space_name_the_limit() -> None:
     with pytest.raises(InfeasiblePlan) as err:
         plan(huge, "mcts", evaluator=ev)
     assert str(err.value) == (
-        "no cluster fits the strategy space: each must split into at most 98 stages (one per layer) of tp <= devices "
-        "per node x dp dividing a microbatch size <= 32, so at most 98 x 8 x 32 = 25,088 devices per cluster; the "
-        "smallest here has 32,768 (use fewer nodes per cluster: a plan uses every device of each cluster it uses)")
+        "no cluster fits the strategy space: a cluster must split into at most 98 equal, node-aligned stages (one per "
+        "layer) of tp (inside a node) x dp devices, dp dividing a microbatch size (at most 32); the smallest, 'a100' "
+        "(4,096 nodes x 8 = 32,768 devices), does not, and at most 3,136 of its nodes (25,088 devices) would (use "
+        "fewer nodes per cluster: a plan uses every device of each cluster it uses)")
+    # below the 98 x 8 x 32 bound yet not placeable (3,000 nodes split into no <= 98 equal stages that work):
+    # the message names the count that would, never a bound this cluster already meets
+    odd = _with_nodes(inp, {c.name: 3000 for c in inp.cluster.clusters})
+    with pytest.raises(InfeasiblePlan, match=r"'a100' \(3,000 nodes x 8 = 24,000 devices\), does not, and at "
+                                             r"most 2,976 of its nodes \(23,808 devices\) would"):
+        plan(odd, "mcts", evaluator=Evaluator(odd))
     assert ev.evaluations == 0
 
 

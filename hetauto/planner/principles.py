@@ -190,13 +190,25 @@ def scale_violation(spec: ClusterSpec, num_layers: int, microbatch_sizes: Sequen
                 "(hetauto.core.cluster.MAX_DEVICES)")
     if any(placeable(c, num_layers, microbatch_sizes) for c in spec.clusters):
         return None
-    b = max(microbatch_sizes)
-    largest = max(spec.clusters, key=lambda c: c.devices_per_node)
-    return (f"no cluster fits the strategy space: each must split into at most {num_layers} stages (one per layer) "
-            f"of tp <= devices per node x dp dividing a microbatch size <= {b}, so at most {num_layers} x "
-            f"{largest.devices_per_node} x {b} = {num_layers * largest.devices_per_node * b:,} devices per cluster; "
-            f"the smallest here has {min(c.num_devices for c in spec.clusters):,} (use fewer nodes per cluster: a "
-            "plan uses every device of each cluster it uses)")
+    smallest = min(spec.clusters, key=lambda c: c.num_devices)
+    fits = _largest_placeable_nodes(smallest, num_layers, microbatch_sizes)
+    could = (f"at most {fits:,} of its nodes ({fits * smallest.devices_per_node:,} devices) would" if fits else
+             "no number of its nodes would")
+    return (f"no cluster fits the strategy space: a cluster must split into at most {num_layers} equal, node-aligned "
+            f"stages (one per layer) of tp (inside a node) x dp devices, dp dividing a microbatch size (at most "
+            f"{max(microbatch_sizes)}); the smallest, '{smallest.name}' ({smallest.num_nodes:,} nodes x "
+            f"{smallest.devices_per_node} = {smallest.num_devices:,} devices), does not, and {could} (use fewer "
+            "nodes per cluster: a plan uses every device of each cluster it uses)")
+
+
+def _largest_placeable_nodes(cluster: Cluster, num_layers: int, microbatch_sizes: Sequence[int]) -> int:
+    """The most nodes (<= the cluster's) with which `cluster` would be placeable; 0 if none."""
+    from dataclasses import replace
+
+    for nodes in range(cluster.num_nodes, 0, -1):
+        if placeable(replace(cluster, num_nodes=nodes, node_groups=()), num_layers, microbatch_sizes):
+            return nodes
+    return 0
 
 
 # 5 -------------------------------------------------------------------------------------------------
