@@ -83,3 +83,30 @@ def test_bad_stop_rule_flags_are_one_line_errors(flag: str, value: str, says: st
     assert main(["plan", "--scenario", "cpu-demo", flag, value]) != 0
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and says in err
+
+
+def test_ctrl_c_during_the_search_keeps_the_best_plan_so_far(tmp_path, monkeypatch, capsys) -> None:
+    """The first SIGINT (raised for real, in the middle of the search) stops it; the plan found so far is written."""
+    import signal
+
+    from hetauto.planner.evaluate import Evaluator
+
+    calls = [0]
+    original = Evaluator.evaluate
+
+    def evaluate(self, *a, **kw):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == 40:
+            signal.raise_signal(signal.SIGINT)
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--scenario", "paper-4c", "-o", str(out), "--json", "--baselines"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["stopped_by_user"] is True and doc["baselines"] == {}  # the baselines are not started either
+    assert 40 <= doc["evaluations"] <= 40 + 8  # the candidate being scored and the polish, then it stops
+    assert Plan.load(out).num_stages >= 1
+    assert "hetauto plan: stopping the search; the best plan so far is kept (Ctrl-C again to abort)" in captured.err
+    assert f"hetauto plan: stopped by Ctrl-C after {doc['evaluations']} evaluations" in captured.err

@@ -9,7 +9,10 @@ priced at), plan (and `baselines` with --baselines); `--precision P` writes `tra
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +131,33 @@ def _model_ref(args: argparse.Namespace) -> str | None:
     return args.model if args.model and Path(args.model).is_file() else None
 
 
-def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> PlanResult:
+@contextlib.contextmanager
+def _first_ctrl_c_stops_the_search() -> Iterator[Callable[[], bool]]:
+    """Inside the block, the first Ctrl-C (SIGINT) asks the search to stop and keep its best plan (yields the
+    question 'was it asked?'); a second one interrupts as usual. Why: a long search's best plan so far is worth
+    keeping, and Ctrl-C is how a person says "enough"."""
+    asked = [False]
+
+    def handler(signum: int, frame: Any) -> None:
+        if asked[0]:
+            raise KeyboardInterrupt
+        asked[0] = True
+        print("\nhetauto plan: stopping the search; the best plan so far is kept (Ctrl-C again to abort)",
+              file=sys.stderr, flush=True)
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread (a library caller): Ctrl-C keeps its usual meaning
+        yield lambda: False
+        return
+    try:
+        yield lambda: asked[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool,
+             should_stop: Callable[[], bool] | None = None) -> PlanResult:
     budget = args.budget
     if budget is not None and budget <= 0:
         raise HetautoError(f"--budget must be positive seconds, got {args.budget:g}")
@@ -137,7 +166,8 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool) -> Pl
         if value is not None and value < low:
             raise HetautoError(f"{flag} must be {'positive' if low else 'zero or more'}, got {value}")
     kw = dict(budget=budget, seed=args.seed, iterations=args.iterations, max_evaluations=args.max_evaluations,
-              patience=args.patience, evaluator=make_evaluator(inputs, args.precision), model_ref=args.model_ref)
+              patience=args.patience, evaluator=make_evaluator(inputs, args.precision), model_ref=args.model_ref,
+              should_stop=should_stop)
     if name in OWN_SEARCHES:  # hetauto's own searches keep inside the feature flags; baselines run as published
         kw["space_options"] = feature_options(args) or None
     if not show:
@@ -256,9 +286,13 @@ def run(args: argparse.Namespace) -> int:
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)
     show = sys.stderr.isatty()
-    result = _run_one(inputs, args.planner, args, show)
+    with _first_ctrl_c_stops_the_search() as stopped:
+        result = _run_one(inputs, args.planner, args, show, stopped)
+    if stopped():
+        print(f"hetauto plan: stopped by Ctrl-C after {result.evaluations} evaluations: this is the best plan found "
+              "so far", file=sys.stderr)
     baselines: dict[str, PlanResult] = {}
-    if args.baselines:
+    if args.baselines and not stopped():
         for name in BASELINE_SET:
             if name == args.planner:
                 continue
@@ -281,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
         doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
                                "plan": result.plan.model_dump(mode="json", by_alias=True),
-                               "trace": [[p.elapsed_s, p.evaluations, p.best_throughput] for p in result.trace]}
+                               "trace": [[p.elapsed_s, p.evaluations, p.best_throughput] for p in result.trace],
+                               "stopped_by_user": stopped()}
         if args.baselines:
             doc["baselines"] = {n: ({"error": str(r)} if isinstance(r, Exception) else
                                     {**_figures(r), "ratio": result.evaluation.throughput_samples_s /

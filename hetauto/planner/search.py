@@ -91,8 +91,8 @@ def _finish(scored: Scored | None, space: StrategySpace, scorer: Scorer | None, 
 def single_cluster(inputs: PlanningInputs, evaluator: Any, *, budget: float | None = None, seed: int = 0,
                    iterations: int | None = None, progress: ProgressFn | None = None,
                    space_options: dict[str, Any] | None = None, max_evaluations: int | None = None,
-                   patience: int | None = None, clusters: tuple[str, ...] | None = None
-                   ) -> PlanResult:
+                   patience: int | None = None, clusters: tuple[str, ...] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> PlanResult:
     """The `single-cluster` planner: hetauto's own search (mcts, same stop rule and evaluator) restricted to
     each cluster alone, the best kept -- what an expert would run instead of a cross-cluster job. Each
     cluster's search has the whole `budget` / `max_evaluations` / `patience`; the evaluations add up.
@@ -103,9 +103,12 @@ def single_cluster(inputs: PlanningInputs, evaluator: Any, *, budget: float | No
     evaluations = 0
     reasons = []
     for name in clusters or inputs.cluster.names:
+        if best is not None and should_stop is not None and should_stop():
+            break
         opts = {**(space_options or {}), "clusters": (name,)}
         try:
-            r = _plan(inputs, "mcts", budget, seed, iterations, evaluator, progress, opts, max_evaluations, patience)
+            r = _plan(inputs, "mcts", budget, seed, iterations, evaluator, progress, opts, max_evaluations, patience,
+                      should_stop)
         except InfeasiblePlan as err:
             reasons.append(f"{name}: {err}")
             continue
@@ -162,7 +165,8 @@ def tightest_violation(space: StrategySpace, scorer: Scorer | None = None) -> st
 def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = None, seed: int = 0, *,
          iterations: int | None = None, evaluator: Any = None, progress: ProgressFn | None = None,
          space_options: dict[str, Any] | None = None, max_evaluations: int | None = None,
-         model_ref: str | None = None, patience: int | None = None) -> PlanResult:
+         model_ref: str | None = None, patience: int | None = None,
+         should_stop: Callable[[], bool] | None = None) -> PlanResult:
     """Search for the highest-throughput plan that fits; raise InfeasiblePlan naming the tightest constraint.
 
     MCTS stops at the first of: `budget` seconds (an upper bound), `iterations`, `max_evaluations`, or the
@@ -171,9 +175,11 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
     Without a time budget the result depends only on the seed (evaluation counts, never the clock);
     `patience=0` turns the stop rule off. Baselines ignore iterations/max_evaluations/patience: they run
     their own algorithm to the end (`budget` still cuts them short).
-    `model_ref` (e.g. a config.json path) is written as the plan's `model` instead of the model's name."""
+    `model_ref` (e.g. a config.json path) is written as the plan's `model` instead of the model's name.
+    `should_stop()` returning True ends hetauto's own searches (mcts, single-cluster) early with the best plan
+    found so far (Ctrl-C in `hetauto plan`); the baselines run to their end."""
     result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options, max_evaluations,
-                   patience)
+                   patience, should_stop)
     if model_ref and model_ref != result.plan.model:
         from dataclasses import replace
 
@@ -183,7 +189,8 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
 
 def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int, iterations: int | None,
           evaluator: Any, progress: ProgressFn | None, space_options: dict[str, Any] | None,
-          max_evaluations: int | None, patience: int | None = None) -> PlanResult:
+          max_evaluations: int | None, patience: int | None = None,
+          should_stop: Callable[[], bool] | None = None) -> PlanResult:
     if planner not in PLANNERS:
         raise HetautoError(f"unknown planner '{planner}'; choose one of: {', '.join(PLANNERS)}")
     start = time.perf_counter()
@@ -197,7 +204,8 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
     ev = evaluator if evaluator is not None else make_evaluator(inputs)
     if planner == "single-cluster":
         return single_cluster(inputs, ev, budget=budget, seed=seed, iterations=iterations, progress=progress,
-                              space_options=space_options, max_evaluations=max_evaluations, patience=patience)
+                              space_options=space_options, max_evaluations=max_evaluations, patience=patience,
+                              should_stop=should_stop)
     before = ev.evaluations
     if planner == "mcts":
         space = StrategySpace(inputs, ev, **(space_options or {}))
@@ -216,6 +224,8 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
             if progress is not None:
                 progress(time.perf_counter() - start, ev.evaluations, scorer.best_throughput)
             if cap is not None and ev.evaluations >= cap:
+                return True
+            if should_stop is not None and should_stop() and scorer.best is not None:
                 return True
             return budget is not None and time.perf_counter() - start >= share * budget
 
