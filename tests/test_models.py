@@ -249,3 +249,14 @@ def test_layers_from_module_nested_and_tied():
     assert layers[-1].tied_params == v * h
     assert layers_from_module(_Net, s)[-1].tied_param_tensors == layers_from_module(_Net, s)[-1].tied_params == 0
     assert [l.fwd_flops_per_token for l in layers] == [0.0, 2 * (2 * h * 2 * h), 2 * (2 * h * 2 * h), 2 * h * v]
+
+
+def test_models_table_keeps_every_name_whole_when_piped(capsys) -> None:
+    """Not a terminal (a pipe, a file, capsys): the table is printed at its natural width, never cut to 80."""
+    from hetauto.cli import main
+    from hetauto.core.model_catalog import MODELS
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert all(f" {name} " in out for name in MODELS)

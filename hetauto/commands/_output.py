@@ -24,7 +24,13 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
         table.add_column(col)
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
-    console.print(table)
+    if console.is_terminal:
+        console.print(table)
+        return
+    # piped or redirected: rich would squeeze the table into 80 columns and cut the cells ("llama2-…"); print it
+    # at its natural width instead, so `hetauto models | cat` and `> file` keep every name whole
+    natural = Console(width=100_000).measure(table).maximum
+    Console(width=max(natural, console.width), no_color=console.no_color).print(table)
 
 
 def require_writable(path: str | None, flag: str) -> None:
