@@ -79,6 +79,10 @@ def test_import_csv(tmp_path, capsys) -> None:
     ("h100,block,2,4,2048,bf16,1,2,3,m\nh100,layer,2,4,2048,bf16,1,2,3,m\n",
      "line 3, column kind: 'layer' is not a layer kind (use one of embedding, block, head)"),
     ("h100,block,0,4,2048,bf16,1,2,3,m\n", "line 2, column tp: '0' is below 1 (write an integer >= 1 there)"),
+    ("h100,block,2,4,2048,bf16,nan,2,3,m\n", "line 2, column fwd_ms: 'nan' is not a finite number (write a number "
+     ">= 0 there (a measurement that failed has no row: leave the line out))"),
+    ("h100,block,2,4,2048,bf16,1,inf,3,m\n", "line 2, column bwd_ms: 'inf' is not a finite number (write a number "
+     ">= 0 there (a measurement that failed has no row: leave the line out))"),
     ("h100,block,2,4,2048,bf16,1,2,3\n",
      "line 2: has 9 fields but the header has 10 (give one value per column (leave mem_mb empty rather than out))"),
     ("h100,block,2,4,2048,int8,1,2,3,m\n",

@@ -34,7 +34,10 @@ def _number(text: str, path: Path, line: int, col: str, *, integer: bool, minimu
         example = "1, 2, 4" if integer else "12.5"
         raise SpecError(path, f"line {line}, column {col}", f"{text!r} is not {what}",
                         f"write {what} >= {minimum:g} there, e.g. {example}") from None
-    if not value >= minimum:  # also refuses nan
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SpecError(path, f"line {line}, column {col}", f"{text!r} is not a finite number",
+                        f"write {what} >= {minimum:g} there (a measurement that failed has no row: leave the line out)")
+    if not value >= minimum:
         raise SpecError(path, f"line {line}, column {col}", f"{text!r} is below {minimum:g}",
                         f"write {what} >= {minimum:g} there")
     return value
