@@ -78,6 +78,15 @@ def test_bad_flags_one_line(capsys, extra: list[str], msg: str) -> None:
     assert msg in err and err.count("\n") == 1
 
 
+def test_a_synthetic_pipeline_too_large_to_simulate_is_refused_at_once(capsys) -> None:
+    code = main(["simulate", "--synthetic", "--schedule", "1f1b", "--stages", "1000", "--microbatches", "100000",
+                 "--tf", "1", "--tb", "2"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "hetauto simulate: error: --stages 1000 x --microbatches 100000 is 200,000,000 pipeline actions, more than "
+        "the 2,000,000 simulated in about a minute; a bubble's shape shows at p <= 64 and m <= 4p")
+
+
 def test_negative_time(capsys) -> None:
     code = main(["simulate", "--synthetic", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
                  "--tf", "-1", "--tb", "2"])

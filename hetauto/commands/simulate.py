@@ -64,6 +64,9 @@ def _pairs(flag: str, items: list[str], p: int, value_kind: str, *, limit: int, 
     return out
 
 
+MAX_SYNTHETIC_ACTIONS = 2_000_000  # ~1 s per 100k actions here: a synthetic study answers within about a minute
+
+
 def _synthetic(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[str, Any]]:
     if not args.schedule:
         raise HetautoError("--synthetic needs --schedule (one of: " + ", ".join(SCHEDULES) + ")")
@@ -80,6 +83,11 @@ def _synthetic(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
         raise HetautoError(f"--virtual-chunks must be >= 1, got {v}")
     if v > 1 and args.schedule != "interleaved":
         raise HetautoError(f"--virtual-chunks {v} needs --schedule interleaved")
+    actions = 2 * p * m * v  # a forward and a backward per stage (chunk) and microbatch
+    if actions > MAX_SYNTHETIC_ACTIONS:
+        raise HetautoError(f"--stages {p} x --microbatches {m}" + (f" x --virtual-chunks {v}" if v > 1 else "")
+                           + f" is {actions:,} pipeline actions, more than the {MAX_SYNTHETIC_ACTIONS:,} simulated "
+                           "in about a minute; a bubble's shape shows at p <= 64 and m <= 4p")
     if args.activation_bytes < 0 or math.isinf(args.activation_bytes):
         raise HetautoError(f"--activation-bytes must be >= 0 and finite, got {args.activation_bytes}")
     lat = _pairs("link-latency", args.link_latency, p, "C", limit=p - 1)
