@@ -4,6 +4,7 @@ with loss == reference, bytes per boundary and a Chrome trace; bad plans rejecte
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +33,11 @@ def _write(tmp_path: Path, *stages: StagePlan, name: str = "plan.json") -> Path:
 def test_run_json_end_to_end(tmp_path: Path) -> None:
     plan = _write(tmp_path, _stage("fast", (0,), (0, 3)), _stage("slow", (0,), (3, 6)))
     trace = tmp_path / "trace.json"
+    temp = tmp_path / "tmp"  # the run's temp dir: nothing of hetauto's is left there
+    temp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(plan), "--steps", "2", "--emulate",
                            "--json", "--trace", str(trace), "--timeout", "60"],
-                          capture_output=True, text=True, timeout=230)
+                          capture_output=True, text=True, timeout=230, env={**os.environ, "TMPDIR": str(temp)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert len(doc["loss"]) == len(doc["reference_loss"]) == 2
@@ -42,6 +45,7 @@ def test_run_json_end_to_end(tmp_path: Path) -> None:
     s = 2 * 16 * 64 * 4  # one microbatch's activation, 2 microbatches per step
     assert doc["bytes_per_link"] == {"stage0(fast)->stage1(slow)": 2 * s, "stage1(slow)->stage0(fast)": 2 * s}
     assert doc["measured_step_s"] > 0 and doc["emulated"] is True
+    assert [p.name for p in temp.iterdir() if p.name.startswith("hetauto")] == []  # (torch's own caches aside)
     assert "predicted_step_s" in doc
     from hetauto.planner.calibration import local_calibration
 

@@ -499,6 +499,8 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
             control = ControlServer(out, bind=control_bind, port=control_port, advertise=control_address).start()
         env = dict(os.environ if env is None else env)
         env.setdefault("OMP_NUM_THREADS", "1")
+        # emulated links' pipe clocks live in the run folder and go with it (a failed rank leaves no folder in /tmp)
+        env.setdefault("HETAUTO_PIPE_DIR", str(out / "pipes"))
         token = new_token()
         env[JOB_ENV] = token
         env[CONTROL_ENV] = control.address if control is not None else str(control_address)
