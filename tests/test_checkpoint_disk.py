@@ -229,3 +229,8 @@ def test_read_only_checkpoint_dir_is_refused_before_launch(tmpfs, tmp_path: Path
     assert main(["run", str(plan), "--checkpoint-dir", str(ro / "ck"), "--json"]) != 0
     assert json.loads(capsys.readouterr().out)["error"] == (
         f"--checkpoint-dir {ro / 'ck'}: {ro} is on a read-only file system; choose a writable folder")
+    # access() says yes to root, yet /proc refuses a new folder: the folder is made and written for real
+    assert main(["run", str(plan), "--checkpoint-dir", "/proc/hetauto-ckpt", "--json"]) != 0
+    assert json.loads(capsys.readouterr().out)["error"] == (
+        "--checkpoint-dir /proc/hetauto-ckpt: cannot create or write it here (No such file or directory); choose a "
+        "writable folder")

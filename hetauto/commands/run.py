@@ -606,6 +606,14 @@ def _check_checkpoint_dir(path: str) -> None:
             ro = False
         why = "is on a read-only file system" if ro else f"is not writable for uid {os.getuid()}"
         raise CheckpointError(f"--checkpoint-dir {path}: {probe} {why}; choose a writable folder")
+    try:  # access() says yes to root everywhere (and /proc lies): make the folder and write in it for real
+        p.mkdir(parents=True, exist_ok=True)
+        test = p / f".hetauto-write-probe-{os.getpid()}"
+        test.write_bytes(b"")
+        test.unlink()
+    except OSError as err:
+        raise CheckpointError(f"--checkpoint-dir {path}: cannot create or write it here ({err.strerror or err}); "
+                              "choose a writable folder") from None
 
 
 def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,
