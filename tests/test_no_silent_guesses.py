@@ -129,8 +129,12 @@ def test_exhaustive_on_a_large_space_says_its_size_and_estimate_and_asks_for_bud
     assert err.endswith("; pass --budget SECONDS (the best plan found by then) or use --planner mcts\n")
 
 
-def test_exhaustive_on_a_small_space_runs_without_a_word(capsys) -> None:
-    # global batch 4 (microbatch 1, 2, 4), no recompute: the whole space of that cpu-demo takes seconds to score
+def test_exhaustive_on_a_small_space_runs_without_a_word(capsys, monkeypatch) -> None:
+    # global batch 4 (microbatch 1, 2, 4), no recompute: the whole space of that cpu-demo takes seconds to score;
+    # a space this small is never probed, so a machine however slow cannot turn the run into a refusal
+    import hetauto.commands.plan as command
+
+    monkeypatch.setattr(command, "_exhaustive_estimate", lambda *a: pytest.fail("a small space was probed"))
     assert main(["plan", "--scenario", "cpu-demo", "--gbs", "4", "--no-recompute", "--planner", "exhaustive",
                  "--json"]) == 0
     out = capsys.readouterr()

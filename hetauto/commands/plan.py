@@ -218,6 +218,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:
 # `--planner exhaustive` scores every candidate of the space; above this many seconds (estimated) it asks for
 # --budget instead of running for minutes or days without a word.
 EXHAUSTIVE_LIMIT_S = 60.0
+EXHAUSTIVE_ALWAYS_RUN = 50_000  # candidates: seconds to a few minutes on any machine; never refused
 PROBE_S = 1.0  # how long the estimate scores candidates (the first ones are the slowest: caches are cold)
 
 
@@ -253,7 +254,11 @@ def _exhaustive_estimate(inputs: Any, precision: str) -> tuple[int, int, float]:
 
 def _check_exhaustive(inputs: Any, args: argparse.Namespace) -> None:
     """Up front, before a search that would take longer than EXHAUSTIVE_LIMIT_S: the space's size and the
-    estimated time, and a request for --budget (with --budget: a note saying how much of the space it covers)."""
+    estimated time, and a request for --budget (with --budget: a note saying how much of the space it covers).
+    A space of at most EXHAUSTIVE_ALWAYS_RUN candidates always runs, without a probe: whether it does must not
+    depend on how busy the machine is."""
+    if space_size(inputs) <= EXHAUSTIVE_ALWAYS_RUN:
+        return
     n, done, took = _exhaustive_estimate(inputs, args.precision)
     if done >= n:
         return
