@@ -40,8 +40,19 @@ else
     fi
     PY="$_hetauto_checkout/.venv/bin/python"
 fi
+_hetauto_user_path="$PATH"  # the caller's PATH, before the scripts folder goes first (for the hint below)
 PATH="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 export PY PATH
 python3() { "$PY" "$@"; }
+hetauto_activation_hint() {  # the one line a person needs to run `hetauto` in their own shell afterwards
+    local bin found
+    bin="$(dirname "$PY")"
+    found="$(PATH="$_hetauto_user_path" command -v hetauto 2>/dev/null || true)"
+    if [[ -f "$bin/activate" && "${VIRTUAL_ENV:-}" != "$(dirname "$bin")" ]]; then
+        echo "to run hetauto and python3 -m pytest in your shell, first: source $bin/activate"
+    elif [[ "$found" != "$bin/hetauto" ]]; then
+        echo "to run hetauto in your shell, first: export PATH=\"$bin:\$PATH\""
+    fi
+}
 unset -f _hetauto_pip_refused
 unset _hetauto_checkout _hetauto_base

@@ -7,4 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_python.sh
 "$PY" -m pip install --quiet torch==2.13.0 -e '.[dev]' -e plugins/hetauto-backend-template
-"$PY" -m pytest -q --durations=10 "$@"
+status=0
+"$PY" -m pytest -q --durations=10 "$@" || status=$?
+hetauto_activation_hint
+exit "$status"

@@ -79,7 +79,7 @@ def test_hetauto_backends_command_end_to_end():
     rows = {b["name"]: b for b in doc["backends"]}
     assert {n for n, b in rows.items() if b["available"]} == {"cpu", "mock", "template"}
     assert rows["mock"]["device_count"] == 8 and rows["cpu"]["dist_backend"] == "gloo"
-    for name, hint in [("npu", "pip install hetauto[npu]"), ("xpu", "pip install hetauto[xpu]"),
+    for name, hint in [("npu", "pip install torch-npu==2.13.0"), ("xpu", "whl/xpu"),
                        ("cuda", "whl/cu126"), ("rocm", "whl/rocm6.4")]:
         assert rows[name]["available"] is False and "; install: " in rows[name]["reason"] and hint in rows[name]["reason"]
         assert "\n" not in rows[name]["reason"]
@@ -89,4 +89,5 @@ def test_hetauto_backends_command_end_to_end():
                                  {"name": "host", "priority": 0, "source": "builtin"}]
     assert "template" not in {p["name"] for p in doc.get("skipped", [])}  # isolation skips others, never ours
     text = subprocess.run([sys.executable, "-m", "hetauto.cli", "backends"], capture_output=True, text=True, env=env, timeout=120, check=True).stdout
-    assert "npu: unavailable: torch_npu is not installed — install: pip install hetauto[npu]" in text
+    assert "npu: unavailable: torch_npu is not installed — install: pip install torch-npu==2.13.0 (from a hetauto " \
+           "checkout: pip install -e '.[npu]')" in text

@@ -36,9 +36,11 @@ def _py(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_the_scripts_parse_and_source_the_helper() -> None:
-    for script in ("scripts/_python.sh", "scripts/test.sh"):
+    for script in ("scripts/_python.sh", "scripts/test.sh", "scripts/demo.sh"):
         subprocess.run(["bash", "-n", script], cwd=ROOT, check=True, timeout=30)
-    assert "source scripts/_python.sh" in (ROOT / "scripts/test.sh").read_text()
+    for script in ("scripts/test.sh", "scripts/demo.sh"):  # and both end with the line that activates it
+        text = (ROOT / script).read_text()
+        assert "source scripts/_python.sh" in text and "hetauto_activation_hint" in text
 
 
 def test_an_active_virtualenv_wins(tmp_path) -> None:
@@ -77,3 +79,7 @@ exec {sys.executable} "$@"
     out = subprocess.run([str(co / ".venv" / "bin" / "python"), "-m", "pip", "--version"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+    hint = subprocess.run(["bash", "-c", "source scripts/_python.sh && hetauto_activation_hint"], cwd=co,
+                          env={**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"},
+                               "HETAUTO_PYTHON": str(fake)}, capture_output=True, text=True, timeout=120)
+    assert hint.stdout == f"to run hetauto and python3 -m pytest in your shell, first: source {co}/.venv/bin/activate\n"

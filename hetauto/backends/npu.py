@@ -22,7 +22,7 @@ class NpuBackend(TorchModuleBackend):
     name = "npu"
     device_type = "npu"
     priority = 100
-    install_hint = "pip install hetauto[npu]"
+    install_hint = "pip install torch-npu==2.13.0 (from a hetauto checkout: pip install -e '.[npu]')"
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     socket_ifname_env = "HCCL_SOCKET_IFNAME"
     device_resource = "huawei.com/Ascend910"

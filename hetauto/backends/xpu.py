@@ -19,7 +19,7 @@ class XpuBackend(TorchModuleBackend):
     name = "xpu"
     device_type = "xpu"
     priority = 60
-    install_hint = "pip install hetauto[xpu] (and torch from https://download.pytorch.org/whl/xpu)"
+    install_hint = "pip install torch --index-url https://download.pytorch.org/whl/xpu (torch.xpu; nothing else)"
     visible_devices_env = "ZE_AFFINITY_MASK"
     # oneCCL's own rendezvous (its KVS) and libfabric's tcp provider each pick an interface (oneCCL's kvs sources
     # name CCL_KVS_IFACE; libfabric's fi_tcp(7) FI_TCP_IFACE); deployments set both

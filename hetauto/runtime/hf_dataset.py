@@ -24,7 +24,7 @@ from hetauto.core.errors import SpecError
 __all__ = ["DEFAULT_COLUMN", "ConcatenatedIds", "is_dataset_folder", "read_dataset_column"]
 
 DEFAULT_COLUMN = "input_ids"
-INSTALL = "pip install 'hetauto[data]' (or pip install datasets)"
+INSTALL = "pip install datasets (from a hetauto checkout: pip install -e '.[data]')"
 
 
 def is_dataset_folder(path: str | Path) -> bool:
