@@ -16,7 +16,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(r"<!--\s*runnable\s*-->\s*\n```(bash|python)\n(.*?)\n```", re.DOTALL)
+BLOCK = re.compile(r"<!--\s*runnable\s*-->\s*\n```(bash|python)\n(.*?)\n```((?:\s*<!--\s*output:.*?-->)*)",
+                   re.DOTALL)
+# after a runnable block, `<!-- output: TEXT -->` lines: the block's output must contain each TEXT (spaces
+# collapsed), so a figure the prose quotes from that output cannot drift from what the tool prints
+OUTPUT = re.compile(r"<!--\s*output:\s*(.*?)\s*-->", re.DOTALL)
 LINKED = ("plugins", "benchmarks", "scripts", "examples", "pyproject.toml")
 
 
@@ -24,9 +28,25 @@ def runnable_blocks(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in BLOCK.finditer(text)]
 
 
+def expected_outputs(text: str) -> list[list[str]]:
+    """Per runnable block (in order), the texts its output must contain."""
+    return [OUTPUT.findall(m.group(3) or "") for m in BLOCK.finditer(text)]
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
 def test_marker_finds_only_marked_blocks() -> None:
     text = "```bash\nnot me\n```\n<!-- runnable -->\n```bash\necho a\necho b\n```\n<!-- runnable -->\n```python\nx = 1\n```"
     assert runnable_blocks(text) == [("bash", "echo a\necho b"), ("python", "x = 1")]
+
+
+def test_output_markers_belong_to_the_block_before_them() -> None:
+    text = ("<!-- runnable -->\n```bash\necho a\n```\n<!-- output: a -->\n<!-- output: b c -->\n"
+            "<!-- runnable -->\n```bash\necho d\n```\n")
+    assert runnable_blocks(text) == [("bash", "echo a"), ("bash", "echo d")]
+    assert expected_outputs(text) == [["a", "b c"], []]
 
 
 def test_every_document_with_commands_marks_some() -> None:
@@ -68,10 +88,11 @@ def test_the_main_documents_mark_runnable_blocks() -> None:
 @pytest.mark.parametrize("doc", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
 def test_runnable_commands_run(doc: Path, tmp_path: Path) -> None:
     blocks = runnable_blocks(doc.read_text(encoding="utf-8"))
+    expected = expected_outputs(doc.read_text(encoding="utf-8"))
     for name in LINKED:
         (tmp_path / name).symlink_to(ROOT / name)
     env = _env(tmp_path)
-    for lang, code in blocks:
+    for (lang, code), wanted in zip(blocks, expected):
         if lang == "bash":
             cmd = ["bash", "-euo", "pipefail", "-c", code]
         else:
@@ -79,3 +100,7 @@ def test_runnable_commands_run(doc: Path, tmp_path: Path) -> None:
         out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
         assert out.returncode == 0, (f"{doc.name}: this {lang} block failed (exit {out.returncode}):\n{code}\n"
                                      f"--- stdout ---\n{out.stdout[-3000:]}\n--- stderr ---\n{out.stderr[-3000:]}")
+        for text in wanted:
+            assert _squash(text) in _squash(out.stdout), (f"{doc.name}: the prose quotes {text!r} from this block's "
+                                                          f"output, which no longer says it:\n{code}\n--- stdout "
+                                                          f"---\n{out.stdout[-3000:]}")
