@@ -64,3 +64,10 @@ def test_bad_values(value, message):
 
 def test_format_bandwidth_inverts_parse():
     assert format_bandwidth(parse_bandwidth("200Gbps")) == "200Gbps"
+
+
+def test_flop_rates_keep_a_readable_prefix() -> None:
+    from hetauto.core.units import format_flops_rate
+
+    assert [format_flops_rate(f) for f in (2.744e14, 1.67e10, 3.2e15, 5e6, 12.0)] == [
+        "274 TFLOP/s", "16.7 GFLOP/s", "3.2 PFLOP/s", "5 MFLOP/s", "12 FLOP/s"]

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from hetauto.commands._output import console, print_json, print_table, require_writable
 from hetauto.core.dp_sharding import level_label
 from hetauto.core.errors import HetautoError
-from hetauto.core.units import format_bytes, format_time
+from hetauto.core.units import format_bytes, format_flops_rate, format_time
 from hetauto.planner.inputs import load_planning_inputs
 from hetauto.planner.search import (DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, EVALUATIONS_PER_DEVICE, PLANNERS, PlanResult,
                                     default_max_evaluations, make_evaluator, plan)
@@ -396,7 +396,8 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
     console.print(f"available: each device's memory less --memory-headroom {p.memory_headroom:g}; free: the share "
                   "of the device's memory the stage leaves unused", highlight=False)
     console.print(f"iteration {format_time(ev.iteration_time_s)}, {ev.throughput_samples_s:.3g} samples/s, "
-                  f"{ev.tokens_s:.4g} tokens/s, {ev.tflops_per_device:.1f} TFLOP/s per device, MFU {ev.mfu:.1%}, "
+                  f"{ev.tokens_s:.4g} tokens/s, {format_flops_rate(ev.tflops_per_device * 1e12)} per device, "
+                  f"MFU {ev.mfu:.1%} (of the devices' peak), "
                   f"bubble {ev.bubble_fraction:.1%}, precision {_precision(r, inputs)}"
                   + (" (auto)" if p.training.precision == "auto" else ""), highlight=False)
     console.print(f"search {r.search_time_s:.2f} s, {r.evaluations} evaluations", highlight=False)

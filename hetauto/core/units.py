@@ -148,6 +148,14 @@ def format_flops(f: float) -> str:
     return f"{f / 1e12:.4g}TFLOPS"
 
 
+def format_flops_rate(f: float) -> str:
+    """FLOP/s with a prefix that keeps a small rate readable (a CPU's 40 GFLOP/s is not '0.0 TFLOP/s')."""
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if f >= scale:
+            return f"{f / scale:.3g} {unit}"
+    return f"{f:.3g} FLOP/s"
+
+
 def format_time(s: float) -> str:
     if s >= 1:
         return f"{s:.4g}s"
