@@ -581,10 +581,10 @@ def _print_stages(plan: Plan, doc: dict[str, Any]) -> None:
         rows.append((m["stage"], m["cluster"], m["backend"] or "-", devices, ranks[0]["dist_backend"] if ranks else "-",
                      format_bytes(m["measured_peak_bytes"]), "-" if pred is None else format_bytes(pred)))
     print_table("stages", ["stage", "cluster", "backend", "devices", "dist", "peak mem", "predicted"], rows)
-    rows = [(f"{b['stage']} -> {b['to_stage']}", b["transport"] or "-", b["method"], f"{b['bytes']}")
+    rows = [(f"{b['stage']} -> {b['to_stage']}", b["transport"] or "-", b["method"], format_bytes(b["bytes"]))
             for b in doc["boundaries"]]
     if rows:
-        print_table("boundaries", ["stages", "transport", "method", "bytes/step"], rows)
+        print_table("boundaries", ["stages", "transport", "method", "per step"], rows)
 
 
 def _check_checkpoint_dir(path: str) -> None:
