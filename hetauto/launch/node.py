@@ -47,6 +47,10 @@ def verdict_key(node_rank: int) -> str:
     return f"hetauto/verdict/{node_rank}"
 
 
+ABORT_ACK_KEY = "hetauto/abort_ack"  # a counter: the other nodes' agents that have read `abort`
+ABORT_GRACE_S = 1.0  # how long the lead keeps its store up after `abort` for agents that have not read it yet
+
+
 class JoinFailed(HetautoError):
     """The job could not start: a site did not join in time, joined with another plan, or the lead is gone."""
 
@@ -225,7 +229,8 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                         control_address=control.address, env=job.env)
         run.control = control
-        run.on_failure = lambda err: _abort_others(control, err)
+        others = job.launch.num_nodes - 1
+        run.on_failure = lambda err: _abort_others(control, err, others)
         return run
     store = _member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
@@ -247,7 +252,9 @@ def _abort_watch(store: Any, address: str) -> Callable[[], str | None]:
         last[0] = now
         try:
             if store.check([ABORT_KEY]):
-                return "the lead node ended the job: " + store.get(ABORT_KEY).decode("utf-8")
+                why = store.get(ABORT_KEY).decode("utf-8")
+                store.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
+                return "the lead node ended the job: " + why
         except Exception:  # noqa: BLE001 - the lead's agent is gone with its store
             return f"the lead node's agent at {address} is gone; stopped this node's ranks"
         return None
@@ -255,10 +262,14 @@ def _abort_watch(store: Any, address: str) -> Callable[[], str | None]:
     return watch
 
 
-def _abort_others(control: Any, err: BaseException) -> None:
-    """On the lead: whatever ends the job early (a rank's failure, a signal, the deadline) tells the other nodes."""
+def _abort_others(control: Any, err: BaseException, others: int) -> None:
+    """On the lead: whatever ends the job early (a rank's failure, a signal, the deadline) tells the other nodes,
+    and keeps the store up until each of their agents has read it (they poll every 0.5 s), ABORT_GRACE_S at most
+    (an agent that is gone never reads it)."""
     try:
         control.set(ABORT_KEY, str(err) or type(err).__name__)
-        time.sleep(1.0)  # the other agents poll every 0.5 s: let them read it before the store goes away
+        end = time.monotonic() + ABORT_GRACE_S
+        while time.monotonic() < end and int(control.get(ABORT_ACK_KEY) or 0) < others:
+            time.sleep(0.05)
     except Exception:  # noqa: BLE001 - nothing more to tell anyone
         pass
