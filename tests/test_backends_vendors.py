@@ -42,7 +42,9 @@ def test_absent_vendors_report_exact_reasons_and_hints(registry, monkeypatch):
         assert not infos[name].available and infos[name].device_count == 0
         assert "\n" not in infos[name].reason
         assert infos[name].to_dict()["reason"] == f"{infos[name].reason}; install: {infos[name].install_hint}"
-    with pytest.raises(BackendUnavailable, match=r"^backend 'npu' is unavailable: torch_npu is not installed; install with `pip install hetauto\[npu\]`$"):
+    with pytest.raises(BackendUnavailable, match=r"^backend 'npu' is unavailable: torch_npu is not installed; install with "
+                                                 r"`pip install torch-npu==2\.13\.0 \(from a hetauto checkout: pip "
+                                                 r"install -e '\.\[npu\]'\)`$"):
         registry.select("npu")
 
 
