@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
 
         print_json(doc)
     else:
-        _print_human(doc)
+        _print_human(doc, "time units (those of --tf/--tb)" if args.synthetic else "s")
     return 0
 
 
@@ -216,12 +216,13 @@ def _doc(sched: Schedule, r: SimResult, extra: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def _print_human(doc: dict[str, Any]) -> None:
+def _print_human(doc: dict[str, Any], unit: str) -> None:
     from hetauto.commands._output import console, print_table
 
     console.print(f"{doc['schedule']}: p={doc['stages']} m={doc['microbatches']} v={doc['virtual_chunks']}  "
-                  f"iteration {doc['iteration_time_s']:.6g}  bubble {100 * doc['bubble_fraction']:.2f}%"
-                  + (f"  (lower bound {doc['lower_bound_s']:.6g})" if "lower_bound_s" in doc else ""))
+                  f"iteration {doc['iteration_time_s']:.6g} {unit}  bubble {100 * doc['bubble_fraction']:.2f}%"
+                  + (f"  (lower bound {doc['lower_bound_s']:.6g})" if "lower_bound_s" in doc else ""),
+                  highlight=False)
     if doc["extra_warmup"]:
         console.print(f"extra warmup per boundary: {doc['extra_warmup']}")
     print_table(None, ["stage", "utilisation", "peak in-flight"],
