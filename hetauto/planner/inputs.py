@@ -65,8 +65,9 @@ class PlanningInputs:
         """Human-readable lines for the CLI."""
         n = total_params(self.model)
         count = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}K"
-        out = [f"model {self.model.name}: {count} params, {self.model.num_layers} blocks, "
-               f"seq {self.seq_len}, global batch {self.global_batch}",
+        out = [f"model {self.model.name}: {count} params, {self.model.num_layers} blocks (layer slots 0..."
+               f"{self.model.num_layers + 1}: embedding, blocks, head), seq {self.seq_len}, global batch "
+               f"{self.global_batch}",
                f"cluster {self.cluster_source or '-'}: {self.cluster.total_devices} devices in {len(self.cluster.clusters)} clusters"]
         for c in self.cluster.clusters:
             if c.is_mixed:  # one line per node group
