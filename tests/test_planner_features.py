@@ -65,9 +65,10 @@ def test_every_evaluated_plan_keeps_inside_the_restriction(name: str, planner: s
 
     monkeypatch.setattr(StrategySpace, "allows", spy)  # the Scorer's guard: no phase may need it
     inp = _inputs()
-    ev = Recording(inp)
-    if planner == "exhaustive":  # the whole space (tens of thousands of plans) at microbatch 1: seconds
+    if planner == "exhaustive":  # the whole space at microbatch 1, of a 4-block model: every candidate is built
+        inp = tiny_inputs(links="1Gbps", latency="20ms", layers=4, gbs=16)
         opts = {**opts, "max_microbatch": 1}
+    ev = Recording(inp)
     r = plan(inp, planner, seed=1, evaluator=ev, space_options=opts,
              **({"max_evaluations": 300} if planner == "mcts" else {}))
     assert ev.plans and all(ok(p) for p in ev.plans)
