@@ -469,7 +469,7 @@ def launch_cases() -> list[Case]:
         la("--env empty key", "--env", "=1", mention=("--env",)),
         la("--env unknown site", "--env", "nosite:K=V", mention=("nosite",)),
         la("--env key not a name", "--env", "A B=1", mention=("--env",)),
-        la("--env value with a newline", "--env", "K=v\nrm -rf ~", mention=("--env",)),
+        la("--env value with a newline travels as JSON, never as shell", "--env", "K=v\nrm -rf ~", accept=True),
         la("--iface unknown site", "--iface", "nosite=eth0", mention=("nosite",)),
         la("--iface empty", "--iface", "", mention=("--iface",)),
         la("--iface empty name", "--iface", "fast=", mention=("--iface",)),
