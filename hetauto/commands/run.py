@@ -296,6 +296,11 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--keep must be >= 1, got {args.keep}")
     if args.max_restarts and args.emulate == "netns":
         raise HetautoError(NETNS_RESTARTS)
+    if args.allow_data_change and args.resume is None:
+        raise HetautoError("--allow-data-change is for --resume (a changed data stream of a checkpointed run); "
+                           "drop it, or add --resume DIR")
+    if not math.isfinite(args.lr):
+        raise HetautoError(f"--lr must be a finite number, got {args.lr}")
 
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
@@ -311,6 +316,10 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         spec = FaultSpec.parse(args.inject_fault)
         if spec.rank >= plan.world_size:
             raise HetautoError(f"--inject-fault: rank {spec.rank} is outside the plan's {plan.world_size} ranks")
+        last = args.steps - 1 if spec.phase == "step" else args.steps  # checkpoint k is written after step k-1
+        if spec.step > last:
+            raise HetautoError(f"--inject-fault: step {spec.step} never comes (the run's last {spec.phase} is "
+                               f"{last} with --steps {args.steps}); name an earlier step or raise --steps")
         args.inject_fault = str(spec)
     if args.checkpoint_dir is not None:
         _check_checkpoint_dir(args.checkpoint_dir)
@@ -344,7 +353,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")
     if args.eval_every is not None and args.eval_every < 1:
         raise HetautoError(f"--eval-every must be >= 1, got {args.eval_every}")
-    if args.weight_decay < 0:
+    if not 0 <= args.weight_decay < math.inf:
         raise HetautoError(f"--weight-decay must be >= 0, got {args.weight_decay}")
     if args.eval_steps < 1:
         raise HetautoError(f"--eval-steps must be >= 1, got {args.eval_steps}")
