@@ -68,6 +68,12 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
         raise HetautoError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     _expect("budget", budget, (int, float), "seconds", optional=True)
     _expect("memory_headroom", memory_headroom, (int, float), "a share from 0 to below 1", optional=True)
+    if budget is not None and not budget > 0:
+        raise HetautoError(f"budget: must be positive seconds, got {budget!r}")
+    for name, value, low in (("iterations", iterations, 1), ("max_evaluations", max_evaluations, 1),
+                             ("patience", patience, 0)):
+        if value is not None and value < low:
+            raise HetautoError(f"{name}: must be {'positive' if low else 'zero or more'}, got {value}")
     if scenario is not None and cluster is not None:
         raise SpecError(None, "cluster", f"both scenario {scenario!r} and a cluster were given; a scenario brings "
                         "its own cluster", "pass one of them")

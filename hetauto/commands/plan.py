@@ -93,7 +93,7 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
 
     opts: dict[str, Any] = {}
     scheds = list(SCHEDULES)
-    if getattr(args, "schedules", None):
+    if getattr(args, "schedules", None) is not None:  # "" is a list of none, not the default
         scheds = [x.strip() for x in args.schedules.split(",") if x.strip()]
         bad = [x for x in scheds if x not in SCHEDULES]
         if bad or not scheds:
@@ -110,13 +110,16 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
             opts["interleave"] = ()
         else:
             opts["interleave"] = P.INTERLEAVE_CHUNKS
-    if getattr(args, "dp_sharding", None):
+    if getattr(args, "dp_sharding", None) is not None:
         from hetauto.core.dp_sharding import parse_levels
 
         try:
             opts["zero1"] = parse_levels(args.dp_sharding)
         except ValueError as err:
             raise HetautoError(str(err)) from None
+        if getattr(args, "precision", None) == "fp16" and all(z in ("fsdp", "fsdp-keep") for z in opts["zero1"]):
+            raise HetautoError(f"--dp-sharding {args.dp_sharding} with --precision fp16: FSDP does not run in fp16; "
+                               "add none or zero1 to --dp-sharding, or choose --precision bf16")
     if getattr(args, "no_zero1", False):
         opts["zero1"] = tuple(z for z in opts.get("zero1", (False, True)) if z is not True) or (False,)
     if getattr(args, "no_recompute", False):
@@ -160,7 +163,7 @@ def _first_ctrl_c_stops_the_search() -> Iterator[Callable[[], bool]]:
 def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool,
              should_stop: Callable[[], bool] | None = None) -> PlanResult:
     budget = args.budget
-    if budget is not None and budget <= 0:
+    if budget is not None and not budget > 0:
         raise HetautoError(f"--budget must be positive seconds, got {args.budget:g}")
     for flag, value, low in (("--iterations", args.iterations, 1), ("--max-evaluations", args.max_evaluations, 1),
                              ("--patience", args.patience, 0)):

@@ -330,7 +330,7 @@ def evaluate_cases() -> list[Case]:
         fit("device index negative", stage0(devices=[-1]), "-1"),
         fit("unknown stage cluster", stage0(cluster="nowhere"), "nowhere"),
         fit("wrong device type", stage0(device_type="h100"), "h100"),
-        fit("layers leave a gap", plan(lambda d: d["stages"][1].update(layers=[4, 5])), "layer"),
+        fit("layers leave a gap", plan(lambda d: d["stages"][1].update(layers=[4, 5])), "bad.json", "contiguous"),
         fit("layers past the model", plan(lambda d: d["stages"][2].update(layers=[5, 60])), "layer"),
         fit("unknown model", plan_set(model="nosuch-model"), "nosuch-model"),
         fit("unknown cluster scenario", plan_set(cluster="nosuch-scenario"), "nosuch-scenario"),
