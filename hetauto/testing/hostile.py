@@ -79,12 +79,13 @@ def _trap(*_a: Any, **_k: Any) -> Any:
 
 @contextlib.contextmanager
 def _no_launch() -> Iterator[None]:
-    """Replace the functions that start torchrun (local, netns, node agent) by the trap, for the probe's run."""
+    """Replace the functions that start torchrun (hetauto run, --emulate netns, hetauto node) by the trap for the
+    probe's run: a case that gets past every check counts as accepted in milliseconds instead of training."""
     import importlib
 
     patched: list[tuple[Any, str, Any]] = []
     for module, names in (("hetauto.launch.local", ("start_local", "launch_local", "start_job")),
-                          ("hetauto.launch.netns", ("launch_netns",))):
+                          ("hetauto.launch.netns", ("launch_netns",)), ("hetauto.launch.node", ("start_node",))):
         try:
             mod = importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a module that does not import cannot launch either
