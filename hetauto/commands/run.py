@@ -373,10 +373,11 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--init-from loads Hugging Face weights into the reference GPT/LLaMA; {cfg.name} is a stage "
                            "builder model: initialise it in its own modules instead")
     if args.init_from is not None:
-        from hetauto.runtime.hf_weights import check_hf_config
+        from hetauto.runtime.hf_weights import check_hf_config, check_hf_files
 
         # before launch: a config the reference model cannot compute (at the plan's seq_len) is refused
         check_hf_config(args.init_from, None if cfg.arch == "gpt" else cfg, plan.seq_len)
+        check_hf_files(args.init_from)
     run_options = RunOptions(
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
