@@ -36,7 +36,7 @@ CLASSES = ("clean", "traceback", "hang", "silently-accepted", "unclear")
 class Case:
     """One hostile input: CLI `argv` or an API `call`, extra `files` (relative path -> text, bytes, or None for
     a folder), the words its error must contain (`mention`, case-insensitive), files that must come out
-    unchanged (`protect`), and whether the input is in fact valid (`accept`)."""
+    unchanged (`protect`), whether the input is in fact valid (`accept`), and `env` (hostile variables)."""
 
     command: str
     name: str
@@ -48,6 +48,10 @@ class Case:
     accept: bool = False
     setup: Callable[[Path], None] | None = None
     timeout: float = 20.0
+    env: dict[str, str] = field(default_factory=dict)  # environment variables set while the case runs
+    # run `python -m hetauto ARGV` in a child: for what a process reads once (a backend's environment variables
+    # are read when the registry is built, which this process did long ago)
+    subprocess: bool = False
 
 
 @dataclass
@@ -147,12 +151,14 @@ def _write(folder: Path, files: dict[str, str | bytes | None]) -> None:
 
 
 @contextlib.contextmanager
-def _in_folder(folder: Path) -> Iterator[None]:
-    """cwd = folder, the calibration cache inside it, no HETAUTO_DEBUG (it turns errors into tracebacks)."""
+def _in_folder(folder: Path, env: dict[str, str]) -> Iterator[None]:
+    """cwd = folder, the calibration cache inside it, no HETAUTO_DEBUG (it turns errors into tracebacks), the
+    case's `env` set; all restored after."""
     old_cwd = os.getcwd()
-    saved = {k: os.environ.get(k) for k in ("HETAUTO_CACHE_DIR", "HETAUTO_DEBUG")}
+    saved = {k: os.environ.get(k) for k in ("HETAUTO_CACHE_DIR", "HETAUTO_DEBUG", *env)}
     os.environ["HETAUTO_CACHE_DIR"] = str(folder / "cache")
     os.environ.pop("HETAUTO_DEBUG", None)
+    os.environ.update(env)
     os.chdir(folder)
     try:
         yield
@@ -174,6 +180,22 @@ def _error_line(text: str) -> tuple[str, bool]:
     last = lines[-1]
     errors = [ln for ln in lines if "error:" in ln]
     return last, len(errors) == 1 and errors[0] == last
+
+
+def _child(case: Case, out: io.StringIO, err: io.StringIO) -> int:
+    """`python -m hetauto ARGV` in the case folder with the case's environment; its timeout is the case's."""
+    import subprocess
+    import sys
+
+    assert case.argv is not None
+    try:
+        done = subprocess.run([sys.executable, "-m", "hetauto", *case.argv], capture_output=True, text=True,
+                              timeout=case.timeout, env=dict(os.environ), check=False)
+    except subprocess.TimeoutExpired:
+        raise _Timeout() from None
+    out.write(done.stdout)
+    err.write(done.stderr)
+    return done.returncode
 
 
 def _json_problem(stdout: str) -> str:
@@ -205,7 +227,7 @@ def run_case(case: Case, root: Path, base: Callable[[Path], None]) -> Outcome:
     rc: int | None = None
     crashed = timed_out = launched = False
     start = time.perf_counter()
-    with _in_folder(folder):
+    with _in_folder(folder, case.env):
         base(folder)
         _write(folder, case.files)
         if case.setup is not None:
@@ -215,7 +237,9 @@ def run_case(case: Case, root: Path, base: Callable[[Path], None]) -> Outcome:
         start = time.perf_counter()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _alarm(case.timeout):
-                if case.argv is not None:
+                if case.subprocess:
+                    rc = _child(case, out, err)
+                elif case.argv is not None:
                     try:
                         rc = main(list(case.argv))
                     except SystemExit as exc:  # argparse: exit 2 after a usage line and one error line
