@@ -114,6 +114,7 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
     from hetauto.planner.inputs import load_planning_inputs
 
     p, base = _load_plan(plan)
+    _expect_bool("calibrated", calibrated)
     _expect("cluster", cluster, (str, Path, _cluster_type()), "a cluster spec file or a ClusterSpec", optional=True)
     with _keywords():
         p = resolve_plan_paths(p, base)  # a relative cluster file or config.json, as `hetauto evaluate` reads them
@@ -150,8 +151,9 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
     from hetauto.commands import run as command
     from hetauto.core.errors import HetautoError
 
-    if emulate not in (False, True, "inprocess", "netns"):
+    if not (isinstance(emulate, bool) or emulate in ("inprocess", "netns")):  # 1 == True, but argv gets "1"
         raise HetautoError(f"emulate must be False, True, 'inprocess' or 'netns', got {emulate!r}")
+    _expect_bool("reference", reference)
     for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every)):
         _expect(name, value, (int,), "an integer")
     _expect("seed", seed, (int,), "an integer", optional=True)
@@ -209,6 +211,14 @@ def _expect(name: str, value: Any, types: tuple[type, ...], what: str, optional:
         return
     if isinstance(value, bool) or not isinstance(value, types):
         raise HetautoError(f"{name}: expected {what}, got {type(value).__name__} {value!r:.80}")
+
+
+def _expect_bool(name: str, value: Any) -> None:
+    """A flag is True or False: "no" is truthy, so a string would silently mean yes."""
+    from hetauto.core.errors import HetautoError
+
+    if not isinstance(value, bool):
+        raise HetautoError(f"{name}: expected True or False, got {type(value).__name__} {value!r:.80}")
 
 
 def _cluster_type() -> type:

@@ -824,6 +824,11 @@ def api_cases() -> list[Case]:
         _api("run missing plan", lambda: hetauto.run("missing.json"), "missing.json"),
         _api("run trace overwrites the plan", lambda: hetauto.run("plan.json", trace="plan.json"), "plan.json",
              protect=("plan.json",)),
+        _api("run reference a string", lambda: hetauto.run("plan.json", reference="no"), "reference"),  # type: ignore[arg-type]
+        _api("run emulate 1", lambda: hetauto.run("plan.json", emulate=1), "emulate"),  # type: ignore[arg-type]
+        _api("evaluate calibrated a string", lambda: hetauto.evaluate("plan.json", calibrated="no"),  # type: ignore[arg-type]
+             "calibrated"),
+        _api("plan planner a list", lambda: hetauto.plan("cpu-demo", planner=["mcts"]), "planner"),  # type: ignore[arg-type]
         _api("run a dict", lambda: hetauto.run({"model": "x"}), "plan"),  # type: ignore[arg-type]
         _api("run resume missing", lambda: hetauto.run("plan.json", resume="nockpt"), "nockpt"),
     ]
