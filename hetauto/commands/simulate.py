@@ -124,6 +124,14 @@ def _from_plan(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
     from hetauto.commands._headroom import require_fit, with_headroom
     from hetauto.planner.evaluate import resolve_plan_paths
 
+    given = [flag for flag, value in (("--stages", args.stages), ("--microbatches", args.microbatches),
+                                      ("--tf", args.tf), ("--tb", args.tb), ("--virtual-chunks", args.virtual_chunks),
+                                      ("--link-latency", args.link_latency), ("--link-bandwidth", args.link_bandwidth),
+                                      ("--activation-bytes", args.activation_bytes), ("--memory-cap", args.memory_cap))
+             if value]
+    if given:  # the plan brings its own stages, costs and links: these would be ignored without a word
+        raise HetautoError(f"{', '.join(given)}: for --synthetic only; a PLAN brings its own stages, microbatches, "
+                           "stage times and links (drop them, or simulate --synthetic)")
     plan = with_headroom(Plan.load(args.plan), args)
     validate_plan(plan, Path(args.plan).resolve().parent)  # what `hetauto run` would refuse, refused here too
     resolved = resolve_plan_paths(plan, Path(args.plan).resolve().parent)  # a cluster file beside the plan

@@ -329,6 +329,10 @@ def simulate_cases() -> list[Case]:
              mention=("plan.json",)),
         _cli(c, "--trace unwritable", "plan.json", "--trace", "/proc/hetauto/t.json", mention=("--trace",)),
         _cli(c, "--trace is a folder", "plan.json", "--trace", "adir", mention=("adir",)),
+        _cli(c, "--schedule interleaved on a plan without chunks", "plan.json", "--schedule", "interleaved",
+             mention=("interleaved",)),
+        _cli(c, "--memory-cap past the plan's stages", "plan.json", "--memory-cap", "7:1", mention=("--memory-cap",)),
+        _cli(c, "--stages with a plan", "plan.json", "--stages", "9", mention=("--stages",)),
         _cli(c, "--memory-headroom 2", "plan.json", "--memory-headroom", "2", mention=("--memory-headroom",)),
     ]
 
@@ -442,6 +446,17 @@ def run_cases_() -> list[Case]:
         _cli(c, "--data empty token file", p, "--data", "empty.bin", files={"empty.bin": b""},
              mention=("empty.json", "sidecar")),
         _cli(c, "--data an empty folder", p, "--data", "adir", mention=("adir",)),
+        _cli(c, "--data sidecar corrupt", p, "--data", "prepared.bin", setup=lambda f: (
+            _prepared_tokens(f), (f / "prepared.json").write_text("{nope")), mention=("prepared.json",)),
+        _cli(c, "--data sidecar of another format", p, "--data", "prepared.bin", setup=lambda f: (
+            _prepared_tokens(f), _edit_json(f / "prepared.json", lambda d: d.update(format="x"))),
+            mention=("prepared.json",)),
+        _cli(c, "--data sidecar token count wrong", p, "--data", "prepared.bin", setup=lambda f: (
+            _prepared_tokens(f), _edit_json(f / "prepared.json", lambda d: d.update(tokens=10**9))),
+            mention=("prepared",)),
+        _cli(c, "--data vocabulary larger than the model's", p, "--data", "prepared.bin", setup=lambda f: (
+            (f / "text.txt").write_text("hostile " * 2000), _prepared_tokens(f),
+            _edit_json(f / "prepared.json", lambda d: d.update(vocab_size=50257))), mention=("vocab",)),
         _cli(c, "--data-column without --data", p, "--data-column", "ids", mention=("--data-column",)),
         _cli(c, "--init-from missing", p, "--init-from", "nomodel", mention=("nomodel",)),
         _cli(c, "--init-from a folder without config", p, "--init-from", "adir", mention=("adir",)),
@@ -522,6 +537,8 @@ def launch_cases() -> list[Case]:
         la("--iface empty", "--iface", "", mention=("--iface",)),
         la("--iface empty name", "--iface", "fast=", mention=("--iface",)),
         la("--site without =", "--site", "x", mention=("--site",)),
+        la("--site empty name", "--site", "=fast,slow", mention=("--site",)),
+        la("--site no clusters", "--site", "a=", mention=("--site",)),
         la("--site unknown cluster", "--site", "a=nowhere", mention=("nowhere",)),
         la("--site a cluster twice", "--site", "a=fast", "--site", "b=fast", mention=("fast",)),
         la("--join-timeout 0", "--join-timeout", "0", mention=("--join-timeout",)),
@@ -552,6 +569,10 @@ def node_cases() -> list[Case]:
         _cli(c, "launch plan with a wrong field", "L/launch.json", "--node-rank", "0", setup=lambda f: (
             _launch_dir(f), _edit_json(f / "L/launch.json", lambda d: d.update(world_size=-3))),
             mention=("launch.json",)),
+        _cli(c, "launch plan's plan edited after launch", "L/launch.json", "--node-rank", "1", setup=lambda f: (
+            _launch_dir(f), _edit_json(f / "L/launch.json", lambda d: d["plan"].update(global_batch=320,
+                                                                                   num_microbatches=10))),
+             mention=("launch.json",)),
         _cli(c, "--node-rank out of range", "L/launch.json", "--node-rank", "99", setup=_launch_dir,
              mention=("--node-rank",)),
         _cli(c, "--node-rank negative", "L/launch.json", "--node-rank", "-1", setup=_launch_dir,
@@ -722,6 +743,8 @@ def checkpoint_cases() -> list[Case]:
         corrupt("manifest model a list", manifest(model=[1]), "model"),
         _cli(c, "verify --json corrupt manifest", "checkpoint", "verify", "ckpt", "--json",
              files={mf: "{nope"}, mention=("manifest.json",)),
+        _cli(c, "verify a symlink loop", "checkpoint", "verify", "loop", setup=lambda f: (f / "loop").symlink_to(
+            f / "loop"), mention=("loop",)),
         _cli(c, "shard truncated", "checkpoint", "verify", "ckpt",
              files={"ckpt/step-00000001/__0_0.distcp": b"\x00"}, mention=("__0_0.distcp",)),
         _cli(c, "shard is a folder", "checkpoint", "verify", "ckpt",
