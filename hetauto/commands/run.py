@@ -296,6 +296,14 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--keep must be >= 1, got {args.keep}")
     if args.max_restarts and args.emulate == "netns":
         raise HetautoError(NETNS_RESTARTS)
+    for flag, given, needs, present in (
+            ("--keep", args.keep is not None, "--checkpoint-dir", args.checkpoint_dir is not None),
+            ("--checkpoint-every", args.checkpoint_every != 1, "--checkpoint-dir", args.checkpoint_dir is not None),
+            ("--eval-steps", args.eval_steps != 1, "--eval-every", args.eval_every is not None),
+            ("--eval-fraction", args.eval_fraction != 0.05, "--data", args.data is not None),
+            ("--min-lr", args.min_lr != 0, "--lr-schedule cosine or linear", args.lr_schedule != "constant")):
+        if given and not present:  # contradictory: the flag would be ignored without a word
+            raise HetautoError(f"{flag} does nothing without {needs}; drop it, or add {needs}")
     if args.allow_data_change and args.resume is None:
         raise HetautoError("--allow-data-change is for --resume (a changed data stream of a checkpointed run); "
                            "drop it, or add --resume DIR")

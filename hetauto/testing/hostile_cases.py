@@ -60,6 +60,9 @@ MODEL = {"name": "tiny-gpt", "arch": "gpt", "num_layers": 4, "hidden": 64, "num_
          "vocab_size": 256, "max_seq_len": 32, "num_kv_heads": None, "tie_embeddings": False, "builder": None,
          "gelu": "exact", "qkv_bias": False, "norm_eps": 1e-05, "rope_theta": 10000.0}
 SHARD = b"\x00" * 64
+# a checkpoint of no tensors: it verifies (so a case reaches the check after verification) but exports nothing
+METADATA = b'{"format": "hetauto.dcp-metadata/1", "tensors": {}, "storage": []}'
+RANK = b'{"rank": 0, "rng": {}}'
 
 
 def manifest(**changes: Any) -> str:
@@ -69,7 +72,9 @@ def manifest(**changes: Any) -> str:
     doc: dict[str, Any] = {
         "format": "hetauto.checkpoint/1", "step": 1, "model": MODEL, "plan": None, "world_size": 1, "extra": {},
         "hetauto_version": "0", "created_unix": 0.0,
-        "files": {"__0_0.distcp": {"bytes": len(SHARD), "sha256": hashlib.sha256(SHARD).hexdigest()}},
+        "files": {"__0_0.distcp": {"bytes": len(SHARD), "sha256": hashlib.sha256(SHARD).hexdigest()},
+                  ".metadata.json": {"bytes": len(METADATA), "sha256": hashlib.sha256(METADATA).hexdigest()},
+                  "rank-00000.json": {"bytes": len(RANK), "sha256": hashlib.sha256(RANK).hexdigest()}},
     }
     for k, v in changes.items():
         if v is None:
@@ -115,12 +120,12 @@ def stage0(**changes: Any) -> str:
 def base(folder: Path) -> None:
     """The valid inputs every case folder starts with (see the module docstring)."""
     file_plan = copy.deepcopy(PLAN) | {"cluster": "cluster.yaml"}
-    files: dict[str, str | bytes] = {
+    files: dict[str, str | bytes] = {  # ckpt/: a checkpoint that verifies (manifest, metadata, rank file, shard)
         "cluster.yaml": yaml_doc(CLUSTER), "plan.json": json.dumps(PLAN, indent=2),
         "plan-file.json": json.dumps(file_plan, indent=2), "text.txt": "hello hostile world\n" * 20,
         "layers.csv": CSV_HEADER + CSV_ROW, METIS_FILE: json.dumps(METIS), "config.json": json.dumps(HF_CONFIG),
         "ckpt/step-00000001/manifest.json": manifest(), "ckpt/step-00000001/__0_0.distcp": SHARD,
-        "ckpt/step-00000001/.metadata.json": "{}",
+        "ckpt/step-00000001/.metadata.json": METADATA, "ckpt/step-00000001/rank-00000.json": RANK,
         "tokens.bin": bytes(range(256)) * 8,
     }
     for rel, content in files.items():
@@ -457,6 +462,18 @@ def run_cases_() -> list[Case]:
         _cli(c, "--data vocabulary larger than the model's", p, "--data", "prepared.bin", setup=lambda f: (
             (f / "text.txt").write_text("hostile " * 2000), _prepared_tokens(f),
             _edit_json(f / "prepared.json", lambda d: d.update(vocab_size=50257))), mention=("vocab",)),
+        _cli(c, "--keep without --checkpoint-dir", p, "--keep", "2", mention=("--checkpoint-dir",)),
+        _cli(c, "--checkpoint-every without --checkpoint-dir", p, "--checkpoint-every", "2",
+             mention=("--checkpoint-dir",)),
+        _cli(c, "--eval-steps without --eval-every", p, "--eval-steps", "3", mention=("--eval-every",)),
+        _cli(c, "--eval-fraction without --data", p, "--eval-every", "1", "--eval-fraction", "0.2",
+             mention=("--data",)),
+        _cli(c, "--min-lr above --lr", p, "--lr", "0.001", "--min-lr", "0.1", "--lr-schedule", "cosine",
+             mention=("--min-lr",)),
+        _cli(c, "--min-lr with a constant schedule", p, "--min-lr", "0.0001", mention=("--min-lr",)),
+        _cli(c, "--eval-steps 0", p, "--eval-every", "1", "--eval-steps", "0", mention=("--eval-steps",)),
+        _cli(c, "--resume a checkpoint of another model", p, "--resume", "ckpt", files={
+            "ckpt/step-00000001/manifest.json": manifest(model=MODEL | {"hidden": 128})}, mention=("hidden",)),
         _cli(c, "--data-column without --data", p, "--data-column", "ids", mention=("--data-column",)),
         _cli(c, "--init-from missing", p, "--init-from", "nomodel", mention=("nomodel",)),
         _cli(c, "--init-from a folder without config", p, "--init-from", "adir", mention=("adir",)),
@@ -659,6 +676,9 @@ def profile_cases() -> list[Case]:
             "m", "layer_memory_total_mb"),
         metis("metis file name without tp/bs", {"m/profile.json": json.dumps(METIS)}, "m/profile.json",
               "profile.json"),
+        Case(command=c, name="--precision with --from csv", argv=(*imp, "--from", "csv", "layers.csv", "--device",
+                                                                  "a100-80g", "-o", "out.yaml", "--precision", "bf16"),
+             mention=("--precision",)),
         metis("metis --seq-len 0", {}, METIS_FILE, "--seq-len", extra=("--seq-len", "0")),
         metis("metis --seq-len negative", {}, METIS_FILE, "--seq-len", extra=("--seq-len", "-5")),
         Case(command=c, name="HETAUTO_BACKEND unknown", argv=("profile", "--quick"),
@@ -745,14 +765,15 @@ def checkpoint_cases() -> list[Case]:
              files={mf: "{nope"}, mention=("manifest.json",)),
         _cli(c, "verify a symlink loop", "checkpoint", "verify", "loop", setup=lambda f: (f / "loop").symlink_to(
             f / "loop"), mention=("loop",)),
+        _cli(c, "verify an intact checkpoint", "checkpoint", "verify", "ckpt", accept=True),
         _cli(c, "shard truncated", "checkpoint", "verify", "ckpt",
              files={"ckpt/step-00000001/__0_0.distcp": b"\x00"}, mention=("__0_0.distcp",)),
         _cli(c, "shard is a folder", "checkpoint", "verify", "ckpt",
              files={"ckpt/step-00000001/x": None}, setup=_shard_dir, mention=("__0_0.distcp",)),
-        _cli(c, "export -o onto the checkpoint", "checkpoint", "export", "ckpt", "-o", "ckpt",
-             protect=("ckpt",), mention=("ckpt",)),
-        _cli(c, "export -o an existing file (damaged checkpoint)", "checkpoint", "export", "ckpt", "-o", "text.txt",
-             protect=("text.txt",), mention=("damaged",)),
+        _cli(c, "export -o onto the checkpoint (no tensors)", "checkpoint", "export", "ckpt", "-o", "ckpt",
+             protect=("ckpt",), mention=("no parameter",)),
+        _cli(c, "export -o an existing file (no tensors)", "checkpoint", "export", "ckpt", "-o", "text.txt",
+             protect=("text.txt",), mention=("no parameter",)),
         _cli(c, "export a corrupt checkpoint", "checkpoint", "export", "ckpt", "-o", "hf",
              files={mf: manifest(step="x")}, mention=("step",)),
         _cli(c, "export unknown format", "checkpoint", "export", "ckpt", "--format", "gguf", "-o", "hf",
