@@ -82,3 +82,21 @@ def require_image(path: str | None, flag: str) -> None:
     if path is not None and Path(path).suffix.lower() not in IMAGE_SUFFIXES:
         raise HetautoError(f"{flag} {path}: not a picture file name; end it in {', '.join(IMAGE_SUFFIXES)} "
                            f"(e.g. {Path(path).with_suffix('.png').name})")
+
+
+def require_distinct(outputs: dict[str, str | None]) -> None:
+    """Two outputs of one command ({flag: path}) are two files: else the second overwrites the first (a plan
+    written by -o, then the --plot picture over it)."""
+    from pathlib import Path
+
+    from hetauto.core.errors import HetautoError
+
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise HetautoError(f"{seen[key]} and {flag} name the same file {path}; the second would overwrite the "
+                               "first: give each its own path")
+        seen[key] = flag

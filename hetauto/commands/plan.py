@@ -19,8 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hetauto.commands._output import (console, print_json, print_table, require_image, require_not_input,
-                                      require_writable)
+from hetauto.commands._output import (console, print_json, print_table, require_distinct, require_image,
+                                      require_not_input, require_writable)
 from hetauto.core.dp_sharding import level_label
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_time
@@ -292,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
     require_writable(args.output, "-o")
     require_writable(args.plot, "--plot")
     require_image(args.plot, "--plot")
+    require_distinct({"-o": args.output, "--plot": args.plot})
     read = {"cluster file": args.cluster, "model config": args.model}
     require_not_input(args.output, "-o", read)
     require_not_input(args.plot, "--plot", read)

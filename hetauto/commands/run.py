@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetauto.commands._output import print_json, print_table, require_not_input, require_writable
+from hetauto.commands._output import (print_json, print_table, require_distinct, require_not_input,
+                                      require_writable)
 from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
 from hetauto.core.precision import PRECISION_TOLERANCE
@@ -354,6 +355,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
     read = {"plan": args.plan, "token file": args.data}
     require_not_input(args.trace, "--trace", read)
     require_not_input(args.log_jsonl, "--log-jsonl", read)
+    require_distinct({"--trace": args.trace, "--log-jsonl": args.log_jsonl})
     if args.tensorboard is not None and Path(args.tensorboard).exists() and not Path(args.tensorboard).is_dir():
         raise HetautoError(f"--tensorboard {args.tensorboard}: is a file; give a folder for the event files")
     schedule = _lr_schedule(args)

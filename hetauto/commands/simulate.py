@@ -153,11 +153,12 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError("give either a PLAN file or --synthetic, not both")
     if not args.synthetic and not args.plan:
         raise HetautoError("give a PLAN file, or --synthetic with --schedule/--stages/--microbatches/--tf/--tb")
-    from hetauto.commands._output import require_image, require_not_input, require_writable
+    from hetauto.commands._output import require_distinct, require_image, require_not_input, require_writable
 
     require_writable(args.trace, "--trace")
     require_writable(args.gantt, "--gantt")
     require_image(args.gantt, "--gantt")
+    require_distinct({"--trace": args.trace, "--gantt": args.gantt})
     require_not_input(args.trace, "--trace", {"plan": args.plan})
     require_not_input(args.gantt, "--gantt", {"plan": args.plan})
     sched, costs, extra = _synthetic(args) if args.synthetic else _from_plan(args)
