@@ -68,6 +68,12 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
         raise HetautoError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     _expect("budget", budget, (int, float), "seconds", optional=True)
     _expect("memory_headroom", memory_headroom, (int, float), "a share from 0 to below 1", optional=True)
+    if budget is not None and not budget > 0:
+        raise HetautoError(f"budget: must be positive seconds, got {budget!r}")
+    for name, value, low in (("iterations", iterations, 1), ("max_evaluations", max_evaluations, 1),
+                             ("patience", patience, 0)):
+        if value is not None and value < low:
+            raise HetautoError(f"{name}: must be {'positive' if low else 'zero or more'}, got {value}")
     if scenario is not None and cluster is not None:
         raise SpecError(None, "cluster", f"both scenario {scenario!r} and a cluster were given; a scenario brings "
                         "its own cluster", "pass one of them")
@@ -108,6 +114,7 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
     from hetauto.planner.inputs import load_planning_inputs
 
     p, base = _load_plan(plan)
+    _expect_bool("calibrated", calibrated)
     _expect("cluster", cluster, (str, Path, _cluster_type()), "a cluster spec file or a ClusterSpec", optional=True)
     with _keywords():
         p = resolve_plan_paths(p, base)  # a relative cluster file or config.json, as `hetauto evaluate` reads them
@@ -144,8 +151,9 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
     from hetauto.commands import run as command
     from hetauto.core.errors import HetautoError
 
-    if emulate not in (False, True, "inprocess", "netns"):
+    if not (isinstance(emulate, bool) or emulate in ("inprocess", "netns")):  # 1 == True, but argv gets "1"
         raise HetautoError(f"emulate must be False, True, 'inprocess' or 'netns', got {emulate!r}")
+    _expect_bool("reference", reference)
     for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every)):
         _expect(name, value, (int,), "an integer")
     _expect("seed", seed, (int,), "an integer", optional=True)
@@ -203,6 +211,14 @@ def _expect(name: str, value: Any, types: tuple[type, ...], what: str, optional:
         return
     if isinstance(value, bool) or not isinstance(value, types):
         raise HetautoError(f"{name}: expected {what}, got {type(value).__name__} {value!r:.80}")
+
+
+def _expect_bool(name: str, value: Any) -> None:
+    """A flag is True or False: "no" is truthy, so a string would silently mean yes."""
+    from hetauto.core.errors import HetautoError
+
+    if not isinstance(value, bool):
+        raise HetautoError(f"{name}: expected True or False, got {type(value).__name__} {value!r:.80}")
 
 
 def _cluster_type() -> type:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,14 @@ def _key_values(specs: list[str], flag: str, sep: str) -> dict[str, dict[str, st
         if not eq or not key.strip():
             raise SpecError(None, flag, f"{spec!r}: expected {'[SITE' + sep + ']' if sep else ''}KEY=VALUE",
                             f"e.g. {flag} " + ("slow.partition=gpu" if sep == "." else "NCCL_DEBUG=WARN"))
+        if flag == "--env" and not _ENV_NAME.fullmatch(key.strip()):
+            raise SpecError(None, flag, f"{spec!r}: {key.strip()!r} is not an environment variable name",
+                            "use letters, digits and _, not starting with a digit, e.g. --env NCCL_DEBUG=WARN")
         out.setdefault(scope.strip(), {})[key.strip()] = value
     return out
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path, run_options: Any) -> Any:
@@ -31,7 +39,7 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
     host, port = parse_master(args.master)
     clusters = list(dict.fromkeys(s.cluster for s in plan.stages))
     sites = parse_sites(args.site, clusters)
-    if args.join_timeout <= 0:
+    if not math.isfinite(args.join_timeout) or args.join_timeout <= 0:
         raise HetautoError(f"--join-timeout must be > 0 seconds, got {args.join_timeout}")
     if args.omp_threads < 1:
         raise HetautoError(f"--omp-threads must be >= 1, got {args.omp_threads}")
@@ -53,6 +61,8 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
     site_env: dict[str, dict[str, str]] = {name: dict(envs.get(name, {})) for name in sites}
     for spec in args.iface:
         site, eq, name = spec.rpartition("=")
+        if not name.strip() or any(c.isspace() for c in name):
+            raise SpecError(None, "--iface", f"{spec!r}: no interface name", "e.g. --iface eth0 or --iface fast=ib0")
         for s in ([site] if eq else list(sites)):
             if s not in sites:
                 raise SpecError(None, "--iface", f"'{s}' is not a site", f"one of: {', '.join(sites)}")
@@ -127,11 +137,14 @@ def write_files(folder: str | Path, files: dict[str, str]) -> list[Path]:
     if out.is_dir() and any(out.iterdir()):
         raise HetautoError(f"-o {folder}: the folder is not empty; give a new or empty folder (nothing is overwritten)")
     written = []
-    for rel, text in files.items():
-        path = out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        if rel.endswith(".sh") or rel.endswith(".sbatch"):
-            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        written.append(path)
+    try:
+        for rel, text in files.items():
+            path = out / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            if rel.endswith(".sh") or rel.endswith(".sbatch"):
+                path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            written.append(path)
+    except OSError as err:
+        raise HetautoError(f"-o {folder}: cannot write there ({err.strerror or err}); choose another folder") from None
     return written

@@ -41,7 +41,11 @@ def _encoder(spec: str) -> tuple[Callable[[bytes], list[int]], int]:
         from tokenizers import Tokenizer
     except ImportError:
         raise HetautoError("--tokenizer DIR needs the tokenizers package: pip install tokenizers") from None
-    tok = Tokenizer.from_file(str(file))
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as err:  # noqa: BLE001 - the tokenizers package raises a bare Exception for a bad file
+        raise HetautoError(f"--tokenizer {spec}: {file} is not a tokenizer.json the tokenizers package reads "
+                           f"({err}); give a Hugging Face tokenizer folder, or 'bytes'") from None
     return (lambda raw: tok.encode(raw.decode("utf-8", errors="replace")).ids), int(tok.get_vocab_size())
 
 
@@ -92,14 +96,19 @@ def run(args: argparse.Namespace) -> int:
     with Progress(transient=True, disable=bool(args.json)) as bar:
         task = bar.add_task("tokenizing", total=len(args.texts))
         for name in args.texts:
+            if _ours(Path(name)):
+                raise HetautoError(f"{name}: is a token file hetauto data prepare wrote, not text; give the text "
+                                   f"files (hetauto run --data {name} trains on it as it is)")
             try:
                 raw = Path(name).read_bytes()
             except OSError as err:
                 raise HetautoError(f"{name}: cannot read it: {err.strerror or err}") from None
             docs.append(encode(raw))
             bar.advance(task)
-    path = write_tokens(out, docs, vocab)
     total = sum(len(d) for d in docs)
+    if not total:
+        raise HetautoError(f"{', '.join(args.texts)}: no text (0 tokens); give files with text to train on")
+    path = write_tokens(out, docs, vocab)
     doc = {"output": str(path), "sidecar": str(path.with_suffix(".json")), "documents": len(docs), "tokens": total,
            "vocab_size": vocab, "tokenizer": args.tokenizer}
     if args.json:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from hetauto.commands._output import print_json
+from hetauto.core.errors import HetautoError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,13 @@ def run(args: argparse.Namespace) -> int:
     from hetauto.launch.plan import LaunchPlan
 
     launch = LaunchPlan.load(args.launch)
-    job = prepare_node(launch, args.node_rank, args.workdir, visible_devices=args.visible_devices)
+    if args.workdir is not None and Path(args.workdir).exists() and not Path(args.workdir).is_dir():
+        raise HetautoError(f"--workdir {args.workdir}: is a file; give a folder")
+    try:
+        job = prepare_node(launch, args.node_rank, args.workdir, visible_devices=args.visible_devices)
+    except OSError as err:
+        raise HetautoError(f"--workdir {args.workdir or '.'}: cannot write there ({err.strerror or err}); "
+                           "choose another folder") from None
     say = (lambda text: print(f"hetauto node {args.node_rank}: {text}", file=sys.stderr, flush=True))
     running = start_node(job, progress=say)
     say(f"{job.where()}: started {job.node.nproc} rank(s) "

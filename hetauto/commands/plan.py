@@ -19,7 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hetauto.commands._output import console, print_json, print_table, require_writable
+from hetauto.commands._output import (console, print_json, print_table, require_distinct, require_image,
+                                      require_not_input, require_writable)
 from hetauto.core.dp_sharding import level_label
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_flops_rate, format_time
@@ -92,7 +93,7 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
 
     opts: dict[str, Any] = {}
     scheds = list(SCHEDULES)
-    if getattr(args, "schedules", None):
+    if getattr(args, "schedules", None) is not None:  # "" is a list of none, not the default
         scheds = [x.strip() for x in args.schedules.split(",") if x.strip()]
         bad = [x for x in scheds if x not in SCHEDULES]
         if bad or not scheds:
@@ -109,13 +110,16 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
             opts["interleave"] = ()
         else:
             opts["interleave"] = P.INTERLEAVE_CHUNKS
-    if getattr(args, "dp_sharding", None):
+    if getattr(args, "dp_sharding", None) is not None:
         from hetauto.core.dp_sharding import parse_levels
 
         try:
             opts["zero1"] = parse_levels(args.dp_sharding)
         except ValueError as err:
             raise HetautoError(str(err)) from None
+        if getattr(args, "precision", None) == "fp16" and all(z in ("fsdp", "fsdp-keep") for z in opts["zero1"]):
+            raise HetautoError(f"--dp-sharding {args.dp_sharding} with --precision fp16: FSDP does not run in fp16; "
+                               "add none or zero1 to --dp-sharding, or choose --precision bf16")
     if getattr(args, "no_zero1", False):
         opts["zero1"] = tuple(z for z in opts.get("zero1", (False, True)) if z is not True) or (False,)
     if getattr(args, "no_recompute", False):
@@ -159,7 +163,7 @@ def _first_ctrl_c_stops_the_search() -> Iterator[Callable[[], bool]]:
 def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool,
              should_stop: Callable[[], bool] | None = None) -> PlanResult:
     budget = args.budget
-    if budget is not None and budget <= 0:
+    if budget is not None and not budget > 0:
         raise HetautoError(f"--budget must be positive seconds, got {args.budget:g}")
     for flag, value, low in (("--iterations", args.iterations, 1), ("--max-evaluations", args.max_evaluations, 1),
                              ("--patience", args.patience, 0)):
@@ -287,6 +291,11 @@ def _duration(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     require_writable(args.output, "-o")
     require_writable(args.plot, "--plot")
+    require_image(args.plot, "--plot")
+    require_distinct({"-o": args.output, "--plot": args.plot})
+    read = {"cluster file": args.cluster, "model config": args.model}
+    require_not_input(args.output, "-o", read)
+    require_not_input(args.plot, "--plot", read)
     inputs, resumed = _inputs(args)
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)

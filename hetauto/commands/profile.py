@@ -140,8 +140,14 @@ def import_profile(files: list[str], source_format: str, device: str, *, model: 
 def run_import(args: argparse.Namespace) -> int:
     from hetauto.core.profile import save_profile
 
+    from hetauto.commands._output import require_not_input
+
     if not Path(args.output).resolve().parent.is_dir():
         raise HetautoError(f"cannot write profile '{args.output}': its directory does not exist (choose another -o OUT)")
+    if Path(args.output).suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise HetautoError(f"-o {args.output}: a profile file ends in .yaml or .json (e.g. "
+                           f"{Path(args.output).with_suffix('.yaml').name})")
+    require_not_input(args.output, "-o", {f"input file {f}": f for f in args.files} | {"--device file": args.device})
     prof = import_profile(args.files, args.source_format, args.device, model=args.model, seq_len=args.seq_len,
                           precision=args.precision)
     try:

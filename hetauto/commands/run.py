@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetauto.commands._output import print_json, print_table, require_writable
+from hetauto.commands._output import (print_json, print_table, require_distinct, require_not_input,
+                                      require_writable)
 from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
 from hetauto.core.precision import PRECISION_TOLERANCE
@@ -296,6 +297,19 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--keep must be >= 1, got {args.keep}")
     if args.max_restarts and args.emulate == "netns":
         raise HetautoError(NETNS_RESTARTS)
+    for flag, given, needs, present in (
+            ("--keep", args.keep is not None, "--checkpoint-dir", args.checkpoint_dir is not None),
+            ("--checkpoint-every", args.checkpoint_every != 1, "--checkpoint-dir", args.checkpoint_dir is not None),
+            ("--eval-steps", args.eval_steps != 1, "--eval-every", args.eval_every is not None),
+            ("--eval-fraction", args.eval_fraction != 0.05, "--data", args.data is not None),
+            ("--min-lr", args.min_lr != 0, "--lr-schedule cosine or linear", args.lr_schedule != "constant")):
+        if given and not present:  # contradictory: the flag would be ignored without a word
+            raise HetautoError(f"{flag} does nothing without {needs}; drop it, or add {needs}")
+    if args.allow_data_change and args.resume is None:
+        raise HetautoError("--allow-data-change is for --resume (a changed data stream of a checkpointed run); "
+                           "drop it, or add --resume DIR")
+    if not math.isfinite(args.lr):
+        raise HetautoError(f"--lr must be a finite number, got {args.lr}")
 
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
@@ -311,6 +325,10 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         spec = FaultSpec.parse(args.inject_fault)
         if spec.rank >= plan.world_size:
             raise HetautoError(f"--inject-fault: rank {spec.rank} is outside the plan's {plan.world_size} ranks")
+        last = args.steps - 1 if spec.phase == "step" else args.steps  # checkpoint k is written after step k-1
+        if spec.step > last:
+            raise HetautoError(f"--inject-fault: step {spec.step} never comes (the run's last {spec.phase} is "
+                               f"{last} with --steps {args.steps}); name an earlier step or raise --steps")
         args.inject_fault = str(spec)
     if args.checkpoint_dir is not None:
         _check_checkpoint_dir(args.checkpoint_dir)
@@ -334,6 +352,10 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
 
     require_writable(args.trace, "--trace")
     require_writable(args.log_jsonl, "--log-jsonl")
+    read = {"plan": args.plan, "token file": args.data}
+    require_not_input(args.trace, "--trace", read)
+    require_not_input(args.log_jsonl, "--log-jsonl", read)
+    require_distinct({"--trace": args.trace, "--log-jsonl": args.log_jsonl})
     if args.tensorboard is not None and Path(args.tensorboard).exists() and not Path(args.tensorboard).is_dir():
         raise HetautoError(f"--tensorboard {args.tensorboard}: is a file; give a folder for the event files")
     schedule = _lr_schedule(args)
@@ -341,7 +363,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")
     if args.eval_every is not None and args.eval_every < 1:
         raise HetautoError(f"--eval-every must be >= 1, got {args.eval_every}")
-    if args.weight_decay < 0:
+    if not 0 <= args.weight_decay < math.inf:
         raise HetautoError(f"--weight-decay must be >= 0, got {args.weight_decay}")
     if args.eval_steps < 1:
         raise HetautoError(f"--eval-steps must be >= 1, got {args.eval_steps}")
@@ -361,10 +383,11 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--init-from loads Hugging Face weights into the reference GPT/LLaMA; {cfg.name} is a stage "
                            "builder model: initialise it in its own modules instead")
     if args.init_from is not None:
-        from hetauto.runtime.hf_weights import check_hf_config
+        from hetauto.runtime.hf_weights import check_hf_config, check_hf_files
 
         # before launch: a config the reference model cannot compute (at the plan's seq_len) is refused
         check_hf_config(args.init_from, None if cfg.arch == "gpt" else cfg, plan.seq_len)
+        check_hf_files(args.init_from)
     run_options = RunOptions(
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,

@@ -124,6 +124,14 @@ def _from_plan(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
     from hetauto.commands._headroom import require_fit, with_headroom
     from hetauto.planner.evaluate import resolve_plan_paths
 
+    given = [flag for flag, value in (("--stages", args.stages), ("--microbatches", args.microbatches),
+                                      ("--tf", args.tf), ("--tb", args.tb), ("--virtual-chunks", args.virtual_chunks),
+                                      ("--link-latency", args.link_latency), ("--link-bandwidth", args.link_bandwidth),
+                                      ("--activation-bytes", args.activation_bytes), ("--memory-cap", args.memory_cap))
+             if value]
+    if given:  # the plan brings its own stages, costs and links: these would be ignored without a word
+        raise HetautoError(f"{', '.join(given)}: for --synthetic only; a PLAN brings its own stages, microbatches, "
+                           "stage times and links (drop them, or simulate --synthetic)")
     plan = with_headroom(Plan.load(args.plan), args)
     validate_plan(plan, Path(args.plan).resolve().parent)  # what `hetauto run` would refuse, refused here too
     resolved = resolve_plan_paths(plan, Path(args.plan).resolve().parent)  # a cluster file beside the plan
@@ -145,10 +153,14 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError("give either a PLAN file or --synthetic, not both")
     if not args.synthetic and not args.plan:
         raise HetautoError("give a PLAN file, or --synthetic with --schedule/--stages/--microbatches/--tf/--tb")
-    from hetauto.commands._output import require_writable
+    from hetauto.commands._output import require_distinct, require_image, require_not_input, require_writable
 
     require_writable(args.trace, "--trace")
     require_writable(args.gantt, "--gantt")
+    require_image(args.gantt, "--gantt")
+    require_distinct({"--trace": args.trace, "--gantt": args.gantt})
+    require_not_input(args.trace, "--trace", {"plan": args.plan})
+    require_not_input(args.gantt, "--gantt", {"plan": args.plan})
     sched, costs, extra = _synthetic(args) if args.synthetic else _from_plan(args)
     want_tl = bool(args.trace or args.gantt)
     result = simulate(sched, costs, timeline=want_tl)

@@ -75,6 +75,8 @@ class Manifest:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{source}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        except RecursionError:
+            raise CheckpointError(f"{source}: invalid JSON: nested too deeply (not a manifest hetauto wrote)") from None
         if not isinstance(data, dict):
             raise CheckpointError(f"{source}: a manifest is a JSON object, got {type(data).__name__}")
         if data.get("format") != CHECKPOINT_FORMAT:
@@ -97,6 +99,8 @@ class Manifest:
             raise CheckpointError(f"{source}: unknown field(s) {', '.join(unknown)}")
         if data["step"] < 0 or data["world_size"] < 1:
             raise CheckpointError(f"{source}: step must be >= 0 and world_size >= 1")
+        for name, info in data["files"].items():
+            _check_file_entry(source, name, info)
         return cls(**data)
 
     def model_config(self) -> ModelConfig:
@@ -104,6 +108,18 @@ class Manifest:
             return ModelConfig(**self.model)
         except TypeError as exc:
             raise CheckpointError(f"{MANIFEST_FILE}: model: {exc}") from None
+
+
+def _check_file_entry(source: str, name: str, info: Any) -> None:
+    """A listed file is a plain name inside the checkpoint folder with {bytes >= 0, sha256}: a manifest that
+    points elsewhere (`../x`, `/etc/passwd`) is refused, never read."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise CheckpointError(f"{source}: files: {name!r} is not a file name inside the checkpoint folder "
+                              "(not a manifest hetauto wrote)")
+    if (not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or isinstance(info.get("bytes"), bool)
+            or info["bytes"] < 0 or not isinstance(info.get("sha256"), str)):
+        raise CheckpointError(f"{source}: files: {name!r} needs {{\"bytes\": N >= 0, \"sha256\": HEX}}, got "
+                              f"{json.dumps(info)[:80]}")
 
 
 def checkpoint_dir_name(step: int) -> str:

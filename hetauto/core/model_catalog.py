@@ -154,8 +154,8 @@ def _float(data: dict[str, Any], source: Path, name: str, default: float) -> flo
     v = data.get(name.rpartition(".")[2])
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-        raise SpecError(source, name, f"must be a positive number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise SpecError(source, name, f"must be a positive finite number, got {v!r}")
     return float(v)
 
 

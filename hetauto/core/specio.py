@@ -18,6 +18,11 @@ from hetauto.core.errors import SpecError
 M = TypeVar("M", bound=BaseModel)
 
 
+# Why a ceiling: pure-Python PyYAML parsed a 1.4 MiB cluster file in 28 s here, so 11 MiB ran for minutes without
+# a word; specs are a few KiB (the largest in the repository is far below 100 KiB).
+MAX_YAML_CHARS = 4 << 20
+
+
 def read_document(path: str | Path) -> Any:
     """Parse a .yaml/.yml/.json file (by suffix; other suffixes are tried as YAML, a superset of JSON)."""
     p = Path(path)
@@ -35,6 +40,10 @@ def read_document(path: str | Path) -> Any:
 def parse_text(text: str, source: str | Path | None = None) -> Any:
     """Parse YAML or JSON text; syntax errors become a SpecError with the line number."""
     is_json = source is not None and str(source).endswith(".json")
+    if not is_json and len(text) > MAX_YAML_CHARS:
+        raise SpecError(source, "", f"{len(text) / 2**20:.1f} MiB of YAML is more than the {MAX_YAML_CHARS >> 20} MiB "
+                        "hetauto parses (it would parse for minutes; a spec is a few KiB)",
+                        "trim it, or write it as .json")
     try:
         if is_json:
             return json.loads(text)

@@ -105,7 +105,16 @@ def _options(site: SiteLaunch) -> dict[str, str]:
     for key in ("namespace", "service_account"):
         if key in opts and not opts[key]:
             raise HetautoError(f"site '{site.name}': option {key} is empty (--site-option {site.name}.{key}=NAME)")
+        if key in opts and not _K8S_NAME[key].fullmatch(opts[key]):
+            raise HetautoError(f"site '{site.name}': option {key} {opts[key]!r} is not a Kubernetes name (lower-case "
+                               "letters, digits and '-', starting and ending with a letter or digit); kubectl would "
+                               "refuse the JobSet")
     return opts
+
+
+# namespace: an RFC 1123 label; service account: an RFC 1123 subdomain (dots allowed)
+_K8S_NAME = {"namespace": re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"),
+             "service_account": re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")}
 
 
 def _node_selector(site: SiteLaunch, text: str) -> dict[str, str]:

@@ -51,6 +51,10 @@ MAX_NODE_SCRIPT = 120 * 1024
 NODE_RANK = '"$NODE_RANK"'  # the node script's variable, as node_command's node rank
 
 
+# sbatch --time's formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED/INFINITE
+_SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+
+
 def script_path(site: SiteLaunch) -> str:
     return f"{site.name}/job.sbatch"
 
@@ -78,6 +82,9 @@ def _component_options(site: SiteLaunch) -> dict[str, dict[str, str]]:
         if name == "cpus-per-task" and not (value.isdigit() and int(value) > 0):
             raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be a positive integer, "
                                f"got {value!r}")
+        if name == "time" and not _SLURM_TIME.fullmatch(value):
+            raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be a Slurm time limit "
+                               f"(MINUTES, H:MM:SS, D-HH[:MM[:SS]] or UNLIMITED), got {value!r}; sbatch would refuse it")
         if name == "exclusive" and value not in EXCLUSIVE:
             raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be one of "
                                f"{', '.join(EXCLUSIVE)}, got {value!r}")

@@ -4,6 +4,7 @@ starts the node agent, which runs torchrun with that node's process count and no
 
 from __future__ import annotations
 
+from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.launch.targets import embedded_launch, hookimpl, node_command
 
@@ -46,6 +47,11 @@ class TorchrunTarget:
     summary = "one shell script per node (torchrun, static rendezvous); run each on its machine"
 
     def render(self, launch: LaunchPlan) -> dict[str, str]:
+        for s in launch.sites:
+            if s.options:  # a scheduler's option, which no torchrun script would carry: refused, not dropped
+                key = next(iter(s.options))
+                raise HetautoError(f"--site-option {s.name}.{key}: the torchrun target has no site options (they are "
+                                   "for --target slurm, kubernetes or skypilot); drop it, or choose one of those")
         return {script_path(s, n): node_script(launch, s, n) for s in launch.sites for n in s.nodes}
 
 

@@ -87,6 +87,11 @@ class PlanningInputs:
         return out
 
 
+# Why a ceiling: every candidate plan is priced by simulating its pipeline, whose size grows with the microbatch
+# count; --gbs 10**18 ran for ever without a word. 2**20 samples is ~500x the largest published run's batch.
+MAX_GLOBAL_BATCH = 1 << 20
+
+
 def load_planning_inputs(cluster: str | Path | ClusterSpec | None = None, model: str | Path | ModelConfig | None = None,
                          scenario: str | None = None, global_batch: int | None = None,
                          seq_len: int | None = None, memory_headroom: float | None = None) -> PlanningInputs:
@@ -120,6 +125,10 @@ def load_planning_inputs(cluster: str | Path | ClusterSpec | None = None, model:
         raise SpecError(None, "--seq", f"sequence length must be positive, got {seq}")
     if gbs <= 0:
         raise SpecError(None, "--gbs", f"global batch must be positive, got {gbs}")
+    if gbs > MAX_GLOBAL_BATCH:
+        raise SpecError(None, "--gbs", f"global batch {gbs:,} is more than the {MAX_GLOBAL_BATCH:,} samples per step "
+                        "the planner schedules in reasonable time (its pipelines grow with the microbatch count)",
+                        "published runs use a few thousand; lower --gbs")
     if cfg.arch == "gpt" and seq > cfg.max_seq_len:
         whose = f"scenario {scen.name}'s seq" if seq_len is None and scen is not None else "seq"
         raise SpecError(None, "--seq", f"{cfg.name} has learned positions for {cfg.max_seq_len} tokens, got {whose} {seq}",

@@ -204,6 +204,30 @@ def hf_names(cfg: ModelConfig, slot: int, ours: str, tied: bool) -> str:
     return f"model.layers.{slot - 1}.{_BLOCK[ours]}"
 
 
+def check_hf_files(folder: str | Path) -> None:
+    """Before launch, without torch: the folder holds safetensors files whose headers parse (8-byte length, then
+    that much JSON), so a folder without weights or with a damaged file is one line, not a failure in every rank."""
+    root = Path(folder)
+    files = sorted(root.glob("*.safetensors"))
+    if not files and not (root / "model.safetensors.index.json").is_file():
+        pickled = sorted(p.name for p in root.glob("*.bin"))
+        hint = (f"found {', '.join(pickled)}: pickled weights are never loaded; convert them to safetensors"
+                if pickled else "save the model with save_pretrained(..., safe_serialization=True)")
+        raise SpecError(root, "(folder)", "no *.safetensors files", hint)
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                size = int.from_bytes(fh.read(8), "little")
+                if not 2 <= size <= min(f.stat().st_size - 8, 100 << 20):
+                    raise ValueError(f"header length {size}")
+                header = json.loads(fh.read(size))
+            if not isinstance(header, dict):
+                raise ValueError("header is not a JSON object")
+        except (OSError, ValueError) as err:
+            raise SpecError(f, "(file)", f"not a readable safetensors file ({err})",
+                            "re-download or re-save the checkpoint") from None
+
+
 class _Shards:
     """Which safetensors file holds a tensor, opened lazily (each file at most once)."""
 
