@@ -1070,6 +1070,10 @@ def stage_times_for_plan(plan: Plan, inputs: PlanningInputs | None = None, sched
     """The simulator's costs for `plan` (what `hetauto simulate PLAN` runs), for its own schedule or, given
     `schedule` (a what-if), that one: per-virtual-stage F/B only where it is the plan's own."""
     own = schedule is None or schedule == plan.schedule.name
+    if not own:  # priced as that schedule runs it: its own chunking of the boundaries (act_bytes per virtual boundary)
+        from hetauto.core.plan import ScheduleSpec
+
+        plan = plan.model_copy(update={"schedule": ScheduleSpec(name=schedule)})
     return Evaluator(inputs or inputs_for_plan(plan)).pipeline_costs(plan, per_chunk=own)
 
 
