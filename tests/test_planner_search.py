@@ -310,7 +310,8 @@ def test_tree_offers_interleaved_only_where_the_layout_allows_it() -> None:
     space = StrategySpace(inp, FakeEvaluator(inp))
     three = (ClusterChoice(2, 1), ClusterChoice(1, 1))  # 3 stages
     assert space.tails_for(2, three) == space.tails() + [("interleaved", False), ("interleaved", True)]  # m = 6
-    assert space.tails_for(3, three) == space.tails()  # m = 4: not a multiple of the 3 stages
+    # m = 4 on 3 stages: one round of 4 (torch's flex-PP grouping), so interleaving is offered too
+    assert space.tails_for(3, three) == space.tails() + [("interleaved", False), ("interleaved", True)]
     short = tiny_inputs(layers=3, gbs=12)  # 5 layer slots < 3 stages x 2 chunks
     assert StrategySpace(short, FakeEvaluator(short)).tails_for(2, three) == space.tails()
     assert space.tails_for(1, (ClusterChoice(1, 1), ClusterChoice(0, 1))) == space.tails()  # one stage

@@ -21,7 +21,7 @@ from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
 from hetauto.planner.mcts import MCTS
-from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint
+from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint, better
 from hetauto.planner.seeds import seed_candidates
 from hetauto.planner.space import (RESHARD_METHODS, SEARCHED_BALANCES, UNUSED, Candidate, StrategySpace,
                                    boundary_pairs, microbatch_options)
@@ -110,7 +110,7 @@ def single_cluster(inputs: PlanningInputs, evaluator: Any, *, budget: float | No
             reasons.append(f"{name}: {err}")
             continue
         evaluations += r.evaluations
-        if best is None or r.evaluation.throughput_samples_s > best.evaluation.throughput_samples_s:
+        if best is None or better(r.evaluation, best.evaluation):
             best = r
     if best is None:
         raise InfeasiblePlan("no single cluster holds the model: " + "; ".join(reasons))
@@ -316,7 +316,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
                 if out_of_time():
                     return cur
                 got = scorer.score(cand)
-                if got is not None and got.evaluation.throughput_samples_s > cur.evaluation.throughput_samples_s:
+                if got is not None and better(got.evaluation, cur.evaluation):
                     cur = got
         if cur.evaluation.throughput_samples_s <= before:
             break
@@ -479,8 +479,8 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
     bound is highest: throughput / (1 - bubble) x (1 - bubble / v), v the most chunks the shape allows -- what
     the shape would reach if interleaving cut its bubble v-fold at no cost (it also adds v-fold boundary
     transfers, so the bound is optimistic); shapes whose bound is below the best are skipped, and so are
-    shapes that cannot be interleaved at all (principle 7: their microbatches not a multiple of their
-    stages). Each is tried in its own and up to two other cluster orders, at every DP-sharding level.
+    shapes that cannot be interleaved at all (principle 7: fewer microbatches than stages, or not in equal
+    rounds of about p). Each is tried in its own and up to two other cluster orders, at every DP-sharding level.
 
     Why: the tree's schedules are plain and Virtual-1F1B, and the descent tries interleaving only from where
     it stands; a shape with a large bubble is poor under both and best interleaved, an isolated basin
@@ -538,7 +538,7 @@ def _reorders(space: StrategySpace, cand: Candidate, others: int = 2) -> list[Ca
 
 def interleave_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
     """`cand` as interleaved 1F1B with each chunk count of `space.interleave` its shape allows (principle 7:
-    >= 2 stages, microbatches a multiple of the stages, a layer per chunk), and, when `cand` is already
+    >= 2 stages, m >= p microbatches in equal rounds, a layer per chunk), and, when `cand` is already
     interleaved, with ZeRO-1 toggled (the tail move would drop the interleaving). Whether the links are
     fast enough is checked when the candidate is built (no evaluation spent on a pruned one)."""
     from dataclasses import replace

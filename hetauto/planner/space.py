@@ -448,7 +448,8 @@ class StrategySpace:
         wanted, kept = tuple(min(w, m) for w in wanted), tuple(min(k, m) for k in kept)
         if not any(wanted):
             return Built([plan])
-        out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept)] if any(kept) else [plan]
+        # the plain plan too: where the deeper warm-up gains nothing, the tie goes to the one holding less memory
+        out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept), plan] if any(kept) else [plan]
         if kept != wanted:  # memory forbids the depth here: try a cut that leaves room upstream
             q2 = [min(m, p - i + sum(wanted[i:])) for i in range(p)]
             key2 = (mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages), tuple(q2))
@@ -465,8 +466,8 @@ class StrategySpace:
         per stage within memory at the interleaved in-flight count, then principle 7's gain estimate."""
         p, v = len(stages), cand.chunks
         if not P.interleave_chunk_options(p, m, self.num_layers, (v,)):
-            return Built(pruned=f"interleaved v={v} needs >= 2 stages, microbatches ({m}) a multiple of the "
-                                f"stages ({p}) and {v} layers per stage ({self.num_layers} slots)")
+            return Built(pruned=f"interleaved v={v} needs >= 2 stages, microbatches ({m}) >= the stages and a "
+                                f"multiple of their rounds ({m} // {p}) and {v} layers per stage ({self.num_layers} slots)")
         q = [cm.inflight_microbatches("interleaved", p, m, i, virtual_chunks=v) for i in range(p)]
         key = (cand.balance, cand.microbatch_size, cand.zero1,
                tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages), "interleaved", v, m)
