@@ -177,12 +177,14 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_
     """Microbatches whose activations stage `stage` holds at its peak (in whole-stage units).
 
     1F1B / Virtual-1F1B: min(m, p - i + sum(extra_warmup[i:])); GPipe: m; interleaved (v chunks, each 1/v of the
-    stage): min(m*v, 2(p-i-1) + (v-1)p + 1) chunks, i.e. that many / v whole-stage microbatches."""
+    stage): min(m*v, 2(p-i-1) + (v-1)g + 1) chunks, i.e. that many / v whole-stage microbatches, g the microbatches
+    per round (p when m is a multiple of p; m / max(1, m // p) otherwise, as the schedule runs them)."""
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and virtual_chunks > 1:
         v = virtual_chunks
-        return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1) / v
+        g = m // max(1, m // p) if m >= 1 else p
+        return min(m * v, 2 * (p - stage - 1) + (v - 1) * g + 1) / v
     extra = sum(extra_warmup[stage:]) if schedule == "virtual-1f1b" else 0
     return float(min(m, p - stage + extra))
 

@@ -56,28 +56,40 @@ def one_f_one_b(p: int, m: int, *, tail: bool = True, lookahead: int = 1) -> Sch
     return _finish("1f1b", p, m, 1, compute, tail, lookahead)
 
 
+def interleaved_round(p: int, m: int) -> int:
+    """Microbatches per round of the interleaved schedule, as torch's ScheduleInterleaved1F1B (flex-PP): the m
+    microbatches run in r = max(1, m // p) rounds of m / r each, so m need not be a multiple of p (p=4, m=10: two
+    rounds of 5), only of r. Raises ScheduleError where torch raises."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ScheduleError(f"interleaved schedule runs m={m} microbatches in max(1, m // p) = {rounds} rounds, "
+                            f"so m must be a multiple of {rounds} (as torch's ScheduleInterleaved1F1B); "
+                            f"try m={m - m % rounds} or m={m + rounds - m % rounds}")
+    return m // rounds
+
+
 def interleaved(p: int, m: int, v: int, *, tail: bool = True, lookahead: int = 1) -> Schedule:
-    """Megatron's interleaved 1F1B: v chunks per rank (virtual stage chunk*p + rank), microbatches in
-    groups of p; warmup (p-r-1)*2 + (v-1)*p forwards. Needs m to be a multiple of p."""
+    """Megatron's interleaved 1F1B: v chunks per rank (virtual stage chunk*p + rank), microbatches in rounds of
+    g = `interleaved_round(p, m)` (g = p when m is a multiple of p); warmup (p-r-1)*2 + (v-1)*g forwards, as torch's
+    ScheduleInterleaved1F1B (the same compute order)."""
     _check_shape(p, m, v)
     if v == 1:
         s = one_f_one_b(p, m, tail=tail, lookahead=lookahead)
         return Schedule("interleaved", p, m, 1, s.ranks)
-    if m % p:
-        raise ScheduleError(f"interleaved schedule needs microbatches (m={m}) to be a multiple of stages (p={p})")
+    g = interleaved_round(p, m)
     total = m * v
 
     def fwd(k: int, r: int) -> Action:
-        chunk = (k // p) % v
-        return Action(chunk * p + r, F, (k // (p * v)) * p + k % p)
+        chunk = (k // g) % v
+        return Action(chunk * p + r, F, (k // (g * v)) * g + k % g)
 
     def bwd(k: int, r: int) -> Action:
-        chunk = v - 1 - (k // p) % v
-        return Action(chunk * p + r, B, (k // (p * v)) * p + k % p)
+        chunk = v - 1 - (k // g) % v
+        return Action(chunk * p + r, B, (k // (g * v)) * g + k % g)
 
     compute = []
     for r in range(p):
-        w = min((p - r - 1) * 2 + (v - 1) * p, total)
+        w = min((p - r - 1) * 2 + (v - 1) * g, total)
         row = [fwd(k, r) for k in range(w)]
         for k in range(total - w):
             row.append(fwd(w + k, r))

@@ -1,0 +1,55 @@
+"""torch.distributed.pipelining's own schedules as hetauto action lists, so the same simulator prices both and tests
+compare compute orders action by action.
+
+Why build torch's schedule objects from stand-in stages: torch computes `pipeline_order` in the schedule's
+constructor from each stage's index, count and group size alone; no process group or module is needed to read it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from hetauto.schedule.actions import COMPUTE, Action, Schedule, ScheduleError, parse_action
+
+TORCH_CLASSES = {
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+}
+
+
+def _stage(index: int, n: int, p: int, rank: int) -> SimpleNamespace:
+    return SimpleNamespace(stage_index=index, num_stages=n, group_size=p, group_rank=rank, is_first=index == 0,
+                           is_last=index == n - 1, submod=SimpleNamespace())
+
+
+def torch_compute_order(name: str, p: int, m: int, v: int = 2) -> tuple[tuple[Action, ...], ...]:
+    """Per rank, the compute actions (F, B, I, W) torch's schedule `name` (a key of TORCH_CLASSES) runs, in its
+    order (its idle slots dropped). Virtual stage ids are torch's: loop placement (chunk * p + rank) except
+    `zbv`, whose stage s runs on rank s for s < p and on rank 2p-1-s after (the V)."""
+    import torch.distributed.pipelining.schedules as S
+
+    if name not in TORCH_CLASSES:
+        raise ScheduleError(f"unknown torch schedule {name!r}; expected one of {', '.join(TORCH_CLASSES)}")
+    cls = getattr(S, TORCH_CLASSES[name])
+    v = 1 if name == "1f1b" else v
+    n = p * v
+    def rank_of(s: int) -> int:
+        return (s if s < p else 2 * p - 1 - s) if name == "zbv" else s % p
+
+    stages = [_stage(s, n, p, 0) for s in range(n) if rank_of(s) == 0]  # every rank computes the whole order
+    try:
+        sched = cls(stages[0] if v == 1 else stages, m, loss_fn=lambda out, tgt: out)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        raise ScheduleError(f"torch's {cls.__name__} refuses p={p}, m={m}, v={v}: {exc}") from None
+    order = sched.pipeline_order
+    return tuple(tuple(a for a in (parse_action(str(x)) for x in order[r] if x is not None) if a.type in COMPUTE)
+                 for r in range(p))
+
+
+def torch_schedule(name: str, p: int, m: int, v: int = 2) -> Schedule:
+    """`torch_compute_order` as a compute-only hetauto Schedule (loop placement only: not `zbv`)."""
+    if name == "zbv":
+        raise ScheduleError("torch's zbv places stages in a V; hetauto's lists use loop placement (chunk * p + rank)")
+    return Schedule(f"torch-{name}", p, m, 1 if name == "1f1b" else v, torch_compute_order(name, p, m, v))
