@@ -1,0 +1,148 @@
+"""hetauto's schedules as torch.distributed.pipelining runs them: the CSV export (with comms) is ordered so torch's
+`_PipelineScheduleRuntime`, which tags every P2P message 0, matches sends and receives between each rank pair;
+and torch's runtime, loading that CSV, trains to hetauto's reference losses (2 gloo ranks, the smallest world)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from hetauto.core.model_catalog import get_model
+from hetauto.schedule import check_schedule, interleaved, one_f_one_b, virtual_1f1b
+from hetauto.schedule.actions import ActionType, Schedule, owner, parse_action, to_torch_csv
+from hetauto.testing.multiproc import run_ranks
+
+GPT = get_model("tiny-gpt")  # slots [embedding, b0..b3, head] = 6
+SEED, STEPS, MBS, SEQ = 3, 2, 2, 16
+
+SCHEDULES = [interleaved(2, 4, 2), interleaved(2, 3, 2), interleaved(3, 6, 2), interleaved(2, 4, 3),
+             interleaved(4, 10, 2), one_f_one_b(3, 5), virtual_1f1b(3, 6, (1, 2))]
+
+
+def _pair_orders(text: str, p: int) -> tuple[dict, dict]:
+    """Per directed rank pair, the messages in send order and in receive-post order ((kind, stage, mb))."""
+    rows = [[parse_action(c) for c in row] for row in csv.reader(io.StringIO(text))]
+    sends: dict[tuple[int, int], list] = {}
+    recvs: dict[tuple[int, int], list] = {}
+    for r, row in enumerate(rows):
+        for a in row:
+            if a.type is ActionType.SEND_F:
+                sends.setdefault((r, owner(a.stage + 1, p)), []).append(("F", a.stage + 1, a.microbatch))
+            elif a.type is ActionType.SEND_B:
+                sends.setdefault((r, owner(a.stage - 1, p)), []).append(("B", a.stage - 1, a.microbatch))
+            elif a.type is ActionType.RECV_F:
+                recvs.setdefault((owner(a.stage - 1, p), r), []).append(("F", a.stage, a.microbatch))
+            elif a.type is ActionType.RECV_B:
+                recvs.setdefault((owner(a.stage + 1, p), r), []).append(("B", a.stage, a.microbatch))
+    return sends, recvs
+
+
+@pytest.mark.parametrize("sched", SCHEDULES, ids=lambda s: f"{s.name}-p{s.p}-m{s.m}-v{s.v}")
+def test_export_matches_messages_per_rank_pair(sched: Schedule) -> None:
+    """Issue 28 (a): torch matches messages between two ranks in issue order (tag 0), so each rank posts its
+    receives from a peer in the order that peer sends them; the exported lists still pass hetauto's checker."""
+    text = to_torch_csv(sched, with_comms=True)
+    sends, recvs = _pair_orders(text, sched.p)
+    assert sends == recvs
+    rows = [[parse_action(c) for c in row] for row in csv.reader(io.StringIO(text))]
+    exported = Schedule(sched.name, sched.p, sched.m, sched.v, tuple(tuple(r) for r in rows))
+    check_schedule(exported)
+    # only receives move: every other action keeps its place
+    for mine, theirs in zip(sched.ranks, exported.ranks):
+        keep = lambda row: [a for a in row if a.type not in (ActionType.RECV_F, ActionType.RECV_B)]  # noqa: E731
+        assert keep(theirs) == [a for a in keep(mine) if a.type is not ActionType.OPTIM]
+
+
+def test_interleaved_p2_export_was_mismatched_before_reordering() -> None:
+    """The case the issue names: on interleaved p=2, rank 1's receives from rank 0 interleave activations and
+    gradients while rank 0 sends activations first; the raw lists disagree, the export agrees."""
+    sched = interleaved(2, 4, 2)
+    raw = "\n".join(",".join(str(a) for a in row if a.type.value != "OPTIM") for row in sched.ranks)
+    sends, recvs = _pair_orders(raw, 2)
+    assert sends[(0, 1)][:3] == [("F", 1, 0), ("F", 1, 1), ("F", 3, 0)]
+    assert recvs[(0, 1)][:3] == [("F", 1, 0), ("B", 1, 0), ("F", 1, 1)]
+    sends, recvs = _pair_orders(to_torch_csv(sched), 2)
+    assert recvs[(0, 1)][:3] == [("F", 1, 0), ("F", 1, 1), ("F", 3, 0)]
+
+
+def _torch_rank(rank: int, world: int, csv_text: str, virtual: list, m: int) -> list[float]:
+    """One rank of torch's `_PipelineScheduleRuntime` running `csv_text` (compute + comms) over gloo."""
+    import os
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+    from hetauto.runtime.batches import BatchSource
+    from hetauto.runtime.model import lm_loss
+    from hetauto.runtime.reference import make_optimizer
+    from hetauto.runtime.stage import build_stage
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        n, gbs = len(virtual), MBS * m
+        mods = {s: build_stage(GPT, tuple(virtual[s]), SEED) for s in range(n) if s % world == rank}
+        stages = [PipelineStage(mods[s], s, n, torch.device("cpu")) for s in sorted(mods)]
+        opt = make_optimizer([q for mod in mods.values() for q in mod.parameters()], 1e-3)
+        sched = ScheduleInterleaved1F1B(stages, m, loss_fn=lambda out, tgt: lm_loss(out, tgt, gbs * SEQ),
+                                        scale_grads=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "schedule.csv")
+            with open(path, "w", newline="") as f:
+                f.write(csv_text)
+            sched._load_csv(path, format="compute_comms")
+        source = BatchSource(SEED, GPT.vocab_size, None, 0.0, None)
+        out = []
+        for step in range(STEPS):
+            batch = source.train(step, gbs, SEQ)
+            losses: list = []
+            kw = {"target": batch.targets, "losses": losses} if any(s == n - 1 for s in mods) else {}
+            args = (batch.tokens,) if 0 in mods else ()
+            sched.step(*args, **kw)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            out.append(float(sum(x.item() for x in losses)))
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("m", [4, 3])
+def test_torch_runtime_runs_the_exported_interleaved_schedule(m: int) -> None:
+    """Issue 28 (a): torch's runtime loads hetauto's interleaved p=2 CSV with comms and trains to hetauto's
+    single-process reference (the last stage's rank holds the losses); m=3 is not a multiple of p (defect c)."""
+    from hetauto.runtime.reference import reference_losses
+
+    virtual = [(0, 2), (2, 3), (3, 4), (4, 6)]  # virtual stage c*p + r, tiny-gpt's 6 slots
+    text = to_torch_csv(interleaved(2, m, 2), with_comms=True)
+    per_rank = run_ranks(_torch_rank, 2, text, virtual, m, timeout=120)
+    want = reference_losses(GPT, SEED, STEPS, MBS * m, MBS, SEQ)
+    assert per_rank[1] == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 10, 2), (4, 10, 3), (2, 3, 2), (4, 3, 2), (8, 12, 2), (4, 8, 2), (2, 4, 3)])
+def test_interleaved_runs_torchs_compute_order(p: int, m: int, v: int) -> None:
+    """Issue 28 (c): m need not be a multiple of p (torch's flex-PP rounds of m / max(1, m // p)); the compute
+    order is torch's ScheduleInterleaved1F1B's, action for action, and passes the checker."""
+    from hetauto.interop.torch_schedules import torch_compute_order
+    from hetauto.schedule.actions import COMPUTE
+
+    ours = interleaved(p, m, v)
+    check_schedule(ours)
+    assert tuple(tuple(a for a in row if a.type in COMPUTE) for row in ours.ranks) == torch_compute_order(
+        "interleaved", p, m, v)
+
+
+def test_interleaved_refuses_what_torch_refuses() -> None:
+    from hetauto.interop.torch_schedules import torch_compute_order
+    from hetauto.schedule import ScheduleError
+
+    with pytest.raises(ScheduleError, match=r"m=7 microbatches in max\(1, m // p\) = 2 rounds, so m must be a "
+                                            r"multiple of 2 .*try m=6 or m=8"):
+        interleaved(3, 7, 2)
+    with pytest.raises(ScheduleError, match="torch's ScheduleInterleaved1F1B refuses p=3, m=7, v=2"):
+        torch_compute_order("interleaved", 3, 7, 2)
