@@ -10,7 +10,7 @@ import io
 import pytest
 
 from hetauto.core.model_catalog import get_model
-from hetauto.schedule import check_schedule, interleaved, one_f_one_b, virtual_1f1b
+from hetauto.schedule import check_schedule, interleaved, one_f_one_b, virtual_1f1b, zero_bubble
 from hetauto.schedule.actions import ActionType, Schedule, owner, parse_action, to_torch_csv
 from hetauto.testing.multiproc import run_ranks
 
@@ -18,7 +18,8 @@ GPT = get_model("tiny-gpt")  # slots [embedding, b0..b3, head] = 6
 SEED, STEPS, MBS, SEQ = 3, 2, 2, 16
 
 SCHEDULES = [interleaved(2, 4, 2), interleaved(2, 3, 2), interleaved(3, 6, 2), interleaved(2, 4, 3),
-             interleaved(4, 10, 2), one_f_one_b(3, 5), virtual_1f1b(3, 6, (1, 2))]
+             interleaved(4, 10, 2), one_f_one_b(3, 5), virtual_1f1b(3, 6, (1, 2)), zero_bubble(3, 5),
+             zero_bubble(3, 6, (1, 2))]
 
 
 def _pair_orders(text: str, p: int) -> tuple[dict, dict]:

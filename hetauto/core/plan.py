@@ -47,7 +47,7 @@ PLAN_SCHEMA = "hetauto.plan/1"
 # (hetauto simulate / evaluate / run) uses the plan's own `memory_headroom` unless --memory-headroom overrides it
 DEFAULT_MEMORY_HEADROOM = 0.10
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb"]
 ReshardMethod = Literal["lanes", "leader-broadcast", "scatter-allgather"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 GradReduceDtype = Literal["fp32", "bf16", "fp16"]
@@ -112,7 +112,7 @@ class StagePlan(_Frozen):
 class ScheduleSpec(_Frozen):
     name: ScheduleName = "1f1b"
     virtual_chunks: int = Field(default=1, ge=1)
-    # Virtual-1F1B: extra warmup microbatches given to the stages upstream of each boundary (len = stages-1).
+    # Virtual-1F1B / Virtual-ZB: extra warmup microbatches given to the stages upstream of each boundary (len = stages-1).
     extra_warmup: tuple[int, ...] = ()
 
 

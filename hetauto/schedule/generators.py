@@ -1,4 +1,5 @@
-"""Schedule generators: GPipe, 1F1B, interleaved 1F1B (Megatron order) and Virtual-1F1B.
+"""Schedule generators: GPipe, 1F1B, interleaved 1F1B (Megatron order), Virtual-1F1B and the zero-bubble
+ZB-H1 / Virtual-ZB (split backward: I then a deferred W).
 
 Each returns a `Schedule` whose rank lists already contain the SEND/RECV actions (receives posted
 early, see `add_comms`; `lookahead` = how many receives per kind are posted ahead, 1 as Megatron
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms
 
-F, B = ActionType.F, ActionType.B
+F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
 
 def _check_shape(p: int, m: int, v: int = 1) -> None:
@@ -118,25 +119,28 @@ def extra_warmup_from_costs(boundary_cost: Sequence[float], tf: float | Sequence
     return tuple(out)
 
 
-def cap_extra_warmup(p: int, extra: Sequence[int], memory_cap: Sequence[int | None] | None) -> tuple[int, ...]:
-    """Shrink k_h so that every stage r keeps (p - r) + sum_{h >= r} k_h <= memory_cap[r] microbatches
-    in flight. Boundaries further downstream keep their k first (they cover every stage above them)."""
+def cap_extra_warmup(p: int, extra: Sequence[int], memory_cap: Sequence[int | None] | None,
+                     base: Sequence[int] | None = None, label: str = "1F1B") -> tuple[int, ...]:
+    """Shrink k_h so that every stage r keeps base[r] + sum_{h >= r} k_h <= memory_cap[r] microbatches
+    in flight (base: what the schedule holds without extra warm-up, p - r for 1F1B). Boundaries further
+    downstream keep their k first (they cover every stage above them)."""
     ks = list(extra)
     if memory_cap is None:
         return tuple(ks)
     if len(memory_cap) != p:
         raise ScheduleError(f"memory_cap needs one entry per stage ({p}), got {len(memory_cap)}")
+    held = [p - r for r in range(p)] if base is None else list(base)
     allow = []
     for r, cap in enumerate(memory_cap):
         if cap is None:
             allow.append(math.inf)
             continue
-        if cap < p - r:
+        if cap < held[r]:
             raise ScheduleError(
-                f"stage {r}: memory cap {cap} microbatches is below what 1F1B itself holds there ({p - r}); "
-                "give the stage more memory or use fewer stages"
+                f"stage {r}: memory cap {cap} microbatches is below what {label} itself holds there "
+                f"({held[r]}); give the stage more memory or use fewer stages"
             )
-        allow.append(cap - (p - r))
+        allow.append(cap - held[r])
     out = [0] * len(ks)
     below = 0  # sum of kept k for boundaries downstream of h
     for h in reversed(range(len(ks))):
@@ -171,3 +175,59 @@ def virtual_1f1b(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
         near = [ks[h] for h in (r - 1, r) if 0 <= h < p - 1]
         look.append(1 + max(near, default=0))
     return _finish("virtual-1f1b", p, m, 1, compute, tail, look, tuple(ks))
+
+
+def _boundary_lookahead(p: int, ks: Sequence[int]) -> list[int]:
+    """Receives posted ahead per rank: k_h + 1 at both ends of boundary h (Virtual-1F1B's rule)."""
+    return [1 + max([ks[h] for h in (r - 1, r) if 0 <= h < p - 1], default=0) for r in range(p)]
+
+
+def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
+    """One rank of ZB-H1: `warmup` forwards, then F / I pairs, each W run `defer` input-backwards after its I
+    (so a rank nearer the end sends its input gradient upstream without waiting for its weight gradient),
+    then the drain's I / W, then the W still deferred."""
+    w = min(warmup, m)
+    row = [Action(r, F, k) for k in range(w)]
+    pending: list[int] = []
+    for k in range(m):
+        if k < m - w:
+            row.append(Action(r, F, w + k))
+        row.append(Action(r, I, k))
+        pending.append(k)
+        if len(pending) > defer:
+            row.append(Action(r, W, pending.pop(0)))
+    row.extend(Action(r, W, k) for k in pending)
+    return row
+
+
+def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = ()) -> int:
+    """Peak microbatches stage `stage` holds under ZB-H1 / Virtual-ZB, counted from F to W (a microbatch
+    between I and W keeps its weight-gradient buffers): min(m, p + sum_{h >= stage} k_h)."""
+    return min(m, p + sum(extra_warmup[stage:]))
+
+
+def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
+                boundary_cost: Sequence[float] | None = None, tf: float | Sequence[float] = 1.0,
+                tb: float | Sequence[float] = 2.0, memory_cap: Sequence[int | None] | None = None,
+                tail: bool = True) -> Schedule:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): the backward split into I (input gradient,
+    sent upstream at once) and W (weight gradient); rank r defers each W by r input-backwards, filling the
+    fill/drain bubble with W work: iteration m(t_f+t_b) + (p-1)(t_f+t_i-t_w) against 1F1B's (m+p-1)(t_f+t_b),
+    at p microbatches in flight on every stage (1F1B's first-stage peak).
+
+    With `extra_warmup` (k_h per boundary, as `virtual_1f1b`; or `boundary_cost` with tf/tb to size it;
+    `memory_cap` caps it) this is Virtual-ZB: stages upstream of a slow boundary run k_h more warm-up forwards
+    and both ends post k_h+1 receives ahead, so the round trip over the link overlaps compute, and the
+    deferred W fill the drain, where Virtual-1F1B idles for that round trip."""
+    _check_shape(p, m)
+    virtual = extra_warmup is not None or boundary_cost is not None
+    if extra_warmup is None:
+        extra_warmup = extra_warmup_from_costs(boundary_cost, tf, tb) if boundary_cost is not None else (0,) * (p - 1)
+    if len(extra_warmup) != p - 1:
+        raise ScheduleError(f"extra_warmup needs one entry per boundary ({p - 1}), got {len(extra_warmup)}")
+    if any(k < 0 for k in extra_warmup):
+        raise ScheduleError(f"extra_warmup entries must be >= 0, got {list(extra_warmup)}")
+    ks = cap_extra_warmup(p, extra_warmup, memory_cap, base=[p] * p, label="ZB-H1")
+    compute = [_zb_rank(r, m, p - r - 1 + sum(ks[r:]), r) for r in range(p)]
+    name = "virtual-zb" if virtual else "zb-h1"
+    return _finish(name, p, m, 1, compute, tail, _boundary_lookahead(p, ks), tuple(ks) if virtual else ())

@@ -55,7 +55,9 @@ def _vec(name: str, value: float | Sequence[float], n: int, allowed: tuple[int, 
 class PipelineCosts:
     """What each action costs. Per-rank tuples have p entries; `tf`/`tb`/`tw` may instead have p*v
     (one per virtual stage). A per-rank compute time is the whole rank's time (all its chunks), split
-    evenly over its v chunks. `tw` is the weight-grad part of `tb` (used by I/W split actions).
+    evenly over its v chunks. `tw` is the weight-grad part of `tb` (used by I/W split actions); where `tw` is
+    0, `w_share` (per rank or virtual stage, in [0, 1]) gives it as a share of `tb`, so whoever scales `tb`
+    (host contention, per-chunk splits) keeps the split (the cost model's way).
     `links[h]` is the link from rank h to h+1 (an optional p-th entry is rank p-1 -> 0, the
     interleaved wrap-around); `links_back[h]` the reverse direction (defaults to `links`).
     `act_bytes` per virtual boundary (p*v-1 entries or one scalar), the same for gradients.
@@ -66,6 +68,7 @@ class PipelineCosts:
     tf: Sequence[float] | float
     tb: Sequence[float] | float
     tw: Sequence[float] | float = 0.0
+    w_share: Sequence[float] | float = 0.0
     links: tuple[Link | None, ...] = ()
     links_back: tuple[Link | None, ...] | None = None
     link_groups: Mapping[str, float] = field(default_factory=dict)
@@ -130,6 +133,9 @@ def _chunk_times(costs: PipelineCosts, p: int, v: int) -> list[tuple[float, floa
     tw = _vec("tw", costs.tw, p, (p, n))
     tpf = _vec("tp_f", costs.tp_f, p, (p,))
     tpb = _vec("tp_b", costs.tp_b, p, (p,))
+    share = _vec("w_share", costs.w_share, p, (p, n))
+    if any(x > 1 for x in share):
+        raise ScheduleError(f"w_share: shares of the backward must be in [0, 1], got {list(share)}")
     out = []
     for s in range(n):
         r = s % p
@@ -139,7 +145,8 @@ def _chunk_times(costs: PipelineCosts, p: int, v: int) -> list[tuple[float, floa
 
         f = pick(tf) + tpf[r] / v
         b = pick(tb) + tpb[r] / v
-        w = min(pick(tw), b)
+        sh = share[s] if len(share) == n and n != p else share[r]
+        w = min(pick(tw), b) if pick(tw) > 0 else pick(tb) * sh  # TP collectives stay in I: dW is local
         out.append((f, b, b - w, w))
     return out
 
