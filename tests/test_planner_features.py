@@ -18,6 +18,8 @@ from test_planner_helpers import FakeEvaluator, tiny_inputs
 RESTRICTIONS = {
     "1f1b only": ({"schedules": ("1f1b",), "interleave": ()}, lambda p: p.schedule.name == "1f1b"),
     "no virtual-1f1b": ({"schedules": ("1f1b",)}, lambda p: p.schedule.name != "virtual-1f1b"),
+    "no zero-bubble": ({"schedules": ("1f1b", "virtual-1f1b")}, lambda p: p.schedule.name not in ("zb-h1", "virtual-zb")),
+    "zb-h1 only": ({"schedules": ("zb-h1",), "interleave": ()}, lambda p: p.schedule.name == "zb-h1"),
     "no zero1": ({"zero1": (False,)}, lambda p: not p.zero1),
     "no recompute": ({"recompute": (False,)}, lambda p: not any(s.recompute for s in p.stages)),
     "lanes only": ({"resharding": "lanes", "resharding_methods": ("lanes",)},

@@ -64,14 +64,31 @@ def test_virtual_zb_reaches_the_slow_link_bound(c: float) -> None:
     assert r.peak_inflight == tuple(zb_inflight(4, 16, i, vzb.extra_warmup) for i in range(4))
 
 
-def test_virtual_zb_memory_cap_and_bad_input() -> None:
-    s = zero_bubble(4, 16, (0, 4, 0), memory_cap=[6, None, None, None])
-    assert s.extra_warmup == (0, 2, 0)
-    with pytest.raises(ScheduleError, match=r"stage 0: memory cap 3 microbatches is below what ZB-H1 itself "
+def test_memory_cap_limits_warmup_then_deferral() -> None:
+    """A cap first limits the extra warm-up (over 1F1B's p - r, as Virtual-1F1B), then each stage's W deferral;
+    every deferral step trades one microbatch of memory for less bubble."""
+    s = zero_bubble(4, 16, (0, 4, 0), memory_cap=[6, 7, None, 3])
+    assert (s.extra_warmup, s.defer) == ((0, 2, 0), (0, 1, 2, 2))
+    costs = PipelineCosts(tf=1.0, tb=2.0, tw=1.0)
+    capped = zero_bubble(4, 8, memory_cap=[4, 3, 3, 2])
+    check_schedule(capped)
+    r = simulate(capped, costs)
+    assert capped.defer == (0, 0, 1, 1) and r.peak_inflight == (4, 3, 3, 2)
+    assert r.peak_inflight == tuple(zb_inflight(4, 8, i, (), capped.defer) for i in range(4))
+    none = zero_bubble(4, 8, defer=[0, 0, 0, 0])  # 1F1B's memory: W right after its I
+    assert simulate(none, costs).peak_inflight == (4, 3, 2, 1)
+    assert 27.0 == simulate(zero_bubble(4, 8), costs).iteration_time < r.iteration_time == 29.0 \
+        < simulate(none, costs).iteration_time == 30.0 < simulate(one_f_one_b(4, 8), costs).iteration_time == 33.0
+
+
+def test_zero_bubble_bad_input() -> None:
+    with pytest.raises(ScheduleError, match=r"stage 0: memory cap 3 microbatches is below what 1F1B itself "
                                             r"holds there \(4\)"):
         zero_bubble(4, 8, (0, 0, 0), memory_cap=[3, None, None, None])
     with pytest.raises(ScheduleError, match=r"extra_warmup needs one entry per boundary \(3\), got 1"):
         zero_bubble(4, 8, (1,))
+    with pytest.raises(ScheduleError, match=r"defer needs one entry >= 0 per stage \(4\), got \[1\]"):
+        zero_bubble(4, 8, defer=[1])
 
 
 def test_simulate_cli_zero_bubble(capsys) -> None:

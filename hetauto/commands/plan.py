@@ -40,9 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training precision written into the plan and priced (default: auto: fp32 when a stage "
                              "runs on cpu/mock, else bf16)")
     parser.add_argument("--schedules", metavar="LIST",
-                        help="schedules the search may use, comma-separated from 1f1b, virtual-1f1b, interleaved "
-                             "(default: all)")
-    parser.add_argument("--no-virtual-1f1b", action="store_true", help="leave Virtual-1F1B out of the search")
+                        help="schedules the search may use, comma-separated from 1f1b, virtual-1f1b, interleaved, "
+                             "zb-h1, virtual-zb (default: all)")
+    parser.add_argument("--no-virtual-1f1b", action="store_true",
+                        help="leave Virtual-1F1B (and Virtual-ZB, its zero-bubble form) out of the search")
     parser.add_argument("--no-zero1", action="store_true", help="leave ZeRO-1 out of the search")
     parser.add_argument("--dp-sharding", metavar="LIST",
                         help="DP sharding levels the search may use, comma-separated from none, zero1, fsdp, "
@@ -96,7 +97,7 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
             raise HetautoError(f"--schedules {args.schedules}: unknown schedule {', '.join(bad) or '(none)'}; "
                                f"choose from {', '.join(SCHEDULES)}")
     if getattr(args, "no_virtual_1f1b", False):
-        scheds = [x for x in scheds if x != "virtual-1f1b"]
+        scheds = [x for x in scheds if x not in ("virtual-1f1b", "virtual-zb")]
     if scheds != list(SCHEDULES):
         tree = tuple(x for x in scheds if x != "interleaved")
         if not tree:

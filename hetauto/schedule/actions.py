@@ -91,6 +91,7 @@ class Schedule:
     v: int
     ranks: tuple[tuple[Action, ...], ...]
     extra_warmup: tuple[int, ...] = field(default=())
+    defer: tuple[int, ...] = field(default=())  # zero-bubble: W deferral per rank where not the default (r)
 
     @property
     def num_stages(self) -> int:
@@ -102,7 +103,8 @@ class Schedule:
 
     def compute_only(self) -> "Schedule":
         return Schedule(self.name, self.p, self.m, self.v,
-                        tuple(tuple(a for a in row if a.type in COMPUTE) for row in self.ranks), self.extra_warmup)
+                        tuple(tuple(a for a in row if a.type in COMPUTE) for row in self.ranks), self.extra_warmup,
+                        self.defer)
 
 
 def parse_rows(rows: Iterable[Iterable[str]]) -> tuple[tuple[Action, ...], ...]:

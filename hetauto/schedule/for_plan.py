@@ -37,9 +37,12 @@ def schedule_for_plan(plan: "Plan", name: str | None = None) -> Schedule:
     if name == "virtual-1f1b":
         extra = plan.schedule.extra_warmup if plan.schedule.name in ("virtual-1f1b", "virtual-zb") else ()
         return virtual_1f1b(p, m, tuple(extra) or (0,) * (p - 1))
-    if name == "zb-h1":
-        return zero_bubble(p, m)
-    if name == "virtual-zb":
+    if name in ("zb-h1", "virtual-zb"):
+        defer = tuple(plan.schedule.w_defer) if plan.schedule.name == name and plan.schedule.w_defer else None
+        if defer is not None and len(defer) != p:
+            raise ScheduleError(f"schedule.w_defer has {len(defer)} entries; the plan has {p} stages")
+        if name == "zb-h1":
+            return zero_bubble(p, m, defer=defer)
         extra = plan.schedule.extra_warmup if plan.schedule.name in ("virtual-1f1b", "virtual-zb") else ()
-        return zero_bubble(p, m, tuple(extra) or (0,) * (p - 1))
+        return zero_bubble(p, m, tuple(extra) or (0,) * (p - 1), defer=defer)
     raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}")

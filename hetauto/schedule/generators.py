@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms
 
@@ -200,16 +201,18 @@ def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
     return row
 
 
-def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = ()) -> int:
+def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = (), defer: Sequence[int] = ()) -> int:
     """Peak microbatches stage `stage` holds under ZB-H1 / Virtual-ZB, counted from F to W (a microbatch
-    between I and W keeps its weight-gradient buffers): min(m, p + sum_{h >= stage} k_h)."""
-    return min(m, p + sum(extra_warmup[stage:]))
+    between I and W keeps its weight-gradient buffers): min(m, p - i + d_i + sum_{h >= i} k_h), d_i the stage's
+    W deferral (default i: p everywhere without extra warm-up)."""
+    d = defer[stage] if defer else stage
+    return min(m, p - stage + d + sum(extra_warmup[stage:]))
 
 
 def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
                 boundary_cost: Sequence[float] | None = None, tf: float | Sequence[float] = 1.0,
                 tb: float | Sequence[float] = 2.0, memory_cap: Sequence[int | None] | None = None,
-                tail: bool = True) -> Schedule:
+                defer: Sequence[int] | None = None, tail: bool = True) -> Schedule:
     """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): the backward split into I (input gradient,
     sent upstream at once) and W (weight gradient); rank r defers each W by r input-backwards, filling the
     fill/drain bubble with W work: iteration m(t_f+t_b) + (p-1)(t_f+t_i-t_w) against 1F1B's (m+p-1)(t_f+t_b),
@@ -218,7 +221,11 @@ def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
     With `extra_warmup` (k_h per boundary, as `virtual_1f1b`; or `boundary_cost` with tf/tb to size it;
     `memory_cap` caps it) this is Virtual-ZB: stages upstream of a slow boundary run k_h more warm-up forwards
     and both ends post k_h+1 receives ahead, so the round trip over the link overlaps compute, and the
-    deferred W fill the drain, where Virtual-1F1B idles for that round trip."""
+    deferred W fill the drain, where Virtual-1F1B idles for that round trip.
+
+    `defer` (per rank, default r) sets how many input-backwards each W waits; each deferred W keeps one more
+    microbatch in flight (`zb_inflight`). `memory_cap` (microbatches per stage) first caps the extra warm-up
+    (on top of 1F1B's p - r), then the deferral."""
     _check_shape(p, m)
     virtual = extra_warmup is not None or boundary_cost is not None
     if extra_warmup is None:
@@ -227,7 +234,14 @@ def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
         raise ScheduleError(f"extra_warmup needs one entry per boundary ({p - 1}), got {len(extra_warmup)}")
     if any(k < 0 for k in extra_warmup):
         raise ScheduleError(f"extra_warmup entries must be >= 0, got {list(extra_warmup)}")
-    ks = cap_extra_warmup(p, extra_warmup, memory_cap, base=[p] * p, label="ZB-H1")
-    compute = [_zb_rank(r, m, p - r - 1 + sum(ks[r:]), r) for r in range(p)]
+    ks = cap_extra_warmup(p, extra_warmup, memory_cap)
+    ds = list(range(p)) if defer is None else list(defer)
+    if len(ds) != p or any(d < 0 for d in ds):
+        raise ScheduleError(f"defer needs one entry >= 0 per stage ({p}), got {list(ds)}")
+    if memory_cap is not None:
+        ds = [d if cap is None else max(0, min(d, cap - (p - r) - sum(ks[r:])))
+              for r, (d, cap) in enumerate(zip(ds, memory_cap))]
+    compute = [_zb_rank(r, m, p - r - 1 + sum(ks[r:]), ds[r]) for r in range(p)]
     name = "virtual-zb" if virtual else "zb-h1"
-    return _finish(name, p, m, 1, compute, tail, _boundary_lookahead(p, ks), tuple(ks) if virtual else ())
+    out = _finish(name, p, m, 1, compute, tail, _boundary_lookahead(p, ks), tuple(ks) if virtual else ())
+    return out if ds == list(range(p)) else replace(out, defer=tuple(ds))
