@@ -480,6 +480,8 @@ class StrategySpace:
         far as its memory holds (at most i on stage i, ZB-H1's own; 0 keeps 1F1B's memory and still gains)."""
         if not twins:
             return [pl for pl in plans if pl.schedule.name in self.requested]
+        if isinstance(cand.zero1, str) and cand.zero1 not in ("none", "zero1"):  # not run split (core.plan_check)
+            return []
         out: list[Plan] = []
         for pl in plans:
             zb = {"1f1b": "zb-h1", "virtual-1f1b": "virtual-zb"}[pl.schedule.name]
