@@ -22,21 +22,24 @@ SCHEDULES = [interleaved(2, 4, 2), interleaved(2, 3, 2), interleaved(3, 6, 2), i
              zero_bubble(3, 6, (1, 2))]
 
 
-def _pair_orders(text: str, p: int) -> tuple[dict, dict]:
+def _pair_orders(text: str, p: int, placement: str = "loop") -> tuple[dict, dict]:
     """Per directed rank pair, the messages in send order and in receive-post order ((kind, stage, mb))."""
+    def own(stage: int) -> int:
+        return owner(stage, p, placement)
+
     rows = [[parse_action(c) for c in row] for row in csv.reader(io.StringIO(text))]
     sends: dict[tuple[int, int], list] = {}
     recvs: dict[tuple[int, int], list] = {}
     for r, row in enumerate(rows):
         for a in row:
             if a.type is ActionType.SEND_F:
-                sends.setdefault((r, owner(a.stage + 1, p)), []).append(("F", a.stage + 1, a.microbatch))
+                sends.setdefault((r, own(a.stage + 1)), []).append(("F", a.stage + 1, a.microbatch))
             elif a.type is ActionType.SEND_B:
-                sends.setdefault((r, owner(a.stage - 1, p)), []).append(("B", a.stage - 1, a.microbatch))
+                sends.setdefault((r, own(a.stage - 1)), []).append(("B", a.stage - 1, a.microbatch))
             elif a.type is ActionType.RECV_F:
-                recvs.setdefault((owner(a.stage - 1, p), r), []).append(("F", a.stage, a.microbatch))
+                recvs.setdefault((own(a.stage - 1), r), []).append(("F", a.stage, a.microbatch))
             elif a.type is ActionType.RECV_B:
-                recvs.setdefault((owner(a.stage + 1, p), r), []).append(("B", a.stage, a.microbatch))
+                recvs.setdefault((own(a.stage + 1), r), []).append(("B", a.stage, a.microbatch))
     return sends, recvs
 
 
@@ -147,3 +150,19 @@ def test_interleaved_refuses_what_torch_refuses() -> None:
         interleaved(3, 7, 2)
     with pytest.raises(ScheduleError, match="torch's ScheduleInterleaved1F1B refuses p=3, m=7, v=2"):
         torch_compute_order("interleaved", 3, 7, 2)
+
+
+@pytest.mark.parametrize("p,m,want", [(4, 8, 25.5), (4, 16, 49.5), (8, 16, 51.5)])
+def test_torch_zbv_priced_with_v_placement(p: int, m: int, want: float) -> None:
+    """torch's ScheduleZBVZeroBubble order, its stages in a V (s on rank s, then 2p-1-s), is checked and priced by
+    hetauto's simulator (unit model F = 1, I = W = 1): the issue's 5.9% bubble at p=4, m=8 (25.5 against 24 busy)."""
+    from hetauto.interop.torch_schedules import torch_schedule
+    from hetauto.schedule import PipelineCosts, simulate
+
+    s = torch_schedule("zbv", p, m)
+    assert s.placement == "v" and [s.owner(k) for k in range(2 * p)] == [*range(p), *reversed(range(p))]
+    check_schedule(s)
+    r = simulate(s, PipelineCosts(tf=1.0, tb=2.0, tw=1.0))
+    assert r.iteration_time == want
+    sends, recvs = _pair_orders(to_torch_csv(s), p, "v")
+    assert sends == recvs

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from hetauto.schedule.actions import COMPUTE, Action, Schedule, ScheduleError, parse_action
+from hetauto.schedule.actions import COMPUTE, Action, ActionType, Schedule, ScheduleError, add_comms, parse_action
 
+# the multi-stage schedules, whose `pipeline_order` is what torch's runtime runs (Schedule1F1B's is only a
+# picture: plain 1F1B is hetauto's one_f_one_b)
 TORCH_CLASSES = {
-    "1f1b": "Schedule1F1B",
     "interleaved": "ScheduleInterleaved1F1B",
     "interleaved-zb": "ScheduleInterleavedZeroBubble",
     "zbv": "ScheduleZBVZeroBubble",
@@ -33,14 +34,13 @@ def torch_compute_order(name: str, p: int, m: int, v: int = 2) -> tuple[tuple[Ac
     if name not in TORCH_CLASSES:
         raise ScheduleError(f"unknown torch schedule {name!r}; expected one of {', '.join(TORCH_CLASSES)}")
     cls = getattr(S, TORCH_CLASSES[name])
-    v = 1 if name == "1f1b" else v
     n = p * v
     def rank_of(s: int) -> int:
         return (s if s < p else 2 * p - 1 - s) if name == "zbv" else s % p
 
     stages = [_stage(s, n, p, 0) for s in range(n) if rank_of(s) == 0]  # every rank computes the whole order
     try:
-        sched = cls(stages[0] if v == 1 else stages, m, loss_fn=lambda out, tgt: out)
+        sched = cls(stages, m, loss_fn=lambda out, tgt: out)
     except (ValueError, AssertionError, RuntimeError) as exc:
         raise ScheduleError(f"torch's {cls.__name__} refuses p={p}, m={m}, v={v}: {exc}") from None
     order = sched.pipeline_order
@@ -49,7 +49,13 @@ def torch_compute_order(name: str, p: int, m: int, v: int = 2) -> tuple[tuple[Ac
 
 
 def torch_schedule(name: str, p: int, m: int, v: int = 2) -> Schedule:
-    """`torch_compute_order` as a compute-only hetauto Schedule (loop placement only: not `zbv`)."""
-    if name == "zbv":
-        raise ScheduleError("torch's zbv places stages in a V; hetauto's lists use loop placement (chunk * p + rank)")
-    return Schedule(f"torch-{name}", p, m, 1 if name == "1f1b" else v, torch_compute_order(name, p, m, v))
+    """`torch_compute_order` lowered as hetauto lowers its own (receives posted one ahead, each rank's
+    REDUCE_GRAD and OPTIM at the end), so hetauto's simulator prices torch's order on the same costs; `zbv`
+    with its V placement (two chunks per rank, `Schedule.placement` "v"; the middle hand-off stays local)."""
+    placement = "v" if name == "zbv" else "loop"
+    v = 2 if name == "zbv" else v
+    order = torch_compute_order(name, p, m, v)
+    ranks = add_comms(order, p, v)
+    ranks = tuple(row + tuple(Action(s, ActionType.REDUCE_GRAD) for s in sorted({a.stage for a in order[r]}, reverse=True))
+                  + (Action(r, ActionType.OPTIM),) for r, row in enumerate(ranks))
+    return Schedule(f"torch-{name}", p, m, v, ranks, placement=placement)

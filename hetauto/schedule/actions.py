@@ -92,6 +92,11 @@ class Schedule:
     ranks: tuple[tuple[Action, ...], ...]
     extra_warmup: tuple[int, ...] = field(default=())
     defer: tuple[int, ...] = field(default=())  # zero-bubble: W deferral per rank where not the default (r)
+    placement: str = "loop"  # "loop": stage s on rank s % p; "v": s on rank s, then 2p-1-s (torch's ZBV, v = 2)
+
+    def owner(self, stage: int) -> int:
+        """The rank that runs virtual stage `stage` under this schedule's placement."""
+        return owner(stage, self.p, self.placement)
 
     @property
     def num_stages(self) -> int:
@@ -104,7 +109,7 @@ class Schedule:
     def compute_only(self) -> "Schedule":
         return Schedule(self.name, self.p, self.m, self.v,
                         tuple(tuple(a for a in row if a.type in COMPUTE) for row in self.ranks), self.extra_warmup,
-                        self.defer)
+                        self.defer, self.placement)
 
 
 def parse_rows(rows: Iterable[Iterable[str]]) -> tuple[tuple[Action, ...], ...]:
@@ -143,8 +148,12 @@ def from_torch_csv(source: str | Path, name: str, p: int, m: int, v: int = 1) ->
     return Schedule(name, p, m, v, rows)
 
 
-def owner(stage: int, p: int) -> int:
-    """The rank that runs virtual stage `stage` (torch's loop-style placement)."""
+def owner(stage: int, p: int, placement: str = "loop") -> int:
+    """The rank that runs virtual stage `stage`: torch's loop placement (chunk * p + rank), or its V placement
+    (two chunks per rank, stage s on rank s for s < p and on rank 2p-1-s after: the model goes down the ranks
+    and back up, so the middle hand-off stays on rank p-1)."""
+    if placement == "v":
+        return stage if stage < p else 2 * p - 1 - stage
     return stage % p
 
 
@@ -223,7 +232,7 @@ def pair_ordered(schedule: Schedule) -> tuple[tuple[Action, ...], ...]:
         for a in row:
             if a.type in (ActionType.SEND_F, ActionType.SEND_B):
                 rv = _recv_for_send(a)
-                queue.setdefault((a_rank, owner(rv.stage, p)), []).append(rv)
+                queue.setdefault((a_rank, schedule.owner(rv.stage)), []).append(rv)
     out = []
     for b, row in enumerate(schedule.ranks):
         nxt: dict[int, int] = {}
@@ -240,12 +249,12 @@ def pair_ordered(schedule: Schedule) -> tuple[tuple[Action, ...], ...]:
 
         for a in row:
             if a.type in (ActionType.RECV_F, ActionType.RECV_B):
-                src = owner(a.stage - 1 if a.type is ActionType.RECV_F else a.stage + 1, p)
+                src = schedule.owner(a.stage - 1 if a.type is ActionType.RECV_F else a.stage + 1)
                 emit_next(src)
                 continue
             need = _recv_needed(a, n)
             if need is not None and need not in done:
-                src = owner(need.stage - 1 if need.type is ActionType.RECV_F else need.stage + 1, p)
+                src = schedule.owner(need.stage - 1 if need.type is ActionType.RECV_F else need.stage + 1)
                 before = len(res)
                 while need not in done:
                     emit_next(src)

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError
+from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, owner
 
 _CODE = {
     ActionType.F: 0, ActionType.B: 1, ActionType.I: 2, ActionType.W: 3,
@@ -126,7 +126,7 @@ def _resolve_links(costs: PipelineCosts, p: int) -> dict[tuple[int, int], Link]:
     return out
 
 
-def _chunk_times(costs: PipelineCosts, p: int, v: int) -> list[tuple[float, float, float, float]]:
+def _chunk_times(costs: PipelineCosts, p: int, v: int, placement: str = "loop") -> list[tuple[float, float, float, float]]:
     n = p * v
     tf = _vec("tf", costs.tf, p, (p, n))
     tb = _vec("tb", costs.tb, p, (p, n))
@@ -138,7 +138,7 @@ def _chunk_times(costs: PipelineCosts, p: int, v: int) -> list[tuple[float, floa
         raise ScheduleError(f"w_share: shares of the backward must be in [0, 1], got {list(share)}")
     out = []
     for s in range(n):
-        r = s % p
+        r = owner(s, p, placement)
 
         def pick(vec: tuple[float, ...]) -> float:
             return vec[s] if len(vec) == n and n != p else vec[r] / v
@@ -155,7 +155,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
     """Simulate one iteration; raises ScheduleError on a deadlock (naming the stuck ranks)."""
     p, v, m = schedule.p, schedule.v, schedule.m
     n = p * v
-    chunk = _chunk_times(costs, p, v)
+    chunk = _chunk_times(costs, p, v, schedule.placement)
     linkmap = _resolve_links(costs, p)
     nbytes = _vec("act_bytes", costs.act_bytes, max(n - 1, 1), (max(n - 1, 1),))
     allreduce = _vec("allreduce", costs.allreduce, p, (p,))
@@ -181,7 +181,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
             src_stage = s - 1 if kind == 0 else s + 1
             if not 0 <= src_stage < n:
                 continue
-            a, b = src_stage % p, s % p
+            a, b = schedule.owner(src_stage), schedule.owner(s)
             key = (a, b)
             if key not in link_index:
                 link_index[key] = nlinks
@@ -214,7 +214,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
             o.append(code_of[a.type])
             st.append(a.stage)
             mb.append(-1 if a.microbatch is None else a.microbatch)
-            if a.stage % p != r or not 0 <= a.stage < n:
+            if not 0 <= a.stage < n or schedule.owner(a.stage) != r:
                 raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own (p={p}, v={v})")
             if a.microbatch is not None and not 0 <= a.microbatch < m:
                 raise ScheduleError(f"rank {r}: action {a} names microbatch {a.microbatch}, outside 0..{m - 1}")
