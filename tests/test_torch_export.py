@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 
 import pytest
 
@@ -166,3 +167,52 @@ def test_torch_zbv_priced_with_v_placement(p: int, m: int, want: float) -> None:
     assert r.iteration_time == want
     sends, recvs = _pair_orders(to_torch_csv(s), p, "v")
     assert sends == recvs
+
+
+def test_plan_export_schedule_torch(tmp_path, capsys) -> None:
+    """`hetauto plan --export-schedule torch DIR` writes the chosen plan's lists in torch's CSV, with comms (per-peer
+    receive order) and compute only; torch's validator accepts the compute-only file, I and W included. cpu-demo's
+    plan mixes dp sizes, so the CLI refuses it in one line; a homogeneous plan exports."""
+    from torch.distributed.pipelining.schedules import _Action as TorchAction
+    from torch.distributed.pipelining.schedules import _validate_schedule
+
+    from hetauto.cli import main
+    from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+    from hetauto.interop.torch_schedules import write_torch_schedule
+    from hetauto.schedule import schedule_for_plan
+
+    assert main(["plan", "--scenario", "cpu-demo", "--max-evaluations", "60", "--schedules", "zb-h1",
+                 "--export-schedule", "torch", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "--export-schedule torch: stage" in err and "only homogeneous plans export" in err and err.count("\n") == 1
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=8, microbatch_size=2, num_microbatches=4,
+                schedule=ScheduleSpec(name="zb-h1", w_defer=(0, 1, 1)),
+                stages=tuple(StagePlan(cluster="fast", device_type="cpu", devices=(i,), layers=l, tp=1, dp=1)
+                             for i, l in enumerate(((0, 2), (2, 4), (4, 6)))))
+    out = tmp_path / "torch"
+    comms, compute = write_torch_schedule(plan, out)
+    assert (comms, compute) == (out / "schedule.csv", out / "schedule_compute.csv")
+    sched = schedule_for_plan(plan)
+    assert comms.read_bytes().decode() == to_torch_csv(sched, with_comms=True)
+    assert compute.read_bytes().decode() == to_torch_csv(sched, with_comms=False)
+    rows = list(csv.reader(io.StringIO(compute.read_text())))
+    assert rows[2][:4] == ["2F0", "2I0", "2F1", "2I1"] and any(c.endswith("W3") for c in rows[2])
+    actions = {r: [TorchAction.from_str(s) for s in row] for r, row in enumerate(rows)}
+    assert _validate_schedule(actions, 3, 3, 4) == {0: 0, 1: 1, 2: 2}
+
+
+def test_export_schedule_refusals(tmp_path, capsys) -> None:
+    from hetauto.cli import main
+    from hetauto.core.errors import PlanMismatch
+    from hetauto.core.plan import Plan, StagePlan
+    from hetauto.interop.torch_schedules import write_torch_schedule
+
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=8, microbatch_size=2, num_microbatches=4,
+                stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
+                        StagePlan(cluster="fast", device_type="cpu", devices=(1, 2), layers=(3, 6), tp=1, dp=2)))
+    with pytest.raises(PlanMismatch, match=r"stage 1 has tp=1, dp=2 but stage 0 has tp=1, dp=1; "
+                                           r"torch.distributed.pipelining runs every stage at one TP/DP size"):
+        write_torch_schedule(plan, tmp_path / "x")
+    assert main(["plan", "--scenario", "cpu-demo", "--export-schedule", "megatron", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--export-schedule megatron: unknown format; the one format is torch" in err and err.count("\n") == 1

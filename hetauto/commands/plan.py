@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
     parser.add_argument("-o", "--output", help="write the plan (JSON) to this file")
+    parser.add_argument("--export-schedule", nargs=2, metavar=("FORMAT", "DIR"),
+                        help="also write the plan's schedule for another runtime: 'torch DIR' writes torch's CSV "
+                             "(DIR/schedule.csv with comms, DIR/schedule_compute.csv); homogeneous plans only")
     parser.add_argument("--plot", metavar="PNG", help="draw the plan: clusters, stages, links, memory (PNG)")
     parser.add_argument("--resume", metavar="CHECKPOINT_DIR",
                         help="re-plan a checkpointed job (its model, seq, global batch) for the new --cluster/--scenario; "
@@ -253,6 +256,8 @@ def _duration(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     require_writable(args.output, "-o")
     require_writable(args.plot, "--plot")
+    if args.export_schedule and args.export_schedule[0] != "torch":
+        raise HetautoError(f"--export-schedule {args.export_schedule[0]}: unknown format; the one format is torch")
     inputs, resumed = _inputs(args)
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)
@@ -278,6 +283,11 @@ def run(args: argparse.Namespace) -> int:
             raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
     if args.plot:
         _plot(inputs, result, args)
+    exported = None
+    if args.export_schedule:
+        from hetauto.interop.torch_schedules import write_torch_schedule
+
+        exported = [str(p) for p in write_torch_schedule(result.plan, args.export_schedule[1])]
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
@@ -292,6 +302,8 @@ def run(args: argparse.Namespace) -> int:
             doc["output"] = args.output
         if args.plot:
             doc["plot"] = args.plot
+        if exported:
+            doc["export_schedule"] = exported
         if resumed is not None:
             doc["resume"] = {"checkpoint": resumed.checkpoint, "step": resumed.step,
                              "old_stages": len((resumed.old_plan or {}).get("stages", [])),
@@ -372,6 +384,9 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
                          b.evaluations])
         print_table("baselines (same evaluator)", ["planner", "samples/s", "ours / theirs", "search s", "evaluations"],
                     brow)
+    if getattr(args, "export_schedule", None):
+        console.print(f"torch schedule written to {args.export_schedule[1]}/schedule.csv (with comms) and "
+                      "schedule_compute.csv", highlight=False)
     if args.output:
         console.print(f"plan written to {args.output}", highlight=False)
     if args.plot:

@@ -7,9 +7,14 @@ constructor from each stage's index, count and group size alone; no process grou
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from hetauto.schedule.actions import COMPUTE, Action, ActionType, Schedule, ScheduleError, add_comms, parse_action
+
+if TYPE_CHECKING:
+    from hetauto.core.plan import Plan
 
 # the multi-stage schedules, whose `pipeline_order` is what torch's runtime runs (Schedule1F1B's is only a
 # picture: plain 1F1B is hetauto's one_f_one_b)
@@ -59,3 +64,32 @@ def torch_schedule(name: str, p: int, m: int, v: int = 2) -> Schedule:
     ranks = tuple(row + tuple(Action(s, ActionType.REDUCE_GRAD) for s in sorted({a.stage for a in order[r]}, reverse=True))
                   + (Action(r, ActionType.OPTIM),) for r, row in enumerate(ranks))
     return Schedule(f"torch-{name}", p, m, v, ranks, placement=placement)
+
+
+def write_torch_schedule(plan: "Plan", folder: str | Path) -> tuple[Path, Path]:
+    """Write `plan`'s schedule as torch's CSV: `schedule.csv` (compute + comms, what
+    `_PipelineScheduleRuntime._load_csv(path, format="compute_comms")` runs without deadlock: receives per peer
+    in send order) and `schedule_compute.csv` (compute only, torch's default format). One row per pipeline
+    rank, torch's virtual stage ids. Homogeneous plans only: torch's pipelining gives every stage the same
+    TP/DP sizes (mixed DP shares, different tp or dp per stage are refused with the stage that differs)."""
+    from hetauto.core.errors import PlanMismatch
+    from hetauto.schedule.actions import to_torch_csv
+    from hetauto.schedule.for_plan import schedule_for_plan
+
+    first = plan.stages[0]
+    for i, st in enumerate(plan.stages):
+        if (st.tp, st.dp) != (first.tp, first.dp) or st.dp_shares is not None:
+            raise PlanMismatch(f"--export-schedule torch: stage {i} has tp={st.tp}, dp={st.dp}"
+                               + (f", dp_shares {list(st.dp_shares)}" if st.dp_shares is not None else "")
+                               + f" but stage 0 has tp={first.tp}, dp={first.dp}; torch.distributed.pipelining runs "
+                               "every stage at one TP/DP size, so only homogeneous plans export")
+    sched = schedule_for_plan(plan)
+    out = Path(folder)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        comms, compute = out / "schedule.csv", out / "schedule_compute.csv"
+        to_torch_csv(sched, comms, with_comms=True)
+        to_torch_csv(sched, compute, with_comms=False)
+    except OSError as err:
+        raise PlanMismatch(f"--export-schedule torch {folder}: cannot write: {err.strerror or err}") from None
+    return comms, compute
