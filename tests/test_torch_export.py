@@ -116,14 +116,18 @@ def _torch_rank(rank: int, world: int, csv_text: str, virtual: list, m: int) -> 
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("m", [4, 3])
-def test_torch_runtime_runs_the_exported_interleaved_schedule(m: int) -> None:
-    """Issue 28 (a): torch's runtime loads hetauto's interleaved p=2 CSV with comms and trains to hetauto's
-    single-process reference (the last stage's rank holds the losses); m=3 is not a multiple of p (defect c)."""
+@pytest.mark.parametrize("name,m", [("interleaved", 4), ("interleaved", 3), ("zb-h1", 4)])
+def test_torch_runtime_runs_the_exported_schedule(name: str, m: int) -> None:
+    """Issue 28 (a): torch's runtime loads hetauto's p=2 CSV with comms and trains to hetauto's single-process
+    reference (the last stage's rank holds the losses): interleaved (m=3 is not a multiple of p, defect c) and
+    ZB-H1, whose I and W torch runs as its own split backward."""
     from hetauto.runtime.reference import reference_losses
 
-    virtual = [(0, 2), (2, 3), (3, 4), (4, 6)]  # virtual stage c*p + r, tiny-gpt's 6 slots
-    text = to_torch_csv(interleaved(2, m, 2), with_comms=True)
+    if name == "interleaved":  # virtual stage c*p + r, tiny-gpt's 6 slots
+        virtual, sched = [(0, 2), (2, 3), (3, 4), (4, 6)], interleaved(2, m, 2)
+    else:
+        virtual, sched = [(0, 3), (3, 6)], zero_bubble(2, m)
+    text = to_torch_csv(sched, with_comms=True)
     per_rank = run_ranks(_torch_rank, 2, text, virtual, m, timeout=120)
     want = reference_losses(GPT, SEED, STEPS, MBS * m, MBS, SEQ)
     assert per_rank[1] == pytest.approx(want, rel=1e-5, abs=1e-6)
