@@ -32,13 +32,14 @@ SCENARIOS = ("paper-4c", "two-cluster", "mixed-small")
 
 def _synthetic() -> list[dict]:
     from hetauto.interop.torch_schedules import torch_schedule
-    from hetauto.schedule import PipelineCosts, ScheduleError, interleaved, one_f_one_b, simulate, zero_bubble
+    from hetauto.schedule import PipelineCosts, ScheduleError, interleaved, one_f_one_b, simulate, zb_v, zero_bubble
 
     costs = PipelineCosts(tf=1.0, tb=2.0, tw=1.0)
     rows = []
     for p in (4, 8):
         for m in (2 * p, 4 * p):
-            scheds = {"1f1b": one_f_one_b(p, m), "interleaved (v=2)": interleaved(p, m, 2), "zb-h1": zero_bubble(p, m)}
+            scheds = {"1f1b": one_f_one_b(p, m), "interleaved (v=2)": interleaved(p, m, 2), "zb-h1": zero_bubble(p, m),
+                      "zb-v (V, 2 chunks)": zb_v(p, m)}
             for name in ("interleaved", "interleaved-zb", "zbv"):
                 try:
                     scheds[f"torch {name} (v=2)"] = torch_schedule(name, p, m, 2)

@@ -100,3 +100,18 @@ def test_simulate_cli_zero_bubble(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["iteration_time_s"] == 16 * 3 + 3 * 2.0
     assert main(base + ["--schedule", "zb-h1", "--tw", "3"]) == 2
     assert "--tw must be between 0 and --tb (2.0), got 3.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("p,m,want", [(2, 4, 12.5), (4, 8, 26.0), (4, 16, 50.0), (8, 16, 51.5), (8, 32, 99.5)])
+def test_zb_v_in_a_v(p: int, m: int, want: float) -> None:
+    """ZB-V: two chunks per rank in a V (rank r holds stages r and 2p-1-r), checked and priced in the unit model;
+    at most p whole-stage microbatches (2p chunks) in flight per rank. torch's ZBV: 25.5 / 49.5 at p=4, equal at
+    p=8 (tests/test_torch_export.py)."""
+    from hetauto.schedule import zb_v
+
+    s = zb_v(p, m)
+    assert s.placement == "v" and s.v == 2 and [s.owner(k) for k in (0, p - 1, p, 2 * p - 1)] == [0, p - 1, p - 1, 0]
+    check_schedule(s)
+    r = simulate(s, PipelineCosts(tf=1.0, tb=2.0, tw=1.0))
+    assert r.iteration_time == want and max(r.peak_inflight) <= 2 * p
+    assert r.iteration_time < simulate(zero_bubble(p, m), PipelineCosts(tf=1.0, tb=2.0, tw=1.0)).iteration_time

@@ -13,6 +13,7 @@ from hetauto.schedule.generators import (
     one_f_one_b,
     virtual_1f1b,
     zb_inflight,
+    zb_v,
     zero_bubble,
 )
 from hetauto.schedule.for_plan import SCHEDULE_NAMES, schedule_for_plan
@@ -22,5 +23,5 @@ __all__ = [
     "Action", "ActionType", "Link", "PipelineCosts", "Schedule", "ScheduleError", "SimResult", "TimelineEntry",
     "add_comms", "boundary_links", "cap_extra_warmup", "check_schedule", "extra_warmup_from_costs", "gpipe",
     "interleaved", "one_f_one_b", "parse_action", "schedule_for_plan", "simulate", "virtual_1f1b", "SCHEDULE_NAMES",
-    "zb_inflight", "zero_bubble",
+    "zb_inflight", "zb_v", "zero_bubble",
 ]
