@@ -44,12 +44,15 @@ def _inputs():  # type: ignore[no-untyped-def]
 
 
 def test_unrestricted_search_uses_each_feature() -> None:
-    """The restrictions below are not vacuous: unrestricted, the scored plans use every feature."""
+    """The restrictions below are not vacuous: unrestricted, the scored plans use every feature (the zero-bubble
+    ones aside: here the best plans are one stage, no bubble, so no twin can win and none is scored;
+    tests/test_zero_bubble_planner.py scores twins)."""
     inp = _inputs()
     ev = Recording(inp)
     plan(inp, "mcts", max_evaluations=300, seed=0, evaluator=ev)
     for name, (_, ok) in RESTRICTIONS.items():
-        assert any(not ok(p) for p in ev.plans), name
+        if name not in ("no zero-bubble", "zb-h1 only"):
+            assert any(not ok(p) for p in ev.plans), name
 
 
 @pytest.mark.parametrize("name", list(RESTRICTIONS))

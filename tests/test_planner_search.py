@@ -149,8 +149,11 @@ def test_default_search_needs_no_budget_and_is_deterministic() -> None:
 @pytest.mark.parametrize("cap", [7, 30, 101])
 def test_max_evaluations_is_never_exceeded(cap: int) -> None:
     inp = tiny_inputs(layers=8, gbs=16)
+    from hetauto.planner.search import zero_bubble_reserve
+
     r = plan(inp, "mcts", max_evaluations=cap, patience=0, seed=1, evaluator=FakeEvaluator(inp))
-    assert cap - 6 <= r.evaluations <= cap
+    # kept back: the polish's 5 and the zero-bubble twins' reserve (spent only where a twin can win)
+    assert cap - 6 - zero_bubble_reserve(cap) <= r.evaluations <= cap
 
 
 def test_baseline_seeds_do_not_depend_on_time() -> None:

@@ -70,3 +70,21 @@ def test_cli_schedules_zb_h1_only(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "--scenario", "cpu-demo", "--max-evaluations", "60", "--schedules", "zb-h1", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["plan"]["schedule"]["name"] == "zb-h1"
+
+
+def test_twins_phase_scores_the_twins_that_can_win() -> None:
+    """zero_bubble_twins scores the twin of a candidate with a bubble (its bound beats the best) and skips one
+    whose bound cannot: a one-stage candidate has no bubble to fill."""
+    from hetauto.planner.scoring import Scorer
+    from hetauto.planner.search import zero_bubble_twins
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    space = StrategySpace(inp, Evaluator(inp))
+    scorer = Scorer(space)
+    two = Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), "1f1b")
+    got = scorer.score(two)
+    assert got is not None and got.evaluation.bubble_fraction > 0
+    zero_bubble_twins(space, scorer, lambda: False)
+    twin = scorer.by_candidate[Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), "zb-h1")]
+    assert twin is not None and twin.plan.schedule.name == "zb-h1"
+    assert scorer.best is twin  # faster than its base

@@ -40,6 +40,11 @@ WARMUP_BONUS = (0, 1, 2)  # Virtual-1F1B depth the descent tries on top of the r
 MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
 TOP_K = 3
 ZERO_BUBBLE_TOP = 8  # distinct candidates whose zero-bubble twin zero_bubble_twins scores
+
+
+def zero_bubble_reserve(max_evaluations: int) -> int:
+    """Evaluations kept back for the zero-bubble twins at the end (a twin evaluates <= 3 plans)."""
+    return min(3 * ZERO_BUBBLE_TOP, max_evaluations // 10)
 INTERLEAVE_SHAPES = 16  # distinct shapes tried interleaved by interleave_by_bubble
 SINGLE_CLUSTER_EVALUATIONS = 600  # per cluster, for the tree search of each single-cluster restart
 SINGLE_CLUSTER_PATIENCE = 150
@@ -209,7 +214,8 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         scorer = search.scorer
         # a score evaluates <= 2 plans (a second cut), so the phases end <= cap + 1 and polish() adds <= 4:
         # keeping 5 back means `max_evaluations` (>= 6) is never exceeded; one candidate is always scored
-        cap = None if max_evaluations is None else before + max(1, max_evaluations - POLISH_RESERVE)
+        zb_reserve = 0 if max_evaluations is None or not space.zero_bubble else zero_bubble_reserve(max_evaluations)
+        cap = None if max_evaluations is None else before + max(1, max_evaluations - POLISH_RESERVE - zb_reserve)
 
         def spent(share: float = 1.0) -> bool:
             """The upper bounds: evaluation cap and time budget."""
@@ -234,7 +240,6 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
         search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=progress,
                    start=start, max_evaluations=first_cap, stop=stop)
-        zero_bubble_twins(space, scorer, spent)
         descend_from_top(space, scorer, spent, TOP_K)
         interleave_by_bubble(space, scorer, spent)
         descend_without_each_cluster(space, scorer, spent)
@@ -248,6 +253,10 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
             descend(space, scorer, spent)
             if iterations is not None or ev.evaluations == done:  # iterations spent, or nothing left to try
                 break
+        # the twins last, from the search's final ranking, inside their own reserve (never past the polish's)
+        hard = None if max_evaluations is None else before + max_evaluations - POLISH_RESERVE
+        zero_bubble_twins(space, scorer, lambda: (hard is not None and ev.evaluations >= hard)
+                          or (budget is not None and time.perf_counter() - start >= budget))
         best = polish(space, scorer, scorer.best)
         search.record()
         return _finish(best, space, scorer, start, ev.evaluations - before, search.trace, planner)
@@ -480,8 +489,9 @@ def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callabl
     """The zero-bubble twin (ZB-H1 of a 1F1B candidate, Virtual-ZB of a Virtual-1F1B one: the same cut, the
     backward split) of the `top` best candidates scored so far, skipping any whose bound cannot beat the best:
     splitting the backward leaves each stage's busy time as it is, so a twin takes at least (1 - bubble) of its
-    base's time. Why a phase and not a variant of every plan: a split schedule has no closed form and is
-    simulated action by action (paper-4c: 256 microbatches on 18 stages), ~10x a plain plan's evaluation."""
+    base's time. Why a last phase and not a variant of every plan (or a start for the descents): a split schedule
+    has no closed form and is simulated action by action (paper-4c: 256 microbatches on 18 stages), ~10x a plain
+    plan's evaluation; descents from a twin made paper-4c's search several times slower."""
     from dataclasses import replace
 
     if not space.zero_bubble:
