@@ -164,9 +164,11 @@ def test_layout_and_placement_follow_the_plan_ir() -> None:
 
 
 def test_interleaved_plans_it_cannot_run_are_refused_before_launch() -> None:
-    # runnable interleaved plans: tests/test_executor_interleaved.py; here m=2 is no multiple of p=3
-    plan = make_plan().model_copy(update={"schedule": ScheduleSpec(name="interleaved", virtual_chunks=2)})
-    with pytest.raises(PlanMismatch, match=r"interleaved' needs num_microbatches \(m=2\) to be a multiple of the stages \(p=3\)"):
+    # runnable interleaved plans: tests/test_executor_interleaved.py; here m=7 does not split into max(1, 7 // 3) = 2
+    # equal rounds (torch's flex-PP grouping; m=2 is one round and runs)
+    plan = make_plan().model_copy(update={"schedule": ScheduleSpec(name="interleaved", virtual_chunks=2),
+                                          "num_microbatches": 7, "microbatch_size": 1, "global_batch": 7})
+    with pytest.raises(PlanMismatch, match=r"interleaved' runs num_microbatches \(m=7\) in max\(1, m // p\) = 2 equal rounds \(p=3\)"):
         check_executable(plan)
 
 

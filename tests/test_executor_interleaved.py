@@ -42,6 +42,9 @@ CASES = [
     ("3stage-v2-mixed-dp", make_plan((_stage((0, 2)), _stage((2, 4), dp=2), _stage((4, 6))), m=3, mbs=2), GPT),
     ("2stage-tp2-to-dp2", make_plan((_stage((0, 3), tp=2), _stage((3, 6), dp=2)),
                                     resharding=("scatter-allgather",)), GPT),
+    # m not a multiple of p (torch's flex-PP rounds, issue 28): one round of 3 on 2 stages, one round of 4 on 3
+    ("2stage-v2-m3-flex", make_plan((_stage((0, 3)), _stage((3, 6))), m=3, mbs=2), GPT),
+    ("3stage-v2-m4-flex", make_plan((_stage((0, 2)), _stage((2, 4)), _stage((4, 6))), m=4, mbs=1), GPT),
     ("2stage-v3-explicit", make_plan((_stage((0, 3), chunks=((0, 1), (2, 3), (4, 5))),
                                       _stage((3, 6), chunks=((1, 2), (3, 4), (5, 6)))), v=3, m=2), GPT),
 ]
@@ -204,7 +207,7 @@ def test_plan_json_round_trip_with_and_without_chunks() -> None:
     plain = make_plan((_stage((0, 3)), _stage((3, 6))))
     assert all("chunks" not in st for st in json.loads(plain.to_json())["stages"])  # older plans keep their JSON
     assert Plan.from_json(plain.to_json()) == plain
-    explicit = CASES[4][1]
+    explicit = next(plan for name, plan, _ in CASES if name == "2stage-v3-explicit")
     text = explicit.to_json()
     assert json.loads(text)["stages"][1]["chunks"] == [[1, 2], [3, 4], [5, 6]]
     assert Plan.from_json(text) == explicit
@@ -221,9 +224,9 @@ def test_chunk_error_is_a_value_error_naming_the_field() -> None:
     (make_plan((_stage((0, 6)),), m=2),
      "schedule 'interleaved' needs at least 2 stages (a single stage's chunks would only hand activations to "
      "itself); use schedule 1f1b for a one-stage plan"),
-    (make_plan((_stage((0, 3)), _stage((3, 6))), m=3, mbs=2),
-     "schedule 'interleaved' needs num_microbatches (m=3) to be a multiple of the stages (p=2); choose "
-     "microbatch_size so that m is a multiple of 2"),
+    (make_plan((_stage((0, 3)), _stage((3, 6))), m=5, mbs=2),
+     "schedule 'interleaved' runs num_microbatches (m=5) in max(1, m // p) = 2 equal rounds (p=2), so m must be a "
+     "multiple of 2; choose microbatch_size so that m is 4 or 6"),
     (make_plan((_stage((0, 1)), _stage((1, 6)))),
      "schedule 'interleaved' with 2 chunks per stage: stages[0].layers: 1 layer(s) cannot fill 2 interleaved "
      "chunks (give the stage at least 2 layers, or lower schedule.virtual_chunks)"),

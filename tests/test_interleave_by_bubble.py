@@ -22,7 +22,7 @@ def test_a_shape_that_cannot_be_interleaved_does_not_take_the_place_of_one_that_
     inputs = load_planning_inputs(scenario="two-cluster", global_batch=16)
     space = StrategySpace(inputs, Evaluator(inputs), max_microbatch=2, recompute=(False,))
     scorer = Scorer(space)
-    # 36 stages for 8 microbatches: cannot be interleaved (8 is not a multiple of 36)
+    # 36 stages for 8 microbatches: not offered interleaving (deeper than its microbatches)
     deep = scorer.score(Candidate(2, ("h800", "a100"), (ClusterChoice(32, 1), ClusterChoice(4, 8))))
     # 16 stages for 16 microbatches: the exhaustive optimum's shape, here under Virtual-1F1B
     shape = scorer.score(Candidate(1, ("a100", "h800"), (ClusterChoice(8, 8), ClusterChoice(8, 8))))

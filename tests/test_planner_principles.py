@@ -180,7 +180,10 @@ def test_space_gives_a_slow_boundary_extra_warmup() -> None:
 # 7. interleave only over fast links ----------------------------------------------------------------
 def test_interleave_chunk_options_follow_the_schedule_shape() -> None:
     assert P.interleave_chunk_options(4, 8, 26) == [2, 3, 4]
-    assert P.interleave_chunk_options(4, 6, 26) == []  # m not a multiple of p: the schedule cannot run
+    assert P.interleave_chunk_options(4, 6, 26) == [2, 3, 4]  # one round of 6 (torch's flex-PP grouping)
+    assert P.interleave_chunk_options(4, 10, 26) == [2, 3, 4]  # two rounds of 5
+    assert P.interleave_chunk_options(3, 7, 26) == []  # 7 is no multiple of 7 // 3 = 2 rounds
+    assert P.interleave_chunk_options(4, 3, 26) == []  # runs (one round), but deeper than its microbatches
     assert P.interleave_chunk_options(4, 8, 10) == [2]  # one layer slot per chunk: 4 x 3 > 10
     assert P.interleave_chunk_options(1, 8, 26) == []  # one stage has no bubble to cut
 
@@ -222,6 +225,6 @@ def test_space_builds_interleaved_only_over_fast_links() -> None:
     got = StrategySpace(slow, ev).build(cand)
     assert got.plans == [] and got.violation is None and got.pruned.startswith("interleaved v=2: estimated gain -")
     assert ev.evaluations == 0
-    # 16 microbatches of 1 for 3 stages: not a multiple, no plan
-    odd = StrategySpace(tiny_inputs(links="400Gbps", latency="10us", layers=8, gbs=16), ev).build(cand)
-    assert odd.plans == [] and "microbatches (8) a multiple of the stages (3)" in odd.pruned
+    # 7 microbatches for 3 stages: not max(1, 7 // 3) = 2 equal rounds (torch's grouping), no plan
+    odd = StrategySpace(tiny_inputs(links="400Gbps", latency="10us", layers=8, gbs=14), ev).build(cand)
+    assert odd.plans == [] and "microbatches (7) >= the stages and a multiple of their rounds (7 // 3)" in odd.pruned

@@ -149,8 +149,11 @@ def test_default_search_needs_no_budget_and_is_deterministic() -> None:
 @pytest.mark.parametrize("cap", [7, 30, 101])
 def test_max_evaluations_is_never_exceeded(cap: int) -> None:
     inp = tiny_inputs(layers=8, gbs=16)
+    from hetauto.planner.search import zero_bubble_reserve
+
     r = plan(inp, "mcts", max_evaluations=cap, patience=0, seed=1, evaluator=FakeEvaluator(inp))
-    assert cap - 6 <= r.evaluations <= cap
+    # kept back: the polish's 5 and the zero-bubble twins' reserve (spent only where a twin can win)
+    assert cap - 6 - zero_bubble_reserve(cap) <= r.evaluations <= cap
 
 
 def test_baseline_seeds_do_not_depend_on_time() -> None:
@@ -310,7 +313,8 @@ def test_tree_offers_interleaved_only_where_the_layout_allows_it() -> None:
     space = StrategySpace(inp, FakeEvaluator(inp))
     three = (ClusterChoice(2, 1), ClusterChoice(1, 1))  # 3 stages
     assert space.tails_for(2, three) == space.tails() + [("interleaved", False), ("interleaved", True)]  # m = 6
-    assert space.tails_for(3, three) == space.tails()  # m = 4: not a multiple of the 3 stages
+    # m = 4 on 3 stages: one round of 4 (torch's flex-PP grouping), so interleaving is offered too
+    assert space.tails_for(3, three) == space.tails() + [("interleaved", False), ("interleaved", True)]
     short = tiny_inputs(layers=3, gbs=12)  # 5 layer slots < 3 stages x 2 chunks
     assert StrategySpace(short, FakeEvaluator(short)).tails_for(2, three) == space.tails()
     assert space.tails_for(1, (ClusterChoice(1, 1), ClusterChoice(0, 1))) == space.tails()  # one stage

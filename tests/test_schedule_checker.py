@@ -124,7 +124,7 @@ def test_memory_cap_shrinks_k() -> None:
 
 
 @pytest.mark.parametrize("call,msg", [
-    (lambda: interleaved(4, 6, 2), "needs microbatches \\(m=6\\) to be a multiple of stages \\(p=4\\)"),
+    (lambda: interleaved(3, 7, 2), "m=7 microbatches in max\\(1, m // p\\) = 2 rounds, so m must be a multiple of 2"),
     (lambda: one_f_one_b(0, 4), "p \\(stages\\) must be a positive integer, got 0"),
     (lambda: virtual_1f1b(3, 4, [1]), "extra_warmup needs one entry per boundary \\(2\\), got 1"),
     (lambda: virtual_1f1b(3, 4, [1, -1]), "extra_warmup entries must be >= 0"),

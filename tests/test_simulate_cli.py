@@ -133,3 +133,27 @@ def test_trace_requires_timeline(tmp_path) -> None:
     assert (f0["ts"], f0["dur"]) == (2.0, 1.0)  # stage 0 F0 ends at 1, + latency 1
     write_gantt(r, tmp_path / "x.png")
     assert (tmp_path / "x.png").stat().st_size > 1000
+
+
+def _two_stage_plan(schedule: str, v: int = 1):  # noqa: ANN202 - a Plan
+    from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+
+    return Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=8, microbatch_size=1, num_microbatches=8,
+                schedule=ScheduleSpec(name=schedule, virtual_chunks=v),
+                stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 4), tp=1, dp=1),
+                        StagePlan(cluster="slow", device_type="cpu", devices=(0,), layers=(4, 6), tp=1, dp=1)))
+
+
+@pytest.mark.parametrize("what_if", ["1f1b", "gpipe", "virtual-1f1b"])
+def test_plan_mode_what_if_on_an_interleaved_plan(capsys, tmp_path, what_if: str) -> None:
+    """Issue 28: a what-if schedule on an interleaved plan is priced as that schedule runs the plan (one boundary
+    per stage pair, not the interleaved plan's p*v-1), exactly as the same plan saved with that schedule."""
+    inter, plain = tmp_path / "inter.json", tmp_path / "plain.json"
+    _two_stage_plan("interleaved", 2).save(inter)
+    _two_stage_plan(what_if).save(plain)
+    assert main(["simulate", str(inter), "--schedule", what_if, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(["simulate", str(plain), "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert got["schedule"] == what_if and got["virtual_chunks"] == 1
+    assert got["iteration_time_s"] == want["iteration_time_s"]

@@ -44,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training precision written into the plan and priced (default: auto: fp32 when a stage "
                              "runs on cpu/mock, else bf16)")
     parser.add_argument("--schedules", metavar="LIST",
-                        help="schedules the search may use, comma-separated from 1f1b, virtual-1f1b, interleaved "
-                             "(default: all)")
-    parser.add_argument("--no-virtual-1f1b", action="store_true", help="leave Virtual-1F1B out of the search")
+                        help="schedules the search may use, comma-separated from 1f1b, virtual-1f1b, interleaved, "
+                             "zb-h1, virtual-zb (default: all)")
+    parser.add_argument("--no-virtual-1f1b", action="store_true",
+                        help="leave Virtual-1F1B (and Virtual-ZB, its zero-bubble form) out of the search")
     parser.add_argument("--no-zero1", action="store_true", help="leave ZeRO-1 out of the search")
     parser.add_argument("--dp-sharding", metavar="LIST",
                         help="DP sharding levels the search may use, comma-separated from none, zero1, fsdp, "
@@ -73,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
     parser.add_argument("-o", "--output", help="write the plan (JSON) to this file")
+    parser.add_argument("--export-schedule", nargs=2, metavar=("FORMAT", "DIR"),
+                        help="also write the plan's schedule for another runtime: 'torch DIR' writes torch's CSV "
+                             "(DIR/schedule.csv with comms, DIR/schedule_compute.csv); homogeneous plans only")
     parser.add_argument("--plot", metavar="PNG", help="draw the plan: clusters, stages, links, memory (PNG)")
     parser.add_argument("--resume", metavar="CHECKPOINT_DIR",
                         help="re-plan a checkpointed job (its model, seq, global batch) for the new --cluster/--scenario; "
@@ -100,7 +104,7 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
             raise HetautoError(f"--schedules {args.schedules}: unknown schedule {', '.join(bad) or '(none)'}; "
                                f"choose from {', '.join(SCHEDULES)}")
     if getattr(args, "no_virtual_1f1b", False):
-        scheds = [x for x in scheds if x != "virtual-1f1b"]
+        scheds = [x for x in scheds if x not in ("virtual-1f1b", "virtual-zb")]
     if scheds != list(SCHEDULES):
         tree = tuple(x for x in scheds if x != "interleaved")
         if not tree:
@@ -296,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
     read = {"cluster file": args.cluster, "model config": args.model}
     require_not_input(args.output, "-o", read)
     require_not_input(args.plot, "--plot", read)
+    if args.export_schedule and args.export_schedule[0] != "torch":
+        raise HetautoError(f"--export-schedule {args.export_schedule[0]}: unknown format; the one format is torch")
     inputs, resumed = _inputs(args)
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)
@@ -325,6 +331,11 @@ def run(args: argparse.Namespace) -> int:
             raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
     if args.plot:
         _plot(inputs, result, args)
+    exported = None
+    if args.export_schedule:
+        from hetauto.interop.torch_schedules import write_torch_schedule
+
+        exported = [str(p) for p in write_torch_schedule(result.plan, args.export_schedule[1])]
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
@@ -340,6 +351,8 @@ def run(args: argparse.Namespace) -> int:
             doc["output"] = args.output
         if args.plot:
             doc["plot"] = args.plot
+        if exported:
+            doc["export_schedule"] = exported
         if resumed is not None:
             doc["resume"] = {"checkpoint": resumed.checkpoint, "step": resumed.step,
                              "old_stages": len((resumed.old_plan or {}).get("stages", [])),
@@ -421,6 +434,9 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
                          b.evaluations])
         print_table("baselines (same evaluator)", ["planner", "samples/s", "ours / theirs", "search s", "evaluations"],
                     brow)
+    if getattr(args, "export_schedule", None):
+        console.print(f"torch schedule written to {args.export_schedule[1]}/schedule.csv (with comms) and "
+                      "schedule_compute.csv", highlight=False)
     if args.output:
         console.print(f"plan written to {args.output}", highlight=False)
     if args.plot:

@@ -15,10 +15,11 @@ from typing import Any
 from hetauto.core.errors import HetautoError
 from hetauto.schedule import (
     Link, PipelineCosts, Schedule, SimResult, extra_warmup_from_costs, gpipe, interleaved, one_f_one_b, simulate,
-    virtual_1f1b,
+    virtual_1f1b, zero_bubble,
 )
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb")
+SPLIT = ("zb-h1", "virtual-zb")  # schedules that split the backward into I and W
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", type=int, help="microbatches M")
     parser.add_argument("--tf", type=float, help="forward time of one stage for one microbatch")
     parser.add_argument("--tb", type=float, help="backward time of one stage for one microbatch")
+    parser.add_argument("--tw", type=float, default=None,
+                        help="the weight-gradient part of --tb (zb-h1, virtual-zb; default half of --tb)")
     parser.add_argument("--virtual-chunks", type=int, default=None, help="chunks per stage (interleaved)")
     parser.add_argument("--link-latency", action="append", default=[], metavar="I:C",
                         help="one-way latency C (units of --tf) on the boundary after stage I (0-based); repeatable")
@@ -98,19 +101,32 @@ def _synthetic(args: argparse.Namespace) -> tuple[Schedule, PipelineCosts, dict[
     links = tuple(Link(lat.get(h, 0.0), bw.get(h, math.inf)) if (h in lat or h in bw) else None for h in range(p - 1))
     cost = [lat.get(h, 0.0) + (args.activation_bytes / bw[h] if h in bw else 0.0) for h in range(p - 1)]
     memory_cap = [int(caps[r]) if r in caps else None for r in range(p)] if caps else None
-    if caps and args.schedule != "virtual-1f1b":
-        raise HetautoError("--memory-cap only applies to --schedule virtual-1f1b (the others have fixed warmup)")
+    if caps and args.schedule not in ("virtual-1f1b", "virtual-zb"):
+        raise HetautoError("--memory-cap only applies to --schedule virtual-1f1b or virtual-zb (the others have "
+                           "fixed warmup)")
+    tw = args.tb / 2 if args.tw is None else args.tw
+    if args.tw is not None and args.schedule not in SPLIT:
+        raise HetautoError(f"--tw needs a schedule that splits the backward ({', '.join(SPLIT)})")
+    if not 0 <= tw <= args.tb or math.isinf(tw):
+        raise HetautoError(f"--tw must be between 0 and --tb ({args.tb}), got {tw}")
     if args.schedule == "gpipe":
         sched = gpipe(p, m)
     elif args.schedule == "1f1b":
         sched = one_f_one_b(p, m)
     elif args.schedule == "interleaved":
         sched = interleaved(p, m, v)
+    elif args.schedule == "zb-h1":
+        sched = zero_bubble(p, m)
+    elif args.schedule == "virtual-zb":
+        sched = zero_bubble(p, m, extra_warmup_from_costs(cost, args.tf, args.tb), memory_cap=memory_cap)
     else:
         sched = virtual_1f1b(p, m, extra_warmup_from_costs(cost, args.tf, args.tb), memory_cap=memory_cap)
-    costs = PipelineCosts(tf=args.tf, tb=args.tb, links=links, act_bytes=args.activation_bytes)
+    costs = PipelineCosts(tf=args.tf, tb=args.tb, tw=tw if args.schedule in SPLIT else 0.0, links=links,
+                          act_bytes=args.activation_bytes)
     # T* of schedules.md: the fill/drain of the schedule's own ideal plus one round trip per boundary
     fill = (p - 1) * (args.tf + args.tb) / (v if args.schedule == "interleaved" else 1)
+    if args.schedule in SPLIT:  # ZB-H1's own: (p-1)(t_f + t_i - t_w)
+        fill = (p - 1) * (args.tf + args.tb - 2 * tw)
     lower = m * (args.tf + args.tb) + fill + 2 * sum(cost)
     return sched, costs, {"lower_bound_s": lower}
 

@@ -47,7 +47,7 @@ PLAN_SCHEMA = "hetauto.plan/1"
 # (hetauto simulate / evaluate / run) uses the plan's own `memory_headroom` unless --memory-headroom overrides it
 DEFAULT_MEMORY_HEADROOM = 0.10
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb"]
 ReshardMethod = Literal["lanes", "leader-broadcast", "scatter-allgather"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 GradReduceDtype = Literal["fp32", "bf16", "fp16"]
@@ -112,8 +112,27 @@ class StagePlan(_Frozen):
 class ScheduleSpec(_Frozen):
     name: ScheduleName = "1f1b"
     virtual_chunks: int = Field(default=1, ge=1)
-    # Virtual-1F1B: extra warmup microbatches given to the stages upstream of each boundary (len = stages-1).
+    # Virtual-1F1B / Virtual-ZB: extra warmup microbatches given to the stages upstream of each boundary (len = stages-1).
     extra_warmup: tuple[int, ...] = ()
+    # ZB-H1 / Virtual-ZB: how many input-backwards each stage defers its weight-gradient step (len = stages; empty:
+    # stage i defers i, the paper's ZB-H1); fewer where memory is short (hetauto.schedule.generators.zero_bubble)
+    w_defer: tuple[int, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):  # type: ignore[no-untyped-def]
+        """Leave `w_defer` out while empty: plans written before it keep their exact JSON."""
+        data = handler(self)
+        if not self.w_defer and isinstance(data, dict):
+            data.pop("w_defer", None)
+        return data
+
+    @model_validator(mode="after")
+    def _check_defer(self) -> "ScheduleSpec":
+        if self.w_defer and self.name not in ("zb-h1", "virtual-zb"):
+            raise ValueError(f"w_defer applies to zb-h1 and virtual-zb only, not {self.name}")
+        if any(d < 0 for d in self.w_defer):
+            raise ValueError(f"w_defer entries must be >= 0, got {list(self.w_defer)}")
+        return self
 
 
 class TrainingSpec(_Frozen):

@@ -130,8 +130,10 @@ def check_executable(plan: Plan) -> None:
     """What the executor cannot run, as a one-line PlanMismatch before anything starts.
 
     Interleaved 1F1B runs every stage's chunks (hetauto.core.chunks.chunk_layers) and needs: at least two
-    stages (one stage would hand activations to itself: use 1f1b), microbatches a multiple of the stages
-    (Megatron's grouping, hetauto.schedule.generators.interleaved), and at least v layers per stage."""
+    stages (one stage would hand activations to itself: use 1f1b), microbatches in equal rounds of about p
+    (torch's flex-PP grouping, hetauto.schedule.generators.interleaved_round), and at least v layers per stage."""
+    if plan.schedule.name in ("zb-h1", "virtual-zb"):
+        _check_split_backward(plan)
     if plan.schedule.name != "interleaved":
         return
     v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
@@ -139,9 +141,11 @@ def check_executable(plan: Plan) -> None:
     if p < 2:
         raise PlanMismatch("schedule 'interleaved' needs at least 2 stages (a single stage's chunks would only "
                            "hand activations to itself); use schedule 1f1b for a one-stage plan")
-    if m % p:
-        raise PlanMismatch(f"schedule 'interleaved' needs num_microbatches (m={m}) to be a multiple of the "
-                           f"stages (p={p}); choose microbatch_size so that m is a multiple of {p}")
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise PlanMismatch(f"schedule 'interleaved' runs num_microbatches (m={m}) in max(1, m // p) = {rounds} "
+                           f"equal rounds (p={p}), so m must be a multiple of {rounds}; choose microbatch_size so "
+                           f"that m is {m - m % rounds} or {m + rounds - m % rounds}")
     try:
         chunk_layers(plan)
     except ChunkError as exc:
@@ -157,3 +161,12 @@ def check_runnable_sharding(plan: Plan, model: ModelConfig | None = None) -> Non
     if why is not None:
         raise PlanMismatch(f"{why}: hetauto plan/evaluate price it, hetauto run does not execute it; set "
                            "dp_sharding to none or zero1 (or fsdp within those limits) to run the plan")
+
+
+def _check_split_backward(plan: Plan) -> None:
+    """Zero-bubble schedules run I and W through torch's split backward, which sets weight gradients outside
+    autograd's accumulation: FSDP / ZeRO-2 (which reduce-scatter from accumulation hooks) cannot follow it yet
+    (plain DP and ZeRO-1 sum after the last W, at REDUCE_GRAD)."""
+    if plan.dp_level not in ("none", "zero1"):
+        raise PlanMismatch(f"schedule '{plan.schedule.name}' splits the backward (I then W), which dp_sharding "
+                           f"'{plan.dp_level}' cannot follow yet; use schedule 1f1b or virtual-1f1b, or ZeRO-1")

@@ -173,16 +173,24 @@ def prefetch_exposed(comm_s: float, compute_s: float, units: int) -> float:
 
 
 def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_chunks: int = 1,
-                          extra_warmup: tuple[int, ...] = ()) -> float:
+                          extra_warmup: tuple[int, ...] = (), w_defer: tuple[int, ...] = ()) -> float:
     """Microbatches whose activations stage `stage` holds at its peak (in whole-stage units).
 
-    1F1B / Virtual-1F1B: min(m, p - i + sum(extra_warmup[i:])); GPipe: m; interleaved (v chunks, each 1/v of the
-    stage): min(m*v, 2(p-i-1) + (v-1)p + 1) chunks, i.e. that many / v whole-stage microbatches."""
+    1F1B / Virtual-1F1B: min(m, p - i + sum(extra_warmup[i:])); ZB-H1 / Virtual-ZB: min(m, p - i + d_i + sum(extra_warmup[i:])), d_i the W deferral (w_defer, default i);
+    GPipe: m; interleaved (v chunks, each 1/v of the
+    stage): min(m*v, 2(p-i-1) + (v-1)g + 1) chunks, i.e. that many / v whole-stage microbatches, g the microbatches
+    per round (p when m is a multiple of p; m / max(1, m // p) otherwise, as the schedule runs them)."""
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and virtual_chunks > 1:
         v = virtual_chunks
-        return min(m * v, 2 * (p - stage - 1) + (v - 1) * p + 1) / v
+        g = m // max(1, m // p) if m >= 1 else p
+        return min(m * v, 2 * (p - stage - 1) + (v - 1) * g + 1) / v
+    if schedule in ("zb-h1", "virtual-zb"):  # F to W: a microbatch between I and W holds its dW buffers (the
+        # weight matmuls' inputs and output gradients; counted as its whole activation, an upper bound)
+        extra = sum(extra_warmup[stage:]) if schedule == "virtual-zb" else 0
+        d = w_defer[stage] if w_defer else stage
+        return float(min(m, p - stage + d + extra))  # hetauto.schedule.zb_inflight
     extra = sum(extra_warmup[stage:]) if schedule == "virtual-1f1b" else 0
     return float(min(m, p - stage + extra))
 
@@ -214,6 +222,10 @@ class RangeSums:
     nonblock_matmul: float = 0.0  # the embedding/head slots' share of matmul_params (kept under recompute)
     max_unit_params: float = 0.0  # the largest layer slot's parameters (an FSDP unit: embedding, a block, the head)
     units: int = 0  # layer slots in the range (FSDP units)
+    # weight-gradient GEMM flops per token (one dW GEMM per weight matmul, the forward's own shape): the W part of
+    # a split backward (zero-bubble schedules); the rest of the backward (dX GEMMs, attention, memory-bound) is I
+    block_weight_flops_per_token: float = 0.0
+    head_weight_flops_per_token: float = 0.0
 
 
 class LayerTable:
@@ -242,6 +254,8 @@ class LayerTable:
         self._mm_blocks = prefix([float(la.matmul_params) if la.kind == "block" else 0.0 for la in layers])
         self._max_block_mm = max((float(la.matmul_params) for la in layers if la.kind == "block"), default=0.0)
         self._max_block_params = max((float(la.params) for la in layers if la.kind == "block"), default=0.0)
+        self._bwflops = prefix([min(2.0 * la.matmul_params, la.fwd_flops_per_token) if la.kind == "block" else 0.0
+                                for la in layers])
         self._cache: dict[tuple[int, int], RangeSums] = {}
 
     def range(self, a: int, b: int) -> RangeSums:
@@ -272,6 +286,8 @@ class LayerTable:
                                 float(self.layers[0].params) if has_emb else 0.0,
                                 float(head.params + (head.tied_params if not has_emb else 0)) if has_head else 0.0),
             units=b - a,
+            block_weight_flops_per_token=self._bwflops[b] - self._bwflops[a],
+            head_weight_flops_per_token=min(2.0 * head.matmul_params, head.fwd_flops_per_token) if has_head else 0.0,
         )
         self._cache[key] = out
         return out
@@ -289,6 +305,12 @@ class StageCompute:
     tp_bwd_s: float
     flops_fwd: float  # per device, one microbatch
     bytes_moved: float  # activation bytes written per device per forward (memory-bound part)
+    bwd_weight_s: float = 0.0  # the weight-gradient (W) part of bwd_compute_s: its dW GEMMs; the rest is I
+
+    @property
+    def weight_share(self) -> float:
+        """W's share of the whole backward (TP collectives included, which stay in I: dW needs none)."""
+        return self.bwd_weight_s / self.backward_s if self.backward_s > 0 else 0.0
 
     @property
     def forward_s(self) -> float:
@@ -329,11 +351,16 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
     f_block = sums.block_flops_per_token * tokens / tp
     f_head = sums.head_flops_per_token * tokens / tp
     t = 0.0
+    tw = 0.0  # the dW GEMMs: each weight matmul's forward GEMM again, at the same efficiency
     if f_block > 0:
         gemm = 2.0 * tokens * hidden * hidden / tp
-        t += f_block / dev.achieved_flops(gemm, tp, peak_flops)
+        tb = f_block / dev.achieved_flops(gemm, tp, peak_flops)
+        t += tb
+        tw += tb * sums.block_weight_flops_per_token / sums.block_flops_per_token
     if f_head > 0:
-        t += f_head / dev.achieved_flops(f_head, tp, peak_flops)
+        th = f_head / dev.achieved_flops(f_head, tp, peak_flops)
+        t += th
+        tw += th * sums.head_weight_flops_per_token / sums.head_flops_per_token
     score = 0.0 if flash_attention else sums.act_score
     moved = b * (sums.act_replicated + (sums.act_sharded + score) / tp)
     if sums.has_embedding:
@@ -347,7 +374,7 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
         n_ar = 2 * sums.blocks + (1 if sums.has_embedding else 0)
         tp_f = n_ar * ring_allreduce_time(msg, tp, link.bandwidth_Bps, link.latency_s)
         tp_b = tp_f * (2.0 if recompute else 1.0)
-    return StageCompute(t, bwd, tp_f, tp_b, f_block + f_head, moved)
+    return StageCompute(t, bwd, tp_f, tp_b, f_block + f_head, moved, tw)
 
 
 def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microbatch: int, inflight: float,

@@ -44,6 +44,8 @@ from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, meas
 from hetauto.planner.measured import stage_time as measured_stage
 from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
 
+SPLIT_BACKWARD = ("zb-h1", "virtual-zb")  # schedules whose backward runs as I then W (priced with w_share)
+
 if TYPE_CHECKING:
     from hetauto.core.profile import DeviceProfile
     from hetauto.planner.calibration import Calibration, Overheads
@@ -419,7 +421,7 @@ class Evaluator:
         s = plan.schedule
         return cm.inflight_microbatches(s.name, plan.num_stages, plan.num_microbatches, stage,
                                         virtual_chunks=max(s.virtual_chunks, 2) if s.name == "interleaved" else 1,
-                                        extra_warmup=tuple(s.extra_warmup))
+                                        extra_warmup=tuple(s.extra_warmup), w_defer=tuple(s.w_defer))
 
     # ----------------------------------------------------------------------------------- mixed DP groups
     # A stage whose DP replicas sit on a mixed cluster's node groups, or run uneven `dp_shares`: each replica is
@@ -657,6 +659,8 @@ class Evaluator:
     def _costs(self, plan: Plan, fold_shared: bool = True) -> PipelineCosts:
         mb = plan.microbatch_size
         tf, tb, ar, opt, gbytes = [], [], [], [], []
+        split = plan.schedule.name in SPLIT_BACKWARD
+        w_share: list[float] = []
         exposed_mb: list[float] = []  # per stage: a microbatch's ZeRO-2 / FSDP collectives its compute does not hide
         self._shard_exposed = (self._key(plan), exposed_mb)  # the last plan's: what breakdown() counts as DP comm
         oh = self.overheads
@@ -678,6 +682,9 @@ class Evaluator:
             ex_b = cm.prefetch_exposed(shard.mb_bwd_s, b, sums.units)
             tf.append(f + wake + ex_f)
             tb.append(b + wake + ex_b)
+            if split:  # W: the dW GEMMs' share of the analytical backward, applied to whatever prices it
+                share = self._weight_share(st, c, mb, prec, plan.training.allow_tf32)
+                w_share.append(share * b / tb[-1] if tb[-1] > 0 else 0.0)
             exposed_mb.append(ex_f + ex_b)
             if plan.dp_level not in ("none", "zero1"):  # its step collectives: _sharded_step_terms below
                 gbytes.append(0.0)
@@ -744,7 +751,17 @@ class Evaluator:
             links, back, groups = _fold_groups(links, back, groups)
         return PipelineCosts(tf=tuple(tf), tb=tuple(tb), links=tuple(links), links_back=tuple(back),
                              link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=overlap,
-                             optim=tuple(opt))
+                             optim=tuple(opt), w_share=tuple(w_share) if split else 0.0)
+
+    def _weight_share(self, st: StagePlan, c: Cluster, mb: int, precision: str, tf32: bool) -> float:
+        """The weight-gradient (W) share of `st`'s backward on cluster `c` (its slowest replica's for a mixed group),
+        from the matmul shapes (costmodel.stage_compute's bwd_weight_s): measured rows and the correction scale
+        the backward as a whole, so the share is the analytical one."""
+        d = cm.stage_compute(self.layer_table(precision).range(*st.layers), c, seq_len=self.inputs.seq_len,
+                             hidden=self.inputs.model.hidden, tp=st.tp, dp=st.dp, microbatch=mb, recompute=st.recompute,
+                             flash_attention=self._flash(c), element_bytes=compute_bytes(precision),
+                             peak_flops=c.device.peak_for(precision, tf32))
+        return d.weight_share
 
     # ----------------------------------------------------------------------------------- DP sharding
     def _dp_group_link(self, st: StagePlan, c: Cluster) -> tuple[float, float]:
@@ -1070,6 +1087,10 @@ def stage_times_for_plan(plan: Plan, inputs: PlanningInputs | None = None, sched
     """The simulator's costs for `plan` (what `hetauto simulate PLAN` runs), for its own schedule or, given
     `schedule` (a what-if), that one: per-virtual-stage F/B only where it is the plan's own."""
     own = schedule is None or schedule == plan.schedule.name
+    if not own:  # priced as that schedule runs it: its own chunking of the boundaries (act_bytes per virtual boundary)
+        from hetauto.core.plan import ScheduleSpec
+
+        plan = plan.model_copy(update={"schedule": ScheduleSpec(name=schedule)})
     return Evaluator(inputs or inputs_for_plan(plan)).pipeline_costs(plan, per_chunk=own)
 
 

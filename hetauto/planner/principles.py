@@ -289,10 +289,13 @@ INTERLEAVE_CHUNKS = (2, 3, 4)  # chunks per stage the search tries (Megatron use
 
 def interleave_chunk_options(p: int, m: int, num_layers: int,
                              options: Sequence[int] = INTERLEAVE_CHUNKS) -> list[int]:
-    """The chunk counts v an interleaved 1F1B plan of `p` stages can have: at least two stages, `m`
-    microbatches a multiple of p (the schedule runs them in groups of p), and one layer slot per chunk
-    (p * v <= num_layers; the balance then gives every stage at least v)."""
-    if p < 2 or m % p:
+    """The chunk counts v an interleaved 1F1B plan of `p` stages can have: at least two stages, `m` >= p
+    microbatches a multiple of the schedule's round count m // p (it runs them in equal rounds, as torch's
+    ScheduleInterleaved1F1B: hetauto.schedule.generators.interleaved_round), and one layer slot per chunk
+    (p * v <= num_layers; the balance then gives every stage at least v). The schedule also runs m < p (one
+    round), but a pipeline deeper than its microbatches keeps most of its bubble whatever the chunking, and
+    offering it lets such shapes crowd the interleaving phase (`search.interleave_by_bubble`)."""
+    if p < 2 or m < p or m % (m // p):
         return []
     return [v for v in options if v >= 2 and p * v <= num_layers]
 

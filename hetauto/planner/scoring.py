@@ -30,6 +30,20 @@ class Scored:
 
 ProgressFn = Callable[[float, int, float], None]
 
+TIE_REL = 1e-9  # throughputs this close (relative) are a tie: the simulator's float noise, not a difference
+
+
+def better(a: Any, b: Any | None) -> bool:
+    """Whether evaluation `a` beats `b` (None: nothing yet): higher throughput, and on a tie the plan that holds
+    less memory (the sum of its stages' peaks: fewer microbatches in flight), since the faster-by-nothing
+    plan only costs headroom (issue 28: Virtual-1F1B at 1F1B's exact time holding 17 microbatches, not 12)."""
+    if b is None:
+        return True
+    ta, tb = a.throughput_samples_s, b.throughput_samples_s
+    if abs(ta - tb) > TIE_REL * max(abs(ta), abs(tb)):
+        return ta > tb
+    return sum(a.peak_memory_bytes) < sum(b.peak_memory_bytes)
+
 
 def record_improvement(trace: list[TracePoint], start: float, evaluations: int, best_throughput: float) -> None:
     """Append (time since `start`, evaluations, best) to `trace` when the best improved on its last point: the
@@ -73,11 +87,10 @@ class Scorer:
                 self.scored += 1
                 if not ev.feasible and ev.violation:
                     self.violations.append(ev.violation)
-            if ev.feasible and (result is None or ev.throughput_samples_s > result.evaluation.throughput_samples_s):
+            if ev.feasible and (result is None or better(ev, result.evaluation)):
                 result = Scored(cand, plan, ev)
         self.by_candidate[cand] = result
-        if result is not None and (self.best is None or
-                                   result.evaluation.throughput_samples_s > self.best.evaluation.throughput_samples_s):
+        if result is not None and (self.best is None or better(result.evaluation, self.best.evaluation)):
             self.best = result
             self.improved_at = self.space.evaluator.evaluations
         return result

@@ -21,7 +21,7 @@ from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
 from hetauto.planner.mcts import MCTS
-from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint
+from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint, better
 from hetauto.planner.seeds import seed_candidates
 from hetauto.planner.space import (RESHARD_METHODS, SEARCHED_BALANCES, UNUSED, Candidate, StrategySpace,
                                    boundary_pairs, microbatch_options)
@@ -39,6 +39,12 @@ POLISH_RESERVE = 5
 WARMUP_BONUS = (0, 1, 2)  # Virtual-1F1B depth the descent tries on top of the rule's at cross-cluster boundaries
 MCTS_SHARE = 0.6  # of a time budget for the first tree phase; then descent from the TOP_K best candidates
 TOP_K = 3
+ZERO_BUBBLE_TOP = 8  # distinct candidates whose zero-bubble twin zero_bubble_twins scores
+
+
+def zero_bubble_reserve(max_evaluations: int) -> int:
+    """Evaluations kept back for the zero-bubble twins at the end (a twin evaluates <= 3 plans)."""
+    return min(3 * ZERO_BUBBLE_TOP, max_evaluations // 10)
 INTERLEAVE_SHAPES = 16  # distinct shapes tried interleaved by interleave_by_bubble
 SINGLE_CLUSTER_EVALUATIONS = 600  # per cluster, for the tree search of each single-cluster restart
 SINGLE_CLUSTER_PATIENCE = 150
@@ -113,7 +119,7 @@ def single_cluster(inputs: PlanningInputs, evaluator: Any, *, budget: float | No
             reasons.append(f"{name}: {err}")
             continue
         evaluations += r.evaluations
-        if best is None or r.evaluation.throughput_samples_s > best.evaluation.throughput_samples_s:
+        if best is None or better(r.evaluation, best.evaluation):
             best = r
     if best is None:
         raise InfeasiblePlan("no single cluster holds the model: " + "; ".join(reasons))
@@ -216,7 +222,8 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         scorer = search.scorer
         # a score evaluates <= 2 plans (a second cut), so the phases end <= cap + 1 and polish() adds <= 4:
         # keeping 5 back means `max_evaluations` (>= 6) is never exceeded; one candidate is always scored
-        cap = None if max_evaluations is None else before + max(1, max_evaluations - POLISH_RESERVE)
+        zb_reserve = 0 if max_evaluations is None or not space.zero_bubble else zero_bubble_reserve(max_evaluations)
+        cap = None if max_evaluations is None else before + max(1, max_evaluations - POLISH_RESERVE - zb_reserve)
 
         def spent(share: float = 1.0) -> bool:
             """The upper bounds: evaluation cap and time budget."""
@@ -256,6 +263,10 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
             descend(space, scorer, spent)
             if iterations is not None or ev.evaluations == done:  # iterations spent, or nothing left to try
                 break
+        # the twins last, from the search's final ranking, inside their own reserve (never past the polish's)
+        hard = None if max_evaluations is None else before + max_evaluations - POLISH_RESERVE
+        zero_bubble_twins(space, scorer, lambda: (hard is not None and ev.evaluations >= hard)
+                          or (budget is not None and time.perf_counter() - start >= budget))
         best = polish(space, scorer, scorer.best)
         search.record()
         return _finish(best, space, scorer, start, ev.evaluations - before, search.trace, planner)
@@ -326,7 +337,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
                 if out_of_time():
                     return cur
                 got = scorer.score(cand)
-                if got is not None and got.evaluation.throughput_samples_s > cur.evaluation.throughput_samples_s:
+                if got is not None and better(got.evaluation, cur.evaluation):
                     cur = got
         if cur.evaluation.throughput_samples_s <= before:
             break
@@ -381,7 +392,7 @@ def descend_without_each_cluster(space: StrategySpace, scorer: Scorer, out_of_ti
 def restricted_space(space: StrategySpace, clusters: tuple[str, ...]) -> StrategySpace:
     """`space` with only `clusters` usable (every other setting the same)."""
     return StrategySpace(space.inputs, space.evaluator, max_microbatch=max(space.microbatch_sizes()),
-                         schedules=space.schedules, zero1=space.zero1_options, recompute=space.recompute_options,
+                         schedules=space.requested, zero1=space.zero1_options, recompute=space.recompute_options,
                          allow_unused=space.allow_unused, resharding=space.resharding, interleave=space.interleave,
                          resharding_methods=space.methods, clusters=clusters)
 
@@ -483,14 +494,38 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
             descend(space, scorer, out_of_time, start=start)
 
 
+def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
+                      top: int = ZERO_BUBBLE_TOP) -> None:
+    """The zero-bubble twin (ZB-H1 of a 1F1B candidate, Virtual-ZB of a Virtual-1F1B one: the same cut, the
+    backward split) of the `top` best candidates scored so far, skipping any whose bound cannot beat the best:
+    splitting the backward leaves each stage's busy time as it is, so a twin takes at least (1 - bubble) of its
+    base's time. Why a last phase and not a variant of every plan (or a start for the descents): a split schedule
+    has no closed form and is simulated action by action (paper-4c: 256 microbatches on 18 stages), ~10x a plain
+    plan's evaluation; descents from a twin made paper-4c's search several times slower."""
+    from dataclasses import replace
+
+    if not space.zero_bubble:
+        return
+    twin = {"1f1b": "zb-h1", "virtual-1f1b": "virtual-zb"}
+    ranked = sorted(((c, s) for c, s in scorer.by_candidate.items() if s is not None and c.schedule in twin
+                     and twin[c.schedule] in space.zero_bubble), key=lambda x: -x[1].evaluation.throughput_samples_s)
+    for cand, got in ranked[:top]:
+        e = got.evaluation
+        if e.bubble_fraction < 1.0 and e.throughput_samples_s / (1.0 - e.bubble_fraction) <= scorer.best_throughput:
+            continue
+        if out_of_time():
+            return
+        scorer.score(replace(cand, schedule=twin[cand.schedule]))
+
+
 def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
                          shapes: int = INTERLEAVE_SHAPES) -> None:
     """Interleaved 1F1B tried on the `shapes` distinct shapes (microbatch, order, choices) scored so far whose
     bound is highest: throughput / (1 - bubble) x (1 - bubble / v), v the most chunks the shape allows -- what
     the shape would reach if interleaving cut its bubble v-fold at no cost (it also adds v-fold boundary
     transfers, so the bound is optimistic); shapes whose bound is below the best are skipped, and so are
-    shapes that cannot be interleaved at all (principle 7: their microbatches not a multiple of their
-    stages). Each is tried in its own and up to two other cluster orders, at every DP-sharding level.
+    shapes that cannot be interleaved at all (principle 7: fewer microbatches than stages, or not in equal
+    rounds of about p). Each is tried in its own and up to two other cluster orders, at every DP-sharding level.
 
     Why: the tree's schedules are plain and Virtual-1F1B, and the descent tries interleaving only from where
     it stands; a shape with a large bubble is poor under both and best interleaved, an isolated basin
@@ -548,7 +583,7 @@ def _reorders(space: StrategySpace, cand: Candidate, others: int = 2) -> list[Ca
 
 def interleave_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
     """`cand` as interleaved 1F1B with each chunk count of `space.interleave` its shape allows (principle 7:
-    >= 2 stages, microbatches a multiple of the stages, a layer per chunk), and, when `cand` is already
+    >= 2 stages, m >= p microbatches in equal rounds, a layer per chunk), and, when `cand` is already
     interleaved, with ZeRO-1 toggled (the tail move would drop the interleaving). Whether the links are
     fast enough is checked when the candidate is built (no evaluation spent on a pruned one)."""
     from dataclasses import replace

@@ -24,7 +24,7 @@ Costs come from the Evaluator's cheap, cached pieces (`stage_compute_time`, `sta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from hetauto.core.dp_shares import replica_groups, stage_device_type
@@ -43,7 +43,10 @@ SEARCHED_BALANCES: tuple[Balance, ...] = ("minimax", "proportional")
 # every hetauto.core.plan.ReshardMethod (a test checks they agree), in the order the descent and the polish try
 # them: the default first, so a tie keeps it
 RESHARD_METHODS = ("scatter-allgather", "leader-broadcast", "lanes")
-SCHEDULES = ("1f1b", "virtual-1f1b", "interleaved")  # what the space builds (gpipe is never better than 1f1b)
+SCHEDULES = ("1f1b", "virtual-1f1b", "interleaved", "zb-h1", "virtual-zb")  # what the space builds (gpipe never beats 1f1b)
+# zero-bubble schedules are variants of a tree schedule's plan (same cut, the backward split), not tree options
+ZERO_BUBBLE = {"zb-h1": "1f1b", "virtual-zb": "virtual-1f1b"}
+DEFAULT_SCHEDULES = ("1f1b", "virtual-1f1b", "zb-h1", "virtual-zb")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +160,13 @@ class StrategySpace:
     """Enumerates options per decision (with principle pruning) and turns candidates into plans."""
 
     def __init__(self, inputs: PlanningInputs, evaluator: Any, *, max_microbatch: int | None = None,
-                 schedules: tuple[str, ...] = ("1f1b", "virtual-1f1b"), zero1: tuple["bool | str", ...] = (False, True),
+                 schedules: tuple[str, ...] = DEFAULT_SCHEDULES, zero1: tuple["bool | str", ...] = (False, True),
                  recompute: tuple[bool, ...] = (False, True), allow_unused: bool = True,
                  resharding: str = "scatter-allgather", interleave: tuple[int, ...] = P.INTERLEAVE_CHUNKS,
                  resharding_methods: tuple[str, ...] | None = None, clusters: tuple[str, ...] | None = None) -> None:
         """`interleave`: the chunk counts the search's descent tries as interleaved 1F1B (() turns it off);
-        `schedules`: the tree's schedule options; `resharding`: the default method, `resharding_methods` every
+        `schedules`: the schedules plans may have (the tree's options are their base schedules: zb-h1 is built
+        as a variant of a 1f1b candidate's plan, virtual-zb of a virtual-1f1b one's); `resharding`: the default method, `resharding_methods` every
         method a boundary may use (default: all of RESHARD_METHODS); `clusters`: the clusters a plan may use
         (default: all; the `single-cluster` planner searches each alone). Together they are the space's
         feature set: every phase of every search keeps inside it (`allows`), seeds included. `zero1`: the DP
@@ -173,7 +177,9 @@ class StrategySpace:
         self.spec = inputs.cluster
         self.num_layers = len(inputs.layers)
         self.headroom = inputs.memory_headroom  # every fit below is against capacity(), written into each plan
-        self.schedules = schedules
+        self.requested = tuple(schedules)  # every schedule a plan may have
+        self.schedules = tuple(dict.fromkeys(ZERO_BUBBLE.get(s, s) for s in schedules))  # the tree's
+        self.zero_bubble = tuple(s for s in schedules if s in ZERO_BUBBLE)
         self.zero1_options = zero1
         self.recompute_options = recompute
         self.allow_unused = allow_unused
@@ -205,8 +211,10 @@ class StrategySpace:
         return "virtual-1f1b" in self.schedules
 
     def schedules_allowed(self) -> tuple[str, ...]:
-        """Every schedule a candidate may have: the tree's, plus interleaved when the descent may try it."""
-        return self.schedules + (("interleaved",) if self.interleave and "interleaved" not in self.schedules else ())
+        """Every schedule a candidate may have: the tree's, plus interleaved when the descent may try it, plus the
+        zero-bubble twins (`search.zero_bubble_twins`)."""
+        return (self.schedules + (("interleaved",) if self.interleave and "interleaved" not in self.schedules else ())
+                + self.zero_bubble)
 
     def default_tail(self, prefer: str = "virtual-1f1b") -> tuple[str, bool]:
         """(schedule, zero1) for a seed: `prefer` when allowed (else plain 1F1B, else the first allowed), ZeRO-1
@@ -233,7 +241,7 @@ class StrategySpace:
                                   precision=getattr(self.evaluator, "training", TrainingSpec()).precision)
             if why is not None:
                 return why
-        if cand.warmup_bonus and cand.schedule != "virtual-1f1b":
+        if cand.warmup_bonus and cand.schedule not in ("virtual-1f1b", "virtual-zb"):
             return "extra Virtual-1F1B depth without Virtual-1F1B"
         for name, ch in zip(cand.order, cand.choices):
             if ch.stages and name not in self.clusters:
@@ -411,9 +419,11 @@ class StrategySpace:
         return min(c.groups[c.group_of(st.devices[d * st.tp])].device.memory_bytes for d in range(st.dp))
 
     # ------------------------------------------------------------------ building
-    def build(self, cand: Candidate) -> Built:
-        """Plan variants for `cand` (one, or two when Virtual-1F1B warmup needs a different cut)."""
+    def build(self, cand: Candidate, *, twins: bool = False) -> Built:
+        """Plan variants for `cand` (one, or two when Virtual-1F1B warmup needs a different cut); a zero-bubble
+        candidate's are its base schedule's, split (`twins`; also for a base the space allows only as a twin)."""
         inp = self.inputs
+        twins = twins or cand.schedule not in self.requested
         mbs = cand.microbatch_size
         if inp.global_batch % mbs:
             return Built(violation=f"microbatch {mbs} does not divide global batch {inp.global_batch}")
@@ -429,6 +439,9 @@ class StrategySpace:
                 return Built(violation=f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}")
         costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
         caps = [usable_bytes(self.stage_capacity(st), self.headroom) for st in stages]
+        if cand.schedule in ZERO_BUBBLE:  # the base schedule's plans, each as its zero-bubble twin
+            base = self.build(replace(cand, schedule=ZERO_BUBBLE[cand.schedule]), twins=True)
+            return replace(base, plans=[pl for pl in base.plans if pl.schedule.name in ZERO_BUBBLE])
         if cand.schedule == "interleaved":
             return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
@@ -440,15 +453,16 @@ class StrategySpace:
             return Built(violation=self._memory_violation(stages, costs, caps, q))
         plan = self._plan(cand, stages, counts, m, "1f1b", ())
         if cand.schedule != "virtual-1f1b" or p == 1:
-            return Built([plan])
+            return Built(self._variants([plan], stages, costs, caps, m, cand, twins))
         bonus = [cand.warmup_bonus if a.cluster != b.cluster else 0 for a, b in zip(stages, stages[1:])]
         wanted, kept = self._warmup(plan, costs, caps, counts, m, bonus if cand.warmup_bonus else None)
         # deeper than the m microbatches is all of them (a plan's bound); `kept` too: a stage without activations
         # (the embedding alone) has no memory cap on its depth
         wanted, kept = tuple(min(w, m) for w in wanted), tuple(min(k, m) for k in kept)
         if not any(wanted):
-            return Built([plan])
-        out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept)] if any(kept) else [plan]
+            return Built(self._variants([plan], stages, costs, caps, m, cand, twins))
+        # the plain plan too: where the deeper warm-up gains nothing, the tie goes to the one holding less memory
+        out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept), plan] if any(kept) else [plan]
         if kept != wanted:  # memory forbids the depth here: try a cut that leaves room upstream
             q2 = [min(m, p - i + sum(wanted[i:])) for i in range(p)]
             key2 = (mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages), tuple(q2))
@@ -457,7 +471,41 @@ class StrategySpace:
             counts2 = self._splits[key2]
             if counts2 is not None and counts2 != counts:
                 out.append(self._plan(cand, stages, counts2, m, "virtual-1f1b", wanted))
-        return Built(out)
+        return Built(self._variants(out, stages, costs, caps, m, cand, twins))
+
+    def _variants(self, plans: list[Plan], stages: list[StageLayout], costs: list["_StageCost"], caps: list[float],
+                  m: int, cand: Candidate, twins: bool) -> list[Plan]:
+        """`plans` (1F1B / Virtual-1F1B) that the space allows, or with `twins` (a zero-bubble candidate) their
+        zero-bubble twins where allowed: the same cut and warm-up, the backward split, each stage's W deferred as
+        far as its memory holds (at most i on stage i, ZB-H1's own; 0 keeps 1F1B's memory and still gains)."""
+        if not twins:
+            return [pl for pl in plans if pl.schedule.name in self.requested]
+        if isinstance(cand.zero1, str) and cand.zero1 not in ("none", "zero1"):  # not run split (core.plan_check)
+            return []
+        out: list[Plan] = []
+        for pl in plans:
+            zb = {"1f1b": "zb-h1", "virtual-1f1b": "virtual-zb"}[pl.schedule.name]
+            if zb not in self.zero_bubble:
+                continue
+            p, extra = len(stages), tuple(pl.schedule.extra_warmup)
+            counts = [st.layers[1] - st.layers[0] for st in pl.stages]
+            mcap = self._inflight_caps(costs, caps, counts, m)
+            defer = tuple(max(0, min(r, (m if c is None else c) - (p - r) - sum(extra[r:]))) for r, c in enumerate(mcap))
+            out.append(self._plan(cand, stages, counts, m, zb, extra, () if defer == tuple(range(p)) else defer))
+        return out
+
+    @staticmethod
+    def _inflight_caps(costs: list["_StageCost"], caps: list[float], counts: list[int], m: int) -> list[int | None]:
+        """Per stage, the most microbatches in flight its memory holds with `counts` layers per stage (None: no
+        activations to hold, so no limit)."""
+        out: list[int | None] = []
+        pos = 0
+        for c, cap, cnt in zip(costs, caps, counts):
+            static = c.base_static + sum(c.static[pos:pos + cnt])
+            per = c.base_act + sum(c.act[pos:pos + cnt])
+            out.append(min(m, int((cap - static) // per)) if per > 0 else None)
+            pos += cnt
+        return out
 
     def _build_interleaved(self, cand: Candidate, stages: list[StageLayout], costs: list[_StageCost],
                            caps: list[float], m: int) -> Built:
@@ -465,8 +513,8 @@ class StrategySpace:
         per stage within memory at the interleaved in-flight count, then principle 7's gain estimate."""
         p, v = len(stages), cand.chunks
         if not P.interleave_chunk_options(p, m, self.num_layers, (v,)):
-            return Built(pruned=f"interleaved v={v} needs >= 2 stages, microbatches ({m}) a multiple of the "
-                                f"stages ({p}) and {v} layers per stage ({self.num_layers} slots)")
+            return Built(pruned=f"interleaved v={v} needs >= 2 stages, microbatches ({m}) >= the stages and a "
+                                f"multiple of their rounds ({m} // {p}) and {v} layers per stage ({self.num_layers} slots)")
         q = [cm.inflight_microbatches("interleaved", p, m, i, virtual_chunks=v) for i in range(p)]
         key = (cand.balance, cand.microbatch_size, cand.zero1,
                tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages), "interleaved", v, m)
@@ -550,17 +598,10 @@ class StrategySpace:
         pc = self.evaluator.pipeline_costs(plan)
         p = plan.num_stages
         cost, period = _hops_and_periods(pc, p, p - 1)
-        mcap: list[int | None] = []
-        pos = 0
-        for c, cap, cnt in zip(costs, caps, counts):
-            static = c.base_static + sum(c.static[pos:pos + cnt])
-            per = c.base_act + sum(c.act[pos:pos + cnt])
-            mcap.append(min(m, int((cap - static) // per)) if per > 0 else None)
-            pos += cnt
-        return P.warmup_for_boundaries(cost, period, mcap, bonus)
+        return P.warmup_for_boundaries(cost, period, self._inflight_caps(costs, caps, counts, m), bonus)
 
     def _plan(self, cand: Candidate, stages: list[StageLayout], counts: list[int], m: int, schedule: str,
-              extra: tuple[int, ...]) -> Plan:
+              extra: tuple[int, ...], w_defer: tuple[int, ...] = ()) -> Plan:
         inp = self.inputs
         out, pos = [], 0
         for st, c in zip(stages, counts):
@@ -573,7 +614,7 @@ class StrategySpace:
             schedule, extra = "1f1b", ()
         return Plan(model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len,
                     global_batch=inp.global_batch, microbatch_size=cand.microbatch_size, num_microbatches=m,
-                    stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra),
+                    stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra), w_defer=w_defer,
                                                              virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
                     resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
                     **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
@@ -583,7 +624,7 @@ class StrategySpace:
 def plan_key(plan: Plan) -> tuple:
     """Everything that changes a plan's score (the transposition table's key)."""
     return (plan.microbatch_size, plan.dp_level, plan.schedule.name, plan.schedule.virtual_chunks,
-            plan.schedule.extra_warmup, plan.resharding,
+            plan.schedule.extra_warmup, plan.schedule.w_defer, plan.resharding,
             tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute) for s in plan.stages))
 
 

@@ -7,6 +7,10 @@ Every rank of a stage runs that stage's action list (hetauto.schedule.schedule_f
   F / B          forward / backward of the stage's module (DTensor TP inside the stage) on the rank's
                  device, under the plan's precision (hetauto.runtime.mixed_precision), throttled to the
                  device's speed factor when emulating;
+  I / W          the backward split (zero-bubble schedules, hetauto.runtime.split_backward): I computes the
+                 input gradient only (sent upstream by the SEND_B after it), W later the weight gradients from
+                 the intermediates I kept, as torch's pipelining stage does; the first stage has no input
+                 gradient, so its W runs the whole backward;
   SEND_F/SEND_B  post the sends asynchronously (waited at the end of the step, before OPTIM);
   REDUCE_GRAD    DP gradient SUM (bucketed; overlapped with the step's last backward when dp > 1), in the
                  plan's gradient-reduction dtype, then the tied-embedding sum between first and last stage;
@@ -55,6 +59,7 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 from hetauto.core.stage_backends import DEFAULT_BACKEND
+from hetauto.runtime import split_backward
 from hetauto.runtime.boundary import BoundaryRoute
 from hetauto.runtime.data import dp_shard, microbatch
 from hetauto.runtime.devices import RankDevice
@@ -139,9 +144,9 @@ class RankReport:
         return asdict(self)
 
 
-_RECV_F, _RECV_B, _F, _SEND_F, _B, _SEND_B, _REDUCE, _OPTIM = range(8)
+_RECV_F, _RECV_B, _F, _SEND_F, _B, _SEND_B, _REDUCE, _OPTIM, _I, _W = range(10)
 _CODES = {A.RECV_F: _RECV_F, A.RECV_B: _RECV_B, A.F: _F, A.SEND_F: _SEND_F, A.B: _B, A.SEND_B: _SEND_B,
-          A.REDUCE_GRAD: _REDUCE, A.OPTIM: _OPTIM}
+          A.REDUCE_GRAD: _REDUCE, A.OPTIM: _OPTIM, A.I: _I, A.W: _W}
 
 
 def _compile(a: Action, last_b: bool, stage: int, p: int) -> tuple[int, int, bool, int, int]:
@@ -157,7 +162,8 @@ class _StepState:
     """What one iteration holds between its actions, keyed by (virtual stage, microbatch) (`vs * m + k`):
     with interleaving one rank holds the same microbatch in several chunks at once."""
 
-    __slots__ = ("step", "batch", "recv_f", "recv_b", "inputs", "held", "outputs", "sends", "watch", "loss", "t")
+    __slots__ = ("step", "batch", "recv_f", "recv_b", "inputs", "held", "outputs", "sends", "watch", "loss", "t",
+                 "deferred")
 
     def __init__(self, step: int, batch: Any) -> None:
         self.step, self.batch = step, batch
@@ -166,6 +172,7 @@ class _StepState:
         self.inputs: dict[int, torch.Tensor] = {}
         self.held: dict[int, Any] = {}  # forward-input receives whose buffer autograd still reads
         self.outputs: dict[int, torch.Tensor] = {}
+        self.deferred: dict[int, Any] = {}  # I done, W to come: what the weight-gradient step needs
         self.sends: list[Any] = []
         self.watch: list[list[Any]] = []  # recording: transfers not yet seen complete
         self.loss: torch.Tensor | float = 0.0
@@ -257,10 +264,13 @@ class StageExecutor:
         # HETAUTO_MOCK_SPEED), so a slow emulated device needs no branch here
         speed = options.speed_factor * self.dev.backend.speed_factor(self.dev.index)
         self.throttle = Throttle(speed) if speed != 1.0 else None
-        # one reducer per chunk, armed before that chunk's last backward of the step
+        # one reducer per chunk, armed before that chunk's last backward of the step; a split backward sets weight
+        # gradients outside autograd's accumulation (no hooks fire), so REDUCE_GRAD sums them after the last W
+        split = any(a.type is A.W for a in self.actions)
         self.reducers = (
             [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
-            if groups.dp_group is not None and options.overlap_dp and not self.fsdp and not self.zero1 else None
+            if groups.dp_group is not None and options.overlap_dp and not self.fsdp and not self.zero1 and not split
+            else None
         )
         shape = (plan.microbatch_size, plan.seq_len, cfg.hidden)
         methods = plan.boundary_methods()
@@ -308,12 +318,14 @@ class StageExecutor:
         self.normaliser = plan.global_batch * plan.seq_len
         self.t0 = 0.0
         self.events: list[list[Any]] = []
-        self.cpu: dict[str, list[float]] = {"F": [], "B": [], "OPTIM": []} if self._rec else {}
-        self.dev_s: dict[str, list[float]] = {"F": [], "B": [], "OPTIM": []} if self._rec else {}
+        kinds = ("F", "B", "I", "W", "OPTIM") if split else ("F", "B", "OPTIM")
+        self.cpu: dict[str, list[float]] = {k: [] for k in kinds} if self._rec else {}
+        self.dev_s: dict[str, list[float]] = {k: [] for k in kinds} if self._rec else {}
         self._timers: list[tuple[str, Any]] = []  # this step's (kind, device timer) of recorded compute
         self._handlers: dict[int, Callable[[_StepState, int, bool, int, int], None]] = {
             _RECV_F: self._recv_f, _RECV_B: self._recv_b, _F: self._forward, _SEND_F: self._send_f,
             _B: self._backward, _SEND_B: self._send_b, _REDUCE: self._reduce, _OPTIM: self._optim,
+            _I: self._input_backward, _W: self._weight_backward,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -387,9 +399,10 @@ class StageExecutor:
                 st.t = time.time()
             handlers[code](st, vs * m + k if k is not None else -1, last_b, vs, c)
         self._wait_sends(step, st.sends, st.watch)
-        if st.recv_f or st.recv_b or st.outputs:
+        if st.recv_f or st.recv_b or st.outputs or st.deferred:
             raise RuntimeError(f"rank {me.rank}: schedule left work behind (recv_f {sorted(st.recv_f)}, "
-                               f"recv_b {sorted(st.recv_b)}, outputs {sorted(st.outputs)}) in {p}-stage plan")
+                               f"recv_b {sorted(st.recv_b)}, outputs {sorted(st.outputs)}, "
+                               f"weight steps {sorted(st.deferred)}) in {p}-stage plan")
         if rec:
             for kind, timer in self._timers:
                 self.dev_s[kind][-1] += timer.elapsed_s()
@@ -458,7 +471,8 @@ class StageExecutor:
             self._record(st.step, "SEND_F", k, st.t, vs=vs)
             st.watch.append(["SENT_F", k, posted, vs])
 
-    def _backward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+    def _output_grad(self, st: _StepState, key: int, vs: int) -> tuple[torch.Tensor, Any, Any]:
+        """(stage output, the gradient to backprop into it (None: the loss's own), its posted receive)."""
         k = key % self.plan.num_microbatches
         grad = None
         posted = None
@@ -471,17 +485,54 @@ class StageExecutor:
             self._waited(st, "WAIT_B", k, vs, posted)
         elif self.scaler is not None:  # fp16: backprop the scaled loss
             grad = torch.full_like(y, self.scaler.scale)
+        return y, grad, posted
+
+    def _release_after_backward(self, st: _StepState, key: int, posted: Any, gx_ptr: int | None) -> None:
+        """The gradient receive's buffer (unless autograd handed it on as the input gradient being sent) and the
+        forward input's: nothing reads them once the whole backward of `key` is done."""
+        if posted is not None and (gx_ptr is None or posted.buf is None or gx_ptr != posted.buf.data_ptr()):
+            self._bwd_in.release(posted)
+        if key in st.held:
+            self._fwd_in.release(st.held.pop(key))
+
+    def _backward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        k = key % self.plan.num_microbatches
+        y, grad, posted = self._output_grad(st, key, vs)
         if last_b and self.reducers is not None:
             self.reducers[c].arm()
         self._timed("B", torch.autograd.backward, y, grad)
-        if posted is not None:
-            gx = st.inputs[key].grad if key in st.inputs else None
-            if gx is None or posted.buf is None or gx.data_ptr() != posted.buf.data_ptr():  # autograd may hand the buffer on
-                self._bwd_in.release(posted)
-        if key in st.held:
-            self._fwd_in.release(st.held.pop(key))  # backward is done: nothing reads the input buffer any more
+        gx = st.inputs[key].grad if key in st.inputs else None
+        self._release_after_backward(st, key, posted, None if gx is None else gx.data_ptr())
         if self._rec:
             self._record(st.step, "B", k, st.t, vs=vs)
+        if vs == 0:
+            st.inputs.pop(key)
+
+    def _input_backward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        """I: the input gradient only (x.grad, for the SEND_B that follows); W's intermediates kept. The first
+        virtual stage has no input gradient: its I only hands the output on to W (as torch's stage does)."""
+        k = key % self.plan.num_microbatches
+        y, grad, posted = self._output_grad(st, key, vs)
+        groups, gx_ptr = None, None
+        if vs != 0:
+            x = st.inputs[key]
+            groups = self._timed("I", split_backward.input_grads, y, grad, x, self.chunks[c])
+            gx_ptr = x.grad.data_ptr() if x.grad is not None else None
+        st.deferred[key] = (y, grad, posted, groups, gx_ptr)
+        if self._rec:
+            self._record(st.step, "I", k, st.t, vs=vs)
+
+    def _weight_backward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
+        """W: the weight gradients of `key`, accumulated into .grad as the whole backward would."""
+        k = key % self.plan.num_microbatches
+        y, grad, posted, groups, gx_ptr = st.deferred.pop(key)
+        if groups is None:
+            self._timed("W", torch.autograd.backward, y, grad)
+        else:
+            self._timed("W", split_backward.weight_grads, groups, self.chunks[c])
+        self._release_after_backward(st, key, posted, gx_ptr)
+        if self._rec:
+            self._record(st.step, "W", k, st.t, vs=vs)
         if vs == 0:
             st.inputs.pop(key)
 

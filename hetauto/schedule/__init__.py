@@ -12,6 +12,9 @@ from hetauto.schedule.generators import (
     interleaved,
     one_f_one_b,
     virtual_1f1b,
+    zb_inflight,
+    zb_v,
+    zero_bubble,
 )
 from hetauto.schedule.for_plan import SCHEDULE_NAMES, schedule_for_plan
 from hetauto.schedule.simulator import Link, PipelineCosts, SimResult, TimelineEntry, boundary_links, simulate
@@ -20,4 +23,5 @@ __all__ = [
     "Action", "ActionType", "Link", "PipelineCosts", "Schedule", "ScheduleError", "SimResult", "TimelineEntry",
     "add_comms", "boundary_links", "cap_extra_warmup", "check_schedule", "extra_warmup_from_costs", "gpipe",
     "interleaved", "one_f_one_b", "parse_action", "schedule_for_plan", "simulate", "virtual_1f1b", "SCHEDULE_NAMES",
+    "zb_inflight", "zb_v", "zero_bubble",
 ]

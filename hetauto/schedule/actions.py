@@ -91,6 +91,12 @@ class Schedule:
     v: int
     ranks: tuple[tuple[Action, ...], ...]
     extra_warmup: tuple[int, ...] = field(default=())
+    defer: tuple[int, ...] = field(default=())  # zero-bubble: W deferral per rank where not the default (r)
+    placement: str = "loop"  # "loop": stage s on rank s % p; "v": s on rank s, then 2p-1-s (torch's ZBV, v = 2)
+
+    def owner(self, stage: int) -> int:
+        """The rank that runs virtual stage `stage` under this schedule's placement."""
+        return owner(stage, self.p, self.placement)
 
     @property
     def num_stages(self) -> int:
@@ -102,7 +108,8 @@ class Schedule:
 
     def compute_only(self) -> "Schedule":
         return Schedule(self.name, self.p, self.m, self.v,
-                        tuple(tuple(a for a in row if a.type in COMPUTE) for row in self.ranks), self.extra_warmup)
+                        tuple(tuple(a for a in row if a.type in COMPUTE) for row in self.ranks), self.extra_warmup,
+                        self.defer, self.placement)
 
 
 def parse_rows(rows: Iterable[Iterable[str]]) -> tuple[tuple[Action, ...], ...]:
@@ -118,11 +125,12 @@ def schedule_from_text(text: str, name: str, p: int, m: int, v: int = 1) -> Sche
 
 def to_torch_csv(schedule: Schedule, path: str | Path | None = None, *, with_comms: bool = True) -> str:
     """Torch's `_dump_csv` layout: one CSV row per rank, one action string per cell. `with_comms=False`
-    gives torch's "compute_only" format (what `_load_csv` accepts by default). OPTIM is dropped."""
+    gives torch's "compute_only" format (what `_load_csv` accepts by default). OPTIM is dropped. With comms,
+    receives are re-ordered by `pair_ordered` (torch tags every message 0)."""
     keep = TORCH_TYPES if with_comms else COMPUTE
     buf = io.StringIO()
     writer = csv.writer(buf)
-    for row in schedule.ranks:
+    for row in (pair_ordered(schedule) if with_comms else schedule.ranks):
         writer.writerow([str(a) for a in row if a.type in keep])
     text = buf.getvalue()
     if path is not None:
@@ -140,8 +148,12 @@ def from_torch_csv(source: str | Path, name: str, p: int, m: int, v: int = 1) ->
     return Schedule(name, p, m, v, rows)
 
 
-def owner(stage: int, p: int) -> int:
-    """The rank that runs virtual stage `stage` (torch's loop-style placement)."""
+def owner(stage: int, p: int, placement: str = "loop") -> int:
+    """The rank that runs virtual stage `stage`: torch's loop placement (chunk * p + rank), or its V placement
+    (two chunks per rank, stage s on rank s for s < p and on rank 2p-1-s after: the model goes down the ranks
+    and back up, so the middle hand-off stays on rank p-1)."""
+    if placement == "v":
+        return stage if stage < p else 2 * p - 1 - stage
     return stage % p
 
 
@@ -186,5 +198,69 @@ def add_comms(compute: Sequence[Sequence[Action]], p: int, v: int,
                 res.append(Action(a.stage, ActionType.SEND_B, a.microbatch))
             if kind is not None:
                 post(kind, seen[kind] + d)
+        out.append(tuple(res))
+    return tuple(out)
+
+
+def _recv_for_send(a: Action) -> Action:
+    """The receive that matches send `a` (on the rank owning the neighbouring virtual stage)."""
+    if a.type is ActionType.SEND_F:
+        return Action(a.stage + 1, ActionType.RECV_F, a.microbatch)
+    return Action(a.stage - 1, ActionType.RECV_B, a.microbatch)
+
+
+def _recv_needed(a: Action, n: int) -> Action | None:
+    """The receive compute action `a` waits for (None: its input is local or it needs none)."""
+    if a.type is ActionType.F and a.stage > 0:
+        return Action(a.stage, ActionType.RECV_F, a.microbatch)
+    if a.type in (ActionType.B, ActionType.I) and a.stage < n - 1:
+        return Action(a.stage, ActionType.RECV_B, a.microbatch)
+    return None
+
+
+def pair_ordered(schedule: Schedule) -> tuple[tuple[Action, ...], ...]:
+    """The rank lists with every rank's receives from one peer posted in the order that peer sends them.
+
+    Why: torch's `_PipelineScheduleRuntime` posts every P2P message with tag 0, so gloo/NCCL match the messages
+    between two ranks in issue order, whatever their stage or kind; hetauto's own executor tags each channel
+    (virtual stage, kind), so its lists only need per-channel order. Each receive keeps its slot where it can
+    (the k-th receive from a peer goes where the k-th one was) and is moved earlier where a compute needs it
+    first, so no compute ever waits for a receive posted after it. Sends are untouched."""
+    p, n = schedule.p, schedule.num_stages
+    queue: dict[tuple[int, int], list[Action]] = {}
+    for a_rank, row in enumerate(schedule.ranks):
+        for a in row:
+            if a.type in (ActionType.SEND_F, ActionType.SEND_B):
+                rv = _recv_for_send(a)
+                queue.setdefault((a_rank, schedule.owner(rv.stage)), []).append(rv)
+    out = []
+    for b, row in enumerate(schedule.ranks):
+        nxt: dict[int, int] = {}
+        done: set[Action] = set()
+        res: list[Action] = []
+
+        def emit_next(src: int) -> None:
+            q = queue.get((src, b), [])
+            i = nxt.get(src, 0)
+            if i < len(q):
+                res.append(q[i])
+                done.add(q[i])
+                nxt[src] = i + 1
+
+        for a in row:
+            if a.type in (ActionType.RECV_F, ActionType.RECV_B):
+                src = schedule.owner(a.stage - 1 if a.type is ActionType.RECV_F else a.stage + 1)
+                emit_next(src)
+                continue
+            need = _recv_needed(a, n)
+            if need is not None and need not in done:
+                src = schedule.owner(need.stage - 1 if need.type is ActionType.RECV_F else need.stage + 1)
+                before = len(res)
+                while need not in done:
+                    emit_next(src)
+                    if len(res) == before:  # the peer never sends it: left for the checker to name
+                        break
+                    before = len(res)
+            res.append(a)
         out.append(tuple(res))
     return tuple(out)

@@ -34,8 +34,8 @@ def check_schedule(schedule: Schedule, p: int | None = None, m: int | None = Non
     for r, row in enumerate(schedule.ranks):
         for i, a in enumerate(row):
             where = f"rank {r}, step {i} ({a})"
-            if not 0 <= a.stage < n or a.stage % p != r:
-                raise ScheduleError(f"{where}: stage {a.stage} is not owned by rank {r} (stage = chunk*p + rank, p={p}, v={v})")
+            if not 0 <= a.stage < n or schedule.owner(a.stage) != r:
+                raise ScheduleError(f"{where}: stage {a.stage} is not owned by rank {r} (placement {schedule.placement}, p={p}, v={v})")
             if a.microbatch is not None and not 0 <= a.microbatch < m:
                 raise ScheduleError(f"{where}: microbatch {a.microbatch} outside 0..{m - 1}")
             if a.microbatch is None:
@@ -61,33 +61,33 @@ def check_schedule(schedule: Schedule, p: int | None = None, m: int | None = Non
         for k in range(m):
             f = step(T.F, s, k)
             if f is None:
-                raise ScheduleError(f"stage {s}, microbatch {k}: no forward (F) on rank {s % p}")
+                raise ScheduleError(f"stage {s}, microbatch {k}: no forward (F) on rank {schedule.owner(s)}")
             b, i_, w = step(T.B, s, k), step(T.I, s, k), step(T.W, s, k)
             if b is not None and (i_ is not None or w is not None):
                 raise ScheduleError(f"stage {s}, microbatch {k}: both a full backward (B) and split I/W")
             if b is None and (i_ is None or w is None):
-                raise ScheduleError(f"stage {s}, microbatch {k}: no backward (B, or I and W) on rank {s % p}")
+                raise ScheduleError(f"stage {s}, microbatch {k}: no backward (B, or I and W) on rank {schedule.owner(s)}")
             first_b = b if b is not None else i_
             if first_b < f:
-                raise ScheduleError(f"stage {s}, microbatch {k}: backward before forward on rank {s % p}")
+                raise ScheduleError(f"stage {s}, microbatch {k}: backward before forward on rank {schedule.owner(s)}")
             if w is not None and w < i_:
-                raise ScheduleError(f"stage {s}, microbatch {k}: W before I on rank {s % p}")
+                raise ScheduleError(f"stage {s}, microbatch {k}: W before I on rank {schedule.owner(s)}")
             # communication around the compute
             if s > 0:
                 rf = step(T.RECV_F, s, k)
                 if rf is None or rf > f:
-                    raise ScheduleError(f"stage {s}, microbatch {k}: forward without an earlier RECV_F on rank {s % p}")
+                    raise ScheduleError(f"stage {s}, microbatch {k}: forward without an earlier RECV_F on rank {schedule.owner(s)}")
             if s < n - 1:
                 sf = step(T.SEND_F, s, k)
                 if sf is None or sf < f:
-                    raise ScheduleError(f"stage {s}, microbatch {k}: no SEND_F after its forward on rank {s % p}")
+                    raise ScheduleError(f"stage {s}, microbatch {k}: no SEND_F after its forward on rank {schedule.owner(s)}")
                 rb = step(T.RECV_B, s, k)
                 if rb is None or rb > first_b:
-                    raise ScheduleError(f"stage {s}, microbatch {k}: backward without an earlier RECV_B on rank {s % p}")
+                    raise ScheduleError(f"stage {s}, microbatch {k}: backward without an earlier RECV_B on rank {schedule.owner(s)}")
             if s > 0:
                 sb = step(T.SEND_B, s, k)
                 if sb is None or sb < first_b:
-                    raise ScheduleError(f"stage {s}, microbatch {k}: no SEND_B after its backward on rank {s % p}")
+                    raise ScheduleError(f"stage {s}, microbatch {k}: no SEND_B after its backward on rank {schedule.owner(s)}")
     for key in set(sends) | set(recvs):
         if sends.get(key, []) != recvs.get(key, []):
             kind = "activations" if key[0] is T.F else "gradients"

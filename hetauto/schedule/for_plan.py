@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 from hetauto.core.chunks import effective_chunks
 from hetauto.schedule.actions import Schedule, ScheduleError
-from hetauto.schedule.generators import gpipe, interleaved, one_f_one_b, virtual_1f1b
+from hetauto.schedule.generators import gpipe, interleaved, one_f_one_b, virtual_1f1b, zero_bubble
 
 if TYPE_CHECKING:
     from hetauto.core.plan import Plan
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb")
 
 
 def schedule_for_plan(plan: "Plan", name: str | None = None) -> Schedule:
@@ -35,6 +35,14 @@ def schedule_for_plan(plan: "Plan", name: str | None = None) -> Schedule:
     if name == "interleaved":
         return interleaved(p, m, effective_chunks("interleaved", plan.schedule.virtual_chunks))
     if name == "virtual-1f1b":
-        extra = plan.schedule.extra_warmup if plan.schedule.name == "virtual-1f1b" else ()
+        extra = plan.schedule.extra_warmup if plan.schedule.name in ("virtual-1f1b", "virtual-zb") else ()
         return virtual_1f1b(p, m, tuple(extra) or (0,) * (p - 1))
+    if name in ("zb-h1", "virtual-zb"):
+        defer = tuple(plan.schedule.w_defer) if plan.schedule.name == name and plan.schedule.w_defer else None
+        if defer is not None and len(defer) != p:
+            raise ScheduleError(f"schedule.w_defer has {len(defer)} entries; the plan has {p} stages")
+        if name == "zb-h1":
+            return zero_bubble(p, m, defer=defer)
+        extra = plan.schedule.extra_warmup if plan.schedule.name in ("virtual-1f1b", "virtual-zb") else ()
+        return zero_bubble(p, m, tuple(extra) or (0,) * (p - 1), defer=defer)
     raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}")

@@ -1,4 +1,5 @@
-"""Schedule generators: GPipe, 1F1B, interleaved 1F1B (Megatron order) and Virtual-1F1B.
+"""Schedule generators: GPipe, 1F1B, interleaved 1F1B (Megatron order), Virtual-1F1B and the zero-bubble
+ZB-H1 / Virtual-ZB (split backward: I then a deferred W).
 
 Each returns a `Schedule` whose rank lists already contain the SEND/RECV actions (receives posted
 early, see `add_comms`; `lookahead` = how many receives per kind are posted ahead, 1 as Megatron
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms
 
-F, B = ActionType.F, ActionType.B
+F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
 
 def _check_shape(p: int, m: int, v: int = 1) -> None:
@@ -56,28 +58,40 @@ def one_f_one_b(p: int, m: int, *, tail: bool = True, lookahead: int = 1) -> Sch
     return _finish("1f1b", p, m, 1, compute, tail, lookahead)
 
 
+def interleaved_round(p: int, m: int) -> int:
+    """Microbatches per round of the interleaved schedule, as torch's ScheduleInterleaved1F1B (flex-PP): the m
+    microbatches run in r = max(1, m // p) rounds of m / r each, so m need not be a multiple of p (p=4, m=10: two
+    rounds of 5), only of r. Raises ScheduleError where torch raises."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ScheduleError(f"interleaved schedule runs m={m} microbatches in max(1, m // p) = {rounds} rounds, "
+                            f"so m must be a multiple of {rounds} (as torch's ScheduleInterleaved1F1B); "
+                            f"try m={m - m % rounds} or m={m + rounds - m % rounds}")
+    return m // rounds
+
+
 def interleaved(p: int, m: int, v: int, *, tail: bool = True, lookahead: int = 1) -> Schedule:
-    """Megatron's interleaved 1F1B: v chunks per rank (virtual stage chunk*p + rank), microbatches in
-    groups of p; warmup (p-r-1)*2 + (v-1)*p forwards. Needs m to be a multiple of p."""
+    """Megatron's interleaved 1F1B: v chunks per rank (virtual stage chunk*p + rank), microbatches in rounds of
+    g = `interleaved_round(p, m)` (g = p when m is a multiple of p); warmup (p-r-1)*2 + (v-1)*g forwards, as torch's
+    ScheduleInterleaved1F1B (the same compute order)."""
     _check_shape(p, m, v)
     if v == 1:
         s = one_f_one_b(p, m, tail=tail, lookahead=lookahead)
         return Schedule("interleaved", p, m, 1, s.ranks)
-    if m % p:
-        raise ScheduleError(f"interleaved schedule needs microbatches (m={m}) to be a multiple of stages (p={p})")
+    g = interleaved_round(p, m)
     total = m * v
 
     def fwd(k: int, r: int) -> Action:
-        chunk = (k // p) % v
-        return Action(chunk * p + r, F, (k // (p * v)) * p + k % p)
+        chunk = (k // g) % v
+        return Action(chunk * p + r, F, (k // (g * v)) * g + k % g)
 
     def bwd(k: int, r: int) -> Action:
-        chunk = v - 1 - (k // p) % v
-        return Action(chunk * p + r, B, (k // (p * v)) * p + k % p)
+        chunk = v - 1 - (k // g) % v
+        return Action(chunk * p + r, B, (k // (g * v)) * g + k % g)
 
     compute = []
     for r in range(p):
-        w = min((p - r - 1) * 2 + (v - 1) * p, total)
+        w = min((p - r - 1) * 2 + (v - 1) * g, total)
         row = [fwd(k, r) for k in range(w)]
         for k in range(total - w):
             row.append(fwd(w + k, r))
@@ -106,25 +120,28 @@ def extra_warmup_from_costs(boundary_cost: Sequence[float], tf: float | Sequence
     return tuple(out)
 
 
-def cap_extra_warmup(p: int, extra: Sequence[int], memory_cap: Sequence[int | None] | None) -> tuple[int, ...]:
-    """Shrink k_h so that every stage r keeps (p - r) + sum_{h >= r} k_h <= memory_cap[r] microbatches
-    in flight. Boundaries further downstream keep their k first (they cover every stage above them)."""
+def cap_extra_warmup(p: int, extra: Sequence[int], memory_cap: Sequence[int | None] | None,
+                     base: Sequence[int] | None = None, label: str = "1F1B") -> tuple[int, ...]:
+    """Shrink k_h so that every stage r keeps base[r] + sum_{h >= r} k_h <= memory_cap[r] microbatches
+    in flight (base: what the schedule holds without extra warm-up, p - r for 1F1B). Boundaries further
+    downstream keep their k first (they cover every stage above them)."""
     ks = list(extra)
     if memory_cap is None:
         return tuple(ks)
     if len(memory_cap) != p:
         raise ScheduleError(f"memory_cap needs one entry per stage ({p}), got {len(memory_cap)}")
+    held = [p - r for r in range(p)] if base is None else list(base)
     allow = []
     for r, cap in enumerate(memory_cap):
         if cap is None:
             allow.append(math.inf)
             continue
-        if cap < p - r:
+        if cap < held[r]:
             raise ScheduleError(
-                f"stage {r}: memory cap {cap} microbatches is below what 1F1B itself holds there ({p - r}); "
-                "give the stage more memory or use fewer stages"
+                f"stage {r}: memory cap {cap} microbatches is below what {label} itself holds there "
+                f"({held[r]}); give the stage more memory or use fewer stages"
             )
-        allow.append(cap - (p - r))
+        allow.append(cap - held[r])
     out = [0] * len(ks)
     below = 0  # sum of kept k for boundaries downstream of h
     for h in reversed(range(len(ks))):
@@ -159,3 +176,140 @@ def virtual_1f1b(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
         near = [ks[h] for h in (r - 1, r) if 0 <= h < p - 1]
         look.append(1 + max(near, default=0))
     return _finish("virtual-1f1b", p, m, 1, compute, tail, look, tuple(ks))
+
+
+def _boundary_lookahead(p: int, ks: Sequence[int]) -> list[int]:
+    """Receives posted ahead per rank: k_h + 1 at both ends of boundary h (Virtual-1F1B's rule)."""
+    return [1 + max([ks[h] for h in (r - 1, r) if 0 <= h < p - 1], default=0) for r in range(p)]
+
+
+def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
+    """One rank of ZB-H1: `warmup` forwards, then F / I pairs, each W run `defer` input-backwards after its I
+    (so a rank nearer the end sends its input gradient upstream without waiting for its weight gradient),
+    then the drain's I / W, then the W still deferred."""
+    w = min(warmup, m)
+    row = [Action(r, F, k) for k in range(w)]
+    pending: list[int] = []
+    for k in range(m):
+        if k < m - w:
+            row.append(Action(r, F, w + k))
+        row.append(Action(r, I, k))
+        pending.append(k)
+        if len(pending) > defer:
+            row.append(Action(r, W, pending.pop(0)))
+    row.extend(Action(r, W, k) for k in pending)
+    return row
+
+
+def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = (), defer: Sequence[int] = ()) -> int:
+    """Peak microbatches stage `stage` holds under ZB-H1 / Virtual-ZB, counted from F to W (a microbatch
+    between I and W keeps its weight-gradient buffers): min(m, p - i + d_i + sum_{h >= i} k_h), d_i the stage's
+    W deferral (default i: p everywhere without extra warm-up)."""
+    d = defer[stage] if defer else stage
+    return min(m, p - stage + d + sum(extra_warmup[stage:]))
+
+
+def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
+                boundary_cost: Sequence[float] | None = None, tf: float | Sequence[float] = 1.0,
+                tb: float | Sequence[float] = 2.0, memory_cap: Sequence[int | None] | None = None,
+                defer: Sequence[int] | None = None, tail: bool = True) -> Schedule:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): the backward split into I (input gradient,
+    sent upstream at once) and W (weight gradient); rank r defers each W by r input-backwards, filling the
+    fill/drain bubble with W work: iteration m(t_f+t_b) + (p-1)(t_f+t_i-t_w) against 1F1B's (m+p-1)(t_f+t_b),
+    at p microbatches in flight on every stage (1F1B's first-stage peak).
+
+    With `extra_warmup` (k_h per boundary, as `virtual_1f1b`; or `boundary_cost` with tf/tb to size it;
+    `memory_cap` caps it) this is Virtual-ZB: stages upstream of a slow boundary run k_h more warm-up forwards
+    and both ends post k_h+1 receives ahead, so the round trip over the link overlaps compute, and the
+    deferred W fill the drain, where Virtual-1F1B idles for that round trip.
+
+    `defer` (per rank, default r) sets how many input-backwards each W waits; each deferred W keeps one more
+    microbatch in flight (`zb_inflight`). `memory_cap` (microbatches per stage) first caps the extra warm-up
+    (on top of 1F1B's p - r), then the deferral."""
+    _check_shape(p, m)
+    virtual = extra_warmup is not None or boundary_cost is not None
+    if extra_warmup is None:
+        extra_warmup = extra_warmup_from_costs(boundary_cost, tf, tb) if boundary_cost is not None else (0,) * (p - 1)
+    if len(extra_warmup) != p - 1:
+        raise ScheduleError(f"extra_warmup needs one entry per boundary ({p - 1}), got {len(extra_warmup)}")
+    if any(k < 0 for k in extra_warmup):
+        raise ScheduleError(f"extra_warmup entries must be >= 0, got {list(extra_warmup)}")
+    ks = cap_extra_warmup(p, extra_warmup, memory_cap)
+    ds = list(range(p)) if defer is None else list(defer)
+    if len(ds) != p or any(d < 0 for d in ds):
+        raise ScheduleError(f"defer needs one entry >= 0 per stage ({p}), got {list(ds)}")
+    if memory_cap is not None:
+        ds = [d if cap is None else max(0, min(d, cap - (p - r) - sum(ks[r:])))
+              for r, (d, cap) in enumerate(zip(ds, memory_cap))]
+    compute = [_zb_rank(r, m, p - r - 1 + sum(ks[r:]), ds[r]) for r in range(p)]
+    name = "virtual-zb" if virtual else "zb-h1"
+    out = _finish(name, p, m, 1, compute, tail, _boundary_lookahead(p, ks), tuple(ks) if virtual else ())
+    return out if ds == list(range(p)) else replace(out, defer=tuple(ds))
+
+
+def zb_v(p: int, m: int, *, tf: float = 1.0, tb: float = 2.0, tw: float = 1.0, tail: bool = True) -> Schedule:
+    """ZB-V (Qi et al., 2024): two chunks per rank placed in a V (stage s on rank s, then on rank 2p-1-s, so the
+    middle hand-off stays on rank p-1 and the last stage sits on rank 0 beside the first), the backward split.
+
+    Generated by list scheduling on the stage times (`tf`/`tb`/`tw` of a whole stage, each chunk half of them):
+    each rank, whenever it is free, runs the ready input-backward (I) first (deepest stage first), else a
+    forward (chunk 1 first), and a deferred W whenever nothing else can start yet, so W fills what would be
+    bubble; forwards stop while the rank holds 2p chunk-microbatches from F to W (p whole-stage microbatches,
+    1F1B's first-stage peak; a lower cap starves this greedy order of chunk-1 forwards). Unit model (F = 1, I = W = 1): p = 8,
+    m = 16 takes 51.5 (bubble 6.8%), as torch's ScheduleZBVZeroBubble; p = 4, m = 8 takes 26.0 (torch's 25.5)."""
+    _check_shape(p, m)
+    n, cap = 2 * p, 2 * p
+    cf, ci, cw = tf / 2, (tb - tw) / 2, tw / 2
+    f_end: dict[tuple[int, int], float] = {}
+    i_end: dict[tuple[int, int], float] = {}
+    rows: list[list[Action]] = [[] for _ in range(p)]
+    free = [0.0] * p
+    next_f = [[0, 0] for _ in range(p)]
+    wait_i: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    wait_w: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    held = [0] * p
+    for _ in range(3 * n * m):
+        pick = None
+        for r in range(p):
+            ready: list[tuple[float, int, int, ActionType, int, int]] = []  # (start, class, order, type, stage, mb)
+            for s, k in wait_i[r]:
+                dep = f_end[(s, k)] if s == n - 1 else i_end.get((s + 1, k))
+                if dep is not None:
+                    ready.append((max(free[r], dep), 0, -s, I, s, k))
+            for c, s in ((1, n - 1 - r), (0, r)):
+                k = next_f[r][c]
+                dep = 0.0 if s == 0 else f_end.get((s - 1, k))
+                if k < m and held[r] < cap and dep is not None:
+                    ready.append((max(free[r], dep), 1, -c, F, s, k))
+            first = min((x[0] for x in ready), default=None)
+            if wait_w[r] and (first is None or first > free[r]):
+                s, k = wait_w[r][0]
+                cand = (free[r], 2, 0, W, s, k)
+            elif first is not None:
+                cand = min(x for x in ready if x[0] <= first)
+            else:
+                continue
+            if pick is None or (cand[0], r) < (pick[1][0], pick[0]):
+                pick = (r, cand)
+        if pick is None:  # cannot happen at cap 2p: some rank always has an I, a W or a forward it may run
+            raise ScheduleError(f"zb_v: no runnable action at p={p}, m={m}")
+        r, (start, _, _, kind, s, k) = pick
+        if kind is F:
+            f_end[(s, k)] = free[r] = start + cf
+            next_f[r][0 if s < p else 1] += 1
+            wait_i[r].append((s, k))
+            held[r] += 1
+        elif kind is I:
+            i_end[(s, k)] = free[r] = start + ci
+            wait_i[r].remove((s, k))
+            wait_w[r].append((s, k))
+        else:
+            free[r] = start + cw
+            wait_w[r].pop(0)
+            held[r] -= 1
+        rows[r].append(Action(s, kind, k))
+    ranks = add_comms(rows, p, 2)
+    if tail:
+        ranks = tuple(row + (Action(n - 1 - r, ActionType.REDUCE_GRAD), Action(r, ActionType.REDUCE_GRAD),
+                             Action(r, ActionType.OPTIM)) for r, row in enumerate(ranks))
+    return Schedule("zb-v", p, m, 2, ranks, placement="v")

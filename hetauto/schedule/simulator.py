@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError
+from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, owner
 
 _CODE = {
     ActionType.F: 0, ActionType.B: 1, ActionType.I: 2, ActionType.W: 3,
@@ -55,7 +55,9 @@ def _vec(name: str, value: float | Sequence[float], n: int, allowed: tuple[int, 
 class PipelineCosts:
     """What each action costs. Per-rank tuples have p entries; `tf`/`tb`/`tw` may instead have p*v
     (one per virtual stage). A per-rank compute time is the whole rank's time (all its chunks), split
-    evenly over its v chunks. `tw` is the weight-grad part of `tb` (used by I/W split actions).
+    evenly over its v chunks. `tw` is the weight-grad part of `tb` (used by I/W split actions); where `tw` is
+    0, `w_share` (per rank or virtual stage, in [0, 1]) gives it as a share of `tb`, so whoever scales `tb`
+    (host contention, per-chunk splits) keeps the split (the cost model's way).
     `links[h]` is the link from rank h to h+1 (an optional p-th entry is rank p-1 -> 0, the
     interleaved wrap-around); `links_back[h]` the reverse direction (defaults to `links`).
     `act_bytes` per virtual boundary (p*v-1 entries or one scalar), the same for gradients.
@@ -66,6 +68,7 @@ class PipelineCosts:
     tf: Sequence[float] | float
     tb: Sequence[float] | float
     tw: Sequence[float] | float = 0.0
+    w_share: Sequence[float] | float = 0.0
     links: tuple[Link | None, ...] = ()
     links_back: tuple[Link | None, ...] | None = None
     link_groups: Mapping[str, float] = field(default_factory=dict)
@@ -123,23 +126,27 @@ def _resolve_links(costs: PipelineCosts, p: int) -> dict[tuple[int, int], Link]:
     return out
 
 
-def _chunk_times(costs: PipelineCosts, p: int, v: int) -> list[tuple[float, float, float, float]]:
+def _chunk_times(costs: PipelineCosts, p: int, v: int, placement: str = "loop") -> list[tuple[float, float, float, float]]:
     n = p * v
     tf = _vec("tf", costs.tf, p, (p, n))
     tb = _vec("tb", costs.tb, p, (p, n))
     tw = _vec("tw", costs.tw, p, (p, n))
     tpf = _vec("tp_f", costs.tp_f, p, (p,))
     tpb = _vec("tp_b", costs.tp_b, p, (p,))
+    share = _vec("w_share", costs.w_share, p, (p, n))
+    if any(x > 1 for x in share):
+        raise ScheduleError(f"w_share: shares of the backward must be in [0, 1], got {list(share)}")
     out = []
     for s in range(n):
-        r = s % p
+        r = owner(s, p, placement)
 
         def pick(vec: tuple[float, ...]) -> float:
             return vec[s] if len(vec) == n and n != p else vec[r] / v
 
         f = pick(tf) + tpf[r] / v
         b = pick(tb) + tpb[r] / v
-        w = min(pick(tw), b)
+        sh = share[s] if len(share) == n and n != p else share[r]
+        w = min(pick(tw), b) if pick(tw) > 0 else pick(tb) * sh  # TP collectives stay in I: dW is local
         out.append((f, b, b - w, w))
     return out
 
@@ -148,7 +155,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
     """Simulate one iteration; raises ScheduleError on a deadlock (naming the stuck ranks)."""
     p, v, m = schedule.p, schedule.v, schedule.m
     n = p * v
-    chunk = _chunk_times(costs, p, v)
+    chunk = _chunk_times(costs, p, v, schedule.placement)
     linkmap = _resolve_links(costs, p)
     nbytes = _vec("act_bytes", costs.act_bytes, max(n - 1, 1), (max(n - 1, 1),))
     allreduce = _vec("allreduce", costs.allreduce, p, (p,))
@@ -174,7 +181,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
             src_stage = s - 1 if kind == 0 else s + 1
             if not 0 <= src_stage < n:
                 continue
-            a, b = src_stage % p, s % p
+            a, b = schedule.owner(src_stage), schedule.owner(s)
             key = (a, b)
             if key not in link_index:
                 link_index[key] = nlinks
@@ -207,7 +214,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
             o.append(code_of[a.type])
             st.append(a.stage)
             mb.append(-1 if a.microbatch is None else a.microbatch)
-            if a.stage % p != r or not 0 <= a.stage < n:
+            if not 0 <= a.stage < n or schedule.owner(a.stage) != r:
                 raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own (p={p}, v={v})")
             if a.microbatch is not None and not 0 <= a.microbatch < m:
                 raise ScheduleError(f"rank {r}: action {a} names microbatch {a.microbatch}, outside 0..{m - 1}")

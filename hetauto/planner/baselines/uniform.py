@@ -13,7 +13,7 @@ from typing import Any
 
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.scoring import Scored, Scorer
+from hetauto.planner.scoring import Scored, Scorer, better
 from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
 
 
@@ -228,7 +228,7 @@ def _score_partition(scorer: Scorer, cand: Candidate, counts: tuple[int, ...]) -
         return None
     got = Scored(cand, plan, ev)
     scorer.by_candidate[cand] = got
-    if scorer.best is None or ev.throughput_samples_s > scorer.best.evaluation.throughput_samples_s:
+    if scorer.best is None or better(ev, scorer.best.evaluation):
         scorer.best = got
         scorer.improved_at = scorer.space.evaluator.evaluations
     return got

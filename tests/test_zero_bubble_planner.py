@@ -1,0 +1,90 @@
+"""Zero-bubble in the cost model and the planner (issue 28): the backward's W share from the matmul shapes, the
+deferred W in memory, ZB twins of the search's plans, `--schedules` restricting them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hetauto.cli import main
+from hetauto.core.plan import ScheduleSpec
+from hetauto.planner.evaluate import Evaluator
+from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
+
+from test_planner_helpers import tiny_inputs
+
+
+def test_weight_share_is_the_dw_gemms() -> None:
+    """W = each weight matmul's GEMM once more: the forward GEMM time x (2 x matmul weights) / block flops."""
+    inp = tiny_inputs()
+    ev = Evaluator(inp)
+    d = ev.stage_detail("fast", (1, 4), 1, 1, 4)  # three blocks, no embedding, no head
+    blk = inp.layers[1]
+    gemm = d.fwd_compute_s - d.bytes_moved / ev.cluster("fast").device.memory_bandwidth_Bps
+    assert d.bwd_weight_s == pytest.approx(gemm * 2 * blk.matmul_params / blk.fwd_flops_per_token, rel=1e-12)
+    assert d.weight_share == pytest.approx(d.bwd_weight_s / d.bwd_compute_s, rel=1e-12)
+    assert 0.3 < d.weight_share < 0.5
+
+
+def _plan(space: StrategySpace, schedule: str):  # noqa: ANN202
+    cand = Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), schedule)
+    return space.build(cand).plans
+
+
+def test_zero_bubble_twin_prices_w_and_memory() -> None:
+    inp = tiny_inputs(layers=8, gbs=16)
+    ev = Evaluator(inp)
+    space = StrategySpace(inp, ev)
+    (base,) = _plan(space, "1f1b")
+    (twin,) = _plan(space, "zb-h1")
+    assert twin.schedule.name == "zb-h1" and [s.layers for s in twin.stages] == [s.layers for s in base.stages]
+    costs = ev.pipeline_costs(twin)
+    for r, st in enumerate(twin.stages):  # the analytical share, of the stage's whole backward
+        d = ev.stage_detail(st.cluster, st.layers, st.tp, st.dp, twin.microbatch_size)
+        assert costs.w_share[r] == pytest.approx(d.weight_share, rel=1e-9)
+    assert ev.pipeline_costs(base).w_share == 0.0
+    p, m = twin.num_stages, twin.num_microbatches
+    defer = twin.schedule.w_defer or tuple(range(p))
+    assert [ev.inflight(twin, i) for i in range(p)] == [min(m, p - i + defer[i]) for i in range(p)]
+    assert ev.evaluate(twin).iteration_time_s < ev.evaluate(base).iteration_time_s
+
+
+@pytest.mark.parametrize("caps,defer", [((None, 3, 2), (0, 1, 1)), ((3, 2, 1), (0, 0, 0)), ((None, None, None), ())])
+def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, caps: tuple, defer: tuple) -> None:
+    """Stage i defers its W by min(i, what its memory holds beyond 1F1B's p - i); () is ZB-H1's own (i)."""
+    monkeypatch.setattr(StrategySpace, "_inflight_caps", staticmethod(lambda costs, c, counts, m: list(caps)))
+    inp = tiny_inputs(layers=8, gbs=16)
+    (twin,) = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
+    assert twin.num_stages == 3 and twin.schedule.w_defer == defer
+
+
+def test_schedule_spec_w_defer_round_trip_and_refusals() -> None:
+    assert "w_defer" not in ScheduleSpec(name="zb-h1").model_dump()
+    assert ScheduleSpec(name="zb-h1", w_defer=(0, 1)).model_dump()["w_defer"] == (0, 1)
+    with pytest.raises(ValueError, match="w_defer applies to zb-h1 and virtual-zb only, not 1f1b"):
+        ScheduleSpec(name="1f1b", w_defer=(0, 1))
+
+
+def test_cli_schedules_zb_h1_only(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--scenario", "cpu-demo", "--max-evaluations", "60", "--schedules", "zb-h1", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["schedule"]["name"] == "zb-h1"
+
+
+def test_twins_phase_scores_the_twins_that_can_win() -> None:
+    """zero_bubble_twins scores the twin of a candidate with a bubble (its bound beats the best) and skips one
+    whose bound cannot: a one-stage candidate has no bubble to fill."""
+    from hetauto.planner.scoring import Scorer
+    from hetauto.planner.search import zero_bubble_twins
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    space = StrategySpace(inp, Evaluator(inp))
+    scorer = Scorer(space)
+    two = Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), "1f1b")
+    got = scorer.score(two)
+    assert got is not None and got.evaluation.bubble_fraction > 0
+    zero_bubble_twins(space, scorer, lambda: False)
+    twin = scorer.by_candidate[Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), "zb-h1")]
+    assert twin is not None and twin.plan.schedule.name == "zb-h1"
+    assert scorer.best is twin  # faster than its base
