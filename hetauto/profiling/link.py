@@ -5,8 +5,11 @@ rows include what the model would otherwise have to guess (the kernel's TCP wind
 the NICs, the relay's copies). Each concurrent flow is its own gloo process group, hence its own TCP connection
 (gloo connects one pair per peer per context), as each rank pair of a boundary has its own.
 
-One measurement: rank 0 sends `flows` messages of `nbytes` at once, rank 1 receives them all and answers with a
-one-byte ack on flow 0; rank 0 times send-to-ack. The ack's own one-way time (half the round trip of a
+One measurement: rank 1 posts its receives, both pass a barrier, rank 0 sends `flows` messages of `nbytes` at
+once, rank 1 receives them all and answers with a one-byte ack on flow 0; rank 0 times send-to-ack. Receives
+are posted first because a pipeline's receiver posts ahead of the send, and gloo's TCP pair holds a send until
+the receiver's ready notice arrives (one more one-way trip when it comes late). Two untimed transfers of the
+largest size per number of flows come first: a fresh connection's windows grow over its first transfers. The ack's own one-way time (half the round trip of a
 one-byte ping-pong, measured first) is subtracted, so a row is the one-way time from the first byte sent to the
 last byte received. The median of `repeats` tries is kept (one slow try, e.g. a TCP slow start after idle, does
 not move it).
@@ -90,26 +93,34 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
 
         ping()  # connect and warm the pair
         rtt = statistics.median(ping() for _ in range(max(repeats, 3)))
+
+        def transfer(bufs: list) -> float:
+            # the receiver posts first (as a pipeline's receiver does, ahead of the send): gloo then sends at once
+            # instead of waiting a one-way trip for the receiver's ready notice
+            works = [] if rank == 0 else [dist.irecv(b, 0, group=g) for b, g in zip(bufs, groups)]
+            dist.barrier(group=groups[0])
+            t0 = time.perf_counter()
+            if rank == 0:
+                for w in [dist.isend(b, 1, group=g) for b, g in zip(bufs, groups)]:
+                    w.wait()
+                dist.recv(ack, 1, group=groups[0])
+            else:
+                for w in works:
+                    w.wait()
+                dist.send(ack, 0, group=groups[0])
+            return time.perf_counter() - t0 - rtt / 2
+
         rows = []
         total, done = len(sizes) * len(flows), 0
         for f in flows:
+            # untimed transfers of the largest size first: a fresh connection's receive window and congestion
+            # window grow over its first transfers, which a training run's steady steps no longer pay
+            big = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(f)]
+            for _ in range(2):
+                transfer(big)
             for n in sizes:
                 bufs = [torch.zeros(n, dtype=torch.uint8) for _ in range(f)]
-                tries = []
-                for _ in range(repeats):
-                    dist.barrier(group=groups[0])
-                    t0 = time.perf_counter()
-                    if rank == 0:
-                        works = [dist.isend(bufs[i], 1, group=groups[i]) for i in range(f)]
-                        for w in works:
-                            w.wait()
-                        dist.recv(ack, 1, group=groups[0])
-                    else:
-                        works = [dist.irecv(bufs[i], 0, group=groups[i]) for i in range(f)]
-                        for w in works:
-                            w.wait()
-                        dist.send(ack, 0, group=groups[0])
-                    tries.append(time.perf_counter() - t0 - rtt / 2)
+                tries = [transfer(bufs) for _ in range(repeats)]
                 rows.append(LinkRowResult(n, f, max(statistics.median(tries), 1e-9)))
                 done += 1
                 if progress is not None:
