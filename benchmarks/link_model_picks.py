@@ -3,7 +3,7 @@
 the transport model (the same links with a TCP window of 4 MiB per stream: Linux's stock net.ipv4.tcp_wmem[2],
 the cap on one stream's bytes in flight; gloo opens one stream per peer pair, hetauto.planner.linkmodel).
 
-    python benchmarks/link_model_picks.py [--scenarios two-cluster,paper-4c] [--json]
+    python benchmarks/link_model_picks.py [--scenarios two-cluster,paper-4c] [--rate 1Gbps] [--latency 40ms] [--json]
 
 Per scenario: the old pick's time under the old and the new model (how far its predicted time moves), the new
 pick's time under the new model, and whether the pick changed (its stages' clusters, layers, tp x dp, schedule).
@@ -27,7 +27,7 @@ WINDOW = "4MiB"
 RATE, LATENCY = "1Gbps", "40ms"
 
 
-def specs(name: str) -> tuple[Any, Any, Any]:
+def specs(name: str, rate: str = RATE, latency: str = LATENCY) -> tuple[Any, Any, Any]:
     """(scenario, old spec, new spec): every cross-cluster link at RATE / LATENCY; the new one with WINDOW."""
     from hetauto.core.cluster import cluster_from_dict
     from hetauto.core.scenarios import get_scenario
@@ -36,9 +36,9 @@ def specs(name: str) -> tuple[Any, Any, Any]:
     doc = scen.cluster.to_document()
 
     def slow(link: dict[str, Any], window: bool) -> dict[str, Any]:
-        out = {**link, "bandwidth": RATE, "latency": LATENCY}
+        out = {**link, "bandwidth": rate, "latency": latency}
         if "shared_capacity" in out:
-            out["shared_capacity"] = RATE
+            out["shared_capacity"] = rate
         return {**out, "window": WINDOW} if window else out
 
     def variant(window: bool) -> Any:
@@ -47,7 +47,7 @@ def specs(name: str) -> tuple[Any, Any, Any]:
         if "default" in links:
             links["default"] = slow(links["default"], window)
         links["overrides"] = [slow(o, window) for o in links.get("overrides", [])]
-        return cluster_from_dict(d, f"{name} at {RATE}/{LATENCY}" + (f", window {WINDOW}" if window else ""))
+        return cluster_from_dict(d, f"{name} at {rate}/{latency}" + (f", window {WINDOW}" if window else ""))
 
     return scen, variant(False), variant(True)
 
@@ -57,12 +57,12 @@ def shape(plan: Any) -> str:
     return f"{plan.schedule.name} m={plan.num_microbatches}: {stages}"
 
 
-def row(name: str) -> dict[str, Any]:
+def row(name: str, rate: str = RATE, latency: str = LATENCY) -> dict[str, Any]:
     from hetauto.planner.evaluate import Evaluator
     from hetauto.planner.inputs import load_planning_inputs
     from hetauto.planner.search import plan
 
-    scen, old_spec, new_spec = specs(name)
+    scen, old_spec, new_spec = specs(name, rate, latency)
 
     def inputs(spec: Any) -> Any:
         return load_planning_inputs(cluster=spec, model=scen.model.name, global_batch=scen.global_batch,
@@ -75,7 +75,7 @@ def row(name: str) -> dict[str, Any]:
     t_old_old = old_ev.evaluate(old_pick).iteration_time_s
     t_old_new = new_ev.evaluate(old_pick).iteration_time_s
     t_new_new = new_ev.evaluate(new_pick).iteration_time_s
-    return {"scenario": name, "old_pick": shape(old_pick), "new_pick": shape(new_pick),
+    return {"scenario": name, "rate": rate, "latency": latency, "old_pick": shape(old_pick), "new_pick": shape(new_pick),
             "changed": shape(old_pick) != shape(new_pick), "old_pick_old_model_s": t_old_old,
             "old_pick_new_model_s": t_old_new, "moved": t_old_new / t_old_old - 1, "new_pick_new_model_s": t_new_new,
             "gain_of_replanning": t_old_new / t_new_new - 1}
@@ -84,13 +84,15 @@ def row(name: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", default="two-cluster,paper-4c")
+    ap.add_argument("--rate", default=RATE, help="every cross-cluster link's bandwidth (default %(default)s)")
+    ap.add_argument("--latency", default=LATENCY, help="and its one-way latency (default %(default)s)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     out = []
     for name in args.scenarios.split(","):
-        r = row(name.strip())
+        r = row(name.strip(), args.rate, args.latency)
         out.append(r)
-        print(f"{r['scenario']}: old pick {r['old_pick_old_model_s']:.3f} s (old model) -> "
+        print(f"{r['scenario']} at {r['rate']}/{r['latency']}: old pick {r['old_pick_old_model_s']:.3f} s (old model) -> "
               f"{r['old_pick_new_model_s']:.3f} s (new model, {r['moved']:+.1%}); new pick "
               f"{r['new_pick_new_model_s']:.3f} s; pick changed: {'yes' if r['changed'] else 'no'} "
               f"(re-planning gains {r['gain_of_replanning']:+.1%})\n  old: {r['old_pick']}\n  new: {r['new_pick']}",

@@ -218,3 +218,16 @@ def test_old_specs_price_as_before(tmp_path) -> None:
     assert ev.pipeline_costs(plan).links[0] == Link(0.02, pytest.approx(GBPS))
     (info,) = ev.breakdown(plan).links
     assert (info.source, info.detail) == ("nominal", "nominal 1Gbps")
+
+
+def test_evaluate_command_lists_each_boundary_link(tmp_path) -> None:
+    from hetauto.commands.evaluate import evaluate_document
+
+    inp = _inputs(tmp_path, SPEC)
+    plan = _plan(inp, ("a", (0,)), ("b", (0,)))
+    plan.save(tmp_path / "plan.json")
+    doc = evaluate_document(tmp_path / "plan.json")
+    (link,) = doc["links"]
+    s = link["flow_bytes"]
+    assert link == {"boundary": 0, "kind": "cross-cluster", "source": "model", "flows": 1, "flow_bytes": s,
+                    "detail": "window 1 x 3MiB / 40 ms RTT = 0.6291Gbps", "seconds": 0.02 + s / (3 * MIB / 0.04)}
