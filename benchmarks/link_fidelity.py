@@ -10,8 +10,9 @@ Needs root, iproute2 and /dev/net/tun; otherwise it says why and exits 0. On eac
    around the plan's activation, 1 flow: the measured rows.
 2. `hetauto run PLAN --emulate netns --trace` of a 2-stage plan (a small GPT, one stage per namespace, one
    microbatch, so each boundary transfer is alone on the link): the executor's own transports over the same
-   kind of link (rate and the spec's latency, relayed). Measured per boundary: the last step's forward and
-   backward transfer (send posted -> completion, hetauto.runtime.results.measured_timeline), their mean.
+   kind of link (rate and the spec's latency, relayed). Measured per boundary, from the last step's trace: the
+   forward and the backward transfer (the send's post -> the receiver's compute start: with one microbatch the
+   receiver is waiting for it), their mean.
 3. Predicted by the Evaluator for the same boundary (`Evaluator.link_prices`), three ways:
    - `nominal`: the spec's bandwidth and latency only (the old model): latency + bytes / rate;
    - `datasheet`: plus the transport model's window (hetauto.planner.linkmodel): `window` = the kernel's cap on
@@ -41,9 +42,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 LINKS = ((0.1, 1.0), (0.1, 20.0), (0.1, 70.0), (1.0, 1.0), (1.0, 20.0), (1.0, 70.0))  # Gbit/s, ms one way
-MODEL = {"model_type": "gpt2", "n_layer": 2, "n_embd": 512, "n_head": 8, "vocab_size": 256, "n_positions": 256}
+# untied: a tied embedding's gradient sum at the step's end would send data both ways over the boundary's own TCP
+# connection, so the next step's first transfer would not start idle
+MODEL = {"model_type": "gpt2", "n_layer": 2, "n_embd": 512, "n_head": 8, "vocab_size": 256, "n_positions": 256,
+         "tie_word_embeddings": False}
 SEQ, MICROBATCH = 256, 4  # activation: 4 x 256 x 512 fp32 = 2 MiB per transfer
 PORT = 29610
+RELAY_MTU = 65000  # hetauto.runtime.netns's TUN devices (NamespaceTopology's default mtu)
 
 
 def kernel_window() -> int:
@@ -56,8 +61,9 @@ def kernel_window() -> int:
 
 def spec_doc(gbps: float, ms: float, window: int | None = None, rows: list[dict] | None = None) -> dict[str, Any]:
     link: dict[str, Any] = {"bandwidth": f"{gbps:g}Gbps", "latency": f"{ms:g}ms", "shared_capacity": f"{gbps:g}Gbps"}
-    if window is not None:
+    if window is not None:  # the transport model's figures: this host's window cap, the relayed TUN's MTU
         link["window"] = f"{window}B"
+        link["mtu"] = RELAY_MTU
     if rows:
         link["measured"] = rows
     return {"clusters": [{"name": n, "nodes": {"count": 1, "devices_per_node": 1, "device": "cpu"}}
@@ -118,15 +124,17 @@ def executor_run(plan_path: Path, steps: int) -> dict[str, Any]:
     doc = json.loads(got.stdout)
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
-    links = {"link 0->1": [], "link 1->0": []}
-    for e in events:
-        if e.get("ph") == "X" and names.get(e["tid"]) in links:
-            links[names[e["tid"]]].append(e["dur"] / 1e6)
-    fwd, bwd = links["link 0->1"], links["link 1->0"]
-    if not fwd or not bwd:
-        raise RuntimeError("the run's trace has no boundary transfers")
-    return {"forward_s": statistics.mean(fwd), "backward_s": statistics.mean(bwd),
-            "transfer_s": statistics.mean([statistics.mean(fwd), statistics.mean(bwd)]),
+    start = {(names[e["tid"]], e["name"]): e["ts"] / 1e6 for e in events if e.get("ph") == "X"}
+    try:
+        # with one microbatch each receiver waits for its input and starts computing the moment it lands, so a
+        # transfer is: the receiver's compute start - the send's post. (The trace's link tracks end at the first
+        # completion either side saw; over TCP a send completes once its bytes are in the socket buffer, so
+        # the sender's sighting can precede delivery by the whole transfer.)
+        fwd = start[("stage 1", "F0")] - start[("link 0->1", "SEND_F0")]
+        bwd = start[("stage 0", "B0")] - start[("link 1->0", "SEND_B0")]
+    except KeyError as err:
+        raise RuntimeError(f"the run's trace lacks {err}") from None
+    return {"forward_s": fwd, "backward_s": bwd, "transfer_s": (fwd + bwd) / 2,
             "measured_step_s": doc["measured_step_s"], "predicted_step_s": doc["predicted_step_s"]}
 
 

@@ -96,11 +96,12 @@ def test_a_blocking_send_holds_its_sender() -> None:
 
 # ------------------------------------------------------------------------------------------- the spec
 def test_spec_fields_round_trip_and_validate() -> None:
-    doc = spec_with(streams=2, blocking=True, measured=[{"bytes": "1MiB", "seconds": 0.061},
+    doc = spec_with(streams=2, blocking=True, mtu=9000, slow_start_after_idle=False, measured=[{"bytes": "1MiB", "seconds": 0.061},
                                                        {"bytes": 1024, "flows": 1, "seconds": "41ms"}])
     spec = cluster_from_dict(doc, "c.yaml")
     link = spec.link("a", "b")
-    assert (link.window_bytes, link.streams, link.blocking) == (3 * MIB, 2, True)
+    assert (link.window_bytes, link.streams, link.blocking, link.mtu, link.slow_start_after_idle) == (
+        3 * MIB, 2, True, 9000, False)
     assert link.measured == (LinkRow(1024.0, 1, 0.041), LinkRow(MIB, 1, 0.061))
     assert spec.cluster("a").inter_node.nics_per_node == 1 and spec.cluster("b").inter_node.nics_per_node is None
     again = cluster_from_dict(spec.to_document())
@@ -114,6 +115,10 @@ def test_spec_fields_round_trip_and_validate() -> None:
                      "got 0 (e.g. streams: 1)"),
     ({"blocking": "yes"}, "c.yaml: links.default.blocking: expected true or false, got 'yes' (blocking: true "
                           "when a send holds its sender)"),
+    ({"mtu": 100}, "c.yaml: links.default.mtu: must be an IPv4 MTU between 576 and 65535 bytes, got 100 (e.g. "
+                   "mtu: 1500)"),
+    ({"slow_start_after_idle": 0}, "c.yaml: links.default.slow_start_after_idle: expected true or false, got 0 "
+                                   "(slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0)"),
     ({"measured": [{"bytes": "1KiB", "seconds": 0}]},
      "c.yaml: links.default.measured[0].seconds: a measured time must be positive, got 0 (e.g. seconds: 0.012)"),
     ({"measured": [{"bytes": "1KiB", "seconds": 1}, {"bytes": 1024, "seconds": 2}]},
@@ -231,3 +236,36 @@ def test_evaluate_command_lists_each_boundary_link(tmp_path) -> None:
     s = link["flow_bytes"]
     assert link == {"boundary": 0, "kind": "cross-cluster", "source": "model", "flows": 1, "flow_bytes": s,
                     "detail": "window 1 x 3MiB / 40 ms RTT = 0.6291Gbps", "seconds": 0.02 + s / (3 * MIB / 0.04)}
+
+
+def test_slow_start_after_idle_closed_form() -> None:
+    from hetauto.planner.linkmodel import rto_s, slow_start_seconds
+
+    rate, rtt, iw, window = 1 * GBPS, 0.14, 10 * 64948.0, 4 * MIB
+    # 2 MiB: rounds of 649,480 and 1,298,960 bytes (one RTT each), then the last 148,712 bytes at the rate
+    assert slow_start_seconds(2 * MIB, rate, rtt, 0.07, iw, window) == pytest.approx(
+        2 * 0.14 + (2 * MIB - 3 * iw) / rate + 0.07)
+    assert slow_start_seconds(iw, rate, rtt, 0.07, iw, window) == pytest.approx(0.07 + iw / rate)  # one round
+    assert slow_start_seconds(2 * MIB, 1e6, rtt, 0.0, iw, window) == pytest.approx(2 * MIB / 1e6)  # rate-bound
+    assert rto_s(0.14) == pytest.approx(0.34)
+    link = LinkSpec(GBPS, 0.07, window_bytes=window, mtu=65000)
+    warm, idle = price_link(link, 2 * MIB, idle_s=0.3), price_link(link, 2 * MIB, idle_s=0.35)
+    assert warm.seconds(2 * MIB) == pytest.approx(0.14)  # 0.3 s < RTO 0.34 s: window-limited, 4 MiB per RTT
+    assert idle.seconds(2 * MIB) == pytest.approx(2 * 0.14 + (2 * MIB - 3 * iw) / GBPS + 0.07)
+    assert idle.detail.endswith("; idle 350 ms > RTO 340 ms: slow start from 10 x 64948 B")
+    off = LinkSpec(GBPS, 0.07, window_bytes=window, mtu=65000, slow_start_after_idle=False)
+    assert price_link(off, 2 * MIB, idle_s=10.0).seconds(2 * MIB) == warm.seconds(2 * MIB)
+    assert price_link(LinkSpec(GBPS, 0.07), 2 * MIB, idle_s=10.0).seconds(2 * MIB) == 0.07 + 2 * MIB / GBPS  # no TCP
+
+
+def test_a_step_of_one_microbatch_idles_each_direction(tmp_path) -> None:
+    inp = _inputs(tmp_path, spec_with(mtu=9000))
+    plan = _plan(inp, ("a", (0,)), ("b", (0,)))
+    one = plan.model_copy(update={"num_microbatches": 1, "global_batch": 2})
+    ev = Evaluator(inp)
+    costs = ev.pipeline_costs(one)
+    idle = sum(costs.tf) + sum(costs.tb)
+    assert ev._idle_s(one, costs.tf, costs.tb) == idle and ev._idle_s(plan, costs.tf, costs.tb) == max(
+        f + b for f, b in zip(costs.tf, costs.tb))
+    assert idle < 0.24  # tiny-gpt on an A100: far below the RTO (40 ms RTT + 200 ms), so no restart
+    assert costs.links[0] == Link(0.02, 3 * MIB / 0.04)

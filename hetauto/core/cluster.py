@@ -114,6 +114,10 @@ class LinkDoc(_Strict):
     window: str | float | None = None
     streams: int | None = None
     blocking: bool = False
+    # with a window (TCP): the path MTU (initial window: 10 segments of MTU - 52) and whether a stream idle
+    # longer than its RTO restarts from that initial window (Linux net.ipv4.tcp_slow_start_after_idle, default 1)
+    mtu: int | None = None
+    slow_start_after_idle: bool = True
     # measured rows (hetauto profile link): they price the link where they cover a message's size and flows
     measured: tuple[LinkRowDoc, ...] = ()
 
@@ -148,11 +152,25 @@ class LinkDoc(_Strict):
             raise ValueError(f"must be a positive number of TCP streams per peer pair, got {v} (e.g. streams: 1)")
         return v
 
-    @field_validator("blocking", mode="before")
+    @field_validator("blocking", "slow_start_after_idle", mode="before")
     @classmethod
-    def _blocking(cls, v: Any) -> Any:
+    def _blocking(cls, v: Any, info: Any) -> Any:
         if not isinstance(v, bool):
-            raise ValueError(f"expected true or false, got {v!r} (blocking: true when a send holds its sender)")
+            why = ("blocking: true when a send holds its sender" if info.field_name == "blocking" else
+                   "slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0")
+            raise ValueError(f"expected true or false, got {v!r} ({why})")
+        return v
+
+    @field_validator("mtu", mode="before")
+    @classmethod
+    def _mtu(cls, v: Any) -> Any:
+        return v if v is None else _not_a_boolean(v, "an MTU in bytes", "mtu: 1500")
+
+    @field_validator("mtu")
+    @classmethod
+    def _mtu_range(cls, v: int | None) -> int | None:
+        if v is not None and not 576 <= v <= 65535:
+            raise ValueError(f"must be an IPv4 MTU between 576 and 65535 bytes, got {v} (e.g. mtu: 1500)")
         return v
 
 
@@ -302,7 +320,8 @@ class LinkSpec:
     The transport model's figures (hetauto.planner.linkmodel prices them): `window_bytes` the TCP window of one
     stream (None: not window-limited, e.g. RDMA), `streams` the TCP streams the transport opens per peer pair
     (None: the transport's default), `blocking` whether a send holds its sender until its bytes are out;
-    `measured` rows from `hetauto profile link`, which take precedence where they cover a message;
+    `measured` rows from `hetauto profile link`, which take precedence where they cover a message; `mtu` (None:
+    1500) and `slow_start_after_idle` say how a window-limited stream restarts after idling;
     `nics_per_node` (a cluster's inter-node link only) the NICs of `bandwidth_Bps` each that a node's devices
     share (None: one per device)."""
 
@@ -314,6 +333,8 @@ class LinkSpec:
     blocking: bool = False
     measured: tuple[LinkRow, ...] = ()
     nics_per_node: int | None = None
+    mtu: int | None = None
+    slow_start_after_idle: bool = True
 
     def transfer_time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_Bps
@@ -451,6 +472,10 @@ class ClusterSpec:
                 d["blocking"] = True
             if link.measured:
                 d["measured"] = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds} for r in link.measured]
+            if link.mtu is not None:
+                d["mtu"] = link.mtu
+            if not link.slow_start_after_idle:
+                d["slow_start_after_idle"] = False
             return d
 
         def node_link_doc(link: LinkSpec) -> dict[str, Any]:
@@ -545,7 +570,7 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
         return LinkSpec(float(d.bandwidth), float(d.latency),
                         None if d.shared_capacity is None else float(d.shared_capacity),
                         None if d.window is None else float(d.window), d.streams, d.blocking,
-                        _link_rows(d, where, source))
+                        _link_rows(d, where, source), mtu=d.mtu, slow_start_after_idle=d.slow_start_after_idle)
 
     overrides = []
     pairs: dict[frozenset[str], int] = {}

@@ -217,6 +217,11 @@ class Evaluator:
         self._plans: dict[tuple, Evaluation] = {}
         self._shard_exposed: tuple[tuple, list[float]] = ((), [])
         self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
+        # whether any cross-cluster link may restart from slow start (a TCP window, the restart on): only then
+        # do boundary prices depend on the plan's stage times (and the link cache key on them)
+        spec = inputs.cluster
+        self._slow_start = any(ln.window_bytes is not None and ln.slow_start_after_idle
+                               for ln in (spec.default_link, *(o[2] for o in spec.overrides)) if ln is not None)
         self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
 
     # ----------------------------------------------------------------------------------- pieces
@@ -533,8 +538,8 @@ class Evaluator:
                 return LinkSpec(bw, c.inter_node.latency_s)
         return link
 
-    def _boundary(self, a: StagePlan, b: StagePlan, method: str,
-                  nbytes: float) -> tuple[Link, Link, dict[str, float]]:
+    def _boundary(self, a: StagePlan, b: StagePlan, method: str, nbytes: float,
+                  idle_s: float = 0.0) -> tuple[Link, Link, dict[str, float]]:
         """(forward link a->b, backward link b->a, {shared group: capacity in 'S-bytes'/s}).
 
         A boundary between two backends goes through the `host` transport (`host_links`): each message also pays
@@ -545,12 +550,12 @@ class Evaluator:
         A cross-cluster link with `shared_capacity_Bps` caps all flows of one direction between the two
         clusters (full duplex: each direction has the capacity). Its group is named by the direction and
         by the bytes-on-the-wire factor (lanes send tp_d copies), so the capacity is in units of S."""
-        key = (a.cluster, a.devices, a.dp, a.tp, b.cluster, b.devices, b.dp, b.tp, method, nbytes)
+        key = (a.cluster, a.devices, a.dp, a.tp, b.cluster, b.devices, b.dp, b.tp, method, nbytes, idle_s)
         hit = self._links.get(key)
         if hit is not None:
             return hit
         ca, cb = self.cluster(a.cluster), self.cluster(b.cluster)
-        link, price, _ = self._link_price(a, b, method, nbytes)
+        link, price, _ = self._link_price(a, b, method, nbytes, idle_s)
         shared = link.shared_capacity_Bps if ca.name != cb.name else None
         link = price.as_link()
         out_a, in_b = self.host_links(ca.name, cb.name)
@@ -580,11 +585,12 @@ class Evaluator:
         self._links[key] = hit
         return hit
 
-    def _link_price(self, a: StagePlan, b: StagePlan, method: str,
-                    nbytes: float) -> tuple[LinkSpec, LinkPrice, BoundaryLink]:
+    def _link_price(self, a: StagePlan, b: StagePlan, method: str, nbytes: float,
+                    idle_s: float = 0.0) -> tuple[LinkSpec, LinkPrice, BoundaryLink]:
         """(the spec's link, what one flow gets on it, the breakdown's record) for boundary a -> b: between two
         clusters their link, inside one its inter-node link (NICs shared by the flows of one node) or, on one
-        node, its intra-node link (nominal). hetauto.planner.linkmodel prices it: measured rows first."""
+        node, its intra-node link (nominal). hetauto.planner.linkmodel prices it: measured rows first; `idle_s`:
+        how long each direction goes without sending (`_idle_s`), for TCP's slow start after idle."""
         ca, cb = self.cluster(a.cluster), self.cluster(b.cluster)
         flows, flow_bytes = cm.boundary_flows(method, nbytes, (a.dp, a.tp), (b.dp, b.tp))
 
@@ -594,7 +600,7 @@ class Evaluator:
 
         if ca.name != cb.name:
             link, kind = self.inputs.cluster.link(ca.name, cb.name), "cross-cluster"
-            price = price_link(link, flow_bytes, flows, share(a, ca), share(b, cb))
+            price = price_link(link, flow_bytes, flows, share(a, ca), share(b, cb), idle_s=idle_s)
         else:
             nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
             if len(nodes) == 1:
@@ -610,12 +616,24 @@ class Evaluator:
         """How each of `plan`'s boundaries was priced (which source, which term), in boundary order."""
         methods = plan.boundary_methods()
         table = self.layer_table(self.precision(plan))
+        costs = self._costs(plan)
+        idle = self._idle_s(plan, costs.tf, costs.tb) if self._slow_start else 0.0
         out = []
         for h in range(plan.num_stages - 1):
             a, b = plan.stages[h], plan.stages[h + 1]
             s = table.range(*a.layers).boundary_bytes_per_sample * plan.microbatch_size
-            out.append(replace(self._link_price(a, b, methods[h], s)[2], boundary=h))
+            out.append(replace(self._link_price(a, b, methods[h], s, idle)[2], boundary=h))
         return tuple(out)
+
+    @staticmethod
+    def _idle_s(plan: Plan, tf: "tuple[float, ...] | list[float]", tb: "tuple[float, ...] | list[float]") -> float:
+        """How long a boundary's direction goes without sending, for TCP's slow start after idle (linkmodel):
+        in a pipeline's steady state one send per cycle of the slowest stage (its forward + backward); with one
+        microbatch a whole step (at least every stage's forward and backward). The first transfer after a step's
+        end idles longer; it is one of m and is not told apart."""
+        if plan.num_microbatches > 1:
+            return max(f + b for f, b in zip(tf, tb))
+        return sum(tf) + sum(tb)
 
     def host_links(self, src: str, dst: str) -> tuple[float, float]:
         """(sender's, receiver's) host-link bandwidth for the boundary src -> dst (cluster names): (inf, inf) when
@@ -786,13 +804,14 @@ class Evaluator:
         nbytes: list[float] = []
         pairs = [(stages[h], stages[h + 1], methods[h]) for h in range(p - 1)]
         interleaved = plan.schedule.name == "interleaved" and p > 1
+        idle = self._idle_s(plan, tf, tb) if self._slow_start else 0.0
         if interleaved:
             pairs.append((stages[-1], stages[0], methods[-1] if methods else "scatter-allgather"))
         for a, b, method in pairs:
             s = table.range(*a.layers).boundary_bytes_per_sample * mb
             if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
                 s = float(table.layers[1].boundary_bytes_per_sample * mb) if len(table.layers) > 1 else 0.0
-            f, bk, gs = self._boundary(a, b, method, s)
+            f, bk, gs = self._boundary(a, b, method, s, idle)
             links.append(f)
             back.append(bk)
             groups.update(gs)
