@@ -14,6 +14,9 @@ T = 1e12
     ("l40s", 362, 183, 91.6, 48, "cuda"), ("rtx-4090", 165.2, 82.6, 82.6, 24, "cuda"),
     ("rtx-3090", 71, 35.6, 35.6, 24, "cuda"), ("a10", 125, 62.5, 31.2, 24, "cuda"),
     ("mi325x", 1307, 653.7, 163.4, 256, "rocm"),
+    # issue 27's: devices users run mixed training on
+    ("l4", 121, 60, 30.3, 24, "cuda"), ("a40", 149.7, 74.8, 37.4, 48, "cuda"),
+    ("a800-80g", 312, 156, 19.5, 80, "cuda"),
 ])
 def test_new_devices(key: str, bf16: float, tf32: float, fp32: float, memory_gib: float, backend: str) -> None:
     d = catalog()[key]
@@ -33,3 +36,23 @@ def test_ascend_910b_names_its_sku() -> None:
     assert d.name == "Huawei Ascend 910B3" and d.peak_flops == 313 * T
     for figure in ("910B2 376", "910B3 313", "910B4 280", "320 TFLOPS"):
         assert figure in d.source
+
+
+@pytest.mark.parametrize("key, fp16, fp32, memory_gib", [("t4", 65, 8.1, 16), ("v100-32g", 125, 15.7, 32)])
+def test_devices_without_bf16_price_it_at_fp16(key: str, fp16: float, fp32: float, memory_gib: float) -> None:
+    d = catalog()[key]
+    assert (d.peak_for("bf16"), d.peak_for("fp16"), d.peak_for("fp32", True)) == (fp16 * T, fp16 * T, fp32 * T)
+    assert d.memory_bytes == memory_gib * 2**30 and "datasheet" in d.source and not d.estimated
+
+
+def test_a800_is_an_a100_with_slower_nvlink() -> None:
+    a800, a100 = catalog()["a800-80g"], catalog()["a100-80g"]
+    assert a800.intra_node_bandwidth_Bps == 400e9 and a100.intra_node_bandwidth_Bps == 600e9
+    assert (a800.peak_flops, a800.memory_bytes, a800.memory_bandwidth_Bps) == (
+        a100.peak_flops, a100.memory_bytes, a100.memory_bandwidth_Bps)
+
+
+def test_ascend_910c_says_it_is_estimated() -> None:
+    d = catalog()["ascend-910c"]
+    assert d.estimated and d.backend == "npu" and d.peak_flops == 800 * T and d.memory_bytes == 128 * 2**30
+    assert "publishes no Ascend 910C datasheet" in d.source

@@ -58,7 +58,7 @@ def test_catalog_host_links_and_profile_round_trip() -> None:
         "h20": gen5, "mi300x": gen5, "max-1550": gen5, "v100-16g": 12e9, "cpu": math.inf,
         # PCIe Gen4 x16 cards, Gen5 x16 modules, and GH200's NVLink-C2C (450 GB/s per direction)
         "a10": gen4, "l40s": gen4, "rtx-3090": gen4, "rtx-4090": gen4, "b200": gen5, "h200": gen5, "mi325x": gen5,
-        "gh200": 450e9}
+        "gh200": 450e9, "t4": 12e9, "l4": gen4, "a40": gen4, "a800-80g": gen4, "v100-32g": 12e9, "ascend-910c": gen4}
     assert "host_link_bandwidth" not in cat["cpu"].to_document()  # none: the CPU's memory is the host's
     assert cat["h100"].to_document()["host_link_bandwidth"] == gen5
     measured = profile_from_dict({"base": "h100", "host_link_bandwidth": "256Gbps"}, "p.yaml")

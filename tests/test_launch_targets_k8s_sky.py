@@ -306,7 +306,7 @@ SKY_ACCELERATOR_NAMES = {
     "RTX5060", "RTX5090", "RTX6000", "RTX6000-Ada", "RTXA4000", "RTXA4500", "RTXA5000", "RTXA6000", "T4", "T4g",
     "V100", "V100-32GB"}
 # catalog devices no SkyPilot cloud offers under any name: a site of them passes --site-option SITE.accelerators
-NOT_IN_SKYPILOT = {"ascend-910b", "h20", "h800", "max-1550", "mi250x", "mi325x", "cpu"}
+NOT_IN_SKYPILOT = {"ascend-910b", "ascend-910c", "a800-80g", "h20", "h800", "max-1550", "mi250x", "mi325x", "cpu"}
 
 
 def assert_valid_task(doc: dict[str, Any]) -> None:

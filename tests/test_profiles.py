@@ -10,7 +10,8 @@ from hetauto.core.profile import (EfficiencyModel, ProfileDoc, catalog, get_devi
                                   profile_from_dict)
 
 EXPECTED_KEYS = {"a100-80g", "a100-40g", "v100-16g", "h100", "h800", "h20", "mi250x", "mi300x", "ascend-910b",
-                 "max-1550", "cpu", "h200", "gh200", "b200", "l40s", "rtx-4090", "rtx-3090", "a10", "mi325x"}
+                 "max-1550", "cpu", "h200", "gh200", "b200", "l40s", "rtx-4090", "rtx-3090", "a10", "mi325x",
+                 "t4", "l4", "a40", "a800-80g", "v100-32g", "ascend-910c"}
 
 
 def test_catalog_has_every_device_with_backend():
@@ -102,8 +103,8 @@ def test_to_document_round_trips(tmp_path):
     ({"name": "x"}, "p.yaml: backend: required field is missing (give it, or set `base:` to a catalog device whose "
                     "values fill the gaps)"),
     ({"base": "a100"}, "p.yaml: base: unknown catalog device 'a100' (known devices: a10, a100-40g, a100-80g, "
-                       "ascend-910b, b200, cpu, gh200, h100, h20, h200, h800, l40s, max-1550, mi250x, mi300x, mi325x, "
-                       "rtx-3090, rtx-4090, v100-16g)"),
+                       "a40, a800-80g, ascend-910b, ascend-910c, b200, cpu, gh200, h100, h20, h200, h800, l4, l40s, "
+                       "max-1550, mi250x, mi300x, mi325x, rtx-3090, rtx-4090, t4, v100-16g, v100-32g)"),
     ({"base": "h100", "peak_flops": "9TFLOP"}, "p.yaml: peak_flops: unknown flops unit 'TFLOP' in '9TFLOP'; accepted "
                                                "units: FLOPS, GFLOPS, TFLOPS, PFLOPS (or FLOP/s forms)"),
     ({"base": "h100", "backend": "TPU!"}, "p.yaml: backend: 'TPU!' is not a backend name; use a lowercase name such as "

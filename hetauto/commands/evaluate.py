@@ -3,7 +3,8 @@
 Prints the iteration time, throughput, MFU, whether the plan fits (`feasible`, and the failed constraint by
 name when it does not), every stage's memory per device against what its device has and where its compute
 figures come from (`source`: "analytical" = peak x efficiency; "measured" = the device profile's measured
-per-layer rows, hetauto.planner.measured), and a time `breakdown` (`hetauto.planner.evaluate.Evaluator.breakdown`: compute, TP
+per-layer rows, hetauto.planner.measured), how each boundary's link was priced (`links`: "measured" rows,
+the transport "model" or the "nominal" rate and latency, hetauto.planner.linkmodel), and a time `breakdown` (`hetauto.planner.evaluate.Evaluator.breakdown`: compute, TP
 communication, exposed DP all-reduce, P2P and resharding, bubble, optimizer; they sum to the iteration time).
 
 Relative paths in the plan (its `cluster` file, a `config.json` model) resolve against the plan file's folder;
@@ -93,6 +94,8 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
         "critical_stage": br.critical_stage if e.feasible else None,
         "breakdown": {k: num(v) for k, v in br.as_dict().items()} if e.feasible else None,
         "stages": stages,
+        # how each boundary's link was priced: measured rows, the transport model, or the nominal figures
+        "links": [x.as_dict() for x in br.links],
     }
 
 
@@ -148,3 +151,7 @@ def _print_human(doc: dict[str, Any]) -> None:
         print_table(f"iteration breakdown (critical stage {doc['critical_stage']})", ["part", "time", "share"],
                     [(names[k], _ms(v), f"{v / total:.1%}" if total and v is not None else "-")
                      for k, v in doc["breakdown"].items()])
+    if doc["links"]:
+        print_table("links (one microbatch, one way)", ["boundary", "link", "flows x bytes", "time", "source", "why"],
+                    [(f"{x['boundary']}->{x['boundary'] + 1}", x["kind"], f"{x['flows']} x {x['flow_bytes']:.4g}",
+                      _ms(x["seconds"]), x["source"], x["detail"]) for x in doc["links"]])

@@ -16,6 +16,11 @@ samples as they are; `--model`, `--seq-len`, `--precision` say what they measure
 record) or a plain CSV (hetauto.interop.layer_csv: one row per layer; rows of other devices are skipped).
 `--json` prints `{"profile", "device", "num_rows", "assumed", "rows"}` (`assumed`: the Metis defaults used
 for what the files do not record: seq_len, precision).
+
+    hetauto profile link --rank 0 --master HOST:PORT [--spec cluster.yaml --between A B] [--json]
+
+measures a link with gloo over TCP (sizes x concurrent flows -> seconds) and writes the rows into the spec's
+link entry (hetauto.commands.profile_link).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GEMM dtypes (default: bfloat16 float16 float32; --quick: bfloat16 float32)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="deadline of every collective when several ranks run (default 120)")
-    sub = parser.add_subparsers(dest="profile_action", metavar="import")
+    sub = parser.add_subparsers(dest="profile_action", metavar="{import,link}")
     imp = sub.add_parser("import", help="measured per-layer rows from Metis profile files or a CSV",
                          description="Write a profile whose measured.layers rows come from Metis files or a CSV.")
     imp.add_argument("files", nargs="+", metavar="FILES", help="Metis DeviceType.*_tp*_bs*.json files (or a "
@@ -61,11 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="metis: precision the files were measured in (default fp16)")
     imp.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                      help="print one JSON document on stdout")
+    from hetauto.commands.profile_link import add_link_arguments
+
+    add_link_arguments(sub)
 
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "profile_action", None) == "import":
         return run_import(args)
+    if getattr(args, "profile_action", None) == "link":
+        from hetauto.commands.profile_link import run_link
+
+        return run_link(args)
     from hetauto.backends import select_backend
     from hetauto.core.profile import save_profile
     from hetauto.profiling.runner import ProfileOptions, run_profile

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hetauto.core.errors import SpecError
 from hetauto.core.profile import Backend, DeviceProfile, get_device
 from hetauto.core.specio import fields_at, read_document, validate_document
-from hetauto.core.units import parse_bandwidth, parse_time
+from hetauto.core.units import parse_bandwidth, parse_bytes, parse_time
 
 DEFAULT_INTRA_LATENCY_S = 5e-6
 DEFAULT_INTER_LATENCY_S = 10e-6
@@ -61,12 +61,65 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _not_a_boolean(v: Any, what: str, example: str) -> Any:
+    """YAML's `true`/`false` are not 1/0: a boolean where a number belongs is a mistake, not a count."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected {what}, got {str(v).lower()} (write e.g. {example})")
+    return v
+
+
 # Link figures must carry their unit (`bandwidth: 200` could be Gb/s, GB/s or B/s: an error naming both
 # spellings, never a guess); only 0 needs none. Validated before pydantic's coercion, so `true` is not 1.0.
+class LinkRowDoc(_Strict):
+    """One measured row of a link (`hetauto profile link`): `flows` concurrent messages of `bytes` each took
+    `seconds` until the last one arrived."""
+
+    bytes: str | float
+    flows: int = 1
+    seconds: str | float
+
+    @field_validator("bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected a message size such as 4MiB or 4194304")
+        return parse_bytes(v)
+
+    @field_validator("flows", mode="before")
+    @classmethod
+    def _flows(cls, v: Any) -> Any:
+        return _not_a_boolean(v, "a number of concurrent flows", "flows: 1")
+
+    @field_validator("flows")
+    @classmethod
+    def _positive_flows(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be a positive number of concurrent flows, got {v} (e.g. flows: 1)")
+        return v
+
+    @field_validator("seconds", mode="before")
+    @classmethod
+    def _secs(cls, v: Any) -> Any:
+        t = parse_time(v, require_unit=isinstance(v, str))
+        if t <= 0:
+            raise ValueError(f"a measured time must be positive, got {v!r} (e.g. seconds: 0.012)")
+        return t
+
+
 class LinkDoc(_Strict):
     bandwidth: str | float
     latency: str | float = 0.0
     shared_capacity: str | float | None = None
+    # the transport model (hetauto.planner.linkmodel): TCP window per stream, streams per peer pair, blocking
+    window: str | float | None = None
+    streams: int | None = None
+    blocking: bool = False
+    # with a window (TCP): the path MTU (initial window: 10 segments of MTU - 52) and whether a stream idle
+    # longer than its RTO restarts from that initial window (Linux net.ipv4.tcp_slow_start_after_idle, default 1)
+    mtu: int | None = None
+    slow_start_after_idle: bool = True
+    # measured rows (hetauto profile link): they price the link where they cover a message's size and flows
+    measured: tuple[LinkRowDoc, ...] = ()
 
     @field_validator("bandwidth", "shared_capacity", mode="before")
     @classmethod
@@ -78,10 +131,66 @@ class LinkDoc(_Strict):
     def _lat(cls, v: Any) -> Any:
         return parse_time(v, require_unit=True)
 
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, str):
+            raise ValueError(f"expected a TCP window with its unit, got {v!r} (e.g. window: 3MiB)")
+        return parse_bytes(v)
+
+    @field_validator("streams", mode="before")
+    @classmethod
+    def _streams(cls, v: Any) -> Any:
+        return v if v is None else _not_a_boolean(v, "a number of TCP streams per peer pair", "streams: 1")
+
+    @field_validator("streams")
+    @classmethod
+    def _positive_streams(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"must be a positive number of TCP streams per peer pair, got {v} (e.g. streams: 1)")
+        return v
+
+    @field_validator("blocking", "slow_start_after_idle", mode="before")
+    @classmethod
+    def _blocking(cls, v: Any, info: Any) -> Any:
+        if not isinstance(v, bool):
+            why = ("blocking: true when a send holds its sender" if info.field_name == "blocking" else
+                   "slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0")
+            raise ValueError(f"expected true or false, got {v!r} ({why})")
+        return v
+
+    @field_validator("mtu", mode="before")
+    @classmethod
+    def _mtu(cls, v: Any) -> Any:
+        return v if v is None else _not_a_boolean(v, "an MTU in bytes", "mtu: 1500")
+
+    @field_validator("mtu")
+    @classmethod
+    def _mtu_range(cls, v: int | None) -> int | None:
+        if v is not None and not 576 <= v <= 65535:
+            raise ValueError(f"must be an IPv4 MTU between 576 and 65535 bytes, got {v} (e.g. mtu: 1500)")
+        return v
+
 
 class NodeLinkDoc(_Strict):
     bandwidth: str | float | None = None
     latency: str | float | None = None
+    # inter_node only: NICs a node's devices share (None: every device has its own NIC of `bandwidth`)
+    nics_per_node: int | None = None
+
+    @field_validator("nics_per_node", mode="before")
+    @classmethod
+    def _nics(cls, v: Any) -> Any:
+        return v if v is None else _not_a_boolean(v, "a number of NICs per node", "nics_per_node: 1")
+
+    @field_validator("nics_per_node")
+    @classmethod
+    def _positive_nics(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"must be a positive number of NICs per node, got {v} (e.g. nics_per_node: 1)")
+        return v
 
     @field_validator("bandwidth", mode="before")
     @classmethod
@@ -92,13 +201,6 @@ class NodeLinkDoc(_Strict):
     @classmethod
     def _lat(cls, v: Any) -> Any:
         return v if v is None else parse_time(v, require_unit=True)
-
-
-def _not_a_boolean(v: Any, what: str, example: str) -> Any:
-    """YAML's `true`/`false` are not 1/0: a boolean where a number belongs is a mistake, not a count."""
-    if isinstance(v, bool):
-        raise ValueError(f"expected {what}, got {str(v).lower()} (write e.g. {example})")
-    return v
 
 
 class NodesDoc(_Strict):
@@ -202,13 +304,37 @@ def _file_field(field: str) -> str:
 
 # ----------------------------------------------------------------------------------------------- values
 @dataclass(frozen=True, slots=True)
+class LinkRow:
+    """A measured link row: `flows` concurrent messages of `nbytes` each arrived after `seconds`."""
+
+    nbytes: float
+    flows: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A link: bandwidth in bytes/s, latency in seconds; `shared_capacity_Bps` caps all flows between two
-    clusters together (None: each device pair gets `bandwidth_Bps`)."""
+    clusters together (None: each device pair gets `bandwidth_Bps`).
+
+    The transport model's figures (hetauto.planner.linkmodel prices them): `window_bytes` the TCP window of one
+    stream (None: not window-limited, e.g. RDMA), `streams` the TCP streams the transport opens per peer pair
+    (None: the transport's default), `blocking` whether a send holds its sender until its bytes are out;
+    `measured` rows from `hetauto profile link`, which take precedence where they cover a message; `mtu` (None:
+    1500) and `slow_start_after_idle` say how a window-limited stream restarts after idling;
+    `nics_per_node` (a cluster's inter-node link only) the NICs of `bandwidth_Bps` each that a node's devices
+    share (None: one per device)."""
 
     bandwidth_Bps: float
     latency_s: float
     shared_capacity_Bps: float | None = None
+    window_bytes: float | None = None
+    streams: int | None = None
+    blocking: bool = False
+    measured: tuple[LinkRow, ...] = ()
+    nics_per_node: int | None = None
+    mtu: int | None = None
+    slow_start_after_idle: bool = True
 
     def transfer_time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_Bps
@@ -338,6 +464,24 @@ class ClusterSpec:
             d: dict[str, Any] = {"bandwidth": bw(link.bandwidth_Bps), "latency": sec(link.latency_s)}
             if link.shared_capacity_Bps is not None:
                 d["shared_capacity"] = bw(link.shared_capacity_Bps)
+            if link.window_bytes is not None:
+                d["window"] = f"{link.window_bytes!r}B"
+            if link.streams is not None:
+                d["streams"] = link.streams
+            if link.blocking:
+                d["blocking"] = True
+            if link.measured:
+                d["measured"] = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds} for r in link.measured]
+            if link.mtu is not None:
+                d["mtu"] = link.mtu
+            if not link.slow_start_after_idle:
+                d["slow_start_after_idle"] = False
+            return d
+
+        def node_link_doc(link: LinkSpec) -> dict[str, Any]:
+            d: dict[str, Any] = {"bandwidth": bw(link.bandwidth_Bps), "latency": sec(link.latency_s)}
+            if link.nics_per_node is not None:
+                d["nics_per_node"] = link.nics_per_node
             return d
 
         def nodes_doc(c: Cluster) -> Any:
@@ -350,7 +494,7 @@ class ClusterSpec:
             {"name": c.name,
              "nodes": nodes_doc(c),
              "intra_node": {"bandwidth": bw(c.intra_node.bandwidth_Bps), "latency": sec(c.intra_node.latency_s)},
-             "inter_node": {"bandwidth": bw(c.inter_node.bandwidth_Bps), "latency": sec(c.inter_node.latency_s)},
+             "inter_node": node_link_doc(c.inter_node),
              **({"speed_factor": c.speed_factor} if c.speed_factor != 1.0 else {}),
              **({"backend": c.backend_override} if c.backend_override else {})}
             for c in self.clusters]}
@@ -417,13 +561,16 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
             c.intra_node.latency if c.intra_node.latency is not None else DEFAULT_INTRA_LATENCY_S)
         inter = LinkSpec(
             c.inter_node.bandwidth if c.inter_node.bandwidth is not None else device.nic_bandwidth_Bps,
-            c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S)
+            c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S,
+            nics_per_node=_nics(c, i, source))
         clusters.append(Cluster(c.name, c.nodes.count, c.nodes.devices_per_node, device, intra, inter,
                                 c.speed_factor, c.nodes.device, c.backend))
 
-    def to_link(d: LinkDoc) -> LinkSpec:
+    def to_link(d: LinkDoc, where: str) -> LinkSpec:
         return LinkSpec(float(d.bandwidth), float(d.latency),
-                        None if d.shared_capacity is None else float(d.shared_capacity))
+                        None if d.shared_capacity is None else float(d.shared_capacity),
+                        None if d.window is None else float(d.window), d.streams, d.blocking,
+                        _link_rows(d, where, source), mtu=d.mtu, slow_start_after_idle=d.slow_start_after_idle)
 
     overrides = []
     pairs: dict[frozenset[str], int] = {}
@@ -441,8 +588,8 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
             raise SpecError(source, where, f"duplicate link between '{a}' and '{b}' (also links.overrides[{pairs[key]}])",
                             "keep one override per cluster pair")
         pairs[key] = j
-        overrides.append((a, b, to_link(o)))
-    default = to_link(doc.links.default) if doc.links.default is not None else None
+        overrides.append((a, b, to_link(o, f"links.overrides[{j}]")))
+    default = to_link(doc.links.default, "links.default") if doc.links.default is not None else None
     if default is None:
         names = list(seen)
         for x in range(len(names)):
@@ -452,6 +599,33 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
                                     f"add links.default or an override with between: [{names[x]}, {names[y]}]")
     return ClusterSpec(tuple(clusters), default, tuple(overrides), doc.name,
                        None if source is None else str(source))
+
+
+def _nics(c: ClusterDoc, i: int, source: str | Path | None) -> int | None:
+    """`inter_node.nics_per_node`, which only a cluster's inter-node link has (its devices share the NICs)."""
+    if c.intra_node.nics_per_node is not None:
+        raise SpecError(source, f"clusters[{i}].intra_node.nics_per_node", "NICs belong to the inter-node link",
+                        "move nics_per_node under inter_node")
+    n = c.inter_node.nics_per_node
+    dpn = c.nodes.devices_per_node if c.nodes is not None else c.node_groups[0].devices_per_node if c.node_groups else 1
+    if n is not None and n > dpn:
+        raise SpecError(source, f"clusters[{i}].inter_node.nics_per_node",
+                        f"{n} NICs for {dpn} devices per node: hetauto gives a device at most one NIC",
+                        f"use at most {dpn}, or omit it (one NIC per device)")
+    return n
+
+
+def _link_rows(d: LinkDoc, where: str, source: str | Path | None) -> tuple[LinkRow, ...]:
+    """A link's measured rows sorted by (flows, bytes); one (bytes, flows) measured twice is a mistake."""
+    seen: dict[tuple[float, int], int] = {}
+    for k, r in enumerate(d.measured):
+        key = (float(r.bytes), r.flows)
+        if key in seen:
+            raise SpecError(source, f"{where}.measured[{k}]", f"{r.bytes:g} bytes x {r.flows} flows is also "
+                            f"measured[{seen[key]}]", "keep one row per size and flows (hetauto profile link writes one)")
+        seen[key] = k
+    return tuple(sorted((LinkRow(float(r.bytes), r.flows, float(r.seconds)) for r in d.measured),
+                        key=lambda r: (r.flows, r.nbytes)))
 
 
 def _load_device(ref: str, field: str, source: str | Path | None, base_dir: str | Path | None) -> DeviceProfile:
@@ -495,7 +669,8 @@ def _mixed_cluster(c: ClusterDoc, i: int, source: str | Path | None, base_dir: s
         c.intra_node.latency if c.intra_node.latency is not None else DEFAULT_INTRA_LATENCY_S)
     inter = LinkSpec(
         c.inter_node.bandwidth if c.inter_node.bandwidth is not None else min(grp.device.nic_bandwidth_Bps for grp in groups),
-        c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S)
+        c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S,
+        nics_per_node=_nics(c, i, source))
     if len(groups) == 1:
         return Cluster(c.name, first.count, first.devices_per_node, lead, intra, inter,
                        c.speed_factor * first.speed_factor, first.device, c.backend)

@@ -1,5 +1,6 @@
 """`hetauto run --emulate netns`: one torchrun per cluster, each in its own network namespace, the clusters
-joined by a kernel-shaped link (hetauto.runtime.netns: veth + tc tbf at the plan's cross-cluster bandwidth).
+joined by a kernel-shaped link (hetauto.runtime.netns: veth + tc tbf at the plan's cross-cluster bandwidth;
+two clusters: two TUN devices + tbf, their packets held by the TUN relay for the link's latency each way).
 
 Why: the in-process link emulation delays sends in our own code; here the stage boundary's traffic goes
 through TCP and a real rate-limited interface, and the kernel counts the bytes that crossed it. Each cluster
@@ -28,7 +29,7 @@ from hetauto.core.plan import Plan
 from hetauto.launch.local import JobFailed, collect_reports, kill_group
 from hetauto.runtime.options import RunOptions
 
-__all__ = ["launch_netns", "cross_cluster_bandwidth"]
+__all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency"]
 
 
 def cross_cluster_bandwidth(plan: Plan, cluster: ClusterSpec) -> float:
@@ -38,6 +39,15 @@ def cross_cluster_bandwidth(plan: Plan, cluster: ClusterSpec) -> float:
     if not rates:
         raise PlanMismatch("--emulate netns needs stages on at least two clusters (all stages share one cluster)")
     return min(rates)
+
+
+def cross_cluster_latency(plan: Plan, cluster: ClusterSpec) -> float:
+    """The one-way latency of the link between the plan's two clusters (seconds), which the TUN relay adds for
+    real (hetauto.runtime.tun_relay); 0 when the plan spans more than two clusters (a hub of veths, no relay)."""
+    names = list(dict.fromkeys(st.cluster for st in plan.stages))
+    if len(names) != 2:
+        return 0.0
+    return cluster.link(names[0], names[1]).latency_s
 
 
 def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
@@ -56,7 +66,8 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
         raise ShapedLinkError(f"--emulate netns is not available here: {avail.reason}")
     cluster_of_rank = [plan.stages[s].cluster for s, lay in enumerate(stage_layouts(plan)) for _ in lay.ranks]
     rate = cross_cluster_bandwidth(plan, cluster)
-    topo = NamespaceTopology.from_clusters(cluster_of_rank, rate)
+    delay = cross_cluster_latency(plan, cluster)  # two clusters: the spec's latency, really, through the relay
+    topo = NamespaceTopology.from_clusters(cluster_of_rank, rate, delay_s=delay)
     if [r for g in topo.groups for r in g] != list(range(plan.world_size)):
         raise PlanMismatch(f"--emulate netns runs one torchrun per cluster, so each cluster's ranks must be "
                            f"contiguous; got clusters by rank {cluster_of_rank}: reorder the plan's stages")
@@ -101,4 +112,5 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
         counters = {}
         for ns, name in zip(topo.namespaces, names):
             counters[name] = {k: after[ns][k] - before[ns][k] for k in ("tx", "rx")}
-        return reports, {"shaped_Bps": rate, "kernel_bytes": counters, "interfaces": dict(zip(names, topo.interfaces))}
+        return reports, {"shaped_Bps": rate, "delay_s": delay, "kernel_bytes": counters,
+                         "interfaces": dict(zip(names, topo.interfaces))}

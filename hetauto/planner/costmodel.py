@@ -495,6 +495,23 @@ class BoundaryCost:
         return max(self.serial_s, self.copy_out_s, self.copy_in_s)
 
 
+def boundary_flows(method: str, nbytes: float, src: tuple[int, int], dst: tuple[int, int]) -> tuple[int, float]:
+    """(concurrent flows, bytes per flow) one microbatch's activation of `nbytes` puts on the link between
+    layouts `src` and `dst` ((dp, tp) each) under `method`: what `boundary_cost` serializes, flow by flow."""
+    dp_s, tp_s = src
+    dp_d, tp_d = dst
+    if method == "lanes":
+        lanes = min(dp_s * tp_s, dp_d * tp_d)
+        return lanes, tp_d * nbytes / lanes
+    if method == "leader-broadcast":
+        k = min(dp_s, dp_d)
+        return k, nbytes / k
+    if method == "scatter-allgather":
+        k = min(dp_s, dp_d) * min(tp_s, tp_d)
+        return k, nbytes / k
+    raise ValueError(f"unknown resharding method {method!r}; use lanes, leader-broadcast or scatter-allgather")
+
+
 def boundary_cost(method: str, nbytes: float, src: tuple[int, int], dst: tuple[int, int], link: LinkSpec,
                   local: LinkSpec, host_links: tuple[float, float] = (math.inf, math.inf)) -> BoundaryCost:
     """Per resharding.md. `src`/`dst` are (dp, tp) layouts; `nbytes` = S (one microbatch's activation);

@@ -40,6 +40,7 @@ from hetauto.planner import costmodel as cm
 from hetauto.planner.fastpipe import iteration_1f1b
 from hetauto.planner.host_contention import HostContention
 from hetauto.planner.inputs import PlanningInputs, load_planning_inputs
+from hetauto.planner.linkmodel import LinkPrice, NodeShare, price_link, ring_bandwidth
 from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, measured_layers
 from hetauto.planner.measured import stage_time as measured_stage
 from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from hetauto.planner.calibration import Calibration, Overheads
     from hetauto.planner.correction import Correction
 
-__all__ = ["Evaluation", "Evaluator", "StageTimes", "TimeBreakdown", "device_kind", "evaluate_plan", "inputs_for_plan", "plan_precision",
+__all__ = ["BoundaryLink", "Evaluation", "Evaluator", "StageTimes", "TimeBreakdown", "device_kind", "evaluate_plan", "inputs_for_plan", "plan_precision",
            "raise_if_infeasible", "stage_times_for_plan"]
 
 
@@ -105,6 +106,25 @@ class StageTimes:
 
 
 @dataclass(frozen=True, slots=True)
+class BoundaryLink:
+    """How boundary `boundary` (stage h -> h+1) was priced (hetauto.planner.linkmodel): its link's `kind`
+    ("cross-cluster", "inter-node", "intra-node"), `source` ("measured", "model", "nominal"), `detail` (the
+    term that bounds a flow), one microbatch's `flows` x `flow_bytes` and their `seconds` one way."""
+
+    boundary: int
+    kind: str
+    source: str
+    detail: str
+    flows: int
+    flow_bytes: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {"boundary": self.boundary, "kind": self.kind, "source": self.source, "detail": self.detail,
+                "flows": self.flows, "flow_bytes": self.flow_bytes, "seconds": self.seconds}
+
+
+@dataclass(frozen=True, slots=True)
 class TimeBreakdown:
     """`Evaluator.breakdown(plan)`: the critical stage's compute, TP, exposed DP all-reduce and optimizer, the
     pipeline's P2P/resharding and bubble; the six sum to `iteration_time_s` (inf: an infeasible plan)."""
@@ -119,6 +139,7 @@ class TimeBreakdown:
     optimizer_s: float
     stages: tuple[StageTimes, ...]
     evaluation: Evaluation
+    links: tuple[BoundaryLink, ...] = ()  # how each boundary's link was priced (which source)
 
     def as_dict(self) -> dict[str, float]:
         return {"compute_s": self.compute_s, "tp_comm_s": self.tp_comm_s, "dp_allreduce_s": self.dp_allreduce_s,
@@ -198,6 +219,11 @@ class Evaluator:
         self._plans: dict[tuple, Evaluation] = {}
         self._shard_exposed: tuple[tuple, list[float]] = ((), [])
         self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
+        # whether any cross-cluster link may restart from slow start (a TCP window, the restart on): only then
+        # do boundary prices depend on the plan's stage times (and the link cache key on them)
+        spec = inputs.cluster
+        self._slow_start = any(ln.window_bytes is not None and ln.slow_start_after_idle
+                               for ln in (spec.default_link, *(o[2] for o in spec.overrides)) if ln is not None)
         self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
 
     # ----------------------------------------------------------------------------------- pieces
@@ -502,14 +528,20 @@ class Evaluator:
 
     def _dp_link(self, st: StagePlan) -> "LinkSpec | None":
         """The link a mixed cluster's DP group spans (intra-node when all its devices share a node); None: the
-        cost model's contiguous-devices rule (costmodel.group_link)."""
+        cost model's contiguous-devices rule (costmodel.group_link). A ring that leaves its node on NICs the
+        node's devices share (`inter_node.nics_per_node`) gets its share beside the stage's other TP ranks'
+        rings (linkmodel.ring_bandwidth)."""
         c = self.cluster(st.cluster)
-        if not c.is_mixed:
-            return None
-        return cm.spanned_link(c, st.devices)
+        link = cm.spanned_link(c, st.devices) if c.is_mixed else None
+        if st.dp > 1 and c.inter_node.nics_per_node is not None:
+            crosses = (link is c.inter_node) if link is not None else st.tp * st.dp > c.devices_per_node
+            if crosses:
+                bw = ring_bandwidth(c.inter_node, min(st.tp, c.devices_per_node))
+                return LinkSpec(bw, c.inter_node.latency_s)
+        return link
 
-    def _boundary(self, a: StagePlan, b: StagePlan, method: str,
-                  nbytes: float) -> tuple[Link, Link, dict[str, float]]:
+    def _boundary(self, a: StagePlan, b: StagePlan, method: str, nbytes: float,
+                  idle_s: float = 0.0) -> tuple[Link, Link, dict[str, float]]:
         """(forward link a->b, backward link b->a, {shared group: capacity in 'S-bytes'/s}).
 
         A boundary between two backends goes through the `host` transport (`host_links`): each message also pays
@@ -520,18 +552,14 @@ class Evaluator:
         A cross-cluster link with `shared_capacity_Bps` caps all flows of one direction between the two
         clusters (full duplex: each direction has the capacity). Its group is named by the direction and
         by the bytes-on-the-wire factor (lanes send tp_d copies), so the capacity is in units of S."""
-        key = (a.cluster, a.devices, a.dp, a.tp, b.cluster, b.devices, b.dp, b.tp, method, nbytes)
+        key = (a.cluster, a.devices, a.dp, a.tp, b.cluster, b.devices, b.dp, b.tp, method, nbytes, idle_s)
         hit = self._links.get(key)
         if hit is not None:
             return hit
         ca, cb = self.cluster(a.cluster), self.cluster(b.cluster)
-        shared = None
-        if ca.name != cb.name:
-            link = self.inputs.cluster.link(ca.name, cb.name)
-            shared = link.shared_capacity_Bps
-        else:
-            nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
-            link = ca.intra_node if len(nodes) == 1 else ca.inter_node
+        link, price, _ = self._link_price(a, b, method, nbytes, idle_s)
+        shared = link.shared_capacity_Bps if ca.name != cb.name else None
+        link = price.as_link()
         out_a, in_b = self.host_links(ca.name, cb.name)
         fwd = cm.boundary_cost(method, nbytes, (a.dp, a.tp), (b.dp, b.tp), link, cb.intra_node, (out_a, in_b))
         bwd = cm.boundary_cost(method, nbytes, (b.dp, b.tp), (a.dp, a.tp), link, ca.intra_node, (in_b, out_a))
@@ -545,17 +573,69 @@ class Evaluator:
             # arrives after all three: the other two ride in the latency, so bytes / bw + latency = total_s
             busy = bc.busy_s
             bw = nbytes / busy if busy > 0 else math.inf
+            # a blocking send holds its sender until its bytes are out (linkmodel): the serialization
+            held = bc.serial_s if price.blocking else 0.0
             bc = replace(bc, latency_s=bc.latency_s + alpha + bc.copy_out_s + bc.serial_s + bc.copy_in_s - busy)
             group = None
             if shared is not None and nbytes > 0:
                 factor = bc.cross_bytes / nbytes
                 group = f"{src}->{dst}x{factor:g}"
                 groups[group] = shared / factor
-            return Link(bc.latency_s, bw, group)
+            return Link(bc.latency_s, bw, group, nbytes / held if held > 0 else math.inf)
 
         hit = (mk(fwd, ca.name, cb.name), mk(bwd, cb.name, ca.name), groups)
         self._links[key] = hit
         return hit
+
+    def _link_price(self, a: StagePlan, b: StagePlan, method: str, nbytes: float,
+                    idle_s: float = 0.0) -> tuple[LinkSpec, LinkPrice, BoundaryLink]:
+        """(the spec's link, what one flow gets on it, the breakdown's record) for boundary a -> b: between two
+        clusters their link, inside one its inter-node link (NICs shared by the flows of one node) or, on one
+        node, its intra-node link (nominal). hetauto.planner.linkmodel prices it: measured rows first; `idle_s`:
+        how long each direction goes without sending (`_idle_s`), for TCP's slow start after idle."""
+        ca, cb = self.cluster(a.cluster), self.cluster(b.cluster)
+        flows, flow_bytes = cm.boundary_flows(method, nbytes, (a.dp, a.tp), (b.dp, b.tp))
+
+        def share(st: StagePlan, c: Cluster) -> NodeShare:
+            nodes = len({d // c.devices_per_node for d in st.devices})
+            return NodeShare(c.inter_node, -(-flows // max(nodes, 1)))
+
+        if ca.name != cb.name:
+            link, kind = self.inputs.cluster.link(ca.name, cb.name), "cross-cluster"
+            price = price_link(link, flow_bytes, flows, share(a, ca), share(b, cb), idle_s=idle_s)
+        else:
+            nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
+            if len(nodes) == 1:
+                link, kind = ca.intra_node, "intra-node"
+                price = LinkPrice(link.bandwidth_Bps, link.latency_s, "nominal", "intra-node link")
+            else:
+                link, kind = ca.inter_node, "inter-node"
+                price = price_link(link, flow_bytes, flows, share(a, ca), share(b, cb))
+        info = BoundaryLink(-1, kind, price.source, price.detail, flows, flow_bytes, price.seconds(flow_bytes))
+        return link, price, info
+
+    def link_prices(self, plan: Plan) -> tuple[BoundaryLink, ...]:
+        """How each of `plan`'s boundaries was priced (which source, which term), in boundary order."""
+        methods = plan.boundary_methods()
+        table = self.layer_table(self.precision(plan))
+        costs = self._costs(plan)
+        idle = self._idle_s(plan, costs.tf, costs.tb) if self._slow_start else 0.0
+        out = []
+        for h in range(plan.num_stages - 1):
+            a, b = plan.stages[h], plan.stages[h + 1]
+            s = table.range(*a.layers).boundary_bytes_per_sample * plan.microbatch_size
+            out.append(replace(self._link_price(a, b, methods[h], s, idle)[2], boundary=h))
+        return tuple(out)
+
+    @staticmethod
+    def _idle_s(plan: Plan, tf: "tuple[float, ...] | list[float]", tb: "tuple[float, ...] | list[float]") -> float:
+        """How long a boundary's direction goes without sending, for TCP's slow start after idle (linkmodel):
+        in a pipeline's steady state one send per cycle of the slowest stage (its forward + backward); with one
+        microbatch a whole step (at least every stage's forward and backward). The first transfer after a step's
+        end idles longer; it is one of m and is not told apart."""
+        if plan.num_microbatches > 1:
+            return max(f + b for f, b in zip(tf, tb))
+        return sum(tf) + sum(tb)
 
     def host_links(self, src: str, dst: str) -> tuple[float, float]:
         """(sender's, receiver's) host-link bandwidth for the boundary src -> dst (cluster names): (inf, inf) when
@@ -731,13 +811,14 @@ class Evaluator:
         nbytes: list[float] = []
         pairs = [(stages[h], stages[h + 1], methods[h]) for h in range(p - 1)]
         interleaved = plan.schedule.name == "interleaved" and p > 1
+        idle = self._idle_s(plan, tf, tb) if self._slow_start else 0.0
         if interleaved:
             pairs.append((stages[-1], stages[0], methods[-1] if methods else "scatter-allgather"))
         for a, b, method in pairs:
             s = table.range(*a.layers).boundary_bytes_per_sample * mb
             if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
                 s = float(table.layers[1].boundary_bytes_per_sample * mb) if len(table.layers) > 1 else 0.0
-            f, bk, gs = self._boundary(a, b, method, s)
+            f, bk, gs = self._boundary(a, b, method, s, idle)
             links.append(f)
             back.append(bk)
             groups.update(gs)
@@ -860,7 +941,8 @@ class Evaluator:
         p2p = min(trip, idle)
         return TimeBreakdown(iteration_time_s=t, critical_stage=crit, compute_s=c.compute_s, tp_comm_s=c.tp_comm_s,
                              dp_allreduce_s=c.dp_allreduce_s, p2p_resharding_s=p2p, bubble_s=idle - p2p,
-                             optimizer_s=c.optimizer_s, stages=tuple(stages), evaluation=ev)
+                             optimizer_s=c.optimizer_s, stages=tuple(stages), evaluation=ev,
+                             links=self.link_prices(plan))
 
     # ----------------------------------------------------------------------------------- whole plan
     def _check(self, plan: Plan) -> None:
@@ -968,7 +1050,8 @@ class Evaluator:
     def _iteration(self, plan: Plan, costs: PipelineCosts) -> tuple[float, float]:
         name = plan.schedule.name
         p = plan.num_stages
-        if self.fast_pipeline and name in ("1f1b", "virtual-1f1b") and not costs.link_groups:
+        held = any(ln is not None and ln.hold != math.inf for ln in (*costs.links, *(costs.links_back or ())))
+        if self.fast_pipeline and name in ("1f1b", "virtual-1f1b") and not costs.link_groups and not held:
             ks = tuple(plan.schedule.extra_warmup) if name == "virtual-1f1b" and plan.schedule.extra_warmup else ()
             look = [1 + max([ks[h] for h in (r - 1, r) if 0 <= h < p - 1], default=0) for r in range(p)] if ks else None
             mb_bytes = costs.act_bytes if isinstance(costs.act_bytes, tuple) else ()
@@ -1027,7 +1110,7 @@ def _fold_groups(links: list[Link | None], back: list[Link | None],
     def fold(ln: Link | None) -> Link | None:
         if ln is None or ln.group is None or users[ln.group] != 1:
             return ln
-        return Link(ln.latency, min(ln.bandwidth, groups[ln.group]), None)
+        return replace(ln, bandwidth=min(ln.bandwidth, groups[ln.group]), group=None)
 
     kept = {g: c for g, c in groups.items() if users.get(g, 0) > 1}
     return [fold(x) for x in links], [fold(x) for x in back], kept

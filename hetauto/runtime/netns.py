@@ -14,9 +14,11 @@ Addresses are 10.201.0.(group + 1)/24; they never collide with other instances b
 namespaces are connected only to each other. Nothing is created in or changed in the default namespace.
 
 Latency: netem is not available here and tbf cannot add delay (its `latency` is only the longest time a
-packet may wait in the queue before being dropped, exposed as `queue_s`). So the namespace path shapes
-bandwidth only; a fixed propagation latency stays in-process (`EmulatedLink(latency_s=...)` on the same
-rank pairs) when a test needs it.
+packet may wait in the queue before being dropped, exposed as `queue_s`). With `delay_s > 0` (two groups) the
+two namespaces are joined instead by two TUN devices whose packets a user-space relay holds for `delay_s` each
+way (hetauto.runtime.tun_relay, as mahimahi's delay shell does), each TUN's egress rate-limited by tbf as a
+veth end is: TCP then sees the real round trip (2 x delay_s), window / RTT and all. Without it a fixed
+propagation latency stays in-process (`EmulatedLink(latency_s=...)` on the same rank pairs).
 
     with NamespaceTopology([[0, 1], [2, 3, 4, 5]], bandwidth_Bps=25e6) as topo:
         cmd = topo.launch_prefix(rank) + [sys.executable, "train.py"]   # ip netns exec NS ...
@@ -149,6 +151,9 @@ class NamespaceTopology:
         on each veth end. burst: tbf bucket in bytes (default max(32 KiB, 2 ms of traffic)).
     queue_s: tbf `latency`, the longest a packet may queue before tbf drops it (not an added delay).
     master_port: rendezvous port on rank 0's address (namespaces are private, so any port is free).
+    delay_s: one-way delay added by the TUN relay (two groups only; 0: a plain veth pair, no relay).
+    mtu: the relayed TUN devices' MTU (large: fewer packets for the Python relay to move); the tbf bucket is
+        at least two of them, or tbf would drop every full-size packet.
     """
 
     def __init__(
@@ -159,6 +164,8 @@ class NamespaceTopology:
         burst: int | None = None,
         queue_s: float = 0.5,
         master_port: int = 29500,
+        delay_s: float = 0.0,
+        mtu: int = 65000,
     ) -> None:
         ranks = [int(r) for g in groups for r in g]
         if len(groups) < 2 or any(len(g) == 0 for g in groups):
@@ -177,6 +184,17 @@ class NamespaceTopology:
             raise ShapedLinkError(f"burst must be >= 2048 bytes (more than one MTU), got {self.burst}")
         self.queue_s = float(queue_s)
         self.master_port = int(master_port)
+        if not 0 <= delay_s <= 10:
+            raise ShapedLinkError(f"delay_s must be between 0 and 10 seconds, got {delay_s}")
+        if delay_s > 0 and len(groups) != 2:
+            raise ShapedLinkError(f"delay_s needs exactly two groups (one relayed link), got {len(groups)}")
+        if not 1280 <= mtu <= 65535:
+            raise ShapedLinkError(f"mtu must be between 1280 and 65535, got {mtu}")
+        self.delay_s = float(delay_s)
+        self.mtu = int(mtu)
+        if self.delay_s > 0:
+            self.burst = max(self.burst, 2 * self.mtu)
+        self._relay: subprocess.Popen | None = None
         self.token = secrets.token_hex(3)
         base = f"{_PREFIX}{os.getpid()}-{self.token}"
         self.namespaces: tuple[str, ...] = tuple(f"{base}-g{i}" for i in range(len(groups)))
@@ -285,7 +303,9 @@ class NamespaceTopology:
                 _run(["ip", "netns", "add", ns])
                 self._created.append(ns)
                 _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            if self.hub is None:
+            if self.hub is None and self.delay_s > 0:
+                self._start_relay()
+            elif self.hub is None:
                 a, b = self.interfaces
                 _run(["ip", "link", "add", a, "netns", self.namespaces[0], "type", "veth",
                       "peer", "name", b, "netns", self.namespaces[1]])
@@ -312,8 +332,42 @@ class NamespaceTopology:
             self.teardown()
             raise
 
+    def _start_relay(self) -> None:
+        """The two TUN ends and the relay that owns them (in the default namespace, where it was started), each
+        end then moved into its namespace: packets cross only through the relay, `delay_s` late."""
+        a, b = self.interfaces
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+        self._relay = subprocess.Popen([sys.executable, "-m", "hetauto.runtime.tun_relay", a, b, repr(self.delay_s)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(self._relay.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(_CMD_TIMEOUT_S)
+        if not ready or ready[0].strip() != "ready":
+            self._relay.kill()
+            err = self._relay.communicate(timeout=_CMD_TIMEOUT_S)[1].strip().splitlines()
+            raise ShapedLinkError(f"the TUN delay relay did not start: {err[-1] if err else 'no output'} "
+                                  "(it needs root and /dev/net/tun)")
+        for ns, dev in zip(self.namespaces, self.interfaces):
+            _run(["ip", "link", "set", "dev", dev, "netns", ns])
+            _run(["ip", "-n", ns, "link", "set", "dev", dev, "mtu", str(self.mtu)])
+            self._shaped.append((ns, dev))
+
+    def _stop_relay(self) -> None:
+        relay, self._relay = self._relay, None
+        if relay is None:
+            return
+        relay.terminate()
+        try:
+            relay.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            relay.kill()
+            relay.wait()
+
     def teardown(self) -> None:
         """Kill what still runs inside our namespaces and delete them (veths go with them). Idempotent."""
+        self._stop_relay()  # its TUN devices vanish with it
         for ns in reversed(self._created):
             _kill_namespace_pids(ns)
             _run(["ip", "netns", "del", ns], check=False)
@@ -350,8 +404,9 @@ class NamespaceTopology:
 
     def __repr__(self) -> str:
         state = "up" if self._up else "down"
+        delay = f", delay_s={self.delay_s:g}" if self.delay_s else ""
         return (f"NamespaceTopology(groups={[list(g) for g in self.groups]}, "
-                f"bandwidth_Bps={self.bandwidth_Bps:g}, {state})")
+                f"bandwidth_Bps={self.bandwidth_Bps:g}{delay}, {state})")
 
 
 def ShapedLink(

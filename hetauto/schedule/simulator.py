@@ -32,11 +32,15 @@ INF = math.inf
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """One direction of one rank boundary: one-way latency (time units) and bandwidth (bytes/time unit)."""
+    """One direction of one rank boundary: one-way latency (time units) and bandwidth (bytes/time unit).
+    `hold`: bytes/time unit at which a send holds its sender's compute (a blocking send, or the `host`
+    transport's synchronous device->host copy): the sender's next action waits bytes / hold after its SEND;
+    INF (the default): the send returns at once and the transfer overlaps the sender's compute."""
 
     latency: float = 0.0
     bandwidth: float = INF
     group: str | None = None
+    hold: float = INF
 
 
 def _vec(name: str, value: float | Sequence[float], n: int, allowed: tuple[int, ...]) -> tuple[float, ...]:
@@ -118,6 +122,8 @@ def _resolve_links(costs: PipelineCosts, p: int) -> dict[tuple[int, int], Link]:
     for (a, b), ln in out.items():
         if ln.latency < 0 or not ln.bandwidth > 0:
             raise ScheduleError(f"link {a}->{b}: latency must be >= 0 and bandwidth > 0, got {ln.latency}, {ln.bandwidth}")
+        if not ln.hold > 0:
+            raise ScheduleError(f"link {a}->{b}: hold must be > 0 (inf: a send that does not block), got {ln.hold}")
         if ln.group is not None and ln.group not in costs.link_groups:
             raise ScheduleError(f"link {a}->{b}: unknown link group {ln.group!r}; add it to link_groups with a capacity")
     for g, cap in costs.link_groups.items():
@@ -172,6 +178,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
     ch_lat = [0.0] * (2 * n)
     ch_ser = [0.0] * (2 * n)
     ch_gser = [0.0] * (2 * n)
+    ch_hold = [0.0] * (2 * n)  # seconds a send holds its sender
     ch_src = [0] * (2 * n)
     ch_dst = [0] * (2 * n)
     group_names = list(costs.link_groups)
@@ -200,6 +207,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
                     ch_gser[c] = size / cap if size and cap != INF else 0.0
                 ch_lat[c] = ln.latency
                 ch_ser[c] = size / bw if size and bw != INF else 0.0
+                ch_hold[c] = size / ln.hold if size and ln.hold != INF else 0.0
     link_free = [0.0] * nlinks
     group_free = [0.0] * len(group_names)
 
@@ -322,16 +330,16 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
             elif op <= 7:
                 k = mb[i]
                 events += 1
-                if op == 4:  # SEND_F: activation into s+1
-                    key = (s + 1) * M + k
+                if op == 4 or op == 6:  # SEND_F: activation into s+1; SEND_B: grad into s-1
+                    key = (s + 1) * M + k if op == 4 else (n + s - 1) * M + k
                     sent[key] = tr
                     if posted[key] >= 0:
                         start_transfer(key, tr)
-                elif op == 6:  # SEND_B: grad into s-1
-                    key = (n + s - 1) * M + k
-                    sent[key] = tr
-                    if posted[key] >= 0:
-                        start_transfer(key, tr)
+                    hold = ch_hold[key // M]
+                    if hold:  # a blocking send: the sender waits for its bytes to leave
+                        if tl is not None:
+                            tl.append(TimelineEntry(f"stage {r}", _NAMES[op], k, tr, tr + hold, s))
+                        tr += hold
                 elif op == 5:
                     key = s * M + k
                     posted[key] = tr

@@ -1,0 +1,191 @@
+"""How long a message takes on a slow link: measured rows first, else a transport model from the spec.
+
+Why not `bytes / bandwidth + latency`: on the links hetauto plans around, the nominal rate is rarely what a
+transfer gets. Three mechanisms, each from the spec's own figures (nothing is fitted):
+
+- **Window / RTT.** One TCP stream has at most one window in flight per round trip, so it moves at most
+  `window / RTT` (RTT = 2 x the one-way latency), whatever the link's rate: 3 MiB over a 40 ms RTT is 78.6 MB/s,
+  0.63 of a 1 Gbit/s link. A transport that opens `streams` TCP streams per peer pair gets `streams` windows.
+  Streams per peer pair: gloo's TCP transport connects one pair (one socket) per peer in
+  `gloo::Context::connectFullMesh` (facebookincubator/gloo, gloo/context.cc; torch's ProcessGroupGloo makes one
+  context per listed interface), so 1; NCCL over sockets opens NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD
+  sockets per connection, 1 x 1 unless a cloud is detected (docs.nvidia.com/deeplearning/nccl/user-guide/docs/
+  env.html), so 1. `streams:` on a link overrides it; a link without `window:` (RDMA, or a window larger than
+  rate x RTT) is not window-limited.
+- **NICs shared by a node.** `inter_node.nics_per_node: k` says a node's devices share k NICs of
+  `inter_node.bandwidth` each; the flows that leave (or enter) one node at once split `k x bandwidth`. A
+  boundary's flows are spread over its stage's nodes (`ceil(flows / nodes)` per node); a DP ring that leaves a
+  node runs beside the stage's other `tp - 1` rings (one per TP rank), so each gets `k x bandwidth / tp`. (The
+  executor reduces gradients after the last backward, when the boundary is idle, so the two are not summed.)
+- **Slow start after idle.** A TCP stream that has sent no data for longer than its retransmission timeout
+  restarts from the initial window (RFC 2861 / RFC 5681; Linux `net.ipv4.tcp_slow_start_after_idle`, on by
+  default): 10 segments (RFC 6928, Linux TCP_INIT_CWND) of `mtu - 52` bytes (IPv4 + TCP headers with
+  timestamps), doubling each round trip up to the window. Linux's RTO is srtt + max(4 rttvar, 200 ms), so about
+  RTT + 200 ms on a steady path. A pipeline boundary's direction idles between microbatches for its sender's
+  forward + backward (one send per cycle in 1F1B), and for a whole step when there is one microbatch; when that
+  exceeds the RTO every transfer pays the rounds (`slow_start_seconds`). Checked on the TUN-relayed link: a
+  2 MiB send after idling, 70 ms each way at 1 Gbit/s, took ~250-310 ms with the restart and ~130 ms with
+  `tcp_slow_start_after_idle=0`.
+- **Blocking sends.** `blocking: true` on a link: a send holds its sender until its bytes are on the wire (a
+  synchronous transport), so the transfer is exposed on the sender, not overlapped with its next compute.
+
+Measured rows (`hetauto profile link`: `flows` concurrent messages of `bytes` each -> `seconds`) price a message
+whose size lies inside the rows measured at its number of flows, interpolated linearly between the two rows
+around it (the slope is the per-flow rate, the intercept the latency), never extrapolated: outside them, or at a
+number of flows not measured, the transport model prices it and `LinkPrice.detail` says why.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from dataclasses import dataclass, replace
+
+from hetauto.core.cluster import LinkRow, LinkSpec
+from hetauto.core.units import format_bandwidth, format_bytes
+
+__all__ = ["DEFAULT_MTU", "DEFAULT_STREAMS", "INITIAL_SEGMENTS", "LinkPrice", "NodeShare", "flow_rate",
+           "interpolate_rows", "price_link", "ring_bandwidth", "rto_s", "slow_start_seconds"]
+
+# TCP streams per peer pair of each transport's collective library (see the module docstring for the sources)
+DEFAULT_STREAMS = 1
+DEFAULT_MTU = 1500  # Ethernet
+HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps option 12 (Linux sends timestamps by default)
+INITIAL_SEGMENTS = 10  # RFC 6928; Linux TCP_INIT_CWND
+RTO_MIN_S = 0.2  # Linux TCP_RTO_MIN (HZ / 5)
+
+
+def rto_s(rtt: float) -> float:
+    """Linux's retransmission timeout on a steady path: srtt + max(4 rttvar, 200 ms) with rttvar ~ 0."""
+    return rtt + RTO_MIN_S
+
+
+def slow_start_seconds(nbytes: float, rate: float, rtt: float, latency: float, initial: float,
+                       window: float) -> float:
+    """One stream moving `nbytes` from a congestion window of `initial` bytes: round k sends min(initial x 2^k,
+    window) bytes and lasts max(RTT, those bytes / rate) (the next round starts when the first ACKs return);
+    the last, partial round's bytes then cross at `rate` and arrive `latency` later."""
+    sent, cwnd, t = 0.0, initial, 0.0
+    while nbytes - sent > cwnd:
+        sent += cwnd
+        t += max(rtt, cwnd / rate)
+        cwnd = min(2 * cwnd, window)
+    return t + (nbytes - sent) / rate + latency
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShare:
+    """One end of a transfer: the node's inter-node link (its NICs) and how many flows leave/enter it at once."""
+
+    nic: LinkSpec
+    flows: int = 1
+
+    def cap_Bps(self) -> float:
+        """The rate each of the node's flows gets from its NICs (inf: every device has its own NIC)."""
+        n = self.nic.nics_per_node
+        return math.inf if n is None else n * self.nic.bandwidth_Bps / max(self.flows, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkPrice:
+    """What one flow of a message gets: `bandwidth_Bps` (per flow) and `latency_s`, so one flow of `b` bytes
+    takes `latency_s + b / bandwidth_Bps`; `source` "measured" (rows), "model" (a transport-model term
+    applies) or "nominal" (the spec's rate and latency as they are); `detail` says which term priced it;
+    `blocking`: a send holds its sender for its bytes / bandwidth."""
+
+    bandwidth_Bps: float
+    latency_s: float
+    source: str
+    detail: str
+    blocking: bool = False
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_s + (nbytes / self.bandwidth_Bps if nbytes and self.bandwidth_Bps != math.inf else 0.0)
+
+    def as_link(self) -> LinkSpec:
+        return LinkSpec(self.bandwidth_Bps, self.latency_s)
+
+
+def flow_rate(link: LinkSpec, src: NodeShare | None = None, dst: NodeShare | None = None,
+              streams: int | None = None) -> tuple[float, str]:
+    """(bytes/s one flow gets, which term bounds it): min of the link's rate, `streams x window / RTT` (with a
+    window and a latency) and each end's NIC share."""
+    terms = [(link.bandwidth_Bps, f"nominal {format_bandwidth(link.bandwidth_Bps)}")]
+    if link.window_bytes is not None and link.latency_s > 0:
+        k = streams or link.streams or DEFAULT_STREAMS
+        rtt = 2 * link.latency_s
+        terms.append((k * link.window_bytes / rtt, f"window {k} x {format_bytes(link.window_bytes)} / "
+                      f"{rtt * 1e3:g} ms RTT = {format_bandwidth(k * link.window_bytes / rtt)}"))
+    for end, who in ((src, "sender"), (dst, "receiver")):
+        if end is not None and end.nic.nics_per_node is not None:
+            cap = end.cap_Bps()
+            terms.append((cap, f"{who}'s node: {end.nic.nics_per_node} NIC x "
+                          f"{format_bandwidth(end.nic.bandwidth_Bps)} / {end.flows} flows = {format_bandwidth(cap)}"))
+    rate, why = min(terms, key=lambda t: t[0])
+    return rate, why
+
+
+def interpolate_rows(rows: tuple[LinkRow, ...], nbytes: float, flows: int) -> tuple[float, float] | str:
+    """(per-flow bandwidth B/s, latency s) of the line through the two rows at `flows` around `nbytes`, or why
+    the rows do not cover it (no extrapolation). A falling or flat segment (timing noise) gives inf bandwidth
+    and the interpolated time as latency."""
+    at = sorted((r for r in rows if r.flows == flows), key=lambda r: r.nbytes)
+    if not at:
+        have = sorted({r.flows for r in rows})
+        return f"no rows at {flows} flows (measured: {', '.join(map(str, have))})"
+    lo, hi = at[0].nbytes, at[-1].nbytes
+    if not lo <= nbytes <= hi:
+        return (f"{format_bytes(nbytes)} per flow is outside the rows measured at {flows} flows "
+                f"({format_bytes(lo)}..{format_bytes(hi)}; no extrapolation)")
+    if len(at) == 1:
+        return math.inf, at[0].seconds
+    sizes = [r.nbytes for r in at]
+    j = min(max(bisect_left(sizes, nbytes), 1), len(at) - 1)
+    a, b = at[j - 1], at[j]
+    slope = (b.seconds - a.seconds) / (b.nbytes - a.nbytes)
+    if slope <= 0:
+        return math.inf, a.seconds + slope * (nbytes - a.nbytes)
+    return 1.0 / slope, a.seconds - slope * a.nbytes
+
+
+def price_link(link: LinkSpec, nbytes: float, flows: int = 1, src: NodeShare | None = None,
+               dst: NodeShare | None = None, streams: int | None = None, idle_s: float = 0.0) -> LinkPrice:
+    """One flow of `nbytes` among `flows` concurrent ones on `link`: measured rows where they cover it, else the
+    transport model (`flow_rate`; after `idle_s` without sending, longer than the RTO on a TCP link with
+    `slow_start_after_idle`: from the initial window, `slow_start_seconds`)."""
+    note = ""
+    if link.measured:
+        got = interpolate_rows(link.measured, nbytes, flows)
+        if not isinstance(got, str):
+            bw, lat = got
+            return LinkPrice(bw, lat, "measured", f"measured rows at {flows} flows", link.blocking)
+        note = got + "; "
+    rate, why = flow_rate(link, src, dst, streams)
+    modelled = (link.window_bytes is not None or link.blocking or any(
+        e is not None and e.nic.nics_per_node is not None for e in (src, dst)))
+    source = "model" if modelled or note else "nominal"
+    latency = link.latency_s
+    rtt = 2 * link.latency_s
+    if (link.window_bytes is not None and link.slow_start_after_idle and rtt > 0 and idle_s > rto_s(rtt)
+            and rate != math.inf):
+        k = streams or link.streams or DEFAULT_STREAMS
+        mss = (link.mtu or DEFAULT_MTU) - HEADER_BYTES
+        # each of the k streams carries nbytes / k, each from its own initial window
+        # rounds move at the line's rate (the window caps the congestion window instead)
+        line, _ = flow_rate(replace(link, window_bytes=None), src, dst, streams)
+        t = slow_start_seconds(nbytes / k, line / k, rtt, link.latency_s, INITIAL_SEGMENTS * mss,
+                               link.window_bytes)
+        if t > link.latency_s + nbytes / rate:
+            latency = t - nbytes / rate  # the extra rounds ride in the latency: the link is not busy during them
+            why += (f"; idle {idle_s * 1e3:.4g} ms > RTO {rto_s(rtt) * 1e3:.4g} ms: slow start from "
+                    f"{INITIAL_SEGMENTS} x {mss} B")
+    return LinkPrice(rate, latency, source, note + why + (", blocking sends" if link.blocking else ""),
+                     link.blocking)
+
+
+def ring_bandwidth(nic: LinkSpec, rings_per_node: int) -> float:
+    """Per-hop bandwidth of a ring that leaves a node beside `rings_per_node - 1` others: the NIC's, or its
+    share of the node's NICs when they are shared (`nics_per_node`)."""
+    if nic.nics_per_node is None:
+        return nic.bandwidth_Bps
+    return min(nic.bandwidth_Bps, nic.nics_per_node * nic.bandwidth_Bps / max(rings_per_node, 1))

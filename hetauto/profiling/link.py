@@ -1,0 +1,131 @@
+"""`hetauto profile link`'s measurement: messages of given sizes over gloo/TCP between two processes, 1..N at once.
+
+Why gloo over TCP: it is what a plan's `host` transport (and any boundary between CPU ranks) sends with, so the
+rows include what the model would otherwise have to guess (the kernel's TCP window against the round trip,
+the NICs, the relay's copies). Each concurrent flow is its own gloo process group, hence its own TCP connection
+(gloo connects one pair per peer per context), as each rank pair of a boundary has its own.
+
+One measurement: rank 1 posts its receives, both pass a barrier, rank 0 sends `flows` messages of `nbytes` at
+once, rank 1 receives them all and answers with a one-byte ack on flow 0; rank 0 times send-to-ack. Receives
+are posted first because a pipeline's receiver posts ahead of the send, and gloo's TCP pair holds a send until
+the receiver's ready notice arrives (one more one-way trip when it comes late). Two untimed transfers of the
+largest size per number of flows come first: a fresh connection's windows grow over its first transfers. The ack's own one-way time (half the round trip of a
+one-byte ping-pong, measured first) is subtracted, so a row is the one-way time from the first byte sent to the
+last byte received. The median of `repeats` tries is kept (one slow try, e.g. a TCP slow start after idle, does
+not move it).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Sequence
+
+__all__ = ["LinkMeasurement", "LinkRowResult", "PeerUnreachable", "measure_link"]
+
+
+class PeerUnreachable(RuntimeError):
+    """The other side never joined (wrong address, not started, a firewall): the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRowResult:
+    nbytes: int
+    flows: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class LinkMeasurement:
+    """What one run measured: the rows and the one-byte round trip they were corrected by."""
+
+    rows: tuple[LinkRowResult, ...]
+    ping_rtt_s: float
+    rank: int
+
+
+def _connect(host: str, port: int, rank: int, timeout_s: float) -> None:
+    """Join the two-process gloo group through rank 0's store; a peer that never comes is PeerUnreachable."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(host, port, 2, rank == 0, timeout=timedelta(seconds=timeout_s),
+                              wait_for_workers=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, OSError, ValueError) as err:
+        raise PeerUnreachable(_unreachable(host, port, rank, timeout_s, err)) from None
+
+
+def _unreachable(host: str, port: int, rank: int, timeout_s: float, err: BaseException) -> str:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if rank == 0:
+        return (f"no peer joined {host}:{port} within {timeout_s:g} s ({first}); start "
+                f"`hetauto profile link --rank 1 --master {host}:{port}` on the other side")
+    return (f"cannot reach the peer at {host}:{port} within {timeout_s:g} s ({first}); start "
+            f"`hetauto profile link --rank 0 --master {host}:{port}` there first, and check the address and any "
+            "firewall")
+
+
+def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: Sequence[int], *,
+                 repeats: int = 3, timeout_s: float = 60.0,
+                 progress: Callable[[int, int], None] | None = None) -> LinkMeasurement:
+    """Run one side (`rank` 0: the sender, listening on `host:port`; 1: the receiver) over sizes x flows.
+    `progress(done, total)` after each row."""
+    import torch
+    import torch.distributed as dist
+
+    _connect(host, port, rank, timeout_s)
+    try:
+        groups = [dist.new_group([0, 1], backend="gloo") for _ in range(max(flows))]
+        ack = torch.zeros(1, dtype=torch.uint8)
+
+        def ping() -> float:
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(ack, 1, group=groups[0])
+                dist.recv(ack, 1, group=groups[0])
+            else:
+                dist.recv(ack, 0, group=groups[0])
+                dist.send(ack, 0, group=groups[0])
+            return time.perf_counter() - t0
+
+        ping()  # connect and warm the pair
+        rtt = statistics.median(ping() for _ in range(max(repeats, 3)))
+
+        def transfer(bufs: list) -> float:
+            # the receiver posts first (as a pipeline's receiver does, ahead of the send): gloo then sends at once
+            # instead of waiting a one-way trip for the receiver's ready notice
+            works = [] if rank == 0 else [dist.irecv(b, 0, group=g) for b, g in zip(bufs, groups)]
+            dist.barrier(group=groups[0])
+            t0 = time.perf_counter()
+            if rank == 0:
+                for w in [dist.isend(b, 1, group=g) for b, g in zip(bufs, groups)]:
+                    w.wait()
+                dist.recv(ack, 1, group=groups[0])
+            else:
+                for w in works:
+                    w.wait()
+                dist.send(ack, 0, group=groups[0])
+            return time.perf_counter() - t0 - rtt / 2
+
+        rows = []
+        total, done = len(sizes) * len(flows), 0
+        for f in flows:
+            # untimed transfers of the largest size first: a fresh connection's receive window and congestion
+            # window grow over its first transfers, which a training run's steady steps no longer pay
+            big = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(f)]
+            for _ in range(2):
+                transfer(big)
+            for n in sizes:
+                bufs = [torch.zeros(n, dtype=torch.uint8) for _ in range(f)]
+                tries = [transfer(bufs) for _ in range(repeats)]
+                rows.append(LinkRowResult(n, f, max(statistics.median(tries), 1e-9)))
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        dist.barrier(group=groups[0])
+        return LinkMeasurement(tuple(rows), rtt, rank)
+    finally:
+        dist.destroy_process_group()

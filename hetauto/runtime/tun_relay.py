@@ -1,0 +1,107 @@
+"""A user-space delay line between two TUN devices: packets read from one are written to the other `delay_s` later.
+
+Why: this kernel has no netem (nor fq, sfq, prio), so a namespace link cannot be delayed by a qdisc, and an
+in-process sleep in our own send path cannot show what a long round trip does to TCP (a window per RTT). As
+mahimahi's delay shell does, the relay owns both ends of a point-to-point IP link: TUN device A (moved into one
+namespace) and B (into the other); every IP packet the kernel routes out of A is held for `delay_s` and injected
+into B, and back. Rate limits stay in the kernel (tbf on each TUN's egress, set by hetauto.runtime.netns).
+
+    python -m hetauto.runtime.tun_relay NAME_A NAME_B DELAY_S [MTU]
+
+creates the two devices (IFF_TUN | IFF_NO_PI: raw IP packets), prints "ready" on stdout, and relays until it
+gets SIGTERM; the devices vanish with the process (they are not persistent). Non-blocking reads, one deque per
+direction ordered by due time (a fixed delay keeps arrival order, so FIFO is exact), poll() timed to the next
+due packet. Root only (/dev/net/tun).
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import os
+import select
+import signal
+import struct
+import sys
+import time
+
+__all__ = ["open_tun", "relay"]
+
+_TUNSETIFF = 0x400454CA
+_IFF_TUN = 0x0001
+_IFF_NO_PI = 0x1000
+_READ = 65536 + 64
+
+
+def open_tun(name: str) -> int:
+    """A non-blocking fd of a new TUN device `name` (raw IP packets, no packet-info header)."""
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+    try:
+        fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH22x", name.encode(), _IFF_TUN | _IFF_NO_PI))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def relay(fd_a: int, fd_b: int, delay_s: float, stop: list[bool] | None = None) -> None:
+    """Move packets a -> b and b -> a, each `delay_s` after it was read, until `stop[0]` is set."""
+    queues = {fd_a: collections.deque(), fd_b: collections.deque()}  # packets read from fd, due on the other
+    other = {fd_a: fd_b, fd_b: fd_a}
+    poller = select.poll()
+    for fd in (fd_a, fd_b):
+        poller.register(fd, select.POLLIN)
+    stop = stop if stop is not None else [False]
+    clock = time.monotonic
+    while not stop[0]:
+        now = clock()
+        due = [q[0][0] for q in queues.values() if q]
+        wait_ms = 100 if not due else max(0, int((min(due) - now) * 1000))
+        try:
+            events = poller.poll(wait_ms)
+        except InterruptedError:
+            continue
+        now = clock()
+        for fd, _ in events:
+            q = queues[fd]
+            while True:
+                try:
+                    pkt = os.read(fd, _READ)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    return
+                q.append((now + delay_s, pkt))
+        now = clock()
+        for fd, q in queues.items():
+            out = other[fd]
+            while q and q[0][0] <= now:
+                try:
+                    os.write(out, q[0][1])
+                except BlockingIOError:
+                    break
+                except OSError:
+                    pass  # a packet the kernel refuses (device going down) is lost, as on a wire
+                q.popleft()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (3, 4):
+        print("usage: python -m hetauto.runtime.tun_relay NAME_A NAME_B DELAY_S [MTU]", file=sys.stderr)
+        return 2
+    name_a, name_b, delay = argv[0], argv[1], float(argv[2])
+    stop = [False]
+
+    def on_term(signum: int, frame: object) -> None:
+        stop[0] = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    fd_a, fd_b = open_tun(name_a), open_tun(name_b)
+    print("ready", flush=True)
+    relay(fd_a, fd_b, delay, stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
