@@ -67,6 +67,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                     help="with --data and --eval-every: the token file's tail held out for evaluation (default 0.05)")
     tr.add_argument("--clip-grad", type=float, default=None, metavar="NORM",
                     help="clip gradients to this global norm (over every stage, TP shard and DP replica)")
+    tr.add_argument("--on-nonfinite", choices=("stop", "skip", "continue"), default="stop",
+                    help="a nan/inf loss or gradient: stop the run before the weights take it (default), skip that "
+                         "optimizer step, or continue; no checkpoint with nan/inf weights is ever written")
     ck = parser.add_argument_group("checkpoints and failures")
     ck.add_argument("--checkpoint-dir", metavar="D", help="write sharded checkpoints under D (step-XXXXXXXX folders)")
     ck.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
@@ -374,7 +377,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
-        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column)
+        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column,
+        on_nonfinite=args.on_nonfinite)
     return plan, cluster, cfg, base, run_options
 
 
@@ -463,6 +467,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"torchrun restarted the job {restarts} time(s); the last attempt resumed at step {start}")
     for c in checkpoints:
         print(f"checkpoint: {c}")
+    if doc["nonfinite_steps"]:
+        how = "skipped" if run_options.on_nonfinite == "skip" else "trained on anyway (--on-nonfinite continue)"
+        print(f"non-finite loss or gradients at step(s) {', '.join(map(str, doc['nonfinite_steps']))}: {how}")
+    for _step, why in doc["skipped_checkpoints"]:
+        print(f"warning: {why}")
     if link is not None:
         print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
               + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
@@ -559,6 +568,8 @@ def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: An
         "shaped_link": link,
         "trace": trace,
         "checkpoints": checkpoints,
+        "nonfinite_steps": list(reports[0].get("nonfinite_steps") or []),
+        "skipped_checkpoints": list(reports[0].get("skipped_checkpoints") or []),
         "restarts": restarts,
         "seed": run.seed,
     }

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetauto.core.errors import CheckpointError, CheckpointMismatch
+from hetauto.core.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint
 from hetauto.core.model import ModelConfig
 from hetauto.runtime import faults
 
@@ -197,6 +197,16 @@ def _state(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[
     return tensors, hparams
 
 
+def _first_nonfinite(tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """The name of the first tensor (of this rank's shards) holding nan or inf, or None."""
+    from hetauto.runtime.nonfinite import tensor_verdict
+
+    for name, t in tensors.items():
+        if tensor_verdict(t):
+            return name
+    return None
+
+
 def _model_dict(module: nn.Module) -> dict[str, Any]:
     cfg = getattr(module, "cfg", None)
     if not isinstance(cfg, ModelConfig):
@@ -245,6 +255,14 @@ def save_checkpoint(
     plan_json = plan.model_dump(mode="json", by_alias=True) if hasattr(plan, "model_dump") else plan
     model = _model_dict(module)
     tensors, hparams = _state(module, optimizer)
+    # never a non-finite checkpoint: it would be the newest, resumed from and (with keep) the only one left
+    bad = _first_nonfinite(tensors)
+    if not _all_ok(bad is None, comm):
+        prev = latest_checkpoint(root) if root.is_dir() else None
+        kept = f"the previous checkpoint {prev} is kept" if prev is not None else f"no earlier checkpoint in {root}"
+        here = f" ({bad} on rank {rank})" if bad is not None else ""
+        raise NonFiniteCheckpoint(f"checkpoint step {step} not written: the weights or optimizer state hold nan or "
+                                  f"inf{here}; {kept}")
 
     need = sum(t.numel() * t.element_size() for t in tensors.values() if not hasattr(t, "to_local"))
     need += sum(t.to_local().numel() * t.to_local().element_size() for t in tensors.values() if hasattr(t, "to_local"))

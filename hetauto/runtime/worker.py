@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                                backends=run.backends or None, lr_schedule=schedule, clip_grad=run.clip_grad,
                                data=run.data, init_from=run.init_from, step_log=step_log,
                                eval_every=run.eval_every, eval_steps=run.eval_steps, eval_fraction=run.eval_fraction,
-                               weight_decay=run.weight_decay, data_column=run.data_column)
+                               weight_decay=run.weight_decay, data_column=run.data_column,
+                               on_nonfinite=run.on_nonfinite)
         ckpt = CheckpointOptions(directory=run.checkpoint_dir, every=run.checkpoint_every, keep=run.keep,
                                  resume=resume, allow_data_change=run.allow_data_change)
         report = train_rank(comm, plan, cfg, opts, ckpt)
