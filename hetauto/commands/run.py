@@ -391,6 +391,21 @@ def run(args: argparse.Namespace) -> int:
     plan, cluster, cfg, base, run_options = prepare_run(args)
     if args.print_launch:
         return _print_launch(args, plan, cluster, base, run_options)
+    if run_options.checkpoint_dir is None:
+        return _run(args, plan, cluster, cfg, base, run_options)
+    from hetauto.launch.folder_lock import acquire_folder
+
+    # one owner per checkpoint folder: a second run is refused here, before anything starts
+    with acquire_folder(run_options.checkpoint_dir) as lock:
+        if lock.took_over is not None:
+            print(f"hetauto run: note: took over --checkpoint-dir {args.checkpoint_dir} from a run that is gone "
+                  f"({lock.took_over.describe()})", file=sys.stderr)
+        return _run(args, plan, cluster, cfg, base, run_options)
+
+
+def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Path, run_options: Any) -> int:
+    """`hetauto run` once its flags, plan and folders are checked (and its checkpoint folder is its own)."""
+    from hetauto.launch.local import start_local
 
     from hetauto.runtime.preflight import check_backends
 
