@@ -322,6 +322,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         if Path(args.resume).is_file():
             raise CheckpointError(f"--resume {args.resume} is a file; give a checkpoint folder (step-...) or the "
                                   "--checkpoint-dir that holds them")
+        args.resume = _newest_verified(args.resume)
         start, seed = _check_resume(args.resume, cfg, args.steps, plan, allow_data_change=args.allow_data_change)
         args._resume_start = start
         if args.seed is not None and seed is not None and args.seed != seed:
@@ -480,6 +481,8 @@ def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Pat
         print(f"trace: {args.trace}")
     if restarts:
         print(f"torchrun restarted the job {restarts} time(s); the last attempt resumed at step {start}")
+    for where, why in doc["resume_skipped"]:
+        print(f"the restart skipped the damaged checkpoint {where}: {why}")
     for c in checkpoints:
         print(f"checkpoint: {c}")
     if doc["nonfinite_steps"]:
@@ -586,6 +589,7 @@ def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: An
         "nonfinite_steps": list(reports[0].get("nonfinite_steps") or []),
         "skipped_checkpoints": list(reports[0].get("skipped_checkpoints") or []),
         "restarts": restarts,
+        "resume_skipped": list(reports[0].get("resume_skipped") or []),
         "seed": run.seed,
     }
     return doc
@@ -632,6 +636,27 @@ def _check_checkpoint_dir(path: str) -> None:
             ro = False
         why = "is on a read-only file system" if ro else f"is not writable for uid {os.getuid()}"
         raise CheckpointError(f"--checkpoint-dir {path}: {probe} {why}; choose a writable folder")
+
+
+def _newest_verified(resume: str) -> str:
+    """`--resume ROOT` (a --checkpoint-dir, not one step folder): ROOT itself when its newest checkpoint verifies,
+    else the newest one that does, each newer damaged one named with why on stderr (a run killed mid-write, a
+    flipped byte); a step folder is returned as given (the user chose it: `_check_resume` refuses it if damaged)."""
+    from hetauto.core.checkpoint_manifest import MANIFEST_FILE, complete_checkpoints, require_intact
+
+    if (Path(resume) / MANIFEST_FILE).is_file() or not Path(resume).is_dir():
+        return resume
+    found = complete_checkpoints(resume)
+    if len(found) < 2:
+        return resume
+    for candidate in reversed(found[1:]):  # the oldest is checked by _check_resume: its error is the one to show
+        try:
+            require_intact(candidate)
+            return resume if candidate == found[-1] else str(candidate)  # the newest verifies: the folder stands
+        except CheckpointError as exc:
+            why = str(exc).split(" is damaged: ", 1)[-1].split("; refusing to resume", 1)[0]
+            print(f"hetauto run: warning: --resume {resume}: skipping {candidate}: {why}", file=sys.stderr)
+    return str(found[0]) if found else resume
 
 
 def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,

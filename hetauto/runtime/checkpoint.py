@@ -72,6 +72,7 @@ __all__ = [
     "checkpoint_dir_name",
     "check_model_config",
     "data_stream_changes",
+    "newest_intact",
 ]
 
 
@@ -336,7 +337,7 @@ def _finish(root: Path, tmp: Path, final: Path, step: int, model: dict[str, Any]
     manifest = Manifest(
         step=int(step), model=model, plan=plan_json, world_size=world, extra=extra_json,
         created_unix=time.time(), files=files,
-    )
+    ).sealed()
     _write_json(tmp / MANIFEST_FILE, manifest.to_json() + "\n")
     _fsync_dir(tmp)
     old = root / f".replaced-{checkpoint_dir_name(step)}"
@@ -493,6 +494,31 @@ def _check_keys(path: Path, tensors: Mapping[str, torch.Tensor]) -> str | None:
         if tuple(entry.size) != shape:  # type: ignore[union-attr]
             return f"{path}: {name.split('.', 1)[1]!r} has shape {list(entry.size)} in the checkpoint, {list(shape)} here"  # type: ignore[union-attr]
     return None
+
+
+# ----------------------------------------------------------------------------------------- load
+
+
+def newest_intact(root: str | os.PathLike, comm: Any = None) -> tuple[Path | None, list[tuple[str, str]]]:
+    """The newest complete checkpoint under `root` whose files all verify (sizes, sha256, manifest fields), and
+    the newer ones skipped with why ([(checkpoint, first problem)]). Every rank calls it: each hashes its share of
+    a candidate's files and all vote, so the ranks agree and no file is hashed twice. Why not sizes only: a
+    flipped byte keeps the size, and the restart that picked such a checkpoint failed in the load."""
+    from hetauto.core.checkpoint_manifest import complete_checkpoints
+
+    rank, world = _rank_world()
+    skipped: list[tuple[str, str]] = []
+    for candidate in reversed(complete_checkpoints(root)):
+        try:
+            names = sorted(read_manifest(candidate).files)
+            problems = verify_checkpoint(candidate, only=set(names[rank::world]))
+        except CheckpointError as exc:
+            problems = [str(exc)]
+        if _all_ok(not problems, comm):
+            return candidate, skipped
+        skipped.append((str(candidate), problems[0] if problems else "another rank found a file that differs from "
+                        f"the manifest (hetauto checkpoint verify {candidate} names it)"))
+    return None, skipped
 
 
 # ----------------------------------------------------------------------------------------- load

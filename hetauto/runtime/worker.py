@@ -70,15 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         if run.inject_fault and restart == 0:  # a restarted job must not fail the same way again
             faults.install(faults.FaultSpec.parse(run.inject_fault))
         resume = run.resume
-        if restart > 0 and run.checkpoint_dir:
-            from hetauto.core.checkpoint_manifest import complete_checkpoints, verify_checkpoint
-
-            # the newest complete checkpoint whose files check out (sizes and metadata; load_checkpoint hashes)
-            for candidate in reversed(complete_checkpoints(run.checkpoint_dir)):
-                if not verify_checkpoint(candidate, hashes=False):
-                    resume = str(candidate)
-                    break
-
         plan = Plan.load(run.plan)
         cfg = load_model_for_plan(plan)
         speed, links = 1.0, None
@@ -90,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
             links = emu.link_table() if emu.links and run.emulate == "inprocess" else None
         # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
         comm = Communicator.init_from_env(HOST_COLLECTIVE, timeout_s=run.timeout_s, links=links)
+        skipped: list[tuple[str, str]] = []
+        if restart > 0 and run.checkpoint_dir:
+            from hetauto.runtime.checkpoint import newest_intact
+
+            # the newest complete checkpoint whose files verify (hashes shared out over the ranks); the damaged
+            # newer ones are named in the report
+            found, skipped = newest_intact(run.checkpoint_dir, comm)
+            resume = str(found) if found is not None else resume
         from hetauto.runtime.optim import LRSchedule
 
         schedule = LRSchedule(lr=run.lr, kind=run.lr_schedule, warmup_steps=run.warmup_steps,
@@ -108,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         report = train_rank(comm, plan, cfg, opts, ckpt)
         doc = report.to_dict()
         doc["restart"] = restart
+        doc["resume_skipped"] = [list(x) for x in skipped]
         if links is not None:  # how late the emulated links delivered: [max s, mean s, messages]
             doc["link_dispatch_lag_s"] = list(links.dispatch_lag())
         control.post("report", json.dumps(doc))
