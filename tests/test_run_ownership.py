@@ -127,6 +127,53 @@ def test_sigterm_on_hetauto_run_stops_torchrun_and_every_worker(folder: Path) ->
     assert sorted(p.name for p in ck.iterdir()) == steps  # nothing writes checkpoints any more
 
 
+def _gone_within(mark: str, limit: float) -> float:
+    """Seconds until no process of the job is left (fails after `limit`)."""
+    t0 = time.monotonic()
+    while marked(mark):
+        assert time.monotonic() - t0 < limit, f"processes of the job still running: {marked(mark)}"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sigkill_of_hetauto_run_takes_torchrun_and_every_worker_with_it(folder: Path) -> None:
+    """No handler runs on SIGKILL: torchrun and the ranks watch their launcher (hetauto.runtime.parent_watch)."""
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-kill"
+    proc = start(folder, str(folder / "plantp.json"), "--steps", "3000", "--checkpoint-dir", str(ck), "--timeout",
+                 "10", mark=mark)
+    wait_for(ck / "step-00000000", proc)
+    assert len(marked(mark)) >= 4  # hetauto run, torchrun, 3 workers
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    took = _gone_within(mark, 30)  # about POLL_S; generous for a loaded machine
+    steps = sorted(p.name for p in ck.iterdir())
+    time.sleep(2)
+    assert sorted(p.name for p in ck.iterdir()) == steps  # nothing writes checkpoints any more
+    print(f"job gone {took:.2f} s after SIGKILL of hetauto run")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sighup_on_hetauto_run_stops_the_job_like_sigterm(folder: Path) -> None:
+    """Closing the terminal or the SSH session: the job stops, one line says so, exit 128 + SIGHUP."""
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-hup"
+    proc = start(folder, str(folder / "plan.json"), "--steps", "3000", "--checkpoint-dir", str(ck), "--timeout", "10",
+                 mark=mark)
+    wait_for(ck / "step-00000000", proc)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert marked(mark) == []
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("hetauto run: error: interrupted by SIGHUP: stopped the job ("), line
+    assert "; newest complete checkpoint: " in line and not (ck / ".hetauto-lock").exists()
+
+
 def _tiny_checkpoints(root: Path, steps: int = 2) -> list[Path]:
     from hetauto.core.model_catalog import get_model
     from hetauto.runtime.checkpoint import save_checkpoint
@@ -149,13 +196,18 @@ def test_resume_from_a_checkpoint_with_one_flipped_byte_is_refused_before_launch
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
     t0 = time.monotonic()
-    assert main(["run", str(folder / "plan.json"), "--resume", str(folder / "flip"), "--steps", "4", "--json"]) == 5
+    assert main(["run", str(folder / "plan.json"), "--resume", str(second), "--steps", "4", "--json"]) == 5
     assert time.monotonic() - t0 < 30  # refused in the launcher: no rank was started
     err = json.loads(capsys.readouterr().out)["error"]
     assert err == (f"checkpoint {second} is damaged: __0_0.distcp: sha256 differs from the manifest; refusing to "
                    f"resume from it; the previous complete checkpoint {first} verifies: resume with --resume {first}")
-    assert main(["run", str(folder / "plan.json"), "--resume", str(first), "--steps", "4", "--print-launch"]) == 0
-    capsys.readouterr()
+    # the folder (not one step of it): its newest checkpoint that verifies, the damaged one named (issue 30)
+    assert main(["run", str(folder / "plan.json"), "--resume", str(folder / "flip"), "--steps", "4", "--print-launch",
+                 "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err == (f"hetauto run: warning: --resume {folder / 'flip'}: skipping {second}: __0_0.distcp: sha256 "
+                       "differs from the manifest\n")
+    assert json.loads(json.loads(out.out)["files"]["launch.json"])["run"]["resume"] == str(first)
 
 
 TP_TIMEOUT = 5

@@ -50,6 +50,8 @@ def write_run_folder(folder: str | Path, plan: Plan, run: RunOptions) -> Path:
 # by then): the agent's interpreter teardown (unloading torch, ~1 s) is pure latency on every local launch.
 # Exit code and stderr are torchrun's own: a failure prints its 'Root Cause' table and a traceback, exit 1.
 _TORCHRUN = ("import os, runpy, sys, traceback\n"
+             "import hetauto.runtime.parent_watch as _watch\n"
+             "_watch.watch(os.getppid())  # the launcher gone (even SIGKILLed): this agent goes, and its ranks\n"
              "sys.argv[0] = 'torchrun'\n"
              "code = 0\n"
              "try:\n"
@@ -501,6 +503,9 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
         env.setdefault("OMP_NUM_THREADS", "1")
         token = new_token()
         env[JOB_ENV] = token
+        from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain
+
+        env[LAUNCHER_ENV] = chain(env.get(LAUNCHER_ENV))  # torchrun and the ranks die with this process
         env[CONTROL_ENV] = control.address if control is not None else str(control_address)
         deadline = (run.timeout_s * 3 + 60 + 5 * run.steps) * (max_restarts + 1)
         # torchrun's (and the workers') output goes to files: a pipe nobody reads while we poll would fill up

@@ -27,6 +27,7 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.plan import Plan
 from hetauto.launch.local import JobFailed, collect_reports, kill_group
 from hetauto.runtime.options import RunOptions
+from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain
 
 __all__ = ["launch_netns", "cross_cluster_bandwidth"]
 
@@ -80,8 +81,10 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
             launch.save(work / "launch.json")
             cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "hetauto", "node", "launch.json",
                    "--node-rank", str(g), "--workdir", str(work)]
+            # the agents' torchrun and ranks die with this process too (hetauto.runtime.parent_watch)
+            env = dict(os.environ, **{LAUNCHER_ENV: chain(os.environ.get(LAUNCHER_ENV))})
             procs.append(subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True))
+                                          start_new_session=True, env=env))
         end = time.monotonic() + deadline_s
         outs: list[tuple[str, str]] = []
         for p in procs:

@@ -43,6 +43,9 @@ def _stopped(control: "ControlClient", rank: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    from hetauto.runtime.parent_watch import watch
+
+    watch(os.getppid())  # torchrun or the launcher gone (even SIGKILLed): this rank goes too, nobody watches it
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     comm = None
