@@ -56,7 +56,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                     help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral, gpt2)")
     tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     tr.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant",
-                    help="after the warm-up: constant (default), or decay to --min-lr at the last step")
+                    help="after the warm-up: constant (default), or decay towards --min-lr, reached one step after the last")
     tr.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (default 0)")
     tr.add_argument("--min-lr", type=float, default=0.0, help="the learning rate the decay ends at (default 0)")
     tr.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's decoupled weight decay (default 0.01)")
@@ -304,6 +304,10 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
     base = Path(args.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
     check_runnable_sharding(plan, cfg)
+    if cfg.builder is not None:
+        from hetauto.runtime.user_model import check_ties
+
+        check_ties(plan, cfg)  # a tie across stages would train untied: refused before launch
     from hetauto.commands._headroom import require_fit, with_headroom
     from hetauto.planner.evaluate import resolve_plan_paths
 
@@ -448,14 +452,21 @@ def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Pat
                           want_reference=want_reference, link=link, trace=args.trace,
                           emulated_backends=tuple({"stage": i, "backend": was, "runs_on": pre.backends[i]}
                                                   for i, was in pre.emulated))
+    # a run whose loss leaves its reference's tolerance trained something else than the model it claims to
+    # (a tie broken across stages, wrong data, a bug): it fails, after printing what it measured
+    off = loss_off_reference(doc["loss"], doc["reference_loss"], doc["start_step"], doc["loss_tolerance"]) \
+        if not run_options.allow_data_change else None
+    doc["loss_off_reference"] = off
+    if args.json:
+        print_json(doc)
+        if off:
+            print(f"hetauto run: error: {off}", file=sys.stderr)
+        return LOSS_OFF_EXIT if off else 0
     start, reference = doc["start_step"], doc["reference_loss"]
     predicted, source, calibrated = doc["predicted_step_s"], doc["prediction_source"], doc["prediction_calibrated"]
     ratio, precision, restarts, checkpoints = (doc["measured_over_predicted"], doc["precision"], doc["restarts"],
                                                doc["checkpoints"])
     eval_losses, reference_eval = doc["eval_loss"] or [], doc["reference_eval_loss"]
-    if args.json:
-        print_json(doc)
-        return 0
     rows = [(start + i, f"{l:.6f}", "-" if reference is None else f"{reference[i]:.6f}", f"{doc['step_s'][i]:.3f}")
             for i, l in enumerate(doc["loss"])]
     print_table(f"hetauto run: {plan.world_size} ranks, {plan.num_stages} stages, {plan.schedule.name}"
@@ -493,7 +504,37 @@ def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Pat
     if link is not None:
         print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
               + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
+    if off:
+        raise LossOffReference(off)
     return 0
+
+
+LOSS_OFF_EXIT = 7
+
+
+class LossOffReference(HetautoError):
+    """The run's loss left its single-process reference's tolerance."""
+
+    exit_code = LOSS_OFF_EXIT
+
+
+def loss_off_reference(losses: list[float], reference: list[float] | None, start: int,
+                       tolerance: float | None) -> str | None:
+    """The first step whose loss differs from the reference by more than `tolerance` x max(1, |reference|)
+    (the documented tolerance on the ~5 losses of a fresh model; relative on a diverged run's large ones),
+    as one line; None when every step is within it, or there is nothing to compare (non-finite steps are the
+    --on-nonfinite report's)."""
+    if not reference or tolerance is None:
+        return None
+    for i, (a, b) in enumerate(zip(losses, reference)):
+        if not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        bound = tolerance * max(1.0, abs(b))
+        if abs(a - b) > bound:
+            return (f"step {start + i}: loss {a:.6f} is {abs(a - b):.6f} from the single-process reference {b:.6f}, "
+                    f"beyond the tolerance {bound:g}: the pipeline does not train the model the reference does "
+                    "(weights tied across stages? other data?); --no-reference skips the comparison")
+    return None
 
 
 def _print_launch(args: argparse.Namespace, plan: Plan, cluster: Any, base: Path, run_options: Any) -> int:
