@@ -106,3 +106,36 @@ def test_resume_from_a_folder_falls_back_past_the_damaged_newest_and_says_so(tmp
             "from the manifest") in err
     assert resumed["start_step"] == 2 and resumed["seed"] == 4
     assert resumed["loss"] == full["loss"][2:]  # bit for bit: the uninterrupted run's step 2
+
+
+def test_a_crafted_self_consistent_checkpoint_of_other_tensors_is_refused_before_launch(tmp_path: Path) -> None:
+    """Its files, hashes and manifest agree, so it verifies; its tensors are not the model's: refused in the
+    launcher (it used to be refused only inside the ranks after launch)."""
+    import hashlib
+
+    from hetauto.core.checkpoint_manifest import METADATA_FILE, Manifest
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.stage import build_stage
+
+    (tmp_path / "one.yaml").write_text(CLUSTER)
+    plan = Plan(model="tiny-gpt", cluster="one.yaml", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(StagePlan(cluster="a", device_type="cpu", devices=(0,), layers=(0, 6),
+                                                      tp=1, dp=1),))
+    plan.save(tmp_path / "plan.json")
+    cfg = get_model("tiny-gpt")
+    stage = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    ck = save_checkpoint(tmp_path / "ck", 0, stage, make_optimizer(stage.parameters(), 1e-3), plan=plan,
+                         extra={"next_step": 1, "seed": 0})
+    md = (ck / METADATA_FILE).read_text().replace('"model.layers.0.pos.weight"', '"model.layers.0.where.weight"')
+    (ck / METADATA_FILE).write_text(md)
+    doc = json.loads((ck / MANIFEST_FILE).read_text())
+    doc["files"][METADATA_FILE] = {"bytes": len(md.encode()), "sha256": hashlib.sha256(md.encode()).hexdigest()}
+    doc["digest"] = Manifest.from_json(json.dumps(doc)).fields_digest()
+    (ck / MANIFEST_FILE).write_text(json.dumps(doc))
+    assert verify_checkpoint(ck) == []
+    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--resume", str(ck),
+                           "--steps", "3", "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5 and "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout)["error"] == (
+        f"{ck}: checkpoint has no parameter 'layers.0.pos.weight' of tiny-gpt (written for another model or by other "
+        "code); resume from a checkpoint of this model")

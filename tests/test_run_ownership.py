@@ -325,3 +325,19 @@ def test_kill_9_of_the_torchrun_agent_mid_run_is_reported_and_its_workers_stoppe
                             "running (0 of 2 had finished); stopped the 2 rank process(es) it left running; no rank "
                             f"failed on its own; newest complete checkpoint: {ck}/step-0000"), error
     assert marked(mark) == []
+
+
+def test_diagnosis_of_torchrun_signalled_from_outside(tmp_path: Path) -> None:
+    """SIGTERM to torchrun itself (not through hetauto run): it stops every rank; no rank is blamed (issue 30)."""
+    from hetauto.launch.local import collect_reports
+
+    for r in range(3):
+        (tmp_path / f"rank{r}.started").write_text("attempt 0\n")
+        (tmp_path / f"rank{r}.stopped").write_text(f"rank {r}: stopped by torchrun after another rank failed\n")
+    stderr = ("Traceback (most recent call last):\n  ...\ntorch.distributed.elastic.multiprocessing.api."
+              "SignalException: Process 4242 got signal: 15\n")
+    with pytest.raises(Exception) as err:
+        collect_reports(_plan(tp=2), tmp_path, 1, stderr)
+    assert str(err.value) == ("torchrun (the launch agent) received SIGTERM from outside and stopped the ranks; no rank "
+                              "failed on its own (3 of 3 said they were stopped) (torchrun exit 1: torch.distributed."
+                              "elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15)")

@@ -328,6 +328,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
                                   "--checkpoint-dir that holds them")
         args.resume = _newest_verified(args.resume)
         start, seed = _check_resume(args.resume, cfg, args.steps, plan, allow_data_change=args.allow_data_change)
+        _check_checkpoint_tensors(args.resume, cfg)
         args._resume_start = start
         if args.seed is not None and seed is not None and args.seed != seed:
             raise HetautoError(f"--seed {args.seed} differs from the checkpoint's data seed {seed}; "
@@ -698,6 +699,32 @@ def _newest_verified(resume: str) -> str:
             why = str(exc).split(" is damaged: ", 1)[-1].split("; refusing to resume", 1)[0]
             print(f"hetauto run: warning: --resume {resume}: skipping {candidate}: {why}", file=sys.stderr)
     return str(found[0]) if found else resume
+
+
+def _check_checkpoint_tensors(resume: str, cfg: Any) -> None:
+    """Before launch: every parameter of the model is in the checkpoint with its global shape (its
+    `.metadata.json`, against the whole model built on the meta device: no memory, no weights). A checkpoint whose
+    files and manifest agree but whose tensors do not fit the model (crafted, or written by other code) is refused
+    here in one line, not inside the ranks after launch."""
+    import json
+
+    import torch
+
+    from hetauto.core.checkpoint_manifest import METADATA_FILE, _resolve
+    from hetauto.runtime.stage import build_stage
+
+    path = _resolve(resume)
+    stored = json.loads((path / METADATA_FILE).read_text(encoding="utf-8")).get("tensors", {})
+    with torch.device("meta"):
+        whole = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    for name, t in whole.state_dict().items():
+        entry = stored.get(f"model.{name}")
+        if not isinstance(entry, dict):
+            raise CheckpointMismatch(f"{path}: checkpoint has no parameter {name!r} of {cfg.name} (written for another "
+                                     "model or by other code); resume from a checkpoint of this model")
+        if list(entry.get("size", [])) != list(t.shape):
+            raise CheckpointMismatch(f"{path}: {name!r} has shape {list(entry.get('size', []))} in the checkpoint, "
+                                     f"{list(t.shape)} in {cfg.name}; resume from a checkpoint of this model")
 
 
 def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,

@@ -147,7 +147,17 @@ def heartbeats(out_dir: str | Path, world_size: int) -> dict[int, float]:
     return found
 
 
-def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | None = None) -> JobFailed:
+_AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+
+
+def torchrun_signal(text: str) -> int | None:
+    """The signal torchrun's agent itself received from outside (its SignalException in its stderr), or None."""
+    m = _AGENT_SIGNAL.search(text)
+    return int(m.group(1)) if m else None
+
+
+def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | None = None,
+                     agent_signal: int | None = None) -> JobFailed:
     """One clear error for a failed job from the ranks' marker files (hetauto.runtime.worker).
 
     Blame, in this order: a rank that started and then vanished without a report, an error or a 'stopped'
@@ -200,6 +210,14 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
         return JobFailed(f"rank {r} (stage {s}, cluster '{c}') {what}{tail}", r, s, c)
 
     never = [r for r in range(plan.world_size) if r not in started]
+    if agent_signal is not None and not errors:
+        # torchrun was signalled from outside (not through hetauto run) and stopped every rank itself
+        try:
+            name = signal.Signals(agent_signal).name
+        except ValueError:
+            name = f"signal {agent_signal}"
+        return JobFailed(f"torchrun (the launch agent) received {name} from outside and stopped the ranks; no rank "
+                         f"failed on its own ({len(stopped)} of {plan.world_size} said they were stopped)")
     died = [r for r in started if r not in errors and r not in stopped and r not in done]
     # a rank torchrun reports as failed died on its own; one it killed after its grace period (blocked in a wait
     # too long to run the SIGTERM handler) left no mark either, but torchrun does not list it as a failure
@@ -543,7 +561,7 @@ def collect_reports(plan: Plan, out_dir: str | Path, returncode: int, stderr: st
     for r in range(plan.world_size):
         f = Path(out_dir) / f"rank{r}.json"
         if returncode != 0 or not f.is_file():
-            err = diagnose_failure(plan, out_dir, torchrun_exit_codes(stderr))
+            err = diagnose_failure(plan, out_dir, torchrun_exit_codes(stderr), torchrun_signal(stderr))
             if err.rank is None:
                 tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
                 raise JobFailed(f"{err.message} (torchrun exit {returncode}: {tail[0]})")
