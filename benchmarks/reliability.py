@@ -439,7 +439,7 @@ def case_nonfinite(plan: Path, timeout: float, full: list[float] | None) -> dict
         orphans, error = marked(mark), doc.get("error") or ""
         latest = latest_checkpoint(ck)
         bad = nonfinite_tensors(latest) if latest is not None else []
-        ended = rc != 0 and "failed: NonFiniteTraining: step " in error and latest is not None
+        ended = rc != 0 and "failed with the same error: NonFiniteTraining: step " in error and latest is not None
         return {**_row("nan loss (--lr 2e4, --keep 1)", ended=ended, detect=None, lost=None, ck=latest, resume=None,
                        orphans=orphans, error=error or None), "data_lost": bool(bad) or not _verifies(latest)}
 

@@ -341,3 +341,18 @@ def test_diagnosis_of_torchrun_signalled_from_outside(tmp_path: Path) -> None:
     assert str(err.value) == ("torchrun (the launch agent) received SIGTERM from outside and stopped the ranks; no rank "
                               "failed on its own (3 of 3 said they were stopped) (torchrun exit 1: torch.distributed."
                               "elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15)")
+
+
+def test_diagnosis_of_a_verdict_every_rank_reached_blames_no_rank(tmp_path: Path) -> None:
+    """A full disk or a non-finite loss: every rank raises the same error; 'rank 0 failed' would mislead (issue 30)."""
+    from hetauto.launch.local import diagnose_failure
+
+    line = "NonFiniteTraining: step 2: the loss is nan; stopped before the optimizer step"
+    for r in range(3):
+        (tmp_path / f"rank{r}.started").write_text("attempt 0\n")
+        (tmp_path / f"rank{r}.error").write_text(f"rank {r}: {line}\n")
+    assert str(diagnose_failure(_plan(tp=2), tmp_path)) == f"every rank failed with the same error: {line}"
+    (tmp_path / "rank2.error").unlink()
+    (tmp_path / "rank2.stopped").write_text("rank 2: stopped by torchrun after another rank failed\n")
+    assert str(diagnose_failure(_plan(tp=2), tmp_path)) == (f"ranks 0, 1 failed with the same error: {line}; rank(s) 2 "
+                                                             "stopped by torchrun")

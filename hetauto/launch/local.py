@@ -236,6 +236,14 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     if primary:
         r = primary[0]
         msg = errors[r].split(": ", 1)[1] if ": " in errors[r] else errors[r]
+        alike = [q for q, e in sorted(errors.items()) if body(e) == body(errors[r])]
+        if len(alike) > 1 and len(alike) == len(errors):
+            # a verdict the ranks reached together (a full disk, a non-finite loss): no rank is the culprit
+            who = "every rank" if len(alike) == plan.world_size else f"ranks {', '.join(map(str, alike))}"
+            s, c = where(r)
+            stops = sorted(q for q in stopped if q not in errors)
+            tail = f"; rank(s) {', '.join(map(str, stops))} stopped by torchrun" if stops else ""
+            return JobFailed(f"{who} failed with the same error: {msg}{tail}", r, s, c)
         return failed(r, f"failed: {msg}")
     named: dict[int, int] = {}
     for q, e in errors.items():
