@@ -121,7 +121,7 @@ def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder:
     proc, ck = _diverging(folder, "stop")
     assert proc.returncode == 3
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("hetauto run: error: every rank failed with the same error: NonFiniteTraining: step "), line
+    assert line.startswith("hetauto run: error: rank 0 (stage 0, cluster 'a') failed: NonFiniteTraining: step "), line
     assert "step 1: the gradients hold " in line or "step 2: the loss is nan" in line, line
     assert "stopped before the optimizer step, so the weights and every checkpoint stay finite" in line
     kept = complete_checkpoints(ck)
