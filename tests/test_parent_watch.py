@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain, launcher_mark, orphaned
 
@@ -54,3 +55,33 @@ def test_a_job_started_with_the_mark_dies_when_its_launcher_is_sigkilled() -> No
             break
         assert time.monotonic() - t0 < 30, "the job outlived its launcher"
         time.sleep(0.05)
+
+
+def test_namespaces_of_a_sigkilled_process_are_removed() -> None:
+    """--emulate netns: SIGKILL of the process that made the namespaces runs no teardown; its reaper removes them
+    (and exits on its own after a normal teardown)."""
+    import pytest
+
+    from hetauto.runtime import netns
+
+    avail = netns.available()
+    if not avail.ok:
+        pytest.skip(f"network namespaces unavailable: {avail.reason}")
+    code = ("import time\n"
+            "from hetauto.runtime.netns import NamespaceTopology\n"
+            "t = NamespaceTopology([[0], [1]], 1e6)\n"
+            "t.setup()\n"
+            "print(' '.join(t._created), flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    names = proc.stdout.readline().split()
+    assert len(names) == 2 and all(Path(f"/run/netns/{n}").exists() for n in names)
+    proc.kill()
+    proc.wait()
+    t0 = time.monotonic()
+    while any(Path(f"/run/netns/{n}").exists() for n in names):
+        assert time.monotonic() - t0 < 30, f"namespaces left: {names}"
+        time.sleep(0.05)
+    with netns.NamespaceTopology([[0], [1]], 1e6) as topo:
+        reaper = topo._reaper
+    assert reaper.poll() == 0
