@@ -356,3 +356,33 @@ def test_diagnosis_of_a_verdict_every_rank_reached_blames_no_rank(tmp_path: Path
     (tmp_path / "rank2.stopped").write_text("rank 2: stopped by torchrun after another rank failed\n")
     assert str(diagnose_failure(_plan(tp=2), tmp_path)) == (f"ranks 0, 1 failed with the same error: {line}; rank(s) 2 "
                                                              "stopped by torchrun")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sigterm_to_one_worker_from_outside_is_named_as_such_not_stuck(folder: Path) -> None:
+    """The worker knows who sent SIGTERM (sigwaitinfo): from outside the job it is that rank's failure (issue 30)."""
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-outside"
+    proc = start(folder, str(folder / "plan.json"), "--steps", "3000", "--checkpoint-dir", str(ck), "--timeout", "10",
+                 "--json", mark=mark)
+    wait_for(ck / "step-00000000", proc)
+    started = next(f for f in folder.glob("hetauto-run-*/rank1.started") if str(proc.pid) in _env_launcher(f))
+    pid = int(started.read_text().split("pid")[1])
+    os.kill(pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3
+    assert json.loads(out)["error"].startswith(
+        f"rank 1 (stage 1, cluster 'b') failed: Terminated: SIGTERM from pid {os.getpid()}, outside the job (not its "
+        "torchrun or launcher)")
+    assert marked(mark) == []
+
+
+def _env_launcher(started: Path) -> str:
+    """The HETAUTO_LAUNCHER of the rank that wrote `started` (its pid is in the file)."""
+    pid = started.read_text().split("pid")[1].strip()
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    return next((e.decode() for e in env if e.startswith(b"HETAUTO_LAUNCHER=")), "")

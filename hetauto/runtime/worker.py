@@ -41,8 +41,44 @@ def _stopped(control: "ControlClient", rank: int) -> None:
         os._exit(143)
 
 
+def _inside_pids() -> set[int]:
+    """Who may stop this rank as part of the job: its torchrun (the parent) and the job's launchers."""
+    from hetauto.runtime.parent_watch import LAUNCHER_ENV
+
+    pids = {os.getppid()}
+    for mark in os.environ.get(LAUNCHER_ENV, "").split(","):
+        pid = mark.partition(":")[0]
+        if pid.isdigit():
+            pids.add(int(pid))
+    return pids
+
+
+def _watch_sigterm(control: "ControlClient", rank: int) -> None:
+    """SIGTERM is taken by a thread (`sigwaitinfo`, SIGTERM blocked everywhere else since the start of `main`), so
+    the sender is known and it is handled even while the main thread waits inside a collective: from torchrun or
+    the launcher it is the end of the job ('stopped'); from anyone else it is this rank's own failure, said so
+    (not 'stuck')."""
+    import threading
+
+    inside = _inside_pids()
+
+    def wait() -> None:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        if info.si_pid in inside:
+            _stopped(control, rank)
+        try:
+            control.post("error", f"rank {rank}: Terminated: SIGTERM from pid {info.si_pid}, outside the job "
+                                  "(not its torchrun or launcher)")
+        finally:
+            os._exit(143)
+
+    threading.Thread(target=wait, name="hetauto-sigterm", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    # before any thread starts (they inherit the mask): SIGTERM only reaches _watch_sigterm's thread
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     from hetauto.runtime.parent_watch import watch
 
     watch(os.getppid())  # torchrun or the launcher gone (even SIGKILLed): this rank goes too, nobody watches it
@@ -56,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         run = RunOptions.load(args.options)
         control = ControlClient.from_env(rank, timeout_s=max(30.0, run.timeout_s))
         control.post("started", f"attempt {restart} pid {os.getpid()}")  # the agent drops an earlier attempt's marks
-        signal.signal(signal.SIGTERM, lambda *_: _stopped(control, rank))  # type: ignore[arg-type]
+        _watch_sigterm(control, rank)
         control.start_heartbeat()
         import torch
 
