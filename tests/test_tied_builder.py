@@ -91,6 +91,14 @@ def test_a_tie_across_stages_is_refused_and_within_one_stage_allowed(folder: Pat
                               "in stages 0 and 1: each stage builds its own copy, so they would train untied; plan "
                               "them into one stage, or untie them in the model")
     check_ties(_plan(("a", (0, 4))), cfg)
+    # an untied model's slots share nothing (its freed modules' ids are not mistaken for ties)
+    monkey = pytest.MonkeyPatch()
+    monkey.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    monkey.setenv("HETAUTO_MODEL_CODE", "examples.causal_mixer")
+    try:
+        assert shared_parameters("examples.causal_mixer:CausalMixer") == []
+    finally:
+        monkey.undo()
 
 
 def test_hetauto_run_refuses_the_untied_plan_before_launch(folder: Path) -> None:

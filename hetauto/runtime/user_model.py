@@ -46,12 +46,14 @@ def shared_parameters(ref: str) -> list[tuple[str, int, int]]:
     b = cached.__wrapped__(ref)  # type: ignore[attr-defined]
     owner: dict[int, int] = {}
     out: list[tuple[str, int, int]] = []
+    kept: list[nn.Module] = []  # alive until the end: a freed parameter's id() could be reused by the next slot's
     with torch.device("meta"):
         factories = [b.embedding, *[(lambda i=i: b.block(i)) for i in range(b.num_blocks)], b.head]
         for slot, make in enumerate(factories):
             module = make()
             if not isinstance(module, nn.Module):
                 continue  # build_user_slot names it
+            kept.append(module)
             for name, prm in module.named_parameters(remove_duplicate=False):
                 first = owner.setdefault(id(prm), slot)
                 if first != slot:
