@@ -374,6 +374,10 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
 
         # before launch: a config the reference model cannot compute (at the plan's seq_len) is refused
         check_hf_config(args.init_from, None if cfg.arch == "gpt" else cfg, plan.seq_len)
+        from hetauto.runtime.hf_weights import check_hf_weights
+
+        # every tensor's name and shape from the safetensors headers: a mismatch is found here, not in the ranks
+        check_hf_weights(cfg, args.init_from, plan.seq_len)
     run_options = RunOptions(
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
