@@ -52,6 +52,25 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the `hetauto` program itself (not a caller passing argv): Ctrl-C always ends it with 130
+        try:
+            return _main(None)
+        finally:
+            _exit_130_on_sigint()
+    return _main(argv)
+
+
+def _exit_130_on_sigint() -> None:
+    """A Ctrl-C after `main` returned (while the result is printed or the interpreter unloads torch) would be an
+    uncaught KeyboardInterrupt, which Python turns into death by SIGINT (exit -2, not the documented 130)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser(argv)
     args = parser.parse_args(argv)

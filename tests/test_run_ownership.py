@@ -386,3 +386,15 @@ def _env_launcher(started: Path) -> str:
     except OSError:
         return ""
     return next((e.decode() for e in env if e.startswith(b"HETAUTO_LAUNCHER=")), "")
+
+
+def test_a_ctrl_c_after_hetauto_has_finished_its_work_still_exits_130() -> None:
+    """A second Ctrl-C landing while the result is printed or the interpreter shuts down: 130, not -2 (issue 30)."""
+    code = ("import os, signal, sys\n"
+            "sys.argv = ['hetauto', 'scenarios', '--json']\n"
+            "from hetauto.cli import main\n"
+            "rc = main()\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "sys.exit(rc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-500:])
