@@ -98,5 +98,5 @@ def test_sigterm_of_a_netns_run_says_so_and_leaves_no_namespace(tmp_path: Path) 
     assert proc.returncode == 128 + signal.SIGTERM
     line = err.strip().splitlines()[-1]
     assert line.startswith("hetauto run: error: interrupted by SIGTERM: stopped the namespace job (its node agents, "
-                           "torchrun and ranks) and removed its namespaces hetauto-"), line
+                           "torchrun and ranks) and removed its namespaces; newest complete checkpoint: "), line
     assert not any(Path(f"/run/netns/{n}").exists() for n in mine)

@@ -43,7 +43,27 @@ def cross_cluster_bandwidth(plan: Plan, cluster: ClusterSpec) -> float:
 
 def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
     """Run the plan with one namespace per cluster; return (rank reports, link figures: shaped rate and the
-    kernel's byte counters of each namespace's veth over the run).
+    kernel's byte counters of each namespace's veth over the run). SIGTERM/SIGHUP (the topology turns them into
+    SystemExit(128 + signal) so its teardown runs) end it with a one-line JobInterrupted naming the signal.
+    """
+    import signal
+
+    from hetauto.launch.local import JobInterrupted, newest_checkpoint_note
+
+    try:
+        return _launch_netns(plan, cluster, run)
+    except SystemExit as exc:
+        signum = exc.code - 128 if isinstance(exc.code, int) and exc.code > 128 else None
+        if signum not in (signal.SIGTERM, signal.SIGHUP):
+            raise
+        note = newest_checkpoint_note(run.checkpoint_dir)
+        raise JobInterrupted(f"interrupted by {signal.Signals(signum).name}: stopped the namespace job (its node "
+                             "agents, torchrun and ranks) and removed its namespaces"
+                             + (f"; {note}" if note else ""), signum) from None
+
+
+def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
+    """`launch_netns` itself.
 
     Each namespace is a site of a multi-site job: its own working folder, its node agent (`hetauto node`, as
     `hetauto launch --target torchrun` scripts start it) with the launch plan, the lead in the first namespace

@@ -65,18 +65,6 @@ _SUBNET = "10.201.0"
 _CMD_TIMEOUT_S = 15.0
 
 
-class NamespaceInterrupted(HetautoError):
-    """SIGTERM/SIGHUP while a topology is up: raised in the main thread so `with` blocks (and the teardown) run,
-    and the command says what happened in one line (exit 128 + the signal)."""
-
-    def __init__(self, signum: int, topo: Any) -> None:
-        name = signal.Signals(signum).name
-        super().__init__(f"interrupted by {name}: stopped the namespace job (its node agents, torchrun and ranks) "
-                         f"and removed its namespaces {', '.join(topo.namespaces)}")
-        self.signum = signum
-        self.exit_code = 128 + signum
-
-
 class ShapedLinkError(HetautoError):
     """Setting up, using or tearing down the namespace topology failed (the message names the command)."""
 
@@ -369,12 +357,12 @@ class NamespaceTopology:
         atexit.unregister(self.teardown)
 
     def _install_signal_handlers(self) -> None:
-        """SIGTERM/SIGHUP become NamespaceInterrupted so `with` blocks (and our teardown) run on a kill."""
+        """SIGTERM/SIGHUP become SystemExit so `with` blocks (and our teardown) run on a kill."""
         if threading.current_thread() is not threading.main_thread():
             return
 
         def handler(signum: int, frame: Any) -> None:
-            raise NamespaceInterrupted(signum, self)
+            raise SystemExit(128 + signum)
 
         for sig in (signal.SIGTERM, signal.SIGHUP):
             try:
