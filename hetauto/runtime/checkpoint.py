@@ -12,7 +12,8 @@ Directory layout (`root` is the `--checkpoint-dir`):
 
     root/step-00000012/          a complete checkpoint (never modified after the rename)
         manifest.json            hetauto.checkpoint/1: step, model, plan, world size, extra (data position),
-                                 hetauto version, file sizes and sha256
+                                 hetauto version, file sizes and sha256, and a digest of these fields
+                                 (checkpoint_manifest.Manifest.digest); never written holding nan/inf
         .metadata.json           DCP global metadata as JSON (see checkpoint_storage)
         __<rank>_0.distcp        tensor payloads (torch.load(weights_only=True) on read)
         __<rank>_0.distcp.sha256 the shard's size and sha256, hashed by the rank that wrote it (the manifest
