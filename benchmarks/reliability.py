@@ -8,6 +8,15 @@ stage 1 on 'slow', rank 2), a checkpoint every 2 steps. One row per fault of iss
   SIGSTOP of TP rank rank 1 (a tensor-parallel rank, inside DTensor collectives) is stopped with SIGSTOP
   corrupted shard    one byte of the newest checkpoint's shard flipped, then `hetauto run --resume`
   disk full          checkpoints into a 6 MiB tmpfs: the first fits, the second does not (root only)
+and those of issue 30:
+  SIGKILL of run     `hetauto run` killed with SIGKILL (no handler runs): its job must go on its own
+  SIGHUP of run      the terminal or SSH session closed
+  second owner       a second run on the first one's --checkpoint-dir (another seed)
+  nan loss           --lr 2e4 with --keep 1: stopped, the kept checkpoint finite
+  edited manifest    extra.next_step of the newest checkpoint edited, then --resume of it
+  damaged newest     one byte of the newest checkpoint flipped, then --resume of the folder (falls back)
+  os:abort           a plan whose model string would import code
+  bad token id       an id beyond the vocabulary in a .bin's held-out tail
 and without --quick also: a kill while a checkpoint is being written, a kill with --max-restarts 1 (torchrun
 restarts the job from the newest checkpoint) and kill -9 of the torchrun agent.
 
@@ -27,7 +36,7 @@ Columns:
 
     python benchmarks/reliability.py [--quick] [--timeout 5] [--json]
 
---quick: the six rows above without the resume runs (about 2 minutes on 2 cores); the last line is always
+--quick: the rows above without the resume runs (about 5 minutes on 2 cores); the last line is always
 one JSON document with the totals and every row.
 """
 
@@ -273,8 +282,8 @@ def case_sigstop(plan: Path, timeout: float, full: list[float] | None) -> dict[s
 
 
 def case_corrupt(plan: Path, timeout: float, root: Path, full: list[float] | None) -> dict[str, Any]:
-    """One byte of the newest checkpoint's first shard flipped (in a copy of `root`), then --resume: refused
-    before launch with one line naming the file and the previous checkpoint that verifies."""
+    """One byte of the newest checkpoint's first shard flipped (in a copy of `root`), then --resume of that step
+    folder: refused before launch with one line naming the file and the previous checkpoint that verifies."""
     from hetauto.core.checkpoint_manifest import complete_checkpoints
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -287,7 +296,7 @@ def case_corrupt(plan: Path, timeout: float, root: Path, full: list[float] | Non
         shard.write_bytes(bytes(data))
         mark = uuid.uuid4().hex
         t0 = time.time()
-        doc, rc = _run(plan, timeout, "--resume", str(copy), env=_env(mark, Path(tmp)))
+        doc, rc = _run(plan, timeout, "--resume", str(latest), env=_env(mark, Path(tmp)))
         end, orphans = time.time(), marked(mark)
         error = doc.get("error")
         want = (f"checkpoint {latest} is damaged: {shard.name}: sha256 differs from the manifest; refusing to resume "
@@ -345,6 +354,176 @@ def case_agent_kill(plan: Path, timeout: float, full: list[float] | None) -> dic
         return rc != 0 and e.startswith("torchrun (the launch agent, pid ") and "was killed by SIGKILL" in e
 
     return _stopped_from_outside("kill -9 of the torchrun agent", plan, timeout, full, kill_agent, ended)
+
+
+# -- issue 30: signals without handlers, two owners, numerics, manifest edits, code and ids in data ---------------
+def _gone(mark: str, limit: float = 5.0) -> tuple[list[int], float]:
+    """The job's processes left after up to `limit` s (a watchdog needs a poll or two), and how long it took."""
+    t0 = time.monotonic()
+    while (left := marked(mark)) and time.monotonic() - t0 < limit:
+        time.sleep(0.05)
+    return left, time.monotonic() - t0
+
+
+def case_sigkill(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+    """SIGKILL of `hetauto run` (no handler runs): torchrun and every rank must go within a few seconds on their
+    own (hetauto.runtime.parent_watch); nothing writes checkpoints afterwards."""
+    from hetauto.core.checkpoint_manifest import complete_checkpoints, latest_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = Path(tmp) / "ck"
+        job = _Job(plan, timeout, Path(tmp), LONG, "--checkpoint-dir", str(ck), "--checkpoint-every", str(EVERY))
+        job.wait_until(lambda: (latest := latest_checkpoint(ck)) is not None and job.steps_done > _next_step(latest))
+        t0 = time.time()
+        job.proc.send_signal(signal.SIGKILL)
+        at_fault = job.steps_done
+        job.finish()
+        left, _ = _gone(job.mark)
+        took = time.time() - t0  # from the kill to an empty process table
+        before = len(complete_checkpoints(ck))
+        time.sleep(2)
+        quiet = len(complete_checkpoints(ck)) == before
+        latest = latest_checkpoint(ck)
+        return _row("SIGKILL of hetauto run", ended=not left and quiet, detect=took if not left else None,
+                    lost=max(at_fault, job.steps_done) - _next_step(latest), ck=latest, orphans=left,
+                    error=None if not left else f"{len(left)} process(es) left after {took:.1f} s",
+                    resume=_resume_ok(plan, timeout, latest, full, Path(tmp)),
+                    note=f"job gone {took:.2f} s after the kill")
+
+
+def case_sighup(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+    """SIGHUP (the terminal or SSH session closed): stopped like SIGTERM, one line, exit 129."""
+    def ended(rc: int, doc: dict, err: str) -> bool:
+        line = (err.strip().splitlines() or [""])[-1]
+        return (rc == 128 + signal.SIGHUP and line.startswith("hetauto run: error: interrupted by SIGHUP: stopped "
+                                                              "the job (") and "newest complete checkpoint: " in line)
+
+    return _stopped_from_outside("SIGHUP of hetauto run", plan, timeout, full,
+                                 lambda job: job.proc.send_signal(signal.SIGHUP), ended)
+
+
+def case_second_owner(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+    """A second `hetauto run` on the first one's --checkpoint-dir: refused at start naming the owner; the first
+    run's checkpoints untouched. Then the first is stopped (SIGTERM)."""
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = Path(tmp) / "ck"
+        job = _Job(plan, timeout, Path(tmp), LONG, "--checkpoint-dir", str(ck), "--checkpoint-every", str(EVERY))
+        job.wait_until(lambda: latest_checkpoint(ck) is not None)
+        mark = uuid.uuid4().hex
+        t0 = time.time()
+        doc, rc = _run(plan, timeout, "--checkpoint-dir", str(ck), "--seed", "99", env=_env(mark, Path(tmp)))
+        detect, second_left = time.time() - t0, marked(mark)
+        error = doc.get("error") or ""
+        job.proc.send_signal(signal.SIGTERM)
+        job.finish()
+        left = marked(job.mark) + second_left
+        latest = latest_checkpoint(ck)
+        seeds = {json.loads((p / "manifest.json").read_text())["extra"]["seed"] for p in ck.glob("step-*")}
+        ended = rc == 5 and error.startswith(f"--checkpoint-dir {ck} is in use by pid {job.proc.pid} on host ")
+        return _row("second run, same ckpt dir", ended=ended, detect=detect, lost=None, ck=latest,
+                    orphans=left, error=error or None, resume=None if full is None else seeds == {SEED})
+
+
+def case_nonfinite(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+    """--lr 2e4: the loss goes nan; the run stops before the weights take it, no non-finite checkpoint is written
+    and --keep 1 keeps the last finite one (data lost: the kept checkpoint does not verify or holds nan/inf)."""
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
+    from hetauto.runtime.checkpoint_scan import nonfinite_tensors
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ck, mark = Path(tmp) / "ck", uuid.uuid4().hex
+        doc, rc = _run(plan, timeout, "--lr", "2e4", "--checkpoint-dir", str(ck), "--checkpoint-every", "1",
+                       "--keep", "1", steps=6, env=_env(mark, Path(tmp)))
+        orphans, error = marked(mark), doc.get("error") or ""
+        latest = latest_checkpoint(ck)
+        bad = nonfinite_tensors(latest) if latest is not None else []
+        ended = rc != 0 and "failed with the same error: NonFiniteTraining: step " in error and latest is not None
+        return {**_row("nan loss (--lr 2e4, --keep 1)", ended=ended, detect=None, lost=None, ck=latest, resume=None,
+                       orphans=orphans, error=error or None), "data_lost": bool(bad) or not _verifies(latest)}
+
+
+def case_manifest_edit(plan: Path, timeout: float, root: Path, full: list[float] | None) -> dict[str, Any]:
+    """extra.next_step of the newest checkpoint edited (its files untouched), then --resume of it: refused before
+    launch, never trained from the wrong step."""
+    from hetauto.core.checkpoint_manifest import complete_checkpoints
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "ck"
+        shutil.copytree(root, copy)
+        *_, prev, latest = complete_checkpoints(copy)
+        f = latest / "manifest.json"
+        nxt = _next_step(latest)
+        f.write_text(f.read_text().replace(f'"next_step": {nxt}', f'"next_step": {nxt - 2}'))
+        mark = uuid.uuid4().hex
+        t0 = time.time()
+        doc, rc = _run(plan, timeout, "--resume", str(latest), env=_env(mark, Path(tmp)))
+        error = doc.get("error") or ""
+        ended = rc == 5 and "manifest.json: its fields differ from those it was written with" in error
+        return _row("edited next_step in a manifest", ended=ended, detect=time.time() - t0, lost=None, ck=prev,
+                    orphans=marked(mark), error=error or None, loaded_damage=rc == 0, resume=None)
+
+
+def case_fallback(plan: Path, timeout: float, root: Path, full: list[float] | None) -> dict[str, Any]:
+    """One byte of the newest checkpoint flipped, then --resume of the folder: it trains from the previous one,
+    naming the one it skipped (data lost: a damaged checkpoint loaded, or, without --quick, other losses)."""
+    from hetauto.core.checkpoint_manifest import complete_checkpoints
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "ck"
+        shutil.copytree(root, copy)
+        *_, prev, latest = complete_checkpoints(copy)
+        shard = min(latest.glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+        mark = uuid.uuid4().hex
+        proc = subprocess.run(_cmd(plan, timeout, STEPS, "--resume", str(copy)), capture_output=True, text=True,
+                              env=_env(mark, Path(tmp)), timeout=600, check=False)
+        doc = _doc(proc.stdout, proc.stderr)
+        said = f"skipping {latest}: {shard.name}: sha256 differs from the manifest" in proc.stderr
+        ok = proc.returncode == 0 and said and doc.get("start_step") == _next_step(prev)
+        resume = None if full is None else (ok and doc.get("loss") == full[_next_step(prev):])
+        return _row("damaged newest, --resume dir", ended=ok, detect=None, lost=_next_step(latest) - _next_step(prev),
+                    ck=prev, orphans=marked(mark), error=doc.get("error"), resume=resume,
+                    loaded_damage=proc.returncode == 0 and not said)
+
+
+def case_code_in_plan(plan: Path, timeout: float) -> dict[str, Any]:
+    """A plan whose model is `os:abort`: `hetauto run` refuses it with one line; nothing is imported."""
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = json.loads(plan.read_text())
+        bad = Path(tmp) / "abort.json"
+        bad.write_text(json.dumps({**doc, "model": "os:abort"}))
+        mark = uuid.uuid4().hex
+        t0 = time.time()
+        out, rc = _run(bad, timeout, env=_env(mark, Path(tmp)))
+        error = out.get("error") or ""
+        ended = rc == 2 and "'os:abort' would import module 'os', and a plan or cluster file never runs code" in error
+        return _row("plan model os:abort", ended=ended, detect=time.time() - t0, lost=None, ck=None, orphans=marked(mark),
+                    error=error or None, resume=None, loaded_damage=rc == -signal.SIGABRT) | {"data_lost": rc < 0}
+
+
+def case_bad_token(plan: Path, timeout: float) -> dict[str, Any]:
+    """A .bin whose sidecar claims the model's vocabulary but holds id 300 in its held-out tail: refused before
+    launch naming file, id and position."""
+    import numpy as np
+
+    from hetauto.runtime.token_data import write_tokens
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tokens(Path(tmp) / "bad.bin", [np.arange(4000, dtype=np.int64) % 256], 256)
+        arr = np.memmap(path, dtype=np.uint16, mode="r+")
+        arr[3990] = 300
+        arr.flush()
+        mark = uuid.uuid4().hex
+        t0 = time.time()
+        out, rc = _run(plan, timeout, "--data", str(path), "--eval-every", "2", env=_env(mark, Path(tmp)))
+        error = out.get("error") or ""
+        ended = rc == 2 and "token id 300 at position 3990 is outside tiny-gpt's vocabulary" in error
+        return _row("token id beyond the vocabulary", ended=ended, detect=time.time() - t0, lost=None, ck=None,
+                    orphans=marked(mark), error=error or None, resume=None) | {"data_lost": False}
 
 
 def _guarded(name: str, case: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -422,6 +601,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             (f"SIGSTOP of TP rank {TP_RANK}", lambda: case_sigstop(plan, t, full)),
             ("corrupted shard on resume", lambda: case_corrupt(plan, t, root, full)),
             ("disk full during checkpoint", lambda: case_disk_full(plan, t, full)),
+            ("SIGKILL of hetauto run", lambda: case_sigkill(plan, t, full)),
+            ("SIGHUP of hetauto run", lambda: case_sighup(plan, t, full)),
+            ("second run, same ckpt dir", lambda: case_second_owner(plan, t, full)),
+            ("nan loss (--lr 2e4, --keep 1)", lambda: case_nonfinite(plan, t, full)),
+            ("edited next_step in a manifest", lambda: case_manifest_edit(plan, t, root, full)),
+            ("damaged newest, --resume dir", lambda: case_fallback(plan, t, root, full)),
+            ("plan model os:abort", lambda: case_code_in_plan(plan, t)),
+            ("token id beyond the vocabulary", lambda: case_bad_token(plan, t)),
         ]
         if not args.quick:
             cases += [

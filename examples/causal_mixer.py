@@ -6,7 +6,7 @@ hetauto's stage builder protocol (hetauto.core.user_model): four attributes and 
 kind of layer slot. Plan and run it (from the repository root, so `examples` imports):
 
     hetauto plan --scenario cpu-demo --model examples.causal_mixer:CausalMixer -o mixer-plan.json
-    hetauto run mixer-plan.json --steps 3 --emulate
+    hetauto run mixer-plan.json --steps 3 --emulate --model-code examples.causal_mixer
 
 The planner counts each slot's parameters and FLOPs from these modules on the meta device; the run builds
 on each rank only the slots of its stage and is checked against the single-process model.

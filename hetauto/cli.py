@@ -43,12 +43,34 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == wanted:
             p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+            p.add_argument("--model-code", action="append", default=[], metavar="MODULE",
+                           help="allow importing a stage builder model from MODULE (a plan's 'pkg.module:NAME'); "
+                                "a plan or cluster file never imports code by itself")
             importlib.import_module(module).add_arguments(p)
             p.set_defaults(_module=module)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the `hetauto` program itself (not a caller passing argv): Ctrl-C always ends it with 130
+        try:
+            return _main(None)
+        finally:
+            _exit_130_on_sigint()
+    return _main(argv)
+
+
+def _exit_130_on_sigint() -> None:
+    """A Ctrl-C after `main` returned (while the result is printed or the interpreter unloads torch) would be an
+    uncaught KeyboardInterrupt, which Python turns into death by SIGINT (exit -2, not the documented 130)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser(argv)
     args = parser.parse_args(argv)
@@ -56,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _allow_model_code(args)
         return int(importlib.import_module(args._module).run(args) or 0)
     except HetautoError as err:
         return _fail(args, str(err), err.exit_code)
@@ -65,6 +88,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("HETAUTO_DEBUG"):
             raise
         return _fail(args, f"internal error: {type(err).__name__}: {err} (set HETAUTO_DEBUG=1 for the traceback)", 70)
+
+
+def _allow_model_code(args: argparse.Namespace) -> None:
+    """`--model-code MODULE`, and a `--model pkg.module:NAME` typed here, are the user's explicit choice to import
+    that code (a plan file's `model` string is not: hetauto.core.user_model)."""
+    from hetauto.core.user_model import allow_model_code, is_builder_ref
+
+    modules = list(getattr(args, "model_code", None) or [])
+    model = getattr(args, "model", None)
+    if isinstance(model, str) and is_builder_ref(model):
+        modules.append(model.strip().split(":")[0])
+    if modules:
+        allow_model_code(*modules)
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:

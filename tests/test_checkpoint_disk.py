@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from hetauto.core.checkpoint_manifest import Manifest
+
 from hetauto.core.errors import CheckpointError
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan, StagePlan
@@ -135,11 +137,11 @@ def test_disk_full_during_a_run_is_one_line_naming_path_ranks_fix_and_previous(t
     assert proc.returncode != 0
     err = json.loads(proc.stdout)["error"]
     first = ck / "step-00000000"
-    assert err.startswith(f"rank 0 (stage 0, cluster 'a') failed: CheckpointError: checkpoint step 1 not written: no "
+    assert err.startswith(f"every rank failed with the same error: CheckpointError: checkpoint step 1 not written: no "
                           f"space left on device under {ck} (ranks 0, 1); free space there or point --checkpoint-dir "
                           "at a larger disk (a checkpoint needs about "), err
-    assert err.endswith(f"; --keep N keeps fewer); the previous checkpoint {first} is intact; the same error on "
-                        f"rank(s) 1; newest complete checkpoint: {first} (continue with --resume {first})"), err
+    assert err.endswith(f"; --keep N keeps fewer); the previous checkpoint {first} is intact; newest complete "
+                        f"checkpoint: {first} (continue with --resume {first})"), err
     assert "Traceback" not in err and len(err) < 700
     assert sorted(p.name for p in ck.iterdir()) == ["step-00000000"]  # no .tmp-step-* left
     assert verify_checkpoint(first) == []
@@ -207,6 +209,7 @@ def test_checks_that_need_no_process_run_before_launch(tmp_path: Path, capsys) -
         (ck / name).write_text(text)
         doc = json.loads((ck / "manifest.json").read_text())
         doc["files"][name] = {"bytes": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        doc["digest"] = Manifest.from_json(json.dumps(doc)).fields_digest()  # crafted: self-consistent
         (ck / "manifest.json").write_text(json.dumps(doc))
 
     truncate("rank-00000.json")

@@ -94,6 +94,12 @@ def test_dataset_problems_are_one_line_naming_the_folder(tmp_path: Path, folders
         open_tokens(tmp_path / "neg")
     assert str(err.value) == (f"{tmp_path / 'neg'}: input_ids: holds the negative id -2 (token ids are 0 .. "
                               "vocab_size - 1)")
+    empty = datasets.Dataset.from_dict({"input_ids": [[1]]}).select([])  # 0 rows (issue 30)
+    empty.save_to_disk(str(tmp_path / "empty"))
+    with pytest.raises(SpecError) as err:
+        open_tokens(tmp_path / "empty")
+    assert str(err.value) == (f"{tmp_path / 'empty'}: input_ids: holds no token ids (0 rows) (tokenize some text "
+                              "into it first)")
     with pytest.raises(SpecError) as err:
         open_tokens(folders[1]).check_fits(40, 99, 256)
     assert str(err.value).startswith(f"{folders[1]}: tokens: 3000 tokens are fewer than one step needs")

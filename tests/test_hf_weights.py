@@ -82,16 +82,27 @@ def test_a_checkpoint_that_does_not_match_is_refused_naming_the_tensor(checkpoin
     (tmp_path / "config.json").write_text((checkpoint / "config.json").read_text())
     save_file({k: v for k, v in tensors.items() if k != "model.layers.2.mlp.up_proj.weight"},
               str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    from hetauto.runtime.hf_weights import check_hf_weights
+
+    missing = (f"{tmp_path}: model.layers.2.mlp.up_proj.weight: missing from the checkpoint (layer slot 3, "
+               "mlp.up.weight) (is this the checkpoint of the plan's model?)")
     with pytest.raises(SpecError) as err:
         reference_losses(cfg, SEED, 1, GBS, MBS, SEQ, init_from=str(tmp_path))
-    assert str(err.value) == (f"{tmp_path}: model.layers.2.mlp.up_proj.weight: missing from the checkpoint (layer "
-                              "slot 3, mlp.up.weight) (is this the checkpoint of the plan's model?)")
+    assert str(err.value) == missing
+    with pytest.raises(SpecError) as err:  # what hetauto run checks before launch, from the headers alone
+        check_hf_weights(cfg, tmp_path, SEQ)
+    assert str(err.value) == missing
     tensors["model.norm.weight"] = torch.ones(32)
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    shape = (f"{tmp_path}: model.norm.weight: has shape [32] but the model needs [64] (the plan's model and the "
+             "checkpoint's config.json differ)")
     with pytest.raises(SpecError) as err:
         reference_losses(cfg, SEED, 1, GBS, MBS, SEQ, init_from=str(tmp_path))
-    assert str(err.value) == (f"{tmp_path}: model.norm.weight: has shape [32] but the model needs [64] (the plan's "
-                              "model and the checkpoint's config.json differ)")
+    assert str(err.value) == shape
+    with pytest.raises(SpecError) as err:
+        check_hf_weights(cfg, tmp_path, SEQ)
+    assert str(err.value) == shape
+    assert check_hf_weights(cfg, checkpoint, SEQ) == len(list(load_file(str(checkpoint / "model.safetensors"))))
 
 
 def test_configs_the_reference_model_cannot_compute_are_refused(checkpoint: Path, tmp_path: Path) -> None:

@@ -67,3 +67,36 @@ def test_netns_with_max_restarts_is_refused_before_anything_runs(tmp_path: Path,
         "--max-restarts is not supported with --emulate netns: each namespace runs its own torchrun, and their "
         "static rendezvous cannot restart the job together; use --emulate (in-process links) with --max-restarts, "
         "or rerun the netns job with --resume CHECKPOINT_DIR after a failure")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not AVAIL.ok, reason=f"network namespaces unavailable: {AVAIL.reason}")
+def test_sigterm_of_a_netns_run_says_so_and_leaves_no_namespace(tmp_path: Path) -> None:
+    """It used to end without a word (issue 30)."""
+    import signal
+    import time
+
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(_stage("fast", (0, 3)), _stage("slow", (3, 6))))
+    plan.save(tmp_path / "plan.json")
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3000",
+                             "--emulate", "netns", "--timeout", "20", "--checkpoint-dir", str(ck), "--no-reference"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 150
+    while not (ck / "step-00000000").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end
+        time.sleep(0.1)
+    mine = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                       text=True).stdout.splitlines()
+            if line.startswith(f"hetauto-{proc.pid}-")]
+    assert mine
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("hetauto run: error: interrupted by SIGTERM: stopped the namespace job (its node agents, "
+                           "torchrun and ranks) and removed its namespaces; newest complete checkpoint: "), line
+    assert not any(Path(f"/run/netns/{n}").exists() for n in mine)

@@ -127,6 +127,53 @@ def test_sigterm_on_hetauto_run_stops_torchrun_and_every_worker(folder: Path) ->
     assert sorted(p.name for p in ck.iterdir()) == steps  # nothing writes checkpoints any more
 
 
+def _gone_within(mark: str, limit: float) -> float:
+    """Seconds until no process of the job is left (fails after `limit`)."""
+    t0 = time.monotonic()
+    while marked(mark):
+        assert time.monotonic() - t0 < limit, f"processes of the job still running: {marked(mark)}"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sigkill_of_hetauto_run_takes_torchrun_and_every_worker_with_it(folder: Path) -> None:
+    """No handler runs on SIGKILL: torchrun and the ranks watch their launcher (hetauto.runtime.parent_watch)."""
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-kill"
+    proc = start(folder, str(folder / "plantp.json"), "--steps", "3000", "--checkpoint-dir", str(ck), "--timeout",
+                 "10", mark=mark)
+    wait_for(ck / "step-00000000", proc)
+    assert len(marked(mark)) >= 4  # hetauto run, torchrun, 3 workers
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    took = _gone_within(mark, 30)  # about POLL_S; generous for a loaded machine
+    steps = sorted(p.name for p in ck.iterdir())
+    time.sleep(2)
+    assert sorted(p.name for p in ck.iterdir()) == steps  # nothing writes checkpoints any more
+    print(f"job gone {took:.2f} s after SIGKILL of hetauto run")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sighup_on_hetauto_run_stops_the_job_like_sigterm(folder: Path) -> None:
+    """Closing the terminal or the SSH session: the job stops, one line says so, exit 128 + SIGHUP."""
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-hup"
+    proc = start(folder, str(folder / "plan.json"), "--steps", "3000", "--checkpoint-dir", str(ck), "--timeout", "10",
+                 mark=mark)
+    wait_for(ck / "step-00000000", proc)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert marked(mark) == []
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("hetauto run: error: interrupted by SIGHUP: stopped the job ("), line
+    assert "; newest complete checkpoint: " in line and not (ck / ".hetauto-lock").exists()
+
+
 def _tiny_checkpoints(root: Path, steps: int = 2) -> list[Path]:
     from hetauto.core.model_catalog import get_model
     from hetauto.runtime.checkpoint import save_checkpoint
@@ -149,13 +196,18 @@ def test_resume_from_a_checkpoint_with_one_flipped_byte_is_refused_before_launch
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
     t0 = time.monotonic()
-    assert main(["run", str(folder / "plan.json"), "--resume", str(folder / "flip"), "--steps", "4", "--json"]) == 5
+    assert main(["run", str(folder / "plan.json"), "--resume", str(second), "--steps", "4", "--json"]) == 5
     assert time.monotonic() - t0 < 30  # refused in the launcher: no rank was started
     err = json.loads(capsys.readouterr().out)["error"]
     assert err == (f"checkpoint {second} is damaged: __0_0.distcp: sha256 differs from the manifest; refusing to "
                    f"resume from it; the previous complete checkpoint {first} verifies: resume with --resume {first}")
-    assert main(["run", str(folder / "plan.json"), "--resume", str(first), "--steps", "4", "--print-launch"]) == 0
-    capsys.readouterr()
+    # the folder (not one step of it): its newest checkpoint that verifies, the damaged one named (issue 30)
+    assert main(["run", str(folder / "plan.json"), "--resume", str(folder / "flip"), "--steps", "4", "--print-launch",
+                 "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err == (f"hetauto run: warning: --resume {folder / 'flip'}: skipping {second}: __0_0.distcp: sha256 "
+                       "differs from the manifest\n")
+    assert json.loads(json.loads(out.out)["files"]["launch.json"])["run"]["resume"] == str(first)
 
 
 TP_TIMEOUT = 5
@@ -273,3 +325,76 @@ def test_kill_9_of_the_torchrun_agent_mid_run_is_reported_and_its_workers_stoppe
                             "running (0 of 2 had finished); stopped the 2 rank process(es) it left running; no rank "
                             f"failed on its own; newest complete checkpoint: {ck}/step-0000"), error
     assert marked(mark) == []
+
+
+def test_diagnosis_of_torchrun_signalled_from_outside(tmp_path: Path) -> None:
+    """SIGTERM to torchrun itself (not through hetauto run): it stops every rank; no rank is blamed (issue 30)."""
+    from hetauto.launch.local import collect_reports
+
+    for r in range(3):
+        (tmp_path / f"rank{r}.started").write_text("attempt 0\n")
+        (tmp_path / f"rank{r}.stopped").write_text(f"rank {r}: stopped by torchrun after another rank failed\n")
+    stderr = ("Traceback (most recent call last):\n  ...\ntorch.distributed.elastic.multiprocessing.api."
+              "SignalException: Process 4242 got signal: 15\n")
+    with pytest.raises(Exception) as err:
+        collect_reports(_plan(tp=2), tmp_path, 1, stderr)
+    assert str(err.value) == ("torchrun (the launch agent) received SIGTERM from outside and stopped the ranks; no rank "
+                              "failed on its own (3 of 3 said they were stopped) (torchrun exit 1: torch.distributed."
+                              "elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15)")
+
+
+def test_diagnosis_of_a_verdict_every_rank_reached_blames_no_rank(tmp_path: Path) -> None:
+    """A full disk or a non-finite loss: every rank raises the same error; 'rank 0 failed' would mislead (issue 30)."""
+    from hetauto.launch.local import diagnose_failure
+
+    line = "NonFiniteTraining: step 2: the loss is nan; stopped before the optimizer step"
+    for r in range(3):
+        (tmp_path / f"rank{r}.started").write_text("attempt 0\n")
+        (tmp_path / f"rank{r}.error").write_text(f"rank {r}: {line}\n")
+    assert str(diagnose_failure(_plan(tp=2), tmp_path)) == f"every rank failed with the same error: {line}"
+    (tmp_path / "rank2.error").unlink()
+    (tmp_path / "rank2.stopped").write_text("rank 2: stopped by torchrun after another rank failed\n")
+    assert str(diagnose_failure(_plan(tp=2), tmp_path)) == (f"ranks 0, 1 failed with the same error: {line}; rank(s) 2 "
+                                                             "stopped by torchrun")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sigterm_to_one_worker_from_outside_is_named_as_such_not_stuck(folder: Path) -> None:
+    """The worker knows who sent SIGTERM (sigwaitinfo): from outside the job it is that rank's failure (issue 30)."""
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-outside"
+    proc = start(folder, str(folder / "plan.json"), "--steps", "3000", "--checkpoint-dir", str(ck), "--timeout", "10",
+                 "--json", mark=mark)
+    wait_for(ck / "step-00000000", proc)
+    started = next(f for f in folder.glob("hetauto-run-*/rank1.started") if str(proc.pid) in _env_launcher(f))
+    pid = int(started.read_text().split("pid")[1])
+    os.kill(pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3
+    assert json.loads(out)["error"].startswith(
+        f"rank 1 (stage 1, cluster 'b') failed: Terminated: SIGTERM from pid {os.getpid()}, outside the job (not its "
+        "torchrun or launcher)")
+    assert marked(mark) == []
+
+
+def _env_launcher(started: Path) -> str:
+    """The HETAUTO_LAUNCHER of the rank that wrote `started` (its pid is in the file)."""
+    pid = started.read_text().split("pid")[1].strip()
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    return next((e.decode() for e in env if e.startswith(b"HETAUTO_LAUNCHER=")), "")
+
+
+def test_a_ctrl_c_after_hetauto_has_finished_its_work_still_exits_130() -> None:
+    """A second Ctrl-C landing while the result is printed or the interpreter shuts down: 130, not -2 (issue 30)."""
+    code = ("import os, signal, sys\n"
+            "sys.argv = ['hetauto', 'scenarios', '--json']\n"
+            "from hetauto.cli import main\n"
+            "rc = main()\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "sys.exit(rc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-500:])

@@ -25,6 +25,13 @@ from hetauto.testing.multiproc import run_ranks
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `examples` imports from the repository root
 REF = "examples.causal_mixer:CausalMixer"
+# importing model code is an explicit choice (--model-code; hetauto.core.user_model): these tests make it
+CODE_ENV = {"HETAUTO_MODEL_CODE": "examples.causal_mixer,halfmodel,itemmodel,no_such_module_here"}
+
+
+@pytest.fixture(autouse=True)
+def _model_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETAUTO_MODEL_CODE", CODE_ENV["HETAUTO_MODEL_CODE"])
 V, H, F, N, S = 256, 32, 64, 4, 32
 SEED, GBS, MBS = 5, 8, 4
 
@@ -128,7 +135,7 @@ def _work(rank: int, world: int, plan_json: str) -> dict:
 @pytest.mark.multiprocess
 def test_a_two_stage_run_equals_the_single_process_model() -> None:
     plan = _two_stages()
-    losses = summarize(plan, run_ranks(_work, 3, plan.to_json(), timeout=120)).losses
+    losses = summarize(plan, run_ranks(_work, 3, plan.to_json(), timeout=120, env=CODE_ENV)).losses
     reference = reference_losses(get_model(REF), SEED, 3, GBS, MBS, S)
     assert max(abs(a - b) for a, b in zip(losses, reference)) < 1e-5
     # interleaved 1F1B, two chunks per stage (chunk_layers: stage 0 holds slots [0, 2) and [4, 5), stage 1 [2, 4), [5, 6))
@@ -136,7 +143,7 @@ def test_a_two_stage_run_equals_the_single_process_model() -> None:
                    for c, l in (("fast", (0, 3)), ("slow", (3, N + 2))))
     inter = Plan(model=REF, cluster="cpu-demo", seq_len=S, global_batch=GBS, microbatch_size=2, num_microbatches=4,
                  stages=stages, schedule={"name": "interleaved", "virtual_chunks": 2})
-    losses = summarize(inter, run_ranks(_work, 2, inter.to_json(), timeout=120)).losses
+    losses = summarize(inter, run_ranks(_work, 2, inter.to_json(), timeout=120, env=CODE_ENV)).losses
     assert max(abs(a - b) for a, b in zip(losses, reference_losses(get_model(REF), SEED, 3, GBS, 2, S))) < 1e-5
     assert abs(reference[0] - reference_losses(get_model(REF), SEED + 1, 1, GBS, MBS, S)[0]) > 1e-4  # seeded init
 
@@ -207,9 +214,9 @@ def test_a_resumed_run_of_a_builder_model_continues_where_it_stopped(tmp_path: P
                    for i, l in enumerate(((0, 3), (3, N + 2))))
     plan = Plan(model=REF, cluster="cpu-demo", seq_len=S, global_batch=GBS, microbatch_size=MBS,
                 num_microbatches=GBS // MBS, stages=stages)
-    whole = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "a"), None, steps, timeout=200)
-    half = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "b"), None, steps // 2, timeout=200)
-    rest = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "c"), str(tmp_path / "b"), steps, timeout=200)
+    whole = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "a"), None, steps, timeout=200, env=CODE_ENV)
+    half = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "b"), None, steps // 2, timeout=200, env=CODE_ENV)
+    rest = run_ranks(_train, 2, plan.to_json(), str(tmp_path / "c"), str(tmp_path / "b"), steps, timeout=200, env=CODE_ENV)
     assert rest[0]["start_step"] == steps // 2
     losses = list(summarize(plan, whole).losses)
     assert list(summarize(plan, half).losses) + list(summarize(plan, rest).losses) == losses

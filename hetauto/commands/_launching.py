@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import stat
 from pathlib import Path
@@ -75,6 +76,10 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
         if scope and scope not in sites:
             raise SpecError(None, "--env", f"'{scope}' is not a site", f"one of: {', '.join(sites)}")
     common = {"OMP_NUM_THREADS": str(args.omp_threads), **envs.get("", {})}
+    from hetauto.core.user_model import MODEL_CODE_ENV
+
+    if os.environ.get(MODEL_CODE_ENV):  # --model-code: the explicit choice travels to every node's agent and ranks
+        common.setdefault(MODEL_CODE_ENV, os.environ[MODEL_CODE_ENV])
     plan, files = portable_plan(plan, base)  # a cluster file the plan names travels inside the launch plan
     run_doc = {k: v for k, v in _asdict(run_options).items() if k not in ("plan", "out", "cluster_base")}
     needs = (f"python3 with hetauto {_version()} and torch (the same versions on every node); "

@@ -5,8 +5,10 @@ Face checkpoint folder (config.json + model.safetensors) that transformers and `
 `D` is a checkpoint directory (`step-…`) or a `--checkpoint-dir` root (its newest complete checkpoint). The
 same check `hetauto run --resume D` makes before it launches anything: every file the manifest lists exists
 with its size and sha256, each shard's hash record (written by the rank that wrote the shard) agrees, the
-DCP metadata parses and points only inside listed files, every rank file is JSON. Exit 0 when intact; else
-exit 5 with one line naming the first bad file and the previous complete checkpoint that verifies. No torch.
+DCP metadata parses and points only inside listed files, every rank file is JSON; then (unless `--no-hashes`)
+every stored tensor is read (`torch.load(weights_only=True)`) and one holding nan or inf is named. Exit 0 when
+intact and finite; else exit 5 with one line naming the first bad file or tensor and the previous complete
+checkpoint that verifies.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     v = sub.add_parser("verify", help="check a checkpoint's files against its manifest (sizes, sha256, metadata)")
     v.add_argument("directory", help="a checkpoint directory (step-...) or a --checkpoint-dir root (its newest)")
-    v.add_argument("--no-hashes", action="store_true", help="sizes and metadata only (fast; no sha256)")
+    v.add_argument("--no-hashes", action="store_true", help="sizes and metadata only (fast; no sha256, no nan/inf scan)")
     v.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document on stdout")
     e = sub.add_parser("export", help="write the checkpoint as a Hugging Face checkpoint folder")
     e.add_argument("directory", help="a checkpoint directory (step-...) or a --checkpoint-dir root (its newest)")
@@ -41,9 +43,15 @@ def verify_document(directory: str, *, hashes: bool = True) -> dict[str, Any]:
         step, files, size = man.step, len(man.files), sum(int(f.get("bytes", 0)) for f in man.files.values())
     except CheckpointError as exc:
         problems, step, files, size = [str(exc)], None, 0, 0
-    prev = previous_verified(path, hashes=hashes) if problems else None
+    nonfinite: list[str] = []
+    if hashes and not problems:  # the bytes are the ones written: are the numbers usable? (reads every tensor)
+        from hetauto.runtime.checkpoint_scan import nonfinite_tensors
+
+        nonfinite = nonfinite_tensors(path)
+    prev = previous_verified(path, hashes=hashes) if problems or nonfinite else None
     return {"checkpoint": str(path), "step": step, "files": files, "bytes": size, "hashes": hashes,
-            "ok": not problems, "problems": problems, "previous_ok": None if prev is None else str(prev)}
+            "ok": not problems and not nonfinite, "problems": problems, "nonfinite": nonfinite,
+            "previous_ok": None if prev is None else str(prev)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,10 +76,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
         return 0 if doc["ok"] else CheckpointError.exit_code
-    if not doc["ok"]:
+    if doc["problems"]:
         from hetauto.core.checkpoint_manifest import require_intact
 
         require_intact(doc["checkpoint"], hashes=doc["hashes"])  # raises the one-line error the CLI prints
+    if doc["nonfinite"]:
+        more = f" (and {len(doc['nonfinite']) - 1} more tensor(s))" if len(doc["nonfinite"]) > 1 else ""
+        prev = doc["previous_ok"]
+        offer = (f"; the previous complete checkpoint {prev} verifies: resume with --resume {prev}" if prev
+                 else "; no earlier complete checkpoint verifies")
+        raise CheckpointError(f"checkpoint {doc['checkpoint']} is intact but holds non-finite values: "
+                              f"{doc['nonfinite'][0]}{more}{offer}")
     from hetauto.core.units import format_bytes
 
     print(f"{doc['checkpoint']}: intact (step {doc['step']}, {doc['files']} files, {format_bytes(doc['bytes'])}"

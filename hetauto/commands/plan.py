@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -132,6 +133,22 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["resharding"] = args.resharding
         opts["resharding_methods"] = (args.resharding,)
     return opts
+
+
+def _relative_to(plan: Any, folder: Path) -> Any:
+    """`plan` with a relative config.json or cluster file path (relative to the working directory, as typed) made
+    relative to `folder`, where the plan is written: a plan's paths are read relative to the plan itself, so it
+    runs from any working directory."""
+    from hetauto.core.model_catalog import is_model_path
+    from hetauto.core.scenarios import scenario_names
+
+    update: dict[str, str] = {}
+    if is_model_path(plan.model) and not Path(plan.model).is_absolute():
+        update["model"] = os.path.relpath(Path(plan.model).resolve(), folder)
+    if plan.cluster is not None and plan.cluster not in scenario_names() and not Path(plan.cluster).is_absolute() \
+            and Path(plan.cluster).is_file():
+        update["cluster"] = os.path.relpath(Path(plan.cluster).resolve(), folder)
+    return plan.model_copy(update=update) if update else plan
 
 
 def _model_ref(args: argparse.Namespace) -> str | None:
@@ -326,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
         validate_plan(result.plan, Path(args.output).resolve().parent)
     if args.output:
         try:
-            result.plan.save(args.output)
+            _relative_to(result.plan, Path(args.output).resolve().parent).save(args.output)
         except OSError as err:
             raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
     if args.plot:

@@ -57,7 +57,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                     help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral, gpt2)")
     tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     tr.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant",
-                    help="after the warm-up: constant (default), or decay to --min-lr at the last step")
+                    help="after the warm-up: constant (default), or decay towards --min-lr, reached one step after the last")
     tr.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (default 0)")
     tr.add_argument("--min-lr", type=float, default=0.0, help="the learning rate the decay ends at (default 0)")
     tr.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's decoupled weight decay (default 0.01)")
@@ -68,6 +68,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                     help="with --data and --eval-every: the token file's tail held out for evaluation (default 0.05)")
     tr.add_argument("--clip-grad", type=float, default=None, metavar="NORM",
                     help="clip gradients to this global norm (over every stage, TP shard and DP replica)")
+    tr.add_argument("--on-nonfinite", choices=("stop", "skip", "continue"), default="stop",
+                    help="a nan/inf loss or gradient: stop the run before the weights take it (default), skip that "
+                         "optimizer step, or continue; no checkpoint with nan/inf weights is ever written")
     ck = parser.add_argument_group("checkpoints and failures")
     ck.add_argument("--checkpoint-dir", metavar="D", help="write sharded checkpoints under D (step-XXXXXXXX folders)")
     ck.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
@@ -315,6 +318,10 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
     base = Path(args.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
     check_runnable_sharding(plan, cfg)
+    if cfg.builder is not None:
+        from hetauto.runtime.user_model import check_ties
+
+        check_ties(plan, cfg)  # a tie across stages would train untied: refused before launch
     from hetauto.commands._headroom import require_fit, with_headroom
     from hetauto.planner.evaluate import resolve_plan_paths
 
@@ -337,7 +344,9 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         if Path(args.resume).is_file():
             raise CheckpointError(f"--resume {args.resume} is a file; give a checkpoint folder (step-...) or the "
                                   "--checkpoint-dir that holds them")
+        args.resume = _newest_verified(args.resume)
         start, seed = _check_resume(args.resume, cfg, args.steps, plan, allow_data_change=args.allow_data_change)
+        _check_checkpoint_tensors(args.resume, cfg)
         args._resume_start = start
         if args.seed is not None and seed is not None and args.seed != seed:
             raise HetautoError(f"--seed {args.seed} differs from the checkpoint's data seed {seed}; "
@@ -383,11 +392,13 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--init-from loads Hugging Face weights into the reference GPT/LLaMA; {cfg.name} is a stage "
                            "builder model: initialise it in its own modules instead")
     if args.init_from is not None:
-        from hetauto.runtime.hf_weights import check_hf_config, check_hf_files
+        from hetauto.runtime.hf_weights import check_hf_config, check_hf_files, check_hf_weights
 
-        # before launch: a config the reference model cannot compute (at the plan's seq_len) is refused
+        # before launch: a config the reference model cannot compute (at the plan's seq_len) is refused; then
+        # every tensor's name and shape from the safetensors headers: a mismatch is found here, not in the ranks
         check_hf_config(args.init_from, None if cfg.arch == "gpt" else cfg, plan.seq_len)
         check_hf_files(args.init_from)
+        check_hf_weights(cfg, args.init_from, plan.seq_len)
     run_options = RunOptions(
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
@@ -397,7 +408,8 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
         backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
-        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column)
+        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column,
+        on_nonfinite=args.on_nonfinite)
     return plan, cluster, cfg, base, run_options
 
 
@@ -410,6 +422,21 @@ def run(args: argparse.Namespace) -> int:
     plan, cluster, cfg, base, run_options = prepare_run(args)
     if args.print_launch:
         return _print_launch(args, plan, cluster, base, run_options)
+    if run_options.checkpoint_dir is None:
+        return _run(args, plan, cluster, cfg, base, run_options)
+    from hetauto.launch.folder_lock import acquire_folder
+
+    # one owner per checkpoint folder: a second run is refused here, before anything starts
+    with acquire_folder(run_options.checkpoint_dir) as lock:
+        if lock.took_over is not None:
+            print(f"hetauto run: note: took over --checkpoint-dir {args.checkpoint_dir} from a run that is gone "
+                  f"({lock.took_over.describe()})", file=sys.stderr)
+        return _run(args, plan, cluster, cfg, base, run_options)
+
+
+def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Path, run_options: Any) -> int:
+    """`hetauto run` once its flags, plan and folders are checked (and its checkpoint folder is its own)."""
+    from hetauto.launch.local import start_local
 
     from hetauto.runtime.preflight import check_backends
 
@@ -451,14 +478,21 @@ def run(args: argparse.Namespace) -> int:
                           want_reference=want_reference, link=link, trace=args.trace,
                           emulated_backends=tuple({"stage": i, "backend": was, "runs_on": pre.backends[i]}
                                                   for i, was in pre.emulated))
+    # a run whose loss leaves its reference's tolerance trained something else than the model it claims to
+    # (a tie broken across stages, wrong data, a bug): it fails, after printing what it measured
+    off = loss_off_reference(doc["loss"], doc["reference_loss"], doc["start_step"], doc["loss_tolerance"]) \
+        if not run_options.allow_data_change else None
+    doc["loss_off_reference"] = off
+    if args.json:
+        print_json(doc)
+        if off:
+            print(f"hetauto run: error: {off}", file=sys.stderr)
+        return LOSS_OFF_EXIT if off else 0
     start, reference = doc["start_step"], doc["reference_loss"]
     predicted, source, calibrated = doc["predicted_step_s"], doc["prediction_source"], doc["prediction_calibrated"]
     ratio, precision, restarts, checkpoints = (doc["measured_over_predicted"], doc["precision"], doc["restarts"],
                                                doc["checkpoints"])
     eval_losses, reference_eval = doc["eval_loss"] or [], doc["reference_eval_loss"]
-    if args.json:
-        print_json(doc)
-        return 0
     rows = [(start + i, f"{l:.6f}", "-" if reference is None else f"{reference[i]:.6f}", f"{doc['step_s'][i]:.3f}")
             for i, l in enumerate(doc["loss"])]
     print_table(f"hetauto run: {plan.world_size} ranks, {plan.num_stages} stages, {plan.schedule.name}"
@@ -484,12 +518,49 @@ def run(args: argparse.Namespace) -> int:
         print(f"trace: {args.trace}")
     if restarts:
         print(f"torchrun restarted the job {restarts} time(s); the last attempt resumed at step {start}")
+    for where, why in doc["resume_skipped"]:
+        print(f"the restart skipped the damaged checkpoint {where}: {why}")
     for c in checkpoints:
         print(f"checkpoint: {c}")
+    if doc["nonfinite_steps"]:
+        how = "skipped" if run_options.on_nonfinite == "skip" else "trained on anyway (--on-nonfinite continue)"
+        print(f"non-finite loss or gradients at step(s) {', '.join(map(str, doc['nonfinite_steps']))}: {how}")
+    for _step, why in doc["skipped_checkpoints"]:
+        print(f"warning: {why}")
     if link is not None:
         print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
               + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
+    if off:
+        raise LossOffReference(off)
     return 0
+
+
+LOSS_OFF_EXIT = 7
+
+
+class LossOffReference(HetautoError):
+    """The run's loss left its single-process reference's tolerance."""
+
+    exit_code = LOSS_OFF_EXIT
+
+
+def loss_off_reference(losses: list[float], reference: list[float] | None, start: int,
+                       tolerance: float | None) -> str | None:
+    """The first step whose loss differs from the reference by more than `tolerance` x max(1, |reference|)
+    (the documented tolerance on the ~5 losses of a fresh model; relative on a diverged run's large ones),
+    as one line; None when every step is within it, or there is nothing to compare (non-finite steps are the
+    --on-nonfinite report's)."""
+    if not reference or tolerance is None:
+        return None
+    for i, (a, b) in enumerate(zip(losses, reference)):
+        if not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        bound = tolerance * max(1.0, abs(b))
+        if abs(a - b) > bound:
+            return (f"step {start + i}: loss {a:.6f} is {abs(a - b):.6f} from the single-process reference {b:.6f}, "
+                    f"beyond the tolerance {bound:g}: the pipeline does not train the model the reference does "
+                    "(weights tied across stages? other data?); --no-reference skips the comparison")
+    return None
 
 
 def _print_launch(args: argparse.Namespace, plan: Plan, cluster: Any, base: Path, run_options: Any) -> int:
@@ -582,7 +653,10 @@ def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: An
         "shaped_link": link,
         "trace": trace,
         "checkpoints": checkpoints,
+        "nonfinite_steps": list(reports[0].get("nonfinite_steps") or []),
+        "skipped_checkpoints": list(reports[0].get("skipped_checkpoints") or []),
         "restarts": restarts,
+        "resume_skipped": list(reports[0].get("resume_skipped") or []),
         "seed": run.seed,
     }
     return doc
@@ -637,6 +711,53 @@ def _check_checkpoint_dir(path: str) -> None:
     except OSError as err:
         raise CheckpointError(f"--checkpoint-dir {path}: cannot create or write it here ({err.strerror or err}); "
                               "choose a writable folder") from None
+
+
+def _newest_verified(resume: str) -> str:
+    """`--resume ROOT` (a --checkpoint-dir, not one step folder): ROOT itself when its newest checkpoint verifies,
+    else the newest one that does, each newer damaged one named with why on stderr (a run killed mid-write, a
+    flipped byte); a step folder is returned as given (the user chose it: `_check_resume` refuses it if damaged)."""
+    from hetauto.core.checkpoint_manifest import MANIFEST_FILE, complete_checkpoints, require_intact
+
+    if (Path(resume) / MANIFEST_FILE).is_file() or not Path(resume).is_dir():
+        return resume
+    found = complete_checkpoints(resume)
+    if len(found) < 2:
+        return resume
+    for candidate in reversed(found[1:]):  # the oldest is checked by _check_resume: its error is the one to show
+        try:
+            require_intact(candidate)
+            return resume if candidate == found[-1] else str(candidate)  # the newest verifies: the folder stands
+        except CheckpointError as exc:
+            why = str(exc).split(" is damaged: ", 1)[-1].split("; refusing to resume", 1)[0]
+            print(f"hetauto run: warning: --resume {resume}: skipping {candidate}: {why}", file=sys.stderr)
+    return str(found[0]) if found else resume
+
+
+def _check_checkpoint_tensors(resume: str, cfg: Any) -> None:
+    """Before launch: every parameter of the model is in the checkpoint with its global shape (its
+    `.metadata.json`, against the whole model built on the meta device: no memory, no weights). A checkpoint whose
+    files and manifest agree but whose tensors do not fit the model (crafted, or written by other code) is refused
+    here in one line, not inside the ranks after launch."""
+    import json
+
+    import torch
+
+    from hetauto.core.checkpoint_manifest import METADATA_FILE, _resolve
+    from hetauto.runtime.stage import build_stage
+
+    path = _resolve(resume)
+    stored = json.loads((path / METADATA_FILE).read_text(encoding="utf-8")).get("tensors", {})
+    with torch.device("meta"):
+        whole = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    for name, t in whole.state_dict().items():
+        entry = stored.get(f"model.{name}")
+        if not isinstance(entry, dict):
+            raise CheckpointMismatch(f"{path}: checkpoint has no parameter {name!r} of {cfg.name} (written for another "
+                                     "model or by other code); resume from a checkpoint of this model")
+        if list(entry.get("size", [])) != list(t.shape):
+            raise CheckpointMismatch(f"{path}: {name!r} has shape {list(entry.get('size', []))} in the checkpoint, "
+                                     f"{list(t.shape)} in {cfg.name}; resume from a checkpoint of this model")
 
 
 def _check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,

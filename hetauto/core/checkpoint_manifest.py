@@ -31,6 +31,7 @@ __all__ = [
     "verify_checkpoint",
     "require_intact",
     "previous_verified",
+    "manifest_problems",
     "complete_checkpoints",
     "write_shard_hash",
     "read_shard_hash",
@@ -64,9 +65,23 @@ class Manifest:
     created_unix: float = 0.0
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     format: str = CHECKPOINT_FORMAT
+    # sha256 of every other field (`fields_digest`): the manifest's own fields (step, extra's next_step and seed,
+    # the plan, the file hashes) are inside the integrity check, not only the files it lists. None: written
+    # before the digest existed (checked for consistency only).
+    digest: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    def fields_digest(self) -> str:
+        """sha256 of the canonical JSON of every field but `digest`."""
+        data = dataclasses.asdict(self)
+        data.pop("digest")
+        return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def sealed(self) -> "Manifest":
+        """This manifest with its digest set (what a checkpoint writes)."""
+        return dataclasses.replace(self, digest=self.fields_digest())
 
     @classmethod
     def from_json(cls, text: str, source: str = MANIFEST_FILE) -> "Manifest":
@@ -87,7 +102,9 @@ class Manifest:
         kinds: dict[str, tuple[type, ...]] = {
             "step": (int,), "model": (dict,), "plan": (dict, type(None)), "world_size": (int,), "extra": (dict,),
             "hetauto_version": (str,), "created_unix": (int, float), "files": (dict,), "format": (str,),
+            "digest": (str, type(None)),
         }
+        data.setdefault("digest", None)  # a manifest from before the digest
         for name, types in kinds.items():
             if name not in data:
                 raise CheckpointError(f"{source}: field {name!r} is missing")
@@ -259,6 +276,25 @@ def _metadata_problems(path: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
+def manifest_problems(path: Path, manifest: Manifest) -> list[str]:
+    """The manifest's own fields: its digest (when it has one) and their consistency: the folder is named for
+    its step, `extra.next_step` is step + 1, `extra.seed` is an integer. The digest covers the plan and the
+    seed, so a checkpoint of another plan or data seed cannot be passed off by editing them."""
+    problems: list[str] = []
+    if manifest.digest is not None and manifest.digest != manifest.fields_digest():
+        problems.append(f"{MANIFEST_FILE}: its fields differ from those it was written with (its digest does not "
+                        "match: edited or damaged)")
+    if path.name.startswith(_PREFIX) and path.name != checkpoint_dir_name(manifest.step):
+        problems.append(f"{MANIFEST_FILE}: step {manifest.step} does not match the folder name {path.name}")
+    nxt = manifest.extra.get("next_step")
+    if nxt is not None and nxt != manifest.step + 1:
+        problems.append(f"{MANIFEST_FILE}: extra.next_step {nxt!r} is not step + 1 ({manifest.step + 1})")
+    seed = manifest.extra.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        problems.append(f"{MANIFEST_FILE}: extra.seed {seed!r} is not an integer")
+    return problems
+
+
 def verify_checkpoint(directory: str | os.PathLike, *, hashes: bool = True,
                       only: "set[str] | None" = None) -> list[str]:
     """Check a checkpoint without torch; return the problems, each '<file>: <what>' (empty: intact).
@@ -269,7 +305,7 @@ def verify_checkpoint(directory: str | os.PathLike, *, hashes: bool = True,
     just these files (the ranks of a job share the hashing); sizes and metadata are checked in full anyway."""
     path = _resolve(directory)
     manifest = read_manifest(path)
-    problems: list[str] = []
+    problems: list[str] = manifest_problems(path, manifest)
     if not manifest.files:
         problems.append("manifest lists no files")
     for name, info in sorted(manifest.files.items()):

@@ -79,3 +79,15 @@ class CheckpointError(HetautoError):
 
 class CheckpointMismatch(CheckpointError):
     """A checkpoint does not belong to this job (another model, another optimizer): names the difference."""
+
+
+class NonFiniteTraining(HetautoError):
+    """The loss or the gradients went non-finite (nan/inf) and `--on-nonfinite stop` ended the run before the
+    optimizer could write them into the weights: names the step and what was non-finite."""
+
+    exit_code = 6
+
+
+class NonFiniteCheckpoint(CheckpointError):
+    """A checkpoint was not written because the weights or optimizer state hold nan/inf (no checkpoint is ever
+    non-finite, so the newest one is always one to resume from)."""

@@ -26,9 +26,15 @@ What the reference models have and a builder model has not: tensor parallelism (
 embedding/head weights, and `--init-from` / Hugging Face export.
 
 A plan names the builder in its `model` field, e.g. `"model": "examples.causal_mixer:CausalMixer"`;
-`hetauto plan --model examples.causal_mixer:CausalMixer ...` writes it there and `hetauto run` reads it back.
-The module is imported from the working directory or PYTHONPATH. This module imports no torch: the user's
-module does, when it is loaded.
+`hetauto plan --model examples.causal_mixer:CausalMixer ...` writes it there and `hetauto run --model-code
+examples.causal_mixer` reads it back. The module is imported from the working directory or PYTHONPATH. This
+module imports no torch: the user's module does, when it is loaded.
+
+A plan or cluster file is data a user may be handed, like a checkpoint, so a string inside one never imports
+anything (`"model": "os:abort"` must not run `os.abort`): a module is imported only when it was allowed
+explicitly, by `allow_model_code` (the CLI's `--model-code MODULE`, or a `--model pkg.module:NAME` typed on the
+command line), by `HETAUTO_MODEL_CODE` (comma-separated; `allow_model_code` sets it, so the job's workers
+inherit the choice), or by an installed distribution's `hetauto.models` entry point naming it.
 """
 
 from __future__ import annotations
@@ -43,7 +49,11 @@ from typing import Any, Protocol
 from hetauto.core.errors import SpecError
 from hetauto.core.model import ModelConfig
 
-__all__ = ["StageBuilder", "is_builder_ref", "load_builder", "builder_model_config"]
+__all__ = ["StageBuilder", "is_builder_ref", "load_builder", "builder_model_config", "allow_model_code",
+           "model_code_allowed", "MODEL_CODE_ENV", "ENTRY_POINT_GROUP"]
+
+MODEL_CODE_ENV = "HETAUTO_MODEL_CODE"  # comma-separated modules (or packages) whose model code may be imported
+ENTRY_POINT_GROUP = "hetauto.models"  # installed models: `name = "pkg.module:NAME"`
 
 _REF = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _INTS = ("vocab_size", "hidden", "num_blocks", "max_seq_len")
@@ -65,6 +75,38 @@ class StageBuilder(Protocol):
     def head(self) -> Any: ...
 
 
+def _allowed_here() -> set[str]:
+    return {m.strip() for m in os.environ.get(MODEL_CODE_ENV, "").split(",") if m.strip()}
+
+
+def allow_model_code(*modules: str) -> None:
+    """Allow importing model code from these modules (or packages) in this process and the processes it starts
+    (through `HETAUTO_MODEL_CODE`): the explicit choice a plan file can never make."""
+    mods = _allowed_here()
+    for m in modules:
+        m = m.strip()
+        if not re.match(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$", m):
+            raise SpecError(None, "--model-code", f"'{m}' is not a module name", "write it as pkg.module")
+        mods.add(m)
+    os.environ[MODEL_CODE_ENV] = ",".join(sorted(mods))
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_point_modules() -> frozenset[str]:
+    from importlib.metadata import entry_points
+
+    try:
+        return frozenset(str(ep.value).split(":", 1)[0].strip() for ep in entry_points(group=ENTRY_POINT_GROUP))
+    except Exception:  # noqa: BLE001 - a broken distribution's metadata allows nothing
+        return frozenset()
+
+
+def model_code_allowed(module_name: str) -> bool:
+    """Whether `module_name` was allowed (`allow_model_code`, HETAUTO_MODEL_CODE, an installed entry point)."""
+    allowed = _allowed_here() | _entry_point_modules()
+    return any(module_name == m or module_name.startswith(m + ".") for m in allowed)
+
+
 def is_builder_ref(value: str) -> bool:
     """Whether a model reference is "pkg.module:NAME" (not a catalog name or a config.json path)."""
     return bool(_REF.match(str(value).strip()))
@@ -78,6 +120,10 @@ def load_builder(ref: str) -> StageBuilder:
     if not is_builder_ref(ref):
         raise SpecError(None, "model", f"'{ref}' is not a stage builder reference", "write it as pkg.module:NAME")
     module_name, attr = ref.split(":")
+    if not model_code_allowed(module_name):
+        raise SpecError(None, "model", f"'{ref}' would import module '{module_name}', and a plan or cluster file "
+                        "never runs code", f"if you trust it, pass --model-code {module_name}, or install it with "
+                        f"a '{ENTRY_POINT_GROUP}' entry point")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # as `python -m` does: a module beside the job's files imports
     try:

@@ -50,6 +50,8 @@ def write_run_folder(folder: str | Path, plan: Plan, run: RunOptions) -> Path:
 # by then): the agent's interpreter teardown (unloading torch, ~1 s) is pure latency on every local launch.
 # Exit code and stderr are torchrun's own: a failure prints its 'Root Cause' table and a traceback, exit 1.
 _TORCHRUN = ("import os, runpy, sys, traceback\n"
+             "import hetauto.runtime.parent_watch as _watch\n"
+             "_watch.watch(os.getppid())  # the launcher gone (even SIGKILLed): this agent goes, and its ranks\n"
              "sys.argv[0] = 'torchrun'\n"
              "code = 0\n"
              "try:\n"
@@ -145,7 +147,17 @@ def heartbeats(out_dir: str | Path, world_size: int) -> dict[int, float]:
     return found
 
 
-def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | None = None) -> JobFailed:
+_AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+
+
+def torchrun_signal(text: str) -> int | None:
+    """The signal torchrun's agent itself received from outside (its SignalException in its stderr), or None."""
+    m = _AGENT_SIGNAL.search(text)
+    return int(m.group(1)) if m else None
+
+
+def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | None = None,
+                     agent_signal: int | None = None) -> JobFailed:
     """One clear error for a failed job from the ranks' marker files (hetauto.runtime.worker).
 
     Blame, in this order: a rank that started and then vanished without a report, an error or a 'stopped'
@@ -198,6 +210,14 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
         return JobFailed(f"rank {r} (stage {s}, cluster '{c}') {what}{tail}", r, s, c)
 
     never = [r for r in range(plan.world_size) if r not in started]
+    if agent_signal is not None and not errors:
+        # torchrun was signalled from outside (not through hetauto run) and stopped every rank itself
+        try:
+            name = signal.Signals(agent_signal).name
+        except ValueError:
+            name = f"signal {agent_signal}"
+        return JobFailed(f"torchrun (the launch agent) received {name} from outside and stopped the ranks; no rank "
+                         f"failed on its own ({len(stopped)} of {plan.world_size} said they were stopped)")
     died = [r for r in started if r not in errors and r not in stopped and r not in done]
     # a rank torchrun reports as failed died on its own; one it killed after its grace period (blocked in a wait
     # too long to run the SIGTERM handler) left no mark either, but torchrun does not list it as a failure
@@ -216,6 +236,14 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     if primary:
         r = primary[0]
         msg = errors[r].split(": ", 1)[1] if ": " in errors[r] else errors[r]
+        alike = [q for q, e in sorted(errors.items()) if body(e) == body(errors[r])]
+        if len(alike) > 1 and len(alike) == len(errors):
+            # a verdict the ranks reached together (a full disk, a non-finite loss): no rank is the culprit
+            who = "every rank" if len(alike) == plan.world_size else f"ranks {', '.join(map(str, alike))}"
+            s, c = where(r)
+            stops = sorted(q for q in stopped if q not in errors)
+            tail = f"; rank(s) {', '.join(map(str, stops))} stopped by torchrun" if stops else ""
+            return JobFailed(f"{who} failed with the same error: {msg}{tail}", r, s, c)
         return failed(r, f"failed: {msg}")
     named: dict[int, int] = {}
     for q, e in errors.items():
@@ -503,6 +531,9 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
         env.setdefault("HETAUTO_PIPE_DIR", str(out / "pipes"))
         token = new_token()
         env[JOB_ENV] = token
+        from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain
+
+        env[LAUNCHER_ENV] = chain(env.get(LAUNCHER_ENV))  # torchrun and the ranks die with this process
         env[CONTROL_ENV] = control.address if control is not None else str(control_address)
         deadline = (run.timeout_s * 3 + 60 + 5 * run.steps) * (max_restarts + 1)
         # torchrun's (and the workers') output goes to files: a pipe nobody reads while we poll would fill up
@@ -540,7 +571,7 @@ def collect_reports(plan: Plan, out_dir: str | Path, returncode: int, stderr: st
     for r in range(plan.world_size):
         f = Path(out_dir) / f"rank{r}.json"
         if returncode != 0 or not f.is_file():
-            err = diagnose_failure(plan, out_dir, torchrun_exit_codes(stderr))
+            err = diagnose_failure(plan, out_dir, torchrun_exit_codes(stderr), torchrun_signal(stderr))
             if err.rank is None:
                 tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
                 raise JobFailed(f"{err.message} (torchrun exit {returncode}: {tail[0]})")

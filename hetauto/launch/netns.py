@@ -28,6 +28,7 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.plan import Plan
 from hetauto.launch.local import JobFailed, collect_reports, kill_group
 from hetauto.runtime.options import RunOptions
+from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain
 
 __all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency"]
 
@@ -52,7 +53,27 @@ def cross_cluster_latency(plan: Plan, cluster: ClusterSpec) -> float:
 
 def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
     """Run the plan with one namespace per cluster; return (rank reports, link figures: shaped rate and the
-    kernel's byte counters of each namespace's veth over the run).
+    kernel's byte counters of each namespace's veth over the run). SIGTERM/SIGHUP (the topology turns them into
+    SystemExit(128 + signal) so its teardown runs) end it with a one-line JobInterrupted naming the signal.
+    """
+    import signal
+
+    from hetauto.launch.local import JobInterrupted, newest_checkpoint_note
+
+    try:
+        return _launch_netns(plan, cluster, run)
+    except SystemExit as exc:
+        signum = exc.code - 128 if isinstance(exc.code, int) and exc.code > 128 else None
+        if signum not in (signal.SIGTERM, signal.SIGHUP):
+            raise
+        note = newest_checkpoint_note(run.checkpoint_dir)
+        raise JobInterrupted(f"interrupted by {signal.Signals(signum).name}: stopped the namespace job (its node "
+                             "agents, torchrun and ranks) and removed its namespaces"
+                             + (f"; {note}" if note else ""), signum) from None
+
+
+def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
+    """`launch_netns` itself.
 
     Each namespace is a site of a multi-site job: its own working folder, its node agent (`hetauto node`, as
     `hetauto launch --target torchrun` scripts start it) with the launch plan, the lead in the first namespace
@@ -91,8 +112,10 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
             launch.save(work / "launch.json")
             cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "hetauto", "node", "launch.json",
                    "--node-rank", str(g), "--workdir", str(work)]
+            # the agents' torchrun and ranks die with this process too (hetauto.runtime.parent_watch)
+            env = dict(os.environ, **{LAUNCHER_ENV: chain(os.environ.get(LAUNCHER_ENV))})
             procs.append(subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True))
+                                          start_new_session=True, env=env))
         end = time.monotonic() + deadline_s
         outs: list[tuple[str, str]] = []
         for p in procs:

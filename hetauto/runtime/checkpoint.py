@@ -12,7 +12,8 @@ Directory layout (`root` is the `--checkpoint-dir`):
 
     root/step-00000012/          a complete checkpoint (never modified after the rename)
         manifest.json            hetauto.checkpoint/1: step, model, plan, world size, extra (data position),
-                                 hetauto version, file sizes and sha256
+                                 hetauto version, file sizes and sha256, and a digest of these fields
+                                 (checkpoint_manifest.Manifest.digest); never written holding nan/inf
         .metadata.json           DCP global metadata as JSON (see checkpoint_storage)
         __<rank>_0.distcp        tensor payloads (torch.load(weights_only=True) on read)
         __<rank>_0.distcp.sha256 the shard's size and sha256, hashed by the rank that wrote it (the manifest
@@ -44,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetauto.core.errors import CheckpointError, CheckpointMismatch
+from hetauto.core.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint
 from hetauto.core.model import ModelConfig
 from hetauto.runtime import faults
 
@@ -72,6 +73,7 @@ __all__ = [
     "checkpoint_dir_name",
     "check_model_config",
     "data_stream_changes",
+    "newest_intact",
 ]
 
 
@@ -197,6 +199,30 @@ def _state(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[
     return tensors, hparams
 
 
+TENSOR_OVERHEAD_B = 1600  # torch.save's zip container around each stored tensor (measured: 1537-1577 B)
+RANK_FILES_B = 16 * 1024  # a rank's RNG/optimizer JSON and its shard's hash record
+
+
+def estimate_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    """What this rank's part of a checkpoint takes on disk: its tensors' bytes (a DTensor's local shard), the
+    container torch.save wraps each in, and its small files (the full-disk message quotes the sum)."""
+    data = 0
+    for t in tensors.values():
+        local = t.to_local() if hasattr(t, "to_local") else t
+        data += local.numel() * local.element_size()
+    return data + TENSOR_OVERHEAD_B * len(tensors) + RANK_FILES_B
+
+
+def _first_nonfinite(tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """The name of the first tensor (of this rank's shards) holding nan or inf, or None."""
+    from hetauto.runtime.nonfinite import tensor_verdict
+
+    for name, t in tensors.items():
+        if tensor_verdict(t):
+            return name
+    return None
+
+
 def _model_dict(module: nn.Module) -> dict[str, Any]:
     cfg = getattr(module, "cfg", None)
     if not isinstance(cfg, ModelConfig):
@@ -245,9 +271,16 @@ def save_checkpoint(
     plan_json = plan.model_dump(mode="json", by_alias=True) if hasattr(plan, "model_dump") else plan
     model = _model_dict(module)
     tensors, hparams = _state(module, optimizer)
+    # never a non-finite checkpoint: it would be the newest, resumed from and (with keep) the only one left
+    bad = _first_nonfinite(tensors)
+    if not _all_ok(bad is None, comm):
+        prev = latest_checkpoint(root) if root.is_dir() else None
+        kept = f"the previous checkpoint {prev} is kept" if prev is not None else f"no earlier checkpoint in {root}"
+        here = f" ({bad} on rank {rank})" if bad is not None else ""
+        raise NonFiniteCheckpoint(f"checkpoint step {step} not written: the weights or optimizer state hold nan or "
+                                  f"inf{here}; {kept}")
 
-    need = sum(t.numel() * t.element_size() for t in tensors.values() if not hasattr(t, "to_local"))
-    need += sum(t.to_local().numel() * t.to_local().element_size() for t in tensors.values() if hasattr(t, "to_local"))
+    need = estimate_bytes(tensors)
     failure = _SaveFailures(step, root, tmp, rank, world, comm, need)
 
     # Every stage ends in a vote (which is also the barrier): a rank that cannot write says why and every rank
@@ -318,7 +351,7 @@ def _finish(root: Path, tmp: Path, final: Path, step: int, model: dict[str, Any]
     manifest = Manifest(
         step=int(step), model=model, plan=plan_json, world_size=world, extra=extra_json,
         created_unix=time.time(), files=files,
-    )
+    ).sealed()
     _write_json(tmp / MANIFEST_FILE, manifest.to_json() + "\n")
     _fsync_dir(tmp)
     old = root / f".replaced-{checkpoint_dir_name(step)}"
@@ -475,6 +508,31 @@ def _check_keys(path: Path, tensors: Mapping[str, torch.Tensor]) -> str | None:
         if tuple(entry.size) != shape:  # type: ignore[union-attr]
             return f"{path}: {name.split('.', 1)[1]!r} has shape {list(entry.size)} in the checkpoint, {list(shape)} here"  # type: ignore[union-attr]
     return None
+
+
+# ----------------------------------------------------------------------------------------- load
+
+
+def newest_intact(root: str | os.PathLike, comm: Any = None) -> tuple[Path | None, list[tuple[str, str]]]:
+    """The newest complete checkpoint under `root` whose files all verify (sizes, sha256, manifest fields), and
+    the newer ones skipped with why ([(checkpoint, first problem)]). Every rank calls it: each hashes its share of
+    a candidate's files and all vote, so the ranks agree and no file is hashed twice. Why not sizes only: a
+    flipped byte keeps the size, and the restart that picked such a checkpoint failed in the load."""
+    from hetauto.core.checkpoint_manifest import complete_checkpoints
+
+    rank, world = _rank_world()
+    skipped: list[tuple[str, str]] = []
+    for candidate in reversed(complete_checkpoints(root)):
+        try:
+            names = sorted(read_manifest(candidate).files)
+            problems = verify_checkpoint(candidate, only=set(names[rank::world]))
+        except CheckpointError as exc:
+            problems = [str(exc)]
+        if _all_ok(not problems, comm):
+            return candidate, skipped
+        skipped.append((str(candidate), problems[0] if problems else "another rank found a file that differs from "
+                        f"the manifest (hetauto checkpoint verify {candidate} names it)"))
+    return None, skipped
 
 
 # ----------------------------------------------------------------------------------------- load

@@ -101,6 +101,9 @@ class ExecutorOptions:
     eval_fraction: float = 0.05  # the token file's tail held out for evaluation (with eval_every)
     weight_decay: float = ADAMW_WEIGHT_DECAY  # AdamW's decoupled weight decay
     data_column: str | None = None  # with a datasets folder as `data`: its token-id column (None: input_ids)
+    # a non-finite loss or gradient (hetauto.runtime.nonfinite): "stop" raises NonFiniteTraining on every rank
+    # before the optimizer step, "skip" skips that step (weights unchanged), "continue" steps anyway
+    on_nonfinite: str = "stop"
 
     @property
     def schedule(self) -> LRSchedule:
@@ -134,6 +137,9 @@ class RankReport:
     peak_memory_bytes: int = 0  # the backend's memory_stats peak for this rank's device
     transports: list[str] = field(default_factory=list)  # per forward boundary (stage_backends.boundary_pairs)
     overflow_steps: int = 0  # fp16: steps skipped because some rank's gradients overflowed
+    nonfinite_steps: list[int] = field(default_factory=list)  # steps whose loss/gradients were nan or inf
+    # checkpoints not written because the weights were non-finite (--on-nonfinite continue): [step, why]
+    skipped_checkpoints: list[list[Any]] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)  # the learning rate each step trained with
     grad_norms: list[float] = field(default_factory=list)  # with clipping: each step's global norm before it
     eval_losses: list[list[float]] = field(default_factory=list)  # [step, share of the held-out loss] (last stage)
@@ -315,6 +321,8 @@ class StageExecutor:
         self.eval_losses: list[list[float]] = []  # [step, this rank's share of the held-out loss]
         self.lrs: list[float] = []
         self.grad_norms: list[float] = []
+        self.nonfinite_steps: list[int] = []
+        self.skipped_checkpoints: list[list[Any]] = []
         self.normaliser = plan.global_batch * plan.seq_len
         self.t0 = 0.0
         self.events: list[list[Any]] = []
@@ -561,6 +569,8 @@ class StageExecutor:
         if self.scaler is not None:
             overflow = self.scaler.unscale_and_check(stepped, self._vote)
             self.scaler.update(overflow)
+        if self._nonfinite(st, stepped, overflow):
+            overflow = True  # "skip": this step leaves the weights (and AdamW's state) as they were
         if self.opt_.clip_grad is not None and not overflow:
             norm = self._global_grad_norm()
             self.grad_norms.append(norm)
@@ -580,6 +590,30 @@ class StageExecutor:
             self.stage.zero_grad(set_to_none=True)
         if self._rec:
             self._record(st.step, "OPTIM", None, st.t)
+
+    def _nonfinite(self, st: _StepState, stepped: list[Any], overflow: bool) -> bool:
+        """Vote (every rank, one all-reduce) on whether this step's loss or gradients are nan/inf; "stop" raises
+        the same NonFiniteTraining on every rank, "skip" returns True (the optimizer step is skipped), "continue"
+        only records the step. fp16's loss
+        scaler already skipped a step whose gradients overflowed: only its loss counts then."""
+        from hetauto.runtime.nonfinite import NonFinite, describe, local_verdict
+
+        last = self.me.stage == self.plan.num_stages - 1
+        loss = float(st.loss) if last else None
+        grads = () if overflow else (p.grad for p in stepped)
+        mine = torch.tensor(local_verdict(loss, grads), dtype=torch.float32)
+        both = self.g.world.all_reduce(mine, op="max")
+        verdict = NonFinite(st.step, int(both[0].item()), int(both[1].item()))
+        if not verdict.bad:
+            return False
+        self.nonfinite_steps.append(st.step)
+        if self.opt_.on_nonfinite == "stop":
+            from hetauto.core.errors import NonFiniteTraining
+
+            raise NonFiniteTraining(f"{describe(verdict)}; stopped before the optimizer step, so the weights and every "
+                                    "checkpoint stay finite (--on-nonfinite stop); lower --lr or add --clip-grad, or "
+                                    "pass --on-nonfinite skip to skip such steps")
+        return self.opt_.on_nonfinite == "skip"  # "continue": counted and reported, stepped anyway
 
     def _fsdp_tp_mesh(self) -> Any:
         """This stage's 2-D (dp, tp) mesh over the DP group and the TP mesh's own group (hetauto.runtime.fsdp)."""
@@ -759,6 +793,7 @@ class StageExecutor:
             precision=self.mp.name, peak_memory_bytes=self.dev.peak_memory_bytes(),
             transports=[t.name for t in self.g.transports],
             overflow_steps=self.scaler.skipped if self.scaler is not None else 0,
+            nonfinite_steps=list(self.nonfinite_steps), skipped_checkpoints=list(self.skipped_checkpoints),
             lrs=list(self.lrs), grad_norms=list(self.grad_norms), eval_losses=list(self.eval_losses),
             optimizer_state_bytes=state_bytes(self.optimizer),
         )

@@ -80,6 +80,8 @@ def read_dataset_column(path: str | Path, column: str = DEFAULT_COLUMN) -> tuple
         ds = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as err:
         raise SpecError(path, "(folder)", f"not a dataset saved with save_to_disk: {err}") from None
+    except IndexError:  # datasets cannot concatenate the arrow files of a dataset with 0 rows
+        raise SpecError(path, column, "holds no token ids (0 rows)", "tokenize some text into it first") from None
     if isinstance(ds, datasets.DatasetDict):
         splits = ", ".join(ds)
         raise SpecError(path, "(folder)", f"holds a DatasetDict with splits {splits}",
@@ -102,6 +104,8 @@ def read_dataset_column(path: str | Path, column: str = DEFAULT_COLUMN) -> tuple
         ids = chunk.flatten().to_numpy(zero_copy_only=True)
         parts.append(ids)
         total += int(ids.size)
+    if total == 0:
+        raise SpecError(path, column, f"holds no token ids ({len(ds)} rows)", "tokenize some text into it first")
     tokens = ConcatenatedIds(parts)
     low = min((int(p.min()) for p in tokens.parts), default=0)
     if low < 0:

@@ -261,12 +261,43 @@ class _Shards:
             self._handles[f] = self._open(str(f), framework="pt")
         return self._handles[f].get_tensor(name)
 
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The stored tensor's shape from the file's header (no tensor data is read)."""
+        f = self.where.get(name)
+        if f is None:
+            return None
+        if f not in self._handles:
+            self._handles[f] = self._open(str(f), framework="pt")
+        return tuple(self._handles[f].get_slice(name).get_shape())
+
+
+def _cut_shape(shape: tuple[int, ...], how: str | None, hidden: int) -> tuple[int, ...]:
+    """`_cut`'s result shape, from the stored shape alone."""
+    if how is None:
+        return shape
+    if how == "t":
+        return shape[::-1]
+    piece = (*shape[:-1], hidden)
+    return piece[::-1] if len(piece) == 2 else piece
+
+
+def check_hf_weights(cfg: ModelConfig, folder: str | Path, seq_len: int | None = None) -> int:
+    """Before launch: every tensor the whole model `cfg` needs is in the checkpoint with its shape (the
+    safetensors headers against the model built on the meta device: no weights are read, no memory is used);
+    returns how many tensors were checked, else the SpecError the ranks would raise after launch."""
+    from hetauto.runtime.stage import build_stage
+
+    with torch.device("meta"):
+        whole = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    return load_hf_weights({int(k): m for k, m in whole.layers.items()}, cfg, folder, seq_len, shapes_only=True)
+
 
 def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str | Path,
-                    seq_len: int | None = None) -> int:
+                    seq_len: int | None = None, *, shapes_only: bool = False) -> int:
     """Copy the checkpoint's tensors into `modules` (layer slot -> its module, unsharded, fp32) in place;
     returns how many tensors were read. A missing tensor or a shape that differs is one SpecError naming it,
-    as is a config the plan's model `cfg` at `seq_len` does not compute alike (check_hf_config)."""
+    as is a config the plan's model `cfg` at `seq_len` does not compute alike (check_hf_config).
+    `shapes_only`: compare names and shapes from the files' headers, copy nothing (`check_hf_weights`)."""
     folder = Path(folder)
     hf = check_hf_config(folder, None if cfg.arch == "gpt" else cfg, seq_len)
     gpt2 = hf.get("model_type") == "gpt2"
@@ -288,23 +319,26 @@ def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str
         for slot, module in modules.items():
             for ours, param in module.named_parameters():
                 how = None
+                get = shards.shape if shapes_only else shards.get
                 if gpt2:
                     name, how = _gpt2_source(cfg, slot, ours, tied)
-                    t = shards.get(name)
+                    t = get(name)
                     if t is None:  # a GPT2Model saved without its LM head: no "transformer." prefix
-                        t = shards.get(name.removeprefix("transformer."))
+                        t = get(name.removeprefix("transformer."))
                     if t is not None:
-                        t = _cut(t, how, cfg.hidden)
+                        t = _cut_shape(t, how, cfg.hidden) if shapes_only else _cut(t, how, cfg.hidden)
                 else:
                     name = hf_names(cfg, slot, ours, tied)
-                    t = shards.get(name)
+                    t = get(name)
                 if t is None:
                     raise SpecError(folder, name, f"missing from the checkpoint (layer slot {slot}, {ours})",
                                     "is this the checkpoint of the plan's model?")
-                if tuple(t.shape) != tuple(param.shape):
-                    raise SpecError(folder, name, f"has shape {list(t.shape)} but the model needs {list(param.shape)}",
+                shape = tuple(t) if shapes_only else tuple(t.shape)
+                if shape != tuple(param.shape):
+                    raise SpecError(folder, name, f"has shape {list(shape)} but the model needs {list(param.shape)}",
                                     "the plan's model and the checkpoint's config.json differ")
-                param.copy_(t.to(param.dtype))
+                if not shapes_only:
+                    param.copy_(t.to(param.dtype))
                 read += 1
     return read
 

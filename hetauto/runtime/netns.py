@@ -143,6 +143,31 @@ def _kill_namespace_pids(ns: str) -> None:
             pass
 
 
+# A detached process per topology that deletes its namespaces once the process that made them is gone, even
+# SIGKILLed (no handler, no atexit runs then): it polls the maker's mark (hetauto.runtime.parent_watch) and the
+# namespaces' files under /run/netns, and exits on its own as soon as a normal teardown removed them.
+_REAPER = ("import os, sys, time\n"
+           "from hetauto.runtime.parent_watch import POLL_S, orphaned\n"
+           "mark, names = sys.argv[1], sys.argv[2:]\n"
+           "def there(n):\n"
+           "    return os.path.exists('/run/netns/' + n) or os.path.exists('/var/run/netns/' + n)\n"
+           "while any(there(n) for n in names):\n"
+           "    if orphaned(mark):\n"
+           "        from hetauto.runtime.netns import _kill_namespace_pids, _run\n"
+           "        for n in reversed(names):\n"
+           "            _kill_namespace_pids(n)\n"
+           "            _run(['ip', 'netns', 'del', n], check=False)\n"
+           "        break\n"
+           "    time.sleep(POLL_S)\n")
+
+
+def _start_reaper(names: Sequence[str]) -> subprocess.Popen:
+    from hetauto.runtime.parent_watch import launcher_mark
+
+    return subprocess.Popen([sys.executable, "-c", _REAPER, launcher_mark(), *names], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 class NamespaceTopology:
     """Groups of ranks in separate network namespaces joined by tbf-shaped veth links (a context manager).
 
@@ -303,6 +328,7 @@ class NamespaceTopology:
                 _run(["ip", "netns", "add", ns])
                 self._created.append(ns)
                 _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            self._reaper = _start_reaper(self._created)  # removes them if this process is SIGKILLed
             if self.hub is None and self.delay_s > 0:
                 self._start_relay()
             elif self.hub is None:
@@ -374,6 +400,13 @@ class NamespaceTopology:
         self._created.clear()
         self._shaped.clear()
         self._up = False
+        reaper, self._reaper = getattr(self, "_reaper", None), None
+        if reaper is not None:  # it sees the namespaces gone and exits within a poll
+            try:
+                reaper.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                reaper.kill()
+                reaper.wait()
         self._restore_signal_handlers()
         atexit.unregister(self.teardown)
 

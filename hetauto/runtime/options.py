@@ -53,10 +53,13 @@ class RunOptions:
     allow_data_change: bool = False
     inject_fault: str | None = None
     data_column: str | None = None  # a datasets folder's token-id column (hetauto.runtime.hf_dataset)
+    on_nonfinite: Literal["stop", "skip", "continue"] = "stop"  # hetauto.runtime.nonfinite
 
     def __post_init__(self) -> None:
         if self.emulate not in EMULATION_MODES:
             raise ValueError(f"emulate must be one of {', '.join(EMULATION_MODES)}, got {self.emulate!r}")
+        if self.on_nonfinite not in ("stop", "skip", "continue"):
+            raise ValueError(f"on_nonfinite must be stop, skip or continue, got {self.on_nonfinite!r}")
         object.__setattr__(self, "backends", tuple(self.backends))
 
     @property

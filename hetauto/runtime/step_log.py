@@ -74,6 +74,7 @@ class StepLog:
         self._offsets = {r: 0 for r in self.ranks}
         self._parts: dict[int, dict[int, dict[str, Any]]] = {}
         self.records: list[StepRecord] = []
+        self._last = -1  # the newest step handed out: a restarted attempt's replay of older steps is not repeated
 
     def _read(self, rank: int) -> None:
         path = self.folder / rank_log_name(rank)
@@ -101,6 +102,9 @@ class StepLog:
             if len(parts) < len(self.ranks):
                 break
             del self._parts[step]
+            if step <= self._last:  # re-trained after a --max-restarts restart (from its checkpoint: the same losses)
+                continue
+            self._last = step
             first = parts[self.ranks[0]]
             step_s = max(float(p["step_s"]) for p in parts.values())
             held = [p.get("eval_loss") for p in parts.values()]

@@ -53,6 +53,13 @@ class TokenFile:
         if self.vocab_size > model_vocab:
             raise SpecError(self.path, "vocab_size", f"the data's vocabulary of {self.vocab_size} ids does not fit "
                             f"{model}'s {model_vocab}", "tokenize with the model's own tokenizer")
+        # the sidecar can be wrong (or the .bin replaced): the ids themselves, before any rank indexes with them
+        bad = first_out_of_range(self.tokens, model_vocab) if isinstance(self.tokens, np.ndarray) else None
+        if bad is not None:
+            pos, tok = bad
+            raise SpecError(self.path, "tokens", f"token id {tok} at position {pos} is outside {model}'s vocabulary "
+                            f"of {model_vocab} ids (0..{model_vocab - 1})",
+                            "tokenize with the model's own tokenizer, or fix the file")
 
     def batch(self, seed: int, step: int, global_batch: int, seq_len: int,
               region: tuple[int, int] | None = None) -> Batch:
@@ -67,6 +74,16 @@ class TokenFile:
         rows = np.stack([np.asarray(self.tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts])
         seq = torch.from_numpy(rows)
         return Batch(tokens=seq[:, :-1].contiguous(), targets=seq[:, 1:].contiguous())
+
+
+def first_out_of_range(tokens: np.ndarray, limit: int, chunk: int = 1 << 24) -> tuple[int, int] | None:
+    """(position, id) of the first token id >= `limit`, or None; reads the memory map chunk by chunk."""
+    for lo in range(0, int(tokens.shape[0]), chunk):
+        part = np.asarray(tokens[lo : lo + chunk])
+        if part.size and int(part.max()) >= limit:
+            i = int(np.argmax(part >= limit))
+            return lo + i, int(part[i])
+    return None
 
 
 def _sidecar(path: Path) -> Path:

@@ -120,9 +120,15 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: Execu
             return None
         from hetauto.runtime.checkpoint import save_checkpoint
 
+        from hetauto.core.errors import NonFiniteCheckpoint
+
         optimizer = ex.checkpoint_optimizer(gather=True)  # zero1: the DP group's m and v gathered (collective)
-        return save_checkpoint(checkpoint.directory, step, ex.stage, optimizer, plan=plan,
-                               extra={"next_step": step + 1, "seed": options.seed, "lr": options.lr},
-                               keep=checkpoint.keep, comm=world)
+        try:
+            return save_checkpoint(checkpoint.directory, step, ex.stage, optimizer, plan=plan,
+                                   extra={"next_step": step + 1, "seed": options.seed, "lr": options.lr},
+                                   keep=checkpoint.keep, comm=world)
+        except NonFiniteCheckpoint as exc:  # --on-nonfinite continue: training goes on, its nan is never kept
+            ex.skipped_checkpoints.append([step, str(exc)])
+            return None
 
     return ex.run(options.steps, start=start, after_step=after_step)

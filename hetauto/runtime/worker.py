@@ -41,8 +41,47 @@ def _stopped(control: "ControlClient", rank: int) -> None:
         os._exit(143)
 
 
+def _inside_pids() -> set[int]:
+    """Who may stop this rank as part of the job: its torchrun (the parent) and the job's launchers."""
+    from hetauto.runtime.parent_watch import LAUNCHER_ENV
+
+    pids = {os.getppid()}
+    for mark in os.environ.get(LAUNCHER_ENV, "").split(","):
+        pid = mark.partition(":")[0]
+        if pid.isdigit():
+            pids.add(int(pid))
+    return pids
+
+
+def _watch_sigterm(control: "ControlClient", rank: int) -> None:
+    """SIGTERM is taken by a thread (`sigwaitinfo`, SIGTERM blocked everywhere else since the start of `main`), so
+    the sender is known and it is handled even while the main thread waits inside a collective: from torchrun or
+    the launcher it is the end of the job ('stopped'); from anyone else it is this rank's own failure, said so
+    (not 'stuck')."""
+    import threading
+
+    inside = _inside_pids()
+
+    def wait() -> None:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        if info.si_pid in inside:
+            _stopped(control, rank)
+        try:
+            control.post("error", f"rank {rank}: Terminated: SIGTERM from pid {info.si_pid}, outside the job "
+                                  "(not its torchrun or launcher)")
+        finally:
+            os._exit(143)
+
+    threading.Thread(target=wait, name="hetauto-sigterm", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    # before any thread starts (they inherit the mask): SIGTERM only reaches _watch_sigterm's thread
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    from hetauto.runtime.parent_watch import watch
+
+    watch(os.getppid())  # torchrun or the launcher gone (even SIGKILLed): this rank goes too, nobody watches it
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     comm = None
@@ -53,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         run = RunOptions.load(args.options)
         control = ControlClient.from_env(rank, timeout_s=max(30.0, run.timeout_s))
         control.post("started", f"attempt {restart} pid {os.getpid()}")  # the agent drops an earlier attempt's marks
-        signal.signal(signal.SIGTERM, lambda *_: _stopped(control, rank))  # type: ignore[arg-type]
+        _watch_sigterm(control, rank)
         control.start_heartbeat()
         import torch
 
@@ -70,15 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         if run.inject_fault and restart == 0:  # a restarted job must not fail the same way again
             faults.install(faults.FaultSpec.parse(run.inject_fault))
         resume = run.resume
-        if restart > 0 and run.checkpoint_dir:
-            from hetauto.core.checkpoint_manifest import complete_checkpoints, verify_checkpoint
-
-            # the newest complete checkpoint whose files check out (sizes and metadata; load_checkpoint hashes)
-            for candidate in reversed(complete_checkpoints(run.checkpoint_dir)):
-                if not verify_checkpoint(candidate, hashes=False):
-                    resume = str(candidate)
-                    break
-
         plan = Plan.load(run.plan)
         cfg = load_model_for_plan(plan)
         speed, links = 1.0, None
@@ -94,6 +124,14 @@ def main(argv: list[str] | None = None) -> int:
             from hetauto.runtime.checkpoint_reach import check_checkpoint_folder
 
             check_checkpoint_folder(comm, run.checkpoint_dir)
+        skipped: list[tuple[str, str]] = []
+        if restart > 0 and run.checkpoint_dir:
+            from hetauto.runtime.checkpoint import newest_intact
+
+            # the newest complete checkpoint whose files verify (hashes shared out over the ranks); the damaged
+            # newer ones are named in the report
+            found, skipped = newest_intact(run.checkpoint_dir, comm)
+            resume = str(found) if found is not None else resume
         from hetauto.runtime.optim import LRSchedule
 
         schedule = LRSchedule(lr=run.lr, kind=run.lr_schedule, warmup_steps=run.warmup_steps,
@@ -105,12 +143,14 @@ def main(argv: list[str] | None = None) -> int:
                                backends=run.backends or None, lr_schedule=schedule, clip_grad=run.clip_grad,
                                data=run.data, init_from=run.init_from, step_log=step_log,
                                eval_every=run.eval_every, eval_steps=run.eval_steps, eval_fraction=run.eval_fraction,
-                               weight_decay=run.weight_decay, data_column=run.data_column)
+                               weight_decay=run.weight_decay, data_column=run.data_column,
+                               on_nonfinite=run.on_nonfinite)
         ckpt = CheckpointOptions(directory=run.checkpoint_dir, every=run.checkpoint_every, keep=run.keep,
                                  resume=resume, allow_data_change=run.allow_data_change)
         report = train_rank(comm, plan, cfg, opts, ckpt)
         doc = report.to_dict()
         doc["restart"] = restart
+        doc["resume_skipped"] = [list(x) for x in skipped]
         if links is not None:  # how late the emulated links delivered: [max s, mean s, messages]
             doc["link_dispatch_lag_s"] = list(links.dispatch_lag())
         control.post("report", json.dumps(doc))
