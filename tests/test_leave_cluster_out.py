@@ -1,7 +1,8 @@
 """Leaving a cluster out (issue 17 item 3, seed-to-seed spread): on mixed(4,25) (a100, mi250x, ascend, h800
 over 25 Gbps, llama2-13b) seed 1 settled with mi250x as one 2-layer stage, 114.80 samples/s, where the other
 seeds reach 116.67 without it. Dropped, a free descent's first move puts mi250x back; kept out for one
-descent (its choice fixed), the rest re-orders and gets there."""
+descent (its choice fixed), the rest re-orders and gets past the trap (115.11 since zero-bubble twins and the
+memory tie rule changed the descent's path; the seeds' own searches now reach 115.8-118.0 with Virtual-ZB)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def test_a_cluster_left_out_stays_out_for_the_first_descent() -> None:
     free = descend(space, Scorer(space), lambda: False, start=dropped)  # the old way: mi250x comes back
     assert free is not None and round(free.evaluation.throughput_samples_s, 2) == 114.80
     kept = descend(space, Scorer(space), lambda: False, start=dropped, fixed=frozenset({"mi250x"}))
-    assert kept is not None and round(kept.evaluation.throughput_samples_s, 2) == 116.67
+    assert kept is not None and round(kept.evaluation.throughput_samples_s, 2) == 115.11
     descend_without_each_cluster(space, scorer, lambda: False)
     best = scorer.best
-    assert best is not None and round(best.evaluation.throughput_samples_s, 2) == 116.67
+    assert best is not None and round(best.evaluation.throughput_samples_s, 2) == 115.11
     assert dict(zip(best.candidate.order, best.candidate.choices))["mi250x"] == UNUSED

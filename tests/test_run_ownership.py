@@ -89,6 +89,9 @@ def test_stop_job_reaches_processes_in_sessions_of_their_own() -> None:
     parent = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, **{JOB_ENV: token}),
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert parent.stdout is not None and parent.stdout.readline().strip() == "up"
+    end = time.monotonic() + 20  # /proc can lag a moment behind a busy machine's fresh processes
+    while len(job_pids(token)) < 3 and time.monotonic() < end:
+        time.sleep(0.1)
     assert len(job_pids(token)) == 3
     res = stop_job(parent, token, grace_s=1.0)
     assert (res.signalled, res.killed, res.left) == (3, 1, 0)  # the two sleepers took SIGTERM, the parent did not

@@ -340,8 +340,9 @@ def simulate_cases() -> list[Case]:
         _cli(c, "--trace and --gantt the same file", "plan.json", "--trace", "t.png", "--gantt", "t.png",
              mention=("--trace", "--gantt")),
         _cli(c, "--trace is a folder", "plan.json", "--trace", "adir", mention=("adir",)),
-        _cli(c, "--schedule interleaved on a plan without chunks", "plan.json", "--schedule", "interleaved",
-             mention=("interleaved",)),
+        # a what-if: the plan's cut priced as interleaved would run it (v = 2 chunks per stage), a valid question
+        _cli(c, "--schedule interleaved on a plan without chunks (a what-if)", "plan.json", "--schedule",
+             "interleaved", accept=True),
         _cli(c, "--memory-cap past the plan's stages", "plan.json", "--memory-cap", "7:1", mention=("--memory-cap",)),
         _cli(c, "--stages with a plan", "plan.json", "--stages", "9", mention=("--stages",)),
         _cli(c, "--memory-headroom 2", "plan.json", "--memory-headroom", "2", mention=("--memory-headroom",)),
