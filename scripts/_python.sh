@@ -50,7 +50,7 @@ hetauto_activation_hint() {  # the one line a person needs to run `hetauto` in t
     found="$(PATH="$_hetauto_user_path" command -v hetauto 2>/dev/null || true)"
     if [[ -f "$bin/activate" && "${VIRTUAL_ENV:-}" != "$(dirname "$bin")" ]]; then
         echo "to run hetauto and python3 -m pytest in your shell, first: source $bin/activate"
-    elif [[ "$found" != "$bin/hetauto" ]]; then
+    elif [[ -z "$found" ]]; then
         echo "to run hetauto in your shell, first: export PATH=\"$bin:\$PATH\""
     fi
 }

@@ -7,7 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_python.sh
 "$PY" -m pip install --quiet torch==2.13.0 -e '.[dev]' -e plugins/hetauto-backend-template
-status=0
-"$PY" -m pytest -q --durations=10 "$@" || status=$?
-hetauto_activation_hint
-exit "$status"
+hetauto_activation_hint   # before the tests, so pytest's summary stays the last line
+# Two workers, each file on one worker (its module fixtures built once); HETAUTO_TEST_WORKERS=0 runs in-process.
+workers="${HETAUTO_TEST_WORKERS:-2}"
+if [[ "$workers" == 0 ]]; then
+    "$PY" -m pytest -q --durations=30 "$@"
+else
+    "$PY" -m pytest -q -n "$workers" --dist loadfile --durations=30 "$@"
+fi

@@ -221,33 +221,25 @@ TP_TIMEOUT = 5
 def test_sigstopped_tp_rank_ends_the_job_within_the_timeout_and_is_named(folder: Path) -> None:
     """Stage 0 is tp=2 (ranks 0, 1), stage 1 is rank 2. Rank 1 is stopped (SIGSTOP) mid-run: its TP peer waits in
     a DTensor collective on the TP group (which has --timeout), rank 2 in a receive; both time out, and the one
-    error names rank 1 (its heartbeat went silent first), never a healthy waiter. The issue asks for 10 of 10
-    runs; 3 here keep the suite fast (each run is ~25 s on a loaded 2-core box)."""
-    ends = []
-    for attempt in range(3):
-        tmp = folder / f"tp{attempt}"
-        tmp.mkdir()
-        mark = uuid.uuid4().hex
-        ck = folder / f"ck-tp{attempt}"
-        env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp))
-        proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(folder / "plantp.json"), "--steps",
-                                 "500", "--checkpoint-dir", str(ck), "--timeout", str(TP_TIMEOUT), "--no-reference",
-                                 "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(ck / "step-00000000", proc)
-        started = next(tmp.glob("hetauto-run-*/rank1.started")).read_text()
-        pid = int(started.split("pid")[1])
-        os.kill(pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        out, err = proc.communicate(timeout=180)
-        ends.append(time.monotonic() - t0)
-        error = json.loads(out)["error"]
-        assert error.startswith("rank 1 (stage 0, cluster 'a') stopped responding: its heartbeat stopped "), error
-        assert "did not finish within" not in error
-        assert f"; newest complete checkpoint: {ck}/step-0000" in error, error
-        assert marked(mark) == []
-    print(f"SIGSTOP of a TP rank -> job ended after {', '.join(f'{e:.1f}' for e in ends)} s (--timeout {TP_TIMEOUT})")
-    # expected: the timeout + launcher's settle (2 s) + kill (1 s) + exit; bounded loosely for a loaded machine
-    assert max(ends) < TP_TIMEOUT + 25, ends
+    error names rank 1 (its heartbeat went silent first), never a healthy waiter. One run here; repeated runs and
+    the time to the verdict are benchmarks/reliability.py's (the SIGSTOP rows)."""
+    tmp = folder / "tp"
+    tmp.mkdir()
+    mark = uuid.uuid4().hex
+    ck = folder / "ck-tp"
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp))
+    proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(folder / "plantp.json"), "--steps",
+                             "500", "--checkpoint-dir", str(ck), "--timeout", str(TP_TIMEOUT), "--no-reference",
+                             "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(ck / "step-00000000", proc)
+    started = next(tmp.glob("hetauto-run-*/rank1.started")).read_text()
+    os.kill(int(started.split("pid")[1]), signal.SIGSTOP)
+    out, err = proc.communicate(timeout=180)
+    error = json.loads(out)["error"]
+    assert error.startswith("rank 1 (stage 0, cluster 'a') stopped responding: its heartbeat stopped "), error
+    assert "did not finish within" not in error  # ended by the verdict, not by the launcher's deadline
+    assert f"; newest complete checkpoint: {ck}/step-0000" in error, error
+    assert marked(mark) == []
 
 
 def test_diagnosis_names_the_rank_whose_heartbeat_stopped_not_a_killed_waiter(tmp_path: Path) -> None:
