@@ -414,8 +414,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetauto.launch.local import start_local
-
+    """Check, then train: the flags and the plan (prepare_run), the checkpoint folder's ownership, then _run."""
     if args.master and not args.print_launch:
         raise HetautoError("--master is for --print-launch (or hetauto launch); without it hetauto run trains on "
                            "this machine: drop --master, or add --print-launch")
@@ -435,45 +434,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Path, run_options: Any) -> int:
-    """`hetauto run` once its flags, plan and folders are checked (and its checkpoint folder is its own)."""
-    from hetauto.launch.local import start_local
+    """`hetauto run` once its flags, plan and folders are checked (and its checkpoint folder is its own): the
+    host's backends, the launch, the result document, the report."""
+    from dataclasses import replace
 
     from hetauto.runtime.preflight import check_backends
 
     pre = check_backends(plan, cluster, emulate=bool(args.emulate))
-    from dataclasses import replace
-
     run_options = replace(run_options, backends=pre.backends)
     if pre.mock_devices is not None:
         os.environ["HETAUTO_MOCK_DEVICES"] = str(pre.mock_devices)  # the workers inherit it
     want_reference = not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS
-    link: dict | None = None
-    flops_per_peak = _flops_per_peak(plan, base)  # a step's MFU is this over its step time
-    if args.emulate == "netns":
-        from hetauto.launch.netns import launch_netns
-
-        reports, link = launch_netns(plan, cluster, run_options)
-    else:
-        job = start_local(plan, run_options, max_restarts=args.max_restarts)
-        bar = _StepBar(args.steps - start_hint(args)) if not args.json else None
-        board = _Board(args.tensorboard) if args.tensorboard else None
-        sinks = [f for f in (bar.update if bar is not None else None, board.add if board is not None else None) if f]
-        job.follow_steps(args.log_jsonl, (lambda rec: [f(rec) for f in sinks]) if sinks else None, flops_per_peak)
-        if want_reference:
-            try:
-                # Import torch here while the ranks start (they import it too, which takes longer than this):
-                # nothing torch-heavy ran before the launch, and nothing heavy runs here while they train.
-                _import_for_reference()
-            except BaseException:
-                job.kill()
-                raise
-        try:
-            reports = job.wait()
-        finally:
-            if bar is not None:
-                bar.close()
-            if board is not None:
-                board.close()
+    reports, link = _launch(args, plan, cluster, base, run_options, want_reference)
     doc = result_document(plan, cfg, reports, run_options, base=base, emulate=args.emulate,
                           want_reference=want_reference, link=link, trace=args.trace,
                           emulated_backends=tuple({"stage": i, "backend": was, "runs_on": pre.backends[i]}
@@ -488,10 +460,57 @@ def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Pat
         if off:
             print(f"hetauto run: error: {off}", file=sys.stderr)
         return LOSS_OFF_EXIT if off else 0
+    _report(args, plan, doc, run_options, link)
+    if off:
+        raise LossOffReference(off)
+    return 0
+
+
+def _launch(args: argparse.Namespace, plan: Plan, cluster: Any, base: Path, run_options: Any,
+            want_reference: bool) -> tuple[list[dict[str, Any]], dict | None]:
+    """Start the job (netns sites or torchrun on this host), follow its steps, wait: (rank reports, the shaped
+    link's figures under netns)."""
+    if args.emulate == "netns":
+        from hetauto.launch.netns import launch_netns
+
+        return launch_netns(plan, cluster, run_options)
+    from hetauto.launch.local import start_local
+
+    flops_per_peak = _flops_per_peak(plan, base)  # a step's MFU is this over its step time
+    job = start_local(plan, run_options, max_restarts=args.max_restarts)
+    bar = _StepBar(args.steps - start_hint(args)) if not args.json else None
+    board = _Board(args.tensorboard) if args.tensorboard else None
+    sinks = [f for f in (bar.update if bar is not None else None, board.add if board is not None else None) if f]
+    job.follow_steps(args.log_jsonl, (lambda rec: [f(rec) for f in sinks]) if sinks else None, flops_per_peak)
+    if want_reference:
+        try:
+            # Import torch here while the ranks start (they import it too, which takes longer than this):
+            # nothing torch-heavy ran before the launch, and nothing heavy runs here while they train.
+            _import_for_reference()
+        except BaseException:
+            job.kill()
+            raise
+    try:
+        return job.wait(), None
+    finally:
+        if bar is not None:
+            bar.close()
+        if board is not None:
+            board.close()
+
+
+def _report(args: argparse.Namespace, plan: Plan, doc: dict[str, Any], run_options: Any, link: dict | None) -> None:
+    """What a person reads: the loss table beside the reference, the step time against the prediction, the
+    stages and boundaries, and what happened on the way (restarts, skipped checkpoints, non-finite steps)."""
+    _print_losses(args, plan, doc)
+    _print_stages(plan, doc)
+    _print_events(args, doc, run_options, link)
+
+
+def _print_losses(args: argparse.Namespace, plan: Plan, doc: dict[str, Any]) -> None:
     start, reference = doc["start_step"], doc["reference_loss"]
     predicted, source, calibrated = doc["predicted_step_s"], doc["prediction_source"], doc["prediction_calibrated"]
-    ratio, precision, restarts, checkpoints = (doc["measured_over_predicted"], doc["precision"], doc["restarts"],
-                                               doc["checkpoints"])
+    ratio, precision = doc["measured_over_predicted"], doc["precision"]
     eval_losses, reference_eval = doc["eval_loss"] or [], doc["reference_eval_loss"]
     rows = [(start + i, f"{l:.6f}", "-" if reference is None else f"{reference[i]:.6f}", f"{doc['step_s'][i]:.3f}")
             for i, l in enumerate(doc["loss"])]
@@ -510,17 +529,20 @@ def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Pat
     for i, (step, value) in enumerate(eval_losses):
         ref_v = f" (reference {reference_eval[i][1]:.6f})" if reference_eval and i < len(reference_eval) else ""
         print(f"held-out loss after step {step}: {value:.6f}{ref_v}")
-    _print_stages(plan, doc)
+
+
+def _print_events(args: argparse.Namespace, doc: dict[str, Any], run_options: Any, link: dict | None) -> None:
     for was in doc["emulated_backends"]:
         print(f"  stage {was['stage']}: backend '{was['backend']}' is not on this host; emulated on "
               f"'{was['runs_on']}' (--emulate)")
     if args.trace:
         print(f"trace: {args.trace}")
-    if restarts:
-        print(f"torchrun restarted the job {restarts} time(s); the last attempt resumed at step {start}")
+    if doc["restarts"]:
+        print(f"torchrun restarted the job {doc['restarts']} time(s); the last attempt resumed at step "
+              f"{doc['start_step']}")
     for where, why in doc["resume_skipped"]:
         print(f"the restart skipped the damaged checkpoint {where}: {why}")
-    for c in checkpoints:
+    for c in doc["checkpoints"]:
         print(f"checkpoint: {c}")
     if doc["nonfinite_steps"]:
         how = "skipped" if run_options.on_nonfinite == "skip" else "trained on anyway (--on-nonfinite continue)"
@@ -530,9 +552,6 @@ def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Pat
     if link is not None:
         print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
               + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
-    if off:
-        raise LossOffReference(off)
-    return 0
 
 
 LOSS_OFF_EXIT = 7
