@@ -19,22 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hetauto.core.errors import CheckpointError
+from hetauto.runtime.parent_watch import process_start_time
 
 __all__ = ["LOCK_FILE", "FolderOwner", "FolderLock", "acquire_folder"]
 
 LOCK_FILE = ".hetauto-lock"
-
-
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot), or None when no such process runs."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return fields[19].decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +44,7 @@ class FolderOwner:
         """True/False on the owner's own host; None elsewhere (cannot be known from here)."""
         if self.host != socket.gethostname():
             return None
-        now = _start_time(self.pid)
+        now = process_start_time(self.pid)
         return now is not None and (self.pid_start is None or now == self.pid_start)
 
 
@@ -110,7 +99,7 @@ def acquire_folder(folder: str | os.PathLike, what: str = "--checkpoint-dir", ru
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_FILE
     me = FolderOwner(host=socket.gethostname(), pid=os.getpid(), run_id=run_id or uuid.uuid4().hex[:12],
-                     started_unix=time.time(), pid_start=_start_time(os.getpid()))
+                     started_unix=time.time(), pid_start=process_start_time(os.getpid()))
     took_over = None
     for _ in range(3):  # another starter may race us between the read and the takeover: try again
         if _create(path, me):

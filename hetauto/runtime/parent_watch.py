@@ -18,13 +18,15 @@ import signal
 import threading
 from typing import Callable
 
-__all__ = ["LAUNCHER_ENV", "POLL_S", "launcher_mark", "chain", "orphaned", "watch"]
+__all__ = ["LAUNCHER_ENV", "POLL_S", "process_start_time", "launcher_mark", "chain", "orphaned", "watch"]
 
 LAUNCHER_ENV = "HETAUTO_LAUNCHER"
 POLL_S = 0.25  # how often the watchdog looks: a job outlives its launcher by about this much
 
 
-def _start_time(pid: int) -> str | None:
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), or None when no such process runs: with the
+    pid, it names one process (a reused pid has another start time)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
@@ -36,7 +38,7 @@ def _start_time(pid: int) -> str | None:
 def launcher_mark(pid: int | None = None) -> str:
     """'pid:start time' of this (or `pid`'s) process."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}:{_start_time(pid) or '?'}"
+    return f"{pid}:{process_start_time(pid) or '?'}"
 
 
 def chain(inherited: str | None) -> str:
@@ -48,7 +50,7 @@ def _alive(mark: str) -> bool:
     pid, _, start = mark.partition(":")
     if not pid.isdigit():
         return True  # not ours to judge
-    now = _start_time(int(pid))
+    now = process_start_time(int(pid))
     return now is not None and (start in ("", "?") or now == start)
 
 
