@@ -151,6 +151,20 @@ def cap_extra_warmup(p: int, extra: Sequence[int], memory_cap: Sequence[int | No
     return tuple(out)
 
 
+def _extra_warmup(p: int, extra_warmup: Sequence[int] | None, boundary_cost: Sequence[float] | None,
+                  tf: float | Sequence[float], tb: float | Sequence[float],
+                  memory_cap: Sequence[int | None] | None) -> tuple[int, ...]:
+    """Each boundary's extra warm-up: given, or from the boundaries' one-way costs, checked, then capped by
+    the stages' memory (what Virtual-1F1B and Virtual-ZB both start from)."""
+    if extra_warmup is None:
+        extra_warmup = extra_warmup_from_costs(boundary_cost, tf, tb) if boundary_cost is not None else (0,) * (p - 1)
+    if len(extra_warmup) != p - 1:
+        raise ScheduleError(f"extra_warmup needs one entry per boundary ({p - 1}), got {len(extra_warmup)}")
+    if any(k < 0 for k in extra_warmup):
+        raise ScheduleError(f"extra_warmup entries must be >= 0, got {list(extra_warmup)}")
+    return cap_extra_warmup(p, extra_warmup, memory_cap)
+
+
 def virtual_1f1b(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
                  boundary_cost: Sequence[float] | None = None, tf: float | Sequence[float] = 1.0,
                  tb: float | Sequence[float] = 2.0, memory_cap: Sequence[int | None] | None = None,
@@ -161,13 +175,7 @@ def virtual_1f1b(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
     or `boundary_cost` (one-way cost c_h, with tf/tb) to compute k_h; `memory_cap` (max microbatches in
     flight per stage) caps it."""
     _check_shape(p, m)
-    if extra_warmup is None:
-        extra_warmup = extra_warmup_from_costs(boundary_cost, tf, tb) if boundary_cost is not None else (0,) * (p - 1)
-    if len(extra_warmup) != p - 1:
-        raise ScheduleError(f"extra_warmup needs one entry per boundary ({p - 1}), got {len(extra_warmup)}")
-    if any(k < 0 for k in extra_warmup):
-        raise ScheduleError(f"extra_warmup entries must be >= 0, got {list(extra_warmup)}")
-    ks = cap_extra_warmup(p, extra_warmup, memory_cap)
+    ks = _extra_warmup(p, extra_warmup, boundary_cost, tf, tb, memory_cap)
     compute = []
     look = []
     for r in range(p):
@@ -228,13 +236,7 @@ def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
     (on top of 1F1B's p - r), then the deferral."""
     _check_shape(p, m)
     virtual = extra_warmup is not None or boundary_cost is not None
-    if extra_warmup is None:
-        extra_warmup = extra_warmup_from_costs(boundary_cost, tf, tb) if boundary_cost is not None else (0,) * (p - 1)
-    if len(extra_warmup) != p - 1:
-        raise ScheduleError(f"extra_warmup needs one entry per boundary ({p - 1}), got {len(extra_warmup)}")
-    if any(k < 0 for k in extra_warmup):
-        raise ScheduleError(f"extra_warmup entries must be >= 0, got {list(extra_warmup)}")
-    ks = cap_extra_warmup(p, extra_warmup, memory_cap)
+    ks = _extra_warmup(p, extra_warmup, boundary_cost, tf, tb, memory_cap)
     ds = list(range(p)) if defer is None else list(defer)
     if len(ds) != p or any(d < 0 for d in ds):
         raise ScheduleError(f"defer needs one entry >= 0 per stage ({p}), got {list(ds)}")
