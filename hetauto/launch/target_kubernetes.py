@@ -32,7 +32,7 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command
+from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command, site_header
 
 __all__ = ["KubernetesTarget", "NodeGroup", "node_groups", "jobset", "jobset_path", "dump_yaml", "OPTIONS",
            "API_VERSION"]
@@ -215,14 +215,10 @@ def _header(launch: LaunchPlan, site: SiteLaunch) -> str:
             f"and the control store ({rdzv.control_port});\n# {rdzv.master_addr} must reach that pod on both ports "
             "from every site (e.g. through a Service or a load balancer that you create)" if lead else
             f"its pods join the lead at {rdzv.master_addr} ports {rdzv.master_port} and {rdzv.control_port}")
-    needs = "".join(f"# needs: {n}\n" for n in launch.needs)
-    ranks = ", ".join(map(str, site.node_ranks))
-    return (f"# hetauto launch (kubernetes): site '{site.name}' ({', '.join(site.clusters)}), node rank"
-            f"{'s' if len(site.nodes) > 1 else ''} {ranks} of {launch.num_nodes}, plan {launch.plan_sha256[:12]}\n"
-            f"# {role}.\n"
-            "# Pods talk to pods of the other sites directly (the collectives): their addresses must be routable\n"
-            "# between the sites. Submit with: kubectl apply -f jobset.yaml (the JobSet controller must be installed)\n"
-            + needs)
+    return site_header("kubernetes", launch, site, role,
+                       "# Pods talk to pods of the other sites directly (the collectives): their addresses must be "
+                       "routable\n# between the sites. Submit with: kubectl apply -f jobset.yaml (the JobSet "
+                       "controller must be installed)\n")
 
 
 class KubernetesTarget:

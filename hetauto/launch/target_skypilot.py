@@ -21,7 +21,7 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command
+from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command, site_header
 
 __all__ = ["SkyPilotTarget", "SKYPILOT_ACCELERATORS", "OPTIONS", "task", "task_path", "accelerators"]
 
@@ -169,15 +169,10 @@ def _header(launch: LaunchPlan, site: SiteLaunch) -> str:
             f"store ({rdzv.control_port});\n# {rdzv.master_addr} must be that node's address (e.g. a reserved static "
             "IP), reachable from every site on both ports" if lead else
             f"its nodes join the lead at {rdzv.master_addr} ports {rdzv.master_port} and {rdzv.control_port}")
-    needs = "".join(f"# needs: {n}\n" for n in launch.needs)
-    ranks = ", ".join(map(str, site.node_ranks))
-    return (f"# hetauto launch (skypilot): site '{site.name}' ({', '.join(site.clusters)}), node rank"
-            f"{'s' if len(site.nodes) > 1 else ''} {ranks} of {launch.num_nodes}, plan {launch.plan_sha256[:12]}\n"
-            f"# {role}.\n"
-            "# The nodes talk to the other sites' nodes directly (the collectives); open the job's ports to those\n"
-            "# nodes only (the rendezvous and the control store accept any connection).\n"
-            f"# Submit with: sky launch -c hetauto-{site.name} task.yaml\n"
-            + needs)
+    return site_header("skypilot", launch, site, role,
+                       "# The nodes talk to the other sites' nodes directly (the collectives); open the job's ports "
+                       "to those\n# nodes only (the rendezvous and the control store accept any connection).\n"
+                       f"# Submit with: sky launch -c hetauto-{site.name} task.yaml\n")
 
 
 class SkyPilotTarget:

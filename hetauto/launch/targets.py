@@ -23,7 +23,7 @@ import yaml
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan
 
-__all__ = ["LaunchTarget", "dump_yaml", "TargetRegistry", "get_targets", "hookimpl", "ENTRY_POINT_GROUP", "BUILTIN_MODULES",
+__all__ = ["LaunchTarget", "dump_yaml", "site_header", "TargetRegistry", "get_targets", "hookimpl", "ENTRY_POINT_GROUP", "BUILTIN_MODULES",
            "embedded_launch", "node_command", "LAUNCH_FILE"]
 
 PROJECT = "hetauto"
@@ -132,3 +132,13 @@ def dump_yaml(doc: dict[str, Any]) -> str:
     """What the YAML targets write: `yaml.safe_dump(doc, sort_keys=False)` with literal blocks for multi-line
     strings, 120 columns."""
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=False, width=120)
+
+
+def site_header(target: str, launch: LaunchPlan, site: Any, role: str, body: str) -> str:
+    """The comment block atop a site's file: which site and node ranks of which plan, the site's `role` in the
+    rendezvous, the target's own `body` lines (each starting '# '), and what every node needs."""
+    ranks = ", ".join(map(str, site.node_ranks))
+    needs = "".join(f"# needs: {n}\n" for n in launch.needs)
+    return (f"# hetauto launch ({target}): site '{site.name}' ({', '.join(site.clusters)}), node rank"
+            f"{'s' if len(site.nodes) > 1 else ''} {ranks} of {launch.num_nodes}, plan {launch.plan_sha256[:12]}\n"
+            f"# {role}.\n" + body + needs)
