@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Sequence
 
-__all__ = ["LinkMeasurement", "LinkRowResult", "PeerUnreachable", "measure_link"]
+from hetauto.core.cluster import LinkRow
+
+__all__ = ["LinkMeasurement", "PeerUnreachable", "measure_link"]
 
 
 class PeerUnreachable(RuntimeError):
@@ -31,17 +33,10 @@ class PeerUnreachable(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
-class LinkRowResult:
-    nbytes: int
-    flows: int
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
 class LinkMeasurement:
     """What one run measured: the rows and the one-byte round trip they were corrected by."""
 
-    rows: tuple[LinkRowResult, ...]
+    rows: tuple[LinkRow, ...]  # the spec's own row type: what `--spec` writes is what was measured
     ping_rtt_s: float
     rank: int
 
@@ -121,7 +116,7 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
             for n in sizes:
                 bufs = [torch.zeros(n, dtype=torch.uint8) for _ in range(f)]
                 tries = [transfer(bufs) for _ in range(repeats)]
-                rows.append(LinkRowResult(n, f, max(statistics.median(tries), 1e-9)))
+                rows.append(LinkRow(n, f, max(statistics.median(tries), 1e-9)))
                 done += 1
                 if progress is not None:
                     progress(done, total)
