@@ -317,7 +317,7 @@ def test_kill_9_of_the_torchrun_agent_mid_run_is_reported_and_its_workers_stoppe
     out, _ = proc.communicate(timeout=120)
     error = json.loads(out)["error"]
     assert error.startswith(f"torchrun (the launch agent, pid {agent}) was killed by SIGKILL while the ranks were "
-                            "running (0 of 2 had finished); stopped the 2 rank process(es) it left running; no rank "
+                            "running (0 of 2 had finished); its 2 unfinished rank(s) were stopped; no rank "
                             f"failed on its own; newest complete checkpoint: {ck}/step-0000"), error
     assert marked(mark) == []
 

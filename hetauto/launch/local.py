@@ -442,7 +442,7 @@ class LocalJob:
                 raise JobFailed(f"torchrun on this node exited {code}: {tail[0]} (the lead node names the culprit)")
             return []
         if code is not None and code < 0 and not stopped:
-            self._agent_died(-code, len(left))
+            self._agent_died(-code)
             code = 0  # every rank had finished: their reports stand
         try:
             return collect_reports(self.plan, self.out, code, stderr, stdout)
@@ -452,9 +452,11 @@ class LocalJob:
                 raise JobFailed(f"{err}; {note}", err.rank, err.stage, err.cluster) from None
             raise
 
-    def _agent_died(self, signum: int, left: int) -> None:
+    def _agent_died(self, signum: int) -> None:
         """torchrun itself was killed (SIGKILL, the OOM killer): its workers, in sessions of their own, outlive
-        it. Fine when every rank had already written its report (a warning); else a JobFailed that says so."""
+        it until their watchdog (hetauto.runtime.parent_watch) or this launcher stops them. Fine when every rank
+        had already written its report (a warning); else a JobFailed that says so. It counts the unfinished
+        ranks, not the processes still there: which of the two stopped each one is a race."""
         try:
             name = signal.Signals(signum).name
         except ValueError:
@@ -465,10 +467,11 @@ class LocalJob:
             print(f"hetauto run: warning: {agent} after every rank had finished; their reports are used",
                   file=sys.stderr)
             return
-        stopped = f"; stopped the {left} rank process(es) it left running" if left else ""
+        unfinished = self.plan.world_size - len(done)
         note = self._checkpoint_note()
-        raise JobFailed(f"{agent} while the ranks were running ({len(done)} of {self.plan.world_size} had finished)"
-                        f"{stopped}; no rank failed on its own" + (f"; {note}" if note else ""))
+        raise JobFailed(f"{agent} while the ranks were running ({len(done)} of {self.plan.world_size} had finished); "
+                        f"its {unfinished} unfinished rank(s) were stopped; no rank failed on its own"
+                        + (f"; {note}" if note else ""))
 
     def kill(self) -> None:
         from hetauto.runtime.jobprocs import stop_job
