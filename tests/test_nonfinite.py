@@ -110,23 +110,27 @@ def folder(tmp_path_factory) -> Path:
     return d
 
 
-def _diverging(folder: Path, mode: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _diverging(folder: Path, mode: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
     ck = folder / f"ck-{mode}"
     proc = _cli("run", str(folder / "plan.json"), "--steps", "4", "--lr", "2e4", "--checkpoint-dir", str(ck),
                 "--keep", "1", "--no-reference", "--timeout", "20", "--on-nonfinite", mode,
-                *(["--json"] if mode != "stop" else []))
+                *(["--json"] if mode != "stop" else []), *extra)
     return proc, ck
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder: Path) -> None:
-    proc, ck = _diverging(folder, "stop")
+    """With --max-restarts too: a restart would resume from the finite checkpoint into the same nan, so the job
+    is not restarted (each attempt would fail the same way) and the line says so."""
+    proc, ck = _diverging(folder, "stop", "--max-restarts", "2")
     assert proc.returncode == 3
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("hetauto run: error: rank 0 (stage 0, cluster 'a') failed: NonFiniteTraining: step "), line
     assert "step 1: the gradients hold " in line or "step 2: the loss is nan" in line, line
     assert "stopped before the optimizer step, so the weights and every checkpoint stay finite" in line
+    assert ("not restarted (--max-restarts 2): a restart from the newest checkpoint would train the same steps on "
+            "the same data into the same non-finite values; ") in line, line
     kept = complete_checkpoints(ck)
     assert len(kept) == 1 and f"newest complete checkpoint: {kept[0]}" in line
     assert _cli("checkpoint", "verify", str(kept[0])).returncode == 0

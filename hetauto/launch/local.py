@@ -398,6 +398,7 @@ class LocalJob:
         end = time.monotonic() + self.deadline
         first_error: float | None = None
         stopped = False  # ended by this launcher (a rank's error, then torchrun did not end the job)
+        not_restarted = False  # ... before torchrun's restart: a non-finite stop (see _nonfinite_stop)
         while self.proc.poll() is None:
             if self._signalled is not None:
                 raise self._interrupted()
@@ -411,6 +412,12 @@ class LocalJob:
                 if why:
                     stop_job(self.proc, self.token, 1.0)
                     raise JobFailed(why)
+            if self.max_restarts and self._nonfinite_stop():
+                # a non-finite stop is not a fault a restart cures: the restart resumes from the newest (finite)
+                # checkpoint and trains the same steps on the same data into the same nan, each attempt again
+                stop_job(self.proc, self.token, 1.0)
+                stopped = not_restarted = True
+                break
             if self.max_restarts == 0:  # (with restarts, torchrun's own restart handles the failure)
                 if first_error is None:
                     if next(self.out.glob("rank*.error"), None) is not None:
@@ -448,9 +455,17 @@ class LocalJob:
             return collect_reports(self.plan, self.out, code, stderr, stdout)
         except JobFailed as err:
             note = self._checkpoint_note()
+            if not_restarted:
+                note = (f"not restarted (--max-restarts {self.max_restarts}): a restart from the newest checkpoint "
+                        "would train the same steps on the same data into the same non-finite values"
+                        + (f"; {note}" if note else ""))
             if note:
                 raise JobFailed(f"{err}; {note}", err.rank, err.stage, err.cluster) from None
             raise
+
+    def _nonfinite_stop(self) -> bool:
+        """Whether a rank of this attempt stopped on a non-finite loss or gradient (`--on-nonfinite stop`)."""
+        return any(": NonFiniteTraining: " in self._read(p.name) for p in self.out.glob("rank*.error"))
 
     def _agent_died(self, signum: int) -> None:
         """torchrun itself was killed (SIGKILL, the OOM killer): its workers, in sessions of their own, outlive
