@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -97,6 +98,29 @@ def test_a_rank_stopped_on_the_other_site_is_named(tmp_path: Path, plan_file: Pa
         other.wait(timeout=60)
     assert lead.returncode == JobFailed("").exit_code, err[-3000:]
     assert "rank 2 (stage 1, cluster 'slow') stopped responding" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(240)
+def test_a_sites_killed_launcher_takes_its_ranks_with_it_and_the_lead_names_it(tmp_path: Path, plan_file: Path) -> None:
+    """kill -9 of the slow site's `hetauto node`: its ranks' watchdog ends them (nothing is left in its namespace)
+    after they tell the lead why, and the lead fails within the timeout naming a rank of that site and the cause."""
+    with _topology() as topo:
+        sites = Sites(tmp_path, plan_file, topo, "--steps", "400", "--timeout", "5")
+        lead, other = sites.start(0), sites.start(1)
+        end = time.monotonic() + 150
+        while time.monotonic() < end and lead.poll() is None and not next(
+                (tmp_path / "site0").glob("hetauto-job-*-node0/steps.jsonl"), None):
+            time.sleep(0.2)
+        other.kill()
+        _, err = lead.communicate(timeout=60)
+        other.wait(timeout=10)
+        time.sleep(0.5)  # the watchdog polls every 0.25 s
+        left = subprocess.run(["ip", "netns", "pids", topo.namespaces[1]], capture_output=True, text=True).stdout
+    assert lead.returncode == JobFailed("").exit_code, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert re.match(r"hetauto node: error: rank [123] \(stage 1, cluster 'slow'\) failed: LauncherGone: its (launcher|"
+                    r"parent) \(pid \d+\) is gone \(host [^)]+\), so this rank stopped with it", line), line
+    assert left.split() == []
 
 
 @pytest.mark.timeout(120)

@@ -4,7 +4,9 @@ agent every artifact of `hetauto launch` runs, one per machine (hetauto.launch.n
 It joins the job (the lead, node rank 0, waits for every site and refuses a node with another plan), runs torchrun
 for this node, and on the lead follows the steps and writes the run's result (`hetauto run --json`'s document) to
 `result.json` in the working folder; a failure ends in one line naming the culprit rank, its stage and cluster.
-Exit codes: 0 done, 1 failed (the job or a bad input), 128 + N after signal N.
+As `hetauto run`, the lead owns the run's `--checkpoint-dir` while the job runs (a second job's lead is refused
+naming the owner) and fails a run whose loss leaves the single-process reference's tolerance (exit 7).
+Exit codes: 0 done, 1 failed (the job or a bad input), 7 the loss left the reference, 128 + N after signal N.
 """
 
 from __future__ import annotations
@@ -13,9 +15,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from hetauto.commands._output import print_json
 from hetauto.core.errors import HetautoError
+
+if TYPE_CHECKING:
+    from hetauto.launch.node import NodeJob
+    from hetauto.launch.plan import LaunchPlan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetauto.launch.node import prepare_node, start_node
+    from hetauto.launch.node import prepare_node
     from hetauto.launch.plan import LaunchPlan
 
     launch = LaunchPlan.load(args.launch)
@@ -40,6 +47,24 @@ def run(args: argparse.Namespace) -> int:
         raise HetautoError(f"--workdir {args.workdir or '.'}: cannot write there ({err.strerror or err}); "
                            "choose another folder") from None
     say = (lambda text: print(f"hetauto node {args.node_rank}: {text}", file=sys.stderr, flush=True))
+    if job.lead and job.run.checkpoint_dir:
+        from hetauto.launch.folder_lock import acquire_folder
+
+        # one owner per checkpoint folder, as for hetauto run: the lead holds it for the whole job (every node
+        # writes there), and a second job's lead is refused before any site starts
+        with acquire_folder(job.run.checkpoint_dir) as lock:
+            if lock.took_over is not None:
+                say(f"note: took over the checkpoint folder {job.run.checkpoint_dir} from a run that is gone "
+                    f"({lock.took_over.describe()})")
+            return _run_node(args, launch, job, say)
+    return _run_node(args, launch, job, say)
+
+
+def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", say: Callable[[str], None]) -> int:
+    """Join, start this node's ranks, wait; on the lead also the result, checked against the reference."""
+    from hetauto.commands.run import LOSS_OFF_EXIT, LossOffReference, loss_off_reference
+    from hetauto.launch.node import start_node
+
     running = start_node(job, progress=say)
     say(f"{job.where()}: started {job.node.nproc} rank(s) "
         f"{job.node.first_rank}-{job.node.first_rank + job.node.nproc - 1}")
@@ -51,14 +76,22 @@ def run(args: argparse.Namespace) -> int:
                          lambda rec: say(f"step {rec.step}: loss {rec.loss:.6f}, {rec.step_s:.3f} s"))
     reports = running.wait()
     doc = _result(job, reports, no_reference=not launch.reference)
+    # as hetauto run: a loss off its reference's tolerance trained something else than the model it claims to
+    off = None if job.run.allow_data_change else loss_off_reference(doc["loss"], doc["reference_loss"],
+                                                                     doc["start_step"], doc["loss_tolerance"])
+    doc["loss_off_reference"] = off
     path = job.workdir / "result.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     if args.json:
         print_json(doc)
-    else:
-        diff = doc.get("max_loss_diff")
-        say(f"done: {len(doc['ranks'])} ranks, loss {', '.join(f'{x:.6f}' for x in doc['loss'])}"
-            + ("" if diff is None else f" (max difference to the reference {diff:.2g})") + f"; result: {path}")
+        if off:
+            print(f"hetauto node: error: {off}", file=sys.stderr)
+        return LOSS_OFF_EXIT if off else 0
+    diff = doc.get("max_loss_diff")
+    say(f"done: {len(doc['ranks'])} ranks, loss {', '.join(f'{x:.6f}' for x in doc['loss'])}"
+        + ("" if diff is None else f" (max difference to the reference {diff:.2g})") + f"; result: {path}")
+    if off:
+        raise LossOffReference(off)
     return 0
 
 

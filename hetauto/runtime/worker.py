@@ -75,14 +75,40 @@ def _watch_sigterm(control: "ControlClient", rank: int) -> None:
     threading.Thread(target=wait, name="hetauto-sigterm", daemon=True).start()
 
 
+ORPHAN_SAY_S = 1.0  # how long a rank whose launcher is gone tries to say so before it dies
+
+
+def _orphaned(connected: list[ControlClient], rank: int, why: str) -> None:
+    """The watchdog's end of this rank: its launcher is gone (hetauto.runtime.parent_watch). On a site that is not
+    the lead's, the job's control store is still up (the lead serves it): say why this rank goes, so the lead names
+    the dead launcher instead of a rank that 'died without an error'; then die, at most ORPHAN_SAY_S later."""
+    import socket
+    import threading
+
+    def say() -> None:
+        try:
+            connected[0].post("error", f"rank {rank}: LauncherGone: {why} (host {socket.gethostname()}), so this "
+                                       "rank stopped with it")
+        except Exception:  # noqa: BLE001 - the store went with the launcher: nobody is left to tell
+            pass
+
+    if connected:
+        t = threading.Thread(target=say, name="hetauto-orphan", daemon=True)
+        t.start()
+        t.join(ORPHAN_SAY_S)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     # before any thread starts (they inherit the mask): SIGTERM only reaches _watch_sigterm's thread
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     from hetauto.runtime.parent_watch import watch
 
-    watch(os.getppid())  # torchrun or the launcher gone (even SIGKILLed): this rank goes too, nobody watches it
     rank = int(os.environ.get("RANK", "0"))
+    connected: list[ControlClient] = []  # the watchdog's last words go there once the rank has connected
+    # torchrun or the launcher gone (even SIGKILLed): this rank goes too, nobody here watches it
+    watch(os.getppid(), on_orphan=lambda why: _orphaned(connected, rank, why))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     comm = None
     control: ControlClient | None = None
@@ -91,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run = RunOptions.load(args.options)
         control = ControlClient.from_env(rank, timeout_s=max(30.0, run.timeout_s))
+        connected.append(control)
         control.post("started", f"attempt {restart} pid {os.getpid()}")  # the agent drops an earlier attempt's marks
         _watch_sigterm(control, rank)
         control.start_heartbeat()
