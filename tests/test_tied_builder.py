@@ -110,6 +110,22 @@ def test_hetauto_run_refuses_the_untied_plan_before_launch(folder: Path) -> None
     assert json.loads(proc.stdout)["error"].startswith(f"{REF} ties parameter 'weight' of layer slot 3 to layer slot 0")
 
 
+def test_the_planner_never_splits_the_tie(folder: Path) -> None:
+    """The planner prices a plan that splits the tie as one that cannot run (hetauto evaluate says why), so on two
+    clusters, where it used to cut the model in two stages, it plans one the run accepts."""
+    from hetauto.api import plan as make_plan
+    from hetauto.planner.evaluate import Evaluator, inputs_for_plan
+
+    split = _plan(("a", (0, 2)), ("b", (2, 4))).model_copy(update={"cluster": str(folder / "two.yaml")})
+    ev = Evaluator(inputs_for_plan(split)).evaluate(split)
+    assert not ev.feasible and ev.violation == (
+        f"{REF} ties layer slot 3 to layer slot 0 (a shared parameter), but the plan puts them in stages 0 and 1: "
+        "they would train untied; only plans holding both in one stage run")
+    chosen = make_plan(scenario="cpu-demo", model=REF, seq_len=16, global_batch=128).plan
+    check_ties(chosen, get_model(REF))  # raises on a split tie, as hetauto run would before launch
+    assert chosen.num_stages == 1
+
+
 def test_a_loss_off_the_reference_names_the_step_and_the_difference() -> None:
     ref = [8.322363, 8.1, 7.9]
     assert loss_off_reference([8.322363, 8.1, 7.9], ref, 0, 1e-5) is None

@@ -82,6 +82,8 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
             "forward_s": times.forward_s, "backward_s": times.backward_s, "compute_s": times.compute_s,
             "tp_comm_s": times.tp_comm_s, "dp_allreduce_s": times.dp_allreduce_s, "optimizer_s": times.optimizer_s,
             "source": times.source})
+    if not e.feasible and failed is None:  # not memory: a stage builder model's tied slots in two stages
+        failed = {"constraint": "tie", "message": e.violation}
     return {
         "plan": str(plan_path), "model": inputs.model.name, "cluster": plan.cluster,
         "precision": prec, "requested_precision": plan.training.precision,
@@ -128,7 +130,8 @@ def _print_human(doc: dict[str, Any]) -> None:
                       f"{doc['tokens_s']:.4g} tokens/s, MFU {doc['mfu']:.1%}",
                       highlight=False)
     else:
-        console.print(f"does not fit ({doc['failed']['constraint']}): {doc['violation']}", highlight=False)
+        what = "does not fit" if doc["failed"]["constraint"] == "memory" else "cannot run"
+        console.print(f"{what} ({doc['failed']['constraint']}): {doc['violation']}", highlight=False)
     from rich import box
     from rich.table import Table
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hetauto.core.chunks import effective_chunks, tile_chunks
+from hetauto.core.chunks import chunk_layers, effective_chunks, tile_chunks
 from hetauto.core.cluster import Cluster, ClusterSpec, LinkSpec
 from hetauto.core.dp_shares import replica_groups, speed_shares, stage_device_type, stage_shares
 from hetauto.core.errors import InfeasiblePlan, PlanMismatch
@@ -997,6 +997,7 @@ class Evaluator:
             if violation is None and need > usable_bytes(cap, plan.memory_headroom):
                 violation = memory_violation(i, c.name, st.num_devices, c.device.key, st.layers, need, cap,
                                              plan.memory_headroom, who=who)
+        violation = self._split_tie(plan) or violation
         if violation is not None:
             ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation,
                             plan.memory_headroom)
@@ -1021,6 +1022,21 @@ class Evaluator:
                             plan.memory_headroom)
         self._plans[key] = ev
         return ev
+
+    def _split_tie(self, plan: Plan) -> str | None:
+        """Why `plan` cannot run if it puts two layer slots of a stage builder model that share a parameter (a
+        head tied to the embedding) in different stages: each stage builds its own copy, so they would train
+        untied (the run refuses such a plan before launch: hetauto.runtime.user_model.check_ties). None if not."""
+        ties = [(layer.shares_with, layer.index) for layer in self.inputs.layers if layer.shares_with is not None]
+        if not ties:
+            return None
+        stage_of = {slot: r for r, chunks in enumerate(chunk_layers(plan)) for a, b in chunks for slot in range(a, b)}
+        for first, later in ties:
+            if stage_of.get(first) != stage_of.get(later):
+                return (f"{self.inputs.model.name} ties layer slot {later} to layer slot {first} (a shared "
+                        f"parameter), but the plan puts them in stages {stage_of.get(first)} and "
+                        f"{stage_of.get(later)}: they would train untied; only plans holding both in one stage run")
+        return None
 
     def _optimizer_time(self, st: StagePlan, sums: cm.RangeSums, c: Cluster, zero1: "bool | str") -> float:
         """One stage's optimizer step: memory-bound Adam, or with measured per-tensor / per-parameter terms

@@ -79,6 +79,10 @@ class LayerCost:
     # matmul weights (elements) whose 16-bit cast torch.autocast saves for backward under mixed precision (the
     # block's Linear weights, the head's projection, also a tied one; not the embedding lookup, norms or biases)
     matmul_params: int = 0
+    # a stage builder model's slot that shares a parameter with this (later) slot, e.g. a head tied to the
+    # embedding through the builder object: each stage builds its own slots, so a plan must keep both in one
+    # stage (the reference models' tie is the executor's own, `tied_params` above, and splits freely)
+    shares_with: int | None = None
 
     def at_compute_bytes(self, nbytes: int) -> "LayerCost":
         """This layer with its activations in a compute dtype of `nbytes` bytes per element (4: fp32): every
@@ -401,6 +405,7 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
         slots = [b.embedding(), *(b.block(i) for i in range(n)), b.head()]
     x: Any = torch.zeros(1, s, dtype=torch.long, device="meta")
     out = []
+    owner: dict[int, int] = {}  # id of a parameter -> the first slot holding it (the slots stay alive: ids stay)
     for i, mod in enumerate(slots):
         what = "embedding()" if i == 0 else "head()" if i == n + 1 else f"block({i - 1})"
         if not isinstance(mod, nn.Module):
@@ -408,6 +413,9 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
                             "each factory of the stage builder returns a torch.nn.Module")
         params = list(mod.parameters())
         ids = {id(p) for p in params}
+        shares = min((owner[k] for k in ids if k in owner), default=None)
+        for k in ids:
+            owner.setdefault(k, i)
         saved = [0.0]
         seen: set[int] = set()
 
@@ -435,5 +443,5 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
         out.append(LayerCost(i, kind, kind if kind != "block" else f"block_{i - 1}", sum(p.numel() for p in params),
                              float(counter.get_total_flops()) / s, s, h, saved[0], 0.0, 0.0,
                              0.0 if kind == "head" else float(4 * s * h), len(params), compute_bytes=4,
-                             matmul_params=matmul))
+                             matmul_params=matmul, shares_with=shares))
     return tuple(out)
