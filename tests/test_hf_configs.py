@@ -19,20 +19,30 @@ DATA = Path(__file__).parent / "data" / "hf"
 
 @pytest.mark.parametrize("name, expected, params", [
     # GPT-2 small: 124,439,808 parameters (transformers' num_parameters()), tied head, "gelu_new" (tanh) GELU
-    ("gpt2", ModelConfig("gpt2", "gpt", 12, 768, 12, 3072, 50257, 1024, None, True, gelu="tanh"), 124_439_808),
+    ("gpt2", ModelConfig("gpt2", "gpt", 12, 768, 12, 3072, 50257, 1024, None, True, gelu="tanh", hf_model_type="gpt2",
+                         special_tokens=(("bos_token_id", 50256), ("eos_token_id", 50256))), 124_439_808),
     # published 125,198,592: GPT-Neo's q/k/v projections have no bias (12 layers x 3 x 768 = 27,648 fewer)
-    ("gpt-neo-125m", ModelConfig("gpt-neo-125m", "gpt", 12, 768, 12, 3072, 50257, 2048, None, True),
+    ("gpt-neo-125m", ModelConfig("gpt-neo-125m", "gpt", 12, 768, 12, 3072, 50257, 2048, None, True,
+                                 hf_model_type="gpt_neo",
+                                 special_tokens=(("bos_token_id", 50256), ("eos_token_id", 50256))),
      125_198_592 + 27_648),
     # published 125,239,296: OPT's learned positions carry 2 offset rows (2 x 768 = 1,536 more)
-    ("opt-125m", ModelConfig("facebook/opt-125m", "gpt", 12, 768, 12, 3072, 50272, 2048, None, True),
+    ("opt-125m", ModelConfig("facebook/opt-125m", "gpt", 12, 768, 12, 3072, 50272, 2048, None, True,
+                             hf_model_type="opt",
+                             special_tokens=(("bos_token_id", 2), ("eos_token_id", 2), ("pad_token_id", 1))),
      125_239_296 - 1_536),
-    ("tinyllama-1.1b", ModelConfig("tinyllama-1.1b", "llama", 22, 2048, 32, 5632, 32000, 2048, 4, False),
+    ("tinyllama-1.1b", ModelConfig("tinyllama-1.1b", "llama", 22, 2048, 32, 5632, 32000, 2048, 4, False,
+                                   hf_model_type="llama", special_tokens=(("bos_token_id", 1), ("eos_token_id", 2))),
      1_100_048_384),
-    ("mistral-7b-v0.1", ModelConfig("mistral-7b-v0.1", "llama", 32, 4096, 32, 14336, 32000, 32768, 8, False),
+    # its attention window (4096 tokens) is kept for the export; a run needs it to cover the sequence
+    ("mistral-7b-v0.1", ModelConfig("mistral-7b-v0.1", "llama", 32, 4096, 32, 14336, 32000, 32768, 8, False,
+                                    hf_model_type="mistral", sliding_window=4096,
+                                    special_tokens=(("bos_token_id", 1), ("eos_token_id", 2))),
      7_241_732_096),
     # published 494,032,768, with qwen2's q/k/v biases (24 x (896 + 128 + 128) = 27,648), epsilon and rotary base
     ("qwen2-0.5b", ModelConfig("qwen2-0.5b", "llama", 24, 896, 14, 4864, 151936, 131072, 2, True, qkv_bias=True,
-                               norm_eps=1e-6, rope_theta=1e6), 494_032_768),
+                               norm_eps=1e-6, rope_theta=1e6, hf_model_type="qwen2",
+                               special_tokens=(("bos_token_id", 151643), ("eos_token_id", 151643))), 494_032_768),
 ])
 def test_published_configs_import(name: str, expected: ModelConfig, params: int) -> None:
     cfg = get_model(DATA / name / "config.json")

@@ -180,6 +180,35 @@ def test_mistrals_sliding_window_is_accepted_when_it_covers_the_sequence(mistral
     assert abs(ours - _transformers_loss(mistral, cls=transformers.MistralForCausalLM)) < 1e-5
 
 
+MISTRAL_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+                  "tie_word_embeddings", "hidden_act", "sliding_window", "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def test_a_mistral_exports_as_mistral_with_its_window_and_token_ids(mistral: Path, tmp_path: Path) -> None:
+    """Trained from a Mistral config, a checkpoint exports as transformers' MistralConfig with every field the
+    source had (was: LLaMA, without sliding_window, bos/eos/pad dropped), and the weights compute its loss."""
+    from hetauto.runtime.checkpoint import save_checkpoint
+    from hetauto.runtime.hf_weights import export_hf, load_hf_weights
+    from hetauto.runtime.stage import build_model
+
+    doc = {**json.loads((mistral / "config.json").read_text()), "bos_token_id": 3, "eos_token_id": [4, 5],
+           "pad_token_id": 0}
+    source = _config(tmp_path / "src", doc)
+    (source / "model.safetensors").symlink_to(mistral / "model.safetensors")
+    cfg = get_model(source / "config.json")
+    model = build_model(cfg, SEED)
+    load_hf_weights({int(k): m for k, m in model.layers.items()}, cfg, source, SEQ)
+    export_hf(save_checkpoint(tmp_path / "ck", 0, model, None), tmp_path / "hf")
+    theirs = transformers.AutoConfig.from_pretrained(source)
+    ours = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    assert type(ours) is transformers.MistralConfig
+    assert {f: getattr(ours, f) for f in MISTRAL_FIELDS} == {f: getattr(theirs, f) for f in MISTRAL_FIELDS}
+    assert ours.rope_parameters["rope_theta"] == theirs.rope_parameters["rope_theta"]
+    assert _transformers_loss(tmp_path / "hf", cls=transformers.MistralForCausalLM) == \
+        _transformers_loss(mistral, cls=transformers.MistralForCausalLM)
+
+
 def test_mistrals_sliding_window_shorter_than_the_sequence_is_refused(mistral: Path, tmp_path: Path) -> None:
     doc = {**json.loads((mistral / "config.json").read_text()), "sliding_window": SEQ - 1}
     folder = _config(tmp_path / "ck", doc)
@@ -201,7 +230,8 @@ def test_hetauto_run_refuses_a_window_shorter_than_the_plans_sequence_before_lau
               StagePlan(cluster="slow", device_type="cpu", devices=(0,), layers=(3, 6), tp=1, dp=1))
     Plan(model=str(folder / "config.json"), cluster="cpu-demo", seq_len=SEQ, global_batch=GBS,
          microbatch_size=MBS, num_microbatches=GBS // MBS, stages=stages).save(tmp_path / "plan.json")
-    rc = main(["run", str(tmp_path / "plan.json"), "--steps", "1", "--emulate", "--init-from", str(folder)])
-    err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1
-    assert "sliding_window: mistral attends to the last 8 tokens only, but the plan's seq_len is 16" in err
+    for weights in (["--init-from", str(folder)], []):  # without weights too: the plan's model is the config
+        rc = main(["run", str(tmp_path / "plan.json"), "--steps", "1", "--emulate", *weights])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1
+        assert "sliding_window: mistral attends to the last 8 tokens only, but the plan's seq_len is 16" in err

@@ -25,7 +25,7 @@ from typing import Any
 
 from hetauto.commands._output import (print_json, print_table, require_distinct, require_not_input,
                                       require_writable)
-from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
+from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError, SpecError
 from hetauto.core.plan import Plan
 from hetauto.core.precision import PRECISION_TOLERANCE
 
@@ -318,6 +318,12 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
     base = Path(args.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
     check_runnable_sharding(plan, cfg)
+    if cfg.sliding_window is not None and plan.seq_len > cfg.sliding_window:
+        # the reference LLaMA attends to the whole sequence: it would train (and export) another model than the
+        # Mistral config says, which transformers then computes with the window
+        raise SpecError(plan.model, "sliding_window", f"{cfg.hf_model_type} attends to the last {cfg.sliding_window} "
+                        f"tokens only, but the plan's seq_len is {plan.seq_len} and the reference model attends to "
+                        "the whole sequence", f"plan with seq_len <= {cfg.sliding_window}")
     if cfg.builder is not None:
         from hetauto.runtime.user_model import check_ties
 

@@ -7,7 +7,9 @@ The named catalog and the Hugging Face `config.json` loader live in `hetauto.cor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Union
+
+TokenId = Union[int, tuple[int, ...], None]  # a config.json's bos/eos/pad_token_id: one id, several, or none
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,18 @@ class ModelConfig:
     qkv_bias: bool = False  # arch "llama": biases on the q/k/v projections (qwen2's Qwen2Attention)
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # what a Hugging Face config.json said that the math above does not use but an export must write back:
+    # the family it was read from ("mistral" exports as Mistral, not LLaMA), mistral's attention window (a run
+    # needs it to cover the sequence: hetauto.runtime.hf_weights), and the special token ids as the file had them
+    hf_model_type: str | None = None
+    sliding_window: int | None = None
+    special_tokens: tuple[tuple[str, TokenId], ...] = ()  # (("bos_token_id", 1), ("eos_token_id", 2), ...)
+
+    def __post_init__(self) -> None:
+        # a checkpoint manifest's JSON gives lists back: keep the value hashable and equal to the original
+        norm = tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in self.special_tokens)
+        if norm != self.special_tokens:
+            object.__setattr__(self, "special_tokens", norm)
 
     @property
     def kv_heads(self) -> int:

@@ -142,8 +142,30 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     if model_type in ("llama", "mistral", "qwen2"):
         llama_math = {"qkv_bias": model_type == "qwen2", "norm_eps": hf_norm_eps(data, p),
                       "rope_theta": hf_rope_theta(data, p)}
+    window = data.get("sliding_window") if model_type == "mistral" else None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise SpecError(p, "sliding_window", f"must be a positive integer or null, got {window!r}")
     return ModelConfig(name, arch, layers, hidden, heads, ffn, vocab, seq, kv if kv != heads else None, tie,
-                       gelu=gelu, **llama_math)
+                       gelu=gelu, **llama_math, hf_model_type=model_type or None, sliding_window=window,
+                       special_tokens=hf_special_tokens(data, p))
+
+
+SPECIAL_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def hf_special_tokens(data: dict[str, Any], source: Path) -> tuple[tuple[str, Any], ...]:
+    """The bos/eos/pad token ids a config.json sets (only those it names: an absent one keeps transformers'
+    default on export), each an id, a list of ids (eos of chat models) or null."""
+    out = []
+    for key in SPECIAL_TOKEN_FIELDS:
+        if key not in data:
+            continue
+        v = data[key]
+        ids = v if isinstance(v, list) else [] if v is None else [v]
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            raise SpecError(source, key, f"must be a token id (an integer >= 0), a list of them or null, got {v!r}")
+        out.append((key, tuple(v) if isinstance(v, list) else v))
+    return tuple(out)
 
 
 HF_RMS_NORM_EPS = 1e-6  # transformers' LlamaConfig / MistralConfig / Qwen2Config default

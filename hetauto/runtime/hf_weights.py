@@ -345,9 +345,11 @@ def load_hf_weights(modules: dict[int, nn.Module], cfg: ModelConfig, folder: str
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """The Hugging Face `config.json` of the reference model `cfg` (what `transformers` and this module read):
-    gpt2, qwen2 (a LLaMA with q/k/v biases) or llama."""
+    gpt2, qwen2 (a LLaMA with q/k/v biases), mistral (a LLaMA read from a Mistral config: its `sliding_window`
+    written back) or llama; the special token ids the source config set are written back as it had them."""
     from hetauto.runtime.model import NORM_EPS
 
+    ids = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.special_tokens}
     if cfg.arch == "gpt":
         return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
                 "n_embd": cfg.hidden, "n_inner": cfg.ffn_hidden, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
@@ -355,7 +357,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
                 "activation_function": "gelu_new" if cfg.gelu == "tanh" else "gelu",
                 "tie_word_embeddings": cfg.tie_embeddings, "scale_attn_weights": True,
                 "scale_attn_by_inverse_layer_idx": False, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32"}
+                "bos_token_id": None, "eos_token_id": None, "torch_dtype": "float32", **ids}
     if cfg.arch != "llama":
         raise SpecError(None, "model", f"{cfg.name} is a {cfg.arch} model; Hugging Face export covers the reference "
                         "llama and gpt models")
@@ -366,9 +368,13 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
               "hidden_act": "silu"}
     if cfg.qkv_bias:
         return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **common, "use_sliding_window": False,
-                "sliding_window": None, "attention_dropout": 0.0, "torch_dtype": "float32"}
+                "sliding_window": None, "attention_dropout": 0.0, "torch_dtype": "float32", **ids}
+    if cfg.hf_model_type == "mistral":
+        return {"architectures": ["MistralForCausalLM"], "model_type": "mistral", **common,
+                "head_dim": cfg.head_dim, "sliding_window": cfg.sliding_window, "attention_dropout": 0.0,
+                "torch_dtype": "float32", **ids}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "attention_bias": False,
-            "mlp_bias": False, "torch_dtype": "float32"}
+            "mlp_bias": False, "torch_dtype": "float32", **ids}
 
 
 def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
