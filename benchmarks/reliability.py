@@ -12,7 +12,8 @@ and those of issue 30:
   SIGKILL of run     `hetauto run` killed with SIGKILL (no handler runs): its job must go on its own
   SIGHUP of run      the terminal or SSH session closed
   second owner       a second run on the first one's --checkpoint-dir (another seed)
-  nan loss           --lr 2e4 with --keep 1: stopped, the kept checkpoint finite
+  nan loss           --lr 2e4 with --keep 1: stopped, the kept checkpoint finite; and with --max-restarts 2: not
+                     restarted into the same nan
   edited manifest    extra.next_step of the newest checkpoint edited, then --resume of it
   damaged newest     one byte of the newest checkpoint flipped, then --resume of the folder (falls back)
   os:abort           a plan whose model string would import code
@@ -426,21 +427,26 @@ def case_second_owner(plan: Path, timeout: float, full: list[float] | None) -> d
                     orphans=left, error=error or None, resume=None if full is None else seeds == {SEED})
 
 
-def case_nonfinite(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+def case_nonfinite(plan: Path, timeout: float, full: list[float] | None, restarts: int = 0) -> dict[str, Any]:
     """--lr 2e4: the loss goes nan; the run stops before the weights take it, no non-finite checkpoint is written
-    and --keep 1 keeps the last finite one (data lost: the kept checkpoint does not verify or holds nan/inf)."""
+    and --keep 1 keeps the last finite one (data lost: the kept checkpoint does not verify or holds nan/inf).
+    With `restarts`: the stop is not retried (a restart would train into the same nan) and the line says so."""
     from hetauto.core.checkpoint_manifest import latest_checkpoint
     from hetauto.runtime.checkpoint_scan import nonfinite_tensors
 
     with tempfile.TemporaryDirectory() as tmp:
         ck, mark = Path(tmp) / "ck", uuid.uuid4().hex
         doc, rc = _run(plan, timeout, "--lr", "2e4", "--checkpoint-dir", str(ck), "--checkpoint-every", "1",
-                       "--keep", "1", steps=6, env=_env(mark, Path(tmp)))
+                       "--keep", "1", *(["--max-restarts", str(restarts)] if restarts else []), steps=6,
+                       env=_env(mark, Path(tmp)))
         orphans, error = marked(mark), doc.get("error") or ""
         latest = latest_checkpoint(ck)
         bad = nonfinite_tensors(latest) if latest is not None else []
         ended = rc != 0 and "failed with the same error: NonFiniteTraining: step " in error and latest is not None
-        return {**_row("nan loss (--lr 2e4, --keep 1)", ended=ended, detect=None, lost=None, ck=latest, resume=None,
+        if restarts:
+            ended = ended and f"not restarted (--max-restarts {restarts})" in error
+        name = "nan loss (--lr 2e4, --keep 1)" + (f", --max-restarts {restarts}" if restarts else "")
+        return {**_row(name, ended=ended, detect=None, lost=None, ck=latest, resume=None,
                        orphans=orphans, error=error or None), "data_lost": bool(bad) or not _verifies(latest)}
 
 
@@ -605,6 +611,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             ("SIGHUP of hetauto run", lambda: case_sighup(plan, t, full)),
             ("second run, same ckpt dir", lambda: case_second_owner(plan, t, full)),
             ("nan loss (--lr 2e4, --keep 1)", lambda: case_nonfinite(plan, t, full)),
+            ("nan loss, --max-restarts 2", lambda: case_nonfinite(plan, t, full, restarts=2)),
             ("edited next_step in a manifest", lambda: case_manifest_edit(plan, t, root, full)),
             ("damaged newest, --resume dir", lambda: case_fallback(plan, t, root, full)),
             ("plan model os:abort", lambda: case_code_in_plan(plan, t)),
