@@ -445,7 +445,7 @@ def case_nonfinite(plan: Path, timeout: float, full: list[float] | None, restart
         ended = rc != 0 and "failed with the same error: NonFiniteTraining: step " in error and latest is not None
         if restarts:
             ended = ended and f"not restarted (--max-restarts {restarts})" in error
-        name = "nan loss (--lr 2e4, --keep 1)" + (f", --max-restarts {restarts}" if restarts else "")
+        name = f"nan loss, --max-restarts {restarts}" if restarts else "nan loss (--lr 2e4, --keep 1)"
         return {**_row(name, ended=ended, detect=None, lost=None, ck=latest, resume=None,
                        orphans=orphans, error=error or None), "data_lost": bool(bad) or not _verifies(latest)}
 
