@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -46,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise HetautoError(f"--workdir {args.workdir or '.'}: cannot write there ({err.strerror or err}); "
                            "choose another folder") from None
+    # this agent's own c10d store clients: when a peer agent goes, c10d logs a warning with a C++ stack trace
+    # before the agent says what happened in one line; errors only (set before torch loads; job.env, which the
+    # ranks inherit, was copied above and keeps their logging as it was)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     say = (lambda text: print(f"hetauto node {args.node_rank}: {text}", file=sys.stderr, flush=True))
     if job.lead and job.run.checkpoint_dir:
         from hetauto.launch.folder_lock import acquire_folder
