@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Sequence
 
-import torch
+from hetauto.core.lazy_torch import torch  # imported on first use: the launcher never pays for it
 
 from hetauto.backends.hookspecs import hookimpl
 from hetauto.core.backend import Availability, Backend, Capabilities, MemoryStats

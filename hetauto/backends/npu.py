@@ -10,7 +10,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-import torch
+from hetauto.core.lazy_torch import torch  # imported on first use: the launcher never pays for it
 
 from hetauto.backends._vendor import module_present
 from hetauto.backends.hookspecs import hookimpl

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import torch
+from hetauto.core.lazy_torch import torch  # imported on first use: the launcher never pays for it
 
 from hetauto.backends.hookspecs import hookimpl
 from hetauto.core.backend import Availability, Capabilities

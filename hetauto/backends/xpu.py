@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-import torch
+from hetauto.core.lazy_torch import torch  # imported on first use: the launcher never pays for it
 
 from hetauto.backends._vendor import module_present
 from hetauto.backends.hookspecs import hookimpl

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
+from hetauto.core.lazy_torch import torch  # imported on first use: the launcher never pays for it
 
 from hetauto.core.errors import HetautoError
 

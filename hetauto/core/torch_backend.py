@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-import torch
+from hetauto.core.lazy_torch import torch  # imported on first use: the launcher never pays for it
 
 from hetauto.core.backend import (
     Availability,

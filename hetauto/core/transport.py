@@ -22,12 +22,13 @@ any transport. Every call takes the run's timeout; failures are `CommunicationEr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Sequence
 
 from hetauto.core.backend import Backend
-from hetauto.core.comm import Communicator, Handle
+from hetauto.core.lazy_torch import torch  # imported on first use: the launcher never pays for it
+
+if TYPE_CHECKING:
+    from hetauto.core.comm import Communicator, Handle
 
 __all__ = ["HOST_COLLECTIVE", "Transport", "TransportSpec", "BoundaryTransport", "DeviceTransport", "HostTransport",
            "DeviceTransportSpec", "HostTransportSpec", "BUILTIN_TRANSPORTS"]

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from hetauto.core.backend import Backend, Capabilities
 from hetauto.core.errors import BackendUnavailable, HetautoError
 from hetauto.core.precision import DeviceKind
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["RankDevice", "device_index", "bind_device", "shares_host", "select_stage_backend", "require_available"]
 
