@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from hetauto.backends import reset_registry
+# One intra-op thread per test process and for every process a test starts (read by torch's OpenMP when torch
+# loads, so before anything imports it): the suite runs two workers on two cores, and the models here are tiny,
+# where extra threads only spin; with them a small reference run cost 4x the CPU (torchrun's workers run with 1).
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+
+from hetauto.backends import reset_registry  # noqa: E402
 
 
 @pytest.fixture
