@@ -22,3 +22,11 @@ def fresh_plugin_registry(monkeypatch):
     reset_registry()
     yield
     reset_registry()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files that start processes (a test marked `multiprocess`) run first, each file's tests in their order: the
+    two workers (scripts/test.sh, one file each at a time) then end on short in-process files, not with one worker
+    idle while the other finishes a minute-long file. Every worker sorts the same list the same way."""
+    starts = {item.module.__name__ for item in items if item.get_closest_marker("multiprocess") is not None}
+    items.sort(key=lambda item: item.module.__name__ not in starts)  # stable: files stay whole and in order
