@@ -286,8 +286,27 @@ def _param_count(cfg: Any) -> int:
 def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
     """Check a run's flags, plan, data and checkpoints before anything starts; returns (plan, cluster spec, model
     config, the plan's folder, the RunOptions the ranks will read). Shared by hetauto run and hetauto launch."""
-    from hetauto.core.plan_check import check_runnable_sharding, validate_plan
+    _check_flags(args)
+    plan, cluster, cfg, base = _check_plan(args)
+    _check_fault(args, plan)
+    if args.checkpoint_dir is not None:
+        _check_checkpoint_dir(args.checkpoint_dir)
+    if args.resume is not None:
+        _check_resume_flags(args, plan, cfg)
+    if args.seed is None:
+        args.seed = 0
+    _check_outputs(args)
+    schedule = _lr_schedule(args)
+    _check_training_flags(args)
+    if args.data is not None:
+        _check_data(args, plan, cfg)
+    if args.init_from is not None:
+        _check_init_from(args, plan, cfg)
+    return plan, cluster, cfg, base, _run_options(args, plan, cluster, base, schedule)
 
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags wrong on their own or together: refused before the plan is read."""
     if args.steps < 1:
         raise HetautoError(f"--steps must be >= 1, got {args.steps}")
     if not args.timeout > 0:
@@ -314,6 +333,13 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
     if not math.isfinite(args.lr):
         raise HetautoError(f"--lr must be a finite number, got {args.lr}")
 
+
+def _check_plan(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path]:
+    """The plan, its cluster and model: valid, runnable as sharded, ties kept, fitting its memory."""
+    from hetauto.commands._headroom import require_fit, with_headroom
+    from hetauto.core.plan_check import check_runnable_sharding, validate_plan
+    from hetauto.planner.evaluate import resolve_plan_paths
+
     plan = Plan.load(args.plan)
     base = Path(args.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
@@ -328,43 +354,44 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         from hetauto.runtime.user_model import check_ties
 
         check_ties(plan, cfg)  # a tie across stages would train untied: refused before launch
-    from hetauto.commands._headroom import require_fit, with_headroom
-    from hetauto.planner.evaluate import resolve_plan_paths
-
     require_fit(resolve_plan_paths(with_headroom(plan, args), base))  # what would not fit is refused before launch
-    if args.inject_fault is not None:
-        from hetauto.runtime.faults import FaultSpec
+    return plan, cluster, cfg, base
 
-        spec = FaultSpec.parse(args.inject_fault)
-        if spec.rank >= plan.world_size:
-            raise HetautoError(f"--inject-fault: rank {spec.rank} is outside the plan's {plan.world_size} ranks")
-        last = args.steps - 1 if spec.phase == "step" else args.steps  # checkpoint k is written after step k-1
-        if spec.step > last:
-            raise HetautoError(f"--inject-fault: step {spec.step} never comes (the run's last {spec.phase} is "
-                               f"{last} with --steps {args.steps}); name an earlier step or raise --steps")
-        args.inject_fault = str(spec)
-    if args.checkpoint_dir is not None:
-        _check_checkpoint_dir(args.checkpoint_dir)
-    start = 0
-    if args.resume is not None:
-        if Path(args.resume).is_file():
-            raise CheckpointError(f"--resume {args.resume} is a file; give a checkpoint folder (step-...) or the "
-                                  "--checkpoint-dir that holds them")
-        args.resume = _newest_verified(args.resume)
-        start, seed = _check_resume(args.resume, cfg, args.steps, plan, allow_data_change=args.allow_data_change)
-        _check_checkpoint_tensors(args.resume, cfg)
-        args._resume_start = start
-        if args.seed is not None and seed is not None and args.seed != seed:
-            raise HetautoError(f"--seed {args.seed} differs from the checkpoint's data seed {seed}; "
-                               "drop --seed to continue the checkpoint's run")
-        if args.seed is None:
-            args.seed = seed
+
+def _check_fault(args: argparse.Namespace, plan: Plan) -> None:
+    """--inject-fault names a rank of the plan and a step the run reaches; normalised for the ranks."""
+    if args.inject_fault is None:
+        return
+    from hetauto.runtime.faults import FaultSpec
+
+    spec = FaultSpec.parse(args.inject_fault)
+    if spec.rank >= plan.world_size:
+        raise HetautoError(f"--inject-fault: rank {spec.rank} is outside the plan's {plan.world_size} ranks")
+    last = args.steps - 1 if spec.phase == "step" else args.steps  # checkpoint k is written after step k-1
+    if spec.step > last:
+        raise HetautoError(f"--inject-fault: step {spec.step} never comes (the run's last {spec.phase} is "
+                           f"{last} with --steps {args.steps}); name an earlier step or raise --steps")
+    args.inject_fault = str(spec)
+
+
+def _check_resume_flags(args: argparse.Namespace, plan: Plan, cfg: Any) -> None:
+    """--resume: the newest checkpoint that verifies, matching the plan and model; its seed unless --seed agrees."""
+    if Path(args.resume).is_file():
+        raise CheckpointError(f"--resume {args.resume} is a file; give a checkpoint folder (step-...) or the "
+                              "--checkpoint-dir that holds them")
+    args.resume = _newest_verified(args.resume)
+    start, seed = _check_resume(args.resume, cfg, args.steps, plan, allow_data_change=args.allow_data_change)
+    _check_checkpoint_tensors(args.resume, cfg)
+    args._resume_start = start
+    if args.seed is not None and seed is not None and args.seed != seed:
+        raise HetautoError(f"--seed {args.seed} differs from the checkpoint's data seed {seed}; "
+                           "drop --seed to continue the checkpoint's run")
     if args.seed is None:
-        args.seed = 0
+        args.seed = seed
 
-    from hetauto.core.stage_backends import stage_backend_names
-    from hetauto.runtime.options import RunOptions
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """--trace, --log-jsonl and --tensorboard are writable, distinct, and none of them is an input."""
     require_writable(args.trace, "--trace")
     require_writable(args.log_jsonl, "--log-jsonl")
     read = {"plan": args.plan, "token file": args.data}
@@ -373,7 +400,9 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
     require_distinct({"--trace": args.trace, "--log-jsonl": args.log_jsonl})
     if args.tensorboard is not None and Path(args.tensorboard).exists() and not Path(args.tensorboard).is_dir():
         raise HetautoError(f"--tensorboard {args.tensorboard}: is a file; give a folder for the event files")
-    schedule = _lr_schedule(args)
+
+
+def _check_training_flags(args: argparse.Namespace) -> None:
     if args.clip_grad is not None and not args.clip_grad > 0:
         raise HetautoError(f"--clip-grad must be > 0, got {args.clip_grad}")
     if args.eval_every is not None and args.eval_every < 1:
@@ -386,26 +415,38 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         raise HetautoError(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
     if args.data_column is not None and args.data is None:
         raise HetautoError("--data-column names a column of the --data folder; pass --data DIR too")
-    if args.data is not None:
-        from hetauto.runtime.token_data import open_tokens
 
-        tokens = open_tokens(args.data, args.data_column)
-        tokens.check_fits(plan.global_batch, plan.seq_len, cfg.vocab_size, cfg.name)
-        if args.eval_every is not None and int(tokens.num_tokens * args.eval_fraction) < plan.seq_len + 1:
-            raise HetautoError(f"--eval-fraction {args.eval_fraction:g} of {args.data}'s {tokens.num_tokens} tokens "
-                               f"holds out fewer than one window of {plan.seq_len + 1}; raise it or add text")
-    if args.init_from is not None and cfg.builder is not None:
+
+def _check_data(args: argparse.Namespace, plan: Plan, cfg: Any) -> None:
+    """The token data holds the model's ids and enough tokens for a step (and a held-out window with eval)."""
+    from hetauto.runtime.token_data import open_tokens
+
+    tokens = open_tokens(args.data, args.data_column)
+    tokens.check_fits(plan.global_batch, plan.seq_len, cfg.vocab_size, cfg.name)
+    if args.eval_every is not None and int(tokens.num_tokens * args.eval_fraction) < plan.seq_len + 1:
+        raise HetautoError(f"--eval-fraction {args.eval_fraction:g} of {args.data}'s {tokens.num_tokens} tokens "
+                           f"holds out fewer than one window of {plan.seq_len + 1}; raise it or add text")
+
+
+def _check_init_from(args: argparse.Namespace, plan: Plan, cfg: Any) -> None:
+    """Hugging Face weights the reference model can load: config, files, and every tensor's name and shape (from
+    the safetensors headers), so a mismatch is found here, not in the ranks after launch."""
+    if cfg.builder is not None:
         raise HetautoError(f"--init-from loads Hugging Face weights into the reference GPT/LLaMA; {cfg.name} is a stage "
                            "builder model: initialise it in its own modules instead")
-    if args.init_from is not None:
-        from hetauto.runtime.hf_weights import check_hf_config, check_hf_files, check_hf_weights
+    from hetauto.runtime.hf_weights import check_hf_config, check_hf_files, check_hf_weights
 
-        # before launch: a config the reference model cannot compute (at the plan's seq_len) is refused; then
-        # every tensor's name and shape from the safetensors headers: a mismatch is found here, not in the ranks
-        check_hf_config(args.init_from, None if cfg.arch == "gpt" else cfg, plan.seq_len)
-        check_hf_files(args.init_from)
-        check_hf_weights(cfg, args.init_from, plan.seq_len)
-    run_options = RunOptions(
+    check_hf_config(args.init_from, None if cfg.arch == "gpt" else cfg, plan.seq_len)
+    check_hf_files(args.init_from)
+    check_hf_weights(cfg, args.init_from, plan.seq_len)
+
+
+def _run_options(args: argparse.Namespace, plan: Plan, cluster: Any, base: Path, schedule: Any) -> Any:
+    """What the ranks read: every checked flag, paths made absolute (the ranks may start elsewhere)."""
+    from hetauto.core.stage_backends import stage_backend_names
+    from hetauto.runtime.options import RunOptions
+
+    return RunOptions(
         plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
         lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
         clip_grad=args.clip_grad, data=_abs(args.data), init_from=_abs(args.init_from),
@@ -416,7 +457,6 @@ def prepare_run(args: argparse.Namespace) -> tuple[Plan, Any, Any, Path, Any]:
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
         allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column,
         on_nonfinite=args.on_nonfinite)
-    return plan, cluster, cfg, base, run_options
 
 
 def run(args: argparse.Namespace) -> int:
