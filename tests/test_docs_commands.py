@@ -104,3 +104,11 @@ def test_runnable_commands_run(doc: Path, tmp_path: Path) -> None:
             assert _squash(text) in _squash(out.stdout), (f"{doc.name}: the prose quotes {text!r} from this block's "
                                                           f"output, which no longer says it:\n{code}\n--- stdout "
                                                           f"---\n{out.stdout[-3000:]}")
+
+
+def test_docs_speak_to_a_user_not_to_the_developers() -> None:
+    """A user has neither our issue tracker nor the development workspace: the docs never send them there."""
+    workspace = re.compile(r"\b[Ii]ssues? #?\d+|\bthis VM\b|\.\./shared/")
+    found = [f"{d.relative_to(ROOT)}:{n}: {line.strip()}" for d in DOCS
+             for n, line in enumerate(d.read_text(encoding="utf-8").splitlines(), 1) if workspace.search(line)]
+    assert found == []
