@@ -212,7 +212,8 @@ def _zero_bubble_report(allres: list, args: argparse.Namespace) -> int:
            "measured_virtual_1f1b_s": m_v, "measured_virtual_zb_s": m_z, "measured_gain": m_v / m_z,
            "predicted_virtual_1f1b_s": pred_v + step, "predicted_virtual_zb_s": pred_z + step,
            "predicted_gain": (pred_v + step) / (pred_z + step),
-           "predicted_gain_split_free": (pred_v + step) / (pred_z_free + step), "handoff_s": alpha, "step_overhead_s": step}
+           "predicted_gain_split_free": (pred_v + step) / (pred_z_free + step), "handoff_s": alpha,
+           "step_overhead_s": step}
     out["gain_error"] = abs(out["measured_gain"] - out["predicted_gain"]) / out["predicted_gain"]
     print(f"link latency {latency * 1e3:.1f} ms, extra warmup {list(extra)}; per stage (ms) F "
           + " ".join(f"{x * 1e3:.1f}" for x in tf) + ", B " + " ".join(f"{x * 1e3:.1f}" for x in tb)

@@ -89,8 +89,9 @@ def test_unrunnable_split_backward_plans_are_refused() -> None:
         check_executable(plan)
     thin = _plan(ScheduleSpec(name="zb-v")).model_copy(update={"stages": tuple(
         StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=l, tp=1, dp=1) for l in ((0, 1), (1, 6)))})
-    with pytest.raises(PlanMismatch, match=r"schedule 'zb-v' with 2 chunks per stage: stages\[0\].layers: 1 layer\(s\) "
-                                           r"cannot fill 2 zb-v chunks \(give the stage at least 2 layers, or use zb-h1\)"):
+    with pytest.raises(PlanMismatch, match=r"schedule 'zb-v' with 2 chunks per stage: stages\[0\].layers: 1 "
+                                           r"layer\(s\) cannot fill 2 zb-v chunks \(give the stage at least 2 "
+                                           r"layers, or use zb-h1\)"):
         check_executable(thin)
 
 

@@ -177,9 +177,9 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_
     """Microbatches whose activations stage `stage` holds at its peak (in whole-stage units).
 
     1F1B / Virtual-1F1B: min(m, p - i + sum(extra_warmup[i:])); ZB-H1 / Virtual-ZB: min(m, p - i + d_i + sum(extra_warmup[i:])), d_i the W deferral (w_defer, default i);
-    ZB-V: min(m, p) (2p chunk-microbatches of half a stage each, F to W); GPipe: m; interleaved (v chunks, each 1/v of the
-    stage): min(m*v, 2(p-i-1) + (v-1)g + 1) chunks, i.e. that many / v whole-stage microbatches, g the microbatches
-    per round (p when m is a multiple of p; m / max(1, m // p) otherwise, as the schedule runs them)."""
+    ZB-V: min(m, p) (2p chunk-microbatches of half a stage each, F to W); GPipe: m; interleaved (v chunks,
+    each 1/v of the stage): min(m*v, 2(p-i-1) + (v-1)g + 1) chunks, i.e. that many / v whole-stage microbatches,
+    g the microbatches per round (p when m is a multiple of p; m / max(1, m // p) otherwise, as the schedule runs them)."""
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and virtual_chunks > 1:
