@@ -77,6 +77,27 @@ def test_zb_v_places_its_chunks_in_a_v() -> None:
     assert (sched.placement, [sched.owner(s) for s in range(4)]) == ("v", [0, 1, 1, 0])
 
 
+def test_zb_v_receives_in_the_peers_send_order() -> None:
+    """Rank 1 -> rank 0 carries chunk 0's gradients and chunk 1's activations over one transport: the executor's
+    lists post rank 0's receives from rank 1 in rank 1's send order (a tag-less transport matches by order); the
+    raw lists differ there, and the local hand-off on rank 1 (stage 1 -> 2) stays in its own list."""
+    from hetauto.runtime.executor import rank_actions
+    from hetauto.schedule import schedule_for_plan
+
+    plan = dict(CASES)["zb-v"]
+
+    def msgs(rows, kinds: tuple[str, ...]) -> list[tuple[str, int]]:  # (activation or gradient, microbatch)
+        return [("F" if "F" in a.type.value else "B", a.microbatch) for a in rows if a.type.value in kinds]
+
+    sent = msgs([a for a in rank_actions(plan, 1) if (a.stage, a.type.value) in ((1, "SEND_B"), (2, "SEND_F"))],
+                ("SEND_B", "SEND_F"))
+    got = msgs([a for a in rank_actions(plan, 0) if a.type.value in ("RECV_B", "RECV_F")], ("RECV_B", "RECV_F"))
+    assert got == sent and len(sent) == 8
+    raw = msgs([a for a in schedule_for_plan(plan).ranks[0] if a.type.value in ("RECV_B", "RECV_F")],
+               ("RECV_B", "RECV_F"))
+    assert raw != sent and sorted(raw) == sorted(sent)
+
+
 @pytest.mark.multiprocess
 def test_split_backward_mixed_precision(losses) -> None:
     assert losses["zb-h1-m3-bf16"] == losses["1f1b-m3-bf16"]

@@ -76,10 +76,10 @@ from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import ChunkedStage, StageModule, build_stage
 from hetauto.runtime.throttle import Throttle
 from hetauto.runtime.zero1 import state_bytes
-from hetauto.schedule.actions import Action, ActionType
+from hetauto.schedule.actions import Action, ActionType, pair_ordered
 from hetauto.schedule.for_plan import schedule_for_plan
 
-__all__ = ["ExecutorOptions", "RankReport", "StageExecutor", "run_rank", "check_executable"]
+__all__ = ["ExecutorOptions", "RankReport", "StageExecutor", "rank_actions", "run_rank", "check_executable"]
 
 A = ActionType
 
@@ -157,6 +157,16 @@ class RankReport:
 _RECV_F, _RECV_B, _F, _SEND_F, _B, _SEND_B, _REDUCE, _OPTIM, _I, _W = range(10)
 _CODES = {A.RECV_F: _RECV_F, A.RECV_B: _RECV_B, A.F: _F, A.SEND_F: _SEND_F, A.B: _B, A.SEND_B: _SEND_B,
           A.REDUCE_GRAD: _REDUCE, A.OPTIM: _OPTIM, A.I: _I, A.W: _W}
+
+
+def rank_actions(plan: Plan, stage: int) -> tuple[Action, ...]:
+    """The action list stage `stage` runs. ZB-V's chunk 1 sends its activations up over the boundary that carries
+    chunk 0's gradients (one transport per direction), so there each rank posts its receives from a peer in the
+    order that peer sends them (`pair_ordered`, as the torch export does): a tag-less device transport matches
+    messages by order alone, and same-shaped messages would otherwise swap silently. Loop placement keeps one kind
+    per direction, already in order."""
+    sched = schedule_for_plan(plan)
+    return (pair_ordered(sched) if sched.placement == "v" else sched.ranks)[stage]
 
 
 def _compile(a: Action, last_b: bool, stage: int, p: int) -> tuple[int, int, bool, int, int]:
@@ -269,7 +279,7 @@ class StageExecutor:
             self.optimizer = make_optimizer(piece_params(self.partitions), options.lr, options.weight_decay)
         else:
             self.optimizer = make_optimizer(self.stage.parameters(), options.lr, options.weight_decay)
-        self.actions: tuple[Action, ...] = schedule_for_plan(plan).ranks[me.stage]
+        self.actions: tuple[Action, ...] = rank_actions(plan, me.stage)
         # the emulated cluster's speed times the device's own (1.0 on real devices; the mock backend's
         # HETAUTO_MOCK_SPEED), so a slow emulated device needs no branch here
         speed = options.speed_factor * self.dev.backend.speed_factor(self.dev.index)
