@@ -10,7 +10,12 @@ the link latency, one pipeline hand-off's cost (median post-to-use time over the
 receiver was already waiting) and the calibrated per-step overhead. Prints measured gain, predicted gain and
 their relative difference (targets: gain >= 1.2, within 15%).
 
-    python benchmarks/virtual_1f1b_gain.py [--quick] [--json] [--latency-stages X] [--trace DIR]
+`--zero-bubble` (issue 28): the same run with Virtual-ZB (the backward split into I and W, each W deferred,
+hetauto.schedule.zero_bubble with the same extra warm-up) against Virtual-1F1B: the zero-bubble variant's gain,
+measured vs simulated. The simulator then takes F from both runs, B from Virtual-1F1B's and I/W from Virtual-ZB's
+own (what splitting costs on this machine is measured, not assumed). No target: it is the issue's figure.
+
+    python benchmarks/virtual_1f1b_gain.py [--quick] [--json] [--latency-stages X] [--trace DIR] [--zero-bubble]
 
 `--trace DIR`: Chrome traces (measured and simulated, both schedules, last step) and an action-by-action table
 of measured vs simulated start/end. `--json`: the last line is one JSON document.
@@ -27,6 +32,11 @@ STAGES, MICRO, MBS, SEQ = 4, 8, 16, 32
 LAYERS = ((0, 2), (2, 3), (3, 4), (4, 6))
 SLOW_BOUNDARY = 1
 LAT_STAGES = 3.0  # link latency in units of the slowest stage's t_f + t_b
+
+
+def _pair(extra: tuple[int, ...], zero_bubble: bool) -> tuple[str, str]:
+    """The two schedules compared: (1F1B, Virtual-1F1B), or with `zero_bubble` (Virtual-1F1B, Virtual-ZB)."""
+    return ("virtual-1f1b", "virtual-zb") if zero_bubble else ("1f1b", "virtual-1f1b")
 
 
 def _plan(schedule: str, extra: tuple[int, ...] = ()):
@@ -67,7 +77,7 @@ def _handoffs(events_per_rank: list[list[list]]) -> list[float]:
     return out
 
 
-def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
+def _work(rank: int, world: int, steps: int, lat_stages: float, zero_bubble: bool = False, speed: float = 1.0) -> dict:
     import time
 
     import torch
@@ -83,7 +93,7 @@ def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
     a, b = SLOW_BOUNDARY, SLOW_BOUNDARY + 1
     table = LinkTable()  # the slow link is set once its latency is sized from this run's own stage times
     comm = Communicator.init_from_env("gloo", timeout_s=120, links=table)
-    opts = ExecutorOptions(steps=steps, record=True)
+    opts = ExecutorOptions(steps=steps, record=True, speed_factor=speed)
 
     def step_time(ex, i: int) -> float:  # the slowest rank's wall time of one step, all ranks starting together
         comm.barrier()
@@ -99,10 +109,11 @@ def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
         out = [step_time(ex, i) for i in range(n + 1)]
         return out[1:], ex
 
-    def stage_times(events: list, stat=statistics.median) -> tuple[list[float], list[float]]:
-        fb = torch.tensor([_times(events, "F", stat), _times(events, "B", stat)], dtype=torch.float64)
-        tf_tb = [x.tolist() for x in comm.all_gather(fb)]
-        return [x[0] for x in tf_tb], [x[1] for x in tf_tb]
+    def stage_times(events: list, stat=statistics.median, kinds: tuple[str, ...] = ("F", "B")) -> list[list[float]]:
+        """Per kind, every stage's `stat` of that action's duration (all ranks gather them)."""
+        fb = torch.tensor([_times(events, k, stat) for k in kinds], dtype=torch.float64)
+        per = [x.tolist() for x in comm.all_gather(fb)]
+        return [[x[i] for x in per] for i in range(len(kinds))]
 
     # probe: 1F1B without the slow link, under the load the measured runs see (4 ranks on shared cores);
     # its stage times size the link latency and Virtual-1F1B's extra warmup
@@ -115,8 +126,9 @@ def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
     cost[SLOW_BOUNDARY] = latency
     extra = extra_warmup_from_costs(cost, ptf, ptb)
     # side by side: the two schedules alternate step by step, so both see the same (shared-machine) load
-    ex = StageExecutor(build_groups(comm, _plan("1f1b")), _plan("1f1b"), cfg, opts)
-    vex = StageExecutor(build_groups(comm, _plan("virtual-1f1b", extra)), _plan("virtual-1f1b", extra), cfg, opts)
+    first, second = (_plan(name, extra if name != "1f1b" else ()) for name in _pair(extra, zero_bubble))
+    ex = StageExecutor(build_groups(comm, first), first, cfg, opts)
+    vex = StageExecutor(build_groups(comm, second), second, cfg, opts)
     base, virt = [], []
     for i in range(steps + 1):
         for e, out in ((ex, base), (vex, virt)):
@@ -127,11 +139,18 @@ def _work(rank: int, world: int, steps: int, lat_stages: float) -> dict:
     # mean, not median: a critical path sums durations
     tf, tb = stage_times(ex.events + vex.events)
     tf_mean, tb_mean = stage_times(ex.events + vex.events, statistics.fmean)
+    if zero_bubble:  # F over both runs (the same work); B from Virtual-1F1B's, I and W from Virtual-ZB's own
+        tf, = stage_times(ex.events + vex.events, kinds=("F",))
+        tf_mean, = stage_times(ex.events + vex.events, statistics.fmean, ("F",))
+        tb, = stage_times(ex.events, kinds=("B",))
+        tb_mean, = stage_times(ex.events, statistics.fmean, ("B",))
+        ti_mean, tw_mean = stage_times(vex.events, statistics.fmean, ("I", "W"))
     lag = table.dispatch_lag()
     comm.destroy()
     table.close()
     return {"1f1b": base, "virtual": virt, "tf": tf, "tb": tb, "extra": list(extra), "latency": latency,
             "dispatch_lag": lag, "tf_mean": tf_mean, "tb_mean": tb_mean,
+            "ti_mean": ti_mean if zero_bubble else None, "tw_mean": tw_mean if zero_bubble else None,
             "events": {"1f1b": ex.events, "virtual": vex.events}}
 
 
@@ -167,12 +186,58 @@ def _write_traces(folder: str, allres: list, latency: float, alpha: float, res: 
                   f"{s.start * 1e3:10.1f} {s.end * 1e3:8.1f} {(e.end - s.end) * 1e3:7.1f}")
 
 
+def _zero_bubble_report(allres: list, args: argparse.Namespace) -> int:
+    """Virtual-ZB vs Virtual-1F1B, measured side by side and simulated from this run's own F, B, I and W."""
+    from hetauto.profiling.calibration import ensure_calibration
+    from hetauto.schedule import Link, PipelineCosts, simulate, virtual_1f1b, zero_bubble
+
+    res = allres[0]
+    latency, extra = res["latency"], tuple(res["extra"])
+    cal = ensure_calibration()
+    step = cal.overheads.step_s if cal is not None else 0.0
+    hand = _handoffs([r["events"]["1f1b"] for r in allres])
+    alpha = statistics.median(hand) if hand else (cal.overheads.p2p_alpha_s if cal is not None else 0.0)
+    links = tuple(Link(latency=(latency if h == SLOW_BOUNDARY else 0.0) + alpha) for h in range(STAGES - 1))
+    tf, tb, ti, tw = res["tf_mean"], res["tb_mean"], res["ti_mean"], res["tw_mean"]
+    pred_v = simulate(virtual_1f1b(STAGES, MICRO, extra), PipelineCosts(tf=tf, tb=tb, links=links)).iteration_time
+    zb_costs = PipelineCosts(tf=tf, tb=tuple(i + w for i, w in zip(ti, tw)), tw=tuple(tw), links=links)
+    pred_z = simulate(zero_bubble(STAGES, MICRO, extra), zb_costs).iteration_time
+    # the same split priced at the unsplit backward's cost (B as I + W in Virtual-ZB's own I:W ratio): the
+    # schedule's gain alone, without what splitting the backward costs on this machine
+    ratio = [w / (i + w) if i + w > 0 else 0.0 for i, w in zip(ti, tw)]
+    pred_z_free = simulate(zero_bubble(STAGES, MICRO, extra), PipelineCosts(
+        tf=tf, tb=tb, tw=tuple(b * r for b, r in zip(tb, ratio)), links=links)).iteration_time
+    m_v, m_z = statistics.median(res["1f1b"]), statistics.median(res["virtual"])
+    out = {"latency_s": latency, "extra_warmup": list(extra), "tf_s": tf, "tb_s": tb, "ti_s": ti, "tw_s": tw,
+           "measured_virtual_1f1b_s": m_v, "measured_virtual_zb_s": m_z, "measured_gain": m_v / m_z,
+           "predicted_virtual_1f1b_s": pred_v + step, "predicted_virtual_zb_s": pred_z + step,
+           "predicted_gain": (pred_v + step) / (pred_z + step),
+           "predicted_gain_split_free": (pred_v + step) / (pred_z_free + step), "handoff_s": alpha,
+           "step_overhead_s": step}
+    out["gain_error"] = abs(out["measured_gain"] - out["predicted_gain"]) / out["predicted_gain"]
+    print(f"link latency {latency * 1e3:.1f} ms, extra warmup {list(extra)}; per stage (ms) F "
+          + " ".join(f"{x * 1e3:.1f}" for x in tf) + ", B " + " ".join(f"{x * 1e3:.1f}" for x in tb)
+          + ", I " + " ".join(f"{x * 1e3:.1f}" for x in ti) + ", W " + " ".join(f"{x * 1e3:.1f}" for x in tw))
+    print(f"Virtual-1F1B  measured {m_v * 1e3:8.1f} ms  predicted {out['predicted_virtual_1f1b_s'] * 1e3:8.1f} ms")
+    print(f"Virtual-ZB    measured {m_z * 1e3:8.1f} ms  predicted {out['predicted_virtual_zb_s'] * 1e3:8.1f} ms")
+    print(f"zero-bubble gain measured {out['measured_gain']:.3f}x predicted {out['predicted_gain']:.3f}x "
+          f"(error {out['gain_error'] * 100:.1f}%); predicted with the split at B's cost "
+          f"{out['predicted_gain_split_free']:.3f}x (in-run hand-off {alpha * 1e3:.2f} ms, {step * 1e3:.1f} ms/step)")
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--latency-stages", type=float, default=LAT_STAGES,
                     help=f"link latency in units of the slowest stage's t_f + t_b (default {LAT_STAGES})")
+    ap.add_argument("--zero-bubble", action="store_true", help="Virtual-ZB against Virtual-1F1B (issue 28) "
+                    "instead of Virtual-1F1B against 1F1B")
+    ap.add_argument("--speed", type=float, default=1.0, help="emulated device speed (hetauto.runtime.throttle): "
+                    "< 1 stretches each action by sleeping, so 4 ranks on fewer cores contend less (default 1)")
     ap.add_argument("--trace", metavar="DIR", help="write measured and simulated Chrome traces of both schedules "
                     "(last step) and print where the measured Virtual-1F1B timeline departs from the simulated one")
     args = ap.parse_args()
@@ -180,7 +245,9 @@ def main() -> int:
     from hetauto.testing.multiproc import run_ranks
 
     steps = 3 if args.quick else 6
-    allres = run_ranks(_work, STAGES, steps, args.latency_stages, timeout=900)
+    allres = run_ranks(_work, STAGES, steps, args.latency_stages, args.zero_bubble, args.speed, timeout=900)
+    if args.zero_bubble:
+        return _zero_bubble_report(allres, args)
     res = allres[0]
     latency = res["latency"]
     # what the measured F/B medians leave out: every message's gloo alpha, and the executor's fixed cost per

@@ -14,6 +14,13 @@ memory is checked as the Evaluator prices activations (peak chunks in flight / 2
 stage); torch refuses m not in equal rounds of ~p (ScheduleInterleaved1F1B's rule). Targets: ours at least as fast as
 torch's best on every cross-cluster default, and >= 3% faster than Virtual-1F1B alone on paper-4c.
 
+What memory costs ours (the last rows of a scenario whose W deferral memory capped): the same cut with every
+stage deferring i (ZB-H1's own, memory ignored), the one capped stage that alone costs all of the difference, and
+hetauto's executable ZB-V on the same cut. paper-4c: deferral i everywhere would take 43.40 s (+3.0%), but its
+last stage (12 layers with the head on h800, the busiest: 41.87 s of compute) holds 4 microbatches, so it defers
+3 W of 17 and its idle drain stays (43.82 s, +2.05%); cuts balanced for ZB-H1's deeper in-flight counts are slower
+(48 to 52.5 s), and twins of the search's top 64 candidates instead of 8 find nothing faster.
+
     python benchmarks/zero_bubble.py [--quick] [--json]
 
 `--quick`: the synthetic table and mixed-small only. `--json`: the last line is one JSON document.
@@ -100,6 +107,41 @@ def _memory(ev, plan, peak_chunks, v: int) -> str:  # noqa: ANN001 - an Evaluato
     return "fits"
 
 
+def _bounds(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Plan
+    """What memory costs ours: its schedule with every stage's W deferred as ZB-H1 does (i on stage i, memory
+    ignored), and hetauto's own ZB-V (executable) on the same cut, each simulated with the same costs; "memory"
+    names the first stage that cannot hold it."""
+    from hetauto.core.plan import ScheduleSpec
+    from hetauto.schedule import schedule_for_plan, simulate
+
+    out = []
+    spec = plan.schedule
+    variants = [("zb-v on ours' cut (hetauto's V, executable)", ScheduleSpec(name="zb-v"))]
+    if spec.w_defer:
+        full = ScheduleSpec(name=spec.name, extra_warmup=spec.extra_warmup)
+        capped = [i for i, d in enumerate(spec.w_defer) if d < i]
+        # the cap that binds: every stage deferring i but one, which keeps its memory-capped deferral
+        one = [(s, full.model_copy(update={"w_defer": tuple(spec.w_defer[i] if i == s else i
+                                                             for i in range(len(spec.w_defer)))})) for s in capped]
+        times = [(simulate(schedule_for_plan(plan.model_copy(update={"schedule": sp})),
+                           ev.pipeline_costs(plan)).iteration_time, s, sp) for s, sp in one]
+        if times:
+            _, s, sp = max(times, key=lambda x: x[0])
+            variants.insert(0, (f"ours, only stage {s}'s W capped ({spec.w_defer[s]} of {s})", sp))
+        variants.insert(0, ("ours, W deferred i on stage i (memory ignored)", full))
+    for label, sched in variants:
+        pl = plan.model_copy(update={"schedule": sched})
+        try:
+            r = simulate(schedule_for_plan(pl), ev.pipeline_costs(pl))
+        except ValueError as err:  # ScheduleError and PlanMismatch both
+            out.append({"schedule": label, "refused": str(err).splitlines()[0]})
+            continue
+        why = ev.evaluate(pl).violation
+        out.append({"schedule": label, "iteration_s": r.iteration_time, "bubble": r.bubble_fraction,
+                    "memory": "fits" if why is None else "does not fit: " + why.split(" (--memory")[0]})
+    return out
+
+
 def _scenario(name: str) -> dict:
     from hetauto.core.plan import ScheduleSpec
     from hetauto.planner.evaluate import Evaluator
@@ -123,6 +165,7 @@ def _scenario(name: str) -> dict:
                  "bubble": plain.bubble_fraction})
     rows += _torch_on_cut(ev, best)
     torch_times = [r["iteration_s"] for r in rows[2:] if "iteration_s" in r and r.get("memory", "fits") == "fits"]
+    rows += _bounds(ev, best)
     return {"scenario": name, "stages": best.num_stages, "microbatches": best.num_microbatches,
             "w_defer": list(best.schedule.w_defer), "rows": rows,
             "gain_vs_virtual_1f1b": v1.evaluation.iteration_time_s / ours.evaluation.iteration_time_s - 1.0,
@@ -149,11 +192,11 @@ def main() -> int:
               + (f", W deferral {s['w_defer']}" if s["w_defer"] else ""))
         for r in s["rows"]:
             if "refused" in r:
-                print(f"  {r['schedule']:44s} refused: {r['refused']}")
+                print(f"  {r['schedule']:46s} refused: {r['refused']}")
             else:
                 extra = f"  (search {r['search_s']:.0f} s)" if "search_s" in r else ""
                 extra += f"  (memory: {r['memory']})" if r.get("memory") else ""
-                print(f"  {r['schedule']:44s} {r['iteration_s']:9.4f} s  bubble {100 * r['bubble']:5.1f}%{extra}")
+                print(f"  {r['schedule']:46s} {r['iteration_s']:9.4f} s  bubble {100 * r['bubble']:5.1f}%{extra}")
         vt = s["vs_torch_best"]
         print(f"  ours vs the best without zero-bubble (old default space): {100 * s['gain_vs_virtual_1f1b']:+.2f}% faster; vs torch's best on the "
               f"same cut (those that fit): " + ("n/a" if vt is None else f"{100 * vt:+.2f}% faster"))

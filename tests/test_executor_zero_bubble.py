@@ -33,6 +33,7 @@ CASES = [
     ("virtual-zb", _plan(ScheduleSpec(name="virtual-zb", extra_warmup=(1,)))),
     ("zb-h1-m3-bf16", _plan(ScheduleSpec(name="zb-h1"), m=3, precision="bf16")),
     ("1f1b-m3-bf16", _plan(ScheduleSpec(name="1f1b"), m=3, precision="bf16")),
+    ("zb-v", _plan(ScheduleSpec(name="zb-v"))),
 ]
 
 
@@ -55,12 +56,46 @@ def losses() -> dict[str, list[float]]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "virtual-zb"])
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "virtual-zb", "zb-v"])
 def test_split_backward_is_the_unsplit_backward(losses, name: str) -> None:
     assert losses[name] == losses["1f1b"]  # bit for bit: the same gradients, summed in the same order
     want = reference_losses(GPT, SEED, STEPS, 8, 2, 16)
     assert max(abs(a - b) for a, b in zip(losses[name], want)) < 1e-5
     assert losses[name][-1] < losses[name][0]
+
+
+def test_zb_v_places_its_chunks_in_a_v() -> None:
+    """ZB-V: virtual stage s on stage s, then on stage 2p-1-s (the middle hand-off on the last stage, the head on
+    stage 0), each stage's 3 slots split 2 + 1 and tiled in that order."""
+    from hetauto.core.chunks import chunk_layers, virtual_layers
+    from hetauto.schedule import schedule_for_plan
+
+    plan = dict(CASES)["zb-v"]
+    assert chunk_layers(plan) == (((0, 2), (5, 6)), ((2, 4), (4, 5)))
+    assert virtual_layers(plan) == ((0, 2), (2, 4), (4, 5), (5, 6))
+    sched = schedule_for_plan(plan)
+    assert (sched.placement, [sched.owner(s) for s in range(4)]) == ("v", [0, 1, 1, 0])
+
+
+def test_zb_v_receives_in_the_peers_send_order() -> None:
+    """Rank 1 -> rank 0 carries chunk 0's gradients and chunk 1's activations over one transport: the executor's
+    lists post rank 0's receives from rank 1 in rank 1's send order (a tag-less transport matches by order); the
+    raw lists differ there, and the local hand-off on rank 1 (stage 1 -> 2) stays in its own list."""
+    from hetauto.runtime.executor import rank_actions
+    from hetauto.schedule import schedule_for_plan
+
+    plan = dict(CASES)["zb-v"]
+
+    def msgs(rows, kinds: tuple[str, ...]) -> list[tuple[str, int]]:  # (activation or gradient, microbatch)
+        return [("F" if "F" in a.type.value else "B", a.microbatch) for a in rows if a.type.value in kinds]
+
+    sent = msgs([a for a in rank_actions(plan, 1) if (a.stage, a.type.value) in ((1, "SEND_B"), (2, "SEND_F"))],
+                ("SEND_B", "SEND_F"))
+    got = msgs([a for a in rank_actions(plan, 0) if a.type.value in ("RECV_B", "RECV_F")], ("RECV_B", "RECV_F"))
+    assert got == sent and len(sent) == 8
+    raw = msgs([a for a in schedule_for_plan(plan).ranks[0] if a.type.value in ("RECV_B", "RECV_F")],
+               ("RECV_B", "RECV_F"))
+    assert raw != sent and sorted(raw) == sorted(sent)
 
 
 @pytest.mark.multiprocess
@@ -73,6 +108,12 @@ def test_unrunnable_split_backward_plans_are_refused() -> None:
     with pytest.raises(PlanMismatch, match="schedule 'zb-h1' splits the backward .I then W., which dp_sharding "
                                            "'fsdp' cannot follow yet"):
         check_executable(plan)
+    thin = _plan(ScheduleSpec(name="zb-v")).model_copy(update={"stages": tuple(
+        StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=l, tp=1, dp=1) for l in ((0, 1), (1, 6)))})
+    with pytest.raises(PlanMismatch, match=r"schedule 'zb-v' with 2 chunks per stage: stages\[0\].layers: 1 "
+                                           r"layer\(s\) cannot fill 2 zb-v chunks \(give the stage at least 2 "
+                                           r"layers, or use zb-h1\)"):
+        check_executable(thin)
 
 
 # 4 ranks: the split backward on DTensor TP stages and on DP stages (summed after the last W, plain and ZeRO-1)

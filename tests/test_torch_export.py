@@ -72,65 +72,98 @@ def test_interleaved_p2_export_was_mismatched_before_reordering() -> None:
     assert recvs[(0, 1)][:3] == [("F", 1, 0), ("F", 1, 1), ("F", 3, 0)]
 
 
-def _torch_rank(rank: int, world: int, csv_text: str, virtual: list, m: int) -> list[float]:
-    """One rank of torch's `_PipelineScheduleRuntime` running `csv_text` (compute + comms) over gloo."""
+def _torch_rank(rank: int, world: int, cases: list) -> list[list[float]]:
+    """One rank of torch's `_PipelineScheduleRuntime` running each case's CSV (compute + comms) over one gloo group,
+    case after case: (csv_text, virtual stage slots, m, placement); loop placement runs as torch's
+    ScheduleInterleaved1F1B, "v" as its ScheduleZBVZeroBubble (stages in a V)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        return [_torch_case(rank, world, *case) for case in cases]
+    finally:
+        dist.destroy_process_group()
+
+
+def _torch_case(rank: int, world: int, csv_text: str, virtual: list, m: int, placement: str) -> list[float]:
     import os
     import tempfile
 
     import torch
-    import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, ScheduleZBVZeroBubble
 
     from hetauto.runtime.batches import BatchSource
     from hetauto.runtime.model import lm_loss
     from hetauto.runtime.reference import make_optimizer
     from hetauto.runtime.stage import build_stage
 
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        n, gbs = len(virtual), MBS * m
-        mods = {s: build_stage(GPT, tuple(virtual[s]), SEED) for s in range(n) if s % world == rank}
-        stages = [PipelineStage(mods[s], s, n, torch.device("cpu")) for s in sorted(mods)]
-        opt = make_optimizer([q for mod in mods.values() for q in mod.parameters()], 1e-3)
-        sched = ScheduleInterleaved1F1B(stages, m, loss_fn=lambda out, tgt: lm_loss(out, tgt, gbs * SEQ),
-                                        scale_grads=False)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "schedule.csv")
-            with open(path, "w", newline="") as f:
-                f.write(csv_text)
-            sched._load_csv(path, format="compute_comms")
-        source = BatchSource(SEED, GPT.vocab_size, None, 0.0, None)
-        out = []
-        for step in range(STEPS):
-            batch = source.train(step, gbs, SEQ)
-            losses: list = []
-            kw = {"target": batch.targets, "losses": losses} if any(s == n - 1 for s in mods) else {}
-            args = (batch.tokens,) if 0 in mods else ()
-            sched.step(*args, **kw)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            out.append(float(sum(x.item() for x in losses)))
-        return out
-    finally:
-        dist.destroy_process_group()
+    n, gbs = len(virtual), MBS * m
+    mods = {s: build_stage(GPT, tuple(virtual[s]), SEED) for s in range(n) if owner(s, world, placement) == rank}
+    stages = [PipelineStage(mods[s], s, n, torch.device("cpu")) for s in sorted(mods)]
+    opt = make_optimizer([q for mod in mods.values() for q in mod.parameters()], 1e-3)
+    cls = ScheduleZBVZeroBubble if placement == "v" else ScheduleInterleaved1F1B
+    sched = cls(stages, m, loss_fn=lambda out, tgt: lm_loss(out, tgt, gbs * SEQ), scale_grads=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "schedule.csv")
+        with open(path, "w", newline="") as f:
+            f.write(csv_text)
+        sched._load_csv(path, format="compute_comms")
+    source = BatchSource(SEED, GPT.vocab_size, None, 0.0, None)
+    out = []
+    for step in range(STEPS):
+        batch = source.train(step, gbs, SEQ)
+        losses: list = []
+        kw = {"target": batch.targets, "losses": losses} if any(s == n - 1 for s in mods) else {}
+        args = (batch.tokens,) if 0 in mods else ()
+        sched.step(*args, **kw)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(float(sum(x.item() for x in losses)))
+    return out
 
 
-@pytest.mark.parametrize("name,m", [("interleaved", 4), ("interleaved", 3), ("zb-h1", 4)])
-def test_torch_runtime_runs_the_exported_schedule(name: str, m: int) -> None:
+def _exported(name: str, m: int) -> tuple[list, Schedule]:
+    """(virtual stage slots of tiny-gpt's 6, the schedule) of one torch-runtime case."""
+    from hetauto.schedule import zb_v
+
+    if name == "interleaved":  # virtual stage c*p + r
+        return [(0, 2), (2, 3), (3, 4), (4, 6)], interleaved(2, m, 2)
+    if name == "zb-v":  # virtual stage s on rank s, then 2p-1-s (hetauto.core.chunks.chunk_layers' V)
+        return [(0, 2), (2, 4), (4, 5), (5, 6)], zb_v(2, m)
+    return [(0, 3), (3, 6)], zero_bubble(2, m)
+
+
+TORCH_CASES = [("interleaved", 4), ("interleaved", 3), ("zb-h1", 4), ("zb-v", 4)]
+
+
+@pytest.fixture(scope="module")
+def torch_losses() -> dict[tuple[str, int], list[float]]:
+    """Every case's losses from torch's runtime (the rank holding the last stage), one 2-rank spawn for all."""
+    cases = []
+    for name, m in TORCH_CASES:
+        virtual, sched = _exported(name, m)
+        cases.append((to_torch_csv(sched, with_comms=True), virtual, m, sched.placement))
+    per_rank = run_ranks(_torch_rank, 2, cases, timeout=240)
+    return {key: per_rank[0 if key[0] == "zb-v" else 1][i] for i, key in enumerate(TORCH_CASES)}
+
+
+@pytest.mark.parametrize("name,m", TORCH_CASES)
+def test_torch_runtime_runs_the_exported_schedule(torch_losses, name: str, m: int) -> None:
     """Issue 28 (a): torch's runtime loads hetauto's p=2 CSV with comms and trains to hetauto's single-process
-    reference (the last stage's rank holds the losses): interleaved (m=3 is not a multiple of p, defect c) and
-    ZB-H1, whose I and W torch runs as its own split backward."""
+    reference (the last stage's rank holds the losses): interleaved (m=3 is not a multiple of p, defect c),
+    ZB-H1, whose I and W torch runs as its own split backward, and ZB-V in torch's ScheduleZBVZeroBubble (the
+    V's middle hand-off left out of the CSV: torch passes it in place; the head, so the losses, on rank 0)."""
     from hetauto.runtime.reference import reference_losses
 
-    if name == "interleaved":  # virtual stage c*p + r, tiny-gpt's 6 slots
-        virtual, sched = [(0, 2), (2, 3), (3, 4), (4, 6)], interleaved(2, m, 2)
-    else:
-        virtual, sched = [(0, 3), (3, 6)], zero_bubble(2, m)
-    text = to_torch_csv(sched, with_comms=True)
-    per_rank = run_ranks(_torch_rank, 2, text, virtual, m, timeout=120)
+    _, sched = _exported(name, m)
+    if name == "zb-v":  # rank 1's own hand-off (stage 1 -> 2 and back) has no message; the rest match per pair
+        text = to_torch_csv(sched, with_comms=True)
+        rows = list(csv.reader(io.StringIO(text)))
+        assert [c for c in rows[1] if c.startswith(("1SEND_F", "2RECV_F", "2SEND_B", "1RECV_B"))] == []
+        assert "1SEND_F0" in sched.to_text() and _pair_orders(text, 2, "v")[0] == _pair_orders(text, 2, "v")[1]
     want = reference_losses(GPT, SEED, STEPS, MBS * m, MBS, SEQ)
-    assert per_rank[1] == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert torch_losses[(name, m)] == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("p,m,v", [(4, 10, 2), (4, 10, 3), (2, 3, 2), (4, 3, 2), (8, 12, 2), (4, 8, 2), (2, 4, 3)])

@@ -88,3 +88,29 @@ def test_twins_phase_scores_the_twins_that_can_win() -> None:
     twin = scorer.by_candidate[Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), "zb-h1")]
     assert twin is not None and twin.plan.schedule.name == "zb-h1"
     assert scorer.best is twin  # faster than its base
+
+
+def test_zb_v_priced_chunk_by_chunk_in_the_v() -> None:
+    """A zb-v plan: each stage's F/B split over its two chunks by their own layers, indexed in the V (virtual stage
+    s on stage s, then 2p-1-s); the boundaries' bytes go down, the middle hand-off, then back up (2p-1 of them);
+    min(m, p) microbatches in flight; the simulator runs hetauto's zb_v on those costs."""
+    from hetauto.core.chunks import virtual_layers
+    from hetauto.schedule import schedule_for_plan, simulate
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    ev = Evaluator(inp)
+    (base,) = _plan(StrategySpace(inp, ev), "1f1b")
+    zv = base.model_copy(update={"schedule": ScheduleSpec(name="zb-v")})
+    p, m = zv.num_stages, zv.num_microbatches
+    flat, costs = ev.pipeline_costs(zv, per_chunk=False), ev.pipeline_costs(zv)
+    assert [s.layers for s in zv.stages] == [(0, 4), (4, 8), (8, 10)] and p == 3
+    # stage 0: slots [0, 2) going down and [8, 10) (the head) coming back; the middle hand-off on stage 2
+    assert virtual_layers(zv) == ((0, 2), (2, 4), (4, 5), (5, 6), (6, 8), (8, 10))
+    assert [schedule_for_plan(zv).owner(k) for k in range(2 * p)] == [0, 1, 2, 2, 1, 0]
+    for r, st in enumerate(zv.stages):  # stage r's chunks: virtual stages r and 2p-1-r, summing to the stage
+        assert costs.tf[r] + costs.tf[2 * p - 1 - r] == pytest.approx(flat.tf[r], rel=1e-12)
+        assert costs.tb[r] + costs.tb[2 * p - 1 - r] == pytest.approx(flat.tb[r], rel=1e-12)
+    assert len(costs.act_bytes) == 2 * p - 1 and costs.w_share == flat.w_share != 0.0
+    assert [ev.inflight(zv, i) for i in range(p)] == [min(m, p)] * p
+    e = ev.evaluate(zv)
+    assert e.iteration_time_s >= simulate(schedule_for_plan(zv), costs).iteration_time

@@ -12,8 +12,12 @@ chunks one slot longer), so a planner's interleaved plan runs unchanged with the
 (the cost model prices every virtual stage by these same slots: Evaluator.chunk_costs).
 A plan may instead give every stage's `chunks` explicitly (StagePlan.chunks); `tile_chunks` checks them.
 
-Shared with the schedule: `virtual_chunks(name, v)` is the chunk count the schedule generator really uses
-(`interleaved` always runs at least 2 chunks, as hetauto.schedule.for_plan and the cost model do).
+Shared with the schedule: `effective_chunks(name, v)` is the chunk count the schedule generator really uses
+(`interleaved` always runs at least 2 chunks, as hetauto.schedule.for_plan and the cost model do; `zb-v` 2).
+
+ZB-V (`zb-v`, torch's ScheduleZBVZeroBubble) places its two chunks per stage in a V (`placement` "v"): virtual
+stage s is chunk 0 of stage s for s < p and chunk 1 of stage 2p-1-s after, so the model runs down the stages
+and back up; the same even split, tiled in that virtual-stage order (the embedding and the head both on stage 0).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hetauto.core.plan import Plan
 
-__all__ = ["ChunkError", "effective_chunks", "even_split", "tile_chunks", "chunk_layers", "virtual_layers"]
+__all__ = ["ChunkError", "effective_chunks", "schedule_placement", "slot_of", "even_split", "tile_chunks",
+           "chunk_layers", "virtual_layers"]
 
 Range = tuple[int, int]
 
@@ -34,8 +39,23 @@ class ChunkError(ValueError):
 
 
 def effective_chunks(schedule_name: str, virtual_chunks: int) -> int:
-    """Chunks per stage the schedule actually runs: max(v, 2) for 'interleaved', else 1."""
+    """Chunks per stage the schedule actually runs: max(v, 2) for 'interleaved', 2 for 'zb-v', else 1."""
+    if schedule_name == "zb-v":
+        return 2
     return max(int(virtual_chunks), 2) if schedule_name == "interleaved" else 1
+
+
+def schedule_placement(schedule_name: str) -> str:
+    """How the schedule places virtual stages on stages: "v" for 'zb-v' (hetauto.schedule.actions.owner), else
+    "loop" (virtual stage c * p + r on stage r)."""
+    return "v" if schedule_name == "zb-v" else "loop"
+
+
+def slot_of(vs: int, p: int, placement: str = "loop") -> tuple[int, int]:
+    """(stage, chunk) of virtual stage `vs`: loop c * p + r -> (r, c); V s -> (s, 0) for s < p, (2p-1-s, 1) after."""
+    if placement == "v":
+        return (vs, 0) if vs < p else (2 * p - 1 - vs, 1)
+    return vs % p, vs // p
 
 
 def even_split(n: int, v: int) -> tuple[int, ...]:
@@ -43,8 +63,8 @@ def even_split(n: int, v: int) -> tuple[int, ...]:
     return tuple(n // v + (1 if c < n % v else 0) for c in range(v))
 
 
-def tile_chunks(layers: Sequence[Range], v: int, explicit: Sequence[Sequence[Range] | None] | None = None
-                ) -> tuple[tuple[Range, ...], ...]:
+def tile_chunks(layers: Sequence[Range], v: int, explicit: Sequence[Sequence[Range] | None] | None = None,
+                placement: str = "loop") -> tuple[tuple[Range, ...], ...]:
     """Per stage, the `v` half-open slot ranges of its chunks (chunk order), for stages whose `layers` ranges
     are given in order. Without `explicit` (or all None) the lengths are `even_split(len(layers[r]), v)`,
     placed consecutively in virtual-stage order (c * p + r). With `explicit` every stage must give its
@@ -83,12 +103,12 @@ def tile_chunks(layers: Sequence[Range], v: int, explicit: Sequence[Sequence[Ran
                 pos = b
         return tuple(given)  # type: ignore[arg-type]
     lengths = [even_split(n, v) for n in counts]
-    out: list[list[Range]] = [[] for _ in range(p)]
+    out: list[list[Range]] = [[(0, 0)] * v for _ in range(p)]
     pos = start
-    for c in range(v):
-        for r in range(p):
-            out[r].append((pos, pos + lengths[r][c]))
-            pos += lengths[r][c]
+    for vs in range(p * v):
+        r, c = slot_of(vs, p, placement)
+        out[r][c] = (pos, pos + lengths[r][c])
+        pos += lengths[r][c]
     assert pos == start + total
     return tuple(tuple(o) for o in out)
 
@@ -100,18 +120,20 @@ def chunk_layers(plan: "Plan") -> tuple[tuple[Range, ...], ...]:
     v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
     if v == 1:
         return tuple((tuple(s.layers),) for s in plan.stages)  # type: ignore[misc]
-    out = tile_chunks([s.layers for s in plan.stages], v, [s.chunks for s in plan.stages])
+    out = tile_chunks([s.layers for s in plan.stages], v, [s.chunks for s in plan.stages],
+                      schedule_placement(plan.schedule.name))
     for r, chunks in enumerate(out):
         for c, (a, b) in enumerate(chunks):
             if b <= a:
+                fix = "or lower schedule.virtual_chunks" if plan.schedule.name == "interleaved" else "or use zb-h1"
                 raise ChunkError(f"stages[{r}].layers: {plan.stages[r].num_layers} layer(s) cannot fill {v} "
-                                 f"interleaved chunks (give the stage at least {v} layers, or lower "
-                                 f"schedule.virtual_chunks)")
+                                 f"{plan.schedule.name} chunks (give the stage at least {v} layers, {fix})")
     return out
 
 
 def virtual_layers(plan: "Plan") -> tuple[Range, ...]:
-    """The slot range of every virtual stage, in virtual-stage order (index c * p + r)."""
+    """The slot range of every virtual stage, in virtual-stage order (index c * p + r; ZB-V's V order)."""
     per = chunk_layers(plan)
     p, v = len(per), len(per[0])
-    return tuple(per[k % p][k // p] for k in range(p * v))
+    place = schedule_placement(plan.schedule.name)
+    return tuple(per[slot_of(k, p, place)[0]][slot_of(k, p, place)[1]] for k in range(p * v))

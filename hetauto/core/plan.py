@@ -20,6 +20,10 @@ stage's `chunks` explicitly (v non-empty `[start, end)` ranges per stage, holdin
 count and tiling the model consecutively in virtual-stage order); `chunks` is only valid with "interleaved"
 and is omitted from the JSON when not given, so older plans read and write unchanged.
 
+ZB-V (`schedule.name == "zb-v"`, torch's ScheduleZBVZeroBubble): two chunks per stage in a V, virtual stage s on
+stage s for s < p and on stage 2p-1-s after (the middle hand-off stays on the last stage, the head sits on stage 0
+beside the embedding), each stage's layer count split evenly into its two chunks (`hetauto.core.chunks`).
+
 Data-parallel sharding (`hetauto.core.dp_sharding` says what each level shards and communicates): `dp_sharding`
 is one of none, zero1, zero2, fsdp; `reshard_after_forward` (fsdp only, default true) false keeps the gathered
 parameters from a step's first forward to its last backward. The older `zero1: true` still means ZeRO-1 (a plan
@@ -47,7 +51,7 @@ PLAN_SCHEMA = "hetauto.plan/1"
 # (hetauto simulate / evaluate / run) uses the plan's own `memory_headroom` unless --memory-headroom overrides it
 DEFAULT_MEMORY_HEADROOM = 0.10
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb", "zb-v"]
 ReshardMethod = Literal["lanes", "leader-broadcast", "scatter-allgather"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 GradReduceDtype = Literal["fp32", "bf16", "fp16"]
@@ -251,7 +255,7 @@ class Plan(_Frozen):
         given = [i for i, s in enumerate(self.stages) if s.chunks is not None]
         if given:
             v = effective_chunks(self.schedule.name, self.schedule.virtual_chunks)
-            if v == 1:
+            if self.schedule.name != "interleaved":
                 raise ValueError(f"stages[{given[0]}].chunks: only valid with schedule 'interleaved', not "
                                  f"'{self.schedule.name}' (remove the field or set schedule.name to 'interleaved')")
             tile_chunks([s.layers for s in self.stages], v, [s.chunks for s in self.stages])

@@ -132,8 +132,13 @@ def check_executable(plan: Plan) -> None:
     Interleaved 1F1B runs every stage's chunks (hetauto.core.chunks.chunk_layers) and needs: at least two
     stages (one stage would hand activations to itself: use 1f1b), microbatches in equal rounds of about p
     (torch's flex-PP grouping, hetauto.schedule.generators.interleaved_round), and at least v layers per stage."""
-    if plan.schedule.name in ("zb-h1", "virtual-zb"):
+    if plan.schedule.name in ("zb-h1", "virtual-zb", "zb-v"):
         _check_split_backward(plan)
+    if plan.schedule.name == "zb-v":
+        try:
+            chunk_layers(plan)
+        except ChunkError as exc:
+            raise PlanMismatch(f"schedule 'zb-v' with 2 chunks per stage: {exc}") from None
     if plan.schedule.name != "interleaved":
         return
     v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)

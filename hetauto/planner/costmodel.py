@@ -177,15 +177,17 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_
     """Microbatches whose activations stage `stage` holds at its peak (in whole-stage units).
 
     1F1B / Virtual-1F1B: min(m, p - i + sum(extra_warmup[i:])); ZB-H1 / Virtual-ZB: min(m, p - i + d_i + sum(extra_warmup[i:])), d_i the W deferral (w_defer, default i);
-    GPipe: m; interleaved (v chunks, each 1/v of the
-    stage): min(m*v, 2(p-i-1) + (v-1)g + 1) chunks, i.e. that many / v whole-stage microbatches, g the microbatches
-    per round (p when m is a multiple of p; m / max(1, m // p) otherwise, as the schedule runs them)."""
+    ZB-V: min(m, p) (2p chunk-microbatches of half a stage each, F to W); GPipe: m; interleaved (v chunks,
+    each 1/v of the stage): min(m*v, 2(p-i-1) + (v-1)g + 1) chunks, i.e. that many / v whole-stage microbatches,
+    g the microbatches per round (p when m is a multiple of p; m / max(1, m // p) otherwise, as the schedule runs them)."""
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and virtual_chunks > 1:
         v = virtual_chunks
         g = m // max(1, m // p) if m >= 1 else p
         return min(m * v, 2 * (p - stage - 1) + (v - 1) * g + 1) / v
+    if schedule == "zb-v":  # hetauto.schedule.zb_v holds at most 2p chunk-microbatches (half a stage each), F to W
+        return float(min(m, p))
     if schedule in ("zb-h1", "virtual-zb"):  # F to W: a microbatch between I and W holds its dW buffers (the
         # weight matmuls' inputs and output gradients; counted as its whole activation, an upper bound)
         extra = sum(extra_warmup[stage:]) if schedule == "virtual-zb" else 0

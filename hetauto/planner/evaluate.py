@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hetauto.core.chunks import chunk_layers, effective_chunks, tile_chunks
+from hetauto.core.chunks import chunk_layers, effective_chunks, schedule_placement, slot_of, tile_chunks
 from hetauto.core.cluster import Cluster, ClusterSpec, LinkSpec
 from hetauto.core.dp_shares import replica_groups, speed_shares, stage_device_type, stage_shares
 from hetauto.core.errors import InfeasiblePlan, PlanMismatch
@@ -45,7 +45,7 @@ from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, meas
 from hetauto.planner.measured import stage_time as measured_stage
 from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
 
-SPLIT_BACKWARD = ("zb-h1", "virtual-zb")  # schedules whose backward runs as I then W (priced with w_share)
+SPLIT_BACKWARD = ("zb-h1", "virtual-zb", "zb-v")  # schedules whose backward runs as I then W (priced with w_share)
 
 if TYPE_CHECKING:
     from hetauto.core.profile import DeviceProfile
@@ -670,7 +670,8 @@ class Evaluator:
         executor builds): the embedding sits only in virtual stage 0 and the head only in the last. Each
         chunk takes its stage's F (and B) times its own share, the chunk priced by its own layer range
         (`stage_compute_time`) over the sum of its stage's chunks, so the stage totals that calibration,
-        correction and host contention act on stay as they are. Other schedules: `costs` unchanged."""
+        correction and host contention act on stay as they are. ZB-V: the same, its two chunks per stage in the V
+        (virtual stage s on stage s, then 2p-1-s: `slot_of`). Other schedules: `costs` unchanged."""
         v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
         if v == 1:
             return costs
@@ -678,7 +679,9 @@ class Evaluator:
         prec = self.precision(plan)
         tf32 = plan.training.allow_tf32
         tf, tb = [0.0] * (p * v), [0.0] * (p * v)
-        layout = tile_chunks([st.layers for st in plan.stages], v, [st.chunks for st in plan.stages])
+        place = schedule_placement(plan.schedule.name)
+        layout = tile_chunks([st.layers for st in plan.stages], v, [st.chunks for st in plan.stages], place)
+        vs_of = {slot_of(k, p, place): k for k in range(p * v)}
         for r, (st, chunks) in enumerate(zip(plan.stages, layout)):
             times = [(self.replica_compute_time(st, ch, mb, prec, tf32) if self.is_split(st) else
                       self.stage_compute_time(st.cluster, ch, st.tp, st.dp, mb, st.recompute, prec, tf32))
@@ -686,8 +689,8 @@ class Evaluator:
                      else (0.0, 0.0) for ch in chunks]  # an empty chunk (fewer layers than chunks) does nothing
             sf, sb = sum(t[0] for t in times), sum(t[1] for t in times)
             for c, (f, b) in enumerate(times):
-                tf[c * p + r] = costs.tf[r] * (f / sf) if sf > 0 else costs.tf[r] / v
-                tb[c * p + r] = costs.tb[r] * (b / sb) if sb > 0 else costs.tb[r] / v
+                tf[vs_of[(r, c)]] = costs.tf[r] * (f / sf) if sf > 0 else costs.tf[r] / v
+                tb[vs_of[(r, c)]] = costs.tb[r] * (b / sb) if sb > 0 else costs.tb[r] / v
         return replace(costs, tf=tuple(tf), tb=tuple(tb))
 
     def _tied_sum_s(self, plan: Plan) -> float:
@@ -826,6 +829,9 @@ class Evaluator:
         if interleaved:
             v = max(plan.schedule.virtual_chunks, 2)
             act: tuple[float, ...] | float = tuple(nbytes[h % p] for h in range(p * v - 1))
+        elif plan.schedule.name == "zb-v" and p > 1:  # V: boundary h down, the local middle hand-off, h back up
+            act = tuple(nbytes[h] if h < p - 1 else nbytes[-1] if h == p - 1 else nbytes[2 * p - 2 - h]
+                        for h in range(2 * p - 1))
         else:
             act = tuple(nbytes) if nbytes else 0.0
         if fold_shared and groups:

@@ -29,7 +29,7 @@ import torch
 from hetauto.core.errors import InfeasiblePlan
 from hetauto.runtime.resharding import TransferPlan, start_transfer
 
-__all__ = ["BoundaryRoute", "Posted"]
+__all__ = ["BoundaryRoute", "LocalRoute", "Posted"]
 
 
 class Posted:
@@ -134,3 +134,37 @@ class BoundaryRoute:
         if posted.pooled and posted.buf is not None:
             self._free.append(posted.buf)
             posted.buf = None
+
+
+class _Take:
+    """A local receive: the tensor the same rank handed over under `tag`, taken when the compute needs it."""
+
+    __slots__ = ("box", "tag")
+
+    def __init__(self, box: dict[int, torch.Tensor], tag: int) -> None:
+        self.box, self.tag = box, tag
+
+    def wait(self) -> torch.Tensor:
+        if self.tag not in self.box:
+            raise RuntimeError(f"local hand-off (tag {self.tag}): received before it was sent; the schedule must run "
+                               "the sending compute first on this rank")
+        return self.box.pop(self.tag)
+
+
+class LocalRoute:
+    """A hand-off between two virtual stages on the same rank (ZB-V's middle one): no transfer, the tensor itself,
+    matched by tag, as torch's runtime hands it over in place (`set_local_fwd_input` / `set_local_bwd_input`).
+    The receiver detaches it (`Posted.wait` then `.detach()`), so the two chunks keep separate autograd graphs."""
+
+    def __init__(self) -> None:
+        self._box: dict[int, torch.Tensor] = {}
+
+    def post_send(self, tensor: torch.Tensor, tag_base: int) -> Posted:
+        self._box[tag_base] = tensor
+        return Posted([], None, False, 0.0)
+
+    def post_recv(self, tag_base: int) -> Posted:
+        return Posted([], None, False, 0.0, _Take(self._box, tag_base))
+
+    def release(self, posted: Posted) -> None:
+        """Nothing pooled: the tensor was the sender's own."""

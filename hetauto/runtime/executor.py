@@ -41,6 +41,10 @@ resharding method, as the cost model prices it). Each chunk's REDUCE_GRAD sums t
 over dp (its own overlapped reducer, armed before that chunk's last backward); one AdamW and one
 checkpoint module (ChunkedStage: slots by global name) cover all chunks.
 
+ZB-V (`zb-v`, two chunks per stage in a V, hetauto.core.chunks.slot_of): chunk 0 runs down the stages, chunk 1
+back up over each boundary's backward transport, the last stage hands its chunk 0's output to its own chunk 1
+in place (boundary.LocalRoute, as torch's runtime does), and stage 0, holding the head, reports the loss.
+
 The interpreter reports plain JSON-able values (`RankReport.to_dict`), so `hetauto run` can collect
 them from files and tests from `run_ranks`.
 """
@@ -53,14 +57,14 @@ from typing import Any, Callable
 
 import torch
 
-from hetauto.core.chunks import chunk_layers, effective_chunks
+from hetauto.core.chunks import chunk_layers, effective_chunks, schedule_placement, slot_of
 from hetauto.core.comm import Communicator
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 from hetauto.core.stage_backends import DEFAULT_BACKEND
 from hetauto.runtime import split_backward
-from hetauto.runtime.boundary import BoundaryRoute
+from hetauto.runtime.boundary import BoundaryRoute, LocalRoute
 from hetauto.runtime.data import dp_shard, microbatch
 from hetauto.runtime.devices import RankDevice
 from hetauto.runtime.executable import check_executable
@@ -72,10 +76,10 @@ from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import ChunkedStage, StageModule, build_stage
 from hetauto.runtime.throttle import Throttle
 from hetauto.runtime.zero1 import state_bytes
-from hetauto.schedule.actions import Action, ActionType
+from hetauto.schedule.actions import Action, ActionType, pair_ordered
 from hetauto.schedule.for_plan import schedule_for_plan
 
-__all__ = ["ExecutorOptions", "RankReport", "StageExecutor", "run_rank", "check_executable"]
+__all__ = ["ExecutorOptions", "RankReport", "StageExecutor", "rank_actions", "run_rank", "check_executable"]
 
 A = ActionType
 
@@ -153,6 +157,16 @@ class RankReport:
 _RECV_F, _RECV_B, _F, _SEND_F, _B, _SEND_B, _REDUCE, _OPTIM, _I, _W = range(10)
 _CODES = {A.RECV_F: _RECV_F, A.RECV_B: _RECV_B, A.F: _F, A.SEND_F: _SEND_F, A.B: _B, A.SEND_B: _SEND_B,
           A.REDUCE_GRAD: _REDUCE, A.OPTIM: _OPTIM, A.I: _I, A.W: _W}
+
+
+def rank_actions(plan: Plan, stage: int) -> tuple[Action, ...]:
+    """The action list stage `stage` runs. ZB-V's chunk 1 sends its activations up over the boundary that carries
+    chunk 0's gradients (one transport per direction), so there each rank posts its receives from a peer in the
+    order that peer sends them (`pair_ordered`, as the torch export does): a tag-less device transport matches
+    messages by order alone, and same-shaped messages would otherwise swap silently. Loop placement keeps one kind
+    per direction, already in order."""
+    sched = schedule_for_plan(plan)
+    return (pair_ordered(sched) if sched.placement == "v" else sched.ranks)[stage]
 
 
 def _compile(a: Action, last_b: bool, stage: int, p: int) -> tuple[int, int, bool, int, int]:
@@ -265,7 +279,7 @@ class StageExecutor:
             self.optimizer = make_optimizer(piece_params(self.partitions), options.lr, options.weight_decay)
         else:
             self.optimizer = make_optimizer(self.stage.parameters(), options.lr, options.weight_decay)
-        self.actions: tuple[Action, ...] = schedule_for_plan(plan).ranks[me.stage]
+        self.actions: tuple[Action, ...] = rank_actions(plan, me.stage)
         # the emulated cluster's speed times the device's own (1.0 on real devices; the mock backend's
         # HETAUTO_MOCK_SPEED), so a slow emulated device needs no branch here
         speed = options.speed_factor * self.dev.backend.speed_factor(self.dev.index)
@@ -284,8 +298,10 @@ class StageExecutor:
         self.fwd: list[TransferPlan] = [plan_transfer(lay[h], lay[h + 1], shape, methods[h]) for h in range(len(lay) - 1)]
         self.bwd: list[TransferPlan] = [plan_transfer(lay[h + 1], lay[h], shape, methods[h]) for h in range(len(lay) - 1)]
         # interleaved wrap (stage p-1 chunk c -> stage 0 chunk c+1) takes the last boundary's method, as the cost model
-        wrap_f = plan_transfer(lay[-1], lay[0], shape, methods[-1]) if v > 1 else None
-        wrap_b = plan_transfer(lay[0], lay[-1], shape, methods[-1]) if v > 1 else None
+        self.placement = placement = schedule_placement(plan.schedule.name)
+        wrap = v > 1 and placement == "loop"
+        wrap_f = plan_transfer(lay[-1], lay[0], shape, methods[-1]) if wrap else None
+        wrap_b = plan_transfer(lay[0], lay[-1], shape, methods[-1]) if wrap else None
         self.tag_stride = max([t.num_tags for t in self.fwd + self.bwd + [w for w in (wrap_f, wrap_b) if w]], default=1)
         last_b: dict[int, int] = {}  # virtual stage -> index of its last backward in the step
         for i, a in enumerate(self.actions):
@@ -293,20 +309,12 @@ class StageExecutor:
                 last_b[a.stage] = i
         last_b_at = set(last_b.values())
         self._program = tuple(_compile(a, i in last_b_at, me.stage, p) for i, a in enumerate(self.actions))
-        # this rank's side of its two boundaries in each direction, resolved once (None where there is none);
-        # a stage always receives activations from stage r-1 (mod p) and sends them to stage r+1 (mod p).
-        # groups.transports[h] carries boundary h -> h+1; the wrap's is the last one (boundary_pairs)
-        st, route = me.stage, self._route
-        last = len(lay) - 1
-        tr = groups.transports
-        self._fwd_in = (route(self.fwd[st - 1], tr[st - 1].forward) if st > 0
-                        else route(wrap_f, tr[-1].forward) if wrap_f else None)
-        self._bwd_out = (route(self.bwd[st - 1], tr[st - 1].backward) if st > 0
-                         else route(wrap_b, tr[-1].backward) if wrap_b else None)
-        self._fwd_out = (route(self.fwd[st], tr[st].forward) if st < last
-                         else route(wrap_f, tr[-1].forward) if wrap_f else None)
-        self._bwd_in = (route(self.bwd[st], tr[st].backward) if st < last
-                        else route(wrap_b, tr[-1].backward) if wrap_b else None)
+        self._routes = self._resolve_routes(wrap_f, wrap_b)
+        # the rank holding the last virtual stage reports the loss (stage p-1; stage 0 under ZB-V's V)
+        self.loss_stage = slot_of(self.n_virtual - 1, p, placement)[0]
+        if placement == "v" and cfg.tie_embeddings:
+            raise PlanMismatch(f"schedule 'zb-v' puts the embedding and the head on stage 0 (the V), but model "
+                               f"'{cfg.name}' ties them, which the executor sums only across two stages; use zb-h1")
         self._rec = bool(options.record and me.is_lead)
         self._data = None
         if me.stage == 0 or me.stage == p - 1:  # only the first and last stage read data
@@ -337,6 +345,38 @@ class StageExecutor:
         }
 
     # ------------------------------------------------------------------ helpers
+    def _resolve_routes(self, wrap_f: TransferPlan | None, wrap_b: TransferPlan | None) -> dict[int, tuple[Any, ...]]:
+        """Per virtual stage of this rank: its (forward in, forward out, gradient in, gradient out) routes, resolved
+        once (None where there is none). Loop placement: a stage receives activations from stage r-1 (mod p) and
+        sends them to r+1 (mod p), every chunk alike; groups.transports[h] carries boundary h -> h+1, the wrap's is
+        the last one (boundary_pairs). ZB-V: chunk 0 runs down the stages as above, chunk 1 back up (activations
+        from r+1, to r-1, over the boundary's backward transport and plan), and the middle hand-off between the
+        last stage's two chunks is local (LocalRoute)."""
+        p, st, tr = self.plan.num_stages, self.me.stage, self.g.transports
+        edges: dict[tuple[int, int], BoundaryRoute] = {}
+
+        def edge(a: int, b: int) -> BoundaryRoute | None:
+            """The route from neighbouring stage a to b, one per direction."""
+            if not (0 <= a < p and 0 <= b < p):
+                return None
+            if (a, b) not in edges:
+                h = min(a, b)
+                edges[(a, b)] = (self._route(self.fwd[h], tr[h].forward) if b == a + 1
+                                 else self._route(self.bwd[h], tr[h].backward))
+            return edges[(a, b)]
+
+        if self.placement == "v":
+            local = LocalRoute()
+            down = (edge(st - 1, st), edge(st, st + 1) or local, edge(st + 1, st) or local, edge(st, st - 1))
+            up = (edge(st + 1, st) or local, edge(st, st - 1), edge(st - 1, st), edge(st, st + 1) or local)
+            return {st: down, 2 * p - 1 - st: up}
+        route = self._route
+        fin = edge(st - 1, st) if st > 0 else route(wrap_f, tr[-1].forward) if wrap_f else None
+        bout = edge(st, st - 1) if st > 0 else route(wrap_b, tr[-1].backward) if wrap_b else None
+        fout = edge(st, st + 1) if st < p - 1 else route(wrap_f, tr[-1].forward) if wrap_f else None
+        bin_ = edge(st + 1, st) if st < p - 1 else route(wrap_b, tr[-1].backward) if wrap_b else None
+        return {c * p + st: (fin, fout, bin_, bout) for c in range(self.v)}
+
     def _route(self, tplan: TransferPlan, transport: Any) -> BoundaryRoute:
         return BoundaryRoute(transport, tplan, local_groups=self.g.tp_comms, timeout_s=self.opt_.timeout_s,
                              dtype=self.mp.boundary_dtype, device=self.device)
@@ -430,8 +470,8 @@ class StageExecutor:
                     for code, k, last_b, vs, c in self._eval_program:
                         self._handlers[code](st, vs * m + k, last_b, vs, c)
                     self._wait_sends(st.step, st.sends, st.watch)
-                for posted in st.held.values():
-                    self._fwd_in.release(posted)
+                for key, posted in st.held.items():
+                    self._routes[key // m][0].release(posted)
                 total += float(st.loss)
         finally:
             self._rec = rec
@@ -439,13 +479,13 @@ class StageExecutor:
 
     def _recv_f(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
-        st.recv_f[key] = posted = self._fwd_in.post_recv(self._tag(vs - 1, k, False))
+        st.recv_f[key] = posted = self._routes[vs][0].post_recv(self._tag(vs - 1, k, False))
         if self._rec:
             st.watch.append(["RECVD_F", k, posted, vs])
 
     def _recv_b(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
-        st.recv_b[key] = posted = self._bwd_in.post_recv(self._tag(vs, k, True))
+        st.recv_b[key] = posted = self._routes[vs][2].post_recv(self._tag(vs, k, True))
         if self._rec:
             st.watch.append(["RECVD_B", k, posted, vs])
 
@@ -473,7 +513,7 @@ class StageExecutor:
 
     def _send_f(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
-        posted = self._fwd_out.post_send(self.mp.to_wire(st.outputs[key].detach()), self._tag(vs, k, False))
+        posted = self._routes[vs][1].post_send(self.mp.to_wire(st.outputs[key].detach()), self._tag(vs, k, False))
         st.sends.append(posted)
         if self._rec:
             self._record(st.step, "SEND_F", k, st.t, vs=vs)
@@ -498,10 +538,11 @@ class StageExecutor:
     def _release_after_backward(self, st: _StepState, key: int, posted: Any, gx_ptr: int | None) -> None:
         """The gradient receive's buffer (unless autograd handed it on as the input gradient being sent) and the
         forward input's: nothing reads them once the whole backward of `key` is done."""
+        fin, _, bin_, _ = self._routes[key // self.plan.num_microbatches]
         if posted is not None and (gx_ptr is None or posted.buf is None or gx_ptr != posted.buf.data_ptr()):
-            self._bwd_in.release(posted)
+            bin_.release(posted)
         if key in st.held:
-            self._fwd_in.release(st.held.pop(key))
+            fin.release(st.held.pop(key))
 
     def _backward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
@@ -547,7 +588,7 @@ class StageExecutor:
     def _send_b(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
         gx = self.mp.to_wire(st.inputs.pop(key).grad)
-        posted = self._bwd_out.post_send(gx, self._tag(vs - 1, k, True))
+        posted = self._routes[vs][3].post_send(gx, self._tag(vs - 1, k, True))
         st.sends.append(posted)
         if self._rec:
             self._record(st.step, "SEND_B", k, st.t, vs=vs)
@@ -598,7 +639,7 @@ class StageExecutor:
         scaler already skipped a step whose gradients overflowed: only its loss counts then."""
         from hetauto.runtime.nonfinite import NonFinite, describe, local_verdict
 
-        last = self.me.stage == self.plan.num_stages - 1
+        last = self.me.stage == self.loss_stage
         loss = float(st.loss) if last else None
         grads = () if overflow else (p.grad for p in stepped)
         mine = torch.tensor(local_verdict(loss, grads), dtype=torch.float32)
@@ -780,7 +821,7 @@ class StageExecutor:
                     written.append(str(path))
         world.barrier()
         me = self.me
-        report_loss = me.stage == self.plan.num_stages - 1 and me.tp_index == 0
+        report_loss = me.stage == self.loss_stage and me.tp_index == 0
         return RankReport(
             rank=me.rank, stage=me.stage, dp_index=me.dp_index, tp_index=me.tp_index,
             losses=losses if report_loss else None, step_s=step_s,

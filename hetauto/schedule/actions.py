@@ -126,16 +126,26 @@ def schedule_from_text(text: str, name: str, p: int, m: int, v: int = 1) -> Sche
 def to_torch_csv(schedule: Schedule, path: str | Path | None = None, *, with_comms: bool = True) -> str:
     """Torch's `_dump_csv` layout: one CSV row per rank, one action string per cell. `with_comms=False`
     gives torch's "compute_only" format (what `_load_csv` accepts by default). OPTIM is dropped. With comms,
-    receives are re-ordered by `pair_ordered` (torch tags every message 0)."""
+    receives are re-ordered by `pair_ordered` (torch tags every message 0), and a hand-off between two virtual
+    stages of one rank (ZB-V's middle one) is left out: torch's runtime passes it in place, with no message."""
     keep = TORCH_TYPES if with_comms else COMPUTE
     buf = io.StringIO()
     writer = csv.writer(buf)
-    for row in (pair_ordered(schedule) if with_comms else schedule.ranks):
-        writer.writerow([str(a) for a in row if a.type in keep])
+    for r, row in enumerate(pair_ordered(schedule) if with_comms else schedule.ranks):
+        writer.writerow([str(a) for a in row if a.type in keep and not _is_local(schedule, r, a)])
     text = buf.getvalue()
     if path is not None:
         Path(path).write_text(text, encoding="utf-8", newline="")
     return text
+
+
+def _is_local(schedule: Schedule, rank: int, a: Action) -> bool:
+    """Whether comm action `a` of `rank` moves a tensor between two virtual stages that `rank` both runs."""
+    if a.type in (ActionType.SEND_F, ActionType.RECV_B):
+        return 0 <= a.stage + 1 < schedule.num_stages and schedule.owner(a.stage + 1) == rank
+    if a.type in (ActionType.SEND_B, ActionType.RECV_F):
+        return 0 < a.stage and schedule.owner(a.stage - 1) == rank
+    return False
 
 
 def from_torch_csv(source: str | Path, name: str, p: int, m: int, v: int = 1) -> Schedule:

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 from hetauto.core.chunks import effective_chunks
 from hetauto.schedule.actions import Schedule, ScheduleError
-from hetauto.schedule.generators import gpipe, interleaved, one_f_one_b, virtual_1f1b, zero_bubble
+from hetauto.schedule.generators import gpipe, interleaved, one_f_one_b, virtual_1f1b, zb_v, zero_bubble
 
 if TYPE_CHECKING:
     from hetauto.core.plan import Plan
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb", "zb-v")
 
 
 def schedule_for_plan(plan: "Plan", name: str | None = None) -> Schedule:
@@ -45,4 +45,6 @@ def schedule_for_plan(plan: "Plan", name: str | None = None) -> Schedule:
             return zero_bubble(p, m, defer=defer)
         extra = plan.schedule.extra_warmup if plan.schedule.name in ("virtual-1f1b", "virtual-zb") else ()
         return zero_bubble(p, m, tuple(extra) or (0,) * (p - 1), defer=defer)
+    if name == "zb-v":  # list-scheduled on the unit stage times (F = 1, I = W = 1): one list for a plan, whatever
+        return zb_v(p, m)  # its costs, so the simulator and the executor run the same order
     raise ScheduleError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULE_NAMES)}")
