@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hetauto.cli import main
-from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+from hetauto.core.plan import Plan, StagePlan
 from hetauto.planner import costmodel as cm
 from hetauto.planner.evaluate import Evaluator, inputs_for_plan
 from hetauto.planner.layers import total_params

@@ -13,7 +13,6 @@ import pytest
 
 from hetauto.cli import main
 from hetauto.core.plan import Plan, StagePlan
-from hetauto.runtime.options import RunOptions
 
 
 def _stage(cluster: str, devices: tuple[int, ...], layers: tuple[int, int], tp: int = 1, dp: int = 1) -> StagePlan:

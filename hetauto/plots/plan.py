@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetauto.core.cluster import ClusterSpec, LinkSpec
+from hetauto.core.cluster import ClusterSpec
 from hetauto.core.dp_sharding import level_label
 from hetauto.core.plan import Plan
 from hetauto.core.units import format_bandwidth, format_bytes, format_time

@@ -236,7 +236,7 @@ def pair_ordered(schedule: Schedule) -> tuple[tuple[Action, ...], ...]:
     (virtual stage, kind), so its lists only need per-channel order. Each receive keeps its slot where it can
     (the k-th receive from a peer goes where the k-th one was) and is moved earlier where a compute needs it
     first, so no compute ever waits for a receive posted after it. Sends are untouched."""
-    p, n = schedule.p, schedule.num_stages
+    n = schedule.num_stages
     queue: dict[tuple[int, int], list[Action]] = {}
     for a_rank, row in enumerate(schedule.ranks):
         for a in row:
