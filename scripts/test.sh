@@ -13,5 +13,5 @@ workers="${HETAUTO_TEST_WORKERS:-2}"
 if [[ "$workers" == 0 ]]; then
     "$PY" -m pytest -q --durations=30 "$@"
 else
-    "$PY" -m pytest -q -n "$workers" --dist loadfile --durations=30 "$@"
+    "$PY" -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder --durations=30 "$@"
 fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 # One intra-op thread per test process and for every process a test starts (read by torch's OpenMP when torch
 # loads, so before anything imports it): the suite runs two workers on two cores, and the models here are tiny,
@@ -25,8 +26,13 @@ def fresh_plugin_registry(monkeypatch):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files that start processes (a test marked `multiprocess`) run first, each file's tests in their order: the
-    two workers (scripts/test.sh, one file each at a time) then end on short in-process files, not with one worker
-    idle while the other finishes a minute-long file. Every worker sorts the same list the same way."""
-    starts = {item.module.__name__ for item in items if item.get_closest_marker("multiprocess") is not None}
-    items.sort(key=lambda item: item.module.__name__ not in starts)  # stable: files stay whole and in order
+    """Slow files first, each file's tests kept together and in their order: the two workers (scripts/test.sh, one
+    file at a time each, `--no-loadscope-reorder` so xdist keeps this order) then end on short files, not with one
+    worker idle while the other finishes a minute-long one. Slow means: tests that start processes (marked
+    `multiprocess`), most of them first; then the other files, most tests first. Every worker sorts alike."""
+    started: Counter[str] = Counter()
+    tests: Counter[str] = Counter()
+    for item in items:
+        tests[item.module.__name__] += 1
+        started[item.module.__name__] += item.get_closest_marker("multiprocess") is not None
+    items.sort(key=lambda item: (-started[item.module.__name__], -tests[item.module.__name__], item.module.__name__))
