@@ -145,10 +145,10 @@ def test_sigkill_of_hetauto_run_takes_torchrun_and_every_worker_with_it(folder: 
     """No handler runs on SIGKILL: torchrun and the ranks watch their launcher (hetauto.runtime.parent_watch)."""
     mark = uuid.uuid4().hex
     ck = folder / "ck-kill"
-    proc = start(folder, str(folder / "plantp.json"), "--steps", "3000", "--checkpoint-dir", str(ck), "--timeout",
-                 "10", mark=mark)
+    proc = start(folder, str(folder / "plan.json"), "--steps", "3000", "--checkpoint-dir", str(ck), "--timeout", "10",
+                 mark=mark)
     wait_for(ck / "step-00000000", proc)
-    assert len(marked(mark)) >= 4  # hetauto run, torchrun, 3 workers
+    assert len(marked(mark)) >= 4  # hetauto run, torchrun, 2 workers
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
