@@ -105,7 +105,8 @@ def test_dataset_problems_are_one_line_naming_the_folder(tmp_path: Path, folders
     assert str(err.value).startswith(f"{folders[1]}: tokens: 3000 tokens are fewer than one step needs")
 
 
-def _work(rank: int, world: int, plan_json: str, data: str, ckdir: str, resume: str | None, steps: int) -> dict:
+def _work(rank: int, world: int, plan_json: str, data: str, root: str) -> dict:
+    """Three runs in one set of ranks: the whole run, its first half (checkpointed), the rest resumed from it."""
     from hetauto.core.comm import Communicator
     from hetauto.runtime import batches
     from hetauto.runtime.executor import ExecutorOptions
@@ -121,11 +122,17 @@ def _work(rank: int, world: int, plan_json: str, data: str, ckdir: str, resume: 
 
     batches.BatchSource.train = recording  # type: ignore[method-assign]
     comm = Communicator.init_from_env("gloo", timeout_s=30)
-    try:
+
+    def run(steps: int, checkpoints: CheckpointOptions) -> dict:
+        consumed.clear()
         report = train_rank(comm, Plan.from_json(plan_json), get_model("tiny-gpt"),
-                            ExecutorOptions(steps=steps, seed=SEED, timeout_s=30, data=data),
-                            CheckpointOptions(directory=ckdir, resume=resume)).to_dict()
-        return {**report, "consumed": consumed}
+                            ExecutorOptions(steps=steps, seed=SEED, timeout_s=30, data=data), checkpoints).to_dict()
+        return {**report, "consumed": list(consumed)}
+
+    try:
+        return {"whole": run(STEPS, CheckpointOptions()),
+                "half": run(STEPS // 2, CheckpointOptions(directory=f"{root}/b", every=STEPS // 2)),
+                "rest": run(STEPS, CheckpointOptions(resume=f"{root}/b"))}
     finally:
         comm.destroy()
 
@@ -139,10 +146,8 @@ def test_a_resumed_run_continues_on_exactly_the_next_samples(tmp_path: Path, fol
               StagePlan(cluster="fast", device_type="cpu", devices=(1,), layers=(3, 6), tp=1, dp=1))
     plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=SEQ, global_batch=GBS, microbatch_size=MBS,
                 num_microbatches=GBS // MBS, stages=stages)
-    data = str(folders[2])
-    whole = run_ranks(_work, 2, plan.to_json(), data, str(tmp_path / "a"), None, STEPS, timeout=200)
-    half = run_ranks(_work, 2, plan.to_json(), data, str(tmp_path / "b"), None, STEPS // 2, timeout=200)
-    rest = run_ranks(_work, 2, plan.to_json(), data, str(tmp_path / "c"), str(tmp_path / "b"), STEPS, timeout=200)
+    ranks = run_ranks(_work, 2, plan.to_json(), str(folders[2]), str(tmp_path), timeout=200)
+    whole, half, rest = ([r[phase] for r in ranks] for phase in ("whole", "half", "rest"))
     assert rest[0]["start_step"] == STEPS // 2
     assert list(summarize(plan, half).losses) + list(summarize(plan, rest).losses) == list(summarize(plan, whole).losses)
     for r in range(2):  # both the first stage (tokens) and the last (targets) read the same samples
