@@ -118,8 +118,11 @@ def test_a_sites_killed_launcher_takes_its_ranks_with_it_and_the_lead_names_it(t
         left = subprocess.run(["ip", "netns", "pids", topo.namespaces[1]], capture_output=True, text=True).stdout
     assert lead.returncode == JobFailed("").exit_code, err[-3000:]
     line = err.strip().splitlines()[-1]
-    assert re.match(r"hetauto node: error: rank [123] \(stage 1, cluster 'slow'\) failed: LauncherGone: its (launcher|"
-                    r"parent) \(pid \d+\) is gone \(host [^)]+\), so this rank stopped with it", line), line
+    # the culprit is that site's rank; it says why when its last message gets out before its watchdog ends it
+    # (not always: a site-mate may die first and the others then fail on the broken collective)
+    assert re.match(r"hetauto node: error: rank [123] \(stage 1, cluster 'slow'\) (failed: LauncherGone: its "
+                    r"(launcher|parent) \(pid \d+\) is gone \(host [^)]+\), so this rank stopped with it|died "
+                    r"without an error of its own)", line), line
     assert left.split() == []
 
 

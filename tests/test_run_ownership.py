@@ -338,6 +338,21 @@ def test_diagnosis_of_torchrun_signalled_from_outside(tmp_path: Path) -> None:
                               "elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15)")
 
 
+def test_diagnosis_blames_a_dead_launcher_a_rank_reported_not_its_silent_site_mate(tmp_path: Path) -> None:
+    """A site's launcher killed: one of its ranks said so before its watchdog ended it, the other vanished first.
+    The launcher is the cause; 'rank 2 died without an error' would send the operator after the wrong process."""
+    from hetauto.launch.local import diagnose_failure
+
+    for r in range(3):
+        (tmp_path / f"rank{r}.started").write_text("attempt 0\n")
+    (tmp_path / "rank0.error").write_text("rank 0: CommunicationError: recv from rank 2 failed: Connection reset\n")
+    (tmp_path / "rank1.error").write_text("rank 1: LauncherGone: its launcher (pid 77) is gone (host b), so this "
+                                          "rank stopped with it\n")
+    err = str(diagnose_failure(_plan(tp=2), tmp_path))
+    assert err.startswith("rank 1 (stage 0, cluster 'a') failed: LauncherGone: its launcher (pid 77) is gone (host "
+                          "b), so this rank stopped with it; 1 other rank(s) failed after it (secondary)"), err
+
+
 def test_diagnosis_of_a_verdict_every_rank_reached_blames_no_rank(tmp_path: Path) -> None:
     """A full disk or a non-finite loss: every rank raises the same error; 'rank 0 failed' would mislead (issue 30)."""
     from hetauto.launch.local import diagnose_failure

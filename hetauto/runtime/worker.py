@@ -75,7 +75,7 @@ def _watch_sigterm(control: "ControlClient", rank: int) -> None:
     threading.Thread(target=wait, name="hetauto-sigterm", daemon=True).start()
 
 
-ORPHAN_SAY_S = 3.0  # how long a rank whose launcher is gone tries to say so before it dies (a loaded host is slow)
+ORPHAN_SAY_S = 1.0  # how long a rank whose launcher is gone tries to say so before it dies
 
 
 def _orphaned(connected: list[ControlClient], rank: int, why: str) -> None:
