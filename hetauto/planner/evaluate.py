@@ -597,16 +597,16 @@ class Evaluator:
         flows, flow_bytes = cm.boundary_flows(method, nbytes, (a.dp, a.tp), (b.dp, b.tp))
 
         def share(st: StagePlan, c: Cluster) -> NodeShare:
-            nodes = len({d // c.devices_per_node for d in st.devices})
+            nodes = len({c.node_of(d) for d in st.devices})
             return NodeShare(c.inter_node, -(-flows // max(nodes, 1)))
 
         if ca.name != cb.name:
             link, kind = self.inputs.cluster.link(ca.name, cb.name), "cross-cluster"
             price = price_link(link, flow_bytes, flows, share(a, ca), share(b, cb), idle_s=idle_s)
         else:
-            nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
+            nodes = {ca.node_of(d) for d in (*a.devices, *b.devices)}
             if len(nodes) == 1:
-                link, kind = ca.intra_node, "intra-node"
+                link, kind = ca.intra_link(a.devices[0]), "intra-node"
                 price = LinkPrice(link.bandwidth_Bps, link.latency_s, "nominal", "intra-node link")
             else:
                 link, kind = ca.inter_node, "inter-node"
@@ -732,7 +732,7 @@ class Evaluator:
                 ln = self.inputs.cluster.link(ca, cb)
             else:
                 c = self.cluster(ca)
-                ln = c.intra_node if da // c.devices_per_node == db // c.devices_per_node else c.inter_node
+                ln = c.intra_link(da) if c.node_of(da) == c.node_of(db) else c.inter_node
             hops.append((ln.bandwidth_Bps, ln.latency_s))
         return hops
 
