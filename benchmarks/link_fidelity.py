@@ -67,7 +67,10 @@ MODEL = {"model_type": "gpt2", "n_layer": 2, "n_embd": 512, "n_head": 8, "vocab_
          "tie_word_embeddings": False}
 SEQ, MICROBATCH = 256, 4  # activation: 4 x 256 x 512 fp32 = 2 MiB per transfer
 PORT = 29610
-RELAY_MTU = 65000  # hetauto.runtime.netns's TUN devices (NamespaceTopology's default mtu)
+# the plan sends one microbatch per step, so each direction idles a whole step (> 1 s here) before its transfer,
+# longer than any of these links' RTO (RTT + 200 ms <= 340 ms): the rows are measured after such an idle gap
+PROFILE_IDLE_S = 1.0
+RELAY_MTU = 9000  # hetauto.runtime.netns's TUN devices (NamespaceTopology's default mtu)
 
 
 def kernel_window() -> int:
@@ -78,11 +81,20 @@ def kernel_window() -> int:
     return min(top("tcp_rmem"), top("tcp_wmem"))
 
 
+def kernel_restarts_after_idle() -> bool:
+    """Whether an idle TCP stream here restarts from its initial window: net.ipv4.tcp_slow_start_after_idle,
+    and a congestion control without its own `cong_control` (Linux's tcp_slow_start_after_idle_check returns
+    early for one that has it: BBR keeps its window and paces at its bandwidth estimate after idle)."""
+    on = Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").read_text().strip() == "1"
+    return on and Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip() != "bbr"
+
+
 def spec_doc(gbps: float, ms: float, window: int | None = None, rows: list[dict] | None = None) -> dict[str, Any]:
     link: dict[str, Any] = {"bandwidth": f"{gbps:g}Gbps", "latency": f"{ms:g}ms", "shared_capacity": f"{gbps:g}Gbps"}
-    if window is not None:  # the transport model's figures: this host's window cap, the relayed TUN's MTU
+    if window is not None:  # the transport model's figures: this host's window cap and restart, the TUN's MTU
         link["window"] = f"{window}B"
         link["mtu"] = RELAY_MTU
+        link["slow_start_after_idle"] = kernel_restarts_after_idle()
     if rows:
         link["measured"] = rows
     return {"clusters": [{"name": n, "nodes": {"count": 1, "devices_per_node": 1, "device": "cpu"}}
@@ -115,12 +127,14 @@ def predicted(plan_path: Path) -> dict[str, Any]:
     return {"seconds": b.seconds, "bytes": b.flow_bytes, "source": b.source, "detail": b.detail}
 
 
-def _profile(rank: int, world_size: int, sizes: list[int], repeats: int) -> list[dict[str, Any]]:
-    """One side of `hetauto profile link` inside its namespace (run_in_namespaces calls it)."""
+def _profile(rank: int, world_size: int, sizes: list[int], repeats: int, idle_s: float) -> list[dict[str, Any]]:
+    """One side of `hetauto profile link --idle IDLE_S` inside its namespace (run_in_namespaces calls it)."""
     from hetauto.profiling.link import measure_link
 
-    got = measure_link(os.environ["MASTER_ADDR"], PORT, rank, sizes, [1], repeats=repeats, timeout_s=120)
-    return [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds} for r in got.rows]
+    got = measure_link(os.environ["MASTER_ADDR"], PORT, rank, sizes, [1], repeats=repeats, timeout_s=120,
+                       idle_s=idle_s)
+    return [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds, **({"idle": f"{r.idle_s:g}s"} if r.idle_s else {})}
+            for r in got.rows]
 
 
 def measured_rows(gbps: float, ms: float, nbytes: float, repeats: int) -> list[dict[str, Any]]:
@@ -128,7 +142,7 @@ def measured_rows(gbps: float, ms: float, nbytes: float, repeats: int) -> list[d
 
     sizes = sorted({int(nbytes // 4), int(nbytes // 2), int(nbytes), int(nbytes * 2)})
     with NamespaceTopology([[0], [1]], gbps * 1e9 / 8, delay_s=ms / 1e3) as topo:
-        return run_in_namespaces(topo, f"{__file__}:_profile", [sizes, repeats], timeout=600)[0]
+        return run_in_namespaces(topo, f"{__file__}:_profile", [sizes, repeats, PROFILE_IDLE_S], timeout=600)[0]
 
 
 def executor_run(plan_path: Path, steps: int) -> dict[str, Any]:
@@ -188,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--links", default=",".join(f"{g:g}x{d:g}" for g, d in LINKS),
                     help="comma-separated GBPSxMS links (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6,
+                    help="steps per executor run; the last one is measured (%(default)s: its connection is warm, "
+                         "as a training run's steady steps are)")
     ap.add_argument("--repeats", type=int, default=3, help="tries per measured row (median)")
     ap.add_argument("--runs", type=int, default=3, help="executor runs per link (the median transfer's is kept)")
     ap.add_argument("--json", action="store_true")

@@ -79,11 +79,21 @@ def _not_a_boolean(v: Any, what: str, example: str) -> Any:
 # spellings, never a guess); only 0 needs none. Validated before pydantic's coercion, so `true` is not 1.0.
 class LinkRowDoc(_Strict):
     """One measured row of a link (`hetauto profile link`): `flows` concurrent messages of `bytes` each took
-    `seconds` until the last one arrived."""
+    `seconds` until the last one arrived, sent after the connection had sent nothing for `idle` (0: back to
+    back)."""
 
     bytes: str | float
     flows: int = 1
     seconds: str | float
+    idle: str | float = 0.0
+
+    @field_validator("idle", mode="before")
+    @classmethod
+    def _idle(cls, v: Any) -> Any:
+        t = parse_time(v, require_unit=isinstance(v, str))
+        if t < 0:
+            raise ValueError(f"an idle time must be 0 or more, got {v!r} (e.g. idle: 1s)")
+        return t
 
     @field_validator("bytes", mode="before")
     @classmethod
@@ -164,7 +174,7 @@ class LinkDoc(_Strict):
     def _blocking(cls, v: Any, info: Any) -> Any:
         if not isinstance(v, bool):
             why = ("blocking: true when a send holds its sender" if info.field_name == "blocking" else
-                   "slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0")
+                   "slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0 or run BBR")
             raise ValueError(f"expected true or false, got {v!r} ({why})")
         return v
 
@@ -314,11 +324,13 @@ def _file_field(field: str) -> str:
 # ----------------------------------------------------------------------------------------------- values
 @dataclass(frozen=True, slots=True)
 class LinkRow:
-    """A measured link row: `flows` concurrent messages of `nbytes` each arrived after `seconds`."""
+    """A measured link row: `flows` concurrent messages of `nbytes` each arrived after `seconds`, sent after
+    `idle_s` without sending on the connection (0: back to back)."""
 
     nbytes: float
     flows: int
     seconds: float
+    idle_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,7 +524,8 @@ class ClusterSpec:
             if link.blocking:
                 d["blocking"] = True
             if link.measured:
-                d["measured"] = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds} for r in link.measured]
+                d["measured"] = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds,
+                                  **({"idle": f"{r.idle_s!r}s"} if r.idle_s else {})} for r in link.measured]
             if link.mtu is not None:
                 d["mtu"] = link.mtu
             if not link.slow_start_after_idle:
@@ -661,16 +674,17 @@ def _nics(c: ClusterDoc, i: int, source: str | Path | None) -> int | None:
 
 
 def _link_rows(d: LinkDoc, where: str, source: str | Path | None) -> tuple[LinkRow, ...]:
-    """A link's measured rows sorted by (flows, bytes); one (bytes, flows) measured twice is a mistake."""
-    seen: dict[tuple[float, int], int] = {}
+    """A link's measured rows sorted by (flows, idle, bytes); one (bytes, flows, idle) measured twice is a mistake."""
+    seen: dict[tuple[float, int, float], int] = {}
     for k, r in enumerate(d.measured):
-        key = (float(r.bytes), r.flows)
+        key = (float(r.bytes), r.flows, float(r.idle))
         if key in seen:
-            raise SpecError(source, f"{where}.measured[{k}]", f"{r.bytes:g} bytes x {r.flows} flows is also "
+            after = f" after {float(r.idle):g} s idle" if r.idle else ""
+            raise SpecError(source, f"{where}.measured[{k}]", f"{r.bytes:g} bytes x {r.flows} flows{after} is also "
                             f"measured[{seen[key]}]", "keep one row per size and flows (hetauto profile link writes one)")
         seen[key] = k
-    return tuple(sorted((LinkRow(float(r.bytes), r.flows, float(r.seconds)) for r in d.measured),
-                        key=lambda r: (r.flows, r.nbytes)))
+    return tuple(sorted((LinkRow(float(r.bytes), r.flows, float(r.seconds), float(r.idle)) for r in d.measured),
+                        key=lambda r: (r.flows, r.idle_s, r.nbytes)))
 
 
 def _load_device(ref: str, field: str, source: str | Path | None, base_dir: str | Path | None) -> DeviceProfile:

@@ -219,10 +219,12 @@ class Evaluator:
         self._plans: dict[tuple, Evaluation] = {}
         self._shard_exposed: tuple[tuple, list[float]] = ((), [])
         self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
-        # whether any cross-cluster link may restart from slow start (a TCP window, the restart on): only then
-        # do boundary prices depend on the plan's stage times (and the link cache key on them)
+        # whether any cross-cluster link may restart from slow start (a TCP window, the restart on) or has rows
+        # measured after idle: only then do boundary prices depend on the plan's stage times (and the link cache
+        # key on them)
         spec = inputs.cluster
-        self._slow_start = any(ln.window_bytes is not None and ln.slow_start_after_idle
+        self._slow_start = any((ln.window_bytes is not None and ln.slow_start_after_idle)
+                               or any(r.idle_s for r in ln.measured)
                                for ln in (spec.default_link, *(o[2] for o in spec.overrides)) if ln is not None)
         self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
 

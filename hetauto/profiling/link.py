@@ -13,8 +13,10 @@ largest size per number of flows come first, until two in a row agree within 10%
 connection's receive and congestion windows open over its first transfers (over 1 Gbit/s, 20 ms each way:
 269, 54, 50, 43 ms for 2 MiB), which a training run's steady steps no longer pay. The ack's own one-way time (half of the same measurement
 of a one-byte message, made first) is subtracted, so a row is the one-way time from the first byte sent to the
-last byte received. The median of `repeats` tries is kept (one slow try, e.g. a TCP slow start after idle, does
-not move it).
+last byte received. The median of `repeats` tries is kept. With `idle_s` (`--idle`), the sender sends nothing on
+the measured connections for that long before each timed transfer (barrier, ack and votes go over a connection
+of their own), and the rows say so (`idle`): what a direction that idles between transfers gets (a TCP stream
+restarting from its initial window under cubic; BBR pacing at an estimate its last transfers set).
 """
 
 from __future__ import annotations
@@ -69,9 +71,11 @@ def _unreachable(host: str, port: int, rank: int, timeout_s: float, err: BaseExc
 
 
 def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: Sequence[int], *,
-                 repeats: int = 3, timeout_s: float = 60.0,
+                 repeats: int = 3, timeout_s: float = 60.0, idle_s: float = 0.0,
                  progress: Callable[[int, int], None] | None = None) -> LinkMeasurement:
     """Run one side (`rank` 0: the sender, listening on `host:port`; 1: the receiver) over sizes x flows.
+    `idle_s`: the sender sends nothing on the measured connections for this long before each timed transfer
+    (rows of a direction that idles between transfers, e.g. once per step); 0: back to back.
     `progress(done, total)` after each row."""
     import torch
     import torch.distributed as dist
@@ -79,6 +83,8 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
     _connect(host, port, rank, timeout_s)
     try:
         groups = [dist.new_group([0, 1], backend="gloo") for _ in range(max(flows))]
+        # barrier, ack and warm-up votes on a connection of their own, so the measured ones idle when told to
+        ctl = dist.new_group([0, 1], backend="gloo")
         ack = torch.zeros(1, dtype=torch.uint8)
 
         def ping() -> float:
@@ -94,20 +100,22 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
         ping()  # connect and warm the pair
         rtt = 0.0
 
-        def transfer(bufs: list) -> float:
+        def transfer(bufs: list, idle: float = 0.0) -> float:
             # the receiver posts first (as a pipeline's receiver does, ahead of the send): gloo then sends at once
             # instead of waiting a one-way trip for the receiver's ready notice
             works = [] if rank == 0 else [dist.irecv(b, 0, group=g) for b, g in zip(bufs, groups)]
-            dist.barrier(group=groups[0])
+            dist.barrier(group=ctl)
+            if rank == 0 and idle > 0:
+                time.sleep(idle)
             t0 = time.perf_counter()
             if rank == 0:
                 for w in [dist.isend(b, 1, group=g) for b, g in zip(bufs, groups)]:
                     w.wait()
-                dist.recv(ack, 1, group=groups[0])
+                dist.recv(ack, 1, group=ctl)
             else:
                 for w in works:
                     w.wait()
-                dist.send(ack, 0, group=groups[0])
+                dist.send(ack, 0, group=ctl)
             return time.perf_counter() - t0 - rtt / 2
 
         # the correction: the same procedure with a one-byte message, which is two one-byte one-way trips (the
@@ -123,23 +131,25 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
             # untimed transfers of the largest size first: a fresh connection's receive window and congestion
             # window grow over its first transfers, which a training run's steady steps no longer pay
             big = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(f)]
-            last, more = transfer(big), torch.ones(1, dtype=torch.uint8)
+            # with idle_s, idle before each of them too: a connection that only ever sends after idling (BBR's
+            # bandwidth estimate comes from such app-limited transfers) is not one warmed up back to back
+            last, more = transfer(big, idle_s), torch.ones(1, dtype=torch.uint8)
             for _ in range(WARM_MAX - 1):
-                t = transfer(big)
+                t = transfer(big, idle_s)
                 if rank == 0:  # the sender's times decide; the receiver follows its word
                     more[0] = int(abs(t - last) > WARM_AGREE * max(t, last))
-                dist.broadcast(more, 0, group=groups[0])
+                dist.broadcast(more, 0, group=ctl)
                 if not more[0]:
                     break
                 last = t
             for n in sizes:
                 bufs = [torch.zeros(n, dtype=torch.uint8) for _ in range(f)]
-                tries = [transfer(bufs) for _ in range(repeats)]
-                rows.append(LinkRow(n, f, max(statistics.median(tries), 1e-9)))
+                tries = [transfer(bufs, idle_s) for _ in range(repeats)]
+                rows.append(LinkRow(n, f, max(statistics.median(tries), 1e-9), idle_s))
                 done += 1
                 if progress is not None:
                     progress(done, total)
-        dist.barrier(group=groups[0])
+        dist.barrier(group=ctl)
         return LinkMeasurement(tuple(rows), rtt, rank)
     finally:
         dist.destroy_process_group()
