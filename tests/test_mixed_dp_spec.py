@@ -196,3 +196,18 @@ def test_a_mixed_cluster_exports_to_metis_with_each_nodes_own_instance_type(tmp_
     nodes = json.loads(clusterfile.read_text(encoding="utf-8"))
     assert [(n["instance_type"], n["memory"]) for n in nodes.values()] == [
         ("H100", 80.0), ("A100", 80.0), ("A100", 80.0)]  # GiB, as Metis reads it (docs/baselines.md)
+
+
+def test_the_launch_plan_gives_each_node_of_its_own_size_its_ranks() -> None:
+    from hetauto.launch.plan import derive
+
+    spec = cluster_from_dict(NV_PCIE)
+    plan = Plan(model="tiny-gpt", cluster=None, seq_len=32, global_batch=8, microbatch_size=8, num_microbatches=1,
+                stages=(StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8)), layers=(0, 3), tp=8, dp=1),
+                        StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8, 16)), layers=(3, 6),
+                                  tp=4, dp=2)))
+    launch = derive(plan, spec, {}, master="10.0.0.1", backends=["cuda", "cuda"],
+                    visible_env={"cuda": ("CUDA_VISIBLE_DEVICES",)})
+    nodes = [n for site in launch.sites for n in site.nodes]
+    assert [(n.node, n.first_rank, n.nproc, n.devices) for n in nodes] == [
+        (0, 0, 8, tuple(range(8))), (1, 8, 4, (0, 1, 2, 3)), (2, 12, 4, (0, 1, 2, 3))]
