@@ -8,10 +8,11 @@ the NICs, the relay's copies). Each concurrent flow is its own gloo process grou
 One measurement: rank 1 posts its receives, both pass a barrier, rank 0 sends `flows` messages of `nbytes` at
 once, rank 1 receives them all and answers with a one-byte ack on flow 0; rank 0 times send-to-ack. Receives
 are posted first because a pipeline's receiver posts ahead of the send, and gloo's TCP pair holds a send until
-the receiver's ready notice arrives (one more one-way trip when it comes late). Untimed transfers of the
-largest size per number of flows come first, until two in a row agree within 10% (at most `WARM_MAX`): a fresh
-connection's receive and congestion windows open over its first transfers (over 1 Gbit/s, 20 ms each way:
-269, 54, 50, 43 ms for 2 MiB), which a training run's steady steps no longer pay. The ack's own one-way time (half of the same measurement
+the receiver's ready notice arrives (one more one-way trip when it comes late). Untimed transfers of each row's
+size come first, until two in a row agree within 10% (at most `WARM_MAX`): a fresh connection's receive and
+congestion windows open over its first transfers (over 1 Gbit/s, 20 ms each way: 269, 54, 50, 43 ms for
+2 MiB), which a training run's steady steps no longer pay, and a row is of a connection carrying messages of
+its size, as a boundary's does. The ack's own one-way time (half of the same measurement
 of a one-byte message, made first) is subtracted, so a row is the one-way time from the first byte sent to the
 last byte received. The median of `repeats` tries is kept. With `idle_s` (`--idle`), the sender sends nothing on
 the measured connections for that long before each timed transfer (barrier, ack and votes go over a connection
@@ -128,22 +129,21 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
         rows = []
         total, done = len(sizes) * len(flows), 0
         for f in flows:
-            # untimed transfers of the largest size first: a fresh connection's receive window and congestion
-            # window grow over its first transfers, which a training run's steady steps no longer pay
-            big = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(f)]
-            # with idle_s, idle before each of them too: a connection that only ever sends after idling (BBR's
-            # bandwidth estimate comes from such app-limited transfers) is not one warmed up back to back
-            last, more = transfer(big, idle_s), torch.ones(1, dtype=torch.uint8)
-            for _ in range(WARM_MAX - 1):
-                t = transfer(big, idle_s)
-                if rank == 0:  # the sender's times decide; the receiver follows its word
-                    more[0] = int(abs(t - last) > WARM_AGREE * max(t, last))
-                dist.broadcast(more, 0, group=ctl)
-                if not more[0]:
-                    break
-                last = t
             for n in sizes:
                 bufs = [torch.zeros(n, dtype=torch.uint8) for _ in range(f)]
+                # untimed transfers of this size first, as a boundary sends one size over and over: a fresh
+                # connection's windows open over its first transfers, and BBR's pacing follows the bandwidth
+                # its recent (app-limited) transfers reached, so a row depends on what came before it (over 1
+                # Gbit/s, 70 ms each way, 2 MiB after 1 MiB transfers: 108 ms; after 2 MiB ones: 145 ms)
+                last, more = transfer(bufs, idle_s), torch.ones(1, dtype=torch.uint8)
+                for _ in range(WARM_MAX - 1):
+                    t = transfer(bufs, idle_s)
+                    if rank == 0:  # the sender's times decide; the receiver follows its word
+                        more[0] = int(abs(t - last) > WARM_AGREE * max(t, last))
+                    dist.broadcast(more, 0, group=ctl)
+                    if not more[0]:
+                        break
+                    last = t
                 tries = [transfer(bufs, idle_s) for _ in range(repeats)]
                 rows.append(LinkRow(n, f, max(statistics.median(tries), 1e-9), idle_s))
                 done += 1
