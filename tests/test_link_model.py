@@ -92,8 +92,10 @@ def test_rows_measured_after_idle_price_transfers_that_idle_longer_than_the_rto(
     cold = (LinkRow(1024.0, 1, 0.021, 1.0), LinkRow(MIB, 1, 0.061, 1.0))
     link = LinkSpec(GBPS, 0.02, measured=warm + cold)
     busy, idle = price_link(link, MIB, 1, idle_s=0.1), price_link(link, MIB, 1, idle_s=0.5)
-    assert (busy.seconds(MIB), busy.detail) == (pytest.approx(0.031, rel=1e-12), "measured rows at 1 flows back to back")
-    assert (idle.seconds(MIB), idle.detail) == (pytest.approx(0.061, rel=1e-12), "measured rows at 1 flows after idle")
+    assert busy.seconds(MIB) == pytest.approx(0.031, rel=1e-12)
+    assert busy.detail == "measured rows at 1 flows back to back"
+    assert idle.seconds(MIB) == pytest.approx(0.061, rel=1e-12)
+    assert idle.detail == "measured rows at 1 flows after idle"
     only_cold = price_link(LinkSpec(GBPS, 0.02, measured=cold), MIB, 1, idle_s=0.1)
     assert only_cold.seconds(MIB) == pytest.approx(0.061, rel=1e-12)
     assert only_cold.detail == "measured rows at 1 flows (none measured back to back: idle 100 ms vs RTO 240 ms)"

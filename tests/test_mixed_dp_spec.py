@@ -97,8 +97,8 @@ def test_a_mixed_cluster_round_trips_and_one_group_is_an_ordinary_cluster() -> N
     (_groups({"count": 1, "devices_per_node": 2, "device": "h100"}, {"count": 0, "devices_per_node": 2, "device": "h100"}),
      "spec.yaml: clusters[0].nodes[1].count: must be a positive number of nodes, got 0 (e.g. 8)"),
     (_groups({"count": 1, "devices_per_node": 2, "device": "h100", "gpus": 2}),
-     "spec.yaml: clusters[0].nodes[0].gpus: unknown field (expected one of: count, devices_per_node, device, speed_factor, "
-     "intra_node)"),
+     "spec.yaml: clusters[0].nodes[0].gpus: unknown field (expected one of: count, devices_per_node, device, "
+     "speed_factor, intra_node)"),
     (_groups({"count": 1, "devices_per_node": 2, "device": "h100"}, {"count": 1, "devices_per_node": 2, "device": "./x.yaml"}),
      "spec.yaml: clusters[0].nodes[1].device: cannot load profile: x.yaml: file not found (check the path)"),
     (_groups(), "spec.yaml: clusters[0]: nodes: an empty list of node groups; list at least one "
@@ -203,7 +203,8 @@ def test_the_launch_plan_gives_each_node_of_its_own_size_its_ranks() -> None:
 
     spec = cluster_from_dict(NV_PCIE)
     plan = Plan(model="tiny-gpt", cluster=None, seq_len=32, global_batch=8, microbatch_size=8, num_microbatches=1,
-                stages=(StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8)), layers=(0, 3), tp=8, dp=1),
+                stages=(StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8)), layers=(0, 3), tp=8,
+                                  dp=1),
                         StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8, 16)), layers=(3, 6),
                                   tp=4, dp=2)))
     launch = derive(plan, spec, {}, master="10.0.0.1", backends=["cuda", "cuda"],
