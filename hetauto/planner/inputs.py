@@ -77,7 +77,8 @@ class PlanningInputs:
             if c.is_mixed:  # one line per node group
                 out += [f"  {c.name}.nodes[{g}]: {grp.count}x{grp.devices_per_node or c.devices_per_node} "
                         f"{grp.device.key} ({format_flops(grp.device.peak_flops)}, "
-                        f"{format_bytes(grp.device.memory_bytes)}, intra {format_bandwidth(c.group_view(g).intra_node.bandwidth_Bps)}, "
+                        f"{format_bytes(grp.device.memory_bytes)}, "
+                        f"intra {format_bandwidth(c.group_view(g).intra_node.bandwidth_Bps)}, "
                         f"NIC {format_bandwidth(c.inter_node.bandwidth_Bps)})" for g, grp in enumerate(c.groups)]
                 continue
             out.append(f"  {c.name}: {c.num_nodes}x{c.devices_per_node} {c.device.key} "
