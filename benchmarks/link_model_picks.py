@@ -9,8 +9,10 @@ Per scenario: the old pick's time under the old and the new model (how far its p
 pick's time under the new model, and whether the pick changed (its stages' clusters, layers, tp x dp, schedule).
 Minutes (paper-4c's search dominates).
 
-Figures (2026-12-03): at 1 Gbit/s / 40 ms both scenarios' best plans stay on one cluster (h800 only: 43.851 s
-and 83.237 s), so the link model changes nothing. At --rate 10Gbps (40 ms): two-cluster's old pick (a100 + h800,
+Figures (2026-12-03, re-run after the planner's later changes): at 1 Gbit/s / 40 ms both scenarios' best plans
+stay on one cluster (two-cluster: zb-h1, 16 stages of 1x4 H800, 41.820 s; paper-4c: the same on its H800s,
+81.206 s), under the old and the new link model alike, so the link model changes neither pick nor time (+0.0%).
+Earlier (before those planner changes: 43.851 s and 83.237 s at 1 Gbit/s), at --rate 10Gbps (40 ms): two-cluster's old pick (a100 + h800,
 Virtual-1F1B, 31.446 s under the old model) is 85.405 s under the new one (+171.6%); the new pick (4 stages of
 8x4, 34.918 s) is 2.45x faster than the old pick under the new model. paper-4c: old pick 58.063 s -> 85.493 s
 (+47.2%); the new pick (all four clusters, 58.581 s) is 1.46x faster.

@@ -84,6 +84,33 @@ def test_price_names_its_source() -> None:
     assert blocking.source == "model" and blocking.blocking and blocking.detail == "nominal 1Gbps, blocking sends"
 
 
+def test_rows_measured_after_idle_price_transfers_that_idle_longer_than_the_rto() -> None:
+    """Rows of two regimes (back to back, after idle): a transfer idling longer than the RTO (RTT + 200 ms =
+    240 ms here) takes the after-idle rows, a busier one the back-to-back rows; one regime alone prices both,
+    saying so where it is not the transfer's."""
+    warm = (LinkRow(1024.0, 1, 0.021), LinkRow(MIB, 1, 0.031))
+    cold = (LinkRow(1024.0, 1, 0.021, 1.0), LinkRow(MIB, 1, 0.061, 1.0))
+    link = LinkSpec(GBPS, 0.02, measured=warm + cold)
+    busy, idle = price_link(link, MIB, 1, idle_s=0.1), price_link(link, MIB, 1, idle_s=0.5)
+    assert busy.seconds(MIB) == pytest.approx(0.031, rel=1e-12)
+    assert busy.detail == "measured rows at 1 flows back to back"
+    assert idle.seconds(MIB) == pytest.approx(0.061, rel=1e-12)
+    assert idle.detail == "measured rows at 1 flows after idle"
+    only_cold = price_link(LinkSpec(GBPS, 0.02, measured=cold), MIB, 1, idle_s=0.1)
+    assert only_cold.seconds(MIB) == pytest.approx(0.061, rel=1e-12)
+    assert only_cold.detail == "measured rows at 1 flows (none measured back to back: idle 100 ms vs RTO 240 ms)"
+    assert price_link(LinkSpec(GBPS, 0.02, measured=warm), MIB, 1, idle_s=5.0).detail == "measured rows at 1 flows"
+    doc = spec_with(measured=[{"bytes": "1MiB", "seconds": 0.031}, {"bytes": "1MiB", "seconds": 0.061, "idle": "1s"}])
+    spec = cluster_from_dict(doc, "c.yaml")
+    assert spec.link("a", "b").measured == (LinkRow(MIB, 1, 0.031), LinkRow(MIB, 1, 0.061, 1.0))
+    assert cluster_from_dict(spec.to_document()).default_link == spec.default_link
+    twice = spec_with(measured=[{"bytes": "1MiB", "seconds": 0.061, "idle": "1s"}] * 2)
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict(twice, "c.yaml")
+    assert str(err.value) == ("c.yaml: links.default.measured[1]: 1.04858e+06 bytes x 1 flows after 1 s idle is also "
+                              "measured[0] (keep one row per size and flows (hetauto profile link writes one))")
+
+
 def test_a_blocking_send_holds_its_sender() -> None:
     # GPipe, 2 ranks, 2 microbatches; F = 1, B = 2, a send serializes for 0.5 and holds its sender as long
     costs = PipelineCosts(tf=(1.0, 1.0), tb=(2.0, 2.0), links=(Link(0.0, 2.0),), act_bytes=1.0)
@@ -118,7 +145,8 @@ def test_spec_fields_round_trip_and_validate() -> None:
     ({"mtu": 100}, "c.yaml: links.default.mtu: must be an IPv4 MTU between 576 and 65535 bytes, got 100 (e.g. "
                    "mtu: 1500)"),
     ({"slow_start_after_idle": 0}, "c.yaml: links.default.slow_start_after_idle: expected true or false, got 0 "
-                                   "(slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0)"),
+                                   "(slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0 "
+                                   "or run BBR)"),
     ({"measured": [{"bytes": "1KiB", "seconds": 0}]},
      "c.yaml: links.default.measured[0].seconds: a measured time must be positive, got 0 (e.g. seconds: 0.012)"),
     ({"measured": [{"bytes": "1KiB", "seconds": 1}, {"bytes": 1024, "seconds": 2}]},

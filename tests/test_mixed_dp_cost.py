@@ -118,3 +118,33 @@ def test_a_homogeneous_stage_with_uneven_shares_is_priced_by_its_larger_share() 
     f3, b3 = _rows(homo, 3)
     c = homo.pipeline_costs(_plan((0, 1), (3, 1)))
     assert (c.tf[0], c.tb[0]) == (pytest.approx(f3, rel=1e-12), pytest.approx(b3, rel=1e-12))
+
+
+def test_tp_collectives_and_an_intra_node_ring_take_their_node_groups_own_link() -> None:
+    """An 8-GPU NVLink node beside a 4-GPU PCIe node (issue 27 item 3): a TP-4 stage on each is priced exactly as
+    on a homogeneous cluster of that node size and intra-node link, and a DP ring inside the PCIe node too."""
+    nv, pcie = {"bandwidth": "450GB/s", "latency": "5us"}, {"bandwidth": "32GB/s", "latency": "10us"}
+    mixed = cluster_from_dict({"clusters": [{"name": "lab", "nodes": [
+        {"count": 1, "devices_per_node": 8, "device": "h100", "intra_node": nv},
+        {"count": 1, "devices_per_node": 4, "device": "h100", "intra_node": pcie}]}]})
+
+    def homo(dpn: int, link: dict) -> object:
+        return cluster_from_dict({"clusters": [{"name": "lab", "intra_node": link,
+                                                "nodes": {"count": 1, "devices_per_node": dpn, "device": "h100"}}]})
+
+    def plan(devices: tuple[int, ...], tp: int) -> Plan:
+        return Plan(model=MODEL, cluster=None, seq_len=SEQ, global_batch=32, microbatch_size=4, num_microbatches=8,
+                    stages=(StagePlan(cluster="lab", device_type="h100", devices=devices, layers=LAYERS, tp=tp,
+                                      dp=len(devices) // tp),))
+
+    ev = _ev(mixed, dp_overlap=False)
+    on_nv, on_pcie = ev.pipeline_costs(plan((0, 1, 2, 3), 4)), ev.pipeline_costs(plan((8, 9, 10, 11), 4))
+    want_nv = _ev(homo(8, nv), dp_overlap=False).pipeline_costs(plan((0, 1, 2, 3), 4))
+    want_pcie = _ev(homo(4, pcie), dp_overlap=False).pipeline_costs(plan((0, 1, 2, 3), 4))
+    assert (on_nv.tf, on_nv.tb) == (pytest.approx(want_nv.tf, rel=1e-12), pytest.approx(want_nv.tb, rel=1e-12))
+    assert (on_pcie.tf, on_pcie.tb) == (pytest.approx(want_pcie.tf, rel=1e-12), pytest.approx(want_pcie.tb, rel=1e-12))
+    assert on_pcie.tf[0] > on_nv.tf[0]  # the PCIe group's TP all-reduces are slower
+    # a dp-2 ring inside the PCIe node goes over its PCIe link
+    sums = ev.layer_table("bf16").range(*LAYERS)
+    ring = cm.ring_allreduce_time(cm.dp_grad_bytes(sums, tp=2, element_bytes=4), 2, 32e9, 10e-6)
+    assert ev.pipeline_costs(plan((8, 9, 10, 11), 2)).allreduce == (pytest.approx(ring, rel=1e-12),)

@@ -33,6 +33,47 @@ def test_node_groups_number_devices_node_major_in_the_order_listed() -> None:
     assert c.device.key == "h100" and c.group_view(0).device.peak_flops == c.device.peak_flops
 
 
+# an 8-GPU NVLink node beside two 4-GPU PCIe nodes (item 3 of issue 27)
+NV_PCIE = _groups({"count": 1, "devices_per_node": 8, "device": "h100", "intra_node": {"bandwidth": "450GB/s"}},
+                  {"count": 2, "devices_per_node": 4, "device": "h100",
+                   "intra_node": {"bandwidth": "32GB/s", "latency": "10us"}})
+
+
+def test_node_groups_of_different_node_sizes_and_their_own_intra_node_links() -> None:
+    c = cluster_from_dict(NV_PCIE, "spec.yaml").cluster("lab")
+    assert (c.num_nodes, c.num_devices, c.devices_per_node) == (3, 16, 4)  # 4 = gcd(8, 4): TP's bound
+    assert [c.node_of(d) for d in (0, 7, 8, 11, 12, 15)] == [0, 0, 1, 1, 2, 2]
+    assert [c.local_index(d) for d in (0, 7, 8, 11, 12, 15)] == [0, 7, 0, 3, 0, 3]
+    assert [c.group_of(d) for d in (7, 8, 15)] == [0, 1, 1]
+    assert (c.intra_link(7).bandwidth_Bps, c.intra_link(8).bandwidth_Bps) == (450e9, 32e9)
+    assert c.intra_link(8).latency_s == pytest.approx(10e-6, rel=1e-12)
+    v0, v1 = c.group_view(0), c.group_view(1)
+    assert (v0.devices_per_node, v0.num_devices, v0.intra_node.bandwidth_Bps) == (8, 8, 450e9)
+    assert (v1.devices_per_node, v1.num_devices, v1.intra_node.bandwidth_Bps) == (4, 8, 32e9)
+    # the cluster's own intra link (a group without one has it): the slowest device's, as before
+    assert c.intra_node.bandwidth_Bps == c.device.intra_node_bandwidth_Bps
+    spec = cluster_from_dict(NV_PCIE)
+    assert cluster_from_dict(spec.to_document()) == spec
+    with pytest.raises(ValueError, match="device 16 is out of range for cluster 'lab' \\(16 devices\\)"):
+        c.group_of(16)
+
+
+def test_a_tp_group_must_stay_inside_one_node_of_its_own_size() -> None:
+    spec = cluster_from_dict(NV_PCIE)
+    def plan(tp: int) -> Plan:
+        return Plan(model="tiny-gpt", cluster=None, seq_len=32, global_batch=4, microbatch_size=4, num_microbatches=1,
+                    stages=(StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8)), layers=(0, 3), tp=8,
+                                      dp=1),
+                            StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8, 16)), layers=(3, 6),
+                                      tp=tp, dp=8 // tp)))
+
+    check_plan(plan(4), spec)  # tp 8 on the 8-GPU node, tp 4 on each 4-GPU node
+    with pytest.raises(PlanMismatch) as err:
+        check_plan(plan(8), spec)
+    assert str(err.value).endswith("tp group [8, 9, 10, 11, 12, 13, 14, 15] spans nodes [1, 2] of cluster 'lab' "
+                                   "(node sizes 8, 4); keep each tp group inside one node")
+
+
 def test_a_mixed_cluster_round_trips_and_one_group_is_an_ordinary_cluster() -> None:
     spec = cluster_from_dict(LAB)
     assert cluster_from_dict(spec.to_document()) == spec
@@ -43,17 +84,21 @@ def test_a_mixed_cluster_round_trips_and_one_group_is_an_ordinary_cluster() -> N
 
 
 @pytest.mark.parametrize("doc, message", [
-    (_groups({"count": 1, "devices_per_node": 2, "device": "h100"}, {"count": 1, "devices_per_node": 4, "device": "a100-80g"}),
-     "spec.yaml: clusters[0].nodes[1].devices_per_node: 4, but nodes[0] has 2: the node groups of one cluster have the "
-     "same devices per node (devices are numbered node-major across them) (put nodes of another size in a cluster of "
-     "their own)"),
+    (_groups({"count": 1, "devices_per_node": 2, "device": "h100"},
+             {"count": 1, "devices_per_node": 4, "device": "a100-80g", "intra_node": {"nics_per_node": 1}}),
+     "spec.yaml: clusters[0].nodes[1].intra_node.nics_per_node: NICs belong to the cluster's inter-node link (move "
+     "nics_per_node under the cluster's inter_node)"),
+    (_groups({"count": 1, "devices_per_node": 2, "device": "h100", "intra_node": {"bandwidth": 400}}),
+     "spec.yaml: clusters[0].nodes[0].intra_node.bandwidth: 400 has no unit; write '400Gbps' (bits/s) or '400GB/s' "
+     "(bytes/s)"),
     (_groups({"count": 1, "devices_per_node": 2, "device": "h100"}, {"count": 1, "devices_per_node": 2, "device": "mi300x"}),
      "spec.yaml: clusters[0].nodes: node groups on different backends (nodes[0] h100 on cuda, nodes[1] mi300x on rocm); "
      "one backend runs a cluster (put each backend's nodes in a cluster of their own, or name the cluster's backend:)"),
     (_groups({"count": 1, "devices_per_node": 2, "device": "h100"}, {"count": 0, "devices_per_node": 2, "device": "h100"}),
      "spec.yaml: clusters[0].nodes[1].count: must be a positive number of nodes, got 0 (e.g. 8)"),
     (_groups({"count": 1, "devices_per_node": 2, "device": "h100", "gpus": 2}),
-     "spec.yaml: clusters[0].nodes[0].gpus: unknown field (expected one of: count, devices_per_node, device, speed_factor)"),
+     "spec.yaml: clusters[0].nodes[0].gpus: unknown field (expected one of: count, devices_per_node, device, "
+     "speed_factor, intra_node)"),
     (_groups({"count": 1, "devices_per_node": 2, "device": "h100"}, {"count": 1, "devices_per_node": 2, "device": "./x.yaml"}),
      "spec.yaml: clusters[0].nodes[1].device: cannot load profile: x.yaml: file not found (check the path)"),
     (_groups(), "spec.yaml: clusters[0]: nodes: an empty list of node groups; list at least one "
@@ -151,3 +196,19 @@ def test_a_mixed_cluster_exports_to_metis_with_each_nodes_own_instance_type(tmp_
     nodes = json.loads(clusterfile.read_text(encoding="utf-8"))
     assert [(n["instance_type"], n["memory"]) for n in nodes.values()] == [
         ("H100", 80.0), ("A100", 80.0), ("A100", 80.0)]  # GiB, as Metis reads it (docs/baselines.md)
+
+
+def test_the_launch_plan_gives_each_node_of_its_own_size_its_ranks() -> None:
+    from hetauto.launch.plan import derive
+
+    spec = cluster_from_dict(NV_PCIE)
+    plan = Plan(model="tiny-gpt", cluster=None, seq_len=32, global_batch=8, microbatch_size=8, num_microbatches=1,
+                stages=(StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8)), layers=(0, 3), tp=8,
+                                  dp=1),
+                        StagePlan(cluster="lab", device_type="h100", devices=tuple(range(8, 16)), layers=(3, 6),
+                                  tp=4, dp=2)))
+    launch = derive(plan, spec, {}, master="10.0.0.1", backends=["cuda", "cuda"],
+                    visible_env={"cuda": ("CUDA_VISIBLE_DEVICES",)})
+    nodes = [n for site in launch.sites for n in site.nodes]
+    assert [(n.node, n.first_rank, n.nproc, n.devices) for n in nodes] == [
+        (0, 0, 8, tuple(range(8))), (1, 8, 4, (0, 1, 2, 3)), (2, 12, 4, (0, 1, 2, 3))]

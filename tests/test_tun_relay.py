@@ -69,5 +69,6 @@ def test_bad_relay_options_are_refused(kwargs: dict, message: str) -> None:
 
 
 def test_relay_burst_holds_two_packets() -> None:
-    topo = NamespaceTopology([[0], [1]], 12.5e6, delay_s=0.01)
+    topo = NamespaceTopology([[0], [1]], 12.5e6, delay_s=0.01, mtu=65000)
     assert topo.burst == 2 * 65000 and NamespaceTopology([[0], [1]], 12.5e6).burst == 32 * 1024
+    assert NamespaceTopology([[0], [1]], 12.5e6, delay_s=0.01).mtu == 9000  # jumbo frames (see its docstring)

@@ -41,6 +41,9 @@ def add_link_arguments(sub: Any) -> None:
     link.add_argument("--flows", default=DEFAULT_FLOWS, metavar="LIST",
                       help=f"numbers of concurrent flows, comma-separated (default {DEFAULT_FLOWS})")
     link.add_argument("--repeats", type=int, default=3, help="tries per row; the median is kept (default 3)")
+    link.add_argument("--idle", type=float, default=0.0, metavar="S",
+                      help="send nothing for S seconds before each timed transfer (rows for a direction that idles "
+                           "between transfers, e.g. one microbatch per step; default 0: back to back)")
     link.add_argument("--timeout", type=float, default=60.0, metavar="S",
                       help="seconds to wait for the peer and for every transfer (default 60)")
     link.add_argument("--spec", metavar="FILE", help="cluster spec whose link entry receives the rows")
@@ -97,7 +100,8 @@ def write_rows(spec_path: str, between: tuple[str, str], rows: list[dict[str, An
         base = {k: v for k, v in (links.get("default") or {}).items() if k != "measured"}
         entry = {"between": [a, b], **base}
         overrides.append(entry)
-    entry["measured"] = [{"bytes": r["bytes"], "flows": r["flows"], "seconds": r["seconds"]} for r in rows]
+    entry["measured"] = [{"bytes": r["bytes"], "flows": r["flows"], "seconds": r["seconds"],
+                          **({"idle": f"{r['idle']:g}s"} if r.get("idle") else {})} for r in rows]
     cluster_from_dict(doc, spec_path)
     path = Path(spec_path)
     if path.suffix == ".json":
@@ -128,6 +132,8 @@ def run_link(args: argparse.Namespace) -> int:
         raise HetautoError(f"--repeats must be >= 1, got {args.repeats}")
     if args.timeout <= 0:
         raise HetautoError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if not 0 <= args.idle <= 600:
+        raise HetautoError(f"--idle must be between 0 and 600 seconds, got {args.idle:g}")
     if (args.spec is None) != (args.between is None):
         raise HetautoError("--spec FILE and --between A B go together (the link entry the rows belong to)")
     if args.spec is not None and args.rank == 1:
@@ -170,7 +176,7 @@ def run_link(args: argparse.Namespace) -> int:
 
             print_json({"master": f"{host}:{port}", "rank": 1, "rows": len(result.rows)})
         return 0
-    rows = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds,
+    rows = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds, "idle": r.idle_s,
              "gbps": r.nbytes * r.flows * 8 / r.seconds / 1e9} for r in result.rows]
     if args.spec is not None:
         write_rows(args.spec, tuple(args.between), rows)
@@ -197,7 +203,8 @@ def _measure(measure: Any, host: str, port: int, args: argparse.Namespace, sizes
              flows: tuple[int, ...], *, show: bool) -> Any:
     """measure_link with a progress bar on stderr (rank 0, human output)."""
     if not show or not sys.stderr.isatty():
-        return measure(host, port, args.rank, sizes, flows, repeats=args.repeats, timeout_s=args.timeout)
+        return measure(host, port, args.rank, sizes, flows, repeats=args.repeats, timeout_s=args.timeout,
+                       idle_s=args.idle)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
@@ -205,4 +212,4 @@ def _measure(measure: Any, host: str, port: int, args: argparse.Namespace, sizes
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("rows", total=len(sizes) * len(flows))
         return measure(host, port, args.rank, sizes, flows, repeats=args.repeats, timeout_s=args.timeout,
-                       progress=lambda done, total: bar.update(task, completed=done))
+                       idle_s=args.idle, progress=lambda done, total: bar.update(task, completed=done))

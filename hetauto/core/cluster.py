@@ -18,26 +18,33 @@ dataclass values that the planner, simulator and executor share. Example:
 
 `speed_factor` on a cluster scales its device's compute and memory bandwidth (emulated mock clusters).
 
-Mixed devices in one cluster (as Metis's hostfile + per-node `instance_type`, Sailor and FlashFlex describe
+Mixed nodes in one cluster (as Metis's hostfile + per-node `instance_type`, Sailor and FlashFlex describe
 them): `nodes` may instead be a list of node groups, each `{count, devices_per_node, device}` with an optional
-`speed_factor` of its own (times the cluster's). Devices are numbered node-major across the groups in the
-order listed (group 0's nodes first), so every group needs the same `devices_per_node`, and one backend runs
-the whole cluster (the groups' devices' backends must agree, or the cluster names its `backend:`):
+`speed_factor` of its own (times the cluster's) and an optional `intra_node` link of its own (an NVLink group
+beside a PCIe group; a group without one has the cluster's). Groups may differ in `devices_per_node` (an 8-GPU
+node beside 4-GPU ones). Devices are numbered node-major across the groups in the order listed (group 0's
+nodes first), and one backend runs the whole cluster (the groups' devices' backends must agree, or the cluster
+names its `backend:`):
 
     clusters:
       - name: lab
         nodes:
-          - {count: 1, devices_per_node: 8, device: h100}
-          - {count: 2, devices_per_node: 8, device: a100-80g}   # devices 8..23
+          - {count: 1, devices_per_node: 8, device: h100, intra_node: {bandwidth: 450GB/s}}   # NVLink
+          - {count: 2, devices_per_node: 4, device: a100-80g,                                # devices 8..15
+             intra_node: {bandwidth: 32GB/s, latency: 10us}}                                  # PCIe
         inter_node: {bandwidth: 200Gbps, latency: 10us}
 
-A stage's DP replicas may then sit on different groups (`StagePlan.dp_shares` splits its microbatch).
+A stage's DP replicas may then sit on different groups (`StagePlan.dp_shares` splits its microbatch); a TP
+group stays inside one node, and its collectives are priced on its group's `intra_node` link. With groups of
+different node sizes the cluster's `devices_per_node` is their greatest common divisor: the largest TP degree
+that fits every node, and the unit every node splits into (`Cluster.node_of` finds a device's real node).
 `backend` on a cluster names the backend its ranks run on when it is not the device profile's `backend:`
 (`hetauto backends` lists them; e.g. `mock` for a cluster of emulated devices).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,11 +79,21 @@ def _not_a_boolean(v: Any, what: str, example: str) -> Any:
 # spellings, never a guess); only 0 needs none. Validated before pydantic's coercion, so `true` is not 1.0.
 class LinkRowDoc(_Strict):
     """One measured row of a link (`hetauto profile link`): `flows` concurrent messages of `bytes` each took
-    `seconds` until the last one arrived."""
+    `seconds` until the last one arrived, sent after the connection had sent nothing for `idle` (0: back to
+    back)."""
 
     bytes: str | float
     flows: int = 1
     seconds: str | float
+    idle: str | float = 0.0
+
+    @field_validator("idle", mode="before")
+    @classmethod
+    def _idle(cls, v: Any) -> Any:
+        t = parse_time(v, require_unit=isinstance(v, str))
+        if t < 0:
+            raise ValueError(f"an idle time must be 0 or more, got {v!r} (e.g. idle: 1s)")
+        return t
 
     @field_validator("bytes", mode="before")
     @classmethod
@@ -157,7 +174,7 @@ class LinkDoc(_Strict):
     def _blocking(cls, v: Any, info: Any) -> Any:
         if not isinstance(v, bool):
             why = ("blocking: true when a send holds its sender" if info.field_name == "blocking" else
-                   "slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0")
+                   "slow_start_after_idle: false where hosts set net.ipv4.tcp_slow_start_after_idle=0 or run BBR")
             raise ValueError(f"expected true or false, got {v!r} ({why})")
         return v
 
@@ -225,9 +242,11 @@ class NodesDoc(_Strict):
 
 
 class NodeGroupDoc(NodesDoc):
-    """One group of identical nodes inside a mixed cluster (`nodes:` given as a list)."""
+    """One group of identical nodes inside a mixed cluster (`nodes:` given as a list), with its own node link
+    when its nodes' interconnect differs from the others' (NVLink vs PCIe)."""
 
     speed_factor: float = Field(default=1.0, gt=0, le=1e6)
+    intra_node: NodeLinkDoc | None = None
 
     @field_validator("speed_factor", mode="before")
     @classmethod
@@ -305,11 +324,13 @@ def _file_field(field: str) -> str:
 # ----------------------------------------------------------------------------------------------- values
 @dataclass(frozen=True, slots=True)
 class LinkRow:
-    """A measured link row: `flows` concurrent messages of `nbytes` each arrived after `seconds`."""
+    """A measured link row: `flows` concurrent messages of `nbytes` each arrived after `seconds`, sent after
+    `idle_s` without sending on the connection (0: back to back)."""
 
     nbytes: float
     flows: int
     seconds: float
+    idle_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,14 +366,19 @@ CrossLink = LinkSpec
 
 @dataclass(frozen=True, slots=True)
 class NodeGroup:
-    """`count` identical nodes of a mixed cluster, nodes `first_node..first_node+count-1`. `device` is scaled
-    by the cluster's and the group's speed factors together; `speed_factor` is the group's own."""
+    """`count` identical nodes of a mixed cluster, nodes `first_node..first_node+count-1` holding devices
+    `first_device..first_device + count x devices_per_node - 1`. `device` is scaled by the cluster's and the
+    group's speed factors together; `speed_factor` is the group's own; `devices_per_node` 0 and `intra_node`
+    None: the cluster's."""
 
     count: int
     device: DeviceProfile
     device_ref: str = ""
     speed_factor: float = 1.0
     first_node: int = 0
+    devices_per_node: int = 0
+    intra_node: LinkSpec | None = None
+    first_device: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,25 +406,50 @@ class Cluster:
         """The node groups; a cluster of one device type is one group of all its nodes."""
         if self.node_groups:
             return self.node_groups
-        return (NodeGroup(self.num_nodes, self.device, self.device_ref, 1.0, 0),)
+        return (NodeGroup(self.num_nodes, self.device, self.device_ref, 1.0, 0, self.devices_per_node),)
+
+    def _group_size(self, grp: NodeGroup) -> int:
+        return grp.devices_per_node or self.devices_per_node
 
     def group_of(self, device: int) -> int:
         """Index of the node group holding device `device` (node-major numbering across the groups)."""
-        node = device // self.devices_per_node
-        for g, grp in enumerate(self.groups):
-            if grp.first_node <= node < grp.first_node + grp.count:
-                return g
+        if 0 <= device:
+            for g, grp in enumerate(self.groups):
+                if grp.first_device <= device < grp.first_device + grp.count * self._group_size(grp):
+                    return g
         raise ValueError(f"device {device} is out of range for cluster '{self.name}' ({self.num_devices} devices)")
 
+    def node_of(self, device: int) -> int:
+        """The node holding device `device` (nodes numbered across the groups; the groups' node sizes may
+        differ, so not `device // devices_per_node`)."""
+        if not self.node_groups:
+            return device // self.devices_per_node
+        grp = self.node_groups[self.group_of(device)]
+        return grp.first_node + (device - grp.first_device) // self._group_size(grp)
+
+    def local_index(self, device: int) -> int:
+        """`device`'s index inside its node (what the node's visible-devices list numbers it)."""
+        if not self.node_groups:
+            return device % self.devices_per_node
+        grp = self.node_groups[self.group_of(device)]
+        return (device - grp.first_device) % self._group_size(grp)
+
+    def intra_link(self, device: int) -> LinkSpec:
+        """The intra-node link of the node holding `device`: its group's own, else the cluster's."""
+        if not self.node_groups:
+            return self.intra_node
+        return self.node_groups[self.group_of(device)].intra_node or self.intra_node
+
     def group_view(self, g: int) -> "Cluster":
-        """Node group `g` as a cluster of one device type (named `NAME.nodes[g]`, its links the cluster's), so
-        the cost model prices a DP replica on it as on any homogeneous cluster. Group 0 of an unmixed cluster
-        is the cluster itself."""
+        """Node group `g` as a cluster of one device type (named `NAME.nodes[g]`, its node size and intra-node
+        link the group's, its inter-node link the cluster's), so the cost model prices a DP replica on it, and
+        its TP collectives, as on any homogeneous cluster. Group 0 of an unmixed cluster is the cluster itself."""
         if not self.is_mixed:
             return self
         grp = self.node_groups[g]
-        return Cluster(f"{self.name}.nodes[{g}]", grp.count, self.devices_per_node, grp.device, self.intra_node,
-                       self.inter_node, self.speed_factor * grp.speed_factor, grp.device_ref, self.backend_override)
+        return Cluster(f"{self.name}.nodes[{g}]", grp.count, self._group_size(grp), grp.device,
+                       grp.intra_node or self.intra_node, self.inter_node, self.speed_factor * grp.speed_factor,
+                       grp.device_ref, self.backend_override)
 
     @property
     def backend(self) -> str:
@@ -407,6 +458,8 @@ class Cluster:
 
     @property
     def num_devices(self) -> int:
+        if self.node_groups:
+            return sum(grp.count * self._group_size(grp) for grp in self.node_groups)
         return self.num_nodes * self.devices_per_node
 
     @property
@@ -471,7 +524,8 @@ class ClusterSpec:
             if link.blocking:
                 d["blocking"] = True
             if link.measured:
-                d["measured"] = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds} for r in link.measured]
+                d["measured"] = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds,
+                                  **({"idle": f"{r.idle_s!r}s"} if r.idle_s else {})} for r in link.measured]
             if link.mtu is not None:
                 d["mtu"] = link.mtu
             if not link.slow_start_after_idle:
@@ -487,8 +541,11 @@ class ClusterSpec:
         def nodes_doc(c: Cluster) -> Any:
             if not c.is_mixed:
                 return {"count": c.num_nodes, "devices_per_node": c.devices_per_node, "device": c.device_ref or c.device.key}
-            return [{"count": g.count, "devices_per_node": c.devices_per_node, "device": g.device_ref or g.device.key,
-                     **({"speed_factor": g.speed_factor} if g.speed_factor != 1.0 else {})} for g in c.node_groups]
+            return [{"count": g.count, "devices_per_node": g.devices_per_node or c.devices_per_node,
+                     "device": g.device_ref or g.device.key,
+                     **({"speed_factor": g.speed_factor} if g.speed_factor != 1.0 else {}),
+                     **({"intra_node": node_link_doc(g.intra_node)} if g.intra_node is not None else {})}
+                    for g in c.node_groups]
 
         doc: dict[str, Any] = {"clusters": [
             {"name": c.name,
@@ -607,7 +664,8 @@ def _nics(c: ClusterDoc, i: int, source: str | Path | None) -> int | None:
         raise SpecError(source, f"clusters[{i}].intra_node.nics_per_node", "NICs belong to the inter-node link",
                         "move nics_per_node under inter_node")
     n = c.inter_node.nics_per_node
-    dpn = c.nodes.devices_per_node if c.nodes is not None else c.node_groups[0].devices_per_node if c.node_groups else 1
+    dpn = (c.nodes.devices_per_node if c.nodes is not None
+           else min(n.devices_per_node for n in c.node_groups) if c.node_groups else 1)
     if n is not None and n > dpn:
         raise SpecError(source, f"clusters[{i}].inter_node.nics_per_node",
                         f"{n} NICs for {dpn} devices per node: hetauto gives a device at most one NIC",
@@ -616,16 +674,17 @@ def _nics(c: ClusterDoc, i: int, source: str | Path | None) -> int | None:
 
 
 def _link_rows(d: LinkDoc, where: str, source: str | Path | None) -> tuple[LinkRow, ...]:
-    """A link's measured rows sorted by (flows, bytes); one (bytes, flows) measured twice is a mistake."""
-    seen: dict[tuple[float, int], int] = {}
+    """A link's measured rows sorted by (flows, idle, bytes); one (bytes, flows, idle) measured twice is a mistake."""
+    seen: dict[tuple[float, int, float], int] = {}
     for k, r in enumerate(d.measured):
-        key = (float(r.bytes), r.flows)
+        key = (float(r.bytes), r.flows, float(r.idle))
         if key in seen:
-            raise SpecError(source, f"{where}.measured[{k}]", f"{r.bytes:g} bytes x {r.flows} flows is also "
+            after = f" after {float(r.idle):g} s idle" if r.idle else ""
+            raise SpecError(source, f"{where}.measured[{k}]", f"{r.bytes:g} bytes x {r.flows} flows{after} is also "
                             f"measured[{seen[key]}]", "keep one row per size and flows (hetauto profile link writes one)")
         seen[key] = k
-    return tuple(sorted((LinkRow(float(r.bytes), r.flows, float(r.seconds)) for r in d.measured),
-                        key=lambda r: (r.flows, r.nbytes)))
+    return tuple(sorted((LinkRow(float(r.bytes), r.flows, float(r.seconds), float(r.idle)) for r in d.measured),
+                        key=lambda r: (r.flows, r.idle_s, r.nbytes)))
 
 
 def _load_device(ref: str, field: str, source: str | Path | None, base_dir: str | Path | None) -> DeviceProfile:
@@ -646,36 +705,47 @@ def _mixed_cluster(c: ClusterDoc, i: int, source: str | Path | None, base_dir: s
                         "give every cluster a unique name")
     seen[c.name] = i
     first = c.node_groups[0]
-    groups, node = [], 0
+    loaded, node, dev = [], 0, 0
     for g, n in enumerate(c.node_groups):
         where = f"clusters[{i}].nodes[{g}]"
-        if n.devices_per_node != first.devices_per_node:
-            raise SpecError(source, f"{where}.devices_per_node",
-                            f"{n.devices_per_node}, but nodes[0] has {first.devices_per_node}: the node groups of one "
-                            "cluster have the same devices per node (devices are numbered node-major across them)",
-                            "put nodes of another size in a cluster of their own")
         device = _load_device(n.device, f"{where}.device", source, base_dir).scaled(c.speed_factor * n.speed_factor)
-        groups.append(NodeGroup(n.count, device, n.device, n.speed_factor, node))
+        loaded.append((n, device, node, dev))
         node += n.count
-    backends = {grp.device.backend for grp in groups}
+        dev += n.count * n.devices_per_node
+    backends = {d.backend for _, d, _, _ in loaded}
     if c.backend is None and len(backends) > 1:
-        named = ", ".join(f"nodes[{g}] {grp.device.key} on {grp.device.backend}" for g, grp in enumerate(groups))
+        named = ", ".join(f"nodes[{g}] {d.key} on {d.backend}" for g, (_, d, _, _) in enumerate(loaded))
         raise SpecError(source, f"clusters[{i}].nodes", f"node groups on different backends ({named}); one backend "
                         "runs a cluster", "put each backend's nodes in a cluster of their own, or name the cluster's backend:")
-    lead = groups[0].device
+    # the cluster's own intra-node link: as given, else its slowest device's (what a group without its own has)
     intra = LinkSpec(
         c.intra_node.bandwidth if c.intra_node.bandwidth is not None
-        else min(grp.device.intra_node_bandwidth_Bps for grp in groups),
+        else min(d.intra_node_bandwidth_Bps for _, d, _, _ in loaded),
         c.intra_node.latency if c.intra_node.latency is not None else DEFAULT_INTRA_LATENCY_S)
+    groups = [NodeGroup(n.count, device, n.device, n.speed_factor, first_node, n.devices_per_node,
+                        _group_intra(n, intra, f"clusters[{i}].nodes[{g}]", source), first_dev)
+              for g, (n, device, first_node, first_dev) in enumerate(loaded)]
+    lead = groups[0].device
     inter = LinkSpec(
         c.inter_node.bandwidth if c.inter_node.bandwidth is not None else min(grp.device.nic_bandwidth_Bps for grp in groups),
         c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S,
         nics_per_node=_nics(c, i, source))
     if len(groups) == 1:
-        return Cluster(c.name, first.count, first.devices_per_node, lead, intra, inter,
+        return Cluster(c.name, first.count, first.devices_per_node, lead, groups[0].intra_node or intra, inter,
                        c.speed_factor * first.speed_factor, first.device, c.backend)
-    return Cluster(c.name, node, first.devices_per_node, lead, intra, inter, c.speed_factor, first.device, c.backend,
-                   tuple(groups))
+    unit = math.gcd(*(n.devices_per_node for n in c.node_groups))  # TP's bound; every node splits into units
+    return Cluster(c.name, node, unit, lead, intra, inter, c.speed_factor, first.device, c.backend, tuple(groups))
+
+
+def _group_intra(n: NodeGroupDoc, cluster_intra: LinkSpec, where: str, source: str | Path | None) -> LinkSpec | None:
+    """A node group's own intra-node link (a figure it omits is the cluster's), or None when it gives none."""
+    if n.intra_node is None:
+        return None
+    if n.intra_node.nics_per_node is not None:
+        raise SpecError(source, f"{where}.intra_node.nics_per_node", "NICs belong to the cluster's inter-node link",
+                        "move nics_per_node under the cluster's inter_node")
+    return LinkSpec(n.intra_node.bandwidth if n.intra_node.bandwidth is not None else cluster_intra.bandwidth_Bps,
+                    n.intra_node.latency if n.intra_node.latency is not None else cluster_intra.latency_s)
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -85,10 +85,12 @@ def check_plan(plan: Plan, cluster: ClusterSpec, model: ModelConfig | None = Non
                                    f"cluster '{c.name}' are {want}; name them device_type '{want}'")
         for d in range(s.dp):
             group = s.devices[d * s.tp : (d + 1) * s.tp]
-            nodes = sorted({dev // c.devices_per_node for dev in group})
+            nodes = sorted({c.node_of(dev) for dev in group})
             if len(nodes) > 1:
+                size = (f"{c.devices_per_node} devices per node" if not c.node_groups else "node sizes "
+                        + ", ".join(str(g.devices_per_node) for g in c.node_groups))
                 raise PlanMismatch(f"{where}: tp group {list(group)} spans nodes {nodes} of cluster '{c.name}' "
-                                   f"({c.devices_per_node} devices per node); keep each tp group inside one node")
+                                   f"({size}); keep each tp group inside one node")
         if s.dp_shares is None and plan.microbatch_size % s.dp:
             raise PlanMismatch(f"{where}: dp={s.dp} does not divide microbatch_size={plan.microbatch_size}; "
                                "choose a dp that divides it")

@@ -277,17 +277,20 @@ def export_metis_cluster(spec: ClusterSpec, out_dir: str | Path) -> tuple[Path, 
             if problem is not None:
                 warnings.warn(MetisCompatibilityWarning(f"cluster '{c.name}' (hetauto device '{dev.key}'): "
                                                         f"{problem}"), stacklevel=2)
-        if c.devices_per_node >= 10:
-            warnings.warn(MetisCompatibilityWarning(
-                f"cluster '{c.name}': slots={c.devices_per_node} — Metis' hostfile parser reads one character "
-                f"(int(...[6:7])) and will see {str(c.devices_per_node)[0]} devices per node"), stacklevel=2)
+        for grp in c.groups:  # a mixed cluster: each node its group's device, size and intra-node link
+            slots = grp.devices_per_node or c.devices_per_node
+            if slots >= 10:
+                warnings.warn(MetisCompatibilityWarning(
+                    f"cluster '{c.name}': slots={slots} — Metis' hostfile parser reads one character "
+                    f"(int(...[6:7])) and will see {str(slots)[0]} devices per node"), stacklevel=2)
         for n in range(c.num_nodes):
-            dev = c.groups[c.group_of(n * c.devices_per_node)].device  # a mixed cluster: each node its group's
+            grp = next(g for g in c.groups if g.first_node <= n < g.first_node + g.count)
+            dev, slots = grp.device, grp.devices_per_node or c.devices_per_node
             dtype = KEY_TO_METIS.get(dev.key, dev.key.upper())
             ip = f"10.{ci}.{n // 250}.{n % 250 + 1}"
-            hosts.append(f"{ip} slots={c.devices_per_node}")
+            hosts.append(f"{ip} slots={slots}")
             cluster_doc[ip] = {"instance_type": dtype, "inter_bandwidth": c.inter_node.bandwidth_Bps / 1e9,
-                               "intra_bandwidth": c.intra_node.bandwidth_Bps / 1e9,
+                               "intra_bandwidth": (grp.intra_node or c.intra_node).bandwidth_Bps / 1e9,
                                "memory": dev.memory_bytes / 2**30}
     hostfile, clusterfile = out / "hostfile", out / "clusterfile.json"
     hostfile.write_text("\n".join(hosts) + "\n", encoding="utf-8")

@@ -256,18 +256,17 @@ def _node_runs(plan: Plan, cluster: ClusterSpec) -> list[tuple[str, int, list[in
     rank = 0
     for s in plan.stages:
         spec = cluster.cluster(s.cluster)
-        per_node = spec.devices_per_node
         for dev in s.devices:
-            key = (s.cluster, dev // per_node)
+            key = (s.cluster, spec.node_of(dev))
             if runs and (runs[-1][0], runs[-1][1]) == key:
-                runs[-1][2].append(dev % per_node)
+                runs[-1][2].append(spec.local_index(dev))
             elif key in seen:
                 raise PlanMismatch(f"rank {rank} goes back to {s.cluster} node {key[1]} after another node: torchrun "
                                    "numbers a node's ranks contiguously; reorder the plan's stages so each node's "
                                    "stages are adjacent")
             else:
                 seen.add(key)
-                runs.append((s.cluster, key[1], [dev % per_node], spec.groups[spec.group_of(dev)].device.key))
+                runs.append((s.cluster, key[1], [spec.local_index(dev)], spec.groups[spec.group_of(dev)].device.key))
             rank += 1
     return runs
 

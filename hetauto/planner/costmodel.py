@@ -335,9 +335,12 @@ def group_link(cluster: Cluster, devices: int) -> LinkSpec:
 
 def spanned_link(cluster: Cluster, devices: "tuple[int, ...] | list[int]") -> LinkSpec:
     """The slowest hop of a ring over exactly `devices` (not necessarily contiguous, e.g. DP replicas on a mixed
-    cluster's node groups): the node's own links when they share one node, else the NIC."""
-    nodes = {d // cluster.devices_per_node for d in devices}
-    return cluster.intra_node if len(nodes) <= 1 else cluster.inter_node
+    cluster's node groups): the node's own links (its group's intra-node link) when they share one node, else
+    the NIC."""
+    nodes = {cluster.node_of(d) for d in devices}
+    if len(nodes) > 1:
+        return cluster.inter_node
+    return cluster.intra_link(devices[0]) if len(devices) else cluster.intra_node
 
 
 def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: int, tp: int, dp: int,

@@ -219,10 +219,12 @@ class Evaluator:
         self._plans: dict[tuple, Evaluation] = {}
         self._shard_exposed: tuple[tuple, list[float]] = ((), [])
         self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
-        # whether any cross-cluster link may restart from slow start (a TCP window, the restart on): only then
-        # do boundary prices depend on the plan's stage times (and the link cache key on them)
+        # whether any cross-cluster link may restart from slow start (a TCP window, the restart on) or has rows
+        # measured after idle: only then do boundary prices depend on the plan's stage times (and the link cache
+        # key on them)
         spec = inputs.cluster
-        self._slow_start = any(ln.window_bytes is not None and ln.slow_start_after_idle
+        self._slow_start = any((ln.window_bytes is not None and ln.slow_start_after_idle)
+                               or any(r.idle_s for r in ln.measured)
                                for ln in (spec.default_link, *(o[2] for o in spec.overrides)) if ln is not None)
         self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
 
@@ -597,16 +599,16 @@ class Evaluator:
         flows, flow_bytes = cm.boundary_flows(method, nbytes, (a.dp, a.tp), (b.dp, b.tp))
 
         def share(st: StagePlan, c: Cluster) -> NodeShare:
-            nodes = len({d // c.devices_per_node for d in st.devices})
+            nodes = len({c.node_of(d) for d in st.devices})
             return NodeShare(c.inter_node, -(-flows // max(nodes, 1)))
 
         if ca.name != cb.name:
             link, kind = self.inputs.cluster.link(ca.name, cb.name), "cross-cluster"
             price = price_link(link, flow_bytes, flows, share(a, ca), share(b, cb), idle_s=idle_s)
         else:
-            nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
+            nodes = {ca.node_of(d) for d in (*a.devices, *b.devices)}
             if len(nodes) == 1:
-                link, kind = ca.intra_node, "intra-node"
+                link, kind = ca.intra_link(a.devices[0]), "intra-node"
                 price = LinkPrice(link.bandwidth_Bps, link.latency_s, "nominal", "intra-node link")
             else:
                 link, kind = ca.inter_node, "inter-node"
@@ -735,7 +737,7 @@ class Evaluator:
                 ln = self.inputs.cluster.link(ca, cb)
             else:
                 c = self.cluster(ca)
-                ln = c.intra_node if da // c.devices_per_node == db // c.devices_per_node else c.inter_node
+                ln = c.intra_link(da) if c.node_of(da) == c.node_of(db) else c.inter_node
             hops.append((ln.bandwidth_Bps, ln.latency_s))
         return hops
 

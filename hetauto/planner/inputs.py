@@ -48,7 +48,11 @@ class PlanningInputs:
             if c.is_mixed:  # a mixed cluster's node groups ("device" etc. above are its first group's)
                 clusters[-1]["node_groups"] = [
                     {"device": g.device.key, "nodes": g.count, "first_node": g.first_node, "speed_factor": g.speed_factor,
-                     "peak_flops": g.device.peak_flops, "memory_bytes": g.device.memory_bytes} for g in c.groups]
+                     "devices_per_node": g.devices_per_node or c.devices_per_node,
+                     "intra_node": {"bandwidth_Bps": c.group_view(i).intra_node.bandwidth_Bps,
+                                    "latency_s": c.group_view(i).intra_node.latency_s},
+                     "peak_flops": g.device.peak_flops, "memory_bytes": g.device.memory_bytes}
+                    for i, g in enumerate(c.groups)]
         links = []
         names = spec.names
         for i in range(len(names)):
@@ -71,8 +75,10 @@ class PlanningInputs:
                f"cluster {self.cluster_source or '-'}: {self.cluster.total_devices} devices in {len(self.cluster.clusters)} clusters"]
         for c in self.cluster.clusters:
             if c.is_mixed:  # one line per node group
-                out += [f"  {c.name}.nodes[{g}]: {grp.count}x{c.devices_per_node} {grp.device.key} "
-                        f"({format_flops(grp.device.peak_flops)}, {format_bytes(grp.device.memory_bytes)}, "
+                out += [f"  {c.name}.nodes[{g}]: {grp.count}x{grp.devices_per_node or c.devices_per_node} "
+                        f"{grp.device.key} ({format_flops(grp.device.peak_flops)}, "
+                        f"{format_bytes(grp.device.memory_bytes)}, "
+                        f"intra {format_bandwidth(c.group_view(g).intra_node.bandwidth_Bps)}, "
                         f"NIC {format_bandwidth(c.inter_node.bandwidth_Bps)})" for g, grp in enumerate(c.groups)]
                 continue
             out.append(f"  {c.name}: {c.num_nodes}x{c.devices_per_node} {c.device.key} "

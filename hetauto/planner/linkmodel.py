@@ -23,16 +23,25 @@ transfer gets. Three mechanisms, each from the spec's own figures (nothing is fi
   timestamps), doubling each round trip up to the window. Linux's RTO is srtt + max(4 rttvar, 200 ms), so about
   RTT + 200 ms on a steady path. A pipeline boundary's direction idles between microbatches for its sender's
   forward + backward (one send per cycle in 1F1B), and for a whole step when there is one microbatch; when that
-  exceeds the RTO every transfer pays the rounds (`slow_start_seconds`). Checked on the TUN-relayed link: a
-  2 MiB send after idling, 70 ms each way at 1 Gbit/s, took ~250-310 ms with the restart and ~130 ms with
-  `tcp_slow_start_after_idle=0`.
+  exceeds the RTO every transfer pays the rounds (`slow_start_seconds`). Not under BBR: Linux's
+  `tcp_slow_start_after_idle_check` (include/net/tcp.h) returns early for a congestion control with its own
+  `cong_control` (BBR keeps its window after idle and paces at its bandwidth estimate); on the BBR host here,
+  over the TUN-relayed link at 1 Gbit/s, 70 ms each way, 2 MiB after 2 s idle took 136-138 ms, as back to back
+  (136 ms), so a spec for BBR hosts says `slow_start_after_idle: false`. (An earlier check on this host, ~250-310
+  ms after idle, saw a young connection whose receive window was still opening: hetauto.runtime.netns, `mtu`.)
 - **Blocking sends.** `blocking: true` on a link: a send holds its sender until its bytes are on the wire (a
   synchronous transport), so the transfer is exposed on the sender, not overlapped with its next compute.
 
 Measured rows (`hetauto profile link`: `flows` concurrent messages of `bytes` each -> `seconds`) price a message
 whose size lies inside the rows measured at its number of flows, interpolated linearly between the two rows
 around it (the slope is the per-flow rate, the intercept the latency), never extrapolated: outside them, or at a
-number of flows not measured, the transport model prices it and `LinkPrice.detail` says why.
+number of flows not measured, the transport model prices it and `LinkPrice.detail` says why. Rows measured
+after an idle gap (`idle`, `hetauto profile link --idle S`) price transfers whose direction idles longer than the
+RTO (RTT + 200 ms), rows measured back to back the others: a transfer after idle is not one of a busy stream
+(cubic restarts from the initial window; BBR keeps its window but paces at a bandwidth estimate its last,
+app-limited transfers set: over 1 Gbit/s, 70 ms each way, 2 MiB took 108 ms back to back and 144 ms in a
+one-microbatch run idling ~1.5 s per step). Where the plan's regime has no rows, the other's price it, and the
+detail says so.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from hetauto.core.cluster import LinkRow, LinkSpec
 from hetauto.core.units import format_bandwidth, format_bytes
 
 __all__ = ["DEFAULT_MTU", "DEFAULT_STREAMS", "INITIAL_SEGMENTS", "LinkPrice", "NodeShare", "flow_rate",
-           "interpolate_rows", "price_link", "ring_bandwidth", "rto_s", "slow_start_seconds"]
+           "interpolate_rows", "measured_regime", "price_link", "ring_bandwidth", "rto_s", "slow_start_seconds"]
 
 # TCP streams per peer pair of each transport's collective library (see the module docstring for the sources)
 DEFAULT_STREAMS = 1
@@ -148,6 +157,20 @@ def interpolate_rows(rows: tuple[LinkRow, ...], nbytes: float, flows: int) -> tu
     return 1.0 / slope, a.seconds - slope * a.nbytes
 
 
+def measured_regime(link: LinkSpec, idle_s: float) -> tuple[tuple[LinkRow, ...], str]:
+    """The rows of `link` measured in the idle regime of a transfer idling `idle_s` (after idle: longer than
+    the RTO; else back to back), and a note for the detail; all rows, said so, when none are in it."""
+    rto = rto_s(2 * link.latency_s)
+    after = idle_s > rto
+    rows = tuple(r for r in link.measured if (r.idle_s > rto) == after)
+    if not any(r.idle_s for r in link.measured):
+        return link.measured, ""  # rows of one regime only (back to back): as before
+    if not rows:
+        return link.measured, (f" (none measured {'after idle' if after else 'back to back'}: "
+                               f"idle {idle_s * 1e3:.4g} ms vs RTO {rto * 1e3:.4g} ms)")
+    return rows, " after idle" if after else " back to back"
+
+
 def price_link(link: LinkSpec, nbytes: float, flows: int = 1, src: NodeShare | None = None,
                dst: NodeShare | None = None, streams: int | None = None, idle_s: float = 0.0) -> LinkPrice:
     """One flow of `nbytes` among `flows` concurrent ones on `link`: measured rows where they cover it, else the
@@ -155,10 +178,11 @@ def price_link(link: LinkSpec, nbytes: float, flows: int = 1, src: NodeShare | N
     `slow_start_after_idle`: from the initial window, `slow_start_seconds`)."""
     note = ""
     if link.measured:
-        got = interpolate_rows(link.measured, nbytes, flows)
+        rows, regime = measured_regime(link, idle_s)
+        got = interpolate_rows(rows, nbytes, flows)
         if not isinstance(got, str):
             bw, lat = got
-            return LinkPrice(bw, lat, "measured", f"measured rows at {flows} flows", link.blocking)
+            return LinkPrice(bw, lat, "measured", f"measured rows at {flows} flows{regime}", link.blocking)
         note = got + "; "
     rate, why = flow_rate(link, src, dst, streams)
     modelled = (link.window_bytes is not None or link.blocking or any(

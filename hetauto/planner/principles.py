@@ -54,8 +54,10 @@ def tp_options(group_size: int, devices_per_node: int) -> list[int]:
 # 2 -------------------------------------------------------------------------------------------------
 def stage_group_options(cluster: Cluster) -> list[tuple[int, int]]:
     """(stages, devices per stage) for every node-aligned equal split of `cluster`: k stages of whole nodes
-    (k divides the node count) or, below one node per stage, every node split into j equal parts."""
-    nodes, dpn = cluster.num_nodes, cluster.devices_per_node
+    (k divides the node count) or, below one node per stage, every node split into j equal parts. Node groups
+    of different node sizes count in units of `devices_per_node` (their gcd), which every node splits into."""
+    dpn = cluster.devices_per_node
+    nodes = cluster.num_devices // dpn
     out = [(k, (nodes // k) * dpn) for k in range(1, nodes + 1) if nodes % k == 0]
     out += [(nodes * j, dpn // j) for j in range(2, dpn + 1) if dpn % j == 0]
     return out

@@ -73,8 +73,9 @@ def plan_picture(plan: Plan, inputs: Any, evaluator: Any = None) -> PlanPicture:
         if ca.name != cb.name:
             link, name = spec.link(ca.name, cb.name), f"{ca.name} <-> {cb.name}"
         else:
-            nodes = {d // ca.devices_per_node for d in (*a.devices, *b.devices)}
-            link, name = (ca.intra_node, "intra-node") if len(nodes) == 1 else (ca.inter_node, "inter-node")
+            nodes = {ca.node_of(d) for d in (*a.devices, *b.devices)}
+            link, name = ((ca.intra_link(a.devices[0]), "intra-node") if len(nodes) == 1
+                          else (ca.inter_node, "inter-node"))
         method = methods[h] if h < len(methods) else (methods[-1] if methods else "scatter-allgather")
         fwd = cm.boundary_cost(method, size[h], (a.dp, a.tp), (b.dp, b.tp), link, cb.intra_node).cross_bytes
         bwd = cm.boundary_cost(method, size[h], (b.dp, b.tp), (a.dp, a.tp), link, ca.intra_node).cross_bytes

@@ -8,11 +8,16 @@ the NICs, the relay's copies). Each concurrent flow is its own gloo process grou
 One measurement: rank 1 posts its receives, both pass a barrier, rank 0 sends `flows` messages of `nbytes` at
 once, rank 1 receives them all and answers with a one-byte ack on flow 0; rank 0 times send-to-ack. Receives
 are posted first because a pipeline's receiver posts ahead of the send, and gloo's TCP pair holds a send until
-the receiver's ready notice arrives (one more one-way trip when it comes late). Two untimed transfers of the
-largest size per number of flows come first: a fresh connection's windows grow over its first transfers. The ack's own one-way time (half the round trip of a
-one-byte ping-pong, measured first) is subtracted, so a row is the one-way time from the first byte sent to the
-last byte received. The median of `repeats` tries is kept (one slow try, e.g. a TCP slow start after idle, does
-not move it).
+the receiver's ready notice arrives (one more one-way trip when it comes late). Untimed transfers of each row's
+size come first, until two in a row agree within 10% (at most `WARM_MAX`): a fresh connection's receive and
+congestion windows open over its first transfers (over 1 Gbit/s, 20 ms each way: 269, 54, 50, 43 ms for
+2 MiB), which a training run's steady steps no longer pay, and a row is of a connection carrying messages of
+its size, as a boundary's does. The ack's own one-way time (half of the same measurement
+of a one-byte message, made first) is subtracted, so a row is the one-way time from the first byte sent to the
+last byte received. The median of `repeats` tries is kept. With `idle_s` (`--idle`), the sender sends nothing on
+the measured connections for that long before each timed transfer (barrier, ack and votes go over a connection
+of their own), and the rows say so (`idle`): what a direction that idles between transfers gets (a TCP stream
+restarting from its initial window under cubic; BBR pacing at an estimate its last transfers set).
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from typing import Callable, Sequence
 
 from hetauto.core.cluster import LinkRow
 
-__all__ = ["LinkMeasurement", "PeerUnreachable", "measure_link"]
+__all__ = ["LinkMeasurement", "PeerUnreachable", "WARM_MAX", "measure_link"]
+
+WARM_MAX = 8  # untimed warm-up transfers at most, per number of flows
+WARM_AGREE = 0.10  # warm once two transfers in a row differ by at most this fraction
 
 
 class PeerUnreachable(RuntimeError):
@@ -64,9 +72,11 @@ def _unreachable(host: str, port: int, rank: int, timeout_s: float, err: BaseExc
 
 
 def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: Sequence[int], *,
-                 repeats: int = 3, timeout_s: float = 60.0,
+                 repeats: int = 3, timeout_s: float = 60.0, idle_s: float = 0.0,
                  progress: Callable[[int, int], None] | None = None) -> LinkMeasurement:
     """Run one side (`rank` 0: the sender, listening on `host:port`; 1: the receiver) over sizes x flows.
+    `idle_s`: the sender sends nothing on the measured connections for this long before each timed transfer
+    (rows of a direction that idles between transfers, e.g. once per step); 0: back to back.
     `progress(done, total)` after each row."""
     import torch
     import torch.distributed as dist
@@ -74,6 +84,8 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
     _connect(host, port, rank, timeout_s)
     try:
         groups = [dist.new_group([0, 1], backend="gloo") for _ in range(max(flows))]
+        # barrier, ack and warm-up votes on a connection of their own, so the measured ones idle when told to
+        ctl = dist.new_group([0, 1], backend="gloo")
         ack = torch.zeros(1, dtype=torch.uint8)
 
         def ping() -> float:
@@ -87,40 +99,57 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
             return time.perf_counter() - t0
 
         ping()  # connect and warm the pair
-        rtt = statistics.median(ping() for _ in range(max(repeats, 3)))
+        rtt = 0.0
 
-        def transfer(bufs: list) -> float:
+        def transfer(bufs: list, idle: float = 0.0) -> float:
             # the receiver posts first (as a pipeline's receiver does, ahead of the send): gloo then sends at once
             # instead of waiting a one-way trip for the receiver's ready notice
             works = [] if rank == 0 else [dist.irecv(b, 0, group=g) for b, g in zip(bufs, groups)]
-            dist.barrier(group=groups[0])
+            dist.barrier(group=ctl)
+            if rank == 0 and idle > 0:
+                time.sleep(idle)
             t0 = time.perf_counter()
             if rank == 0:
                 for w in [dist.isend(b, 1, group=g) for b, g in zip(bufs, groups)]:
                     w.wait()
-                dist.recv(ack, 1, group=groups[0])
+                dist.recv(ack, 1, group=ctl)
             else:
                 for w in works:
                     w.wait()
-                dist.send(ack, 0, group=groups[0])
+                dist.send(ack, 0, group=ctl)
             return time.perf_counter() - t0 - rtt / 2
+
+        # the correction: the same procedure with a one-byte message, which is two one-byte one-way trips (the
+        # message, the ack). Not a ping-pong: its reply is sent before the first sender has posted its receive,
+        # so it can wait on gloo's ready notice; a loaded 1 Gbit/s, 1 ms link gave rows ~3.7 ms below what the
+        # link's rate allows with half a ping subtracted
+        tiny = [torch.zeros(1, dtype=torch.uint8)]
+        rtt = statistics.median(transfer(tiny) for _ in range(max(repeats, 3)))
 
         rows = []
         total, done = len(sizes) * len(flows), 0
         for f in flows:
-            # untimed transfers of the largest size first: a fresh connection's receive window and congestion
-            # window grow over its first transfers, which a training run's steady steps no longer pay
-            big = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(f)]
-            for _ in range(2):
-                transfer(big)
             for n in sizes:
                 bufs = [torch.zeros(n, dtype=torch.uint8) for _ in range(f)]
-                tries = [transfer(bufs) for _ in range(repeats)]
-                rows.append(LinkRow(n, f, max(statistics.median(tries), 1e-9)))
+                # untimed transfers of this size first, as a boundary sends one size over and over: a fresh
+                # connection's windows open over its first transfers, and BBR's pacing follows the bandwidth
+                # its recent (app-limited) transfers reached, so a row depends on what came before it (over 1
+                # Gbit/s, 70 ms each way, 2 MiB after 1 MiB transfers: 108 ms; after 2 MiB ones: 145 ms)
+                last, more = transfer(bufs, idle_s), torch.ones(1, dtype=torch.uint8)
+                for _ in range(WARM_MAX - 1):
+                    t = transfer(bufs, idle_s)
+                    if rank == 0:  # the sender's times decide; the receiver follows its word
+                        more[0] = int(abs(t - last) > WARM_AGREE * max(t, last))
+                    dist.broadcast(more, 0, group=ctl)
+                    if not more[0]:
+                        break
+                    last = t
+                tries = [transfer(bufs, idle_s) for _ in range(repeats)]
+                rows.append(LinkRow(n, f, max(statistics.median(tries), 1e-9), idle_s))
                 done += 1
                 if progress is not None:
                     progress(done, total)
-        dist.barrier(group=groups[0])
+        dist.barrier(group=ctl)
         return LinkMeasurement(tuple(rows), rtt, rank)
     finally:
         dist.destroy_process_group()

@@ -202,9 +202,9 @@ def metis_bandwidth(space: StrategySpace, clusters: list[str], ranks: list[list[
     """Metis' bandwidth (B/s, before its unit scale) of a group: `ranks[i]` are device indices in
     `clusters[i]`. One node: that node's intra-node link; else the slowest inter-node link of the clusters
     involved (the real code reads the intra-node figure there: its documented slip, corrected here)."""
-    nodes = {(c, r // space.spec.cluster(c).devices_per_node) for c, rs in zip(clusters, ranks) for r in rs}
+    nodes = {(c, space.spec.cluster(c).node_of(r)) for c, rs in zip(clusters, ranks) for r in rs}
     if len(nodes) == 1:
-        return space.spec.cluster(clusters[0]).intra_node.bandwidth_Bps
+        return space.spec.cluster(clusters[0]).intra_link(ranks[0][0]).bandwidth_Bps
     return min(space.spec.cluster(c).inter_node.bandwidth_Bps for c in set(clusters))
 
 

@@ -203,8 +203,8 @@ def _amp_bandwidth(spec: Any, a: str, b: str, x: int, y: int) -> float:
     """AMP's bandwidth between device x of cluster a and device y of cluster b (bytes/s): the node's intra-node
     link inside one node, else the slower of the two nodes' inter-node links (AMP knows no cross-cluster link)."""
     ca, cb = spec.cluster(a), spec.cluster(b)
-    if a == b and x // ca.devices_per_node == y // ca.devices_per_node:
-        return ca.intra_node.bandwidth_Bps
+    if a == b and ca.node_of(x) == ca.node_of(y):
+        return ca.intra_link(x).bandwidth_Bps
     return min(ca.inter_node.bandwidth_Bps, cb.inter_node.bandwidth_Bps)
 
 
