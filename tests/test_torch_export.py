@@ -252,3 +252,25 @@ def test_export_schedule_refusals(tmp_path, capsys) -> None:
     assert main(["plan", "--scenario", "cpu-demo", "--export-schedule", "megatron", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--export-schedule megatron: unknown format; the one format is torch" in err and err.count("\n") == 1
+
+
+def test_split_w_reruns_a_checkpointed_block_per_parameter_group() -> None:
+    """torch's split backward under activation checkpointing: I re-runs each block's forward once, W once per
+    parameter group (why the planner makes no zero-bubble twin of a recomputing stage, tests/test_zero_bubble_planner.py)."""
+    import torch
+
+    from hetauto.core.model import ModelConfig
+    from hetauto.runtime import split_backward
+    from hetauto.runtime.stage import build_stage
+
+    cfg = ModelConfig("m", "gpt", num_layers=2, hidden=16, num_heads=2, ffn_hidden=32, vocab_size=24, max_seq_len=8)
+    st = build_stage(cfg, (1, 3), 0, recompute=True)
+    calls = [0]
+    for layer in st.layers.values():
+        layer.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    y = st(x)
+    groups = split_backward.input_grads(y, torch.randn(2, 8, 16), x, st)
+    assert calls[0] == 4  # the forward, then I's recompute
+    split_backward.weight_grads(groups, st)
+    assert len(groups) == 16 and calls[0] == 4 + 16  # one re-run per group: 8 per GPT block

@@ -162,3 +162,16 @@ def test_twins_phase_scores_zb_v_only_when_asked_and_cli_default_leaves_it_out()
     no_v = feature_options(argparse.Namespace(**{**flags, "no_virtual_1f1b": True}))["schedules"]
     assert "zb-v" not in no_v and "zb-h1" in no_v
     assert "zb-v" in feature_options(argparse.Namespace(**{**flags, "schedules": "1f1b,zb-v"}))["schedules"]
+
+
+def test_no_zero_bubble_twin_where_a_stage_recomputes() -> None:
+    """torch's stage_backward_weight re-runs a checkpointed block's forward once per parameter group, which the
+    cost model's one recompute per backward does not price: a candidate with a recomputing stage has no twin."""
+    inp = tiny_inputs(layers=8, gbs=16)
+    space = _zb_v_space(inp)
+    rc = (ClusterChoice(2, 1, True), ClusterChoice(1, 1))
+    (base,) = space.build(Candidate(2, ("fast", "slow"), rc, "1f1b")).plans
+    assert base.stages[0].recompute
+    for zb in ("zb-h1", "zb-v"):
+        assert space.build(Candidate(2, ("fast", "slow"), rc, zb)).plans == []
+

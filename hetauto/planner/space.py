@@ -478,11 +478,14 @@ class StrategySpace:
                   m: int, cand: Candidate, twins: bool) -> list[Plan]:
         """`plans` (1F1B / Virtual-1F1B) that the space allows, or with `twins` (a zero-bubble candidate) their
         zero-bubble twins where allowed: the same cut and warm-up, the backward split, each stage's W deferred as
-        far as its memory holds (at most i on stage i, ZB-H1's own; 0 keeps 1F1B's memory and still gains)."""
+        far as its memory holds (at most i on stage i, ZB-H1's own; 0 keeps 1F1B's memory and still gains); none
+        where a stage recomputes (see below) or the DP level cannot follow a split backward."""
         if not twins:
             return [pl for pl in plans if pl.schedule.name in self.requested]
         if isinstance(cand.zero1, str) and cand.zero1 not in ("none", "zero1"):  # not run split (core.plan_check)
             return []
+        if any(st.recompute for st in stages):  # torch's split W re-runs a checkpointed block's forward once per
+            return []  # parameter group (8 times for a GPT block), a cost the one-recompute pricing does not see
         out: list[Plan] = []
         for pl in plans:
             counts = [st.layers[1] - st.layers[0] for st in pl.stages]
