@@ -175,3 +175,17 @@ def test_no_zero_bubble_twin_where_a_stage_recomputes() -> None:
     for zb in ("zb-h1", "zb-v"):
         assert space.build(Candidate(2, ("fast", "slow"), rc, zb)).plans == []
 
+
+
+def test_a_virtual_zb_candidate_keeps_the_zb_h1_twin_of_its_plain_plan_and_no_zb_v() -> None:
+    """A Virtual-1F1B build holds its plain 1F1B plan too (the memory tie-break); its zero-bubble candidate keeps that
+    plan's ZB-H1 twin, and ZB-V stays with its own candidate even when asked for."""
+    inp = tiny_inputs(layers=8, gbs=16, latency="50ms")
+    space = _zb_v_space(inp)
+    space_v = StrategySpace(inp, Evaluator(inp), schedules=("1f1b", "virtual-1f1b", "zb-h1", "virtual-zb", "zb-v"))
+    choices = (ClusterChoice(2, 1), ClusterChoice(1, 1))
+    base = space_v.build(Candidate(2, ("fast", "slow"), choices, "virtual-1f1b")).plans
+    twins = space_v.build(Candidate(2, ("fast", "slow"), choices, "virtual-zb")).plans
+    assert [pl.schedule.name for pl in base] == ["virtual-1f1b", "1f1b"]
+    assert [pl.schedule.name for pl in twins] == ["virtual-zb", "zb-h1"]
+    assert [pl.schedule.name for pl in space.build(Candidate(2, ("fast", "slow"), choices, "zb-h1")).plans] == ["zb-h1"]

@@ -442,7 +442,9 @@ class StrategySpace:
         caps = [usable_bytes(self.stage_capacity(st), self.headroom) for st in stages]
         if cand.schedule in ZERO_BUBBLE:  # the base schedule's plans, each as its zero-bubble twin
             base = self.build(replace(cand, schedule=ZERO_BUBBLE[cand.schedule]), twins=True)
-            return replace(base, plans=[pl for pl in base.plans if pl.schedule.name == cand.schedule])
+            # zb-v apart (its own candidate); a virtual-zb candidate keeps the zb-h1 twin of its plain plan too
+            return replace(base, plans=[pl for pl in base.plans if pl.schedule.name in ZERO_BUBBLE
+                                        and (pl.schedule.name == "zb-v") == (cand.schedule == "zb-v")])
         if cand.schedule == "interleaved":
             return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
