@@ -186,3 +186,17 @@ def test_link_entries_end_when_either_side_saw_the_transfer_complete() -> None:
     assert links == {("link 0->1", "SEND_F", 0): (1.0, 1.5), ("link 1->0", "SEND_B", 0): (4.0, 4.6)}
     stage_kinds = {e.kind for e in tl.timeline if e.resource.startswith("stage")}
     assert stage_kinds == {"F", "B"}  # completion stamps and waits are not compute
+
+
+def test_zb_v_links_are_labelled_by_the_v_and_split_backward_counts_as_busy() -> None:
+    """ZB-V runs virtual stage s on stage s, then 2p-1-s: chunk 1's hand-offs go back up (vs 3 -> 4 is stage
+    2 -> 1 on p = 3, not 0 -> 1 as the loop placement would read it); I and W count as compute."""
+    plan = make_plan().model_copy(update={"schedule": ScheduleSpec(name="zb-v")})
+    ev2 = [[0, 2, "F", 0, 0.0, 1.0, 3], [0, 2, "SEND_F", 0, 1.0, 1.1, 3], [0, 2, "SENT_F", 0, 1.5, 1.5, 3],
+           [0, 2, "I", 0, 4.0, 5.0, 3], [0, 2, "W", 0, 5.0, 6.0, 3]]
+    ev1 = [[0, 1, "RECVD_F", 0, 1.8, 1.8, 4], [0, 1, "F", 0, 2.0, 3.0, 4], [0, 1, "SEND_B", 0, 3.0, 3.1, 4],
+           [0, 1, "SENT_B", 0, 3.5, 3.5, 4]]
+    tl = measured_timeline(plan, [{"events": ev2}, {"events": ev1}])
+    links = {(e.resource, e.kind, e.stage): (e.start, e.end) for e in tl.timeline if e.resource.startswith("link")}
+    assert links == {("link 2->1", "SEND_F", 3): (1.0, 1.5), ("link 1->2", "SEND_B", 4): (3.0, 3.5)}
+    assert tl.busy == (0.0, 1.0, 3.0) and tl.iteration_time == 6.0

@@ -157,3 +157,19 @@ def test_plan_mode_what_if_on_an_interleaved_plan(capsys, tmp_path, what_if: str
     want = json.loads(capsys.readouterr().out)
     assert got["schedule"] == what_if and got["virtual_chunks"] == 1
     assert got["iteration_time_s"] == want["iteration_time_s"]
+
+
+def test_plan_mode_what_if_zb_v_is_priced_in_its_v(capsys, tmp_path) -> None:
+    """`--schedule zb-v` on a 1F1B plan gives exactly what the plan saved as zb-v gives: two chunks per stage in
+    the V, each priced by its own layers (not the whole stage's F/B on each chunk)."""
+    plain, zv = tmp_path / "plain.json", tmp_path / "zv.json"
+    _two_stage_plan("1f1b").save(plain)
+    _two_stage_plan("zb-v").save(zv)
+    assert main(["simulate", str(plain), "--schedule", "zb-v", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(["simulate", str(zv), "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert got["schedule"] == "zb-v" and got["virtual_chunks"] == 2
+    assert got["iteration_time_s"] == want["iteration_time_s"]
+    assert main(["simulate", str(plain), "--schedule", "zb-h1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_time_s"] != got["iteration_time_s"]

@@ -252,3 +252,46 @@ def test_export_schedule_refusals(tmp_path, capsys) -> None:
     assert main(["plan", "--scenario", "cpu-demo", "--export-schedule", "megatron", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--export-schedule megatron: unknown format; the one format is torch" in err and err.count("\n") == 1
+
+
+def test_split_w_reruns_a_checkpointed_block_per_parameter_group() -> None:
+    """torch's split backward under activation checkpointing: I re-runs each block's forward once, W once per
+    parameter group (why the planner makes no zero-bubble twin of a recomputing stage, tests/test_zero_bubble_planner.py)."""
+    import torch
+
+    from hetauto.core.model import ModelConfig
+    from hetauto.runtime import split_backward
+    from hetauto.runtime.stage import build_stage
+
+    cfg = ModelConfig("m", "gpt", num_layers=2, hidden=16, num_heads=2, ffn_hidden=32, vocab_size=24, max_seq_len=8)
+    st = build_stage(cfg, (1, 3), 0, recompute=True)
+    calls = [0]
+    for layer in st.layers.values():
+        layer.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    y = st(x)
+    groups = split_backward.input_grads(y, torch.randn(2, 8, 16), x, st)
+    assert calls[0] == 4  # the forward, then I's recompute
+    split_backward.weight_grads(groups, st)
+    assert len(groups) == 16 and calls[0] == 4 + 16  # one re-run per group: 8 per GPT block
+
+
+@pytest.mark.parametrize("arch,ffn,kv,per_token", [("gpt", 64, None, 11 * 16), ("llama", 56, 1, 12.5 * 16)])
+def test_a_deferred_w_keeps_each_weight_ops_output_gradient(arch: str, ffn: int, kv: int | None,
+                                                          per_token: float) -> None:
+    """What torch's split keeps from I to W besides the retained graph: the output gradient of every matmul and norm
+    (GPT: qkv 3h + proj h + fc1 ffn + fc2 h + 2 norms h = 11h at ffn 4h; llama with K, V a quarter wide: q h + k, v
+    h/4 each + o h + gate, up ffn each + down h + 2 norms h = 12.5h at ffn 3.5h), per token per block."""
+    import torch
+
+    from hetauto.core.model import ModelConfig
+    from hetauto.runtime import split_backward
+    from hetauto.runtime.stage import build_stage
+
+    cfg = ModelConfig("m", arch, num_layers=2, hidden=16, num_heads=4, ffn_hidden=ffn, vocab_size=24, max_seq_len=8,
+                      num_kv_heads=kv)
+    st = build_stage(cfg, (1, 3), 0)
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    groups = split_backward.input_grads(st(x), torch.randn(2, 8, 16), x, st)
+    kept = sum(t.numel() for g in groups for gs in g["grads"] for t in gs if t is not None)
+    assert kept == 2 * 8 * 2 * per_token  # 2 samples x 8 tokens x 2 blocks

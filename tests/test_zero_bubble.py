@@ -100,6 +100,10 @@ def test_simulate_cli_zero_bubble(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["iteration_time_s"] == 16 * 3 + 3 * 2.0
     assert main(base + ["--schedule", "zb-h1", "--tw", "3"]) == 2
     assert "--tw must be between 0 and --tb (2.0), got 3.0" in capsys.readouterr().err
+    # ZB-V: the unit model's 50 at p = 4, m = 16 (I = W = 1), 2 chunks, no closed-form lower bound
+    assert main(base + ["--schedule", "zb-v"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["iteration_time_s"], doc["virtual_chunks"]) == (50.0, 2) and "lower_bound_s" not in doc
 
 
 @pytest.mark.parametrize("p,m,want", [(2, 4, 12.5), (4, 8, 26.0), (4, 16, 50.0), (8, 16, 51.5), (8, 32, 99.5)])

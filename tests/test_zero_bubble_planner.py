@@ -114,3 +114,78 @@ def test_zb_v_priced_chunk_by_chunk_in_the_v() -> None:
     assert [ev.inflight(zv, i) for i in range(p)] == [min(m, p)] * p
     e = ev.evaluate(zv)
     assert e.iteration_time_s >= simulate(schedule_for_plan(zv), costs).iteration_time
+
+
+def _zb_v_space(inp) -> StrategySpace:  # noqa: ANN001 - PlanningInputs
+    return StrategySpace(inp, Evaluator(inp), schedules=("1f1b", "zb-h1", "zb-v"))
+
+
+def test_zb_v_twin_keeps_the_1f1b_cut_where_every_stage_has_two_layers() -> None:
+    """A zb-v candidate is its 1F1B base's cut run as ZB-V (each stage's layers in two chunks); none where a stage
+    has one layer (one chunk would be empty) or the model ties its embedding and head (the V puts both on stage
+    0, which the executor refuses); zb-h1 twins are unchanged by asking for zb-v too."""
+    from dataclasses import replace
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    space = _zb_v_space(inp)
+    (base,) = _plan(space, "1f1b")
+    (zv,) = _plan(space, "zb-v")
+    assert zv.schedule == ScheduleSpec(name="zb-v") and zv.stages == base.stages
+    assert _plan(space, "zb-h1") == _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
+    ev = Evaluator(inp)
+    assert ev.evaluate(zv).feasible and [ev.inflight(zv, i) for i in range(3)] == [min(zv.num_microbatches, 3)] * 3
+    short = tiny_inputs(layers=2, gbs=16)  # 4 slots on 3 stages: one has a single layer
+    assert [s.layers[1] - s.layers[0] for s in _plan(_zb_v_space(short), "1f1b")[0].stages] == [2, 1, 1]
+    assert _plan(_zb_v_space(short), "zb-v") == []
+    tied = replace(inp, model=replace(inp.model, tie_embeddings=True))
+    assert _plan(_zb_v_space(tied), "zb-v") == []
+
+
+def test_twins_phase_scores_zb_v_only_when_asked_and_cli_default_leaves_it_out() -> None:
+    import argparse
+
+    from hetauto.commands.plan import feature_options
+    from hetauto.planner.scoring import Scorer
+    from hetauto.planner.search import zero_bubble_twins
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    two = Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), "1f1b")
+    for schedules, want in ((("1f1b", "zb-h1"), {"zb-h1"}), (("1f1b", "zb-h1", "zb-v"), {"zb-h1", "zb-v"})):
+        space = StrategySpace(inp, Evaluator(inp), schedules=schedules)
+        scorer = Scorer(space)
+        scorer.score(two)
+        zero_bubble_twins(space, scorer, lambda: False)
+        assert {c.schedule for c in scorer.by_candidate} - {"1f1b"} == want
+    flags = {"schedules": None, "no_virtual_1f1b": False, "no_zero1": False, "no_recompute": False,
+             "resharding": None}
+    assert "schedules" not in feature_options(argparse.Namespace(**flags))  # the space's default: no zb-v
+    no_v = feature_options(argparse.Namespace(**{**flags, "no_virtual_1f1b": True}))["schedules"]
+    assert "zb-v" not in no_v and "zb-h1" in no_v
+    assert "zb-v" in feature_options(argparse.Namespace(**{**flags, "schedules": "1f1b,zb-v"}))["schedules"]
+
+
+def test_no_zero_bubble_twin_where_a_stage_recomputes() -> None:
+    """torch's stage_backward_weight re-runs a checkpointed block's forward once per parameter group, which the
+    cost model's one recompute per backward does not price: a candidate with a recomputing stage has no twin."""
+    inp = tiny_inputs(layers=8, gbs=16)
+    space = _zb_v_space(inp)
+    rc = (ClusterChoice(2, 1, True), ClusterChoice(1, 1))
+    (base,) = space.build(Candidate(2, ("fast", "slow"), rc, "1f1b")).plans
+    assert base.stages[0].recompute
+    for zb in ("zb-h1", "zb-v"):
+        assert space.build(Candidate(2, ("fast", "slow"), rc, zb)).plans == []
+
+
+
+def test_a_virtual_zb_candidate_keeps_the_zb_h1_twin_of_its_plain_plan_and_no_zb_v() -> None:
+    """A Virtual-1F1B build holds its plain 1F1B plan too (the memory tie-break); its zero-bubble candidate keeps that
+    plan's ZB-H1 twin, and ZB-V stays with its own candidate even when asked for."""
+    inp = tiny_inputs(layers=8, gbs=16, latency="50ms")
+    space = _zb_v_space(inp)
+    space_v = StrategySpace(inp, Evaluator(inp), schedules=("1f1b", "virtual-1f1b", "zb-h1", "virtual-zb", "zb-v"))
+    choices = (ClusterChoice(2, 1), ClusterChoice(1, 1))
+    base = space_v.build(Candidate(2, ("fast", "slow"), choices, "virtual-1f1b")).plans
+    twins = space_v.build(Candidate(2, ("fast", "slow"), choices, "virtual-zb")).plans
+    assert [pl.schedule.name for pl in base] == ["virtual-1f1b", "1f1b"]
+    assert [pl.schedule.name for pl in twins] == ["virtual-zb", "zb-h1"]
+    assert [pl.schedule.name for pl in space.build(Candidate(2, ("fast", "slow"), choices, "zb-h1")).plans] == ["zb-h1"]

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "runs on cpu/mock, else bf16)")
     parser.add_argument("--schedules", metavar="LIST",
                         help="schedules the search may use, comma-separated from 1f1b, virtual-1f1b, interleaved, "
-                             "zb-h1, virtual-zb (default: all)")
+                             "zb-h1, virtual-zb, zb-v (default: all but zb-v)")
     parser.add_argument("--no-virtual-1f1b", action="store_true",
                         help="leave Virtual-1F1B (and Virtual-ZB, its zero-bubble form) out of the search")
     parser.add_argument("--no-zero1", action="store_true", help="leave ZeRO-1 out of the search")
@@ -97,7 +97,8 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
     from hetauto.planner import principles as P
 
     opts: dict[str, Any] = {}
-    scheds = list(SCHEDULES)
+    default = [x for x in SCHEDULES if x != "zb-v"]  # zb-v only when --schedules names it
+    scheds = list(default)
     if getattr(args, "schedules", None) is not None:  # "" is a list of none, not the default
         scheds = [x.strip() for x in args.schedules.split(",") if x.strip()]
         bad = [x for x in scheds if x not in SCHEDULES]
@@ -106,7 +107,7 @@ def feature_options(args: argparse.Namespace) -> dict[str, Any]:
                                f"choose from {', '.join(SCHEDULES)}")
     if getattr(args, "no_virtual_1f1b", False):
         scheds = [x for x in scheds if x not in ("virtual-1f1b", "virtual-zb")]
-    if scheds != list(SCHEDULES):
+    if scheds != default:
         tree = tuple(x for x in scheds if x != "interleaved")
         if not tree:
             raise HetautoError("--schedules: interleaved alone leaves no schedule for a one-stage plan; add 1f1b")

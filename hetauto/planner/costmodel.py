@@ -188,8 +188,9 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_
         return min(m * v, 2 * (p - stage - 1) + (v - 1) * g + 1) / v
     if schedule == "zb-v":  # hetauto.schedule.zb_v holds at most 2p chunk-microbatches (half a stage each), F to W
         return float(min(m, p))
-    if schedule in ("zb-h1", "virtual-zb"):  # F to W: a microbatch between I and W holds its dW buffers (the
-        # weight matmuls' inputs and output gradients; counted as its whole activation, an upper bound)
+    if schedule in ("zb-h1", "virtual-zb"):  # F to W: a microbatch between I and W keeps its whole activation
+        # (torch's split retains the graph) and, besides, the output gradients of every weight-bearing op that
+        # stage_backward_input captured for W (11 s*h per GPT block at ffn = 4h; not counted here: a lower bound)
         extra = sum(extra_warmup[stage:]) if schedule == "virtual-zb" else 0
         d = w_defer[stage] if w_defer else stage
         return float(min(m, p - stage + d + extra))  # hetauto.schedule.zb_inflight

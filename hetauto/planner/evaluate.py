@@ -1198,7 +1198,8 @@ def stage_times_for_plan(plan: Plan, inputs: PlanningInputs | None = None, sched
         from hetauto.core.plan import ScheduleSpec
 
         plan = plan.model_copy(update={"schedule": ScheduleSpec(name=schedule)})
-    return Evaluator(inputs or inputs_for_plan(plan)).pipeline_costs(plan, per_chunk=own)
+    # ZB-V always runs two chunks per stage in its V, so a what-if prices it chunk by chunk too
+    return Evaluator(inputs or inputs_for_plan(plan)).pipeline_costs(plan, per_chunk=own or schedule == "zb-v")
 
 
 def evaluate_plan(plan: Plan, inputs: PlanningInputs | None = None, *, correction: "Correction | str | None" = None,

@@ -23,8 +23,8 @@ from hetauto.planner.layers import total_params
 from hetauto.planner.mcts import MCTS
 from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint, better
 from hetauto.planner.seeds import seed_candidates
-from hetauto.planner.space import (RESHARD_METHODS, SEARCHED_BALANCES, UNUSED, Candidate, StrategySpace,
-                                   boundary_pairs, microbatch_options)
+from hetauto.planner.space import (RESHARD_METHODS, SEARCHED_BALANCES, UNUSED, ZERO_BUBBLE, Candidate,
+                                   StrategySpace, boundary_pairs, microbatch_options)
 
 __all__ = ["RESHARD_METHODS", "seed_candidates"]  # re-exported: their homes are space.py and seeds.py
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
@@ -496,8 +496,8 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
 
 def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
                       top: int = ZERO_BUBBLE_TOP) -> None:
-    """The zero-bubble twin (ZB-H1 of a 1F1B candidate, Virtual-ZB of a Virtual-1F1B one: the same cut, the
-    backward split) of the `top` best candidates scored so far, skipping any whose bound cannot beat the best:
+    """The zero-bubble twins (ZB-H1 and, where asked for, ZB-V of a 1F1B candidate, Virtual-ZB of a Virtual-1F1B
+    one: the same cut, the backward split) of the `top` best candidates scored so far, skipping any whose bound cannot beat the best:
     splitting the backward leaves each stage's busy time as it is, so a twin takes at least (1 - bubble) of its
     base's time. Why a last phase and not a variant of every plan (or a start for the descents): a split schedule
     has no closed form and is simulated action by action (paper-4c: 256 microbatches on 18 stages), ~10x a plain
@@ -506,16 +506,17 @@ def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callabl
 
     if not space.zero_bubble:
         return
-    twin = {"1f1b": "zb-h1", "virtual-1f1b": "virtual-zb"}
-    ranked = sorted(((c, s) for c, s in scorer.by_candidate.items() if s is not None and c.schedule in twin
-                     and twin[c.schedule] in space.zero_bubble), key=lambda x: -x[1].evaluation.throughput_samples_s)
+    twins = {base: [zb for zb in space.zero_bubble if ZERO_BUBBLE[zb] == base] for base in ("1f1b", "virtual-1f1b")}
+    ranked = sorted(((c, s) for c, s in scorer.by_candidate.items() if s is not None and twins.get(c.schedule)),
+                    key=lambda x: -x[1].evaluation.throughput_samples_s)
     for cand, got in ranked[:top]:
         e = got.evaluation
         if e.bubble_fraction < 1.0 and e.throughput_samples_s / (1.0 - e.bubble_fraction) <= scorer.best_throughput:
             continue
-        if out_of_time():
-            return
-        scorer.score(replace(cand, schedule=twin[cand.schedule]))
+        for zb in twins[cand.schedule]:
+            if out_of_time():
+                return
+            scorer.score(replace(cand, schedule=zb))
 
 
 def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],

@@ -43,9 +43,10 @@ SEARCHED_BALANCES: tuple[Balance, ...] = ("minimax", "proportional")
 # every hetauto.core.plan.ReshardMethod (a test checks they agree), in the order the descent and the polish try
 # them: the default first, so a tie keeps it
 RESHARD_METHODS = ("scatter-allgather", "leader-broadcast", "lanes")
-SCHEDULES = ("1f1b", "virtual-1f1b", "interleaved", "zb-h1", "virtual-zb")  # what the space builds (gpipe never beats 1f1b)
-# zero-bubble schedules are variants of a tree schedule's plan (same cut, the backward split), not tree options
-ZERO_BUBBLE = {"zb-h1": "1f1b", "virtual-zb": "virtual-1f1b"}
+SCHEDULES = ("1f1b", "virtual-1f1b", "interleaved", "zb-h1", "virtual-zb", "zb-v")  # what the space builds (gpipe never beats 1f1b)
+# zero-bubble schedules are variants of a tree schedule's plan (same cut, the backward split), not tree options;
+# zb-v only where the search is asked for it (--schedules): on cuts made for 1F1B it has not won yet
+ZERO_BUBBLE = {"zb-h1": "1f1b", "virtual-zb": "virtual-1f1b", "zb-v": "1f1b"}
 DEFAULT_SCHEDULES = ("1f1b", "virtual-1f1b", "zb-h1", "virtual-zb")
 
 
@@ -441,7 +442,9 @@ class StrategySpace:
         caps = [usable_bytes(self.stage_capacity(st), self.headroom) for st in stages]
         if cand.schedule in ZERO_BUBBLE:  # the base schedule's plans, each as its zero-bubble twin
             base = self.build(replace(cand, schedule=ZERO_BUBBLE[cand.schedule]), twins=True)
-            return replace(base, plans=[pl for pl in base.plans if pl.schedule.name in ZERO_BUBBLE])
+            # zb-v apart (its own candidate); a virtual-zb candidate keeps the zb-h1 twin of its plain plan too
+            return replace(base, plans=[pl for pl in base.plans if pl.schedule.name in ZERO_BUBBLE
+                                        and (pl.schedule.name == "zb-v") == (cand.schedule == "zb-v")])
         if cand.schedule == "interleaved":
             return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
@@ -477,22 +480,33 @@ class StrategySpace:
                   m: int, cand: Candidate, twins: bool) -> list[Plan]:
         """`plans` (1F1B / Virtual-1F1B) that the space allows, or with `twins` (a zero-bubble candidate) their
         zero-bubble twins where allowed: the same cut and warm-up, the backward split, each stage's W deferred as
-        far as its memory holds (at most i on stage i, ZB-H1's own; 0 keeps 1F1B's memory and still gains)."""
+        far as its memory holds (at most i on stage i, ZB-H1's own; 0 keeps 1F1B's memory and still gains); none
+        where a stage recomputes (see below) or the DP level cannot follow a split backward."""
         if not twins:
             return [pl for pl in plans if pl.schedule.name in self.requested]
         if isinstance(cand.zero1, str) and cand.zero1 not in ("none", "zero1"):  # not run split (core.plan_check)
             return []
+        if any(st.recompute for st in stages):  # torch's split W re-runs a checkpointed block's forward once per
+            return []  # parameter group (8 times for a GPT block), a cost the one-recompute pricing does not see
         out: list[Plan] = []
         for pl in plans:
+            counts = [st.layers[1] - st.layers[0] for st in pl.stages]
+            if pl.schedule.name == "1f1b" and "zb-v" in self.zero_bubble and self._zb_v_fits(counts):
+                out.append(self._plan(cand, stages, counts, m, "zb-v", ()))  # the Evaluator checks its memory
             zb = {"1f1b": "zb-h1", "virtual-1f1b": "virtual-zb"}[pl.schedule.name]
             if zb not in self.zero_bubble:
                 continue
             p, extra = len(stages), tuple(pl.schedule.extra_warmup)
-            counts = [st.layers[1] - st.layers[0] for st in pl.stages]
             mcap = self._inflight_caps(costs, caps, counts, m)
             defer = tuple(max(0, min(r, (m if c is None else c) - (p - r) - sum(extra[r:]))) for r, c in enumerate(mcap))
             out.append(self._plan(cand, stages, counts, m, zb, extra, () if defer == tuple(range(p)) else defer))
         return out
+
+    def _zb_v_fits(self, counts: list[int]) -> bool:
+        """Whether a cut can run as ZB-V: two chunks per stage (>= 2 layers each, else one chunk is empty and its
+        stage idles half the V) and an untied head (the V puts the embedding and the head on stage 0, and the
+        executor sums a tied table only across two stages)."""
+        return len(counts) >= 2 and min(counts) >= 2 and not self.inputs.model.tie_embeddings
 
     @staticmethod
     def _inflight_caps(costs: list["_StageCost"], caps: list[float], counts: list[int], m: int) -> list[int | None]:

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from hetauto.core.chunks import schedule_placement, slot_of
 from hetauto.core.plan import Plan
 from hetauto.runtime.layout import stage_layouts
 from hetauto.schedule.simulator import SimResult, TimelineEntry
@@ -99,6 +100,9 @@ def stage_compute(plan: Plan, reports: Sequence[Mapping[str, Any]]) -> tuple[Sta
     return tuple(out)
 
 
+COMPUTE = ("F", "B", "I", "W")  # the actions that keep a stage busy (a split backward's I and W included)
+
+
 def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: int | None = None) -> SimResult:
     """The lead ranks' recorded actions of one step (default: the last) as a `SimResult` with a timeline:
     one track per stage (F/B/REDUCE_GRAD/OPTIM, and WAIT_* where a compute waited for its input) and one
@@ -113,7 +117,8 @@ def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: in
     the send complete before its emulated delivery time. Only lead ranks (dp 0, tp 0) record.
     Interleaved runs' events carry the virtual stage as a 7th field: transfers are matched per virtual
     boundary and drawn on the physical link (the wrap from the last stage to the first included), entries'
-    `stage` is the virtual stage as in the simulator."""
+    `stage` is the virtual stage as in the simulator; ZB-V's virtual stages sit on their stages in the V
+    (`hetauto.core.chunks.slot_of`), so chunk 1's hand-offs are drawn back up the links."""
     events = [e for r in reports for e in r.get("events", [])]
     if not events:
         return SimResult(0.0, 0.0, (), (), (), 0, ())
@@ -127,7 +132,7 @@ def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: in
     def seen(key: tuple[str, int, int], at: float) -> None:
         done[key] = min(done.get(key, at), at)
 
-    p = plan.num_stages
+    p, place = plan.num_stages, schedule_placement(plan.schedule.name)
     for e in ev:
         _, stage, kind, mb, start, end = e[:6]
         vs = e[6] if len(e) > 6 else stage  # interleaved events carry their virtual stage (c * p + stage)
@@ -144,11 +149,12 @@ def measured_timeline(plan: Plan, reports: Sequence[Mapping[str, Any]], step: in
     for (kind, vs, mb), start in posted.items():
         if (kind, vs, mb) not in done:
             continue
-        dst = vs + 1 if kind == "SEND_F" else vs - 1  # virtual stages; links are between physical stages (mod p)
+        dst = vs + 1 if kind == "SEND_F" else vs - 1  # virtual stages; links are between the stages that run them
         end = max(start, done[(kind, vs, mb)])
-        entries.append(TimelineEntry(f"link {vs % p}->{dst % p}", kind, mb, start, end, vs))
+        a, b = slot_of(vs, p, place)[0], slot_of(dst, p, place)[0]  # loop (vs mod p) or ZB-V's V
+        entries.append(TimelineEntry(f"link {a}->{b}", kind, mb, start, end, vs))
     total = max(e.end for e in entries) if entries else 0.0
-    busy = tuple(sum(e.end - e.start for e in entries if e.resource == f"stage {s}" and e.kind in ("F", "B"))
+    busy = tuple(sum(e.end - e.start for e in entries if e.resource == f"stage {s}" and e.kind in COMPUTE)
                  for s in range(p))
     util = tuple(b / total if total else 0.0 for b in busy)
     bubble = 1.0 - sum(busy) / (p * total) if total else 0.0
