@@ -75,3 +75,16 @@ def test_the_lead_fails_a_loss_off_the_reference_and_holds_the_folder_meanwhile(
            "data?); --no-reference skips the comparison")
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"hetauto node: error: {off}"
     assert json.loads((launched / "w" / "result.json").read_text())["loss_off_reference"] == off
+
+
+def test_the_lead_takes_a_folder_its_own_launcher_holds_and_no_other(tmp_path: Path) -> None:
+    """hetauto run --emulate netns locks the folder, then starts the node agents: their lead must not refuse it
+    (it did, and the netns run hung until its timeout), while a lock of any other process still counts."""
+    from hetauto.launch.folder_lock import held_by_a_launcher
+    from hetauto.runtime.parent_watch import launcher_mark
+
+    assert not held_by_a_launcher(tmp_path, marks=launcher_mark())  # no lock
+    with acquire_folder(tmp_path, run_id="netns"):
+        assert held_by_a_launcher(tmp_path, marks=f"1:1,{launcher_mark()}")  # this process launched the agent
+        assert not held_by_a_launcher(tmp_path, marks="1:1")  # another process's lock
+        assert not held_by_a_launcher(tmp_path, marks=f"{os.getpid()}:0")  # a reused pid is not the owner

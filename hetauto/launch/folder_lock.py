@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hetauto.core.errors import CheckpointError
-from hetauto.runtime.parent_watch import process_start_time
+from hetauto.runtime.parent_watch import LAUNCHER_ENV, process_start_time
 
-__all__ = ["LOCK_FILE", "FolderOwner", "FolderLock", "acquire_folder"]
+__all__ = ["LOCK_FILE", "FolderOwner", "FolderLock", "acquire_folder", "held_by_a_launcher"]
 
 LOCK_FILE = ".hetauto-lock"
 
@@ -130,3 +130,14 @@ def acquire_folder(folder: str | os.PathLike, what: str = "--checkpoint-dir", ru
     owner = _read(path)
     raise CheckpointError(f"{what} {folder} is in use by {owner.describe() if owner else 'another run'}; "
                           f"choose another {what}")
+
+
+def held_by_a_launcher(folder: str | os.PathLike, marks: str | None = None) -> bool:
+    """Whether the folder's lock belongs to a launcher of this process (its pid and start time among the
+    `HETAUTO_LAUNCHER` marks, on this host): `hetauto run --emulate netns` takes the lock, then starts a node agent
+    per namespace whose lead must not refuse the folder its own launcher holds for it."""
+    owner = _read(Path(folder) / LOCK_FILE)
+    if owner is None or owner.host != socket.gethostname():
+        return False
+    marks = os.environ.get(LAUNCHER_ENV, "") if marks is None else marks
+    return f"{owner.pid}:{owner.pid_start}" in (marks or "").split(",")
