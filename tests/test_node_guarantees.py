@@ -17,6 +17,13 @@ from hetauto.launch.folder_lock import acquire_folder
 from hetauto.testing.two_sites import write_two_site_plan
 
 
+@pytest.fixture(autouse=True)
+def _own_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hetauto node` quiets c10d in its own process (TORCH_CPP_LOG_LEVEL); run in-process here, that must not leak
+    into the processes later tests of this worker start (it made `hetauto profile link` print C++ stacks)."""
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`hetauto launch` output of the two-site plan with a checkpoint folder; returns its folder."""
