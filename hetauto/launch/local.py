@@ -222,7 +222,7 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     if gone:
         # a rank whose launcher died said so before its watchdog ended it: that explains its site-mates that
         # vanished without a word (a loaded host may end them before their own message is out)
-        return failed(gone[0], f"failed: {errors[gone[0]].split(': ', 1)[1]}")
+        return failed(gone[0], f"failed: {body(errors[gone[0]])}")
     died = [r for r in started if r not in errors and r not in stopped and r not in done]
     # a rank torchrun reports as failed died on its own; one it killed after its grace period (blocked in a wait
     # too long to run the SIGTERM handler) left no mark either, but torchrun does not list it as a failure
