@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterator
 
 # One intra-op thread per test process and for every process a test starts (read by torch's OpenMP when torch
 # loads, so before anything imports it): the suite runs two workers on two cores, and the models here are tiny,
@@ -13,6 +14,18 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import pytest  # noqa: E402
 
 from hetauto.backends import reset_registry  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Every test leaves os.environ as it found it: commands run in-process set variables for their own process
+    (`hetauto node` quiets c10d with TORCH_CPP_LOG_LEVEL), and a leak reaches every process later tests of the same
+    worker start (it made `hetauto profile link` print C++ stacks in CI)."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @pytest.fixture

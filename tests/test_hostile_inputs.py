@@ -17,7 +17,13 @@ def test_the_table_covers_every_command_and_the_api_with_at_least_150_cases() ->
 
 
 def test_every_hostile_input_is_answered_cleanly() -> None:
+    import os
+
+    before = dict(os.environ)
     outcomes = run_cases(all_cases(), base)
+    # commands run in-process here; what they set for their own process (`hetauto node`: TORCH_CPP_LOG_LEVEL)
+    # must not reach the processes later tests start
+    assert dict(os.environ) == before
     bad = [o for o in outcomes if o.klass != "clean"]
     report = "\n\n".join(f"[{o.klass}] {o.case.command}: {o.case.name}\n  argv: {o.case.argv}\n  {o.message}\n"
                          + o.output[-2000:] for o in bad)

@@ -9,26 +9,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from hetauto.cli import main
 from hetauto.launch.folder_lock import acquire_folder
 from hetauto.testing.two_sites import write_two_site_plan
-
-
-@pytest.fixture(autouse=True)
-def _own_environment() -> Iterator[None]:
-    """`hetauto node` quiets c10d in its own process (TORCH_CPP_LOG_LEVEL); run in-process here, that must not leak
-    into the processes later tests of this worker start (it made `hetauto profile link` print C++ stacks).
-    (monkeypatch.delenv of an unset variable records nothing to undo, hence by hand.)"""
-    before = os.environ.get("TORCH_CPP_LOG_LEVEL")
-    yield
-    if before is None:
-        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
-    else:
-        os.environ["TORCH_CPP_LOG_LEVEL"] = before
 
 
 @pytest.fixture(scope="module")

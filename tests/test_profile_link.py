@@ -21,7 +21,9 @@ SPEC = {"clusters": [{"name": "a", "nodes": {"count": 1, "devices_per_node": 1, 
 
 
 def hetauto(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # c10d's own log level as a user's shell has it (unset), whatever this worker's environment holds
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", "hetauto", *argv], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=ROOT)
 

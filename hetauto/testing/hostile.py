@@ -156,9 +156,10 @@ def _write(folder: Path, files: dict[str, str | bytes | None]) -> None:
 @contextlib.contextmanager
 def _in_folder(folder: Path, env: dict[str, str]) -> Iterator[None]:
     """cwd = folder, the calibration cache inside it, no HETAUTO_DEBUG (it turns errors into tracebacks), the
-    case's `env` set; all restored after."""
+    case's `env` set; all restored after, the whole environment: a command run in-process may set variables for
+    its own process (`hetauto node` sets TORCH_CPP_LOG_LEVEL), which must not reach later cases or tests."""
     old_cwd = os.getcwd()
-    saved = {k: os.environ.get(k) for k in ("HETAUTO_CACHE_DIR", "HETAUTO_DEBUG", *env)}
+    saved = dict(os.environ)
     os.environ["HETAUTO_CACHE_DIR"] = str(folder / "cache")
     os.environ.pop("HETAUTO_DEBUG", None)
     os.environ.update(env)
@@ -167,11 +168,8 @@ def _in_folder(folder: Path, env: dict[str, str]) -> Iterator[None]:
         yield
     finally:
         os.chdir(old_cwd)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _error_line(text: str) -> tuple[str, bool]:
