@@ -8,8 +8,11 @@ cd "$(dirname "$0")/.."
 source scripts/_python.sh
 "$PY" -m pip install --quiet torch==2.13.0 -e '.[dev]' -e plugins/hetauto-backend-template
 hetauto_activation_hint   # before the tests, so pytest's summary stays the last line
-# Two workers, each file on one worker (its module fixtures built once); HETAUTO_TEST_WORKERS=0 runs in-process.
-workers="${HETAUTO_TEST_WORKERS:-2}"
+# One worker more than cores (at most 4), each file on one worker (its module fixtures built once): many tests
+# wait on the processes they start (a training run, a timeout, a shaped link), and a spare worker keeps the cores
+# busy meanwhile. HETAUTO_TEST_WORKERS=N sets the count; 0 runs in-process.
+cores="$(nproc 2>/dev/null || echo 2)"
+workers="${HETAUTO_TEST_WORKERS:-$(( cores + 1 < 4 ? cores + 1 : 4 ))}"
 if [[ "$workers" == 0 ]]; then
     "$PY" -m pytest -q --durations=30 "$@"
 else

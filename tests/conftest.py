@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 # One intra-op thread per test process and for every process a test starts (read by torch's OpenMP when torch
-# loads, so before anything imports it): the suite runs two workers on two cores, and the models here are tiny,
+# loads, so before anything imports it): the suite runs a worker per core and one more, and the models here are tiny,
 # where extra threads only spin; with them a small reference run cost 4x the CPU (torchrun's workers run with 1).
 os.environ["OMP_NUM_THREADS"] = "1"
 
@@ -39,9 +39,9 @@ def fresh_plugin_registry(monkeypatch):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow files first, each file's tests kept together and in their order: the two workers (scripts/test.sh, one
-    file at a time each, `--no-loadscope-reorder` so xdist keeps this order) then end on short files, not with one
-    worker idle while the other finishes a minute-long one. Slow means: tests that start processes (marked
+    """Slow files first, each file's tests kept together and in their order: the workers (scripts/test.sh, one
+    file at a time each, `--no-loadscope-reorder` so xdist keeps this order) then end on short files, not with
+    one worker finishing a minute-long file while the others idle. Slow means: tests that start processes (marked
     `multiprocess`), most of them first; then the other files, most tests first. Every worker sorts alike."""
     started: Counter[str] = Counter()
     tests: Counter[str] = Counter()
