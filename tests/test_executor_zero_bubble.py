@@ -37,16 +37,34 @@ CASES = [
 ]
 
 
-def _work(rank: int, world: int, plans: list[str]) -> list[dict]:
+def _work(rank: int, world: int, plans: list[str], tp_w_bytes: bool = False) -> list:
     from hetauto.core.comm import Communicator
     from hetauto.runtime.executor import ExecutorOptions, run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=60)
     try:
-        return [run_rank(comm, Plan.from_json(js), GPT, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=60)).to_dict()
-                for js in plans]
+        out: list = [run_rank(comm, Plan.from_json(js), GPT, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=60))
+                     .to_dict() for js in plans]
+        return out + [_kept_for_w_tp2()] if tp_w_bytes else out
     finally:
         comm.destroy()
+
+
+def _kept_for_w_tp2() -> int:
+    """Bytes torch's stage_backward_input keeps for W on this rank of a tp-2 stage (blocks 1-2 of GPT, 2 samples)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from hetauto.runtime import split_backward
+    from hetauto.runtime.stage import build_stage
+    from hetauto.runtime.tensor_parallel import build_meshes, parallelize_stage
+
+    st = parallelize_stage(build_stage(GPT, (1, 3), SEED), build_meshes([[0, 1], [2, 3]]))
+    x = torch.randn(2, 16, GPT.hidden, requires_grad=True)
+    groups = split_backward.input_grads(st(x), torch.randn(2, 16, GPT.hidden), x, st)
+    local = [t.to_local() if isinstance(t, DTensor) else t for g in groups for gs in g["grads"] for t in gs
+             if t is not None]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +147,9 @@ WIDE = [
 
 @pytest.fixture(scope="module")
 def wide_losses() -> dict[str, list[float]]:
-    per_rank = run_ranks(_work, 4, [plan.to_json() for _, plan in WIDE], timeout=240)
-    return {name: summarize(plan, [per_rank[r][i] for r in range(4)]).losses for i, (name, plan) in enumerate(WIDE)}
+    per_rank = run_ranks(_work, 4, [plan.to_json() for _, plan in WIDE], True, timeout=240)
+    out = {name: summarize(plan, [per_rank[r][i] for r in range(4)]).losses for i, (name, plan) in enumerate(WIDE)}
+    return {**out, "kept-for-w-tp2": [per_rank[r][-1] for r in range(4)]}
 
 
 @pytest.mark.multiprocess
@@ -140,3 +159,17 @@ def test_split_backward_with_tp_and_dp(wide_losses, kind: str) -> None:
     assert max(abs(a - b) for a, b in zip(got, base)) <= 1e-6, (got, base)
     want = reference_losses(GPT, SEED, STEPS, 8, 2, 16)
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+
+
+@pytest.mark.multiprocess
+def test_deferred_w_bytes_on_a_tp_stage(wide_losses) -> None:
+    """On a tp-2 stage torch's split keeps for W each column-parallel output's gradient (Q, K, V, fc1) sharded and
+    each row-parallel one's (proj, fc2) and the replicated norms' whole: costmodel.deferred_w_bytes, exactly
+    (per block 3.5 + 2 + 2 s x h elements, fp32)."""
+    from hetauto.planner.costmodel import LayerTable, deferred_w_bytes
+    from hetauto.planner.layers import layer_list
+
+    table = LayerTable(tuple(la.at_compute_bytes(4) for la in layer_list(GPT, 16)))
+    want = deferred_w_bytes(table.range(1, 3), tp=2, dp=1, microbatch=2)
+    assert want == 2 * 16 * 2 * 7.5 * GPT.hidden * 4
+    assert wide_losses["kept-for-w-tp2"] == [want] * 4

@@ -276,22 +276,32 @@ def test_split_w_reruns_a_checkpointed_block_per_parameter_group() -> None:
     assert len(groups) == 16 and calls[0] == 4 + 16  # one re-run per group: 8 per GPT block
 
 
-@pytest.mark.parametrize("arch,ffn,kv,per_token", [("gpt", 64, None, 11 * 16), ("llama", 56, 1, 12.5 * 16)])
-def test_a_deferred_w_keeps_each_weight_ops_output_gradient(arch: str, ffn: int, kv: int | None,
-                                                          per_token: float) -> None:
-    """What torch's split keeps from I to W besides the retained graph: the output gradient of every matmul and norm
-    (GPT: qkv 3h + proj h + fc1 ffn + fc2 h + 2 norms h = 11h at ffn 4h; llama with K, V a quarter wide: q h + k, v
-    h/4 each + o h + gate, up ffn each + down h + 2 norms h = 12.5h at ffn 3.5h), per token per block."""
+@pytest.mark.parametrize("arch,ffn,kv", [("gpt", 64, None), ("llama", 56, 1)])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_deferred_w_bytes_are_what_torchs_split_keeps(arch: str, ffn: int, kv: int | None, mixed: bool) -> None:
+    """The memory model's W output gradients (costmodel.deferred_w_bytes) are, byte for byte, what torch's
+    stage_backward_input keeps for W on a stage of two blocks and the head: in fp32, and under bf16 autocast
+    (matmul outputs' gradients bf16, the norms' fp32). GPT at h = 16, s = 8, 2 samples: 2 x 8 x (2 x (9 x 16 x b
+    + 2 x 16 x 4) + 24 x b + 16 x 4) bytes, b the compute dtype's bytes."""
     import torch
 
     from hetauto.core.model import ModelConfig
+    from hetauto.planner.costmodel import LayerTable, deferred_w_bytes
+    from hetauto.planner.layers import layer_list
     from hetauto.runtime import split_backward
     from hetauto.runtime.stage import build_stage
 
     cfg = ModelConfig("m", arch, num_layers=2, hidden=16, num_heads=4, ffn_hidden=ffn, vocab_size=24, max_seq_len=8,
                       num_kv_heads=kv)
-    st = build_stage(cfg, (1, 3), 0)
+    st = build_stage(cfg, (1, 4), 0)
     x = torch.randn(2, 8, 16, requires_grad=True)
-    groups = split_backward.input_grads(st(x), torch.randn(2, 8, 16), x, st)
-    kept = sum(t.numel() for g in groups for gs in g["grads"] for t in gs if t is not None)
-    assert kept == 2 * 8 * 2 * per_token  # 2 samples x 8 tokens x 2 blocks
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        loss = st(x).float().sum()
+    groups = split_backward.input_grads(loss, None, x, st)
+    kept = sum(t.numel() * t.element_size() for g in groups for gs in g["grads"] for t in gs if t is not None)
+    b = 2 if mixed else 4
+    table = LayerTable(tuple(la.at_compute_bytes(b) for la in layer_list(cfg, 8)))
+    assert deferred_w_bytes(table.range(1, 4), tp=1, dp=1, microbatch=2) == kept
+    if arch == "gpt":
+        assert kept == 2 * 8 * (2 * (9 * 16 * b + 2 * 16 * 4) + 24 * b + 16 * 4)
+    assert deferred_w_bytes(table.range(0, 2), tp=1, dp=1, microbatch=2) == 0  # the first stage's W runs it all

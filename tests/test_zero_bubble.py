@@ -81,6 +81,29 @@ def test_memory_cap_limits_warmup_then_deferral() -> None:
         < simulate(none, costs).iteration_time == 30.0 < simulate(one_f_one_b(4, 8), costs).iteration_time == 33.0
 
 
+@pytest.mark.parametrize("p,m,extra,defer", [(4, 8, None, None), (4, 3, None, None), (4, 16, (1, 0, 2), None),
+                                              (5, 12, None, (0, 1, 1, 0, 2)), (3, 4, (2, 2), (0, 5, 5))])
+def test_zb_memory_peaks_coincide(p: int, m: int, extra: tuple | None, defer: tuple | None) -> None:
+    """Along each rank's list (F adds an activation, I a set of W output gradients, W frees both), one moment
+    holds both peaks the memory model prices: zb_inflight microbatches, deferred_w_held of them after their I
+    (so activations x in flight + output gradients x held is the peak for any sizes); peak_deferred_w agrees."""
+    from hetauto.planner.costmodel import deferred_w_held
+    from hetauto.schedule import peak_deferred_w
+    from hetauto.schedule.actions import ActionType as T
+
+    s = zero_bubble(p, m, extra, defer=defer)
+    held = tuple(deferred_w_held("zb-h1", p, m, r, w_defer=s.defer) for r in range(p))
+    assert peak_deferred_w(s) == held
+    for r, row in enumerate(s.ranks):
+        a = g = 0
+        states = set()
+        for x in row:
+            a, g = a + (x.type is T.F) - (x.type is T.I), g + (x.type is T.I) - (x.type is T.W)
+            states.add((a + g, g))
+        assert (zb_inflight(p, m, r, s.extra_warmup, s.defer), held[r]) in states
+        assert max(s_[0] for s_ in states) == zb_inflight(p, m, r, s.extra_warmup, s.defer)
+
+
 def test_zero_bubble_bad_input() -> None:
     with pytest.raises(ScheduleError, match=r"stage 0: memory cap 3 microbatches is below what 1F1B itself "
                                             r"holds there \(4\)"):

@@ -50,10 +50,16 @@ def test_zero_bubble_twin_prices_w_and_memory() -> None:
     assert ev.evaluate(twin).iteration_time_s < ev.evaluate(base).iteration_time_s
 
 
-@pytest.mark.parametrize("caps,defer", [((None, 3, 2), (0, 1, 1)), ((3, 2, 1), (0, 0, 0)), ((None, None, None), ())])
+@pytest.mark.parametrize("caps,defer", [((9, 5, 4), (0, 1, 1)), ((9, 4, 4), (0, 0, 1)), ((3, 2, 1), (0, 0, 0)),
+                                        ((9, 9, 9), ())])
 def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, caps: tuple, defer: tuple) -> None:
-    """Stage i defers its W by min(i, what its memory holds beyond 1F1B's p - i); () is ZB-H1's own (i)."""
-    monkeypatch.setattr(StrategySpace, "_inflight_caps", staticmethod(lambda costs, c, counts, m: list(caps)))
+    """Stage i defers its W by the deepest d <= i whose memory fits: p - i + d microbatches in flight, d + 1 of them
+    with their W output gradients (here each counted as one unit: need = in flight + held); () is ZB-H1's own."""
+    orig_need, orig_defer = StrategySpace._need, StrategySpace._deferrals
+    monkeypatch.setattr(StrategySpace, "_need", lambda self, st, r, mbs, z, q, held=0.0:
+                        q + held if held else orig_need(self, st, r, mbs, z, q))
+    monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra:
+                        orig_defer(self, plan, stages, list(caps), cand, extra))
     inp = tiny_inputs(layers=8, gbs=16)
     (twin,) = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
     assert twin.num_stages == 3 and twin.schedule.w_defer == defer

@@ -189,13 +189,34 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_
     if schedule == "zb-v":  # hetauto.schedule.zb_v holds at most 2p chunk-microbatches (half a stage each), F to W
         return float(min(m, p))
     if schedule in ("zb-h1", "virtual-zb"):  # F to W: a microbatch between I and W keeps its whole activation
-        # (torch's split retains the graph) and, besides, the output gradients of every weight-bearing op that
-        # stage_backward_input captured for W (11 s*h per GPT block at ffn = 4h; not counted here: a lower bound)
+        # (torch's split retains the graph; its W output gradients besides: deferred_w_held)
         extra = sum(extra_warmup[stage:]) if schedule == "virtual-zb" else 0
         d = w_defer[stage] if w_defer else stage
         return float(min(m, p - stage + d + extra))  # hetauto.schedule.zb_inflight
     extra = sum(extra_warmup[stage:]) if schedule == "virtual-1f1b" else 0
     return float(min(m, p - stage + extra))
+
+
+def deferred_w_held(schedule: str, p: int, m: int, stage: int, *, w_defer: tuple[int, ...] = ()) -> float:
+    """Microbatches whose W output gradients stage `stage` holds at its peak (whole-stage units): ZB-H1 /
+    Virtual-ZB min(m, d_i + 1), d_i its W deferral (default i) -- the peak is just after an I, which holds its
+    own set and the d_i deferred ones, at the same moment as `inflight_microbatches`' peak (counted against
+    the generated lists in a test). ZB-V is priced from its list (Evaluator); every other schedule 0."""
+    if schedule not in ("zb-h1", "virtual-zb"):
+        return 0.0
+    d = w_defer[stage] if w_defer else stage
+    return float(min(m, d + 1))
+
+
+def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int, sequence_parallel: bool = False) -> float:
+    """Bytes one microbatch between its I and its W keeps on one device besides its activations (which torch's
+    split keeps whole: stage_backward_input retains the graph): the output gradient of every op leading to a
+    weight (`RangeSums.wgrad_*`). None on the first stage: its I has no input gradient to make, so its W runs
+    the whole backward (hetauto.runtime.executor, as torch's stage)."""
+    if sums.has_embedding:
+        return 0.0
+    sp = tp if sequence_parallel else 1
+    return microbatch / dp * (sums.wgrad_sharded / tp + sums.wgrad_replicated + sums.wgrad_norm / sp)
 
 
 def workspace_bytes(memory_bytes: float) -> float:
@@ -229,6 +250,10 @@ class RangeSums:
     # a split backward (zero-bubble schedules); the rest of the backward (dX GEMMs, attention, memory-bound) is I
     block_weight_flops_per_token: float = 0.0
     head_weight_flops_per_token: float = 0.0
+    # per sample: the output gradients a deferred W keeps (LayerCost.wgrad_*: TP-sharded, whole, fp32 norms)
+    wgrad_sharded: float = 0.0
+    wgrad_replicated: float = 0.0
+    wgrad_norm: float = 0.0
 
 
 class LayerTable:
@@ -259,6 +284,9 @@ class LayerTable:
         self._max_block_params = max((float(la.params) for la in layers if la.kind == "block"), default=0.0)
         self._bwflops = prefix([min(2.0 * la.matmul_params, la.fwd_flops_per_token) if la.kind == "block" else 0.0
                                 for la in layers])
+        self._wg_sh = prefix([la.wgrad_sharded_bytes for la in layers])
+        self._wg_rep = prefix([la.wgrad_replicated_bytes for la in layers])
+        self._wg_norm = prefix([la.wgrad_norm_bytes for la in layers])
         self._cache: dict[tuple[int, int], RangeSums] = {}
 
     def range(self, a: int, b: int) -> RangeSums:
@@ -291,6 +319,8 @@ class LayerTable:
             units=b - a,
             block_weight_flops_per_token=self._bwflops[b] - self._bwflops[a],
             head_weight_flops_per_token=min(2.0 * head.matmul_params, head.fwd_flops_per_token) if has_head else 0.0,
+            wgrad_sharded=self._wg_sh[b] - self._wg_sh[a], wgrad_replicated=self._wg_rep[b] - self._wg_rep[a],
+            wgrad_norm=self._wg_norm[b] - self._wg_norm[a],
         )
         self._cache[key] = out
         return out
@@ -385,9 +415,10 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
 
 def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microbatch: int, inflight: float,
                  recompute: bool = False, zero1: "bool | str" = False, sequence_parallel: bool = False,
-                 flash_attention: bool = True, cast_bytes: int = 0, grad_bytes: int = FP32_BYTES) -> float:
+                 flash_attention: bool = True, cast_bytes: int = 0, grad_bytes: int = FP32_BYTES,
+                 w_held: float = 0.0) -> float:
     """One device's peak bytes: model states + (activations + weight casts) x in-flight microbatches +
-    workspace. `sums` from a LayerTable in the plan's compute dtype; `cast_bytes` the bytes per element of
+    `deferred_w_bytes` x `w_held` (microbatches between I and W, `deferred_w_held`) + workspace. `sums` from a LayerTable in the plan's compute dtype; `cast_bytes` the bytes per element of
     autocast's weight casts (2 under mixed precision, 0 for fp32: nothing is cast). `zero1`: False/True or a DP
     sharding level key (hetauto.core.dp_sharding): the states per `adam_bytes_per_param`, plus
     `dp_shard_transient_bytes` (gathered at the compute dtype, reduced at `grad_bytes`); fsdp casts at its
@@ -414,7 +445,8 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
         casts, cast_transient = sums.matmul_params, 0.0
     per_mb += casts / tp * cast_bytes
     transient += cast_transient / tp * cast_bytes
-    return states + per_mb * inflight + transient + workspace_bytes(cluster.device.memory_bytes)
+    held = deferred_w_bytes(sums, tp=tp, dp=dp, microbatch=microbatch, sequence_parallel=sequence_parallel) * w_held
+    return states + per_mb * inflight + held + transient + workspace_bytes(cluster.device.memory_bytes)
 
 
 def dp_grad_bytes(sums: RangeSums, *, tp: int, element_bytes: float = FP32_BYTES) -> float:

@@ -43,7 +43,7 @@ from hetauto.planner.inputs import PlanningInputs, load_planning_inputs
 from hetauto.planner.linkmodel import LinkPrice, NodeShare, price_link, ring_bandwidth
 from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, measured_layers
 from hetauto.planner.measured import stage_time as measured_stage
-from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate
+from hetauto.schedule import Link, PipelineCosts, peak_deferred_w, schedule_for_plan, simulate
 
 SPLIT_BACKWARD = ("zb-h1", "virtual-zb", "zb-v")  # schedules whose backward runs as I then W (priced with w_share)
 
@@ -425,14 +425,14 @@ class Evaluator:
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
                            inflight: float, recompute: bool = False, zero1: "bool | str" = False,
-                           precision: str | None = None) -> float:
+                           precision: str | None = None, w_held: float = 0.0) -> float:
         """One device's peak: params+grads+optimizer (16 B/param; optimizer part / dp with zero1) +
         (activations + mixed precision's weight casts) * inflight + workspace margin, at `precision`
         (resolved; None: `cluster_precision(cluster)`). `zero1` may be a DP sharding level key
         (hetauto.core.dp_sharding; costmodel.stage_memory prices it, its gradient casts at the Evaluator's
-        training.grad_reduce_dtype)."""
+        training.grad_reduce_dtype). `w_held`: microbatches between I and W (their W output gradients on top)."""
         prec = precision or self.cluster_precision(cluster)
-        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec)
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec, w_held)
         hit = self._memory.get(key)
         if hit is None:
             c = self.cluster(cluster)
@@ -441,7 +441,7 @@ class Evaluator:
                                   microbatch=microbatch_size, inflight=inflight, recompute=recompute, zero1=zero1,
                                   sequence_parallel=self.sequence_parallel, flash_attention=self._flash(c),
                                   cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0,
-                                  grad_bytes=DTYPE_BYTES[self.training.grad_reduce_dtype])
+                                  grad_bytes=DTYPE_BYTES[self.training.grad_reduce_dtype], w_held=w_held)
             self._memory[key] = hit
         return hit
 
@@ -450,6 +450,14 @@ class Evaluator:
         return cm.inflight_microbatches(s.name, plan.num_stages, plan.num_microbatches, stage,
                                         virtual_chunks=max(s.virtual_chunks, 2) if s.name == "interleaved" else 1,
                                         extra_warmup=tuple(s.extra_warmup), w_defer=tuple(s.w_defer))
+
+    def w_held(self, plan: Plan, stage: int) -> float:
+        """Microbatches (whole-stage units) whose W output gradients stage `stage` holds at its peak: ZB-H1 /
+        Virtual-ZB in closed form (costmodel.deferred_w_held); ZB-V counted on its list (2 chunks a stage)."""
+        s = plan.schedule
+        if s.name == "zb-v":
+            return peak_deferred_w(_schedule(plan))[stage] / 2
+        return cm.deferred_w_held(s.name, plan.num_stages, plan.num_microbatches, stage, w_defer=tuple(s.w_defer))
 
     # ----------------------------------------------------------------------------------- mixed DP groups
     # A stage whose DP replicas sit on a mixed cluster's node groups, or run uneven `dp_shares`: each replica is
@@ -512,7 +520,7 @@ class Evaluator:
         for k, mb, n in self.replicas(st, plan.microbatch_size):
             view = self.cluster(k)
             need = self.stage_memory_bytes(k, st.layers, st.tp, st.dp, mb, self.inflight(plan, stage), st.recompute,
-                                           plan.dp_level, precision)
+                                           plan.dp_level, precision, self.w_held(plan, stage))
             cap = view.device.memory_bytes
             where = k[len(c.name) + 1:] if c.is_mixed else ""
             what = f"{n * st.tp}x {view.device.key}" + (f" on {where}" if where else "") + f", {mb // st.dp} rows"
@@ -996,7 +1004,8 @@ class Evaluator:
         for i, st in enumerate(plan.stages):
             c = self.cluster(st.cluster)
             need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
-                                           self.inflight(plan, i), st.recompute, plan.dp_level, prec)
+                                           self.inflight(plan, i), st.recompute, plan.dp_level, prec,
+                                           self.w_held(plan, i))
             cap, who = c.device.memory_bytes, f"{st.num_devices}x {c.device.key}"
             if self.is_split(st):  # memory per device type: each replica kind's rows on its own device
                 need, cap, who = self.replica_memory(plan, i, prec)

@@ -41,6 +41,7 @@ from hetauto.core.model import ModelConfig
 
 LayerKind = Literal["embedding", "block", "head"]
 BYTES_BF16 = 2
+FP32 = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,15 @@ class LayerCost:
     # embedding through the builder object: each stage builds its own slots, so a plan must keep both in one
     # stage (the reference models' tie is the executor's own, `tied_params` above, and splits freely)
     shares_with: int | None = None
+    # what a zero-bubble schedule's deferred W keeps besides the activations (bytes per sample at tp 1): torch's
+    # split (stage_backward_input) captures the output gradient of every op that leads to a weight, for W to
+    # backprop from. Column-parallel matmuls' outputs (Q, K, V, the MLP's first matmul(s), the vocab-parallel
+    # logits) are sharded by TP; row-parallel ones' (the attention projection, the MLP's last matmul) are whole on
+    # every TP rank (their output is a partial sum); both in the compute dtype. The norms' are fp32 whatever the
+    # precision (autocast keeps the residual stream and the norms in fp32), sharded only by sequence parallelism.
+    wgrad_sharded_bytes: float = 0.0
+    wgrad_replicated_bytes: float = 0.0
+    wgrad_norm_bytes: float = 0.0
 
     def at_compute_bytes(self, nbytes: int) -> "LayerCost":
         """This layer with its activations in a compute dtype of `nbytes` bytes per element (4: fp32): every
@@ -98,7 +108,9 @@ class LayerCost:
                        act_replicated_bytes=scaled(self.act_replicated_bytes, self.fixed_replicated_bytes),
                        act_sharded_bytes=scaled(self.act_sharded_bytes, self.fixed_sharded_bytes),
                        act_score_bytes=scaled(self.act_score_bytes, self.fixed_score_bytes),
-                       boundary_bytes_per_sample=self.boundary_bytes_per_sample * k)
+                       boundary_bytes_per_sample=self.boundary_bytes_per_sample * k,
+                       wgrad_sharded_bytes=self.wgrad_sharded_bytes * k,
+                       wgrad_replicated_bytes=self.wgrad_replicated_bytes * k)
 
     @property
     def fwd_flops_per_sample(self) -> float:
@@ -222,6 +234,14 @@ def _block_fixed_bytes(m: ModelConfig, s: int) -> tuple[float, float]:
     return 0.0, 0.0
 
 
+def _block_wgrad_elements(m: ModelConfig, s: int) -> tuple[float, float, float]:
+    """(sharded, replicated, norm) output-gradient elements per sample a deferred W keeps for one block: GPT
+    Q, K, V + fc1 | proj + fc2 | 2 norms (11 s*h at ffn = 4h); Llama Q, K, V + gate, up | o + down | 2 norms."""
+    h, kv = m.hidden, m.kv_heads * m.head_dim
+    mlp_in = m.ffn_hidden * (1 if m.arch == "gpt" else 2)
+    return float(s * (h + 2 * kv + mlp_in)), float(2 * s * h), float(2 * s * h)
+
+
 def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCost, ...]:
     """The analytic layer list of `model` at `seq_len` (default: the model's max_seq_len), activations in a
     2-byte compute dtype (`LayerCost.at_compute_bytes` for another)."""
@@ -239,16 +259,19 @@ def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCos
     bflops = 2.0 * _block_matmul_weights(model) + 4.0 * s * h
     rep, sh, sc = _block_activation_split(model, s)
     fixed_rep, fixed_sc = _block_fixed_bytes(model, s)
+    wg_sh, wg_rep, wg_norm = _block_wgrad_elements(model, s)
     for i in range(model.num_layers):
         layers.append(LayerCost(i + 1, "block", f"block_{i}", bp, bflops, s, h, rep, sh, sc, boundary, bt,
                                 fixed_replicated_bytes=fixed_rep, fixed_score_bytes=fixed_sc,
-                                matmul_params=_block_matmul_weights(model)))
+                                matmul_params=_block_matmul_weights(model), wgrad_sharded_bytes=BYTES_BF16 * wg_sh,
+                                wgrad_replicated_bytes=BYTES_BF16 * wg_rep, wgrad_norm_bytes=FP32 * wg_norm))
     # head: final-norm input and output (replicated), fp32 logits for the loss (sharded by vocab-parallel TP)
     logits = float(4 * s * v)
     layers.append(LayerCost(model.num_layers + 1, "head", "head", head_params(model), 2.0 * v * h, s, h,
                             float(4 * s * h), logits, 0.0, 0.0, head_param_tensors(model),
                             tied_head_param_tensors(model), tied_head_params(model), fixed_sharded_bytes=logits,
-                            matmul_params=v * h))
+                            matmul_params=v * h, wgrad_sharded_bytes=float(BYTES_BF16 * s * v),
+                            wgrad_norm_bytes=float(FP32 * s * h)))
     return tuple(layers)
 
 

@@ -378,14 +378,8 @@ class StrategySpace:
             f, b = ev.stage_compute_time(st.cluster, r, st.tp, st.dp, mbs, st.recompute)
             return f + b
 
-        cap = self.stage_capacity(st)
-
         def m(r: tuple[int, int], q: int) -> float:
-            if mixed:  # each replica kind's need on its own device, scaled onto the stage's capacity
-                probe = self._probe(st, r)
-                return max(ev.stage_memory_bytes(k, r, st.tp, st.dp, mb, q, st.recompute, zero1)
-                           * cap / ev.cluster(k).device.memory_bytes for k, mb, _ in ev.replicas(probe, mbs))
-            return ev.stage_memory_bytes(st.cluster, r, st.tp, st.dp, mbs, q, st.recompute, zero1)
+            return self._need(st, r, mbs, zero1, q)
 
         tb = t((1, 2)) if n > 2 else 0.0
         fb = layers[1].fwd_flops_per_token if n > 2 else 0.0
@@ -411,6 +405,17 @@ class StrategySpace:
         got = _StageCost(times, static, act, c0, q0)
         self._cost[key] = got
         return got
+
+    def _need(self, st: StageLayout, r: tuple[int, int], mbs: int, zero1: "bool | str", q: float,
+              held: float = 0.0) -> float:
+        """Bytes per device of `st` holding layers `r` with `q` microbatches in flight, `held` of them between I
+        and W (a mixed stage: each replica kind's need on its own device, scaled onto the stage's capacity)."""
+        ev = self.evaluator
+        if self.spec.cluster(st.cluster).is_mixed and st.devices:
+            cap = self.stage_capacity(st)
+            return max(ev.stage_memory_bytes(k, r, st.tp, st.dp, mb, q, st.recompute, zero1, w_held=held)
+                       * cap / ev.cluster(k).device.memory_bytes for k, mb, _ in ev.replicas(self._probe(st, r), mbs))
+        return ev.stage_memory_bytes(st.cluster, r, st.tp, st.dp, mbs, q, st.recompute, zero1, w_held=held)
 
     def stage_capacity(self, st: StageLayout) -> float:
         """Memory per device of `st`: its cluster's device's, or a mixed DP group's smallest replica device's."""
@@ -496,9 +501,9 @@ class StrategySpace:
             zb = {"1f1b": "zb-h1", "virtual-1f1b": "virtual-zb"}[pl.schedule.name]
             if zb not in self.zero_bubble:
                 continue
-            p, extra = len(stages), tuple(pl.schedule.extra_warmup)
-            mcap = self._inflight_caps(costs, caps, counts, m)
-            defer = tuple(max(0, min(r, (m if c is None else c) - (p - r) - sum(extra[r:]))) for r, c in enumerate(mcap))
+            extra = tuple(pl.schedule.extra_warmup)
+            defer = self._deferrals(pl, stages, caps, cand, extra)
+            p = len(stages)
             out.append(self._plan(cand, stages, counts, m, zb, extra, () if defer == tuple(range(p)) else defer))
         return out
 
@@ -520,6 +525,20 @@ class StrategySpace:
             out.append(min(m, int((cap - static) // per)) if per > 0 else None)
             pos += cnt
         return out
+
+    def _deferrals(self, plan: Plan, stages: list[StageLayout], caps: list[float], cand: Candidate,
+                   extra: tuple[int, ...]) -> tuple[int, ...]:
+        """Per stage r, the deepest W deferral d <= r (ZB-H1's own) its memory holds on `plan`'s cut: min(m,
+        p - r + d + the extra warm-up below it) microbatches in flight, min(m, d + 1) of them with their W output
+        gradients (costmodel.inflight_microbatches, deferred_w_held); 0 where none fits (the Evaluator says why)."""
+        p, m = len(stages), plan.num_microbatches
+        out = []
+        for r, (st, pst, cap) in enumerate(zip(stages, plan.stages, caps)):
+            below = p - r + sum(extra[r:])
+            fits = [d for d in range(r, 0, -1) if self._need(st, pst.layers, cand.microbatch_size, cand.zero1,
+                                                             min(m, below + d), min(m, d + 1)) <= cap]
+            out.append(fits[0] if fits else 0)
+        return tuple(out)
 
     def _build_interleaved(self, cand: Candidate, stages: list[StageLayout], costs: list[_StageCost],
                            caps: list[float], m: int) -> Built:

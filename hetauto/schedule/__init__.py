@@ -11,6 +11,7 @@ from hetauto.schedule.generators import (
     gpipe,
     interleaved,
     one_f_one_b,
+    peak_deferred_w,
     virtual_1f1b,
     zb_inflight,
     zb_v,
@@ -22,6 +23,6 @@ from hetauto.schedule.simulator import Link, PipelineCosts, SimResult, TimelineE
 __all__ = [
     "Action", "ActionType", "Link", "PipelineCosts", "Schedule", "ScheduleError", "SimResult", "TimelineEntry",
     "add_comms", "boundary_links", "cap_extra_warmup", "check_schedule", "extra_warmup_from_costs", "gpipe",
-    "interleaved", "one_f_one_b", "parse_action", "schedule_for_plan", "simulate", "virtual_1f1b", "SCHEDULE_NAMES",
+    "interleaved", "one_f_one_b", "parse_action", "peak_deferred_w", "schedule_for_plan", "simulate", "virtual_1f1b", "SCHEDULE_NAMES",
     "zb_inflight", "zb_v", "zero_bubble",
 ]

@@ -217,6 +217,23 @@ def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = (), de
     return min(m, p - stage + d + sum(extra_warmup[stage:]))
 
 
+def peak_deferred_w(schedule: Schedule) -> tuple[int, ...]:
+    """Per rank, the most chunk-microbatches between their I and their W at once, counted along its list (an I
+    adds one, its W removes it): what the memory model prices as held W output gradients (ZB-H1 in closed form,
+    `hetauto.planner.costmodel.deferred_w_held`, checked against this; ZB-V from this)."""
+    out = []
+    for row in schedule.ranks:
+        held = peak = 0
+        for a in row:
+            if a.type is I:
+                held += 1
+                peak = max(peak, held)
+            elif a.type is W:
+                held -= 1
+        out.append(peak)
+    return tuple(out)
+
+
 def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
                 boundary_cost: Sequence[float] | None = None, tf: float | Sequence[float] = 1.0,
                 tb: float | Sequence[float] = 2.0, memory_cap: Sequence[int | None] | None = None,
