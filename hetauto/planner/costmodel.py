@@ -418,9 +418,10 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
                  flash_attention: bool = True, cast_bytes: int = 0, grad_bytes: int = FP32_BYTES,
                  w_held: float = 0.0) -> float:
     """One device's peak bytes: model states + (activations + weight casts) x in-flight microbatches +
-    `deferred_w_bytes` x `w_held` (microbatches between I and W, `deferred_w_held`) + workspace. `sums` from a LayerTable in the plan's compute dtype; `cast_bytes` the bytes per element of
-    autocast's weight casts (2 under mixed precision, 0 for fp32: nothing is cast). `zero1`: False/True or a DP
-    sharding level key (hetauto.core.dp_sharding): the states per `adam_bytes_per_param`, plus
+    `deferred_w_bytes` x `w_held` (microbatches between I and W, `deferred_w_held`) + workspace. `sums` from a
+    LayerTable in the plan's compute dtype; `cast_bytes` the bytes per element of autocast's weight casts (2
+    under mixed precision, 0 for fp32: nothing is cast). `zero1`: False/True or a DP sharding level key
+    (hetauto.core.dp_sharding): the states per `adam_bytes_per_param`, plus
     `dp_shard_transient_bytes` (gathered at the compute dtype, reduced at `grad_bytes`); fsdp casts at its
     all-gather, so it keeps no per-microbatch weight casts."""
     b = microbatch / dp
