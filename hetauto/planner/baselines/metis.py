@@ -118,11 +118,7 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
         if mbs % (size // tp):
             return None
         tps.append(tp)
-    layers = space.inputs.layers
     n = space.num_layers
-    if "params" not in cache:
-        cache["params"] = list(itertools.accumulate((x.params for x in layers), initial=0))
-    pparams = cache["params"]
     for _ in range(8):
         cand = Candidate(mbs, order, tuple(ClusterChoice(k, t, False) for k, t in zip(ks, tps)), "1f1b", False,
                          "lanes", "proportional")
