@@ -135,7 +135,8 @@ def _bounds(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Plan
                            ev.pipeline_costs(plan)).iteration_time, s, sp) for s, sp in one]
         if times:
             _, s, sp = max(times, key=lambda x: x[0])
-            variants.insert(0, (f"ours, only stage {s}'s W capped ({spec.w_defer[s]} of {s})", sp))
+            d = spec.w_defer[s]
+            variants.insert(0, (f"ours, only stage {s}'s W capped ({'plain B' if d < 0 else f'{d} of {s}'})", sp))
         variants.insert(0, ("ours, W deferred i on stage i (memory ignored)", full))
     for label, sched in variants:
         pl = plan.model_copy(update={"schedule": sched})

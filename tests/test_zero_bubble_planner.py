@@ -50,24 +50,34 @@ def test_zero_bubble_twin_prices_w_and_memory() -> None:
     assert ev.evaluate(twin).iteration_time_s < ev.evaluate(base).iteration_time_s
 
 
-@pytest.mark.parametrize("caps,defer", [((9, 5, 4), (0, 1, 1)), ((9, 4, 4), (0, 0, 1)), ((3, 2, 1), (0, 0, 0)),
+@pytest.mark.parametrize("caps,defer", [((9, 5, 4), (0, 1, 1)), ((9, 4, 4), (0, 0, 1)), ((9, 3, 2), (0, 0, 0)),
+                                        ((9, 2, 4), (0, -1, 1)), ((9, 5, 1), (0, 1, -1)), ((2, 2, 1), None),
                                         ((9, 9, 9), ())])
-def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, caps: tuple, defer: tuple) -> None:
+def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, caps: tuple, defer: tuple | None) -> None:
     """Stage i defers its W by the deepest d <= i whose memory fits: p - i + d microbatches in flight, d + 1 of them
-    with their W output gradients (here each counted as one unit: need = in flight + held); () is ZB-H1's own."""
+    with their W output gradients (here each counted as one unit: need = in flight + held); () is ZB-H1's own. Where
+    not even d = 0 fits (p - i + 1 > cap) the stage runs plain B (-1, 1F1B's p - i); no twin (None) where every
+    stage after the first would (1F1B itself)."""
     orig_need, orig_defer = StrategySpace._need, StrategySpace._deferrals
     monkeypatch.setattr(StrategySpace, "_need", lambda self, st, r, mbs, z, q, held=0.0:
                         q + held if held else orig_need(self, st, r, mbs, z, q))
     monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra:
                         orig_defer(self, plan, stages, list(caps), cand, extra))
     inp = tiny_inputs(layers=8, gbs=16)
-    (twin,) = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
+    plans = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
+    if defer is None:
+        assert list(plans) == []
+        return
+    (twin,) = plans
     assert twin.num_stages == 3 and twin.schedule.w_defer == defer
 
 
 def test_schedule_spec_w_defer_round_trip_and_refusals() -> None:
     assert "w_defer" not in ScheduleSpec(name="zb-h1").model_dump()
     assert ScheduleSpec(name="zb-h1", w_defer=(0, 1)).model_dump()["w_defer"] == (0, 1)
+    assert ScheduleSpec(name="virtual-zb", w_defer=(0, -1)).w_defer == (0, -1)  # -1: that stage runs plain B
+    with pytest.raises(ValueError, match=r"w_defer entries must be >= 0 \(or -1: the stage runs plain B\), got \[0, -2\]"):
+        ScheduleSpec(name="zb-h1", w_defer=(0, -2))
     with pytest.raises(ValueError, match="w_defer applies to zb-h1 and virtual-zb only, not 1f1b"):
         ScheduleSpec(name="1f1b", w_defer=(0, 1))
 
