@@ -535,10 +535,15 @@ class StrategySpace:
         """Per stage r, the deepest W deferral d <= r (ZB-H1's own) its memory holds on `plan`'s cut: min(m,
         p - r + d + the extra warm-up below it) microbatches in flight, min(m, d + 1) of them with their W output
         gradients (costmodel.inflight_microbatches, deferred_w_held); -1 (plain B, 1F1B's memory, which `plan`'s
-        cut holds) where not even d = 0 fits: that stage runs the whole backward, the others still split."""
+        cut holds) where not even d = 0 fits: that stage runs the whole backward, the others still split. The first
+        stage always runs plain B: it has no input gradient to send, so its I does nothing (its W runs the whole
+        backward) and a split would only hold memory and keep its DP gradient reduce from overlapping the backward
+        (the executor sums a split stage's gradients after its last W)."""
         p, m = len(stages), plan.num_microbatches
-        out = []
+        out = [PLAIN_B]
         for r, (st, pst, cap) in enumerate(zip(stages, plan.stages, caps)):
+            if r == 0:
+                continue
             below = p - r + sum(extra[r:])
             fits = next((d for d in range(r, -1, -1) if self._need(st, pst.layers, cand.microbatch_size, cand.zero1,
                                                                    min(m, below + d), min(m, d + 1)) <= cap), -1)
