@@ -103,6 +103,18 @@ def test_plain_b_stage_in_a_zero_bubble_list() -> None:
     assert deferred_w_held("zb-h1", 4, 8, 2, w_defer=s.defer) == 0.0
 
 
+def test_first_stage_plain_b_overlaps_its_gradient_reduce() -> None:
+    """Why the planner runs the first stage as plain B: its I has no input gradient to send, and a split stage's DP
+    reduce starts only with its last W (the executor sums a split stage's gradients after its last W). p = 2, m = 4,
+    unit model: stage 0's last backward starts at 11 (18 - 2 - 5 without overlap); a 5 s reduce overlapped from
+    there ends at 16 after a B, at 17 from the W one I (1) later."""
+    overlap = PipelineCosts(tf=1.0, tb=2.0, tw=1.0, allreduce=(5.0, 0.0), dp_overlap=True)
+    after = PipelineCosts(tf=1.0, tb=2.0, tw=1.0, allreduce=(5.0, 0.0), dp_overlap=False)
+    plain_b, split = zero_bubble(2, 4, defer=(-1, 1)), zero_bubble(2, 4, defer=(0, 1))
+    assert simulate(plain_b, after).iteration_time == simulate(split, after).iteration_time == 18.0
+    assert simulate(plain_b, overlap).iteration_time == 16.0 and simulate(split, overlap).iteration_time == 17.0
+
+
 @pytest.mark.parametrize("p,m,extra,defer", [(4, 8, None, None), (4, 3, None, None), (4, 16, (1, 0, 2), None),
                                               (5, 12, None, (0, 1, 1, 0, 2)), (3, 4, (2, 2), (0, 5, 5)),
                                               (4, 16, (1, 0, 2), (-1, 1, -1, 3))])
