@@ -135,7 +135,8 @@ def _bounds(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Plan
                            ev.pipeline_costs(plan)).iteration_time, s, sp) for s, sp in one]
         if times:
             _, s, sp = max(times, key=lambda x: x[0])
-            variants.insert(0, (f"ours, only stage {s}'s W capped ({spec.w_defer[s]} of {s})", sp))
+            d = spec.w_defer[s]
+            variants.insert(0, (f"ours, only stage {s}'s W capped ({'plain B' if d < 0 else f'{d} of {s}'})", sp))
         variants.insert(0, ("ours, W deferred i on stage i (memory ignored)", full))
     for label, sched in variants:
         pl = plan.model_copy(update={"schedule": sched})
@@ -151,23 +152,25 @@ def _bounds(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Plan
 
 
 def _deepest_fit(ev, plan, stage: int, top: int) -> int:  # noqa: ANN001 - an Evaluator and a Plan
-    """The deepest W deferral d <= `top` that `stage` of `plan` holds (the planner's rule, StrategySpace._deferrals)."""
+    """The deepest W deferral d <= `top` that `stage` of `plan` holds, -1 (plain B) where not even 0 does (the
+    planner's rule, StrategySpace._deferrals)."""
     from hetauto.core.headroom import usable_bytes
     from hetauto.planner import costmodel as cm
 
     st, p, m = plan.stages[stage], plan.num_stages, plan.num_microbatches
     extra = sum(plan.schedule.extra_warmup[stage:]) if plan.schedule.name == "virtual-zb" else 0
     cap = usable_bytes(ev.cluster(st.cluster).device.memory_bytes, plan.memory_headroom)
-    return next((d for d in range(top, 0, -1) if ev.stage_memory_bytes(
+    return next((d for d in range(top, -1, -1) if ev.stage_memory_bytes(
         st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, min(m, p - stage + extra + d), st.recompute,
         plan.dp_level, ev.precision(plan), w_held=cm.deferred_w_held("zb-h1", p, m, stage, w_defer=(d,) * p)) <= cap),
-                0)
+                -1)
 
 
 def _neighbours(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Plan
     """ZB-H1 plans near ours that memory allows, each stage's W deferred as deep as it fits: the best of every
     one-layer move between two stages, of 1..7 layers moved off the last stage (spread over the stages before it),
-    of deferrals deeper than i where memory allows (up to 1.5i, 2i), and of each stage's deferral lowered alone."""
+    of deferrals deeper than i where memory allows (up to 1.5i, 2i), and of each stage's deferral lowered alone
+    (down to plain B, -1)."""
     from hetauto.core.plan import ScheduleSpec
 
     p = plan.num_stages
@@ -200,7 +203,7 @@ def _neighbours(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Pl
     rows.append({"schedule": "W deferred deeper than i (up to 1.5i, 2i)", "iteration_s": min(deeper)})
     fit = plan.schedule.w_defer or tuple(range(p))
     lower = [time_of(counts, defer=tuple(v if n == r else d for n, d in enumerate(fit)))
-             for r in range(p) for v in range(fit[r])]
+             for r in range(p) for v in range(-1, fit[r])]  # down to plain B
     rows.append({"schedule": "one stage's deferral lowered", "iteration_s": min(lower, default=float("inf"))})
     return rows
 

@@ -30,6 +30,7 @@ CASES = [
     ("1f1b", _plan(ScheduleSpec(name="1f1b"))),
     ("zb-h1", _plan(ScheduleSpec(name="zb-h1"))),
     ("zb-h1-no-defer", _plan(ScheduleSpec(name="zb-h1", w_defer=(0, 0)))),
+    ("zb-h1-plain-b", _plan(ScheduleSpec(name="zb-h1", w_defer=(-1, 1)))),  # stage 0 runs B, stage 1 I and W
     ("virtual-zb", _plan(ScheduleSpec(name="virtual-zb", extra_warmup=(1,)))),
     ("zb-h1-m3-bf16", _plan(ScheduleSpec(name="zb-h1"), m=3, precision="bf16")),
     ("1f1b-m3-bf16", _plan(ScheduleSpec(name="1f1b"), m=3, precision="bf16")),
@@ -74,7 +75,7 @@ def losses() -> dict[str, list[float]]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "virtual-zb", "zb-v"])
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "zb-h1-plain-b", "virtual-zb", "zb-v"])
 def test_split_backward_is_the_unsplit_backward(losses, name: str) -> None:
     assert losses[name] == losses["1f1b"]  # bit for bit: the same gradients, summed in the same order
     want = reference_losses(GPT, SEED, STEPS, 8, 2, 16)

@@ -207,7 +207,8 @@ def test_torch_zbv_priced_with_v_placement(p: int, m: int, want: float) -> None:
 
 def test_plan_export_schedule_torch(tmp_path, capsys) -> None:
     """`hetauto plan --export-schedule torch DIR` writes the chosen plan's lists in torch's CSV, with comms (per-peer
-    receive order) and compute only; torch's validator accepts the compute-only file, I and W included. cpu-demo's
+    receive order) and compute only; torch's validator accepts the compute-only file, I and W included (and a
+    stage running plain B beside them, torch's FULL_BACKWARD). cpu-demo's
     plan mixes dp sizes, so the CLI refuses it in one line; a homogeneous plan exports."""
     from torch.distributed.pipelining.schedules import _Action as TorchAction
     from torch.distributed.pipelining.schedules import _validate_schedule
@@ -222,7 +223,7 @@ def test_plan_export_schedule_torch(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "--export-schedule torch: stage" in err and "only homogeneous plans export" in err and err.count("\n") == 1
     plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=8, microbatch_size=2, num_microbatches=4,
-                schedule=ScheduleSpec(name="zb-h1", w_defer=(0, 1, 1)),
+                schedule=ScheduleSpec(name="zb-h1", w_defer=(0, -1, 1)),  # stage 1 runs plain B: torch's FULL_BACKWARD
                 stages=tuple(StagePlan(cluster="fast", device_type="cpu", devices=(i,), layers=l, tp=1, dp=1)
                              for i, l in enumerate(((0, 2), (2, 4), (4, 6)))))
     out = tmp_path / "torch"
@@ -233,6 +234,7 @@ def test_plan_export_schedule_torch(tmp_path, capsys) -> None:
     assert compute.read_bytes().decode() == to_torch_csv(sched, with_comms=False)
     rows = list(csv.reader(io.StringIO(compute.read_text())))
     assert rows[2][:4] == ["2F0", "2I0", "2F1", "2I1"] and any(c.endswith("W3") for c in rows[2])
+    assert rows[1][:4] == ["1F0", "1F1", "1B0", "1F2"] and not any("I" in c or "W" in c for c in rows[1])
     actions = {r: [TorchAction.from_str(s) for s in row] for r, row in enumerate(rows)}
     assert _validate_schedule(actions, 3, 3, 4) == {0: 0, 1: 1, 2: 2}
 

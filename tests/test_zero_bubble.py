@@ -81,10 +81,46 @@ def test_memory_cap_limits_warmup_then_deferral() -> None:
         < simulate(none, costs).iteration_time == 30.0 < simulate(one_f_one_b(4, 8), costs).iteration_time == 33.0
 
 
+def test_plain_b_stage_in_a_zero_bubble_list() -> None:
+    """defer -1 (PLAIN_B): that rank runs 1F1B's F / B order at ZB-H1's warm-up (no W held), the others still
+    split; the checker takes the mixed lists and the simulator prices them between the split and 1F1B (unit
+    model: 27 all split, 29 with stage 2 not deferring, 30 with stage 2 running B, 33 1F1B; all plain B is 1F1B)."""
+    from hetauto.planner.costmodel import deferred_w_held, inflight_microbatches
+    from hetauto.schedule import PLAIN_B
+
+    costs = PipelineCosts(tf=1.0, tb=2.0, tw=1.0)
+    s = zero_bubble(4, 8, defer=(0, 1, PLAIN_B, 3), memory_cap=[None, None, 2, None])
+    check_schedule(s)
+    assert s.defer == (0, 1, -1, 3)
+    assert _compute_text(s)[2] == "2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2F6 2B5 2F7 2B6 2B7"
+    assert _compute_text(s)[3] == _compute_text(zero_bubble(4, 8))[3]
+    assert simulate(s, costs).iteration_time == 30.0
+    assert simulate(zero_bubble(4, 8, defer=(0, 1, 0, 3)), costs).iteration_time == 29.0
+    plain = zero_bubble(4, 8, defer=(PLAIN_B,) * 4)
+    assert _compute_text(plain) == _compute_text(one_f_one_b(4, 8)) and simulate(plain, costs).iteration_time == 33.0
+    assert simulate(s, costs).peak_inflight[2] == zb_inflight(4, 8, 2, (), s.defer) == 2
+    assert inflight_microbatches("zb-h1", 4, 8, 2, w_defer=s.defer) == 2.0
+    assert deferred_w_held("zb-h1", 4, 8, 2, w_defer=s.defer) == 0.0
+
+
+def test_first_stage_plain_b_overlaps_its_gradient_reduce() -> None:
+    """Why the planner runs the first stage as plain B: its I has no input gradient to send, and a split stage's DP
+    reduce starts only with its last W (the executor sums a split stage's gradients after its last W). p = 2, m = 4,
+    unit model: stage 0's last backward starts at 11 (18 - 2 - 5 without overlap); a 5 s reduce overlapped from
+    there ends at 16 after a B, at 17 from the W one I (1) later."""
+    overlap = PipelineCosts(tf=1.0, tb=2.0, tw=1.0, allreduce=(5.0, 0.0), dp_overlap=True)
+    after = PipelineCosts(tf=1.0, tb=2.0, tw=1.0, allreduce=(5.0, 0.0), dp_overlap=False)
+    plain_b, split = zero_bubble(2, 4, defer=(-1, 1)), zero_bubble(2, 4, defer=(0, 1))
+    assert simulate(plain_b, after).iteration_time == simulate(split, after).iteration_time == 18.0
+    assert simulate(plain_b, overlap).iteration_time == 16.0 and simulate(split, overlap).iteration_time == 17.0
+
+
 @pytest.mark.parametrize("p,m,extra,defer", [(4, 8, None, None), (4, 3, None, None), (4, 16, (1, 0, 2), None),
-                                              (5, 12, None, (0, 1, 1, 0, 2)), (3, 4, (2, 2), (0, 5, 5))])
+                                              (5, 12, None, (0, 1, 1, 0, 2)), (3, 4, (2, 2), (0, 5, 5)),
+                                              (4, 16, (1, 0, 2), (-1, 1, -1, 3))])
 def test_zb_memory_peaks_coincide(p: int, m: int, extra: tuple | None, defer: tuple | None) -> None:
-    """Along each rank's list (F adds an activation, I a set of W output gradients, W frees both), one moment
+    """Along each rank's list (F adds an activation, I a set of W output gradients, W frees both, a plain B the
+    activation), one moment
     holds both peaks the memory model prices: zb_inflight microbatches, deferred_w_held of them after their I
     (so activations x in flight + output gradients x held is the peak for any sizes); peak_deferred_w agrees."""
     from hetauto.planner.costmodel import deferred_w_held
@@ -98,7 +134,7 @@ def test_zb_memory_peaks_coincide(p: int, m: int, extra: tuple | None, defer: tu
         a = g = 0
         states = set()
         for x in row:
-            a, g = a + (x.type is T.F) - (x.type is T.I), g + (x.type is T.I) - (x.type is T.W)
+            a, g = a + (x.type is T.F) - (x.type in (T.I, T.B)), g + (x.type is T.I) - (x.type is T.W)
             states.add((a + g, g))
         assert (zb_inflight(p, m, r, s.extra_warmup, s.defer), held[r]) in states
         assert max(s_[0] for s_ in states) == zb_inflight(p, m, r, s.extra_warmup, s.defer)
@@ -110,7 +146,7 @@ def test_zero_bubble_bad_input() -> None:
         zero_bubble(4, 8, (0, 0, 0), memory_cap=[3, None, None, None])
     with pytest.raises(ScheduleError, match=r"extra_warmup needs one entry per boundary \(3\), got 1"):
         zero_bubble(4, 8, (1,))
-    with pytest.raises(ScheduleError, match=r"defer needs one entry >= 0 per stage \(4\), got \[1\]"):
+    with pytest.raises(ScheduleError, match=r"defer needs one entry >= 0 \(or -1: plain B\) per stage \(4\), got \[1\]"):
         zero_bubble(4, 8, defer=[1])
 
 

@@ -45,29 +45,40 @@ def test_zero_bubble_twin_prices_w_and_memory() -> None:
         assert costs.w_share[r] == pytest.approx(d.weight_share, rel=1e-9)
     assert ev.pipeline_costs(base).w_share == 0.0
     p, m = twin.num_stages, twin.num_microbatches
-    defer = twin.schedule.w_defer or tuple(range(p))
-    assert [ev.inflight(twin, i) for i in range(p)] == [min(m, p - i + defer[i]) for i in range(p)]
+    defer = twin.schedule.w_defer
+    assert defer[0] == -1  # the first stage runs plain B (its I would do nothing), 1F1B's count
+    assert [ev.inflight(twin, i) for i in range(p)] == [min(m, p - i + max(0, defer[i])) for i in range(p)]
     assert ev.evaluate(twin).iteration_time_s < ev.evaluate(base).iteration_time_s
 
 
-@pytest.mark.parametrize("caps,defer", [((9, 5, 4), (0, 1, 1)), ((9, 4, 4), (0, 0, 1)), ((3, 2, 1), (0, 0, 0)),
-                                        ((9, 9, 9), ())])
-def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, caps: tuple, defer: tuple) -> None:
+@pytest.mark.parametrize("caps,defer", [((9, 5, 4), (-1, 1, 1)), ((9, 4, 4), (-1, 0, 1)), ((9, 3, 2), (-1, 0, 0)),
+                                        ((9, 2, 4), (-1, -1, 1)), ((9, 5, 1), (-1, 1, -1)), ((2, 2, 1), None),
+                                        ((9, 9, 9), (-1, 1, 2))])
+def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, caps: tuple, defer: tuple | None) -> None:
     """Stage i defers its W by the deepest d <= i whose memory fits: p - i + d microbatches in flight, d + 1 of them
-    with their W output gradients (here each counted as one unit: need = in flight + held); () is ZB-H1's own."""
+    with their W output gradients (here each counted as one unit: need = in flight + held). Where not even d = 0
+    fits (p - i + 1 > cap) the stage runs plain B (-1, 1F1B's p - i); the first stage always does (its I has no
+    input gradient to make); no twin (None) where every stage after the first would (1F1B itself)."""
     orig_need, orig_defer = StrategySpace._need, StrategySpace._deferrals
     monkeypatch.setattr(StrategySpace, "_need", lambda self, st, r, mbs, z, q, held=0.0:
                         q + held if held else orig_need(self, st, r, mbs, z, q))
     monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra:
                         orig_defer(self, plan, stages, list(caps), cand, extra))
     inp = tiny_inputs(layers=8, gbs=16)
-    (twin,) = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
+    plans = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
+    if defer is None:
+        assert list(plans) == []
+        return
+    (twin,) = plans
     assert twin.num_stages == 3 and twin.schedule.w_defer == defer
 
 
 def test_schedule_spec_w_defer_round_trip_and_refusals() -> None:
     assert "w_defer" not in ScheduleSpec(name="zb-h1").model_dump()
     assert ScheduleSpec(name="zb-h1", w_defer=(0, 1)).model_dump()["w_defer"] == (0, 1)
+    assert ScheduleSpec(name="virtual-zb", w_defer=(0, -1)).w_defer == (0, -1)  # -1: that stage runs plain B
+    with pytest.raises(ValueError, match=r"w_defer entries must be >= 0 \(or -1: the stage runs plain B\), got \[0, -2\]"):
+        ScheduleSpec(name="zb-h1", w_defer=(0, -2))
     with pytest.raises(ValueError, match="w_defer applies to zb-h1 and virtual-zb only, not 1f1b"):
         ScheduleSpec(name="1f1b", w_defer=(0, 1))
 

@@ -119,7 +119,8 @@ class ScheduleSpec(_Frozen):
     # Virtual-1F1B / Virtual-ZB: extra warmup microbatches given to the stages upstream of each boundary (len = stages-1).
     extra_warmup: tuple[int, ...] = ()
     # ZB-H1 / Virtual-ZB: how many input-backwards each stage defers its weight-gradient step (len = stages; empty:
-    # stage i defers i, the paper's ZB-H1); fewer where memory is short (hetauto.schedule.generators.zero_bubble)
+    # stage i defers i, the paper's ZB-H1); fewer where memory is short, -1 where the stage runs the whole backward
+    # B instead of I and W (cannot hold even one microbatch's W output gradients; hetauto.schedule.zero_bubble)
     w_defer: tuple[int, ...] = ()
 
     @model_serializer(mode="wrap")
@@ -134,8 +135,8 @@ class ScheduleSpec(_Frozen):
     def _check_defer(self) -> "ScheduleSpec":
         if self.w_defer and self.name not in ("zb-h1", "virtual-zb"):
             raise ValueError(f"w_defer applies to zb-h1 and virtual-zb only, not {self.name}")
-        if any(d < 0 for d in self.w_defer):
-            raise ValueError(f"w_defer entries must be >= 0, got {list(self.w_defer)}")
+        if any(d < -1 for d in self.w_defer):
+            raise ValueError(f"w_defer entries must be >= 0 (or -1: the stage runs plain B), got {list(self.w_defer)}")
         return self
 
 

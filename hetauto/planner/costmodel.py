@@ -191,8 +191,8 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_
     if schedule in ("zb-h1", "virtual-zb"):  # F to W: a microbatch between I and W keeps its whole activation
         # (torch's split retains the graph; its W output gradients besides: deferred_w_held)
         extra = sum(extra_warmup[stage:]) if schedule == "virtual-zb" else 0
-        d = w_defer[stage] if w_defer else stage
-        return float(min(m, p - stage + d + extra))  # hetauto.schedule.zb_inflight
+        d = w_defer[stage] if w_defer else stage  # -1: the stage runs plain B, 1F1B's count (as d = 0)
+        return float(min(m, p - stage + max(d, 0) + extra))  # hetauto.schedule.zb_inflight
     extra = sum(extra_warmup[stage:]) if schedule == "virtual-1f1b" else 0
     return float(min(m, p - stage + extra))
 
@@ -201,11 +201,12 @@ def deferred_w_held(schedule: str, p: int, m: int, stage: int, *, w_defer: tuple
     """Microbatches whose W output gradients stage `stage` holds at its peak (whole-stage units): ZB-H1 /
     Virtual-ZB min(m, d_i + 1), d_i its W deferral (default i) -- the peak is just after an I, which holds its
     own set and the d_i deferred ones, at the same moment as `inflight_microbatches`' peak (counted against
-    the generated lists in a test). ZB-V is priced from its list (Evaluator); every other schedule 0."""
+    the generated lists in a test); 0 on a stage that runs plain B (d_i = -1: no microbatch waits for a W).
+    ZB-V is priced from its list (Evaluator); every other schedule 0."""
     if schedule not in ("zb-h1", "virtual-zb"):
         return 0.0
     d = w_defer[stage] if w_defer else stage
-    return float(min(m, d + 1))
+    return float(min(m, d + 1)) if d >= 0 else 0.0
 
 
 def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int, sequence_parallel: bool = False) -> float:

@@ -34,6 +34,7 @@ from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
+from hetauto.schedule import PLAIN_B
 
 Balance = Literal["minimax", "proportional", "uniform", "average"]
 # the layer balances the search tries (its descent's balance move; exhaustive enumerates the same): ours, and
@@ -485,8 +486,9 @@ class StrategySpace:
                   m: int, cand: Candidate, twins: bool) -> list[Plan]:
         """`plans` (1F1B / Virtual-1F1B) that the space allows, or with `twins` (a zero-bubble candidate) their
         zero-bubble twins where allowed: the same cut and warm-up, the backward split, each stage's W deferred as
-        far as its memory holds (at most i on stage i, ZB-H1's own; 0 keeps 1F1B's memory and still gains); none
-        where a stage recomputes (see below) or the DP level cannot follow a split backward."""
+        far as its memory holds (at most i on stage i, ZB-H1's own; a stage that cannot hold even d = 0's W output
+        gradients runs plain B); none where every stage but the first would run plain B (1F1B itself), a stage
+        recomputes (see below) or the DP level cannot follow a split backward."""
         if not twins:
             return [pl for pl in plans if pl.schedule.name in self.requested]
         if isinstance(cand.zero1, str) and cand.zero1 not in ("none", "zero1"):  # not run split (core.plan_check)
@@ -504,6 +506,8 @@ class StrategySpace:
             extra = tuple(pl.schedule.extra_warmup)
             defer = self._deferrals(pl, stages, caps, cand, extra)
             p = len(stages)
+            if p > 1 and all(d == PLAIN_B for d in defer[1:]):
+                continue
             out.append(self._plan(cand, stages, counts, m, zb, extra, () if defer == tuple(range(p)) else defer))
         return out
 
@@ -530,14 +534,20 @@ class StrategySpace:
                    extra: tuple[int, ...]) -> tuple[int, ...]:
         """Per stage r, the deepest W deferral d <= r (ZB-H1's own) its memory holds on `plan`'s cut: min(m,
         p - r + d + the extra warm-up below it) microbatches in flight, min(m, d + 1) of them with their W output
-        gradients (costmodel.inflight_microbatches, deferred_w_held); 0 where none fits (the Evaluator says why)."""
+        gradients (costmodel.inflight_microbatches, deferred_w_held); -1 (plain B, 1F1B's memory, which `plan`'s
+        cut holds) where not even d = 0 fits: that stage runs the whole backward, the others still split. The first
+        stage always runs plain B: it has no input gradient to send, so its I does nothing (its W runs the whole
+        backward) and a split would only hold memory and keep its DP gradient reduce from overlapping the backward
+        (the executor sums a split stage's gradients after its last W)."""
         p, m = len(stages), plan.num_microbatches
-        out = []
+        out = [PLAIN_B]
         for r, (st, pst, cap) in enumerate(zip(stages, plan.stages, caps)):
+            if r == 0:
+                continue
             below = p - r + sum(extra[r:])
-            fits = [d for d in range(r, 0, -1) if self._need(st, pst.layers, cand.microbatch_size, cand.zero1,
-                                                             min(m, below + d), min(m, d + 1)) <= cap]
-            out.append(fits[0] if fits else 0)
+            fits = next((d for d in range(r, -1, -1) if self._need(st, pst.layers, cand.microbatch_size, cand.zero1,
+                                                                   min(m, below + d), min(m, d + 1)) <= cap), -1)
+            out.append(fits)
         return tuple(out)
 
     def _build_interleaved(self, cand: Candidate, stages: list[StageLayout], costs: list[_StageCost],

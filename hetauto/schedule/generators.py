@@ -191,11 +191,17 @@ def _boundary_lookahead(p: int, ks: Sequence[int]) -> list[int]:
     return [1 + max([ks[h] for h in (r - 1, r) if 0 <= h < p - 1], default=0) for r in range(p)]
 
 
+PLAIN_B = -1  # a zero-bubble `defer` entry: this stage runs the whole backward (B) in one step, as 1F1B does
+
+
 def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
     """One rank of ZB-H1: `warmup` forwards, then F / I pairs, each W run `defer` input-backwards after its I
     (so a rank nearer the end sends its input gradient upstream without waiting for its weight gradient),
-    then the drain's I / W, then the W still deferred."""
+    then the drain's I / W, then the W still deferred. `defer` = PLAIN_B: F / B pairs (1F1B's order at this
+    warm-up), for a stage whose memory cannot hold a microbatch between its I and its W."""
     w = min(warmup, m)
+    if defer == PLAIN_B:
+        return _one_f_one_b_rank(r, m, w)
     row = [Action(r, F, k) for k in range(w)]
     pending: list[int] = []
     for k in range(m):
@@ -212,9 +218,10 @@ def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
 def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = (), defer: Sequence[int] = ()) -> int:
     """Peak microbatches stage `stage` holds under ZB-H1 / Virtual-ZB, counted from F to W (a microbatch
     between I and W keeps its weight-gradient buffers): min(m, p - i + d_i + sum_{h >= i} k_h), d_i the stage's
-    W deferral (default i: p everywhere without extra warm-up)."""
+    W deferral (default i: p everywhere without extra warm-up); a stage that runs plain B (d_i = PLAIN_B) holds
+    1F1B's count, as d_i = 0 (its W right after its I)."""
     d = defer[stage] if defer else stage
-    return min(m, p - stage + d + sum(extra_warmup[stage:]))
+    return min(m, p - stage + max(d, 0) + sum(extra_warmup[stage:]))
 
 
 def peak_deferred_w(schedule: Schedule) -> tuple[int, ...]:
@@ -249,16 +256,18 @@ def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
     deferred W fill the drain, where Virtual-1F1B idles for that round trip.
 
     `defer` (per rank, default r) sets how many input-backwards each W waits; each deferred W keeps one more
-    microbatch in flight (`zb_inflight`). `memory_cap` (microbatches per stage) first caps the extra warm-up
-    (on top of 1F1B's p - r), then the deferral."""
+    microbatch in flight (`zb_inflight`); PLAIN_B (-1) makes that rank run the whole backward B instead of I and
+    W (a stage that cannot afford even d = 0's held W output gradients), the other ranks still split.
+    `memory_cap` (microbatches per stage) first caps the extra warm-up (on top of 1F1B's p - r), then the
+    deferral (never below 0; a PLAIN_B entry stays)."""
     _check_shape(p, m)
     virtual = extra_warmup is not None or boundary_cost is not None
     ks = _extra_warmup(p, extra_warmup, boundary_cost, tf, tb, memory_cap)
     ds = list(range(p)) if defer is None else list(defer)
-    if len(ds) != p or any(d < 0 for d in ds):
-        raise ScheduleError(f"defer needs one entry >= 0 per stage ({p}), got {list(ds)}")
+    if len(ds) != p or any(d < PLAIN_B for d in ds):
+        raise ScheduleError(f"defer needs one entry >= 0 (or -1: plain B) per stage ({p}), got {list(ds)}")
     if memory_cap is not None:
-        ds = [d if cap is None else max(0, min(d, cap - (p - r) - sum(ks[r:])))
+        ds = [d if cap is None or d == PLAIN_B else max(0, min(d, cap - (p - r) - sum(ks[r:])))
               for r, (d, cap) in enumerate(zip(ds, memory_cap))]
     compute = [_zb_rank(r, m, p - r - 1 + sum(ks[r:]), ds[r]) for r in range(p)]
     name = "virtual-zb" if virtual else "zb-h1"
