@@ -101,6 +101,17 @@ def test_a_tie_across_stages_is_refused_and_within_one_stage_allowed(folder: Pat
         monkey.undo()
 
 
+def test_the_tied_table_is_priced_once(folder: Path) -> None:
+    """The head's slot holds the embedding's Parameter: its elements, gradients and optimizer states live once on
+    the stage holding both, so the head counts only its own norm (the matmul still casts the table: counted)."""
+    from hetauto.planner.layers import layers_from_builder
+
+    emb, *_, head = layers_from_builder(REF, 16)
+    assert (emb.params, emb.param_tensors) == (64 * 16, 1)
+    assert (head.params, head.param_tensors, head.shares_with) == (2 * 16, 2, 0)
+    assert head.matmul_params == 64 * 16
+
+
 def test_hetauto_run_refuses_the_untied_plan_before_launch(folder: Path) -> None:
     _plan(("a", (0, 2)), ("b", (2, 4))).save(folder / "plan.json")
     proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", "plan.json", "--model-code", "tiedmodel",

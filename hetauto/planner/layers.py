@@ -439,6 +439,9 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
         shares = min((owner[k] for k in ids if k in owner), default=None)
         for k in ids:
             owner.setdefault(k, i)
+        # a parameter shared with an earlier slot is counted there: a stage holds one copy (the plan keeps both
+        # slots in one stage), so its states are not priced twice; its matmul use here is still cast (below)
+        own = [p for p in params if owner[id(p)] == i]
         saved = [0.0]
         seen: set[int] = set()
 
@@ -463,8 +466,8 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
         kind: LayerKind = "embedding" if i == 0 else "head" if i == n + 1 else "block"
         matmul = 0 if i == 0 else sum(p.numel() for sub in mod.modules() if not isinstance(sub, nn.Embedding)
                                       for p in sub.parameters(recurse=False) if p.dim() >= 2)
-        out.append(LayerCost(i, kind, kind if kind != "block" else f"block_{i - 1}", sum(p.numel() for p in params),
+        out.append(LayerCost(i, kind, kind if kind != "block" else f"block_{i - 1}", sum(p.numel() for p in own),
                              float(counter.get_total_flops()) / s, s, h, saved[0], 0.0, 0.0,
-                             0.0 if kind == "head" else float(4 * s * h), len(params), compute_bytes=4,
+                             0.0 if kind == "head" else float(4 * s * h), len(own), compute_bytes=4,
                              matmul_params=matmul, shares_with=shares))
     return tuple(out)
