@@ -58,6 +58,21 @@ def test_node_groups_of_different_node_sizes_and_their_own_intra_node_links() ->
         c.group_of(16)
 
 
+def test_a_group_without_its_own_intra_node_link_has_the_clusters_else_its_devices() -> None:
+    """No figure anywhere: each group its own device profile's (an H100 node's NVLink is not priced at the A100's
+    rate, the slowest device's, which stays the cluster's own link); a cluster figure is every group's default;
+    a group's own latency alone keeps its device's bandwidth."""
+    groups = [{"count": 1, "devices_per_node": 8, "device": "h100"},
+              {"count": 1, "devices_per_node": 8, "device": "a100-80g", "intra_node": {"latency": "20us"}}]
+    c = cluster_from_dict({"clusters": [{"name": "lab", "nodes": groups}]}).cluster("lab")
+    assert [c.intra_link(d).bandwidth_Bps for d in (0, 8)] == [900e9, 600e9]
+    assert [c.intra_link(d).latency_s for d in (0, 8)] == pytest.approx([5e-6, 20e-6], rel=1e-12)  # default, own
+    assert c.intra_node.bandwidth_Bps == 600e9 and c.group_view(0).intra_node.bandwidth_Bps == 900e9
+    given = cluster_from_dict({"clusters": [{"name": "lab", "nodes": groups,
+                                             "intra_node": {"bandwidth": "100GB/s"}}]}).cluster("lab")
+    assert [given.intra_link(d).bandwidth_Bps for d in (0, 8)] == [100e9, 100e9]
+
+
 def test_a_tp_group_must_stay_inside_one_node_of_its_own_size() -> None:
     spec = cluster_from_dict(NV_PCIE)
     def plan(tp: int) -> Plan:

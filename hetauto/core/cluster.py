@@ -21,7 +21,8 @@ dataclass values that the planner, simulator and executor share. Example:
 Mixed nodes in one cluster (as Metis's hostfile + per-node `instance_type`, Sailor and FlashFlex describe
 them): `nodes` may instead be a list of node groups, each `{count, devices_per_node, device}` with an optional
 `speed_factor` of its own (times the cluster's) and an optional `intra_node` link of its own (an NVLink group
-beside a PCIe group; a group without one has the cluster's). Groups may differ in `devices_per_node` (an 8-GPU
+beside a PCIe group; a group without one has the cluster's where the cluster gives one, else its own device
+profile's). Groups may differ in `devices_per_node` (an 8-GPU
 node beside 4-GPU ones). Devices are numbered node-major across the groups in the order listed (group 0's
 nodes first), and one backend runs the whole cluster (the groups' devices' backends must agree, or the cluster
 names its `backend:`):
@@ -717,13 +718,14 @@ def _mixed_cluster(c: ClusterDoc, i: int, source: str | Path | None, base_dir: s
         named = ", ".join(f"nodes[{g}] {d.key} on {d.backend}" for g, (_, d, _, _) in enumerate(loaded))
         raise SpecError(source, f"clusters[{i}].nodes", f"node groups on different backends ({named}); one backend "
                         "runs a cluster", "put each backend's nodes in a cluster of their own, or name the cluster's backend:")
-    # the cluster's own intra-node link: as given, else its slowest device's (what a group without its own has)
+    # the cluster's own intra-node link: as given, else its slowest device's
     intra = LinkSpec(
         c.intra_node.bandwidth if c.intra_node.bandwidth is not None
         else min(d.intra_node_bandwidth_Bps for _, d, _, _ in loaded),
         c.intra_node.latency if c.intra_node.latency is not None else DEFAULT_INTRA_LATENCY_S)
     groups = [NodeGroup(n.count, device, n.device, n.speed_factor, first_node, n.devices_per_node,
-                        _group_intra(n, intra, f"clusters[{i}].nodes[{g}]", source), first_dev)
+                        _group_intra(n, _group_default(c, device, intra), f"clusters[{i}].nodes[{g}]", source),
+                        first_dev)
               for g, (n, device, first_node, first_dev) in enumerate(loaded)]
     lead = groups[0].device
     inter = LinkSpec(
@@ -737,15 +739,23 @@ def _mixed_cluster(c: ClusterDoc, i: int, source: str | Path | None, base_dir: s
     return Cluster(c.name, node, unit, lead, intra, inter, c.speed_factor, first.device, c.backend, tuple(groups))
 
 
-def _group_intra(n: NodeGroupDoc, cluster_intra: LinkSpec, where: str, source: str | Path | None) -> LinkSpec | None:
-    """A node group's own intra-node link (a figure it omits is the cluster's), or None when it gives none."""
+def _group_default(c: "ClusterDoc", device: DeviceProfile, intra: LinkSpec) -> LinkSpec:
+    """What a node group's intra-node link is where the group gives no figure: the cluster's where the cluster
+    gives one, else the group's own device profile's (an NVLink group beside a PCIe one is not priced at the
+    PCIe rate because the cluster's default is its slowest device's)."""
+    return LinkSpec(intra.bandwidth_Bps if c.intra_node.bandwidth is not None else device.intra_node_bandwidth_Bps,
+                    intra.latency_s)
+
+
+def _group_intra(n: NodeGroupDoc, default: LinkSpec, where: str, source: str | Path | None) -> LinkSpec:
+    """A node group's intra-node link: its own, a figure it omits `default`'s (`_group_default`)."""
     if n.intra_node is None:
-        return None
+        return default
     if n.intra_node.nics_per_node is not None:
         raise SpecError(source, f"{where}.intra_node.nics_per_node", "NICs belong to the cluster's inter-node link",
                         "move nics_per_node under the cluster's inter_node")
-    return LinkSpec(n.intra_node.bandwidth if n.intra_node.bandwidth is not None else cluster_intra.bandwidth_Bps,
-                    n.intra_node.latency if n.intra_node.latency is not None else cluster_intra.latency_s)
+    return LinkSpec(n.intra_node.bandwidth if n.intra_node.bandwidth is not None else default.bandwidth_Bps,
+                    n.intra_node.latency if n.intra_node.latency is not None else default.latency_s)
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
