@@ -462,14 +462,14 @@ class StrategySpace:
             return Built(violation=self._memory_violation(stages, costs, caps, q))
         plan = self._plan(cand, stages, counts, m, "1f1b", ())
         if cand.schedule != "virtual-1f1b" or p == 1:
-            return Built(self._variants([plan], stages, costs, caps, m, cand, twins))
+            return Built(self._variants([plan], stages, caps, m, cand, twins))
         bonus = [cand.warmup_bonus if a.cluster != b.cluster else 0 for a, b in zip(stages, stages[1:])]
         wanted, kept = self._warmup(plan, costs, caps, counts, m, bonus if cand.warmup_bonus else None)
         # deeper than the m microbatches is all of them (a plan's bound); `kept` too: a stage without activations
         # (the embedding alone) has no memory cap on its depth
         wanted, kept = tuple(min(w, m) for w in wanted), tuple(min(k, m) for k in kept)
         if not any(wanted):
-            return Built(self._variants([plan], stages, costs, caps, m, cand, twins))
+            return Built(self._variants([plan], stages, caps, m, cand, twins))
         # the plain plan too: where the deeper warm-up gains nothing, the tie goes to the one holding less memory
         out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept), plan] if any(kept) else [plan]
         if kept != wanted:  # memory forbids the depth here: try a cut that leaves room upstream
@@ -480,10 +480,10 @@ class StrategySpace:
             counts2 = self._splits[key2]
             if counts2 is not None and counts2 != counts:
                 out.append(self._plan(cand, stages, counts2, m, "virtual-1f1b", wanted))
-        return Built(self._variants(out, stages, costs, caps, m, cand, twins))
+        return Built(self._variants(out, stages, caps, m, cand, twins))
 
-    def _variants(self, plans: list[Plan], stages: list[StageLayout], costs: list["_StageCost"], caps: list[float],
-                  m: int, cand: Candidate, twins: bool) -> list[Plan]:
+    def _variants(self, plans: list[Plan], stages: list[StageLayout], caps: list[float], m: int, cand: Candidate,
+                  twins: bool) -> list[Plan]:
         """`plans` (1F1B / Virtual-1F1B) that the space allows, or with `twins` (a zero-bubble candidate) their
         zero-bubble twins where allowed: the same cut and warm-up, the backward split, each stage's W deferred as
         far as its memory holds (at most i on stage i, ZB-H1's own; a stage that cannot hold even d = 0's W output
@@ -504,11 +504,10 @@ class StrategySpace:
             if zb not in self.zero_bubble:
                 continue
             extra = tuple(pl.schedule.extra_warmup)
-            defer = self._deferrals(pl, stages, caps, cand, extra)
-            p = len(stages)
-            if p > 1 and all(d == PLAIN_B for d in defer[1:]):
+            defer = self._deferrals(pl, stages, caps, cand, extra)  # never ZB-H1's default: stage 0 runs plain B
+            if len(stages) > 1 and all(d == PLAIN_B for d in defer[1:]):
                 continue
-            out.append(self._plan(cand, stages, counts, m, zb, extra, () if defer == tuple(range(p)) else defer))
+            out.append(self._plan(cand, stages, counts, m, zb, extra, defer))
         return out
 
     def _zb_v_fits(self, counts: list[int]) -> bool:
@@ -543,7 +542,7 @@ class StrategySpace:
         out = [PLAIN_B]
         for r, (st, pst, cap) in enumerate(zip(stages, plan.stages, caps)):
             if r == 0:
-                continue
+                continue  # plain B, above
             below = p - r + sum(extra[r:])
             fits = next((d for d in range(r, -1, -1) if self._need(st, pst.layers, cand.microbatch_size, cand.zero1,
                                                                    min(m, below + d), min(m, d + 1)) <= cap), -1)
