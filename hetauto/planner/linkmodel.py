@@ -160,11 +160,11 @@ def interpolate_rows(rows: tuple[LinkRow, ...], nbytes: float, flows: int) -> tu
 def measured_regime(link: LinkSpec, idle_s: float) -> tuple[tuple[LinkRow, ...], str]:
     """The rows of `link` measured in the idle regime of a transfer idling `idle_s` (after idle: longer than
     the RTO; else back to back), and a note for the detail; all rows, said so, when none are in it."""
+    if not any(r.idle_s for r in link.measured):
+        return link.measured, ""  # rows of one regime only (back to back): as before
     rto = rto_s(2 * link.latency_s)
     after = idle_s > rto
     rows = tuple(r for r in link.measured if (r.idle_s > rto) == after)
-    if not any(r.idle_s for r in link.measured):
-        return link.measured, ""  # rows of one regime only (back to back): as before
     if not rows:
         return link.measured, (f" (none measured {'after idle' if after else 'back to back'}: "
                                f"idle {idle_s * 1e3:.4g} ms vs RTO {rto * 1e3:.4g} ms)")
