@@ -733,7 +733,7 @@ def _mixed_cluster(c: ClusterDoc, i: int, source: str | Path | None, base_dir: s
         c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S,
         nics_per_node=_nics(c, i, source))
     if len(groups) == 1:
-        return Cluster(c.name, first.count, first.devices_per_node, lead, groups[0].intra_node or intra, inter,
+        return Cluster(c.name, first.count, first.devices_per_node, lead, groups[0].intra_node, inter,
                        c.speed_factor * first.speed_factor, first.device, c.backend)
     unit = math.gcd(*(n.devices_per_node for n in c.node_groups))  # TP's bound; every node splits into units
     return Cluster(c.name, node, unit, lead, intra, inter, c.speed_factor, first.device, c.backend, tuple(groups))
