@@ -70,7 +70,7 @@ def _torch_on_cut(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a 
     """torch's interleaved and interleaved zero-bubble lists (v = 2) on `plan`'s stages, priced by the simulator."""
     from hetauto.core.plan import ScheduleSpec
     from hetauto.interop.torch_schedules import torch_schedule
-    from hetauto.schedule import ScheduleError, peak_deferred_w, simulate
+    from hetauto.schedule import ScheduleError, simulate, zb_windows
 
     out = []
     p, m = plan.num_stages, plan.num_microbatches
@@ -91,24 +91,24 @@ def _torch_on_cut(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a 
                 costs = replace(costs, w_share=ev.pipeline_costs(zb).w_share)
             r = simulate(sched, costs)
             out.append({"schedule": f"torch {name} (v=2)", "iteration_s": r.iteration_time, "bubble": r.bubble_fraction,
-                        "memory": _memory(ev, plan, r.peak_inflight, peak_deferred_w(sched), 2)})
+                        "memory": _memory(ev, plan, zb_windows(sched), 2)})
         except (ScheduleError, ValueError) as err:
             out.append({"schedule": f"torch {name} (v=2)", "refused": str(err).splitlines()[0]})
     return out
 
 
-def _memory(ev, plan, peak_chunks, held_chunks, v: int) -> str:  # noqa: ANN001 - an Evaluator and a Plan
-    """Whether each stage holds the list's peak in flight (chunks / v whole-stage microbatches, F to W) and its
-    peak between I and W (their W output gradients), priced as the Evaluator prices a plan's (an upper bound
-    where the two peaks fall at different moments): "fits", or the first stage that does not."""
+def _memory(ev, plan, windows, v: int) -> str:  # noqa: ANN001 - an Evaluator and a Plan
+    """Whether each stage holds the list's peaks (`zb_windows`: chunks from F to I, F to W, I to W; / v whole-stage
+    microbatches), priced as the Evaluator prices a plan's (costmodel.stage_memory: whole activations from F to I,
+    lean W sets from I to W): "fits", or the first stage that does not."""
     from hetauto.core.headroom import usable_bytes
 
     prec = ev.precision(plan)
-    for i, (st, q, g) in enumerate(zip(plan.stages, peak_chunks, held_chunks)):
+    for i, (st, (fi, fw, iw)) in enumerate(zip(plan.stages, windows)):
         if ev.is_split(st):
             return "not checked (mixed DP group)"
-        need = ev.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, q / v, st.recompute,
-                                     plan.dp_level, prec, w_held=g / v)
+        need = ev.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, fi / v, st.recompute,
+                                     plan.dp_level, prec, w_held=(fw - fi) / v, w_peak=iw / v)
         cap = usable_bytes(ev.cluster(st.cluster).device.memory_bytes, plan.memory_headroom)
         if need > cap:
             return f"does not fit: stage {i} needs {need / 2**30:.1f} GiB > {cap / 2**30:.1f} GiB"
@@ -160,10 +160,10 @@ def _deepest_fit(ev, plan, stage: int, top: int) -> int:  # noqa: ANN001 - an Ev
     st, p, m = plan.stages[stage], plan.num_stages, plan.num_microbatches
     extra = sum(plan.schedule.extra_warmup[stage:]) if plan.schedule.name == "virtual-zb" else 0
     cap = usable_bytes(ev.cluster(st.cluster).device.memory_bytes, plan.memory_headroom)
+    q = min(m, p - stage + extra)
     return next((d for d in range(top, -1, -1) if ev.stage_memory_bytes(
-        st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, min(m, p - stage + extra + d), st.recompute,
-        plan.dp_level, ev.precision(plan), w_held=cm.deferred_w_held("zb-h1", p, m, stage, w_defer=(d,) * p)) <= cap),
-                -1)
+        st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, q, st.recompute, plan.dp_level, ev.precision(plan),
+        w_held=min(m, q + d) - q, w_peak=cm.deferred_w_peak("zb-h1", p, m, stage, w_defer=(d,) * p)) <= cap), -1)
 
 
 def _neighbours(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Plan

@@ -56,6 +56,31 @@ def test_inflight_matches_simulator_peak() -> None:
     assert list(res.peak_inflight) == [cm.inflight_microbatches("1f1b", 5, 12, i) for i in range(5)]
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_stage_memory_prices_the_larger_zero_bubble_moment(recompute: bool) -> None:
+    """inflight activations + w_held lean W sets, or (w_peak - w_held) activations fewer and w_peak W sets:
+    the larger. A llama block's W set (its Linears' inputs and output gradients, 12 s h + 4 s kv + 6 s f bytes)
+    is 2 s f bytes smaller than its activations, so the first moment wins; under recompute a block keeps only its
+    input (2 s h), so the second does."""
+    from hetauto.core.model_catalog import get_model
+
+    cfg = get_model("tiny-llama")
+    table = cm.LayerTable(layer_list(cfg, 32))
+    sums, c = table.range(1, 4), _cluster()
+    s, h, f, kv = 32, cfg.hidden, cfg.ffn_hidden, cfg.kv_heads * cfg.head_dim
+    kept = cm.deferred_w_bytes(sums, tp=1, dp=1, microbatch=2)
+    assert kept == 2 * 3 * (12 * s * h + 4 * s * kv + 6 * s * f)
+
+    def mem(q: float, held: float = 0.0, peak: float | None = None) -> float:
+        return cm.stage_memory(sums, c, tp=1, dp=1, microbatch=2, inflight=q, recompute=recompute, w_held=held,
+                               w_peak=peak)
+
+    act = mem(1) - mem(0)
+    assert (act > kept) is not recompute
+    assert mem(4, 2, 3) - mem(0) == pytest.approx(max(4 * act + 2 * kept, 3 * act + 3 * kept), rel=1e-12)
+    assert mem(4, 2) - mem(0) == pytest.approx(4 * act + 2 * kept, rel=1e-12)
+
+
 def _cluster(name: str = "mixed-small", idx: int = 0):
     return get_scenario(name).cluster.clusters[idx]
 

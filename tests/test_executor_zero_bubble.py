@@ -165,12 +165,12 @@ def test_split_backward_with_tp_and_dp(wide_losses, kind: str) -> None:
 @pytest.mark.multiprocess
 def test_deferred_w_bytes_on_a_tp_stage(wide_losses) -> None:
     """On a tp-2 stage torch's split keeps for W each column-parallel output's gradient (Q, K, V, fc1) sharded and
-    each row-parallel one's (proj, fc2) and the replicated norms' whole: costmodel.deferred_w_bytes, exactly
-    (per block 3.5 + 2 + 2 s x h elements, fp32)."""
+    each row-parallel one's (proj, fc2) and the replicated norms' whole (per block 3.5 + 2 + 2 s x h elements,
+    fp32); costmodel.deferred_w_bytes prices the lean W: output gradients 3.5 + 2, Linear inputs 2.5 + 2."""
     from hetauto.planner.costmodel import LayerTable, deferred_w_bytes
     from hetauto.planner.layers import layer_list
 
     table = LayerTable(tuple(la.at_compute_bytes(4) for la in layer_list(GPT, 16)))
     want = deferred_w_bytes(table.range(1, 3), tp=2, dp=1, microbatch=2)
-    assert want == 2 * 16 * 2 * 7.5 * GPT.hidden * 4
-    assert wide_losses["kept-for-w-tp2"] == [want] * 4
+    assert want == 2 * 16 * 2 * 10 * GPT.hidden * 4
+    assert wide_losses["kept-for-w-tp2"] == [2 * 16 * 2 * 7.5 * GPT.hidden * 4] * 4

@@ -38,8 +38,9 @@ class FakeEvaluator:
         return f, (3.0 if recompute else 2.0) * f
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
-                           inflight: int, recompute: bool = False, zero1: bool = False, w_held: float = 0.0) -> float:
-        """`w_held` (microbatches between a split backward's I and W) is not priced by this fake."""
+                           inflight: int, recompute: bool = False, zero1: bool = False, w_held: float = 0.0,
+                           w_peak: float | None = None) -> float:
+        """`w_held`, `w_peak` (microbatches between a split backward's I and W) are not priced by this fake."""
         ls = self.inputs.layers[layers[0]:layers[1]]
         params = sum(l.params for l in ls) / tp
         states = params * (4.0 + 12.0 / (dp if zero1 else 1))

@@ -281,10 +281,11 @@ def test_split_w_reruns_a_checkpointed_block_per_parameter_group() -> None:
 @pytest.mark.parametrize("arch,ffn,kv", [("gpt", 64, None), ("llama", 56, 1)])
 @pytest.mark.parametrize("mixed", [False, True])
 def test_deferred_w_bytes_are_what_torchs_split_keeps(arch: str, ffn: int, kv: int | None, mixed: bool) -> None:
-    """The memory model's W output gradients (costmodel.deferred_w_bytes) are, byte for byte, what torch's
-    stage_backward_input keeps for W on a stage of two blocks and the head: in fp32, and under bf16 autocast
-    (matmul outputs' gradients bf16, the norms' fp32). GPT at h = 16, s = 8, 2 samples: 2 x 8 x (2 x (9 x 16 x b
-    + 2 x 16 x 4) + 24 x b + 16 x 4) bytes, b the compute dtype's bytes."""
+    """What torch's stage_backward_input keeps for W on a stage of two blocks and the head besides the activations,
+    in fp32 and under bf16 autocast (matmul outputs' gradients bf16, the norms' fp32): GPT at h = 16, s = 8, 2
+    samples 2 x 8 x (2 x (9 x 16 x b + 2 x 16 x 4) + 24 x b + 16 x 4) bytes, b the compute dtype's bytes. The
+    memory model prices the lean W instead (costmodel.deferred_w_bytes: per Linear its input and output gradient,
+    the activations freed): GPT 2 x 8 x (2 x 16 x 16 + 24 + 16) x b."""
     import torch
 
     from hetauto.core.model import ModelConfig
@@ -303,7 +304,7 @@ def test_deferred_w_bytes_are_what_torchs_split_keeps(arch: str, ffn: int, kv: i
     kept = sum(t.numel() * t.element_size() for g in groups for gs in g["grads"] for t in gs if t is not None)
     b = 2 if mixed else 4
     table = LayerTable(tuple(la.at_compute_bytes(b) for la in layer_list(cfg, 8)))
-    assert deferred_w_bytes(table.range(1, 4), tp=1, dp=1, microbatch=2) == kept
     if arch == "gpt":
         assert kept == 2 * 8 * (2 * (9 * 16 * b + 2 * 16 * 4) + 24 * b + 16 * 4)
+        assert deferred_w_bytes(table.range(1, 4), tp=1, dp=1, microbatch=2) == 2 * 8 * (2 * 16 * 16 + 24 + 16) * b
     assert deferred_w_bytes(table.range(0, 2), tp=1, dp=1, microbatch=2) == 0  # the first stage's W runs it all

@@ -85,7 +85,7 @@ def test_plain_b_stage_in_a_zero_bubble_list() -> None:
     """defer -1 (PLAIN_B): that rank runs 1F1B's F / B order at ZB-H1's warm-up (no W held), the others still
     split; the checker takes the mixed lists and the simulator prices them between the split and 1F1B (unit
     model: 27 all split, 29 with stage 2 not deferring, 30 with stage 2 running B, 33 1F1B; all plain B is 1F1B)."""
-    from hetauto.planner.costmodel import deferred_w_held, inflight_microbatches
+    from hetauto.planner.costmodel import deferred_w_held, deferred_w_peak, inflight_microbatches
     from hetauto.schedule import PLAIN_B
 
     costs = PipelineCosts(tf=1.0, tb=2.0, tw=1.0)
@@ -100,7 +100,7 @@ def test_plain_b_stage_in_a_zero_bubble_list() -> None:
     assert _compute_text(plain) == _compute_text(one_f_one_b(4, 8)) and simulate(plain, costs).iteration_time == 33.0
     assert simulate(s, costs).peak_inflight[2] == zb_inflight(4, 8, 2, (), s.defer) == 2
     assert inflight_microbatches("zb-h1", 4, 8, 2, w_defer=s.defer) == 2.0
-    assert deferred_w_held("zb-h1", 4, 8, 2, w_defer=s.defer) == 0.0
+    assert deferred_w_held("zb-h1", 4, 8, 2, w_defer=s.defer) == deferred_w_peak("zb-h1", 4, 8, 2, w_defer=s.defer) == 0
 
 
 def test_first_stage_plain_b_overlaps_its_gradient_reduce() -> None:
@@ -119,25 +119,30 @@ def test_first_stage_plain_b_overlaps_its_gradient_reduce() -> None:
                                               (5, 12, None, (0, 1, 1, 0, 2)), (3, 4, (2, 2), (0, 5, 5)),
                                               (4, 16, (1, 0, 2), (-1, 1, -1, 3))])
 def test_zb_memory_peaks_coincide(p: int, m: int, extra: tuple | None, defer: tuple | None) -> None:
-    """Along each rank's list (F adds an activation, I a set of W output gradients, W frees both, a plain B the
-    activation), one moment
-    holds both peaks the memory model prices: zb_inflight microbatches, deferred_w_held of them after their I
-    (so activations x in flight + output gradients x held is the peak for any sizes); peak_deferred_w agrees."""
-    from hetauto.planner.costmodel import deferred_w_held
-    from hetauto.schedule import peak_deferred_w
+    """Along each rank's list (F adds an activation, I turns it into a lean W set, W frees that, a plain B the
+    activation) every moment holds at most inflight_microbatches activations, deferred_w_peak W sets and
+    inflight + deferred_w_held microbatches from F to W, and the two corners stage_memory prices are reached:
+    (inflight, held) and (inflight - (peak - held), peak), so its max of the two is the peak for any sizes;
+    zb_windows counts the same."""
+    from hetauto.planner.costmodel import deferred_w_held, deferred_w_peak, inflight_microbatches
+    from hetauto.schedule import peak_deferred_w, zb_windows
     from hetauto.schedule.actions import ActionType as T
 
     s = zero_bubble(p, m, extra, defer=defer)
-    held = tuple(deferred_w_held("zb-h1", p, m, r, w_defer=s.defer) for r in range(p))
-    assert peak_deferred_w(s) == held
+    name, ks = s.name, s.extra_warmup
+    q = tuple(inflight_microbatches(name, p, m, r, extra_warmup=ks) for r in range(p))
+    held = tuple(deferred_w_held(name, p, m, r, extra_warmup=ks, w_defer=s.defer) for r in range(p))
+    peak = tuple(deferred_w_peak(name, p, m, r, w_defer=s.defer) for r in range(p))
+    assert zb_windows(s) == tuple((q[r], q[r] + held[r], peak[r]) for r in range(p))
+    assert peak_deferred_w(s) == peak
     for r, row in enumerate(s.ranks):
         a = g = 0
         states = set()
         for x in row:
             a, g = a + (x.type is T.F) - (x.type in (T.I, T.B)), g + (x.type is T.I) - (x.type is T.W)
-            states.add((a + g, g))
-        assert (zb_inflight(p, m, r, s.extra_warmup, s.defer), held[r]) in states
-        assert max(s_[0] for s_ in states) == zb_inflight(p, m, r, s.extra_warmup, s.defer)
+            states.add((a, g))
+        assert all(a <= q[r] and g <= peak[r] and a + g <= q[r] + held[r] for a, g in states)
+        assert (q[r], held[r]) in states and (q[r] + held[r] - peak[r], peak[r]) in states
 
 
 def test_zero_bubble_bad_input() -> None:

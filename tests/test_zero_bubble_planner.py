@@ -47,21 +47,25 @@ def test_zero_bubble_twin_prices_w_and_memory() -> None:
     p, m = twin.num_stages, twin.num_microbatches
     defer = twin.schedule.w_defer
     assert defer[0] == -1  # the first stage runs plain B (its I would do nothing), 1F1B's count
-    assert [ev.inflight(twin, i) for i in range(p)] == [min(m, p - i + max(0, defer[i])) for i in range(p)]
+    # activations from F to I (1F1B's count); the deferred microbatches' lean W sets from I to W
+    assert [ev.inflight(twin, i) for i in range(p)] == [min(m, p - i) for i in range(p)]
+    assert [ev.w_held(twin, i) for i in range(p)] == [
+        (min(m, p - i + max(0, d)) - min(m, p - i), min(m, d + 1) if d >= 0 else 0) for i, d in enumerate(defer)]
     assert ev.evaluate(twin).iteration_time_s < ev.evaluate(base).iteration_time_s
 
 
-@pytest.mark.parametrize("caps,defer", [((9, 5, 4), (-1, 1, 1)), ((9, 4, 4), (-1, 0, 1)), ((9, 3, 2), (-1, 0, 0)),
-                                        ((9, 2, 4), (-1, -1, 1)), ((9, 5, 1), (-1, 1, -1)), ((2, 2, 1), None),
+@pytest.mark.parametrize("caps,defer", [((9, 5, 3), (-1, 1, 1)), ((9, 4, 4), (-1, 0, 2)), ((9, 3, 2), (-1, -1, 0)),
+                                        ((9, 2, 4), (-1, -1, 2)), ((9, 5, 1), (-1, 1, -1)), ((2, 2, 1), None),
                                         ((9, 9, 9), (-1, 1, 2))])
 def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, caps: tuple, defer: tuple | None) -> None:
-    """Stage i defers its W by the deepest d <= i whose memory fits: p - i + d microbatches in flight, d + 1 of them
-    with their W output gradients (here each counted as one unit: need = in flight + held). Where not even d = 0
-    fits (p - i + 1 > cap) the stage runs plain B (-1, 1F1B's p - i); the first stage always does (its I has no
-    input gradient to make); no twin (None) where every stage after the first would (1F1B itself)."""
+    """Stage i defers its W by the deepest d <= i whose memory fits: p - i activations from F to I, d lean W sets
+    besides them, or one activation fewer and d + 1 W sets just after an I (here an activation counts 2 units, a
+    W set 1: need = 2 (p - i) + d). Where not even d = 0 fits (2 (p - i) > cap) the stage runs plain B (-1, 1F1B's
+    p - i); the first stage always does (its I has no input gradient to make); no twin (None) where every stage
+    after the first would (1F1B itself)."""
     orig_need, orig_defer = StrategySpace._need, StrategySpace._deferrals
-    monkeypatch.setattr(StrategySpace, "_need", lambda self, st, r, mbs, z, q, held=0.0:
-                        q + held if held else orig_need(self, st, r, mbs, z, q))
+    monkeypatch.setattr(StrategySpace, "_need", lambda self, st, r, mbs, z, q, held=0.0, peak=None:
+                        max(2 * q + held, 2 * (q - (peak - held)) + peak) if peak else orig_need(self, st, r, mbs, z, q))
     monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra:
                         orig_defer(self, plan, stages, list(caps), cand, extra))
     inp = tiny_inputs(layers=8, gbs=16)

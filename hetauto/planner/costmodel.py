@@ -174,10 +174,11 @@ def prefetch_exposed(comm_s: float, compute_s: float, units: int) -> float:
 
 def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_chunks: int = 1,
                           extra_warmup: tuple[int, ...] = (), w_defer: tuple[int, ...] = ()) -> float:
-    """Microbatches whose activations stage `stage` holds at its peak (in whole-stage units).
+    """Microbatches whose whole activations stage `stage` holds at its peak (in whole-stage units).
 
-    1F1B / Virtual-1F1B: min(m, p - i + sum(extra_warmup[i:])); ZB-H1 / Virtual-ZB: min(m, p - i + d_i + sum(extra_warmup[i:])), d_i the W deferral (w_defer, default i);
-    ZB-V: min(m, p) (2p chunk-microbatches of half a stage each, F to W); GPipe: m; interleaved (v chunks,
+    1F1B / Virtual-1F1B: min(m, p - i + sum(extra_warmup[i:])); ZB-H1 / Virtual-ZB the same, counted from F to I
+    (a microbatch between its I and its W keeps only its lean W set: `deferred_w_held`); ZB-V from its list
+    (`hetauto.schedule.zb_windows`, the Evaluator); GPipe: m; interleaved (v chunks,
     each 1/v of the stage): min(m*v, 2(p-i-1) + (v-1)g + 1) chunks, i.e. that many / v whole-stage microbatches,
     g the microbatches per round (p when m is a multiple of p; m / max(1, m // p) otherwise, as the schedule runs them)."""
     if schedule == "gpipe":
@@ -186,23 +187,37 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, *, virtual_
         v = virtual_chunks
         g = m // max(1, m // p) if m >= 1 else p
         return min(m * v, 2 * (p - stage - 1) + (v - 1) * g + 1) / v
-    if schedule == "zb-v":  # hetauto.schedule.zb_v holds at most 2p chunk-microbatches (half a stage each), F to W
+    if schedule == "zb-v":  # F to W, without its list: hetauto.schedule.zb_v holds at most 2p chunk-microbatches
         return float(min(m, p))
-    if schedule in ("zb-h1", "virtual-zb"):  # F to W: a microbatch between I and W keeps its whole activation
-        # (torch's split retains the graph; its W output gradients besides: deferred_w_held)
-        extra = sum(extra_warmup[stage:]) if schedule == "virtual-zb" else 0
-        d = w_defer[stage] if w_defer else stage  # -1: the stage runs plain B, 1F1B's count (as d = 0)
-        return float(min(m, p - stage + max(d, 0) + extra))  # hetauto.schedule.zb_inflight
-    extra = sum(extra_warmup[stage:]) if schedule == "virtual-1f1b" else 0
+    extra = sum(extra_warmup[stage:]) if schedule in ("virtual-1f1b", "virtual-zb") else 0
     return float(min(m, p - stage + extra))
 
 
-def deferred_w_held(schedule: str, p: int, m: int, stage: int, *, w_defer: tuple[int, ...] = ()) -> float:
-    """Microbatches whose W output gradients stage `stage` holds at its peak (whole-stage units): ZB-H1 /
-    Virtual-ZB min(m, d_i + 1), d_i its W deferral (default i) -- the peak is just after an I, which holds its
-    own set and the d_i deferred ones, at the same moment as `inflight_microbatches`' peak (counted against
-    the generated lists in a test); 0 on a stage that runs plain B (d_i = -1: no microbatch waits for a W).
-    ZB-V is priced from its list (Evaluator); every other schedule 0."""
+def _zb_total(p: int, m: int, stage: int, extra_warmup: tuple[int, ...], w_defer: tuple[int, ...]) -> int:
+    """ZB-H1 / Virtual-ZB: the most microbatches from F to W at once (hetauto.schedule.zb_inflight)."""
+    d = w_defer[stage] if w_defer else stage  # -1: the stage runs plain B, 1F1B's count (as d = 0)
+    return min(m, p - stage + max(d, 0) + sum(extra_warmup[stage:]))
+
+
+def deferred_w_held(schedule: str, p: int, m: int, stage: int, *, extra_warmup: tuple[int, ...] = (),
+                    w_defer: tuple[int, ...] = ()) -> float:
+    """Microbatches between their I and their W (each keeping its lean W set, `deferred_w_bytes`) at the moment
+    stage `stage` holds `inflight_microbatches` whole activations: ZB-H1 / Virtual-ZB min(m, p - i + d_i + k) -
+    min(m, p - i + k), d_i its W deferral (default i), k the extra warm-up below it (Virtual-ZB) -- the F to W
+    count less the F to I one, as along the generated lists (a test counts them). 0 on a stage that runs plain B
+    (d_i = -1) and for every other schedule (ZB-V: from its list, the Evaluator)."""
+    if schedule not in ("zb-h1", "virtual-zb"):
+        return 0.0
+    ks = tuple(extra_warmup) if schedule == "virtual-zb" else ()
+    full = inflight_microbatches(schedule, p, m, stage, extra_warmup=ks)
+    return float(_zb_total(p, m, stage, ks, w_defer)) - full
+
+
+def deferred_w_peak(schedule: str, p: int, m: int, stage: int, *, w_defer: tuple[int, ...] = ()) -> float:
+    """The most microbatches between their I and their W at once on stage `stage` (whole-stage units): ZB-H1 /
+    Virtual-ZB min(m, d_i + 1), just after an I, when one microbatch fewer holds its whole activations than at
+    `inflight_microbatches`' peak (`stage_memory` prices the larger of the two moments); 0 on a plain-B stage
+    and for every other schedule."""
     if schedule not in ("zb-h1", "virtual-zb"):
         return 0.0
     d = w_defer[stage] if w_defer else stage
@@ -210,14 +225,15 @@ def deferred_w_held(schedule: str, p: int, m: int, stage: int, *, w_defer: tuple
 
 
 def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int, sequence_parallel: bool = False) -> float:
-    """Bytes one microbatch between its I and its W keeps on one device besides its activations (which torch's
-    split keeps whole: stage_backward_input retains the graph): the output gradient of every op leading to a
-    weight (`RangeSums.wgrad_*`). None on the first stage: its I has no input gradient to make, so its W runs
-    the whole backward (hetauto.runtime.executor, as torch's stage)."""
+    """Bytes one microbatch between its I and its W keeps on one device (the lean W,
+    hetauto.runtime.split_backward; its activations are freed at I): per Linear its input and its output
+    gradient (`RangeSums.wgrad_*`). None on the first stage: its I has no input gradient to make, so its W runs
+    the whole backward (hetauto.runtime.executor, as torch's stage). Sequence parallelism does not shrink them:
+    a Linear keeps the gathered input it multiplied."""
     if sums.has_embedding:
         return 0.0
-    sp = tp if sequence_parallel else 1
-    return microbatch / dp * (sums.wgrad_sharded / tp + sums.wgrad_replicated + sums.wgrad_norm / sp)
+    return microbatch / dp * ((sums.wgrad_sharded + sums.wgrad_input_sharded) / tp
+                              + sums.wgrad_replicated + sums.wgrad_input_replicated)
 
 
 def workspace_bytes(memory_bytes: float) -> float:
@@ -251,10 +267,11 @@ class RangeSums:
     # a split backward (zero-bubble schedules); the rest of the backward (dX GEMMs, attention, memory-bound) is I
     block_weight_flops_per_token: float = 0.0
     head_weight_flops_per_token: float = 0.0
-    # per sample: the output gradients a deferred W keeps (LayerCost.wgrad_*: TP-sharded, whole, fp32 norms)
+    # per sample: what a deferred W keeps (LayerCost.wgrad_*): output gradients and Linear inputs, TP-sharded or whole
     wgrad_sharded: float = 0.0
     wgrad_replicated: float = 0.0
-    wgrad_norm: float = 0.0
+    wgrad_input_sharded: float = 0.0
+    wgrad_input_replicated: float = 0.0
 
 
 class LayerTable:
@@ -287,7 +304,8 @@ class LayerTable:
                                 for la in layers])
         self._wg_sh = prefix([la.wgrad_sharded_bytes for la in layers])
         self._wg_rep = prefix([la.wgrad_replicated_bytes for la in layers])
-        self._wg_norm = prefix([la.wgrad_norm_bytes for la in layers])
+        self._wg_in_sh = prefix([la.wgrad_input_sharded_bytes for la in layers])
+        self._wg_in_rep = prefix([la.wgrad_input_replicated_bytes for la in layers])
         self._cache: dict[tuple[int, int], RangeSums] = {}
 
     def range(self, a: int, b: int) -> RangeSums:
@@ -321,7 +339,8 @@ class LayerTable:
             block_weight_flops_per_token=self._bwflops[b] - self._bwflops[a],
             head_weight_flops_per_token=min(2.0 * head.matmul_params, head.fwd_flops_per_token) if has_head else 0.0,
             wgrad_sharded=self._wg_sh[b] - self._wg_sh[a], wgrad_replicated=self._wg_rep[b] - self._wg_rep[a],
-            wgrad_norm=self._wg_norm[b] - self._wg_norm[a],
+            wgrad_input_sharded=self._wg_in_sh[b] - self._wg_in_sh[a],
+            wgrad_input_replicated=self._wg_in_rep[b] - self._wg_in_rep[a],
         )
         self._cache[key] = out
         return out
@@ -417,9 +436,13 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
 def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microbatch: int, inflight: float,
                  recompute: bool = False, zero1: "bool | str" = False, sequence_parallel: bool = False,
                  flash_attention: bool = True, cast_bytes: int = 0, grad_bytes: int = FP32_BYTES,
-                 w_held: float = 0.0) -> float:
+                 w_held: float = 0.0, w_peak: float | None = None) -> float:
     """One device's peak bytes: model states + (activations + weight casts) x in-flight microbatches +
-    `deferred_w_bytes` x `w_held` (microbatches between I and W, `deferred_w_held`) + workspace. `sums` from a
+    `deferred_w_bytes` x `w_held` (microbatches between I and W at that moment, `deferred_w_held`) + workspace;
+    with `w_peak` (the most between I and W at once, `deferred_w_peak`) the larger of that moment and the one
+    when w_peak - w_held fewer hold whole activations and w_peak their W sets (every moment of a list holds at
+    most inflight + w_held microbatches from F to W, at most inflight from F to I and w_peak from I to W; one of
+    the two moments is the peak whatever the sizes, and ZB-H1's lists reach both). `sums` from a
     LayerTable in the plan's compute dtype; `cast_bytes` the bytes per element of autocast's weight casts (2
     under mixed precision, 0 for fp32: nothing is cast). `zero1`: False/True or a DP sharding level key
     (hetauto.core.dp_sharding): the states per `adam_bytes_per_param`, plus
@@ -447,8 +470,11 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
         casts, cast_transient = sums.matmul_params, 0.0
     per_mb += casts / tp * cast_bytes
     transient += cast_transient / tp * cast_bytes
-    held = deferred_w_bytes(sums, tp=tp, dp=dp, microbatch=microbatch, sequence_parallel=sequence_parallel) * w_held
-    return states + per_mb * inflight + held + transient + workspace_bytes(cluster.device.memory_bytes)
+    kept = deferred_w_bytes(sums, tp=tp, dp=dp, microbatch=microbatch, sequence_parallel=sequence_parallel)
+    live = per_mb * inflight + kept * w_held
+    if w_peak is not None and w_peak > w_held:
+        live = max(live, per_mb * (inflight - (w_peak - w_held)) + kept * w_peak)
+    return states + live + transient + workspace_bytes(cluster.device.memory_bytes)
 
 
 def dp_grad_bytes(sums: RangeSums, *, tp: int, element_bytes: float = FP32_BYTES) -> float:

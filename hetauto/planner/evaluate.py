@@ -43,7 +43,7 @@ from hetauto.planner.inputs import PlanningInputs, load_planning_inputs
 from hetauto.planner.linkmodel import LinkPrice, NodeShare, price_link, ring_bandwidth
 from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, measured_layers
 from hetauto.planner.measured import stage_time as measured_stage
-from hetauto.schedule import Link, PipelineCosts, peak_deferred_w, schedule_for_plan, simulate
+from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate, zb_windows
 
 SPLIT_BACKWARD = ("zb-h1", "virtual-zb", "zb-v")  # schedules whose backward runs as I then W (priced with w_share)
 
@@ -425,14 +425,15 @@ class Evaluator:
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
                            inflight: float, recompute: bool = False, zero1: "bool | str" = False,
-                           precision: str | None = None, w_held: float = 0.0) -> float:
+                           precision: str | None = None, w_held: float = 0.0, w_peak: float | None = None) -> float:
         """One device's peak: params+grads+optimizer (16 B/param; optimizer part / dp with zero1) +
         (activations + mixed precision's weight casts) * inflight + workspace margin, at `precision`
         (resolved; None: `cluster_precision(cluster)`). `zero1` may be a DP sharding level key
         (hetauto.core.dp_sharding; costmodel.stage_memory prices it, its gradient casts at the Evaluator's
-        training.grad_reduce_dtype). `w_held`: microbatches between I and W (their W output gradients on top)."""
+        training.grad_reduce_dtype). `w_held`, `w_peak`: microbatches between I and W (their lean W sets on top),
+        at the activations' peak and at most (costmodel.stage_memory)."""
         prec = precision or self.cluster_precision(cluster)
-        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec, w_held)
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec, w_held, w_peak)
         hit = self._memory.get(key)
         if hit is None:
             c = self.cluster(cluster)
@@ -441,23 +442,32 @@ class Evaluator:
                                   microbatch=microbatch_size, inflight=inflight, recompute=recompute, zero1=zero1,
                                   sequence_parallel=self.sequence_parallel, flash_attention=self._flash(c),
                                   cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0,
-                                  grad_bytes=DTYPE_BYTES[self.training.grad_reduce_dtype], w_held=w_held)
+                                  grad_bytes=DTYPE_BYTES[self.training.grad_reduce_dtype], w_held=w_held,
+                                  w_peak=w_peak)
             self._memory[key] = hit
         return hit
 
     def inflight(self, plan: Plan, stage: int) -> float:
+        """Microbatches (whole-stage units) holding their whole activations at stage `stage`'s peak (ZB-V: counted
+        on its list, F to I, 2 chunks a stage)."""
         s = plan.schedule
+        if s.name == "zb-v":
+            return zb_windows(_schedule(plan))[stage][0] / 2
         return cm.inflight_microbatches(s.name, plan.num_stages, plan.num_microbatches, stage,
                                         virtual_chunks=max(s.virtual_chunks, 2) if s.name == "interleaved" else 1,
                                         extra_warmup=tuple(s.extra_warmup), w_defer=tuple(s.w_defer))
 
-    def w_held(self, plan: Plan, stage: int) -> float:
-        """Microbatches (whole-stage units) whose W output gradients stage `stage` holds at its peak: ZB-H1 /
-        Virtual-ZB in closed form (costmodel.deferred_w_held); ZB-V counted on its list (2 chunks a stage)."""
+    def w_held(self, plan: Plan, stage: int) -> tuple[float, float]:
+        """(microbatches between I and W at the moment `inflight` peaks, the most at once), whole-stage units:
+        ZB-H1 / Virtual-ZB in closed form (costmodel.deferred_w_held, deferred_w_peak); ZB-V counted on its list
+        (2 chunks a stage: F to W less F to I, I to W)."""
         s = plan.schedule
         if s.name == "zb-v":
-            return peak_deferred_w(_schedule(plan))[stage] / 2
-        return cm.deferred_w_held(s.name, plan.num_stages, plan.num_microbatches, stage, w_defer=tuple(s.w_defer))
+            fi, fw, iw = zb_windows(_schedule(plan))[stage]
+            return (fw - fi) / 2, iw / 2
+        p, m, d = plan.num_stages, plan.num_microbatches, tuple(s.w_defer)
+        return (cm.deferred_w_held(s.name, p, m, stage, extra_warmup=tuple(s.extra_warmup), w_defer=d),
+                cm.deferred_w_peak(s.name, p, m, stage, w_defer=d))
 
     # ----------------------------------------------------------------------------------- mixed DP groups
     # A stage whose DP replicas sit on a mixed cluster's node groups, or run uneven `dp_shares`: each replica is
@@ -520,7 +530,7 @@ class Evaluator:
         for k, mb, n in self.replicas(st, plan.microbatch_size):
             view = self.cluster(k)
             need = self.stage_memory_bytes(k, st.layers, st.tp, st.dp, mb, self.inflight(plan, stage), st.recompute,
-                                           plan.dp_level, precision, self.w_held(plan, stage))
+                                           plan.dp_level, precision, *self.w_held(plan, stage))
             cap = view.device.memory_bytes
             where = k[len(c.name) + 1:] if c.is_mixed else ""
             what = f"{n * st.tp}x {view.device.key}" + (f" on {where}" if where else "") + f", {mb // st.dp} rows"
@@ -1005,7 +1015,7 @@ class Evaluator:
             c = self.cluster(st.cluster)
             need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
                                            self.inflight(plan, i), st.recompute, plan.dp_level, prec,
-                                           self.w_held(plan, i))
+                                           *self.w_held(plan, i))
             cap, who = c.device.memory_bytes, f"{st.num_devices}x {c.device.key}"
             if self.is_split(st):  # memory per device type: each replica kind's rows on its own device
                 need, cap, who = self.replica_memory(plan, i, prec)

@@ -41,7 +41,6 @@ from hetauto.core.model import ModelConfig
 
 LayerKind = Literal["embedding", "block", "head"]
 BYTES_BF16 = 2
-FP32 = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +83,18 @@ class LayerCost:
     # embedding through the builder object: each stage builds its own slots, so a plan must keep both in one
     # stage (the reference models' tie is the executor's own, `tied_params` above, and splits freely)
     shares_with: int | None = None
-    # what a zero-bubble schedule's deferred W keeps besides the activations (bytes per sample at tp 1): torch's
-    # split (stage_backward_input) captures the output gradient of every op that leads to a weight, for W to
-    # backprop from. Column-parallel matmuls' outputs (Q, K, V, the MLP's first matmul(s), the vocab-parallel
-    # logits) are sharded by TP; row-parallel ones' (the attention projection, the MLP's last matmul) are whole on
-    # every TP rank (their output is a partial sum); both in the compute dtype. The norms' are fp32 whatever the
-    # precision (autocast keeps the residual stream and the norms in fp32), sharded only by sequence parallelism.
+    # what a zero-bubble schedule's microbatch keeps between its I and its W (bytes per sample at tp 1; the lean W,
+    # hetauto.runtime.split_backward): per Linear its input and its output gradient, nothing else of the graph.
+    # Output gradients: column-parallel matmuls' (Q, K, V, the MLP's first matmul(s), the vocab-parallel logits)
+    # are sharded by TP, row-parallel ones' (the attention projection, the MLP's last matmul) whole on every TP
+    # rank (their output is a partial sum). Inputs: a column-parallel matmul's is whole (the norm outputs, one
+    # tensor shared by Q, K, V and by gate, up), a row-parallel one's sharded (the attention output, the MLP's
+    # hidden). All in the compute dtype (the 16-bit casts the matmuls ran on under mixed precision). The norms'
+    # weight gradients are computed at I, so none of theirs is kept.
     wgrad_sharded_bytes: float = 0.0
     wgrad_replicated_bytes: float = 0.0
-    wgrad_norm_bytes: float = 0.0
+    wgrad_input_sharded_bytes: float = 0.0
+    wgrad_input_replicated_bytes: float = 0.0
 
     def at_compute_bytes(self, nbytes: int) -> "LayerCost":
         """This layer with its activations in a compute dtype of `nbytes` bytes per element (4: fp32): every
@@ -110,7 +112,9 @@ class LayerCost:
                        act_score_bytes=scaled(self.act_score_bytes, self.fixed_score_bytes),
                        boundary_bytes_per_sample=self.boundary_bytes_per_sample * k,
                        wgrad_sharded_bytes=self.wgrad_sharded_bytes * k,
-                       wgrad_replicated_bytes=self.wgrad_replicated_bytes * k)
+                       wgrad_replicated_bytes=self.wgrad_replicated_bytes * k,
+                       wgrad_input_sharded_bytes=self.wgrad_input_sharded_bytes * k,
+                       wgrad_input_replicated_bytes=self.wgrad_input_replicated_bytes * k)
 
     @property
     def fwd_flops_per_sample(self) -> float:
@@ -234,12 +238,14 @@ def _block_fixed_bytes(m: ModelConfig, s: int) -> tuple[float, float]:
     return 0.0, 0.0
 
 
-def _block_wgrad_elements(m: ModelConfig, s: int) -> tuple[float, float, float]:
-    """(sharded, replicated, norm) output-gradient elements per sample a deferred W keeps for one block: GPT
-    Q, K, V + fc1 | proj + fc2 | 2 norms (11 s*h at ffn = 4h); Llama Q, K, V + gate, up | o + down | 2 norms."""
-    h, kv = m.hidden, m.kv_heads * m.head_dim
-    mlp_in = m.ffn_hidden * (1 if m.arch == "gpt" else 2)
-    return float(s * (h + 2 * kv + mlp_in)), float(2 * s * h), float(2 * s * h)
+def _block_wgrad_elements(m: ModelConfig, s: int) -> tuple[float, float, float, float]:
+    """Elements per sample a deferred W keeps for one block: (sharded, replicated) output gradients, GPT Q, K, V +
+    fc1 | proj + fc2, Llama Q, K, V + gate, up | o + down; then (sharded, replicated) Linear inputs, the attention
+    output + the MLP's hidden (fc2's / down's input) | the two norm outputs (Q, K, V share one, fc1 / gate, up the
+    other)."""
+    h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
+    mlp_in = f * (1 if m.arch == "gpt" else 2)
+    return float(s * (h + 2 * kv + mlp_in)), float(2 * s * h), float(s * (h + f)), float(2 * s * h)
 
 
 def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCost, ...]:
@@ -259,19 +265,20 @@ def layer_list(model: ModelConfig, seq_len: int | None = None) -> tuple[LayerCos
     bflops = 2.0 * _block_matmul_weights(model) + 4.0 * s * h
     rep, sh, sc = _block_activation_split(model, s)
     fixed_rep, fixed_sc = _block_fixed_bytes(model, s)
-    wg_sh, wg_rep, wg_norm = _block_wgrad_elements(model, s)
+    wg_sh, wg_rep, in_sh, in_rep = _block_wgrad_elements(model, s)
     for i in range(model.num_layers):
         layers.append(LayerCost(i + 1, "block", f"block_{i}", bp, bflops, s, h, rep, sh, sc, boundary, bt,
                                 fixed_replicated_bytes=fixed_rep, fixed_score_bytes=fixed_sc,
                                 matmul_params=_block_matmul_weights(model), wgrad_sharded_bytes=BYTES_BF16 * wg_sh,
-                                wgrad_replicated_bytes=BYTES_BF16 * wg_rep, wgrad_norm_bytes=FP32 * wg_norm))
+                                wgrad_replicated_bytes=BYTES_BF16 * wg_rep, wgrad_input_sharded_bytes=BYTES_BF16 * in_sh,
+                                wgrad_input_replicated_bytes=BYTES_BF16 * in_rep))
     # head: final-norm input and output (replicated), fp32 logits for the loss (sharded by vocab-parallel TP)
     logits = float(4 * s * v)
     layers.append(LayerCost(model.num_layers + 1, "head", "head", head_params(model), 2.0 * v * h, s, h,
                             float(4 * s * h), logits, 0.0, 0.0, head_param_tensors(model),
                             tied_head_param_tensors(model), tied_head_params(model), fixed_sharded_bytes=logits,
                             matmul_params=v * h, wgrad_sharded_bytes=float(BYTES_BF16 * s * v),
-                            wgrad_norm_bytes=float(FP32 * s * h)))
+                            wgrad_input_replicated_bytes=float(BYTES_BF16 * s * h)))
     return tuple(layers)
 
 

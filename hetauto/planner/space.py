@@ -408,15 +408,17 @@ class StrategySpace:
         return got
 
     def _need(self, st: StageLayout, r: tuple[int, int], mbs: int, zero1: "bool | str", q: float,
-              held: float = 0.0) -> float:
-        """Bytes per device of `st` holding layers `r` with `q` microbatches in flight, `held` of them between I
-        and W (a mixed stage: each replica kind's need on its own device, scaled onto the stage's capacity)."""
+              held: float = 0.0, peak: float | None = None) -> float:
+        """Bytes per device of `st` holding layers `r` with `q` microbatches' activations in flight and `held`
+        between I and W, at most `peak` of those at once (costmodel.stage_memory; a mixed stage: each replica
+        kind's need on its own device, scaled onto the stage's capacity)."""
         ev = self.evaluator
         if self.spec.cluster(st.cluster).is_mixed and st.devices:
             cap = self.stage_capacity(st)
-            return max(ev.stage_memory_bytes(k, r, st.tp, st.dp, mb, q, st.recompute, zero1, w_held=held)
+            return max(ev.stage_memory_bytes(k, r, st.tp, st.dp, mb, q, st.recompute, zero1, w_held=held, w_peak=peak)
                        * cap / ev.cluster(k).device.memory_bytes for k, mb, _ in ev.replicas(self._probe(st, r), mbs))
-        return ev.stage_memory_bytes(st.cluster, r, st.tp, st.dp, mbs, q, st.recompute, zero1, w_held=held)
+        return ev.stage_memory_bytes(st.cluster, r, st.tp, st.dp, mbs, q, st.recompute, zero1, w_held=held,
+                                     w_peak=peak)
 
     def stage_capacity(self, st: StageLayout) -> float:
         """Memory per device of `st`: its cluster's device's, or a mixed DP group's smallest replica device's."""
@@ -532,8 +534,9 @@ class StrategySpace:
     def _deferrals(self, plan: Plan, stages: list[StageLayout], caps: list[float], cand: Candidate,
                    extra: tuple[int, ...]) -> tuple[int, ...]:
         """Per stage r, the deepest W deferral d <= r (ZB-H1's own) its memory holds on `plan`'s cut: min(m,
-        p - r + d + the extra warm-up below it) microbatches in flight, min(m, d + 1) of them with their W output
-        gradients (costmodel.inflight_microbatches, deferred_w_held); -1 (plain B, 1F1B's memory, which `plan`'s
+        p - r + k) microbatches' activations in flight (k the extra warm-up below it), min(m, p - r + k + d) of
+        them from F to W, at most min(m, d + 1) between I and W keeping their lean W sets
+        (costmodel.inflight_microbatches, deferred_w_held, deferred_w_peak); -1 (plain B, 1F1B's memory, which `plan`'s
         cut holds) where not even d = 0 fits: that stage runs the whole backward, the others still split. The first
         stage always runs plain B: it has no input gradient to send, so its I does nothing (its W runs the whole
         backward) and a split would only hold memory and keep its DP gradient reduce from overlapping the backward
@@ -544,8 +547,10 @@ class StrategySpace:
             if r == 0:
                 continue  # plain B, above
             below = p - r + sum(extra[r:])
+            q = min(m, below)
             fits = next((d for d in range(r, -1, -1) if self._need(st, pst.layers, cand.microbatch_size, cand.zero1,
-                                                                   min(m, below + d), min(m, d + 1)) <= cap), -1)
+                                                                   q, min(m, below + d) - q, min(m, d + 1)) <= cap),
+                        -1)
             out.append(fits)
         return tuple(out)
 

@@ -16,6 +16,7 @@ from hetauto.schedule.generators import (
     virtual_1f1b,
     zb_inflight,
     zb_v,
+    zb_windows,
     zero_bubble,
 )
 from hetauto.schedule.for_plan import SCHEDULE_NAMES, schedule_for_plan
@@ -26,5 +27,5 @@ __all__ = [
     "Action", "ActionType", "Link", "PipelineCosts", "Schedule", "ScheduleError", "SimResult", "TimelineEntry",
     "add_comms", "boundary_links", "cap_extra_warmup", "check_schedule", "extra_warmup_from_costs", "gpipe",
     "interleaved", "one_f_one_b", "parse_action", "peak_deferred_w", "schedule_for_plan", "simulate", "virtual_1f1b", "SCHEDULE_NAMES",
-    "zb_inflight", "zb_v", "zero_bubble",
+    "zb_inflight", "zb_v", "zb_windows", "zero_bubble",
 ]

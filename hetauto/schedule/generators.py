@@ -224,21 +224,24 @@ def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = (), de
     return min(m, p - stage + max(d, 0) + sum(extra_warmup[stage:]))
 
 
-def peak_deferred_w(schedule: Schedule) -> tuple[int, ...]:
-    """Per rank, the most chunk-microbatches between their I and their W at once, counted along its list (an I
-    adds one, its W removes it): what the memory model prices as held W output gradients (ZB-H1 in closed form,
-    `hetauto.planner.costmodel.deferred_w_held`, checked against this; ZB-V from this)."""
+def zb_windows(schedule: Schedule) -> tuple[tuple[int, int, int], ...]:
+    """Per rank, counted along its list: (the most chunk-microbatches from F to I at once (whole activations), from
+    F to W (the F to I ones and those after their I keeping their W sets), from I to W). What the memory model
+    prices (`hetauto.planner.costmodel.stage_memory`: ZB-H1 in closed form, checked against this; ZB-V from this)."""
     out = []
     for row in schedule.ranks:
-        held = peak = 0
-        for a in row:
-            if a.type is I:
-                held += 1
-                peak = max(peak, held)
-            elif a.type is W:
-                held -= 1
-        out.append(peak)
+        a = g = peak_a = peak_total = peak_g = 0
+        for x in row:
+            a += (x.type is F) - (x.type in (I, B))
+            g += (x.type is I) - (x.type is W)
+            peak_a, peak_total, peak_g = max(peak_a, a), max(peak_total, a + g), max(peak_g, g)
+        out.append((peak_a, peak_total, peak_g))
     return tuple(out)
+
+
+def peak_deferred_w(schedule: Schedule) -> tuple[int, ...]:
+    """Per rank, the most chunk-microbatches between their I and their W at once (`zb_windows`' last count)."""
+    return tuple(w[2] for w in zb_windows(schedule))
 
 
 def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
