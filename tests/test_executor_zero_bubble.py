@@ -51,21 +51,35 @@ def _work(rank: int, world: int, plans: list[str], tp_w_bytes: bool = False) -> 
         comm.destroy()
 
 
-def _kept_for_w_tp2() -> int:
-    """Bytes torch's stage_backward_input keeps for W on this rank of a tp-2 stage (blocks 1-2 of GPT, 2 samples)."""
+def _kept_for_w_tp2() -> list:
+    """On this rank of a tp-2 stage (blocks 1-2 of GPT, 2 samples), in fp32 then under bf16 autocast: the bytes the
+    lean W keeps, and whether I then W gave the plain backward's gradients (input and every parameter) bit for bit."""
     import torch
     from torch.distributed.tensor import DTensor
 
-    from hetauto.runtime import split_backward
+    from hetauto.runtime.split_backward import LeanW, kept_bytes
     from hetauto.runtime.stage import build_stage
     from hetauto.runtime.tensor_parallel import build_meshes, parallelize_stage
 
-    st = parallelize_stage(build_stage(GPT, (1, 3), SEED), build_meshes([[0, 1], [2, 3]]))
-    x = torch.randn(2, 16, GPT.hidden, requires_grad=True)
-    groups = split_backward.input_grads(st(x), torch.randn(2, 16, GPT.hidden), x, st)
-    local = [t.to_local() if isinstance(t, DTensor) else t for g in groups for gs in g["grads"] for t in gs
-             if t is not None]
-    return sum(t.numel() * t.element_size() for t in local)
+    mesh = build_meshes([[0, 1], [2, 3]])
+    plain, lean = (parallelize_stage(build_stage(GPT, (1, 3), SEED), mesh) for _ in range(2))
+    store = LeanW.install(lean)
+    out = []
+    for mixed in (False, True):
+        x0, g = torch.randn(2, 16, GPT.hidden), torch.randn(2, 16, GPT.hidden)
+        xs = [x0.clone().requires_grad_() for _ in range(2)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+            y_plain, y_lean = plain(xs[0]), lean(xs[1])
+        y_plain.backward(g)
+        kept = store.input_grads(y_lean, g)
+        nbytes = kept_bytes(kept)
+        LeanW.weight_grads(kept)
+        local = [(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad) for m in (plain, lean)
+                 for p in m.parameters()]
+        half = len(local) // 2
+        same = torch.equal(xs[0].grad, xs[1].grad) and all(torch.equal(a, b) for a, b in zip(local[:half], local[half:]))
+        out.append([nbytes, same])
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -157,20 +171,23 @@ def wide_losses() -> dict[str, list[float]]:
 @pytest.mark.parametrize("kind", ["tp2", "dp2", "dp2-zero1"])
 def test_split_backward_with_tp_and_dp(wide_losses, kind: str) -> None:
     got, base = wide_losses[f"zb-h1-{kind}"], wide_losses[f"1f1b-{kind}"]
-    assert max(abs(a - b) for a, b in zip(got, base)) <= 1e-6, (got, base)
+    assert got == base  # bit for bit: the lean W's gradients are the unsplit backward's, also on DTensor shards
     want = reference_losses(GPT, SEED, STEPS, 8, 2, 16)
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
 
 
 @pytest.mark.multiprocess
-def test_deferred_w_bytes_on_a_tp_stage(wide_losses) -> None:
-    """On a tp-2 stage torch's split keeps for W each column-parallel output's gradient (Q, K, V, fc1) sharded and
-    each row-parallel one's (proj, fc2) and the replicated norms' whole (per block 3.5 + 2 + 2 s x h elements,
-    fp32); costmodel.deferred_w_bytes prices the lean W: output gradients 3.5 + 2, Linear inputs 2.5 + 2."""
+def test_lean_w_on_a_tp_stage(wide_losses) -> None:
+    """On a DTensor tp-2 stage the lean W's gradients are the plain backward's bit for bit, in fp32 and under bf16
+    autocast, and it keeps what costmodel.deferred_w_bytes prices: per block each column-parallel output's
+    gradient (Q, K, V, fc1: 3.5 s x h elements) and each row-parallel input (attention output, fc1's GELU: 2.5)
+    sharded, each row-parallel output's gradient (proj, fc2) and the two norm outputs whole (2 + 2)."""
     from hetauto.planner.costmodel import LayerTable, deferred_w_bytes
     from hetauto.planner.layers import layer_list
 
-    table = LayerTable(tuple(la.at_compute_bytes(4) for la in layer_list(GPT, 16)))
-    want = deferred_w_bytes(table.range(1, 3), tp=2, dp=1, microbatch=2)
-    assert want == 2 * 16 * 2 * 10 * GPT.hidden * 4
-    assert wide_losses["kept-for-w-tp2"] == [2 * 16 * 2 * 7.5 * GPT.hidden * 4] * 4
+    want = []
+    for b in (4, 2):
+        table = LayerTable(tuple(la.at_compute_bytes(b) for la in layer_list(GPT, 16)))
+        want.append([deferred_w_bytes(table.range(1, 3), tp=2, dp=1, microbatch=2), True])
+    assert want[0][0] == 2 * 16 * 2 * 10 * GPT.hidden * 4
+    assert wide_losses["kept-for-w-tp2"] == [want] * 4

@@ -7,10 +7,11 @@ Every rank of a stage runs that stage's action list (hetauto.schedule.schedule_f
   F / B          forward / backward of the stage's module (DTensor TP inside the stage) on the rank's
                  device, under the plan's precision (hetauto.runtime.mixed_precision), throttled to the
                  device's speed factor when emulating;
-  I / W          the backward split (zero-bubble schedules, hetauto.runtime.split_backward): I computes the
-                 input gradient only (sent upstream by the SEND_B after it), W later the weight gradients from
-                 the intermediates I kept, as torch's pipelining stage does; the first stage has no input
-                 gradient, so its W runs the whole backward;
+  I / W          the backward split (zero-bubble schedules, hetauto.runtime.split_backward, the lean W): I
+                 runs the backward with the graph freed, computing the input gradient (sent upstream by the
+                 SEND_B after it) and every gradient but the Linears' weights', keeping each Linear's input
+                 and output gradient; W later computes those weight gradients; the first stage has no input
+                 gradient, so its W runs the whole backward, as torch's pipelining stage does;
   SEND_F/SEND_B  post the sends asynchronously (waited at the end of the step, before OPTIM);
   REDUCE_GRAD    DP gradient SUM (bucketed; overlapped with the step's last backward when dp > 1), in the
                  plan's gradient-reduction dtype, then the tied-embedding sum between first and last stage;
@@ -284,9 +285,14 @@ class StageExecutor:
         # HETAUTO_MOCK_SPEED), so a slow emulated device needs no branch here
         speed = options.speed_factor * self.dev.backend.speed_factor(self.dev.index)
         self.throttle = Throttle(speed) if speed != 1.0 else None
-        # one reducer per chunk, armed before that chunk's last backward of the step; a split backward sets weight
-        # gradients outside autograd's accumulation (no hooks fire), so REDUCE_GRAD sums them after the last W
+        # one reducer per chunk, armed before that chunk's last backward of the step; a split backward accumulates
+        # the Linears' weight gradients at W and the other parameters' at I, so no single point sees every last
+        # gradient in hook order: REDUCE_GRAD sums them after the last W
         split = any(a.type is A.W for a in self.actions)
+        # the lean W (hetauto.runtime.split_backward) on every chunk that runs I; the first virtual stage's W runs
+        # its whole backward, so its chunk keeps plain Linears
+        self.lean = tuple(split_backward.LeanW.install(ch) if split and (me.stage, i) != (0, 0) else None
+                          for i, ch in enumerate(chunks))
         self.reducers = (
             [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
             if groups.dp_group is not None and options.overlap_dp and not self.fsdp and not self.zero1 and not split
@@ -558,27 +564,34 @@ class StageExecutor:
             st.inputs.pop(key)
 
     def _input_backward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
-        """I: the input gradient only (x.grad, for the SEND_B that follows); W's intermediates kept. The first
-        virtual stage has no input gradient: its I only hands the output on to W (as torch's stage does)."""
+        """I: the input gradient (x.grad, for the SEND_B that follows) and every gradient but the Linears' weights',
+        the graph freed; what W needs kept (hetauto.runtime.split_backward). The first virtual stage has no input
+        gradient: its I only hands the output on to W (as torch's stage does)."""
         k = key % self.plan.num_microbatches
         y, grad, posted = self._output_grad(st, key, vs)
-        groups, gx_ptr = None, None
+        gx_ptr = None
         if vs != 0:
+            lean = self.lean[c]
+            assert lean is not None  # installed on every chunk but the first virtual stage's
+            kept = self._timed("I", lean.input_grads, y, grad)
             x = st.inputs[key]
-            groups = self._timed("I", split_backward.input_grads, y, grad, x, self.chunks[c])
             gx_ptr = x.grad.data_ptr() if x.grad is not None else None
-        st.deferred[key] = (y, grad, posted, groups, gx_ptr)
+            st.deferred[key] = (None, None, posted, kept, gx_ptr)
+        else:
+            st.deferred[key] = (y, grad, posted, None, gx_ptr)
         if self._rec:
             self._record(st.step, "I", k, st.t, vs=vs)
 
     def _weight_backward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
-        """W: the weight gradients of `key`, accumulated into .grad as the whole backward would."""
+        """W: the weight gradients of `key`, accumulated into .grad as the whole backward would. The receive
+        buffers are released only now: the kept output gradient of the stage's last Linear may be the received
+        gradient itself."""
         k = key % self.plan.num_microbatches
-        y, grad, posted, groups, gx_ptr = st.deferred.pop(key)
-        if groups is None:
+        y, grad, posted, kept, gx_ptr = st.deferred.pop(key)
+        if kept is None:
             self._timed("W", torch.autograd.backward, y, grad)
         else:
-            self._timed("W", split_backward.weight_grads, groups, self.chunks[c])
+            self._timed("W", split_backward.LeanW.weight_grads, kept)
         self._release_after_backward(st, key, posted, gx_ptr)
         if self._rec:
             self._record(st.step, "W", k, st.t, vs=vs)
