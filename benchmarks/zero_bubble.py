@@ -15,17 +15,19 @@ stage); torch refuses m not in equal rounds of ~p (ScheduleInterleaved1F1B's rul
 torch's best on every cross-cluster default, and >= 3% faster than Virtual-1F1B alone on paper-4c.
 
 What memory costs ours (the last rows of a scenario whose W deferral memory capped): the same cut with every
-stage deferring i (ZB-H1's own, memory ignored), the one capped stage that alone costs all of the difference, and
-hetauto's executable ZB-V on the same cut. Memory is the Evaluator's: a microbatch between I and W keeps all its
-activations and its W output gradients (costmodel.deferred_w_bytes, as torch's split keeps them). paper-4c:
-deferral i everywhere would take 43.40 s (+3.0%), but its last stage (12 layers with the head on h800, the busiest:
-41.87 s of compute) defers 1 W of 17 (per device: 24.5 GiB of model states, 10.3 GiB of activations and 5.7 GiB
-of W output gradients per microbatch held, 72 GiB usable; 3 of 17 without the gradients), so its idle drain
-stays (43.91 s, +1.84%; 43.82 s, +2.05% before the output gradients were priced). Nearby plans memory allows are
-not faster (`--neighbours`): the best one-layer move between two stages 46.52 s, 1 to 7 layers off the last stage
-46.60 s, W deferred deeper than i where memory allows 43.95 s, one stage's deferral lowered 43.91 s (a tie); nor,
-before that pricing, cuts balanced for ZB-H1's deeper in-flight counts (48 to 52.5 s) or twins of the search's top
-64 candidates instead of 8. So the 3% target is bounded by the memory a deferred W holds, not by the search.
+stage deferring i (ZB-H1's own, memory ignored), the first capped stage alone capped, and hetauto's executable
+ZB-V on the same cut. Memory is the Evaluator's: a microbatch keeps its activations from F to I, then only its W
+set (per Linear its input and output gradient, costmodel.deferred_w_bytes: the lean W the executor runs,
+hetauto.runtime.split_backward). paper-4c: deferral i everywhere would take 43.40 s (+3.0%), but the four last
+stages (h800, 11-12 layers, the busiest) defer 1, 3, 5, 7 W of 14-17 (stage 14 per device: 23.9 GiB of model
+states and workspace, 4 x 9.9 GiB of activations, 4.9 GiB per W set, 72 GiB usable), so ours takes 43.76 s
+(+2.19%; capping stage 14 alone 43.72 s). Before the lean W a deferred microbatch kept all its activations and
+its W output gradients (torch's split): 43.91 s, +1.84%. Nearby plans memory allows are not faster
+(`--neighbours`): the best one-layer move between two stages 46.41 s, 1 to 7 layers off the last stage 46.48 s, W
+deferred deeper than i where memory allows 43.91 s, one stage's deferral lowered 43.76 s (a tie); nor, under the
+older pricing, cuts balanced for ZB-H1's deeper in-flight counts (48 to 52.5 s) or twins of the search's top 64
+candidates instead of 8. So the 3% target is bounded by the memory a deferred W holds, not by the search.
+two-cluster: 30.51 s against 1F1B's 31.16 s (+2.15%; +1.74% before the lean W).
 
     python benchmarks/zero_bubble.py [--quick] [--json] [--neighbours]
 

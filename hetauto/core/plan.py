@@ -120,7 +120,7 @@ class ScheduleSpec(_Frozen):
     extra_warmup: tuple[int, ...] = ()
     # ZB-H1 / Virtual-ZB: how many input-backwards each stage defers its weight-gradient step (len = stages; empty:
     # stage i defers i, the paper's ZB-H1); fewer where memory is short, -1 where the stage runs the whole backward
-    # B instead of I and W (cannot hold even one microbatch's W output gradients; hetauto.schedule.zero_bubble)
+    # B instead of I and W (cannot hold even one microbatch's W set; hetauto.schedule.zero_bubble)
     w_defer: tuple[int, ...] = ()
 
     @model_serializer(mode="wrap")

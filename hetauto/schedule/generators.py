@@ -217,7 +217,7 @@ def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
 
 def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = (), defer: Sequence[int] = ()) -> int:
     """Peak microbatches stage `stage` holds under ZB-H1 / Virtual-ZB, counted from F to W (a microbatch
-    between I and W keeps its weight-gradient buffers): min(m, p - i + d_i + sum_{h >= i} k_h), d_i the stage's
+    between I and W keeps its W set; `zb_windows` splits the count): min(m, p - i + d_i + sum_{h >= i} k_h), d_i the stage's
     W deferral (default i: p everywhere without extra warm-up); a stage that runs plain B (d_i = PLAIN_B) holds
     1F1B's count, as d_i = 0 (its W right after its I)."""
     d = defer[stage] if defer else stage
@@ -260,7 +260,7 @@ def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
 
     `defer` (per rank, default r) sets how many input-backwards each W waits; each deferred W keeps one more
     microbatch in flight (`zb_inflight`); PLAIN_B (-1) makes that rank run the whole backward B instead of I and
-    W (a stage that cannot afford even d = 0's held W output gradients), the other ranks still split.
+    W (a stage that cannot afford even d = 0's held W set), the other ranks still split.
     `memory_cap` (microbatches per stage) first caps the extra warm-up (on top of 1F1B's p - r), then the
     deferral (never below 0; a PLAIN_B entry stays)."""
     _check_shape(p, m)
