@@ -19,9 +19,9 @@ GPT = get_model("tiny-gpt")
 
 
 def _plan(schedule: ScheduleSpec, m: int = 4, mbs: int = 2, tp: int = 1, dp: int = 1, precision: str = "fp32",
-          **fields) -> Plan:
-    stages = tuple(StagePlan(cluster="fast", device_type="cpu", devices=tuple(range(tp * dp)), layers=l, tp=tp, dp=dp)
-                   for l in ((0, 3), (3, 6)))
+          recompute: bool = False, **fields) -> Plan:
+    stages = tuple(StagePlan(cluster="fast", device_type="cpu", devices=tuple(range(tp * dp)), layers=l, tp=tp, dp=dp,
+                             recompute=recompute) for l in ((0, 3), (3, 6)))
     return Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=m * mbs, microbatch_size=mbs,
                 num_microbatches=m, stages=stages, schedule=schedule, training={"precision": precision}, **fields)
 
@@ -35,6 +35,7 @@ CASES = [
     ("zb-h1-m3-bf16", _plan(ScheduleSpec(name="zb-h1"), m=3, precision="bf16")),
     ("1f1b-m3-bf16", _plan(ScheduleSpec(name="1f1b"), m=3, precision="bf16")),
     ("zb-v", _plan(ScheduleSpec(name="zb-v"))),
+    ("zb-h1-recompute", _plan(ScheduleSpec(name="zb-h1"), recompute=True)),  # I recomputes each block once
 ]
 
 
@@ -89,7 +90,7 @@ def losses() -> dict[str, list[float]]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "zb-h1-plain-b", "virtual-zb", "zb-v"])
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "zb-h1-plain-b", "virtual-zb", "zb-v", "zb-h1-recompute"])
 def test_split_backward_is_the_unsplit_backward(losses, name: str) -> None:
     assert losses[name] == losses["1f1b"]  # bit for bit: the same gradients, summed in the same order
     want = reference_losses(GPT, SEED, STEPS, 8, 2, 16)

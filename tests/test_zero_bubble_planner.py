@@ -185,16 +185,24 @@ def test_twins_phase_scores_zb_v_only_when_asked_and_cli_default_leaves_it_out()
     assert "zb-v" in feature_options(argparse.Namespace(**{**flags, "schedules": "1f1b,zb-v"}))["schedules"]
 
 
-def test_no_zero_bubble_twin_where_a_stage_recomputes() -> None:
-    """torch's stage_backward_weight re-runs a checkpointed block's forward once per parameter group, which the
-    cost model's one recompute per backward does not price: a candidate with a recomputing stage has no twin."""
+def test_a_recomputing_stage_has_zero_bubble_twins() -> None:
+    """The lean W recomputes a checkpointed block once, at I (tests/test_split_backward.py), as the cost model
+    prices a recomputing backward: a candidate with a recomputing stage gets its twins; that stage's W share is
+    its dW GEMMs over the whole recomputing backward, and its memory the larger zero-bubble moment."""
     inp = tiny_inputs(layers=8, gbs=16)
     space = _zb_v_space(inp)
+    ev = space.evaluator
     rc = (ClusterChoice(2, 1, True), ClusterChoice(1, 1))
     (base,) = space.build(Candidate(2, ("fast", "slow"), rc, "1f1b")).plans
     assert base.stages[0].recompute
-    for zb in ("zb-h1", "zb-v"):
-        assert space.build(Candidate(2, ("fast", "slow"), rc, zb)).plans == []
+    (twin,) = space.build(Candidate(2, ("fast", "slow"), rc, "zb-h1")).plans
+    assert twin.schedule.name == "zb-h1" and twin.stages[0].recompute
+    st = twin.stages[0]
+    d = ev.stage_detail(st.cluster, st.layers, st.tp, st.dp, twin.microbatch_size, st.recompute)
+    plain = ev.stage_detail(st.cluster, st.layers, st.tp, st.dp, twin.microbatch_size, False)
+    assert ev.pipeline_costs(twin).w_share[0] == pytest.approx(d.weight_share, rel=1e-9)
+    assert d.bwd_weight_s == plain.bwd_weight_s and d.weight_share < plain.weight_share  # I holds the recompute
+    assert [p.schedule.name for p in space.build(Candidate(2, ("fast", "slow"), rc, "zb-v")).plans] == ["zb-v"]
 
 
 

@@ -171,9 +171,10 @@ def check_runnable_sharding(plan: Plan, model: ModelConfig | None = None) -> Non
 
 
 def _check_split_backward(plan: Plan) -> None:
-    """Zero-bubble schedules run I and W through torch's split backward, which sets weight gradients outside
-    autograd's accumulation: FSDP / ZeRO-2 (which reduce-scatter from accumulation hooks) cannot follow it yet
-    (plain DP and ZeRO-1 sum after the last W, at REDUCE_GRAD)."""
+    """Zero-bubble schedules run I and W as separate steps (the lean W, hetauto.runtime.split_backward): a
+    module's Linear weights get their gradients at W, after its backward at I has ended, so FSDP / ZeRO-2 (which
+    reduce-scatter when a module's backward ends) cannot follow it yet (plain DP and ZeRO-1 sum after the last W,
+    at REDUCE_GRAD)."""
     if plan.dp_level not in ("none", "zero1"):
         raise PlanMismatch(f"schedule '{plan.schedule.name}' splits the backward (I then W), which dp_sharding "
                            f"'{plan.dp_level}' cannot follow yet; use schedule 1f1b or virtual-1f1b, or ZeRO-1")

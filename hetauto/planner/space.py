@@ -488,15 +488,14 @@ class StrategySpace:
                   twins: bool) -> list[Plan]:
         """`plans` (1F1B / Virtual-1F1B) that the space allows, or with `twins` (a zero-bubble candidate) their
         zero-bubble twins where allowed: the same cut and warm-up, the backward split, each stage's W deferred as
-        far as its memory holds (at most i on stage i, ZB-H1's own; a stage that cannot hold even d = 0's W output
-        gradients runs plain B); none where every stage but the first would run plain B (1F1B itself), a stage
-        recomputes (see below) or the DP level cannot follow a split backward."""
+        far as its memory holds (at most i on stage i, ZB-H1's own; a stage that cannot hold even d = 0's W set
+        runs plain B); none where every stage but the first would run plain B (1F1B itself) or the DP level cannot
+        follow a split backward. A recomputing stage splits too: the lean W recomputes a checkpointed block once,
+        at I (hetauto.runtime.split_backward), as the cost model prices a recomputing backward."""
         if not twins:
             return [pl for pl in plans if pl.schedule.name in self.requested]
         if isinstance(cand.zero1, str) and cand.zero1 not in ("none", "zero1"):  # not run split (core.plan_check)
             return []
-        if any(st.recompute for st in stages):  # torch's split W re-runs a checkpointed block's forward once per
-            return []  # parameter group (8 times for a GPT block), a cost the one-recompute pricing does not see
         out: list[Plan] = []
         for pl in plans:
             counts = [st.layers[1] - st.layers[0] for st in pl.stages]
