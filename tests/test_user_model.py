@@ -50,6 +50,32 @@ def test_the_layer_list_is_counted_from_the_modules() -> None:
     assert layers[1].compute_bytes == 4 and layers[1].act_bytes_per_sample > 0
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_lean_w_keeps_what_the_builder_layer_list_prices(mixed: bool) -> None:
+    """A builder model's W set, counted on meta (each plain nn.Linear call's input and output: per block the
+    second norm's output and the GELU's, the two MLP outputs; the head its norm output and logits), is what the
+    executor's lean W keeps on a stage of two blocks and the head, in fp32 and under bf16 autocast."""
+    import torch
+
+    from hetauto.planner.costmodel import LayerTable, deferred_w_bytes
+    from hetauto.runtime.split_backward import LeanW, kept_bytes
+    from hetauto.runtime.stage import build_stage
+
+    cfg = get_model(REF)
+    layers = layer_list(cfg, S)
+    assert (layers[1].wgrad_input_replicated_bytes, layers[1].wgrad_replicated_bytes) == (4 * S * (H + F),) * 2
+    assert (layers[-1].wgrad_input_replicated_bytes, layers[-1].wgrad_replicated_bytes) == (4 * S * H, 4 * S * V)
+    st = build_stage(cfg, (N - 1, N + 2), SEED)
+    store = LeanW.install(st)
+    x = torch.randn(2, S, H, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        loss = st(x, torch.randint(0, V, (2, S)), 2 * S)
+    b = 2 if mixed else 4
+    table = LayerTable(tuple(la.at_compute_bytes(b) for la in layers))
+    assert kept_bytes(store.input_grads(loss, None)) == deferred_w_bytes(table.range(N - 1, N + 2), tp=1, dp=1,
+                                                                         microbatch=2)
+
+
 def test_the_planner_plans_it_at_tp_1() -> None:
     from hetauto.planner.inputs import load_planning_inputs
     from hetauto.planner.search import plan

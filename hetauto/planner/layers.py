@@ -419,7 +419,9 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
     `layer_list`) divided by seq_len; backward is 2x forward as for every layer. Activations are the tensors
     autograd saves for backward in that forward (fp32 on meta, so `compute_bytes` is 4 and
     `LayerCost.at_compute_bytes` re-expresses them for a 16-bit run), kept as not sharded: a builder model runs
-    at tp 1. `matmul_params` are the slot's parameters of 2 or more dimensions outside nn.Embedding tables."""
+    at tp 1. `matmul_params` are the slot's parameters of 2 or more dimensions outside nn.Embedding tables. The
+    W set (`wgrad_*`, what a zero-bubble schedule's deferred W keeps) is each plain nn.Linear call's input and
+    output in that forward, as the lean W keeps them (whole: tp 1)."""
     import torch
     from torch import nn
     from torch.utils.flop_counter import FlopCounterMode
@@ -462,6 +464,7 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
             return t
 
         counter = FlopCounterMode(display=False)
+        w_set, hooks = _w_set_counter(mod)
         try:
             with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 x = mod(x)
@@ -470,11 +473,37 @@ def layers_from_builder(ref: str, seq_len: int) -> tuple[LayerCost, ...]:
                             f"failed: {type(err).__name__}: {err}",
                             "the planner counts it on meta tensors: no .item(), .cpu() or tensors made on a device "
                             "in forward") from None
+        finally:
+            for hk in hooks:
+                hk.remove()
         kind: LayerKind = "embedding" if i == 0 else "head" if i == n + 1 else "block"
         matmul = 0 if i == 0 else sum(p.numel() for sub in mod.modules() if not isinstance(sub, nn.Embedding)
                                       for p in sub.parameters(recurse=False) if p.dim() >= 2)
         out.append(LayerCost(i, kind, kind if kind != "block" else f"block_{i - 1}", sum(p.numel() for p in own),
                              float(counter.get_total_flops()) / s, s, h, saved[0], 0.0, 0.0,
                              0.0 if kind == "head" else float(4 * s * h), len(own), compute_bytes=4,
-                             matmul_params=matmul, shares_with=shares))
+                             matmul_params=matmul, shares_with=shares, wgrad_replicated_bytes=w_set[1],
+                             wgrad_input_replicated_bytes=w_set[0]))
     return tuple(out)
+
+
+def _w_set_counter(mod: Any) -> tuple[list[float], list[Any]]:
+    """Forward hooks counting what the lean W keeps of `mod` per sample (hetauto.runtime.split_backward): per
+    plain nn.Linear call on a contiguous input of >= 2 dims, its output's bytes (the output gradient) and its
+    input's, each input tensor once (Linears sharing one keep one copy). [input bytes, output bytes], filled as the
+    forward runs; the hooks to remove after it."""
+    from torch import nn
+
+    counts = [0.0, 0.0]
+    inputs: list[Any] = []  # alive until the forward ends: ids stay unique
+
+    def on_linear(sub: Any, args: tuple[Any, ...], y: Any) -> None:
+        xin = args[0] if args else None
+        if xin is None or xin.dim() < 2 or not xin.is_contiguous() or not sub.weight.requires_grad:
+            return
+        if not any(xin is t for t in inputs):
+            inputs.append(xin)
+            counts[0] += float(xin.numel() * xin.element_size())
+        counts[1] += float(y.numel() * y.element_size())
+
+    return counts, [sub.register_forward_hook(on_linear) for sub in mod.modules() if type(sub) is nn.Linear]
