@@ -2,7 +2,8 @@
 
 Why lean: between its I and its W a microbatch should hold only what W needs. Each `nn.Linear` of a splitting
 chunk runs through `_LeanLinear` (`LeanW.install`), whose backward, at I, computes the input gradient (and the
-bias gradient) and stores its input and its output gradient for the weight; I then runs
+bias gradient) and stores its input and its output gradient for the weight (which enters the Function
+detached, so autograd never reaches its accumulator at I); I then runs
 `torch.autograd.backward` WITHOUT retaining the graph, so every other activation is freed at I and every other
 parameter (norms, embedding tables, a user's own ops) gets its gradient there, as in the unsplit backward. W
 computes each stored weight gradient (`grad_out^T @ input`) and accumulates it through autograd on the leaf
@@ -22,9 +23,10 @@ adds their sum once: equal up to rounding, the one case not bit for bit.
 Where we differ from Megatron's WeightGradStore (zero-bubble's `put` / `flush` / `pop` in its Linear's
 backward): Megatron queues one closure per Linear on a process-wide store and runs its fused kernel that adds
 into the fp32 `main_grad` directly, outside autograd; we keep one store per chunk, hand the stored list of a
-microbatch to the executor (W of any microbatch, in any order) and accumulate through autograd, so the DP
-reducer's hooks and `.grad` see the unsplit backward. With sequence parallelism Megatron stores the
-sequence-sharded input and all-gathers it again at W; we keep the (gathered) input the matmul ran on. Megatron
+microbatch to the executor (which runs the W in microbatch order, the unsplit backward's accumulation order)
+and accumulate through autograd, so the DP reducer's hooks and `.grad` see the unsplit backward. With sequence
+parallelism Megatron's stored pre-function all-gathers the sequence-sharded input again at W; we keep the input
+the matmul ran on (hetauto's TP has no sequence parallelism). Megatron
 covers its own Column/RowParallelLinear; we cover every plain `nn.Linear`, also DTensor-sharded ones (torch TP).
 """
 
