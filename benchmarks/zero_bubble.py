@@ -127,8 +127,12 @@ def _bounds(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Plan
     out = []
     spec = plan.schedule
     variants = [("zb-v on ours' cut (hetauto's V, executable)", ScheduleSpec(name="zb-v"))]
+    if spec.w_offload:  # what offloading buys: the same cut, W deferred as deep as the device alone holds
+        plain = tuple(-1 if r == 0 else _deepest_fit(ev, plan, r, r) for r in range(plan.num_stages))
+        variants.insert(0, (f"ours without offload (W deferral {list(plain)})",
+                            ScheduleSpec(name=spec.name, extra_warmup=spec.extra_warmup, w_defer=plain)))
     if spec.w_defer:
-        full = ScheduleSpec(name=spec.name, extra_warmup=spec.extra_warmup)
+        full = ScheduleSpec(name=spec.name, extra_warmup=spec.extra_warmup, w_offload=spec.w_offload)
         capped = [i for i, d in enumerate(spec.w_defer) if d < i]
         # the cap that binds: every stage deferring i but one, which keeps its memory-capped deferral
         one = [(s, full.model_copy(update={"w_defer": tuple(spec.w_defer[i] if i == s else i
@@ -237,7 +241,8 @@ def _scenario(name: str, neighbours: bool = False) -> dict:
     if neighbours and best.schedule.name == "zb-h1":
         rows += _neighbours(ev, best)
     return {"scenario": name, "stages": best.num_stages, "microbatches": best.num_microbatches,
-            "w_defer": list(best.schedule.w_defer), "rows": rows,
+            "w_defer": list(best.schedule.w_defer), "w_offload": [i for i, o in enumerate(best.schedule.w_offload) if o],
+            "rows": rows,
             "gain_vs_virtual_1f1b": v1.evaluation.iteration_time_s / ours.evaluation.iteration_time_s - 1.0,
             "vs_torch_best": min(torch_times) / ours.evaluation.iteration_time_s - 1.0 if torch_times else None}
 
@@ -261,7 +266,8 @@ def main() -> int:
         s = _scenario(name, args.neighbours)
         doc["scenarios"].append(s)
         print(f"{name}: {s['stages']} stages, {s['microbatches']} microbatches"
-              + (f", W deferral {s['w_defer']}" if s["w_defer"] else ""))
+              + (f", W deferral {s['w_defer']}" if s["w_defer"] else "")
+              + (f", W sets offloaded on stages {s['w_offload']}" if s["w_offload"] else ""))
         for r in s["rows"]:
             if "refused" in r:
                 print(f"  {r['schedule']:46s} refused: {r['refused']}")

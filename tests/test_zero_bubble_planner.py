@@ -99,6 +99,20 @@ def test_offload_twin_where_it_lets_a_deeper_deferral_fit(monkeypatch: pytest.Mo
     assert "w_offload" not in plain.model_dump()["schedule"]
 
 
+def test_an_offload_twin_must_be_faster_not_only_leaner() -> None:
+    """On a throughput tie the leaner plan wins (scoring.better), but an offloading twin's lower device peaks are
+    bought with copies and host memory: it wins only when faster."""
+    from types import SimpleNamespace as NS
+
+    from hetauto.planner.scoring import _needless_offload
+
+    off = NS(schedule=ScheduleSpec(name="zb-h1", w_offload=(False, True)))
+    plain = NS(schedule=ScheduleSpec(name="zb-h1"))
+    a, b = NS(throughput_samples_s=10.0), NS(throughput_samples_s=10.0 * (1 + 1e-12))
+    assert _needless_offload(off, a, b) and not _needless_offload(plain, a, b)
+    assert not _needless_offload(off, NS(throughput_samples_s=10.1), b)
+
+
 def test_offload_memory_one_set_at_the_peak_two_after_an_i() -> None:
     """An offloading stage deferring 5 (5 W sets at the activations' peak, 6 just after an I) needs on the device
     exactly what one deferring 1 needs without offload (1 and 2: costmodel.OFFLOAD_PEAK_SETS / _DEVICE_SETS);
