@@ -21,14 +21,16 @@ same cut. Memory is the Evaluator's: a microbatch keeps its activations from F t
 Linear its input and output gradient, costmodel.deferred_w_bytes: the lean W the executor runs,
 hetauto.runtime.split_backward), on the device or, on a stage that offloads (schedule.w_offload), in host
 memory, the device holding at most one set at the activations' peak and two after an I, the copies priced over
-the host link (costmodel.offload_exposed). paper-4c: Virtual-ZB takes 43.19 s against Virtual-1F1B's 44.72 s
-(+3.54%), W deferred i on every stage after the first but the ascend ones (8-11, no host_memory in their
-profile: 4, 8, 10, 11), stages 12-17 (a100, h800) offloading. Without offload the same cut takes 43.76 s
-(+2.19%): the four last stages (h800, 11-12 layers, the busiest) defer only 1, 3, 5, 7 W of 14-17 (stage 14
-per device: 23.9 GiB of model states and workspace, 4 x 9.9 GiB of activations, 4.9 GiB per W set, 72 GiB
-usable); offloaded, a set moves in 0.105 s each way over 50 GB/s, within the stage's cycle. Before the lean W
-a deferred microbatch kept all its activations and its W output gradients (torch's split): 43.91 s, +1.84%.
-(`--neighbours` searches nearby plans without offload: under the pricing before offload, none beat 43.76 s.)
+the host link in line with the compute, as the executor copies (costmodel.offload_exposed). paper-4c: ZB-H1
+takes 43.76 s against Virtual-1F1B's 44.72 s (+2.19%): the four last stages (h800, 11-12 layers, the busiest)
+defer only 1, 3, 5, 7 W of 14-17 (stage 14 per device: 23.9 GiB of model states and workspace, 4 x 9.9 GiB of
+activations, 4.9 GiB per W set, 72 GiB usable), and offloading their sets with in-line copies does not pay.
+Before the lean W a deferred microbatch kept all its activations and its W output gradients (torch's split):
+43.91 s, +1.84%. The what-if row (`_hidden_copies`) searches again with the copies free, as side streams would
+make them where a cycle hides them (not built): Virtual-ZB 43.19 s (+3.54%), W deferred i on every stage after
+the first but the ascend ones (8-11, no host_memory in their profile: 4, 8, 10, 11), stages 12-17 (a100, h800)
+offloading; a set moves in 0.105 s each way over 50 GB/s, within the stage's cycle.
+(`--neighbours` searches nearby plans without offload: none beat 43.76 s.)
 two-cluster: 30.51 s against 1F1B's 31.16 s (+2.15%; +1.74% before the lean W); offloading buys nothing there
 (stage 6, h800, defers 0 of 6 either way), so ours keeps the plain twin.
 
@@ -217,6 +219,26 @@ def _neighbours(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Pl
     return rows
 
 
+def _hidden_copies(inputs: object, without_s: float) -> list[dict]:
+    """What-if: the search again with the W-set copies to host memory free, as side-stream copies would make them
+    where a microbatch-cycle hides them (the executor copies on the compute stream, so costmodel.offload_exposed
+    prices both copies in line; side streams are not built). A row only where that search offloads."""
+    from unittest import mock
+
+    from hetauto.planner import costmodel as cm
+    from hetauto.planner.search import plan
+
+    with mock.patch.object(cm, "offload_exposed", lambda *_: 0.0):
+        r = plan(inputs, "mcts", seed=0)  # type: ignore[arg-type]
+    off = [i for i, o in enumerate(r.plan.schedule.w_offload) if o]
+    if not off:
+        return []
+    t = r.evaluation.iteration_time_s
+    return [{"schedule": f"what-if, W-set copies hidden (side streams, not built): {r.plan.schedule.name}, "
+                         f"stages {off} offloading, {100 * (without_s / t - 1):+.2f}% vs without zero-bubble",
+             "iteration_s": t, "bubble": r.evaluation.bubble_fraction}]
+
+
 def _scenario(name: str, neighbours: bool = False) -> dict:
     from hetauto.core.plan import ScheduleSpec
     from hetauto.planner.evaluate import Evaluator
@@ -241,6 +263,7 @@ def _scenario(name: str, neighbours: bool = False) -> dict:
     rows += _torch_on_cut(ev, best)
     torch_times = [r["iteration_s"] for r in rows[2:] if "iteration_s" in r and r.get("memory", "fits") == "fits"]
     rows += _bounds(ev, best)
+    rows += _hidden_copies(inputs, v1.evaluation.iteration_time_s)
     if neighbours and best.schedule.name == "zb-h1":
         rows += _neighbours(ev, best)
     return {"scenario": name, "stages": best.num_stages, "microbatches": best.num_microbatches,

@@ -129,9 +129,8 @@ def test_offload_memory_one_set_at_the_peak_two_after_an_i() -> None:
                                                      dp=1, microbatch=4), rel=1e-12)
     assert ev.offload_host_need("fast", (1, 5), 1, 1, 4, ev.cluster_precision("fast"), 6) == pytest.approx(6 * kept)
     assert ev.host_share_bytes("fast") == 2e12 / 2
-    assert cm.offload_exposed(10.0, 2.0, 4.0, 3.0) == (5 - 4) + (10 - 7)  # T = 5 over a 4 s cycle, 2T over 7 s
-    assert cm.offload_exposed(10.0, 2.0, 6.0, 4.0) == 0.0
-    assert cm.offload_exposed(10.0, float("inf"), 0.0, 0.0) == 0.0
+    assert cm.offload_exposed(10.0, 2.0) == 10.0  # out and back, 5 s each, in line with the compute
+    assert cm.offload_exposed(0.0, 2.0) == cm.offload_exposed(10.0, float("inf")) == 0.0
 
 
 def test_offload_refused_without_host_memory_or_beyond_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,7 +149,7 @@ def test_offload_refused_without_host_memory_or_beyond_it(monkeypatch: pytest.Mo
     st = pl.stages[2]  # v100-16g: 12 GB/s over PCIe Gen3, slower than its microbatch-cycle
     kept = cm.deferred_w_bytes(ev.layer_table(ev.precision(pl)).range(*st.layers), tp=st.tp, dp=st.dp,
                                microbatch=pl.microbatch_size)
-    exposed = cm.offload_exposed(kept, 12e9, plain.tf[2] + plain.tb[2], plain.tb[2])
+    exposed = cm.offload_exposed(kept, 12e9)
     assert exposed > 0 and costs.tb[:2] == plain.tb[:2] and costs.tb[2] == pytest.approx(plain.tb[2] + exposed)
     monkeypatch.setattr(Evaluator, "host_share_bytes", lambda self, c: None)
     assert ev.evaluate(pl.model_copy(update={"memory_headroom": 0.11})).violation == (

@@ -244,18 +244,16 @@ OFFLOAD_PEAK_SETS = 1
 OFFLOAD_DEVICE_SETS = 2
 
 
-def offload_exposed(kept_bytes: float, host_link_Bps: float, cycle_s: float, backward_s: float) -> float:
-    """Seconds per microbatch that offloading its W set does not hide, T = `kept_bytes` / `host_link_Bps` the
-    time of one copy (per direction; each direction on its own copy stream). In the steady state of a
-    deferring stage one F, I and W per microbatch-cycle (`cycle_s`): the copy out starts after an I and must
-    end within the cycle (T <= cycle), the copy in for the next W starts after it and must end before that W
-    ends, one cycle plus an I and a W (`backward_s`) after the copy out began (2T <= cycle + backward). What
-    exceeds either window is exposed, like `prefetch_exposed`; 0 where nothing moves (no set, or a host
-    backend's infinite link)."""
+def offload_exposed(kept_bytes: float, host_link_Bps: float) -> float:
+    """Seconds per microbatch that offloading its W set adds, as the executor copies today
+    (hetauto.runtime.w_offload): on the compute stream, out right after the I and back right before the W, so
+    both copies wait in line with the compute: 2 x `kept_bytes` / `host_link_Bps`. 0 where nothing moves (no
+    set, or a host backend's infinite link). Side-stream copies (TransformerEngine's CPU offload: a
+    device-to-host and a host-to-device stream with events) would hide each copy within a microbatch-cycle;
+    the executor does not run them yet, so they are not priced."""
     if kept_bytes <= 0 or not math.isfinite(host_link_Bps):
         return 0.0
-    t = kept_bytes / host_link_Bps
-    return max(0.0, t - cycle_s) + max(0.0, 2.0 * t - cycle_s - backward_s)
+    return 2.0 * kept_bytes / host_link_Bps
 
 
 def offload_host_bytes(kept_bytes: float, w_peak: float) -> float:

@@ -835,7 +835,7 @@ class Evaluator:
                 # offloading stage's exposed copies wait before its W
                 share = self._weight_share(st, c, mb, prec, plan.training.allow_tf32)
                 tw = share * b
-                off = self._offload_exposed(plan, len(tb) - 1, c, sums, tf[-1] + tb[-1], tb[-1])
+                off = self._offload_exposed(plan, len(tb) - 1, c, sums)
                 tb[-1] += off
                 w_share.append((tw + off) / tb[-1] if tb[-1] > 0 else 0.0)
             exposed_mb.append(ex_f + ex_b)
@@ -910,8 +910,7 @@ class Evaluator:
                              link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=overlap,
                              optim=tuple(opt), w_share=tuple(w_share) if split else 0.0)
 
-    def _offload_exposed(self, plan: Plan, stage: int, c: Cluster, sums: cm.RangeSums, out_window_s: float,
-                         in_window_s: float) -> float:
+    def _offload_exposed(self, plan: Plan, stage: int, c: Cluster, sums: cm.RangeSums) -> float:
         """Seconds per microbatch an offloading stage's W-set copies add (costmodel.offload_exposed over its
         device's host link; 0 on a host backend or where the stage does not offload)."""
         if not self.offloads(plan, stage) or c.backend in HOST_BACKENDS:
@@ -919,7 +918,7 @@ class Evaluator:
         st = plan.stages[stage]
         kept = cm.deferred_w_bytes(sums, tp=st.tp, dp=st.dp, microbatch=plan.microbatch_size,
                                    sequence_parallel=self.sequence_parallel)
-        return cm.offload_exposed(kept, c.device.host_link_bandwidth_Bps, out_window_s, in_window_s)
+        return cm.offload_exposed(kept, c.device.host_link_bandwidth_Bps)
 
     def _weight_share(self, st: StagePlan, c: Cluster, mb: int, precision: str, tf32: bool) -> float:
         """The weight-gradient (W) share of `st`'s backward on cluster `c` (its slowest replica's for a mixed group),

@@ -14,7 +14,7 @@ pinned memory) and back at unpack; TransformerEngine's CPU offload (used by Mega
 device-to-host and a host-to-device side stream with events. Here the copies run on the current stream, in
 order (out right after the I, back right before the W): the device then holds no set between them, fewer
 than the cost model's bound (one at the activations' peak, two after an I), but the copies are not
-overlapped with compute yet; overlapping them on side streams is what offload_exposed prices.
+overlapped with compute (costmodel.offload_exposed prices them in line); side-stream copies are not built.
 """
 
 from __future__ import annotations
