@@ -15,19 +15,24 @@ stage); torch refuses m not in equal rounds of ~p (ScheduleInterleaved1F1B's rul
 torch's best on every cross-cluster default, and >= 3% faster than Virtual-1F1B alone on paper-4c.
 
 What memory costs ours (the last rows of a scenario whose W deferral memory capped): the same cut with every
-stage deferring i (ZB-H1's own, memory ignored), the first capped stage alone capped, and hetauto's executable
-ZB-V on the same cut. Memory is the Evaluator's: a microbatch keeps its activations from F to I, then only its W
-set (per Linear its input and output gradient, costmodel.deferred_w_bytes: the lean W the executor runs,
-hetauto.runtime.split_backward). paper-4c: deferral i everywhere would take 43.40 s (+3.0%), but the four last
-stages (h800, 11-12 layers, the busiest) defer 1, 3, 5, 7 W of 14-17 (stage 14 per device: 23.9 GiB of model
-states and workspace, 4 x 9.9 GiB of activations, 4.9 GiB per W set, 72 GiB usable), so ours takes 43.76 s
-(+2.19%; capping stage 14 alone 43.72 s). Before the lean W a deferred microbatch kept all its activations and
-its W output gradients (torch's split): 43.91 s, +1.84%. Nearby plans memory allows are not faster
-(`--neighbours`): the best one-layer move between two stages 46.41 s, 1 to 7 layers off the last stage 46.48 s, W
-deferred deeper than i where memory allows 43.91 s, one stage's deferral lowered 43.76 s (a tie); nor, under the
-older pricing, cuts balanced for ZB-H1's deeper in-flight counts (48 to 52.5 s) or twins of the search's top 64
-candidates instead of 8. So the 3% target is bounded by the memory a deferred W holds, not by the search.
-two-cluster: 30.51 s against 1F1B's 31.16 s (+2.15%; +1.74% before the lean W).
+stage deferring i (ZB-H1's own, memory ignored), the first capped stage alone capped, where ours offloads the
+same cut without offload (W deferred as deep as the device alone holds), and hetauto's executable ZB-V on the
+same cut. Memory is the Evaluator's: a microbatch keeps its activations from F to I, then only its W set (per
+Linear its input and output gradient, costmodel.deferred_w_bytes: the lean W the executor runs,
+hetauto.runtime.split_backward), on the device or, on a stage that offloads (schedule.w_offload), in host
+memory, the device holding at most one set at the activations' peak and two after an I, the copies priced over
+the host link in line with the compute, as the executor copies (costmodel.offload_exposed). paper-4c: ZB-H1
+takes 43.76 s against Virtual-1F1B's 44.72 s (+2.19%): the four last stages (h800, 11-12 layers, the busiest)
+defer only 1, 3, 5, 7 W of 14-17 (stage 14 per device: 23.9 GiB of model states and workspace, 4 x 9.9 GiB of
+activations, 4.9 GiB per W set, 72 GiB usable), and offloading their sets with in-line copies does not pay.
+Before the lean W a deferred microbatch kept all its activations and its W output gradients (torch's split):
+43.91 s, +1.84%. The what-if row (`_hidden_copies`) searches again with the copies free, as side streams would
+make them where a cycle hides them (not built): Virtual-ZB 43.19 s (+3.54%), W deferred i on every stage after
+the first but the ascend ones (8-11, no host_memory in their profile: 4, 8, 10, 11), stages 12-17 (a100, h800)
+offloading; a set moves in 0.105 s each way over 50 GB/s, within the stage's cycle.
+(`--neighbours` searches nearby plans without offload: none beat 43.76 s.)
+two-cluster: 30.51 s against 1F1B's 31.16 s (+2.15%; +1.74% before the lean W); offloading buys nothing there
+(stage 6, h800, defers 0 of 6 either way), so ours keeps the plain twin.
 
     python benchmarks/zero_bubble.py [--quick] [--json] [--neighbours]
 
@@ -127,9 +132,13 @@ def _bounds(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Plan
     out = []
     spec = plan.schedule
     variants = [("zb-v on ours' cut (hetauto's V, executable)", ScheduleSpec(name="zb-v"))]
+    if spec.w_offload:  # what offloading buys: the same cut, W deferred as deep as the device alone holds
+        plain = tuple(-1 if r == 0 else _deepest_fit(ev, plan, r, r) for r in range(plan.num_stages))
+        variants.insert(0, (f"ours without offload (W deferral {list(plain)})",
+                            ScheduleSpec(name=spec.name, extra_warmup=spec.extra_warmup, w_defer=plain)))
     if spec.w_defer:
-        full = ScheduleSpec(name=spec.name, extra_warmup=spec.extra_warmup)
-        capped = [i for i, d in enumerate(spec.w_defer) if d < i]
+        full = ScheduleSpec(name=spec.name, extra_warmup=spec.extra_warmup, w_offload=spec.w_offload)
+        capped = [i for i, d in enumerate(spec.w_defer) if 0 < i and d < i]  # stage 0 runs plain B by design
         # the cap that binds: every stage deferring i but one, which keeps its memory-capped deferral
         one = [(s, full.model_copy(update={"w_defer": tuple(spec.w_defer[i] if i == s else i
                                                              for i in range(len(spec.w_defer)))})) for s in capped]
@@ -210,6 +219,26 @@ def _neighbours(ev, plan) -> list[dict]:  # noqa: ANN001 - an Evaluator and a Pl
     return rows
 
 
+def _hidden_copies(inputs: object, without_s: float) -> list[dict]:
+    """What-if: the search again with the W-set copies to host memory free, as side-stream copies would make them
+    where a microbatch-cycle hides them (the executor copies on the compute stream, so costmodel.offload_exposed
+    prices both copies in line; side streams are not built). A row only where that search offloads."""
+    from unittest import mock
+
+    from hetauto.planner import costmodel as cm
+    from hetauto.planner.search import plan
+
+    with mock.patch.object(cm, "offload_exposed", lambda *_: 0.0):
+        r = plan(inputs, "mcts", seed=0)  # type: ignore[arg-type]
+    off = [i for i, o in enumerate(r.plan.schedule.w_offload) if o]
+    if not off:
+        return []
+    t = r.evaluation.iteration_time_s
+    return [{"schedule": f"what-if, W-set copies hidden (side streams, not built): {r.plan.schedule.name}, "
+                         f"stages {off} offloading, {100 * (without_s / t - 1):+.2f}% vs without zero-bubble",
+             "iteration_s": t, "bubble": r.evaluation.bubble_fraction}]
+
+
 def _scenario(name: str, neighbours: bool = False) -> dict:
     from hetauto.core.plan import ScheduleSpec
     from hetauto.planner.evaluate import Evaluator
@@ -234,10 +263,12 @@ def _scenario(name: str, neighbours: bool = False) -> dict:
     rows += _torch_on_cut(ev, best)
     torch_times = [r["iteration_s"] for r in rows[2:] if "iteration_s" in r and r.get("memory", "fits") == "fits"]
     rows += _bounds(ev, best)
+    rows += _hidden_copies(inputs, v1.evaluation.iteration_time_s)
     if neighbours and best.schedule.name == "zb-h1":
         rows += _neighbours(ev, best)
     return {"scenario": name, "stages": best.num_stages, "microbatches": best.num_microbatches,
-            "w_defer": list(best.schedule.w_defer), "rows": rows,
+            "w_defer": list(best.schedule.w_defer), "w_offload": [i for i, o in enumerate(best.schedule.w_offload) if o],
+            "rows": rows,
             "gain_vs_virtual_1f1b": v1.evaluation.iteration_time_s / ours.evaluation.iteration_time_s - 1.0,
             "vs_torch_best": min(torch_times) / ours.evaluation.iteration_time_s - 1.0 if torch_times else None}
 
@@ -261,7 +292,8 @@ def main() -> int:
         s = _scenario(name, args.neighbours)
         doc["scenarios"].append(s)
         print(f"{name}: {s['stages']} stages, {s['microbatches']} microbatches"
-              + (f", W deferral {s['w_defer']}" if s["w_defer"] else ""))
+              + (f", W deferral {s['w_defer']}" if s["w_defer"] else "")
+              + (f", W sets offloaded on stages {s['w_offload']}" if s["w_offload"] else ""))
         for r in s["rows"]:
             if "refused" in r:
                 print(f"  {r['schedule']:46s} refused: {r['refused']}")

@@ -31,6 +31,20 @@ def test_gh200_host_link_is_nvlink_c2c_per_direction() -> None:
     assert catalog()["gh200"].host_link_bandwidth_Bps == 450e9
 
 
+def test_host_memory_per_node_from_the_server_datasheets() -> None:
+    """`host_memory` (one node's, what offloaded W sets may fill) where a server datasheet gives it; absent
+    (None: nothing is offloaded there) elsewhere; a document round trip keeps it."""
+    from hetauto.core.profile import profile_from_dict
+
+    got = {k: d.host_memory_bytes for k, d in catalog().items() if d.host_memory_bytes is not None}
+    assert got == {"h800": 2e12, "h100": 2e12, "a100-80g": 2e12, "a100-40g": 1e12, "v100-16g": 512e9,
+                   "v100-32g": 512e9, "mi250x": 512e9}
+    assert catalog()["ascend-910b"].host_memory_bytes is None and catalog()["cpu"].host_memory_bytes is None
+    doc = catalog()["h800"].to_document()
+    assert doc["host_memory"] == 2e12 and "host_memory" not in catalog()["cpu"].to_document()
+    assert profile_from_dict(doc, "h800.json") == catalog()["h800"]
+
+
 def test_ascend_910b_names_its_sku() -> None:
     d = catalog()["ascend-910b"]
     assert d.name == "Huawei Ascend 910B3" and d.peak_flops == 313 * T

@@ -36,6 +36,7 @@ CASES = [
     ("1f1b-m3-bf16", _plan(ScheduleSpec(name="1f1b"), m=3, precision="bf16")),
     ("zb-v", _plan(ScheduleSpec(name="zb-v"))),
     ("zb-h1-recompute", _plan(ScheduleSpec(name="zb-h1"), recompute=True)),  # I recomputes each block once
+    ("zb-h1-offload", _plan(ScheduleSpec(name="zb-h1", w_offload=(False, True)))),  # stage 1's W sets on the host
 ]
 
 
@@ -90,7 +91,8 @@ def losses() -> dict[str, list[float]]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "zb-h1-plain-b", "virtual-zb", "zb-v", "zb-h1-recompute"])
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "zb-h1-plain-b", "virtual-zb", "zb-v", "zb-h1-recompute",
+                                  "zb-h1-offload"])
 def test_split_backward_is_the_unsplit_backward(losses, name: str) -> None:
     assert losses[name] == losses["1f1b"]  # bit for bit: the same gradients, summed in the same order
     want = reference_losses(GPT, SEED, STEPS, 8, 2, 16)
@@ -148,6 +150,10 @@ def test_unrunnable_split_backward_plans_are_refused() -> None:
                                            r"layer\(s\) cannot fill 2 zb-v chunks \(give the stage at least 2 "
                                            r"layers, or use zb-h1\)"):
         check_executable(thin)
+    tp2 = _plan(ScheduleSpec(name="zb-h1", w_offload=(False, True)), tp=2)
+    with pytest.raises(PlanMismatch, match=r"schedule.w_offload\[1\]: stage 1 has tp=2; offloading its W sets runs on "
+                                           r"tp=1 stages only yet: set w_offload\[1\] false to run the plan"):
+        check_executable(tp2)
 
 
 # 4 ranks: the split backward on DTensor TP stages and on DP stages (summed after the last W, plain and ZeRO-1)

@@ -39,8 +39,9 @@ class FakeEvaluator:
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
                            inflight: int, recompute: bool = False, zero1: bool = False, w_held: float = 0.0,
-                           w_peak: float | None = None) -> float:
-        """`w_held`, `w_peak` (microbatches between a split backward's I and W) are not priced by this fake."""
+                           w_peak: float | None = None, w_offload: bool = False) -> float:
+        """`w_held`, `w_peak` (microbatches between a split backward's I and W), `w_offload` (their W sets in
+        host memory) are not priced by this fake."""
         ls = self.inputs.layers[layers[0]:layers[1]]
         params = sum(l.params for l in ls) / tp
         states = params * (4.0 + 12.0 / (dp if zero1 else 1))

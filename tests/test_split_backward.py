@@ -11,6 +11,7 @@ from torch import nn
 from hetauto.core.model import ModelConfig
 from hetauto.planner.costmodel import LayerTable, deferred_w_bytes
 from hetauto.planner.layers import layer_list
+from hetauto.runtime import w_offload
 from hetauto.runtime.split_backward import LeanW, kept_bytes
 from hetauto.runtime.stage import build_stage
 
@@ -50,9 +51,12 @@ def test_the_kept_matmuls_are_autograds_linear_backward(mixed: bool) -> None:
         assert all(torch.equal(a, b) for a, b in zip(*grads)), (shape, bias)
 
 
-def _run(stage: nn.Module, xs: list[torch.Tensor], targets: torch.Tensor, mixed: bool, store: LeanW | None) -> list:
-    """Each microbatch's forward, then (lean) every I before any W, as a deferring stage runs them; returns the
-    input gradients and the bytes kept after the last I."""
+def _run(stage: nn.Module, xs: list[torch.Tensor], targets: torch.Tensor, mixed: bool, store: LeanW | None,
+         offload: bool = False) -> list:
+    """Each microbatch's forward, then (lean) every I before any W, as a deferring stage runs them, the W sets
+    waiting in host memory with `offload` (hetauto.runtime.w_offload: a real copy, sharing no storage with the
+    device set, each shared input copied once, back before W); returns the input gradients and the bytes one
+    set keeps after the last I (with `offload`: in host memory, the device set dropped)."""
     outs = []
     for x in xs:
         with _autocast(mixed):
@@ -62,16 +66,24 @@ def _run(stage: nn.Module, xs: list[torch.Tensor], targets: torch.Tensor, mixed:
             y.backward()
         return [x.grad for x in xs] + [0]
     kept = [store.input_grads(y, None) for y in outs]
-    held = kept_bytes(kept[0])
+    if offload:
+        host = [w_offload.to_host(k) for k in kept]
+        on_dev = {t.untyped_storage().data_ptr() for k in kept for kk in k for t in (kk.inp, kk.grad_out)}
+        assert not on_dev & {t.untyped_storage().data_ptr() for k in host for kk in k for t in (kk.inp, kk.grad_out)}
+        kept = [w_offload.to_device(k, torch.device("cpu")) for k in host]
+        held = kept_bytes(host[0])
+    else:
+        held = kept_bytes(kept[0])
     for k in kept:
         LeanW.weight_grads(k)
     return [x.grad for x in xs] + [held]
 
 
-@pytest.mark.parametrize("arch,ffn,kv", [("gpt", 64, None), ("llama", 56, 1)])
+@pytest.mark.parametrize("arch,ffn,kv,offload", [("gpt", 64, None, False), ("llama", 56, 1, False),
+                                                 ("gpt", 64, None, True)])
 @pytest.mark.parametrize("mixed", [False, True])
 def test_lean_w_is_the_unsplit_backward_and_keeps_what_is_priced(arch: str, ffn: int, kv: int | None,
-                                                                  mixed: bool) -> None:
+                                                                  offload: bool, mixed: bool) -> None:
     """Two blocks and the head, two microbatches, both I before either W: every gradient equals the plain
     backward's bitwise, and one microbatch keeps costmodel.deferred_w_bytes exactly (per Linear its input, one
     per shared norm output, and its output gradient, in the compute dtype); GPT at h = 16, s = 8, 2 samples:
@@ -85,7 +97,7 @@ def test_lean_w_is_the_unsplit_backward_and_keeps_what_is_priced(arch: str, ffn:
     for lean in (False, True):
         st = build_stage(cfg, (1, 4), 0)
         store = LeanW.install(st) if lean else None
-        grads = _run(st, [x.clone().requires_grad_() for x in x0], targets, mixed, store)
+        grads = _run(st, [x.clone().requires_grad_() for x in x0], targets, mixed, store, offload)
         got.append((grads, [p.grad for p in st.parameters()]))
     (gx_plain, w_plain), (gx_lean, w_lean) = got
     assert all(torch.equal(a, b) for a, b in zip(gx_plain[:-1] + w_plain, gx_lean[:-1] + w_lean))

@@ -64,10 +64,10 @@ def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, 
     p - i); the first stage always does (its I has no input gradient to make); no twin (None) where every stage
     after the first would (1F1B itself)."""
     orig_need, orig_defer = StrategySpace._need, StrategySpace._deferrals
-    monkeypatch.setattr(StrategySpace, "_need", lambda self, st, r, mbs, z, q, held=0.0, peak=None:
+    monkeypatch.setattr(StrategySpace, "_need", lambda self, st, r, mbs, z, q, held=0.0, peak=None, off=False:
                         max(2 * q + held, 2 * (q - (peak - held)) + peak) if peak else orig_need(self, st, r, mbs, z, q))
-    monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra:
-                        orig_defer(self, plan, stages, list(caps), cand, extra))
+    monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra, offload=False:
+                        orig_defer(self, plan, stages, list(caps), cand, extra, offload))
     inp = tiny_inputs(layers=8, gbs=16)
     plans = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
     if defer is None:
@@ -75,6 +75,89 @@ def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, 
         return
     (twin,) = plans
     assert twin.num_stages == 3 and twin.schedule.w_defer == defer
+
+
+def test_offload_twin_where_it_lets_a_deeper_deferral_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offloading, the device holds at most one W set at the activations' peak and two after an I (units as
+    above: need = max(2q + min(held, 1), 2(q - (peak - held)) + min(peak, 2))): with caps (9, 5, 3) stage 2 defers
+    1 without it and 2 (its own i) with it, so the space offers both twins, the Evaluator picks."""
+    orig_need, orig_defer = StrategySpace._need, StrategySpace._deferrals
+
+    def need(self, st, r, mbs, z, q, held=0.0, peak=None, off=False):  # noqa: ANN001, ANN202
+        if peak is None:  # the cut's own memory (not a deferral)
+            return orig_need(self, st, r, mbs, z, q)
+        on = (min(held, 1), min(peak, 2)) if off else (held, peak)
+        return max(2 * q + on[0], 2 * (q - (peak - held)) + on[1])
+
+    monkeypatch.setattr(StrategySpace, "_need", need)
+    monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra, offload=False:
+                        orig_defer(self, plan, stages, [9, 5, 3], cand, extra, offload))
+    inp = tiny_inputs(layers=8, gbs=16)
+    plain, off = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
+    assert (plain.schedule.w_defer, plain.schedule.w_offload) == ((-1, 1, 1), ())
+    assert (off.schedule.w_defer, off.schedule.w_offload) == ((-1, 1, 2), (False, False, True))
+    assert "w_offload" not in plain.model_dump()["schedule"]
+
+
+def test_an_offload_twin_must_be_faster_not_only_leaner() -> None:
+    """On a throughput tie the leaner plan wins (scoring.better), but an offloading twin's lower device peaks are
+    bought with copies and host memory: it wins only when faster."""
+    from types import SimpleNamespace as NS
+
+    from hetauto.planner.scoring import _needless_offload
+
+    off = NS(schedule=ScheduleSpec(name="zb-h1", w_offload=(False, True)))
+    plain = NS(schedule=ScheduleSpec(name="zb-h1"))
+    a, b = NS(throughput_samples_s=10.0), NS(throughput_samples_s=10.0 * (1 + 1e-12))
+    assert _needless_offload(off, a, b) and not _needless_offload(plain, a, b)
+    assert not _needless_offload(off, NS(throughput_samples_s=10.1), b)
+
+
+def test_offload_memory_one_set_at_the_peak_two_after_an_i() -> None:
+    """An offloading stage deferring 5 (5 W sets at the activations' peak, 6 just after an I) needs on the device
+    exactly what one deferring 1 needs without offload (1 and 2: costmodel.OFFLOAD_PEAK_SETS / _DEVICE_SETS);
+    its host share holds all 6 (a100-80g: 2 TB per 2-device node here); a host backend moves nothing."""
+    from hetauto.planner import costmodel as cm
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    ev = Evaluator(inp)
+    args = ("fast", (1, 5), 1, 1, 4, 3.0)
+    assert ev.stage_memory_bytes(*args, w_held=5, w_peak=6, w_offload=True) == \
+        ev.stage_memory_bytes(*args, w_held=1, w_peak=2)
+    kept = ev.stage_memory_bytes(*args, w_held=1) - ev.stage_memory_bytes(*args)
+    assert kept == pytest.approx(cm.deferred_w_bytes(ev.layer_table(ev.cluster_precision("fast")).range(1, 5), tp=1,
+                                                     dp=1, microbatch=4), rel=1e-12)
+    assert ev.offload_host_need("fast", (1, 5), 1, 1, 4, ev.cluster_precision("fast"), 6) == pytest.approx(6 * kept)
+    assert ev.host_share_bytes("fast") == 2e12 / 2
+    assert cm.offload_exposed(10.0, 2.0) == 10.0  # out and back, 5 s each, in line with the compute
+    assert cm.offload_exposed(0.0, 2.0) == cm.offload_exposed(10.0, float("inf")) == 0.0
+
+
+def test_offload_refused_without_host_memory_or_beyond_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An offloading stage pays the copies its cycle does not hide (before its W), and is refused where its
+    profile has no host memory or its sets exceed its share."""
+    from hetauto.planner import costmodel as cm
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    ev = Evaluator(inp)
+    (base,) = _plan(StrategySpace(inp, ev), "1f1b")
+    pl = base.model_copy(update={"schedule": ScheduleSpec(name="zb-h1", w_defer=(-1, 1, 2),
+                                                          w_offload=(False, False, True))})
+    assert ev.evaluate(pl).feasible
+    costs, plain = ev.pipeline_costs(pl), ev.pipeline_costs(pl.model_copy(update={"schedule": ScheduleSpec(
+        name="zb-h1", w_defer=(-1, 1, 2))}))
+    st = pl.stages[2]  # v100-16g: 12 GB/s over PCIe Gen3, slower than its microbatch-cycle
+    kept = cm.deferred_w_bytes(ev.layer_table(ev.precision(pl)).range(*st.layers), tp=st.tp, dp=st.dp,
+                               microbatch=pl.microbatch_size)
+    exposed = cm.offload_exposed(kept, 12e9)
+    assert exposed > 0 and costs.tb[:2] == plain.tb[:2] and costs.tb[2] == pytest.approx(plain.tb[2] + exposed)
+    monkeypatch.setattr(Evaluator, "host_share_bytes", lambda self, c: None)
+    assert ev.evaluate(pl.model_copy(update={"memory_headroom": 0.11})).violation == (
+        "stage 2 (slow) offloads its deferred W sets (schedule.w_offload) but device 'v100-16g' has no host_memory "
+        "in its profile: give host_memory (per node) or set w_offload false for that stage")
+    monkeypatch.setattr(Evaluator, "host_share_bytes", lambda self, c: 1.0)
+    assert ev.evaluate(pl.model_copy(update={"memory_headroom": 0.12})).violation.startswith(
+        "stage 2 (slow): its offloaded W sets need 0.")
 
 
 def test_schedule_spec_w_defer_round_trip_and_refusals() -> None:
@@ -85,6 +168,11 @@ def test_schedule_spec_w_defer_round_trip_and_refusals() -> None:
         ScheduleSpec(name="zb-h1", w_defer=(0, -2))
     with pytest.raises(ValueError, match="w_defer applies to zb-h1 and virtual-zb only, not 1f1b"):
         ScheduleSpec(name="1f1b", w_defer=(0, 1))
+    assert ScheduleSpec(name="zb-h1", w_offload=(False, True)).model_dump()["w_offload"] == (False, True)
+    with pytest.raises(ValueError, match="w_offload applies to zb-h1 and virtual-zb only, not 1f1b"):
+        ScheduleSpec(name="1f1b", w_offload=(False, True))
+    with pytest.raises(ValueError, match="w_offload has 1 entries but w_defer 2; give one per stage in both"):
+        ScheduleSpec(name="zb-h1", w_defer=(0, 1), w_offload=(True,))
 
 
 def test_cli_schedules_zb_h1_only(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,7 @@ class CudaBackend(TorchModuleBackend):
     socket_ifname_env = "NCCL_SOCKET_IFNAME"
     device_resource = "nvidia.com/gpu"
     fallback_dist_backend = "nccl"
+    pin_host_memory = True
 
     def _probe(self) -> Availability:
         hip = getattr(torch.version, "hip", None)

@@ -21,6 +21,7 @@ class RocmBackend(TorchModuleBackend):
     socket_ifname_env = "NCCL_SOCKET_IFNAME"  # RCCL reads NCCL's variables
     device_resource = "amd.com/gpu"
     fallback_dist_backend = "nccl"
+    pin_host_memory = True
 
     def _probe(self) -> Availability:
         if not getattr(torch.version, "hip", None):

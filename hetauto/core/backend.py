@@ -200,6 +200,9 @@ class Backend(ABC):
     device_resource: ClassVar[str | None] = None
     fallback_dist_backend: ClassVar[str] = "gloo"
     auto_select: ClassVar[bool] = True  # False: only chosen when asked for by name (e.g. mock)
+    # host buffers for device -> host copies may be page-locked (torch.empty(..., pin_memory=True)), so the copies
+    # can run asynchronously at the host link's speed; False: plain host memory (a host backend copies nothing)
+    pin_host_memory: ClassVar[bool] = False
 
     # -- discovery ---------------------------------------------------------------------------
     def probe(self) -> Availability:

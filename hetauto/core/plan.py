@@ -122,13 +122,18 @@ class ScheduleSpec(_Frozen):
     # stage i defers i, the paper's ZB-H1); fewer where memory is short, -1 where the stage runs the whole backward
     # B instead of I and W (cannot hold even one microbatch's W set; hetauto.schedule.zero_bubble)
     w_defer: tuple[int, ...] = ()
+    # ZB-H1 / Virtual-ZB: per stage, whether its deferred W sets wait in host memory (copied out after I, back
+    # before W: hetauto.runtime.w_offload), so the device holds at most two at once (len = stages; empty: none)
+    w_offload: tuple[bool, ...] = ()
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):  # type: ignore[no-untyped-def]
-        """Leave `w_defer` out while empty: plans written before it keep their exact JSON."""
+        """Leave `w_defer` / `w_offload` out while empty: plans written before them keep their exact JSON."""
         data = handler(self)
-        if not self.w_defer and isinstance(data, dict):
-            data.pop("w_defer", None)
+        if isinstance(data, dict):
+            for k in ("w_defer", "w_offload"):
+                if not getattr(self, k):
+                    data.pop(k, None)
         return data
 
     @model_validator(mode="after")
@@ -137,6 +142,11 @@ class ScheduleSpec(_Frozen):
             raise ValueError(f"w_defer applies to zb-h1 and virtual-zb only, not {self.name}")
         if any(d < -1 for d in self.w_defer):
             raise ValueError(f"w_defer entries must be >= 0 (or -1: the stage runs plain B), got {list(self.w_defer)}")
+        if self.w_offload and self.name not in ("zb-h1", "virtual-zb"):
+            raise ValueError(f"w_offload applies to zb-h1 and virtual-zb only, not {self.name}")
+        if self.w_offload and self.w_defer and len(self.w_offload) != len(self.w_defer):
+            raise ValueError(f"w_offload has {len(self.w_offload)} entries but w_defer {len(self.w_defer)}; give one "
+                             "per stage in both")
         return self
 
 

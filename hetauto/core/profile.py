@@ -235,6 +235,10 @@ class ProfileDoc(_Strict):
     # device <-> host memory (PCIe or the vendor's host link), per direction, for copies of pinned buffers: what a
     # `host` transport pays on each side of a boundary between two backends; absent: no copy priced (a CPU)
     host_link_bandwidth: str | float | None = None
+    # host (CPU) memory of one node built around this device (its server's datasheet), shared by the node's
+    # devices: what offloaded tensors may fill (the deferred W sets, hetauto.runtime.w_offload); absent: unknown,
+    # nothing is offloaded there
+    host_memory: str | float | None = None
     efficiency: EfficiencyDoc | None = None
     source: str | None = None
     estimated: bool = False
@@ -252,7 +256,7 @@ class ProfileDoc(_Strict):
             return {k: parse_flops(x) for k, x in v.items()}
         return v if v is None else parse_flops(v)
 
-    @field_validator("memory_bytes")
+    @field_validator("memory_bytes", "host_memory")
     @classmethod
     def _bytes(cls, v: Any) -> Any:
         return v if v is None else parse_bytes(v)
@@ -283,7 +287,8 @@ class EfficiencyModel:
 @dataclass(frozen=True, slots=True)
 class DeviceProfile:
     """One device type. SI units: FLOP/s, bytes, bytes/s. `estimated` marks rough numbers (the CPU entry).
-    `host_link_bandwidth_Bps`: device <-> host copies (inf: none priced, the device's memory is the host's)."""
+    `host_link_bandwidth_Bps`: device <-> host copies (inf: none priced, the device's memory is the host's).
+    `host_memory_bytes`: one node's host memory (None: unknown, so nothing is offloaded to it)."""
 
     key: str
     name: str
@@ -298,6 +303,7 @@ class DeviceProfile:
     estimated: bool = False
     measured: MeasuredDoc | None = field(default=None, compare=False)
     host_link_bandwidth_Bps: float = math.inf
+    host_memory_bytes: float | None = None
     # (dtype, FLOP/s) of a per-dtype `peak_flops` map, in PEAK_DTYPES order; () when the profile gave one figure
     peak_flops_by_dtype: tuple[tuple[str, float], ...] = ()
 
@@ -345,6 +351,8 @@ class DeviceProfile:
         }
         if math.isfinite(self.host_link_bandwidth_Bps):
             out["host_link_bandwidth"] = self.host_link_bandwidth_Bps
+        if self.host_memory_bytes is not None:
+            out["host_memory"] = self.host_memory_bytes
         if self.measured is not None:
             out["measured"] = self.measured.model_dump(mode="json", exclude_defaults=True)
         return out
@@ -365,6 +373,10 @@ def _peaks(value: Any, base: DeviceProfile | None) -> tuple[float, tuple[tuple[s
     else:
         return float(value), ()
     return peaks[_primary(peaks)], tuple((k, peaks[k]) for k in PEAK_DTYPES if k in peaks)
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 def _build(doc: ProfileDoc, base: DeviceProfile | None, source: str | Path | None = None) -> DeviceProfile:
@@ -394,6 +406,7 @@ def _build(doc: ProfileDoc, base: DeviceProfile | None, source: str | Path | Non
         intra_node_bandwidth_Bps=float(pick("intra_node_bandwidth", base.intra_node_bandwidth_Bps if base else None)),
         nic_bandwidth_Bps=float(pick("nic_bandwidth", base.nic_bandwidth_Bps if base else None)),
         host_link_bandwidth_Bps=float(pick("host_link_bandwidth", base.host_link_bandwidth_Bps if base else math.inf)),
+        host_memory_bytes=_opt_float(pick("host_memory", base.host_memory_bytes if base else None)),
         efficiency_model=(EfficiencyModel(eff.max_eff, eff.half_size_flops, eff.tp_penalty) if eff is not None
                           else base.efficiency_model),  # type: ignore[union-attr]
         source=pick("source", base.source if base else None),

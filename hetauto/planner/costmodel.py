@@ -236,6 +236,32 @@ def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int, sequ
                               + sums.wgrad_replicated + sums.wgrad_input_replicated)
 
 
+# An offloading stage's W sets on the device (hetauto.runtime.w_offload): a set goes out from the end of the I
+# that makes it; the next W's set comes in only once that copy out has ended, so the two together never exceed
+# one set: at most one at the activations' peak (the end of an F) and two after an I (its own, and the one that
+# came in for the next W).
+OFFLOAD_PEAK_SETS = 1
+OFFLOAD_DEVICE_SETS = 2
+
+
+def offload_exposed(kept_bytes: float, host_link_Bps: float) -> float:
+    """Seconds per microbatch that offloading its W set adds, as the executor copies today
+    (hetauto.runtime.w_offload): on the compute stream, out right after the I and back right before the W, so
+    both copies wait in line with the compute: 2 x `kept_bytes` / `host_link_Bps`. 0 where nothing moves (no
+    set, or a host backend's infinite link). Side-stream copies (TransformerEngine's CPU offload: a
+    device-to-host and a host-to-device stream with events) would hide each copy within a microbatch-cycle;
+    the executor does not run them yet, so they are not priced."""
+    if kept_bytes <= 0 or not math.isfinite(host_link_Bps):
+        return 0.0
+    return 2.0 * kept_bytes / host_link_Bps
+
+
+def offload_host_bytes(kept_bytes: float, w_peak: float) -> float:
+    """Host bytes one offloading device's W sets take: its most sets between I and W at once, each in its own
+    host buffer (counted whole, the ones in transit too: their host copies exist while they move)."""
+    return kept_bytes * w_peak
+
+
 def workspace_bytes(memory_bytes: float) -> float:
     return min(WORKSPACE_FRACTION * memory_bytes, WORKSPACE_MAX_BYTES)
 
@@ -436,13 +462,15 @@ def stage_compute(sums: RangeSums, cluster: Cluster, *, seq_len: int, hidden: in
 def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microbatch: int, inflight: float,
                  recompute: bool = False, zero1: "bool | str" = False, sequence_parallel: bool = False,
                  flash_attention: bool = True, cast_bytes: int = 0, grad_bytes: int = FP32_BYTES,
-                 w_held: float = 0.0, w_peak: float | None = None) -> float:
+                 w_held: float = 0.0, w_peak: float | None = None, w_offload: bool = False) -> float:
     """One device's peak bytes: model states + (activations + weight casts) x in-flight microbatches +
     `deferred_w_bytes` x `w_held` (microbatches between I and W at that moment, `deferred_w_held`) + workspace;
     with `w_peak` (the most between I and W at once, `deferred_w_peak`) the larger of that moment and the one
     when w_peak - w_held fewer hold whole activations and w_peak their W sets (every moment of a list holds at
     most inflight + w_held microbatches from F to W, at most inflight from F to I and w_peak from I to W; one of
-    the two moments is the peak whatever the sizes, and ZB-H1's lists reach both). `sums` from a
+    the two moments is the peak whatever the sizes, and ZB-H1's lists reach both); with `w_offload` the device
+    holds at most OFFLOAD_PEAK_SETS of those W sets at the first moment and OFFLOAD_DEVICE_SETS at the second,
+    the rest wait in host memory (`offload_host_bytes`). `sums` from a
     LayerTable in the plan's compute dtype; `cast_bytes` the bytes per element of autocast's weight casts (2
     under mixed precision, 0 for fp32: nothing is cast). `zero1`: False/True or a DP sharding level key
     (hetauto.core.dp_sharding): the states per `adam_bytes_per_param`, plus
@@ -471,9 +499,10 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
     per_mb += casts / tp * cast_bytes
     transient += cast_transient / tp * cast_bytes
     kept = deferred_w_bytes(sums, tp=tp, dp=dp, microbatch=microbatch, sequence_parallel=sequence_parallel)
-    live = per_mb * inflight + kept * w_held
+    live = per_mb * inflight + kept * (min(w_held, OFFLOAD_PEAK_SETS) if w_offload else w_held)
     if w_peak is not None and w_peak > w_held:
-        live = max(live, per_mb * (inflight - (w_peak - w_held)) + kept * w_peak)
+        live = max(live, per_mb * (inflight - (w_peak - w_held))
+                   + kept * (min(w_peak, OFFLOAD_DEVICE_SETS) if w_offload else w_peak))
     return states + live + transient + workspace_bytes(cluster.device.memory_bytes)
 
 

@@ -425,15 +425,19 @@ class Evaluator:
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
                            inflight: float, recompute: bool = False, zero1: "bool | str" = False,
-                           precision: str | None = None, w_held: float = 0.0, w_peak: float | None = None) -> float:
+                           precision: str | None = None, w_held: float = 0.0, w_peak: float | None = None,
+                           w_offload: bool = False) -> float:
         """One device's peak: params+grads+optimizer (16 B/param; optimizer part / dp with zero1) +
         (activations + mixed precision's weight casts) * inflight + workspace margin, at `precision`
         (resolved; None: `cluster_precision(cluster)`). `zero1` may be a DP sharding level key
         (hetauto.core.dp_sharding; costmodel.stage_memory prices it, its gradient casts at the Evaluator's
         training.grad_reduce_dtype). `w_held`, `w_peak`: microbatches between I and W (their lean W sets on top),
-        at the activations' peak and at most (costmodel.stage_memory)."""
+        at the activations' peak and at most (costmodel.stage_memory); `w_offload`: those W sets wait in host
+        memory (`offloads`: never on a host backend, whose device memory is the host's)."""
         prec = precision or self.cluster_precision(cluster)
-        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec, w_held, w_peak)
+        w_offload = w_offload and self.cluster(cluster).backend not in HOST_BACKENDS
+        key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec, w_held, w_peak,
+               w_offload)
         hit = self._memory.get(key)
         if hit is None:
             c = self.cluster(cluster)
@@ -443,7 +447,7 @@ class Evaluator:
                                   sequence_parallel=self.sequence_parallel, flash_attention=self._flash(c),
                                   cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0,
                                   grad_bytes=DTYPE_BYTES[self.training.grad_reduce_dtype], w_held=w_held,
-                                  w_peak=w_peak)
+                                  w_peak=w_peak, w_offload=w_offload)
             self._memory[key] = hit
         return hit
 
@@ -468,6 +472,47 @@ class Evaluator:
         p, m, d = plan.num_stages, plan.num_microbatches, tuple(s.w_defer)
         return (cm.deferred_w_held(s.name, p, m, stage, extra_warmup=tuple(s.extra_warmup), w_defer=d),
                 cm.deferred_w_peak(s.name, p, m, stage, w_defer=d))
+
+    @staticmethod
+    def offloads(plan: Plan, stage: int) -> bool:
+        """Whether `plan`'s stage `stage` keeps its deferred W sets in host memory (schedule.w_offload)."""
+        off = plan.schedule.w_offload
+        return bool(off) and stage < len(off) and off[stage]
+
+    def host_share_bytes(self, cluster: str) -> float | None:
+        """One device's share of its node's host memory (the profile's `host_memory` / devices per node); None
+        where the profile gives none (nothing may be offloaded there); inf on a host backend (nothing moves)."""
+        c = self.cluster(cluster)
+        if c.backend in HOST_BACKENDS:
+            return math.inf
+        host = c.device.host_memory_bytes
+        return None if host is None else host / c.devices_per_node
+
+    def offload_host_need(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
+                          precision: str, w_peak: float) -> float:
+        """Host bytes one offloading device of that stage takes (costmodel.offload_host_bytes)."""
+        kept = cm.deferred_w_bytes(self.layer_table(precision).range(*layers), tp=tp, dp=dp,
+                                   microbatch=microbatch_size, sequence_parallel=self.sequence_parallel)
+        return cm.offload_host_bytes(kept, w_peak)
+
+    def _host_violation(self, plan: Plan, prec: str) -> str | None:
+        """Why an offloading stage's W sets do not fit its host memory share, or None."""
+        for i, st in enumerate(plan.stages):
+            if not self.offloads(plan, i):
+                continue
+            c = self.cluster(st.cluster)
+            share = self.host_share_bytes(st.cluster)
+            if share is None:
+                return (f"stage {i} ({c.name}) offloads its deferred W sets (schedule.w_offload) but device "
+                        f"'{c.device.key}' has no host_memory in its profile: give host_memory (per node) or set "
+                        f"w_offload false for that stage")
+            need = self.offload_host_need(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, prec,
+                                          self.w_held(plan, i)[1])
+            if need > share:
+                return (f"stage {i} ({c.name}): its offloaded W sets need {need / 2**30:.1f} GiB of host memory per "
+                        f"device > its share {share / 2**30:.1f} GiB (host_memory / {c.devices_per_node} devices per "
+                        f"node); lower that stage's w_defer or set w_offload false for it")
+        return None
 
     # ----------------------------------------------------------------------------------- mixed DP groups
     # A stage whose DP replicas sit on a mixed cluster's node groups, or run uneven `dp_shares`: each replica is
@@ -530,7 +575,8 @@ class Evaluator:
         for k, mb, n in self.replicas(st, plan.microbatch_size):
             view = self.cluster(k)
             need = self.stage_memory_bytes(k, st.layers, st.tp, st.dp, mb, self.inflight(plan, stage), st.recompute,
-                                           plan.dp_level, precision, *self.w_held(plan, stage))
+                                           plan.dp_level, precision, *self.w_held(plan, stage),
+                                           w_offload=self.offloads(plan, stage))
             cap = view.device.memory_bytes
             where = k[len(c.name) + 1:] if c.is_mixed else ""
             what = f"{n * st.tp}x {view.device.key}" + (f" on {where}" if where else "") + f", {mb // st.dp} rows"
@@ -785,9 +831,13 @@ class Evaluator:
             ex_b = cm.prefetch_exposed(shard.mb_bwd_s, b, sums.units)
             tf.append(f + wake + ex_f)
             tb.append(b + wake + ex_b)
-            if split:  # W: the dW GEMMs' share of the analytical backward, applied to whatever prices it
+            if split:  # W: the dW GEMMs' share of the analytical backward, applied to whatever prices it; an
+                # offloading stage's exposed copies wait before its W
                 share = self._weight_share(st, c, mb, prec, plan.training.allow_tf32)
-                w_share.append(share * b / tb[-1] if tb[-1] > 0 else 0.0)
+                tw = share * b
+                off = self._offload_exposed(plan, len(tb) - 1, c, sums)
+                tb[-1] += off
+                w_share.append((tw + off) / tb[-1] if tb[-1] > 0 else 0.0)
             exposed_mb.append(ex_f + ex_b)
             if plan.dp_level not in ("none", "zero1"):  # its step collectives: _sharded_step_terms below
                 gbytes.append(0.0)
@@ -859,6 +909,16 @@ class Evaluator:
         return PipelineCosts(tf=tuple(tf), tb=tuple(tb), links=tuple(links), links_back=tuple(back),
                              link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=overlap,
                              optim=tuple(opt), w_share=tuple(w_share) if split else 0.0)
+
+    def _offload_exposed(self, plan: Plan, stage: int, c: Cluster, sums: cm.RangeSums) -> float:
+        """Seconds per microbatch an offloading stage's W-set copies add (costmodel.offload_exposed over its
+        device's host link; 0 on a host backend or where the stage does not offload)."""
+        if not self.offloads(plan, stage) or c.backend in HOST_BACKENDS:
+            return 0.0
+        st = plan.stages[stage]
+        kept = cm.deferred_w_bytes(sums, tp=st.tp, dp=st.dp, microbatch=plan.microbatch_size,
+                                   sequence_parallel=self.sequence_parallel)
+        return cm.offload_exposed(kept, c.device.host_link_bandwidth_Bps)
 
     def _weight_share(self, st: StagePlan, c: Cluster, mb: int, precision: str, tf32: bool) -> float:
         """The weight-gradient (W) share of `st`'s backward on cluster `c` (its slowest replica's for a mixed group),
@@ -1015,7 +1075,7 @@ class Evaluator:
             c = self.cluster(st.cluster)
             need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
                                            self.inflight(plan, i), st.recompute, plan.dp_level, prec,
-                                           *self.w_held(plan, i))
+                                           *self.w_held(plan, i), w_offload=self.offloads(plan, i))
             cap, who = c.device.memory_bytes, f"{st.num_devices}x {c.device.key}"
             if self.is_split(st):  # memory per device type: each replica kind's rows on its own device
                 need, cap, who = self.replica_memory(plan, i, prec)
@@ -1024,7 +1084,7 @@ class Evaluator:
             if violation is None and need > usable_bytes(cap, plan.memory_headroom):
                 violation = memory_violation(i, c.name, st.num_devices, c.device.key, st.layers, need, cap,
                                              plan.memory_headroom, who=who)
-        violation = self._split_tie(plan) or violation
+        violation = self._split_tie(plan) or violation or self._host_violation(plan, prec)
         if violation is not None:
             ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, tuple(peaks), tuple(caps), violation,
                             plan.memory_headroom)

@@ -45,6 +45,14 @@ def better(a: Any, b: Any | None) -> bool:
     return sum(a.peak_memory_bytes) < sum(b.peak_memory_bytes)
 
 
+def _needless_offload(plan: Any, a: Any, b: Any) -> bool:
+    """Whether `plan` (evaluated `a`) offloads W sets to host memory (schedule.w_offload) but is no faster than
+    `b`, the same candidate's other twin: its copies and host memory would buy nothing, though its device peaks
+    are lower (two-cluster: the deeper deferrals it allows tie the plan without them)."""
+    ta, tb = a.throughput_samples_s, b.throughput_samples_s
+    return any(plan.schedule.w_offload) and abs(ta - tb) <= TIE_REL * max(abs(ta), abs(tb))
+
+
 def record_improvement(trace: list[TracePoint], start: float, evaluations: int, best_throughput: float) -> None:
     """Append (time since `start`, evaluations, best) to `trace` when the best improved on its last point: the
     one trace rule of MCTS (`MCTS.record`) and the baselines (`run_baseline`)."""
@@ -87,7 +95,8 @@ class Scorer:
                 self.scored += 1
                 if not ev.feasible and ev.violation:
                     self.violations.append(ev.violation)
-            if ev.feasible and (result is None or better(ev, result.evaluation)):
+            if ev.feasible and (result is None or better(ev, result.evaluation)
+                                and not _needless_offload(plan, ev, result.evaluation)):
                 result = Scored(cand, plan, ev)
         self.by_candidate[cand] = result
         if result is not None and (self.best is None or better(result.evaluation, self.best.evaluation)):

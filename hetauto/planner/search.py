@@ -43,7 +43,7 @@ ZERO_BUBBLE_TOP = 8  # distinct candidates whose zero-bubble twin zero_bubble_tw
 
 
 def zero_bubble_reserve(max_evaluations: int) -> int:
-    """Evaluations kept back for the zero-bubble twins at the end (a twin evaluates <= 3 plans)."""
+    """Evaluations kept back for the zero-bubble twins at the end (a twin evaluates <= 3 plans, 5 where its W sets may also be offloaded)."""
     return min(3 * ZERO_BUBBLE_TOP, max_evaluations // 10)
 INTERLEAVE_SHAPES = 16  # distinct shapes tried interleaved by interleave_by_bubble
 SINGLE_CLUSTER_EVALUATIONS = 600  # per cluster, for the tree search of each single-cluster restart

@@ -31,6 +31,7 @@ from hetauto.core.dp_shares import replica_groups, stage_device_type
 from hetauto.core.dp_sharding import fsdp_unrunnable, least_memory, plan_fields
 from hetauto.core.headroom import memory_violation, usable_bytes
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
+from hetauto.core.precision import HOST_BACKENDS
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
@@ -408,17 +409,18 @@ class StrategySpace:
         return got
 
     def _need(self, st: StageLayout, r: tuple[int, int], mbs: int, zero1: "bool | str", q: float,
-              held: float = 0.0, peak: float | None = None) -> float:
+              held: float = 0.0, peak: float | None = None, offload: bool = False) -> float:
         """Bytes per device of `st` holding layers `r` with `q` microbatches' activations in flight and `held`
-        between I and W, at most `peak` of those at once (costmodel.stage_memory; a mixed stage: each replica
-        kind's need on its own device, scaled onto the stage's capacity)."""
+        between I and W, at most `peak` of those at once, in host memory with `offload` (costmodel.stage_memory;
+        a mixed stage: each replica kind's need on its own device, scaled onto the stage's capacity)."""
         ev = self.evaluator
         if self.spec.cluster(st.cluster).is_mixed and st.devices:
             cap = self.stage_capacity(st)
-            return max(ev.stage_memory_bytes(k, r, st.tp, st.dp, mb, q, st.recompute, zero1, w_held=held, w_peak=peak)
+            return max(ev.stage_memory_bytes(k, r, st.tp, st.dp, mb, q, st.recompute, zero1, w_held=held, w_peak=peak,
+                                             w_offload=offload)
                        * cap / ev.cluster(k).device.memory_bytes for k, mb, _ in ev.replicas(self._probe(st, r), mbs))
         return ev.stage_memory_bytes(st.cluster, r, st.tp, st.dp, mbs, q, st.recompute, zero1, w_held=held,
-                                     w_peak=peak)
+                                     w_peak=peak, w_offload=offload)
 
     def stage_capacity(self, st: StageLayout) -> float:
         """Memory per device of `st`: its cluster's device's, or a mixed DP group's smallest replica device's."""
@@ -505,10 +507,14 @@ class StrategySpace:
             if zb not in self.zero_bubble:
                 continue
             extra = tuple(pl.schedule.extra_warmup)
-            defer = self._deferrals(pl, stages, caps, cand, extra)  # never ZB-H1's default: stage 0 runs plain B
-            if len(stages) > 1 and all(d == PLAIN_B for d in defer[1:]):
+            defer, _ = self._deferrals(pl, stages, caps, cand, extra)  # never ZB-H1's default: stage 0 plain B
+            deeper, offload = self._deferrals(pl, stages, caps, cand, extra, offload=True)
+            if len(stages) > 1 and all(d == PLAIN_B for d in deeper[1:]):
                 continue
-            out.append(self._plan(cand, stages, counts, m, zb, extra, defer))
+            if not all(d == PLAIN_B for d in defer[1:]) or len(stages) == 1:
+                out.append(self._plan(cand, stages, counts, m, zb, extra, defer))
+            if any(offload):  # the Evaluator weighs the deeper deferral against the copies it does not hide
+                out.append(self._plan(cand, stages, counts, m, zb, extra, deeper, offload))
         return out
 
     def _zb_v_fits(self, counts: list[int]) -> bool:
@@ -531,7 +537,7 @@ class StrategySpace:
         return out
 
     def _deferrals(self, plan: Plan, stages: list[StageLayout], caps: list[float], cand: Candidate,
-                   extra: tuple[int, ...]) -> tuple[int, ...]:
+                   extra: tuple[int, ...], offload: bool = False) -> tuple[tuple[int, ...], tuple[bool, ...]]:
         """Per stage r, the deepest W deferral d <= r (ZB-H1's own) its memory holds on `plan`'s cut: min(m,
         p - r + k) microbatches' activations in flight (k the extra warm-up below it), min(m, p - r + k + d) of
         them from F to W, at most min(m, d + 1) between I and W keeping their lean W sets
@@ -539,19 +545,40 @@ class StrategySpace:
         cut holds) where not even d = 0 fits: that stage runs the whole backward, the others still split. The first
         stage always runs plain B: it has no input gradient to send, so its I does nothing (its W runs the whole
         backward) and a split would only hold memory and keep its DP gradient reduce from overlapping the backward
-        (the executor sums a split stage's gradients after its last W)."""
+        (the executor sums a split stage's gradients after its last W). Second, per stage, whether its W sets wait
+        in host memory: with `offload`, where that lets a deeper deferral fit (the device then holds at most two
+        of them, its host memory share the rest: costmodel.stage_memory, Evaluator.host_share_bytes)."""
         p, m = len(stages), plan.num_microbatches
-        out = [PLAIN_B]
+        out, off = [PLAIN_B], [False]
         for r, (st, pst, cap) in enumerate(zip(stages, plan.stages, caps)):
             if r == 0:
                 continue  # plain B, above
             below = p - r + sum(extra[r:])
             q = min(m, below)
-            fits = next((d for d in range(r, -1, -1) if self._need(st, pst.layers, cand.microbatch_size, cand.zero1,
-                                                                   q, min(m, below + d) - q, min(m, d + 1)) <= cap),
-                        -1)
-            out.append(fits)
-        return tuple(out)
+
+            def deepest(offload: bool, top: int = r) -> int:
+                return next((d for d in range(top, -1, -1) if self._need(
+                    st, pst.layers, cand.microbatch_size, cand.zero1, q, min(m, below + d) - q, min(m, d + 1),
+                    offload) <= cap and (not offload or self._host_fits(st, pst.layers, cand, min(m, d + 1)))), -1)
+
+            fits = deepest(False)
+            deeper = deepest(True) if offload and fits < r and self._may_offload(st) else -1
+            out.append(max(fits, deeper))
+            off.append(deeper > fits)
+        return tuple(out), tuple(off)
+
+    def _may_offload(self, st: StageLayout) -> bool:
+        """Whether `st`'s devices have a host memory to offload to (a known one, behind a finite host link)."""
+        c = self.spec.cluster(st.cluster)
+        return not c.is_mixed and c.backend not in HOST_BACKENDS and c.device.host_memory_bytes is not None \
+            and math.isfinite(c.device.host_link_bandwidth_Bps)
+
+    def _host_fits(self, st: StageLayout, r: tuple[int, int], cand: Candidate, peak: float) -> bool:
+        """Whether `peak` offloaded W sets per device fit `st`'s share of its node's host memory."""
+        ev = self.evaluator
+        share = ev.host_share_bytes(st.cluster)
+        return share is not None and ev.offload_host_need(st.cluster, r, st.tp, st.dp, cand.microbatch_size,
+                                                          ev.cluster_precision(st.cluster), peak) <= share
 
     def _build_interleaved(self, cand: Candidate, stages: list[StageLayout], costs: list[_StageCost],
                            caps: list[float], m: int) -> Built:
@@ -647,7 +674,7 @@ class StrategySpace:
         return P.warmup_for_boundaries(cost, period, self._inflight_caps(costs, caps, counts, m), bonus)
 
     def _plan(self, cand: Candidate, stages: list[StageLayout], counts: list[int], m: int, schedule: str,
-              extra: tuple[int, ...], w_defer: tuple[int, ...] = ()) -> Plan:
+              extra: tuple[int, ...], w_defer: tuple[int, ...] = (), w_offload: tuple[bool, ...] = ()) -> Plan:
         inp = self.inputs
         out, pos = [], 0
         for st, c in zip(stages, counts):
@@ -660,7 +687,7 @@ class StrategySpace:
             schedule, extra = "1f1b", ()
         return Plan(model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len,
                     global_batch=inp.global_batch, microbatch_size=cand.microbatch_size, num_microbatches=m,
-                    stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra), w_defer=w_defer,
+                    stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra), w_defer=w_defer, w_offload=w_offload,
                                                              virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
                     resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
                     **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
@@ -670,7 +697,7 @@ class StrategySpace:
 def plan_key(plan: Plan) -> tuple:
     """Everything that changes a plan's score (the transposition table's key)."""
     return (plan.microbatch_size, plan.dp_level, plan.schedule.name, plan.schedule.virtual_chunks,
-            plan.schedule.extra_warmup, plan.schedule.w_defer, plan.resharding,
+            plan.schedule.extra_warmup, plan.schedule.w_defer, plan.schedule.w_offload, plan.resharding,
             tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute) for s in plan.stages))
 
 

@@ -64,7 +64,7 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 from hetauto.core.stage_backends import DEFAULT_BACKEND
-from hetauto.runtime import split_backward
+from hetauto.runtime import split_backward, w_offload
 from hetauto.runtime.boundary import BoundaryRoute, LocalRoute
 from hetauto.runtime.data import dp_shard, microbatch
 from hetauto.runtime.devices import RankDevice
@@ -293,6 +293,9 @@ class StageExecutor:
         # its whole backward, so its chunk keeps plain Linears
         self.lean = tuple(split_backward.LeanW.install(ch) if split and (me.stage, i) != (0, 0) else None
                           for i, ch in enumerate(chunks))
+        off = plan.schedule.w_offload
+        # this stage's deferred W sets wait in host memory between I and W (hetauto.runtime.w_offload)
+        self.w_offload = bool(off) and me.stage < len(off) and off[me.stage]
         self.reducers = (
             [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
             if groups.dp_group is not None and options.overlap_dp and not self.fsdp and not self.zero1 and not split
@@ -574,6 +577,8 @@ class StageExecutor:
             lean = self.lean[c]
             assert lean is not None  # installed on every chunk but the first virtual stage's
             kept = self._timed("I", lean.input_grads, y, grad)
+            if self.w_offload:
+                kept = w_offload.to_host(kept, pin=self.dev.backend.pin_host_memory)
             x = st.inputs[key]
             gx_ptr = x.grad.data_ptr() if x.grad is not None else None
             st.deferred[key] = (None, None, posted, kept, gx_ptr)
@@ -591,6 +596,8 @@ class StageExecutor:
         if kept is None:
             self._timed("W", torch.autograd.backward, y, grad)
         else:
+            if self.w_offload:
+                kept = w_offload.to_device(kept, self.device)
             self._timed("W", split_backward.LeanW.weight_grads, kept)
         self._release_after_backward(st, key, posted, gx_ptr)
         if self._rec:
