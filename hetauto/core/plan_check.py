@@ -178,7 +178,3 @@ def _check_split_backward(plan: Plan) -> None:
     if plan.dp_level not in ("none", "zero1"):
         raise PlanMismatch(f"schedule '{plan.schedule.name}' splits the backward (I then W), which dp_sharding "
                            f"'{plan.dp_level}' cannot follow yet; use schedule 1f1b or virtual-1f1b, or ZeRO-1")
-    for i, (st, off) in enumerate(zip(plan.stages, plan.schedule.w_offload)):
-        if off and st.tp > 1:  # hetauto.runtime.w_offload copies plain tensors, not a TP stage's DTensor shards
-            raise PlanMismatch(f"schedule.w_offload[{i}]: stage {i} has tp={st.tp}; offloading its W sets runs on "
-                               f"tp=1 stages only yet: set w_offload[{i}] false to run the plan")

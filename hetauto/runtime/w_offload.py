@@ -19,6 +19,9 @@ overlapped with compute (costmodel.offload_exposed prices them in line); side-st
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from hetauto.runtime.split_backward import Kept
@@ -26,10 +29,36 @@ from hetauto.runtime.split_backward import Kept
 __all__ = ["to_device", "to_host"]
 
 
-def _copy(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
+@dataclass(frozen=True)
+class _HostShard:
+    """A DTensor's local shard in host memory, with what rebuilds the DTensor on the way back: a host tensor
+    wrapped as a DTensor of an accelerator mesh would be moved back to the device at once."""
+
+    local: torch.Tensor
+    mesh: Any
+    placements: tuple
+    shape: torch.Size
+    stride: tuple[int, ...]
+
+
+def _plain_copy(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
     out = torch.empty(t.shape, dtype=t.dtype, device=device, pin_memory=pin)
     out.copy_(t)
     return out
+
+
+def _copy(t: Any, device: torch.device, pin: bool) -> Any:
+    """`t` (a tensor, a TP stage's DTensor, or a `_HostShard`) copied to `device`: a DTensor goes as its local
+    shard (the bytes this device holds, what the cost model prices) and comes back as the same DTensor."""
+    if isinstance(t, _HostShard):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(_plain_copy(t.local, device, False), t.mesh, t.placements, run_check=False,
+                                  shape=t.shape, stride=t.stride)
+    local = getattr(t, "_local_tensor", None)
+    if local is not None:
+        return _HostShard(_plain_copy(local, device, pin), t.device_mesh, tuple(t.placements), t.shape, t.stride())
+    return _plain_copy(t, device, pin)
 
 
 def _move(kept: list[Kept], device: torch.device, pin: bool) -> list[Kept]:
