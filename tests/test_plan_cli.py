@@ -106,10 +106,11 @@ def test_ctrl_c_during_the_search_keeps_the_best_plan_so_far(tmp_path, monkeypat
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert doc["stopped_by_user"] is True and doc["baselines"] == {}  # the baselines are not started either
-    # the candidate being scored, the zero-bubble twins of the best few (<= 3 evaluations each) and the polish
-    from hetauto.planner.search import POLISH_RESERVE, ZERO_BUBBLE_TOP
+    # the candidate being scored, the zero-bubble twins of the best few and the polish (its two other resharding
+    # methods), each score at most TWIN_PLANS evaluations
+    from hetauto.planner.search import TWIN_PLANS, ZERO_BUBBLE_TOP
 
-    assert 40 <= doc["evaluations"] <= 40 + 2 + 3 * ZERO_BUBBLE_TOP + POLISH_RESERVE
+    assert 40 <= doc["evaluations"] <= 40 + 2 + TWIN_PLANS * ZERO_BUBBLE_TOP + 2 * TWIN_PLANS
     assert Plan.load(out).num_stages >= 1
     assert "hetauto plan: stopping the search; the best plan so far is kept (Ctrl-C again to abort)" in captured.err
     assert f"hetauto plan: stopped by Ctrl-C after {doc['evaluations']} evaluations" in captured.err

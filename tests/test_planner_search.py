@@ -156,6 +156,15 @@ def test_max_evaluations_is_never_exceeded(cap: int) -> None:
     assert cap - 6 - zero_bubble_reserve(cap) <= r.evaluations <= cap
 
 
+def test_max_evaluations_holds_where_twins_offload() -> None:
+    """paper-4c's zero-bubble twins score up to TWIN_PLANS plans each (their W sets on the device or in host
+    memory): the twins and the polish score only what stays within the cap (67 of 60 before)."""
+    from hetauto.planner.inputs import load_planning_inputs
+
+    r = plan(load_planning_inputs(scenario="paper-4c"), "mcts", seed=0, max_evaluations=60)
+    assert r.evaluations <= 60 and r.plan.schedule.name == "virtual-zb"
+
+
 def test_baseline_seeds_do_not_depend_on_time() -> None:
     from hetauto.planner.baselines.metis import metis_ranked
     from hetauto.planner.search import baseline_seeds

@@ -42,9 +42,20 @@ TOP_K = 3
 ZERO_BUBBLE_TOP = 8  # distinct candidates whose zero-bubble twin zero_bubble_twins scores
 
 
+# the most plans one zero-bubble candidate's score evaluates: each cut of its base (up to 3) split, with its W sets
+# kept on the device and, where that lets a deeper deferral fit, in host memory (StrategySpace.build)
+TWIN_PLANS = 6
+
+
 def zero_bubble_reserve(max_evaluations: int) -> int:
-    """Evaluations kept back for the zero-bubble twins at the end (a twin evaluates <= 3 plans, 5 where its W sets may also be offloaded)."""
-    return min(3 * ZERO_BUBBLE_TOP, max_evaluations // 10)
+    """Evaluations kept back for the zero-bubble twins at the end (a twin evaluates <= TWIN_PLANS plans)."""
+    return min(TWIN_PLANS * ZERO_BUBBLE_TOP, max_evaluations // 10)
+
+
+def _within(space: StrategySpace, cand: Candidate, limit: int | None) -> bool:
+    """Whether scoring `cand` (at most its plans, fewer where some were scored before) keeps the evaluations at or
+    below `limit` (None: no limit)."""
+    return limit is None or space.evaluator.evaluations + len(space.build(cand).plans) <= limit
 INTERLEAVE_SHAPES = 16  # distinct shapes tried interleaved by interleave_by_bubble
 SINGLE_CLUSTER_EVALUATIONS = 600  # per cluster, for the tree search of each single-cluster restart
 SINGLE_CLUSTER_PATIENCE = 150
@@ -220,8 +231,8 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         pat = (0 if iterations is not None else DEFAULT_PATIENCE) if patience is None else patience
         search = MCTS(space, seed=seed, start=start)
         scorer = search.scorer
-        # a score evaluates <= 2 plans (a second cut), so the phases end <= cap + 1 and polish() adds <= 4:
-        # keeping 5 back means `max_evaluations` (>= 6) is never exceeded; one candidate is always scored
+        # a plain score evaluates <= 2 plans (a second cut), so the phases end <= cap + 1; the twins and polish()
+        # score only what stays within `max_evaluations` (>= 6), so it is never exceeded; one candidate is always scored
         zb_reserve = 0 if max_evaluations is None or not space.zero_bubble else zero_bubble_reserve(max_evaluations)
         cap = None if max_evaluations is None else before + max(1, max_evaluations - POLISH_RESERVE - zb_reserve)
 
@@ -265,9 +276,9 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
                 break
         # the twins last, from the search's final ranking, inside their own reserve (never past the polish's)
         hard = None if max_evaluations is None else before + max_evaluations - POLISH_RESERVE
-        zero_bubble_twins(space, scorer, lambda: (hard is not None and ev.evaluations >= hard)
-                          or (budget is not None and time.perf_counter() - start >= budget))
-        best = polish(space, scorer, scorer.best)
+        zero_bubble_twins(space, scorer, lambda: budget is not None and time.perf_counter() - start >= budget,
+                          limit=hard)
+        best = polish(space, scorer, scorer.best, limit=None if max_evaluations is None else before + max_evaluations)
         search.record()
         return _finish(best, space, scorer, start, ev.evaluations - before, search.trace, planner)
     from hetauto.planner.baselines import run_baseline
@@ -495,7 +506,7 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
 
 
 def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
-                      top: int = ZERO_BUBBLE_TOP) -> None:
+                      top: int = ZERO_BUBBLE_TOP, limit: int | None = None) -> None:
     """The zero-bubble twins (ZB-H1 and, where asked for, ZB-V of a 1F1B candidate, Virtual-ZB of a Virtual-1F1B
     one: the same cut, the backward split) of the `top` best candidates scored so far, skipping any whose bound cannot beat the best:
     splitting the backward leaves each stage's busy time as it is, so a twin takes at least (1 - bubble) of its
@@ -516,7 +527,9 @@ def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callabl
         for zb in twins[cand.schedule]:
             if out_of_time():
                 return
-            scorer.score(replace(cand, schedule=zb))
+            twin = replace(cand, schedule=zb)
+            if _within(space, twin, limit):  # `limit`: the evaluations a twin may reach (a larger one is skipped)
+                scorer.score(twin)
 
 
 def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
@@ -609,13 +622,16 @@ def reshard_options(space: StrategySpace, cand: Candidate, j: int) -> list[Candi
     return [cand.with_method(a, b, m) for m in space.methods if m != cand.method(a, b)]
 
 
-def polish(space: StrategySpace, scorer: Scorer, best: Scored | None) -> Scored | None:
-    """Other uniform resharding methods around the best candidate (two evaluations, kept out of the cap)."""
+def polish(space: StrategySpace, scorer: Scorer, best: Scored | None, limit: int | None = None) -> Scored | None:
+    """Other uniform resharding methods around the best candidate (kept out of the cap: POLISH_RESERVE), each only
+    where its plans keep the evaluations within `limit`."""
     if best is None:
         return None
     from dataclasses import replace
 
     for method in space.methods:
         if method != best.candidate.resharding:
-            scorer.score(replace(best.candidate, resharding=method, reshard=()))
+            other = replace(best.candidate, resharding=method, reshard=())
+            if _within(space, other, limit):
+                scorer.score(other)
     return scorer.best
