@@ -687,8 +687,9 @@ class StrategySpace:
             schedule, extra = "1f1b", ()
         return Plan(model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len,
                     global_batch=inp.global_batch, microbatch_size=cand.microbatch_size, num_microbatches=m,
-                    stages=tuple(out), schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra), w_defer=w_defer, w_offload=w_offload,
-                                                             virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
+                    stages=tuple(out),
+                    schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra), w_defer=w_defer, w_offload=w_offload,
+                                          virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
                     resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
                     **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
                     memory_headroom=self.headroom)

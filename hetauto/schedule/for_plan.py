@@ -41,8 +41,9 @@ def schedule_for_plan(plan: "Plan", name: str | None = None) -> Schedule:
         defer = tuple(plan.schedule.w_defer) if plan.schedule.name == name and plan.schedule.w_defer else None
         if defer is not None and len(defer) != p:
             raise ScheduleError(f"schedule.w_defer has {len(defer)} entries; the plan has {p} stages")
-        if plan.schedule.w_offload and len(plan.schedule.w_offload) != p:
-            raise ScheduleError(f"schedule.w_offload has {len(plan.schedule.w_offload)} entries; the plan has {p} stages")
+        offload = plan.schedule.w_offload
+        if offload and len(offload) != p:
+            raise ScheduleError(f"schedule.w_offload has {len(offload)} entries; the plan has {p} stages")
         if name == "zb-h1":
             return zero_bubble(p, m, defer=defer)
         extra = plan.schedule.extra_warmup if plan.schedule.name in ("virtual-1f1b", "virtual-zb") else ()

@@ -70,8 +70,9 @@ def free_port() -> int:
 # Imported once by the forkserver, so every rank forked from it starts with them loaded: torch (seconds),
 # torch._dynamo (2 s more: every torch.optim optimizer imports it when it is built, through the
 # `_disable_dynamo` wrapper of `add_param_group`), DTensor and torch.distributed.checkpoint (seconds more, needed
-# by tp > 1 stages and checkpoints), and the hetauto runtime modules the multi-process tests run. None of them starts a thread or touches a process
-# group at import (the forkserver stays fork-safe); a module that fails to import is skipped by the server.
+# by tp > 1 stages and checkpoints), and the hetauto runtime modules the multi-process tests run. None of them
+# starts a thread or touches a process group at import (the forkserver stays fork-safe); a module that fails to
+# import is skipped by the server.
 _PRELOAD = [
     "torch",
     "torch.distributed",
