@@ -224,7 +224,7 @@ def deferred_w_peak(schedule: str, p: int, m: int, stage: int, *, w_defer: tuple
     return float(min(m, d + 1)) if d >= 0 else 0.0
 
 
-def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int, sequence_parallel: bool = False) -> float:
+def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int) -> float:
     """Bytes one microbatch between its I and its W keeps on one device (the lean W,
     hetauto.runtime.split_backward; its activations are freed at I): per Linear its input and its output
     gradient (`RangeSums.wgrad_*`). None on the first stage: its I has no input gradient to make, so its W runs
@@ -498,7 +498,7 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
         casts, cast_transient = sums.matmul_params, 0.0
     per_mb += casts / tp * cast_bytes
     transient += cast_transient / tp * cast_bytes
-    kept = deferred_w_bytes(sums, tp=tp, dp=dp, microbatch=microbatch, sequence_parallel=sequence_parallel)
+    kept = deferred_w_bytes(sums, tp=tp, dp=dp, microbatch=microbatch)
     live = per_mb * inflight + kept * (min(w_held, OFFLOAD_PEAK_SETS) if w_offload else w_held)
     if w_peak is not None and w_peak > w_held:
         live = max(live, per_mb * (inflight - (w_peak - w_held))

@@ -492,7 +492,7 @@ class Evaluator:
                           precision: str, w_peak: float) -> float:
         """Host bytes one offloading device of that stage takes (costmodel.offload_host_bytes)."""
         kept = cm.deferred_w_bytes(self.layer_table(precision).range(*layers), tp=tp, dp=dp,
-                                   microbatch=microbatch_size, sequence_parallel=self.sequence_parallel)
+                                   microbatch=microbatch_size)
         return cm.offload_host_bytes(kept, w_peak)
 
     def _host_violation(self, plan: Plan, prec: str) -> str | None:
@@ -916,8 +916,7 @@ class Evaluator:
         if not self.offloads(plan, stage) or c.backend in HOST_BACKENDS:
             return 0.0
         st = plan.stages[stage]
-        kept = cm.deferred_w_bytes(sums, tp=st.tp, dp=st.dp, microbatch=plan.microbatch_size,
-                                   sequence_parallel=self.sequence_parallel)
+        kept = cm.deferred_w_bytes(sums, tp=st.tp, dp=st.dp, microbatch=plan.microbatch_size)
         return cm.offload_exposed(kept, c.device.host_link_bandwidth_Bps)
 
     def _weight_share(self, st: StagePlan, c: Cluster, mb: int, precision: str, tf32: bool) -> float:
