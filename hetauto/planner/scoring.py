@@ -74,7 +74,10 @@ class Scorer:
         self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
         self.refused: list[tuple[Candidate, str]] = []  # candidates outside the space's feature set, never built
 
-    def score(self, cand: Candidate) -> Scored | None:
+    def score(self, cand: Candidate, limit: int | None = None) -> Scored | None:
+        """`cand`'s best feasible plan, or None. With `limit`, a candidate whose plans not scored before would take
+        the evaluator's count past it is left unscored (None, nothing recorded): the search's last phases keep
+        within max_evaluations so."""
         if cand in self.by_candidate:
             return self.by_candidate[cand]
         outside = self.space.allows(cand)
@@ -83,6 +86,10 @@ class Scorer:
             self.by_candidate[cand] = None
             return None
         built = self.space.build(cand)
+        if limit is not None:
+            new = {plan_key(plan) for plan in built.plans} - self.by_plan.keys()
+            if self.space.evaluator.evaluations + len(new) > limit:
+                return None
         result: Scored | None = None
         if built.violation:
             self.violations.append(built.violation)

@@ -50,12 +50,6 @@ TWIN_PLANS = 6
 def zero_bubble_reserve(max_evaluations: int) -> int:
     """Evaluations kept back for the zero-bubble twins at the end (a twin evaluates <= TWIN_PLANS plans)."""
     return min(TWIN_PLANS * ZERO_BUBBLE_TOP, max_evaluations // 10)
-
-
-def _within(space: StrategySpace, cand: Candidate, limit: int | None) -> bool:
-    """Whether scoring `cand` (at most its plans, fewer where some were scored before) keeps the evaluations at or
-    below `limit` (None: no limit)."""
-    return limit is None or space.evaluator.evaluations + len(space.build(cand).plans) <= limit
 INTERLEAVE_SHAPES = 16  # distinct shapes tried interleaved by interleave_by_bubble
 SINGLE_CLUSTER_EVALUATIONS = 600  # per cluster, for the tree search of each single-cluster restart
 SINGLE_CLUSTER_PATIENCE = 150
@@ -527,9 +521,7 @@ def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callabl
         for zb in twins[cand.schedule]:
             if out_of_time():
                 return
-            twin = replace(cand, schedule=zb)
-            if _within(space, twin, limit):  # `limit`: the evaluations a twin may reach (a larger one is skipped)
-                scorer.score(twin)
+            scorer.score(replace(cand, schedule=zb), limit=limit)  # past `limit` (evaluations): skipped
 
 
 def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
@@ -631,7 +623,5 @@ def polish(space: StrategySpace, scorer: Scorer, best: Scored | None, limit: int
 
     for method in space.methods:
         if method != best.candidate.resharding:
-            other = replace(best.candidate, resharding=method, reshard=())
-            if _within(space, other, limit):
-                scorer.score(other)
+            scorer.score(replace(best.candidate, resharding=method, reshard=()), limit=limit)
     return scorer.best
