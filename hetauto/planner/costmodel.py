@@ -236,10 +236,10 @@ def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int) -> f
                               + sums.wgrad_replicated + sums.wgrad_input_replicated)
 
 
-# An offloading stage's W sets on the device (hetauto.runtime.w_offload): a set goes out from the end of the I
-# that makes it; the next W's set comes in only once that copy out has ended, so the two together never exceed
-# one set: at most one at the activations' peak (the end of an F) and two after an I (its own, and the one that
-# came in for the next W).
+# An offloading stage's W sets on the device (hetauto.runtime.w_offload), bounds that hold whether the copies run
+# in line (the executor today: a set is on the device from its I to the end of its copy out, and from its copy
+# in to the end of its W, so one at a time) or on side streams (a set going out after an I while the next W's
+# comes in): at most one at the activations' peak (the end of an F) and two after an I.
 OFFLOAD_PEAK_SETS = 1
 OFFLOAD_DEVICE_SETS = 2
 
