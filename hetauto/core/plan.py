@@ -126,6 +126,10 @@ class ScheduleSpec(_Frozen):
     # before W: hetauto.runtime.w_offload), so the device holds at most two at once (len = stages; empty: none)
     w_offload: tuple[bool, ...] = ()
 
+    def offloads(self, stage: int) -> bool:
+        """Whether stage `stage` keeps its deferred W sets in host memory (`w_offload`; empty: no stage does)."""
+        return stage < len(self.w_offload) and self.w_offload[stage]
+
     @model_serializer(mode="wrap")
     def _dump(self, handler):  # type: ignore[no-untyped-def]
         """Leave `w_defer` / `w_offload` out while empty: plans written before them keep their exact JSON."""

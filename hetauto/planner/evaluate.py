@@ -433,7 +433,7 @@ class Evaluator:
         (hetauto.core.dp_sharding; costmodel.stage_memory prices it, its gradient casts at the Evaluator's
         training.grad_reduce_dtype). `w_held`, `w_peak`: microbatches between I and W (their lean W sets on top),
         at the activations' peak and at most (costmodel.stage_memory); `w_offload`: those W sets wait in host
-        memory (`offloads`: never on a host backend, whose device memory is the host's)."""
+        memory (`ScheduleSpec.offloads`: never on a host backend, whose device memory is the host's)."""
         prec = precision or self.cluster_precision(cluster)
         w_offload = w_offload and self.cluster(cluster).backend not in HOST_BACKENDS
         key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec, w_held, w_peak,
@@ -473,12 +473,6 @@ class Evaluator:
         return (cm.deferred_w_held(s.name, p, m, stage, extra_warmup=tuple(s.extra_warmup), w_defer=d),
                 cm.deferred_w_peak(s.name, p, m, stage, w_defer=d))
 
-    @staticmethod
-    def offloads(plan: Plan, stage: int) -> bool:
-        """Whether `plan`'s stage `stage` keeps its deferred W sets in host memory (schedule.w_offload)."""
-        off = plan.schedule.w_offload
-        return bool(off) and stage < len(off) and off[stage]
-
     def host_share_bytes(self, cluster: str) -> float | None:
         """One device's share of its node's host memory (the profile's `host_memory` / devices per node); None
         where the profile gives none (nothing may be offloaded there); inf on a host backend (nothing moves)."""
@@ -498,7 +492,7 @@ class Evaluator:
     def _host_violation(self, plan: Plan, prec: str) -> str | None:
         """Why an offloading stage's W sets do not fit its host memory share, or None."""
         for i, st in enumerate(plan.stages):
-            if not self.offloads(plan, i):
+            if not plan.schedule.offloads(i):
                 continue
             c = self.cluster(st.cluster)
             share = self.host_share_bytes(st.cluster)
@@ -576,7 +570,7 @@ class Evaluator:
             view = self.cluster(k)
             need = self.stage_memory_bytes(k, st.layers, st.tp, st.dp, mb, self.inflight(plan, stage), st.recompute,
                                            plan.dp_level, precision, *self.w_held(plan, stage),
-                                           w_offload=self.offloads(plan, stage))
+                                           w_offload=plan.schedule.offloads(stage))
             cap = view.device.memory_bytes
             where = k[len(c.name) + 1:] if c.is_mixed else ""
             what = f"{n * st.tp}x {view.device.key}" + (f" on {where}" if where else "") + f", {mb // st.dp} rows"
@@ -913,7 +907,7 @@ class Evaluator:
     def _offload_exposed(self, plan: Plan, stage: int, c: Cluster, sums: cm.RangeSums) -> float:
         """Seconds per microbatch an offloading stage's W-set copies add (costmodel.offload_exposed over its
         device's host link; 0 on a host backend or where the stage does not offload)."""
-        if not self.offloads(plan, stage) or c.backend in HOST_BACKENDS:
+        if not plan.schedule.offloads(stage) or c.backend in HOST_BACKENDS:
             return 0.0
         st = plan.stages[stage]
         kept = cm.deferred_w_bytes(sums, tp=st.tp, dp=st.dp, microbatch=plan.microbatch_size)
@@ -1074,7 +1068,7 @@ class Evaluator:
             c = self.cluster(st.cluster)
             need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
                                            self.inflight(plan, i), st.recompute, plan.dp_level, prec,
-                                           *self.w_held(plan, i), w_offload=self.offloads(plan, i))
+                                           *self.w_held(plan, i), w_offload=plan.schedule.offloads(i))
             cap, who = c.device.memory_bytes, f"{st.num_devices}x {c.device.key}"
             if self.is_split(st):  # memory per device type: each replica kind's rows on its own device
                 need, cap, who = self.replica_memory(plan, i, prec)

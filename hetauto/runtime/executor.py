@@ -293,9 +293,8 @@ class StageExecutor:
         # its whole backward, so its chunk keeps plain Linears
         self.lean = tuple(split_backward.LeanW.install(ch) if split and (me.stage, i) != (0, 0) else None
                           for i, ch in enumerate(chunks))
-        off = plan.schedule.w_offload
         # this stage's deferred W sets wait in host memory between I and W (hetauto.runtime.w_offload)
-        self.w_offload = bool(off) and me.stage < len(off) and off[me.stage]
+        self.w_offload = plan.schedule.offloads(me.stage)
         self.reducers = (
             [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
             if groups.dp_group is not None and options.overlap_dp and not self.fsdp and not self.zero1 and not split
