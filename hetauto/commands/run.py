@@ -43,7 +43,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
     parser.add_argument("--seed", type=int, default=None,
                         help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds any one communication may take")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds any one communication may take (joining the job waits at least 30 s: "
+                             "its ranks start seconds apart)")
     from hetauto.commands._headroom import add_check_argument
 
     add_check_argument(parser)

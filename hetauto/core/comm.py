@@ -151,13 +151,15 @@ class Communicator:
     # ----------------------------------------------------------------- construction
     @classmethod
     def init_from_env(
-        cls, backend: Any = "gloo", *, timeout_s: float = 60.0, links: LinkPolicy | None = None
+        cls, backend: Any = "gloo", *, timeout_s: float = 60.0, links: LinkPolicy | None = None,
+        join_timeout_s: float | None = None,
     ) -> "Communicator":
         """Join the job described by the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
         Before creating the process group every rank announces itself in the rendezvous store and waits
-        at most `timeout_s` for the others, so a rank that never starts is named in the error instead of
-        surfacing as an anonymous store timeout.
+        at most `join_timeout_s` (default: `timeout_s`) for the others, so a rank that never starts is named in
+        the error instead of surfacing as an anonymous store timeout. Joining may take longer than a collective:
+        the ranks of one job start seconds apart (imports from a shared file system, a loaded host).
         """
         try:
             rank = int(os.environ["RANK"])
@@ -176,7 +178,7 @@ class Communicator:
         name = backend_string(backend)
         if dist.is_initialized():
             raise CommunicationError("torch.distributed is already initialised in this process; call destroy() first")
-        store = _rendezvous(addr, port, rank, world, timeout_s)
+        store = _rendezvous(addr, port, rank, world, timeout_s if join_timeout_s is None else join_timeout_s)
         try:
             dist.init_process_group(
                 backend=name,

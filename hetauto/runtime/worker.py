@@ -75,6 +75,9 @@ def _watch_sigterm(control: "ControlClient", rank: int) -> None:
     threading.Thread(target=wait, name="hetauto-sigterm", daemon=True).start()
 
 
+# the least time a rank waits for the agent's store and for the other ranks to join (--timeout when longer): the
+# ranks of one job start seconds apart (imports from a shared file system, a loaded host), which is not a hang
+JOIN_FLOOR_S = 30.0
 ORPHAN_SAY_S = 1.0  # how long a rank whose launcher is gone tries to say so before it dies
 
 
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         from hetauto.runtime.options import RunOptions
 
         run = RunOptions.load(args.options)
-        control = ControlClient.from_env(rank, timeout_s=max(30.0, run.timeout_s))
+        control = ControlClient.from_env(rank, timeout_s=max(JOIN_FLOOR_S, run.timeout_s))
         connected.append(control)
         control.post("started", f"attempt {restart} pid {os.getpid()}")  # the agent drops an earlier attempt's marks
         _watch_sigterm(control, rank)
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             speed = emu.speed_of(rank, placement(plan, rank).stage)
             links = emu.link_table() if emu.links and run.emulate == "inprocess" else None
         # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
-        comm = Communicator.init_from_env(HOST_COLLECTIVE, timeout_s=run.timeout_s, links=links)
+        comm = Communicator.init_from_env(HOST_COLLECTIVE, timeout_s=run.timeout_s, links=links,
+                                          join_timeout_s=max(JOIN_FLOOR_S, run.timeout_s))
         if run.checkpoint_dir:  # every rank writes it and sees the same folder, or the job ends now, naming who
             from hetauto.runtime.checkpoint_reach import check_checkpoint_folder
 
