@@ -159,6 +159,22 @@ def test_file_level_errors(tmp_path):
         load_cluster(lst)
 
 
+def test_deep_nesting_is_refused_before_the_parser_and_quoted_brackets_do_not_count():
+    """PyYAML scans `[[[...` in time quadratic in its depth; with the recursion limit torch's compiler sets, 50,000
+    brackets parsed for 10 s before failing."""
+    from hetauto.core.specio import MAX_FLOW_DEPTH, parse_text
+
+    deep = "[" * (MAX_FLOW_DEPTH + 1) + "]" * (MAX_FLOW_DEPTH + 1)
+    with pytest.raises(SpecError) as err:
+        parse_text(deep, "dev.yaml")
+    assert str(err.value) == ("dev.yaml: document nests more than 100 levels deep (a cluster, model or profile spec "
+                              "nests a few levels: is this the right file?)")
+    assert parse_text("[" * MAX_FLOW_DEPTH + "]" * MAX_FLOW_DEPTH, "ok.yaml") is not None
+    brackets = "'" + "[" * 200 + "'"
+    assert parse_text(f"a: {brackets}\nb: \"{{{{\\\"[[\"  # [[[[[[\nc: [1, {{d: 2}}]\n", "q.yaml") == {
+        "a": "[" * 200, "b": '{{"[[', "c": [1, {"d": 2}]}
+
+
 def test_cli_plan_reports_spec_error_in_one_line(tmp_path, capsys):
     from hetauto.cli import main
 

@@ -7,6 +7,7 @@ the same everywhere: `FILE: path.to.field: what is wrong (what would be right)`.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +22,12 @@ M = TypeVar("M", bound=BaseModel)
 # Why a ceiling: pure-Python PyYAML parsed a 1.4 MiB cluster file in 28 s here, so 11 MiB ran for minutes without
 # a word; specs are a few KiB (the largest in the repository is far below 100 KiB).
 MAX_YAML_CHARS = 4 << 20
+# Why a nesting bound: PyYAML's scanner rechecks every open flow level on each token, so `[[[[...` costs the square
+# of its depth before the composer's recursion gives up; where a library has raised the recursion limit (torch's
+# compiler does, to 2000+), 50,000 brackets ran 10 s. A spec nests a handful of levels.
+MAX_FLOW_DEPTH = 100
+_QUOTED_OR_COMMENT = re.compile(r"'[^']*'|\"(?:\\.|[^\"\\])*\"|(?:^|(?<=\s))#[^\n]*", re.MULTILINE)
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def read_document(path: str | Path) -> Any:
@@ -44,6 +51,9 @@ def parse_text(text: str, source: str | Path | None = None) -> Any:
         raise SpecError(source, "", f"{len(text) / 2**20:.1f} MiB of YAML is more than the {MAX_YAML_CHARS >> 20} MiB "
                         "hetauto parses (it would parse for minutes; a spec is a few KiB)",
                         "trim it, or write it as .json")
+    if not is_json and _flow_depth(text) > MAX_FLOW_DEPTH:
+        raise SpecError(source, "", f"document nests more than {MAX_FLOW_DEPTH} levels deep",
+                        "a cluster, model or profile spec nests a few levels: is this the right file?")
     try:
         if is_json:
             return json.loads(text)
@@ -57,6 +67,16 @@ def parse_text(text: str, source: str | Path | None = None) -> Any:
         raise SpecError(source, line, f"invalid YAML: {problem}") from None
     except RecursionError:
         raise SpecError(source, "", "document nests too deeply") from None
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest `[`/`{` nesting outside quotes and comments (a plain scalar's stray bracket may count: an upper
+    bound, cheap: one pass over the brackets)."""
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_QUOTED_OR_COMMENT.sub("", text)):
+        depth = depth + 1 if m.group() in "[{" else max(0, depth - 1)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def field_path(loc: tuple[Any, ...]) -> str:
