@@ -70,8 +70,9 @@ def test_every_evaluated_plan_keeps_inside_the_restriction(name: str, planner: s
 
     monkeypatch.setattr(StrategySpace, "allows", spy)  # the Scorer's guard: no phase may need it
     inp = _inputs()
-    if planner == "exhaustive":  # the whole space at microbatch 1, of a 4-block model: every candidate is built
-        inp = tiny_inputs(links="1Gbps", latency="20ms", layers=4, gbs=16)
+    if planner == "exhaustive":  # the whole space at microbatch 1, of a 2-block model: every candidate is built
+        # (1354 plans, each feature among them: 1F1B, Virtual-1F1B, interleaved, zero1, recompute, lanes or not)
+        inp = tiny_inputs(links="1Gbps", latency="20ms", layers=2, gbs=8)
         opts = {**opts, "max_microbatch": 1}
     ev = Recording(inp)
     r = plan(inp, planner, seed=1, evaluator=ev, space_options=opts,
