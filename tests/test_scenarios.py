@@ -90,7 +90,7 @@ def test_cli_scenarios_json(capsys):
 
 
 def test_cli_plan_uses_the_scenario_and_overrides(capsys):
-    assert main(["plan", "--scenario", "two-cluster", "--gbs", "64", "--iterations", "5", "--json"]) == 0
+    assert main(["plan", "--scenario", "two-cluster", "--gbs", "64", "--max-evaluations", "20", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["cluster"] == "two-cluster" and doc["plan"]["global_batch"] == 64
     assert doc["plan"]["model"] == "llama2-70b" and doc["plan"]["seq_len"] == 4096
