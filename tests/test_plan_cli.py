@@ -102,7 +102,7 @@ def test_ctrl_c_during_the_search_keeps_the_best_plan_so_far(tmp_path, monkeypat
 
     monkeypatch.setattr(Evaluator, "evaluate", evaluate)
     out = tmp_path / "plan.json"
-    assert main(["plan", "--scenario", "paper-4c", "-o", str(out), "--json", "--baselines"]) == 0
+    assert main(["plan", "--scenario", "two-cluster", "-o", str(out), "--json", "--baselines"]) == 0
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert doc["stopped_by_user"] is True and doc["baselines"] == {}  # the baselines are not started either
