@@ -11,6 +11,7 @@ import pytest
 
 import hetauto
 from hetauto.cli import main
+from hetauto.testing.two_sites import one_rank_per_end
 
 
 def test_import_hetauto_imports_nothing_but_the_standard_library() -> None:
@@ -99,9 +100,9 @@ def test_run_rejects_a_bad_emulate_before_launching() -> None:
 
 @pytest.mark.multiprocess
 def test_run_trains_one_emulated_step_of_a_plan_object() -> None:
-    result = hetauto.plan("cpu-demo")
-    report = hetauto.run(result.plan, steps=1, emulate=True)
-    assert report["emulated"] is True and report["world_size"] == result.plan.world_size
+    plan = one_rank_per_end(hetauto.plan("cpu-demo").plan)  # a fast and a slow rank: two emulated speeds
+    report = hetauto.run(plan, steps=1, emulate=True)
+    assert report["emulated"] is True and report["world_size"] == plan.world_size == 2
     assert len(report["loss"]) == 1 and len(report["reference_loss"]) == 1
     assert report["max_loss_diff"] <= report["loss_tolerance"]
     assert report["measured_step_s"] > 0

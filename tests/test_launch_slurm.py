@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from hetauto.core.errors import HetautoError
-from hetauto.core.plan import Plan, ScheduleSpec
 from hetauto.launch.plan import LaunchPlan, derive
 from hetauto.launch.target_slurm import SlurmTarget
 from hetauto.launch.targets import get_targets
+from hetauto.testing.two_sites import one_rank_per_end
 
 RUN = {"steps": 2, "seed": 0, "timeout_s": 60.0, "backends": ["cpu", "cpu", "mock"], "emulate": "none"}
 BOTH = {"both": ("fast", "slow")}
@@ -393,12 +393,7 @@ def test_slurm_runs_the_cpu_demo_plan(cpu_demo, tmp_path: Path, layout: str) -> 
     cluster: the smallest plan that needs both sites (the scripts for the 4-rank plan are checked above)."""
     need_slurm()
     plan, _ = cpu_demo
-    fast, slow = plan.stages[0], plan.stages[-1]
-    two = plan.model_copy(update={
-        "stages": (fast.model_copy(update={"layers": (0, 3)}),
-                   slow.model_copy(update={"devices": slow.devices[:1], "dp": 1, "layers": (3, 6)})),
-        "schedule": ScheduleSpec(), "resharding": plan.resharding[:1], "prediction": None})
-    Plan.model_validate(two.model_dump(by_alias=True)).save(tmp_path / "plan.json")
+    one_rank_per_end(plan).save(tmp_path / "plan.json")
     port = two_free_ports()
     if layout == "hetjob":
         sites = ["--site", "both=fast,slow", "--site-option", "both.partition@fast=fast",

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from hetauto.core.plan import Plan, StagePlan
+from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
 
-__all__ = ["CLUSTER", "write_two_site_plan", "this_tree_env"]
+__all__ = ["CLUSTER", "one_rank_per_end", "write_two_site_plan", "this_tree_env"]
 
 CLUSTER = """\
 clusters:
@@ -30,6 +30,20 @@ def write_two_site_plan(folder: str | Path) -> Path:
     Plan(model="tiny-gpt", cluster="sites.yaml", seq_len=16, global_batch=6, microbatch_size=3, num_microbatches=2,
          stages=stages).save(folder / "plan.json")
     return folder / "plan.json"
+
+
+def one_rank_per_end(plan: Plan) -> Plan:
+    """`plan` cut to two 1-rank stages, its first stage's device and its last stage's first device, each with half
+    of the layers and plain 1F1B: the smallest job across the same clusters (a test launching it starts two ranks,
+    not the plan's world)."""
+    first, last = plan.stages[0], plan.stages[-1]
+    half = plan.stages[-1].layers[1] // 2
+    one = {"tp": 1, "dp": 1, "chunks": None, "dp_shares": None}
+    stages = (first.model_copy(update={**one, "devices": first.devices[:1], "layers": (0, half)}),
+              last.model_copy(update={**one, "devices": last.devices[:1], "layers": (half, last.layers[1])}))
+    doc = plan.model_copy(update={"stages": stages, "schedule": ScheduleSpec(), "resharding": plan.resharding[:1],
+                                  "prediction": None}).model_dump(by_alias=True)
+    return Plan.model_validate(doc)  # checked as a plan read from a file is
 
 
 def this_tree_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
