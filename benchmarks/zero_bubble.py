@@ -20,16 +20,25 @@ same cut without offload (W deferred as deep as the device alone holds), and het
 same cut. Memory is the Evaluator's: a microbatch keeps its activations from F to I, then only its W set (per
 Linear its input and output gradient, costmodel.deferred_w_bytes: the lean W the executor runs,
 hetauto.runtime.split_backward), on the device or, on a stage that offloads (schedule.w_offload), in host
-memory, the device holding at most one set at the activations' peak and two after an I, the copies priced over
-the host link in line with the compute, as the executor copies (costmodel.offload_exposed). paper-4c: ZB-H1
-takes 43.76 s against Virtual-1F1B's 44.72 s (+2.19%): the four last stages (h800, 11-12 layers, the busiest)
-defer only 1, 3, 5, 7 W of 14-17 (stage 14 per device: 23.9 GiB of model states and workspace, 4 x 9.9 GiB of
-activations, 4.9 GiB per W set, 72 GiB usable), and offloading their sets with in-line copies does not pay.
-Before the lean W a deferred microbatch kept all its activations and its W output gradients (torch's split):
-43.91 s, +1.84%. The what-if row (`_hidden_copies`) searches again with the copies free, as side streams would
-make them where a cycle hides them (not built): Virtual-ZB 43.19 s (+3.54%), W deferred i on every stage after
-the first but the ascend ones (8-11, no host_memory in their profile: 4, 8, 10, 11), stages 12-17 (a100, h800)
-offloading; a set moves in 0.105 s each way over 50 GB/s, within the stage's cycle.
+memory, the device holding at most one set at the activations' peak and two after an I, the copies on side
+streams priced as the executor runs them (costmodel.offload_exposed: the copy in under the I before its W, the
+copy out under the cycle's W and F, over the device's share of its host uplink, Evaluator.host_link_share).
+paper-4c: ZB-H1 takes 43.76 s against Virtual-1F1B's 44.72 s (+2.19%; the +3% target is missed): the four last
+stages (h800, 11-12 layers, the busiest) defer only 1, 3, 5, 7 W of 14-17 (stage 14 per device: 23.9 GiB of
+model states and workspace, 4 x 9.9 GiB of activations, 4.9 GiB per W set, 72 GiB usable), and offloading
+their sets does not pay: a set takes 0.106 s each way over 50 GB/s, the I before its W lasts 0.061 s and the
+W and F 0.099 s, so 0.052 s per microbatch stays exposed (a100 stages: two GPUs per PCIe switch uplink, 12.5 GB/s
+each, 0.24 s a copy). A longer window for the copy in needs a second set on the device at the activations'
+peak, which stage 14 cannot hold (68.4 + 4.9 GiB > 72). Before the lean W a deferred microbatch kept all its
+activations and its W output gradients (torch's split): 43.91 s, +1.84%. The what-if rows (`_hidden_copies`):
+the search with every copy free finds Virtual-ZB 43.19 s (+3.54%), W deferred i on every stage after the first
+but the ascend ones (no host_memory in their profile), stages 12-17 (a100, h800) offloading -- a bound no
+stream reaches; that plan with its copies priced as the side streams run them takes 124.21 s.
+What limits ZB-H1 there: memory, not the slow boundary (the same cut deferring i everywhere, memory ignored:
+43.40 s, +3.02%, ZB-H1's own bound; with every inter-cluster link at 3200 Gbps ZB-H1 43.66 s against 1F1B's
+44.62 s, +2.19% again), nor the search cap (max_evaluations 6000 or 12000, seeds 0-2: the same 43.76 s; the
+stop rule ends the 12000 search at ~6000 evaluations). With Evaluator(sequence_parallel=True) the default cap
+binds: 44.84 s at 3000 evaluations, 43.56 s (Virtual-ZB) at 6000.
 (`--neighbours` searches nearby plans without offload: none beat 43.76 s.)
 two-cluster: 30.51 s against 1F1B's 31.16 s (+2.15%; +1.74% before the lean W); offloading buys nothing there
 (stage 6, h800, defers 0 of 6 either way), so ours keeps the plain twin.
