@@ -36,17 +36,19 @@ but the ascend ones (no host_memory in their profile), stages 12-17 (a100, h800)
 stream reaches; that plan with its copies priced as the side streams run them takes 124.21 s.
 What limits ZB-H1 there: memory, not the slow boundary (the same cut deferring i everywhere, memory ignored:
 43.40 s, +3.02%, ZB-H1's own bound; with every inter-cluster link at 3200 Gbps ZB-H1 43.66 s against 1F1B's
-44.62 s, +2.19% again), nor the search cap (max_evaluations 6000 or 12000, seeds 0-2: the same 43.76 s; the
-stop rule ends the 12000 search at ~6000 evaluations). With Evaluator(sequence_parallel=True) the default cap
-binds: 44.84 s at 3000 evaluations, 43.56 s (Virtual-ZB) at 6000.
+44.62 s, +2.19% again), nor the search cap (max_evaluations 12000: the stop rule ends it at 5972 evaluations with
+the same 43.76 s; seeds 1, 2 too). With Evaluator(sequence_parallel=True) the default cap binds: Virtual-ZB
+44.84 s against 45.50 s without zero-bubble (+1.48%) at 3000 evaluations, 43.56 s against 44.38 s (+1.87%) at
+6000, better than the non-SP plan. `--limits` prints these.
 (`--neighbours` searches nearby plans without offload: none beat 43.76 s.)
 two-cluster: 30.51 s against 1F1B's 31.16 s (+2.15%; +1.74% before the lean W); offloading buys nothing there
 (stage 6, h800, defers 0 of 6 either way), so ours keeps the plain twin.
 
-    python benchmarks/zero_bubble.py [--quick] [--json] [--neighbours]
+    python benchmarks/zero_bubble.py [--quick] [--json] [--neighbours] [--limits]
 
 `--quick`: the synthetic table and mixed-small only. `--json`: the last line is one JSON document.
 `--neighbours`: where ours is ZB-H1, the best of the nearby ZB-H1 plans memory allows (`_neighbours`).
+`--limits`: only paper-4c's searches at a larger cap, with sequence parallelism, over fast links (`_limits`).
 """
 
 from __future__ import annotations
@@ -252,6 +254,45 @@ def _hidden_copies(inputs: object, without_s: float) -> list[dict]:
              "iteration_s": real.iteration_time_s, "bubble": real.bubble_fraction}]
 
 
+def _limits() -> list[str]:
+    """What limits ours on paper-4c, each line a pair of searches (ours, and without zero-bubble): a larger
+    evaluation cap, sequence parallelism at the default and a doubled cap, every inter-cluster link at 3200 Gbps."""
+    from importlib import resources
+    from pathlib import Path
+    from tempfile import TemporaryDirectory
+
+    import yaml
+
+    from hetauto.planner.evaluate import Evaluator
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.search import plan
+
+    inputs = load_planning_inputs(scenario="paper-4c")
+
+    def pair(label: str, inp: object, **kw: object) -> str:
+        ev = kw.pop("sp", False)
+        opts = [None, {"schedules": ("1f1b", "virtual-1f1b")}]
+        r = [plan(inp, "mcts", seed=0, space_options=o,  # type: ignore[arg-type]
+                  evaluator=Evaluator(inp, sequence_parallel=True) if ev else None, **kw) for o in opts]
+        a, b = (x.evaluation.iteration_time_s for x in r)
+        return (f"  {label:44s} ours {r[0].plan.schedule.name} {a:.4f} s ({r[0].evaluations} evaluations), without "
+                f"zero-bubble {r[1].plan.schedule.name} {b:.4f} s: {100 * (b / a - 1):+.2f}%")
+
+    out = [pair("max_evaluations 12000", inputs, max_evaluations=12000),
+           pair("sequence parallel", inputs, sp=True),
+           pair("sequence parallel, max_evaluations 6000", inputs, sp=True, max_evaluations=6000)]
+    doc = yaml.safe_load((resources.files("hetauto") / "data" / "scenarios" / "paper-4c.yaml").read_text())
+    cluster = dict(doc["cluster"], name="paper-4c-fast-links",
+                   links={"default": {"bandwidth": "3200Gbps", "latency": "0.01ms", "shared_capacity": "3200Gbps"}})
+    with TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fast.yaml"
+        path.write_text(yaml.safe_dump(cluster))
+        fast = load_planning_inputs(cluster=path, model=doc["model"], global_batch=doc["global_batch"],
+                                    seq_len=doc["seq_len"])
+    out.append(pair("inter-cluster links at 3200 Gbps", fast))
+    return out
+
+
 def _scenario(name: str, neighbours: bool = False) -> dict:
     from hetauto.core.plan import ScheduleSpec
     from hetauto.planner.evaluate import Evaluator
@@ -290,9 +331,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="synthetic table and mixed-small only")
     ap.add_argument("--json", action="store_true", help="last line: one JSON document")
+    ap.add_argument("--limits", action="store_true",
+                    help="paper-4c only: ours vs without zero-bubble at a larger cap, with sequence parallelism, "
+                         "over fast links (what limits the gain)")
     ap.add_argument("--neighbours", action="store_true",
                     help="also ZB-H1 plans near ours (cuts, deferrals) that memory allows: the best of each kind")
     args = ap.parse_args()
+    if args.limits:
+        print("paper-4c, what limits ours:")
+        for line in _limits():
+            print(line)
+        return 0
     doc: dict = {"synthetic": _synthetic(), "scenarios": []}
     print("synthetic (F=1, I=1, W=1, free links): iteration, bubble, peak in flight (chunks)")
     for r in doc["synthetic"]:
