@@ -171,8 +171,9 @@ def test_host_link_shared_by_the_offloading_devices_behind_one_uplink() -> None:
     inp = tiny_inputs(layers=8, gbs=16)
     ev = Evaluator(inp)
     (base,) = _plan(StrategySpace(inp, ev), "1f1b")
-    split = [base.stages[0].model_copy(update={"devices": (0, 3)}), base.stages[1].model_copy(update={"devices": (1, 2)}),
-             base.stages[2]]  # stage 0 and 1 each hold one device of node 0's uplink and one of node 1's
+    # stages 0 and 1 each hold one device of node 0's uplink and one of node 1's
+    split = [base.stages[0].model_copy(update={"devices": (0, 3)}),
+             base.stages[1].model_copy(update={"devices": (1, 2)}), base.stages[2]]
 
     def share(offload: tuple[bool, ...], stages: list) -> float:
         pl = base.model_copy(update={"stages": tuple(stages), "schedule": ScheduleSpec(
