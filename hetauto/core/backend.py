@@ -251,7 +251,7 @@ class Backend(ABC):
         return WallTimer(self.synchronize)
 
     # -- side streams (hetauto.runtime.w_offload: copies overlapped with the compute) ----------------
-    # A stream here has torch.Stream's surface: `record_event()` (an event with `query()`), `wait_event(event)`.
+    # A stream here has torch.Stream's surface: `record_event()` (an event), `wait_event(event)`.
     def side_stream(self, device: torch.device) -> Any | None:
         """A new stream on `device` for copies that run beside the compute, or None where the device has no
         streams and a copy is synchronous (a host backend, like tinygrad's null device): the caller copies in line."""
