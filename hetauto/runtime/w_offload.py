@@ -138,20 +138,20 @@ def prefetch_points(actions: tuple[Action, ...] | list[Action], m: int) -> dict[
     return out
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Leaving:
     key: int
     device: list[Kept]  # held until the compute stream has waited on `done`
     done: Any
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Away:
     host: list[Kept]
     done: Any  # the copy out's event (None: synchronous)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Arriving:
     device: list[Kept]
     done: Any  # the copy in's event (None: synchronous)
