@@ -17,6 +17,8 @@
 #   - nothing was emulated;
 #   - a CUDA stage's measured peak memory is > 0 and <= the planner's predicted peak (the prediction must be an
 #     upper bound, or plans that "fit" would run out of memory). Host-memory stages are reported, not checked.
+# Then (c), one process on cuda:0, one line: W sets offloaded on side streams (hetauto.runtime.w_offload) give the
+# plain backward's gradients bit for bit, and matmuls queued beside a copy out take less than alone + half the copy.
 # Exit 0: all checks passed; 1: a check failed (each failure is printed as "MISMATCH ..."); 3: no usable CUDA
 # torch (or hetauto's dependencies) could be installed; other: the script itself broke.
 #
@@ -261,6 +263,86 @@ run_one() {  # NAME PLAN PRECISION TRANSPORT
 }
 run_one a "$WORK/plan-a.json" bf16 -
 run_one b "$WORK/plan-b.json" fp32 host
+
+# (c) W sets offloaded on side streams (hetauto.runtime.w_offload.Offloader), one process on cuda:0, a few
+# seconds: I then W through the offloader gives the plain backward's gradients bit for bit, and the compute stream
+# is not blocked for the copy's duration (events: matmuls beside a copy out take less than alone + half the copy).
+# Dry run: the cpu backend (no side streams: synchronous copies), bit-exactness only.
+side_streams() {
+    timeout -k 10 "$RUN_TIMEOUT" "$PY" - "$DRY" <<'EOF'
+import sys, time
+import torch
+from hetauto.backends import get_backend
+from hetauto.runtime import split_backward, w_offload
+
+dry = sys.argv[1] == "1"
+be = get_backend("cpu" if dry else "cuda")
+dev = torch.device("cpu") if dry else torch.device("cuda", 0)
+h, rows = (128, 256) if dry else (4096, 8192)
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(h, h) for _ in range(4)]).to(dev)
+
+plain, lean = model(), model()
+store = split_backward.LeanW.install(lean)
+x, g = torch.randn(rows, h, device=dev), torch.randn(rows, h, device=dev)
+plain(x).backward(g)
+off = w_offload.Offloader(be, dev, pin=be.pin_host_memory)
+off.send(0, store.input_grads(lean(x), g))
+off.prefetch(0)
+split_backward.LeanW.weight_grads(off.take(0))
+off.finish()
+same = all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), lean.parameters()))
+line = f"gpu-check: (c) W offload on side streams: bit-exact {'yes' if same else 'NO'}"
+ok = same
+if off.overlapped:
+    kept = store.input_grads(lean(x), g)
+    nbytes = split_backward.kept_bytes(kept)
+
+    def round_trip(key: int) -> None:  # the host buffers freed again (cached for the next copy out)
+        off.prefetch(key)
+        off.take(key)
+        torch.cuda.synchronize()
+
+    off.send(1, kept)  # warm-up: pinned host buffers allocated once, then cached
+    round_trip(1)
+    t = time.perf_counter()
+    off.send(2, kept)
+    off.finish()
+    torch.cuda.synchronize()
+    copy_s = time.perf_counter() - t
+    round_trip(2)
+    a = torch.randn(8192, 8192, device=dev)
+
+    def compute_s(n: int, beside: bool) -> float:
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        if beside:
+            off.send(3, kept)
+        for _ in range(n):
+            a @ a
+        e.record()
+        if beside:
+            round_trip(3)
+        torch.cuda.synchronize()
+        return s.elapsed_time(e) / 1e3
+
+    one = compute_s(1, False)
+    n = max(1, int(2 * copy_s / max(one, 1e-6)))
+    alone, beside = compute_s(n, False), compute_s(n, True)
+    overlapped = beside < alone + 0.5 * copy_s
+    ok = ok and overlapped
+    line += (f"; {nbytes / 2**20:.0f} MiB out in {copy_s * 1e3:.1f} ms; compute {alone * 1e3:.1f} ms alone, "
+             f"{beside * 1e3:.1f} ms beside the copy: {'overlapped' if overlapped else 'BLOCKED'}")
+else:
+    line += " (no side streams on this backend: copies in line)"
+print(line + ("" if ok else "  MISMATCH"))
+sys.exit(0 if ok else 1)
+EOF
+}
+side_streams || failed+=(c)
 
 say "total $((SECONDS - T0)) s"
 if [ ${#failed[@]} -gt 0 ]; then

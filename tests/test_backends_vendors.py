@@ -168,3 +168,19 @@ def test_backends_never_probe_constructors_or_import_vendors():
 
 def test_direct_classes_match_registry():
     assert [c.priority for c in (NpuBackend, CudaBackend, RocmBackend, XpuBackend)] == [100, 80, 80, 60]
+
+
+def test_side_streams_come_from_the_device_module(registry, monkeypatch):
+    """`Backend.side_stream` / `current_stream` / `use_stream` (hetauto.runtime.w_offload) forward to the device
+    module's Stream, current_stream and stream; the host backends have none (their copies are synchronous)."""
+    mod = FakeDeviceModule("cuda", count=2, name="NVIDIA H800", total_memory=80 << 30, capability=(9, 0))
+    mod.Stream = lambda device: ("side", device)
+    mod.current_stream = lambda device: ("current", device)
+    mod.stream = lambda s: ("queued on", s)
+    install_fake_device_module(monkeypatch, mod, cuda_version="12.4", hip_version=None)
+    cuda, dev = registry.get("cuda"), torch.device("cuda", 1)
+    assert (cuda.side_stream(dev), cuda.current_stream(dev)) == (("side", dev), ("current", dev))
+    assert cuda.use_stream(("side", dev)) == ("queued on", ("side", dev))
+    for host in ("cpu", "mock"):
+        assert registry.get(host).side_stream(torch.device("cpu")) is None
+        assert registry.get(host).current_stream(torch.device("cpu")) is None

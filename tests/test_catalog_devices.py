@@ -45,6 +45,23 @@ def test_host_memory_per_node_from_the_server_datasheets() -> None:
     assert profile_from_dict(doc, "h800.json") == catalog()["h800"]
 
 
+def test_host_link_shared_by_from_the_server_block_diagrams() -> None:
+    """`host_link_shared_by` (devices behind one host uplink) where a server's block diagram gives it: DGX A100 and
+    DGX-1 pair their GPUs behind PCIe switches, DGX H100/H800 give each GPU its own; 1 elsewhere. A document
+    round trip keeps it; anything but a whole number >= 1 is refused naming the field."""
+    from hetauto.core.errors import SpecError
+    from hetauto.core.profile import profile_from_dict
+
+    got = {k: d.host_link_shared_by for k, d in catalog().items() if d.host_link_shared_by != 1}
+    assert got == {"a100-80g": 2, "a100-40g": 2, "v100-16g": 2, "v100-32g": 2}
+    assert catalog()["h800"].host_link_shared_by == 1 and "host_link_shared_by" not in catalog()["h800"].to_document()
+    doc = catalog()["a100-80g"].to_document()
+    assert doc["host_link_shared_by"] == 2 and profile_from_dict(doc, "a.json") == catalog()["a100-80g"]
+    with pytest.raises(SpecError, match=r"host_link_shared_by must be a whole number >= 1 \(the devices behind one "
+                                        r"host uplink; 1 where each device has its own\), got 0"):
+        profile_from_dict({**doc, "host_link_shared_by": 0}, "a.json")
+
+
 def test_ascend_910b_names_its_sku() -> None:
     d = catalog()["ascend-910b"]
     assert d.name == "Huawei Ascend 910B3" and d.peak_flops == 313 * T

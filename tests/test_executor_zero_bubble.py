@@ -37,6 +37,9 @@ CASES = [
     ("zb-v", _plan(ScheduleSpec(name="zb-v"))),
     ("zb-h1-recompute", _plan(ScheduleSpec(name="zb-h1"), recompute=True)),  # I recomputes each block once
     ("zb-h1-offload", _plan(ScheduleSpec(name="zb-h1", w_offload=(False, True)))),  # stage 1's W sets on the host
+    # deferring 1 the set W needs is still leaving when prefetched (kept on the device); deferring 2 it comes back
+    # from the host (w_offload.Offloader)
+    ("zb-h1-offload-defer-2", _plan(ScheduleSpec(name="zb-h1", w_defer=(0, 2), w_offload=(False, True)))),
 ]
 
 
@@ -92,7 +95,7 @@ def losses() -> dict[str, list[float]]:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["zb-h1", "zb-h1-no-defer", "zb-h1-plain-b", "virtual-zb", "zb-v", "zb-h1-recompute",
-                                  "zb-h1-offload"])
+                                  "zb-h1-offload", "zb-h1-offload-defer-2"])
 def test_split_backward_is_the_unsplit_backward(losses, name: str) -> None:
     assert losses[name] == losses["1f1b"]  # bit for bit: the same gradients, summed in the same order
     want = reference_losses(GPT, SEED, STEPS, 8, 2, 16)

@@ -129,8 +129,10 @@ def test_offload_memory_one_set_at_the_peak_two_after_an_i() -> None:
                                                      dp=1, microbatch=4), rel=1e-12)
     assert ev.offload_host_need("fast", (1, 5), 1, 1, 4, ev.cluster_precision("fast"), 6) == pytest.approx(6 * kept)
     assert ev.host_share_bytes("fast") == 2e12 / 2
-    assert cm.offload_exposed(10.0, 2.0) == 10.0  # out and back, 5 s each, in line with the compute
-    assert cm.offload_exposed(0.0, 2.0) == cm.offload_exposed(10.0, float("inf")) == 0.0
+    # side streams: 5 s each way; the copy in under the I (1 s), the copy out under the W and F (4 s)
+    assert cm.offload_exposed(10.0, 2.0, i_s=1.0, fw_s=4.0) == 4.0 + 1.0
+    assert cm.offload_exposed(10.0, 2.0, i_s=5.0, fw_s=6.0) == 0.0  # both hidden
+    assert cm.offload_exposed(0.0, 2.0, i_s=0, fw_s=0) == cm.offload_exposed(10.0, float("inf"), i_s=0, fw_s=0) == 0.0
 
 
 def test_offload_refused_without_host_memory_or_beyond_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,11 +148,14 @@ def test_offload_refused_without_host_memory_or_beyond_it(monkeypatch: pytest.Mo
     assert ev.evaluate(pl).feasible
     costs, plain = ev.pipeline_costs(pl), ev.pipeline_costs(pl.model_copy(update={"schedule": ScheduleSpec(
         name="zb-h1", w_defer=(-1, 1, 2))}))
-    st = pl.stages[2]  # v100-16g: 12 GB/s over PCIe Gen3, slower than its microbatch-cycle
+    st = pl.stages[2]  # v100-16g: 12 GB/s over PCIe Gen3 for its two devices (one uplink), slower than its cycle
     kept = cm.deferred_w_bytes(ev.layer_table(ev.precision(pl)).range(*st.layers), tp=st.tp, dp=st.dp,
                                microbatch=pl.microbatch_size)
-    exposed = cm.offload_exposed(kept, 12e9)
-    assert exposed > 0 and costs.tb[:2] == plain.tb[:2] and costs.tb[2] == pytest.approx(plain.tb[2] + exposed)
+    assert ev.host_link_share(pl, 2) == 12e9 / 2
+    tw = plain.tb[2] * plain.w_share[2]
+    exposed = cm.offload_exposed(kept, 6e9, i_s=plain.tb[2] - tw, fw_s=plain.tf[2] + tw)
+    assert exposed == pytest.approx(2 * kept / 6e9 - plain.tb[2] - plain.tf[2], rel=1e-12)  # neither copy hidden
+    assert costs.tb[:2] == plain.tb[:2] and costs.tb[2] == pytest.approx(plain.tb[2] + exposed, rel=1e-12)
     monkeypatch.setattr(Evaluator, "host_share_bytes", lambda self, c: None)
     assert ev.evaluate(pl.model_copy(update={"memory_headroom": 0.11})).violation == (
         "stage 2 (slow) offloads its deferred W sets (schedule.w_offload) but device 'v100-16g' has no host_memory "
@@ -158,6 +163,26 @@ def test_offload_refused_without_host_memory_or_beyond_it(monkeypatch: pytest.Mo
     monkeypatch.setattr(Evaluator, "host_share_bytes", lambda self, c: 1.0)
     assert ev.evaluate(pl.model_copy(update={"memory_headroom": 0.12})).violation.startswith(
         "stage 2 (slow): its offloaded W sets need 0.")
+
+
+def test_host_link_shared_by_the_offloading_devices_behind_one_uplink() -> None:
+    """a100-80g pairs its devices behind one uplink (host_link_shared_by 2, 25 GB/s): a device gets the whole link
+    where its partner does not offload, half where it does; nodes of 2 devices here."""
+    inp = tiny_inputs(layers=8, gbs=16)
+    ev = Evaluator(inp)
+    (base,) = _plan(StrategySpace(inp, ev), "1f1b")
+    # stages 0 and 1 each hold one device of node 0's uplink and one of node 1's
+    split = [base.stages[0].model_copy(update={"devices": (0, 3)}),
+             base.stages[1].model_copy(update={"devices": (1, 2)}), base.stages[2]]
+
+    def share(offload: tuple[bool, ...], stages: list) -> float:
+        pl = base.model_copy(update={"stages": tuple(stages), "schedule": ScheduleSpec(
+            name="zb-h1", w_defer=(-1, 1, 2), w_offload=offload)})
+        return ev.host_link_share(pl, 1)
+
+    assert share((False, True, False), list(base.stages)) == 25e9 / 2  # its own two devices share node 1's uplink
+    assert share((False, True, False), split) == 25e9  # its partners (stage 0's) do not offload
+    assert share((True, True, False), split) == 25e9 / 2
 
 
 def test_schedule_spec_w_defer_round_trip_and_refusals() -> None:

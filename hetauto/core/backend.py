@@ -12,7 +12,8 @@ import re
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, ClassVar
 
 from hetauto.core.lazy_torch import torch  # imported on first use: the launcher never pays for it
 
@@ -248,6 +249,21 @@ class Backend(ABC):
 
     def timer(self) -> Timer:
         return WallTimer(self.synchronize)
+
+    # -- side streams (hetauto.runtime.w_offload: copies overlapped with the compute) ----------------
+    # A stream here has torch.Stream's surface: `record_event()` (an event), `wait_event(event)`.
+    def side_stream(self, device: torch.device) -> Any | None:
+        """A new stream on `device` for copies that run beside the compute, or None where the device has no
+        streams and a copy is synchronous (a host backend, like tinygrad's null device): the caller copies in line."""
+        return None
+
+    def current_stream(self, device: torch.device) -> Any | None:
+        """The stream compute is queued on now (None where `side_stream` is None)."""
+        return None
+
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
+        """Queue the work inside the `with` block on `stream` (a `side_stream`)."""
+        return nullcontext()
 
     def manual_seed(self, seed: int) -> None:
         """Seed the host and every device generator, so runs repeat bit-exactly."""

@@ -239,6 +239,9 @@ class ProfileDoc(_Strict):
     # devices: what offloaded tensors may fill (the deferred W sets, hetauto.runtime.w_offload); absent: unknown,
     # nothing is offloaded there
     host_memory: str | float | None = None
+    # devices of one node behind one host uplink (a PCIe switch's link to the CPU; the server's block diagram): the
+    # uplink's `host_link_bandwidth` is split among them when they copy at once (offloaded W sets); absent: 1
+    host_link_shared_by: int | None = None
     efficiency: EfficiencyDoc | None = None
     source: str | None = None
     estimated: bool = False
@@ -255,6 +258,14 @@ class ProfileDoc(_Strict):
                 raise ValueError(f"unknown dtype {bad[0]!r} in peak_flops; use {', '.join(PEAK_DTYPES)}")
             return {k: parse_flops(x) for k, x in v.items()}
         return v if v is None else parse_flops(v)
+
+    @field_validator("host_link_shared_by")
+    @classmethod
+    def _sharers(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"host_link_shared_by must be a whole number >= 1 (the devices behind one host uplink; "
+                             f"1 where each device has its own), got {v!r}")
+        return v
 
     @field_validator("memory_bytes", "host_memory")
     @classmethod
@@ -288,7 +299,8 @@ class EfficiencyModel:
 class DeviceProfile:
     """One device type. SI units: FLOP/s, bytes, bytes/s. `estimated` marks rough numbers (the CPU entry).
     `host_link_bandwidth_Bps`: device <-> host copies (inf: none priced, the device's memory is the host's).
-    `host_memory_bytes`: one node's host memory (None: unknown, so nothing is offloaded to it)."""
+    `host_memory_bytes`: one node's host memory (None: unknown, so nothing is offloaded to it).
+    `host_link_shared_by`: devices behind one host uplink of `host_link_bandwidth_Bps` (1: each its own)."""
 
     key: str
     name: str
@@ -304,6 +316,7 @@ class DeviceProfile:
     measured: MeasuredDoc | None = field(default=None, compare=False)
     host_link_bandwidth_Bps: float = math.inf
     host_memory_bytes: float | None = None
+    host_link_shared_by: int = 1
     # (dtype, FLOP/s) of a per-dtype `peak_flops` map, in PEAK_DTYPES order; () when the profile gave one figure
     peak_flops_by_dtype: tuple[tuple[str, float], ...] = ()
 
@@ -353,6 +366,8 @@ class DeviceProfile:
             out["host_link_bandwidth"] = self.host_link_bandwidth_Bps
         if self.host_memory_bytes is not None:
             out["host_memory"] = self.host_memory_bytes
+        if self.host_link_shared_by != 1:
+            out["host_link_shared_by"] = self.host_link_shared_by
         if self.measured is not None:
             out["measured"] = self.measured.model_dump(mode="json", exclude_defaults=True)
         return out
@@ -407,6 +422,7 @@ def _build(doc: ProfileDoc, base: DeviceProfile | None, source: str | Path | Non
         nic_bandwidth_Bps=float(pick("nic_bandwidth", base.nic_bandwidth_Bps if base else None)),
         host_link_bandwidth_Bps=float(pick("host_link_bandwidth", base.host_link_bandwidth_Bps if base else math.inf)),
         host_memory_bytes=_opt_float(pick("host_memory", base.host_memory_bytes if base else None)),
+        host_link_shared_by=int(pick("host_link_shared_by", base.host_link_shared_by if base else 1)),
         efficiency_model=(EfficiencyModel(eff.max_eff, eff.half_size_flops, eff.tp_penalty) if eff is not None
                           else base.efficiency_model),  # type: ignore[union-attr]
         source=pick("source", base.source if base else None),

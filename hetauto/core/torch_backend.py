@@ -131,6 +131,23 @@ class TorchModuleBackend(Backend):
             return WallTimer(self.synchronize)
         return EventTimer(event)
 
+    def side_stream(self, device: torch.device) -> Any | None:
+        """`module.Stream(device=...)` (torch.cuda/xpu/npu.Stream); None on the host module, whose copies are
+        synchronous (torch 2.13's cpu backend has streams but no events)."""
+        if self.device_type == "cpu" or not self._has("Stream"):
+            return None
+        return self.module.Stream(device=device)
+
+    def current_stream(self, device: torch.device) -> Any | None:
+        if self.device_type == "cpu" or not self._has("current_stream"):
+            return None
+        return self.module.current_stream(device)
+
+    def use_stream(self, stream: Any) -> Any:
+        if stream is None or not self._has("stream"):
+            return super().use_stream(stream)
+        return self.module.stream(stream)
+
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)  # seeds the host and every initialised device generator
         if self._has("manual_seed_all"):

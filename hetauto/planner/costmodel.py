@@ -236,24 +236,28 @@ def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int) -> f
                               + sums.wgrad_replicated + sums.wgrad_input_replicated)
 
 
-# An offloading stage's W sets on the device (hetauto.runtime.w_offload), bounds that hold whether the copies run
-# in line (the executor today: a set is on the device from its I to the end of its copy out, and from its copy
-# in to the end of its W, so one at a time) or on side streams (a set going out after an I while the next W's
-# comes in): at most one at the activations' peak (the end of an F) and two after an I.
+# An offloading stage's W sets on the device, as the executor holds them (hetauto.runtime.w_offload.Offloader: at
+# most one set leaving for host memory and one arriving for its W, the leaving one retired before a prefetch is
+# allocated): one at the end of an F (the activations' peak), two just after an I (its own set leaving, the next
+# W's arriving); tests/test_w_offload.py walks ZB-H1 and Virtual-ZB lists and finds exactly these.
 OFFLOAD_PEAK_SETS = 1
 OFFLOAD_DEVICE_SETS = 2
 
 
-def offload_exposed(kept_bytes: float, host_link_Bps: float) -> float:
-    """Seconds per microbatch that offloading its W set adds, as the executor copies today
-    (hetauto.runtime.w_offload): on the compute stream, out right after the I and back right before the W, so
-    both copies wait in line with the compute: 2 x `kept_bytes` / `host_link_Bps`. 0 where nothing moves (no
-    set, or a host backend's infinite link). Side-stream copies (TransformerEngine's CPU offload: a
-    device-to-host and a host-to-device stream with events) would hide each copy within a microbatch-cycle;
-    the executor does not run them yet, so they are not priced."""
+def offload_exposed(kept_bytes: float, host_link_Bps: float, *, i_s: float, fw_s: float) -> float:
+    """Seconds per microbatch that offloading its W set adds, as the executor copies (hetauto.runtime.w_offload:
+    side streams). In ZB-H1's steady F, I, W cycle the copy out (`kept_bytes` / `host_link_Bps`) runs from the
+    end of an I until the compute stream retires it at the next W's prefetch (the next I's turn), under that
+    cycle's W and F (`fw_s`); the copy in runs under the I before its W (`i_s`), in the other direction of the
+    full-duplex link. What does not fit is exposed (the compute stream waits on the copy's event):
+    max(0, c - i_s) + max(0, c - fw_s), c the one-way copy time. `host_link_Bps` is the device's share of its
+    uplink (Evaluator.host_link_share). 0 where nothing moves (no set, or a host backend's infinite link).
+    The warm-up (no W between two I: the out copy retires at the next I, a window of F + I) and cool-down
+    (W after W: the prefetch under the previous W) are priced as the steady state."""
     if kept_bytes <= 0 or not math.isfinite(host_link_Bps):
         return 0.0
-    return 2.0 * kept_bytes / host_link_Bps
+    c = kept_bytes / host_link_Bps
+    return max(0.0, c - i_s) + max(0.0, c - fw_s)
 
 
 def offload_host_bytes(kept_bytes: float, w_peak: float) -> float:

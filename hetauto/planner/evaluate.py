@@ -829,7 +829,7 @@ class Evaluator:
                 # offloading stage's exposed copies wait before its W
                 share = self._weight_share(st, c, mb, prec, plan.training.allow_tf32)
                 tw = share * b
-                off = self._offload_exposed(plan, len(tb) - 1, c, sums)
+                off = self._offload_exposed(plan, len(tb) - 1, c, sums, i_s=tb[-1] - tw, fw_s=tf[-1] + tw)
                 tb[-1] += off
                 w_share.append((tw + off) / tb[-1] if tb[-1] > 0 else 0.0)
             exposed_mb.append(ex_f + ex_b)
@@ -904,14 +904,40 @@ class Evaluator:
                              link_groups=groups, act_bytes=act, allreduce=tuple(ar), dp_overlap=overlap,
                              optim=tuple(opt), w_share=tuple(w_share) if split else 0.0)
 
-    def _offload_exposed(self, plan: Plan, stage: int, c: Cluster, sums: cm.RangeSums) -> float:
+    def _offload_exposed(self, plan: Plan, stage: int, c: Cluster, sums: cm.RangeSums, *, i_s: float,
+                         fw_s: float) -> float:
         """Seconds per microbatch an offloading stage's W-set copies add (costmodel.offload_exposed over its
-        device's host link; 0 on a host backend or where the stage does not offload)."""
+        device's share of its host uplink, under its I (`i_s`) and its W and F (`fw_s`); 0 on a host backend or
+        where the stage does not offload)."""
         if not plan.schedule.offloads(stage) or c.backend in HOST_BACKENDS:
             return 0.0
         st = plan.stages[stage]
         kept = cm.deferred_w_bytes(sums, tp=st.tp, dp=st.dp, microbatch=plan.microbatch_size)
-        return cm.offload_exposed(kept, c.device.host_link_bandwidth_Bps)
+        return cm.offload_exposed(kept, self.host_link_share(plan, stage), i_s=i_s, fw_s=fw_s)
+
+    def host_link_share(self, plan: Plan, stage: int) -> float:
+        """Host-link bytes/s one device of offloading stage `stage` gets: its profile's `host_link_bandwidth` (one
+        uplink's) over the offloading devices behind its uplink (`host_link_shared_by` consecutive devices of a
+        node share one; the most crowded of the stage's uplinks). Assumed: those devices copy at once (a stage's
+        TP / DP peers run in lock-step; a neighbouring stage copies once per microbatch-cycle too), so each gets
+        an equal share; a device whose uplink partners do not offload gets it whole."""
+        st = plan.stages[stage]
+        c = self.cluster(st.cluster)
+        bw, k = c.device.host_link_bandwidth_Bps, c.device.host_link_shared_by
+        if k <= 1:
+            return bw
+        if not st.devices:
+            return bw / k
+
+        def uplink(d: int) -> tuple[int, int]:
+            return c.node_of(d), c.local_index(d) // k
+
+        count: dict[tuple[int, int], int] = {}
+        for i, other in enumerate(plan.stages):
+            if other.cluster == st.cluster and plan.schedule.offloads(i):
+                for d in other.devices:
+                    count[uplink(d)] = count.get(uplink(d), 0) + 1
+        return bw / max(count.get(uplink(d), 1) for d in st.devices)
 
     def _weight_share(self, st: StagePlan, c: Cluster, mb: int, precision: str, tf32: bool) -> float:
         """The weight-gradient (W) share of `st`'s backward on cluster `c` (its slowest replica's for a mixed group),

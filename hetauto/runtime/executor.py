@@ -295,6 +295,10 @@ class StageExecutor:
                           for i, ch in enumerate(chunks))
         # this stage's deferred W sets wait in host memory between I and W (hetauto.runtime.w_offload)
         self.w_offload = plan.schedule.offloads(me.stage)
+        self.offload = w_offload.Offloader(self.dev.backend, self.device, self.dev.backend.pin_host_memory) \
+            if self.w_offload else None
+        # program index -> key of the W set to bring back when the loop reaches it (the W's preceding compute)
+        self._prefetch = w_offload.prefetch_points(self.actions, plan.num_microbatches) if self.w_offload else {}
         self.reducers = (
             [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
             if groups.dp_group is not None and options.overlap_dp and not self.fsdp and not self.zero1 and not split
@@ -447,13 +451,17 @@ class StageExecutor:
             for per_step in (*self.cpu.values(), *self.dev_s.values()):
                 per_step.append(0.0)
             self._timers = []
-        handlers = self._handlers
-        for code, k, last_b, vs, c in self._program:
+        handlers, prefetch = self._handlers, self._prefetch
+        for i, (code, k, last_b, vs, c) in enumerate(self._program):
             if rec:
                 if st.watch:
                     self._poll(step, st.watch)
                 st.t = time.time()
+            if prefetch and i in prefetch:
+                self.offload.prefetch(prefetch[i])
             handlers[code](st, vs * m + k if k is not None else -1, last_b, vs, c)
+        if self.offload is not None:
+            self.offload.finish()
         self._wait_sends(step, st.sends, st.watch)
         if st.recv_f or st.recv_b or st.outputs or st.deferred:
             raise RuntimeError(f"rank {me.rank}: schedule left work behind (recv_f {sorted(st.recv_f)}, "
@@ -576,8 +584,9 @@ class StageExecutor:
             lean = self.lean[c]
             assert lean is not None  # installed on every chunk but the first virtual stage's
             kept = self._timed("I", lean.input_grads, y, grad)
-            if self.w_offload:
-                kept = w_offload.to_host(kept, pin=self.dev.backend.pin_host_memory)
+            if self.offload is not None:
+                self.offload.send(key, kept)
+                kept = w_offload.SENT
             x = st.inputs[key]
             gx_ptr = x.grad.data_ptr() if x.grad is not None else None
             st.deferred[key] = (None, None, posted, kept, gx_ptr)
@@ -595,8 +604,8 @@ class StageExecutor:
         if kept is None:
             self._timed("W", torch.autograd.backward, y, grad)
         else:
-            if self.w_offload:
-                kept = w_offload.to_device(kept, self.device)
+            if kept is w_offload.SENT:
+                kept = self.offload.take(key)
             self._timed("W", split_backward.LeanW.weight_grads, kept)
         self._release_after_backward(st, key, posted, gx_ptr)
         if self._rec:
