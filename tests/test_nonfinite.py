@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hetauto.cli import main
 from hetauto.core.errors import NonFiniteCheckpoint
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan, StagePlan
@@ -88,8 +89,6 @@ def test_verify_names_a_tensor_holding_nan_in_an_intact_checkpoint(tmp_path: Pat
     monkeypatch.undo()  # verify with the real check (in this process: three subprocesses would cost seconds each)
     assert not verify_checkpoint(bad)  # the bytes are the ones written
     name = next(n for n, p in model.named_parameters() if p is w)
-    from hetauto.cli import main
-
     assert main(["checkpoint", "verify", str(bad)]) == 5
     # AdamW's moments took nothing non-finite (the nan went into the weight after the step)
     assert capsys.readouterr().err.strip() == (
@@ -133,7 +132,7 @@ def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder:
             "the same data into the same non-finite values; ") in line, line
     kept = complete_checkpoints(ck)
     assert len(kept) == 1 and f"newest complete checkpoint: {kept[0]}" in line
-    assert _cli("checkpoint", "verify", str(kept[0])).returncode == 0
+    assert main(["checkpoint", "verify", str(kept[0])]) == 0
 
 
 @pytest.mark.multiprocess
@@ -145,7 +144,7 @@ def test_skip_and_continue_finish_but_write_no_non_finite_checkpoint(folder: Pat
     doc = json.loads(proc.stdout)
     assert doc["nonfinite_steps"] and doc["nonfinite_steps"][-1] == 3
     kept = complete_checkpoints(ck)
-    assert len(kept) == 1 and _cli("checkpoint", "verify", str(kept[0])).returncode == 0
+    assert len(kept) == 1 and main(["checkpoint", "verify", str(kept[0])]) == 0
     if mode == "skip":  # the weights never took a nan: every step's checkpoint was written
         assert doc["skipped_checkpoints"] == [] and kept[0].name == "step-00000003"
     else:  # the nan went into the weights: those steps' checkpoints were not written, the finite one stays
