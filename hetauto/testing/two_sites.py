@@ -1,5 +1,5 @@
 """The two-site plan the launch tests and benchmarks/launch.py run: a fast site's one cpu rank and a slow site's
-three mock ranks (dp 3), so the two nodes run different process counts (1 + 3)."""
+mock ranks (dp 3 for the benchmark, 2 in the tests), so the two nodes run different process counts."""
 
 from __future__ import annotations
 
@@ -21,14 +21,15 @@ links:
 """
 
 
-def write_two_site_plan(folder: str | Path) -> Path:
-    """Write `sites.yaml` and `plan.json` into `folder`; returns the plan's path."""
+def write_two_site_plan(folder: str | Path, slow_ranks: int = 3) -> Path:
+    """Write `sites.yaml` and `plan.json` (1 + `slow_ranks` ranks, 2 to 4) into `folder`; returns the plan's path."""
     folder = Path(folder)
     (folder / "sites.yaml").write_text(CLUSTER, encoding="utf-8")
     stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
-              StagePlan(cluster="slow", device_type="cpu", devices=(0, 1, 2), layers=(3, 6), tp=1, dp=3))
-    Plan(model="tiny-gpt", cluster="sites.yaml", seq_len=16, global_batch=6, microbatch_size=3, num_microbatches=2,
-         stages=stages).save(folder / "plan.json")
+              StagePlan(cluster="slow", device_type="cpu", devices=tuple(range(slow_ranks)), layers=(3, 6), tp=1,
+                        dp=slow_ranks))
+    Plan(model="tiny-gpt", cluster="sites.yaml", seq_len=16, global_batch=2 * slow_ranks, microbatch_size=slow_ranks,
+         num_microbatches=2, stages=stages).save(folder / "plan.json")
     return folder / "plan.json"
 
 
