@@ -128,7 +128,8 @@ def _work_missing(rank: int, world: int) -> float:
         return 0.0  # never joins
     t0 = time.monotonic()
     try:
-        Communicator.init_from_env("gloo", timeout_s=3.0)
+        # joining has its own limit (the worker's: at least 30 s), longer than a collective's
+        Communicator.init_from_env("gloo", timeout_s=1.0, join_timeout_s=3.0)
     except CommunicationError as exc:
         return (time.monotonic() - t0, str(exc))  # type: ignore[return-value]
     raise AssertionError("init_from_env succeeded without the last rank")
