@@ -5,8 +5,6 @@ held-out tail, which training would reach only at the first evaluation)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,15 +39,17 @@ def test_an_id_beyond_the_vocabulary_is_named_with_its_position(tmp_path: Path) 
     open_tokens(path).check_fits(global_batch=4, seq_len=16, model_vocab=301)  # a model it fits
 
 
-def test_hetauto_run_refuses_it_before_launch_even_in_the_held_out_tail(tmp_path: Path) -> None:
+def test_hetauto_run_refuses_it_before_launch_even_in_the_held_out_tail(tmp_path: Path, capsys) -> None:
+    from hetauto.cli import main
+
     (tmp_path / "one.yaml").write_text(CLUSTER)
     Plan(model="tiny-gpt", cluster="one.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
          stages=(StagePlan(cluster="a", device_type="cpu", devices=(0,), layers=(0, 6), tp=1, dp=1),)
          ).save(tmp_path / "plan.json")
     path = _bad_bin(tmp_path, 3990)  # inside the last 5% (--eval-fraction's default)
-    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--data", str(path),
-                           "--eval-every", "2", "--json"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert json.loads(proc.stdout)["error"] == (
+    assert main(["run", str(tmp_path / "plan.json"), "--data", str(path), "--eval-every", "2", "--json"]) == 2
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    assert json.loads(out.out)["error"] == (
         f"{path}: tokens: token id 300 at position 3990 is outside tiny-gpt's vocabulary of 256 ids (0..255) "
         "(tokenize with the model's own tokenizer, or fix the file)")
