@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -69,13 +68,6 @@ def test_a_non_finite_checkpoint_is_never_written_and_the_finite_one_is_kept(tmp
     assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
 
 
-def _cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return proc
-
-
 def test_verify_names_a_tensor_holding_nan_in_an_intact_checkpoint(tmp_path: Path, monkeypatch, capsys) -> None:
     import hetauto.runtime.checkpoint as ck
 
@@ -109,20 +101,23 @@ def folder(tmp_path_factory) -> Path:
     return d
 
 
-def _diverging(folder: Path, mode: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _diverging(folder: Path, mode: str, capsys, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`hetauto run` in this process (torchrun and the rank are real; a CLI subprocess would import torch again)."""
     ck = folder / f"ck-{mode}"
-    proc = _cli("run", str(folder / "plan.json"), "--steps", "4", "--lr", "2e4", "--checkpoint-dir", str(ck),
-                "--keep", "1", "--no-reference", "--timeout", "20", "--on-nonfinite", mode,
-                *(["--json"] if mode != "stop" else []), *extra)
-    return proc, ck
+    argv = ["run", str(folder / "plan.json"), "--steps", "4", "--lr", "2e4", "--checkpoint-dir", str(ck), "--keep", "1",
+            "--no-reference", "--timeout", "20", "--on-nonfinite", mode, *(["--json"] if mode != "stop" else []), *extra]
+    code = main(argv)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err, out.err[-3000:]
+    return subprocess.CompletedProcess(argv, code, out.out, out.err), ck
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder: Path) -> None:
+def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder: Path, capsys) -> None:
     """With --max-restarts too: a restart would resume from the finite checkpoint into the same nan, so the job
     is not restarted (each attempt would fail the same way) and the line says so."""
-    proc, ck = _diverging(folder, "stop", "--max-restarts", "2")
+    proc, ck = _diverging(folder, "stop", capsys, "--max-restarts", "2")
     assert proc.returncode == 3
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("hetauto run: error: rank 0 (stage 0, cluster 'a') failed: NonFiniteTraining: step "), line
@@ -138,8 +133,8 @@ def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["skip", "continue"])
-def test_skip_and_continue_finish_but_write_no_non_finite_checkpoint(folder: Path, mode: str) -> None:
-    proc, ck = _diverging(folder, mode)
+def test_skip_and_continue_finish_but_write_no_non_finite_checkpoint(folder: Path, mode: str, capsys) -> None:
+    proc, ck = _diverging(folder, mode, capsys)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["nonfinite_steps"] and doc["nonfinite_steps"][-1] == 3
