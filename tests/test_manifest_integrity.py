@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from hetauto.cli import main
 from hetauto.core.checkpoint_manifest import MANIFEST_FILE, read_manifest, verify_checkpoint
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan, StagePlan
@@ -85,19 +84,18 @@ def test_restart_choice_skips_a_newest_checkpoint_with_one_flipped_byte(tmp_path
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_resume_from_a_folder_falls_back_past_the_damaged_newest_and_says_so(tmp_path: Path) -> None:
+def test_resume_from_a_folder_falls_back_past_the_damaged_newest_and_says_so(tmp_path: Path, capsys) -> None:
     (tmp_path / "one.yaml").write_text(CLUSTER)
     Plan(model="tiny-gpt", cluster="one.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
          stages=(StagePlan(cluster="a", device_type="cpu", devices=(0,), layers=(0, 6), tp=1, dp=1),)
          ).save(tmp_path / "plan.json")
     ck = tmp_path / "ck"
 
-    def run(*extra: str) -> tuple[dict, str]:
-        proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--json",
-                               "--no-reference", "--checkpoint-dir", str(ck), *extra],
-                              capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-        return json.loads(proc.stdout), proc.stderr
+    def run(*extra: str) -> tuple[dict, str]:  # in this process: torchrun and the rank are real
+        code = main(["run", str(tmp_path / "plan.json"), "--json", "--no-reference", "--checkpoint-dir", str(ck), *extra])
+        out = capsys.readouterr()
+        assert code == 0 and "Traceback" not in out.err, out.err[-2000:]
+        return json.loads(out.out), out.err
 
     full, _ = run("--steps", "3", "--seed", "4")
     shard = _flip(ck / "step-00000002")
@@ -108,7 +106,8 @@ def test_resume_from_a_folder_falls_back_past_the_damaged_newest_and_says_so(tmp
     assert resumed["loss"] == full["loss"][2:]  # bit for bit: the uninterrupted run's step 2
 
 
-def test_a_crafted_self_consistent_checkpoint_of_other_tensors_is_refused_before_launch(tmp_path: Path) -> None:
+def test_a_crafted_self_consistent_checkpoint_of_other_tensors_is_refused_before_launch(tmp_path: Path,
+                                                                                        capsys) -> None:
     """Its files, hashes and manifest agree, so it verifies; its tensors are not the model's: refused in the
     launcher (it used to be refused only inside the ranks after launch)."""
     import hashlib
@@ -133,9 +132,9 @@ def test_a_crafted_self_consistent_checkpoint_of_other_tensors_is_refused_before
     doc["digest"] = Manifest.from_json(json.dumps(doc)).fields_digest()
     (ck / MANIFEST_FILE).write_text(json.dumps(doc))
     assert verify_checkpoint(ck) == []
-    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--resume", str(ck),
-                           "--steps", "3", "--json"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 5 and "Traceback" not in proc.stderr
-    assert json.loads(proc.stdout)["error"] == (
+    assert main(["run", str(tmp_path / "plan.json"), "--resume", str(ck), "--steps", "3", "--json"]) == 5
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    assert json.loads(out.out)["error"] == (
         f"{ck}: checkpoint has no parameter 'layers.0.pos.weight' of tiny-gpt (written for another model or by other "
         "code); resume from a checkpoint of this model")
