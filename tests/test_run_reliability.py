@@ -13,14 +13,15 @@ losses and resumes from the killed job's last complete checkpoint (bitwise equal
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from hetauto.cli import main
 from hetauto.core.plan import Plan, StagePlan
 
 SEED, STEPS, TIMEOUT = 5, 4, 5
@@ -57,13 +58,16 @@ def files(tmp_path_factory) -> Path:
     return d
 
 
-def _hetauto(*args: str, timeout: float = 150) -> tuple[int, dict, float]:
+def _hetauto(*args: str) -> tuple[int, dict, float]:
+    """`hetauto run ... --json` in this process (torchrun and the ranks are real; a CLI subprocess would import
+    torch again): exit code, document, seconds."""
+    out, err = io.StringIO(), io.StringIO()
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", *args, "--json", "--no-reference",
-                           "--timeout", str(TIMEOUT)], capture_output=True, text=True, timeout=timeout)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["run", *args, "--json", "--no-reference", "--timeout", str(TIMEOUT)])
     wall = time.monotonic() - t0
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout), wall
+    assert "Traceback" not in err.getvalue(), err.getvalue()[-3000:]
+    return code, json.loads(out.getvalue()), wall
 
 
 @pytest.fixture(scope="module")
