@@ -24,15 +24,17 @@ def _stage(cluster: str, layers: tuple[int, int]) -> StagePlan:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
 @pytest.mark.skipif(not AVAIL.ok, reason=f"network namespaces unavailable: {AVAIL.reason}")
-def test_run_over_a_shaped_namespace_link_counts_kernel_bytes(tmp_path: Path) -> None:
+def test_run_over_a_shaped_namespace_link_counts_kernel_bytes(tmp_path: Path, capsys) -> None:
+    from hetauto.cli import main
+
     plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
                 num_microbatches=2, stages=(_stage("fast", (0, 3)), _stage("slow", (3, 6))))
     plan.save(tmp_path / "plan.json")
-    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "2",
-                           "--emulate", "netns", "--timeout", "20", "--json"], capture_output=True, text=True,
-                          timeout=190)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    doc = json.loads(proc.stdout)
+    # in this process: the namespaces, their torchruns and ranks are real (a CLI subprocess imported torch again)
+    code = main(["run", str(tmp_path / "plan.json"), "--steps", "2", "--emulate", "netns", "--timeout", "20", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.out[-2000:] + out.err[-2000:]
+    doc = json.loads(out.out)
     assert doc["emulation"] == "netns"
     assert max(abs(a - b) for a, b in zip(doc["loss"], doc["reference_loss"])) < 1e-5
     payload = 2 * (2 * 16 * 64 * 4)  # per step: 2 microbatches of 2 x 16 x 64 fp32 each way
