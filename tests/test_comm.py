@@ -286,7 +286,7 @@ def test_torchrun_master_port_zero_fails_fast_with_the_fix(tmp_path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=0",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--master-port=0",
                            "--monitor-interval=0.1", str(script)], capture_output=True, text=True, env=env, timeout=100)
     assert proc.returncode != 0
     assert f"ERROR {PORT0_TORCHRUN}" in proc.stdout.splitlines(), proc.stdout[-2000:] + proc.stderr[-2000:]
