@@ -56,13 +56,16 @@ def test_unreachable_peer_is_one_line(tmp_path: Path) -> None:
                              "check the address and any firewall")
 
 
-def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
+def test_bad_arguments_are_one_line(tmp_path: Path, capsys) -> None:
+    from hetauto.cli import main  # in this process: refused before anything is started
+
     cases = [(["--master", "nohost"], "--master: expected HOST:PORT, got 'nohost' (e.g. --master 10.0.0.1:29600)"),
              (["--local", "--sizes", "1KiB,0"], "--sizes: bytes value '0' must be positive"),
              (["--local", "--flows", "0"], "--flows: expected a comma-separated list of positive values, got '0'")]
     for argv, message in cases:
-        got = hetauto("profile", "link", *argv)
-        assert (got.returncode, got.stderr.strip()) == (2, f"hetauto profile: error: {message}"), got.stderr
-    got = hetauto("profile", "link", "--local", "--spec", str(tmp_path / "x.yaml"))
-    assert got.stderr.strip() == ("hetauto profile: error: --spec FILE and --between A B go together (the link entry "
+        code = main(["profile", "link", *argv])
+        err = capsys.readouterr().err
+        assert (code, err.strip()) == (2, f"hetauto profile: error: {message}"), err
+    assert main(["profile", "link", "--local", "--spec", str(tmp_path / "x.yaml")]) == 2
+    assert capsys.readouterr().err.strip() == ("hetauto profile: error: --spec FILE and --between A B go together (the link entry "
                                   "the rows belong to)")
