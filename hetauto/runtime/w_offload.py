@@ -179,11 +179,10 @@ class Offloader:
     def send(self, key: int, kept: list[Kept]) -> None:
         """After `key`'s I: its set starts for host memory (the one still leaving, if any, is retired first)."""
         self._retire()
-        host, pairs = _buffers(kept, torch.device("cpu"), self.pin)
         if not self.overlapped:
-            _fill(pairs, False)
-            self._away[key] = _Away(host, None)
+            self._away[key] = _Away(to_host(kept, self.pin), None)
             return
+        host, pairs = _buffers(kept, torch.device("cpu"), self.pin)
         self.d2h.wait_event(self.compute.record_event())
         with self.backend.use_stream(self.d2h):
             _fill(pairs, True)
@@ -201,11 +200,10 @@ class Offloader:
             return
         if away is None:
             return
-        dev, pairs = _buffers(away.host, self.device, False)  # allocated on the compute stream, which frees it
         if not self.overlapped:
-            _fill(pairs, False)
-            self._arriving[key] = _Arriving(dev, None, away.host)
+            self._arriving[key] = _Arriving(to_device(away.host, self.device), None, away.host)
             return
+        dev, pairs = _buffers(away.host, self.device, False)  # allocated on the compute stream, which frees it
         self.h2d.wait_event(self.compute.record_event())
         self.h2d.wait_event(away.done)
         with self.backend.use_stream(self.h2d):
