@@ -66,8 +66,8 @@ def test_deferral_shrinks_to_what_memory_holds(monkeypatch: pytest.MonkeyPatch, 
     orig_need, orig_defer = StrategySpace._need, StrategySpace._deferrals
     monkeypatch.setattr(StrategySpace, "_need", lambda self, st, r, mbs, z, q, held=0.0, peak=None, off=False:
                         max(2 * q + held, 2 * (q - (peak - held)) + peak) if peak else orig_need(self, st, r, mbs, z, q))
-    monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra, offload=False:
-                        orig_defer(self, plan, stages, list(caps), cand, extra, offload))
+    monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra:
+                        orig_defer(self, plan, stages, list(caps), cand, extra))
     inp = tiny_inputs(layers=8, gbs=16)
     plans = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
     if defer is None:
@@ -90,8 +90,8 @@ def test_offload_twin_where_it_lets_a_deeper_deferral_fit(monkeypatch: pytest.Mo
         return max(2 * q + on[0], 2 * (q - (peak - held)) + on[1])
 
     monkeypatch.setattr(StrategySpace, "_need", need)
-    monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra, offload=False:
-                        orig_defer(self, plan, stages, [9, 5, 3], cand, extra, offload))
+    monkeypatch.setattr(StrategySpace, "_deferrals", lambda self, plan, stages, c, cand, extra:
+                        orig_defer(self, plan, stages, [9, 5, 3], cand, extra))
     inp = tiny_inputs(layers=8, gbs=16)
     plain, off = _plan(StrategySpace(inp, Evaluator(inp)), "zb-h1")
     assert (plain.schedule.w_defer, plain.schedule.w_offload) == ((-1, 1, 1), ())

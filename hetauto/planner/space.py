@@ -507,8 +507,8 @@ class StrategySpace:
             if zb not in self.zero_bubble:
                 continue
             extra = tuple(pl.schedule.extra_warmup)
-            defer, _ = self._deferrals(pl, stages, caps, cand, extra)  # never ZB-H1's default: stage 0 plain B
-            deeper, offload = self._deferrals(pl, stages, caps, cand, extra, offload=True)
+            # never ZB-H1's default: stage 0 plain B
+            defer, deeper, offload = self._deferrals(pl, stages, caps, cand, extra)
             if len(stages) > 1 and all(d == PLAIN_B for d in deeper[1:]):
                 continue
             if not all(d == PLAIN_B for d in defer[1:]) or len(stages) == 1:
@@ -537,7 +537,7 @@ class StrategySpace:
         return out
 
     def _deferrals(self, plan: Plan, stages: list[StageLayout], caps: list[float], cand: Candidate,
-                   extra: tuple[int, ...], offload: bool = False) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+                   extra: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]:
         """Per stage r, the deepest W deferral d <= r (ZB-H1's own) its memory holds on `plan`'s cut: min(m,
         p - r + k) microbatches' activations in flight (k the extra warm-up below it), min(m, p - r + k + d) of
         them from F to W, at most min(m, d + 1) between I and W keeping their lean W sets
@@ -545,11 +545,12 @@ class StrategySpace:
         cut holds) where not even d = 0 fits: that stage runs the whole backward, the others still split. The first
         stage always runs plain B: it has no input gradient to send, so its I does nothing (its W runs the whole
         backward) and a split would only hold memory and keep its DP gradient reduce from overlapping the backward
-        (the executor sums a split stage's gradients after its last W). Second, per stage, whether its W sets wait
-        in host memory: with `offload`, where that lets a deeper deferral fit (the device then holds at most two
-        of them, its host memory share the rest: costmodel.stage_memory, Evaluator.host_share_bytes)."""
+        (the executor sums a split stage's gradients after its last W). Second, the same where a stage's W sets may
+        wait in host memory, and third, per stage, whether they do: where that lets a deeper deferral fit (the
+        device then holds at most two of them, its host memory share the rest: costmodel.stage_memory,
+        Evaluator.host_share_bytes). Each stage's in-device depth is searched once for both."""
         p, m = len(stages), plan.num_microbatches
-        out, off = [PLAIN_B], [False]
+        plain, out, off = [PLAIN_B], [PLAIN_B], [False]
         for r, (st, pst, cap) in enumerate(zip(stages, plan.stages, caps)):
             if r == 0:
                 continue  # plain B, above
@@ -562,10 +563,11 @@ class StrategySpace:
                     offload) <= cap and (not offload or self._host_fits(st, pst.layers, cand, min(m, d + 1)))), -1)
 
             fits = deepest(False)
-            deeper = deepest(True) if offload and fits < r and self._may_offload(st) else -1
+            deeper = deepest(True) if fits < r and self._may_offload(st) else -1
+            plain.append(fits)
             out.append(max(fits, deeper))
             off.append(deeper > fits)
-        return tuple(out), tuple(off)
+        return tuple(plain), tuple(out), tuple(off)
 
     def _may_offload(self, st: StageLayout) -> bool:
         """Whether `st`'s devices have a host memory to offload to (a known one, behind a finite host link)."""
