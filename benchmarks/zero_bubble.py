@@ -43,8 +43,9 @@ the same 43.76 s; seeds 1, 2 too). With Evaluator(sequence_parallel=True) the de
 44.84 s against 45.50 s without zero-bubble (+1.48%) at 3000 evaluations, 43.56 s against 44.38 s (+1.87%) at
 6000, better than the non-SP plan. `--limits` prints these.
 (`--neighbours` searches nearby plans without offload: none beat 43.76 s.)
-two-cluster: 30.51 s against 1F1B's 31.16 s (+2.15%; +1.74% before the lean W); offloading buys nothing there
-(stage 6, h800, defers 0 of 6 either way), so ours keeps the plain twin.
+two-cluster: Virtual-ZB 28.31 s against Virtual-1F1B's 28.91 s (+2.11%); torch's lists on that cut: +6.92% (its zbv
+would take 28.04 s but needs 119.8 GiB on stage 8). Before each cluster's choice was moved at every DP-sharding
+level (search.choice_options) the search stopped at 30.51 s against 1F1B's 31.16 s.
 
     python benchmarks/zero_bubble.py [--quick] [--json] [--neighbours] [--limits]
 

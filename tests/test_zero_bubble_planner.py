@@ -224,6 +224,29 @@ def test_twins_phase_scores_the_twins_that_can_win() -> None:
     assert scorer.best is twin  # faster than its base
 
 
+def test_twins_phase_takes_the_best_candidate_of_each_shape() -> None:
+    """The twins go to distinct shapes (microbatch, order, choices), best first: a variant of a shape already taken
+    (another layer balance) makes no twin while a shape further down the ranking still gets one (paper-4c's 12 best
+    candidates were one shape)."""
+    from dataclasses import replace
+
+    from hetauto.planner.scoring import Scorer
+    from hetauto.planner.search import zero_bubble_twins
+
+    inp = tiny_inputs(layers=8, gbs=16)
+    space = StrategySpace(inp, Evaluator(inp))
+    scorer = Scorer(space)
+    best = Candidate(2, ("fast", "slow"), (ClusterChoice(2, 1), ClusterChoice(1, 1)), "1f1b")
+    variant = replace(best, balance="proportional")
+    other = replace(best, choices=(ClusterChoice(2, 1), ClusterChoice(2, 1)))
+    ranked = [scorer.score(c) for c in (best, variant, other)]
+    assert [g.evaluation.throughput_samples_s for g in ranked] == sorted(
+        (g.evaluation.throughput_samples_s for g in ranked), reverse=True)
+    zero_bubble_twins(space, scorer, lambda: False, top=2)
+    twins = {c for c in scorer.by_candidate if c.schedule == "zb-h1"}
+    assert twins == {replace(best, schedule="zb-h1"), replace(other, schedule="zb-h1")}
+
+
 def test_zb_v_priced_chunk_by_chunk_in_the_v() -> None:
     """A zb-v plan: each stage's F/B split over its two chunks by their own layers, indexed in the V (virtual stage
     s on stage s, then 2p-1-s); the boundaries' bytes go down, the middle hand-off, then back up (2p-1 of them);

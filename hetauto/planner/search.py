@@ -248,13 +248,19 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
         def stop() -> bool:
             return spent() or stale()
 
+        def tree_stale() -> bool:
+            """The first tree phase ends on the stop rule's patience even where the rule is off (`patience=0`):
+            the descents after it find most of the best plans, and a tree left to use its whole share of a large
+            cap starved them (paper-4c at 3000 evaluations: 47.48 s, against 44.72 s with the rule on)."""
+            return iterations is None and ev.evaluations - max(scorer.improved_at, before) >= (pat or DEFAULT_PATIENCE)
+
         search.seed_with(seed_candidates(space), spent)
         search.seed_with(baseline_seeds(space), spent)
 
         first = None if iterations is None else max(1, (iterations * 2) // 3)
         first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
         search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=progress,
-                   start=start, max_evaluations=first_cap, stop=stop)
+                   start=start, max_evaluations=first_cap, stop=lambda: stop() or tree_stale())
         descend_from_top(space, scorer, spent, TOP_K)
         interleave_by_bubble(space, scorer, spent)
         descend_without_each_cluster(space, scorer, spent)
@@ -322,9 +328,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
         before = cur.evaluation.throughput_samples_s
         moves: list[Callable[[Candidate], list[Candidate]]] = []
         for i in range(len(cur.candidate.order)):
-            moves.append(lambda c, i=i: [] if c.order[i] in fixed else
-                         [replace(c, choices=c.choices[:i] + (o,) + c.choices[i + 1:])
-                          for o in space.cluster_options(c.order[i], c.microbatch_size)])
+            moves.append(lambda c, i=i: [] if c.order[i] in fixed else choice_options(space, c, i))
         moves.append(lambda c: [replace(c, microbatch_size=b) for b in space.microbatch_sizes()])
         moves.append(lambda c: joint_options(space, c))
         moves.append(lambda c: joint_schedule_options(space, c))
@@ -400,6 +404,18 @@ def restricted_space(space: StrategySpace, clusters: tuple[str, ...]) -> Strateg
                          schedules=space.requested, zero1=space.zero1_options, recompute=space.recompute_options,
                          allow_unused=space.allow_unused, resharding=space.resharding, interleave=space.interleave,
                          resharding_methods=space.methods, clusters=clusters)
+
+
+def choice_options(space: StrategySpace, cand: Candidate, i: int) -> list[Candidate]:
+    """The move of cluster `i`'s own choice (stages, TP, recompute), each option at the candidate's DP-sharding
+    level and then at the space's others: the memory a level frees decides which choices fit and how deep their
+    warm-up and deferred W go, so a choice can win only with another level (two-cluster, microbatch 2: a100 as
+    4 x tp 8 -> 8 x tp 4 is worse alone, ZeRO-1 alone is worse, both together are 7% faster)."""
+    from dataclasses import replace
+
+    levels = [cand.zero1] + [z for z in space.zero1_options if z != cand.zero1]
+    return [replace(cand, choices=cand.choices[:i] + (o,) + cand.choices[i + 1:], zero1=z)
+            for z in levels for o in space.cluster_options(cand.order[i], cand.microbatch_size)]
 
 
 def joint_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
@@ -514,7 +530,7 @@ def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callabl
     twins = {base: [zb for zb in space.zero_bubble if ZERO_BUBBLE[zb] == base] for base in ("1f1b", "virtual-1f1b")}
     ranked = sorted(((c, s) for c, s in scorer.by_candidate.items() if s is not None and twins.get(c.schedule)),
                     key=lambda x: -x[1].evaluation.throughput_samples_s)
-    for cand, got in ranked[:top]:
+    for cand, got in _best_per_shape(ranked)[:top]:
         e = got.evaluation
         if e.bubble_fraction < 1.0 and e.throughput_samples_s / (1.0 - e.bubble_fraction) <= scorer.best_throughput:
             continue
@@ -522,6 +538,18 @@ def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callabl
             if out_of_time():
                 return
             scorer.score(replace(cand, schedule=zb), limit=limit)  # past `limit` (evaluations): skipped
+
+
+def _best_per_shape(ranked: list[tuple[Candidate, Scored]]) -> list[tuple[Candidate, Scored]]:
+    """The first (best) entry of each shape (microbatch, cluster order, per-cluster choices) of `ranked`, in order."""
+    seen: set[tuple] = set()
+    out = []
+    for cand, got in ranked:
+        shape = (cand.microbatch_size, cand.order, cand.choices)
+        if shape not in seen:
+            seen.add(shape)
+            out.append((cand, got))
+    return out
 
 
 def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
