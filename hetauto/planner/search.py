@@ -241,9 +241,13 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
                 return True
             return budget is not None and time.perf_counter() - start >= share * budget
 
+        def stale_for(evaluations: int) -> bool:
+            """`evaluations` evaluations since the best last improved."""
+            return ev.evaluations - max(scorer.improved_at, before) >= evaluations
+
         def stale() -> bool:
             """The stop rule: `pat` evaluations since the best last improved."""
-            return pat > 0 and ev.evaluations - max(scorer.improved_at, before) >= pat
+            return pat > 0 and stale_for(pat)
 
         def stop() -> bool:
             return spent() or stale()
@@ -252,7 +256,7 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
             """The first tree phase ends on the stop rule's patience even where the rule is off (`patience=0`):
             the descents after it find most of the best plans, and a tree left to use its whole share of a large
             cap starved them (paper-4c at 3000 evaluations: 47.48 s, against 44.72 s with the rule on)."""
-            return iterations is None and ev.evaluations - max(scorer.improved_at, before) >= (pat or DEFAULT_PATIENCE)
+            return iterations is None and stale_for(pat or DEFAULT_PATIENCE)
 
         search.seed_with(seed_candidates(space), spent)
         search.seed_with(baseline_seeds(space), spent)
@@ -413,9 +417,19 @@ def choice_options(space: StrategySpace, cand: Candidate, i: int) -> list[Candid
     4 x tp 8 -> 8 x tp 4 is worse alone, ZeRO-1 alone is worse, both together are 7% faster)."""
     from dataclasses import replace
 
-    levels = [cand.zero1] + [z for z in space.zero1_options if z != cand.zero1]
+    options = space.cluster_options(cand.order[i], cand.microbatch_size)
     return [replace(cand, choices=cand.choices[:i] + (o,) + cand.choices[i + 1:], zero1=z)
-            for z in levels for o in space.cluster_options(cand.order[i], cand.microbatch_size)]
+            for z in _levels_from(space, cand) for o in options]
+
+
+def _levels_from(space: StrategySpace, cand: Candidate) -> list["bool | str"]:
+    """The space's DP-sharding levels, the candidate's own first."""
+    return [cand.zero1] + [z for z in space.zero1_options if z != cand.zero1]
+
+
+def _shape(cand: Candidate) -> tuple:
+    """What a candidate's cut is made of: microbatch, cluster order, per-cluster choices."""
+    return (cand.microbatch_size, cand.order, cand.choices)
 
 
 def joint_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
@@ -455,8 +469,7 @@ def joint_options(space: StrategySpace, cand: Candidate) -> list[Candidate]:
                 choices.append(pick if pick is not None else UNUSED)
             if any(c.stages for c in choices) and sum(c.stages for c in choices) <= space.num_layers:
                 got = replace(cand, microbatch_size=b, choices=tuple(choices))
-                levels = [cand.zero1] + [z for z in space.zero1_options if z != cand.zero1] \
-                    if how == "proportional" else [cand.zero1]
+                levels = _levels_from(space, cand) if how == "proportional" else [cand.zero1]
                 for z in levels:
                     if replace(got, zero1=z) not in out:
                         out.append(replace(got, zero1=z))
@@ -518,7 +531,8 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
 def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool],
                       top: int = ZERO_BUBBLE_TOP, limit: int | None = None) -> None:
     """The zero-bubble twins (ZB-H1 and, where asked for, ZB-V of a 1F1B candidate, Virtual-ZB of a Virtual-1F1B
-    one: the same cut, the backward split) of the `top` best candidates scored so far, skipping any whose bound cannot beat the best:
+    one: the same cut, the backward split) of the best candidate of each of the `top` best shapes scored so far
+    (`_shape`), skipping any whose bound cannot beat the best:
     splitting the backward leaves each stage's busy time as it is, so a twin takes at least (1 - bubble) of its
     base's time. Why a last phase and not a variant of every plan (or a start for the descents): a split schedule
     has no closed form and is simulated action by action (paper-4c: 256 microbatches on 18 stages), ~10x a plain
@@ -545,7 +559,7 @@ def _best_per_shape(ranked: list[tuple[Candidate, Scored]]) -> list[tuple[Candid
     seen: set[tuple] = set()
     out = []
     for cand, got in ranked:
-        shape = (cand.microbatch_size, cand.order, cand.choices)
+        shape = _shape(cand)
         if shape not in seen:
             seen.add(shape)
             out.append((cand, got))
@@ -585,7 +599,7 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
             continue
         v = max(counts)
         bound = e.throughput_samples_s / (1.0 - e.bubble_fraction) * (1.0 - e.bubble_fraction / v)
-        key = (cand.microbatch_size, cand.order, cand.choices)
+        key = _shape(cand)
         if bound > best and bound > ranked.get(key, (0.0, cand))[0]:
             ranked[key] = (bound, cand)
     for _, cand in sorted(ranked.values(), key=lambda x: -x[0])[:shapes]:
