@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-datasets = pytest.importorskip("datasets")  # the data and dev extras install it
-
-from hetauto.core.errors import SpecError  # noqa: E402
-from hetauto.core.model_catalog import get_model  # noqa: E402
-from hetauto.core.plan import Plan, StagePlan  # noqa: E402
-from hetauto.runtime.batches import BatchSource  # noqa: E402
-from hetauto.runtime.token_data import open_tokens, write_tokens  # noqa: E402
-from hetauto.testing.multiproc import run_ranks  # noqa: E402
+# datasets (the data and dev extras install it) is imported where used: at module level every test worker paid
+# ~1 s for it while collecting
+from hetauto.core.errors import SpecError
+from hetauto.core.model_catalog import get_model
+from hetauto.core.plan import Plan, StagePlan
+from hetauto.runtime.batches import BatchSource
+from hetauto.runtime.token_data import open_tokens, write_tokens
+from hetauto.testing.multiproc import run_ranks
 
 SEED, GBS, MBS, SEQ, STEPS = 7, 8, 4, 16, 4
 
@@ -29,6 +29,8 @@ def _documents(n: int = 20, length: int = 150) -> list[list[int]]:
 
 
 def _save(folder: Path, docs: list[list[int]], column: str = "input_ids", shards: int = 1) -> Path:
+    import datasets
+
     ds = datasets.Dataset.from_dict({column: docs, "text": [bytes(d).decode() for d in docs]})
     ds.save_to_disk(str(folder), num_shards=shards)
     return folder
@@ -73,6 +75,8 @@ def test_another_column_can_be_named(tmp_path: Path, folders) -> None:
 
 
 def test_dataset_problems_are_one_line_naming_the_folder(tmp_path: Path, folders) -> None:
+    import datasets
+
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": [[1, 2]]}),
                                "test": datasets.Dataset.from_dict({"input_ids": [[3]]})})
     dd.save_to_disk(str(tmp_path / "dd"))

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers  # the dev extra installs it (pip install -e .[dev])
 
+# transformers (the dev extra installs it) is imported in the functions that use it: at module level every test
+# worker paid ~1-2 s for it while collecting, whether or not it ran this file
 from hetauto.core.errors import SpecError
 from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, StagePlan
@@ -25,6 +26,8 @@ SEED, GBS, MBS, SEQ = 3, 8, 4, 16
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
+    import transformers
+
     folder = tmp_path_factory.mktemp("tiny-llama-hf")
     config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=4,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
@@ -36,6 +39,8 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def _transformers_loss(folder: Path) -> float:
     """Mean token cross-entropy of step 0's global batch, computed by transformers' own model."""
+    import transformers
+
     model = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
     batch = synthetic_batch(SEED, 0, GBS, SEQ, 256)
     with torch.no_grad():
@@ -142,6 +147,8 @@ def test_hetauto_run_init_from_starts_at_transformers_loss(checkpoint: Path, tmp
 def test_a_pipelines_checkpoint_exports_to_transformers_and_loads_back(checkpoint: Path, tmp_path: Path, capsys) -> None:
     """Weights out: a tp 2 x 2-stage run's sharded checkpoint, exported with `hetauto checkpoint export --format hf`,
     is the model transformers computes the next step's loss with, and `--init-from` reads it back."""
+    import transformers
+
     from hetauto.cli import main
 
     stages = tuple(StagePlan(cluster="fast", device_type="cpu", devices=(0, 1), layers=l, tp=2, dp=1)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers  # the dev extra installs it (pip install -e .[dev])
 
+# transformers (the dev extra installs it) is imported in the functions that use it: at module level every test
+# worker paid ~1-2 s for it while collecting, whether or not it ran this file
 from hetauto.core.errors import SpecError
 from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, StagePlan
@@ -27,6 +28,8 @@ SEED, GBS, MBS, SEQ, V = 3, 8, 4, 16, 256
 
 
 def _save(folder: Path, activation: str) -> Path:
+    import transformers
+
     config = transformers.GPT2Config(vocab_size=V, n_embd=64, n_layer=4, n_head=4, n_positions=32,
                                      activation_function=activation, bos_token_id=None, eos_token_id=None)
     torch.manual_seed(0)
@@ -47,6 +50,8 @@ def exact(tmp_path_factory) -> Path:
 
 def _transformers_loss(folder: Path, step: int = 0) -> float:
     """Mean token cross-entropy of step `step`'s global batch, computed by transformers' own model (eval: no dropout)."""
+    import transformers
+
     model = transformers.GPT2LMHeadModel.from_pretrained(folder, torch_dtype=torch.float32)
     batch = synthetic_batch(SEED, step, GBS, SEQ, V)
     with torch.no_grad():

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers  # the dev extra installs it (pip install -e .[dev])
 
+# transformers (the dev extra installs it) is imported in the functions that use it: at module level every test
+# worker paid ~1-2 s for it while collecting, whether or not it ran this file
 from hetauto.core.errors import SpecError
 from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, StagePlan
@@ -31,6 +32,8 @@ TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=176, num_hidden_
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
+    import transformers
+
     folder = tmp_path_factory.mktemp("tiny-qwen2-hf")
     config = transformers.Qwen2Config(**TINY, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                       rope_parameters={"rope_type": "default", "rope_theta": 1e6})
@@ -51,7 +54,10 @@ def _loss(model: torch.nn.Module, step: int) -> float:
     return float(torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch.targets.reshape(-1)))
 
 
-def _transformers_loss(folder: Path, step: int = 0, cls: type = transformers.Qwen2ForCausalLM) -> float:
+def _transformers_loss(folder: Path, step: int = 0, cls: type | None = None) -> float:
+    import transformers
+
+    cls = cls or transformers.Qwen2ForCausalLM
     return _loss(cls.from_pretrained(folder, torch_dtype=torch.float32), step)
 
 
@@ -166,6 +172,8 @@ def test_without_layer_types_qwen2s_window_starts_at_max_window_layers(checkpoin
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory) -> Path:
     """A tiny Mistral whose attention window is exactly the plan's sequence length."""
+    import transformers
+
     folder = tmp_path_factory.mktemp("tiny-mistral-hf")
     config = transformers.MistralConfig(**TINY, sliding_window=SEQ, rms_norm_eps=1e-5, tie_word_embeddings=False)
     torch.manual_seed(1)
@@ -174,6 +182,8 @@ def mistral(tmp_path_factory) -> Path:
 
 
 def test_mistrals_sliding_window_is_accepted_when_it_covers_the_sequence(mistral: Path) -> None:
+    import transformers
+
     assert json.loads((mistral / "config.json").read_text())["sliding_window"] == SEQ
     cfg = get_model(mistral / "config.json")
     ours = reference_losses(cfg, SEED, 1, GBS, MBS, SEQ, init_from=str(mistral))[0]
@@ -188,6 +198,8 @@ MISTRAL_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size"
 def test_a_mistral_exports_as_mistral_with_its_window_and_token_ids(mistral: Path, tmp_path: Path) -> None:
     """Trained from a Mistral config, a checkpoint exports as transformers' MistralConfig with every field the
     source had (was: LLaMA, without sliding_window, bos/eos/pad dropped), and the weights compute its loss."""
+    import transformers
+
     from hetauto.runtime.checkpoint import save_checkpoint
     from hetauto.runtime.hf_weights import export_hf, load_hf_weights
     from hetauto.runtime.stage import build_model
