@@ -18,10 +18,10 @@ import os
 import socket
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from hetauto.core.control_store import ControlStoreServer
 from hetauto.runtime.control import SEQ_KEY, beat_key, msg_key
 
 __all__ = ["ControlServer", "HOLE_GRACE_S", "POLL_S"]
@@ -39,8 +39,6 @@ class ControlServer:
     lost."""
 
     def __init__(self, folder: str | Path, bind: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> None:
-        import torch.distributed as dist
-
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
@@ -51,8 +49,7 @@ class ControlServer:
         self.port = int(self._sock.getsockname()[1])
         host = advertise or bind
         self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-        self.store = dist.TCPStore(bind, self.port, is_master=True, timeout=timedelta(seconds=30),
-                                   wait_for_workers=False, master_listen_fd=self._sock.fileno(), use_libuv=True)
+        self.store = ControlStoreServer(self._sock)
         self.lock = threading.Lock()  # the store object is shared by the mirror thread and the agent's handshake
         self._next = 1
         self._hole_since: float | None = None
@@ -81,6 +78,13 @@ class ControlServer:
             self._thread.join()
             self._thread = None
             self.poll(final=True)
+
+    def shutdown(self) -> None:
+        """close(), then stop serving the store and release its port: the job is over for every process that
+        could still read it (idempotent)."""
+        self.close()
+        self.store.close()
+        self._sock.close()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

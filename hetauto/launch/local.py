@@ -509,7 +509,7 @@ class LocalJob:
         self._closed = True
         self._restore_signals()
         if self.control is not None:
-            self.control.close()
+            self.control.shutdown()
         for f in self._files:
             f.close()
         if self._tmp is not None:
@@ -575,7 +575,7 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
         for f in files:
             f.close()
         if control is not None:
-            control.close()
+            control.shutdown()
         raise
     return job
 

@@ -21,10 +21,10 @@ import os
 import socket
 import time
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+from hetauto.core.control_store import ControlStoreClient
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher, write_run_folder
@@ -113,10 +113,8 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
     return job
 
 
-def _client(host: str, port: int, timeout_s: float) -> Any:
-    import torch.distributed as dist
-
-    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+def _client(host: str, port: int, timeout_s: float) -> ControlStoreClient:
+    return ControlStoreClient(host, port, timeout_s)
 
 
 def _registration(job: NodeJob) -> str:
@@ -224,7 +222,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         try:
             _lead_join(job, control, timeout, progress)
         except BaseException:
-            control.close()
+            control.shutdown()
             raise
         run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                         control_address=control.address, env=job.env)

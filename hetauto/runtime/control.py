@@ -1,4 +1,5 @@
-"""A rank's side of the job's control plane: reports, marks, step lines and heartbeats through a TCP store.
+"""A rank's side of the job's control plane: reports, marks, step lines and heartbeats through the control store
+(hetauto.core.control_store: plain Python, no torch).
 
 Why a store and not files: the ranks of a job that spans machines share no folder. Every rank connects as a
 client to the control store that the lead node's agent serves (hetauto.launch.control, `HETAUTO_CONTROL=HOST:PORT`
@@ -21,8 +22,8 @@ import os
 import queue
 import threading
 import time
-from datetime import timedelta
-from typing import Any
+
+from hetauto.core.control_store import ControlStoreClient
 
 __all__ = ["CONTROL_ENV", "SEQ_KEY", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
            "ControlClient"]
@@ -47,11 +48,9 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _connect(address: str, timeout_s: float) -> Any:
-    import torch.distributed as dist
-
+def _connect(address: str, timeout_s: float) -> ControlStoreClient:
     host, port = split_address(address)
-    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    return ControlStoreClient(host, port, timeout_s)
 
 
 class ControlClient:
