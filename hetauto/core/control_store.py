@@ -244,11 +244,15 @@ class ControlStoreClient:
 
     def _call(self, request: dict) -> Any:
         with self._lock:
-            self._sock.sendall(_frame(request))
-            size = int.from_bytes(self._read(4), "big")
-            if size > MAX_FRAME:
-                raise ConnectionError(f"control store {self.address}: answer of {size} bytes is not ours")
-            answer = json.loads(self._read(size).decode("utf-8"))
+            try:
+                self._sock.sendall(_frame(request))
+                size = int.from_bytes(self._read(4), "big")
+                if size > MAX_FRAME:
+                    raise ConnectionError(f"control store {self.address}: answer of {size} bytes is not ours")
+                answer = json.loads(self._read(size).decode("utf-8"))
+            except BaseException:
+                self._sock.close()  # half an exchange left on the wire: later calls fail, never read a stale answer
+                raise
         if not answer.get("ok"):
             raise RuntimeError(f"control store {self.address}: {answer.get('error')}")
         return answer.get("value")

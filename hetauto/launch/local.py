@@ -327,6 +327,9 @@ class LocalJob:
         self._previous: dict[int, Any] = {}
         self._closed = False
         self.control: Any = None  # the hetauto.launch.control.ControlServer the ranks report to
+        # whether this job started `control` (a one-host run: every rank is gone when the job ends, so close()
+        # releases its port); a node lead's store outlives the job, for the other nodes still reading it
+        self.owns_control = False
         self.step_log: Any = None  # a hetauto.runtime.step_log.StepLog polled while the job runs (follow_steps)
 
     def follow_steps(self, jsonl: str | Path | None = None, on_step: Any = None,
@@ -509,7 +512,10 @@ class LocalJob:
         self._closed = True
         self._restore_signals()
         if self.control is not None:
-            self.control.shutdown()
+            if self.owns_control:
+                self.control.shutdown()
+            else:
+                self.control.close()
         for f in self._files:
             f.close()
         if self._tmp is not None:
@@ -563,7 +569,7 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
         files = [open(out / n, "w", encoding="utf-8") for n in ("torchrun.out", "torchrun.err")]
         job = LocalJob(plan, folder, None, deadline, token, run, max_restarts)  # type: ignore[arg-type]
         job._files = tuple(files)
-        job.control = control
+        job.control, job.owns_control = control, control is not None
         job._install_signals()  # before the Popen: a signal from now on stops the job, never orphans it
         try:
             job.proc = subprocess.Popen(command(worker_args(options)), env=env, stdout=files[0], stderr=files[1],
