@@ -1,6 +1,6 @@
-"""The control store (hetauto.core.control_store): TCPStore's operations in plain Python, served to many clients from
-one thread; a bad frame costs only its own connection; a gone server or a missing key is an OSError naming the
-address; and the processes that serve and read the control plane import no torch."""
+"""The control store (hetauto.core.control_store): TCPStore's operations (and a numbered post) in plain Python,
+served to many clients from one thread; a bad frame costs only its own connection; a gone server or a missing key
+is an OSError naming the address; and the processes that serve and read the control plane import no torch."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def test_operations_mean_what_tcpstore_s_do_for_clients_and_the_owner(server) ->
     srv.set("verdict", "go")
     assert c.get("verdict").decode("utf-8") == "go"
     assert c.delete_key("k") is True and c.delete_key("k") is False and not srv.check(["k"])
+    # post: numbered and written in one call, from a client or the owner, on one counter
+    assert [c.post("seq", "msg/", "a"), srv.post("seq", "msg/", "b"), c.post("seq", "msg/", "c")] == [1, 2, 3]
+    assert [srv.get(f"msg/{i}") for i in (1, 2, 3)] == [b"a", b"b", b"c"] and c.add("seq", 0) == 3
     with pytest.raises(KeyError):
         srv.get("k")  # the owner never blocks: it checks first
 

@@ -4,10 +4,11 @@ Why our own and not torch's TCPStore: the processes that serve and read the cont
 and the node agents of `hetauto node`) never compute; with a TCPStore each of them imported torch (about 2 CPU-s,
 more with a vendor's build) only to hold a dictionary. The ranks, which import torch anyway, use the same small
 client. The operations are the few the control plane uses, with TCPStore's meaning: `set`, `get` (bytes), `add`
-(a counter; 0 reads it), `check` (every key present) and `delete_key`.
+(a counter; 0 reads it), `check` (every key present) and `delete_key`; and `post`, add and set as one (a
+numbered message in one round trip).
 
 Wire format, both ways: a 4-byte big-endian length, then one JSON object (UTF-8). Request
-`{"op": OP, "key": K, "value": TEXT | "amount": INT | "keys": [K, ...]}`, answer `{"ok": true, "value": ...}` or
+`{"op": OP, "key": K, "value": TEXT | "amount": INT | "keys": [K, ...] | "prefix": TEXT}`, answer `{"ok": true, "value": ...}` or
 `{"ok": false, "error": TEXT}`. Values are text (the control plane sends JSON); never pickle. A frame over
 MAX_FRAME bytes, or one that is not such an object, closes that connection and nothing else.
 """
@@ -59,6 +60,16 @@ class _Data:
         with self._lock:
             return all(k in self._values for k in keys)
 
+    def post(self, counter: str, prefix: str, value: str | bytes) -> int:
+        """add(counter, 1), then set(prefix + the new count, value), as one operation: a message numbered and
+        written in one round trip (a rank's step line), never a number without its message."""
+        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        with self._lock:
+            count = int(self._values.get(counter, "0")) + 1
+            self._values[counter] = str(count)
+            self._values[f"{prefix}{count}"] = text
+            return count
+
     def delete_key(self, key: str) -> bool:
         with self._lock:
             return self._values.pop(key, None) is not None
@@ -82,6 +93,8 @@ class _Data:
                 return {"ok": True, "value": isinstance(keys, list) and self.check([str(k) for k in keys])}
             if op == "delete":
                 return {"ok": True, "value": self.delete_key(key)}
+            if op == "post":
+                return {"ok": True, "value": self.post(key, str(request["prefix"]), str(request["value"]))}
         except (KeyError, TypeError, ValueError) as exc:
             return {"ok": False, "error": f"{op} {key!r}: {type(exc).__name__}: {exc}"}
         return {"ok": False, "error": f"unknown operation {op!r}"}
@@ -241,6 +254,10 @@ class ControlStoreClient:
 
     def delete_key(self, key: str) -> bool:
         return bool(self._call({"op": "delete", "key": key}))
+
+    def post(self, counter: str, prefix: str, value: str) -> int:
+        """The server's `post`: the message's number, the message written under prefix + number."""
+        return int(self._call({"op": "post", "key": counter, "prefix": prefix, "value": value}))
 
     def _call(self, request: dict) -> Any:
         with self._lock:

@@ -8,11 +8,12 @@ every rank, so a rank's last words (an error, a SIGTERM mark, its report) reach 
 right after. Plain JSON strings, never pickle.
 
 Keys (the protocol; the agent side reads exactly these):
-  hetauto/seq          a counter: a message's number is what `add(seq, 1)` returned (1, 2, ...)
+  hetauto/seq          a counter: a message's number (1, 2, ...)
   hetauto/msg/<i>      message i: {"rank": R, "kind": KIND, "text": TEXT}; KIND is one of MESSAGE_KINDS
   hetauto/beat/<R>     rank R's heartbeat counter, bumped every HEARTBEAT_S by a thread of the rank
-A message is counted before it is written, so a reader may find a number whose message is not there yet; it
-waits for it (and skips it after a grace period: the rank died between the two calls).
+A rank numbers and writes a message in one `post` (hetauto.core.control_store). The reader still waits for a
+counted number whose message is missing, and skips it after a grace period: a writer that counts and writes in
+two calls (a TCPStore's add, then set) may die between them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 
 from hetauto.core.control_store import ControlStoreClient
 
-__all__ = ["CONTROL_ENV", "SEQ_KEY", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
+__all__ = ["CONTROL_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
            "ControlClient"]
 
 CONTROL_ENV = "HETAUTO_CONTROL"
@@ -34,8 +35,11 @@ MESSAGE_KINDS = ("started", "error", "stopped", "report", "step")
 HEARTBEAT_S = 0.5  # how often a rank bumps its heartbeat (the agent compares when each rank's last changed)
 
 
+MSG_PREFIX = "hetauto/msg/"
+
+
 def msg_key(i: int) -> str:
-    return f"hetauto/msg/{i}"
+    return f"{MSG_PREFIX}{i}"
 
 
 def beat_key(rank: int) -> str:
@@ -108,8 +112,7 @@ class ControlClient:
             error: BaseException | None = None
             if body is not None:
                 try:
-                    i = int(self._store.add(SEQ_KEY, 1))
-                    self._store.set(msg_key(i), body)
+                    self._store.post(SEQ_KEY, MSG_PREFIX, body)  # numbered and written in one round trip
                 except Exception as exc:  # noqa: BLE001 - handed to a waiting poster; a step line is dropped
                     error = exc
             if waiter is not None:
