@@ -121,7 +121,10 @@ class ControlStoreServer(_Data):
         if self._closed:
             return
         self._closed = True
-        self._wake_w.send(b"x")
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # the serving thread has already ended (and closed it)
+            pass
         self._thread.join(timeout=5.0)
 
     def _serve(self) -> None:
