@@ -136,7 +136,10 @@ class ControlStoreServer(_Data):
                     if key.data is None:
                         self._accept()
                     else:
-                        self._service(key.fileobj, events)  # type: ignore[arg-type]
+                        try:
+                            self._service(key.fileobj, events)  # type: ignore[arg-type]
+                        except Exception:  # noqa: BLE001 - one connection's trouble never ends the store
+                            self._drop(key.fileobj)  # type: ignore[arg-type]
         finally:
             for conn in list(self._buffers):
                 self._drop(conn)
