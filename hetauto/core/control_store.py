@@ -8,9 +8,10 @@ client. The operations are the few the control plane uses, with TCPStore's meani
 numbered message in one round trip).
 
 Wire format, both ways: a 4-byte big-endian length, then one JSON object (UTF-8). Request
-`{"op": OP, "key": K, "value": TEXT | "amount": INT | "keys": [K, ...] | "prefix": TEXT}`, answer `{"ok": true, "value": ...}` or
-`{"ok": false, "error": TEXT}`. Values are text (the control plane sends JSON); never pickle. A frame over
-MAX_FRAME bytes, or one that is not such an object, closes that connection and nothing else.
+`{"op": OP, "key": K, "value": TEXT | "amount": INT | "keys": [K, ...] | "prefix": TEXT}`, answer
+`{"ok": true, "value": ...}` or `{"ok": false, "error": TEXT}`. Values are text (the control plane sends JSON);
+never pickle. A frame over MAX_FRAME bytes, or one that is not such an object, closes that connection and nothing
+else.
 """
 
 from __future__ import annotations
@@ -22,10 +23,19 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["ControlStoreServer", "ControlStoreClient", "MAX_FRAME"]
+__all__ = ["ControlStoreServer", "ControlStoreClient", "MAX_FRAME", "join_address"]
 
 MAX_FRAME = 64 * 1024 * 1024  # a rank's report is kilobytes; a larger frame is not ours
 _CONNECT_RETRY_S = 0.05
+
+
+def join_address(host: str, port: int) -> str:
+    """'HOST:PORT', an IPv6 host in brackets (hetauto.runtime.control.split_address reads it back)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _frame(obj: Any) -> bytes:
@@ -41,7 +51,7 @@ class _Data:
         self._lock = threading.Lock()
 
     def set(self, key: str, value: str | bytes) -> None:
-        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        text = _text(value)
         with self._lock:
             self._values[key] = text
 
@@ -52,9 +62,13 @@ class _Data:
 
     def add(self, key: str, amount: int) -> int:
         with self._lock:
-            value = int(self._values.get(key, "0")) + int(amount)
-            self._values[key] = str(value)
-            return value
+            return self._bump(key, int(amount))
+
+    def _bump(self, key: str, amount: int) -> int:
+        """The counter `key` plus `amount`, stored (the caller holds the lock)."""
+        value = int(self._values.get(key, "0")) + amount
+        self._values[key] = str(value)
+        return value
 
     def check(self, keys: list[str]) -> bool:
         with self._lock:
@@ -63,10 +77,9 @@ class _Data:
     def post(self, counter: str, prefix: str, value: str | bytes) -> int:
         """add(counter, 1), then set(prefix + the new count, value), as one operation: a message numbered and
         written in one round trip (a rank's step line), never a number without its message."""
-        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        text = _text(value)
         with self._lock:
-            count = int(self._values.get(counter, "0")) + 1
-            self._values[counter] = str(count)
+            count = self._bump(counter, 1)
             self._values[f"{prefix}{count}"] = text
             return count
 
@@ -219,7 +232,7 @@ class ControlStoreClient:
     OSError (TimeoutError, ConnectionError) when the server does not answer or is gone. One thread at a time."""
 
     def __init__(self, host: str, port: int, timeout_s: float = 60.0) -> None:
-        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.address = join_address(host, port)
         self.timeout_s = timeout_s
         end = time.monotonic() + timeout_s
         while True:
@@ -239,7 +252,7 @@ class ControlStoreClient:
         self._sock.close()
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._call({"op": "set", "key": key, "value": value.decode("utf-8") if isinstance(value, bytes) else value})
+        self._call({"op": "set", "key": key, "value": _text(value)})
 
     def get(self, key: str) -> bytes:
         """The value of `key`, waiting for it to be set (TCPStore's `get`) up to the timeout."""

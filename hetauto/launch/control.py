@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetauto.core.control_store import ControlStoreServer
+from hetauto.core.control_store import ControlStoreServer, join_address
 from hetauto.runtime.control import SEQ_KEY, beat_key, msg_key
 
 __all__ = ["ControlServer", "HOLE_GRACE_S", "POLL_S"]
@@ -48,7 +48,7 @@ class ControlServer:
         self._sock.listen(1024)
         self.port = int(self._sock.getsockname()[1])
         host = advertise or bind
-        self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        self.address = join_address(host, self.port)
         self.store = ControlStoreServer(self._sock)
         self.lock = threading.Lock()  # the store object is shared by the mirror thread and the agent's handshake
         self._next = 1
