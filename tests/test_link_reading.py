@@ -118,6 +118,8 @@ def test_the_aggregate_of_each_reading(tmp_path: Path, link: dict, aggregate: fl
     assert info.reading is not None
     assert info.reading.aggregate_Bps == pytest.approx(aggregate, rel=1e-12)
     assert info.reading.label == label
+    # one microbatch one way: all 8 flows' bytes at the aggregate, after the latency
+    assert info.seconds == pytest.approx(0.03 + 8 * info.flow_bytes / aggregate, rel=1e-12)
     assert info.reading.datasheet  # no rows, no window: a datasheet figure, and the command that would measure it
     assert info.reading.measure.startswith("hetauto profile link --rank 0 --master HOST:PORT --sizes ")
     assert info.reading.measure.endswith(f" --flows 8 --spec {tmp_path / 'c.json'} --between a b")
@@ -152,6 +154,7 @@ def test_the_measure_command_brackets_the_size() -> None:
         "hetauto profile link --rank 0 --master HOST:PORT --sizes 512KiB,2MiB --flows 1 --spec CLUSTER.yaml "
         "--between a b")
     assert measure_command(("a", "b"), 1, 1000.0, None).split()[8] == "512B,1KiB"
+    assert " --spec CLUSTER.yaml " in measure_command(("a", "b"), 1, 1000.0, "scenario cpu-demo")  # no file
 
 
 # ------------------------------------------------------------------------------------------- issue 42's example
@@ -214,3 +217,39 @@ def test_the_planner_then_picks_an_honest_plan(two_sites: dict[str, Path]) -> No
     assert {s.cluster for s in result.plan.stages} == {"mi300x"}
     assert result.evaluation.iteration_time_s == pytest.approx(5.85, abs=0.05)
     assert math.isclose(result.evaluation.iteration_time_s, _time(two_sites["path"], result.plan), rel_tol=1e-9)
+
+
+# ------------------------------------------------------------------------------------------- what the commands say
+
+def test_evaluate_prints_the_reading_beside_the_cross_site_link(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from hetauto.cli import main
+
+    inp = _inputs(tmp_path, SPEC)
+    _plan(inp).save(tmp_path / "plan.json")
+    assert main(["evaluate", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    spec = tmp_path / "c.json"
+    assert ("cross-site links (what the link's bandwidth is per; the rate the boundary's flows got together):\n"
+            "  0->1 a -> b: shared path: 10Gbps shared by 8 flows; priced at 10Gbps in all (8 flows, source "
+            "nominal)\n"
+            "    a datasheet figure (no measured rows, no window:): measure it with `hetauto profile link --rank 1 "
+            "--master HOST:PORT` at one site, then at the other:\n"
+            "    hetauto profile link --rank 0 --master HOST:PORT --sizes ") in out
+    assert f" --flows 8 --spec {spec} --between a b\n" in out
+    assert main(["evaluate", str(tmp_path / "plan.json"), "--json"]) == 0
+    (link,) = json.loads(capsys.readouterr().out)["links"]
+    assert (link["per"], link["aggregate_Bps"], link["datasheet"]) == ("path", 10 * GBPS, True)
+
+
+def test_plan_lists_its_cross_site_links(capsys) -> None:  # noqa: ANN001
+    """cpu-demo's two clusters (shared_capacity equal to the bandwidth: a shared path, priced as before)."""
+    from hetauto.cli import main
+
+    assert main(["plan", "--scenario", "cpu-demo", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    links = doc["cross_site_links"]
+    assert links and all(x["kind"] == "cross-cluster" and x["per"] == "path" for x in links)
+    assert all(x["aggregate_Bps"] <= GBPS * (1 + 1e-12) for x in links)  # 1 Gbps shared by all flows
+    assert main(["plan", "--scenario", "cpu-demo"]) == 0
+    out = capsys.readouterr().out
+    assert "cross-site links (what the link's bandwidth is per" in out and "shared path: 1Gbps" in out

@@ -119,6 +119,7 @@ def _ms(x: float | None) -> str:
 
 
 def _print_human(doc: dict[str, Any]) -> None:
+    from hetauto.commands._link_readings import cross_site_lines
     from hetauto.commands._output import console, print_table
 
     head = f"{doc['plan']}: {doc['model']} on {doc['cluster']}, {doc['world_size']} devices, {doc['precision']}"
@@ -158,3 +159,5 @@ def _print_human(doc: dict[str, Any]) -> None:
         print_table("links (one microbatch, one way)", ["boundary", "link", "flows x bytes", "time", "source", "why"],
                     [(f"{x['boundary']}->{x['boundary'] + 1}", x["kind"], f"{x['flows']} x {x['flow_bytes']:.4g}",
                       _ms(x["seconds"]), x["source"], x["detail"]) for x in doc["links"]])
+        for line in cross_site_lines(doc["links"]):
+            console.print(line, highlight=False, soft_wrap=True)

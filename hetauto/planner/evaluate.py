@@ -688,9 +688,10 @@ class Evaluator:
             a, b = plan.stages[h], plan.stages[h + 1]
             s = table.range(*a.layers).boundary_bytes_per_sample * plan.microbatch_size
             link, price, info = self._link_price(a, b, methods[h], s, idle)
-            if info.kind == "cross-cluster":
-                info = replace(info, reading=read_link(link, price, info.flows, (a.cluster, b.cluster),
-                                                       info.flow_bytes, self.inputs.cluster.source))
+            if info.kind == "cross-cluster":  # its reading; its time at the aggregate (a shared path's flows queue)
+                reading = read_link(link, price, info.flows, (a.cluster, b.cluster), info.flow_bytes,
+                                    self.inputs.cluster.source)
+                info = replace(info, reading=reading, seconds=reading.seconds(price, info.flows, info.flow_bytes))
             out.append(replace(info, boundary=h))
         return tuple(out)
 

@@ -240,10 +240,17 @@ class LinkReading:
     aggregate_Bps: float
     datasheet: bool
     measure: str = ""
+    between: tuple[str, str] = ("", "")
+
+    def seconds(self, price: LinkPrice, flows: int, flow_bytes: float) -> float:
+        """One microbatch's `flows` x `flow_bytes` one way at the aggregate (no faster than one flow alone)."""
+        if not flow_bytes or self.aggregate_Bps == math.inf:
+            return price.seconds(flow_bytes)
+        return max(price.seconds(flow_bytes), price.latency_s + flows * flow_bytes / self.aggregate_Bps)
 
     def as_dict(self) -> dict[str, object]:
-        return {"per": self.per, "reading": self.label, "aggregate_Bps": self.aggregate_Bps,
-                "datasheet": self.datasheet, "measure": self.measure}
+        return {"between": list(self.between), "per": self.per, "reading": self.label,
+                "aggregate_Bps": self.aggregate_Bps, "datasheet": self.datasheet, "measure": self.measure}
 
 
 def read_link(link: LinkSpec, price: LinkPrice, flows: int, between: tuple[str, str], flow_bytes: float,
@@ -260,7 +267,7 @@ def read_link(link: LinkSpec, price: LinkPrice, flows: int, between: tuple[str, 
             f", all capped at {format_bandwidth(link.shared_capacity_Bps)}" if link.shared_capacity_Bps else "")
     datasheet = price.source != "measured" and link.window_bytes is None
     command = measure_command(between, flows, flow_bytes, spec_path) if datasheet else ""
-    return LinkReading(link.per, label, aggregate, datasheet, command)
+    return LinkReading(link.per, label, aggregate, datasheet, command, between)
 
 
 def measure_command(between: tuple[str, str], flows: int, flow_bytes: float, spec_path: str | None) -> str:
@@ -272,7 +279,9 @@ def measure_command(between: tuple[str, str], flows: int, flow_bytes: float, spe
     hi = 2 ** math.ceil(math.log2(max(flow_bytes, 1)))
     if lo == hi:  # rows must bracket the size: no extrapolation
         lo, hi = max(lo // 2, 1), hi * 2
-    spec = shlex.quote(spec_path) if spec_path else "CLUSTER.yaml"
+    # a scenario's spec is no file to write rows into: a placeholder for the user's copy of it
+    is_file = spec_path is not None and spec_path.lower().endswith((".yaml", ".yml", ".json"))
+    spec = shlex.quote(spec_path) if is_file else "CLUSTER.yaml"
     return (f"hetauto profile link --rank 0 --master HOST:PORT --sizes {_size(lo)},{_size(hi)} --flows {flows} "
             f"--spec {spec} --between {shlex.quote(between[0])} {shlex.quote(between[1])}")
 
