@@ -4,7 +4,9 @@ Prints the iteration time, throughput, MFU, whether the plan fits (`feasible`, a
 name when it does not), every stage's memory per device against what its device has and where its compute
 figures come from (`source`: "analytical" = peak x efficiency; "measured" = the device profile's measured
 per-layer rows, hetauto.planner.measured), how each boundary's link was priced (`links`: "measured" rows,
-the transport "model" or the "nominal" rate and latency, hetauto.planner.linkmodel), and a time `breakdown` (`hetauto.planner.evaluate.Evaluator.breakdown`: compute, TP
+the transport "model" or the "nominal" rate and latency, hetauto.planner.linkmodel; a cross-cluster one also
+says what its bandwidth is per, the aggregate it was priced at and, from a datasheet, the `hetauto profile link`
+that would measure it: `between`, `per`, `reading`, `aggregate_Bps`, `datasheet`, `measure`), and a time `breakdown` (`hetauto.planner.evaluate.Evaluator.breakdown`: compute, TP
 communication, exposed DP all-reduce, P2P and resharding, bubble, optimizer; they sum to the iteration time).
 
 Relative paths in the plan (its `cluster` file, a `config.json` model) resolve against the plan file's folder;

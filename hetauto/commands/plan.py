@@ -2,7 +2,9 @@
 
 No arguments: the embedded default scenario. `--json` prints one document with iteration_time_s,
 throughput_samples_s, tokens_s, mfu, search_time_s, evaluations, precision (the resolved one the plan was
-priced at), plan (and `baselines` with --baselines); `--precision P` writes `training.precision: P` into the plan;
+priced at), plan, cross_site_links (each cross-cluster boundary: what its link's bandwidth is per, the aggregate
+it was priced at, and for a datasheet figure the `hetauto profile link` command that would measure it), and
+`baselines` with --baselines; `--precision P` writes `training.precision: P` into the plan;
 `-o plan.json` writes the plan for `hetauto simulate` / `hetauto run`.
 """
 
