@@ -415,3 +415,18 @@ def test_slurm_runs_the_cpu_demo_plan(cpu_demo, tmp_path: Path, layout: str) -> 
     assert result["max_loss_diff"] <= 1e-5, result
     assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
     assert len(result["loss"]) == len(result["reference_loss"]) == 2
+
+
+def test_without_slurm_and_without_root_the_fixture_fails_saying_how(monkeypatch, tmp_path: Path) -> None:
+    """The slurm tests never skip for a missing Slurm: where none answers and none can be started (not root), they
+    fail with one line naming the script and the opt-out."""
+    from conftest import _start_local_slurm
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.fail.Exception) as err:
+        _start_local_slurm(tmp_path / "slurm-local.log")
+    assert str(err.value) == (
+        "no Slurm answers here and this process cannot start one (it needs root and Slurm or apt-get): start the "
+        "local two-node Slurm with `bash scripts/slurm-local.sh` (as root), or set HETAUTO_NO_SLURM=1 to skip the "
+        "slurm tests")
+    assert not (tmp_path / "slurm-local.log").exists()  # the script never ran
