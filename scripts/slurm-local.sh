@@ -5,8 +5,9 @@
 # Installs Debian's slurm-wlm and munge (if missing), writes /etc/slurm/slurm.conf with two nodes, n1 and n2,
 # each served by its own slurmd on 127.0.0.1 (`slurmd -N n1` on port 17001, `-N n2` on 17002), partitions
 # fast (n1), slow (n2) and all (both; the default), starts munged, slurmctld and both slurmd, and waits until
-# `sinfo` shows both nodes idle. Run as root (CI: .ci/run). Running it again while the daemons are up only says
-# so. Writes nothing into the repository; logs are in /var/log/hetauto-slurm.
+# `sinfo` shows both nodes idle. Run as root (the `slurm` tests' fixture runs it when no Slurm answers). Running it
+# again while the daemons are up only says so; two runs at once (two pytest workers) take turns on a lock file,
+# so the second finds the first's daemons up. Writes nothing into the repository; logs are in /var/log/hetauto-slurm.
 #
 # Choices (see ../shared/reference/launch.md): heterogeneous jobs are scheduled only by sched/backfill (every
 # bf_interval seconds: 1 here, not 30); proctrack/linuxproc and task/none need no cgroups (containers); select/cons_tres with CPUs=4 per node and config_overrides (the
@@ -25,6 +26,13 @@ say() { echo "slurm-local: $*"; }
 die() { echo "slurm-local: $*" >&2; exit 1; }
 
 [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages and starts system daemons)"
+
+# --- one run at a time: a second waits here for the first, then finds the daemons up (fd 9 holds the lock until
+# this script exits; the daemons are started without it)
+LOCK=/run/lock/hetauto-slurm-local.lock
+install -d -m 0755 "$(dirname "$LOCK")"
+exec 9>"$LOCK"
+flock -w 600 9 || die "another slurm-local.sh has held $LOCK for 10 minutes"
 
 alive() {  # alive PIDFILE: the process the file names is running
     [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
@@ -103,7 +111,7 @@ chown munge:munge /etc/munge/munge.key
 chmod 0400 /etc/munge/munge.key
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
     rm -f /run/munge/munged.pid
-    runuser -u munge -- munged || die "munged did not start (see /var/log/munge/munged.log)"
+    runuser -u munge -- munged 9>&- || die "munged did not start (see /var/log/munge/munged.log)"
     for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
     munge -n | unmunge >/dev/null 2>&1 || die "munge does not work (see /var/log/munge/munged.log)"
 fi
@@ -133,12 +141,12 @@ if (( changed )); then
     stop "$RUN/slurmctld.pid"
 fi
 if ! alive "$RUN/slurmctld.pid"; then
-    slurmctld || die "slurmctld did not start (see $LOGS/slurmctld.log)"
+    slurmctld 9>&- || die "slurmctld did not start (see $LOGS/slurmctld.log)"
 fi
 for n in "${NODES[@]}"; do
     install -d -m 0755 "$SPOOL/$n"
     if ! alive "$RUN/slurmd-$n.pid"; then
-        slurmd -N "$n" || die "slurmd -N $n did not start (see $LOGS/slurmd-$n.log)"
+        slurmd -N "$n" 9>&- || die "slurmd -N $n did not start (see $LOGS/slurmd-$n.log)"
     fi
 done
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs hetauto (CPU torch pinned: torch==2.13.0 is a local wheel, a plain `torch` would pull CUDA),
 # the dev tools and the template backend plugin (so entry-point discovery runs for real), then the tests.
+# Services: the `slurm` tests start the two-node local Slurm they need themselves (tests/conftest.py local_slurm
+# runs scripts/slurm-local.sh when no Slurm answers: as root, installing slurm-wlm and munge with apt-get if
+# missing); elsewhere they fail saying so (HETAUTO_NO_SLURM=1 skips them on purpose).
 set -euo pipefail
 # Python: the active virtualenv, else ./.venv, else python3 if pip may install into it, else a new ./.venv
 # (scripts/_python.sh).

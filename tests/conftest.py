@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 # One intra-op thread per test process and for every process a test starts (read by torch's OpenMP when torch
 # loads, so before anything imports it): the suite runs a worker per core and one more, and the models here are tiny,
@@ -49,3 +50,56 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tests[item.module.__name__] += 1
         started[item.module.__name__] += item.get_closest_marker("multiprocess") is not None
     items.sort(key=lambda item: (-started[item.module.__name__], -tests[item.module.__name__], item.module.__name__))
+
+
+# --- a real Slurm for the tests marked `slurm` (scripts/slurm-local.sh)
+
+SLURM_HINT = ("start the local two-node Slurm with `bash scripts/slurm-local.sh` (as root), or set HETAUTO_NO_SLURM=1 "
+              "to skip the slurm tests")
+
+
+def _slurm_partitions() -> set[str] | None:
+    """The partitions `sinfo` lists; None: no Slurm answers here (not installed, or its daemons are down)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("sinfo") is None:
+        return None
+    proc = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
+    return {line.strip() for line in proc.stdout.splitlines() if line.strip()} if proc.returncode == 0 else None
+
+
+def _start_local_slurm(log: Path) -> None:
+    """Run scripts/slurm-local.sh (it installs Slurm if missing, is a no-op when its daemons are up, and takes a lock
+    so two workers that both get here start one Slurm). Its output goes to a file, not a pipe: the daemons it starts
+    must not hold the pipe pytest would wait on."""
+    import shutil
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "slurm-local.sh"
+    if os.geteuid() != 0 or (shutil.which("slurmctld") is None and shutil.which("apt-get") is None):
+        pytest.fail(f"no Slurm answers here and this process cannot start one (it needs root and Slurm or apt-get): "
+                    f"{SLURM_HINT}", pytrace=False)
+    with log.open("w") as out:
+        rc = subprocess.run(["bash", str(script)], stdout=out, stderr=subprocess.STDOUT, timeout=900).returncode
+    if rc != 0:
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+        pytest.fail(f"scripts/slurm-local.sh failed (exit {rc}): {tail}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A Slurm with partitions fast and slow: the one running here, else the two-node one scripts/slurm-local.sh
+    starts (a fresh machine has none, and `bash scripts/test.sh` must pass there). Fails, never skips, when there
+    is none and none can be started; HETAUTO_NO_SLURM=1 skips on purpose."""
+    if os.environ.get("HETAUTO_NO_SLURM") == "1":
+        pytest.skip("HETAUTO_NO_SLURM=1")
+    partitions = _slurm_partitions()
+    if partitions is None:
+        _start_local_slurm(tmp_path_factory.mktemp("slurm-local") / "slurm-local.log")
+        partitions = _slurm_partitions()
+        if partitions is None:
+            pytest.fail(f"scripts/slurm-local.sh ran but `sinfo` still fails: {SLURM_HINT}", pytrace=False)
+    if not {"fast", "slow"} <= partitions:
+        pytest.fail(f"this Slurm has no partitions fast and slow (it has {', '.join(sorted(partitions))}): "
+                    f"{SLURM_HINT}", pytrace=False)

@@ -43,7 +43,8 @@ def test_valid_spec_values():
     b = spec["b"]
     assert b.intra_node == LinkSpec(400e9, 3e-6) and b.inter_node == LinkSpec(50e9, 8e-6)
     assert spec.link("a", "b") == LinkSpec(25e9, 0.5e-3, 50e9) == spec.link("b", "a")
-    assert spec.link("a", "c") == LinkSpec(12.5e9, 2e-3, None)
+    # a link with bandwidth and latency alone is the whole path: all flows share it (per: path)
+    assert spec.link("a", "c") == LinkSpec(12.5e9, 2e-3, 12.5e9, per="path")
     c = spec["c"]
     assert c.speed_factor == 0.5 and c.device.peak_flops == 313e12 * 0.5
     assert spec.link("a", "c").transfer_time(12.5e9) == pytest.approx(1.002)

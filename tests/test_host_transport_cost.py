@@ -29,7 +29,8 @@ def _inputs(a: dict, b: dict) -> PlanningInputs:
     """Two one-node clusters `a` and `b` (each {"device": ..., "count": devices, optional "backend": ...})."""
     clusters = [{"name": name, "nodes": {"count": 1, "devices_per_node": c.get("count", 1), "device": c["device"]},
                  **({"backend": c["backend"]} if "backend" in c else {})} for name, c in (("a", a), ("b", b))]
-    doc = {"clusters": clusters, "links": {"default": {"bandwidth": "100Gbps", "latency": "1ms"}}}
+    # per flow: each DP lane's flow gets the wire's 100 Gbps (the copies per flow are what these tests price)
+    doc = {"clusters": clusters, "links": {"default": {"bandwidth": "100Gbps", "latency": "1ms", "per": "flow"}}}
     model = get_model("tiny-gpt")
     return PlanningInputs(cluster_from_dict(doc, "two"), model, 32, 8, layer_list(model, 32), None, "two")
 

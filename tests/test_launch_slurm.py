@@ -4,8 +4,9 @@ a site runs several clusters.
 The rendering tests need no Slurm: they read the scripts, check them with `bash -n`, and run them with a stand-in
 `srun` (runs its command once per node with SLURM_NODEID set) and a stand-in python (records what the node agent
 was given). The end-to-end tests (marker `slurm`) submit the scripts `hetauto launch --target slurm` writes to a
-real Slurm, the two-node one scripts/slurm-local.sh starts on this machine (partitions fast and slow); without
-`sinfo` they fail and say so, unless HETAUTO_NO_SLURM=1.
+real Slurm, the two-node one scripts/slurm-local.sh starts on this machine (partitions fast and slow): the
+`local_slurm` fixture (conftest.py) runs that script when no Slurm answers; where it cannot (not root, no Slurm and
+no apt-get) they fail and say so, unless HETAUTO_NO_SLURM=1.
 """
 
 from __future__ import annotations
@@ -330,22 +331,6 @@ def test_a_failed_component_fails_the_job(cpu_demo, tmp_path: Path) -> None:
 
 # --- a real Slurm (scripts/slurm-local.sh)
 
-def need_slurm() -> None:
-    if os.environ.get("HETAUTO_NO_SLURM") == "1":
-        pytest.skip("HETAUTO_NO_SLURM=1")
-    hint = ("start the local two-node Slurm with `bash scripts/slurm-local.sh` (as root), or set "
-            "HETAUTO_NO_SLURM=1 to skip the slurm tests")
-    if shutil.which("sinfo") is None:
-        pytest.fail(f"no Slurm here (sinfo is not on PATH): {hint}", pytrace=False)
-    proc = subprocess.run(["sinfo", "-h", "-o", "%R %t"], capture_output=True, text=True, timeout=30)
-    if proc.returncode != 0:
-        pytest.fail(f"sinfo failed ({proc.stderr.strip()}): {hint}", pytrace=False)
-    partitions = {line.split()[0] for line in proc.stdout.splitlines() if line.strip()}
-    if not {"fast", "slow"} <= partitions:
-        pytest.fail(f"this Slurm has no partitions fast and slow (it has {', '.join(sorted(partitions))}): {hint}",
-                    pytrace=False)
-
-
 def two_free_ports() -> int:
     """A port p with p and p + 1 free a moment ago (the rendezvous and the control store)."""
     for _ in range(50):
@@ -384,6 +369,7 @@ def wait_jobs(jobs: list[str], timeout_s: float) -> dict[str, str]:
 
 @pytest.mark.slurm
 @pytest.mark.multiprocess
+@pytest.mark.usefixtures("local_slurm")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout", ["site-per-cluster", "hetjob"])
 def test_slurm_runs_the_cpu_demo_plan(cpu_demo, tmp_path: Path, layout: str) -> None:
@@ -391,7 +377,6 @@ def test_slurm_runs_the_cpu_demo_plan(cpu_demo, tmp_path: Path, layout: str) -> 
     folder: one site per cluster (partitions fast and slow), or one site holding both (a heterogeneous job, a
     component in each partition). The lead's result.json has every rank and the reference loss. One rank per
     cluster: the smallest plan that needs both sites (the scripts for the 4-rank plan are checked above)."""
-    need_slurm()
     plan, _ = cpu_demo
     one_rank_per_end(plan).save(tmp_path / "plan.json")
     port = two_free_ports()
@@ -430,3 +415,18 @@ def test_slurm_runs_the_cpu_demo_plan(cpu_demo, tmp_path: Path, layout: str) -> 
     assert result["max_loss_diff"] <= 1e-5, result
     assert sorted(r["rank"] for r in result["ranks"]) == [0, 1]
     assert len(result["loss"]) == len(result["reference_loss"]) == 2
+
+
+def test_without_slurm_and_without_root_the_fixture_fails_saying_how(monkeypatch, tmp_path: Path) -> None:
+    """The slurm tests never skip for a missing Slurm: where none answers and none can be started (not root), they
+    fail with one line naming the script and the opt-out."""
+    from conftest import _start_local_slurm
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.fail.Exception) as err:
+        _start_local_slurm(tmp_path / "slurm-local.log")
+    assert str(err.value) == (
+        "no Slurm answers here and this process cannot start one (it needs root and Slurm or apt-get): start the "
+        "local two-node Slurm with `bash scripts/slurm-local.sh` (as root), or set HETAUTO_NO_SLURM=1 to skip the "
+        "slurm tests")
+    assert not (tmp_path / "slurm-local.log").exists()  # the script never ran

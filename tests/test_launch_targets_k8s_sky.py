@@ -206,7 +206,7 @@ def test_kubernetes_pods_devices_options_and_rendezvous() -> None:
     pod = spec["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"} and "hostNetwork" not in pod
     (c,) = pod["containers"]
-    assert c["image"] == "registry.example/hetauto:cuda" and c["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert c["image"] == "registry.example/hetauto:cuda" and c["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["HETAUTO_FIRST_NODE_RANK"] == "0" and env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "29500"
     assert [p["containerPort"] for p in c["ports"]] == [29500, 29501]  # the lead serves both
@@ -214,7 +214,7 @@ def test_kubernetes_pods_devices_options_and_rendezvous() -> None:
     pod = job["template"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "trainer" and "nodeSelector" not in pod
     (c,) = pod["containers"]
-    assert c["resources"] == {"limits": {"amd.com/gpu": 4}} and "ports" not in c
+    assert c["resources"] == {"limits": {"amd.com/gpu": "4"}} and "ports" not in c
     assert {e["name"]: e["value"] for e in c["env"]}["HETAUTO_FIRST_NODE_RANK"] == "2"
 
 
@@ -262,7 +262,7 @@ def test_kubernetes_groups_split_where_the_process_count_or_cluster_changes(tmp_
     jobs = doc["spec"]["replicatedJobs"]
     assert [j["name"] for j in jobs] == ["n0-h100", "n1-h100", "n2-mi300x"]
     limits = [j["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] for j in jobs]
-    assert limits == [{"nvidia.com/gpu": 8}, {"nvidia.com/gpu": 4}, {"amd.com/gpu": 4}]
+    assert limits == [{"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "4"}, {"amd.com/gpu": "4"}]
     # a cpu cluster of 3 equal nodes: one Indexed Job of 3 pods, no device resource
     cpu = _launch(_plan(("cpu", tuple(range(6)), 2, 3)), options={"cpu": {"image": "img"}})
     doc = yaml.safe_load(_k8s_files(cpu)["cpu/jobset.yaml"])

@@ -263,7 +263,11 @@ def test_evaluate_command_lists_each_boundary_link(tmp_path) -> None:
     (link,) = doc["links"]
     s = link["flow_bytes"]
     assert link == {"boundary": 0, "kind": "cross-cluster", "source": "model", "flows": 1, "flow_bytes": s,
-                    "detail": "window 1 x 3MiB / 40 ms RTT = 0.6291Gbps", "seconds": 0.02 + s / (3 * MIB / 0.04)}
+                    "detail": "window 1 x 3MiB / 40 ms RTT = 0.6291Gbps", "seconds": 0.02 + s / (3 * MIB / 0.04),
+                    # a cross-cluster link says what its figure is per and the aggregate it gave; a window is no
+                    # datasheet figure, so no `hetauto profile link` is suggested
+                    "between": ["a", "b"], "per": "path", "reading": "shared path: 1Gbps (1 flow)", "aggregate_Bps": 3 * MIB / 0.04,
+                    "datasheet": False, "measure": ""}
 
 
 def test_slow_start_after_idle_closed_form() -> None:

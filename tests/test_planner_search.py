@@ -218,7 +218,8 @@ def test_per_boundary_resharding_picks_the_cheaper_method_per_boundary() -> None
 
     doc = {"clusters": [{"name": n, "nodes": {"count": 1, "devices_per_node": 4, "device": "a100-80g"}}
                         for n in ("a", "b", "c")],
-           "links": {"default": {"bandwidth": "1Gbps", "latency": "1ms"}}}
+           # per flow: each lane its own 1 Gbps (on one shared path the lanes would gain nothing)
+           "links": {"default": {"bandwidth": "1Gbps", "latency": "1ms", "per": "flow"}}}
     model = ModelConfig("tiny-test", "gpt", 6, 1024, 16, 4096, 32000, 512, None, False)
     inp = PlanningInputs(cluster_from_dict(doc, "abc"), model, 512, 16, layer_list(model, 512), None, "abc")
     space = StrategySpace(inp, Evaluator(inp))

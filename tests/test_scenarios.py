@@ -33,9 +33,9 @@ def test_paper_4c():
 
 def test_two_cluster_parameters():
     default = get_scenario("two-cluster")
-    assert default.cluster.link("h800", "a100") == LinkSpec(25e9, 2e-3, 25e9)  # one shared pipe
+    assert default.cluster.link("h800", "a100") == LinkSpec(25e9, 2e-3, 25e9, per="path")  # one shared pipe
     s = get_scenario("two-cluster", bandwidth="100Gbps", latency="5ms")
-    assert s.cluster.link("h800", "a100") == LinkSpec(12.5e9, 5e-3, 12.5e9)
+    assert s.cluster.link("h800", "a100") == LinkSpec(12.5e9, 5e-3, 12.5e9, per="path")
     assert dict(s.parameters) == {"bandwidth": "100Gbps", "latency": "5ms"}
     assert s.cluster.total_devices == 128
 

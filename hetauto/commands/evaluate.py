@@ -4,7 +4,9 @@ Prints the iteration time, throughput, MFU, whether the plan fits (`feasible`, a
 name when it does not), every stage's memory per device against what its device has and where its compute
 figures come from (`source`: "analytical" = peak x efficiency; "measured" = the device profile's measured
 per-layer rows, hetauto.planner.measured), how each boundary's link was priced (`links`: "measured" rows,
-the transport "model" or the "nominal" rate and latency, hetauto.planner.linkmodel), and a time `breakdown` (`hetauto.planner.evaluate.Evaluator.breakdown`: compute, TP
+the transport "model" or the "nominal" rate and latency, hetauto.planner.linkmodel; a cross-cluster one also
+says what its bandwidth is per, the aggregate it was priced at and, from a datasheet, the `hetauto profile link`
+that would measure it: `between`, `per`, `reading`, `aggregate_Bps`, `datasheet`, `measure`), and a time `breakdown` (`hetauto.planner.evaluate.Evaluator.breakdown`: compute, TP
 communication, exposed DP all-reduce, P2P and resharding, bubble, optimizer; they sum to the iteration time).
 
 Relative paths in the plan (its `cluster` file, a `config.json` model) resolve against the plan file's folder;
@@ -119,6 +121,7 @@ def _ms(x: float | None) -> str:
 
 
 def _print_human(doc: dict[str, Any]) -> None:
+    from hetauto.commands._link_readings import cross_site_lines
     from hetauto.commands._output import console, print_table
 
     head = f"{doc['plan']}: {doc['model']} on {doc['cluster']}, {doc['world_size']} devices, {doc['precision']}"
@@ -158,3 +161,5 @@ def _print_human(doc: dict[str, Any]) -> None:
         print_table("links (one microbatch, one way)", ["boundary", "link", "flows x bytes", "time", "source", "why"],
                     [(f"{x['boundary']}->{x['boundary'] + 1}", x["kind"], f"{x['flows']} x {x['flow_bytes']:.4g}",
                       _ms(x["seconds"]), x["source"], x["detail"]) for x in doc["links"]])
+        for line in cross_site_lines(doc["links"]):
+            console.print(line, highlight=False, soft_wrap=True)

@@ -2,7 +2,9 @@
 
 No arguments: the embedded default scenario. `--json` prints one document with iteration_time_s,
 throughput_samples_s, tokens_s, mfu, search_time_s, evaluations, precision (the resolved one the plan was
-priced at), plan (and `baselines` with --baselines); `--precision P` writes `training.precision: P` into the plan;
+priced at), plan, cross_site_links (each cross-cluster boundary: what its link's bandwidth is per, the aggregate
+it was priced at, and for a datasheet figure the `hetauto profile link` command that would measure it), and
+`baselines` with --baselines; `--precision P` writes `training.precision: P` into the plan;
 `-o plan.json` writes the plan for `hetauto simulate` / `hetauto run`.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from hetauto.commands._link_readings import cross_site_lines
 from hetauto.commands._output import (console, print_json, print_table, require_distinct, require_image,
                                       require_not_input, require_writable)
 from hetauto.core.dp_sharding import level_label
@@ -354,10 +357,12 @@ def run(args: argparse.Namespace) -> int:
         from hetauto.interop.torch_schedules import write_torch_schedule
 
         exported = [str(p) for p in write_torch_schedule(result.plan, args.export_schedule[1])]
+    links = _cross_site_links(inputs, result, args)
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
                                "plan": result.plan.model_dump(mode="json", by_alias=True),
+                               "cross_site_links": links,
                                "trace": [[p.elapsed_s, p.evaluations, p.best_throughput] for p in result.trace],
                                "stopped_by_user": stopped()}
         if args.baselines:
@@ -377,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
                              "command": _continue_command(args)}
         print_json(doc)
         return 0
-    _human(inputs, result, baselines, args)
+    _human(inputs, result, baselines, args, links)
     if resumed is not None:
         console.print(f"re-planned {resumed.model.name} from checkpoint {resumed.checkpoint} (step {resumed.step}); "
                       "continue with:", highlight=False)
@@ -392,6 +397,16 @@ def _plot(inputs: Any, result: PlanResult, args: argparse.Namespace) -> None:
         write_plan_picture(result.plan, inputs, args.plot, make_evaluator(inputs, args.precision))
     except OSError as err:
         raise HetautoError(f"{args.plot}: cannot write the plan picture: {err.strerror or err}") from None
+
+
+def _cross_site_links(inputs: Any, r: PlanResult, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The plan's cross-cluster boundaries with their links' reading and aggregate (hetauto evaluate's `links`
+    entries of kind cross-cluster)."""
+    from hetauto.commands._link_readings import cross_site_links
+
+    if len({s.cluster for s in r.plan.stages}) < 2:
+        return []
+    return cross_site_links([x.as_dict() for x in make_evaluator(inputs, args.precision).link_prices(r.plan)])
 
 
 def _precision(r: PlanResult, inputs: Any) -> str:
@@ -416,7 +431,8 @@ def _resharding_note(p: Any) -> str:
     return f", resharding per boundary {', '.join(p.resharding)}"
 
 
-def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse.Namespace) -> None:
+def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse.Namespace,
+           links: list[dict[str, Any]]) -> None:
     for line in inputs.describe():
         console.print(line, highlight=False)
     p, ev = r.plan, r.evaluation
@@ -441,6 +457,8 @@ def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse
                   f"bubble {ev.bubble_fraction:.1%}, precision {_precision(r, inputs)}"
                   + (" (auto)" if p.training.precision == "auto" else ""), highlight=False)
     console.print(f"search {r.search_time_s:.2f} s, {r.evaluations} evaluations", highlight=False)
+    for line in cross_site_lines(links):
+        console.print(line, highlight=False, soft_wrap=True)
     if baselines:
         brow = [[r.planner, f"{ev.throughput_samples_s:.3g}", "1.00", f"{r.search_time_s:.2f}", r.evaluations]]
         for name, b in baselines.items():

@@ -16,6 +16,11 @@ dataclass values that the planner, simulator and executor share. Example:
           latency: 2ms
           shared_capacity: 400Gbps    # optional: all flows between the two clusters share this
 
+A `links:` entry's `per:` says what its `bandwidth` is: `path` (the default, unless `shared_capacity` says
+otherwise) the whole path between the two clusters, shared by all flows of one direction (a site uplink);
+`node` each node's own share at either end (a NIC or a node's uplink: the flows leaving one node split it);
+`flow` each flow's own rate, whatever the others do (then `shared_capacity`, if given, caps them together).
+
 `speed_factor` on a cluster scales its device's compute and memory bandwidth (emulated mock clusters).
 
 Mixed nodes in one cluster (as Metis's hostfile + per-node `instance_type`, Sailor and FlashFlex describe
@@ -124,10 +129,18 @@ class LinkRowDoc(_Strict):
         return t
 
 
+LINK_READINGS = ("path", "node", "flow")
+
+
 class LinkDoc(_Strict):
     bandwidth: str | float
     latency: str | float = 0.0
     shared_capacity: str | float | None = None
+    per: str | None = Field(default=None, description=(
+        "What `bandwidth` measures: `path` (the whole path between the two clusters, shared by all flows of one "
+        "direction: a site uplink), `node` (each node's own NIC or uplink at either end: the flows leaving one "
+        "node split it) or `flow` (each flow's own rate; `shared_capacity` may cap them together). Default: "
+        "`path`, or `flow` where `shared_capacity` differs from `bandwidth` (its older meaning)."))
     # the transport model (hetauto.planner.linkmodel): TCP window per stream, streams per peer pair, blocking
     window: str | float | None = None
     streams: int | None = None
@@ -148,6 +161,14 @@ class LinkDoc(_Strict):
     @classmethod
     def _lat(cls, v: Any) -> Any:
         return parse_time(v, require_unit=True)
+
+    @field_validator("per", mode="before")
+    @classmethod
+    def _per(cls, v: Any) -> Any:
+        if v is not None and v not in LINK_READINGS:
+            raise ValueError(f"expected path, node or flow, got {v!r} (per: path when all flows share the "
+                             "bandwidth, e.g. one uplink between two sites)")
+        return v
 
     @field_validator("window", mode="before")
     @classmethod
@@ -345,7 +366,10 @@ class LinkSpec:
     `measured` rows from `hetauto profile link`, which take precedence where they cover a message; `mtu` (None:
     1500) and `slow_start_after_idle` say how a window-limited stream restarts after idling;
     `nics_per_node` (a cluster's inter-node link only) the NICs of `bandwidth_Bps` each that a node's devices
-    share (None: one per device)."""
+    share (None: one per device). `per` what `bandwidth_Bps` measures (a `links:` entry's `per:`): "flow" (each
+    flow's rate; the default here, as every link built in code means it), "path" (all flows of one direction
+    share it: the loader sets `shared_capacity_Bps` to it) or "node" (each node at either end has it: the flows
+    of one node split it, hetauto.planner.linkmodel)."""
 
     bandwidth_Bps: float
     latency_s: float
@@ -357,6 +381,7 @@ class LinkSpec:
     nics_per_node: int | None = None
     mtu: int | None = None
     slow_start_after_idle: bool = True
+    per: str = "flow"
 
     def transfer_time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_Bps
@@ -531,6 +556,8 @@ class ClusterSpec:
                 d["mtu"] = link.mtu
             if not link.slow_start_after_idle:
                 d["slow_start_after_idle"] = False
+            if link.per != _implied_per(link.bandwidth_Bps, link.shared_capacity_Bps):
+                d["per"] = link.per
             return d
 
         def node_link_doc(link: LinkSpec) -> dict[str, Any]:
@@ -625,10 +652,11 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
                                 c.speed_factor, c.nodes.device, c.backend))
 
     def to_link(d: LinkDoc, where: str) -> LinkSpec:
-        return LinkSpec(float(d.bandwidth), float(d.latency),
-                        None if d.shared_capacity is None else float(d.shared_capacity),
+        per, shared = _link_reading(d, where, source)
+        return LinkSpec(float(d.bandwidth), float(d.latency), shared,
                         None if d.window is None else float(d.window), d.streams, d.blocking,
-                        _link_rows(d, where, source), mtu=d.mtu, slow_start_after_idle=d.slow_start_after_idle)
+                        _link_rows(d, where, source), mtu=d.mtu, slow_start_after_idle=d.slow_start_after_idle,
+                        per=per)
 
     overrides = []
     pairs: dict[frozenset[str], int] = {}
@@ -672,6 +700,33 @@ def _nics(c: ClusterDoc, i: int, source: str | Path | None) -> int | None:
                         f"{n} NICs for {dpn} devices per node: hetauto gives a device at most one NIC",
                         f"use at most {dpn}, or omit it (one NIC per device)")
     return n
+
+
+def _implied_per(bandwidth: float, shared_capacity: float | None) -> str:
+    """The reading of a `links:` entry without `per:`: the whole path (what "10 Gbps between the sites" means to
+    most users), unless a `shared_capacity` other than the bandwidth makes the bandwidth a per-flow rate."""
+    if shared_capacity is None or math.isclose(shared_capacity, bandwidth, rel_tol=1e-9):
+        return "path"
+    return "flow"
+
+
+def _link_reading(d: LinkDoc, where: str, source: str | Path | None) -> tuple[str, float | None]:
+    """(per, the cap all flows share) of a `links:` entry: `per: path` caps them at the bandwidth, so a different
+    `shared_capacity` beside it contradicts it."""
+    bandwidth = float(d.bandwidth)
+    shared = None if d.shared_capacity is None else float(d.shared_capacity)
+    per = d.per or _implied_per(bandwidth, shared)
+    if per != "path":
+        return per, shared
+    if shared is not None and not math.isclose(shared, bandwidth, rel_tol=1e-9):
+        raise SpecError(source, f"{where}.shared_capacity", f"per: path makes the bandwidth the whole path all flows "
+                        f"share, but shared_capacity is another figure ({_gbps(shared)} vs {_gbps(bandwidth)})",
+                        "drop shared_capacity, or say per: flow to make the bandwidth per flow and shared_capacity their cap")
+    return per, bandwidth
+
+
+def _gbps(bps: float) -> str:
+    return f"{bps * 8 / 1e9:.6g}Gbps"
 
 
 def _link_rows(d: LinkDoc, where: str, source: str | Path | None) -> tuple[LinkRow, ...]:

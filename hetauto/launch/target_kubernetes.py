@@ -169,8 +169,8 @@ def _pod_template(launch: LaunchPlan, site: SiteLaunch, group: NodeGroup, opts: 
         container["ports"] = [{"name": "rendezvous", "containerPort": rdzv.master_port, "protocol": "TCP"},
                               {"name": "control", "containerPort": rdzv.control_port, "protocol": "TCP"}]
     resource = _device_resource(site, first.backend)
-    if resource is not None:
-        container["resources"] = {"limits": {resource: first.nproc}}
+    if resource is not None:  # a Quantity's canonical form is a string ("8"): the API and every client take it
+        container["resources"] = {"limits": {resource: str(first.nproc)}}
     # a static rendezvous cannot take a restarted node back: a failed pod fails its Job and so the JobSet
     spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     if "node_selector" in opts:

@@ -40,7 +40,7 @@ from hetauto.planner import costmodel as cm
 from hetauto.planner.fastpipe import iteration_1f1b
 from hetauto.planner.host_contention import HostContention
 from hetauto.planner.inputs import PlanningInputs, load_planning_inputs
-from hetauto.planner.linkmodel import LinkPrice, NodeShare, price_link, ring_bandwidth
+from hetauto.planner.linkmodel import LinkPrice, LinkReading, NodeShare, price_link, read_link, ring_bandwidth
 from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, measured_layers
 from hetauto.planner.measured import stage_time as measured_stage
 from hetauto.schedule import Link, PipelineCosts, schedule_for_plan, simulate, zb_windows
@@ -109,7 +109,8 @@ class StageTimes:
 class BoundaryLink:
     """How boundary `boundary` (stage h -> h+1) was priced (hetauto.planner.linkmodel): its link's `kind`
     ("cross-cluster", "inter-node", "intra-node"), `source` ("measured", "model", "nominal"), `detail` (the
-    term that bounds a flow), one microbatch's `flows` x `flow_bytes` and their `seconds` one way."""
+    term that bounds a flow), one microbatch's `flows` x `flow_bytes` and their `seconds` one way; a
+    cross-cluster one's `reading` (linkmodel.read_link: what its figure is per, the aggregate it gave)."""
 
     boundary: int
     kind: str
@@ -118,10 +119,12 @@ class BoundaryLink:
     flows: int
     flow_bytes: float
     seconds: float
+    reading: LinkReading | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {"boundary": self.boundary, "kind": self.kind, "source": self.source, "detail": self.detail,
-                "flows": self.flows, "flow_bytes": self.flow_bytes, "seconds": self.seconds}
+                "flows": self.flows, "flow_bytes": self.flow_bytes, "seconds": self.seconds,
+                **(self.reading.as_dict() if self.reading is not None else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -684,7 +687,12 @@ class Evaluator:
         for h in range(plan.num_stages - 1):
             a, b = plan.stages[h], plan.stages[h + 1]
             s = table.range(*a.layers).boundary_bytes_per_sample * plan.microbatch_size
-            out.append(replace(self._link_price(a, b, methods[h], s, idle)[2], boundary=h))
+            link, price, info = self._link_price(a, b, methods[h], s, idle)
+            if info.kind == "cross-cluster":  # its reading; its time at the aggregate (a shared path's flows queue)
+                reading = read_link(link, price, info.flows, (a.cluster, b.cluster), info.flow_bytes,
+                                    self.inputs.cluster.source)
+                info = replace(info, reading=reading, seconds=reading.seconds(price, info.flows, info.flow_bytes))
+            out.append(replace(info, boundary=h))
         return tuple(out)
 
     @staticmethod

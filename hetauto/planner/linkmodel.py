@@ -29,6 +29,11 @@ transfer gets. Three mechanisms, each from the spec's own figures (nothing is fi
   over the TUN-relayed link at 1 Gbit/s, 70 ms each way, 2 MiB after 2 s idle took 136-138 ms, as back to back
   (136 ms), so a spec for BBR hosts says `slow_start_after_idle: false`. (An earlier check on this host, ~250-310
   ms after idle, saw a young connection whose receive window was still opening: hetauto.runtime.netns, `mtu`.)
+- **What a figure is per.** A `links:` entry's `per:` (hetauto.core.cluster) says what its `bandwidth` is:
+  `path` (the default between clusters) the whole path, so all flows of one direction share it (the loader
+  makes it the link's `shared_capacity_Bps`, which the simulator shares among the flows); `node` each node's
+  own at either end, so the `ceil(flows / nodes)` flows leaving (or entering) one node split it (`flow_rate`);
+  `flow` each flow's own. `read_link` says which reading priced a boundary and the aggregate it gave.
 - **Blocking sends.** `blocking: true` on a link: a send holds its sender until its bytes are on the wire (a
   synchronous transport), so the transfer is exposed on the sender, not overlapped with its next compute.
 
@@ -53,8 +58,9 @@ from dataclasses import dataclass, replace
 from hetauto.core.cluster import LinkRow, LinkSpec
 from hetauto.core.units import format_bandwidth, format_bytes
 
-__all__ = ["DEFAULT_MTU", "DEFAULT_STREAMS", "INITIAL_SEGMENTS", "LinkPrice", "NodeShare", "flow_rate",
-           "interpolate_rows", "measured_regime", "price_link", "ring_bandwidth", "rto_s", "slow_start_seconds"]
+__all__ = ["DEFAULT_MTU", "DEFAULT_STREAMS", "INITIAL_SEGMENTS", "LinkPrice", "LinkReading", "NodeShare",
+           "flow_rate", "interpolate_rows", "measured_regime", "measure_command", "price_link", "read_link",
+           "ring_bandwidth", "rto_s", "slow_start_seconds"]
 
 # TCP streams per peer pair of each transport's collective library (see the module docstring for the sources)
 DEFAULT_STREAMS = 1
@@ -126,6 +132,10 @@ def flow_rate(link: LinkSpec, src: NodeShare | None = None, dst: NodeShare | Non
         terms.append((k * link.window_bytes / rtt, f"window {k} x {format_bytes(link.window_bytes)} / "
                       f"{rtt * 1e3:g} ms RTT = {format_bandwidth(k * link.window_bytes / rtt)}"))
     for end, who in ((src, "sender"), (dst, "receiver")):
+        if end is not None and link.per == "node":
+            cap = link.bandwidth_Bps / max(end.flows, 1)
+            terms.append((cap, f"per node: {who}'s node {format_bandwidth(link.bandwidth_Bps)} / {end.flows} "
+                          f"flows = {format_bandwidth(cap)}"))
         if end is not None and end.nic.nics_per_node is not None:
             cap = end.cap_Bps()
             terms.append((cap, f"{who}'s node: {end.nic.nics_per_node} NIC x "
@@ -185,7 +195,7 @@ def price_link(link: LinkSpec, nbytes: float, flows: int = 1, src: NodeShare | N
             return LinkPrice(bw, lat, "measured", f"measured rows at {flows} flows{regime}", link.blocking)
         note = got + "; "
     rate, why = flow_rate(link, src, dst, streams)
-    modelled = (link.window_bytes is not None or link.blocking or any(
+    modelled = (link.window_bytes is not None or link.blocking or link.per == "node" or any(
         e is not None and e.nic.nics_per_node is not None for e in (src, dst)))
     source = "model" if modelled or note else "nominal"
     latency = link.latency_s
@@ -213,3 +223,71 @@ def ring_bandwidth(nic: LinkSpec, rings_per_node: int) -> float:
     if nic.nics_per_node is None:
         return nic.bandwidth_Bps
     return min(nic.bandwidth_Bps, nic.nics_per_node * nic.bandwidth_Bps / max(rings_per_node, 1))
+
+
+READINGS = {"path": "shared path", "node": "per node", "flow": "per flow"}
+
+
+@dataclass(frozen=True, slots=True)
+class LinkReading:
+    """How a cross-cluster boundary read its link's figure: `per` ("path", "node", "flow"; `label` in words),
+    `aggregate_Bps` all the boundary's flows together got (flows x one flow's rate, capped by the path's
+    capacity), and whether it was priced from a datasheet figure (`datasheet`: no measured row covered it and
+    no `window:`), then `measure`, the `hetauto profile link` command that would settle it."""
+
+    per: str
+    label: str
+    aggregate_Bps: float
+    datasheet: bool
+    measure: str = ""
+    between: tuple[str, str] = ("", "")
+
+    def seconds(self, price: LinkPrice, flows: int, flow_bytes: float) -> float:
+        """One microbatch's `flows` x `flow_bytes` one way at the aggregate (no faster than one flow alone)."""
+        if not flow_bytes or self.aggregate_Bps == math.inf:
+            return price.seconds(flow_bytes)
+        return max(price.seconds(flow_bytes), price.latency_s + flows * flow_bytes / self.aggregate_Bps)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"between": list(self.between), "per": self.per, "reading": self.label,
+                "aggregate_Bps": self.aggregate_Bps, "datasheet": self.datasheet, "measure": self.measure}
+
+
+def read_link(link: LinkSpec, price: LinkPrice, flows: int, between: tuple[str, str], flow_bytes: float,
+              spec_path: str | None) -> LinkReading:
+    """The reading of `link` for a boundary of `flows` flows of `flow_bytes` each that `price` priced."""
+    aggregate = min(flows * price.bandwidth_Bps, link.shared_capacity_Bps or math.inf)
+    label = READINGS[link.per]
+    if link.per == "path":
+        label += f": {format_bandwidth(link.bandwidth_Bps)} " + (f"shared by {flows} flows" if flows > 1 else "(1 flow)")
+    elif link.per == "node":
+        label += f": {format_bandwidth(link.bandwidth_Bps)} per node at each end"
+    else:
+        label += f": {format_bandwidth(link.bandwidth_Bps)} each" + (
+            f", all capped at {format_bandwidth(link.shared_capacity_Bps)}" if link.shared_capacity_Bps else "")
+    datasheet = price.source != "measured" and link.window_bytes is None
+    command = measure_command(between, flows, flow_bytes, spec_path) if datasheet else ""
+    return LinkReading(link.per, label, aggregate, datasheet, command, between)
+
+
+def measure_command(between: tuple[str, str], flows: int, flow_bytes: float, spec_path: str | None) -> str:
+    """The sending side's `hetauto profile link` that measures rows around `flow_bytes` at `flows` flows and
+    writes them into the spec's link entry (its receiver runs `--rank 1 --master HOST:PORT` first)."""
+    import shlex
+
+    lo = 2 ** math.floor(math.log2(max(flow_bytes, 1)))
+    hi = 2 ** math.ceil(math.log2(max(flow_bytes, 1)))
+    if lo == hi:  # rows must bracket the size: no extrapolation
+        lo, hi = max(lo // 2, 1), hi * 2
+    # a scenario's spec is no file to write rows into: a placeholder for the user's copy of it
+    is_file = spec_path is not None and spec_path.lower().endswith((".yaml", ".yml", ".json"))
+    spec = shlex.quote(spec_path) if is_file else "CLUSTER.yaml"
+    return (f"hetauto profile link --rank 0 --master HOST:PORT --sizes {_size(lo)},{_size(hi)} --flows {flows} "
+            f"--spec {spec} --between {shlex.quote(between[0])} {shlex.quote(between[1])}")
+
+
+def _size(n: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f}{unit}"
+    return f"{n}B"

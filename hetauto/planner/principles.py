@@ -221,7 +221,7 @@ def cluster_signature(spec: ClusterSpec, name: str) -> tuple:
     for other in spec.names:
         if other != name:
             ln = spec.link(name, other)
-            links.append((other, ln.bandwidth_Bps, ln.latency_s, ln.shared_capacity_Bps))
+            links.append((other, ln.bandwidth_Bps, ln.latency_s, ln.shared_capacity_Bps, ln.per))
     return (c.device.key, c.num_nodes, c.devices_per_node, c.speed_factor, c.intra_node, c.inter_node,
             tuple(sorted(links, key=lambda x: x[1:])) if len(spec.names) > 1 else ())
 
@@ -259,7 +259,8 @@ def _links_equal(spec: ClusterSpec, a: str, b: str) -> bool:
         if other in (a, b):
             continue
         la, lb = spec.link(a, other), spec.link(b, other)
-        if (la.bandwidth_Bps, la.latency_s, la.shared_capacity_Bps) != (lb.bandwidth_Bps, lb.latency_s, lb.shared_capacity_Bps):
+        if (la.bandwidth_Bps, la.latency_s, la.shared_capacity_Bps, la.per) != (lb.bandwidth_Bps, lb.latency_s,
+                                                                                lb.shared_capacity_Bps, lb.per):
             return False
     return True
 
