@@ -117,7 +117,7 @@ def _work(rank: int, world: int, root: str, killed_dir: str | None) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(files: Path, killed: dict) -> dict:
-    from hetauto.runtime.results import summarize
+    from hetauto.job.results import summarize
     from hetauto.testing.multiproc import run_ranks
 
     four = run_ranks(_work, 4, str(files), None, timeout=200)
