@@ -44,7 +44,7 @@ def folder(tmp_path_factory) -> Path:
 
 def marked(mark: str) -> list[int]:
     """Live processes whose environment has HETAUTO_TEST_MARK=mark."""
-    from hetauto.runtime.jobprocs import _state
+    from hetauto.launch.jobprocs import _state
 
     out = []
     for name in os.listdir("/proc"):
@@ -76,7 +76,7 @@ def wait_for(path: Path, proc: subprocess.Popen, limit: float = 120) -> None:
 def test_stop_job_reaches_processes_in_sessions_of_their_own() -> None:
     """What torchrun does: each worker in its own session. Signalling the parent's group alone would miss them;
     stop_job finds them by the token and kills the one that ignores SIGTERM after the grace period."""
-    from hetauto.runtime.jobprocs import JOB_ENV, job_pids, stop_job
+    from hetauto.launch.jobprocs import JOB_ENV, job_pids, stop_job
 
     token = uuid.uuid4().hex
     code = ("import os, signal, subprocess, sys, time\n"

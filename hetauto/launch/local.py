@@ -307,7 +307,7 @@ class LocalJob:
     raises `JobFailed`; `kill()` ends it. Lets the caller do its own work while the ranks start and train.
 
     The job owns its processes: torchrun and every worker carry `token` in their environment
-    (hetauto.runtime.jobprocs), so `kill()`, a missed deadline and SIGINT/SIGTERM/SIGHUP on this process (while the
+    (hetauto.launch.jobprocs), so `kill()`, a missed deadline and SIGINT/SIGTERM/SIGHUP on this process (while the
     job runs, `start_local` installs handlers in the main thread) reach all of them, not only torchrun's
     process group. After SIGINT/SIGTERM/SIGHUP `wait()` stops the job (SIGTERM, `STOP_GRACE_S`, SIGKILL) and raises
     `JobInterrupted` naming the newest complete checkpoint."""
@@ -370,7 +370,7 @@ class LocalJob:
         return newest_checkpoint_note(self.run.checkpoint_dir if self.run is not None else None)
 
     def _interrupted(self) -> JobInterrupted:
-        from hetauto.runtime.jobprocs import stop_job
+        from hetauto.launch.jobprocs import stop_job
 
         sig = self._signalled or signal.SIGTERM
         res = stop_job(self.proc, self.token, STOP_GRACE_S)
@@ -401,7 +401,7 @@ class LocalJob:
     def _wait(self) -> list[dict[str, Any]]:
         import time
 
-        from hetauto.runtime.jobprocs import job_pids, stop_job
+        from hetauto.launch.jobprocs import job_pids, stop_job
 
         end = time.monotonic() + self.deadline
         first_error: float | None = None
@@ -497,7 +497,7 @@ class LocalJob:
                         + (f"; {note}" if note else ""))
 
     def kill(self) -> None:
-        from hetauto.runtime.jobprocs import stop_job
+        from hetauto.launch.jobprocs import stop_job
 
         if self.token:
             stop_job(self.proc, self.token, 0.0, signal.SIGKILL)
@@ -546,7 +546,7 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
     None: the ranks report to `control_address`, served elsewhere (a non-lead node)."""
     from hetauto.launch.control import ControlServer
     from hetauto.runtime.control import CONTROL_ENV
-    from hetauto.runtime.jobprocs import JOB_ENV, new_token
+    from hetauto.launch.jobprocs import JOB_ENV, new_token
 
     out = Path(folder.name if isinstance(folder, tempfile.TemporaryDirectory) else folder)
     files: list = []
