@@ -4,8 +4,8 @@
 
 Checkpoints and failures: `--resume D` continues a run (a checkpoint of another plan layout is resharded on
 load; one of another model is refused before launch, and so is a plan with another global batch or sequence
-length unless `--allow-data-change`: see hetauto.job.checkpoint_checks), `--steps` counts from step 0, so the resumed run's
-losses are the uninterrupted run's. A failed job ends with one line naming the culprit rank, its stage and
+length unless `--allow-data-change`: see hetauto.job.checkpoint_checks), `--steps` counts from step 0, so the
+resumed run's losses are the uninterrupted run's. A failed job ends with one line naming the culprit rank, its stage and
 cluster. `--max-restarts N` lets torchrun restart the job, which resumes from the newest complete checkpoint.
 
 Validates the plan against its cluster, launches torchrun (all ranks on this machine), and reports per-step
