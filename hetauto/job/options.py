@@ -8,11 +8,14 @@ Why one builder: every run option crosses from the caller to the ranks here, so 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
 from hetauto.job.request import JobRequest
+
+if TYPE_CHECKING:
+    from hetauto.runtime.options import RunOptions
 
 __all__ = ["lr_schedule", "schedule_of", "run_options"]
 
@@ -36,7 +39,7 @@ def _abs(path: str | None) -> str | None:
     return None if path is None else str(Path(path).resolve())
 
 
-def run_options(request: JobRequest, plan: Plan, cluster: Any, base: Path, schedule: Any) -> Any:
+def run_options(request: JobRequest, plan: Plan, cluster: Any, base: Path, schedule: Any) -> RunOptions:
     """What the ranks read: every checked option, paths made absolute (the ranks may start elsewhere)."""
     from hetauto.core.stage_backends import stage_backend_names
     from hetauto.runtime.options import RunOptions

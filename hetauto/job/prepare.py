@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetauto.core.errors import CheckpointError, HetautoError, InfeasiblePlan, SpecError
 from hetauto.core.headroom import FLAG as HEADROOM_FLAG
 from hetauto.core.plan import Plan
 from hetauto.job.request import JobRequest
+
+if TYPE_CHECKING:
+    from hetauto.runtime.options import RunOptions
 
 __all__ = ["PreparedJob", "prepare", "require_fit", "NETNS_RESTARTS"]
 
@@ -38,7 +41,7 @@ class PreparedJob:
     cluster: Any
     cfg: Any
     base: Path
-    options: Any
+    options: RunOptions
     start_step: int = 0
 
 

@@ -307,8 +307,11 @@ class LocalJob:
             raise
 
     def _nonfinite_stop(self) -> bool:
-        """Whether a rank of this attempt stopped on a non-finite loss or gradient (`--on-nonfinite stop`)."""
-        return any(": NonFiniteTraining: " in self._read(p.name) for p in self.out.glob("rank*.error"))
+        """Whether a rank of this attempt stopped on a non-finite loss or gradient (`--on-nonfinite stop`): the type
+        of a rank's error, from the fields it sent (hetauto.launch.diagnosis)."""
+        from hetauto.launch.diagnosis import read_marks
+
+        return any(e.type == "NonFiniteTraining" for e in read_marks(self.plan, self.out).errors.values())
 
     def _agent_died(self, signum: int) -> None:
         """torchrun itself was killed (SIGKILL, the OOM killer): its workers, in sessions of their own, outlive
