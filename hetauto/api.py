@@ -191,8 +191,9 @@ def _path(value: str | Path | None) -> str | None:
     return None if value is None else str(value)
 
 
-# hetauto.run()'s keywords, as the run service names them in errors; the run options it does not take keep the
-# command line's spelling (the message still says which option of the plan's run is wrong)
+# hetauto.run()'s keywords, as the run service names them in errors (and memory_headroom: hetauto.plan()'s keyword
+# for the share a plan keeps free, which a plan that does not fit is told to change); the run options run() does
+# not take keep the command line's spelling
 _RUN_KEYWORDS = frozenset({"steps", "seed", "timeout", "emulate", "trace", "checkpoint_dir", "checkpoint_every",
                            "resume", "memory_headroom"})
 
