@@ -134,7 +134,9 @@ def read_marks(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | Non
                 found[r] = " ".join(f.read_text(encoding="utf-8", errors="replace").split())
         return found
 
-    errors = {r: _rank_error(r, text, out / f"rank{r}.error.json") for r, text in read("error").items()}
+    from hetauto.launch.control import ERROR_FIELDS
+
+    errors = {r: _rank_error(r, text, out / f"rank{r}.{ERROR_FIELDS}") for r, text in read("error").items()}
     return RunMarks(plan, read("started"), errors, read("stopped"), read("json"), heartbeats(out, plan.world_size),
                     dict(exit_codes or {}))
 
