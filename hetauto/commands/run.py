@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     job = prepare(job_request(args))
     if args.print_launch:
         return _print_launch(args, job)
-    doc = run_local(job, open_sinks=None if args.json else (lambda: _sinks(args, job)))
+    doc = run_local(job, open_sinks=lambda: _sinks(args, job))
     off = doc["loss_off_reference"]
     if args.json:
         print_json(doc)
@@ -143,11 +143,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sinks(args: argparse.Namespace, job: PreparedJob) -> list[StepSink]:
-    """What a person watches while the ranks train: the progress bar, and TensorBoard's scalars if asked."""
+    """Where the steps go while the ranks train: the progress bar (not with --json: a script reads stdout), and
+    TensorBoard's scalars if asked."""
     from hetauto.job.sinks import StepBar, TensorBoardSink
 
-    bar = StepBar(args.steps - job.start_step)
-    return [bar] + ([TensorBoardSink(args.tensorboard)] if args.tensorboard else [])
+    bar = [] if args.json else [StepBar(args.steps - job.start_step)]
+    return bar + ([TensorBoardSink(args.tensorboard)] if args.tensorboard else [])
 
 
 def _report(args: argparse.Namespace, plan: Plan, doc: dict[str, Any], run_options: Any, link: dict | None) -> None:
