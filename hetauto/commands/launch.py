@@ -1,11 +1,11 @@
 """`hetauto launch PLAN --target torchrun|slurm|kubernetes|skypilot --master HOST[:PORT] -o DIR [--json]`: what
 each site submits to run the plan across machines and sites.
 
-Checks the plan and the run flags exactly as `hetauto run` does (hetauto.job.prepare), derives the launch plan (hetauto.launch.plan:
-sites, nodes, process counts, rank ranges, the static rendezvous, each node's environment), and writes the
-target's files under DIR, one folder per site, plus `launch.json` (the launch plan itself) and a `README.txt` that
-says who runs what. Every artifact carries the launch plan inside: no file is copied by hand. Nothing is
-overwritten: a DIR that holds files already is refused.
+Checks the plan and the run flags exactly as `hetauto run` does (hetauto.job.prepare), derives the launch plan
+(hetauto.launch.plan: sites, nodes, process counts, rank ranges, the static rendezvous, each node's environment),
+and writes the target's files under DIR, one folder per site, plus `launch.json` (the launch plan itself) and a
+`README.txt` that says who runs what. Every artifact carries the launch plan inside: no file is copied by hand.
+Nothing is overwritten: a DIR that holds files already is refused.
 """
 
 from __future__ import annotations
