@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from hetauto.cli import main as cli
-from hetauto.runtime import netns
+from hetauto.launch import netns_topology as netns
 from hetauto.testing.two_sites import write_two_site_plan
 
 MESSAGES_PER_STEP = 3  # the last stage's step lines (dp 3: one per rank); heartbeats have their own thread

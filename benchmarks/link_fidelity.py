@@ -2,8 +2,8 @@
 
     python benchmarks/link_fidelity.py [--links 0.1x1,1x20,...] [--steps 6] [--runs 3] [--json]
 
-Each link is two network namespaces joined through the TUN delay relay (hetauto.runtime.tun_relay: `delay` ms
-each way) with tbf at `rate` on both ends (hetauto.runtime.netns); default 0.1 and 1 Gbit/s x 1, 20, 70 ms.
+Each link is two network namespaces joined through the TUN delay relay (hetauto.launch.tun_relay: `delay` ms
+each way) with tbf at `rate` on both ends (hetauto.launch.netns_topology); default 0.1 and 1 Gbit/s x 1, 20, 70 ms.
 Needs root, iproute2 and /dev/net/tun; otherwise it says why and exits 0. On each link:
 
 1. `hetauto profile link`'s measurement (gloo/TCP, hetauto.profiling.link) between the two namespaces at sizes
@@ -42,7 +42,7 @@ the three runs' transfers were 264, 450 and 278 ms). Before (same day, the setup
 datasheet 21.9%, rows 18.8%. What changed is mostly the measurement, not the model:
 - the relay's MTU was 65000: one segment (MSS 64948) is then a fresh connection's whole receive window, so a
   young connection's window opened a segment per round trip, and 3-step runs measured that ramp (now 9000,
-  hetauto.runtime.netns; and 6 steps, so the measured transfer's connection is warm, as in training);
+  hetauto.launch.netns_topology; and 6 steps, so the measured transfer's connection is warm, as in training);
 - the relay waited for the CPU behind the ranks (now nice -10) and spun on poll()'s millisecond timeout;
 - the rows were measured back to back after warming with 4 MiB messages, while the plan's boundary sends one
   2 MiB message per direction per step after ~1 s idle; under BBR a transfer's pacing follows what the recent
@@ -83,7 +83,7 @@ PORT = 29610
 # the plan sends one microbatch per step, so each direction idles a whole step (> 1 s here) before its transfer,
 # longer than any of these links' RTO (RTT + 200 ms <= 340 ms): the rows are measured after such an idle gap
 PROFILE_IDLE_S = 1.0
-RELAY_MTU = 9000  # hetauto.runtime.netns's TUN devices (NamespaceTopology's default mtu)
+RELAY_MTU = 9000  # hetauto.launch.netns_topology's TUN devices (NamespaceTopology's default mtu)
 
 
 def kernel_window() -> int:
@@ -151,7 +151,7 @@ def _profile(rank: int, world_size: int, sizes: list[int], repeats: int, idle_s:
 
 
 def measured_rows(gbps: float, ms: float, nbytes: float, repeats: int) -> list[dict[str, Any]]:
-    from hetauto.runtime.netns import NamespaceTopology, run_in_namespaces
+    from hetauto.launch.netns_topology import NamespaceTopology, run_in_namespaces
 
     sizes = sorted({int(nbytes // 4), int(nbytes // 2), int(nbytes), int(nbytes * 2)})
     with NamespaceTopology([[0], [1]], gbps * 1e9 / 8, delay_s=ms / 1e3) as topo:
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="executor runs per link (the median transfer's is kept)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from hetauto.runtime.netns import available
+    from hetauto.launch.netns_topology import available
 
     avail = available()
     if not avail.ok or not os.access("/dev/net/tun", os.R_OK | os.W_OK):

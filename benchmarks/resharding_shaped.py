@@ -5,7 +5,7 @@ Mirror of `resharding_link.py`, but the slow link is the kernel's: the source st
 ranks 2-5) in another, joined by a veth pair rate-limited with `tc tbf` on both ends; gloo is bound to the
 veth. All cross traffic of the boundary therefore shares one bottleneck, as on a cross-cluster link, and
 the destination's all-gather runs over the namespace's local (unshaped) path. Needs root and iproute2
-(see hetauto.runtime.netns); otherwise it says why and exits 0.
+(see hetauto.launch.netns_topology); otherwise it says why and exits 0.
 
 Per tp_d and method it prints the planned cross-link bytes, the bytes the kernel counted leaving the
 source namespace's veth (TCP/IP headers and the timing all-reduce included), the measured transfer time
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    from hetauto.runtime.netns import NamespaceTopology, ShapedLinkError, available, run_in_namespaces
+    from hetauto.launch.netns_topology import NamespaceTopology, ShapedLinkError, available, run_in_namespaces
 
     avail = available()
     if not avail.ok:

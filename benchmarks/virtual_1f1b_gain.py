@@ -158,7 +158,7 @@ def _write_traces(folder: str, allres: list, latency: float, alpha: float, res: 
     """Measured (executor events, last step) and simulated timelines of both schedules, side by side."""
     from pathlib import Path
 
-    from hetauto.runtime.results import measured_timeline
+    from hetauto.job.results import measured_timeline
     from hetauto.schedule import Link, PipelineCosts, one_f_one_b, simulate, virtual_1f1b
     from hetauto.schedule.trace import write_chrome_trace
 

@@ -8,10 +8,7 @@ imports it (pyproject.toml [tool.importlinter]).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import io
-import json
 import re
 import tempfile
 from pathlib import Path
@@ -148,10 +145,12 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
         >>> report = hetauto.run("plan.json", steps=1, emulate=True)
         >>> report["loss"], report["reference_loss"]
     """
-    from hetauto.commands import run as command
     from hetauto.core.errors import HetautoError
+    from hetauto.job.prepare import prepare
+    from hetauto.job.request import JobRequest, warn_on_stderr
+    from hetauto.job.service import run_local
 
-    if not (isinstance(emulate, bool) or emulate in ("inprocess", "netns")):  # 1 == True, but argv gets "1"
+    if not (isinstance(emulate, bool) or emulate in ("inprocess", "netns")):  # 1 == True is not an emulation
         raise HetautoError(f"emulate must be False, True, 'inprocess' or 'netns', got {emulate!r}")
     _expect_bool("reference", reference)
     for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every)):
@@ -163,42 +162,56 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
     if not isinstance(plan, (str, Path)):
         _load_plan(plan)  # the type check
     with tempfile.TemporaryDirectory(prefix="hetauto-run-") as tmp:
-        if isinstance(plan, (str, Path)):
-            path = str(plan)
-        else:  # a Plan object: its relative cluster file is relative to the current folder
-            p, base = _load_plan(plan)
-            if p.cluster and (base / p.cluster).is_file():
-                p = p.model_copy(update={"cluster": str((base / p.cluster).resolve())})
-            path = str(Path(tmp) / "plan.json")
-            p.save(path)
-        argv = [path, "--steps", str(steps), "--timeout", repr(float(timeout)),
-                "--checkpoint-every", str(checkpoint_every)]
-        if emulate:
-            argv += ["--emulate", "inprocess" if emulate is True else str(emulate)]
-        for flag, value in (("--seed", seed), ("--trace", trace), ("--checkpoint-dir", checkpoint_dir),
-                            ("--resume", resume)):
-            if value is not None:
-                argv += [flag, str(value)]
-        if not reference:
-            argv.append("--no-reference")
-        parser = argparse.ArgumentParser(prog="hetauto run")
-        command.add_arguments(parser)
-        args = parser.parse_args(argv)
-        args.json = True
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out), _keywords():
-            command.run(args)
-    return json.loads(out.getvalue())
+        request = JobRequest(
+            plan=_plan_file(plan, tmp), steps=steps, seed=seed, timeout=float(timeout), reference=reference,
+            emulate=("inprocess" if emulate is True else emulate) or None, trace=_path(trace),
+            checkpoint_dir=_path(checkpoint_dir), checkpoint_every=checkpoint_every, resume=_path(resume),
+            flag=_keyword)
+        with _pydantic_errors():
+            doc = run_local(prepare(request))
+    if doc["loss_off_reference"]:
+        warn_on_stderr(f"hetauto run: error: {doc['loss_off_reference']}")
+    return doc
+
+
+def _plan_file(plan: Plan | str | Path, folder: str) -> str:
+    """The plan as a file the ranks read: its own path, or a Plan object saved into `folder` (its relative
+    cluster file made absolute: it was relative to the current folder)."""
+    if isinstance(plan, (str, Path)):
+        return str(plan)
+    p, base = _load_plan(plan)
+    if p.cluster and (base / p.cluster).is_file():
+        p = p.model_copy(update={"cluster": str((base / p.cluster).resolve())})
+    path = str(Path(folder) / "plan.json")
+    p.save(path)
+    return path
+
+
+def _path(value: str | Path | None) -> str | None:
+    return None if value is None else str(value)
+
+
+# hetauto.run()'s keywords, as the run service names them in errors (and memory_headroom: hetauto.plan()'s keyword
+# for the share a plan keeps free, which a plan that does not fit is told to change); the run options run() does
+# not take keep the command line's spelling
+_RUN_KEYWORDS = frozenset({"steps", "seed", "timeout", "emulate", "trace", "checkpoint_dir", "checkpoint_every",
+                           "resume", "memory_headroom"})
+
+
+def _keyword(name: str) -> str:
+    """A run option as this module's caller spells it: its keyword, or the flag when run() has no keyword."""
+    from hetauto.job.request import cli_flag
+
+    return name if name in _RUN_KEYWORDS else cli_flag(name)
 
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-# the command line's flags, as this module's keywords: errors from the code the commands share name the keyword
+# the command line's flags, as plan()'s and evaluate()'s keywords: errors from the planner's code name the keyword
+# (run() needs none of this: the run service names its options through the request's `flag`)
 _FLAG_KEYWORDS = {"--gbs": "global_batch", "--seq": "seq_len", "--memory-headroom": "memory_headroom",
-                  "--steps": "steps", "--timeout": "timeout", "--checkpoint-dir": "checkpoint_dir",
-                  "--checkpoint-every": "checkpoint_every", "--resume": "resume", "--seed": "seed",
-                  "--budget": "budget", "--emulate": "emulate", "--trace": "trace", "--planner": "planner",
-                  "--precision": "precision", "--cluster": "cluster", "--model": "model", "--scenario": "scenario",
-                  "--iterations": "iterations", "--max-evaluations": "max_evaluations", "--patience": "patience"}
+                  "--budget": "budget", "--planner": "planner", "--precision": "precision", "--cluster": "cluster",
+                  "--model": "model", "--scenario": "scenario", "--iterations": "iterations",
+                  "--max-evaluations": "max_evaluations", "--patience": "patience"}
 _FLAG = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in sorted(_FLAG_KEYWORDS, key=len, reverse=True))
                    + r")(?![\w-])")
 
@@ -235,19 +248,29 @@ def _model_type() -> type:
 
 @contextlib.contextmanager
 def _keywords() -> Any:
-    """Errors raised through the commands' code name the keyword (global_batch) where they name a flag (--gbs);
+    """Errors raised through the planner's code name the keyword (global_batch) where they name a flag (--gbs);
     a pydantic ValidationError (a value the typed config refuses) becomes a one-line HetautoError."""
+    from hetauto.core.errors import HetautoError
+
+    try:
+        with _pydantic_errors():
+            yield
+    except HetautoError as err:
+        text = _FLAG.sub(lambda m: _FLAG_KEYWORDS[m.group(1)], str(err))
+        if text != str(err):
+            err.args = (text,)
+        raise
+
+
+@contextlib.contextmanager
+def _pydantic_errors() -> Any:
+    """A pydantic ValidationError (a value the typed config refuses) becomes a one-line HetautoError."""
     from pydantic import ValidationError
 
     from hetauto.core.errors import HetautoError
 
     try:
         yield
-    except HetautoError as err:
-        text = _FLAG.sub(lambda m: _FLAG_KEYWORDS[m.group(1)], str(err))
-        if text != str(err):
-            err.args = (text,)
-        raise
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(x) for x in first.get("loc", ())) or "value"

@@ -106,3 +106,16 @@ def test_run_trains_one_emulated_step_of_a_plan_object() -> None:
     assert len(report["loss"]) == 1 and len(report["reference_loss"]) == 1
     assert report["max_loss_diff"] <= report["loss_tolerance"]
     assert report["measured_step_s"] > 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": 0}, "steps must be >= 1, got 0"),
+    ({"timeout": 0}, "timeout must be > 0 seconds, got 0.0"),
+    ({"checkpoint_every": 2}, "checkpoint_every does nothing without checkpoint_dir; drop it, or add checkpoint_dir"),
+])
+def test_run_errors_name_the_keyword_as_the_service_raises_them(kwargs, message) -> None:
+    """hetauto.run() calls the run service with its own spelling of each option (JobRequest.flag): the error
+    names the keyword where `hetauto run` names the flag, with nothing rewritten after the fact."""
+    with pytest.raises(hetauto.HetautoError) as err:
+        hetauto.run("no-such-plan.json", **kwargs)
+    assert str(err.value) == message

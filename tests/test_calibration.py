@@ -482,7 +482,7 @@ def test_link_lag_goes_to_cross_cluster_boundaries_only() -> None:
 
 
 def test_link_dispatch_lag_weighs_ranks_by_their_messages() -> None:
-    from hetauto.runtime.results import link_dispatch_lag
+    from hetauto.job.results import link_dispatch_lag
 
     reports = [{"link_dispatch_lag_s": [0.004, 0.001, 30]}, {"link_dispatch_lag_s": [0.010, 0.002, 10]},
                {"link_dispatch_lag_s": [0.0, 0.0, 0]}, {}]

@@ -64,3 +64,29 @@ def test_a_counted_message_never_written_is_skipped(server):
 def test_unknown_kind_is_refused(server):
     with pytest.raises(ValueError, match="unknown control message kind 'hello'"):
         ControlClient(server.address, 0).post("hello", "x")
+
+
+def test_an_error_travels_with_its_fields_and_the_diagnosis_reads_them(server):
+    """The rank sends its error's fields with the line (type, detail, secondary, peers); the mirror keeps them
+    beside the line (rank<R>.error.json) and the diagnosis reads them, not the text."""
+    from hetauto.core.plan import Plan, StagePlan
+    from hetauto.launch.diagnosis import diagnose_failure, read_marks
+
+    client = ControlClient(server.address, 1)
+    client.post("started", "attempt 0")
+    client.post("error", "rank 1: CommunicationError: recv from rank 0 (tag 8) failed after up to 5s: timed out")
+    server.close()
+    fields = json.loads((server.folder / "rank1.error.json").read_text())
+    assert fields == {"type": "CommunicationError", "detail": "CommunicationError: recv from rank 0 (tag 8) failed "
+                      "after up to 5s: timed out", "secondary": True, "peers": [0, 5]}  # 5 ("to 5s"): no rank of 2
+    plan = Plan(model="tiny-gpt", cluster="c.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
+                stages=(StagePlan(cluster="a", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
+                        StagePlan(cluster="b", device_type="cpu", devices=(0,), layers=(3, 6), tp=1, dp=1)))
+    (server.folder / "rank0.started").write_text("attempt 0\n")
+    (server.folder / "rank0.stopped").write_text("rank 0: stopped\n")
+    assert str(diagnose_failure(plan, server.folder)).startswith("rank 0 (stage 0, cluster 'a') stopped responding")
+    # the fields decide, not the text: a rank that names no peer in its fields blames none
+    (server.folder / "rank1.error.json").write_text(json.dumps({**fields, "peers": []}))
+    assert read_marks(plan, server.folder).errors[1].peers == ()
+    assert str(diagnose_failure(plan, server.folder)).startswith("rank 0 (stage 0, cluster 'a') stopped responding: "
+                                                                   "it reported nothing")

@@ -16,7 +16,7 @@ from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
 from hetauto.runtime.executor import check_executable
 from hetauto.runtime.groups import placement, stage_layouts
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import measured_timeline, stage_compute, summarize
+from hetauto.job.results import measured_timeline, stage_compute, summarize
 from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED = 3, 3

@@ -10,7 +10,7 @@ from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.core.precision import PRECISION_TOLERANCE
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import boundary_table, rank_table, summarize
+from hetauto.job.results import boundary_table, rank_table, summarize
 from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED = 3, 5

@@ -12,7 +12,7 @@ from hetauto.core.model_catalog import get_model
 from hetauto.core.precision import PRECISION_TOLERANCE
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import summarize
+from hetauto.job.results import summarize
 from hetauto.testing.multiproc import run_ranks
 from _checkpointed_rank import run_checkpointed
 from _reference_norm import first_step_grad_norm

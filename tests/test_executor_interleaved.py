@@ -15,7 +15,7 @@ from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
 from hetauto.runtime.executable import check_executable
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import measured_timeline, summarize
+from hetauto.job.results import measured_timeline, summarize
 from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED = 3, 5

@@ -13,7 +13,7 @@ from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime.data import dp_shard
 from hetauto.runtime.reference import reference_losses
 from hetauto.runtime.resharding import StageLayout, plan_transfer
-from hetauto.runtime.results import summarize
+from hetauto.job.results import summarize
 from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED = 3, 5

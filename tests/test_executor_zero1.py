@@ -22,7 +22,7 @@ from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.core.precision import PRECISION_TOLERANCE
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import summarize
+from hetauto.job.results import summarize
 from hetauto.runtime.zero1 import Zero1Partition
 from hetauto.testing.multiproc import run_ranks
 from _checkpointed_rank import run_checkpointed

@@ -11,7 +11,7 @@ from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
 from hetauto.runtime.executable import check_executable
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import summarize
+from hetauto.job.results import summarize
 from hetauto.testing.multiproc import run_ranks
 
 STEPS, SEED = 3, 7

@@ -144,7 +144,7 @@ def _work(rank: int, world: int, plan_json: str, data: str, root: str) -> dict:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_a_resumed_run_continues_on_exactly_the_next_samples(tmp_path: Path, folders) -> None:
-    from hetauto.runtime.results import summarize
+    from hetauto.job.results import summarize
 
     stages = (StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 3), tp=1, dp=1),
               StagePlan(cluster="fast", device_type="cpu", devices=(1,), layers=(3, 6), tp=1, dp=1))

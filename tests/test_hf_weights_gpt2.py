@@ -20,7 +20,7 @@ from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime.data import synthetic_batch
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import summarize
+from hetauto.job.results import summarize
 from hetauto.testing.multiproc import run_ranks
 from _hf_ranks import train_one_step_from
 

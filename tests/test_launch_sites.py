@@ -3,7 +3,8 @@
 Each site is a network namespace with a working folder of its own (nothing shared between them); the sites' nodes
 run different process counts (1 + 2). Checked: the losses equal the single-process reference and the lead's
 result.json lists every rank; a rank SIGSTOPped on the non-lead site is named as the culprit; a site that never
-starts is named by the lead after --join-timeout. Needs root and iproute2 (hetauto.runtime.netns.available())."""
+starts is named by the lead after --join-timeout. Needs root and iproute2
+(hetauto.launch.netns_topology.available())."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from hetauto.cli import main
 from hetauto.launch.local import JobFailed
 from hetauto.launch.node import JoinFailed
-from hetauto.runtime import netns
+from hetauto.launch import netns_topology as netns
 from hetauto.testing.two_sites import this_tree_env, write_two_site_plan
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiprocess]

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from hetauto.runtime import netns
-from hetauto.runtime.netns import NamespaceTopology, ShapedLink, ShapedLinkError, available, run_in_namespaces
+from hetauto.launch import netns_topology as netns
+from hetauto.launch.netns_topology import NamespaceTopology, ShapedLink, ShapedLinkError, available, run_in_namespaces
 
 
 
@@ -190,7 +190,7 @@ def test_sigterm_tears_the_namespaces_down() -> None:
     script = textwrap.dedent(
         """
         import sys, time
-        from hetauto.runtime.netns import ShapedLink
+        from hetauto.launch.netns_topology import ShapedLink
         with ShapedLink([0], [1], 1e6) as topo:
             print(" ".join(topo.namespaces), flush=True)
             time.sleep(30)

@@ -51,7 +51,7 @@ class _Finished:
 
 def test_the_lead_fails_a_loss_off_the_reference_and_holds_the_folder_meanwhile(launched: Path, monkeypatch,
                                                                                   capsys) -> None:
-    import hetauto.commands.node as node
+    import hetauto.job.result as job_result
     import hetauto.launch.node as launch_node
 
     lock = launched / "ck" / ".hetauto-lock"
@@ -61,12 +61,12 @@ def test_the_lead_fails_a_loss_off_the_reference_and_holds_the_folder_meanwhile(
         held.append(json.loads(lock.read_text()))  # the lead owns the folder while its job runs
         return _Finished()
 
-    def result(job, reports, *, no_reference):  # noqa: ANN001, ANN202 - _result's signature
+    def result(*_: object, **__: object) -> dict:  # result_document's place: the lead's document, its loss off
         return {"loss": [5.52, 5.40], "reference_loss": [5.52, 5.30], "start_step": 0, "loss_tolerance": 1e-5,
                 "ranks": [], "max_loss_diff": 0.1}
 
     monkeypatch.setattr(launch_node, "start_node", start)
-    monkeypatch.setattr(node, "_result", result)
+    monkeypatch.setattr(job_result, "result_document", result)
     capsys.readouterr()
     code = main(["node", str(launched / "out" / "launch.json"), "--node-rank", "0", "--workdir", str(launched / "w")])
     assert code == 7 and held[0]["pid"] == os.getpid() and not lock.exists()

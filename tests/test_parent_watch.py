@@ -62,13 +62,13 @@ def test_namespaces_of_a_sigkilled_process_are_removed() -> None:
     (and exits on its own after a normal teardown)."""
     import pytest
 
-    from hetauto.runtime import netns
+    from hetauto.launch import netns_topology as netns
 
     avail = netns.available()
     if not avail.ok:
         pytest.skip(f"network namespaces unavailable: {avail.reason}")
     code = ("import time\n"
-            "from hetauto.runtime.netns import NamespaceTopology\n"
+            "from hetauto.launch.netns_topology import NamespaceTopology\n"
             "t = NamespaceTopology([[0], [1]], 1e6)\n"
             "t.setup()\n"
             "print(' '.join(t._created), flush=True)\n"

@@ -104,3 +104,55 @@ def test_an_empty_allow_list_loads_no_plugin(sneaky_dist, monkeypatch, capsys, v
     assert not sneaky_dist.exists()
     assert {"name": "sneaky", "dist": "sneaky-plugin==1.2", "reason": "HETAUTO_PLUGINS is empty: no plugins load"} in doc["skipped"]
     assert {s["reason"] for s in doc["skipped"]} == {"HETAUTO_PLUGINS is empty: no plugins load"}
+
+
+@pytest.fixture
+def target_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An installed distribution offering a launch target, whose import writes `target.marker`."""
+    import sys
+
+    marker = tmp_path / "target.marker"
+    (tmp_path / "hetauto_site_target.py").write_text(textwrap.dedent(f"""
+        from pathlib import Path
+        from hetauto.launch.targets import hookimpl
+        Path({str(marker)!r}).write_text("imported")
+
+        class SiteTarget:
+            name, summary = "site", "a site's own scheduler"
+
+            def render(self, launch):
+                return {{}}
+
+        @hookimpl
+        def hetauto_launch_targets(registry):
+            registry.add(SiteTarget())
+    """))
+    info = tmp_path / "site_target-2.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: site-target\nVersion: 2.0\n")
+    (info / "entry_points.txt").write_text("[hetauto.launch_targets]\nsite = hetauto_site_target\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "hetauto_site_target", raising=False)
+    return marker
+
+
+def test_launch_targets_honour_the_allow_list_and_the_autoload_switch_as_backends_do(target_dist, monkeypatch):
+    """One plugin policy for every group (hetauto.core.plugin_policy): an entry-point launch target off the
+    allow-list is never imported and is listed as skipped; with autoload off none is even looked at."""
+    from hetauto.core.plugin_policy import Skipped
+    from hetauto.launch.targets import get_targets
+
+    monkeypatch.setenv("HETAUTO_PLUGINS", "template")
+    registry = get_targets()
+    assert not target_dist.exists() and "site" not in registry.names
+    assert registry.skipped == [Skipped("site", "site-target==2.0", "not in HETAUTO_PLUGINS")]
+
+    monkeypatch.delenv("HETAUTO_PLUGINS")
+    monkeypatch.setenv("HETAUTO_DISABLE_PLUGIN_AUTOLOAD", "1")
+    registry = get_targets()
+    assert not target_dist.exists() and "site" not in registry.names and registry.skipped == []
+
+    monkeypatch.setenv("HETAUTO_PLUGINS", "site-target:site")
+    monkeypatch.delenv("HETAUTO_DISABLE_PLUGIN_AUTOLOAD")
+    registry = get_targets()
+    assert target_dist.read_text() == "imported" and "site" in registry.names and registry.skipped == []

@@ -120,7 +120,7 @@ def test_master_without_print_launch_is_refused(tmp_path: Path, capsys) -> None:
 
 
 def test_emulated_prediction_without_a_cached_calibration_says_how_to_measure_it(tmp_path: Path, monkeypatch) -> None:
-    from hetauto.commands.run import _predicted
+    from hetauto.job.predict import predicted_step as _predicted
     from hetauto.planner.evaluate import evaluate_plan
 
     monkeypatch.setenv("HETAUTO_CACHE_DIR", str(tmp_path / "empty"))
@@ -135,7 +135,7 @@ def test_emulated_prediction_without_a_cached_calibration_says_how_to_measure_it
 def test_emulated_prediction_with_a_stale_cached_calibration_names_the_missing_terms(tmp_path: Path, monkeypatch) -> None:
     import json
 
-    from hetauto.commands.run import _predicted
+    from hetauto.job.predict import predicted_step as _predicted
     from hetauto.core.profile import get_device
     from hetauto.planner.calibration import Calibration, Overheads, cache_path
     from hetauto.planner.evaluate import evaluate_plan

@@ -1,6 +1,6 @@
 """`hetauto run --emulate netns`: one torchrun per cluster namespace, the stage boundary over a tbf-shaped veth.
 The kernel's byte counters on the veth see at least the activations and gradients the executor counted;
-losses equal the single-process reference. Needs root and iproute2 (hetauto.runtime.netns.available())."""
+losses equal the single-process reference. Needs root and iproute2 (hetauto.launch.netns_topology.available())."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hetauto.core.plan import Plan, StagePlan
-from hetauto.runtime import netns
+from hetauto.launch import netns_topology as netns
 
 AVAIL = netns.available()
 

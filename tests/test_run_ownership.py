@@ -44,7 +44,7 @@ def folder(tmp_path_factory) -> Path:
 
 def marked(mark: str) -> list[int]:
     """Live processes whose environment has HETAUTO_TEST_MARK=mark."""
-    from hetauto.runtime.jobprocs import _state
+    from hetauto.launch.jobprocs import _state
 
     out = []
     for name in os.listdir("/proc"):
@@ -76,7 +76,7 @@ def wait_for(path: Path, proc: subprocess.Popen, limit: float = 120) -> None:
 def test_stop_job_reaches_processes_in_sessions_of_their_own() -> None:
     """What torchrun does: each worker in its own session. Signalling the parent's group alone would miss them;
     stop_job finds them by the token and kills the one that ignores SIGTERM after the grace period."""
-    from hetauto.runtime.jobprocs import JOB_ENV, job_pids, stop_job
+    from hetauto.launch.jobprocs import JOB_ENV, job_pids, stop_job
 
     token = uuid.uuid4().hex
     code = ("import os, signal, subprocess, sys, time\n"
@@ -245,7 +245,7 @@ def test_sigstopped_tp_rank_ends_the_job_within_the_timeout_and_is_named(folder:
 def test_diagnosis_names_the_rank_whose_heartbeat_stopped_not_a_killed_waiter(tmp_path: Path) -> None:
     """Ranks 1 and 2 both vanished without a word (the launcher killed them); rank 1 was a healthy waiter whose
     heartbeat ran until the end, rank 2's stopped 9 s earlier: rank 2 is named (rank order alone says rank 1)."""
-    from hetauto.launch.local import diagnose_failure
+    from hetauto.launch.diagnosis import diagnose_failure
 
     plan = Plan(model="tiny-gpt", cluster="three.yaml", seq_len=16, global_batch=4, microbatch_size=2,
                 num_microbatches=2, stages=(
@@ -341,7 +341,7 @@ def test_diagnosis_of_torchrun_signalled_from_outside(tmp_path: Path) -> None:
 def test_diagnosis_blames_a_dead_launcher_a_rank_reported_not_its_silent_site_mate(tmp_path: Path) -> None:
     """A site's launcher killed: one of its ranks said so before its watchdog ended it, the other vanished first.
     The launcher is the cause; 'rank 2 died without an error' would send the operator after the wrong process."""
-    from hetauto.launch.local import diagnose_failure
+    from hetauto.launch.diagnosis import diagnose_failure
 
     for r in range(3):
         (tmp_path / f"rank{r}.started").write_text("attempt 0\n")
@@ -355,7 +355,7 @@ def test_diagnosis_blames_a_dead_launcher_a_rank_reported_not_its_silent_site_ma
 
 def test_diagnosis_of_a_verdict_every_rank_reached_blames_no_rank(tmp_path: Path) -> None:
     """A full disk or a non-finite loss: every rank raises the same error; 'rank 0 failed' would mislead (issue 30)."""
-    from hetauto.launch.local import diagnose_failure
+    from hetauto.launch.diagnosis import diagnose_failure
 
     line = "NonFiniteTraining: step 2: the loss is nan; stopped before the optimizer step"
     for r in range(3):

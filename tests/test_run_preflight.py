@@ -14,7 +14,7 @@ from hetauto.cli import main
 from hetauto.core.cluster import load_cluster
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan, StagePlan
-from hetauto.runtime.preflight import MAX_LOCAL_RANKS, Preflight, check_backends
+from hetauto.job.preflight import MAX_LOCAL_RANKS, Preflight, check_backends
 
 CPU_TORCH = torch.version.cuda is None and not torch.version.hip
 

@@ -117,7 +117,7 @@ def _work(rank: int, world: int, root: str, killed_dir: str | None) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(files: Path, killed: dict) -> dict:
-    from hetauto.runtime.results import summarize
+    from hetauto.job.results import summarize
     from hetauto.testing.multiproc import run_ranks
 
     four = run_ranks(_work, 4, str(files), None, timeout=200)
@@ -270,7 +270,7 @@ def _marks(tmp_path: Path, **files: str) -> Path:
 
 
 def test_diagnosis_blames_the_stuck_rank_named_by_the_others_timeouts(tmp_path: Path) -> None:
-    from hetauto.launch.local import diagnose_failure
+    from hetauto.launch.diagnosis import diagnose_failure
 
     out = _marks(tmp_path, rank0_started="attempt 0", rank1_started="attempt 0", rank2_started="attempt 0",
                  rank3_started="attempt 0",
@@ -285,7 +285,7 @@ def test_diagnosis_blames_the_stuck_rank_named_by_the_others_timeouts(tmp_path: 
 
 
 def test_diagnosis_prefers_a_real_exception_to_communication_errors(tmp_path: Path) -> None:
-    from hetauto.launch.local import diagnose_failure
+    from hetauto.launch.diagnosis import diagnose_failure
 
     out = _marks(tmp_path, rank0_started="", rank1_started="", rank2_started="", rank3_started="",
                  rank0_error="rank 0: CommunicationError: send to rank 3 failed: Connection closed by peer",
@@ -297,7 +297,7 @@ def test_diagnosis_prefers_a_real_exception_to_communication_errors(tmp_path: Pa
 
 
 def test_diagnosis_prefers_the_rank_torchrun_reports_to_one_it_killed_silently(tmp_path: Path) -> None:
-    from hetauto.launch.local import diagnose_failure, torchrun_exit_codes
+    from hetauto.launch.diagnosis import diagnose_failure, torchrun_exit_codes
 
     out = _marks(tmp_path, rank0_started="", rank1_started="", rank2_started="", rank3_started="",
                  rank1_stopped="rank 1: stopped", rank2_stopped="rank 2: stopped")

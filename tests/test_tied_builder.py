@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hetauto.commands.run import loss_off_reference
+from hetauto.job.result import loss_off_reference
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, StagePlan

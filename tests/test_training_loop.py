@@ -17,7 +17,7 @@ from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime.optim import LRSchedule, clip_coefficient
 from hetauto.runtime.reference import reference_run
-from hetauto.runtime.results import summarize
+from hetauto.job.results import summarize
 from hetauto.runtime.token_data import TOKENS_FORMAT, open_tokens, write_tokens
 from hetauto.testing.multiproc import run_ranks
 
@@ -241,7 +241,7 @@ def test_hetauto_run_trains_on_a_token_file_with_a_schedule_and_clipping(tmp_pat
     assert [(e.step, round(e.value, 5)) for e in board.Scalars("train/loss")] == [
         (i, round(v, 5)) for i, v in enumerate(doc["loss"])]
     assert [e.step for e in board.Scalars("eval/loss")] == [1, 2]
-    from hetauto.commands.run import _flops_per_peak
+    from hetauto.job.predict import flops_per_peak as _flops_per_peak
 
     per_peak = _flops_per_peak(plan)  # MFU: the step's model FLOPs over the plan's peak in its step time
     assert [r["mfu"] for r in lines] == [per_peak / r["step_s"] for r in lines]
@@ -266,7 +266,7 @@ def test_the_step_log_joins_the_last_stages_replicas_once_each_has_written_the_s
 
 
 def test_a_steps_mfu_is_its_model_flops_over_the_plans_peak_in_its_step_time(tmp_path: Path) -> None:
-    from hetauto.commands.run import _flops_per_peak
+    from hetauto.job.predict import flops_per_peak as _flops_per_peak
     from hetauto.planner.evaluate import evaluate_plan
     from hetauto.planner.layers import model_flops_per_token
     from hetauto.runtime.step_log import StepLog, rank_log_name

@@ -1,4 +1,4 @@
-"""The TUN delay relay (hetauto.runtime.tun_relay) joining two network namespaces: gloo between them really
+"""The TUN delay relay (hetauto.launch.tun_relay) joining two network namespaces: gloo between them really
 waits the round trip (never less than 2 x delay_s: a lower bound, whatever the machine's load), the relay and
 its devices are gone after teardown, and bad options are refused with the reason."""
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hetauto.runtime.netns import NamespaceTopology, ShapedLinkError, available, run_in_namespaces
+from hetauto.launch.netns_topology import NamespaceTopology, ShapedLinkError, available, run_in_namespaces
 
 DELAY_S = 0.02
 

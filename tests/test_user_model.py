@@ -19,7 +19,7 @@ from hetauto.core.scenarios import get_scenario
 from hetauto.core.user_model import is_builder_ref, load_builder
 from hetauto.planner.layers import layer_list, total_params
 from hetauto.runtime.reference import reference_losses
-from hetauto.runtime.results import summarize
+from hetauto.job.results import summarize
 from hetauto.testing.multiproc import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]

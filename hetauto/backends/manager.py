@@ -9,6 +9,7 @@ Environment:
                                       only while one distribution offers it); the others are recorded as
                                       skipped; set but empty: no plugins
   HETAUTO_BACKEND=name                `select()` uses this backend or fails loudly
+The first two are the plugin policy every plugin group shares (hetauto.core.plugin_policy; launch targets too).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pluggy
 from hetauto.backends import hookspecs
 from hetauto.core.backend import Backend
 from hetauto.core.errors import BackendUnavailable, HetautoError, UnknownBackend
+from hetauto.core.plugin_policy import admit, autoload_enabled
 from hetauto.core.transport import TransportSpec
 
 ENTRY_POINT_GROUP = "hetauto.backends"
@@ -200,67 +202,6 @@ class BackendRegistry:
         return [self.info(b.name) for b in self.ordered()]
 
 
-def _dist_label(ep: md.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return "unknown"
-    name = dist.metadata["Name"] if dist.metadata and dist.metadata["Name"] else getattr(dist, "name", "unknown")
-    return f"{name}=={dist.version}"
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _allow_list() -> set[str] | None:
-    """HETAUTO_PLUGINS as a set of `dist-name:entry-point` (dist names normalised) or plain entry-point names;
-    None when unset (every plugin loads); empty when set to nothing (no plugin loads)."""
-    raw = os.environ.get("HETAUTO_PLUGINS")
-    if raw is None:
-        return None
-    out = set()
-    for part in raw.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        dist, sep, name = part.rpartition(":")
-        out.add(f"{_normalise(dist)}:{name.strip()}" if sep else part)
-    return out
-
-
-def _normalise(dist: str) -> str:
-    """A distribution name as PEP 503 compares them (Sneaky_Plugin == sneaky-plugin)."""
-    import re
-
-    return re.sub(r"[-_.]+", "-", dist.strip()).lower()
-
-
-def _dist_name(ep: md.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return "unknown"
-    return str(dist.metadata["Name"] if dist.metadata and dist.metadata["Name"] else getattr(dist, "name", "unknown"))
-
-
-def _skip_reason(ep: md.EntryPoint, allow: set[str] | None, offered: dict[str, set[str]]) -> str | None:
-    """Why HETAUTO_PLUGINS keeps `ep` from loading, or None. `dist:name` names one plugin exactly; a plain `name`
-    (kept for compatibility) only while a single distribution offers an entry point of that name, so a package
-    earlier on the path cannot impersonate a plugin by taking its name."""
-    if allow is None:
-        return None
-    if not allow:
-        return "HETAUTO_PLUGINS is empty: no plugins load"
-    if f"{_normalise(_dist_name(ep))}:{ep.name}" in allow:
-        return None
-    if ep.name in allow:
-        dists = offered.get(ep.name, set())
-        if len(dists) <= 1:
-            return None
-        return (f"'{ep.name}' in HETAUTO_PLUGINS is ambiguous: offered by {', '.join(sorted(dists))}; "
-                f"name one as DIST:{ep.name}")
-    return "not in HETAUTO_PLUGINS"
-
-
 class PluginLoader:
     """Registers plugins one by one with pluggy and calls each one's hook in isolation, so a faulty
     plugin is attributed and skipped instead of taking the others down."""
@@ -312,25 +253,14 @@ class PluginLoader:
             self.load(module, name=f"hetauto-builtin-{short}", source=BUILTIN_SOURCE)
 
     def load_entry_points(self, entry_points: Iterable[md.EntryPoint] | None = None) -> None:
+        """Every entry point the plugin policy admits (hetauto.core.plugin_policy: HETAUTO_PLUGINS); the others are
+        recorded as skipped."""
         reg = self.registry
-        allow = _allow_list()
         if entry_points is None:
             entry_points = md.entry_points(group=ENTRY_POINT_GROUP)
-        entry_points = list(entry_points)
-        offered: dict[str, set[str]] = {}
-        for ep in entry_points:
-            offered.setdefault(ep.name, set()).add(_normalise(_dist_name(ep)))
-        seen: set[tuple[str, str]] = set()
-        for ep in entry_points:
-            source = _dist_label(ep)
-            key = (_normalise(_dist_name(ep)), ep.name)
-            if key in seen:  # the same dist visible twice on sys.path
-                continue
-            seen.add(key)
-            why = _skip_reason(ep, allow, offered)
-            if why is not None:
-                reg.skipped.append(SkippedPlugin(ep.name, source, why))
-                continue
+        load, skipped = admit(entry_points)
+        reg.skipped.extend(SkippedPlugin(s.name, s.source, s.reason) for s in skipped)
+        for ep, source in load:
             try:
                 plugin = ep.load()
             except BaseException as err:  # a plugin's import may even call sys.exit()
@@ -348,7 +278,7 @@ def build_registry(*, autoload: bool | None = None, entry_points: Iterable[md.En
     loader = PluginLoader(registry)
     loader.load_builtins()
     if autoload is None:
-        autoload = not _env_flag("HETAUTO_DISABLE_PLUGIN_AUTOLOAD")
+        autoload = autoload_enabled()
     if autoload:
         loader.load_entry_points(entry_points)
     return registry

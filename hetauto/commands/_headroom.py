@@ -5,11 +5,10 @@ instead). See hetauto.core.headroom."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from hetauto.core.errors import HetautoError, InfeasiblePlan
 from hetauto.core.headroom import DEFAULT_MEMORY_HEADROOM, FLAG, check_headroom
 from hetauto.core.plan import Plan
+from hetauto.job.prepare import require_fit  # noqa: F401 (simulate's check; the run service's too)
 
 
 def add_planning_argument(parser: argparse.ArgumentParser) -> None:
@@ -34,20 +33,3 @@ def with_headroom(plan: Plan, args: argparse.Namespace) -> Plan:
     """`plan` checked at the flag's headroom when given, else as it is."""
     value = requested(args)
     return plan if value is None else plan.model_copy(update={"memory_headroom": value})
-
-
-def require_fit(plan: Plan, inputs: Any = None) -> None:
-    """An `InfeasiblePlan` (one line: stage, device, GiB needed, GiB available, the flag) when a stage of `plan`
-    does not fit its device less the plan's headroom; a plan the cost model cannot price is left to the caller's
-    own report of that."""
-    from hetauto.planner.evaluate import Evaluator, inputs_for_plan
-
-    try:
-        ev = Evaluator(inputs if inputs is not None else inputs_for_plan(plan)).evaluate(plan)
-    except InfeasiblePlan:
-        raise
-    except HetautoError:
-        return
-    if not ev.feasible:
-        raise InfeasiblePlan(f"plan does not fit: {ev.violation}; re-plan (hetauto plan), or check it at another "
-                             f"share with {FLAG} F")

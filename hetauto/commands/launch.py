@@ -1,11 +1,11 @@
 """`hetauto launch PLAN --target torchrun|slurm|kubernetes|skypilot --master HOST[:PORT] -o DIR [--json]`: what
 each site submits to run the plan across machines and sites.
 
-Checks the plan and the run flags exactly as `hetauto run` does, derives the launch plan (hetauto.launch.plan:
-sites, nodes, process counts, rank ranges, the static rendezvous, each node's environment), and writes the
-target's files under DIR, one folder per site, plus `launch.json` (the launch plan itself) and a `README.txt` that
-says who runs what. Every artifact carries the launch plan inside: no file is copied by hand. Nothing is
-overwritten: a DIR that holds files already is refused.
+Checks the plan and the run flags exactly as `hetauto run` does (hetauto.job.prepare), derives the launch plan
+(hetauto.launch.plan: sites, nodes, process counts, rank ranges, the static rendezvous, each node's environment),
+and writes the target's files under DIR, one folder per site, plus `launch.json` (the launch plan itself) and a
+`README.txt` that says who runs what. Every artifact carries the launch plan inside: no file is copied by hand.
+Nothing is overwritten: a DIR that holds files already is refused.
 """
 
 from __future__ import annotations
@@ -57,23 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_launch_arguments(parser)
 
 
-def _defaults_for_prepare(args: argparse.Namespace) -> argparse.Namespace:
-    """hetauto run's flags that a launch does not take, at their defaults (prepare_run reads them)."""
-    for name, value in (("emulate", None), ("max_restarts", 0), ("trace", None), ("log_jsonl", None),
-                        ("tensorboard", None)):
-        if not hasattr(args, name):
-            setattr(args, name, value)
-    return args
-
-
 def run(args: argparse.Namespace) -> int:
-    from hetauto.commands.run import prepare_run
+    from hetauto.commands.run import job_request
+    from hetauto.job.prepare import prepare
 
     out = Path(args.output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         write_files(out, {})  # the same one-line refusal, before any checking work
-    plan, cluster, _cfg, base, run_options = prepare_run(_defaults_for_prepare(args))
-    launch = derive_launch(args, plan, cluster, base, run_options)
+    job = prepare(job_request(args))  # the run-only flags (--emulate, --trace, ...) at their defaults
+    launch = derive_launch(args, job.plan, job.cluster, job.base, job.options)
     files = render(args.target, launch)
     written = write_files(out, files)
     if args.json:

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", say: Callable[[str], None]) -> int:
     """Join, start this node's ranks, wait; on the lead also the result, checked against the reference."""
-    from hetauto.commands.run import LOSS_OFF_EXIT, LossOffReference, loss_off_reference
+    from hetauto.job.result import LOSS_OFF_EXIT, LossOffReference
+    from hetauto.job.service import node_result
     from hetauto.launch.node import start_node
 
     running = start_node(job, progress=say)
@@ -81,11 +82,8 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
     running.follow_steps(job.workdir / "steps.jsonl",
                          lambda rec: say(f"step {rec.step}: loss {rec.loss:.6f}, {rec.step_s:.3f} s"))
     reports = running.wait()
-    doc = _result(job, reports, no_reference=not launch.reference)
-    # as hetauto run: a loss off its reference's tolerance trained something else than the model it claims to
-    off = None if job.run.allow_data_change else loss_off_reference(doc["loss"], doc["reference_loss"],
-                                                                     doc["start_step"], doc["loss_tolerance"])
-    doc["loss_off_reference"] = off
+    doc = node_result(job, reports, reference=launch.reference)
+    off = doc["loss_off_reference"]  # as hetauto run: off its reference's tolerance, it trained another model
     path = job.workdir / "result.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     if args.json:
@@ -99,15 +97,3 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
     if off:
         raise LossOffReference(off)
     return 0
-
-
-def _result(job, reports: list, *, no_reference: bool) -> dict:  # type: ignore[no-untyped-def]
-    from hetauto.commands.run import REFERENCE_MAX_PARAMS, _param_count, result_document
-    from hetauto.core.plan_check import load_model_for_plan
-
-    cfg = load_model_for_plan(job.plan)
-    want = not no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS
-    doc = result_document(job.plan, cfg, reports, job.run, base=Path(job.workdir), emulate=None, want_reference=want)
-    doc["launch"] = {"plan_sha256": job.launch.plan_sha256, "sites": [s.name for s in job.launch.sites],
-                     "nodes": job.launch.num_nodes}
-    return doc

@@ -2,10 +2,10 @@
 
 The ranks (hetauto.runtime.control) post marks, reports and step lines to a TCP store that this process serves and
 outlives; a daemon thread here reads them and writes the run folder's files on *this* machine, the same files a
-one-host run always had (`rank<R>.started|error|stopped|json|steps.jsonl`, `rank<R>.alive` touched when the rank's
-heartbeat counter moves, by this machine's clock). So the diagnosis (hetauto.launch.local.diagnose_failure), the
-step log and the report collection read one folder whatever machines the ranks ran on, and the clocks of other
-sites never matter.
+one-host run always had (`rank<R>.started|error|stopped|json|steps.jsonl`, `rank<R>.error.json` the error's fields,
+`rank<R>.alive` touched when the rank's heartbeat counter moves, by this machine's clock). So the diagnosis
+(hetauto.launch.diagnosis), the step log and the report collection read one folder whatever machines the ranks ran
+on, and the clocks of other sites never matter.
 
 The store also carries the node agents' handshake (hetauto.launch.node): `node/<R>` registrations, the lead's
 `verdict/<R>`, and `abort` (the lead ended the job: every agent stops its ranks).
@@ -24,7 +24,9 @@ from typing import Any
 from hetauto.core.control_store import ControlStoreServer, join_address
 from hetauto.runtime.control import SEQ_KEY, beat_key, msg_key
 
-__all__ = ["ControlServer", "HOLE_GRACE_S", "POLL_S"]
+__all__ = ["ControlServer", "HOLE_GRACE_S", "POLL_S", "ERROR_FIELDS"]
+
+ERROR_FIELDS = "error.json"  # rank<R>.error.json: the fields the rank sent with its error line (error_fields)
 
 POLL_S = 0.05  # how often new messages are read
 BEAT_POLL_S = 0.25  # how often the heartbeat counters are read
@@ -149,7 +151,7 @@ class ControlServer:
         rank, kind, text = int(msg["rank"]), str(msg["kind"]), str(msg["text"])
         try:
             if kind == "started":  # a restarted attempt: drop what the earlier one left
-                for stale in ("json", "error", "stopped", "steps.jsonl"):
+                for stale in ("json", "error", ERROR_FIELDS, "stopped", "steps.jsonl"):
                     self._path(rank, stale).unlink(missing_ok=True)
                 self._ranks.add(rank)
                 self._touch(rank)
@@ -159,6 +161,8 @@ class ControlServer:
                     fh.write(text + "\n")
             elif kind in ("error", "stopped"):
                 self._path(rank, kind).write_text(text + "\n", encoding="utf-8")
+                if kind == "error" and isinstance(msg.get("error"), dict):  # the rank's own fields, for the diagnosis
+                    self._path(rank, ERROR_FIELDS).write_text(json.dumps(msg["error"]) + "\n", encoding="utf-8")
             elif kind == "report":
                 self._path(rank, "json").write_text(text, encoding="utf-8")
         except OSError:

@@ -1,4 +1,4 @@
-"""Run a plan under torchrun on this machine, and collect and diagnose the ranks' reports.
+"""Run a plan under torchrun on this machine, and collect the ranks' reports (a failure: hetauto.launch.diagnosis).
 
 Why torchrun even on one machine: the same launch path works across machines and sites (hetauto launch writes
 one torchrun per node); locally it is `--standalone --nproc-per-node=W`. The ranks report through the job's control
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,13 +18,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hetauto.core.errors import CommunicationError, HetautoError
+from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
+from hetauto.launch.diagnosis import JobFailed, diagnose_failure, torchrun_exit_codes, torchrun_signal
 from hetauto.runtime.options import RunOptions
 
+# JobFailed, diagnose_failure and torchrun_exit_codes live in hetauto.launch.diagnosis (re-exported: the launchers
+# and their callers take them from here)
 __all__ = ["JobFailed", "worker_args", "write_run_folder", "torchrun_launcher", "local_command", "launch_local",
-           "start_local", "start_job", "LocalJob", "JobInterrupted", "newest_checkpoint_note", "STOP_GRACE_S", "diagnose_failure",
-           "collect_reports", "kill_group", "torchrun_exit_codes"]
+           "start_local", "start_job", "LocalJob", "JobInterrupted", "newest_checkpoint_note", "STOP_GRACE_S",
+           "diagnose_failure", "collect_reports", "kill_group", "torchrun_exit_codes"]
 
 
 def worker_args(options_path: str | Path) -> list[str]:
@@ -107,173 +109,6 @@ def local_command(plan: Plan, worker: list[str], max_restarts: int = 0, bind: st
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1", *worker]
 
 
-class JobFailed(CommunicationError):
-    """A launched job failed. The message names the culprit rank with its stage and cluster; `rank`, `stage`,
-    `cluster` carry them (None when no single rank could be blamed)."""
-
-    def __init__(self, message: str, rank: int | None = None, stage: int | None = None,
-                 cluster: str | None = None) -> None:
-        super().__init__(message)
-        self.rank, self.stage, self.cluster = rank, stage, cluster
-
-
-_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
-_SECONDARY = ("CommunicationError", "PeerFailed", "DistBackendError", "DistNetworkError", "DistStoreError")
-_LOST = re.compile(r"timed? ?out|connection (?:closed|reset|refused)|broken pipe", re.IGNORECASE)
-_PEER = re.compile(r"\b(?:from|to|peer|rank)s?\s+(\d+)")
-
-
-def _secondary(error: str) -> bool:
-    """A failure that follows from another rank's: a communication error, timeout or dropped connection."""
-    return any(f": {k}:" in error for k in _SECONDARY) or _LOST.search(error) is not None
-
-
-def torchrun_exit_codes(text: str) -> dict[int, int]:
-    """rank -> exit code of the failures torchrun's agent reported (its 'Root Cause' / 'Failures' blocks)."""
-    return {int(r): int(c) for r, c in _ROOT_CAUSE.findall(text)}
-
-
-STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, hetauto.runtime.worker) went silent
-
-
-def heartbeats(out_dir: str | Path, world_size: int) -> dict[int, float]:
-    """rank -> when its heartbeat file (`rank<R>.alive`, touched by the control mirror when the rank's heartbeat moves) was last touched (unix time)."""
-    found = {}
-    for r in range(world_size):
-        try:
-            found[r] = (Path(out_dir) / f"rank{r}.alive").stat().st_mtime
-        except OSError:
-            pass
-    return found
-
-
-_AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
-
-
-def torchrun_signal(text: str) -> int | None:
-    """The signal torchrun's agent itself received from outside (its SignalException in its stderr), or None."""
-    m = _AGENT_SIGNAL.search(text)
-    return int(m.group(1)) if m else None
-
-
-def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | None = None,
-                     agent_signal: int | None = None) -> JobFailed:
-    """One clear error for a failed job from the ranks' marker files (hetauto.runtime.worker).
-
-    Blame, in this order: a rank that started and then vanished without a report, an error or a 'stopped'
-    mark (it died: killed, out of memory, power loss, or it stopped answering and was killed), the one whose
-    heartbeat stopped first when heartbeats tell them apart (`rank<R>.alive`: a healthy rank blocked waiting
-    for a stuck one keeps beating until it is killed); else a rank whose error is not a communication
-    failure (a real exception); else a rank that the others' communication errors name and that has no
-    error of its own (it was stuck until torchrun stopped it); else the first error. Communication errors
-    of the other ranks are secondary: counted, the first one quoted."""
-    from hetauto.runtime.layout import placement
-
-    out = Path(out_dir)
-    exit_codes = exit_codes or {}
-
-    def read(kind: str) -> dict[int, str]:
-        found = {}
-        for r in range(plan.world_size):
-            f = out / f"rank{r}.{kind}"
-            if f.is_file():
-                found[r] = " ".join(f.read_text(encoding="utf-8", errors="replace").split())
-        return found
-
-    started, errors, stopped, done = read("started"), read("error"), read("stopped"), read("json")
-    beats = heartbeats(out, plan.world_size)
-    last = max(beats.values(), default=0.0)
-
-    def silence(r: int) -> float:
-        """How long before the job's last heartbeat this rank's stopped (0: it beat to the end, or no file)."""
-        return last - beats[r] if r in beats else 0.0
-
-    def where(r: int) -> tuple[int, str]:
-        s = placement(plan, r).stage
-        return s, plan.stages[s].cluster
-
-    def body(e: str) -> str:
-        return e.split(": ", 1)[1] if e.startswith("rank ") and ": " in e else e
-
-    def failed(r: int, what: str) -> JobFailed:
-        s, c = where(r)
-        # ranks that failed with the very same error (a full disk, a collective verdict) are named, not quoted
-        same = [q for q, e in sorted(errors.items()) if q != r and r in errors and body(e) == body(errors[r])]
-        others = [e for q, e in sorted(errors.items()) if q != r and q not in same]
-        tail = f"; the same error on rank(s) {', '.join(map(str, same))}" if same else ""
-        if others:
-            first = others[0] if len(others[0]) <= 240 else others[0][:237] + "..."
-            tail = f"; {len(others)} other rank(s) failed after it (secondary), first: {first}"
-        stops = [q for q in stopped if q != r and q not in errors]
-        if stops:
-            tail += f"; rank(s) {', '.join(map(str, sorted(stops)))} stopped by torchrun"
-        return JobFailed(f"rank {r} (stage {s}, cluster '{c}') {what}{tail}", r, s, c)
-
-    never = [r for r in range(plan.world_size) if r not in started]
-    if agent_signal is not None and not errors:
-        # torchrun was signalled from outside (not through hetauto run) and stopped every rank itself
-        try:
-            name = signal.Signals(agent_signal).name
-        except ValueError:
-            name = f"signal {agent_signal}"
-        return JobFailed(f"torchrun (the launch agent) received {name} from outside and stopped the ranks; no rank "
-                         f"failed on its own ({len(stopped)} of {plan.world_size} said they were stopped)")
-    gone = [r for r, e in sorted(errors.items()) if ": LauncherGone: " in e]
-    if gone:
-        # a rank whose launcher died said so before its watchdog ended it: that explains its site-mates that
-        # vanished without a word (a loaded host may end them before their own message is out)
-        return failed(gone[0], f"failed: {body(errors[gone[0]])}")
-    died = [r for r in started if r not in errors and r not in stopped and r not in done]
-    # a rank torchrun reports as failed died on its own; one it killed after its grace period (blocked in a wait
-    # too long to run the SIGTERM handler) left no mark either, but torchrun does not list it as a failure
-    # a rank whose heartbeat stopped long before the others' stopped answering first (SIGSTOP, a hard hang, a
-    # crash); the healthy ranks blocked in a wait for it beat until the end and were only killed after it
-    died.sort(key=lambda r: (silence(r) <= STALE_S, -silence(r) if silence(r) > STALE_S else 0,
-                             r not in exit_codes, r))
-    if died:
-        r = died[0]
-        code = exit_codes.get(r)
-        if silence(r) > STALE_S and code is None:
-            return failed(r, f"stopped responding: its heartbeat stopped {silence(r):.1f} s before the other ranks' "
-                             "(stopped or stuck; the others timed out waiting for it)")
-        return failed(r, "died without an error of its own" + (f" (exit code {code})" if code is not None else ""))
-    primary = [r for r, e in sorted(errors.items()) if not _secondary(e)]
-    if primary:
-        r = primary[0]
-        msg = errors[r].split(": ", 1)[1] if ": " in errors[r] else errors[r]
-        alike = [q for q, e in sorted(errors.items()) if body(e) == body(errors[r])]
-        if len(alike) > 1 and len(alike) == len(errors):
-            # a verdict the ranks reached together (a full disk, a non-finite loss): no rank is the culprit
-            who = "every rank" if len(alike) == plan.world_size else f"ranks {', '.join(map(str, alike))}"
-            s, c = where(r)
-            stops = sorted(q for q in stopped if q not in errors)
-            tail = f"; rank(s) {', '.join(map(str, stops))} stopped by torchrun" if stops else ""
-            return JobFailed(f"{who} failed with the same error: {msg}{tail}", r, s, c)
-        return failed(r, f"failed: {msg}")
-    named: dict[int, int] = {}
-    for q, e in errors.items():
-        for m in _PEER.findall(e.split(": ", 1)[-1]):
-            p = int(m)
-            if p != q and p < plan.world_size and p not in errors:
-                named[p] = named.get(p, 0) + 1
-    if named:
-        r = max(sorted(named), key=lambda p: named[p])
-        return failed(r, "stopped responding (the other ranks timed out waiting for it)")
-    silent = sorted(r for r in stopped if r not in errors)
-    if silent and errors:
-        r = silent[0]
-        also = "" if len(silent) == 1 else f"; also silent: {', '.join(map(str, silent[1:]))}"
-        return failed(r, f"stopped responding: it reported nothing while the other ranks timed out (stuck{also})")
-    if errors:
-        r = min(errors)
-        msg = errors[r].split(": ", 1)[1] if ": " in errors[r] else errors[r]
-        return failed(r, f"failed: {msg}")
-    if never:
-        r = never[0]
-        return failed(r, "never started")
-    return JobFailed("the job failed but no rank reported why (rerun with HETAUTO_DEBUG=1)")
-
-
 SETTLE_S = 2.0  # after a rank's error: how long torchrun gets to end the job before the launcher ends it
 STOP_GRACE_S = 5.0  # after SIGINT/SIGTERM/SIGHUP: how long the job's processes get to exit before they are killed
 
@@ -307,7 +142,7 @@ class LocalJob:
     raises `JobFailed`; `kill()` ends it. Lets the caller do its own work while the ranks start and train.
 
     The job owns its processes: torchrun and every worker carry `token` in their environment
-    (hetauto.runtime.jobprocs), so `kill()`, a missed deadline and SIGINT/SIGTERM/SIGHUP on this process (while the
+    (hetauto.launch.jobprocs), so `kill()`, a missed deadline and SIGINT/SIGTERM/SIGHUP on this process (while the
     job runs, `start_local` installs handlers in the main thread) reach all of them, not only torchrun's
     process group. After SIGINT/SIGTERM/SIGHUP `wait()` stops the job (SIGTERM, `STOP_GRACE_S`, SIGKILL) and raises
     `JobInterrupted` naming the newest complete checkpoint."""
@@ -370,7 +205,7 @@ class LocalJob:
         return newest_checkpoint_note(self.run.checkpoint_dir if self.run is not None else None)
 
     def _interrupted(self) -> JobInterrupted:
-        from hetauto.runtime.jobprocs import stop_job
+        from hetauto.launch.jobprocs import stop_job
 
         sig = self._signalled or signal.SIGTERM
         res = stop_job(self.proc, self.token, STOP_GRACE_S)
@@ -401,7 +236,7 @@ class LocalJob:
     def _wait(self) -> list[dict[str, Any]]:
         import time
 
-        from hetauto.runtime.jobprocs import job_pids, stop_job
+        from hetauto.launch.jobprocs import job_pids, stop_job
 
         end = time.monotonic() + self.deadline
         first_error: float | None = None
@@ -472,8 +307,11 @@ class LocalJob:
             raise
 
     def _nonfinite_stop(self) -> bool:
-        """Whether a rank of this attempt stopped on a non-finite loss or gradient (`--on-nonfinite stop`)."""
-        return any(": NonFiniteTraining: " in self._read(p.name) for p in self.out.glob("rank*.error"))
+        """Whether a rank of this attempt stopped on a non-finite loss or gradient (`--on-nonfinite stop`): the type
+        of a rank's error, from the fields it sent (hetauto.launch.diagnosis)."""
+        from hetauto.launch.diagnosis import read_marks
+
+        return any(e.type == "NonFiniteTraining" for e in read_marks(self.plan, self.out).errors.values())
 
     def _agent_died(self, signum: int) -> None:
         """torchrun itself was killed (SIGKILL, the OOM killer): its workers, in sessions of their own, outlive
@@ -497,7 +335,7 @@ class LocalJob:
                         + (f"; {note}" if note else ""))
 
     def kill(self) -> None:
-        from hetauto.runtime.jobprocs import stop_job
+        from hetauto.launch.jobprocs import stop_job
 
         if self.token:
             stop_job(self.proc, self.token, 0.0, signal.SIGKILL)
@@ -546,7 +384,7 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
     None: the ranks report to `control_address`, served elsewhere (a non-lead node)."""
     from hetauto.launch.control import ControlServer
     from hetauto.runtime.control import CONTROL_ENV
-    from hetauto.runtime.jobprocs import JOB_ENV, new_token
+    from hetauto.launch.jobprocs import JOB_ENV, new_token
 
     out = Path(folder.name if isinstance(folder, tempfile.TemporaryDirectory) else folder)
     files: list = []

@@ -1,5 +1,5 @@
 """`hetauto run --emulate netns`: one torchrun per cluster, each in its own network namespace, the clusters
-joined by a kernel-shaped link (hetauto.runtime.netns: veth + tc tbf at the plan's cross-cluster bandwidth;
+joined by a kernel-shaped link (hetauto.launch.netns_topology: veth + tc tbf at the plan's cross-cluster bandwidth;
 two clusters: two TUN devices + tbf, their packets held by the TUN relay for the link's latency each way).
 
 Why: the in-process link emulation delays sends in our own code; here the stage boundary's traffic goes
@@ -8,7 +8,7 @@ is a torchrun "node" (static rendezvous at the first namespace's address), exact
 so the plan's ranks of one cluster must be contiguous. Compute speed factors are still emulated per rank. Each
 namespace runs the node agent of a multi-site job (hetauto node) in a working folder of its own, so this is the
 cross-site launch path end to end: join, control store at the lead's veth address, no shared folder.
-Root and iproute2 only (`netns.available()` says why not).
+Root and iproute2 only (`netns_topology.available()` says why not).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def cross_cluster_bandwidth(plan: Plan, cluster: ClusterSpec) -> float:
 
 def cross_cluster_latency(plan: Plan, cluster: ClusterSpec) -> float:
     """The one-way latency of the link between the plan's two clusters (seconds), which the TUN relay adds for
-    real (hetauto.runtime.tun_relay); 0 when the plan spans more than two clusters (a hub of veths, no relay)."""
+    real (hetauto.launch.tun_relay); 0 when the plan spans more than two clusters (a hub of veths, no relay)."""
     names = list(dict.fromkeys(st.cluster for st in plan.stages))
     if len(names) != 2:
         return 0.0
@@ -80,7 +80,7 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
     serving the rendezvous and the control store at its veth address. The reports are the lead's."""
     from hetauto.launch.plan import HOST_SOCKET_ENV, derive, portable_plan
     from hetauto.runtime.layout import stage_layouts
-    from hetauto.runtime.netns import NamespaceTopology, ShapedLinkError, available
+    from hetauto.launch.netns_topology import NamespaceTopology, ShapedLinkError, available
 
     avail = available()
     if not avail.ok:

@@ -2,8 +2,10 @@
 
 Targets are pluggy plugins (project marker "hetauto", like backends): a module or object with a `@hookimpl`
 `hetauto_launch_targets(registry)` that calls `registry.add(MyTarget())`. The built-ins (torchrun, slurm,
-kubernetes, skypilot) register exactly so, then every entry point of the `hetauto.launch_targets` group; a
-site with its own scheduler adds one without touching hetauto. A plugin that fails to load is recorded, never fatal.
+kubernetes, skypilot) register exactly so, then every entry point of the `hetauto.launch_targets` group that the
+plugin policy admits (HETAUTO_PLUGINS, HETAUTO_DISABLE_PLUGIN_AUTOLOAD: hetauto.core.plugin_policy, as for
+backends); a site with its own scheduler adds one without touching hetauto. A plugin that fails to load is
+recorded, never fatal.
 
 A target is small: `name`, `summary`, and `render(launch) -> {relative path: file text}`. Every artifact ends in
 the same node agent (`python3 -m hetauto node launch.json --node-rank N`, hetauto.commands.node), so a target
@@ -21,6 +23,7 @@ import pluggy
 import yaml
 
 from hetauto.core.errors import HetautoError
+from hetauto.core.plugin_policy import Skipped
 from hetauto.launch.plan import LaunchPlan
 
 __all__ = ["LaunchTarget", "dump_yaml", "site_header", "TargetRegistry", "get_targets", "hookimpl", "ENTRY_POINT_GROUP", "BUILTIN_MODULES",
@@ -60,6 +63,7 @@ class TargetRegistry:
     def __init__(self) -> None:
         self._targets: dict[str, LaunchTarget] = {}
         self.errors: list[LoadError] = []
+        self.skipped: list[Skipped] = []  # entry points the plugin policy kept out
 
     def add(self, target: Any) -> None:
         if not isinstance(target, LaunchTarget):
@@ -80,16 +84,21 @@ class TargetRegistry:
 
 
 def get_targets(entry_points: bool = True) -> TargetRegistry:
-    """The built-in targets, then the entry-point plugins (each failure recorded in `registry.errors`)."""
+    """The built-in targets, then the entry-point plugins the plugin policy admits (hetauto.core.plugin_policy:
+    HETAUTO_PLUGINS, HETAUTO_DISABLE_PLUGIN_AUTOLOAD, as for backends; the ones it keeps out in
+    `registry.skipped`), each failure recorded in `registry.errors`."""
     import importlib
+
+    from hetauto.core.plugin_policy import admit, autoload_enabled
 
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(_Specs)
     registry = TargetRegistry()
     for mod in BUILTIN_MODULES:
         pm.register(importlib.import_module(mod), name=mod)
-    if entry_points:
-        for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+    if entry_points and autoload_enabled():
+        load, registry.skipped = admit(md.entry_points(group=ENTRY_POINT_GROUP))
+        for ep, _source in load:
             try:
                 pm.register(ep.load(), name=f"ep:{ep.name}")
             except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, never fatal

@@ -321,7 +321,7 @@ def available_cores(repeat: int = 10) -> float:
     """Cores this machine gives its ranks *now*: one copy of the reference stage per core, each measuring the
     share of a core it got (CPU / wall); their sum. Why: on a shared machine other processes take cores, and
     the Evaluator's host-core contention (Overheads.host_cores) should see what is left at run time."""
-    from hetauto.testing.multiproc import run_ranks
+    from hetauto.launch.rank_pool import run_ranks
 
     cores = os.cpu_count() or 1
     shares = run_ranks(_core_share, cores, repeat, timeout=120)
@@ -517,7 +517,7 @@ def measure_calibration(device_key: str = "cpu", progress: Any = None) -> Calibr
     `progress(i, phase)` (optional) is called as each of CALIBRATION_PHASES starts (~75 s in all here)."""
     import datetime
 
-    from hetauto.testing.multiproc import run_ranks
+    from hetauto.launch.rank_pool import run_ranks
 
     def phase(i: int) -> None:
         if progress is not None:

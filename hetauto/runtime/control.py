@@ -9,7 +9,9 @@ right after. Plain JSON strings, never pickle.
 
 Keys (the protocol; the agent side reads exactly these):
   hetauto/seq          a counter: a message's number (1, 2, ...)
-  hetauto/msg/<i>      message i: {"rank": R, "kind": KIND, "text": TEXT}; KIND is one of MESSAGE_KINDS
+  hetauto/msg/<i>      message i: {"rank": R, "kind": KIND, "text": TEXT}; KIND is one of MESSAGE_KINDS; an
+                       "error" message also carries "error": its fields (`error_fields`: type, detail,
+                       secondary, peers), so the launcher's diagnosis reads fields, not the text
   hetauto/beat/<R>     rank R's heartbeat counter, bumped every HEARTBEAT_S by a thread of the rank
 A rank numbers and writes a message in one `post` (hetauto.core.control_store). The reader still waits for a
 counted number whose message is missing, and skips it after a grace period: a writer that counts and writes in
@@ -21,13 +23,15 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import threading
 import time
+from typing import Any
 
 from hetauto.core.control_store import ControlStoreClient
 
 __all__ = ["CONTROL_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
-           "ControlClient"]
+           "ControlClient", "SECONDARY_ERRORS", "error_fields"]
 
 CONTROL_ENV = "HETAUTO_CONTROL"
 SEQ_KEY = "hetauto/seq"
@@ -50,6 +54,25 @@ def split_address(address: str) -> tuple[str, int]:
     """'HOST:PORT' or '[V6]:PORT' -> (host, port)."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+# a rank's failure that follows from another rank's: these exception types, or a timeout / dropped connection
+SECONDARY_ERRORS = ("CommunicationError", "PeerFailed", "DistBackendError", "DistNetworkError", "DistStoreError")
+_LOST = re.compile(r"timed? ?out|connection (?:closed|reset|refused)|broken pipe", re.IGNORECASE)
+_PEER = re.compile(r"\b(?:from|to|peer|rank)s?\s+(\d+)")
+
+
+def error_fields(text: str) -> dict[str, Any]:
+    """The fields of a rank's error line (`rank R: Type: message`, whitespace collapsed): `type` (the exception's
+    name, or None), `detail` (the line without its `rank R: `), `secondary` (a failure that follows from another
+    rank's: a communication error, a timeout, a dropped connection), `peers` (the ranks the message names, in
+    order, repeats kept). Sent with the line by the rank (`ControlClient.post`); the diagnosis of a line that came
+    without them (an older rank, a file written by hand) derives them the same way."""
+    detail = text.split(": ", 1)[1] if text.startswith("rank ") and ": " in text else text
+    type_name, sep, _ = detail.partition(": ")
+    return {"type": type_name if sep and type_name.isidentifier() else None, "detail": detail,
+            "secondary": any(f": {k}:" in text for k in SECONDARY_ERRORS) or _LOST.search(text) is not None,
+            "peers": [int(p) for p in _PEER.findall(text.split(": ", 1)[-1])]}
 
 
 def _connect(address: str, timeout_s: float) -> ControlStoreClient:
@@ -86,7 +109,10 @@ class ControlClient:
         before it are in the store, and raises what sending raised."""
         if kind not in MESSAGE_KINDS:
             raise ValueError(f"unknown control message kind {kind!r}")
-        body = json.dumps({"rank": self.rank, "kind": kind, "text": text})
+        msg: dict[str, Any] = {"rank": self.rank, "kind": kind, "text": text}
+        if kind == "error":
+            msg["error"] = error_fields(" ".join(text.split()))
+        body = json.dumps(msg)
         if wait is None:
             wait = kind != "step"
         if not wait:

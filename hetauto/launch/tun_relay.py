@@ -4,9 +4,9 @@ Why: this kernel has no netem (nor fq, sfq, prio), so a namespace link cannot be
 in-process sleep in our own send path cannot show what a long round trip does to TCP (a window per RTT). As
 mahimahi's delay shell does, the relay owns both ends of a point-to-point IP link: TUN device A (moved into one
 namespace) and B (into the other); every IP packet the kernel routes out of A is held for `delay_s` and injected
-into B, and back. Rate limits stay in the kernel (tbf on each TUN's egress, set by hetauto.runtime.netns).
+into B, and back. Rate limits stay in the kernel (tbf on each TUN's egress, set by hetauto.launch.netns_topology).
 
-    python -m hetauto.runtime.tun_relay NAME_A NAME_B DELAY_S [MTU]
+    python -m hetauto.launch.tun_relay NAME_A NAME_B DELAY_S [MTU]
 
 creates the two devices (IFF_TUN | IFF_NO_PI: raw IP packets), prints "ready" on stdout, and relays until it
 gets SIGTERM; the devices vanish with the process (they are not persistent). Non-blocking reads, one deque per
@@ -90,7 +90,7 @@ def relay(fd_a: int, fd_b: int, delay_s: float, stop: list[bool] | None = None) 
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (3, 4):
-        print("usage: python -m hetauto.runtime.tun_relay NAME_A NAME_B DELAY_S [MTU]", file=sys.stderr)
+        print("usage: python -m hetauto.launch.tun_relay NAME_A NAME_B DELAY_S [MTU]", file=sys.stderr)
         return 2
     name_a, name_b, delay = argv[0], argv[1], float(argv[2])
     stop = [False]

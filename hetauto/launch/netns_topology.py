@@ -16,7 +16,7 @@ namespaces are connected only to each other. Nothing is created in or changed in
 Latency: netem is not available here and tbf cannot add delay (its `latency` is only the longest time a
 packet may wait in the queue before being dropped, exposed as `queue_s`). With `delay_s > 0` (two groups) the
 two namespaces are joined instead by two TUN devices whose packets a user-space relay holds for `delay_s` each
-way (hetauto.runtime.tun_relay, as mahimahi's delay shell does), each TUN's egress rate-limited by tbf as a
+way (hetauto.launch.tun_relay, as mahimahi's delay shell does), each TUN's egress rate-limited by tbf as a
 veth end is: TCP then sees the real round trip (2 x delay_s), window / RTT and all. Without it a fixed
 propagation latency stays in-process (`EmulatedLink(latency_s=...)` on the same rank pairs).
 
@@ -27,6 +27,10 @@ propagation latency stays in-process (`EmulatedLink(latency_s=...)` on the same 
 
 `run_in_namespaces(topo, "pkg.module:function", args)` runs `function(rank, world_size, *args)` in one
 process per rank inside its namespace (results travel back as JSON) for tests and benchmarks.
+
+One feature, two modules: this one builds and reaps the kernel's topology (namespaces, links, qdiscs, the relay)
+and knows nothing of plans; `hetauto.launch.netns` runs a plan's job in it. Tests and benchmarks that need a
+shaped link without a plan use this one alone.
 """
 
 from __future__ import annotations
@@ -153,7 +157,7 @@ _REAPER = ("import os, sys, time\n"
            "    return os.path.exists('/run/netns/' + n) or os.path.exists('/var/run/netns/' + n)\n"
            "while any(there(n) for n in names):\n"
            "    if orphaned(mark):\n"
-           "        from hetauto.runtime.netns import _kill_namespace_pids, _run\n"
+           "        from hetauto.launch.netns_topology import _kill_namespace_pids, _run\n"
            "        for n in reversed(names):\n"
            "            _kill_namespace_pids(n)\n"
            "            _run(['ip', 'netns', 'del', n], check=False)\n"
@@ -369,7 +373,7 @@ class NamespaceTopology:
         a, b = self.interfaces
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
-        self._relay = subprocess.Popen([sys.executable, "-m", "hetauto.runtime.tun_relay", a, b, repr(self.delay_s)],
+        self._relay = subprocess.Popen([sys.executable, "-m", "hetauto.launch.tun_relay", a, b, repr(self.delay_s)],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         ready: list[str] = []
         reader = threading.Thread(target=lambda: ready.append(self._relay.stdout.readline()), daemon=True)
@@ -484,7 +488,7 @@ def run_in_namespaces(
                 result = os.path.join(tmp, f"rank{rank}.json")
                 log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")
                 logs.append(log)
-                cmd = topo.launch_prefix(rank) + [sys.executable, "-m", "hetauto.runtime.netns", target,
+                cmd = topo.launch_prefix(rank) + [sys.executable, "-m", "hetauto.launch.netns_topology", target,
                                                   json.dumps(list(args)), result]
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + timeout

@@ -1,0 +1,135 @@
+"""Checks of a run's checkpoint folders before any launch: `--checkpoint-dir` can be written, and `--resume`
+names a complete, intact checkpoint of this model and data stream that leaves steps to train.
+
+Why here: a checkpoint problem found inside the ranks costs a launch and ends in as many errors as there are
+ranks; found before, it is one line naming the folder and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
+from hetauto.core.plan import Plan
+
+__all__ = ["check_checkpoint_dir", "newest_verified", "check_resume", "check_checkpoint_tensors"]
+
+Flag = Callable[[str], str]
+
+
+def check_checkpoint_dir(path: str, flag: Flag) -> None:
+    """Before any launch: `--checkpoint-dir` is a folder (or can be made one) that this user can write; else one
+    line naming it (a file, a read-only file system, no permission) instead of every rank failing at step 1."""
+    name = flag("checkpoint_dir")
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise CheckpointError(f"{name} {path} is a file, not a folder; give a folder (it is created if missing)")
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CheckpointError(f"{name} {path}: {probe} is a file, so the folder cannot be created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        try:
+            ro = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+        except OSError:
+            ro = False
+        why = "is on a read-only file system" if ro else f"is not writable for uid {os.getuid()}"
+        raise CheckpointError(f"{name} {path}: {probe} {why}; choose a writable folder")
+    try:  # access() says yes to root everywhere (and /proc lies): make the folder and write in it for real
+        p.mkdir(parents=True, exist_ok=True)
+        test = p / f".hetauto-write-probe-{os.getpid()}"
+        test.write_bytes(b"")
+        test.unlink()
+    except OSError as err:
+        raise CheckpointError(f"{name} {path}: cannot create or write it here ({err.strerror or err}); "
+                              "choose a writable folder") from None
+
+
+def newest_verified(resume: str, flag: Flag, warn: Callable[[str], None]) -> str:
+    """`--resume ROOT` (a --checkpoint-dir, not one step folder): ROOT itself when its newest checkpoint verifies,
+    else the newest one that does, each newer damaged one named with why through `warn` (a run killed mid-write,
+    a flipped byte); a step folder is returned as given (the user chose it: `check_resume` refuses it if damaged)."""
+    from hetauto.core.checkpoint_manifest import MANIFEST_FILE, complete_checkpoints, require_intact
+
+    if (Path(resume) / MANIFEST_FILE).is_file() or not Path(resume).is_dir():
+        return resume
+    found = complete_checkpoints(resume)
+    if len(found) < 2:
+        return resume
+    for candidate in reversed(found[1:]):  # the oldest is checked by check_resume: its error is the one to show
+        try:
+            require_intact(candidate)
+            return resume if candidate == found[-1] else str(candidate)  # the newest verifies: the folder stands
+        except CheckpointError as exc:
+            why = str(exc).split(" is damaged: ", 1)[-1].split("; refusing to resume", 1)[0]
+            warn(f"hetauto run: warning: {flag('resume')} {resume}: skipping {candidate}: {why}")
+    return str(found[0]) if found else resume
+
+
+def check_checkpoint_tensors(resume: str, cfg: Any) -> None:
+    """Before launch: every parameter of the model is in the checkpoint with its global shape (its
+    `.metadata.json`, against the whole model built on the meta device: no memory, no weights). A checkpoint whose
+    files and manifest agree but whose tensors do not fit the model (crafted, or written by other code) is refused
+    here in one line, not inside the ranks after launch."""
+    import json
+
+    import torch
+
+    from hetauto.core.checkpoint_manifest import METADATA_FILE, _resolve
+    from hetauto.runtime.stage import build_stage
+
+    path = _resolve(resume)
+    stored = json.loads((path / METADATA_FILE).read_text(encoding="utf-8")).get("tensors", {})
+    with torch.device("meta"):
+        whole = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    for name, t in whole.state_dict().items():
+        entry = stored.get(f"model.{name}")
+        if not isinstance(entry, dict):
+            raise CheckpointMismatch(f"{path}: checkpoint has no parameter {name!r} of {cfg.name} (written for another "
+                                     "model or by other code); resume from a checkpoint of this model")
+        if list(entry.get("size", [])) != list(t.shape):
+            raise CheckpointMismatch(f"{path}: {name!r} has shape {list(entry.get('size', []))} in the checkpoint, "
+                                     f"{list(t.shape)} in {cfg.name}; resume from a checkpoint of this model")
+
+
+def check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *, allow_data_change: bool = False,
+                 flag: Flag = lambda name: "--" + name.replace("_", "-"),
+                 warn: Callable[[str], None] | None = None) -> tuple[int, int | None]:
+    """Before any launch: the checkpoint exists, is complete and intact (`require_intact`: sizes, hashes,
+    metadata), is of this model, trains the same data stream as `plan`, and leaves steps to train. Returns (next
+    step, the checkpoint's data seed).
+
+    A different global batch or sequence length is an error, not a warning: `--resume` promises that the
+    resumed run continues the checkpoint's run (its losses are the uninterrupted run's, bit for bit on the same
+    layout), and a step's batch is a function of (seed, step, global batch, sequence length), so either change
+    silently trains other data, and a warning scrolls past in a long log. Changing them on purpose (a batch-size
+    ramp, a longer context) is legitimate: `--allow-data-change` continues with a warning naming both values.
+    The microbatch split and the stage layout may change freely (same rows, same order)."""
+    from hetauto.core.checkpoint_manifest import (check_model_config, data_stream_changes, read_manifest,
+                                                     require_intact)
+    from hetauto.job.request import warn_on_stderr
+
+    require_intact(resume)  # sizes, sha256 of every file, metadata, rank files: a damaged shard never loads
+    man = read_manifest(resume)
+    check_model_config(man, cfg, resume)
+    start = int(man.extra.get("next_step", man.step + 1))
+    changes = [] if plan is None else data_stream_changes(man, plan)
+    if changes:
+        diff = "; ".join(f"{what} {old} in the checkpoint, {new} in this plan" for what, old, new in changes)
+        if not allow_data_change:
+            raise CheckpointMismatch(
+                f"{resume}: {diff}: the resumed run would train other batches from step {start} on than the "
+                "checkpoint's run (not a continuation of it); re-plan with the checkpoint's values, or pass "
+                f"{flag('allow_data_change')} to continue on the new data stream")
+        (warn or warn_on_stderr)(
+            f"hetauto run: warning: {resume}: {diff}; {flag('allow_data_change')}: training continues on a "
+            f"different data stream from step {start} on, so the losses do not continue the checkpoint's run")
+    if start >= steps:
+        name = flag("steps")
+        raise HetautoError(f"the checkpoint {resume} is at step {start} already; {name} {steps} leaves nothing to "
+                           f"train ({name} counts from step 0: use {name} {start + 1} or more)")
+    seed = man.extra.get("seed")
+    return start, None if seed is None else int(seed)
