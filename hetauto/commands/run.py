@@ -39,55 +39,16 @@ NETNS_RESTARTS = ("--max-restarts is not supported with --emulate netns: each na
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """What the ranks train and how (hetauto run and hetauto launch alike); returns the checkpoints group."""
-    parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds any one communication may take (joining the job waits at least 30 s: "
-                             "its ranks start seconds apart)")
+    """What the ranks train and how (hetauto run and hetauto launch alike), from the run configuration's fields
+    (hetauto.core.run_config); returns the checkpoints group."""
     from hetauto.commands._headroom import add_check_argument
+    from hetauto.core.run_config_cli import add_flags
 
+    add_flags(parser, None)
     add_check_argument(parser)
-    tr = parser.add_argument_group("training")
-    tr.add_argument("--data", metavar="FILE.bin|DIR",
-                    help="train on a local token file (hetauto data prepare) or a Hugging Face datasets folder "
-                         "(save_to_disk); default: the synthetic stream")
-    tr.add_argument("--data-column", metavar="NAME", default=None,
-                    help="with a datasets folder as --data: the column of token ids (default input_ids)")
-    tr.add_argument("--init-from", metavar="DIR",
-                    help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral, gpt2)")
-    tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    tr.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant",
-                    help="after the warm-up: constant (default), or decay towards --min-lr, reached one step after the last")
-    tr.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (default 0)")
-    tr.add_argument("--min-lr", type=float, default=0.0, help="the learning rate the decay ends at (default 0)")
-    tr.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's decoupled weight decay (default 0.01)")
-    tr.add_argument("--eval-every", type=int, default=None, metavar="K",
-                    help="evaluate the held-out loss after every K steps and after the last")
-    tr.add_argument("--eval-steps", type=int, default=1, metavar="N", help="held-out global batches per evaluation")
-    tr.add_argument("--eval-fraction", type=float, default=0.05, metavar="F",
-                    help="with --data and --eval-every: the token file's tail held out for evaluation (default 0.05)")
-    tr.add_argument("--clip-grad", type=float, default=None, metavar="NORM",
-                    help="clip gradients to this global norm (over every stage, TP shard and DP replica)")
-    tr.add_argument("--on-nonfinite", choices=("stop", "skip", "continue"), default="stop",
-                    help="a nan/inf loss or gradient: stop the run before the weights take it (default), skip that "
-                         "optimizer step, or continue; no checkpoint with nan/inf weights is ever written")
+    add_flags(parser.add_argument_group("training"), "training")
     ck = parser.add_argument_group("checkpoints and failures")
-    ck.add_argument("--checkpoint-dir", metavar="D", help="write sharded checkpoints under D (step-XXXXXXXX folders)")
-    ck.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
-                    help="checkpoint every K steps and after the last one (default 1)")
-    ck.add_argument("--keep", type=int, default=None, metavar="N", help="keep only the newest N checkpoints")
-    ck.add_argument("--resume", metavar="D",
-                    help="continue from a checkpoint (a step folder, or a --checkpoint-dir: its latest); "
-                         "--steps counts from step 0, so the run trains the steps after the checkpoint's")
-    ck.add_argument("--allow-data-change", action="store_true",
-                    help="with --resume: continue even though the plan's global batch or sequence length differs from "
-                         "the checkpoint's (the data stream changes; the run no longer continues the checkpoint's "
-                         "run bit for bit)")
-    ck.add_argument("--inject-fault", metavar="SPEC",
-                    help="rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]: kill (or stall) rank R at step S "
-                         "(first attempt only)")
+    add_flags(ck, "checkpoints and failures")
     return ck
 
 
@@ -262,12 +223,6 @@ def _lr_schedule(args: Any) -> Any:
                           decay_steps=args.steps, min_lr=args.min_lr)
     except ValueError as err:
         raise HetautoError(str(err)) from None
-
-
-def _schedule_of(run: Any) -> Any:
-    """The learning-rate schedule a RunOptions trains with (its fields are the flags' names)."""
-    return _lr_schedule(argparse.Namespace(lr=run.lr, lr_schedule=run.lr_schedule, warmup_steps=run.warmup_steps,
-                                           steps=run.steps, min_lr=run.min_lr))
 
 
 def _abs(path: str | None) -> str | None:
@@ -445,20 +400,13 @@ def _check_init_from(args: argparse.Namespace, plan: Plan, cfg: Any) -> None:
 
 def _run_options(args: argparse.Namespace, plan: Plan, cluster: Any, base: Path, schedule: Any) -> Any:
     """What the ranks read: every checked flag, paths made absolute (the ranks may start elsewhere)."""
+    from hetauto.core.run_config import EmulationConfig
+    from hetauto.core.run_config_cli import config_from_flags
     from hetauto.core.stage_backends import stage_backend_names
-    from hetauto.runtime.options import RunOptions
 
-    return RunOptions(
-        plan=str(Path(args.plan).resolve()), out="", steps=args.steps, seed=args.seed, timeout_s=args.timeout,
-        lr=schedule.lr, lr_schedule=schedule.kind, warmup_steps=schedule.warmup_steps, min_lr=schedule.min_lr,
-        clip_grad=args.clip_grad, data=_abs(args.data), init_from=_abs(args.init_from),
-        eval_every=args.eval_every, eval_steps=args.eval_steps, eval_fraction=args.eval_fraction,
-        weight_decay=args.weight_decay,
-        emulate="inprocess" if args.emulate else "none", cluster_base=str(base),
-        backends=stage_backend_names(plan, cluster), checkpoint_dir=_abs(args.checkpoint_dir),
-        checkpoint_every=args.checkpoint_every, keep=args.keep, resume=_abs(args.resume),
-        allow_data_change=args.allow_data_change, inject_fault=args.inject_fault, data_column=args.data_column,
-        on_nonfinite=args.on_nonfinite)
+    emulation = EmulationConfig(mode="inprocess" if args.emulate else "none", cluster_base=str(base),
+                                backends=stage_backend_names(plan, cluster))
+    return config_from_flags(args, plan=str(Path(args.plan).resolve()), emulation=emulation)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -484,12 +432,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, plan: Plan, cluster: Any, cfg: Any, base: Path, run_options: Any) -> int:
     """`hetauto run` once its flags, plan and folders are checked (and its checkpoint folder is its own): the
     host's backends, the launch, the result document, the report."""
-    from dataclasses import replace
-
     from hetauto.runtime.preflight import check_backends
 
     pre = check_backends(plan, cluster, emulate=bool(args.emulate))
-    run_options = replace(run_options, backends=pre.backends)
+    run_options = run_options.with_emulation(backends=pre.backends)
     if pre.mock_devices is not None:
         os.environ["HETAUTO_MOCK_DEVICES"] = str(pre.mock_devices)  # the workers inherit it
     want_reference = not args.no_reference and _param_count(cfg) <= REFERENCE_MAX_PARAMS
@@ -656,7 +602,6 @@ def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: An
     """`hetauto run --json`'s document from the ranks' reports (`run`: the RunOptions they ran with): losses next
     to the single-process reference (`want_reference`), measured next to predicted step time, per rank, boundary
     and stage. The lead node agent of a multi-site job (hetauto node) writes the same document."""
-    schedule = _schedule_of(run)
     flops_per_peak = _flops_per_peak(plan, base)
     from hetauto.runtime.results import (boundary_table, link_dispatch_lag, measured_timeline, rank_table,
                                          stage_compute, stage_memory, summarize)
@@ -675,11 +620,8 @@ def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: An
         from hetauto.runtime.reference import reference_run
 
         torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
-        ref = reference_run(cfg, run.seed, run.steps, plan.global_batch, plan.microbatch_size, plan.seq_len,
-                            precision=precision, lr_schedule=schedule, clip_grad=run.clip_grad,
-                            data=run.data, init_from=run.init_from, eval_every=run.eval_every,
-                            eval_steps=run.eval_steps, eval_fraction=run.eval_fraction,
-                            weight_decay=run.weight_decay, data_column=run.data_column)
+        ref = reference_run(cfg, plan, run.training, run.data, precision=precision,
+                            init_from=run.checkpoint.init_from)
         reference = ref.losses[start:]
         reference_eval = [[s, v] for s, v in ref.eval_losses if s >= start]
     predicted, source, calibrated = _predicted(plan, emulate=bool(emulate), base=base)
@@ -699,7 +641,7 @@ def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: An
         "grad_norm": list(reports[0].get("grad_norms") or []) or None,
         "eval_loss": eval_losses or None,
         "reference_eval_loss": reference_eval,
-        "data": run.data,
+        "data": run.data.path,
         "measured_step_s": summary.measured_step_s,
         "predicted_step_s": predicted,
         "prediction_source": source,
