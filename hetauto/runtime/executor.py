@@ -73,7 +73,7 @@ from hetauto.runtime.executable import check_executable
 from hetauto.runtime.groups import RankGroups
 from hetauto.runtime.mixed_precision import Precision
 from hetauto.runtime.optim import LRSchedule, clip_coefficient, local_sq_norm
-from hetauto.runtime.reference import make_optimizer
+from hetauto.runtime.reference import optimizer_for
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
 from hetauto.runtime.stage import ChunkedStage, StageModule, build_chunks
 from hetauto.runtime.throttle import Throttle
@@ -231,7 +231,7 @@ class StageExecutor:
         self.v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
         self.n_virtual = plan.num_stages * self.v
         chunks = build_chunks(cfg, chunk_layers(plan)[self.me.stage], self.training.seed,
-                              plan.stages[self.me.stage].recompute)
+                              self.me.stage_plan.recompute)
         if run.checkpoint.init_from is not None:  # published weights, this stage's slots only, before TP shards them
             load_published_weights(chunks, cfg, run.checkpoint.init_from, plan.seq_len)
         chunks = [c.to(self.device) for c in chunks]
@@ -281,7 +281,7 @@ class StageExecutor:
             return []
         from hetauto.runtime.zero1 import Zero1Partition
 
-        lay = self.g.layouts[self.me.stage]
+        lay = self.me.layout
         dp_ranks = sorted(lay.rank(d, self.me.tp_index) for d in range(lay.dp))
         self.dp_comm = Communicator(self.g.dp_group, dp_ranks, timeout_s=self.g.world.timeout_s,
                                     backend=self.dev.dist_backend)
@@ -295,7 +295,7 @@ class StageExecutor:
             params: Any = piece_params(self.partitions)
         else:
             params = self.stage.parameters()
-        return make_optimizer(params, self.training.lr, self.training.weight_decay)
+        return optimizer_for(params, self.training)
 
     def _build_actions(self) -> None:
         """The action list as the interpreter reads it, the throttle, the split backward's lean W and its offload,
@@ -361,7 +361,7 @@ class StageExecutor:
         forward half (every stage's F and its transfers, in schedule order; with no backward to wait for, forward
         dependencies alone order it, so it cannot deadlock)."""
         self._data = None
-        if self.me.stage in (0, self.plan.num_stages - 1):
+        if self.me.is_first or self.me.is_last:
             from hetauto.runtime.batches import BatchSource
 
             d = self.data_cfg
@@ -541,8 +541,8 @@ class StageExecutor:
 
     def _forward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
-        me, mbs, dp = self.me, self.plan.microbatch_size, self.plan.stages[self.me.stage].dp
-        shares = self.plan.stages[me.stage].dp_shares  # uneven rows per replica (None: mbs / dp each)
+        me, mbs, dp = self.me, self.plan.microbatch_size, self.me.stage_plan.dp
+        shares = me.stage_plan.dp_shares  # uneven rows per replica (None: mbs / dp each)
         if vs == 0:
             x = dp_shard(microbatch(st.batch, k, mbs), me.dp_index, dp, shares).tokens.to(self.device)
         else:
@@ -722,7 +722,7 @@ class StageExecutor:
         """This stage's 2-D (dp, tp) mesh over the DP group and the TP mesh's own group (hetauto.runtime.fsdp)."""
         from hetauto.runtime.fsdp import stage_mesh
 
-        lay = self.g.layouts[self.me.stage]
+        lay = self.me.layout
         ranks = [[lay.rank(d, t) for t in range(lay.tp)] for d in range(lay.dp)]
         return stage_mesh(self.g.dp_group, self.g.tp_mesh.get_group(), ranks, self.device.type)
 
@@ -828,7 +828,7 @@ class StageExecutor:
         optimizer's DTensor shards save and load as TP shards do (hetauto.runtime.fsdp)."""
         if not self.zero1:
             return self.optimizer
-        full = make_optimizer(self.stage.parameters(), self.training.lr, self.training.weight_decay)
+        full = optimizer_for(self.stage.parameters(), self.training)
         for group in full.param_groups:
             group["lr"] = self.optimizer.param_groups[0]["lr"]
         if gather:

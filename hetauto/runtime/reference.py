@@ -26,7 +26,7 @@ from hetauto.runtime.optim import LRSchedule
 from hetauto.runtime.stage import build_model
 
 __all__ = ["ADAMW_BETAS", "ADAMW_EPS", "ADAMW_WEIGHT_DECAY", "make_optimizer", "reference_losses", "reference_run",
-           "ReferenceRun", "BatchShape"]
+           "ReferenceRun", "BatchShape", "optimizer_for"]
 
 ADAMW_BETAS = (0.9, 0.95)
 ADAMW_EPS = 1e-8
@@ -40,6 +40,12 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float,
     return torch.optim.AdamW(
         list(params), lr=lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=weight_decay, foreach=False
     )
+
+
+def optimizer_for(params: Iterable[torch.nn.Parameter], training: TrainingConfig) -> torch.optim.AdamW:
+    """The optimizer a run's training section asks for, the same in the executor and the reference: a new
+    optimizer knob is its field (hetauto.core.run_config.TrainingConfig) and its use here."""
+    return make_optimizer(params, training.lr, training.weight_decay)
 
 
 def reference_losses(model_cfg: ModelConfig, seed: int, steps: int, gbs: int, microbatch_size: int, seq_len: int,
@@ -86,7 +92,7 @@ def reference_run(model_cfg: ModelConfig, shape: BatchShape | Any, training: Tra
         from hetauto.runtime.hf_weights import load_hf_weights
 
         load_hf_weights({int(k): m for k, m in model.layers.items()}, model_cfg, init_from, seq_len)
-    opt = make_optimizer(model.parameters(), training.lr, training.weight_decay)
+    opt = optimizer_for(model.parameters(), training)
     normaliser = gbs * seq_len
     schedule = LRSchedule.of(training)
     source = BatchSource(seed, model_cfg.vocab_size, data.path, data.held_out_fraction, data.column)
