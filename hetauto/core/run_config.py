@@ -159,7 +159,8 @@ class EmulationConfig:
 
     mode: Literal["none", "inprocess", "speed-only"] = knob(
         "none", "none (real devices and links), inprocess (each cluster at its speed factor, its links emulated "
-                "in-process) or speed-only (speed factors; the links are real, e.g. network namespaces)", flat="emulate")
+                "in-process) or speed-only (speed factors; the links are real, e.g. network namespaces)",
+        flat="emulate")
     cluster_base: str | None = knob(None, "the folder the plan's cluster file is read relative to")
     backends: tuple[str, ...] = knob((), "each stage's backend name, as the launcher resolved it (empty: cpu "
                                          "everywhere)")
@@ -309,7 +310,8 @@ def _check_nested(data: dict[str, Any], source: str | None) -> dict[str, Any]:
         known = {f.name for f in fields(SECTIONS[key])}
         for name in value:
             if name not in known:
-                raise SpecError(source, f"{key}.{name}", "unknown field", f"expected one of: {', '.join(sorted(known))}")
+                raise SpecError(source, f"{key}.{name}", "unknown field",
+                                f"expected one of: {', '.join(sorted(known))}")
     return data
 
 
