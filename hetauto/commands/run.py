@@ -225,10 +225,6 @@ def _lr_schedule(args: Any) -> Any:
         raise HetautoError(str(err)) from None
 
 
-def _abs(path: str | None) -> str | None:
-    return None if path is None else str(Path(path).resolve())
-
-
 def _import_for_reference() -> None:
     import torch  # noqa: F401
 
