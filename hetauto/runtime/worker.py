@@ -23,9 +23,14 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetauto.runtime.control import ControlClient
+
+if TYPE_CHECKING:  # the worker imports what it needs only once it runs (torch takes seconds)
+    from hetauto.core.comm import Communicator
+    from hetauto.core.plan import Plan
+    from hetauto.core.run_config import RunConfig
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -153,7 +158,7 @@ def _say_failure(control: ControlClient | None, rank: int, exc: BaseException) -
         print(line, file=sys.stderr)
 
 
-def _train(run: Any, rank: int, restart: int, control: ControlClient, held: dict[str, Any]) -> None:
+def _train(run: RunConfig, rank: int, restart: int, control: ControlClient, held: dict[str, Any]) -> None:
     """Join the world group, train this rank's stage with checkpoints, post its report."""
     import torch
 
@@ -192,7 +197,7 @@ def _train(run: Any, rank: int, restart: int, control: ControlClient, held: dict
         links.close()
 
 
-def _emulation(run: Any, plan: Any, stage: int, rank: int) -> tuple[float, Any]:
+def _emulation(run: RunConfig, plan: Plan, stage: int, rank: int) -> tuple[float, Any]:
     """This rank's emulated speed factor and, emulating in-process, the link table its communicator delays
     messages by (1.0 and None on real devices and links)."""
     if not run.emulated:
@@ -205,7 +210,7 @@ def _emulation(run: Any, plan: Any, stage: int, rank: int) -> tuple[float, Any]:
     return emu.speed_of(rank, stage), links
 
 
-def _resume_point(run: Any, comm: Any, restart: int) -> tuple[Any, list[tuple[str, str]]]:
+def _resume_point(run: RunConfig, comm: Communicator, restart: int) -> tuple[RunConfig, list[tuple[str, str]]]:
     """The checkpoint folder checked from every rank; on a torchrun restart, the run resuming from the newest
     complete checkpoint whose files verify (hashes shared out over the ranks), with the damaged newer ones."""
     from dataclasses import replace
