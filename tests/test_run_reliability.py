@@ -14,6 +14,7 @@ losses and resumes from the killed job's last complete checkpoint (bitwise equal
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import time
@@ -208,8 +209,6 @@ def test_max_restarts_resumes_after_a_crash_during_checkpoint_write(runs: dict, 
 
 
 def test_checkpoint_of_another_model_is_rejected_before_launch(files: Path, capsys) -> None:
-    import dataclasses
-
     from hetauto.cli import main
     from hetauto.core.model_catalog import get_model
     from hetauto.runtime.checkpoint import save_checkpoint
