@@ -32,15 +32,15 @@ def resolve_view(plan: Plan, rank: int, backends: tuple[str, ...]) -> RankView:
         raise PlanMismatch(str(err)) from None
 
 
-def prepare_rank(world: Communicator, plan: Plan, cfg: ModelConfig,
-                 run: RunConfig) -> tuple[RankGroups, RankDevice, str]:
-    """Every rank of the job calls it: resolve this rank's view, select its stage backend (plugin manager), bind
+def prepare_rank(world: Communicator, plan: Plan, cfg: ModelConfig, run: RunConfig,
+                 view: RankView | None = None) -> tuple[RankGroups, RankDevice, str]:
+    """Every rank of the job calls it: resolve this rank's view (unless the rank already did: `view`), select its stage backend (plugin manager), bind
     its device on this host (hetauto.runtime.devices), seed it, agree on the plan's precision with every other rank
     (each contributes what its device supports), and build the groups and boundary transports."""
     from hetauto.backends import get_backend
     from hetauto.runtime.devices import bind_device, device_index, require_available
 
-    me = resolve_view(plan, world.global_rank, run.emulation.backends)
+    me = view if view is not None else resolve_view(plan, world.global_rank, run.emulation.backends)
     names = tuple(run.emulation.backends) or (me.backend,) * plan.num_stages
     backend = require_available(me.backend, me.where)
     per_rank = [names[placement(plan, r).stage] for r in range(plan.world_size)]

@@ -20,6 +20,7 @@ from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 from hetauto.core.run_config import CheckpointConfig, RunConfig
 from hetauto.runtime.executor import RankLocal, RankReport, StageExecutor
+from hetauto.runtime.layout import RankView
 from hetauto.runtime.rank import agree_precision, prepare_rank
 
 __all__ = ["train_rank", "should_checkpoint", "prepare_rank", "agree_precision"]
@@ -31,12 +32,12 @@ def should_checkpoint(step: int, steps: int, every: int) -> bool:
 
 
 def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, run: RunConfig,
-               local: RankLocal = RankLocal()) -> RankReport:
+               local: RankLocal = RankLocal(), view: RankView | None = None) -> RankReport:
     """Every rank of the job calls it: build groups and this rank's stage on its device, load
     `run.checkpoint.resume` (resharded to this plan's layout), train up to step `run.training.steps`,
-    checkpointing as `run.checkpoint` says."""
+    checkpointing as `run.checkpoint` says. `view`: this rank's view of the plan, when the rank resolved it."""
     torch.manual_seed(run.training.seed)
-    groups, device, precision = prepare_rank(world, plan, cfg, run)
+    groups, device, precision = prepare_rank(world, plan, cfg, run, view)
     ex = StageExecutor(groups, plan, cfg, run, device, precision, local)
     start = _resume(ex, world, plan, run) if run.checkpoint.resume else 0
     return ex.run(run.training.steps, start=start, after_step=_checkpointer(ex, world, plan, run))

@@ -186,7 +186,7 @@ def _train(run: RunConfig, rank: int, restart: int, control: ControlClient, held
     from hetauto.runtime.step_log import log_ranks
 
     step_log = (lambda line: control.post("step", line)) if rank in log_ranks(plan) else None
-    report = train_rank(comm, plan, cfg, run, RankLocal(speed_factor=speed, step_log=step_log))
+    report = train_rank(comm, plan, cfg, run, RankLocal(speed_factor=speed, step_log=step_log), view)
     doc = report.to_dict()
     doc["restart"] = restart
     doc["resume_skipped"] = [list(x) for x in skipped]
