@@ -43,8 +43,8 @@ def _work(rank: int, world: int, pairs: int) -> dict:
 
     from hetauto.core.comm import Communicator
     from hetauto.core.model_catalog import get_model
-    from hetauto.runtime.data import synthetic_batch
     from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.data import synthetic_batch
     from hetauto.runtime.executor import RankLocal, StageExecutor
     from hetauto.runtime.groups import build_groups
     from hetauto.runtime.model import lm_loss

@@ -49,9 +49,9 @@ CASES = [
 
 def _work(rank: int, world: int, cases: list, pipe_dir: str) -> list[dict]:
     from hetauto.core.comm import Communicator
+    from hetauto.core.run_config import RunConfig
     from hetauto.core.scenarios import get_scenario
     from hetauto.runtime.emulation import emulation_for_plan
-    from hetauto.core.run_config import RunConfig
     from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)

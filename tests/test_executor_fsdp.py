@@ -61,8 +61,7 @@ def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
 def _resumes(comm, root: str) -> list[dict]:
     """The two-stage case for STEPS steps whole, then 2 steps checkpointed after each, then resumed from step 1
     under fsdp and under plain DP."""
-    from hetauto.core.run_config import RunConfig
-    from hetauto.core.run_config import CheckpointConfig
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
 
     plan = _plan("two-stage-fsdp")
     opts = RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30)

@@ -43,8 +43,7 @@ def _work(rank: int, world: int, root: str) -> list[dict]:
     """Every level's reports, with clipping (the step's norm before clipping is recorded); then the fsdp plan
     checkpointed after step 0 and resumed for step 1, under fsdp and under plain DP."""
     from hetauto.core.comm import Communicator
-    from hetauto.core.run_config import RunConfig
-    from hetauto.core.run_config import CheckpointConfig
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:

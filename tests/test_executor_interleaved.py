@@ -69,8 +69,7 @@ def _work(rank: int, world: int, cases: list, ckpt_root: str | None) -> list[dic
 def _checkpoint_round_trip(comm, root: str) -> dict:
     """Interleaved 2 steps -> checkpoint -> a 1F1B plan with another cut resumes for step 3 -> checkpoint ->
     the interleaved plan resumes for step 4: checkpoints are by global slot name, whatever the chunking."""
-    from hetauto.core.run_config import RunConfig
-    from hetauto.core.run_config import CheckpointConfig
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
     from hetauto.runtime.training import train_rank
 
     interleaved = CASES[0][1]

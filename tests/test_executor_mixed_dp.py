@@ -44,8 +44,8 @@ CASES = ["one-stage", "two-stage"]
 
 def _work(rank: int, world: int, cases: list[str]) -> list[dict]:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.emulation import emulation_for_plan
     from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.emulation import emulation_for_plan
     from hetauto.runtime.executor import RankLocal, run_rank
     from hetauto.runtime.groups import placement
 

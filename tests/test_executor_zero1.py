@@ -82,8 +82,7 @@ def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
 
 def _work(rank: int, world: int, root: str) -> list[dict]:
     from hetauto.core.comm import Communicator
-    from hetauto.core.run_config import RunConfig
-    from hetauto.core.run_config import CheckpointConfig
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:

@@ -114,9 +114,8 @@ def test_dataset_problems_are_one_line_naming_the_folder(tmp_path: Path, folders
 def _work(rank: int, world: int, plan_json: str, data: str, root: str) -> dict:
     """Three runs in one set of ranks: the whole run, its first half (checkpointed), the rest resumed from it."""
     from hetauto.core.comm import Communicator
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
     from hetauto.runtime import batches
-    from hetauto.core.run_config import RunConfig
-    from hetauto.core.run_config import CheckpointConfig
     from hetauto.runtime.training import train_rank
 
     consumed: list[list] = []

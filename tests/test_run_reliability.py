@@ -86,9 +86,8 @@ def _work(rank: int, world: int, root: str, killed_dir: str | None) -> dict:
     from hetauto.core.comm import Communicator
     from hetauto.core.errors import CheckpointMismatch
     from hetauto.core.model_catalog import get_model
-    from hetauto.core.run_config import RunConfig
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
     from hetauto.runtime.executor import RankLocal
-    from hetauto.core.run_config import CheckpointConfig
     from hetauto.runtime.training import train_rank
 
     torch.set_num_threads(1)
