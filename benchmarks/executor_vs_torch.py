@@ -43,8 +43,9 @@ def _work(rank: int, world: int, pairs: int) -> dict:
 
     from hetauto.core.comm import Communicator
     from hetauto.core.model_catalog import get_model
+    from hetauto.core.run_config import RunConfig
     from hetauto.runtime.data import synthetic_batch
-    from hetauto.runtime.executor import ExecutorOptions, StageExecutor
+    from hetauto.runtime.executor import RankLocal, StageExecutor
     from hetauto.runtime.groups import build_groups
     from hetauto.runtime.model import lm_loss
     from hetauto.runtime.reference import make_optimizer
@@ -53,7 +54,7 @@ def _work(rank: int, world: int, pairs: int) -> dict:
     cfg = get_model("tiny-gpt")
     plan = _plan()
     comm = Communicator.init_from_env("gloo", timeout_s=120)
-    ours = StageExecutor(build_groups(comm, plan), plan, cfg, ExecutorOptions(record=False))
+    ours = StageExecutor(build_groups(comm, plan), plan, cfg, RunConfig(), local=RankLocal(record=False))
 
     module = build_stage(cfg, LAYERS[rank], 0)
     opt = make_optimizer(module.parameters(), 1e-3)

@@ -84,7 +84,8 @@ def _work(rank: int, world: int, steps: int, lat_stages: float, zero_bubble: boo
 
     from hetauto.core.comm import Communicator
     from hetauto.core.model_catalog import get_model
-    from hetauto.runtime.executor import ExecutorOptions, StageExecutor
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.executor import RankLocal, StageExecutor
     from hetauto.runtime.groups import build_groups
     from hetauto.runtime.links import EmulatedLink, LinkTable
     from hetauto.schedule import extra_warmup_from_costs
@@ -93,7 +94,8 @@ def _work(rank: int, world: int, steps: int, lat_stages: float, zero_bubble: boo
     a, b = SLOW_BOUNDARY, SLOW_BOUNDARY + 1
     table = LinkTable()  # the slow link is set once its latency is sized from this run's own stage times
     comm = Communicator.init_from_env("gloo", timeout_s=120, links=table)
-    opts = ExecutorOptions(steps=steps, record=True, speed_factor=speed)
+    opts = RunConfig.from_flat(steps=steps)
+    local = RankLocal(record=True, speed_factor=speed)
 
     def step_time(ex, i: int) -> float:  # the slowest rank's wall time of one step, all ranks starting together
         comm.barrier()
@@ -105,7 +107,7 @@ def _work(rank: int, world: int, steps: int, lat_stages: float, zero_bubble: boo
         return float(t)
 
     def timed(plan, n: int) -> tuple[list[float], object]:  # the probe
-        ex = StageExecutor(build_groups(comm, plan), plan, cfg, opts)
+        ex = StageExecutor(build_groups(comm, plan), plan, cfg, opts, local=local)
         out = [step_time(ex, i) for i in range(n + 1)]
         return out[1:], ex
 
@@ -127,8 +129,8 @@ def _work(rank: int, world: int, steps: int, lat_stages: float, zero_bubble: boo
     extra = extra_warmup_from_costs(cost, ptf, ptb)
     # side by side: the two schedules alternate step by step, so both see the same (shared-machine) load
     first, second = (_plan(name, extra if name != "1f1b" else ()) for name in _pair(extra, zero_bubble))
-    ex = StageExecutor(build_groups(comm, first), first, cfg, opts)
-    vex = StageExecutor(build_groups(comm, second), second, cfg, opts)
+    ex = StageExecutor(build_groups(comm, first), first, cfg, opts, local=local)
+    vex = StageExecutor(build_groups(comm, second), second, cfg, opts, local=local)
     base, virt = [], []
     for i in range(steps + 1):
         for e, out in ((ex, base), (vex, virt)):

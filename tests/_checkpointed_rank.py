@@ -9,11 +9,11 @@ from typing import Any
 
 
 def run_checkpointed(comm: Any, plan: Any, cfg: Any, opts: Any, ckpt: Any = None) -> tuple[Any, dict]:
-    """(the rank's StageExecutor, its report as a dict) after `opts.steps` steps, resumed from `ckpt.resume`
-    and saving into `ckpt.directory` where `ckpt` names them."""
+    """(the rank's StageExecutor, its report as a dict) after `opts.training.steps` steps (`opts`: a RunConfig),
+    resumed from `ckpt.resume` and saving into `ckpt.dir` where `ckpt` (a CheckpointConfig) names them."""
     from hetauto.runtime.checkpoint import load_checkpoint, save_checkpoint
     from hetauto.runtime.executor import StageExecutor
-    from hetauto.runtime.training import prepare_rank
+    from hetauto.runtime.rank import prepare_rank
 
     groups, device, precision = prepare_rank(comm, plan, cfg, opts)
     ex = StageExecutor(groups, plan, cfg, opts, device, precision)
@@ -24,9 +24,9 @@ def run_checkpointed(comm: Any, plan: Any, cfg: Any, opts: Any, ckpt: Any = None
         ex.adopt_checkpoint_optimizer(into)
 
     def after(step: int):
-        if ckpt is None or ckpt.directory is None:
+        if ckpt is None or ckpt.dir is None:
             return None
-        return save_checkpoint(ckpt.directory, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
+        return save_checkpoint(ckpt.dir, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
                                comm=comm)
 
-    return ex, ex.run(opts.steps, start=start, after_step=after).to_dict()
+    return ex, ex.run(opts.training.steps, start=start, after_step=after).to_dict()

@@ -11,14 +11,14 @@ from hetauto.core.plan import Plan
 
 def train_one_step_from(rank: int, world: int, plan_json: str, folder: str, ckdir: str | None, seed: int) -> dict:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions, train_rank
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.training import train_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         cfg = get_model(Path(folder) / "config.json")
         return train_rank(comm, Plan.from_json(plan_json), cfg,
-                          ExecutorOptions(steps=1, seed=seed, timeout_s=30, init_from=folder),
-                          CheckpointOptions(directory=ckdir)).to_dict()
+                          RunConfig.from_flat(steps=1, seed=seed, timeout_s=30, init_from=folder,
+                                              checkpoint_dir=ckdir)).to_dict()
     finally:
         comm.destroy()

@@ -273,7 +273,8 @@ def test_run_resume_checks_the_checkpoint_before_launch_without_importing_torch(
     # the checkpoint was read: its data seed is the run's, its directory is handed to the ranks (the run options,
     # inside the launch plan every node's script carries)
     run = json.loads(json.loads(out.stdout)["files"]["launch.json"])["run"]
-    assert (run["seed"], run["resume"], run["steps"]) == (7, str(tmp_path / "ck"), 4)
+    training, checkpoint = run["training"], run["checkpoint"]
+    assert (training["seed"], checkpoint["resume"], training["steps"]) == (7, str(tmp_path / "ck"), 4)
     assert ck.parent == tmp_path / "ck"
     imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
     # the checkpoint is checked before torch is imported (--print-launch then reads the backends' launch variables,

@@ -49,9 +49,10 @@ CASES = [
 
 def _work(rank: int, world: int, cases: list, pipe_dir: str) -> list[dict]:
     from hetauto.core.comm import Communicator
+    from hetauto.core.run_config import RunConfig
     from hetauto.core.scenarios import get_scenario
     from hetauto.runtime.emulation import emulation_for_plan
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
@@ -60,7 +61,7 @@ def _work(rank: int, world: int, cases: list, pipe_dir: str) -> list[dict]:
             plan = make_plan(schedule, methods)
             table = emulation_for_plan(plan, get_scenario("cpu-demo").cluster).link_table(pipe_dir) if emulated else None
             comm.links = table
-            out.append(run_rank(comm, plan, cfg, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30)).to_dict())
+            out.append(run_rank(comm, plan, cfg, RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30)).to_dict())
             comm.links = None
             if table is not None:
                 out[-1]["link_messages"] = len(table.messages_per_link())

@@ -48,12 +48,13 @@ CASES = [
 
 def _work(rank: int, world: int, cases: list) -> list[dict]:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         return [run_rank(comm, Plan.from_json(plan_json), GPT,
-                         ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, backends=backends)).to_dict()
+                         RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30, backends=backends)).to_dict()
                 for plan_json, backends in cases]
     finally:
         comm.destroy()

@@ -61,26 +61,26 @@ def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
 def _resumes(comm, root: str) -> list[dict]:
     """The two-stage case for STEPS steps whole, then 2 steps checkpointed after each, then resumed from step 1
     under fsdp and under plain DP."""
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
 
     plan = _plan("two-stage-fsdp")
-    opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30)
+    opts = RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30)
     whole = _run(comm, plan, opts)
-    _run(comm, plan, dataclasses.replace(opts, steps=2), CheckpointOptions(directory=root))
-    resume = CheckpointOptions(resume=f"{root}/step-00000001")
+    _run(comm, plan, RunConfig.from_flat(steps=2, seed=SEED, timeout_s=30), CheckpointConfig(dir=root))
+    resume = CheckpointConfig(resume=f"{root}/step-00000001")
     return [whole, _run(comm, plan, opts, resume), _run(comm, plan.model_copy(update={"dp_sharding": "none"}), opts, resume)]
 
 
 def _work(rank: int, world: int, cases: list[str], root: str) -> list[dict]:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         out = []
         for case in cases:
-            opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30,
+            opts = RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30,
                                    clip_grad=CLIP if case.endswith("clip") else None)
             out.append(run_rank(comm, _plan(case), _cfg(case), opts).to_dict())
         return out + _resumes(comm, root)

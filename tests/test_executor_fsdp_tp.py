@@ -43,15 +43,14 @@ def _work(rank: int, world: int, root: str) -> list[dict]:
     """Every level's reports, with clipping (the step's norm before clipping is recorded); then the fsdp plan
     checkpointed after step 0 and resumed for step 1, under fsdp and under plain DP."""
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
-        opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, clip_grad=CLIP)
+        opts = RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30, clip_grad=CLIP)
         out = [_run(comm, _plan(level), opts) for level in LEVELS]
-        _run(comm, _plan("fsdp"), opts, CheckpointOptions(directory=root))
-        resume = CheckpointOptions(resume=f"{root}/step-00000000")
+        _run(comm, _plan("fsdp"), opts, CheckpointConfig(dir=root))
+        resume = CheckpointConfig(resume=f"{root}/step-00000000")
         return out + [_run(comm, _plan(level), opts, resume) for level in LEVELS]
     finally:
         comm.destroy()

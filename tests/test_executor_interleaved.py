@@ -52,11 +52,12 @@ CASES = [
 
 def _work(rank: int, world: int, cases: list, ckpt_root: str | None) -> list[dict]:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
-        out = [run_rank(comm, Plan.from_json(plan_json), cfg, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30))
+        out = [run_rank(comm, Plan.from_json(plan_json), cfg, RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30))
                .to_dict() for plan_json, cfg in cases]
         if ckpt_root is not None:
             out.append(_checkpoint_round_trip(comm, ckpt_root))
@@ -68,17 +69,18 @@ def _work(rank: int, world: int, cases: list, ckpt_root: str | None) -> list[dic
 def _checkpoint_round_trip(comm, root: str) -> dict:
     """Interleaved 2 steps -> checkpoint -> a 1F1B plan with another cut resumes for step 3 -> checkpoint ->
     the interleaved plan resumes for step 4: checkpoints are by global slot name, whatever the chunking."""
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions, train_rank
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
+    from hetauto.runtime.training import train_rank
 
     interleaved = CASES[0][1]
     flat = interleaved.model_copy(update={"schedule": ScheduleSpec(name="1f1b"),
                                           "stages": (_stage((0, 2)), _stage((2, 6)))})
     losses = []
     for plan, steps, save, resume in ((interleaved, 2, "a", None), (flat, 3, "b", "a"), (interleaved, 4, None, "b")):
-        opts = CheckpointOptions(directory=f"{root}/{save}" if save else None,
+        opts = CheckpointConfig(dir=f"{root}/{save}" if save else None,
                                  resume=f"{root}/{resume}" if resume else None)
-        rep = train_rank(comm, plan, GPT, ExecutorOptions(steps=steps, seed=SEED, timeout_s=30), opts)
+        run = dataclasses.replace(RunConfig.from_flat(steps=steps, seed=SEED, timeout_s=30), checkpoint=opts)
+        rep = train_rank(comm, plan, GPT, run)
         losses += rep.losses or []
     return {"losses": losses}
 

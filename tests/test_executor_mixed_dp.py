@@ -44,8 +44,9 @@ CASES = ["one-stage", "two-stage"]
 
 def _work(rank: int, world: int, cases: list[str]) -> list[dict]:
     from hetauto.core.comm import Communicator
+    from hetauto.core.run_config import RunConfig
     from hetauto.runtime.emulation import emulation_for_plan
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.runtime.executor import RankLocal, run_rank
     from hetauto.runtime.groups import placement
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
@@ -56,8 +57,8 @@ def _work(rank: int, world: int, cases: list[str]) -> list[dict]:
             speed = 1.0
             if case == "two-stage":  # each replica at its node group's speed
                 speed = emulation_for_plan(plan, cluster_from_dict(LAB)).speed_of(rank, placement(plan, rank).stage)
-            opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, speed_factor=speed)
-            out.append(run_rank(comm, plan, GPT, opts).to_dict() | {"speed": speed})
+            opts = RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30)
+            out.append(run_rank(comm, plan, GPT, opts, RankLocal(speed_factor=speed)).to_dict() | {"speed": speed})
         return out
     finally:
         comm.destroy()

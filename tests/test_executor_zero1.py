@@ -82,8 +82,7 @@ def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
 
 def _work(rank: int, world: int, root: str) -> list[dict]:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
@@ -92,17 +91,17 @@ def _work(rank: int, world: int, root: str) -> list[dict]:
 
         own = Precision.loss_scaler
         for case in CASES:
-            opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30,
+            opts = RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30,
                                    clip_grad=CLIP if case.endswith("clip") else None)
             Precision.loss_scaler = _big_scaler if case.startswith("overflow") else own  # type: ignore[method-assign]
             out.append(_run(comm, _plan(case), opts))
         Precision.loss_scaler = own  # type: ignore[method-assign]
         # the two-stage case again: 2 steps with a checkpoint after step 1, then resumed for step 2
         plan = _plan(CASES[1])
-        _run(comm, plan, ExecutorOptions(steps=2, seed=SEED, timeout_s=30, clip_grad=CLIP),
-             CheckpointOptions(directory=root))
-        out.append(_run(comm, plan, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, clip_grad=CLIP),
-                        CheckpointOptions(resume=f"{root}/step-00000001")))
+        _run(comm, plan, RunConfig.from_flat(steps=2, seed=SEED, timeout_s=30, clip_grad=CLIP),
+             CheckpointConfig(dir=root))
+        out.append(_run(comm, plan, RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30, clip_grad=CLIP),
+                        CheckpointConfig(resume=f"{root}/step-00000001")))
         return out
     finally:
         comm.destroy()

@@ -45,11 +45,12 @@ CASES = [
 
 def _work(rank: int, world: int, plans: list[str], tp_w_bytes: bool = False) -> list:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=60)
     try:
-        out: list = [run_rank(comm, Plan.from_json(js), GPT, ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=60))
+        out: list = [run_rank(comm, Plan.from_json(js), GPT, RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=60))
                      .to_dict() for js in plans]
         return out + [_kept_for_w_tp2()] if tp_w_bytes else out
     finally:

@@ -5,6 +5,8 @@ the next samples: N steps == N/2 + resume N/2, same losses and the same token id
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 from pathlib import Path
 
@@ -112,9 +114,9 @@ def test_dataset_problems_are_one_line_naming_the_folder(tmp_path: Path, folders
 def _work(rank: int, world: int, plan_json: str, data: str, root: str) -> dict:
     """Three runs in one set of ranks: the whole run, its first half (checkpointed), the rest resumed from it."""
     from hetauto.core.comm import Communicator
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
     from hetauto.runtime import batches
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions, train_rank
+    from hetauto.runtime.training import train_rank
 
     consumed: list[list] = []
     train = batches.BatchSource.train
@@ -127,16 +129,17 @@ def _work(rank: int, world: int, plan_json: str, data: str, root: str) -> dict:
     batches.BatchSource.train = recording  # type: ignore[method-assign]
     comm = Communicator.init_from_env("gloo", timeout_s=30)
 
-    def run(steps: int, checkpoints: CheckpointOptions) -> dict:
+    def run(steps: int, checkpoints: CheckpointConfig) -> dict:
         consumed.clear()
         report = train_rank(comm, Plan.from_json(plan_json), get_model("tiny-gpt"),
-                            ExecutorOptions(steps=steps, seed=SEED, timeout_s=30, data=data), checkpoints).to_dict()
+                            dataclasses.replace(RunConfig.from_flat(steps=steps, seed=SEED, timeout_s=30, data=data),
+                                    checkpoint=checkpoints)).to_dict()
         return {**report, "consumed": list(consumed)}
 
     try:
-        return {"whole": run(STEPS, CheckpointOptions()),
-                "half": run(STEPS // 2, CheckpointOptions(directory=f"{root}/b", every=STEPS // 2)),
-                "rest": run(STEPS, CheckpointOptions(resume=f"{root}/b"))}
+        return {"whole": run(STEPS, CheckpointConfig()),
+                "half": run(STEPS // 2, CheckpointConfig(dir=f"{root}/b", every=STEPS // 2)),
+                "rest": run(STEPS, CheckpointConfig(resume=f"{root}/b"))}
     finally:
         comm.destroy()
 

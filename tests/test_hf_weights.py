@@ -58,13 +58,14 @@ def test_the_reference_model_loaded_from_transformers_weights_gives_transformers
 
 def _work(rank: int, world: int, plan_json: str, folder: str) -> dict:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         cfg = get_model(Path(folder) / "config.json")
         return run_rank(comm, Plan.from_json(plan_json), cfg,
-                        ExecutorOptions(steps=1, seed=SEED, timeout_s=30, init_from=folder)).to_dict()
+                        RunConfig.from_flat(steps=1, seed=SEED, timeout_s=30, init_from=folder)).to_dict()
     finally:
         comm.destroy()
 

@@ -83,7 +83,8 @@ def test_print_launch_prints_the_torchrun_target_scripts(tmp_path: Path, capsys)
     launch = json.loads(files["launch.json"])
     assert launch["rendezvous"]["master_addr"] == "10.0.0.1" and launch["rendezvous"]["master_port"] == 29500
     # cpu-demo's cluster slow runs on the mock backend (its own `backend: mock`); the options travel inside
-    assert launch["run"]["backends"] == ["cpu", "mock"] and launch["run"]["emulate"] == "none"
+    emulation = launch["run"]["emulation"]  # the run configuration's section
+    assert emulation["backends"] == ["cpu", "mock"] and emulation["mode"] == "none"
     assert [n["nproc"] for s in launch["sites"] for n in s["nodes"]] == [2, 2]
 
 

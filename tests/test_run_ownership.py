@@ -210,7 +210,7 @@ def test_resume_from_a_checkpoint_with_one_flipped_byte_is_refused_before_launch
     out = capsys.readouterr()
     assert out.err == (f"hetauto run: warning: --resume {folder / 'flip'}: skipping {second}: __0_0.distcp: sha256 "
                        "differs from the manifest\n")
-    assert json.loads(json.loads(out.out)["files"]["launch.json"])["run"]["resume"] == str(first)
+    assert json.loads(json.loads(out.out)["files"]["launch.json"])["run"]["checkpoint"]["resume"] == str(first)
 
 
 TP_TIMEOUT = 5

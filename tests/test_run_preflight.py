@@ -110,4 +110,4 @@ def test_print_launch_hands_every_node_the_stages_backends_without_probing_them(
     plan = _files(tmp_path, host_devices=2)  # cuda is not here, but the nodes that run it are elsewhere
     assert main(["run", str(plan), "--print-launch", "--json"]) == 0
     options = json.loads(json.loads(capsys.readouterr().out)["files"]["launch.json"])["run"]
-    assert options["backends"] == ["cuda", "cpu"]
+    assert options["emulation"]["backends"] == ["cuda", "cpu"]

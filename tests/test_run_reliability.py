@@ -14,6 +14,7 @@ losses and resumes from the killed job's last complete checkpoint (bitwise equal
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import time
@@ -85,31 +86,37 @@ def _work(rank: int, world: int, root: str, killed_dir: str | None) -> dict:
     from hetauto.core.comm import Communicator
     from hetauto.core.errors import CheckpointMismatch
     from hetauto.core.model_catalog import get_model
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions, train_rank
+    from hetauto.core.run_config import CheckpointConfig, RunConfig
+    from hetauto.runtime.executor import RankLocal
+    from hetauto.runtime.training import train_rank
 
     torch.set_num_threads(1)
     cfg = get_model("tiny-gpt")
     comm = Communicator.init_from_env("gloo", timeout_s=30)
-    opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, record=False)
+    opts = RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30)
+    quiet = RankLocal(record=False)
+
+    def ck(**checkpoint) -> RunConfig:  # the run with this checkpoint section
+        return dataclasses.replace(opts, checkpoint=CheckpointConfig(**checkpoint))
+
     first = f"{root}/full/step-00000001"
     try:
         if killed_dir is not None:  # the 2-rank set
             out = {
-                "full_t": train_rank(comm, PLANT, cfg, opts).to_dict(),
-                "after_kill": train_rank(comm, PLANT, cfg, opts, CheckpointOptions(resume=killed_dir)).to_dict(),
+                "full_t": train_rank(comm, PLANT, cfg, opts, quiet).to_dict(),
+                "after_kill": train_rank(comm, PLANT, cfg, ck(resume=killed_dir), quiet).to_dict(),
             }
             try:  # the library refuses a changed data stream too (the CLI refuses it before launch)
                 bigger = PLANT.model_copy(update={"global_batch": 8, "num_microbatches": 4})
-                train_rank(comm, bigger, cfg, opts, CheckpointOptions(resume=killed_dir))
+                train_rank(comm, bigger, cfg, ck(resume=killed_dir), quiet)
                 out["refused"] = "trained"
             except CheckpointMismatch as exc:
                 out["refused"] = str(exc)
             return out
         return {
-            "full": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(f"{root}/full", every=2)).to_dict(),
-            "resumed": train_rank(comm, PLAN3, cfg, opts, CheckpointOptions(resume=first)).to_dict(),
-            "replanned": train_rank(comm, PLAN2, cfg, opts, CheckpointOptions(resume=first)).to_dict(),
+            "full": train_rank(comm, PLAN3, cfg, ck(dir=f"{root}/full", every=2), quiet).to_dict(),
+            "resumed": train_rank(comm, PLAN3, cfg, ck(resume=first), quiet).to_dict(),
+            "replanned": train_rank(comm, PLAN2, cfg, ck(resume=first), quiet).to_dict(),
         }
     finally:
         comm.destroy()
@@ -201,8 +208,6 @@ def test_max_restarts_resumes_after_a_crash_during_checkpoint_write(runs: dict, 
 
 
 def test_checkpoint_of_another_model_is_rejected_before_launch(files: Path, capsys) -> None:
-    import dataclasses
-
     from hetauto.cli import main
     from hetauto.core.model_catalog import get_model
     from hetauto.runtime.checkpoint import save_checkpoint
@@ -246,7 +251,7 @@ def test_resume_with_another_global_batch_or_seq_len_is_refused_unless_allowed(f
                             "length 32 in the checkpoint, 16 in this plan; --allow-data-change: training continues on a "
                             "different data stream from step 2 on, so the losses do not continue the checkpoint's run\n")
     run = json.loads(json.loads(captured.out)["files"]["launch.json"])["run"]  # what every rank is told
-    assert (run["resume"], run["allow_data_change"]) == (str(ck), True)
+    assert (run["checkpoint"]["resume"], run["checkpoint"]["allow_data_change"]) == (str(ck), True)
     same = PLANT.model_copy(update={"microbatch_size": 1, "num_microbatches": 4})  # same rows, other split
     ck2 = save_checkpoint(files / "resplit", 1, stage, make_optimizer(stage.parameters(), 1e-3), plan=same,
                           extra={"next_step": 2, "seed": SEED})

@@ -15,17 +15,24 @@ import pytest
 from hetauto.core.errors import SpecError
 from hetauto.core.model_catalog import get_model
 from hetauto.core.plan import Plan, StagePlan
-from hetauto.runtime.optim import LRSchedule, clip_coefficient
-from hetauto.runtime.reference import reference_run
+from hetauto.core.run_config import DataConfig, TrainingConfig
 from hetauto.job.results import summarize
+from hetauto.runtime.optim import LRSchedule, clip_coefficient
+from hetauto.runtime.reference import BatchShape, reference_run
 from hetauto.runtime.token_data import TOKENS_FORMAT, open_tokens, write_tokens
 from hetauto.testing.multiproc import run_ranks
 
 GPT = get_model("tiny-gpt")
 TIED = dataclasses.replace(GPT, name="tiny-gpt-tied", tie_embeddings=True)
 STEPS, SEED = 4, 11
-SCHEDULE = LRSchedule(lr=3e-3, kind="cosine", warmup_steps=2, decay_steps=4, min_lr=3e-4)
 CLIP = 0.05  # below the tiny models' gradient norms: clipping acts on every step
+TRAINING = TrainingConfig(steps=STEPS, seed=SEED, timeout_s=30, lr=3e-3, lr_schedule="cosine", warmup_steps=2,
+                          min_lr=3e-4, clip_grad=CLIP)
+SCHEDULE = LRSchedule.of(TRAINING)  # lr 3e-3, cosine, warm-up 2, decaying over the run's 4 steps to 3e-4
+
+
+def _data(path: str | None) -> DataConfig:
+    return DataConfig(path=path, eval_every=2, eval_steps=2, eval_fraction=0.2)
 
 
 def _documents(n: int = 20, length: int = 150) -> list[np.ndarray]:
@@ -119,15 +126,15 @@ def _plan(model: str) -> Plan:
 
 def _work(rank: int, world: int, cases: list) -> list[dict]:
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.core.run_config import EmulationConfig, RunConfig
+    from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         out = []
         for tied, data in cases:
-            opts = ExecutorOptions(steps=STEPS, seed=SEED, timeout_s=30, lr_schedule=SCHEDULE, clip_grad=CLIP,
-                                   data=data, backends=("cpu", "mock", "cpu"), eval_every=2, eval_steps=2,
-                                   eval_fraction=0.2)
+            opts = RunConfig(training=TRAINING, data=_data(data),
+                             emulation=EmulationConfig(backends=("cpu", "mock", "cpu")))
             out.append(run_rank(comm, _plan("tiny-gpt"), TIED if tied else GPT, opts).to_dict())
         return out
     finally:
@@ -141,8 +148,7 @@ def test_schedule_clipping_and_real_tokens_match_the_single_process_reference(to
     for c, (tied, data) in enumerate(cases):
         reports = [per_rank[r][c] for r in range(5)]
         got = summarize(_plan("tiny-gpt"), reports).losses
-        ref = reference_run(TIED if tied else GPT, SEED, STEPS, 8, 4, 16, lr_schedule=SCHEDULE, clip_grad=CLIP,
-                            data=data, eval_every=2, eval_steps=2, eval_fraction=0.2)
+        ref = reference_run(TIED if tied else GPT, BatchShape(8, 4, 16), TRAINING, _data(data))
         want = ref.losses
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (tied, got, want)
         # the held-out loss after steps 1 and 3 (every 2 steps, and the last), summed over the last stage's shares

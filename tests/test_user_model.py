@@ -148,12 +148,13 @@ def _two_stages(tp: int = 1) -> Plan:
 def _work(rank: int, world: int, plan_json: str) -> dict:
     sys.path.insert(0, str(ROOT))
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions, run_rank
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.executor import run_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         return run_rank(comm, Plan.from_json(plan_json), get_model(REF),
-                        ExecutorOptions(steps=3, seed=SEED, timeout_s=30)).to_dict()
+                        RunConfig.from_flat(steps=3, seed=SEED, timeout_s=30)).to_dict()
     finally:
         comm.destroy()
 
@@ -218,14 +219,14 @@ def test_a_forward_the_planner_cannot_count_is_one_line(tmp_path: Path, monkeypa
 def _train(rank: int, world: int, plan_json: str, ckdir: str, resume: str | None, steps: int) -> dict:
     sys.path.insert(0, str(ROOT))
     from hetauto.core.comm import Communicator
-    from hetauto.runtime.executor import ExecutorOptions
-    from hetauto.runtime.training import CheckpointOptions, train_rank
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.training import train_rank
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         return train_rank(comm, Plan.from_json(plan_json), get_model(REF),
-                          ExecutorOptions(steps=steps, seed=SEED, timeout_s=30),
-                          CheckpointOptions(directory=ckdir, resume=resume)).to_dict()
+                          RunConfig.from_flat(steps=steps, seed=SEED, timeout_s=30, checkpoint_dir=ckdir,
+                                              resume=resume)).to_dict()
     finally:
         comm.destroy()
 

@@ -81,7 +81,8 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
     if os.environ.get(MODEL_CODE_ENV):  # --model-code: the explicit choice travels to every node's agent and ranks
         common.setdefault(MODEL_CODE_ENV, os.environ[MODEL_CODE_ENV])
     plan, files = portable_plan(plan, base)  # a cluster file the plan names travels inside the launch plan
-    run_doc = {k: v for k, v in _asdict(run_options).items() if k not in ("plan", "out", "cluster_base")}
+    # the run configuration less this machine's paths (each node sets its own)
+    run_doc = run_options.with_emulation(cluster_base=None).launch_dict()
     needs = (f"python3 with hetauto {_version()} and torch (the same versions on every node); "
              "HETAUTO_PYTHON names another interpreter",
              f"node rank 0 (site '{next(iter(sites))}') reachable from every node at {host} ports {port} "
@@ -94,12 +95,6 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
     return derive(plan, cluster, run_doc, master=host, port=port, backends=backends, visible_env=visible,
                   sites=sites, env=common, site_env=site_env, site_options=options, join_timeout_s=args.join_timeout,
                   files=files, needs=needs, reference=not getattr(args, "no_reference", False))
-
-
-def _asdict(run_options: Any) -> dict[str, Any]:
-    import json
-
-    return json.loads(run_options.to_json())
 
 
 def _version() -> str:

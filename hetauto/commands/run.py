@@ -36,55 +36,16 @@ if TYPE_CHECKING:
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """What the ranks train and how (hetauto run and hetauto launch alike); returns the checkpoints group."""
-    parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="model initialisation and synthetic data seed (default 0; with --resume: the checkpoint's)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds any one communication may take (joining the job waits at least 30 s: "
-                             "its ranks start seconds apart)")
+    """What the ranks train and how (hetauto run and hetauto launch alike), from the run configuration's fields
+    (hetauto.core.run_config); returns the checkpoints group."""
     from hetauto.commands._headroom import add_check_argument
+    from hetauto.core.run_config_cli import add_flags
 
+    add_flags(parser, None)
     add_check_argument(parser)
-    tr = parser.add_argument_group("training")
-    tr.add_argument("--data", metavar="FILE.bin|DIR",
-                    help="train on a local token file (hetauto data prepare) or a Hugging Face datasets folder "
-                         "(save_to_disk); default: the synthetic stream")
-    tr.add_argument("--data-column", metavar="NAME", default=None,
-                    help="with a datasets folder as --data: the column of token ids (default input_ids)")
-    tr.add_argument("--init-from", metavar="DIR",
-                    help="start from a local Hugging Face checkpoint (config.json + *.safetensors; llama, mistral, gpt2)")
-    tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    tr.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant",
-                    help="after the warm-up: constant (default), or decay towards --min-lr, reached one step after the last")
-    tr.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps (default 0)")
-    tr.add_argument("--min-lr", type=float, default=0.0, help="the learning rate the decay ends at (default 0)")
-    tr.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's decoupled weight decay (default 0.01)")
-    tr.add_argument("--eval-every", type=int, default=None, metavar="K",
-                    help="evaluate the held-out loss after every K steps and after the last")
-    tr.add_argument("--eval-steps", type=int, default=1, metavar="N", help="held-out global batches per evaluation")
-    tr.add_argument("--eval-fraction", type=float, default=0.05, metavar="F",
-                    help="with --data and --eval-every: the token file's tail held out for evaluation (default 0.05)")
-    tr.add_argument("--clip-grad", type=float, default=None, metavar="NORM",
-                    help="clip gradients to this global norm (over every stage, TP shard and DP replica)")
-    tr.add_argument("--on-nonfinite", choices=("stop", "skip", "continue"), default="stop",
-                    help="a nan/inf loss or gradient: stop the run before the weights take it (default), skip that "
-                         "optimizer step, or continue; no checkpoint with nan/inf weights is ever written")
+    add_flags(parser.add_argument_group("training"), "training")
     ck = parser.add_argument_group("checkpoints and failures")
-    ck.add_argument("--checkpoint-dir", metavar="D", help="write sharded checkpoints under D (step-XXXXXXXX folders)")
-    ck.add_argument("--checkpoint-every", type=int, default=1, metavar="K",
-                    help="checkpoint every K steps and after the last one (default 1)")
-    ck.add_argument("--keep", type=int, default=None, metavar="N", help="keep only the newest N checkpoints")
-    ck.add_argument("--resume", metavar="D",
-                    help="continue from a checkpoint (a step folder, or a --checkpoint-dir: its latest); "
-                         "--steps counts from step 0, so the run trains the steps after the checkpoint's")
-    ck.add_argument("--allow-data-change", action="store_true",
-                    help="with --resume: continue even though the plan's global batch or sequence length differs from "
-                         "the checkpoint's (the data stream changes; the run no longer continues the checkpoint's "
-                         "run bit for bit)")
-    ck.add_argument("--inject-fault", metavar="SPEC",
-                    help="rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]: kill (or stall) rank R at step S "
-                         "(first attempt only)")
+    add_flags(ck, "checkpoints and failures")
     return ck
 
 

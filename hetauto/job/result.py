@@ -72,19 +72,14 @@ def eval_losses(plan: Plan, reports: list[dict[str, Any]]) -> list[list[float]]:
 
 def reference_losses(plan: Plan, cfg: Any, run: Any, start: int,
                      precision: str) -> tuple[list[float], list[list[float]]]:
-    """The single-process reference's losses and held-out losses from step `start` on (the run's RunOptions:
+    """The single-process reference's losses and held-out losses from step `start` on (the run's configuration:
     same seed, data, schedule and clipping as the ranks)."""
     import torch
 
-    from hetauto.job.options import schedule_of
     from hetauto.runtime.reference import reference_run
 
     torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
-    ref = reference_run(cfg, run.seed, run.steps, plan.global_batch, plan.microbatch_size, plan.seq_len,
-                        precision=precision, lr_schedule=schedule_of(run), clip_grad=run.clip_grad,
-                        data=run.data, init_from=run.init_from, eval_every=run.eval_every,
-                        eval_steps=run.eval_steps, eval_fraction=run.eval_fraction,
-                        weight_decay=run.weight_decay, data_column=run.data_column)
+    ref = reference_run(cfg, plan, run.training, run.data, precision=precision, init_from=run.checkpoint.init_from)
     return ref.losses[start:], [[s, v] for s, v in ref.eval_losses if s >= start]
 
 
@@ -118,7 +113,7 @@ def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: An
         "grad_norm": list(reports[0].get("grad_norms") or []) or None,
         "eval_loss": eval_losses(plan, reports) or None,
         "reference_eval_loss": reference_eval,
-        "data": run.data,
+        "data": run.data.path,
         "measured_step_s": summary.measured_step_s,
         "predicted_step_s": predicted,
         "prediction_source": source,

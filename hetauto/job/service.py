@@ -48,7 +48,7 @@ def _execute(job: PreparedJob, open_sinks: OpenSinks | None) -> dict[str, Any]:
 
     req = job.request
     pre = check_backends(job.plan, job.cluster, emulate=bool(req.emulate))
-    options = replace(job.options, backends=pre.backends)
+    options = job.options.with_emulation(backends=pre.backends)
     if pre.mock_devices is not None:
         os.environ["HETAUTO_MOCK_DEVICES"] = str(pre.mock_devices)  # the workers inherit it
     want_reference = wants_reference(job.cfg, req.reference)

@@ -13,13 +13,11 @@ Root and iproute2 only (`netns_topology.available()` says why not).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +92,7 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
                            f"contiguous; got clusters by rank {cluster_of_rank}: reorder the plan's stages")
     names = list(dict.fromkeys(cluster_of_rank))
     portable, files = portable_plan(plan, run.cluster_base)
-    doc = json.loads(replace(run, emulate="speed-only").to_json())
-    launch = derive(portable, cluster, {k: v for k, v in doc.items() if k != "cluster_base"},
+    launch = derive(portable, cluster, run.with_emulation(mode="speed-only", cluster_base=None).launch_dict(),
                     master=topo.addresses[0], port=topo.master_port, backends=run.backends or ("cpu",) * plan.num_stages,
                     visible_env={}, site_env={c: {HOST_SOCKET_ENV: topo.interfaces[g]} for g, c in enumerate(names)},
                     env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, files=files, reference=False)

@@ -101,8 +101,8 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
     plan = launch.the_plan()
     if plan.model in launch.files:  # a model config.json that travelled with the launch plan
         plan = plan.model_copy(update={"model": str(work / plan.model)})
-    run = RunOptions.from_dict({**launch.run, "plan": str(work / "plan.json"), "out": str(work / "run"),
-                                "cluster_base": str(work)}, "launch plan: run")
+    run = RunOptions.from_dict({**launch.run, "plan": str(work / "plan.json"), "out": str(work / "run")},
+                               "launch plan: run").with_emulation(cluster_base=str(work))
     options = write_run_folder(work / "run", plan, run)
     env = dict(os.environ if environ is None else environ)
     env.update(site.env)

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch, SpecError
@@ -105,10 +105,31 @@ class LaunchPlan(_Frozen):
     rendezvous: Rendezvous
     sites: tuple[SiteLaunch, ...] = Field(min_length=1)
     plan: dict[str, Any]
-    run: dict[str, Any]  # hetauto.runtime.options.RunOptions fields, less `plan` and `out` (each node sets them)
+    # the run configuration (hetauto.core.run_config.RunConfig's JSON, `"schema": "hetauto.run/1"`) less `plan` and
+    # `out` (each node sets them); a hetauto.launch/1 document written before the tree carries its flat form, read
+    # into the tree on load
+    run: dict[str, Any]
     files: dict[str, str] = {}  # files the plan names (a cluster spec, a model config), by the name the plan uses
     needs: tuple[str, ...] = ()  # what every node must have, in words (software, storage, ports)
     reference: bool = True  # the lead computes the single-process reference loss (small models only)
+
+    @field_validator("run", mode="before")
+    @classmethod
+    def _run_config(cls, value: Any) -> dict[str, Any]:
+        from hetauto.core.run_config import RunConfig
+
+        if isinstance(value, RunConfig):
+            return value.launch_dict()
+        try:
+            return RunConfig.from_dict(value, required=()).launch_dict()
+        except SpecError as err:
+            raise ValueError(f"run: {err}") from None
+
+    def run_config(self) -> Any:
+        """The run configuration every node's ranks read (hetauto.core.run_config.RunConfig), less its paths."""
+        from hetauto.core.run_config import RunConfig
+
+        return RunConfig.from_dict(self.run, "launch plan: run", required=())
 
     @model_validator(mode="after")
     def _check(self) -> "LaunchPlan":
@@ -297,7 +318,7 @@ def derive(plan: Plan, cluster: ClusterSpec, run: Mapping[str, Any], *, master: 
                              env={**(env or {}), **site_env.get(name, {})}, options=dict(site_options.get(name, {})))
                   for name, members in sites.items() if nodes[name])
     lead = site_of[plan.stages[0].cluster]
-    run_doc = {k: v for k, v in run.items() if k not in ("plan", "out")}
+    run_doc = run  # the tree, less its paths (LaunchPlan._run_config)
     doc = plan.model_dump(mode="json", by_alias=True)
     return LaunchPlan(plan_sha256=plan_digest(doc), world_size=plan.world_size,
                       rendezvous=Rendezvous(master_addr=master, master_port=port, control_port=port + 1,

@@ -308,7 +308,7 @@ def reference_pipeline():  # noqa: ANN201 - a Plan
 
 def step_residual(step_s: float, action_wall_s: dict[str, float]) -> float:
     """A one-stage run's per-step cost outside its actions: the step minus its F, B and OPTIM wall time
-    (`hetauto.runtime.results.StageCompute.wall_s`), never negative."""
+    (`hetauto.job.results.StageCompute.wall_s`), never negative."""
     return max(0.0, step_s - sum(action_wall_s.values()))
 
 

@@ -28,7 +28,7 @@ transfer gets. Three mechanisms, each from the spec's own figures (nothing is fi
   `cong_control` (BBR keeps its window after idle and paces at its bandwidth estimate); on the BBR host here,
   over the TUN-relayed link at 1 Gbit/s, 70 ms each way, 2 MiB after 2 s idle took 136-138 ms, as back to back
   (136 ms), so a spec for BBR hosts says `slow_start_after_idle: false`. (An earlier check on this host, ~250-310
-  ms after idle, saw a young connection whose receive window was still opening: hetauto.runtime.netns, `mtu`.)
+  ms after idle, saw a young connection whose receive window was still opening: hetauto.launch.netns_topology, `mtu`.)
 - **What a figure is per.** A `links:` entry's `per:` (hetauto.core.cluster) says what its `bandwidth` is:
   `path` (the default between clusters) the whole path, so all flows of one direction share it (the loader
   makes it the link's `shared_capacity_Bps`, which the simulator shares among the flows); `node` each node's

@@ -271,20 +271,39 @@ def save_checkpoint(
     plan_json = plan.model_dump(mode="json", by_alias=True) if hasattr(plan, "model_dump") else plan
     model = _model_dict(module)
     tensors, hparams = _state(module, optimizer)
-    # never a non-finite checkpoint: it would be the newest, resumed from and (with keep) the only one left
-    bad = _first_nonfinite(tensors)
-    if not _all_ok(bad is None, comm):
-        prev = latest_checkpoint(root) if root.is_dir() else None
-        kept = f"the previous checkpoint {prev} is kept" if prev is not None else f"no earlier checkpoint in {root}"
-        here = f" ({bad} on rank {rank})" if bad is not None else ""
-        raise NonFiniteCheckpoint(f"checkpoint step {step} not written: the weights or optimizer state hold nan or "
-                                  f"inf{here}; {kept}")
-
-    need = estimate_bytes(tensors)
-    failure = _SaveFailures(step, root, tmp, rank, world, comm, need)
-
+    _refuse_nonfinite(tensors, root, step, rank, comm)
+    failure = _SaveFailures(step, root, tmp, rank, world, comm, estimate_bytes(tensors))
     # Every stage ends in a vote (which is also the barrier): a rank that cannot write says why and every rank
     # raises the same one-line CheckpointError, instead of the others hanging in the next collective.
+    _make_tmp(root, tmp, rank, failure)
+    _write_rank_file(tmp, rank, hparams, failure)
+    _write_shards(tensors, tmp, step, rank, world, failure, after_shards_written)
+    err = None
+    if rank == 0:
+        try:
+            _finish(root, tmp, final, step, model, plan_json, world, extra_json, keep)
+        except OSError as exc:
+            err = exc
+    failure.vote(err, final if rank == 0 and tmp.is_dir() else tmp)
+    _barrier(comm)
+    return final
+
+
+def _refuse_nonfinite(tensors: Mapping[str, torch.Tensor], root: Path, step: int, rank: int, comm: Any) -> None:
+    """Never a non-finite checkpoint: it would be the newest, resumed from and (with keep) the only one left. Every
+    rank votes, so every rank raises the same NonFiniteCheckpoint."""
+    bad = _first_nonfinite(tensors)
+    if _all_ok(bad is None, comm):
+        return
+    prev = latest_checkpoint(root) if root.is_dir() else None
+    kept = f"the previous checkpoint {prev} is kept" if prev is not None else f"no earlier checkpoint in {root}"
+    here = f" ({bad} on rank {rank})" if bad is not None else ""
+    raise NonFiniteCheckpoint(f"checkpoint step {step} not written: the weights or optimizer state hold nan or "
+                              f"inf{here}; {kept}")
+
+
+def _make_tmp(root: Path, tmp: Path, rank: int, failure: "_SaveFailures") -> None:
+    """Rank 0 makes the temporary folder (a crashed attempt's at this step removed first); every rank votes."""
     err: BaseException | None = None
     if rank == 0:
         try:
@@ -295,13 +314,23 @@ def save_checkpoint(
         except OSError as exc:
             err = exc
     failure.vote(err, root if rank == 0 and not root.is_dir() else tmp)
+
+
+def _write_rank_file(tmp: Path, rank: int, hparams: Mapping[str, Any], failure: "_SaveFailures") -> None:
+    """This rank's RNG states and optimizer hyper-parameters (JSON); every rank votes."""
     rank_data = {"rank": rank, "rng": rng_state(), "optimizer": {k: _jsonable(v) for k, v in hparams.items()}}
-    err = None
+    err: BaseException | None = None
     try:
         _write_json(tmp / _rank_file(rank), json.dumps(rank_data))
     except OSError as exc:
         err = exc
     failure.vote(err, tmp / _rank_file(rank))
+
+
+def _write_shards(tensors: Mapping[str, torch.Tensor], tmp: Path, step: int, rank: int, world: int,
+                  failure: "_SaveFailures", after_shards_written: Callable[[], None] | None) -> None:
+    """DCP writes this rank's shards (hashed as they are written); the injected `phase=checkpoint` fault fires
+    after them. A failure on any rank is raised on every rank as one line."""
 
     def _after_write() -> None:
         faults.maybe_fail(step, "checkpoint", rank=rank)
@@ -324,16 +353,6 @@ def save_checkpoint(
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
         failure.vote(exc, tmp)
         raise failure.error(exc) from None
-
-    err = None
-    if rank == 0:
-        try:
-            _finish(root, tmp, final, step, model, plan_json, world, extra_json, keep)
-        except OSError as exc:
-            err = exc
-    failure.vote(err, final if rank == 0 and tmp.is_dir() else tmp)
-    _barrier(comm)
-    return final
 
 
 def _finish(root: Path, tmp: Path, final: Path, step: int, model: dict[str, Any], plan_json: Any, world: int,
@@ -560,17 +579,33 @@ def load_checkpoint(
     path = _resolve(directory)
     manifest = read_manifest(path)
     _check_model(manifest, module, path)
-    # sizes and metadata on every rank, the hashes shared out: nothing damaged is loaded, nothing is hashed twice
+    _check_intact(path, manifest, rank, world, comm)
+    tensors, hparams = _state(module, optimizer)
+    problem = _check_keys(path, tensors)
+    if not _all_ok(problem is None, comm):
+        raise CheckpointMismatch(problem or f"{path}: another rank found this checkpoint unusable for its stage (see its error)")
+    _read_shards(tensors, path, world)
+    saved_hparams, my_rng = _read_rank_files(path, manifest.world_size, rank)
+    _apply_state(module, optimizer, tensors, hparams, saved_hparams)
+    if restore_rng and my_rng is not None and manifest.world_size == world:
+        restore_rng_state(my_rng)
+    _barrier(comm)
+    return manifest
+
+
+def _check_intact(path: Path, manifest: Manifest, rank: int, world: int, comm: Any) -> None:
+    """Sizes and metadata on every rank, the hashes shared out: nothing damaged is loaded, nothing is hashed
+    twice; every rank raises the same CheckpointError."""
     names = sorted(manifest.files)
     problems = verify_checkpoint(path, only=set(names[rank::world]))
     if not _all_ok(not problems, comm):
         raise CheckpointError(f"checkpoint {path} is damaged: {problems[0]}" if problems else
                               f"checkpoint {path} is damaged: another rank found a file that differs from the "
                               f"manifest (hetauto checkpoint verify {path} names it)")
-    tensors, hparams = _state(module, optimizer)
-    problem = _check_keys(path, tensors)
-    if not _all_ok(problem is None, comm):
-        raise CheckpointMismatch(problem or f"{path}: another rank found this checkpoint unusable for its stage (see its error)")
+
+
+def _read_shards(tensors: dict[str, Any], path: Path, world: int) -> None:
+    """DCP reads into `tensors` what this rank's layout needs, resharded."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -583,9 +618,12 @@ def load_checkpoint(
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
         raise CheckpointError(f"{path}: loading failed: {_first_line(exc)}") from None
 
+
+def _read_rank_files(path: Path, saved_world: int, rank: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Every saving rank's optimizer hyper-parameters, merged, and this rank's RNG states (None if it saved none)."""
     saved_hparams: dict[str, Any] = {}
     my_rng: dict[str, Any] | None = None
-    for r in range(manifest.world_size):
+    for r in range(saved_world):
         f = path / _rank_file(r)
         try:
             data = json.loads(f.read_text(encoding="utf-8"))
@@ -594,19 +632,20 @@ def load_checkpoint(
         saved_hparams.update(data.get("optimizer", {}))
         if r == rank:
             my_rng = data.get("rng")
+    return saved_hparams, my_rng
 
+
+def _apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, tensors: dict[str, Any],
+                 hparams: Mapping[str, Any], saved_hparams: Mapping[str, Any]) -> None:
+    """The loaded tensors into the module (and the optimizer, with the saved hyper-parameters)."""
     msd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     if optimizer is None:
         module.load_state_dict(msd)
-    else:
-        osd: dict[str, Any] = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
-        for k, current in hparams.items():
-            v = saved_hparams.get(k, current)
-            osd[k] = tuple(v) if isinstance(current, tuple) and isinstance(v, list) else v
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        return
+    osd: dict[str, Any] = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
+    for k, current in hparams.items():
+        v = saved_hparams.get(k, current)
+        osd[k] = tuple(v) if isinstance(current, tuple) and isinstance(v, list) else v
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd, options=_options())
-    if restore_rng and my_rng is not None and manifest.world_size == world:
-        restore_rng_state(my_rng)
-    _barrier(comm)
-    return manifest
+    set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd, options=_options())

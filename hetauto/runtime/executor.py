@@ -63,6 +63,7 @@ from hetauto.core.comm import Communicator
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
+from hetauto.core.run_config import RunConfig
 from hetauto.core.stage_backends import DEFAULT_BACKEND
 from hetauto.runtime import split_backward, w_offload
 from hetauto.runtime.boundary import BoundaryRoute, LocalRoute
@@ -72,47 +73,28 @@ from hetauto.runtime.executable import check_executable
 from hetauto.runtime.groups import RankGroups
 from hetauto.runtime.mixed_precision import Precision
 from hetauto.runtime.optim import LRSchedule, clip_coefficient, local_sq_norm
-from hetauto.runtime.reference import ADAMW_WEIGHT_DECAY, make_optimizer
+from hetauto.runtime.reference import optimizer_for
 from hetauto.runtime.resharding import TransferPlan, plan_transfer
-from hetauto.runtime.stage import ChunkedStage, StageModule, build_stage
+from hetauto.runtime.stage import ChunkedStage, StageModule, build_chunks
 from hetauto.runtime.throttle import Throttle
 from hetauto.runtime.zero1 import state_bytes
 from hetauto.schedule.actions import Action, ActionType, pair_ordered
 from hetauto.schedule.for_plan import schedule_for_plan
 
-__all__ = ["ExecutorOptions", "RankReport", "StageExecutor", "rank_actions", "run_rank", "check_executable"]
+__all__ = ["RankLocal", "RankReport", "StageExecutor", "rank_actions", "run_rank", "check_executable"]
 
 A = ActionType
 
 
 @dataclass(frozen=True, slots=True)
-class ExecutorOptions:
-    steps: int = 3
-    seed: int = 0
-    lr: float = 1e-3
-    timeout_s: float = 60.0
+class RankLocal:
+    """What only this rank knows, next to the run configuration every rank reads (hetauto.core.run_config): its
+    emulated speed, where its step lines go, and the switches tests and benchmarks turn."""
+
     speed_factor: float = 1.0  # < 1 emulates a slower device (Throttle)
     overlap_dp: bool = True  # DP all-reduce overlapped with the last backward
     record: bool = True  # keep the lead rank's timeline
-    # each stage's backend name (None: cpu for every stage); HETAUTO_BACKEND's forcing is the launcher's job
-    backends: tuple[str, ...] | None = None
-    lr_schedule: LRSchedule | None = None  # None: `lr` at every step
-    clip_grad: float | None = None  # clip gradients to this global norm (every stage, TP shard, DP replica)
-    data: str | None = None  # a token file (hetauto.runtime.token_data); None: the synthetic stream
-    init_from: str | None = None  # a Hugging Face checkpoint folder (hetauto.runtime.hf_weights); None: random init
     step_log: Callable[[str], None] | None = None  # takes each step's line (hetauto.runtime.step_log.step_line)
-    eval_every: int | None = None  # evaluate the held-out loss after every K steps and after the last
-    eval_steps: int = 1  # held-out global batches per evaluation
-    eval_fraction: float = 0.05  # the token file's tail held out for evaluation (with eval_every)
-    weight_decay: float = ADAMW_WEIGHT_DECAY  # AdamW's decoupled weight decay
-    data_column: str | None = None  # with a datasets folder as `data`: its token-id column (None: input_ids)
-    # a non-finite loss or gradient (hetauto.runtime.nonfinite): "stop" raises NonFiniteTraining on every rank
-    # before the optimizer step, "skip" skips that step (weights unchanged), "continue" steps anyway
-    on_nonfinite: str = "stop"
-
-    @property
-    def schedule(self) -> LRSchedule:
-        return self.lr_schedule if self.lr_schedule is not None else LRSchedule(lr=self.lr)
 
 
 @dataclass(slots=True)
@@ -207,6 +189,15 @@ def _default_device() -> RankDevice:
     return RankDevice(host, 0, host.device(0), host.capabilities(0))
 
 
+def load_published_weights(chunks: list[StageModule], cfg: ModelConfig, folder: str, seq_len: int) -> None:
+    """Published Hugging Face weights (hetauto.runtime.hf_weights) into these chunks' slots only, before TP or
+    FSDP shard them."""
+    from hetauto.runtime.hf_weights import load_hf_weights
+
+    for c in chunks:
+        load_hf_weights({int(k): m for k, m in c.layers.items()}, cfg, folder, seq_len)
+
+
 def _tp_sharded(t: torch.Tensor) -> bool:
     """Whether `t` is split across the stage's TP ranks (else each TP rank holds the same copy): a DTensor not
     Replicate on its "tp" mesh dim (FSDP with tp > 1: the (dp, tp) mesh; a "dp"-only mesh is FSDP's split of a
@@ -223,72 +214,102 @@ def _tp_sharded(t: torch.Tensor) -> bool:
 class StageExecutor:
     """One rank's stage module, optimizer, transfer plans and action list; `step(i)` runs one iteration."""
 
-    def __init__(self, groups: RankGroups, plan: Plan, cfg: ModelConfig, options: ExecutorOptions,
-                 device: RankDevice | None = None, precision: str = "fp32") -> None:
+    def __init__(self, groups: RankGroups, plan: Plan, cfg: ModelConfig, run: RunConfig,
+                 device: RankDevice | None = None, precision: str = "fp32", local: RankLocal = RankLocal()) -> None:
+        """The rank's stage, built as a chain of named steps (like torchtitan's `parallelize_llama`): the stage's
+        chunks, their published weights, TP, FSDP, ZeRO-1 with the optimizer, the action list, the transfers,
+        the data and the records."""
         check_executable(plan)
-        self.g, self.plan, self.cfg, self.opt_ = groups, plan, cfg, options
+        self.g, self.plan, self.cfg, self.me = groups, plan, cfg, groups.me
+        self.training, self.data_cfg, self.local = run.training, run.data, local
+        self.schedule = LRSchedule.of(run.training)
         self.dev = device if device is not None else _default_device()
         self.device = self.dev.device
         self.mp = Precision(precision, self.device.type, plan.training.grad_reduce_dtype)
         self.scaler = self.mp.loss_scaler()
-        me = groups.me
-        s = plan.stages[me.stage]
-        self.me = me
-        p = plan.num_stages
         # interleaved: v chunks per stage, virtual stage c*p + r = chunk c of stage r (hetauto.core.chunks)
-        self.v = v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
-        self.n_virtual = p * v
-        chunks = [build_stage(cfg, rng, options.seed, s.recompute) for rng in chunk_layers(plan)[me.stage]]
-        if options.init_from is not None:  # published weights, this stage's slots only, before TP shards them
-            from hetauto.runtime.hf_weights import load_hf_weights
-
-            for c in chunks:
-                load_hf_weights({int(k): m for k, m in c.layers.items()}, cfg, options.init_from, plan.seq_len)
+        self.v = effective_chunks(plan.schedule.name, plan.schedule.virtual_chunks)
+        self.n_virtual = plan.num_stages * self.v
+        chunks = build_chunks(cfg, chunk_layers(plan)[self.me.stage], self.training.seed,
+                              self.me.stage_plan.recompute)
+        if run.checkpoint.init_from is not None:  # published weights, this stage's slots only, before TP shards them
+            load_published_weights(chunks, cfg, run.checkpoint.init_from, plan.seq_len)
         chunks = [c.to(self.device) for c in chunks]
-        if groups.tp_mesh is not None or groups.dp_group is not None:
-            # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it
-            from hetauto.runtime.tensor_parallel import OverlappedGradReducer, parallelize_stage
-        # dp_sharding fsdp: FSDP2 over the stage's DP group does the DP gradient sum (hetauto.runtime.fsdp); with
-        # tp > 1 TP shards on the "tp" and FSDP2 on the "dp" sub-mesh of one 2-D mesh (FSDP2 needs them related)
+        # dp_sharding fsdp: FSDP2 over the stage's DP group does the DP gradient sum (hetauto.runtime.fsdp)
         self.fsdp = plan.dp_level in ("fsdp", "fsdp-keep") and groups.dp_group is not None
+        self.zero1 = plan.dp_level == "zero1" and groups.dp_group is not None
         mesh2d = self._fsdp_tp_mesh() if self.fsdp and groups.tp_mesh is not None else None
-        if groups.tp_mesh is not None or groups.dp_group is not None:
-            chunks = [parallelize_stage(c, mesh2d["tp"] if mesh2d is not None else groups.tp_mesh) for c in chunks]
-        if self.fsdp:
-            from hetauto.runtime.fsdp import shard_stage
-
-            chunks = [shard_stage(c, groups.dp_group, self.device.type,
-                                  reshard_after_forward=plan.reshard_after_forward,
-                                  param_dtype=self.mp.compute_dtype if self.mp.mixed else None,
-                                  reduce_dtype=self.mp.reduce_dtype,
-                                  mesh=mesh2d["dp"] if mesh2d is not None else None) for c in chunks]
+        chunks = self._apply_tp(chunks, mesh2d)
+        chunks = self._apply_fsdp(chunks, mesh2d)
         self.chunks: tuple[StageModule, ...] = tuple(chunks)
         # one module for the optimizer and checkpoints: the stage itself, or all its chunks by global slot name
-        self.stage: StageModule | ChunkedStage = chunks[0] if v == 1 else ChunkedStage(chunks)
-        # zero1 (hetauto.runtime.zero1): per chunk, its parameters split over the DP group; AdamW steps the owned
-        # pieces only (m and v for 1/dp of the stage), the updated pieces are all-gathered after the step
-        self.zero1 = plan.dp_level == "zero1" and groups.dp_group is not None
-        self.partitions: list[Any] = []
-        if self.zero1:
-            from hetauto.runtime.zero1 import Zero1Partition, piece_params
+        self.stage: StageModule | ChunkedStage = chunks[0] if self.v == 1 else ChunkedStage(chunks)
+        self.partitions: list[Any] = self._apply_zero1()
+        self.optimizer = self._build_optimizer()
+        self._build_actions()
+        self._build_transfers()
+        self._build_data()
+        self._init_records()
 
-            lay = groups.layouts[me.stage]
-            dp_ranks = sorted(lay.rank(d, me.tp_index) for d in range(lay.dp))
-            self.dp_comm = Communicator(groups.dp_group, dp_ranks, timeout_s=groups.world.timeout_s,
-                                        backend=self.dev.dist_backend)
-            self.partitions = [Zero1Partition(c, self.dp_comm, self.mp.reduce_dtype) for c in chunks]
-            self.optimizer = make_optimizer(piece_params(self.partitions), options.lr, options.weight_decay)
+    # ------------------------------------------------------------------ the construction steps
+    def _apply_tp(self, chunks: list[StageModule], mesh2d: Any) -> list[StageModule]:
+        """DTensor TP inside the stage (a plain DP stage too: its modules become DTensor-ready, as before)."""
+        if self.g.tp_mesh is None and self.g.dp_group is None:
+            return chunks
+        # imported here: DTensor's import costs ~0.7 s per process, and a tp = dp = 1 rank needs none of it
+        from hetauto.runtime.tensor_parallel import parallelize_stage
+
+        mesh = mesh2d["tp"] if mesh2d is not None else self.g.tp_mesh
+        return [parallelize_stage(c, mesh) for c in chunks]
+
+    def _apply_fsdp(self, chunks: list[StageModule], mesh2d: Any) -> list[StageModule]:
+        """FSDP2 over the stage's DP group; with tp > 1 TP shards on the "tp" and FSDP2 on the "dp" sub-mesh of one
+        2-D mesh (FSDP2 needs them related)."""
+        if not self.fsdp:
+            return chunks
+        from hetauto.runtime.fsdp import shard_stage
+
+        mp = self.mp
+        return [shard_stage(c, self.g.dp_group, self.device.type, reshard_after_forward=self.plan.reshard_after_forward,
+                            param_dtype=mp.compute_dtype if mp.mixed else None, reduce_dtype=mp.reduce_dtype,
+                            mesh=mesh2d["dp"] if mesh2d is not None else None) for c in chunks]
+
+    def _apply_zero1(self) -> list[Any]:
+        """zero1 (hetauto.runtime.zero1): per chunk, its parameters split over the DP group; AdamW steps the owned
+        pieces only (m and v for 1/dp of the stage), the updated pieces are all-gathered after the step."""
+        if not self.zero1:
+            return []
+        from hetauto.runtime.zero1 import Zero1Partition
+
+        lay = self.me.layout
+        dp_ranks = sorted(lay.rank(d, self.me.tp_index) for d in range(lay.dp))
+        self.dp_comm = Communicator(self.g.dp_group, dp_ranks, timeout_s=self.g.world.timeout_s,
+                                    backend=self.dev.dist_backend)
+        return [Zero1Partition(c, self.dp_comm, self.mp.reduce_dtype) for c in self.chunks]
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over what this rank steps: the stage's parameters, or (zero1) its owned pieces of them."""
+        if self.zero1:
+            from hetauto.runtime.zero1 import piece_params
+
+            params: Any = piece_params(self.partitions)
         else:
-            self.optimizer = make_optimizer(self.stage.parameters(), options.lr, options.weight_decay)
+            params = self.stage.parameters()
+        return optimizer_for(params, self.training)
+
+    def _build_actions(self) -> None:
+        """The action list as the interpreter reads it, the throttle, the split backward's lean W and its offload,
+        and the overlapped DP reducers."""
+        plan, me, chunks = self.plan, self.me, self.chunks
         self.actions: tuple[Action, ...] = rank_actions(plan, me.stage)
         # the emulated cluster's speed times the device's own (1.0 on real devices; the mock backend's
         # HETAUTO_MOCK_SPEED), so a slow emulated device needs no branch here
-        speed = options.speed_factor * self.dev.backend.speed_factor(self.dev.index)
+        speed = self.local.speed_factor * self.dev.backend.speed_factor(self.dev.index)
         self.throttle = Throttle(speed) if speed != 1.0 else None
         # one reducer per chunk, armed before that chunk's last backward of the step; a split backward accumulates
         # the Linears' weight gradients at W and the other parameters' at I, so no single point sees every last
         # gradient in hook order: REDUCE_GRAD sums them after the last W
-        split = any(a.type is A.W for a in self.actions)
+        self.split = split = any(a.type is A.W for a in self.actions)
         # the lean W (hetauto.runtime.split_backward) on every chunk that runs I; the first virtual stage's W runs
         # its whole backward, so its chunk keeps plain Linears
         self.lean = tuple(split_backward.LeanW.install(ch) if split and (me.stage, i) != (0, 0) else None
@@ -299,19 +320,26 @@ class StageExecutor:
             if self.w_offload else None
         # program index -> key of the W set to bring back when the loop reaches it (the W's preceding compute)
         self._prefetch = w_offload.prefetch_points(self.actions, plan.num_microbatches) if self.w_offload else {}
-        self.reducers = (
-            [OverlappedGradReducer(c, groups.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype) for c in chunks]
-            if groups.dp_group is not None and options.overlap_dp and not self.fsdp and not self.zero1 and not split
-            else None
-        )
+        self.reducers = None
+        if (self.g.dp_group is not None and self.local.overlap_dp and not self.fsdp and not self.zero1
+                and not split):
+            from hetauto.runtime.tensor_parallel import OverlappedGradReducer
+
+            self.reducers = [OverlappedGradReducer(c, self.g.dp_group, op="sum", reduce_dtype=self.mp.reduce_dtype)
+                             for c in chunks]
+
+    def _build_transfers(self) -> None:
+        """Each boundary's transfer plans (both directions, the interleaved wrap), the compiled program and each
+        virtual stage's routes; the stage that reports the loss."""
+        plan, cfg, me, p = self.plan, self.cfg, self.me, self.plan.num_stages
         shape = (plan.microbatch_size, plan.seq_len, cfg.hidden)
         methods = plan.boundary_methods()
-        lay = groups.layouts
+        lay = self.g.layouts
         self.fwd: list[TransferPlan] = [plan_transfer(lay[h], lay[h + 1], shape, methods[h]) for h in range(len(lay) - 1)]
         self.bwd: list[TransferPlan] = [plan_transfer(lay[h + 1], lay[h], shape, methods[h]) for h in range(len(lay) - 1)]
         # interleaved wrap (stage p-1 chunk c -> stage 0 chunk c+1) takes the last boundary's method, as the cost model
         self.placement = placement = schedule_placement(plan.schedule.name)
-        wrap = v > 1 and placement == "loop"
+        wrap = self.v > 1 and placement == "loop"
         wrap_f = plan_transfer(lay[-1], lay[0], shape, methods[-1]) if wrap else None
         wrap_b = plan_transfer(lay[0], lay[-1], shape, methods[-1]) if wrap else None
         self.tag_stride = max([t.num_tags for t in self.fwd + self.bwd + [w for w in (wrap_f, wrap_b) if w]], default=1)
@@ -327,26 +355,32 @@ class StageExecutor:
         if placement == "v" and cfg.tie_embeddings:
             raise PlanMismatch(f"schedule 'zb-v' puts the embedding and the head on stage 0 (the V), but model "
                                f"'{cfg.name}' ties them, which the executor sums only across two stages; use zb-h1")
-        self._rec = bool(options.record and me.is_lead)
+
+    def _build_data(self) -> None:
+        """The batch source (first and last stage only read data) and the evaluation program: the action list's
+        forward half (every stage's F and its transfers, in schedule order; with no backward to wait for, forward
+        dependencies alone order it, so it cannot deadlock)."""
         self._data = None
-        if me.stage == 0 or me.stage == p - 1:  # only the first and last stage read data
+        if self.me.is_first or self.me.is_last:
             from hetauto.runtime.batches import BatchSource
 
-            self._data = BatchSource(options.seed, cfg.vocab_size, options.data,
-                                     options.eval_fraction if options.eval_every else 0.0, options.data_column)
-        # evaluation: the action list's forward half (every stage's F and its transfers, in schedule order; with
-        # no backward to wait for, forward dependencies alone order it, so it cannot deadlock)
+            d = self.data_cfg
+            self._data = BatchSource(self.training.seed, self.cfg.vocab_size, d.path, d.held_out_fraction, d.column)
         keep = {_RECV_F, _F, _SEND_F}
         self._eval_program = tuple(a for a in self._program if a[0] in keep)
+        self.normaliser = self.plan.global_batch * self.plan.seq_len
+
+    def _init_records(self) -> None:
+        """What the run reports: per-step values, and the lead rank's timeline (when recording)."""
+        self._rec = bool(self.local.record and self.me.is_lead)
         self.eval_losses: list[list[float]] = []  # [step, this rank's share of the held-out loss]
         self.lrs: list[float] = []
         self.grad_norms: list[float] = []
         self.nonfinite_steps: list[int] = []
         self.skipped_checkpoints: list[list[Any]] = []
-        self.normaliser = plan.global_batch * plan.seq_len
         self.t0 = 0.0
         self.events: list[list[Any]] = []
-        kinds = ("F", "B", "I", "W", "OPTIM") if split else ("F", "B", "OPTIM")
+        kinds = ("F", "B", "I", "W", "OPTIM") if self.split else ("F", "B", "OPTIM")
         self.cpu: dict[str, list[float]] = {k: [] for k in kinds} if self._rec else {}
         self.dev_s: dict[str, list[float]] = {k: [] for k in kinds} if self._rec else {}
         self._timers: list[tuple[str, Any]] = []  # this step's (kind, device timer) of recorded compute
@@ -390,7 +424,7 @@ class StageExecutor:
         return {c * p + st: (fin, fout, bin_, bout) for c in range(self.v)}
 
     def _route(self, tplan: TransferPlan, transport: Any) -> BoundaryRoute:
-        return BoundaryRoute(transport, tplan, local_groups=self.g.tp_comms, timeout_s=self.opt_.timeout_s,
+        return BoundaryRoute(transport, tplan, local_groups=self.g.tp_comms, timeout_s=self.training.timeout_s,
                              dtype=self.mp.boundary_dtype, device=self.device)
 
     def _tag(self, boundary: int, mb: int, backward: bool) -> int:
@@ -415,7 +449,7 @@ class StageExecutor:
     def _record(self, step: int, kind: str, mb: int | None, start: float, end: float | None = None,
                 vs: int | None = None) -> None:
         """[step, stage, kind, mb, start_s, end_s], plus the virtual stage as a 7th field when interleaved
-        (hetauto.runtime.results resolves the links by it; plain plans keep the 6-field events)."""
+        (hetauto.job.results resolves the links by it; plain plans keep the 6-field events)."""
         ev = [step, self.me.stage, kind, mb, start - self.t0, (time.time() if end is None else end) - self.t0]
         if self.v > 1:
             ev.append(self.me.stage if vs is None else vs)
@@ -507,8 +541,8 @@ class StageExecutor:
 
     def _forward(self, st: _StepState, key: int, last_b: bool, vs: int, c: int) -> None:
         k = key % self.plan.num_microbatches
-        me, mbs, dp = self.me, self.plan.microbatch_size, self.plan.stages[self.me.stage].dp
-        shares = self.plan.stages[me.stage].dp_shares  # uneven rows per replica (None: mbs / dp each)
+        me, mbs, dp = self.me, self.plan.microbatch_size, self.me.stage_plan.dp
+        shares = me.stage_plan.dp_shares  # uneven rows per replica (None: mbs / dp each)
         if vs == 0:
             x = dp_shard(microbatch(st.batch, k, mbs), me.dp_index, dp, shares).tokens.to(self.device)
         else:
@@ -640,15 +674,15 @@ class StageExecutor:
             self.scaler.update(overflow)
         if self._nonfinite(st, stepped, overflow):
             overflow = True  # "skip": this step leaves the weights (and AdamW's state) as they were
-        if self.opt_.clip_grad is not None and not overflow:
+        if self.training.clip_grad is not None and not overflow:
             norm = self._global_grad_norm()
             self.grad_norms.append(norm)
-            coef = clip_coefficient(norm, self.opt_.clip_grad)
+            coef = clip_coefficient(norm, self.training.clip_grad)
             if coef < 1.0:
                 for prm in stepped:
                     if prm.grad is not None:
                         prm.grad.mul_(coef)
-        lr = self.opt_.schedule.lr_at(st.step)
+        lr = self.schedule.lr_at(st.step)
         self.lrs.append(lr)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -676,19 +710,19 @@ class StageExecutor:
         if not verdict.bad:
             return False
         self.nonfinite_steps.append(st.step)
-        if self.opt_.on_nonfinite == "stop":
+        if self.training.on_nonfinite == "stop":
             from hetauto.core.errors import NonFiniteTraining
 
             raise NonFiniteTraining(f"{describe(verdict)}; stopped before the optimizer step, so the weights and every "
                                     "checkpoint stay finite (--on-nonfinite stop); lower --lr or add --clip-grad, or "
                                     "pass --on-nonfinite skip to skip such steps")
-        return self.opt_.on_nonfinite == "skip"  # "continue": counted and reported, stepped anyway
+        return self.training.on_nonfinite == "skip"  # "continue": counted and reported, stepped anyway
 
     def _fsdp_tp_mesh(self) -> Any:
         """This stage's 2-D (dp, tp) mesh over the DP group and the TP mesh's own group (hetauto.runtime.fsdp)."""
         from hetauto.runtime.fsdp import stage_mesh
 
-        lay = self.g.layouts[self.me.stage]
+        lay = self.me.layout
         ranks = [[lay.rank(d, t) for t in range(lay.tp)] for d in range(lay.dp)]
         return stage_mesh(self.g.dp_group, self.g.tp_mesh.get_group(), ranks, self.device.type)
 
@@ -794,7 +828,7 @@ class StageExecutor:
         optimizer's DTensor shards save and load as TP shards do (hetauto.runtime.fsdp)."""
         if not self.zero1:
             return self.optimizer
-        full = make_optimizer(self.stage.parameters(), self.opt_.lr, self.opt_.weight_decay)
+        full = optimizer_for(self.stage.parameters(), self.training)
         for group in full.param_groups:
             group["lr"] = self.optimizer.param_groups[0]["lr"]
         if gather:
@@ -834,14 +868,14 @@ class StageExecutor:
             timer.stop()
             step_s.append(timer.elapsed_s())
             held_out = None
-            every = self.opt_.eval_every
+            every = self.data_cfg.eval_every
             if every and ((i + 1) % every == 0 or i == steps - 1):
-                held_out = self.evaluate(self.opt_.eval_steps)
+                held_out = self.evaluate(self.data_cfg.eval_steps)
                 self.eval_losses.append([i, held_out])
-            if self.opt_.step_log is not None:
+            if self.local.step_log is not None:
                 from hetauto.runtime.step_log import step_line
 
-                self.opt_.step_log(step_line(i, losses[-1], self.lrs[-1] if self.lrs else None,
+                self.local.step_log(step_line(i, losses[-1], self.lrs[-1] if self.lrs else None,
                                              self.grad_norms[-1] if self.grad_norms else None, step_s[-1], held_out))
             if after_step is not None:
                 path = after_step(i)
@@ -868,10 +902,11 @@ class StageExecutor:
         )
 
 
-def run_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: ExecutorOptions) -> RankReport:
-    """Build this rank's groups and stage, train `options.steps` steps, return what it measured.
+def run_rank(world: Communicator, plan: Plan, cfg: ModelConfig, run: RunConfig,
+             local: RankLocal = RankLocal()) -> RankReport:
+    """Build this rank's groups and stage, train `run.training.steps` steps, return what it measured.
     Every rank of the job calls it (group creation is collective)."""
-    from hetauto.runtime.training import prepare_rank
+    from hetauto.runtime.rank import prepare_rank
 
-    groups, device, precision = prepare_rank(world, plan, cfg, options)
-    return StageExecutor(groups, plan, cfg, options, device, precision).run(options.steps)
+    groups, device, precision = prepare_rank(world, plan, cfg, run)
+    return StageExecutor(groups, plan, cfg, run, device, precision, local).run(run.training.steps)

@@ -27,10 +27,10 @@ from hetauto.core.comm import Communicator
 from hetauto.core.plan import Plan
 from hetauto.core.stage_backends import DEFAULT_BACKEND, boundary_pairs
 from hetauto.core.transport import HOST_COLLECTIVE, BoundaryTransport
-from hetauto.runtime.layout import RankPlacement, placement, stage_layouts
+from hetauto.runtime.layout import RankPlacement, RankView, placement, rank_view, stage_layouts
 from hetauto.runtime.resharding import StageLayout
 
-__all__ = ["RankPlacement", "RankGroups", "stage_layouts", "placement", "build_groups"]
+__all__ = ["RankPlacement", "RankView", "RankGroups", "stage_layouts", "placement", "build_groups"]
 
 
 @dataclass(slots=True)
@@ -38,7 +38,7 @@ class RankGroups:
     """This rank's groups. `tp_mesh`/`dp_group`/`tied_group` are None when there is nothing to reduce."""
 
     world: Communicator
-    me: RankPlacement
+    me: RankView  # this rank's view of the plan, resolved once (hetauto.runtime.rank)
     layouts: tuple[StageLayout, ...]
     tp_mesh: Any = None
     dp_group: Any = None
@@ -56,12 +56,13 @@ def _cpu_backends(plan: Plan) -> tuple[Backend, ...]:
 
 
 def build_groups(world: Communicator, plan: Plan, *, tied: bool = False,
-                 backends: tuple[Backend, ...] | None = None) -> RankGroups:
+                 backends: tuple[Backend, ...] | None = None, me: RankView | None = None) -> RankGroups:
     """Create every stage's TP mesh, DP groups and TP communicators, and every boundary's transport
     (collectively, same order everywhere). `backends`: each stage's backend (default: DEFAULT_BACKEND for all).
 
     `tied=True` (tied embeddings split across the first and last stage) also creates one gloo group over
-    the first and last stage's ranks to sum the shared table's gradient.
+    the first and last stage's ranks to sum the shared table's gradient. `me`: this rank's view, resolved once
+    by the rank (default: resolved here from `backends`).
     """
     if world.world_size != plan.world_size:
         raise ValueError(f"the job has {world.world_size} ranks but the plan needs {plan.world_size}")
@@ -69,7 +70,8 @@ def build_groups(world: Communicator, plan: Plan, *, tied: bool = False,
     if len(backends) != plan.num_stages:
         raise ValueError(f"{len(backends)} stage backends for a plan of {plan.num_stages} stages")
     layouts = stage_layouts(plan)
-    me = placement(plan, world.global_rank)
+    if me is None:
+        me = rank_view(plan, world.global_rank, tuple(b.name for b in backends))
     groups = RankGroups(world, me, layouts)
     timeout = _timedelta(world.timeout_s)
     tp_groups = [(lay.tp_group(d), backends[i]) for i, lay in enumerate(layouts) for d in range(lay.dp)]

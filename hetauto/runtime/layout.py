@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetauto.core.plan import Plan
+from hetauto.core.plan import Plan, StagePlan
+from hetauto.core.stage_backends import DEFAULT_BACKEND
 from hetauto.runtime.resharding import StageLayout
 
-__all__ = ["RankPlacement", "stage_layouts", "placement"]
+__all__ = ["RankPlacement", "RankView", "stage_layouts", "placement", "rank_view"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +47,60 @@ def placement(plan: Plan, rank: int) -> RankPlacement:
             d, t = lay.coords(rank)
             return RankPlacement(rank, i, d, t, lay)
     raise ValueError(f"rank {rank} is outside the plan's {plan.world_size} ranks")
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    """One rank's view of the plan, resolved and checked once at rank start and passed along (like torchtitan's
+    `ParallelDims`): where it sits (`RankPlacement`'s fields), its stage's plan, cluster and backend, and its
+    pipeline neighbours, so no consumer climbs back up the plan to re-derive them."""
+
+    rank: int
+    stage: int
+    dp_index: int
+    tp_index: int
+    layout: StageLayout
+    stage_plan: StagePlan
+    backend: str
+    num_stages: int
+
+    @property
+    def cluster(self) -> str:
+        return self.stage_plan.cluster
+
+    @property
+    def is_lead(self) -> bool:
+        """dp 0, tp 0: the rank that reports the stage's timeline."""
+        return self.dp_index == 0 and self.tp_index == 0
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    @property
+    def prev_stage(self) -> int | None:
+        return self.stage - 1 if self.stage > 0 else None
+
+    @property
+    def next_stage(self) -> int | None:
+        return self.stage + 1 if self.stage < self.num_stages - 1 else None
+
+    @property
+    def where(self) -> str:
+        """How errors name this rank."""
+        return f"rank {self.rank} (stage {self.stage}, cluster '{self.cluster}')"
+
+
+def rank_view(plan: Plan, rank: int, backends: tuple[str, ...] = ()) -> RankView:
+    """Rank `rank`'s view of `plan`; `backends`: each stage's backend name (empty: the default everywhere).
+    Raises ValueError on a rank outside the plan or a backend list of another length."""
+    names = tuple(backends) if backends else (DEFAULT_BACKEND,) * plan.num_stages
+    if len(names) != plan.num_stages:
+        raise ValueError(f"{len(names)} stage backends given for a plan of {plan.num_stages} stages")
+    me = placement(plan, rank)
+    return RankView(me.rank, me.stage, me.dp_index, me.tp_index, me.layout, plan.stages[me.stage], names[me.stage],
+                    plan.num_stages)

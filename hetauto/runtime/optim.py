@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Iterable, Literal
 if TYPE_CHECKING:  # no torch at import: the launcher builds the schedule before any rank starts
     import torch
 
+    from hetauto.core.run_config import TrainingConfig
+
 __all__ = ["LRSchedule", "clip_coefficient", "local_sq_norm"]
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: coefficient = max_norm / (norm + 1e-6), at most 1
@@ -41,6 +43,12 @@ class LRSchedule:
             raise ValueError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"--min-lr must be between 0 and --lr ({self.lr:g}), got {self.min_lr:g}")
+
+    @classmethod
+    def of(cls, training: "TrainingConfig") -> "LRSchedule":
+        """The schedule a run's training section trains with: decaying over its `steps`."""
+        return cls(lr=training.lr, kind=training.lr_schedule, warmup_steps=training.warmup_steps,
+                   decay_steps=training.steps, min_lr=training.min_lr)
 
     def lr_at(self, step: int) -> float:
         """The learning rate step `step` (0-based) trains with."""

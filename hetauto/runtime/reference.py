@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import torch
 
 from hetauto.core.model import ModelConfig
+from hetauto.core.run_config import DataConfig, TrainingConfig
 from hetauto.runtime.batches import BatchSource
 from hetauto.runtime.data import microbatch, num_microbatches
 from hetauto.runtime.mixed_precision import Precision
@@ -25,7 +26,7 @@ from hetauto.runtime.optim import LRSchedule
 from hetauto.runtime.stage import build_model
 
 __all__ = ["ADAMW_BETAS", "ADAMW_EPS", "ADAMW_WEIGHT_DECAY", "make_optimizer", "reference_losses", "reference_run",
-           "ReferenceRun"]
+           "ReferenceRun", "BatchShape", "optimizer_for"]
 
 ADAMW_BETAS = (0.9, 0.95)
 ADAMW_EPS = 1e-8
@@ -41,10 +42,29 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], lr: float,
     )
 
 
+def optimizer_for(params: Iterable[torch.nn.Parameter], training: TrainingConfig) -> torch.optim.AdamW:
+    """The optimizer a run's training section asks for, the same in the executor and the reference: a new
+    optimizer knob is its field (hetauto.core.run_config.TrainingConfig) and its use here."""
+    return make_optimizer(params, training.lr, training.weight_decay)
+
+
 def reference_losses(model_cfg: ModelConfig, seed: int, steps: int, gbs: int, microbatch_size: int, seq_len: int,
-                     lr: float = 1e-3, precision: str = "fp32", **training: Any) -> list[float]:
-    """Each step's loss of `reference_run` (the same arguments)."""
-    return reference_run(model_cfg, seed, steps, gbs, microbatch_size, seq_len, lr, precision, **training).losses
+                     lr: float = 1e-3, precision: str = "fp32", *, clip_grad: float | None = None,
+                     init_from: str | None = None) -> list[float]:
+    """Each step's loss of `reference_run` on the synthetic stream, in the compact form tests write (the other
+    knobs at their defaults)."""
+    training = TrainingConfig(steps=steps, seed=seed, lr=lr, clip_grad=clip_grad)
+    return reference_run(model_cfg, BatchShape(gbs, microbatch_size, seq_len), training, DataConfig(),
+                         precision=precision, init_from=init_from).losses
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """The plan's batch shape the reference trains with (a `Plan` has the same three attributes)."""
+
+    global_batch: int
+    microbatch_size: int
+    seq_len: int
 
 
 @dataclass(frozen=True)
@@ -53,33 +73,17 @@ class ReferenceRun:
     eval_losses: list[tuple[int, float]]  # (step, held-out loss after it)
 
 
-def reference_run(
-    model_cfg: ModelConfig,
-    seed: int,
-    steps: int,
-    gbs: int,
-    microbatch_size: int,
-    seq_len: int,
-    lr: float = 1e-3,
-    precision: str = "fp32",
-    *,
-    lr_schedule: LRSchedule | None = None,
-    clip_grad: float | None = None,
-    data: str | None = None,
-    init_from: str | None = None,
-    eval_every: int | None = None,
-    eval_steps: int = 1,
-    eval_fraction: float = 0.05,
-    weight_decay: float = ADAMW_WEIGHT_DECAY,
-    data_column: str | None = None,
-) -> ReferenceRun:
-    """Train the whole model in one process for `steps` steps; each step's batch comes from
-    `hetauto.runtime.batches.BatchSource` (the synthetic stream, or the token file `data`), and each step's
-    loss is the mean token cross-entropy over the global batch, measured before that step's update.
-    `precision` (a resolved one: fp32, bf16, fp16) runs as the executor runs it (hetauto.runtime.mixed_precision),
-    on the host CPU; `lr_schedule` (default: constant `lr`), `clip_grad` (torch.nn.utils.clip_grad_norm_),
-    `init_from` (a Hugging Face checkpoint folder, hetauto.runtime.hf_weights) and the evaluation (`eval_every`
-    steps and after the last, the mean loss over `eval_steps` held-out batches) as the executor's options."""
+def reference_run(model_cfg: ModelConfig, shape: BatchShape | Any, training: TrainingConfig, data: DataConfig, *,
+                  precision: str = "fp32", init_from: str | None = None) -> ReferenceRun:
+    """Train the whole model in one process for `training.steps` steps at `shape`'s batch shape (a `Plan` or a
+    `BatchShape`); each step's batch comes from `hetauto.runtime.batches.BatchSource` (the synthetic stream, or
+    `data.path`), and each step's loss is the mean token cross-entropy over the global batch, measured before that
+    step's update. `precision` (a resolved one: fp32, bf16, fp16) runs as the executor runs it
+    (hetauto.runtime.mixed_precision), on the host CPU; the schedule, clipping, weight decay, `init_from` (a Hugging
+    Face checkpoint folder, hetauto.runtime.hf_weights) and the evaluation as the executor's (the same sections)."""
+    gbs, microbatch_size, seq_len = shape.global_batch, shape.microbatch_size, shape.seq_len
+    seed, steps, clip_grad = training.seed, training.steps, training.clip_grad
+    eval_every, eval_steps = data.eval_every, data.eval_steps
     mp = Precision(precision, "cpu")
     scaler = mp.loss_scaler()
     m = num_microbatches(gbs, microbatch_size)
@@ -88,10 +92,10 @@ def reference_run(
         from hetauto.runtime.hf_weights import load_hf_weights
 
         load_hf_weights({int(k): m for k, m in model.layers.items()}, model_cfg, init_from, seq_len)
-    opt = make_optimizer(model.parameters(), lr, weight_decay)
+    opt = optimizer_for(model.parameters(), training)
     normaliser = gbs * seq_len
-    schedule = lr_schedule if lr_schedule is not None else LRSchedule(lr=lr)
-    source = BatchSource(seed, model_cfg.vocab_size, data, eval_fraction if eval_every else 0.0, data_column)
+    schedule = LRSchedule.of(training)
+    source = BatchSource(seed, model_cfg.vocab_size, data.path, data.held_out_fraction, data.column)
 
     def held_out() -> float:
         total = 0.0

@@ -7,6 +7,8 @@ forward is the same sequence of ops. The whole model is simply `build_stage(cfg,
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -14,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from hetauto.core.model import ModelConfig
 from hetauto.runtime.model import Block, Embedding, Head, build_slot, lm_loss
 
-__all__ = ["StageModule", "ChunkedStage", "build_stage", "build_model"]
+__all__ = ["StageModule", "ChunkedStage", "build_stage", "build_model", "build_chunks"]
 
 
 class StageModule(nn.Module):
@@ -121,3 +123,10 @@ def build_stage(model_cfg: ModelConfig, layers: tuple[int, int], seed: int, reco
 def build_model(model_cfg: ModelConfig, seed: int) -> StageModule:
     """The whole model as a single stage (the single-process reference)."""
     return StageModule(model_cfg, (0, model_cfg.num_layer_slots), seed)
+
+
+def build_chunks(model_cfg: ModelConfig, ranges: Sequence[tuple[int, int]], seed: int,
+                 recompute: bool = False) -> list[StageModule]:
+    """A rank's chunk modules (one per layer range it holds: one, or several when interleaved), fp32 on CPU."""
+    return [build_stage(model_cfg, rng, seed, recompute) for rng in ranges]
+

@@ -9,38 +9,21 @@ function of (seed, step)), so its losses are the uninterrupted run's, bit for bi
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from hetauto.core.comm import Communicator
-from hetauto.core.errors import CheckpointMismatch, PlanMismatch
+from hetauto.core.errors import CheckpointMismatch
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
-from hetauto.core.precision import DeviceKind, resolve_precision
-from hetauto.core.stage_backends import DEFAULT_BACKEND
-from hetauto.runtime.devices import RankDevice
-from hetauto.runtime.executor import ExecutorOptions, RankReport, StageExecutor
-from hetauto.runtime.groups import RankGroups, build_groups
+from hetauto.core.run_config import CheckpointConfig, RunConfig
+from hetauto.runtime.executor import RankLocal, RankReport, StageExecutor
+from hetauto.runtime.layout import RankView
+from hetauto.runtime.rank import agree_precision, prepare_rank
 
-__all__ = ["CheckpointOptions", "train_rank", "should_checkpoint", "prepare_rank"]
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointOptions:
-    """`directory`: where checkpoints go (None: none are written); one every `every` steps and after the
-    last step; `keep`: newest complete checkpoints kept (None: all). `resume`: a checkpoint directory (or a
-    root, meaning its latest complete checkpoint) to load before training. A checkpoint whose run had another
-    global batch or sequence length is refused (`CheckpointMismatch`: the data stream would change, see
-    `checkpoint.data_stream_changes`) unless `allow_data_change`."""
-
-    directory: str | None = None
-    every: int = 1
-    keep: int | None = None
-    resume: str | None = None
-    allow_data_change: bool = False
+__all__ = ["train_rank", "should_checkpoint", "prepare_rank", "agree_precision"]
 
 
 def should_checkpoint(step: int, steps: int, every: int) -> bool:
@@ -48,75 +31,47 @@ def should_checkpoint(step: int, steps: int, every: int) -> bool:
     return (step + 1) % every == 0 or step == steps - 1
 
 
-def prepare_rank(world: Communicator, plan: Plan, cfg: ModelConfig,
-                 options: ExecutorOptions) -> tuple[RankGroups, RankDevice, str]:
-    """Every rank of the job calls it: select this rank's stage backend (plugin manager), bind its device
-    on this host (hetauto.runtime.devices), seed it, agree on the plan's precision with every other rank
-    (each contributes what its device supports), and build the groups and boundary transports."""
-    from hetauto.backends import get_backend
-    from hetauto.runtime.devices import bind_device, device_index, require_available
-    from hetauto.runtime.layout import placement
-
-    names = tuple(options.backends) if options.backends else (DEFAULT_BACKEND,) * plan.num_stages
-    if len(names) != plan.num_stages:
-        raise PlanMismatch(f"{len(names)} stage backends given for a plan of {plan.num_stages} stages")
-    me = placement(plan, world.global_rank)
-    where = f"rank {me.rank} (stage {me.stage}, cluster '{plan.stages[me.stage].cluster}')"
-    backend = require_available(names[me.stage], where)
-    per_rank = [names[placement(plan, r).stage] for r in range(plan.world_size)]
-    local_rank = int(os.environ.get("LOCAL_RANK", world.global_rank))
-    device = bind_device(backend, device_index(per_rank, world.global_rank, local_rank), where=where)
-    backend.manual_seed(options.seed)
-    # fp32 matmuls as TF32 only when the plan says so (and the cost model priced them so); torch's own default
-    # is full fp32, and this setting is the vendor-neutral one
-    torch.set_float32_matmul_precision("high" if plan.training.allow_tf32 else "highest")
-    precision = agree_precision(world, plan, device)
-    groups = build_groups(world, plan, tied=cfg.tie_embeddings, backends=tuple(get_backend(n) for n in names))
-    return groups, device, precision
-
-
-def agree_precision(world: Communicator, plan: Plan, device: RankDevice) -> str:
-    """`plan.training.precision` resolved over every rank's device (hetauto.core.precision.resolve_precision):
-    the same answer on every rank, or the same PlanMismatch."""
-    k = device.kind
-    mine = torch.tensor([[int(k.host), int(k.bf16), int(k.fp16)]], dtype=torch.int64)
-    rows = world.all_gather(mine)
-    kinds = [DeviceKind(host=bool(r[0, 0]), bf16=bool(r[0, 1]), fp16=bool(r[0, 2])) for r in rows]
-    try:
-        return resolve_precision(plan.training.precision, kinds)
-    except ValueError as err:
-        raise PlanMismatch(f"training.precision: {err}") from None
-
-
-def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: ExecutorOptions,
-               checkpoint: CheckpointOptions = CheckpointOptions()) -> RankReport:
+def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, run: RunConfig,
+               local: RankLocal = RankLocal(), view: RankView | None = None) -> RankReport:
     """Every rank of the job calls it: build groups and this rank's stage on its device, load
-    `checkpoint.resume` (resharded to this plan's layout), train up to step `options.steps`, checkpointing
-    as `checkpoint` says."""
-    torch.manual_seed(options.seed)
-    groups, device, precision = prepare_rank(world, plan, cfg, options)
-    ex = StageExecutor(groups, plan, cfg, options, device, precision)
-    start = 0
-    if checkpoint.resume:
-        # imported only when used: torch.distributed.checkpoint costs seconds per process (see checkpoint.py)
-        from hetauto.runtime.checkpoint import data_stream_changes, load_checkpoint
+    `run.checkpoint.resume` (resharded to this plan's layout), train up to step `run.training.steps`,
+    checkpointing as `run.checkpoint` says. `view`: this rank's view of the plan, when the rank resolved it."""
+    torch.manual_seed(run.training.seed)
+    groups, device, precision = prepare_rank(world, plan, cfg, run, view)
+    ex = StageExecutor(groups, plan, cfg, run, device, precision, local)
+    start = _resume(ex, world, plan, run) if run.checkpoint.resume else 0
+    return ex.run(run.training.steps, start=start, after_step=_checkpointer(ex, world, plan, run))
 
-        into = ex.checkpoint_optimizer(gather=False)  # zero1: a whole-stage optimizer, sliced after the load
-        man = load_checkpoint(checkpoint.resume, ex.stage, into, plan=plan, comm=world)
-        ex.adopt_checkpoint_optimizer(into)
-        changes = data_stream_changes(man, plan)
-        if changes and not checkpoint.allow_data_change:
-            diff = "; ".join(f"{what} {old} in the checkpoint, {new} in this plan" for what, old, new in changes)
-            raise CheckpointMismatch(f"{checkpoint.resume}: {diff}: resuming would train other batches than the "
-                                     "checkpoint's run; use its values, or allow_data_change=True")
-        seed = man.extra.get("seed")
-        if seed is not None and seed != options.seed:
-            raise CheckpointMismatch(f"checkpoint step {man.step} was trained with data seed {seed}, this run uses "
-                                     f"{options.seed}; resume with --seed {seed}")
-        start = int(man.extra.get("next_step", man.step + 1))
+
+def _resume(ex: StageExecutor, world: Communicator, plan: Plan, run: RunConfig) -> int:
+    """Load `run.checkpoint.resume` into the executor; the step to continue from. A checkpoint of another data
+    stream (global batch, sequence length) unless `allow_data_change`, or of another seed, is refused."""
+    # imported only when used: torch.distributed.checkpoint costs seconds per process (see checkpoint.py)
+    from hetauto.runtime.checkpoint import data_stream_changes, load_checkpoint
+
+    ck, seed = run.checkpoint, run.training.seed
+    into = ex.checkpoint_optimizer(gather=False)  # zero1: a whole-stage optimizer, sliced after the load
+    man = load_checkpoint(ck.resume, ex.stage, into, plan=plan, comm=world)
+    ex.adopt_checkpoint_optimizer(into)
+    changes = data_stream_changes(man, plan)
+    if changes and not ck.allow_data_change:
+        diff = "; ".join(f"{what} {old} in the checkpoint, {new} in this plan" for what, old, new in changes)
+        raise CheckpointMismatch(f"{ck.resume}: {diff}: resuming would train other batches than the "
+                                 "checkpoint's run; use its values, or allow_data_change=True")
+    theirs = man.extra.get("seed")
+    if theirs is not None and theirs != seed:
+        raise CheckpointMismatch(f"checkpoint step {man.step} was trained with data seed {theirs}, this run uses "
+                                 f"{seed}; resume with --seed {theirs}")
+    return int(man.extra.get("next_step", man.step + 1))
+
+
+def _checkpointer(ex: StageExecutor, world: Communicator, plan: Plan, run: RunConfig) -> Callable[[int], Path | None]:
+    """What runs after each step: a checkpoint when `run.checkpoint` says one is due (its folder, or None)."""
+    ck: CheckpointConfig = run.checkpoint
+    steps = run.training.steps
 
     def after_step(step: int) -> Path | None:
-        if checkpoint.directory is None or not should_checkpoint(step, options.steps, checkpoint.every):
+        if ck.dir is None or not should_checkpoint(step, steps, ck.every):
             return None
         from hetauto.runtime.checkpoint import save_checkpoint
 
@@ -124,11 +79,11 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, options: Execu
 
         optimizer = ex.checkpoint_optimizer(gather=True)  # zero1: the DP group's m and v gathered (collective)
         try:
-            return save_checkpoint(checkpoint.directory, step, ex.stage, optimizer, plan=plan,
-                                   extra={"next_step": step + 1, "seed": options.seed, "lr": options.lr},
-                                   keep=checkpoint.keep, comm=world)
+            return save_checkpoint(ck.dir, step, ex.stage, optimizer, plan=plan,
+                                   extra={"next_step": step + 1, "seed": run.training.seed, "lr": run.training.lr},
+                                   keep=ck.keep, comm=world)
         except NonFiniteCheckpoint as exc:  # --on-nonfinite continue: training goes on, its nan is never kept
             ex.skipped_checkpoints.append([step, str(exc)])
             return None
 
-    return ex.run(options.steps, start=start, after_step=after_step)
+    return after_step

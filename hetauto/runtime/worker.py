@@ -1,4 +1,4 @@
-"""torchrun entry of one rank: `python -m hetauto.runtime.worker --options RUN.json` (a RunOptions file the
+"""torchrun entry of one rank: `python -m hetauto.runtime.worker --options RUN.json` (a RunConfig file the
 launcher wrote: plan, output folder, steps, seed, emulation, each stage's backend, checkpoints, faults).
 
 The rank selects its stage's backend (hetauto.runtime.training.prepare_rank: through the plugin manager),
@@ -23,13 +23,19 @@ import json
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING, Any
 
 from hetauto.runtime.control import ControlClient
+
+if TYPE_CHECKING:  # the worker imports what it needs only once it runs (torch takes seconds)
+    from hetauto.core.comm import Communicator
+    from hetauto.core.plan import Plan
+    from hetauto.core.run_config import RunConfig
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hetauto.runtime.worker")
-    p.add_argument("--options", required=True, help="the run's options (RunOptions JSON, written by the launcher)")
+    p.add_argument("--options", required=True, help="the run's options (RunConfig JSON, written by the launcher)")
     return p.parse_args(argv)
 
 
@@ -103,6 +109,7 @@ def _orphaned(connected: list[ControlClient], rank: int, why: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One rank, start to end: connect to the job's control store, train, report (or say what failed)."""
     args = _args(argv)
     # before any thread starts (they inherit the mask): SIGTERM only reaches _watch_sigterm's thread
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -113,99 +120,116 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun or the launcher gone (even SIGKILLed): this rank goes too, nobody here watches it
     watch(os.getppid(), on_orphan=lambda why: _orphaned(connected, rank, why))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    comm = None
+    held: dict[str, Any] = {}  # what `finally` releases: the world communicator
     control: ControlClient | None = None
     try:
-        from hetauto.runtime.options import RunOptions
+        from hetauto.core.run_config import RunConfig
 
-        run = RunOptions.load(args.options)
-        control = ControlClient.from_env(rank, timeout_s=max(JOIN_FLOOR_S, run.timeout_s))
+        run = RunConfig.load(args.options)
+        control = ControlClient.from_env(rank, timeout_s=max(JOIN_FLOOR_S, run.training.timeout_s))
         connected.append(control)
         control.post("started", f"attempt {restart} pid {os.getpid()}")  # the agent drops an earlier attempt's marks
         _watch_sigterm(control, rank)
         control.start_heartbeat()
-        import torch
-
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        from hetauto.core.comm import Communicator
-        from hetauto.core.plan import Plan
-        from hetauto.core.plan_check import cluster_for_plan, load_model_for_plan
-        from hetauto.core.transport import HOST_COLLECTIVE
-        from hetauto.runtime import faults
-        from hetauto.runtime.executor import ExecutorOptions
-        from hetauto.runtime.groups import placement
-        from hetauto.runtime.training import CheckpointOptions, train_rank
-
-        if run.inject_fault and restart == 0:  # a restarted job must not fail the same way again
-            faults.install(faults.FaultSpec.parse(run.inject_fault))
-        resume = run.resume
-        plan = Plan.load(run.plan)
-        cfg = load_model_for_plan(plan)
-        speed, links = 1.0, None
-        if run.emulated:
-            from hetauto.runtime.emulation import emulation_for_plan
-
-            emu = emulation_for_plan(plan, cluster_for_plan(plan, run.cluster_base))
-            speed = emu.speed_of(rank, placement(plan, rank).stage)
-            links = emu.link_table() if emu.links and run.emulate == "inprocess" else None
-        # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
-        comm = Communicator.init_from_env(HOST_COLLECTIVE, timeout_s=run.timeout_s, links=links,
-                                          join_timeout_s=max(JOIN_FLOOR_S, run.timeout_s))
-        if run.checkpoint_dir:  # every rank writes it and sees the same folder, or the job ends now, naming who
-            from hetauto.runtime.checkpoint_reach import check_checkpoint_folder
-
-            check_checkpoint_folder(comm, run.checkpoint_dir)
-        skipped: list[tuple[str, str]] = []
-        if restart > 0 and run.checkpoint_dir:
-            from hetauto.runtime.checkpoint import newest_intact
-
-            # the newest complete checkpoint whose files verify (hashes shared out over the ranks); the damaged
-            # newer ones are named in the report
-            found, skipped = newest_intact(run.checkpoint_dir, comm)
-            resume = str(found) if found is not None else resume
-        from hetauto.runtime.optim import LRSchedule
-
-        schedule = LRSchedule(lr=run.lr, kind=run.lr_schedule, warmup_steps=run.warmup_steps,
-                              decay_steps=run.steps, min_lr=run.min_lr)
-        from hetauto.runtime.step_log import log_ranks
-
-        step_log = (lambda line: control.post("step", line)) if rank in log_ranks(plan) else None  # type: ignore[union-attr]
-        opts = ExecutorOptions(steps=run.steps, seed=run.seed, lr=run.lr, timeout_s=run.timeout_s, speed_factor=speed,
-                               backends=run.backends or None, lr_schedule=schedule, clip_grad=run.clip_grad,
-                               data=run.data, init_from=run.init_from, step_log=step_log,
-                               eval_every=run.eval_every, eval_steps=run.eval_steps, eval_fraction=run.eval_fraction,
-                               weight_decay=run.weight_decay, data_column=run.data_column,
-                               on_nonfinite=run.on_nonfinite)
-        ckpt = CheckpointOptions(directory=run.checkpoint_dir, every=run.checkpoint_every, keep=run.keep,
-                                 resume=resume, allow_data_change=run.allow_data_change)
-        report = train_rank(comm, plan, cfg, opts, ckpt)
-        doc = report.to_dict()
-        doc["restart"] = restart
-        doc["resume_skipped"] = [list(x) for x in skipped]
-        if links is not None:  # how late the emulated links delivered: [max s, mean s, messages]
-            doc["link_dispatch_lag_s"] = list(links.dispatch_lag())
-        control.post("report", json.dumps(doc))
-        if links is not None:
-            links.close()
+        _train(run, rank, restart, control, held)
         return 0
-    except BaseException as exc:  # noqa: BLE001 - reported through the file, then a non-zero exit
-        msg = " ".join(str(exc).split()) or type(exc).__name__
-        line = f"rank {rank}: {type(exc).__name__}: {msg}"
-        try:
-            if control is None:
-                raise RuntimeError("no control store")
-            control.post("error", line)
-        except Exception:  # noqa: BLE001 - the agent is unreachable: torchrun's log is all that is left
-            print(line, file=sys.stderr)
+    except BaseException as exc:  # noqa: BLE001 - reported through the control store, then a non-zero exit
+        _say_failure(control, rank, exc)
         if os.environ.get("HETAUTO_DEBUG"):
             raise
         return 1
     finally:
-        if comm is not None:
+        if held.get("comm") is not None:
             try:
-                comm.destroy()
+                held["comm"].destroy()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _say_failure(control: ControlClient | None, rank: int, exc: BaseException) -> None:
+    """The rank's one error line, to the control store (or to torchrun's log when the store is unreachable)."""
+    msg = " ".join(str(exc).split()) or type(exc).__name__
+    line = f"rank {rank}: {type(exc).__name__}: {msg}"
+    try:
+        if control is None:
+            raise RuntimeError("no control store")
+        control.post("error", line)
+    except Exception:  # noqa: BLE001 - the agent is unreachable: torchrun's log is all that is left
+        print(line, file=sys.stderr)
+
+
+def _train(run: RunConfig, rank: int, restart: int, control: ControlClient, held: dict[str, Any]) -> None:
+    """Join the world group, train this rank's stage with checkpoints, post its report."""
+    import torch
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    from hetauto.core.comm import Communicator
+    from hetauto.core.plan import Plan
+    from hetauto.core.plan_check import load_model_for_plan
+    from hetauto.core.transport import HOST_COLLECTIVE
+    from hetauto.runtime import faults
+    from hetauto.runtime.rank import resolve_view
+    from hetauto.runtime.training import train_rank
+
+    if run.faults.inject and restart == 0:  # a restarted job must not fail the same way again
+        faults.install(faults.FaultSpec.parse(run.faults.inject))
+    plan = Plan.load(run.plan)
+    cfg = load_model_for_plan(plan)
+    view = resolve_view(plan, rank, run.emulation.backends)
+    speed, links = _emulation(run, plan, view.stage, rank)
+    # the world group carries host-side traffic only (clock, votes, the host transport): gloo everywhere
+    timeout = run.training.timeout_s
+    comm = held["comm"] = Communicator.init_from_env(HOST_COLLECTIVE, timeout_s=timeout, links=links,
+                                                     join_timeout_s=max(JOIN_FLOOR_S, timeout))
+    run, skipped = _resume_point(run, comm, restart)
+    from hetauto.runtime.executor import RankLocal
+    from hetauto.runtime.step_log import log_ranks
+
+    step_log = (lambda line: control.post("step", line)) if rank in log_ranks(plan) else None
+    report = train_rank(comm, plan, cfg, run, RankLocal(speed_factor=speed, step_log=step_log), view)
+    doc = report.to_dict()
+    doc["restart"] = restart
+    doc["resume_skipped"] = [list(x) for x in skipped]
+    if links is not None:  # how late the emulated links delivered: [max s, mean s, messages]
+        doc["link_dispatch_lag_s"] = list(links.dispatch_lag())
+    control.post("report", json.dumps(doc))
+    if links is not None:
+        links.close()
+
+
+def _emulation(run: RunConfig, plan: Plan, stage: int, rank: int) -> tuple[float, Any]:
+    """This rank's emulated speed factor and, emulating in-process, the link table its communicator delays
+    messages by (1.0 and None on real devices and links)."""
+    if not run.emulated:
+        return 1.0, None
+    from hetauto.core.plan_check import cluster_for_plan
+    from hetauto.runtime.emulation import emulation_for_plan
+
+    emu = emulation_for_plan(plan, cluster_for_plan(plan, run.emulation.cluster_base))
+    links = emu.link_table() if emu.links and run.emulation.mode == "inprocess" else None
+    return emu.speed_of(rank, stage), links
+
+
+def _resume_point(run: RunConfig, comm: Communicator, restart: int) -> tuple[RunConfig, list[tuple[str, str]]]:
+    """The checkpoint folder checked from every rank; on a torchrun restart, the run resuming from the newest
+    complete checkpoint whose files verify (hashes shared out over the ranks), with the damaged newer ones."""
+    from dataclasses import replace
+
+    folder = run.checkpoint.dir
+    if not folder:
+        return run, []
+    from hetauto.runtime.checkpoint_reach import check_checkpoint_folder
+
+    check_checkpoint_folder(comm, folder)  # every rank writes it and sees the same folder, or the job ends now
+    if restart == 0:
+        return run, []
+    from hetauto.runtime.checkpoint import newest_intact
+
+    found, skipped = newest_intact(folder, comm)
+    if found is None:
+        return run, skipped
+    return replace(run, checkpoint=replace(run.checkpoint, resume=str(found))), skipped
+
 
 if __name__ == "__main__":
     code = main()
