@@ -53,6 +53,8 @@ NODE_RANK = '"$NODE_RANK"'  # the node script's variable, as node_command's node
 
 # sbatch --time's formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED/INFINITE
 _SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+# sbatch --mem's format: a whole number with an optional unit suffix K, M (default), G or T
+_SLURM_MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 
 
 def script_path(site: SiteLaunch) -> str:
@@ -85,6 +87,9 @@ def _component_options(site: SiteLaunch) -> dict[str, dict[str, str]]:
         if name == "time" and not _SLURM_TIME.fullmatch(value):
             raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be a Slurm time limit "
                                f"(MINUTES, H:MM:SS, D-HH[:MM[:SS]] or UNLIMITED), got {value!r}; sbatch would refuse it")
+        if name == "mem" and not _SLURM_MEM.fullmatch(value):
+            raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be a Slurm memory size "
+                               f"(a whole number with K, M, G or T, e.g. 64G), got {value!r}; sbatch would refuse it")
         if name == "exclusive" and value not in EXCLUSIVE:
             raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be one of "
                                f"{', '.join(EXCLUSIVE)}, got {value!r}")
