@@ -182,6 +182,11 @@ def write_files(folder: str | Path, files: dict[str, str]) -> list[Path]:
         raise HetautoError(f"-o {folder}: is a file; give a folder")
     if out.is_dir() and any(out.iterdir()):
         raise HetautoError(f"-o {folder}: the folder is not empty; give a new or empty folder (nothing is overwritten)")
+    root = out.resolve()
+    for rel in files:  # every path checked before the first is written
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not (root / rel).resolve().is_relative_to(root):
+            raise HetautoError(f"-o {folder}: the target would write {rel!r}, outside the folder; nothing was "
+                               "written (site names follow hetauto.core.names' rule)")
     written = []
     try:
         for rel, text in files.items():

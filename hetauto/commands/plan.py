@@ -354,6 +354,10 @@ def run(args: argparse.Namespace) -> int:
         from hetauto.interop.torch_schedules import write_torch_schedule
 
         exported = [str(p) for p in write_torch_schedule(result.plan, args.export_schedule[1])]
+    from hetauto.planner.unplaced import unplaceable_clusters
+
+    unplaced = unplaceable_clusters(inputs, make_evaluator(inputs, args.precision),
+                                    {st.cluster for st in result.plan.stages})
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
@@ -365,6 +369,8 @@ def run(args: argparse.Namespace) -> int:
                                     {**_figures(r), "ratio": result.evaluation.throughput_samples_s /
                                      r.evaluation.throughput_samples_s})
                                 for n, r in baselines.items()}
+        if unplaced:
+            doc["unplaced_clusters"] = unplaced
         if args.output:
             doc["output"] = args.output
         if args.plot:
@@ -378,6 +384,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     _human(inputs, result, baselines, args)
+    for u in unplaced:
+        console.print(f"warning: cluster {u['cluster']} is not in the plan: {u['why']}", highlight=False)
     if resumed is not None:
         console.print(f"re-planned {resumed.model.name} from checkpoint {resumed.checkpoint} (step {resumed.step}); "
                       "continue with:", highlight=False)
@@ -416,9 +424,24 @@ def _resharding_note(p: Any) -> str:
     return f", resharding per boundary {', '.join(p.resharding)}"
 
 
+def _defaults_note(inputs: Any, args: argparse.Namespace) -> str:
+    """Say which of seq and global batch were chosen for the user (no --seq/--gbs and no scenario, which
+    states its own): a plan for another batch is another plan."""
+    if inputs.scenario is not None or getattr(args, "resume", None):
+        return ""
+    from hetauto.planner.inputs import DEFAULT_GLOBAL_BATCH
+
+    chosen = ([f"seq {inputs.seq_len} (the model's maximum; --seq sets it)"] if args.seq is None else []) + \
+        ([f"global batch {DEFAULT_GLOBAL_BATCH} (--gbs sets it)"] if args.gbs is None else [])
+    return "defaults: " + ", ".join(chosen) if chosen else ""
+
+
 def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse.Namespace) -> None:
     for line in inputs.describe():
         console.print(line, highlight=False)
+    note = _defaults_note(inputs, args)
+    if note:
+        console.print(note, highlight=False)
     p, ev = r.plan, r.evaluation
     rows = []
     for i, s in enumerate(p.stages):

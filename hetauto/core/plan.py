@@ -309,8 +309,10 @@ class Plan(_Frozen):
 
     @classmethod
     def from_json(cls, text: str, source: str | None = None) -> "Plan":
+        from hetauto.core.specio import loads_json
+
         try:
-            data = json.loads(text)
+            data = loads_json(text, source)
         except json.JSONDecodeError as exc:
             raise SpecError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
         return validate_document(cls, data, source)

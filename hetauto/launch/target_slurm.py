@@ -37,7 +37,7 @@ import textwrap
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import embedded_launch, hookimpl, node_command
+from hetauto.launch.targets import embedded_launch, hookimpl, node_command, one_line
 
 __all__ = ["SlurmTarget", "site_script", "script_path", "OPTIONS", "MAX_NODE_SCRIPT"]
 
@@ -167,7 +167,7 @@ def site_script(launch: LaunchPlan, site: SiteLaunch) -> str:
         where = f"component {k}: " if het else ""
         desc = ", ".join(f"node rank {n.node_rank} ({n.nproc} process(es), ranks {n.first_rank}-"
                          f"{n.first_rank + n.nproc - 1})" for n in nodes)
-        lines.append(f"#   {where}cluster '{cluster}', backend {nodes[0].backend}: {desc}")
+        lines.append(f"#   {where}cluster '{cluster}', backend {one_line(nodes[0].backend)}: {desc}")
     lines += ["# " + line for line in textwrap.wrap(role + ".", 112)]
     lines += [
         "# Submit with `sbatch job.sbatch` from the folder the nodes' working folders go into (HETAUTO_WORKDIR picks",
