@@ -10,7 +10,18 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+
+
+class _Console(Console):
+    """rich's Console, leaving a closed stdout to hetauto.cli (exit 141, the SIGPIPE convention) instead of its
+    own SystemExit(1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError()
+
+
+console = _Console()
 
 
 def print_json(doc: Any) -> None:
@@ -30,7 +41,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     # piped or redirected: rich would squeeze the table into 80 columns and cut the cells ("llama2-…"); print it
     # at its natural width instead, so `hetauto models | cat` and `> file` keep every name whole
     natural = Console(width=100_000).measure(table).maximum
-    Console(width=max(natural, console.width), no_color=console.no_color).print(table)
+    _Console(width=max(natural, console.width), no_color=console.no_color).print(table)
 
 
 def require_writable(path: str | None, flag: str) -> None:
