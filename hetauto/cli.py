@@ -121,10 +121,13 @@ def _exit_130_on_sigint() -> None:
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser(argv)
-    args = parser.parse_args(argv)
-    if not getattr(args, "_module", None):
-        parser.print_help()
-        return 0
+    try:
+        args = parser.parse_args(argv)  # --help prints here
+        if not getattr(args, "_module", None):
+            parser.print_help()
+            return 0
+    except BrokenPipeError:
+        return _closed_pipe()
     try:
         _allow_model_code(args)
         return int(importlib.import_module(args._module).run(args) or 0)
