@@ -897,8 +897,6 @@ def api_cases() -> list[Case]:
 
 def all_cases() -> list[Case]:
     """Every case, grouped by command."""
-    from hetauto.testing.hostile_cases_inputs import issue42_cases
-
     return (plan_cases() + simulate_cases() + evaluate_cases() + run_cases_() + launch_cases() + node_cases()
             + profile_cases() + calibrate_cases() + checkpoint_cases() + data_cases() + listing_cases()
-            + api_cases() + issue42_cases())
+            + api_cases())
