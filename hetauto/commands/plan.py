@@ -354,10 +354,7 @@ def run(args: argparse.Namespace) -> int:
         from hetauto.interop.torch_schedules import write_torch_schedule
 
         exported = [str(p) for p in write_torch_schedule(result.plan, args.export_schedule[1])]
-    from hetauto.planner.unplaced import unplaceable_clusters
-
-    unplaced = unplaceable_clusters(inputs, make_evaluator(inputs, args.precision),
-                                    {st.cluster for st in result.plan.stages})
+    unplaced = _unplaced(inputs, result, args)
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
@@ -391,6 +388,13 @@ def run(args: argparse.Namespace) -> int:
                       "continue with:", highlight=False)
         console.print(f"  {_continue_command(args)}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _unplaced(inputs: Any, result: PlanResult, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Clusters of the file no plan could use at all (hetauto.planner.unplaced), named rather than dropped."""
+    from hetauto.planner.unplaced import unplaceable_clusters
+
+    return unplaceable_clusters(inputs, make_evaluator(inputs, args.precision), {s.cluster for s in result.plan.stages})
 
 
 def _plot(inputs: Any, result: PlanResult, args: argparse.Namespace) -> None:

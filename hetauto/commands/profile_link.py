@@ -67,9 +67,19 @@ def _list(text: str, what: str, parse: Any) -> tuple[int, ...]:
         raise HetautoError(f"--{what}: expected a comma-separated list of positive values, got {text!r}")
     limit, shown = (MAX_SIZE_BYTES, "4GiB") if what == "sizes" else (MAX_FLOWS, str(MAX_FLOWS))
     if max(out) > limit:
-        raise HetautoError(f"--{what}: {max(out):,} is more than the {shown} a row measures (each flow's message is "
-                           f"held in memory on both hosts); use values up to {shown}")
+        why = "each message is held in memory on both hosts" if what == "sizes" else "each flow is a TCP connection"
+        raise HetautoError(f"--{what}: {max(out):,} is more than the {shown} a row measures ({why}); use values up to "
+                           f"{shown}")
     return tuple(dict.fromkeys(out))
+
+
+def _sizes_and_flows(sizes_text: str, flows_text: str, parse_bytes: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    sizes = _list(sizes_text, "sizes", parse_bytes)
+    flows = _list(flows_text, "flows", int)
+    if max(sizes) * max(flows) > MAX_ROW_BYTES:
+        raise HetautoError(f"--sizes/--flows: {max(flows)} flows of {max(sizes):,} bytes hold more than 16GiB at once on "
+                           "each host; lower the largest size or flow count")
+    return sizes, flows
 
 
 def _master(text: str | None) -> tuple[str, int]:
@@ -142,11 +152,7 @@ def run_link(args: argparse.Namespace) -> int:
     from hetauto.core.units import parse_bytes
     from hetauto.profiling.link import PeerUnreachable, measure_link
 
-    sizes = _list(args.sizes, "sizes", parse_bytes)
-    flows = _list(args.flows, "flows", int)
-    if max(sizes) * max(flows) > MAX_ROW_BYTES:
-        raise HetautoError(f"--sizes/--flows: {max(flows)} flows of {max(sizes):,} bytes hold more than 16GiB at once on "
-                           "each host; lower the largest size or flow count")
+    sizes, flows = _sizes_and_flows(args.sizes, args.flows, parse_bytes)
     if args.repeats < 1:
         raise HetautoError(f"--repeats must be >= 1, got {args.repeats}")
     if args.timeout <= 0:

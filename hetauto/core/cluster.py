@@ -587,6 +587,15 @@ class ClusterSpec:
 
 
 # ----------------------------------------------------------------------------------------------- loading
+def _refuse_case_clash(names: list[str], source: str | Path | None) -> None:
+    """Names equal but for case would share a lower-cased label or a folder on a case-insensitive file system."""
+    clash = names_clash(names)
+    if clash is not None:
+        raise SpecError(source, f"clusters[{names.index(clash[1])}].name", f"cluster names '{clash[0]}' and "
+                        f"'{clash[1]}' differ only in case (a label or a case-insensitive file system would merge "
+                        "them)", "give every cluster a name that differs in more than case")
+
+
 def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str | Path | None = None) -> ClusterSpec:
     """Validate a parsed spec document; every problem is a one-line SpecError naming `source` and the field."""
     try:
@@ -606,12 +615,7 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
         raise
     if base_dir is None and source is not None:
         base_dir = Path(str(source)).parent
-    clash = names_clash([c.name for c in doc.clusters])
-    if clash is not None:
-        where = [c.name for c in doc.clusters].index(clash[1])
-        raise SpecError(source, f"clusters[{where}].name", f"cluster names '{clash[0]}' and '{clash[1]}' differ only "
-                        "in case (a label or a case-insensitive file system would merge them)",
-                        "give every cluster a name that differs in more than case")
+    _refuse_case_clash([c.name for c in doc.clusters], source)
     seen: dict[str, int] = {}
     clusters = []
     total = 0
