@@ -165,7 +165,8 @@ def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
     lines = [f"hetauto launch --target {target_name}: {launch.world_size} ranks on {launch.num_nodes} node(s) at "
              f"{len(launch.sites)} site(s); plan sha256 {launch.plan_sha256[:12]}",
              f"lead: site '{rdzv.lead_site}' node rank 0 at {rdzv.master_addr} (rendezvous port {rdzv.master_port}, "
-             f"control port {rdzv.control_port}); it writes result.json in its working folder", _training(launch.run), ""]
+             f"control port {rdzv.control_port}); it writes result.json in its working folder",
+             _training(launch.run), ""]
     for site in launch.sites:
         mine = sorted(p for p in files if p.startswith(site.name + "/"))
         lines.append(f"site '{site.name}' (clusters {', '.join(site.clusters)}): submit {', '.join(mine)}")

@@ -24,7 +24,8 @@ _HOST_NAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A
 _DOTTED = re.compile(r"[0-9.]+")
 
 
-def parse_host_port(text: str, default_port: int | None = None, example: str = "10.0.0.1:29500") -> tuple[str, int | None]:
+def parse_host_port(text: str, default_port: int | None = None,
+                    example: str = "10.0.0.1:29500") -> tuple[str, int | None]:
     """`HOST[:PORT]` -> (host, port); `default_port` when no port is given. ValueError says what is wrong and what
     to write (the caller names its flag)."""
     value = text.strip()
@@ -39,7 +40,7 @@ def parse_host_port(text: str, default_port: int | None = None, example: str = "
                              "with its port in brackets, e.g. [fd00::1]:29500, and a host name as HOST:PORT")
     elif ":" in value:
         host, _, p = value.partition(":")
-        port = _port(p, text, example)
+        port = _port(p, example)
         _check_host(host, text, example)
     else:
         host, port = value, None
@@ -66,10 +67,10 @@ def _bracketed(value: str, text: str) -> tuple[str, int | None]:
         return host, None
     if not rest.startswith(":"):
         raise ValueError(f"{text!r}: expected ':PORT' after ']' (e.g. [fd00::1]:29500)")
-    return host, _port(rest[1:], text, "[fd00::1]:29500")
+    return host, _port(rest[1:], "[fd00::1]:29500")
 
 
-def _port(text: str, whole: str, example: str) -> int:
+def _port(text: str, example: str) -> int:
     try:
         port = int(text)
     except ValueError:

@@ -10,7 +10,6 @@ hetauto.launch.inputs and hetauto.core.units exercised in one place.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from hetauto.testing.hostile import Case
