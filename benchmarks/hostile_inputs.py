@@ -16,7 +16,7 @@ import sys
 import time
 
 from hetauto.testing.hostile import CLASSES, Outcome, counts, run_cases
-from hetauto.testing.hostile_cases import all_cases, base
+from hetauto.testing.hostile_table import all_cases, base
 
 
 def main(argv: list[str] | None = None) -> int:

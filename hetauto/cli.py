@@ -34,8 +34,55 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# `--help` examples, one place for every command (and its sub-actions): each list becomes that parser's epilog.
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "": ("hetauto scenarios", "hetauto plan --scenario cpu-demo -o plan.json", "hetauto run plan.json --emulate"),
+    "backends": ("hetauto backends", "hetauto backends --json"),
+    "devices": ("hetauto devices", "hetauto devices --json"),
+    "models": ("hetauto models", "hetauto models --json"),
+    "scenarios": ("hetauto scenarios", "hetauto scenarios --json"),
+    "profile": ("hetauto profile --quick -o my-gpu.yaml", "hetauto profile link --local --json"),
+    "profile import": ("hetauto profile import layers.csv --from csv --device a100-80g -o a100-measured.yaml",),
+    "profile link": ("hetauto profile link --rank 1 --master 10.0.0.1:29600   # on the receiver, first",
+                     "hetauto profile link --rank 0 --master 10.0.0.1:29600 --sizes 1MiB,16MiB --flows 1,4",
+                     "hetauto profile link --rank 0 --master [fd00::1]:29600   # IPv6 in brackets"),
+    "plan": ("hetauto plan --scenario cpu-demo -o plan.json",
+             "hetauto plan --cluster cluster.yaml --model llama2-7b --gbs 512 --seq 4096 -o plan.json"),
+    "simulate": ("hetauto simulate plan.json --gantt gantt.png",
+                 "hetauto simulate --synthetic --schedule 1f1b --stages 4 --microbatches 8 --tf 1 --tb 2"),
+    "evaluate": ("hetauto evaluate plan.json", "hetauto evaluate plan.json --cluster other.yaml --json"),
+    "run": ("hetauto run plan.json --emulate", "hetauto run plan.json --steps 100 --data tokens.bin"),
+    "launch": ("hetauto launch plan.json --target torchrun --master 10.0.0.1:29500 -o job/",
+               "hetauto launch plan.json --target slurm --master node0 --site-option siteA.partition=gpu -o job/"),
+    "node": ("hetauto node launch.json --node-rank 0",),
+    "calibrate": ("hetauto calibrate", "hetauto calibrate --show"),
+    "checkpoint": ("hetauto checkpoint verify ckpt/", "hetauto checkpoint export ckpt/ -o hf-model/"),
+    "checkpoint verify": ("hetauto checkpoint verify ckpt/step-00000100",),
+    "checkpoint export": ("hetauto checkpoint export ckpt/ -o hf-model/",),
+    "data": ("hetauto data prepare notes.txt -o tokens.bin",),
+    "data prepare": ("hetauto data prepare notes.txt more.txt -o tokens.bin",),
+}
+
+
+def _epilog(key: str) -> str | None:
+    lines = EXAMPLES.get(key)
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines) if lines else None
+
+
+def _add_examples(parser: argparse.ArgumentParser, key: str) -> None:
+    """The parser's epilog from EXAMPLES (kept verbatim), then the same for its sub-actions (`profile link`)."""
+    if parser.epilog is None and _epilog(key):
+        parser.epilog = _epilog(key)
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                _add_examples(child, f"{key} {name}".strip())
+
+
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hetauto", description="Plan and run training across heterogeneous clusters.")
+    parser = argparse.ArgumentParser(prog="hetauto", description="Plan and run training across heterogeneous clusters.",
+                                     epilog=_epilog(""), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"hetauto {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
@@ -48,6 +95,7 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
                                 "a plan or cluster file never imports code by itself")
             importlib.import_module(module).add_arguments(p)
             p.set_defaults(_module=module)
+            _add_examples(p, name)
     return parser
 
 
@@ -73,13 +121,18 @@ def _exit_130_on_sigint() -> None:
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser(argv)
-    args = parser.parse_args(argv)
-    if not getattr(args, "_module", None):
-        parser.print_help()
-        return 0
+    try:
+        args = parser.parse_args(argv)  # --help prints here
+        if not getattr(args, "_module", None):
+            parser.print_help()
+            return 0
+    except BrokenPipeError:
+        return _closed_pipe()
     try:
         _allow_model_code(args)
         return int(importlib.import_module(args._module).run(args) or 0)
+    except BrokenPipeError:
+        return _closed_pipe()
     except HetautoError as err:
         return _fail(args, str(err), err.exit_code)
     except KeyboardInterrupt:
@@ -104,10 +157,26 @@ def _allow_model_code(args: argparse.Namespace) -> None:
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
-    if getattr(args, "json", False):
-        print(json.dumps({"error": message}))
+    try:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": message}), flush=True)
+    except BrokenPipeError:
+        _closed_pipe()
     print(f"hetauto {args.command}: error: {message}", file=sys.stderr)
     return code
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (`hetauto launch ... | true`, `| head`): end quietly with 141, the shell's
+    code for death by SIGPIPE, as cat and grep do. stdout is pointed at /dev/null first, or the interpreter's
+    final flush would raise BrokenPipeError again and print it."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (a test's capture)
+        pass
+    return 141
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Every hostile input (benchmarks/hostile_inputs.py's table, hetauto.testing.hostile_cases) gets a clean answer:
+"""Every hostile input (benchmarks/hostile_inputs.py's table, hetauto.testing.hostile_table) gets a clean answer:
 a one-line refusal naming what is wrong, never a traceback, a hang, a silent acceptance or a damaged input."""
 
 from __future__ import annotations
 
 from hetauto.testing.hostile import CLASSES, Case, counts, run_cases
-from hetauto.testing.hostile_cases import all_cases, base
+from hetauto.testing.hostile_table import all_cases, base
 
 
 def test_the_table_covers_every_command_and_the_api_with_at_least_150_cases() -> None:

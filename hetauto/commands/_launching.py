@@ -13,8 +13,12 @@ from typing import Any
 from hetauto.core.errors import HetautoError, SpecError
 
 
-def _key_values(specs: list[str], flag: str, sep: str) -> dict[str, dict[str, str]]:
-    """['[SCOPE<sep>]KEY=VALUE', ...] -> {scope or '': {KEY: VALUE}}."""
+def _key_values(specs: list[str], flag: str, sep: str, visible_env: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+    """['[SCOPE<sep>]KEY=VALUE', ...] -> {scope or '': {KEY: VALUE}}. A key given twice for one scope is refused
+    (never last-wins); `--env` refuses what the node agent manages, `--site-option` unsafe values
+    (hetauto.launch.inputs)."""
+    from hetauto.launch.inputs import managed_env_reason, site_option_problem
+
     out: dict[str, dict[str, str]] = {}
     for spec in specs:
         head, eq, value = spec.partition("=")
@@ -25,7 +29,16 @@ def _key_values(specs: list[str], flag: str, sep: str) -> dict[str, dict[str, st
         if flag == "--env" and not _ENV_NAME.fullmatch(key.strip()):
             raise SpecError(None, flag, f"{spec!r}: {key.strip()!r} is not an environment variable name",
                             "use letters, digits and _, not starting with a digit, e.g. --env NCCL_DEBUG=WARN")
-        out.setdefault(scope.strip(), {})[key.strip()] = value
+        why = managed_env_reason(key.strip(), visible_env) if flag == "--env" else site_option_problem(key, value)
+        if why is not None:
+            problem = f"{key.strip()} is managed by hetauto: {why}" if flag == "--env" else why
+            raise SpecError(None, flag, f"{spec!r}: {problem}")
+        given = out.setdefault(scope.strip(), {})
+        if key.strip() in given:
+            where = f" for {scope.strip()}" if scope.strip() else ""
+            raise SpecError(None, flag, f"{key.strip()} is given twice{where} ({given[key.strip()]!r} and {value!r})",
+                            "give each key once")
+        given[key.strip()] = value
     return out
 
 
@@ -58,20 +71,19 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
         if scope not in sites:
             raise SpecError(None, "--site-option", f"'{scope or '(none)'}' is not a site",
                             f"write SITE.KEY=VALUE with one of: {', '.join(sites)}")
-    envs = _key_values(args.env, "--env", ":")
+    envs = _key_values(args.env, "--env", ":", tuple(v for b in registry.names() for v in _visible(registry, b)))
     site_env: dict[str, dict[str, str]] = {name: dict(envs.get(name, {})) for name in sites}
-    for spec in args.iface:
-        site, eq, name = spec.rpartition("=")
-        if not name.strip() or any(c.isspace() for c in name):
-            raise SpecError(None, "--iface", f"{spec!r}: no interface name", "e.g. --iface eth0 or --iface fast=ib0")
-        for s in ([site] if eq else list(sites)):
-            if s not in sites:
-                raise SpecError(None, "--iface", f"'{s}' is not a site", f"one of: {', '.join(sites)}")
-            site_env[s][HOST_SOCKET_ENV] = name
-            for c in sites[s]:
-                be = known.get(backends[[st.cluster for st in plan.stages].index(c)])
-                for var in (be.socket_ifname_envs if be is not None else ()):
-                    site_env[s][var] = name
+    for s, name in _ifaces(args.iface, sites).items():
+        variables = [HOST_SOCKET_ENV]
+        for c in sites[s]:
+            be = known.get(backends[[st.cluster for st in plan.stages].index(c)])
+            variables += list(be.socket_ifname_envs if be is not None else ())
+        for var in variables:
+            given = envs.get("", {}).get(var, envs.get(s, {}).get(var))
+            if given is not None and given != name:
+                raise SpecError(None, "--env", f"{var}={given} contradicts --iface {name} for site '{s}'",
+                                "give the interface once, with --iface")
+            site_env[s][var] = name
     for scope in envs:
         if scope and scope not in sites:
             raise SpecError(None, "--env", f"'{scope}' is not a site", f"one of: {', '.join(sites)}")
@@ -97,6 +109,35 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
                   files=files, needs=needs, reference=not getattr(args, "no_reference", False))
 
 
+def _visible(registry: Any, name: str) -> tuple[str, ...]:
+    try:
+        return tuple(registry.get(name).visible_devices_envs)
+    except Exception:  # noqa: BLE001 - a backend that does not load names no variables
+        return ()
+
+
+def _ifaces(specs: list[str], sites: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """`--iface NAME` (every site) and `--iface SITE=NAME` -> site -> interface; a site's own beats the common one
+    whatever their order, and two for the same scope are refused (never last-wins)."""
+    common: str | None = None
+    own: dict[str, str] = {}
+    for spec in specs:
+        site, eq, name = spec.rpartition("=")
+        if not name.strip() or any(c.isspace() for c in name):
+            raise SpecError(None, "--iface", f"{spec!r}: no interface name", "e.g. --iface eth0 or --iface fast=ib0")
+        if eq and site not in sites:
+            raise SpecError(None, "--iface", f"'{site}' is not a site", f"one of: {', '.join(sites)}")
+        earlier = own.get(site) if eq else common
+        if earlier is not None:
+            where = f"site '{site}'" if eq else "every site"
+            raise SpecError(None, "--iface", f"two interfaces for {where} ({earlier} and {name})", "give one")
+        if eq:
+            own[site] = name
+        else:
+            common = name
+    return {s: own.get(s, common) for s in sites if own.get(s, common) is not None}  # type: ignore[misc]
+
+
 def _version() -> str:
     from hetauto import __version__
 
@@ -119,7 +160,8 @@ def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
     lines = [f"hetauto launch --target {target_name}: {launch.world_size} ranks on {launch.num_nodes} node(s) at "
              f"{len(launch.sites)} site(s); plan sha256 {launch.plan_sha256[:12]}",
              f"lead: site '{rdzv.lead_site}' node rank 0 at {rdzv.master_addr} (rendezvous port {rdzv.master_port}, "
-             f"control port {rdzv.control_port}); it writes result.json in its working folder", ""]
+             f"control port {rdzv.control_port}); it writes result.json in its working folder",
+             _training(launch.run), ""]
     for site in launch.sites:
         mine = sorted(p for p in files if p.startswith(site.name + "/"))
         lines.append(f"site '{site.name}' (clusters {', '.join(site.clusters)}): submit {', '.join(mine)}")
@@ -130,12 +172,26 @@ def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _training(run: dict[str, Any]) -> str:
+    """What the job trains, in words: its defaults (3 steps of synthetic tokens) are a smoke test, not training."""
+    steps = run.get("steps")
+    if run.get("data"):
+        return f"training: {steps} step(s) on {run['data']} (--steps, --data)"
+    return (f"training: {steps} step(s) of synthetic data (random tokens: a check that the job runs, not training; "
+            "--steps N and --data FILE choose them)")
+
+
 def write_files(folder: str | Path, files: dict[str, str]) -> list[Path]:
     out = Path(folder)
     if out.exists() and not out.is_dir():
         raise HetautoError(f"-o {folder}: is a file; give a folder")
     if out.is_dir() and any(out.iterdir()):
         raise HetautoError(f"-o {folder}: the folder is not empty; give a new or empty folder (nothing is overwritten)")
+    root = out.resolve()
+    for rel in files:  # every path checked before the first is written
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not (root / rel).resolve().is_relative_to(root):
+            raise HetautoError(f"-o {folder}: the target would write {rel!r}, outside the folder; nothing was "
+                               "written (site names follow hetauto.core.names' rule)")
     written = []
     try:
         for rel, text in files.items():

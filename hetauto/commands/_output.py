@@ -12,7 +12,17 @@ from rich.table import Table
 
 from hetauto.core.output_paths import require_distinct, require_not_input, require_writable  # noqa: F401 (re-exported)
 
-console = Console()
+
+class _Console(Console):
+    """rich's Console, leaving a closed stdout to hetauto.cli (exit 141, the SIGPIPE convention) instead of its
+    own SystemExit(1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError()
+
+
+console = _Console()
 
 
 def print_json(doc: Any) -> None:
@@ -32,7 +42,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     # piped or redirected: rich would squeeze the table into 80 columns and cut the cells ("llama2-…"); print it
     # at its natural width instead, so `hetauto models | cat` and `> file` keep every name whole
     natural = Console(width=100_000).measure(table).maximum
-    Console(width=max(natural, console.width), no_color=console.no_color).print(table)
+    _Console(width=max(natural, console.width), no_color=console.no_color).print(table)
 
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")

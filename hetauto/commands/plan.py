@@ -358,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
 
         exported = [str(p) for p in write_torch_schedule(result.plan, args.export_schedule[1])]
     links = _cross_site_links(inputs, result, args)
+    unplaced = _unplaced(inputs, result, args)
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner, **_figures(result), "precision": _precision(result, inputs),
                                "scenario": inputs.scenario, "cluster": inputs.cluster_source,
@@ -370,6 +371,8 @@ def run(args: argparse.Namespace) -> int:
                                     {**_figures(r), "ratio": result.evaluation.throughput_samples_s /
                                      r.evaluation.throughput_samples_s})
                                 for n, r in baselines.items()}
+        if unplaced:
+            doc["unplaced_clusters"] = unplaced
         if args.output:
             doc["output"] = args.output
         if args.plot:
@@ -383,11 +386,20 @@ def run(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     _human(inputs, result, baselines, args, links)
+    for u in unplaced:
+        console.print(f"warning: cluster {u['cluster']} is not in the plan: {u['why']}", highlight=False)
     if resumed is not None:
         console.print(f"re-planned {resumed.model.name} from checkpoint {resumed.checkpoint} (step {resumed.step}); "
                       "continue with:", highlight=False)
         console.print(f"  {_continue_command(args)}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _unplaced(inputs: Any, result: PlanResult, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Clusters of the file no plan could use at all (hetauto.planner.unplaced), named rather than dropped."""
+    from hetauto.planner.unplaced import unplaceable_clusters
+
+    return unplaceable_clusters(inputs, make_evaluator(inputs, args.precision), {s.cluster for s in result.plan.stages})
 
 
 def _plot(inputs: Any, result: PlanResult, args: argparse.Namespace) -> None:
@@ -431,10 +443,25 @@ def _resharding_note(p: Any) -> str:
     return f", resharding per boundary {', '.join(p.resharding)}"
 
 
+def _defaults_note(inputs: Any, args: argparse.Namespace) -> str:
+    """Say which of seq and global batch were chosen for the user (no --seq/--gbs and no scenario, which
+    states its own): a plan for another batch is another plan."""
+    if inputs.scenario is not None or getattr(args, "resume", None):
+        return ""
+    from hetauto.planner.inputs import DEFAULT_GLOBAL_BATCH
+
+    chosen = ([f"seq {inputs.seq_len} (the model's maximum; --seq sets it)"] if args.seq is None else []) + \
+        ([f"global batch {DEFAULT_GLOBAL_BATCH} (--gbs sets it)"] if args.gbs is None else [])
+    return "defaults: " + ", ".join(chosen) if chosen else ""
+
+
 def _human(inputs: Any, r: PlanResult, baselines: dict[str, Any], args: argparse.Namespace,
            links: list[dict[str, Any]]) -> None:
     for line in inputs.describe():
         console.print(line, highlight=False)
+    note = _defaults_note(inputs, args)
+    if note:
+        console.print(note, highlight=False)
     p, ev = r.plan, r.evaluation
     rows = []
     for i, s in enumerate(p.stages):

@@ -24,9 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from hetauto.core.errors import HetautoError
+from hetauto.core.netaddr import format_host_port
 
 DEFAULT_SIZES = "64KiB,1MiB,16MiB"
 DEFAULT_FLOWS = "1,2,4"
+# Why bounds: each flow's message is allocated on both sides at once (1 PiB reached the allocator), and a flow is a
+# TCP connection of its own; a plan's largest activation is a few GiB and its boundaries a few dozen peer pairs.
+MAX_SIZE_BYTES = 4 << 30
+MAX_FLOWS = 256
+MAX_ROW_BYTES = 16 << 30  # size x flows of one row: what both sides hold at once
 
 
 def add_link_arguments(sub: Any) -> None:
@@ -59,16 +65,36 @@ def _list(text: str, what: str, parse: Any) -> tuple[int, ...]:
         raise HetautoError(f"--{what}: {err}") from None
     if not out or any(x < 1 for x in out):
         raise HetautoError(f"--{what}: expected a comma-separated list of positive values, got {text!r}")
+    limit, shown = (MAX_SIZE_BYTES, "4GiB") if what == "sizes" else (MAX_FLOWS, str(MAX_FLOWS))
+    if max(out) > limit:
+        why = "each message is held in memory on both hosts" if what == "sizes" else "each flow is a TCP connection"
+        raise HetautoError(f"--{what}: {max(out):,} is more than the {shown} a row measures ({why}); use values up to "
+                           f"{shown}")
     return tuple(dict.fromkeys(out))
 
 
+def _sizes_and_flows(sizes_text: str, flows_text: str, parse_bytes: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    sizes = _list(sizes_text, "sizes", parse_bytes)
+    flows = _list(flows_text, "flows", int)
+    if max(sizes) * max(flows) > MAX_ROW_BYTES:
+        raise HetautoError(f"--sizes/--flows: {max(flows)} flows of {max(sizes):,} bytes hold more than 16GiB at once on "
+                           "each host; lower the largest size or flow count")
+    return sizes, flows
+
+
 def _master(text: str | None) -> tuple[str, int]:
+    """HOST:PORT through hetauto.core.netaddr, the parser `hetauto launch --master` uses (`[::1]:29600` for IPv6)."""
+    from hetauto.core.netaddr import parse_host_port
+
     if not text:
         raise HetautoError("--master HOST:PORT is required (or --local for both sides on this host)")
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        host, port = parse_host_port(text, None, "10.0.0.1:29600")
+    except ValueError as err:
+        raise HetautoError(f"--master: {err}") from None
+    if port is None:
         raise HetautoError(f"--master: expected HOST:PORT, got {text!r} (e.g. --master 10.0.0.1:29600)")
-    return host, int(port)
+    return host, port
 
 
 def _free_port() -> int:
@@ -126,8 +152,7 @@ def run_link(args: argparse.Namespace) -> int:
     from hetauto.core.units import parse_bytes
     from hetauto.profiling.link import PeerUnreachable, measure_link
 
-    sizes = _list(args.sizes, "sizes", parse_bytes)
-    flows = _list(args.flows, "flows", int)
+    sizes, flows = _sizes_and_flows(args.sizes, args.flows, parse_bytes)
     if args.repeats < 1:
         raise HetautoError(f"--repeats must be >= 1, got {args.repeats}")
     if args.timeout <= 0:
@@ -148,7 +173,7 @@ def run_link(args: argparse.Namespace) -> int:
             raise HetautoError("--local runs both sides itself: drop --master and --rank")
         host, port = "127.0.0.1", _free_port()
         peer = subprocess.Popen([sys.executable, "-m", "hetauto", "profile", "link", "--rank", "1", "--master",
-                                 f"{host}:{port}", "--sizes", args.sizes, "--flows", args.flows,
+                                 format_host_port(host, port), "--sizes", args.sizes, "--flows", args.flows,
                                  "--repeats", str(args.repeats), "--timeout", str(args.timeout)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     else:
@@ -160,7 +185,7 @@ def run_link(args: argparse.Namespace) -> int:
         raise HetautoError(str(err)) from None
     except RuntimeError as err:  # the peer went away mid-measurement (gloo's error)
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise HetautoError(f"link measurement with {host}:{port} failed: {first}") from None
+        raise HetautoError(f"link measurement with {format_host_port(host, port)} failed: {first}") from None
     finally:
         if peer is not None:
             try:
@@ -174,13 +199,13 @@ def run_link(args: argparse.Namespace) -> int:
         else:
             from hetauto.commands._output import print_json
 
-            print_json({"master": f"{host}:{port}", "rank": 1, "rows": len(result.rows)})
+            print_json({"master": format_host_port(host, port), "rank": 1, "rows": len(result.rows)})
         return 0
     rows = [{"bytes": r.nbytes, "flows": r.flows, "seconds": r.seconds, "idle": r.idle_s,
              "gbps": r.nbytes * r.flows * 8 / r.seconds / 1e9} for r in result.rows]
     if args.spec is not None:
         write_rows(args.spec, tuple(args.between), rows)
-    doc = {"master": f"{host}:{port}", "ping_rtt_s": result.ping_rtt_s, "rows": rows, "spec": args.spec,
+    doc = {"master": format_host_port(host, port), "ping_rtt_s": result.ping_rtt_s, "rows": rows, "spec": args.spec,
            "between": list(args.between) if args.between else None}
     if want_json:
         from hetauto.commands._output import print_json
@@ -190,7 +215,7 @@ def run_link(args: argparse.Namespace) -> int:
     from hetauto.commands._output import console, print_table
     from hetauto.core.units import format_bytes, format_time
 
-    print_table(f"link {host}:{port} (one-byte round trip {format_time(result.ping_rtt_s)})",
+    print_table(f"link {format_host_port(host, port)} (one-byte round trip {format_time(result.ping_rtt_s)})",
                 ["size", "flows", "one way", "Gbit/s (all flows)"],
                 [(format_bytes(r["bytes"]), r["flows"], format_time(r["seconds"]), f"{r['gbps']:.3g}") for r in rows])
     if args.spec is not None:

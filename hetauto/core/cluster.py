@@ -58,6 +58,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetauto.core.errors import SpecError
+from hetauto.core.names import names_clash, valid_name
 from hetauto.core.profile import Backend, DeviceProfile, get_device
 from hetauto.core.specio import fields_at, read_document, validate_document
 from hetauto.core.units import parse_bandwidth, parse_bytes, parse_time
@@ -292,6 +293,11 @@ class ClusterDoc(_Strict):
     def _speed(cls, v: Any) -> Any:
         return _not_a_boolean(v, "a speed factor (relative to the device profile)", "speed_factor: 0.5")
 
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, v: Any) -> Any:
+        return _valid_name(v, "a cluster name")
+
     @model_validator(mode="before")
     @classmethod
     def _groups_apart(cls, data: Any) -> Any:
@@ -312,6 +318,19 @@ class ClusterDoc(_Strict):
 
 class OverrideDoc(LinkDoc):
     between: tuple[str, str]
+
+    @field_validator("between", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            for name in v:
+                _valid_name(name, "a cluster name")
+        return v
+
+
+def _valid_name(value: Any, what: str) -> Any:
+    """hetauto.core.names' rule: a name becomes a folder, a shell word, YAML and a label."""
+    return valid_name(value, what)
 
 
 class LinksDoc(_Strict):
@@ -595,6 +614,15 @@ class ClusterSpec:
 
 
 # ----------------------------------------------------------------------------------------------- loading
+def _refuse_case_clash(names: list[str], source: str | Path | None) -> None:
+    """Names equal but for case would share a lower-cased label or a folder on a case-insensitive file system."""
+    clash = names_clash(names)
+    if clash is not None:
+        raise SpecError(source, f"clusters[{names.index(clash[1])}].name", f"cluster names '{clash[0]}' and "
+                        f"'{clash[1]}' differ only in case (a label or a case-insensitive file system would merge "
+                        "them)", "give every cluster a name that differs in more than case")
+
+
 def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str | Path | None = None) -> ClusterSpec:
     """Validate a parsed spec document; every problem is a one-line SpecError naming `source` and the field."""
     try:
@@ -614,6 +642,7 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
         raise
     if base_dir is None and source is not None:
         base_dir = Path(str(source)).parent
+    _refuse_case_clash([c.name for c in doc.clusters], source)
     seen: dict[str, int] = {}
     clusters = []
     total = 0

@@ -35,14 +35,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, model_serializer, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, model_serializer,
+                      model_validator)
 
 from hetauto.core.chunks import effective_chunks, tile_chunks
 
 from hetauto.core.dp_sharding import DPSharding
 from hetauto.core.errors import SpecError
+from hetauto.core.names import valid_name
 from hetauto.core.specio import read_document, validate_document
 
 PLAN_SCHEMA = "hetauto.plan/1"
@@ -61,13 +63,28 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _not_a_boolean(v: Any) -> Any:
+    """JSON's `true` is not the count 1: a boolean where a count belongs is a mistake (pydantic's lax ints take it)."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a whole number, got {str(v).lower()}")
+    return v
+
+
+def _cluster_name(v: str) -> str:
+    return valid_name(v, "a cluster name")
+
+
+Count = Annotated[int, BeforeValidator(_not_a_boolean)]  # a count: an int, never a boolean
+ClusterName = Annotated[str, AfterValidator(_cluster_name)]  # hetauto.core.names' rule
+
+
 class StagePlan(_Frozen):
-    cluster: str
+    cluster: ClusterName
     device_type: str
-    devices: tuple[int, ...] = Field(min_length=1)
-    layers: tuple[int, int]
-    tp: int = Field(ge=1)
-    dp: int = Field(ge=1)
+    devices: tuple[Count, ...] = Field(min_length=1)
+    layers: tuple[Count, Count]
+    tp: Count = Field(ge=1)
+    dp: Count = Field(ge=1)
     recompute: bool = False
     # interleaved schedule only: this stage's v chunk ranges, in chunk order (see the module docstring)
     chunks: tuple[tuple[int, int], ...] | None = None
@@ -182,11 +199,11 @@ class Prediction(_Frozen):
     """What the planner predicted for the plan; finite numbers only (JSON has no infinity, so a plan that loaded
     with one could not be written back)."""
 
-    iteration_time_s: FiniteFloat
-    throughput_samples_s: FiniteFloat
-    tokens_s: FiniteFloat
+    iteration_time_s: FiniteFloat = Field(gt=0)  # a hand-edited 0 or -1 would reach the launch plan and reports
+    throughput_samples_s: FiniteFloat = Field(ge=0)
+    tokens_s: FiniteFloat = Field(ge=0)
     bubble_fraction: FiniteFloat
-    peak_memory_bytes: tuple[FiniteFloat, ...]
+    peak_memory_bytes: tuple[Annotated[FiniteFloat, Field(ge=0)], ...]
     mfu: FiniteFloat | None = None
     cost_model: str = "analytical"
 
@@ -195,10 +212,10 @@ class Plan(_Frozen):
     schema_: Literal["hetauto.plan/1"] = Field(default=PLAN_SCHEMA, alias="schema")
     model: str
     cluster: str | None = None  # scenario name or cluster file the plan was made for
-    seq_len: int = Field(ge=1)
-    global_batch: int = Field(ge=1)
-    microbatch_size: int = Field(ge=1)
-    num_microbatches: int = Field(ge=1)
+    seq_len: Count = Field(ge=1)
+    global_batch: Count = Field(ge=1)
+    microbatch_size: Count = Field(ge=1)
+    num_microbatches: Count = Field(ge=1)
     stages: tuple[StagePlan, ...] = Field(min_length=1)
     schedule: ScheduleSpec = ScheduleSpec()
     resharding: tuple[ReshardMethod, ...] = ()
@@ -292,8 +309,10 @@ class Plan(_Frozen):
 
     @classmethod
     def from_json(cls, text: str, source: str | None = None) -> "Plan":
+        from hetauto.core.specio import loads_json
+
         try:
-            data = json.loads(text)
+            data = loads_json(text, source)
         except json.JSONDecodeError as exc:
             raise SpecError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
         return validate_document(cls, data, source)

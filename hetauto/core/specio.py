@@ -56,8 +56,8 @@ def parse_text(text: str, source: str | Path | None = None) -> Any:
                         "a cluster, model or profile spec nests a few levels: is this the right file?")
     try:
         if is_json:
-            return json.loads(text)
-        return yaml.safe_load(text)
+            return loads_json(text, source)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except json.JSONDecodeError as exc:
         raise SpecError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
     except yaml.YAMLError as exc:
@@ -67,6 +67,55 @@ def parse_text(text: str, source: str | Path | None = None) -> Any:
         raise SpecError(source, line, f"invalid YAML: {problem}") from None
     except RecursionError:
         raise SpecError(source, "", "document nests too deeply") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (PyYAML keeps the last silently, so a
+    second `bandwidth:` under a link would quietly replace the first). Keys merged in with `<<:` may still be
+    overridden, as YAML means."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key '{key}' (also on line {seen[key]}); give each key once",
+                        key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def loads_json(text: str, source: str | Path | None = None) -> Any:
+    """json.loads refusing a key given twice in one object (json.loads keeps the last silently): a SpecError
+    naming the key and the line of its second occurrence."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as dup:
+        needle = json.dumps(dup.key)
+        lines = [i + 1 for i, line in enumerate(text.splitlines()) for _ in range(line.count(needle))]
+        where = f"line {lines[1]}" if len(lines) > 1 else ""
+        raise SpecError(source, where, f"duplicate key {needle}" + (f" (also on line {lines[0]})" if lines else ""),
+                        "give each key once") from None
 
 
 def _flow_depth(text: str) -> int:

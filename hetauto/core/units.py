@@ -33,8 +33,9 @@ def _table_bandwidth() -> dict[str, float]:
         if p == "K":
             continue
         out[f"{p}B/s"] = f
-        out[f"{p}bps"] = f / 8.0
-        out[f"{p}b/s"] = f / 8.0
+        if p not in _BIN:  # bits come with decimal prefixes only: a 'Gibps' is nobody's datasheet unit, so a typo
+            out[f"{p}bps"] = f / 8.0
+            out[f"{p}b/s"] = f / 8.0
         if p:
             out[f"{p}Bps"] = f
     return out
@@ -64,6 +65,16 @@ _KINDS: dict[str, tuple[dict[str, float], str]] = {
     "bandwidth": (BANDWIDTH_UNITS, "bps, Mbps, Gbps, Tbps (bits/s), B/s, MB/s, GB/s, TB/s, GiB/s (bytes/s)"),
     "time": (TIME_UNITS, "s, ms, us, ns"),
     "flops": (FLOPS_UNITS, "FLOPS, GFLOPS, TFLOPS, PFLOPS (or FLOP/s forms)"),
+}
+
+
+# Why bounds: 1e300Gbps parsed to infinity once multiplied (shown as infGbps) and 1e-300Gbps planned a link that
+# would take longer than the universe; neither is a typo anyone means. The range holds every real figure: a
+# 1 kbit/s emulated link up to 1 PB/s (above any memory bandwidth), up to 1 EiB, up to 1 ZFLOP/s per device.
+BOUNDS: dict[str, tuple[float, float, str, str]] = {
+    "bandwidth": (125.0, 1e15, "1kbps", "1PB/s"),
+    "bytes": (0.0, float(2**60), "0B", "1EiB"),
+    "flops": (0.0, 1e21, "0FLOPS", "1000EFLOPS"),
 }
 
 
@@ -100,6 +111,11 @@ def parse_quantity(value: object, kind: str, *, allow_zero: bool = False, requir
     if number < 0 or (number == 0 and not allow_zero):
         need = "zero or positive" if allow_zero else "positive"
         raise ValueError(f"{kind} value {value!r} must be {need}")
+    if kind in BOUNDS and number != 0:
+        low, high, low_text, high_text = BOUNDS[kind]
+        if not low <= number <= high:
+            raise ValueError(f"{kind} value {value!r} is outside {low_text}..{high_text}, the range of real "
+                             "hardware; check the exponent and the unit")
     return number
 
 

@@ -46,7 +46,13 @@ class ControlServer:
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((bind, int(port)))
+        try:
+            self._sock.bind((bind, int(port)))
+        except OSError as err:  # e.g. a second lead agent on this machine: one line naming the port and its holder
+            self._sock.close()
+            from hetauto.launch.ports import listen_error
+
+            raise listen_error(bind, int(port), err) from None
         self._sock.listen(1024)
         self.port = int(self._sock.getsockname()[1])
         host = advertise or bind

@@ -16,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch, SpecError
+from hetauto.core.names import name_problem, names_clash, valid_name
 from hetauto.core.plan import Plan
 from hetauto.core.specio import read_document, validate_document
 
@@ -37,13 +38,19 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# a site or cluster name becomes a folder, a shell word and YAML in every target: hetauto.core.names' rule, also
+# for a hand-edited launch.json
+SiteName = Annotated[str, AfterValidator(lambda v: valid_name(v, "a site name"))]
+ClusterName = Annotated[str, AfterValidator(lambda v: valid_name(v, "a cluster name"))]
+
+
 class NodeLaunch(_Frozen):
     """One machine: `node` is its index in its cluster (device // devices_per_node), `first_rank` and `nproc`
     its contiguous global ranks, `devices` the cluster-local device indices on it that the plan uses (in local
     rank order), `visible_devices_env` the backend's variables that select them (none for cpu/mock)."""
 
     node_rank: int = Field(ge=0)
-    cluster: str
+    cluster: ClusterName
     node: int = Field(ge=0)
     first_rank: int = Field(ge=0)
     nproc: int = Field(ge=1)
@@ -60,8 +67,8 @@ class NodeLaunch(_Frozen):
 class SiteLaunch(_Frozen):
     """What one site's operator submits: the plan clusters it runs, their nodes, the environment for them."""
 
-    name: str = Field(min_length=1)
-    clusters: tuple[str, ...] = Field(min_length=1)
+    name: SiteName
+    clusters: tuple[ClusterName, ...] = Field(min_length=1)
     nodes: tuple[NodeLaunch, ...] = Field(min_length=1)
     env: dict[str, str] = {}
     # what the site's scheduler needs that a plan does not say (`--site-option SITE.KEY=VALUE`): e.g. slurm
@@ -85,7 +92,7 @@ class Rendezvous(_Frozen):
     master_addr: str = Field(min_length=1)
     master_port: int = Field(ge=1, le=65535)
     control_port: int = Field(ge=1, le=65535)
-    lead_site: str
+    lead_site: SiteName
     join_timeout_s: float = Field(default=300.0, gt=0)
 
     @model_validator(mode="after")
@@ -95,6 +102,9 @@ class Rendezvous(_Frozen):
                              "may not resolve)")
         if self.master_port == self.control_port:
             raise ValueError("control_port must differ from master_port")
+        from hetauto.core.netaddr import parse_host_port
+
+        parse_host_port(self.master_addr)  # a hand-edited address reaches scripts and YAML: the --master rules
         return self
 
 
@@ -149,8 +159,8 @@ class LaunchPlan(_Frozen):
         if expected != self.world_size:
             raise ValueError(f"the nodes hold {expected} ranks but world_size is {self.world_size}")
         names = [s.name for s in self.sites]
-        if len(set(names)) != len(names):
-            raise ValueError(f"site names must be unique, got {names}")
+        if len(set(names)) != len(names) or names_clash(names) is not None:
+            raise ValueError(f"site names must be unique (also in case), got {names}")
         if self.rendezvous.lead_site not in names:
             raise ValueError(f"lead_site {self.rendezvous.lead_site!r} is not a site ({', '.join(names)})")
         if nodes[0] not in self.site(self.rendezvous.lead_site).nodes:
@@ -209,37 +219,19 @@ def plan_digest(plan: Mapping[str, Any] | Plan) -> str:
 
 
 def parse_master(text: str) -> tuple[str, int]:
-    """`HOST[:PORT]` (an IPv6 address in brackets: `[fd00::1]:29500`) -> (host, port)."""
-    text = text.strip()
-    host, port = text, DEFAULT_PORT
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            raise SpecError(None, "--master", f"{text!r}: unclosed '['", "write an IPv6 master as [ADDR]:PORT")
-        host, rest = text[1:end], text[end + 1:]
-        if rest:
-            if not rest.startswith(":"):
-                raise SpecError(None, "--master", f"{text!r}: expected ':PORT' after ']'", "e.g. [fd00::1]:29500")
-            port = _port(rest[1:])
-    elif text.count(":") == 1:
-        host, p = text.split(":")
-        port = _port(p)
-    if not host or any(c.isspace() for c in host):
-        raise SpecError(None, "--master", f"{text!r} is not a host name or address", "e.g. --master 10.0.0.1:29500")
+    """`HOST[:PORT]` (an IPv6 address in brackets: `[fd00::1]:29500`) -> (host, port); hetauto.core.netaddr's rules,
+    the same as `hetauto profile link --master`."""
+    from hetauto.core.netaddr import parse_host_port
+
+    try:
+        host, port = parse_host_port(text, DEFAULT_PORT, "node0:29500")
+    except ValueError as err:
+        raise SpecError(None, "--master", str(err)) from None
+    assert port is not None
     if port >= 65535:
         raise SpecError(None, "--master", f"port {port} leaves no room for the control port ({port} + 1)",
                         "choose a port below 65535")
     return host, port
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 1 <= port <= 65535:
-        raise SpecError(None, "--master", f"port {text!r} is not a number in 1..65535", "e.g. --master node0:29500")
-    return port
 
 
 def parse_sites(specs: Sequence[str], clusters: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -252,6 +244,11 @@ def parse_sites(specs: Sequence[str], clusters: Sequence[str]) -> dict[str, tupl
         names = tuple(m.strip() for m in members.split(",") if m.strip())
         if not sep or not name.strip() or not names:
             raise SpecError(None, "--site", f"{spec!r}: expected NAME=CLUSTER[,CLUSTER...]", "e.g. --site siteA=h100,a100")
+        problem = name_problem(name.strip(), "site name")
+        if problem is not None:
+            raise SpecError(None, "--site", f"{spec!r}: {problem}")
+        if name.strip() in sites:
+            raise SpecError(None, "--site", f"site '{name.strip()}' is given twice", "name each site in one --site")
         for c in names:
             if c not in clusters:
                 raise SpecError(None, "--site", f"{spec!r}: '{c}' is not a cluster of the plan",
@@ -267,6 +264,10 @@ def parse_sites(specs: Sequence[str], clusters: Sequence[str]) -> dict[str, tupl
                 raise SpecError(None, "--site", f"site name '{c}' is also a cluster that no --site names",
                                 "rename the site or add the cluster to a site")
             sites[c] = (c,)
+    clash = names_clash(list(sites))
+    if clash is not None:
+        raise SpecError(None, "--site", f"site names '{clash[0]}' and '{clash[1]}' differ only in case (their folders "
+                        "and labels would merge)", "rename one of them")
     return sites
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command, site_header
+from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command, one_line, site_header
 
 __all__ = ["KubernetesTarget", "NodeGroup", "node_groups", "jobset", "jobset_path", "dump_yaml", "OPTIONS",
            "API_VERSION"]
@@ -145,8 +145,8 @@ def _script(launch: LaunchPlan, group: NodeGroup) -> str:
     ranks = f"node rank {first.node_rank}" if count == 1 else \
         f"node ranks {first.node_rank}-{first.node_rank + count - 1} (pod i: node rank {first.node_rank} + i)"
     return (
-        f"# hetauto launch (kubernetes): cluster '{first.cluster}', {ranks} of {launch.num_nodes}; "
-        f"{first.nproc} process(es) per node, backend {first.backend}\n"
+        f"# hetauto launch (kubernetes): cluster '{one_line(first.cluster)}', {ranks} of {launch.num_nodes}; "
+        f"{first.nproc} process(es) per node, backend {one_line(first.backend)}\n"
         "set -euo pipefail\n"
         f'export HETAUTO_NODE_RANK=$((HETAUTO_FIRST_NODE_RANK + ${{{INDEX_ENV}:?not an Indexed Job pod}}))\n'
         f'work="${{HETAUTO_WORKDIR:-/tmp/hetauto-job-{launch.plan_sha256[:12]}}}"\n'

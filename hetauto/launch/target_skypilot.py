@@ -21,7 +21,7 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command, site_header
+from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command, one_line, site_header
 
 __all__ = ["SkyPilotTarget", "SKYPILOT_ACCELERATORS", "OPTIONS", "task", "task_path", "accelerators"]
 
@@ -124,8 +124,8 @@ def _script(launch: LaunchPlan, site: SiteLaunch, first: NodeLaunch) -> str:
     ranks = f"node rank {first.node_rank}" if count == 1 else \
         f"node ranks {first.node_rank}-{first.node_rank + count - 1} (SkyPilot node i: node rank {first.node_rank} + i)"
     return (
-        f"# hetauto launch (skypilot): site '{site.name}', {ranks} of {launch.num_nodes}; "
-        f"{first.nproc} process(es) per node, backend {first.backend}\n"
+        f"# hetauto launch (skypilot): site '{one_line(site.name)}', {ranks} of {launch.num_nodes}; "
+        f"{first.nproc} process(es) per node, backend {one_line(first.backend)}\n"
         "set -euo pipefail\n"
         "export HETAUTO_NODE_RANK=$((HETAUTO_FIRST_NODE_RANK + ${SKYPILOT_NODE_RANK:?not run by SkyPilot}))\n"
         f'work="${{HETAUTO_WORKDIR:-$HOME/hetauto-job-{launch.plan_sha256[:12]}}}"\n'
@@ -172,7 +172,7 @@ def _header(launch: LaunchPlan, site: SiteLaunch) -> str:
     return site_header("skypilot", launch, site, role,
                        "# The nodes talk to the other sites' nodes directly (the collectives); open the job's ports "
                        "to those\n# nodes only (the rendezvous and the control store accept any connection).\n"
-                       f"# Submit with: sky launch -c hetauto-{site.name} task.yaml\n")
+                       f"# Submit with: sky launch -c hetauto-{one_line(site.name)} task.yaml\n")
 
 
 class SkyPilotTarget:

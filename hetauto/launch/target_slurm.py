@@ -37,7 +37,7 @@ import textwrap
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import embedded_launch, hookimpl, node_command
+from hetauto.launch.targets import embedded_launch, hookimpl, node_command, one_line
 
 __all__ = ["SlurmTarget", "site_script", "script_path", "OPTIONS", "MAX_NODE_SCRIPT"]
 
@@ -53,6 +53,8 @@ NODE_RANK = '"$NODE_RANK"'  # the node script's variable, as node_command's node
 
 # sbatch --time's formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED/INFINITE
 _SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+# sbatch --mem's format: a whole number with an optional unit suffix K, M (default), G or T
+_SLURM_MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 
 
 def script_path(site: SiteLaunch) -> str:
@@ -85,6 +87,9 @@ def _component_options(site: SiteLaunch) -> dict[str, dict[str, str]]:
         if name == "time" and not _SLURM_TIME.fullmatch(value):
             raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be a Slurm time limit "
                                f"(MINUTES, H:MM:SS, D-HH[:MM[:SS]] or UNLIMITED), got {value!r}; sbatch would refuse it")
+        if name == "mem" and not _SLURM_MEM.fullmatch(value):
+            raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be a Slurm memory size "
+                               f"(a whole number with K, M, G or T, e.g. 64G), got {value!r}; sbatch would refuse it")
         if name == "exclusive" and value not in EXCLUSIVE:
             raise HetautoError(f"slurm target: site '{site.name}': site option '{key}' must be one of "
                                f"{', '.join(EXCLUSIVE)}, got {value!r}")
@@ -162,7 +167,7 @@ def site_script(launch: LaunchPlan, site: SiteLaunch) -> str:
         where = f"component {k}: " if het else ""
         desc = ", ".join(f"node rank {n.node_rank} ({n.nproc} process(es), ranks {n.first_rank}-"
                          f"{n.first_rank + n.nproc - 1})" for n in nodes)
-        lines.append(f"#   {where}cluster '{cluster}', backend {nodes[0].backend}: {desc}")
+        lines.append(f"#   {where}cluster '{cluster}', backend {one_line(nodes[0].backend)}: {desc}")
     lines += ["# " + line for line in textwrap.wrap(role + ".", 112)]
     lines += [
         "# Submit with `sbatch job.sbatch` from the folder the nodes' working folders go into (HETAUTO_WORKDIR picks",

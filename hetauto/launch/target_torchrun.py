@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.launch.targets import embedded_launch, hookimpl, node_command
+from hetauto.launch.targets import embedded_launch, hookimpl, node_command, one_line
 
 __all__ = ["TorchrunTarget", "node_script", "script_path"]
 
@@ -28,10 +28,10 @@ def node_script(launch: LaunchPlan, site: SiteLaunch, node: NodeLaunch, *, devic
     last = node.first_rank + node.nproc - 1
     return (
         "#!/usr/bin/env bash\n"
-        f"# hetauto launch (torchrun): site '{site.name}', cluster '{node.cluster}' node {node.node}, node rank "
-        f"{node.node_rank} of {launch.num_nodes}: {node.nproc} process(es), ranks {node.first_rank}-{last}, backend "
-        f"{node.backend}\n"
-        f"# {role}.\n"
+        f"# hetauto launch (torchrun): site '{one_line(site.name)}', cluster '{one_line(node.cluster)}' node {node.node}, "
+        f"node rank {node.node_rank} of {launch.num_nodes}: {node.nproc} process(es), ranks {node.first_rank}-{last}, "
+        f"backend {one_line(node.backend)}\n"
+        f"# {one_line(role)}.\n"
         "# Run it on that machine from any folder; HETAUTO_WORKDIR picks its working folder, HETAUTO_PYTHON the python.\n"
         "set -euo pipefail\n"
         f'work="${{HETAUTO_WORKDIR:-$PWD/{workdir_default(launch)}-node{node.node_rank}}}"\n'

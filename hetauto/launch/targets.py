@@ -15,6 +15,7 @@ only says how its scheduler starts one agent per node and which node rank each g
 from __future__ import annotations
 
 import importlib.metadata as md
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -27,7 +28,7 @@ from hetauto.core.plugin_policy import Skipped
 from hetauto.launch.plan import LaunchPlan
 
 __all__ = ["LaunchTarget", "dump_yaml", "site_header", "TargetRegistry", "get_targets", "hookimpl", "ENTRY_POINT_GROUP", "BUILTIN_MODULES",
-           "embedded_launch", "node_command", "LAUNCH_FILE"]
+           "embedded_launch", "node_command", "LAUNCH_FILE", "one_line"]
 
 PROJECT = "hetauto"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -111,6 +112,16 @@ def get_targets(entry_points: bool = True) -> TargetRegistry:
     return registry
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
+
+
+def one_line(text: object) -> str:
+    """`text` with every control character (a newline above all) replaced by '?': what a name may put into a
+    `# ...` comment of a script or YAML file without starting a line of its own. Names are checked where they are
+    loaded (hetauto.core.names); this is the second fence, for a launch plan built by other code."""
+    return _CONTROL.sub("?", str(text))
+
+
 def embedded_launch(launch: LaunchPlan, path: str = LAUNCH_FILE, marker: str = "HETAUTO_LAUNCH_JSON") -> str:
     """Shell lines that write the launch plan to `path` (a quoted here-document: nothing in it is expanded)."""
     text = launch.to_json(indent=None)
@@ -147,7 +158,7 @@ def site_header(target: str, launch: LaunchPlan, site: Any, role: str, body: str
     """The comment block atop a site's file: which site and node ranks of which plan, the site's `role` in the
     rendezvous, the target's own `body` lines (each starting '# '), and what every node needs."""
     ranks = ", ".join(map(str, site.node_ranks))
-    needs = "".join(f"# needs: {n}\n" for n in launch.needs)
-    return (f"# hetauto launch ({target}): site '{site.name}' ({', '.join(site.clusters)}), node rank"
+    needs = "".join(f"# needs: {one_line(n)}\n" for n in launch.needs)
+    return (f"# hetauto launch ({target}): site '{one_line(site.name)}' ({one_line(', '.join(site.clusters))}), node rank"
             f"{'s' if len(site.nodes) > 1 else ''} {ranks} of {launch.num_nodes}, plan {launch.plan_sha256[:12]}\n"
             f"# {role}.\n" + body + needs)

@@ -52,6 +52,11 @@ class Case:
     # run `python -m hetauto ARGV` in a child: for what a process reads once (a backend's environment variables
     # are read when the registry is built, which this process did long ago)
     subprocess: bool = False
+    # stdout is a pipe whose reader has gone (`hetauto ... | true`): clean is a quiet exit 0 or 141 (SIGPIPE)
+    closed_stdout: bool = False
+    # paths (relative to the case folder) that must not exist afterwards: a marker a script would create, a file
+    # written outside -o
+    forbid: tuple[str, ...] = ()
 
 
 @dataclass
@@ -125,6 +130,19 @@ def _alarm(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
         if outer:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
+
+
+class _ClosedStdout(io.TextIOBase):
+    """sys.stdout after its reader went away: every write raises BrokenPipeError, as a closed pipe does."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
 
 
 def _digest(path: Path) -> str | None:
@@ -237,7 +255,8 @@ def run_case(case: Case, root: Path, base: Callable[[Path], None]) -> Outcome:
         before = {p: _digest(folder / p) for p in case.protect}
         start = time.perf_counter()
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _alarm(case.timeout):
+            stdout: Any = _ClosedStdout() if case.closed_stdout else out
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(err), _alarm(case.timeout):
                 if case.subprocess:
                     rc = _child(case, out, err)
                 elif case.argv is not None:
@@ -264,6 +283,7 @@ def run_case(case: Case, root: Path, base: Callable[[Path], None]) -> Outcome:
             err.write(traceback.format_exc())
         seconds = time.perf_counter() - start
         changed = [p for p in case.protect if _digest(folder / p) != before[p]]
+        changed += [f"created {p}" for p in case.forbid if (folder / p).exists()]
     text = out.getvalue() + err.getvalue()
     message, one_line = _error_line(err.getvalue() or _json_problem(out.getvalue()))
     if timed_out:
@@ -273,6 +293,10 @@ def run_case(case: Case, root: Path, base: Callable[[Path], None]) -> Outcome:
         message = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
     elif changed:
         klass, message = "silently-accepted", f"changed {', '.join(changed)}"
+    elif case.closed_stdout:
+        quiet = rc in (0, 141) and not err.getvalue().strip()
+        klass = "clean" if quiet or (rc not in (0, 141) and one_line) else "unclear"
+        message = f"exit {rc} into a closed pipe" + (f": {message}" if message else "")
     elif case.accept:
         klass = "clean" if rc == 0 else "unclear"
     elif rc == 0:

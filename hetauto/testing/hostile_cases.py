@@ -196,8 +196,8 @@ def plan_cases() -> list[Case]:
         with_cluster("speed_factor NaN", cluster(lambda d: d["clusters"][0].update(speed_factor=float("nan"))),
                      "speed_factor"),
         with_cluster("duplicate cluster names", cluster(lambda d: d["clusters"][1].update(name="fast")), "fast"),
-        _cli(c, "unicode cluster name is kept", "--cluster", bad, *m, files={bad: cluster(
-            lambda d: d["clusters"][0].update(name="fäst☃"))}, accept=True),
+        _cli(c, "unicode cluster name is refused (it becomes a folder, a shell word and a label)", "--cluster", bad,
+             *m, files={bad: cluster(lambda d: d["clusters"][0].update(name="fäst☃"))}, mention=(bad, "name")),
         with_cluster("bandwidth without unit", cluster(lambda d: d["links"]["default"].update(bandwidth=200)),
                      "bandwidth"),
         with_cluster("bandwidth NaN", cluster(lambda d: d["links"]["default"].update(bandwidth="nan Gbps")),
