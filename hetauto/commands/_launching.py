@@ -161,7 +161,7 @@ def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
              f"{len(launch.sites)} site(s); plan sha256 {launch.plan_sha256[:12]}",
              f"lead: site '{rdzv.lead_site}' node rank 0 at {rdzv.master_addr} (rendezvous port {rdzv.master_port}, "
              f"control port {rdzv.control_port}); it writes result.json in its working folder",
-             _training(launch.run), ""]
+             _training(launch.run_config()), ""]
     for site in launch.sites:
         mine = sorted(p for p in files if p.startswith(site.name + "/"))
         lines.append(f"site '{site.name}' (clusters {', '.join(site.clusters)}): submit {', '.join(mine)}")
@@ -172,11 +172,12 @@ def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _training(run: dict[str, Any]) -> str:
-    """What the job trains, in words: its defaults (3 steps of synthetic tokens) are a smoke test, not training."""
-    steps = run.get("steps")
-    if run.get("data"):
-        return f"training: {steps} step(s) on {run['data']} (--steps, --data)"
+def _training(run: Any) -> str:
+    """What the job trains, in words (`run`: the launch plan's run configuration): its defaults (3 steps of
+    synthetic tokens) are a smoke test, not training."""
+    steps = run.training.steps
+    if run.data.path:
+        return f"training: {steps} step(s) on {run.data.path} (--steps, --data)"
     return (f"training: {steps} step(s) of synthetic data (random tokens: a check that the job runs, not training; "
             "--steps N and --data FILE choose them)")
 
