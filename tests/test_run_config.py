@@ -96,3 +96,20 @@ def test_a_launch_plan_of_the_flat_form_still_loads() -> None:
     doc = validate({"steps": 10, "seed": 0})
     assert doc["schema"] == RUN_SCHEMA and doc["training"]["steps"] == 10
     assert "plan" not in doc and validate(FULL)["emulation"]["backends"] == ("cpu", "mock")
+
+
+def test_the_run_service_request_takes_every_flag_of_the_tree_at_its_flag_default() -> None:
+    """`hetauto run`'s flags become a JobRequest (the run service's input) and then the tree (`config_from_flags`
+    reads the request by the flags' names): a flag added to the tree without its request field would be refused
+    by the service's callers, or silently dropped; this names it."""
+    import dataclasses
+
+    from hetauto.core.run_config_cli import dest_of
+    from hetauto.job.request import JobRequest
+
+    request = {f.name: f.default for f in dataclasses.fields(JobRequest)}
+    for k in knobs():
+        if k.meta["flag"] is None:
+            continue
+        assert dest_of(k) in request, f"{k.meta['flag']} has no JobRequest field {dest_of(k)!r}"
+        assert request[dest_of(k)] == k.meta["cli_default"], k.meta["flag"]
