@@ -98,7 +98,7 @@ class LinkPricer:
         """(the spec's link, what one flow gets on it, the breakdown's record) for boundary a -> b: between two
         clusters their link, inside one its inter-node link (NICs shared by the flows of one node) or, on one
         node, its intra-node link (nominal). hetauto.planner.linkmodel prices it: measured rows first; `idle_s`:
-        how long each direction goes without sending (`_idle_s`), for TCP's slow start after idle."""
+        how long each direction goes without sending (`idle_s`), for TCP's slow start after idle."""
         ca, cb = self.compute.cluster(a.cluster), self.compute.cluster(b.cluster)
         flows, flow_bytes = cm.boundary_flows(method, nbytes, (a.dp, a.tp), (b.dp, b.tp))
 
