@@ -11,6 +11,7 @@ from hetauto.cli import main
 from hetauto.core.plan import ScheduleSpec
 from hetauto.planner.evaluate import Evaluator
 from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
+from hetauto.planner.stage_memory import MemoryPricer
 
 from test_planner_helpers import tiny_inputs
 
@@ -156,11 +157,11 @@ def test_offload_refused_without_host_memory_or_beyond_it(monkeypatch: pytest.Mo
     exposed = cm.offload_exposed(kept, 6e9, i_s=plain.tb[2] - tw, fw_s=plain.tf[2] + tw)
     assert exposed == pytest.approx(2 * kept / 6e9 - plain.tb[2] - plain.tf[2], rel=1e-12)  # neither copy hidden
     assert costs.tb[:2] == plain.tb[:2] and costs.tb[2] == pytest.approx(plain.tb[2] + exposed, rel=1e-12)
-    monkeypatch.setattr(Evaluator, "host_share_bytes", lambda self, c: None)
+    monkeypatch.setattr(MemoryPricer, "host_share_bytes", lambda self, c: None)
     assert ev.evaluate(pl.model_copy(update={"memory_headroom": 0.11})).violation == (
         "stage 2 (slow) offloads its deferred W sets (schedule.w_offload) but device 'v100-16g' has no host_memory "
         "in its profile: give host_memory (per node) or set w_offload false for that stage")
-    monkeypatch.setattr(Evaluator, "host_share_bytes", lambda self, c: 1.0)
+    monkeypatch.setattr(MemoryPricer, "host_share_bytes", lambda self, c: 1.0)
     assert ev.evaluate(pl.model_copy(update={"memory_headroom": 0.12})).violation.startswith(
         "stage 2 (slow): its offloaded W sets need 0.")
 

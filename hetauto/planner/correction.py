@@ -437,7 +437,7 @@ def analytical_row(device: Any, model: Any, seq_len: int, layers: tuple[int, int
     from hetauto.core.cluster import Cluster, LinkSpec
     from hetauto.core.precision import compute_bytes, resolve_precision
     from hetauto.planner import costmodel as cm
-    from hetauto.planner.evaluate import device_kind
+    from hetauto.planner.evaluation import device_kind
     from hetauto.planner.layers import layer_list
 
     nbytes = compute_bytes(resolve_precision("auto", [device_kind(device.backend)]))

@@ -69,6 +69,13 @@ def period(tf: Sequence[float], tb: Sequence[float], warmups: Sequence[int], loo
     return lam, span
 
 
+def _event_tables(p: int, m: int) -> _Events:
+    """Per (rank, microbatch) the end of its F and of its B; per (link, microbatch) when the activation starts
+    down link h -> h+1 (send_f) and the gradient down h+1 -> h (send_b): filled by `_recurse`."""
+    return ([[0.0] * m for _ in range(p)], [[0.0] * m for _ in range(p)],
+            [[0.0] * m for _ in range(p - 1)], [[0.0] * m for _ in range(p - 1)])
+
+
 def _recurse(p: int, m: int, tf: Sequence[float], tb: Sequence[float], warmups: tuple[int, ...],
              lookahead: Sequence[int], fwd: Sequence[tuple[float, float]],
              bwd: Sequence[tuple[float, float]]) -> tuple[list[float], list[float], _Events]:
@@ -80,16 +87,9 @@ def _recurse(p: int, m: int, tf: Sequence[float], tb: Sequence[float], warmups: 
     forwards in flight (nf - nb <= w) and forwards remain, else B; F(r,k) needs F(r-1,k) done, B(r,k)
     needs B(r+1,k). Folding the order into the recursion (no separate order pass, no cache) halves the cost
     of a cold evaluation of a deep pipeline."""
-    end_f = [[0.0] * m for _ in range(p)]
-    end_b = [[0.0] * m for _ in range(p)]
-    send_f = [[0.0] * m for _ in range(p - 1)]  # send_f[h][k]: when activation k starts down link h -> h+1
-    send_b = [[0.0] * m for _ in range(p - 1)]  # send_b[h][k]: when gradient k starts down link h+1 -> h
-    rank_t = [0.0] * p
-    last_b = [0.0] * p
-    free_f = [0.0] * p
-    free_b = [0.0] * p
-    nf = [0] * p
-    nb = [0] * p
+    end_f, end_b, send_f, send_b = _event_tables(p, m)
+    rank_t, last_b, free_f, free_b = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p  # clock, last B, links free
+    nf, nb = [0] * p, [0] * p  # per rank: forwards and backwards done
     look = [max(1, d) for d in lookahead]
     warm = [min(w, m) for w in warmups]
     remaining = 2 * p * m

@@ -16,6 +16,7 @@ from hetauto.core.errors import SpecError
 from hetauto.core.headroom import DEFAULT_MEMORY_HEADROOM, check_headroom
 from hetauto.core.model import ModelConfig
 from hetauto.core.model_catalog import get_model
+from hetauto.core.plan import Plan
 from hetauto.core.scenarios import DEFAULT_SCENARIO, get_scenario
 from hetauto.core.units import format_bandwidth, format_bytes, format_flops, format_time
 from hetauto.planner.layers import LayerCost, layer_list, total_params
@@ -140,3 +141,36 @@ def load_planning_inputs(cluster: str | Path | ClusterSpec | None = None, model:
         raise SpecError(None, "--seq", f"{cfg.name} has learned positions for {cfg.max_seq_len} tokens, got {whose} {seq}",
                         f"use --seq <= {cfg.max_seq_len}")
     return PlanningInputs(spec, cfg, seq, gbs, layer_list(cfg, seq), scen.name if scen else None, source, headroom)
+
+
+def inputs_for_plan(plan: Plan, base_dir: "str | Path | None" = None) -> PlanningInputs:
+    """Resolve `plan.cluster` (a scenario name or a cluster file) and `plan.model` (a catalog name or config);
+    `base_dir` (the plan file's folder): what a relative cluster file or config.json path resolves against
+    (None: the current directory)."""
+    from hetauto.core.scenarios import scenario_names
+
+    plan = resolve_plan_paths(plan, base_dir)
+    src = plan.cluster
+    if src is None or src in scenario_names():
+        scen = get_scenario(src or DEFAULT_SCENARIO)
+        model = None if plan.model == scen.model.name else plan.model
+        return load_planning_inputs(scenario=scen.name, model=model, global_batch=plan.global_batch,
+                                    seq_len=plan.seq_len, memory_headroom=plan.memory_headroom)
+    return load_planning_inputs(cluster=src, model=plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len,
+                                memory_headroom=plan.memory_headroom)
+
+
+def resolve_plan_paths(plan: Plan, base_dir: "str | Path | None") -> Plan:
+    """`plan` with a relative cluster file and config.json path made relative to `base_dir` (scenario and
+    catalog names, absolute paths and base_dir None leave it as is)."""
+    if base_dir is None:
+        return plan
+    from hetauto.core.model_catalog import is_model_path
+    from hetauto.core.scenarios import scenario_names
+
+    update: dict[str, str] = {}
+    if plan.cluster is not None and plan.cluster not in scenario_names() and not Path(plan.cluster).is_absolute():
+        update["cluster"] = str(Path(base_dir) / plan.cluster)
+    if is_model_path(plan.model) and not Path(plan.model).is_absolute():
+        update["model"] = str(Path(base_dir) / plan.model)
+    return plan.model_copy(update=update) if update else plan

@@ -297,8 +297,37 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
     on one forward of `example_input(seq_len)` (default: token ids of shape [1, seq_len]); activation bytes
     are the tensors autograd saves for backward, attributed to the block running when they were saved."""
     import torch
+
+    module, blocks_name, blocks = _meta_module(module_factory)
+    outside = _outside_params(module, blocks)
+    x = example_input(seq_len) if example_input else torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    saved, counts = _traced_forward(module, blocks, x)
+    n = len(blocks)
+    total = sum(counts.get("Global", {}).values())
+    prefix = next((k for k in counts if k.endswith(f".{blocks_name}.0") or k == f"{blocks_name}.0"), None)
+    block_flops = []
+    for i in range(n):
+        key = f"{prefix[: -2]}.{i}" if prefix else None
+        block_flops.append(float(sum(counts.get(key, {}).values())) if key else 0.0)
+    head_flops = float(total) - sum(block_flops)
+    h = _hidden_of(blocks[0])
+    boundary = float(BYTES_BF16 * seq_len * h) if h else 0.0
+    out = [LayerCost(0, "embedding", "embedding", outside.emb_params, 0.0, seq_len, h, saved[0], 0.0, 0.0, boundary,
+                     outside.emb_tensors)]
+    for i, blk in enumerate(blocks):
+        out.append(LayerCost(i + 1, "block", f"block_{i}", sum(p.numel() for p in blk.parameters()),
+                             block_flops[i] / seq_len, seq_len, h, 0.0, saved[i + 1], 0.0, boundary,
+                             len(list(blk.parameters()))))
+    out.append(LayerCost(n + 1, "head", "head", outside.head_params, head_flops / seq_len, seq_len, h,
+                         0.0, saved[n + 1], 0.0, 0.0, outside.head_tensors, outside.tied_tensors, outside.tied_elems))
+    return tuple(out)
+
+
+def _meta_module(module_factory: Callable[[], Any]) -> tuple[Any, str, Any]:
+    """(the module built on the meta device, its block list's name, the block list): the largest non-empty
+    `nn.ModuleList` by parameters, where hetauto splits the model."""
+    import torch
     from torch import nn
-    from torch.utils.flop_counter import FlopCounterMode
 
     with torch.device("meta"):
         module = module_factory()
@@ -308,6 +337,26 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
     if not lists:
         raise ValueError("the module has no nn.ModuleList of blocks; hetauto splits models at their block list")
     blocks_name, blocks = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    return module, blocks_name, blocks
+
+
+@dataclass(frozen=True, slots=True)
+class _OutsideParams:
+    """The parameters outside the block list: the embedding slot's (nn.Embedding tables), the head's (the rest),
+    and the head-side tensors tied to the embedding (counted once, in the embedding)."""
+
+    emb_params: int
+    emb_tensors: int
+    head_params: int
+    head_tensors: int
+    tied_tensors: int
+    tied_elems: int
+
+
+def _outside_params(module: Any, blocks: Any) -> _OutsideParams:
+    """Count the embedding's and the head's parameters and tensors, tied weights once (in the embedding)."""
+    from torch import nn
+
     in_blocks = {id(p) for p in blocks.parameters()}
     emb_ids: set[int] = set()
     for sub in module.modules():
@@ -318,10 +367,9 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
     head_side = {id(p) for sub in module.modules() if not isinstance(sub, nn.Embedding)
                  for p in sub.parameters(recurse=False)}
     tied = head_side & emb_ids
-    tied_tensors = len(tied)
     tied_elems = sum(p.numel() for p in module.parameters() if id(p) in tied)
     seen: set[int] = set()
-    emb_params = head_params_ = emb_tensors = head_tensors = 0
+    emb_params = head_params = emb_tensors = head_tensors = 0
     for p in module.parameters():  # deduplicated: tied weights count once, in the embedding
         if id(p) in seen or id(p) in in_blocks:
             continue
@@ -330,8 +378,16 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
             emb_params += p.numel()
             emb_tensors += 1
         else:
-            head_params_ += p.numel()
+            head_params += p.numel()
             head_tensors += 1
+    return _OutsideParams(emb_params, emb_tensors, head_params, head_tensors, len(tied), tied_elems)
+
+
+def _traced_forward(module: Any, blocks: Any, x: Any) -> tuple[list[float], dict[str, Any]]:
+    """One forward of `x` on the meta device: (bytes autograd saves for backward per slot, embedding, each block,
+    head, weights left out; the FLOP counter's counts per module)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     n = len(blocks)
     saved = [0.0] * (n + 2)
@@ -368,7 +424,6 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
             saved[current[0]] += t.numel() * t.element_size()
         return t
 
-    x = example_input(seq_len) if example_input else torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     counter = FlopCounterMode(display=False)
     try:
         with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -376,25 +431,7 @@ def layers_from_module(module_factory: Callable[[], Any], seq_len: int,
     finally:
         for hd in handles:
             hd.remove()
-    counts = counter.get_flop_counts()
-    total = sum(counts.get("Global", {}).values())
-    prefix = next((k for k in counts if k.endswith(f".{blocks_name}.0") or k == f"{blocks_name}.0"), None)
-    block_flops = []
-    for i in range(n):
-        key = f"{prefix[: -2]}.{i}" if prefix else None
-        block_flops.append(float(sum(counts.get(key, {}).values())) if key else 0.0)
-    head_flops = float(total) - sum(block_flops)
-    h = _hidden_of(blocks[0])
-    boundary = float(BYTES_BF16 * seq_len * h) if h else 0.0
-    out = [LayerCost(0, "embedding", "embedding", emb_params, 0.0, seq_len, h, saved[0], 0.0, 0.0, boundary,
-                     emb_tensors)]
-    for i, blk in enumerate(blocks):
-        out.append(LayerCost(i + 1, "block", f"block_{i}", sum(p.numel() for p in blk.parameters()),
-                             block_flops[i] / seq_len, seq_len, h, 0.0, saved[i + 1], 0.0, boundary,
-                             len(list(blk.parameters()))))
-    out.append(LayerCost(n + 1, "head", "head", head_params_, head_flops / seq_len, seq_len, h,
-                         0.0, saved[n + 1], 0.0, 0.0, head_tensors, tied_tensors, tied_elems))
-    return tuple(out)
+    return saved, counter.get_flop_counts()
 
 
 def _hidden_of(block: Any) -> int:

@@ -202,16 +202,11 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
           evaluator: Any, progress: ProgressFn | None, space_options: dict[str, Any] | None,
           max_evaluations: int | None, patience: int | None = None,
           should_stop: Callable[[], bool] | None = None) -> PlanResult:
+    """`plan` without the model reference: the scale and memory floor checked, then the planner asked for."""
     if planner not in PLANNERS:
         raise HetautoError(f"unknown planner '{planner}'; choose one of: {', '.join(PLANNERS)}")
     start = time.perf_counter()
-    violation = P.scale_violation(inputs.cluster, len(inputs.layers),
-                                  microbatch_options(inputs.global_batch, (space_options or {}).get("max_microbatch")))
-    if violation:
-        raise InfeasiblePlan(violation)
-    violation = P.memory_floor_violation(total_params(inputs.model), inputs.cluster, inputs.memory_headroom)
-    if violation:
-        raise InfeasiblePlan(violation)
+    _check_reachable(inputs, space_options)
     ev = evaluator if evaluator is not None else make_evaluator(inputs)
     if planner == "single-cluster":
         return single_cluster(inputs, ev, budget=budget, seed=seed, iterations=iterations, progress=progress,
@@ -224,72 +219,115 @@ def _plan(inputs: PlanningInputs, planner: str, budget: float | None, seed: int,
             max_evaluations = default_max_evaluations(inputs)
         pat = (0 if iterations is not None else DEFAULT_PATIENCE) if patience is None else patience
         search = MCTS(space, seed=seed, start=start)
-        scorer = search.scorer
-        # a plain score evaluates <= 2 plans (a second cut), so the phases end <= cap + 1; the twins and polish()
-        # score only what stays within `max_evaluations` (>= 6), so it is never exceeded; one candidate is always scored
-        zb_reserve = 0 if max_evaluations is None or not space.zero_bubble else zero_bubble_reserve(max_evaluations)
-        cap = None if max_evaluations is None else before + max(1, max_evaluations - POLISH_RESERVE - zb_reserve)
-
-        def spent(share: float = 1.0) -> bool:
-            """The upper bounds: evaluation cap and time budget."""
-            search.record()  # descent improvements enter the trace (and the progress bar) when they happen
-            if progress is not None:
-                progress(time.perf_counter() - start, ev.evaluations, scorer.best_throughput)
-            if cap is not None and ev.evaluations >= cap:
-                return True
-            if should_stop is not None and should_stop() and scorer.best is not None:
-                return True
-            return budget is not None and time.perf_counter() - start >= share * budget
-
-        def stale_for(evaluations: int) -> bool:
-            """`evaluations` evaluations since the best last improved."""
-            return ev.evaluations - max(scorer.improved_at, before) >= evaluations
-
-        def stale() -> bool:
-            """The stop rule: `pat` evaluations since the best last improved."""
-            return pat > 0 and stale_for(pat)
-
-        def stop() -> bool:
-            return spent() or stale()
-
-        def tree_stale() -> bool:
-            """The first tree phase ends on the stop rule's patience even where the rule is off (`patience=0`):
-            the descents after it find most of the best plans, and a tree left to use its whole share of a large
-            cap starved them (paper-4c at 3000 evaluations: 47.48 s, against 44.72 s with the rule on)."""
-            return iterations is None and stale_for(pat or DEFAULT_PATIENCE)
-
-        search.seed_with(seed_candidates(space), spent)
-        search.seed_with(baseline_seeds(space), spent)
-
-        first = None if iterations is None else max(1, (iterations * 2) // 3)
-        first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
-        search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=progress,
-                   start=start, max_evaluations=first_cap, stop=lambda: stop() or tree_stale())
-        descend_from_top(space, scorer, spent, TOP_K)
-        interleave_by_bubble(space, scorer, spent)
-        descend_without_each_cluster(space, scorer, spent)
-        descend_from_single_clusters(space, scorer, spent)
-        search.record()
-        while not stop():
-            done = ev.evaluations
-            rest = None if iterations is None else iterations - (first or 0)
-            search.run(budget_s=budget, iterations=rest, progress=progress, start=start,
-                       max_evaluations=None if cap is None else max(0, cap - ev.evaluations), stop=stop)
-            descend(space, scorer, spent)
-            if iterations is not None or ev.evaluations == done:  # iterations spent, or nothing left to try
-                break
-        # the twins last, from the search's final ranking, inside their own reserve (never past the polish's)
-        hard = None if max_evaluations is None else before + max_evaluations - POLISH_RESERVE
-        zero_bubble_twins(space, scorer, lambda: budget is not None and time.perf_counter() - start >= budget,
-                          limit=hard)
-        best = polish(space, scorer, scorer.best, limit=None if max_evaluations is None else before + max_evaluations)
-        search.record()
-        return _finish(best, space, scorer, start, ev.evaluations - before, search.trace, planner)
+        return _mcts(space, search, _StopRules(ev, search, start, before, _cap(space, before, max_evaluations),
+                                               budget, pat, iterations, progress, should_stop),
+                     iterations, max_evaluations)
     from hetauto.planner.baselines import run_baseline
 
     space, scorer, best, trace = run_baseline(planner, inputs, ev, budget=budget, seed=seed, start=start,
                                               progress=progress, space_options=space_options)
     return _finish(best, space, scorer, start, ev.evaluations - before, trace, planner)
+
+
+def _check_reachable(inputs: PlanningInputs, space_options: dict[str, Any] | None) -> None:
+    """InfeasiblePlan before any search where no plan can exist: more layers or microbatches than the clusters
+    can hold (principles.scale_violation), or the model's weights alone over all their memory."""
+    violation = P.scale_violation(inputs.cluster, len(inputs.layers),
+                                  microbatch_options(inputs.global_batch, (space_options or {}).get("max_microbatch")))
+    if violation:
+        raise InfeasiblePlan(violation)
+    violation = P.memory_floor_violation(total_params(inputs.model), inputs.cluster, inputs.memory_headroom)
+    if violation:
+        raise InfeasiblePlan(violation)
+
+
+def _cap(space: StrategySpace, before: int, max_evaluations: int | None) -> int | None:
+    """The evaluation count where the search phases stop (None: no cap): a plain score evaluates <= 2 plans (a
+    second cut), so the phases end <= cap + 1; the twins and polish() score only what stays within
+    `max_evaluations` (>= 6), so it is never exceeded; one candidate is always scored."""
+    zb_reserve = 0 if max_evaluations is None or not space.zero_bubble else zero_bubble_reserve(max_evaluations)
+    return None if max_evaluations is None else before + max(1, max_evaluations - POLISH_RESERVE - zb_reserve)
+
+
+@dataclass(frozen=True, slots=True)
+class _StopRules:
+    """When the MCTS search's phases stop: the upper bounds (evaluation `cap`, time `budget`, the user's stop) and
+    the stop rule (`patience` evaluations since the best last improved; 0: off)."""
+
+    ev: Any
+    search: MCTS
+    start: float
+    before: int
+    cap: int | None
+    budget: float | None
+    patience: int
+    iterations: int | None
+    progress: ProgressFn | None
+    should_stop: Callable[[], bool] | None
+
+    def spent(self, share: float = 1.0) -> bool:
+        """The upper bounds: evaluation cap and time budget."""
+        self.search.record()  # descent improvements enter the trace (and the progress bar) when they happen
+        scorer = self.search.scorer
+        if self.progress is not None:
+            self.progress(time.perf_counter() - self.start, self.ev.evaluations, scorer.best_throughput)
+        if self.cap is not None and self.ev.evaluations >= self.cap:
+            return True
+        if self.should_stop is not None and self.should_stop() and scorer.best is not None:
+            return True
+        return self.budget is not None and time.perf_counter() - self.start >= share * self.budget
+
+    def stale_for(self, evaluations: int) -> bool:
+        """`evaluations` evaluations since the best last improved."""
+        return self.ev.evaluations - max(self.search.scorer.improved_at, self.before) >= evaluations
+
+    def stale(self) -> bool:
+        """The stop rule: `patience` evaluations since the best last improved."""
+        return self.patience > 0 and self.stale_for(self.patience)
+
+    def stop(self) -> bool:
+        """Either: an upper bound reached, or the stop rule."""
+        return self.spent() or self.stale()
+
+    def tree_stale(self) -> bool:
+        """The first tree phase ends on the stop rule's patience even where the rule is off (`patience=0`):
+        the descents after it find most of the best plans, and a tree left to use its whole share of a large
+        cap starved them (paper-4c at 3000 evaluations: 47.48 s, against 44.72 s with the rule on)."""
+        return self.iterations is None and self.stale_for(self.patience or DEFAULT_PATIENCE)
+
+
+def _mcts(space: StrategySpace, search: MCTS, rules: _StopRules, iterations: int | None,
+          max_evaluations: int | None) -> PlanResult:
+    """hetauto's own search: seeds, the tree's first share, the descents, more tree and descents until a stop
+    rule, then the zero-bubble twins and the polish, each within its own evaluation reserve."""
+    ev, scorer, start, before, cap, budget = rules.ev, search.scorer, rules.start, rules.before, rules.cap, rules.budget
+    spent = rules.spent
+    search.seed_with(seed_candidates(space), spent)
+    search.seed_with(baseline_seeds(space), spent)
+    first = None if iterations is None else max(1, (iterations * 2) // 3)
+    first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
+    search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=rules.progress,
+               start=start, max_evaluations=first_cap, stop=lambda: rules.stop() or rules.tree_stale())
+    descend_from_top(space, scorer, spent, TOP_K)
+    interleave_by_bubble(space, scorer, spent)
+    descend_without_each_cluster(space, scorer, spent)
+    descend_from_single_clusters(space, scorer, spent)
+    search.record()
+    while not rules.stop():
+        done = ev.evaluations
+        rest = None if iterations is None else iterations - (first or 0)
+        search.run(budget_s=budget, iterations=rest, progress=rules.progress, start=start,
+                   max_evaluations=None if cap is None else max(0, cap - ev.evaluations), stop=rules.stop)
+        descend(space, scorer, spent)
+        if iterations is not None or ev.evaluations == done:  # iterations spent, or nothing left to try
+            break
+    # the twins last, from the search's final ranking, inside their own reserve (never past the polish's)
+    hard = None if max_evaluations is None else before + max_evaluations - POLISH_RESERVE
+    zero_bubble_twins(space, scorer, lambda: budget is not None and time.perf_counter() - start >= budget,
+                      limit=hard)
+    best = polish(space, scorer, scorer.best, limit=None if max_evaluations is None else before + max_evaluations)
+    search.record()
+    return _finish(best, space, scorer, start, ev.evaluations - before, search.trace, "mcts")
 
 
 def baseline_seeds(space: StrategySpace, top: int = 3, shapes: int | None = None) -> list[Candidate]:

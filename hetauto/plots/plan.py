@@ -111,23 +111,48 @@ def _link_text(b: Boundary) -> str:
     return f"{b.link}\n{bw}{lat}\n{format_bytes(b.bytes_per_step)} per step"
 
 
+COL_W, GAP, STAGE_H, HEAD_H = 3.3, 1.7, 0.68, 0.75  # inches: a cluster's column, between columns, a stage, a header
+
+
 def plan_figure(pic: PlanPicture) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
-
+    """The plan's picture: one column per run of consecutive stages on one cluster (its stages, their memory
+    bars, the links inside it), a grey column for the clusters it leaves unused, red arrows for the links
+    between clusters, and a key."""
     plan, spec = pic.plan, pic.spec
     runs = _runs(plan)
     used = {s.cluster for s in plan.stages}
     unused = [c for c in spec.clusters if c.name not in used]
     rows = max(len(st) for _, st in runs)
-    col_w, gap, stage_h, head_h = 3.3, 1.7, 0.68, 0.75
     ncols = len(runs) + (1 if unused else 0)
-    width = max(8.0, ncols * col_w + (ncols - 1) * gap + 0.6)
-    box_h = head_h + rows * stage_h + 0.2
-    height = box_h + 1.6
+    width = max(8.0, ncols * COL_W + (ncols - 1) * GAP + 0.6)
+    box_h = HEAD_H + rows * STAGE_H + 0.2
+    fig, ax = _canvas(pic, width, box_h + 1.6)
+    top = box_h + 1.6 - 1.05
+    by_src = {b.src: b for b in pic.boundaries}
+    centre: dict[int, tuple[float, float, float]] = {}  # stage -> (x left, x right, y centre)
+    x = 0.3
+    for name, stages in runs:
+        _draw_cluster(ax, pic, name, stages, x, top, box_h)
+        for k, i in enumerate(stages):
+            centre[i] = _draw_stage(ax, pic, i, top - HEAD_H - (k + 1) * STAGE_H + 0.08, x, by_src.get(i),
+                                    k + 1 < len(stages))
+        x += COL_W + GAP
+    if unused:
+        _draw_unused(ax, unused, x, top, box_h)
+    _draw_cross_links(ax, pic, centre)
+    ax.text(0.3, 0.3, "red arrow: a boundary between clusters, with its link and the bytes that cross it per "
+            "step (both ways)\ngrey arrow: a boundary inside a cluster; bar: memory used / device memory, less the "
+            "headroom kept free (from the tick on); red over 90% of the usable memory", fontsize=7, color="#444444", va="center")
+    return fig
+
+
+def _canvas(pic: PlanPicture, width: float, height: float) -> tuple[Any, Any]:
+    """The figure (inches as data units, no axes drawn) with the plan's title and subtitle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig = plt.figure(figsize=(width, height))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, width)
@@ -135,57 +160,76 @@ def plan_figure(pic: PlanPicture) -> Any:
     ax.axis("off")
     fig.text(0.5, 1 - 0.22 / height, pic.title, ha="center", va="top", fontsize=11, fontweight="bold")
     fig.text(0.5, 1 - 0.55 / height, pic.subtitle, ha="center", va="top", fontsize=8.5, color="#333333")
-    top = height - 1.05
-    by_src = {b.src: b for b in pic.boundaries}
-    centre: dict[int, tuple[float, float, float]] = {}  # stage -> (x left, x right, y centre)
-    x = 0.3
-    for name, stages in runs:
-        c = spec.cluster(name)
-        n_used = sum(plan.stages[i].num_devices for i in stages)
-        ax.add_patch(FancyBboxPatch((x, top - box_h), col_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
-                                    facecolor="#F4F7FB", edgecolor="#4C72B0", linewidth=1.4))
-        ax.text(x + 0.12, top - 0.12, name, fontsize=10, fontweight="bold", va="top")
-        ax.text(x + 0.12, top - 0.42, f"{c.num_nodes} x {c.devices_per_node} {c.device_type} ({c.backend}), "
-                f"{format_bytes(c.device.memory_bytes)} each"
-                + (f", speed x{c.speed_factor:g}" if c.speed_factor != 1 else "") + f"; {n_used} of {c.num_devices} used",
-                fontsize=7, va="top", color="#333333")
-        for k, i in enumerate(stages):
-            s = plan.stages[i]
-            y0 = top - head_h - (k + 1) * stage_h + 0.08
-            sx, sw, sh = x + 0.15, col_w - 0.3, stage_h - 0.2
-            ax.add_patch(Rectangle((sx, y0), sw, sh, facecolor="white", edgecolor="#666666", linewidth=0.8))
-            ax.text(sx + 0.08, y0 + sh - 0.06, f"stage {i}: layers [{s.layers[0]}, {s.layers[1]})",
-                    fontsize=7.5, va="top", fontweight="bold")
-            ax.text(sx + sw - 0.08, y0 + sh - 0.06, f"tp {s.tp} x dp {s.dp} = {s.num_devices} dev"
-                    + (", recompute" if s.recompute else ""), fontsize=7, va="top", ha="right")
-            used_b, avail = pic.memory_used[i], pic.memory_available[i]
-            usable = pic.memory_usable[i] if pic.memory_usable else avail
-            frac = used_b / avail if avail > 0 else 1.0
-            bx, bw_, bh = sx + 0.08, sw * 0.46, 0.1
-            ax.add_patch(Rectangle((bx, y0 + 0.06), bw_, bh, facecolor="#E6E6E6", edgecolor="none"))
-            ax.add_patch(Rectangle((bx, y0 + 0.06), bw_ * min(frac, 1.0), bh, edgecolor="none",
-                                   facecolor="#C44E52" if used_b > 0.9 * usable else "#55A868"))
-            if usable < avail:  # the headroom kept free: a tick where the usable memory ends
-                ux = bx + bw_ * usable / avail
-                ax.plot([ux, ux], [y0 + 0.03, y0 + 0.19], color="#333333", lw=0.8)
-            label = (f"memory {format_bytes(used_b)} / {format_bytes(usable)} usable" if usable < avail
-                     else f"memory {format_bytes(used_b)} / {format_bytes(avail)}")
-            ax.text(bx + bw_ + 0.08, y0 + 0.11, label, fontsize=6.5, va="center")
-            centre[i] = (sx, sx + sw, y0 + sh / 2)
-            b = by_src.get(i)
-            if b is not None and not b.cross and b.dst == i + 1 and k + 1 < len(stages):
-                ax.annotate("", xy=(sx + 0.35, y0 - 0.2 + 0.01), xytext=(sx + 0.35, y0 - 0.01),
-                            arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 0.8})
-                ax.text(sx + 0.5, y0 - 0.1, _link_text(b).replace("\n", ", "), fontsize=6, va="center",
-                        color="#555555")
-        x += col_w + gap
-    if unused:
-        ax.add_patch(FancyBboxPatch((x, top - box_h), col_w, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
-                                    facecolor="#F2F2F2", edgecolor="#AAAAAA", linewidth=1.0, linestyle="--"))
-        ax.text(x + 0.12, top - 0.12, "not used by this plan", fontsize=9, va="top", color="#666666")
-        for k, c in enumerate(unused):
-            ax.text(x + 0.12, top - 0.45 - 0.3 * k, f"{c.name}: {c.num_devices}x {c.device_type} ({c.backend})",
-                    fontsize=7.5, va="top", color="#666666")
+    return fig, ax
+
+
+def _draw_cluster(ax: Any, pic: PlanPicture, name: str, stages: list[int], x: float, top: float,
+                  box_h: float) -> None:
+    """A cluster's column: its box, its name, its devices and how many of them the plan uses."""
+    from matplotlib.patches import FancyBboxPatch
+
+    c = pic.spec.cluster(name)
+    n_used = sum(pic.plan.stages[i].num_devices for i in stages)
+    ax.add_patch(FancyBboxPatch((x, top - box_h), COL_W, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                facecolor="#F4F7FB", edgecolor="#4C72B0", linewidth=1.4))
+    ax.text(x + 0.12, top - 0.12, name, fontsize=10, fontweight="bold", va="top")
+    ax.text(x + 0.12, top - 0.42, f"{c.num_nodes} x {c.devices_per_node} {c.device_type} ({c.backend}), "
+            f"{format_bytes(c.device.memory_bytes)} each"
+            + (f", speed x{c.speed_factor:g}" if c.speed_factor != 1 else "") + f"; {n_used} of {c.num_devices} used",
+            fontsize=7, va="top", color="#333333")
+
+
+def _draw_stage(ax: Any, pic: PlanPicture, i: int, y0: float, x: float, b: Boundary | None,
+                more_below: bool) -> tuple[float, float, float]:
+    """Stage `i`'s box at height `y0` in the column at `x` (layers, TP x DP, its memory bar with the headroom
+    tick) and, to the next stage in the same column, a grey arrow with its link; returns (x left, x right,
+    y centre) for the arrows between clusters."""
+    from matplotlib.patches import Rectangle
+
+    s = pic.plan.stages[i]
+    sx, sw, sh = x + 0.15, COL_W - 0.3, STAGE_H - 0.2
+    ax.add_patch(Rectangle((sx, y0), sw, sh, facecolor="white", edgecolor="#666666", linewidth=0.8))
+    ax.text(sx + 0.08, y0 + sh - 0.06, f"stage {i}: layers [{s.layers[0]}, {s.layers[1]})",
+            fontsize=7.5, va="top", fontweight="bold")
+    ax.text(sx + sw - 0.08, y0 + sh - 0.06, f"tp {s.tp} x dp {s.dp} = {s.num_devices} dev"
+            + (", recompute" if s.recompute else ""), fontsize=7, va="top", ha="right")
+    used_b, avail = pic.memory_used[i], pic.memory_available[i]
+    usable = pic.memory_usable[i] if pic.memory_usable else avail
+    frac = used_b / avail if avail > 0 else 1.0
+    bx, bw_, bh = sx + 0.08, sw * 0.46, 0.1
+    ax.add_patch(Rectangle((bx, y0 + 0.06), bw_, bh, facecolor="#E6E6E6", edgecolor="none"))
+    ax.add_patch(Rectangle((bx, y0 + 0.06), bw_ * min(frac, 1.0), bh, edgecolor="none",
+                           facecolor="#C44E52" if used_b > 0.9 * usable else "#55A868"))
+    if usable < avail:  # the headroom kept free: a tick where the usable memory ends
+        ux = bx + bw_ * usable / avail
+        ax.plot([ux, ux], [y0 + 0.03, y0 + 0.19], color="#333333", lw=0.8)
+    label = (f"memory {format_bytes(used_b)} / {format_bytes(usable)} usable" if usable < avail
+             else f"memory {format_bytes(used_b)} / {format_bytes(avail)}")
+    ax.text(bx + bw_ + 0.08, y0 + 0.11, label, fontsize=6.5, va="center")
+    if b is not None and not b.cross and b.dst == i + 1 and more_below:
+        ax.annotate("", xy=(sx + 0.35, y0 - 0.2 + 0.01), xytext=(sx + 0.35, y0 - 0.01),
+                    arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 0.8})
+        ax.text(sx + 0.5, y0 - 0.1, _link_text(b).replace("\n", ", "), fontsize=6, va="center",
+                color="#555555")
+    return (sx, sx + sw, y0 + sh / 2)
+
+
+def _draw_unused(ax: Any, unused: list[Any], x: float, top: float, box_h: float) -> None:
+    """The grey column listing the spec's clusters the plan leaves unused."""
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((x, top - box_h), COL_W, box_h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                facecolor="#F2F2F2", edgecolor="#AAAAAA", linewidth=1.0, linestyle="--"))
+    ax.text(x + 0.12, top - 0.12, "not used by this plan", fontsize=9, va="top", color="#666666")
+    for k, c in enumerate(unused):
+        ax.text(x + 0.12, top - 0.45 - 0.3 * k, f"{c.name}: {c.num_devices}x {c.device_type} ({c.backend})",
+                fontsize=7.5, va="top", color="#666666")
+
+
+def _draw_cross_links(ax: Any, pic: PlanPicture, centre: dict[int, tuple[float, float, float]]) -> None:
+    """A red two-way arrow per boundary between clusters, labelled with its link and bytes per step."""
+    from matplotlib.patches import FancyArrowPatch
+
     for b in pic.boundaries:
         if not b.cross:
             continue
@@ -197,11 +241,6 @@ def plan_figure(pic: PlanPicture) -> Any:
         mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
         ax.text(mx, my + 0.12, _link_text(b), fontsize=7, ha="center", va="bottom", color="#A31515",
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
-    legend_y = 0.3
-    ax.text(0.3, legend_y, "red arrow: a boundary between clusters, with its link and the bytes that cross it per "
-            "step (both ways)\ngrey arrow: a boundary inside a cluster; bar: memory used / device memory, less the "
-            "headroom kept free (from the tick on); red over 90% of the usable memory", fontsize=7, color="#444444", va="center")
-    return fig
 
 
 def write_plan_picture(plan: Plan, inputs: Any, path: str | Path, evaluator: Any = None) -> PlanPicture:

@@ -222,13 +222,44 @@ def _cpu_terms(rounds: int = CPU_ROUNDS) -> CpuTerms:
     and over the whole model's 1-D parameters."""
     import torch
 
+    torch.set_num_threads(1)
+    probes = _cpu_probes()
+    _warm_up(probes)
+    mean = _probe_rounds(probes, rounds)
+    optimizer = tuple((len(params), float(sum(p.numel() for p in params)), mean[f"opt{i}"])
+                      for i, params in enumerate(probes.opt_sets))
+    return CpuTerms(per_block_slope(mean["f1"], mean["f3"]), per_block_slope(mean["b1"], mean["b3"]),
+                    (mean["edge_f0"] + mean["edge_f1"]) / 2, (mean["edge_b0"] + mean["edge_b1"]) / 2,
+                    max(0.0, mean["woken"] - mean["awake"]) / 2, mean["ref"], optimizer)
+
+
+_clock = time.thread_time  # the probes' clock: the work, not other processes' load
+
+
+@dataclass(frozen=True, slots=True)
+class _CpuProbes:
+    """What `_cpu_terms` times (stage modules with their inputs): the reference stage, 1- and 3-block stages
+    (`dispatch`), the embedding and the head alone (`edges`), a typical two-block `action`, and optimizer
+    parameter sets with their optimizers."""
+
+    ref: Any
+    ref_x: Any
+    dispatch: list[tuple[Any, Any]]
+    edges: list[tuple[Any, Any]]
+    action: tuple[Any, Any]
+    opt_sets: list[list[Any]]
+    opts: list[Any]
+
+
+def _cpu_probes() -> _CpuProbes:
+    """Build the probes on tiny-gpt's executor stage modules (hetauto.runtime.stage.build_stage)."""
+    import torch
+
     from hetauto.core.model_catalog import get_model
     from hetauto.runtime.reference import make_optimizer
     from hetauto.runtime.stage import build_stage
 
-    torch.set_num_threads(1)
     cfg = get_model("tiny-gpt")
-    clock = time.thread_time  # the work, not other processes' load
     ref, ref_x = _reference_stage()
     n = cfg.num_layers + 2
     dispatch = [(build_stage(cfg, (1, 1 + blocks), 0), torch.randn(1, 1, cfg.hidden, requires_grad=True))
@@ -242,63 +273,76 @@ def _cpu_terms(rounds: int = CPU_ROUNDS) -> CpuTerms:
     # and the whole model's vectors (biases, norms): many tensors, few parameters, pinning the per-tensor term
     opt_sets.append([p for p in build_stage(cfg, (0, n), 0).parameters() if p.dim() == 1])
     opts = [make_optimizer(params, 1e-3) for params in opt_sets]
+    return _CpuProbes(ref, ref_x, dispatch, edges, action, opt_sets, opts)
 
-    def ref_fb() -> float:
-        t = clock()
-        ref(ref_x).float().sum().backward()
-        return clock() - t
 
-    def fwd_bwd(st: Any, x: Any) -> tuple[float, float]:
-        t = clock()
-        y = st(x)
-        t1 = clock()
-        y.float().sum().backward()
-        return t1 - t, clock() - t1
+def _ref_fb(probes: _CpuProbes) -> float:
+    """The reference stage's forward + backward."""
+    t = _clock()
+    probes.ref(probes.ref_x).float().sum().backward()
+    return _clock() - t
 
-    def woken_fb() -> float:
-        time.sleep(WAKE_SLEEP_S)
-        f = clock()
-        y = action[0](action[1])
-        f = clock() - f
-        time.sleep(WAKE_SLEEP_S)
-        b = clock()
-        y.float().sum().backward()
-        return f + clock() - b
 
-    def opt_step(params: list[Any], opt: Any) -> float:
-        return _timed_optimizer_step(params, opt, torch.randn_like)
+def _fwd_bwd(st: Any, x: Any) -> tuple[float, float]:
+    """(forward, backward) of one stage module on `x`."""
+    t = _clock()
+    y = st(x)
+    t1 = _clock()
+    y.float().sum().backward()
+    return t1 - t, _clock() - t1
 
-    ref_fb()
-    for st, x in dispatch + edges + [action]:
-        fwd_bwd(st, x)
+
+def _woken_fb(action: tuple[Any, Any]) -> float:
+    """The action's forward + backward, each after a sleep (what a rank waiting on a receive pays)."""
+    time.sleep(WAKE_SLEEP_S)
+    f = _clock()
+    y = action[0](action[1])
+    f = _clock() - f
+    time.sleep(WAKE_SLEEP_S)
+    b = _clock()
+    y.float().sum().backward()
+    return f + _clock() - b
+
+
+def _opt_step(params: list[Any], opt: Any) -> float:
+    """One optimizer step (and zero_grad) over `params`."""
+    import torch
+
+    return _timed_optimizer_step(params, opt, torch.randn_like)
+
+
+def _warm_up(probes: _CpuProbes) -> None:
+    """Every probe once (the optimizers three times: the first steps allocate the moments)."""
+    _ref_fb(probes)
+    for st, x in probes.dispatch + probes.edges + [probes.action]:
+        _fwd_bwd(st, x)
     for _ in range(3):  # the first steps allocate the moments
-        for params, opt in zip(opt_sets, opts):
-            opt_step(params, opt)
+        for params, opt in zip(probes.opt_sets, probes.opts):
+            _opt_step(params, opt)
+
+
+def _probe_rounds(probes: _CpuProbes, rounds: int) -> dict[str, float]:
+    """Every probe in turns, `rounds` times: per term the mean over rounds of its in-round median."""
     per_round: dict[str, list[float]] = {}
 
     def add(name: str, samples: list[float]) -> None:
         per_round.setdefault(name, []).append(statistics.median(samples))
 
     for _ in range(rounds):
-        add("ref", [ref_fb() for _ in range(3)])
-        for blocks, (st, x) in zip((1, 3), dispatch):
-            fb = [fwd_bwd(st, x) for _ in range(5)]
+        add("ref", [_ref_fb(probes) for _ in range(3)])
+        for blocks, (st, x) in zip((1, 3), probes.dispatch):
+            fb = [_fwd_bwd(st, x) for _ in range(5)]
             add(f"f{blocks}", [f for f, _ in fb])
             add(f"b{blocks}", [b for _, b in fb])
-        for i, (st, x) in enumerate(edges):
-            fb = [fwd_bwd(st, x) for _ in range(5)]
+        for i, (st, x) in enumerate(probes.edges):
+            fb = [_fwd_bwd(st, x) for _ in range(5)]
             add(f"edge_f{i}", [f for f, _ in fb])
             add(f"edge_b{i}", [b for _, b in fb])
-        for i, (params, opt) in enumerate(zip(opt_sets, opts)):
-            add(f"opt{i}", [opt_step(params, opt) for _ in range(2)])
-        add("awake", [sum(fwd_bwd(*action)) for _ in range(2)])
-        add("woken", [woken_fb() for _ in range(2)])
-    mean = {k: statistics.fmean(v) for k, v in per_round.items()}
-    optimizer = tuple((len(params), float(sum(p.numel() for p in params)), mean[f"opt{i}"])
-                      for i, params in enumerate(opt_sets))
-    return CpuTerms(per_block_slope(mean["f1"], mean["f3"]), per_block_slope(mean["b1"], mean["b3"]),
-                    (mean["edge_f0"] + mean["edge_f1"]) / 2, (mean["edge_b0"] + mean["edge_b1"]) / 2,
-                    max(0.0, mean["woken"] - mean["awake"]) / 2, mean["ref"], optimizer)
+        for i, (params, opt) in enumerate(zip(probes.opt_sets, probes.opts)):
+            add(f"opt{i}", [_opt_step(params, opt) for _ in range(2)])
+        add("awake", [sum(_fwd_bwd(*probes.action)) for _ in range(2)])
+        add("woken", [_woken_fb(probes.action) for _ in range(2)])
+    return {k: statistics.fmean(v) for k, v in per_round.items()}
 
 
 def _quantile(values: list[float], q: float) -> float:

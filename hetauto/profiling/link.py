@@ -83,73 +83,95 @@ def measure_link(host: str, port: int, rank: int, sizes: Sequence[int], flows: S
 
     _connect(host, port, rank, timeout_s)
     try:
-        groups = [dist.new_group([0, 1], backend="gloo") for _ in range(max(flows))]
-        # barrier, ack and warm-up votes on a connection of their own, so the measured ones idle when told to
-        ctl = dist.new_group([0, 1], backend="gloo")
-        ack = torch.zeros(1, dtype=torch.uint8)
-
-        def ping() -> float:
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(ack, 1, group=groups[0])
-                dist.recv(ack, 1, group=groups[0])
-            else:
-                dist.recv(ack, 0, group=groups[0])
-                dist.send(ack, 0, group=groups[0])
-            return time.perf_counter() - t0
-
-        ping()  # connect and warm the pair
-        rtt = 0.0
-
-        def transfer(bufs: list, idle: float = 0.0) -> float:
-            # the receiver posts first (as a pipeline's receiver does, ahead of the send): gloo then sends at once
-            # instead of waiting a one-way trip for the receiver's ready notice
-            works = [] if rank == 0 else [dist.irecv(b, 0, group=g) for b, g in zip(bufs, groups)]
-            dist.barrier(group=ctl)
-            if rank == 0 and idle > 0:
-                time.sleep(idle)
-            t0 = time.perf_counter()
-            if rank == 0:
-                for w in [dist.isend(b, 1, group=g) for b, g in zip(bufs, groups)]:
-                    w.wait()
-                dist.recv(ack, 1, group=ctl)
-            else:
-                for w in works:
-                    w.wait()
-                dist.send(ack, 0, group=ctl)
-            return time.perf_counter() - t0 - rtt / 2
-
+        pair = _Pair(rank, max(flows))
+        pair.ping()  # connect and warm the pair
         # the correction: the same procedure with a one-byte message, which is two one-byte one-way trips (the
         # message, the ack). Not a ping-pong: its reply is sent before the first sender has posted its receive,
         # so it can wait on gloo's ready notice; a loaded 1 Gbit/s, 1 ms link gave rows ~3.7 ms below what the
         # link's rate allows with half a ping subtracted
         tiny = [torch.zeros(1, dtype=torch.uint8)]
-        rtt = statistics.median(transfer(tiny) for _ in range(max(repeats, 3)))
-
+        pair.rtt = statistics.median(pair.transfer(tiny) for _ in range(max(repeats, 3)))
         rows = []
         total, done = len(sizes) * len(flows), 0
         for f in flows:
             for n in sizes:
                 bufs = [torch.zeros(n, dtype=torch.uint8) for _ in range(f)]
-                # untimed transfers of this size first, as a boundary sends one size over and over: a fresh
-                # connection's windows open over its first transfers, and BBR's pacing follows the bandwidth
-                # its recent (app-limited) transfers reached, so a row depends on what came before it (over 1
-                # Gbit/s, 70 ms each way, 2 MiB after 1 MiB transfers: 108 ms; after 2 MiB ones: 145 ms)
-                last, more = transfer(bufs, idle_s), torch.ones(1, dtype=torch.uint8)
-                for _ in range(WARM_MAX - 1):
-                    t = transfer(bufs, idle_s)
-                    if rank == 0:  # the sender's times decide; the receiver follows its word
-                        more[0] = int(abs(t - last) > WARM_AGREE * max(t, last))
-                    dist.broadcast(more, 0, group=ctl)
-                    if not more[0]:
-                        break
-                    last = t
-                tries = [transfer(bufs, idle_s) for _ in range(repeats)]
+                pair.warm(bufs, idle_s)
+                tries = [pair.transfer(bufs, idle_s) for _ in range(repeats)]
                 rows.append(LinkRow(n, f, max(statistics.median(tries), 1e-9), idle_s))
                 done += 1
                 if progress is not None:
                     progress(done, total)
-        dist.barrier(group=ctl)
-        return LinkMeasurement(tuple(rows), rtt, rank)
+        dist.barrier(group=pair.ctl)
+        return LinkMeasurement(tuple(rows), pair.rtt, rank)
     finally:
         dist.destroy_process_group()
+
+
+class _Pair:
+    """One side of the measured pair: `flows` measured connections (one gloo group each) and a control one for
+    the barrier, the ack and the warm-up votes, so the measured ones idle when told to. `rtt`: the correction
+    subtracted (half of it) from every timed transfer, 0 until measured."""
+
+    def __init__(self, rank: int, flows: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.rank = rank
+        self.groups = [dist.new_group([0, 1], backend="gloo") for _ in range(flows)]
+        self.ctl = dist.new_group([0, 1], backend="gloo")
+        self.ack = torch.zeros(1, dtype=torch.uint8)
+        self.rtt = 0.0
+
+    def ping(self) -> float:
+        """A one-byte round trip on the first measured connection."""
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        if self.rank == 0:
+            dist.send(self.ack, 1, group=self.groups[0])
+            dist.recv(self.ack, 1, group=self.groups[0])
+        else:
+            dist.recv(self.ack, 0, group=self.groups[0])
+            dist.send(self.ack, 0, group=self.groups[0])
+        return time.perf_counter() - t0
+
+    def transfer(self, bufs: list, idle: float = 0.0) -> float:
+        """One timed transfer of `bufs`, one per connection, after `idle` seconds of silence (sender side)."""
+        import torch.distributed as dist
+
+        rank, groups, ctl, ack = self.rank, self.groups, self.ctl, self.ack
+        # the receiver posts first (as a pipeline's receiver does, ahead of the send): gloo then sends at once
+        # instead of waiting a one-way trip for the receiver's ready notice
+        works = [] if rank == 0 else [dist.irecv(b, 0, group=g) for b, g in zip(bufs, groups)]
+        dist.barrier(group=ctl)
+        if rank == 0 and idle > 0:
+            time.sleep(idle)
+        t0 = time.perf_counter()
+        if rank == 0:
+            for w in [dist.isend(b, 1, group=g) for b, g in zip(bufs, groups)]:
+                w.wait()
+            dist.recv(ack, 1, group=ctl)
+        else:
+            for w in works:
+                w.wait()
+            dist.send(ack, 0, group=ctl)
+        return time.perf_counter() - t0 - self.rtt / 2
+
+    def warm(self, bufs: list, idle: float) -> None:
+        """Untimed transfers of this size until two in a row agree (at most WARM_MAX), as a boundary sends one
+        size over and over: a fresh connection's windows open over its first transfers, and BBR's pacing
+        follows the bandwidth its recent (app-limited) transfers reached, so a row depends on what came before
+        it (over 1 Gbit/s, 70 ms each way, 2 MiB after 1 MiB transfers: 108 ms; after 2 MiB ones: 145 ms)."""
+        import torch
+        import torch.distributed as dist
+
+        last, more = self.transfer(bufs, idle), torch.ones(1, dtype=torch.uint8)
+        for _ in range(WARM_MAX - 1):
+            t = self.transfer(bufs, idle)
+            if self.rank == 0:  # the sender's times decide; the receiver follows its word
+                more[0] = int(abs(t - last) > WARM_AGREE * max(t, last))
+            dist.broadcast(more, 0, group=self.ctl)
+            if not more[0]:
+                break
+            last = t

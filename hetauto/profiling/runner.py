@@ -221,17 +221,7 @@ def run_profile(backend: Backend, options: ProfileOptions = ProfileOptions(), *,
     grid = list(options.layer_grid or default_grid(options.quick, world)) if options.samples else []
     notes: list[str] = []
 
-    own_comm = False
-    if comm is None and world > 1 and (options.collectives or options.samples):
-        import torch.distributed as dist
-
-        from hetauto.core.comm import Communicator
-
-        if dist.is_initialized():
-            comm = Communicator.from_current(timeout_s=options.timeout_s)
-        else:
-            comm = Communicator.init_from_env(backend, timeout_s=options.timeout_s)
-            own_comm = True
+    comm, own_comm = _communicator(backend, options, comm, world)
     if comm is not None:
         rank, world = comm.rank, comm.world_size
     if comm is not None and options.collectives and not sizes:
@@ -264,19 +254,8 @@ def run_profile(backend: Backend, options: ProfileOptions = ProfileOptions(), *,
             membw = measure_memory_bandwidth(backend, device, want, repeats=max(options.repeats, 3))
             steps.step("memory bandwidth")
         if grid:
-            # Blocks run in the dtype the device is fastest in (the one the GEMM fit chose), and points the
-            # measured GEMM rate says would take too long are skipped.
-            fit = efficiency_from_gemm(gemm, base)
-            layer_dtype = fit.dtype if fit is not None else dtypes[0]
-            rate = max((s.achieved_flops for s in gemm if s.dtype == layer_dtype), default=None)
-            if comm is not None and world > 1:  # every rank must run the same points in the same dtype
-                agreed = torch.tensor([rate or 0.0, float(dtypes.index(layer_dtype))], dtype=torch.float64,
-                                      device=device)
-                comm.broadcast(agreed, 0)
-                rate, layer_dtype = float(agreed[0].item()) or None, dtypes[int(agreed[1].item())]
-            samples = sample_layers(backend, device, grid, layer_dtype, world_size=world, rank=rank,
-                                    flops_per_s=rate, max_block_s=0.5 if options.quick else 2.0,
-                                    repeats=options.repeats, on_step=steps.step)
+            samples = _layer_samples(backend, device, options, grid, gemm, base, dtypes, comm, (rank, world),
+                                     steps)
             if world == 1:
                 notes.append("layer samples: tp=1 only (one rank; launch with torchrun for tp > 1)")
     finally:
@@ -286,13 +265,53 @@ def run_profile(backend: Backend, options: ProfileOptions = ProfileOptions(), *,
     memory_total = backend.memory_stats(index).total
     profile = build_profile(backend, base, device_name=device_name, gemm=gemm, memory_bandwidth=membw,
                             collectives=fits, samples=samples, memory_total=memory_total)
-    factor = backend.speed_factor(index)
-    if factor != 1.0:  # an emulated slower/faster device (mock): the planner must see the emulated speed
-        profile = profile.scaled(factor)
-        notes.append(f"peak FLOP/s and memory bandwidth scaled by the device's speed factor {factor:g} "
-                     "(raw measurements kept under `measured`)")
+    profile = _at_speed(profile, backend.speed_factor(index), notes)
     if base is None:
         notes.append(f"backend '{backend.name}' names no catalog device; unmeasured fields come from catalog 'cpu'")
     return ProfileRun(profile=profile, base=base_key if base else None, backend=backend.name, device_name=device_name,
                       rank=rank, world_size=world, memory_bandwidth=membw, elapsed_s=time.perf_counter() - t0,
                       gemm_fit=efficiency_from_gemm(gemm, base), notes=tuple(notes))
+
+
+def _communicator(backend: Backend, options: ProfileOptions, comm: Any, world: int) -> tuple[Any, bool]:
+    """(the communicator the collective fits and TP samples run on, whether this run created it and must
+    destroy it): the caller's, the already-initialised process group's, or one from the torchrun environment;
+    None where one rank measures alone or nothing needs one."""
+    if comm is None and world > 1 and (options.collectives or options.samples):
+        import torch.distributed as dist
+
+        from hetauto.core.comm import Communicator
+
+        if dist.is_initialized():
+            return Communicator.from_current(timeout_s=options.timeout_s), False
+        return Communicator.init_from_env(backend, timeout_s=options.timeout_s), True
+    return comm, False
+
+
+def _layer_samples(backend: Backend, device: Any, options: ProfileOptions, grid: list[Any], gemm: list[GemmSample],
+                   base: Any, dtypes: list[str], comm: Any, where: tuple[int, int], steps: _Steps) -> list[LayerSample]:
+    """Blocks timed over `grid` in the dtype the device is fastest in (the one the GEMM fit chose), skipping the
+    points the measured GEMM rate says would take too long; every rank runs the same points in the same dtype
+    (rank 0's choice, broadcast)."""
+    rank, world = where
+    fit = efficiency_from_gemm(gemm, base)
+    layer_dtype = fit.dtype if fit is not None else dtypes[0]
+    rate = max((s.achieved_flops for s in gemm if s.dtype == layer_dtype), default=None)
+    if comm is not None and world > 1:  # every rank must run the same points in the same dtype
+        agreed = torch.tensor([rate or 0.0, float(dtypes.index(layer_dtype))], dtype=torch.float64,
+                              device=device)
+        comm.broadcast(agreed, 0)
+        rate, layer_dtype = float(agreed[0].item()) or None, dtypes[int(agreed[1].item())]
+    return sample_layers(backend, device, grid, layer_dtype, world_size=world, rank=rank,
+                         flops_per_s=rate, max_block_s=0.5 if options.quick else 2.0,
+                         repeats=options.repeats, on_step=steps.step)
+
+
+def _at_speed(profile: Any, factor: float, notes: list[str]) -> Any:
+    """An emulated slower/faster device (mock): the planner must see the emulated speed (raw measurements stay
+    under `measured`)."""
+    if factor != 1.0:
+        profile = profile.scaled(factor)
+        notes.append(f"peak FLOP/s and memory bandwidth scaled by the device's speed factor {factor:g} "
+                     "(raw measurements kept under `measured`)")
+    return profile

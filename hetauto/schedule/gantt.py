@@ -174,8 +174,6 @@ def gantt_figure(result: SimResult, title: str | None = None, *, stages: Sequenc
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
     from matplotlib.transforms import blended_transform_factory
 
     if result.timeline is None:
@@ -192,19 +190,51 @@ def gantt_figure(result: SimResult, title: str | None = None, *, stages: Sequenc
     steps = len(panels) + 2  # the layout, each panel, the file
     if progress:
         progress("laid out", 1, steps)
+    heights, y_of, units = _row_positions(rows)
+    fig, axes, frame = _figure(len(panels) > 1, units, bool(stages), m)
+    width, height, lm, label_w = frame
+    used: list[str] = []
+    labels_left = MAX_LABELS
+    for k, (ax, (name, lo, hi)) in enumerate(zip(axes, panels)):
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(-units, 0)
+        px = (hi - lo) / max(1.0, ax.get_position().width * width * 110)  # one pixel in time units
+        left = k == 0 or k == 1
+        _draw_panel(ax, rows, spans, y_of, heights, (lo, hi, px), used,
+                    blended_transform_factory(fig.transFigure, ax.transData) if left and stages else None,
+                    lm - label_w / width)
+        labels_left -= _label_microbatches(ax, timeline, y_of, lo, hi, labels_left, k == 0 and len(panels) > 1)
+        _axis_labels(ax, rows, y_of, units, time_unit, left,
+                     (name + ("" if k == 0 else f": {lo:.4g}-{hi:.4g} {time_unit}")) if len(panels) > 1 else None)
+        if progress:
+            progress(f"drew {name}", k + 2, steps)
+    _legend(fig, used, rows, width)
+    fig.suptitle(title or f"iteration {total:.4g} {time_unit}, bubble {100 * result.bubble_fraction:.1f}%",
+                 fontsize=11, x=0.5, y=1 - 0.12 / height, va="top")
+    fig.hetauto_steps = steps
+    return fig
 
-    n = len(rows)
+
+def _row_positions(rows: list[_Row]) -> tuple[list[float], dict[int, float], float]:
+    """(each row's height, its centre's y (row 0 at the top, going down), all rows' height) in row units."""
     heights = [ROW_HEIGHT[r.kind] for r in rows]
     y_of, top = {}, 0.0
     for k, h in enumerate(heights):  # row 0 at the top
         y_of[k] = -(top + h / 2)
         top += h
-    units = top
+    return heights, y_of, top
+
+
+def _figure(zoomed: bool, units: float, labelled: bool, m: int
+            ) -> tuple[Any, list[Any], tuple[float, float, float, float]]:
+    """The figure sized for its rows and panels, its axes (the whole iteration on top; zoomed: the first and the
+    last microbatches below), and (width, height, left margin as a figure share, label column; inches)."""
+    import matplotlib.pyplot as plt
+
     inch = 0.26 if units > 12 else 0.36  # per stage row
     panel_h = 0.35 + inch * units
-    zoomed = len(panels) > 1
-    group_w = 0.9 if stages else 0.0
-    label_w = 3.0 if stages else 0.9
+    group_w = 0.9 if labelled else 0.0
+    label_w = 3.0 if labelled else 0.9
     width = 15.0 if zoomed or m > 8 else 11.0
     legend_h = 0.75
     height = 0.55 + panel_h * (2 if zoomed else 1) + (1.0 if zoomed else 0.0) + 0.6 + legend_h
@@ -218,34 +248,33 @@ def gantt_figure(result: SimResult, title: str | None = None, *, stages: Sequenc
     else:
         gs = fig.add_gridspec(1, 1, left=lm, right=rm, top=top_f, bottom=bottom_f)
         axes = [fig.add_subplot(gs[0, 0])]
+    return fig, axes, (width, height, lm, label_w)
 
-    used: list[str] = []
-    labels_left = MAX_LABELS
-    for k, (ax, (name, lo, hi)) in enumerate(zip(axes, panels)):
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(-units, 0)
-        px = (hi - lo) / max(1.0, ax.get_position().width * width * 110)  # one pixel in time units
-        left = k == 0 or k == 1
-        _draw_panel(ax, rows, spans, y_of, heights, (lo, hi, px), used,
-                    blended_transform_factory(fig.transFigure, ax.transData) if left and stages else None,
-                    lm - label_w / width)
-        labels_left -= _label_microbatches(ax, timeline, y_of, lo, hi, labels_left, k == 0 and zoomed)
-        ax.set_xlabel(f"time ({time_unit})", fontsize=9, labelpad=2)
-        ax.tick_params(axis="x", labelsize=8)
-        ax.tick_params(axis="y", length=0)
-        if zoomed:
-            ax.set_title(name + ("" if k == 0 else f": {lo:.4g}-{hi:.4g} {time_unit}"), fontsize=9, loc="left")
-        ax.set_yticks([y_of[i] for i in range(n)], [r.label for r in rows] if left else [""] * n,
-                      fontsize=7 if units > 12 else 8)
-        for tick, r in zip(ax.get_yticklabels(), rows):
-            if r.kind == "cross":
-                tick.set_color("#A31515")
-            elif r.kind == "local":
-                tick.set_color("#555555")
-        if progress:
-            progress(f"drew {name}", k + 2, steps)
-    # forward, backward, weight-grad, send, receive and idle always (the same key on every chart); the rest
-    # when they appear
+
+def _axis_labels(ax: Any, rows: list[_Row], y_of: dict[int, float], units: float, time_unit: str, left: bool,
+                 title: str | None) -> None:
+    """A panel's time axis, its title (zoomed charts) and its row labels (left panels only; cross-cluster
+    links in red, local hand-offs in grey)."""
+    n = len(rows)
+    ax.set_xlabel(f"time ({time_unit})", fontsize=9, labelpad=2)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.tick_params(axis="y", length=0)
+    if title is not None:
+        ax.set_title(title, fontsize=9, loc="left")
+    ax.set_yticks([y_of[i] for i in range(n)], [r.label for r in rows] if left else [""] * n,
+                  fontsize=7 if units > 12 else 8)
+    for tick, r in zip(ax.get_yticklabels(), rows):
+        if r.kind == "cross":
+            tick.set_color("#A31515")
+        elif r.kind == "local":
+            tick.set_color("#555555")
+
+
+def _legend(fig: Any, used: list[str], rows: list[_Row], width: float) -> None:
+    """The key: forward, backward, weight-grad, send, receive and idle always (the same key on every chart); the
+    rest when they appear."""
+    from matplotlib.patches import Patch
+
     handles = [Patch(facecolor=c, label=t) for key, (t, c) in STAGE_KINDS.items() if key in used or key in ("F", "B", "W")]
     handles += [Patch(facecolor=SEND[1], label=SEND[0]), Patch(facecolor=RECEIVE[1], label=RECEIVE[0]),
                 Patch(facecolor=IDLE[1], edgecolor="#BBBBBB", label=IDLE[0])]
@@ -255,10 +284,6 @@ def gantt_figure(result: SimResult, title: str | None = None, *, stages: Sequenc
                              label="cross-cluster boundary (hatched)"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6 if width >= 15 else 4), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.02))
-    fig.suptitle(title or f"iteration {total:.4g} {time_unit}, bubble {100 * result.bubble_fraction:.1f}%",
-                 fontsize=11, x=0.5, y=1 - 0.12 / height, va="top")
-    fig.hetauto_steps = steps
-    return fig
 
 
 def _bars(ax: Any, got: list[tuple[float, float]], y0: float, h: float, colour: str, sep: float | None,

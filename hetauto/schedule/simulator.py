@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, owner
 
@@ -157,30 +157,31 @@ def _chunk_times(costs: PipelineCosts, p: int, v: int, placement: str = "loop") 
     return out
 
 
-def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False) -> SimResult:
-    """Simulate one iteration; raises ScheduleError on a deadlock (naming the stuck ranks)."""
-    p, v, m = schedule.p, schedule.v, schedule.m
-    n = p * v
-    chunk = _chunk_times(costs, p, v, schedule.placement)
-    linkmap = _resolve_links(costs, p)
-    nbytes = _vec("act_bytes", costs.act_bytes, max(n - 1, 1), (max(n - 1, 1),))
-    allreduce = _vec("allreduce", costs.allreduce, p, (p,))
-    optim = _vec("optim", costs.optim, p, (p,))
-    reshard = _vec("reshard", costs.reshard, p, (p,))
-    overlap = costs.dp_overlap
+@dataclass(frozen=True, slots=True)
+class _Channels:
+    """Per directed transfer channel c = kind * n + receiving virtual stage (kind 0: activation, 1: gradient):
+    its link FIFO (`link`, an index), its group FIFO (`group`, -1 none), latency, serialization on the link and
+    on the group, how long a send holds its sender, and its ranks. Flat lists: the event loop indexes them."""
 
-    # Per directed transfer channel c = (kind, receiving virtual stage) with kind 0=activation, 1=grad.
-    # Channel resources: index into link_free; group index into group_free (-1 none).
-    nlinks = 0
+    link: list[int]
+    group: list[int]
+    lat: list[float]
+    ser: list[float]
+    gser: list[float]
+    hold: list[float]
+    src: list[int]
+    dst: list[int]
+    nlinks: int
+    ngroups: int
+
+
+def _channels(schedule: Schedule, costs: PipelineCosts, linkmap: dict[tuple[int, int], Link],
+              nbytes: tuple[float, ...]) -> _Channels:
+    """Every transfer channel's resources and times, resolved once before the event loop."""
+    n = schedule.p * schedule.v
     link_index: dict[tuple[int, int], int] = {}
-    ch_link = [0] * (2 * n)
-    ch_group = [-1] * (2 * n)
-    ch_lat = [0.0] * (2 * n)
-    ch_ser = [0.0] * (2 * n)
-    ch_gser = [0.0] * (2 * n)
-    ch_hold = [0.0] * (2 * n)  # seconds a send holds its sender
-    ch_src = [0] * (2 * n)
-    ch_dst = [0] * (2 * n)
+    ch = _Channels([0] * (2 * n), [-1] * (2 * n), [0.0] * (2 * n), [0.0] * (2 * n), [0.0] * (2 * n),
+                   [0.0] * (2 * n), [0] * (2 * n), [0] * (2 * n), 0, len(costs.link_groups))
     group_names = list(costs.link_groups)
     for kind in (0, 1):
         for s in range(n):
@@ -191,39 +192,40 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
             a, b = schedule.owner(src_stage), schedule.owner(s)
             key = (a, b)
             if key not in link_index:
-                link_index[key] = nlinks
-                nlinks += 1
+                link_index[key] = len(link_index)
             c = kind * n + s
-            ch_link[c] = link_index[key]
-            ch_src[c], ch_dst[c] = a, b
+            ch.link[c] = link_index[key]
+            ch.src[c], ch.dst[c] = a, b
             ln = linkmap.get(key)
             size = nbytes[min(s, src_stage)]
             if ln is not None and a != b:
                 bw = ln.bandwidth
                 if ln.group is not None:
-                    gi = group_names.index(ln.group)
-                    ch_group[c] = gi
+                    ch.group[c] = group_names.index(ln.group)
                     cap = costs.link_groups[ln.group]
-                    ch_gser[c] = size / cap if size and cap != INF else 0.0
-                ch_lat[c] = ln.latency
-                ch_ser[c] = size / bw if size and bw != INF else 0.0
-                ch_hold[c] = size / ln.hold if size and ln.hold != INF else 0.0
-    link_free = [0.0] * nlinks
-    group_free = [0.0] * len(group_names)
+                    ch.gser[c] = size / cap if size and cap != INF else 0.0
+                ch.lat[c] = ln.latency
+                ch.ser[c] = size / bw if size and bw != INF else 0.0
+                ch.hold[c] = size / ln.hold if size and ln.hold != INF else 0.0
+    return replace(ch, nlinks=len(link_index))
 
-    # Compile the action lists to flat int arrays.
-    code_of = _CODE
+
+def _compile(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """Each rank's action list as flat int lists (op code, virtual stage, microbatch or -1), checked: every
+    action on a stage its rank owns and a microbatch in range."""
+    p, n, m = schedule.p, schedule.p * schedule.v, schedule.m
     ops: list[list[int]] = []
     stg: list[list[int]] = []
     mbs: list[list[int]] = []
     for r, row in enumerate(schedule.ranks):
         o, st, mb = [], [], []
         for a in row:
-            o.append(code_of[a.type])
+            o.append(_CODE[a.type])
             st.append(a.stage)
             mb.append(-1 if a.microbatch is None else a.microbatch)
             if not 0 <= a.stage < n or schedule.owner(a.stage) != r:
-                raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own (p={p}, v={v})")
+                raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own "
+                                    f"(p={p}, v={schedule.v})")
             if a.microbatch is not None and not 0 <= a.microbatch < m:
                 raise ScheduleError(f"rank {r}: action {a} names microbatch {a.microbatch}, outside 0..{m - 1}")
         ops.append(o)
@@ -231,77 +233,58 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
         mbs.append(mb)
     if len(ops) != p:
         raise ScheduleError(f"schedule has {len(ops)} rank lists, expected p={p}")
+    return ops, stg, mbs
 
-    M = m
-    NK = 2 * n * M
-    sent = [-1.0] * NK  # issue time of the SEND feeding key
-    posted = [-1.0] * NK  # post time of the RECV for key
-    arrival = [-1.0] * NK
-    waiting = [-1] * NK  # rank blocked on key
 
-    pc = [0] * p
-    t = [0.0] * p
-    comm_free = [0.0] * p
-    busy = [0.0] * p
-    inflight = [0] * p
-    peak = [0] * p
-    last_b_start = [0.0] * n
-    lens = [len(o) for o in ops]
-    heap = [(0.0, r) for r in range(p)]
-    heapq.heapify(heap)
-    push, pop = heapq.heappush, heapq.heappop
+def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False) -> SimResult:
+    """Simulate one iteration; raises ScheduleError on a deadlock (naming the stuck ranks)."""
+    p, v = schedule.p, schedule.v
+    n = p * v
+    chunk = _chunk_times(costs, p, v, schedule.placement)
+    linkmap = _resolve_links(costs, p)
+    nbytes = _vec("act_bytes", costs.act_bytes, max(n - 1, 1), (max(n - 1, 1),))
+    per_rank = (_vec("allreduce", costs.allreduce, p, (p,)), _vec("optim", costs.optim, p, (p,)),
+                _vec("reshard", costs.reshard, p, (p,)))
+    ch = _channels(schedule, costs, linkmap, nbytes)
+    ops, stg, mbs = _compile(schedule)
     tl: list[TimelineEntry] | None = [] if timeline else None
+    pc, t, comm_free, busy, peak, events = _event_loop(schedule, chunk, ch, per_rank, costs.dp_overlap,
+                                                       ops, stg, mbs, tl)
+    if any(pc[r] < len(ops[r]) for r in range(p)):
+        raise _deadlock(schedule, pc, [len(o) for o in ops])
+    return _result(t, comm_free, busy, peak, events, tl)
+
+
+_RankLists = list[list[int]]  # per rank, one int per action (op code, virtual stage or microbatch)
+_LoopEnd = tuple[list[int], list[float], list[float], list[float], list[int], int]  # what `_event_loop` returns
+
+
+def _event_loop(schedule: Schedule, chunk: list[tuple[float, float, float, float]], ch: _Channels,
+                per_rank: tuple[tuple[float, ...], ...], overlap: bool, ops: _RankLists, stg: _RankLists,
+                mbs: _RankLists, tl: list[TimelineEntry] | None) -> _LoopEnd:
+    """Every rank's actions in time order -> per rank (next action's index, clock, communication stream's end,
+    busy time, peak in flight), events. The planner's innermost loop: all it reads is a local."""
+    p, n, M = schedule.p, schedule.p * schedule.v, schedule.m
+    pc, t, comm_free, busy = [0] * p, [0.0] * p, [0.0] * p, [0.0] * p
+    inflight, peak, last_b_start = [0] * p, [0] * p, [0.0] * n
+    lens = [len(o) for o in ops]
+    heap = [(0.0, r) for r in range(p)]  # (time, rank), sorted: already a heap
+    push, pop = heapq.heappush, heapq.heappop
+    ch_hold = ch.hold
+    start_transfer, sent, posted, arrival, waiting = _transfers(ch, n, M, t, heap, tl)
+    collective = _collective_runner(per_rank, schedule.v, overlap, last_b_start, comm_free, tl)
     events = 0
-    done = 0
-
-    def start_transfer(key: int, now: float) -> None:
-        c = key // M
-        li = ch_link[c]
-        gi = ch_group[c]
-        st0 = link_free[li]
-        if now > st0:
-            st0 = now
-        end = st0 + ch_ser[c]
-        link_free[li] = end
-        if gi >= 0:
-            gst = group_free[gi]
-            if now > gst:
-                gst = now
-            gend = gst + ch_gser[c]
-            group_free[gi] = gend
-            if gst > st0:
-                st0 = gst
-            if gend > end:
-                end = gend
-        arr = end + ch_lat[c]
-        arrival[key] = arr
-        if tl is not None and arr > st0:
-            s = c % n
-            tl.append(TimelineEntry(f"link {ch_src[c]}->{ch_dst[c]}", "SEND_F" if c < n else "SEND_B",
-                                    key % M, st0, arr, s - 1 if c < n else s + 1))
-        w = waiting[key]
-        if w >= 0:
-            waiting[key] = -1
-            push(heap, (arr if arr > t[w] else t[w], w))
-
     while heap:
         now, r = pop(heap)
         o, st, mb = ops[r], stg[r], mbs[r]
-        i = pc[r]
-        tr = t[r]
-        if now > tr:
-            tr = now
-        ln = lens[r]
-        stalled = False
+        i, ln, stalled = pc[r], lens[r], False
+        tr = now if now > t[r] else t[r]
         while i < ln:
-            op = o[i]
-            s = st[i]
+            op, s = o[i], st[i]
             if op <= 3:  # compute
                 k = mb[i]
-                if op == 0:
-                    key = s * M + k if s > 0 else -1
-                else:
-                    key = (n + s) * M + k if (op != 3 and s < n - 1) else -1
+                # F waits for its activation, B and I for their gradient (none at the ends), W for nothing
+                key = (s * M + k if s > 0 else -1) if op == 0 else ((n + s) * M + k if op != 3 and s < n - 1 else -1)
                 if key >= 0:
                     a = arrival[key]
                     if a < 0:
@@ -340,61 +323,120 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
                         if tl is not None:
                             tl.append(TimelineEntry(f"stage {r}", _NAMES[op], k, tr, tr + hold, s))
                         tr += hold
-                elif op == 5:
-                    key = s * M + k
-                    posted[key] = tr
-                    if sent[key] >= 0:
-                        start_transfer(key, tr)
-                else:
-                    key = (n + s) * M + k
+                else:  # RECV_F: activation into s; RECV_B: grad into s
+                    key = s * M + k if op == 5 else (n + s) * M + k
                     posted[key] = tr
                     if sent[key] >= 0:
                         start_transfer(key, tr)
                 i += 1
-            else:
+            else:  # RESHARD, REDUCE_GRAD, OPTIM: a few per rank and iteration
                 events += 1
-                if op == 8:
-                    d = reshard[r]
-                    if tl is not None and d:
-                        tl.append(TimelineEntry(f"stage {r}", "RESHARD", None, tr, tr + d, s))
-                    tr += d
-                elif op == 9:
-                    d = allreduce[r] / v
-                    st0 = last_b_start[s] if overlap else tr
-                    if comm_free[r] > st0:
-                        st0 = comm_free[r]
-                    comm_free[r] = st0 + d
-                    if tl is not None and d:
-                        tl.append(TimelineEntry(f"stage {r}", "REDUCE_GRAD", None, st0, st0 + d, s))
-                else:
-                    if comm_free[r] > tr:
-                        tr = comm_free[r]
-                    d = optim[r]
-                    if tl is not None and d:
-                        tl.append(TimelineEntry(f"stage {r}", "OPTIM", None, tr, tr + d, s))
-                    tr += d
+                tr = collective(op, r, s, tr)
                 i += 1
                 if heap and tr > heap[0][0]:
                     break
-        pc[r] = i
-        t[r] = tr
-        if i < ln:
-            if not stalled:  # a stalled rank is re-queued by the transfer it waits for
-                push(heap, (tr, r))
-        else:
-            done += 1
+        pc[r], t[r] = i, tr
+        if i < ln and not stalled:  # a stalled rank is re-queued by the transfer it waits for
+            push(heap, (tr, r))
+    return pc, t, comm_free, busy, peak, events
 
-    if done < p:
-        stuck = [f"rank {r} at {str(_action_at(schedule, r, pc[r]))}" for r in range(p) if pc[r] < lens[r]]
-        raise ScheduleError(f"schedule {schedule.name} deadlocks: " + "; ".join(stuck[:6])
-                            + (f" (+{len(stuck) - 6} more)" if len(stuck) > 6 else ""))
+
+def _transfers(ch: _Channels, n: int, M: int, t: list[float], heap: list[tuple[float, int]],
+               tl: list[TimelineEntry] | None
+               ) -> tuple[Callable[[int, float], None], list[float], list[float], list[float], list[int]]:
+    """The event loop's transfers, keyed channel * M + microbatch: `start_transfer(key, now)` (once a transfer's
+    SEND and RECV are both issued it takes its link's FIFO and its group's, sets its arrival and wakes the rank
+    waiting on it) and per key the SEND's issue time, the RECV's post time, the arrival (-1: not yet) and the
+    rank blocked on it (-1: none)."""
+    nk = 2 * n * M
+    sent, posted, arrival, waiting = [-1.0] * nk, [-1.0] * nk, [-1.0] * nk, [-1] * nk
+    ch_link, ch_group, ch_ser, ch_gser, ch_lat = ch.link, ch.group, ch.ser, ch.gser, ch.lat
+    link_free = [0.0] * ch.nlinks
+    group_free = [0.0] * ch.ngroups
+    push = heapq.heappush
+
+    def start_transfer(key: int, now: float) -> None:
+        c = key // M
+        li = ch_link[c]
+        gi = ch_group[c]
+        st0 = link_free[li]
+        if now > st0:
+            st0 = now
+        end = st0 + ch_ser[c]
+        link_free[li] = end
+        if gi >= 0:
+            gst = group_free[gi]
+            if now > gst:
+                gst = now
+            gend = gst + ch_gser[c]
+            group_free[gi] = gend
+            if gst > st0:
+                st0 = gst
+            if gend > end:
+                end = gend
+        arr = end + ch_lat[c]
+        arrival[key] = arr
+        if tl is not None and arr > st0:
+            s = c % n
+            tl.append(TimelineEntry(f"link {ch.src[c]}->{ch.dst[c]}", "SEND_F" if c < n else "SEND_B",
+                                    key % M, st0, arr, s - 1 if c < n else s + 1))
+        w = waiting[key]
+        if w >= 0:
+            waiting[key] = -1
+            push(heap, (arr if arr > t[w] else t[w], w))
+
+    return start_transfer, sent, posted, arrival, waiting
+
+
+def _collective_runner(per_rank: tuple[tuple[float, ...], ...], v: int, overlap: bool, last_b_start: list[float],
+                       comm_free: list[float], tl: list[TimelineEntry] | None) -> Callable[[int, int, int, float], float]:
+    """The event loop's `collective(op, rank, stage, now) -> the rank's clock after it`: RESHARD on the compute
+    stream; REDUCE_GRAD on the communication stream (from the chunk's last backward's start with overlap);
+    OPTIM after that stream is done."""
+    allreduce, optim, reshard = per_rank
+
+    def collective(op: int, r: int, s: int, tr: float) -> float:
+        if op == 8:
+            d = reshard[r]
+            if tl is not None and d:
+                tl.append(TimelineEntry(f"stage {r}", "RESHARD", None, tr, tr + d, s))
+            return tr + d
+        if op == 9:
+            d = allreduce[r] / v
+            st0 = last_b_start[s] if overlap else tr
+            if comm_free[r] > st0:
+                st0 = comm_free[r]
+            comm_free[r] = st0 + d
+            if tl is not None and d:
+                tl.append(TimelineEntry(f"stage {r}", "REDUCE_GRAD", None, st0, st0 + d, s))
+            return tr
+        if comm_free[r] > tr:
+            tr = comm_free[r]
+        d = optim[r]
+        if tl is not None and d:
+            tl.append(TimelineEntry(f"stage {r}", "OPTIM", None, tr, tr + d, s))
+        return tr + d
+
+    return collective
+
+
+def _deadlock(schedule: Schedule, pc: list[int], lens: list[int]) -> ScheduleError:
+    """The error naming the ranks a deadlocked schedule left stuck (the first six) and the action each waits at."""
+    stuck = [f"rank {r} at {str(_action_at(schedule, r, pc[r]))}" for r in range(schedule.p) if pc[r] < lens[r]]
+    return ScheduleError(f"schedule {schedule.name} deadlocks: " + "; ".join(stuck[:6])
+                         + (f" (+{len(stuck) - 6} more)" if len(stuck) > 6 else ""))
+
+
+def _result(t: list[float], comm_free: list[float], busy: list[float], peak: list[int], events: int,
+            tl: list[TimelineEntry] | None) -> SimResult:
+    """The iteration's figures: it ends when the last rank's compute or communication stream does."""
     total = 0.0
-    for r in range(p):
+    for r in range(len(t)):
         end = t[r] if t[r] > comm_free[r] else comm_free[r]
         if end > total:
             total = end
     util = tuple(b / total if total > 0 else 0.0 for b in busy)
-    bubble = 1.0 - sum(busy) / (p * total) if total > 0 else 0.0
+    bubble = 1.0 - sum(busy) / (len(t) * total) if total > 0 else 0.0
     return SimResult(total, bubble, util, tuple(peak), tuple(busy), events,
                      tuple(sorted(tl, key=lambda e: (e.start, e.resource))) if tl is not None else None)
 
