@@ -625,8 +625,35 @@ def _refuse_case_clash(names: list[str], source: str | Path | None) -> None:
 
 def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str | Path | None = None) -> ClusterSpec:
     """Validate a parsed spec document; every problem is a one-line SpecError naming `source` and the field."""
+    doc = _validated_doc(data, source)
+    if base_dir is None and source is not None:
+        base_dir = Path(str(source)).parent
+    _refuse_case_clash([c.name for c in doc.clusters], source)
+    seen: dict[str, int] = {}
+    clusters, total = [], 0
+    for i, c in enumerate(doc.clusters):
+        if c.node_groups is not None:
+            clusters.append(_mixed_cluster(c, i, source, base_dir, seen))
+            total += clusters[-1].num_devices
+            _refuse_too_many(total, i, source)
+            continue
+        assert c.nodes is not None
+        total += c.nodes.count * c.nodes.devices_per_node
+        _refuse_too_many(total, i, source)
+        if c.name in seen:
+            raise SpecError(source, f"clusters[{i}].name", f"duplicate cluster name '{c.name}' (also clusters[{seen[c.name]}])",
+                            "give every cluster a unique name")
+        seen[c.name] = i
+        clusters.append(_plain_cluster(c, i, source, base_dir))
+    default, overrides = _links(doc, list(seen), source)
+    return ClusterSpec(tuple(clusters), default, tuple(overrides), doc.name,
+                       None if source is None else str(source))
+
+
+def _validated_doc(data: Any, source: str | Path | None) -> ClusterSpecDoc:
+    """The document through its schema; an unknown field is named with the fields allowed where it stands."""
     try:
-        doc = validate_document(ClusterSpecDoc, data, source)
+        return validate_document(ClusterSpecDoc, data, source)
     except SpecError as err:
         if err.problem == "unknown field" and isinstance(data, dict):
             try:
@@ -640,46 +667,40 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
         if ".node_groups" in err.field:
             raise SpecError(source, _file_field(err.field), err.problem, err.fix) from None
         raise
-    if base_dir is None and source is not None:
-        base_dir = Path(str(source)).parent
-    _refuse_case_clash([c.name for c in doc.clusters], source)
-    seen: dict[str, int] = {}
-    clusters = []
-    total = 0
-    for i, c in enumerate(doc.clusters):
-        if c.node_groups is not None:
-            clusters.append(_mixed_cluster(c, i, source, base_dir, seen))
-            total += clusters[-1].num_devices
-            if total > MAX_DEVICES:
-                raise SpecError(source, f"clusters[{i}].nodes", f"the clusters hold {total:,} devices up to here, "
-                                f"more than the {MAX_DEVICES:,} hetauto plans for", "check count and devices_per_node")
-            continue
-        assert c.nodes is not None
-        total += c.nodes.count * c.nodes.devices_per_node
-        if total > MAX_DEVICES:
-            raise SpecError(source, f"clusters[{i}].nodes", f"the clusters hold {total:,} devices up to here, more "
-                            f"than the {MAX_DEVICES:,} hetauto plans for", "check count and devices_per_node")
-        if c.name in seen:
-            raise SpecError(source, f"clusters[{i}].name", f"duplicate cluster name '{c.name}' (also clusters[{seen[c.name]}])",
-                            "give every cluster a unique name")
-        seen[c.name] = i
-        try:
-            device = get_device(c.nodes.device, base_dir)
-        except SpecError as err:
-            if err.file is None:  # unknown catalog key
-                raise SpecError(source, f"clusters[{i}].nodes.device", err.problem, err.fix) from None
-            raise SpecError(source, f"clusters[{i}].nodes.device", f"cannot load profile: {err}") from None
-        device = device.scaled(c.speed_factor)
-        intra = LinkSpec(
-            c.intra_node.bandwidth if c.intra_node.bandwidth is not None else device.intra_node_bandwidth_Bps,
-            c.intra_node.latency if c.intra_node.latency is not None else DEFAULT_INTRA_LATENCY_S)
-        inter = LinkSpec(
-            c.inter_node.bandwidth if c.inter_node.bandwidth is not None else device.nic_bandwidth_Bps,
-            c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S,
-            nics_per_node=_nics(c, i, source))
-        clusters.append(Cluster(c.name, c.nodes.count, c.nodes.devices_per_node, device, intra, inter,
-                                c.speed_factor, c.nodes.device, c.backend))
 
+
+def _refuse_too_many(total: int, i: int, source: str | Path | None) -> None:
+    """The devices of clusters[0..i] stay within what the planner is built for."""
+    if total > MAX_DEVICES:
+        raise SpecError(source, f"clusters[{i}].nodes", f"the clusters hold {total:,} devices up to here, more "
+                        f"than the {MAX_DEVICES:,} hetauto plans for", "check count and devices_per_node")
+
+
+def _plain_cluster(c: ClusterDoc, i: int, source: str | Path | None, base_dir: str | Path | None) -> Cluster:
+    """A cluster of one kind of node: its device (catalog key or profile file) and its two node links, each
+    figure the spec leaves out taken from the device profile."""
+    assert c.nodes is not None
+    try:
+        device = get_device(c.nodes.device, base_dir)
+    except SpecError as err:
+        if err.file is None:  # unknown catalog key
+            raise SpecError(source, f"clusters[{i}].nodes.device", err.problem, err.fix) from None
+        raise SpecError(source, f"clusters[{i}].nodes.device", f"cannot load profile: {err}") from None
+    device = device.scaled(c.speed_factor)
+    intra = LinkSpec(
+        c.intra_node.bandwidth if c.intra_node.bandwidth is not None else device.intra_node_bandwidth_Bps,
+        c.intra_node.latency if c.intra_node.latency is not None else DEFAULT_INTRA_LATENCY_S)
+    inter = LinkSpec(
+        c.inter_node.bandwidth if c.inter_node.bandwidth is not None else device.nic_bandwidth_Bps,
+        c.inter_node.latency if c.inter_node.latency is not None else DEFAULT_INTER_LATENCY_S,
+        nics_per_node=_nics(c, i, source))
+    return Cluster(c.name, c.nodes.count, c.nodes.devices_per_node, device, intra, inter,
+                   c.speed_factor, c.nodes.device, c.backend)
+
+
+def _links(doc: ClusterSpecDoc, names: list[str], source: str | Path | None
+           ) -> tuple[LinkSpec | None, list[tuple[str, str, LinkSpec]]]:
+    """`links:`: the default and the per-pair overrides, each pair of clusters joined by one of them."""
     def to_link(d: LinkDoc, where: str) -> LinkSpec:
         per, shared = _link_reading(d, where, source)
         return LinkSpec(float(d.bandwidth), float(d.latency), shared,
@@ -693,8 +714,8 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
         where = f"links.overrides[{j}].between"
         a, b = o.between
         for name in (a, b):
-            if name not in seen:
-                raise SpecError(source, where, f"unknown cluster '{name}'", f"clusters: {', '.join(seen)}")
+            if name not in names:
+                raise SpecError(source, where, f"unknown cluster '{name}'", f"clusters: {', '.join(names)}")
         if a == b:
             raise SpecError(source, where, f"a link joins two different clusters, got '{a}' twice",
                             "name two different clusters")
@@ -706,14 +727,12 @@ def cluster_from_dict(data: Any, source: str | Path | None = None, base_dir: str
         overrides.append((a, b, to_link(o, f"links.overrides[{j}]")))
     default = to_link(doc.links.default, "links.default") if doc.links.default is not None else None
     if default is None:
-        names = list(seen)
         for x in range(len(names)):
             for y in range(x + 1, len(names)):
                 if frozenset((names[x], names[y])) not in pairs:
                     raise SpecError(source, "links", f"no link between clusters '{names[x]}' and '{names[y]}'",
                                     f"add links.default or an override with between: [{names[x]}, {names[y]}]")
-    return ClusterSpec(tuple(clusters), default, tuple(overrides), doc.name,
-                       None if source is None else str(source))
+    return default, overrides
 
 
 def _nics(c: ClusterDoc, i: int, source: str | Path | None) -> int | None:
