@@ -214,13 +214,14 @@ def _compile(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list
     """Each rank's action list as flat int lists (op code, virtual stage, microbatch or -1), checked: every
     action on a stage its rank owns and a microbatch in range."""
     p, n, m = schedule.p, schedule.p * schedule.v, schedule.m
+    code_of = _CODE  # a local: one lookup per action
     ops: list[list[int]] = []
     stg: list[list[int]] = []
     mbs: list[list[int]] = []
     for r, row in enumerate(schedule.ranks):
         o, st, mb = [], [], []
         for a in row:
-            o.append(_CODE[a.type])
+            o.append(code_of[a.type])
             st.append(a.stage)
             mb.append(-1 if a.microbatch is None else a.microbatch)
             if not 0 <= a.stage < n or schedule.owner(a.stage) != r:
