@@ -42,9 +42,10 @@ def _layout(launch: LaunchPlan) -> dict[str, Any]:
 
 def launch_parts(launch: LaunchPlan) -> dict[str, Any]:
     """The registration fields of a launch: `<part>` and `<part>_sha256` for each of PARTS (the plan is known by
-    its sha256 alone, launch.plan_sha256); a file is known by its content's sha256."""
+    its sha256 alone, launch.plan_sha256); a file is known by its content's sha256. Plain JSON values."""
     parts = {"run": launch.run, "layout": _layout(launch),
              "files": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in launch.files.items()}}
+    parts = json.loads(json.dumps(parts))  # as a registration reads at the lead: tuples are lists there
     out: dict[str, Any] = {}
     for name, value in parts.items():
         out[name], out[f"{name}_sha256"] = value, _digest(value)
