@@ -152,6 +152,7 @@ def test_the_first_differing_part_is_named_with_its_fields(tmp_path: Path) -> No
     assert run.said("here", "at the lead", lead_first=False) == (
         "run options differ: training.lr 0.5 here, 0.001 at the lead; training.lr_schedule cosine here, constant at "
         "the lead; training.seed 7 here, 0 at the lead (and 1 more)")
-    layout = find_mismatch(launch_parts(a), {**launch_parts(b), "run": a.run, "run_sha256": launch_parts(a)["run_sha256"]})
+    same_run = {"run": launch_parts(a)["run"], "run_sha256": launch_parts(a)["run_sha256"]}
+    layout = find_mismatch(launch_parts(a), {**launch_parts(b), **same_run})
     assert layout is not None and layout.said("here", "at node rank 1", lead_first=True) == (
         "the launch's sites and nodes differ: sites.slow.env.FOO 1 here, 2 at node rank 1")

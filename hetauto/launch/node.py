@@ -1,9 +1,9 @@
 """The node agent: what every artifact of `hetauto launch` runs on each machine (`hetauto node launch.json
 --node-rank N`, hetauto.commands.node).
 
-It writes the plan and run options carried inside the launch plan into its own working folder (hetauto.launch.node_job:
-nothing is copied by hand, no folder is shared between machines), joins the job, and runs torchrun for its node: that node's process
-count and node rank under the static rendezvous at the master address.
+It writes the plan and run options carried inside the launch plan into its own working folder
+(hetauto.launch.node_job: nothing is copied by hand, no folder is shared between machines), joins the job, and runs
+torchrun for its node: that node's process count and node rank under the static rendezvous at the master address.
 
 Joining (hetauto.launch.node_join): node rank 0's agent (the lead) serves the control store
 (hetauto.launch.control) at master_addr:control_port. Every agent claims its node rank there with its registration
@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
-from hetauto.launch.node_end import ABORT_KEY, LeadWatch, abort_others, announce_end, await_members, mark_done
+from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_others, announce_end, await_members,
+                                     mark_done)
 from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
 
@@ -64,8 +65,8 @@ class NodeRun:
         announce_end(self.store)
         late = await_members(self.store, [n.node_rank for n in self.job.launch.nodes if n.node_rank != 0])
         if late:
-            self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended within "
-                          "the end's grace; every rank had reported, so it ends on its own")
+            self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended {END_GRACE_S:g} s "
+                          "after the job's end; every rank had reported, so it ends on its own")
         return reports
 
     def _member_wait(self) -> list[dict[str, Any]]:
@@ -74,9 +75,8 @@ class NodeRun:
         except BaseException as err:
             mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
             raise
-        mark_done(self.store, self.job.node.node_rank, "ok")
-        if self.watch is not None and self.watch.lead_gone:
-            self.progress("the lead node's agent is gone after the job's end (every rank had reported); this "
+        if not mark_done(self.store, self.job.node.node_rank, "ok") and self.watch is not None and self.watch.ended:
+            self.progress("the lead node's agent had gone after the job's end (every rank had reported): this "
                           "node's torchrun ended on its own")
         return reports
 

@@ -64,39 +64,38 @@ def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRA
     return waiting
 
 
-def mark_done(store: Any, node_rank: int, outcome: str) -> None:
-    """On a member whose torchrun has exited: tell the lead it may go (best effort: the lead may be gone)."""
+def mark_done(store: Any, node_rank: int, outcome: str) -> bool:
+    """On a member whose torchrun has exited: tell the lead it may go. False: the lead's agent was gone already
+    (best effort: nobody waits for this mark then)."""
     try:
         store.set(done_key(node_rank), outcome)
-    except Exception:  # noqa: BLE001 - the lead's agent is gone: nobody waits for this mark
-        pass
+        return True
+    except Exception:  # noqa: BLE001 - the lead's agent is gone with its store
+        return False
 
 
 class LeadWatch:
     """Polled by a member node while its ranks run (LocalJob.watch): why this node must stop its ranks (the lead
     ended the job: `abort`; the lead's agent gone before the job's end), else None. `ended`: the lead posted the
-    job's end (every rank reported), after which the lead gone is no failure; `lead_gone`: it went after that."""
+    job's end (every rank reported); from then on the lead's store is not read again, and its going is no
+    failure: this node's torchrun ends on its own."""
 
     def __init__(self, store: Any, address: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.address, self.clock = store, address, clock
         self.ended = False
-        self.lead_gone = False
         self._last = float("-inf")
 
     def __call__(self) -> str | None:
         now = self.clock()
-        if self.lead_gone or now - self._last < WATCH_EVERY_S:
+        if self.ended or now - self._last < WATCH_EVERY_S:
             return None
         self._last = now
         try:
-            if not self.ended and self.store.check([ABORT_KEY]):
+            if self.store.check([ABORT_KEY]):
                 why = self.store.get(ABORT_KEY).decode("utf-8")
                 self.store.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
                 return "the lead node ended the job: " + why
-            self.ended = self.ended or self.store.check([END_KEY])
-        except Exception:  # noqa: BLE001 - the lead's agent is gone with its store
-            if self.ended:
-                self.lead_gone = True  # every rank had reported: this node's torchrun ends on its own
-                return None
+            self.ended = self.store.check([END_KEY])
+        except Exception:  # noqa: BLE001 - the lead's agent is gone with its store, before the job's end
             return f"the lead node's agent at {self.address} is gone; stopped this node's ranks"
         return None

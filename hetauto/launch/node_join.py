@@ -73,16 +73,16 @@ def lead_join(job: "NodeJob", control: Any, timeout_s: float, progress: Callable
     mine = registration(job)
     end = time.monotonic() + timeout_s
     joined: dict[int, dict[str, Any]] = {}
-    said, seconds = -1, {r: 1 for r in want}
+    said, claims_seen = -1, {r: 1 for r in want}
     while True:
         for r in want:
             if r not in joined and (text := control.get(f"{node_key(r)}/1")) is not None:
-                joined[r] = json.loads(text)
-            _note_second_claims(job, control, r, seconds, progress)
+                joined[r] = _read(text)
+            _note_second_claims(job, control, r, claims_seen, progress)
         for r, reg in sorted(joined.items()):
             why = _differs(job, r, mine, reg)
             if why is not None:
-                refuse(control, joined, *why)
+                refuse(control, joined, why[0], {r: why[1]})
                 raise JoinFailed(why[0])
         missing = [r for r in want if r not in joined]
         if not missing:
@@ -98,6 +98,15 @@ def lead_join(job: "NodeJob", control: Any, timeout_s: float, progress: Callable
         time.sleep(JOIN_POLL_S)
     for r in want:
         control.set(verdict_key(r), "go")
+
+
+def _read(text: str | bytes) -> dict[str, Any]:
+    """A registration; anything else reads as one that matches nothing (refused as another plan)."""
+    try:
+        reg = json.loads(text)
+    except ValueError:
+        return {}
+    return reg if isinstance(reg, dict) else {}
 
 
 def _differs(job: "NodeJob", r: int, mine: dict[str, Any], reg: dict[str, Any]) -> tuple[str, str] | None:
@@ -136,16 +145,16 @@ def _note_second_claims(job: "NodeJob", control: Any, r: int, seen: dict[int, in
         first = control.get(f"{node_key(r)}/1")
         if text is None or first is None:
             return
-        progress(f"note: refused a second agent for {job.where(r)} on host {json.loads(text).get('host')}: the "
-                 f"node rank is taken by the agent on host {json.loads(first).get('host')}")
+        progress(f"note: refused a second agent for {job.where(r)} on host {_read(text).get('host')}: the "
+                 f"node rank is taken by the agent on host {_read(first).get('host')}")
         seen[r] = n
 
 
-def refuse(control: Any, joined: dict[int, Any], why: str, node_why: str | None = None) -> None:
-    """Tell every joined node why the job will not start (`node_why` to the nodes, default `why`), and keep the
-    store up until each has read it, VERDICT_GRACE_S at most."""
+def refuse(control: Any, joined: dict[int, Any], why: str, told: dict[int, str] | None = None) -> None:
+    """Tell every joined node why the job will not start (`told[R]` to node rank R, in its own words; `why` to
+    the others), and keep the store up until each has read it, VERDICT_GRACE_S at most."""
     for r in joined:
-        control.set(verdict_key(r), "refused: " + (node_why or why))
+        control.set(verdict_key(r), "refused: " + (told or {}).get(r, why))
     control.set(ABORT_KEY, why)
     end = time.monotonic() + VERDICT_GRACE_S
     while time.monotonic() < end and int(control.get(VERDICT_ACK_KEY) or 0) < len(joined):
@@ -166,7 +175,7 @@ def member_join(job: "NodeJob", timeout_s: float, progress: Callable[[str], None
     r = job.node.node_rank
     claim = store.post(claim_key(r), f"{node_key(r)}/", json.dumps(registration(job)))
     if claim > 1:
-        first = json.loads(store.get(f"{node_key(r)}/1"))
+        first = _read(store.get(f"{node_key(r)}/1"))
         raise JoinFailed(f"{job.where()}: node rank {r} is taken: the agent on host {first.get('host')} (pid "
                          f"{first.get('pid')}) joined with it first, and this agent on host {socket.gethostname()} "
                          "was started for the same node rank; start each node's script once (if the first agent is "
@@ -174,8 +183,8 @@ def member_join(job: "NodeJob", timeout_s: float, progress: Callable[[str], None
     try:
         verdict = _verdict(job, store, end, where, timeout_s)
     except OSError:
-        raise RefusedByLead(f"{job.where()}: the lead node's agent at {where} went away before answering this node's "
-                            "join; its log says why") from None
+        raise RefusedByLead(f"{job.where()}: the lead node's agent at {where} went away before answering this "
+                            "node's join; its log says why") from None
     if verdict != "go":
         raise RefusedByLead(verdict.removeprefix("refused: "))
     return store
@@ -199,8 +208,8 @@ def _verdict(job: "NodeJob", store: Any, end: float, where: str, timeout_s: floa
     key = verdict_key(job.node.node_rank)
     while not store.check([key]):
         if time.monotonic() > end + 5.0:
-            raise JoinFailed(f"{job.where()}: registered at {where} but the lead gave no answer within the join timeout "
-                             f"({timeout_s:g} s)")
+            raise JoinFailed(f"{job.where()}: registered at {where} but the lead gave no answer within the join "
+                             f"timeout ({timeout_s:g} s)")
         time.sleep(JOIN_POLL_S)
     verdict = store.get(key).decode("utf-8")
     store.add(VERDICT_ACK_KEY, 1)
