@@ -48,14 +48,14 @@ class Sites:
         self.scripts = [out / "fast" / "node0.sh", out / "slow" / "node1.sh"]
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, site: int) -> subprocess.Popen:
+    def start(self, site: int, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Run the site's script in its namespace (`ip netns exec` and the script exec the agent: same pid), with
         this tree's hetauto: from the site's folder, Python would import the installed one."""
         work = self.root / f"site{site}"
         work.mkdir(exist_ok=True)
         proc = subprocess.Popen(["ip", "netns", "exec", self.topo.namespaces[site], "bash", str(self.scripts[site])],
                                 cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=this_tree_env())
+                                env=this_tree_env() if env is None else env)
         self.procs.append(proc)
         return proc
 
@@ -143,3 +143,49 @@ def test_a_missing_site_is_named_after_the_join_timeout(tmp_path: Path, plan_fil
     assert err.strip().splitlines()[-1] == (
         "hetauto node: error: not every site joined within the join timeout (2 s): missing site 'slow' node rank(s) 1; "
         f"start their scripts, check that they reach {topo.addresses[0]} ports 29500-29501, or raise --join-timeout")
+
+
+
+# Loaded by every Python process of the member site (the agent, its torchrun, the ranks): torchrun, once its ranks
+# are done and past torchrun's exit barrier, takes SLOW_EXIT_S more to end, as a large model's teardown does.
+_SLOW_TORCHRUN_EXIT = """\
+import os, sys, time
+_exit = os._exit
+def _slow_exit(code):
+    if sys.argv[0] == "torchrun":
+        time.sleep(float(os.environ["SLOW_EXIT_S"]))
+    _exit(code)
+os._exit = _slow_exit
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("member_exit_s", [0.0, 3.0, 9.0])
+def test_a_job_that_trained_ends_0_on_every_node_whatever_order_they_finish_in(tmp_path: Path,
+                                                                               member_exit_s: float) -> None:
+    """Issue 41 item 1: without the reference the lead's result is quick, and the lead exited while the other
+    site's torchrun was still shutting down; that agent then found the lead's store gone and exited 3 ('the lead
+    node's agent ... is gone') for a job that trained. Now the lead waits (bounded: END_GRACE_S) for every member's
+    end, and a member that saw the job's end exits 0 even when the lead is gone before its torchrun ends (9 s).
+    The smallest job: 1 rank per site."""
+    from hetauto.launch.node_end import END_GRACE_S
+
+    assert 3.0 < END_GRACE_S < 9.0
+    (tmp_path / "plan").mkdir()
+    plan = write_two_site_plan(tmp_path / "plan", slow_ranks=1)
+    slow = tmp_path / "slow-exit"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(_SLOW_TORCHRUN_EXIT)
+    with netns.NamespaceTopology([[0], [1]], bandwidth_Bps=125e6) as topo:
+        sites = Sites(tmp_path, plan, topo, "--steps", "1", "--timeout", "30", "--no-reference")
+        lead = sites.start(0)
+        env = this_tree_env()
+        env.update(PYTHONPATH=f"{slow}{os.pathsep}{env['PYTHONPATH']}", SLOW_EXIT_S=str(member_exit_s))
+        other = sites.start(1, env)
+        _, lead_err = lead.communicate(timeout=120)
+        _, other_err = other.communicate(timeout=60)
+    assert (lead.returncode, other.returncode) == (0, 0), f"{lead_err[-1500:]}\n{other_err[-1500:]}"
+    assert other_err.strip().splitlines()[-1] == "hetauto node 1: done", other_err[-1500:]
+    gone = "the lead node's agent had gone after the job's end (every rank had reported)"
+    late = f"had not ended {END_GRACE_S:g} s after the job's end"
+    assert (gone in other_err, late in lead_err) == ((True, True) if member_exit_s > END_GRACE_S else (False, False))

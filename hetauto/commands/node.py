@@ -1,12 +1,14 @@
 """`hetauto node LAUNCH.json --node-rank N [--workdir D] [--visible-devices plan|scheduler] [--json]`: the node
 agent every artifact of `hetauto launch` runs, one per machine (hetauto.launch.node does the work).
 
-It joins the job (the lead, node rank 0, waits for every site and refuses a node with another plan), runs torchrun
-for this node, and on the lead follows the steps and writes the run's result (`hetauto run --json`'s document) to
-`result.json` in the working folder; a failure ends in one line naming the culprit rank, its stage and cluster.
+It joins the job (the lead, node rank 0, waits for every site and refuses a node whose launch differs: the plan, the
+run options, the sites and nodes; a node rank is taken once), runs torchrun for this node, and on the lead follows
+the steps and writes the run's result (`hetauto run --json`'s document) to `result.json` in the working folder; a
+failure ends in one line naming the culprit rank, its stage and cluster.
 As `hetauto run`, the lead owns the run's `--checkpoint-dir` while the job runs (a second job's lead is refused
 naming the owner) and fails a run whose loss leaves the single-process reference's tolerance (exit 7).
-Exit codes: 0 done, 1 failed (the job or a bad input), 7 the loss left the reference, 128 + N after signal N.
+Exit codes: 0 done (on every node of a job that trained: the lead waits for the others' end), 1 failed (the job,
+a bad input, or the lead refused the job: its reason), 7 the loss left the reference, 128 + N after signal N.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ one-host run always had (`rank<R>.started|error|stopped|json|steps.jsonl`, `rank
 (hetauto.launch.diagnosis), the step log and the report collection read one folder whatever machines the ranks ran
 on, and the clocks of other sites never matter.
 
-The store also carries the node agents' handshake (hetauto.launch.node): `node/<R>` registrations, the lead's
-`verdict/<R>`, and `abort` (the lead ended the job: every agent stops its ranks).
+The store also carries the node agents' handshake (hetauto.launch.node_join, hetauto.launch.node_end): each node's
+claim of its node rank with its registration (`claims/<R>`, `node/<R>/<n>`), the lead's `verdict/<R>`, `abort` (the
+lead ended the job: every agent stops its ranks), `end` (every rank reported) and each member's `done/<R>`.
 """
 
 from __future__ import annotations

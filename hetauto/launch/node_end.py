@@ -1,0 +1,101 @@
+"""How a multi-node job ends on every node (hetauto.launch.node): the lead's `abort` and its acknowledgement, the
+lead's `end` and each member's `done/<R>` mark.
+
+Why: the lead's agent serves the control store and takes it with it when it exits, while the other nodes' agents
+poll it to learn whether the job goes on. A member whose torchrun was still shutting down when a successful lead
+exited found the store gone and reported a failure (exit 3) for a job that trained. So the job's end is a
+handshake, like the abort: the lead posts `end` once every rank has reported, then keeps its store up until every
+member has marked `done/<R>` (its torchrun has exited), END_GRACE_S at most (an agent that is gone never marks);
+a member that has read `end` knows the job trained, and the lead gone after that is no failure.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+__all__ = ["ABORT_KEY", "ABORT_ACK_KEY", "ABORT_GRACE_S", "END_KEY", "END_GRACE_S", "done_key", "abort_others",
+           "announce_end", "await_members", "mark_done", "LeadWatch"]
+
+ABORT_KEY = "hetauto/abort"
+ABORT_ACK_KEY = "hetauto/abort_ack"  # a counter: the other nodes' agents that have read `abort`
+ABORT_GRACE_S = 1.0  # how long the lead keeps its store up after `abort` for agents that have not read it yet
+END_KEY = "hetauto/end"  # set by the lead once every rank's report is in: the job trained
+# how long the lead keeps its store up after `end` for members whose torchrun is still ending (each marks `done`
+# when it has): a few seconds past a member's usual shutdown (under a second after the lead's: torchrun's exit
+# barrier holds every node's agent until all ranks are done), never forever
+END_GRACE_S = 6.0
+POLL_S = 0.05
+WATCH_EVERY_S = 0.5  # how often a member reads the lead's store while its ranks run
+
+
+def done_key(node_rank: int) -> str:
+    return f"hetauto/done/{node_rank}"
+
+
+def abort_others(control: Any, err: BaseException, others: int) -> None:
+    """On the lead: whatever ends the job early (a rank's failure, a signal, the deadline) tells the other nodes,
+    and keeps the store up until each of their agents has read it (they poll every WATCH_EVERY_S), ABORT_GRACE_S
+    at most (an agent that is gone never reads it)."""
+    try:
+        control.set(ABORT_KEY, str(err) or type(err).__name__)
+        end = time.monotonic() + ABORT_GRACE_S
+        while time.monotonic() < end and int(control.get(ABORT_ACK_KEY) or 0) < others:
+            time.sleep(POLL_S)
+    except Exception:  # noqa: BLE001 - nothing more to tell anyone
+        pass
+
+
+def announce_end(control: Any) -> None:
+    """On the lead, once every rank has reported: the job trained, whatever happens to this agent from now on."""
+    control.set(END_KEY, "every rank reported")
+
+
+def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRACE_S) -> list[int]:
+    """On the lead after `announce_end`: wait until every member node has marked its end, `grace_s` at most;
+    returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone)."""
+    end = time.monotonic() + grace_s
+    waiting = list(members)
+    while waiting:
+        waiting = [r for r in waiting if control.get(done_key(r)) is None]
+        if not waiting or time.monotonic() >= end:
+            break
+        time.sleep(POLL_S)
+    return waiting
+
+
+def mark_done(store: Any, node_rank: int, outcome: str) -> bool:
+    """On a member whose torchrun has exited: tell the lead it may go. False: the lead's agent was gone already
+    (best effort: nobody waits for this mark then)."""
+    try:
+        store.set(done_key(node_rank), outcome)
+        return True
+    except Exception:  # noqa: BLE001 - the lead's agent is gone with its store
+        return False
+
+
+class LeadWatch:
+    """Polled by a member node while its ranks run (LocalJob.watch): why this node must stop its ranks (the lead
+    ended the job: `abort`; the lead's agent gone before the job's end), else None. `ended`: the lead posted the
+    job's end (every rank reported); from then on the lead's store is not read again, and its going is no
+    failure: this node's torchrun ends on its own."""
+
+    def __init__(self, store: Any, address: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.address, self.clock = store, address, clock
+        self.ended = False
+        self._last = float("-inf")
+
+    def __call__(self) -> str | None:
+        now = self.clock()
+        if self.ended or now - self._last < WATCH_EVERY_S:
+            return None
+        self._last = now
+        try:
+            if self.store.check([ABORT_KEY]):
+                why = self.store.get(ABORT_KEY).decode("utf-8")
+                self.store.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
+                return "the lead node ended the job: " + why
+            self.ended = self.store.check([END_KEY])
+        except Exception:  # noqa: BLE001 - the lead's agent is gone with its store, before the job's end
+            return f"the lead node's agent at {self.address} is gone; stopped this node's ranks"
+        return None

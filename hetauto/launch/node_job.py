@@ -1,0 +1,80 @@
+"""What one node of a multi-node job runs (hetauto.launch.node): its slice of the launch plan, the plan and run
+options written into its own working folder, and its environment (`prepare_node`).
+
+Why its own module: the join (hetauto.launch.node_join) and the agent (hetauto.launch.node) both read a NodeJob;
+the agent imports the join, so the job lives below both.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hetauto.core.errors import HetautoError
+from hetauto.core.plan import Plan
+from hetauto.launch.local import write_run_folder
+from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
+from hetauto.runtime.options import RunOptions
+
+__all__ = ["NodeJob", "prepare_node", "VISIBLE_DEVICES_MODES"]
+
+VISIBLE_DEVICES_MODES = ("plan", "scheduler")
+
+
+@dataclass
+class NodeJob:
+    """A node's prepared job: where it runs and what it runs."""
+
+    launch: LaunchPlan
+    site: SiteLaunch
+    node: NodeLaunch
+    plan: Plan
+    run: RunOptions
+    workdir: Path
+    options: Path  # the run options file the workers read
+    env: dict[str, str]
+
+    @property
+    def lead(self) -> bool:
+        return self.node.node_rank == 0
+
+    @property
+    def out(self) -> Path:
+        return self.workdir / "run"
+
+    def where(self, node_rank: int | None = None) -> str:
+        site, node = self.launch.node(self.node.node_rank if node_rank is None else node_rank)
+        return f"node rank {node.node_rank} (site '{site.name}', cluster '{node.cluster}' node {node.node})"
+
+
+def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, visible_devices: str = "plan",
+                 environ: dict[str, str] | None = None) -> NodeJob:
+    """Write the node's plan, files and run options into `workdir` and build its environment."""
+    try:
+        site, node = launch.node(node_rank)
+    except KeyError:
+        raise HetautoError(f"--node-rank {node_rank}: the launch plan has node ranks 0..{launch.num_nodes - 1}") from None
+    if visible_devices not in VISIBLE_DEVICES_MODES:
+        raise HetautoError(f"--visible-devices must be one of {', '.join(VISIBLE_DEVICES_MODES)}, got {visible_devices!r}")
+    work = Path(workdir).resolve()
+    (work / "run").mkdir(parents=True, exist_ok=True)
+    for name, text in launch.files.items():
+        target = (work / name).resolve()
+        if work not in target.parents:
+            raise HetautoError(f"launch plan file {name!r} would be written outside the working folder {work}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    plan = launch.the_plan()
+    if plan.model in launch.files:  # a model config.json that travelled with the launch plan
+        plan = plan.model_copy(update={"model": str(work / plan.model)})
+    run = RunOptions.from_dict({**launch.run, "plan": str(work / "plan.json"), "out": str(work / "run")},
+                               "launch plan: run").with_emulation(cluster_base=str(work))
+    options = write_run_folder(work / "run", plan, run)
+    env = dict(os.environ if environ is None else environ)
+    env.update(site.env)
+    if visible_devices == "plan":
+        for var in node.visible_devices_env:
+            env[var] = ",".join(str(d) for d in node.devices)
+    job = NodeJob(launch, site, node, plan, replace(run, plan=str(work / "run" / "plan.json")), work, options, env)
+    return job
