@@ -199,8 +199,8 @@ def write_files(folder: str | Path, files: dict[str, str]) -> list[Path]:
             path = out / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-            if rel.endswith(".sh") or rel.endswith(".sbatch"):
-                path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            # owner only: the launch plan and the scripts carry every --env value (a token, a key) in clear
+            path.chmod(stat.S_IRUSR | stat.S_IWUSR | (stat.S_IXUSR if rel.endswith((".sh", ".sbatch")) else 0))
             written.append(path)
     except OSError as err:
         raise HetautoError(f"-o {folder}: cannot write there ({err.strerror or err}); choose another folder") from None

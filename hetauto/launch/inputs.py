@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["MANAGED_ENV", "VISIBLE_DEVICES_ENV", "managed_env_reason", "site_option_problem"]
+__all__ = ["MANAGED_ENV", "VISIBLE_DEVICES_ENV", "CODE_ENV", "managed_env_reason", "site_option_problem",
+           "launch_file_problem"]
 
 _RENDEZVOUS = "torchrun sets it for each rank from the launch plan's rendezvous; change it with --master"
 _RANKS = "torchrun sets it for each rank from the plan; the plan decides ranks"
@@ -30,6 +31,11 @@ MANAGED_ENV: dict[str, str] = {
     "HETAUTO_LAUNCHER": "the node agent sets it", "HETAUTO_NODE_RANK": "the target's script sets it",
     "HETAUTO_FIRST_NODE_RANK": "the target's script sets it", "HETAUTO_INJECT_FAULT": "it is a test hook",
 }
+# what a launch plan's own `env` (a file another site hands over) may never set: each changes which code runs
+CODE_ENV = frozenset(name for name, why in MANAGED_ENV.items() if why == _CODE) | {"HETAUTO_MODEL_CODE"}
+# a file Python would import or execute from the working folder (on sys.path of the agent, torchrun and the ranks)
+_IMPORTABLE = (".py", ".pyc", ".pyw", ".pth", ".so", ".pyd")
+
 # every built-in backend's visible-devices variables (a plugin's come from the registry: managed_env_reason)
 VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                        "ASCEND_RT_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
@@ -54,4 +60,18 @@ def site_option_problem(key: str, value: str) -> str | None:
     if bad is not None:
         return (f"{key}={value!r} contains {bad.group()!r}: a site option is one word without spaces, quotes or "
                 "shell metacharacters")
+    return None
+
+
+def launch_file_problem(name: str, plan: dict) -> str | None:
+    """Why a launch plan may not carry file `name` (None: it may). The files are the data the plan names (its
+    cluster spec, a model's config.json: hetauto.launch.plan.portable_plan) and nothing else: the node agent writes
+    them into its working folder, which is on Python's import path, so a `json.py` there would run inside the
+    agent, torchrun and every rank."""
+    if name not in (plan.get("cluster"), plan.get("model")):
+        return "the plan names no such file (a launch plan carries only the cluster spec and model config it names)"
+    if "/" in name or "\\" in name or name.startswith("."):
+        return "a file name, not a path, is expected"
+    if name.lower().endswith(_IMPORTABLE) or name.split(".")[0] in ("sitecustomize", "usercustomize"):
+        return "Python would import or run it from the working folder"
     return None

@@ -167,7 +167,23 @@ class LaunchPlan(_Frozen):
             raise ValueError("node rank 0 must be on the lead site (it hosts the rendezvous)")
         if plan_digest(self.plan) != self.plan_sha256:
             raise ValueError("plan_sha256 does not match the embedded plan (the plan was edited after launch)")
+        self._check_no_code()
         return self
+
+    def _check_no_code(self) -> None:
+        """A launch plan is data another site runs: its files are only those the plan names, none importable, and
+        no site's environment sets what changes which code runs (PYTHONPATH, HETAUTO_MODEL_CODE, ...)."""
+        from hetauto.launch.inputs import CODE_ENV, launch_file_problem
+
+        for name in self.files:
+            problem = launch_file_problem(name, self.plan)
+            if problem is not None:
+                raise ValueError(f"files: {name!r}: {problem}")
+        for site in self.sites:
+            for key in site.env:
+                if key in CODE_ENV:
+                    raise ValueError(f"sites[{site.name}].env: {key} changes which code runs on every node; a launch "
+                                     "plan may not set it (hetauto launch refuses it in --env too)")
 
     # --- queries
     def site(self, name: str) -> SiteLaunch:
