@@ -29,6 +29,7 @@ from hetauto.core.dp_sharding import level_label
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_flops_rate, format_time
 from hetauto.planner.inputs import load_planning_inputs
+from hetauto.planner.islands import HINT_GAIN
 from hetauto.planner.search import (DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, EVALUATIONS_PER_DEVICE, PLANNERS, PlanResult,
                                     default_max_evaluations, make_evaluator, plan)
 from hetauto.planner.space import RESHARD_METHODS, SCHEDULES
@@ -77,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "0: off)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
+    parser.add_argument("--allow-local-sgd", action="store_true",
+                        help="also consider islands: sites across a slow link each train and synchronise every H "
+                             "steps (DiLoCo); changes the optimisation, so only when asked (hetauto.planner.islands)")
     parser.add_argument("-o", "--output", help="write the plan (JSON) to this file")
     parser.add_argument("--export-schedule", nargs=2, metavar=("FORMAT", "DIR"),
                         help="also write the plan's schedule for another runtime: 'torch DIR' writes torch's CSV "
@@ -341,6 +345,12 @@ def run(args: argparse.Namespace) -> int:
                 baselines[name] = _run_one(inputs, name, args, show)
             except HetautoError as err:  # a baseline that finds no plan is reported, not fatal
                 baselines[name] = err  # type: ignore[assignment]
+    choice = _island_choice(inputs, result, args, stopped())
+    if choice is not None and args.allow_local_sgd and choice.gain > 1:
+        return _run_islands(inputs, result, choice, args)
+    hint = None
+    if choice is not None and not args.allow_local_sgd and choice.gain > HINT_GAIN:
+        hint = choice.hint()
     if resumed is not None:  # the plan `hetauto run NEW_PLAN --resume DIR` will read: what run refuses, refused now
         from hetauto.core.plan_check import validate_plan
 
@@ -373,6 +383,10 @@ def run(args: argparse.Namespace) -> int:
                                 for n, r in baselines.items()}
         if unplaced:
             doc["unplaced_clusters"] = unplaced
+        if hint:
+            doc["islands_hint"] = {"gain": choice.gain, "line": hint}  # type: ignore[union-attr]
+        if args.allow_local_sgd and choice is not None:
+            doc["islands_considered"] = {"gain": choice.gain}
         if args.output:
             doc["output"] = args.output
         if args.plot:
@@ -392,6 +406,67 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"re-planned {resumed.model.name} from checkpoint {resumed.checkpoint} (step {resumed.step}); "
                       "continue with:", highlight=False)
         console.print(f"  {_continue_command(args)}", highlight=False, soft_wrap=True)
+    if hint:
+        console.print(hint, highlight=False, soft_wrap=True)
+    if args.allow_local_sgd and choice is not None:
+        console.print(f"islands considered: the best gives {choice.gain:.2f}x the pipelined plan's effective "
+                      "throughput; the pipelined plan is kept", highlight=False)
+    return 0
+
+
+def _island_choice(inputs: Any, result: PlanResult, args: argparse.Namespace, stopped: bool) -> Any:
+    """The island search against the pipelined plan (hetauto.planner.islands.choose_islands): with
+    --allow-local-sgd under the user's stop options, else at HINT_EVALUATIONS per island for the hint line.
+    None for the baselines' planners, a stopped search or --resume."""
+    if args.planner != "mcts" or stopped or args.resume:
+        return None
+    from hetauto.planner.islands import HINT_EVALUATIONS, choose_islands
+
+    opts: dict[str, Any] = {"seed": args.seed, "space_options": feature_options(args) or None}
+    if args.allow_local_sgd:
+        opts.update(budget=args.budget, iterations=args.iterations, max_evaluations=args.max_evaluations,
+                    patience=args.patience)
+    else:
+        opts["max_evaluations"] = HINT_EVALUATIONS
+    return choose_islands(inputs, result, make_evaluator(inputs, args.precision), **opts)
+
+
+def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Namespace) -> int:
+    """Islands won (--allow-local-sgd): write and print the island plan beside the pipelined plan's figures."""
+    from hetauto.commands._islands import islands_document, prediction_figures, print_islands
+
+    for flag, value in (("--plot", args.plot), ("--export-schedule", args.export_schedule)):
+        if value:
+            raise HetautoError(f"{flag}: not built for island plans yet; drop {flag} or --allow-local-sgd")
+    ip, pred = choice.result.plan, choice.result.prediction
+    if args.output:
+        folder = Path(args.output).resolve().parent
+        islands = tuple(i.model_copy(update={"plan": _relative_to(i.plan, folder)}) for i in ip.islands)
+        try:
+            _relative_to(ip, folder).model_copy(update={"islands": islands}).save(args.output)
+        except OSError as err:
+            raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
+    if args.json:
+        doc: dict[str, Any] = {"planner": args.planner,
+                               **prediction_figures(pred, ip.seq_len, ip.outer.inner_steps),
+                               "search_time_s": result.search_time_s + choice.result.search_time_s,
+                               "evaluations": result.evaluations, "precision": _precision(result, inputs),
+                               "scenario": inputs.scenario, "cluster": inputs.cluster_source,
+                               "plan": ip.model_dump(mode="json", by_alias=True),
+                               "islands": islands_document(ip, pred),
+                               "pipelined": _figures(result), "gain": choice.gain}
+        if args.output:
+            doc["output"] = args.output
+        print_json(doc)
+        return 0
+    for line in inputs.describe():
+        console.print(line, highlight=False)
+    print_islands(ip, pred, [ev.iteration_time_s for ev in choice.result.evaluations])
+    console.print(f"{choice.gain:.2f}x the best pipelined plan's {result.evaluation.tokens_s:.4g} tokens/s "
+                  "(local SGD allowed by --allow-local-sgd)", highlight=False, soft_wrap=True)
+    if args.output:
+        console.print(f"island plan written to {args.output} (hetauto evaluate prices it; island execution is "
+                      "not built yet)", highlight=False, soft_wrap=True)
     return 0
 
 

@@ -205,3 +205,52 @@ def plan_islands(inputs: PlanningInputs, search: SearchIsland, evaluator: Any) -
                     for i, ev in zip(ip.islands, evs))
     ip = ip.model_copy(update={"prediction": pred, "islands": islands})
     return IslandResult(ip, pred, evs, time.perf_counter() - start)
+
+
+# evaluations per island search when the islands are only priced for `hetauto plan`'s hint line (the flag off):
+# enough to find each site's plan, a fraction of the main search
+HINT_EVALUATIONS = 300
+HINT_GAIN = 1.05  # the hint is printed where islands would give more than 5% more effective throughput
+
+
+@dataclass(frozen=True, slots=True)
+class IslandChoice:
+    """The island search's best against the best pipelined plan (`pipelined_tokens_s`, efficiency 1)."""
+
+    result: IslandResult
+    pipelined_tokens_s: float
+
+    @property
+    def gain(self) -> float:
+        return self.result.prediction.effective_tokens_s / self.pipelined_tokens_s
+
+    def hint(self) -> str:
+        return (f"islands across the WAN would give {self.gain:.2f}x effective throughput "
+                f"(H={self.result.plan.outer.inner_steps}, local SGD); --allow-local-sgd allows them")
+
+
+def has_slow_link(inputs: PlanningInputs) -> bool:
+    """Whether two clusters are joined by less than FAST_LINK_Bps: where islands could pay."""
+    names = inputs.cluster.names
+    return any(inputs.cluster.link(a, b).bandwidth_Bps < FAST_LINK_Bps for a, b in itertools.combinations(names, 2))
+
+
+def restricted_search(evaluator: Any, **plan_options: Any) -> SearchIsland:
+    """hetauto's own search (mcts) restricted to an island's clusters, with the caller's stop options."""
+    from hetauto.planner.search import plan
+
+    options = dict(plan_options.pop("space_options", None) or {})
+
+    def search(inputs: PlanningInputs, clusters: tuple[str, ...]) -> Any:
+        return plan(inputs, "mcts", evaluator=evaluator, space_options={**options, "clusters": clusters}, **plan_options)
+
+    return search
+
+
+def choose_islands(inputs: PlanningInputs, pipelined: Any, evaluator: Any, **plan_options: Any) -> IslandChoice | None:
+    """The island search against `pipelined` (a PlanResult); None where no cluster pair is on a slow link or
+    no island plan is feasible."""
+    if not has_slow_link(inputs):
+        return None
+    got = plan_islands(inputs, restricted_search(evaluator, **plan_options), evaluator)
+    return None if got is None else IslandChoice(got, pipelined.evaluation.tokens_s)
