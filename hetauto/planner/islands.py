@@ -9,8 +9,8 @@ The search, per island partition (each cluster its own island; or the clusters j
    islands' microbatch sizes, so each island keeps its plan and changes only its microbatch count), shared in
    proportion to the speeds (largest remainder), then one unit at a time moved from the slowest island to the
    fastest while that shortens the slowest step: the islands reach each sync within one unit's time of each
-   other. Where the unit does not fit (it does not divide the batch), the batch is split in `batch_unit` samples
-   and each island searched again at its share;
+   other. Each island is also searched again at its share of a split in `batch_unit` samples (then balanced the
+   same way); of the two, the split whose slowest step is shorter;
 3. H, fragments and wire format: every combination of H_OPTIONS x FRAGMENT_OPTIONS x WIRE_OPTIONS priced in
    closed form (no evaluations); the best effective throughput wins.
 """
@@ -134,13 +134,13 @@ def _island_plans(inputs: PlanningInputs, groups: tuple[tuple[str, ...], ...], s
         return None
     speeds = [r.evaluation.throughput_samples_s for r in first]
     options = [_balanced([r.plan for r in first], inputs.global_batch, speeds, evaluate)]
-    fine = batch_unit(inputs.global_batch)
-    if options[0] is None or math.lcm(*(r.plan.microbatch_size for r in first)) > fine:
-        shares = split_batch(speeds, inputs.global_batch, fine)
-        again = _search_all(inputs, groups, search, shares) if shares is not None else None
-        if again is not None:
-            plans = [r.plan for r in again]
-            options.append(_balanced(plans, inputs.global_batch, speeds, evaluate) or plans)
+    # searched again at its share: a plan found for the whole batch may not suit a share far from it (a pipeline
+    # with fewer microbatches has a larger bubble)
+    shares = split_batch(speeds, inputs.global_batch, batch_unit(inputs.global_batch))
+    again = _search_all(inputs, groups, search, shares) if shares is not None else None
+    if again is not None:
+        plans = [r.plan for r in again]
+        options.append(_balanced(plans, inputs.global_batch, speeds, evaluate) or plans)
     options = [o for o in options if o is not None]
     return min(options, key=lambda ps: max(_step(evaluate, p) for p in ps)) if options else None
 
