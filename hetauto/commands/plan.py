@@ -317,6 +317,26 @@ def _duration(s: float) -> str:
     return f"{s / 86400:.0f} days"
 
 
+def _search(inputs: Any, args: argparse.Namespace) -> tuple[PlanResult, dict[str, Any], Callable[[], bool]]:
+    """(the plan, the baselines' results or errors with --baselines, whether Ctrl-C stopped the search)."""
+    show = sys.stderr.isatty()
+    with _first_ctrl_c_stops_the_search() as stopped:
+        result = _run_one(inputs, args.planner, args, show, stopped)
+    if stopped():
+        print(f"hetauto plan: stopped by Ctrl-C after {result.evaluations} evaluations: this is the best plan found "
+              "so far", file=sys.stderr)
+    baselines: dict[str, Any] = {}
+    if args.baselines and not stopped():
+        for name in BASELINE_SET:
+            if name == args.planner:
+                continue
+            try:
+                baselines[name] = _run_one(inputs, name, args, show)
+            except HetautoError as err:  # a baseline that finds no plan is reported, not fatal
+                baselines[name] = err
+    return result, baselines, stopped
+
+
 def run(args: argparse.Namespace) -> int:
     require_writable(args.output, "-o")
     require_writable(args.plot, "--plot")
@@ -330,27 +350,11 @@ def run(args: argparse.Namespace) -> int:
     inputs, resumed = _inputs(args)
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)
-    show = sys.stderr.isatty()
-    with _first_ctrl_c_stops_the_search() as stopped:
-        result = _run_one(inputs, args.planner, args, show, stopped)
-    if stopped():
-        print(f"hetauto plan: stopped by Ctrl-C after {result.evaluations} evaluations: this is the best plan found "
-              "so far", file=sys.stderr)
-    baselines: dict[str, PlanResult] = {}
-    if args.baselines and not stopped():
-        for name in BASELINE_SET:
-            if name == args.planner:
-                continue
-            try:
-                baselines[name] = _run_one(inputs, name, args, show)
-            except HetautoError as err:  # a baseline that finds no plan is reported, not fatal
-                baselines[name] = err  # type: ignore[assignment]
+    result, baselines, stopped = _search(inputs, args)
     choice = _island_choice(inputs, result, args, stopped())
     if choice is not None and args.allow_local_sgd and choice.gain > 1:
         return _run_islands(inputs, result, choice, args)
-    hint = None
-    if choice is not None and not args.allow_local_sgd and choice.gain > HINT_GAIN:
-        hint = choice.hint()
+    hint = choice.hint() if choice is not None and not args.allow_local_sgd and choice.gain > HINT_GAIN else None
     if resumed is not None:  # the plan `hetauto run NEW_PLAN --resume DIR` will read: what run refuses, refused now
         from hetauto.core.plan_check import validate_plan
 
