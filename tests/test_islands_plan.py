@@ -28,7 +28,8 @@ def _island(cluster: str, devices: tuple[int, ...], batch: int) -> Island:
     return Island(name=cluster, plan=plan)
 
 
-def _two_islands(h: int = 50, fragments: int = 1, wire: str = "bf16", batches: tuple[int, int] = (96, 64)) -> IslandPlan:
+def _two_islands(h: int = 50, fragments: int = 1, wire: str = "bf16",
+                 batches: tuple[int, int] = (96, 64)) -> IslandPlan:
     return IslandPlan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=sum(batches),
                       islands=(_island("fast", (0, 1), batches[0]), _island("slow", (0,), batches[1])),
                       outer=OuterSync(inner_steps=h, fragments=fragments,

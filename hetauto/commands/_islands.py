@@ -44,7 +44,8 @@ def print_islands(plan: IslandPlan, pred: IslandPrediction, step_times: list[flo
     print_table(f"islands: {len(plan.islands)}, H={o.inner_steps} inner steps per round, {o.fragments} fragment"
                 f"{'s' if o.fragments > 1 else ''}, outer {o.optimizer.name} lr {o.optimizer.lr:g} momentum "
                 f"{o.optimizer.momentum:g}, wire {wire}",
-                ["island", "clusters", "stages", "devices", "batch (token share)", "microbatch", "schedule", "inner step"],
+                ["island", "clusters", "stages", "devices", "batch (token share)", "microbatch", "schedule",
+                 "inner step"],
                 rows)
     console.print(f"round {format_time(pred.round_time_s)} ({o.inner_steps} x {format_time(pred.inner_step_time_s)} "
                   f"+ exposed sync {format_time(pred.exposed_sync_s)}); outer sync {format_bytes(pred.sync_bytes)} "

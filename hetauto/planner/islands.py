@@ -110,7 +110,8 @@ def _balance(plans: list[Plan], shares: list[int], unit: int, evaluate: Callable
         slow, fast = times.index(max(times)), times.index(min(times))
         if slow == fast or sized[slow].global_batch <= unit:
             return sized
-        a, b = resize(sized[slow], sized[slow].global_batch - unit), resize(sized[fast], sized[fast].global_batch + unit)
+        a = resize(sized[slow], sized[slow].global_batch - unit)
+        b = resize(sized[fast], sized[fast].global_batch + unit)
         if a is None or b is None:
             return sized
         ta, tb = _step(evaluate, a), _step(evaluate, b)
@@ -201,8 +202,8 @@ def plan_islands(inputs: PlanningInputs, search: SearchIsland, evaluator: Any) -
     if best is None:
         return None
     ip, pred, evs = best
-    islands = tuple(i.model_copy(update={"plan": i.plan.model_copy(update={"prediction": ev.to_prediction(cost_model)})})
-                    for i, ev in zip(ip.islands, evs))
+    islands = tuple(i.model_copy(update={"plan": i.plan.model_copy(update={"prediction": ev.to_prediction(cost_model)})
+                                         }) for i, ev in zip(ip.islands, evs))
     ip = ip.model_copy(update={"prediction": pred, "islands": islands})
     return IslandResult(ip, pred, evs, time.perf_counter() - start)
 
@@ -242,7 +243,8 @@ def restricted_search(evaluator: Any, **plan_options: Any) -> SearchIsland:
     options = dict(plan_options.pop("space_options", None) or {})
 
     def search(inputs: PlanningInputs, clusters: tuple[str, ...]) -> Any:
-        return plan(inputs, "mcts", evaluator=evaluator, space_options={**options, "clusters": clusters}, **plan_options)
+        return plan(inputs, "mcts", evaluator=evaluator, space_options={**options, "clusters": clusters},
+                    **plan_options)
 
     return search
 
