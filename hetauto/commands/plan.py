@@ -420,16 +420,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _island_choice(inputs: Any, result: PlanResult, args: argparse.Namespace, stopped: bool) -> Any:
     """The island search against the pipelined plan (hetauto.planner.islands.choose_islands): with
-    --allow-local-sgd under the user's stop options, else at HINT_EVALUATIONS per island for the hint line.
+    --allow-local-sgd under the user's stop options, else at HINT_EVALUATIONS per island for the hint line;
+    with --budget, each island search gets 1/ISLAND_SEARCHES of it (an island is searched twice, per partition).
     None for the baselines' planners, a stopped search or --resume."""
     if args.planner != "mcts" or stopped or args.resume:
         return None
-    from hetauto.planner.islands import HINT_EVALUATIONS, choose_islands
+    from hetauto.planner.islands import HINT_EVALUATIONS, ISLAND_SEARCHES, choose_islands
 
-    opts: dict[str, Any] = {"seed": args.seed, "space_options": feature_options(args) or None}
+    opts: dict[str, Any] = {"seed": args.seed, "space_options": feature_options(args) or None,
+                            "budget": None if args.budget is None else args.budget / ISLAND_SEARCHES}
     if args.allow_local_sgd:
-        opts.update(budget=args.budget, iterations=args.iterations, max_evaluations=args.max_evaluations,
-                    patience=args.patience)
+        opts.update(iterations=args.iterations, max_evaluations=args.max_evaluations, patience=args.patience)
     else:
         opts["max_evaluations"] = HINT_EVALUATIONS
     return choose_islands(inputs, result, make_evaluator(inputs, args.precision), **opts)

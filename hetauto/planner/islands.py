@@ -31,8 +31,9 @@ from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.islands_price import price_island_plan
 from hetauto.planner.layers import total_params
 
-__all__ = ["FAST_LINK_Bps", "FRAGMENT_OPTIONS", "H_OPTIONS", "WIRE_OPTIONS", "IslandResult", "batch_unit",
-           "partitions", "plan_islands", "resize", "split_batch"]
+__all__ = ["FAST_LINK_Bps", "FRAGMENT_OPTIONS", "HINT_EVALUATIONS", "HINT_GAIN", "H_OPTIONS", "ISLAND_SEARCHES",
+           "WIRE_OPTIONS", "IslandChoice", "IslandResult", "batch_unit", "choose_islands", "has_slow_link",
+           "partitions", "plan_islands", "resize", "restricted_search", "split_batch"]
 
 H_OPTIONS = (50, 100, 250, 500)
 FRAGMENT_OPTIONS = (1, 2, 4)
@@ -211,6 +212,7 @@ def plan_islands(inputs: PlanningInputs, search: SearchIsland, evaluator: Any) -
 # evaluations per island search when the islands are only priced for `hetauto plan`'s hint line (the flag off):
 # enough to find each site's plan, a fraction of the main search
 HINT_EVALUATIONS = 300
+ISLAND_SEARCHES = 4  # searches per partition of two islands (each island at the whole batch, then at its share)
 HINT_GAIN = 1.05  # the hint is printed where islands would give more than 5% more effective throughput
 
 
