@@ -150,3 +150,21 @@ def test_plans_without_islands_are_unchanged(tmp_path: Path) -> None:
     plan.save(path)
     assert Plan.load(path) == plan and "islands" not in path.read_text()
     assert json.loads(path.read_text())["schema"] == "hetauto.plan/1"
+
+
+def test_islands_are_not_considered_without_a_slow_link(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hetauto.planner.islands import choose_islands, has_slow_link
+
+    inputs = load_planning_inputs(scenario="mixed-small")  # its clusters share a fast link: pipelining's case
+    assert not has_slow_link(inputs)
+    assert choose_islands(inputs, None, make_evaluator(inputs)) is None
+
+
+def test_baselines_beside_an_island_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--scenario", "cpu-demo", "--seed", "1", "--max-evaluations", "200", "--allow-local-sgd",
+            "--baselines", "--budget", "20", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["schema"] == "hetauto.plan/2"
+    ok = [b for b in doc["baselines"].values() if "error" not in b]
+    assert ok and all(b["ratio"] > 0 for b in ok)

@@ -353,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
     result, baselines, stopped = _search(inputs, args)
     choice = _island_choice(inputs, result, args, stopped())
     if choice is not None and args.allow_local_sgd and choice.gain > 1:
-        return _run_islands(inputs, result, choice, args)
+        return _run_islands(inputs, result, choice, args, baselines)
     hint = choice.hint() if choice is not None and not args.allow_local_sgd and choice.gain > HINT_GAIN else None
     if resumed is not None:  # the plan `hetauto run NEW_PLAN --resume DIR` will read: what run refuses, refused now
         from hetauto.core.plan_check import validate_plan
@@ -436,8 +436,10 @@ def _island_choice(inputs: Any, result: PlanResult, args: argparse.Namespace, st
     return choose_islands(inputs, result, make_evaluator(inputs, args.precision), **opts)
 
 
-def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Namespace) -> int:
-    """Islands won (--allow-local-sgd): write and print the island plan beside the pipelined plan's figures."""
+def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Namespace,
+                 baselines: dict[str, Any]) -> int:
+    """Islands won (--allow-local-sgd): write and print the island plan beside the pipelined plan's figures
+    (and the baselines', each `ratio` the island plan's effective tokens/s over theirs)."""
     from hetauto.commands._islands import islands_document, prediction_figures, print_islands
 
     for flag, value in (("--plot", args.plot), ("--export-schedule", args.export_schedule)):
@@ -460,6 +462,10 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
                                "plan": ip.model_dump(mode="json", by_alias=True),
                                "islands": islands_document(ip, pred),
                                "pipelined": _figures(result), "gain": choice.gain}
+        if args.baselines:
+            doc["baselines"] = {n: ({"error": str(r)} if isinstance(r, Exception) else
+                                    {**_figures(r), "ratio": pred.effective_tokens_s / r.evaluation.tokens_s})
+                                for n, r in baselines.items()}
         if args.output:
             doc["output"] = args.output
         print_json(doc)
@@ -469,6 +475,12 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
     print_islands(ip, pred, [ev.iteration_time_s for ev in choice.result.evaluations])
     console.print(f"{choice.gain:.2f}x the best pipelined plan's {result.evaluation.tokens_s:.4g} tokens/s "
                   "(local SGD allowed by --allow-local-sgd)", highlight=False, soft_wrap=True)
+    for name, b in baselines.items():
+        if isinstance(b, Exception):
+            console.print(f"baseline {name}: no plan ({b})", highlight=False, soft_wrap=True)
+            continue
+        ratio = pred.effective_tokens_s / b.evaluation.tokens_s
+        console.print(f"baseline {name}: {b.evaluation.tokens_s:.4g} tokens/s, islands {ratio:.2f}x", highlight=False)
     if args.output:
         console.print(f"island plan written to {args.output} (hetauto evaluate prices it; island execution is "
                       "not built yet)", highlight=False, soft_wrap=True)
