@@ -29,6 +29,7 @@ from hetauto.core.dp_sharding import level_label
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_flops_rate, format_time
 from hetauto.planner.inputs import load_planning_inputs
+from hetauto.planner.islands import HINT_GAIN
 from hetauto.planner.search import (DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, EVALUATIONS_PER_DEVICE, PLANNERS, PlanResult,
                                     default_max_evaluations, make_evaluator, plan)
 from hetauto.planner.space import RESHARD_METHODS, SCHEDULES
@@ -77,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "0: off)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
+    parser.add_argument("--allow-local-sgd", action="store_true",
+                        help="also consider islands: sites across a slow link each train and synchronise every H "
+                             "steps (DiLoCo); changes the optimisation, so only when asked (hetauto.planner.islands)")
     parser.add_argument("-o", "--output", help="write the plan (JSON) to this file")
     parser.add_argument("--export-schedule", nargs=2, metavar=("FORMAT", "DIR"),
                         help="also write the plan's schedule for another runtime: 'torch DIR' writes torch's CSV "
@@ -313,6 +317,26 @@ def _duration(s: float) -> str:
     return f"{s / 86400:.0f} days"
 
 
+def _search(inputs: Any, args: argparse.Namespace) -> tuple[PlanResult, dict[str, Any], Callable[[], bool]]:
+    """(the plan, the baselines' results or errors with --baselines, whether Ctrl-C stopped the search)."""
+    show = sys.stderr.isatty()
+    with _first_ctrl_c_stops_the_search() as stopped:
+        result = _run_one(inputs, args.planner, args, show, stopped)
+    if stopped():
+        print(f"hetauto plan: stopped by Ctrl-C after {result.evaluations} evaluations: this is the best plan found "
+              "so far", file=sys.stderr)
+    baselines: dict[str, Any] = {}
+    if args.baselines and not stopped():
+        for name in BASELINE_SET:
+            if name == args.planner:
+                continue
+            try:
+                baselines[name] = _run_one(inputs, name, args, show)
+            except HetautoError as err:  # a baseline that finds no plan is reported, not fatal
+                baselines[name] = err
+    return result, baselines, stopped
+
+
 def run(args: argparse.Namespace) -> int:
     require_writable(args.output, "-o")
     require_writable(args.plot, "--plot")
@@ -326,21 +350,11 @@ def run(args: argparse.Namespace) -> int:
     inputs, resumed = _inputs(args)
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)
-    show = sys.stderr.isatty()
-    with _first_ctrl_c_stops_the_search() as stopped:
-        result = _run_one(inputs, args.planner, args, show, stopped)
-    if stopped():
-        print(f"hetauto plan: stopped by Ctrl-C after {result.evaluations} evaluations: this is the best plan found "
-              "so far", file=sys.stderr)
-    baselines: dict[str, PlanResult] = {}
-    if args.baselines and not stopped():
-        for name in BASELINE_SET:
-            if name == args.planner:
-                continue
-            try:
-                baselines[name] = _run_one(inputs, name, args, show)
-            except HetautoError as err:  # a baseline that finds no plan is reported, not fatal
-                baselines[name] = err  # type: ignore[assignment]
+    result, baselines, stopped = _search(inputs, args)
+    choice = _island_choice(inputs, result, args, stopped())
+    if choice is not None and args.allow_local_sgd and choice.gain > 1:
+        return _run_islands(inputs, result, choice, args, baselines)
+    hint = choice.hint() if choice is not None and not args.allow_local_sgd and choice.gain > HINT_GAIN else None
     if resumed is not None:  # the plan `hetauto run NEW_PLAN --resume DIR` will read: what run refuses, refused now
         from hetauto.core.plan_check import validate_plan
 
@@ -373,6 +387,10 @@ def run(args: argparse.Namespace) -> int:
                                 for n, r in baselines.items()}
         if unplaced:
             doc["unplaced_clusters"] = unplaced
+        if hint:
+            doc["islands_hint"] = {"gain": choice.gain, "line": hint}  # type: ignore[union-attr]
+        if args.allow_local_sgd and choice is not None:
+            doc["islands_considered"] = {"gain": choice.gain}
         if args.output:
             doc["output"] = args.output
         if args.plot:
@@ -392,6 +410,80 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"re-planned {resumed.model.name} from checkpoint {resumed.checkpoint} (step {resumed.step}); "
                       "continue with:", highlight=False)
         console.print(f"  {_continue_command(args)}", highlight=False, soft_wrap=True)
+    if hint:
+        console.print(hint, highlight=False, soft_wrap=True)
+    if args.allow_local_sgd and choice is not None:
+        console.print(f"islands considered: the best gives {choice.gain:.2f}x the pipelined plan's effective "
+                      "throughput; the pipelined plan is kept", highlight=False)
+    return 0
+
+
+def _island_choice(inputs: Any, result: PlanResult, args: argparse.Namespace, stopped: bool) -> Any:
+    """The island search against the pipelined plan (hetauto.planner.islands.choose_islands): with
+    --allow-local-sgd under the user's stop options, else at HINT_EVALUATIONS per island for the hint line;
+    with --budget, each island search gets 1/ISLAND_SEARCHES of it (an island is searched twice, per partition).
+    None for the baselines' planners, a stopped search or --resume."""
+    if args.planner != "mcts" or stopped or args.resume:
+        return None
+    from hetauto.planner.islands import HINT_EVALUATIONS, ISLAND_SEARCHES, choose_islands
+
+    opts: dict[str, Any] = {"seed": args.seed, "space_options": feature_options(args) or None,
+                            "budget": None if args.budget is None else args.budget / ISLAND_SEARCHES}
+    if args.allow_local_sgd:
+        opts.update(iterations=args.iterations, max_evaluations=args.max_evaluations, patience=args.patience)
+    else:
+        opts["max_evaluations"] = HINT_EVALUATIONS
+    return choose_islands(inputs, result, make_evaluator(inputs, args.precision), **opts)
+
+
+def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Namespace,
+                 baselines: dict[str, Any]) -> int:
+    """Islands won (--allow-local-sgd): write and print the island plan beside the pipelined plan's figures
+    (and the baselines', each `ratio` the island plan's effective tokens/s over theirs)."""
+    from hetauto.commands._islands import islands_document, prediction_figures, print_islands
+
+    for flag, value in (("--plot", args.plot), ("--export-schedule", args.export_schedule)):
+        if value:
+            raise HetautoError(f"{flag}: not built for island plans yet; drop {flag} or --allow-local-sgd")
+    ip, pred = choice.result.plan, choice.result.prediction
+    if args.output:
+        folder = Path(args.output).resolve().parent
+        islands = tuple(i.model_copy(update={"plan": _relative_to(i.plan, folder)}) for i in ip.islands)
+        try:
+            _relative_to(ip, folder).model_copy(update={"islands": islands}).save(args.output)
+        except OSError as err:
+            raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
+    if args.json:
+        doc: dict[str, Any] = {"planner": args.planner,
+                               **prediction_figures(pred, ip.seq_len, ip.outer.inner_steps),
+                               "search_time_s": result.search_time_s + choice.result.search_time_s,
+                               "evaluations": result.evaluations, "precision": _precision(result, inputs),
+                               "scenario": inputs.scenario, "cluster": inputs.cluster_source,
+                               "plan": ip.model_dump(mode="json", by_alias=True),
+                               "islands": islands_document(ip, pred),
+                               "pipelined": _figures(result), "gain": choice.gain}
+        if args.baselines:
+            doc["baselines"] = {n: ({"error": str(r)} if isinstance(r, Exception) else
+                                    {**_figures(r), "ratio": pred.effective_tokens_s / r.evaluation.tokens_s})
+                                for n, r in baselines.items()}
+        if args.output:
+            doc["output"] = args.output
+        print_json(doc)
+        return 0
+    for line in inputs.describe():
+        console.print(line, highlight=False)
+    print_islands(ip, pred, [ev.iteration_time_s for ev in choice.result.evaluations])
+    console.print(f"{choice.gain:.2f}x the best pipelined plan's {result.evaluation.tokens_s:.4g} tokens/s "
+                  "(local SGD allowed by --allow-local-sgd)", highlight=False, soft_wrap=True)
+    for name, b in baselines.items():
+        if isinstance(b, Exception):
+            console.print(f"baseline {name}: no plan ({b})", highlight=False, soft_wrap=True)
+            continue
+        ratio = pred.effective_tokens_s / b.evaluation.tokens_s
+        console.print(f"baseline {name}: {b.evaluation.tokens_s:.4g} tokens/s, islands {ratio:.2f}x", highlight=False)
+    if args.output:
+        console.print(f"island plan written to {args.output} (hetauto evaluate prices it; island execution is "
+                      "not built yet)", highlight=False, soft_wrap=True)
     return 0
 
 

@@ -48,6 +48,7 @@ from hetauto.core.names import valid_name
 from hetauto.core.specio import read_document, validate_document
 
 PLAN_SCHEMA = "hetauto.plan/1"
+ISLAND_PLAN_SCHEMA = "hetauto.plan/2"  # a set of islands synchronised rarely (hetauto.core.islands)
 # the share of each device's memory a plan keeps free (the allocator's fragmentation, library workspaces, what
 # the cost model does not see): planners fit stages into (1 - headroom) x memory, and every check of a saved plan
 # (hetauto simulate / evaluate / run) uses the plan's own `memory_headroom` unless --memory-headroom overrides it
@@ -323,6 +324,9 @@ class Plan(_Frozen):
         if isinstance(data, dict) and "schema" not in data:
             raise SpecError(path, "schema", "required field is missing",
                             f'a plan file starts with "schema": "{PLAN_SCHEMA}"; write plans with hetauto plan -o FILE')
+        if isinstance(data, dict) and data.get("schema") == ISLAND_PLAN_SCHEMA:
+            raise SpecError(path, "schema", f"an island plan ({ISLAND_PLAN_SCHEMA}): island execution is not built "
+                            "yet", "hetauto evaluate prices it; to train now, plan without --allow-local-sgd")
         if isinstance(data, dict) and data.get("schema") != PLAN_SCHEMA:
             raise SpecError(path, "schema", f"unsupported plan schema {data.get('schema')!r}", f"expected {PLAN_SCHEMA!r}")
         return validate_document(cls, data, path)

@@ -9,6 +9,7 @@ the fix.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hetauto.core.chunks import ChunkError, chunk_layers, effective_chunks
 from hetauto.core.cluster import ClusterSpec, load_cluster
@@ -17,8 +18,11 @@ from hetauto.core.errors import PlanMismatch, SpecError
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 
+if TYPE_CHECKING:
+    from hetauto.core.islands import IslandPlan
+
 __all__ = ["check_executable", "check_plan", "check_runnable_sharding", "cluster_for_plan", "load_model_for_plan",
-           "validate_plan"]
+           "validate_island_plan", "validate_plan"]
 
 
 def validate_plan(plan: Plan, base_dir: str | Path | None = None) -> tuple[ClusterSpec, ModelConfig]:
@@ -34,6 +38,22 @@ def validate_plan(plan: Plan, base_dir: str | Path | None = None) -> tuple[Clust
     check_plan(plan, cluster, model)
     check_executable(plan)
     return cluster, model
+
+
+def validate_island_plan(plan: "IslandPlan", base_dir: str | Path | None = None) -> tuple[ClusterSpec, ModelConfig]:
+    """`validate_plan` for every island of an island plan (hetauto.core.islands), each against the one cluster
+    file they share; the first problem is one `PlanMismatch` line naming the island."""
+    got = None
+    for i, isl in enumerate(plan.islands):
+        if isl.plan.cluster != plan.cluster:
+            raise PlanMismatch(f"islands[{i}].plan.cluster '{isl.plan.cluster}' differs from the plan's cluster "
+                               f"'{plan.cluster}'; every island plans over the same cluster file")
+        try:
+            got = validate_plan(isl.plan, base_dir)
+        except PlanMismatch as err:
+            raise PlanMismatch(f"islands[{i}] ({isl.name}): {err}") from None
+    assert got is not None  # an island plan has two islands or more
+    return got
 
 
 def cluster_for_plan(plan: Plan, base_dir: str | Path | None = None) -> ClusterSpec:

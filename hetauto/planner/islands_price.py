@@ -1,0 +1,126 @@
+"""Price an island plan (hetauto.core.islands): one outer round and the effective throughput it gives.
+
+A round is H inner steps of the slowest island (the batch split makes them reach the sync together:
+hetauto.planner.islands) plus the exposed outer sync. The sync is an all-reduce of the outer gradient (the
+pseudo-gradient: parameters x the link's wire bytes) between the islands, a ring over the cross-site links:
+each island sends 2(k-1)/k of it, over one flow per node of the smaller island (every node sends the shard its
+devices hold), priced through hetauto.planner.linkmodel (the link's `per:` reading: `path` caps all flows at the
+path's rate, `node` and `flow` give each flow its own). Plain DiLoCo (fragments = 1) blocks on the sync: all of
+it is exposed. Streaming DiLoCo (fragments F > 1) syncs one fragment (1/F of the model) at a time, overlapped
+with the H/F inner steps after it: exposed per fragment = max(0, sync_fragment - (H/F) x inner step).
+
+Effective throughput = tokens/s x a statistical-efficiency factor for local SGD (`EFFICIENCY`), a separate
+figure with its source.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hetauto.core.cluster import ClusterSpec
+from hetauto.core.islands import WIRE_BYTES, Island, IslandPlan, IslandPrediction, island_clusters
+from hetauto.planner.linkmodel import NodeShare, price_link
+
+__all__ = ["EFFICIENCY", "RoundFigures", "efficiency", "island_nodes", "price_island_plan", "round_figures",
+           "sync_seconds"]
+
+# Statistical efficiency of local SGD (tokens to reach synchronous training's loss, as a factor on throughput),
+# keyed by the largest H of each range and the most islands it was measured with. Source: DiLoCo (Douillard et
+# al. 2023, arXiv:2311.08105, abstract and its main table): 8 workers at H = 500 "perform as well as fully
+# synchronous optimization while communicating 500 times less" (C4 perplexity 15.02 against 15.30 for
+# synchronous data parallelism at 8x batch); Charles et al. 2025 ("Scaling Laws for DiLoCo", arXiv:2503.09799)
+# find DiLoCo with few replicas matching or beating data parallelism, degrading as replicas grow. We do not
+# claim a gain (factor <= 1) and offer nothing the papers did not measure: H above 500 or more than 8 islands
+# has no entry, so the planner never proposes them.
+EFFICIENCY: tuple[tuple[int, int, float, str], ...] = (
+    (500, 8, 1.0, "DiLoCo (arXiv:2311.08105): 8 workers, H=500 match synchronous training's perplexity"),
+)
+
+
+def efficiency(inner_steps: int, islands: int) -> tuple[float, str] | None:
+    """(factor, source) for local SGD at H = `inner_steps` across `islands` islands; None: no published figure."""
+    for max_h, max_islands, factor, source in EFFICIENCY:
+        if inner_steps <= max_h and islands <= max_islands:
+            return factor, source
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundFigures:
+    round_time_s: float
+    exposed_sync_s: float
+    tokens_s: float
+
+
+def round_figures(inner_step_s: float, tokens_per_step: float, inner_steps: int, fragments: int,
+                  sync_s: float) -> RoundFigures:
+    """The closed form of one round: H steps of the slowest island plus the exposed sync (module docstring)."""
+    compute = inner_steps * inner_step_s
+    if fragments == 1:
+        exposed = sync_s
+    else:
+        exposed = fragments * max(0.0, sync_s / fragments - (inner_steps / fragments) * inner_step_s)
+    round_s = compute + exposed
+    return RoundFigures(round_s, exposed, inner_steps * tokens_per_step / round_s)
+
+
+def island_nodes(island: Island, spec: ClusterSpec) -> int:
+    """Nodes an island's stages occupy (each sends the shard of the outer gradient its devices hold)."""
+    nodes = set()
+    for s in island.plan.stages:
+        dpn = spec.cluster(s.cluster).devices_per_node
+        nodes.update((s.cluster, d // dpn) for d in s.devices)
+    return len(nodes)
+
+
+def _pair_seconds(spec: ClusterSpec, a: Island, b: Island, nbytes: float) -> float:
+    """`nbytes` from island a to b (and back at once, full duplex) over the slowest link between their clusters."""
+    flows = max(1, min(island_nodes(a, spec), island_nodes(b, spec)))
+    worst = 0.0
+    for ca in island_clusters(a):
+        for cb in island_clusters(b):
+            link = spec.link(ca, cb)
+            price = price_link(link, nbytes / flows, flows, NodeShare(spec.cluster(ca).inter_node, 1),
+                               NodeShare(spec.cluster(cb).inter_node, 1))
+            aggregate = flows * price.bandwidth_Bps
+            if link.shared_capacity_Bps is not None:
+                aggregate = min(aggregate, link.shared_capacity_Bps)
+            worst = max(worst, price.latency_s + (nbytes / aggregate if nbytes else 0.0))
+    return worst
+
+
+def sync_seconds(plan: IslandPlan, spec: ClusterSpec, params: int) -> tuple[float, float]:
+    """(seconds of one whole-model outer all-reduce, bytes each island sends): a ring over the islands in plan
+    order, each of its 2(k-1) steps moving 1/k of the outer gradient, paced by its slowest hop."""
+    k = len(plan.islands)
+    ring = list(zip(plan.islands, plan.islands[1:] + plan.islands[:1]))
+    hops = ring if k > 2 else ring[:1]
+    step = max(_pair_seconds(spec, a, b, params * WIRE_BYTES[plan.wire_format(a.name, b.name)] / k)
+               for a, b in hops)
+    sent = max(2 * (k - 1) / k * params * WIRE_BYTES[plan.wire_format(a.name, b.name)] for a, b in hops)
+    return 2 * (k - 1) * step, sent
+
+
+def price_island_plan(plan: IslandPlan, spec: ClusterSpec, params: int, evaluate: Any,
+                      cost_model: str = "analytical") -> tuple[IslandPrediction | None, list[Any], str]:
+    """(prediction, each island's Evaluation, why not) for `plan`; `evaluate(island_plan)` prices one island
+    as an ordinary plan (the Evaluator). No prediction where an island is infeasible or H has no figure."""
+    evs = [evaluate(isl.plan) for isl in plan.islands]
+    bad = [(isl.name, ev) for isl, ev in zip(plan.islands, evs) if not ev.feasible]
+    if bad:
+        return None, evs, f"island {bad[0][0]}: {bad[0][1].violation}"
+    eff = efficiency(plan.outer.inner_steps, len(plan.islands))
+    if eff is None:
+        return None, evs, (f"no published statistical-efficiency figure for H={plan.outer.inner_steps} across "
+                           f"{len(plan.islands)} islands (hetauto.planner.islands_price.EFFICIENCY)")
+    step = max(ev.iteration_time_s for ev in evs)
+    sync_s, sent = sync_seconds(plan, spec, params)
+    fig = round_figures(step, plan.global_batch * plan.seq_len, plan.outer.inner_steps, plan.outer.fragments, sync_s)
+    if not math.isfinite(fig.round_time_s):
+        return None, evs, "an island's step time is not finite"
+    return IslandPrediction(round_time_s=fig.round_time_s, inner_step_time_s=step, sync_bytes=sent, sync_s=sync_s,
+                            exposed_sync_s=fig.exposed_sync_s, tokens_s=fig.tokens_s, efficiency=eff[0],
+                            effective_tokens_s=fig.tokens_s * eff[0], efficiency_source=eff[1],
+                            cost_model=cost_model), evs, ""
