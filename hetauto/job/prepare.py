@@ -7,8 +7,7 @@ file and the fix. `hetauto run`, `hetauto launch` and `hetauto.run()` all come t
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,11 +46,9 @@ class PreparedJob:
 
 def prepare(request: JobRequest) -> PreparedJob:
     """Check a run's options, plan, data and checkpoints before anything starts."""
-    from hetauto.job.options import lr_schedule
-
     _check_options(request)
     plan, cluster, cfg, base = _check_plan(request)
-    request = replace(request, inject_fault=_check_fault(request, plan))
+    request = request.with_knobs(inject_fault=_check_fault(request, plan))
     if request.checkpoint_dir is not None:
         from hetauto.job.checkpoint_checks import check_checkpoint_dir
 
@@ -60,10 +57,8 @@ def prepare(request: JobRequest) -> PreparedJob:
     if request.resume is not None:
         request, start = _check_resume_options(request, plan, cfg)
     if request.seed is None:
-        request = replace(request, seed=0)
+        request = request.with_knobs(seed=0)
     _check_outputs(request)
-    r = request
-    schedule = lr_schedule(r.lr, r.lr_schedule, r.warmup_steps, r.steps, r.min_lr)
     _check_training_options(request)
     if request.data is not None:
         _check_data(request, plan, cfg)
@@ -71,20 +66,21 @@ def prepare(request: JobRequest) -> PreparedJob:
         _check_init_from(request, plan, cfg)
     from hetauto.job.options import run_options
 
-    return PreparedJob(request, plan, cluster, cfg, base, run_options(request, plan, cluster, base, schedule), start)
+    return PreparedJob(request, plan, cluster, cfg, base, run_options(request, plan, cluster, base), start)
 
 
 def _check_options(r: JobRequest) -> None:
-    """Options wrong on their own or together: refused before the plan is read."""
+    """Options wrong on their own or together: refused before the plan is read. A knob's own value is checked by
+    its section of the run configuration (the one place those checks live), named as the caller spells it."""
+    from hetauto.core.run_config_cli import check_flag_values, in_flag_spelling
+
     f = r.flag
-    if r.steps < 1:
-        raise HetautoError(f"{f('steps')} must be >= 1, got {r.steps}")
-    if not r.timeout > 0:
-        raise HetautoError(f"{f('timeout')} must be > 0 seconds, got {r.timeout}")
-    for name, value, low in (("checkpoint_every", r.checkpoint_every, 1), ("max_restarts", r.max_restarts, 0),
-                             ("keep", r.keep, 1)):
-        if value is not None and value < low:
-            raise HetautoError(f"{f(name)} must be >= {low}, got {value}")
+    try:
+        check_flag_values(r)
+    except SpecError as err:
+        raise HetautoError(in_flag_spelling(err, f)) from None
+    if r.max_restarts < 0:
+        raise HetautoError(f"{f('max_restarts')} must be >= 0, got {r.max_restarts}")
     if r.max_restarts and r.emulate == "netns":
         raise HetautoError(NETNS_RESTARTS)
     lr_decays = f"{f('lr_schedule')} cosine or linear"
@@ -99,8 +95,6 @@ def _check_options(r: JobRequest) -> None:
     if r.allow_data_change and r.resume is None:
         raise HetautoError(f"{f('allow_data_change')} is for {f('resume')} (a changed data stream of a checkpointed "
                            f"run); drop it, or add {f('resume')} DIR")
-    if not math.isfinite(r.lr):
-        raise HetautoError(f"{f('lr')} must be a finite number, got {r.lr}")
 
 
 def _check_plan(r: JobRequest) -> tuple[Plan, Any, Any, Path]:
@@ -181,7 +175,7 @@ def _check_resume_options(r: JobRequest, plan: Plan, cfg: Any) -> tuple[JobReque
     if r.seed is not None and seed is not None and r.seed != seed:
         raise HetautoError(f"{r.flag('seed')} {r.seed} differs from the checkpoint's data seed {seed}; "
                            f"drop {r.flag('seed')} to continue the checkpoint's run")
-    return replace(r, resume=resume, seed=seed if r.seed is None else r.seed), start
+    return r.with_knobs(resume=resume, seed=seed if r.seed is None else r.seed), start
 
 
 def _check_outputs(r: JobRequest) -> None:
@@ -200,17 +194,8 @@ def _check_outputs(r: JobRequest) -> None:
 
 
 def _check_training_options(r: JobRequest) -> None:
+    """Training options that need each other (their values are the run configuration's to check)."""
     f = r.flag
-    if r.clip_grad is not None and not r.clip_grad > 0:
-        raise HetautoError(f"{f('clip_grad')} must be > 0, got {r.clip_grad}")
-    if r.eval_every is not None and r.eval_every < 1:
-        raise HetautoError(f"{f('eval_every')} must be >= 1, got {r.eval_every}")
-    if not 0 <= r.weight_decay < math.inf:
-        raise HetautoError(f"{f('weight_decay')} must be >= 0, got {r.weight_decay}")
-    if r.eval_steps < 1:
-        raise HetautoError(f"{f('eval_steps')} must be >= 1, got {r.eval_steps}")
-    if not 0 < r.eval_fraction < 1:
-        raise HetautoError(f"{f('eval_fraction')} must be between 0 and 1, got {r.eval_fraction}")
     if r.data_column is not None and r.data is None:
         raise HetautoError(f"{f('data_column')} names a column of the {f('data')} folder; pass {f('data')} DIR too")
 
