@@ -72,13 +72,10 @@ def prepare(request: JobRequest) -> PreparedJob:
 def _check_options(r: JobRequest) -> None:
     """Options wrong on their own or together: refused before the plan is read. A knob's own value is checked by
     its section of the run configuration (the one place those checks live), named as the caller spells it."""
-    from hetauto.core.run_config_cli import check_flag_values, in_flag_spelling
-
     f = r.flag
-    try:
-        check_flag_values(r)
-    except SpecError as err:
-        raise HetautoError(in_flag_spelling(err, f)) from None
+    wrong = _wrong_knob_value(r)
+    if wrong is not None and wrong.field in _NAMED_BEFORE_PAIRS:
+        raise _in_caller_spelling(wrong, r)
     if r.max_restarts < 0:
         raise HetautoError(f"{f('max_restarts')} must be >= 0, got {r.max_restarts}")
     if r.max_restarts and r.emulate == "netns":
@@ -95,6 +92,32 @@ def _check_options(r: JobRequest) -> None:
     if r.allow_data_change and r.resume is None:
         raise HetautoError(f"{f('allow_data_change')} is for {f('resume')} (a changed data stream of a checkpointed "
                            f"run); drop it, or add {f('resume')} DIR")
+    if wrong is not None:
+        raise _in_caller_spelling(wrong, r)
+
+
+# the knobs whose wrong value is named before an option missing its pair (the order the command line has always
+# reported them in); any other knob given without the option it needs is named as such first: it would be ignored
+_NAMED_BEFORE_PAIRS = ("training.steps", "training.timeout_s", "checkpoint.every", "checkpoint.keep")
+
+
+def _wrong_knob_value(r: JobRequest) -> SpecError | None:
+    """The first knob value the run configuration's sections refuse (their checks are the one place a value is
+    checked; the error names the field, e.g. `training.steps`), or None."""
+    from hetauto.core.run_config_cli import check_flag_values
+
+    try:
+        check_flag_values(r)
+    except SpecError as err:
+        return err
+    return None
+
+
+def _in_caller_spelling(err: SpecError, r: JobRequest) -> HetautoError:
+    """A section's error about a knob as one line naming it as the caller does (`--steps`, or `steps`)."""
+    from hetauto.core.run_config_cli import in_flag_spelling
+
+    return HetautoError(in_flag_spelling(err, r.flag))
 
 
 def _check_plan(r: JobRequest) -> tuple[Plan, Any, Any, Path]:
