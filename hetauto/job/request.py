@@ -40,7 +40,7 @@ class JobRequest:
     errors; `warn` takes the warning and note lines (stderr by default)."""
 
     plan: str
-    knobs: Mapping[str, Any] = field(default_factory=dict)
+    knobs: Mapping[str, Any] = field(default_factory=dict, hash=False)
     memory_headroom: float | None = None
     emulate: Literal["inprocess", "netns"] | None = None
     max_restarts: int = 0
