@@ -129,7 +129,7 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
 def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False, seed: int | None = None,
         timeout: float = 60.0, reference: bool = True, trace: str | Path | None = None,
         checkpoint_dir: str | Path | None = None, checkpoint_every: int = 1, resume: str | Path | None = None,
-        ) -> dict[str, Any]:
+        **options: Any) -> dict[str, Any]:
     """Train `plan` for `steps` steps on this machine with torchrun, one process per device (what `hetauto run
     PLAN --json` does, through the same code).
 
@@ -137,6 +137,12 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
     its speed factor and its cross-cluster links' latency/bandwidth emulated; "netns" uses network namespaces and
     a shaped veth link (root only). `reference=False` skips the single-process reference loss. `checkpoint_dir`,
     `checkpoint_every`, `resume` as `hetauto run --checkpoint-dir/--checkpoint-every/--resume`.
+
+    Every other flag of `hetauto run` that sets the run configuration is a keyword too, by its name without the
+    dashes (`hetauto run --help`): `lr=`, `lr_schedule=`, `warmup_steps=`, `min_lr=`, `weight_decay=`,
+    `clip_grad=`, `on_nonfinite=`, `data=`, `data_column=`, `eval_every=`, `eval_steps=`, `eval_fraction=`,
+    `init_from=`, `keep=`, `allow_data_change=`, `inject_fault=`, and any flag added to the run configuration
+    later; an unknown keyword is a `HetautoError` naming the known ones.
 
     Returns `hetauto run --json`'s document: `loss` and `reference_loss` per step, `max_loss_diff`,
     `measured_step_s`, `predicted_step_s` with `prediction_source` and `prediction_calibrated`, `ranks`,
@@ -153,25 +159,53 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
     if not (isinstance(emulate, bool) or emulate in ("inprocess", "netns")):  # 1 == True is not an emulation
         raise HetautoError(f"emulate must be False, True, 'inprocess' or 'netns', got {emulate!r}")
     _expect_bool("reference", reference)
-    for name, value in (("steps", steps), ("checkpoint_every", checkpoint_every)):
-        _expect(name, value, (int,), "an integer")
-    _expect("seed", seed, (int,), "an integer", optional=True)
-    _expect("timeout", timeout, (int, float), "seconds")
-    for name, value in (("trace", trace), ("checkpoint_dir", checkpoint_dir), ("resume", resume)):
-        _expect(name, value, (str, Path), "a path", optional=True)
+    _expect("trace", trace, (str, Path), "a path", optional=True)
+    knobs = _run_knobs({"steps": steps, "checkpoint_every": checkpoint_every, "seed": seed, "timeout": timeout,
+                        "checkpoint_dir": checkpoint_dir, "resume": resume, **options})
     if not isinstance(plan, (str, Path)):
         _load_plan(plan)  # the type check
     with tempfile.TemporaryDirectory(prefix="hetauto-run-") as tmp:
-        request = JobRequest(
-            plan=_plan_file(plan, tmp), steps=steps, seed=seed, timeout=float(timeout), reference=reference,
-            emulate=("inprocess" if emulate is True else emulate) or None, trace=_path(trace),
-            checkpoint_dir=_path(checkpoint_dir), checkpoint_every=checkpoint_every, resume=_path(resume),
-            flag=_keyword)
+        request = JobRequest(plan=_plan_file(plan, tmp), knobs=knobs, reference=reference, trace=_path(trace),
+                             emulate=("inprocess" if emulate is True else emulate) or None, flag=_keyword)
         with _pydantic_errors():
             doc = run_local(prepare(request))
     if doc["loss_off_reference"]:
         warn_on_stderr(f"hetauto run: error: {doc['loss_off_reference']}")
     return doc
+
+
+def _run_knobs(given: dict[str, Any]) -> dict[str, Any]:
+    """run()'s run-configuration keywords, checked against the knob list and typed as their flags parse them (an
+    int where the flag takes a float becomes one; a path may be a `Path`), never a TypeError from deep inside."""
+    from hetauto.core.errors import HetautoError
+    from hetauto.core.run_config_cli import knobs_by_dest
+
+    known = knobs_by_dest()
+    for name in given:
+        if name not in known:
+            raise HetautoError(f"run() got an unknown keyword {name!r}; known: emulate, reference, trace, "
+                               f"{', '.join(sorted(known))}")
+    return {name: _knob_value(name, value, known[name].meta) for name, value in given.items()}
+
+
+def _knob_value(name: str, value: Any, meta: Any) -> Any:
+    """One keyword's value as its flag would have parsed it, or a HetautoError naming the keyword."""
+    kw = meta["argparse"]
+    optional = meta["cli_default"] is None
+    if kw.get("action") == "store_true":
+        _expect_bool(name, value)
+    elif meta["path"]:
+        _expect(name, value, (str, Path), "a path", optional=optional)
+        return _path(value)
+    elif kw.get("type") is int:
+        _expect(name, value, (int,), "an integer", optional=optional)
+    elif kw.get("type") is float:
+        _expect(name, value, (int, float), "seconds" if name == "timeout" else "a number", optional=optional)
+        return None if value is None else float(value)
+    else:
+        what = "one of " + ", ".join(kw["choices"]) if kw.get("choices") else "a string"
+        _expect(name, value, (str,), what, optional=optional)
+    return value
 
 
 def _plan_file(plan: Plan | str | Path, folder: str) -> str:
@@ -191,18 +225,18 @@ def _path(value: str | Path | None) -> str | None:
     return None if value is None else str(value)
 
 
-# hetauto.run()'s keywords, as the run service names them in errors (and memory_headroom: hetauto.plan()'s keyword
-# for the share a plan keeps free, which a plan that does not fit is told to change); the run options run() does
-# not take keep the command line's spelling
-_RUN_KEYWORDS = frozenset({"steps", "seed", "timeout", "emulate", "trace", "checkpoint_dir", "checkpoint_every",
-                           "resume", "memory_headroom"})
+# hetauto.run()'s keywords besides the run configuration's (each named by its flag's destination), as the run
+# service names them in errors (and memory_headroom: hetauto.plan()'s keyword for the share a plan keeps free, which
+# a plan that does not fit is told to change); the run options run() does not take keep the command line's spelling
+_RUN_KEYWORDS = frozenset({"emulate", "trace", "memory_headroom"})
 
 
 def _keyword(name: str) -> str:
     """A run option as this module's caller spells it: its keyword, or the flag when run() has no keyword."""
+    from hetauto.core.run_config_cli import knobs_by_dest
     from hetauto.job.request import cli_flag
 
-    return name if name in _RUN_KEYWORDS else cli_flag(name)
+    return name if name in _RUN_KEYWORDS or name in knobs_by_dest() else cli_flag(name)
 
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")

@@ -112,6 +112,14 @@ def test_run_trains_one_emulated_step_of_a_plan_object() -> None:
     ({"steps": 0}, "steps must be >= 1, got 0"),
     ({"timeout": 0}, "timeout must be > 0 seconds, got 0.0"),
     ({"checkpoint_every": 2}, "checkpoint_every does nothing without checkpoint_dir; drop it, or add checkpoint_dir"),
+    # every run-configuration flag is a keyword by its destination, checked by the tree and named as a keyword
+    ({"lr": float("nan")}, "lr must be a finite number, got nan"),
+    ({"clip_grad": 0}, "clip_grad must be > 0, got 0.0"),
+    ({"min_lr": 0.1, "lr_schedule": "cosine"}, "min_lr must be between 0 and lr (0.001), got 0.1"),
+    ({"eval_steps": 2}, "eval_steps does nothing without eval_every; drop it, or add eval_every"),
+    ({"on_nonfinite": "x"}, "on_nonfinite must be stop, skip or continue, got 'x'"),
+    ({"data": 3}, "data: expected a path, got int 3"),
+    ({"keep": "2"}, "keep: expected an integer, got str '2'"),
 ])
 def test_run_errors_name_the_keyword_as_the_service_raises_them(kwargs, message) -> None:
     """hetauto.run() calls the run service with its own spelling of each option (JobRequest.flag): the error
@@ -119,3 +127,11 @@ def test_run_errors_name_the_keyword_as_the_service_raises_them(kwargs, message)
     with pytest.raises(hetauto.HetautoError) as err:
         hetauto.run("no-such-plan.json", **kwargs)
     assert str(err.value) == message
+
+
+def test_run_refuses_an_unknown_keyword_naming_the_known_ones() -> None:
+    """run() takes every run-configuration knob by its flag's destination; a misspelt one is one line, not a
+    TypeError, and lists what it could have been."""
+    with pytest.raises(hetauto.HetautoError, match=r"^run\(\) got an unknown keyword 'clip'; known: emulate, "
+                                                   r"reference, trace, allow_data_change, .*\bclip_grad\b"):
+        hetauto.run("no-such-plan.json", clip=1.0)

@@ -98,18 +98,47 @@ def test_a_launch_plan_of_the_flat_form_still_loads() -> None:
     assert "plan" not in doc and validate(FULL)["emulation"]["backends"] == ("cpu", "mock")
 
 
-def test_the_run_service_request_takes_every_flag_of_the_tree_at_its_flag_default() -> None:
+def test_the_run_service_request_reads_every_flag_of_the_tree_at_its_flag_default() -> None:
     """`hetauto run`'s flags become a JobRequest (the run service's input) and then the tree (`config_from_flags`
-    reads the request by the flags' names): a flag added to the tree without its request field would be refused
-    by the service's callers, or silently dropped; this names it."""
+    reads the request by the flags' names): the request carries the tree's knobs without restating them (no field
+    of its own by a flag's name), reads each at its flag's default, and refuses a name that is not a knob."""
     import dataclasses
 
+    from hetauto.core.errors import HetautoError
     from hetauto.core.run_config_cli import dest_of
     from hetauto.job.request import JobRequest
 
-    request = {f.name: f.default for f in dataclasses.fields(JobRequest)}
+    own = {f.name for f in dataclasses.fields(JobRequest)}
+    request = JobRequest("plan.json")
     for k in knobs():
         if k.meta["flag"] is None:
             continue
-        assert dest_of(k) in request, f"{k.meta['flag']} has no JobRequest field {dest_of(k)!r}"
-        assert request[dest_of(k)] == k.meta["cli_default"], k.meta["flag"]
+        assert dest_of(k) not in own, f"JobRequest restates {k.meta['flag']} as a field"
+        assert getattr(request, dest_of(k)) == k.meta["cli_default"], k.meta["flag"]
+    given = JobRequest("plan.json", knobs={"steps": 7}).with_knobs(seed=2)
+    assert (given.steps, given.seed, given.lr) == (7, 2, 1e-3)
+    with pytest.raises(HetautoError, match=r"^stepz: not a run option; known: .*\bsteps\b"):
+        JobRequest("plan.json", knobs={"stepz": 1})
+    with pytest.raises(AttributeError):
+        request.stepz  # noqa: B018
+
+
+def test_a_sections_error_names_the_flag_as_its_caller_spells_it() -> None:
+    """The tree is the one place a knob's value is checked; the job names the field as the caller does (the CLI's
+    flag, the API's keyword), fields the problem mentions included."""
+    from hetauto.core.errors import SpecError
+    from hetauto.core.run_config_cli import check_flag_values, in_flag_spelling
+    from hetauto.job.request import JobRequest, cli_flag
+
+    def error(**knob_values: object) -> SpecError:
+        with pytest.raises(SpecError) as err:
+            check_flag_values(JobRequest("plan.json", knobs=knob_values))
+        return err.value
+
+    assert in_flag_spelling(error(steps=0), cli_flag) == "--steps must be >= 1, got 0"
+    assert in_flag_spelling(error(timeout=0.0), str) == "timeout must be > 0 seconds, got 0.0"
+    assert in_flag_spelling(error(lr=float("nan")), cli_flag) == "--lr must be a finite number, got nan"
+    assert in_flag_spelling(error(lr=0.0), cli_flag) == "--lr must be > 0, got 0.0"
+    assert in_flag_spelling(error(lr=1e-3, min_lr=1e-2, lr_schedule="cosine"), cli_flag) == (
+        "--min-lr must be between 0 and --lr (0.001), got 0.01")
+    assert in_flag_spelling(error(checkpoint_every=0), str) == "checkpoint_every must be >= 1, got 0"

@@ -73,10 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def job_request(args: argparse.Namespace) -> JobRequest:
     """The run service's request from `hetauto run`'s flags (or `hetauto launch`'s: the run-only ones at their
-    defaults)."""
-    fields = {f.name for f in dataclasses.fields(JobRequest)} - {"plan", "timeout", "reference", "flag", "warn"}
+    defaults): every run-configuration flag as a knob, the job's own flags as fields."""
+    from hetauto.core.run_config_cli import flag_defaults
+
+    fields = {f.name for f in dataclasses.fields(JobRequest)} - {"plan", "knobs", "reference", "flag", "warn"}
     given = {name: getattr(args, name) for name in fields if hasattr(args, name)}
-    return JobRequest(plan=args.plan, timeout=args.timeout, reference=not args.no_reference, **given)
+    knobs = {dest: getattr(args, dest) for dest in flag_defaults()}
+    return JobRequest(plan=args.plan, knobs=knobs, reference=not args.no_reference, **given)
 
 
 def run(args: argparse.Namespace) -> int:

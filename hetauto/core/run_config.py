@@ -78,10 +78,12 @@ class TrainingConfig:
             _fail("training.steps", f"must be >= 1, got {self.steps}")
         if not self.timeout_s > 0:
             _fail("training.timeout_s", f"must be > 0 seconds, got {self.timeout_s}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            _fail("training.lr", f"must be a finite number > 0, got {self.lr}")
+        if not math.isfinite(self.lr):
+            _fail("training.lr", f"must be a finite number, got {self.lr}")
+        if not self.lr > 0:
+            _fail("training.lr", f"must be > 0, got {self.lr}")
         if self.lr_schedule not in LR_SCHEDULES:
-            _fail("training.lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+            _fail("training.lr_schedule", f"must be constant, cosine or linear, got {self.lr_schedule!r}")
         if self.warmup_steps < 0:
             _fail("training.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         if not 0 <= self.min_lr <= self.lr:

@@ -9,12 +9,16 @@ into the tree, so a new flag is its field and its use. `FLAG_ORDER` only fixes w
 from __future__ import annotations
 
 import argparse
+import functools
+import re
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from hetauto.core.run_config import SECTIONS, EmulationConfig, Knob, RunConfig, knobs
 
-__all__ = ["FLAG_ORDER", "flag_knobs", "add_flags", "dest_of", "config_from_flags"]
+__all__ = ["FLAG_ORDER", "flag_knobs", "add_flags", "dest_of", "knobs_by_dest", "flag_defaults", "check_flag_values",
+           "in_flag_spelling", "config_from_flags"]
 
 FLAG_ORDER = ("--steps", "--seed", "--timeout", "--data", "--data-column", "--init-from", "--lr", "--lr-schedule",
               "--warmup-steps", "--min-lr", "--weight-decay", "--eval-every", "--eval-steps", "--eval-fraction",
@@ -43,18 +47,56 @@ def add_flags(parser: argparse.ArgumentParser | Any, group: str | None) -> None:
         parser.add_argument(k.meta["flag"], help=k.meta["doc"], **kw)
 
 
-def config_from_flags(args: argparse.Namespace, *, plan: str, emulation: EmulationConfig) -> RunConfig:
-    """The tree from parsed flags (checked already): every flag's value, paths made absolute (the ranks may start
-    elsewhere), a flag left at a "decided later" None taking its field's default; plus what no flag says."""
+@functools.cache
+def knobs_by_dest() -> Mapping[str, Knob]:
+    """Every flag's knob by its argparse destination (`clip_grad`): the names the run service and `hetauto.run()`
+    take the run configuration's values by."""
+    return MappingProxyType({dest_of(k): k for k in knobs() if k.meta["flag"] is not None})
+
+
+@functools.cache
+def flag_defaults() -> Mapping[str, Any]:
+    """Every flag's CLI default by its destination (None for a value decided later, e.g. `seed`)."""
+    return MappingProxyType({dest: k.meta["cli_default"] for dest, k in knobs_by_dest().items()})
+
+
+def _flag_values(args: Any, *, resolve_paths: bool) -> dict[str, dict[str, Any]]:
+    """Each section's fields from the flags' values (read by attribute), a flag left at a "decided later" None
+    taking its field's default."""
     values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    for k in knobs():
-        if k.meta["flag"] is None:
-            continue
-        value = getattr(args, dest_of(k))
+    for dest, k in knobs_by_dest().items():
+        value = getattr(args, dest)
         if value is None and k.meta["cli_default"] is None:
             continue  # the field's own default
-        if k.meta["path"] and value is not None:
+        if resolve_paths and k.meta["path"] and value is not None:
             value = str(Path(value).resolve())
         values[k.section][k.name] = value
+    return values
+
+
+def check_flag_values(args: Any) -> None:
+    """The sections' own checks of the flags' values (a `SpecError` naming the field, e.g. `training.steps`): the
+    one place a value is checked, before anything reads a file."""
+    values = _flag_values(args, resolve_paths=False)
+    for name in SECTIONS:
+        if name != "emulation":
+            SECTIONS[name](**values[name])
+
+
+def in_flag_spelling(err: Any, flag: Any) -> str:
+    """A section's `SpecError` about a flag's field as one line in its caller's spelling: `training.steps: must be
+    >= 1` -> `--steps must be >= 1` (`flag` spells a destination: `--steps`, or `steps` for the API); other
+    fields the problem names (`training.lr`) are spelled the same way."""
+    by_path = {k.path: dest for dest, k in knobs_by_dest().items()}
+    problem = re.sub(r"(?<![\w.])(" + "|".join(re.escape(p) for p in sorted(by_path, key=len, reverse=True))
+                     + r")(?![\w.])", lambda m: flag(by_path[m.group(1)]), err.problem)
+    name = flag(by_path[err.field]) if err.field in by_path else err.field
+    return f"{name} {problem}" + (f" ({err.fix})" if err.fix else "")
+
+
+def config_from_flags(args: argparse.Namespace | Any, *, plan: str, emulation: EmulationConfig) -> RunConfig:
+    """The tree from parsed flags (checked already; read by attribute, so a `JobRequest` does too): every flag's
+    value, paths made absolute (the ranks may start elsewhere); plus what no flag says."""
+    values = _flag_values(args, resolve_paths=True)
     sections = {name: SECTIONS[name](**values[name]) for name in SECTIONS if name != "emulation"}
     return RunConfig(plan=plan, out="", emulation=emulation, **sections)

@@ -7,8 +7,7 @@ file and the fix. `hetauto run`, `hetauto launch` and `hetauto.run()` all come t
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,11 +46,9 @@ class PreparedJob:
 
 def prepare(request: JobRequest) -> PreparedJob:
     """Check a run's options, plan, data and checkpoints before anything starts."""
-    from hetauto.job.options import lr_schedule
-
     _check_options(request)
     plan, cluster, cfg, base = _check_plan(request)
-    request = replace(request, inject_fault=_check_fault(request, plan))
+    request = request.with_knobs(inject_fault=_check_fault(request, plan))
     if request.checkpoint_dir is not None:
         from hetauto.job.checkpoint_checks import check_checkpoint_dir
 
@@ -60,10 +57,8 @@ def prepare(request: JobRequest) -> PreparedJob:
     if request.resume is not None:
         request, start = _check_resume_options(request, plan, cfg)
     if request.seed is None:
-        request = replace(request, seed=0)
+        request = request.with_knobs(seed=0)
     _check_outputs(request)
-    r = request
-    schedule = lr_schedule(r.lr, r.lr_schedule, r.warmup_steps, r.steps, r.min_lr)
     _check_training_options(request)
     if request.data is not None:
         _check_data(request, plan, cfg)
@@ -71,20 +66,18 @@ def prepare(request: JobRequest) -> PreparedJob:
         _check_init_from(request, plan, cfg)
     from hetauto.job.options import run_options
 
-    return PreparedJob(request, plan, cluster, cfg, base, run_options(request, plan, cluster, base, schedule), start)
+    return PreparedJob(request, plan, cluster, cfg, base, run_options(request, plan, cluster, base), start)
 
 
 def _check_options(r: JobRequest) -> None:
-    """Options wrong on their own or together: refused before the plan is read."""
+    """Options wrong on their own or together: refused before the plan is read. A knob's own value is checked by
+    its section of the run configuration (the one place those checks live), named as the caller spells it."""
     f = r.flag
-    if r.steps < 1:
-        raise HetautoError(f"{f('steps')} must be >= 1, got {r.steps}")
-    if not r.timeout > 0:
-        raise HetautoError(f"{f('timeout')} must be > 0 seconds, got {r.timeout}")
-    for name, value, low in (("checkpoint_every", r.checkpoint_every, 1), ("max_restarts", r.max_restarts, 0),
-                             ("keep", r.keep, 1)):
-        if value is not None and value < low:
-            raise HetautoError(f"{f(name)} must be >= {low}, got {value}")
+    wrong = _wrong_knob_value(r)
+    if wrong is not None and wrong.field in _NAMED_BEFORE_PAIRS:
+        raise _in_caller_spelling(wrong, r)
+    if r.max_restarts < 0:
+        raise HetautoError(f"{f('max_restarts')} must be >= 0, got {r.max_restarts}")
     if r.max_restarts and r.emulate == "netns":
         raise HetautoError(NETNS_RESTARTS)
     lr_decays = f"{f('lr_schedule')} cosine or linear"
@@ -99,8 +92,32 @@ def _check_options(r: JobRequest) -> None:
     if r.allow_data_change and r.resume is None:
         raise HetautoError(f"{f('allow_data_change')} is for {f('resume')} (a changed data stream of a checkpointed "
                            f"run); drop it, or add {f('resume')} DIR")
-    if not math.isfinite(r.lr):
-        raise HetautoError(f"{f('lr')} must be a finite number, got {r.lr}")
+    if wrong is not None:
+        raise _in_caller_spelling(wrong, r)
+
+
+# the knobs whose wrong value is named before an option missing its pair (the order the command line has always
+# reported them in); any other knob given without the option it needs is named as such first: it would be ignored
+_NAMED_BEFORE_PAIRS = ("training.steps", "training.timeout_s", "checkpoint.every", "checkpoint.keep")
+
+
+def _wrong_knob_value(r: JobRequest) -> SpecError | None:
+    """The first knob value the run configuration's sections refuse (their checks are the one place a value is
+    checked; the error names the field, e.g. `training.steps`), or None."""
+    from hetauto.core.run_config_cli import check_flag_values
+
+    try:
+        check_flag_values(r)
+    except SpecError as err:
+        return err
+    return None
+
+
+def _in_caller_spelling(err: SpecError, r: JobRequest) -> HetautoError:
+    """A section's error about a knob as one line naming it as the caller does (`--steps`, or `steps`)."""
+    from hetauto.core.run_config_cli import in_flag_spelling
+
+    return HetautoError(in_flag_spelling(err, r.flag))
 
 
 def _check_plan(r: JobRequest) -> tuple[Plan, Any, Any, Path]:
@@ -181,7 +198,7 @@ def _check_resume_options(r: JobRequest, plan: Plan, cfg: Any) -> tuple[JobReque
     if r.seed is not None and seed is not None and r.seed != seed:
         raise HetautoError(f"{r.flag('seed')} {r.seed} differs from the checkpoint's data seed {seed}; "
                            f"drop {r.flag('seed')} to continue the checkpoint's run")
-    return replace(r, resume=resume, seed=seed if r.seed is None else r.seed), start
+    return r.with_knobs(resume=resume, seed=seed if r.seed is None else r.seed), start
 
 
 def _check_outputs(r: JobRequest) -> None:
@@ -200,17 +217,8 @@ def _check_outputs(r: JobRequest) -> None:
 
 
 def _check_training_options(r: JobRequest) -> None:
+    """Training options that need each other (their values are the run configuration's to check)."""
     f = r.flag
-    if r.clip_grad is not None and not r.clip_grad > 0:
-        raise HetautoError(f"{f('clip_grad')} must be > 0, got {r.clip_grad}")
-    if r.eval_every is not None and r.eval_every < 1:
-        raise HetautoError(f"{f('eval_every')} must be >= 1, got {r.eval_every}")
-    if not 0 <= r.weight_decay < math.inf:
-        raise HetautoError(f"{f('weight_decay')} must be >= 0, got {r.weight_decay}")
-    if r.eval_steps < 1:
-        raise HetautoError(f"{f('eval_steps')} must be >= 1, got {r.eval_steps}")
-    if not 0 < r.eval_fraction < 1:
-        raise HetautoError(f"{f('eval_fraction')} must be between 0 and 1, got {r.eval_fraction}")
     if r.data_column is not None and r.data is None:
         raise HetautoError(f"{f('data_column')} names a column of the {f('data')} folder; pass {f('data')} DIR too")
 
