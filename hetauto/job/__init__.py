@@ -2,7 +2,7 @@
 and `hetauto.run()`.
 
 `request` (what is asked: `JobRequest`), `prepare` (every check before launch; those of checkpoints in
-`checkpoint_checks`; the ranks' `RunOptions` built once in `options`), `service` (launch, follow, collect on
+`checkpoint_checks`; the ranks' run configuration built once in `options`), `service` (launch, follow, collect on
 this host; the lead node's result), `result` (the result document, the loss against its reference), `predict`
 (the planner's step time and MFU), `results` (rank reports into tables), `preflight` (this host's backends),
 `sinks` (progress bar, TensorBoard).
