@@ -17,6 +17,7 @@ from typing import Any
 from hetauto.core.dp_sharding import least_memory
 from hetauto.core.errors import HetautoError, InfeasiblePlan
 from hetauto.core.plan import Plan
+from hetauto.planner import parallel
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
@@ -177,7 +178,7 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
          iterations: int | None = None, evaluator: Any = None, progress: ProgressFn | None = None,
          space_options: dict[str, Any] | None = None, max_evaluations: int | None = None,
          model_ref: str | None = None, patience: int | None = None,
-         should_stop: Callable[[], bool] | None = None) -> PlanResult:
+         should_stop: Callable[[], bool] | None = None, jobs: int = 1) -> PlanResult:
     """Search for the highest-throughput plan that fits; raise InfeasiblePlan naming the tightest constraint.
 
     MCTS stops at the first of: `budget` seconds (an upper bound), `iterations`, `max_evaluations`, or the
@@ -188,9 +189,12 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
     their own algorithm to the end (`budget` still cuts them short).
     `model_ref` (e.g. a config.json path) is written as the plan's `model` instead of the model's name.
     `should_stop()` returning True ends hetauto's own searches (mcts, single-cluster) early with the best plan
-    found so far (Ctrl-C in `hetauto plan`); the baselines run to their end."""
-    result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options, max_evaluations,
-                   patience, should_stop)
+    found so far (Ctrl-C in `hetauto plan`); the baselines run to their end.
+    `jobs`: worker processes that score batches of candidates ahead of the search (`parallel`); the plan is the
+    same with any number."""
+    with parallel.jobs(jobs):
+        result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options,
+                       max_evaluations, patience, should_stop)
     if model_ref and model_ref != result.plan.model:
         from dataclasses import replace
 
@@ -384,7 +388,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
         for j in range(2 * len(cur.candidate.order) - 1):  # at most: one pair inside and one after each cluster
             moves.append(lambda c, j=j: reshard_options(space, c, j))
         for move in moves:
-            for cand in move(cur.candidate):
+            for cand in scorer.prefetch(move(cur.candidate)):
                 if out_of_time():
                     return cur
                 got = scorer.score(cand)
@@ -641,8 +645,8 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
         if bound > best and bound > ranked.get(key, (0.0, cand))[0]:
             ranked[key] = (bound, cand)
     for _, cand in sorted(ranked.values(), key=lambda x: -x[0])[:shapes]:
-        for c in [x for o in _reorders(space, cand) for z in space.zero1_options
-                  for x in interleave_options(space, replace(o, zero1=z))]:
+        for c in scorer.prefetch([x for o in _reorders(space, cand) for z in space.zero1_options
+                                  for x in interleave_options(space, replace(o, zero1=z))]):
             if out_of_time():
                 return
             scorer.score(c)
@@ -701,7 +705,7 @@ def polish(space: StrategySpace, scorer: Scorer, best: Scored | None, limit: int
         return None
     from dataclasses import replace
 
-    for method in space.methods:
-        if method != best.candidate.resharding:
-            scorer.score(replace(best.candidate, resharding=method, reshard=()), limit=limit)
+    for cand in scorer.prefetch([replace(best.candidate, resharding=method, reshard=()) for method in space.methods
+                                 if method != best.candidate.resharding]):
+        scorer.score(cand, limit=limit)
     return scorer.best
