@@ -25,7 +25,7 @@ from hetauto.planner.mcts import MCTS
 from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint, better
 from hetauto.planner.seeds import seed_candidates
 from hetauto.planner.space import (RESHARD_METHODS, SEARCHED_BALANCES, UNUSED, ZERO_BUBBLE, Candidate,
-                                   StrategySpace, boundary_pairs, microbatch_options)
+                                   StrategySpace, boundary_pairs, microbatch_options, validated)
 
 __all__ = ["RESHARD_METHODS", "seed_candidates"]  # re-exported: their homes are space.py and seeds.py
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
@@ -95,7 +95,7 @@ def _finish(scored: Scored | None, space: StrategySpace, scorer: Scorer | None, 
         raise InfeasiblePlan(f"no plan fits: {tightest_violation(space, scorer)}")
     ev = scored.evaluation
     name = getattr(space.evaluator, "cost_model_name", "analytical")
-    plan = scored.plan.model_copy(update={"prediction": ev.to_prediction(name)})
+    plan = validated(scored.plan).model_copy(update={"prediction": ev.to_prediction(name)})
     return PlanResult(plan, ev, time.perf_counter() - start, evaluations, tuple(trace), planner,
                       getattr(scorer, "estimates", 0))
 
@@ -586,14 +586,22 @@ def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callabl
     twins = {base: [zb for zb in space.zero_bubble if ZERO_BUBBLE[zb] == base] for base in ("1f1b", "virtual-1f1b")}
     ranked = sorted(((c, s) for c, s in scorer.by_candidate.items() if s is not None and twins.get(c.schedule)),
                     key=lambda x: -x[1].evaluation.throughput_samples_s)
-    for cand, got in _best_per_shape(ranked)[:top]:
-        e = got.evaluation
-        if e.bubble_fraction < 1.0 and e.throughput_samples_s / (1.0 - e.bubble_fraction) <= scorer.best_throughput:
+    picks = _best_per_shape(ranked)[:top]
+    scorer.prefetch([replace(c, schedule=zb) for c, got in picks if not _twin_cannot_win(got, scorer)
+                     for zb in twins[c.schedule]])  # the best only rises: those skipped now stay skipped
+    for cand, got in picks:
+        if _twin_cannot_win(got, scorer):
             continue
         for zb in twins[cand.schedule]:
             if out_of_time():
                 return
             scorer.score(replace(cand, schedule=zb), limit=limit)  # past `limit` (evaluations): skipped
+
+
+def _twin_cannot_win(got: Scored, scorer: Scorer) -> bool:
+    """Whether splitting the backward of `got` cannot beat the best: a twin keeps (1 - bubble) of its time."""
+    e = got.evaluation
+    return e.bubble_fraction < 1.0 and e.throughput_samples_s / (1.0 - e.bubble_fraction) <= scorer.best_throughput
 
 
 def _best_per_shape(ranked: list[tuple[Candidate, Scored]]) -> list[tuple[Candidate, Scored]]:
