@@ -40,3 +40,12 @@ def test_bad_jobs_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_default_is_the_cores_available() -> None:
     assert parallel.available_cores() >= 1
+
+
+def test_a_candidate_that_fails_in_a_worker_is_left_to_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Space:
+        def build(self, cand: int) -> None:
+            raise ValueError(f"bad candidate {cand}")
+
+    monkeypatch.setattr(parallel, "_space", Space())
+    assert parallel._build_and_evaluate(3) is None

@@ -56,10 +56,14 @@ def _pool(space: Any) -> Any:
     return held[1]
 
 
-def _build_and_evaluate(cand: Any) -> tuple[Any, list[Any]]:
-    """In a worker: `cand`'s plans and each one's evaluation (the worker's evaluator's count is its own)."""
-    built = _space.build(cand)
-    return built, [_space.evaluator.evaluate(plan) for plan in built.plans]
+def _build_and_evaluate(cand: Any) -> tuple[Any, list[Any]] | None:
+    """In a worker: `cand`'s plans and each one's evaluation (the worker's evaluator's count is its own); None
+    where that raised, so the search meets the error only if it scores `cand` itself, as with one process."""
+    try:
+        built = _space.build(cand)
+        return built, [_space.evaluator.evaluate(plan) for plan in built.plans]
+    except Exception:  # noqa: BLE001 -- re-raised by the Scorer's own build, where the search gets to it
+        return None
 
 
 def _init(space: Any) -> None:
@@ -74,4 +78,5 @@ def prefetch(space: Any, cands: Sequence[Any]) -> dict[Any, tuple[Any, list[Any]
         return {}
     pool = _pool(space)
     chunk = max(1, len(cands) // (4 * _jobs))
-    return dict(zip(cands, pool.map(_build_and_evaluate, cands, chunksize=chunk)))
+    done = pool.map(_build_and_evaluate, cands, chunksize=chunk)
+    return {c: got for c, got in zip(cands, done) if got is not None}
