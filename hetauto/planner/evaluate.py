@@ -145,6 +145,17 @@ class Evaluator:
         self._plans[key] = ev
         return ev
 
+    def adopt(self, plan: Plan, evaluation: Evaluation) -> Evaluation:
+        """`plan`'s evaluation computed elsewhere (a worker, `parallel.prefetch`), counted as `evaluate` would:
+        the search's evaluation counts, and so its stop rules, are those of one process."""
+        key = self._key(plan)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        self.evaluations += 1
+        self._plans[key] = evaluation
+        return evaluation
+
     def _memory_check(self, plan: Plan, prec: str) -> tuple[tuple[float, ...], tuple[float, ...], str | None]:
         """(per stage one device's peak bytes, its capacity, the first stage's violation or None): a plan that
         does not fit is never timed."""

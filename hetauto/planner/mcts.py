@@ -234,7 +234,7 @@ class MCTS:
     def seed_with(self, candidates: Sequence[Candidate], stop: Callable[[], bool] | None = None) -> None:
         """Score given candidates first (e.g. what simpler planners would pick): the search starts from them
         (until `stop()`, e.g. an evaluation cap smaller than the seeds)."""
-        for c in candidates:
+        for c in self.scorer.prefetch(list(candidates)):
             if stop is not None and stop():
                 return
             self.scorer.score(c)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hetauto.planner import parallel
 from hetauto.planner.space import Candidate, StrategySpace, plan_key
 
 
@@ -73,6 +74,15 @@ class Scorer:
         self.improved_at = 0  # evaluator.evaluations when `best` last improved (the stop rule's clock)
         self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
         self.refused: list[tuple[Candidate, str]] = []  # candidates outside the space's feature set, never built
+        self.prefetched: dict[Candidate, tuple[Any, list[Any]]] = {}  # built and evaluated by workers, not used yet
+
+    def prefetch(self, cands: list[Candidate]) -> list[Candidate]:
+        """Have the workers (`parallel`) build and evaluate those of `cands` not scored yet, ahead of `score`
+        taking them in order; returns `cands`. The results are the same with any number of workers."""
+        todo = [c for c in dict.fromkeys(cands) if c not in self.by_candidate and c not in self.prefetched
+                and self.space.allows(c) is None]
+        self.prefetched.update(parallel.prefetch(self.space, todo))
+        return cands
 
     def score(self, cand: Candidate, limit: int | None = None) -> Scored | None:
         """`cand`'s best feasible plan, or None. With `limit`, a candidate whose plans not scored before would take
@@ -85,7 +95,8 @@ class Scorer:
             self.refused.append((cand, outside))
             self.by_candidate[cand] = None
             return None
-        built = self.space.build(cand)
+        ahead = self.prefetched.pop(cand, None)
+        built = ahead[0] if ahead is not None else self.space.build(cand)
         if limit is not None:
             new = {plan_key(plan) for plan in built.plans} - self.by_plan.keys()
             if self.space.evaluator.evaluations + len(new) > limit:
@@ -93,11 +104,12 @@ class Scorer:
         result: Scored | None = None
         if built.violation:
             self.violations.append(built.violation)
-        for plan in built.plans:
+        for i, plan in enumerate(built.plans):
             key = plan_key(plan)
             ev = self.by_plan.get(key)
             if ev is None:
-                ev = self.space.evaluator.evaluate(plan)
+                ev = (self.space.evaluator.adopt(plan, ahead[1][i]) if ahead is not None
+                      else self.space.evaluator.evaluate(plan))
                 self.by_plan[key] = ev
                 self.scored += 1
                 if not ev.feasible and ev.violation:

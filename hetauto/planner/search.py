@@ -17,6 +17,7 @@ from typing import Any
 from hetauto.core.dp_sharding import least_memory
 from hetauto.core.errors import HetautoError, InfeasiblePlan
 from hetauto.core.plan import Plan
+from hetauto.planner import parallel
 from hetauto.planner import principles as P
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.layers import total_params
@@ -24,7 +25,7 @@ from hetauto.planner.mcts import MCTS
 from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint, better
 from hetauto.planner.seeds import seed_candidates
 from hetauto.planner.space import (RESHARD_METHODS, SEARCHED_BALANCES, UNUSED, ZERO_BUBBLE, Candidate,
-                                   StrategySpace, boundary_pairs, microbatch_options)
+                                   StrategySpace, boundary_pairs, microbatch_options, validated)
 
 __all__ = ["RESHARD_METHODS", "seed_candidates"]  # re-exported: their homes are space.py and seeds.py
 SEED_SHAPES = 200  # Metis shapes estimated per microbatch size for the baseline seeds (no evaluations)
@@ -94,7 +95,7 @@ def _finish(scored: Scored | None, space: StrategySpace, scorer: Scorer | None, 
         raise InfeasiblePlan(f"no plan fits: {tightest_violation(space, scorer)}")
     ev = scored.evaluation
     name = getattr(space.evaluator, "cost_model_name", "analytical")
-    plan = scored.plan.model_copy(update={"prediction": ev.to_prediction(name)})
+    plan = validated(scored.plan).model_copy(update={"prediction": ev.to_prediction(name)})
     return PlanResult(plan, ev, time.perf_counter() - start, evaluations, tuple(trace), planner,
                       getattr(scorer, "estimates", 0))
 
@@ -177,7 +178,7 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
          iterations: int | None = None, evaluator: Any = None, progress: ProgressFn | None = None,
          space_options: dict[str, Any] | None = None, max_evaluations: int | None = None,
          model_ref: str | None = None, patience: int | None = None,
-         should_stop: Callable[[], bool] | None = None) -> PlanResult:
+         should_stop: Callable[[], bool] | None = None, jobs: int = 1) -> PlanResult:
     """Search for the highest-throughput plan that fits; raise InfeasiblePlan naming the tightest constraint.
 
     MCTS stops at the first of: `budget` seconds (an upper bound), `iterations`, `max_evaluations`, or the
@@ -188,9 +189,12 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
     their own algorithm to the end (`budget` still cuts them short).
     `model_ref` (e.g. a config.json path) is written as the plan's `model` instead of the model's name.
     `should_stop()` returning True ends hetauto's own searches (mcts, single-cluster) early with the best plan
-    found so far (Ctrl-C in `hetauto plan`); the baselines run to their end."""
-    result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options, max_evaluations,
-                   patience, should_stop)
+    found so far (Ctrl-C in `hetauto plan`); the baselines run to their end.
+    `jobs`: worker processes that score batches of candidates ahead of the search (`parallel`); the plan is the
+    same with any number."""
+    with parallel.jobs(jobs):
+        result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options,
+                       max_evaluations, patience, should_stop)
     if model_ref and model_ref != result.plan.model:
         from dataclasses import replace
 
@@ -384,7 +388,7 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
         for j in range(2 * len(cur.candidate.order) - 1):  # at most: one pair inside and one after each cluster
             moves.append(lambda c, j=j: reshard_options(space, c, j))
         for move in moves:
-            for cand in move(cur.candidate):
+            for cand in scorer.prefetch(move(cur.candidate)):
                 if out_of_time():
                     return cur
                 got = scorer.score(cand)
@@ -582,14 +586,22 @@ def zero_bubble_twins(space: StrategySpace, scorer: Scorer, out_of_time: Callabl
     twins = {base: [zb for zb in space.zero_bubble if ZERO_BUBBLE[zb] == base] for base in ("1f1b", "virtual-1f1b")}
     ranked = sorted(((c, s) for c, s in scorer.by_candidate.items() if s is not None and twins.get(c.schedule)),
                     key=lambda x: -x[1].evaluation.throughput_samples_s)
-    for cand, got in _best_per_shape(ranked)[:top]:
-        e = got.evaluation
-        if e.bubble_fraction < 1.0 and e.throughput_samples_s / (1.0 - e.bubble_fraction) <= scorer.best_throughput:
+    picks = _best_per_shape(ranked)[:top]
+    scorer.prefetch([replace(c, schedule=zb) for c, got in picks if not _twin_cannot_win(got, scorer)
+                     for zb in twins[c.schedule]])  # the best only rises: those skipped now stay skipped
+    for cand, got in picks:
+        if _twin_cannot_win(got, scorer):
             continue
         for zb in twins[cand.schedule]:
             if out_of_time():
                 return
             scorer.score(replace(cand, schedule=zb), limit=limit)  # past `limit` (evaluations): skipped
+
+
+def _twin_cannot_win(got: Scored, scorer: Scorer) -> bool:
+    """Whether splitting the backward of `got` cannot beat the best: a twin keeps (1 - bubble) of its time."""
+    e = got.evaluation
+    return e.bubble_fraction < 1.0 and e.throughput_samples_s / (1.0 - e.bubble_fraction) <= scorer.best_throughput
 
 
 def _best_per_shape(ranked: list[tuple[Candidate, Scored]]) -> list[tuple[Candidate, Scored]]:
@@ -641,8 +653,8 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
         if bound > best and bound > ranked.get(key, (0.0, cand))[0]:
             ranked[key] = (bound, cand)
     for _, cand in sorted(ranked.values(), key=lambda x: -x[0])[:shapes]:
-        for c in [x for o in _reorders(space, cand) for z in space.zero1_options
-                  for x in interleave_options(space, replace(o, zero1=z))]:
+        for c in scorer.prefetch([x for o in _reorders(space, cand) for z in space.zero1_options
+                                  for x in interleave_options(space, replace(o, zero1=z))]):
             if out_of_time():
                 return
             scorer.score(c)
@@ -701,7 +713,7 @@ def polish(space: StrategySpace, scorer: Scorer, best: Scored | None, limit: int
         return None
     from dataclasses import replace
 
-    for method in space.methods:
-        if method != best.candidate.resharding:
-            scorer.score(replace(best.candidate, resharding=method, reshard=()), limit=limit)
+    for cand in scorer.prefetch([replace(best.candidate, resharding=method, reshard=()) for method in space.methods
+                                 if method != best.candidate.resharding]):
+        scorer.score(cand, limit=limit)
     return scorer.best

@@ -682,19 +682,29 @@ class StrategySpace:
         for st, c in zip(stages, counts):
             cl = self.spec.cluster(st.cluster)
             dev = self._probe(st, (0, 1)).device_type if cl.is_mixed else cl.device.key
-            out.append(StagePlan(cluster=st.cluster, device_type=dev, devices=st.devices, layers=(pos, pos + c),
-                                 tp=st.tp, dp=st.dp, recompute=st.recompute, dp_shares=st.shares))
+            out.append(StagePlan.model_construct(cluster=st.cluster, device_type=dev, devices=tuple(st.devices),
+                                                 layers=(pos, pos + c), tp=st.tp, dp=st.dp, recompute=st.recompute,
+                                                 dp_shares=st.shares))
             pos += c
         if schedule == "virtual-1f1b" and not any(extra):
             schedule, extra = "1f1b", ()
-        return Plan(model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len,
-                    global_batch=inp.global_batch, microbatch_size=cand.microbatch_size, num_microbatches=m,
-                    stages=tuple(out),
-                    schedule=ScheduleSpec(name=schedule, extra_warmup=tuple(extra), w_defer=w_defer, w_offload=w_offload,
-                                          virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
-                    resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
-                    **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
-                    memory_headroom=self.headroom)
+        # built unvalidated (model_construct): the space's own values, already checked; most plans are only
+        # scored, and the one written is validated (search._finish, `validated`)
+        return Plan.model_construct(
+            model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len, global_batch=inp.global_batch,
+            microbatch_size=cand.microbatch_size, num_microbatches=m, stages=tuple(out),
+            schedule=ScheduleSpec.model_construct(
+                name=schedule, extra_warmup=tuple(extra), w_defer=tuple(w_defer), w_offload=tuple(w_offload),
+                virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
+            resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
+            **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
+            memory_headroom=float(self.headroom))
+
+
+def validated(plan: Plan) -> Plan:
+    """`plan` through the model's validators: the plans the space builds skip them (`_plan`); the one written
+    must not."""
+    return Plan.model_validate(plan.model_dump(by_alias=True))
 
 
 def plan_key(plan: Plan) -> tuple:
