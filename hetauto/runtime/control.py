@@ -13,9 +13,10 @@ Keys (the protocol; the agent side reads exactly these):
                        "error" message also carries "error": its fields (`error_fields`: type, detail,
                        secondary, peers), so the launcher's diagnosis reads fields, not the text
   hetauto/beat/<R>     rank R's heartbeat counter, bumped every HEARTBEAT_S by a thread of the rank
-A rank numbers and writes a message in one `post` (hetauto.core.control_store). The reader still waits for a
-counted number whose message is missing, and skips it after a grace period: a writer that counts and writes in
-two calls (a TCPStore's add, then set) may die between them.
+A rank numbers and writes a message in one `post` (hetauto.core.control_store), the only way a client may move
+`hetauto/seq` or write `hetauto/msg/<i>` (the store refuses `set`/`add`/`delete` on them). The reader still waits
+for a counted number whose message is missing, and skips it after a grace period, past the whole run of missing
+numbers in one step (a writer that counts and writes in two calls, a TCPStore's add then set, may die between).
 """
 
 from __future__ import annotations
