@@ -22,7 +22,10 @@ counter to 1e9 and leave the reader a billion missing messages to walk).
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import json
+import os
 import selectors
 import socket
 import threading
@@ -31,7 +34,7 @@ from typing import Any
 
 from hetauto.core.control_limits import StoreLimits, StoreRefused, default_connections
 
-__all__ = ["ControlStoreServer", "ControlStoreClient", "MAX_FRAME", "StoreLimits", "join_address"]
+__all__ = ["ControlStoreServer", "ControlStoreClient", "MAX_FRAME", "StoreLimits", "join_address", "proof"]
 
 MAX_FRAME = StoreLimits().max_frame  # the default bound on one frame (StoreLimits.max_frame)
 _MAX_ANSWER = 4 * MAX_FRAME  # a value a client stored, its JSON escapes written out
@@ -43,6 +46,11 @@ _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 def join_address(host: str, port: int) -> str:
     """'HOST:PORT', an IPv6 host in brackets (hetauto.runtime.control.split_address reads it back)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def proof(token: str, nonce: str, role: str) -> str:
+    """HMAC-SHA256(token, nonce || role), hex: what a client answers the server's challenge with."""
+    return hmac.new(token.encode("utf-8"), (nonce + role).encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def _text(value: str | bytes) -> str:
@@ -200,10 +208,11 @@ class _Data:
 class _Conn:
     """One client connection's buffers, and whether it has been answered yet (an idle stranger has not)."""
 
-    __slots__ = ("inbox", "outbox", "answered")
+    __slots__ = ("inbox", "outbox", "answered", "nonce")
 
-    def __init__(self) -> None:
+    def __init__(self, nonce: str | None) -> None:
         self.inbox, self.outbox, self.answered = bytearray(), bytearray(), False
+        self.nonce = nonce  # the challenge it has not answered yet (None: proven, or a store without a token)
 
 
 class ControlStoreServer(_Data):
@@ -214,8 +223,9 @@ class ControlStoreServer(_Data):
     oldest connection that has not been answered yet (an idle stranger; ranks ask at once) to admit the new one,
     or refuses the new one, or pauses accepting a moment; the connections it serves go on either way."""
 
-    def __init__(self, listener: socket.socket, limits: StoreLimits | None = None) -> None:
+    def __init__(self, listener: socket.socket, limits: StoreLimits | None = None, token: str | None = None) -> None:
         super().__init__(limits)
+        self._token = token
         self.max_connections = self.limits.connections or default_connections()
         self._listener = listener
         listener.setblocking(False)
@@ -282,8 +292,11 @@ class ControlStoreServer(_Data):
             return
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._conns[conn] = _Conn()
+        state = self._conns[conn] = _Conn(os.urandom(16).hex() if self._token else None)
         self._selector.register(conn, selectors.EVENT_READ, "conn")
+        if state.nonce is not None:  # the challenge first: nothing is read or written before its answer
+            state.outbox += _frame({"nonce": state.nonce})
+            self._flush(conn, state.outbox)
 
     def _evict_idle(self) -> bool:
         """Close the oldest connection never answered (dicts keep insertion order); False when there is none."""
@@ -337,9 +350,25 @@ class ControlStoreServer(_Data):
             except ValueError:
                 return False
             del inbox[:4 + size]
+            if state.nonce is not None:
+                if not self._proven(state, request):
+                    return False  # no proof of the job's token: closed before it reads or writes a key
+                state.outbox += _frame({"ok": True})
+                continue
             state.outbox += _frame(self.answer(request, owner=state))
             state.answered = True
         return True
+
+    def _proven(self, state: _Conn, request: Any) -> bool:
+        """Whether `request` answers the connection's challenge: {"op": "auth", "role": R, "proof": HMAC}."""
+        if not isinstance(request, dict) or request.get("op") != "auth" or self._token is None or state.nonce is None:
+            return False
+        role, given = request.get("role"), request.get("proof")
+        if not isinstance(role, str) or not isinstance(given, str):
+            return False
+        ok = hmac.compare_digest(proof(self._token, state.nonce, role), given)
+        state.nonce = None if ok else state.nonce
+        return ok
 
     def _flush(self, conn: socket.socket, outbox: bytearray) -> None:
         if outbox:
@@ -370,7 +399,8 @@ class ControlStoreClient:
     starting, as a TCPStore client waits for its master); each call then waits at most `timeout_s`. Raises
     OSError (TimeoutError, ConnectionError) when the server does not answer or is gone. One thread at a time."""
 
-    def __init__(self, host: str, port: int, timeout_s: float = 60.0) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float = 60.0, token: str | None = None,
+                 role: str = "client") -> None:
         self.address = join_address(host, port)
         self.timeout_s = timeout_s
         end = time.monotonic() + timeout_s
@@ -386,6 +416,21 @@ class ControlStoreClient:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.settimeout(timeout_s)
         self._lock = threading.Lock()
+        if token:
+            self._prove(token, role)
+
+    def _prove(self, token: str, role: str) -> None:
+        """Answer the server's challenge with the job's token (its proof, never the token, goes on the wire)."""
+        try:
+            challenge = self._receive()
+            nonce = challenge.get("nonce") if isinstance(challenge, dict) else None
+            if not isinstance(nonce, str):
+                raise ConnectionError(f"control store {self.address}: it asked for no proof of the job's token")
+            self._sock.sendall(_frame({"op": "auth", "role": role, "proof": proof(token, nonce, role)}))
+            self._receive()
+        except BaseException:
+            self._sock.close()
+            raise
 
     def close(self) -> None:
         self._sock.close()
@@ -421,16 +466,23 @@ class ControlStoreClient:
         with self._lock:
             try:
                 self._sock.sendall(_frame(request))
-                size = int.from_bytes(self._read(4), "big")
-                if size > _MAX_ANSWER:
-                    raise ConnectionError(f"control store {self.address}: answer of {size} bytes is not ours")
-                answer = json.loads(self._read(size).decode("utf-8"))
+                answer = self._receive()
             except BaseException:
                 self._sock.close()  # half an exchange left on the wire: later calls fail, never read a stale answer
                 raise
+        if "nonce" in answer:
+            self._sock.close()
+            raise PermissionError(f"control store {self.address}: it asks for the job's token, which this process "
+                                  "was not given")
         if not answer.get("ok"):
             raise RuntimeError(f"control store {self.address}: {answer.get('error')}")
         return answer.get("value")
+
+    def _receive(self) -> Any:
+        size = int.from_bytes(self._read(4), "big")
+        if size > _MAX_ANSWER:
+            raise ConnectionError(f"control store {self.address}: answer of {size} bytes is not ours")
+        return json.loads(self._read(size).decode("utf-8"))
 
     def _read(self, n: int) -> bytes:
         out = bytearray()

@@ -58,12 +58,13 @@ def job_store_limits(connections: int | None = None) -> StoreLimits:
 class ControlServer:
     """Serves a control store on `bind:port` (port 0: a free one) and mirrors the ranks' messages into `folder`.
 
-    `address` is what the ranks connect to (`advertise` or the bound address). Use as a context manager or
+    `address` is what the ranks connect to (`advertise` or the bound address). `token`: every connection must
+    prove it holds it (hetauto.core.control_store's challenge) before it reads or writes a key. Use as a context manager or
     `start()` / `close()`; `close()` stops the thread after a last full read, so nothing a finished rank sent is
     lost."""
 
     def __init__(self, folder: str | Path, bind: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
-                 limits: StoreLimits | None = None) -> None:
+                 limits: StoreLimits | None = None, token: str | None = None) -> None:
         raise_open_files_limit()  # a job's own ranks hold two connections each: serve as many as this process may
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -81,7 +82,7 @@ class ControlServer:
         self.port = int(self._sock.getsockname()[1])
         host = advertise or bind
         self.address = join_address(host, self.port)
-        self.store = ControlStoreServer(self._sock, limits or job_store_limits())
+        self.store = ControlStoreServer(self._sock, limits or job_store_limits(), token=token)
         self.lock = threading.Lock()  # the store object is shared by the mirror thread and the agent's handshake
         self._next = 1
         self._hole_since: float | None = None
