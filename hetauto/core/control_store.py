@@ -53,6 +53,10 @@ def proof(token: str, nonce: str, role: str) -> str:
     return hmac.new(token.encode("utf-8"), (nonce + role).encode("utf-8"), hashlib.sha256).hexdigest()
 
 
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def _text(value: str | bytes) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -151,7 +155,7 @@ class _Data:
         """The smallest n > `after` with `prefix + n` set, or None: a reader skips a run of missing numbers in one
         step (its cost is the store's size, never the gap's)."""
         with self._lock:
-            found = [int(k[len(prefix):]) for k in self._values if k.startswith(prefix) and k[len(prefix):].isdigit()]
+            found = [int(k[len(prefix):]) for k in self._values if k.startswith(prefix) and _is_number(k[len(prefix):])]
         later = [n for n in found if n > after]
         return min(later) if later else None
 

@@ -47,7 +47,7 @@ def _posted_by(counter: str) -> str | None:
     if counter == SEQ_KEY:
         return MSG_PREFIX
     rank = counter[len(_CLAIMS):] if counter.startswith(_CLAIMS) else ""
-    return f"{_NODES}{int(rank)}/" if rank.isdigit() else None
+    return f"{_NODES}{int(rank)}/" if rank.isascii() and rank.isdigit() else None
 
 
 def job_store_limits(connections: int | None = None) -> StoreLimits:
