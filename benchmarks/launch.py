@@ -32,6 +32,9 @@ from hetauto.testing.two_sites import write_two_site_plan
 MESSAGES_PER_STEP = 3  # the last stage's step lines (dp 3: one per rank); heartbeats have their own thread
 
 
+_TOKEN = "ab" * 32  # the job's control-store token (hetauto.launch.local.control_token_file makes a random one)
+
+
 def control_cost(n: int = 2000) -> tuple[float, float]:
     """Seconds per message a rank's training thread pays: a step line posted to the control store (queued; the
     sender thread talks to the store) and, before it, a step line appended to a file (the one-host protocol)."""
@@ -39,8 +42,8 @@ def control_cost(n: int = 2000) -> tuple[float, float]:
     from hetauto.runtime.control import ControlClient
 
     line = json.dumps({"step": 1, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0, "step_s": 0.1, "eval_loss": None})
-    with tempfile.TemporaryDirectory() as tmp, ControlServer(tmp) as server:
-        client = ControlClient(server.address, 0)
+    with tempfile.TemporaryDirectory() as tmp, ControlServer(tmp, token=_TOKEN) as server:
+        client = ControlClient(server.address, 0, token=_TOKEN)  # authenticated, as every job's store is
         t0 = time.perf_counter()
         for _ in range(n):
             client.post("step", line)
@@ -59,7 +62,7 @@ def control_cost(n: int = 2000) -> tuple[float, float]:
 def _server_process(folder: str):
     """A ControlServer in its own process (mirroring into `folder`) until the block ends; yields its address."""
     code = ("import sys; from hetauto.launch.control import ControlServer\n"
-            "with ControlServer(sys.argv[1]) as s:\n    print(s.address, flush=True); sys.stdin.read()")
+            f"with ControlServer(sys.argv[1], token={_TOKEN!r}) as s:\n    print(s.address, flush=True); sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", code, folder], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     try:
@@ -101,7 +104,7 @@ def loop_ratio(step_s: float, steps: int = 8, pairs: int = 25) -> float:
         return time.process_time() - t
 
     with tempfile.TemporaryDirectory() as tmp, _server_process(tmp) as address:
-        client = ControlClient(address, 0)
+        client = ControlClient(address, 0, token=_TOKEN)
         path = Path(tmp) / "append.jsonl"
 
         def append(text: str) -> None:

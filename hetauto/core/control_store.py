@@ -10,28 +10,51 @@ numbered message in one round trip).
 Wire format, both ways: a 4-byte big-endian length, then one JSON object (UTF-8). Request
 `{"op": OP, "key": K, "value": TEXT | "amount": INT | "keys": [K, ...] | "prefix": TEXT}`, answer
 `{"ok": true, "value": ...}` or `{"ok": false, "error": TEXT}`. Values are text (the control plane sends JSON);
-never pickle. A frame over MAX_FRAME bytes, or one that is not such an object, closes that connection and nothing
-else.
+never pickle. A frame over the bound (StoreLimits.max_frame), or one that is not such an object, closes that
+connection and nothing else.
+
+Whoever reaches the port is a client, so a client is held to bounds (hetauto.core.control_limits): connections
+held at once, the characters one connection and all of them may store (a `set` past them is refused with an
+error answer), and keys only `post` may write (the message counter and the messages: a stranger cannot set the
+counter to 1e9 and leave the reader a billion missing messages to walk).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
 import json
+import os
 import selectors
 import socket
 import threading
 import time
 from typing import Any
 
-__all__ = ["ControlStoreServer", "ControlStoreClient", "MAX_FRAME", "join_address"]
+from hetauto.core.control_limits import StoreLimits, StoreRefused, default_connections
 
-MAX_FRAME = 64 * 1024 * 1024  # a rank's report is kilobytes; a larger frame is not ours
+__all__ = ["ControlStoreServer", "ControlStoreClient", "MAX_FRAME", "StoreLimits", "join_address", "proof"]
+
+MAX_FRAME = StoreLimits().max_frame  # the default bound on one frame (StoreLimits.max_frame)
+_MAX_ANSWER = 4 * MAX_FRAME  # a value a client stored, its JSON escapes written out
 _CONNECT_RETRY_S = 0.05
+_ACCEPT_PAUSE_S = 0.1  # out of descriptors with nothing to shed: how long new connections wait in the backlog
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def join_address(host: str, port: int) -> str:
     """'HOST:PORT', an IPv6 host in brackets (hetauto.runtime.control.split_address reads it back)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def proof(token: str, nonce: str, role: str) -> str:
+    """HMAC-SHA256(token, nonce || role), hex: what a client answers the server's challenge with."""
+    return hmac.new(token.encode("utf-8"), (nonce + role).encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def _text(value: str | bytes) -> str:
@@ -44,16 +67,57 @@ def _frame(obj: Any) -> bytes:
 
 
 class _Data:
-    """The store's contents and its operations (thread-safe): what the server answers and its owner reads."""
+    """The store's contents and its operations (thread-safe): what the server answers and its owner reads.
 
-    def __init__(self) -> None:
+    The owner (in-process calls) is trusted; a client's request (`answer` with its connection as `owner`) is held
+    to `limits`: the bytes it may store, and the keys only `post` may write (hetauto.core.control_limits)."""
+
+    def __init__(self, limits: StoreLimits | None = None) -> None:
+        self.limits = limits or StoreLimits()
         self._values: dict[str, str] = {}
+        self._sizes: dict[str, tuple[int, object]] = {}  # key -> (characters held, the client that wrote it)
+        self._usage: dict[object, int] = {}  # client -> characters it holds
+        self._total = 0
         self._lock = threading.Lock()
 
     def set(self, key: str, value: str | bytes) -> None:
         text = _text(value)
         with self._lock:
-            self._values[key] = text
+            self._put(key, text, None)
+
+    def _put(self, key: str, text: str, owner: object) -> None:
+        """Store `key`, charged to `owner` (None: the owner process, never refused); the caller holds the lock."""
+        size = len(key) + len(text)
+        old_size, old_owner = self._sizes.get(key, (0, None))
+        if owner is not None:
+            mine = self._usage.get(owner, 0) - (old_size if old_owner is owner else 0) + size
+            if mine > self.limits.client_bytes:
+                raise StoreRefused(f"this connection would hold {mine} characters, over its bound of "
+                                   f"{self.limits.client_bytes}")
+            if self._total - old_size + size > self.limits.total_bytes:
+                raise StoreRefused(f"the store would hold over its bound of {self.limits.total_bytes} characters")
+        self._forget(key)
+        self._values[key] = text
+        self._sizes[key] = (size, owner)
+        self._usage[owner] = self._usage.get(owner, 0) + size
+        self._total += size
+
+    def _forget(self, key: str) -> bool:
+        if self._values.pop(key, None) is None:
+            return False
+        size, owner = self._sizes.pop(key)
+        left = self._usage[owner] - size
+        if left:
+            self._usage[owner] = left
+        else:
+            del self._usage[owner]
+        self._total -= size
+        return True
+
+    def stored(self) -> int:
+        """Characters (keys and values) the store holds now: what its bounds count."""
+        with self._lock:
+            return self._total
 
     def get(self, key: str) -> bytes:
         """The value of `key`; KeyError when it is not set (the owner checks first; never blocks)."""
@@ -62,12 +126,13 @@ class _Data:
 
     def add(self, key: str, amount: int) -> int:
         with self._lock:
-            return self._bump(key, int(amount))
+            return self._bump(key, int(amount), None)
 
-    def _bump(self, key: str, amount: int) -> int:
+    def _bump(self, key: str, amount: int, owner: object) -> int:
         """The counter `key` plus `amount`, stored (the caller holds the lock)."""
         value = int(self._values.get(key, "0")) + amount
-        self._values[key] = str(value)
+        if amount or key not in self._values:
+            self._put(key, str(value), owner if key not in self._values else self._sizes[key][1])
         return value
 
     def check(self, keys: list[str]) -> bool:
@@ -77,58 +142,112 @@ class _Data:
     def post(self, counter: str, prefix: str, value: str | bytes) -> int:
         """add(counter, 1), then set(prefix + the new count, value), as one operation: a message numbered and
         written in one round trip (a rank's step line), never a number without its message."""
-        text = _text(value)
         with self._lock:
-            count = self._bump(counter, 1)
-            self._values[f"{prefix}{count}"] = text
-            return count
+            return self._post(counter, prefix, _text(value), None)
+
+    def _post(self, counter: str, prefix: str, text: str, owner: object) -> int:
+        count = int(self._values.get(counter, "0")) + 1
+        self._put(f"{prefix}{count}", text, owner)  # refused before the count moves: never a number without its message
+        self._put(counter, str(count), self._sizes.get(counter, (0, owner))[1])
+        return count
+
+    def next_numbered(self, prefix: str, after: int) -> int | None:
+        """The smallest n > `after` with `prefix + n` set, or None: a reader skips a run of missing numbers in one
+        step (its cost is the store's size, never the gap's)."""
+        with self._lock:
+            found = [int(k[len(prefix):]) for k in self._values if k.startswith(prefix) and _is_number(k[len(prefix):])]
+        later = [n for n in found if n > after]
+        return min(later) if later else None
 
     def delete_key(self, key: str) -> bool:
         with self._lock:
-            return self._values.pop(key, None) is not None
+            return self._forget(key)
 
-    def answer(self, request: Any) -> dict:
-        """One request's answer (never raises: a bad request gets an error answer)."""
+    def answer(self, request: Any, owner: object = None) -> dict:
+        """One request's answer (never raises: a bad or refused request gets an error answer). `owner`: the client
+        connection it came from, held to the limits (None: the owner process)."""
         if not isinstance(request, dict) or not isinstance(request.get("key", ""), str):
             return {"ok": False, "error": "a request is a JSON object with a text key"}
         op, key = request.get("op"), request.get("key", "")
         try:
-            if op == "set":
-                self.set(key, str(request["value"]))
-                return {"ok": True}
-            if op == "get":
-                with self._lock:
-                    return {"ok": True, "value": self._values.get(key)}
-            if op == "add":
-                return {"ok": True, "value": self.add(key, int(request.get("amount", 0)))}
-            if op == "check":
-                keys = request.get("keys", [])
-                return {"ok": True, "value": isinstance(keys, list) and self.check([str(k) for k in keys])}
-            if op == "delete":
-                return {"ok": True, "value": self.delete_key(key)}
-            if op == "post":
-                return {"ok": True, "value": self.post(key, str(request["prefix"]), str(request["value"]))}
+            if owner is not None:
+                self._guard(op, key, request)
+            with self._lock:
+                return self._apply(op, key, request, owner)
         except (KeyError, TypeError, ValueError) as exc:
             return {"ok": False, "error": f"{op} {key!r}: {type(exc).__name__}: {exc}"}
+
+    def _guard(self, op: Any, key: str, request: dict) -> None:
+        """Refuse a client's write of a key only `post` may write (a reserved counter, a numbered message)."""
+        writes = op in ("set", "delete") or (op == "add" and int(request.get("amount", 0)) != 0)
+        if writes and self.limits.is_protected(key):
+            raise StoreRefused(f"{key!r} is written only by posting")
+        if op == "post":
+            prefix = str(request["prefix"])
+            rule = self.limits.post_rule(key)
+            if rule is not None and rule != prefix:
+                raise StoreRefused(f"messages counted by {key!r} are numbered under {rule!r} only")
+            if rule is None and (self.limits.is_protected(key) or self.limits.is_protected(f"{prefix}1")):
+                raise StoreRefused(f"{key!r} / {prefix!r} are written only by their own posts")
+
+    def _apply(self, op: Any, key: str, request: dict, owner: object) -> dict:
+        """Carry out one request (the caller holds the lock)."""
+        if op == "set":
+            self._put(key, str(request["value"]), owner)
+            return {"ok": True}
+        if op == "get":
+            return {"ok": True, "value": self._values.get(key)}
+        if op == "add":
+            return {"ok": True, "value": self._bump(key, int(request.get("amount", 0)), owner)}
+        if op == "check":
+            keys = request.get("keys", [])
+            return {"ok": True, "value": isinstance(keys, list) and all(str(k) in self._values for k in keys)}
+        if op == "delete":
+            return {"ok": True, "value": self._forget(key)}
+        if op == "post":
+            return {"ok": True, "value": self._post(key, str(request["prefix"]), str(request["value"]), owner)}
         return {"ok": False, "error": f"unknown operation {op!r}"}
+
+
+class _Conn:
+    """One client connection's buffers, and whether it has been answered yet (an idle stranger has not)."""
+
+    __slots__ = ("inbox", "outbox", "answered", "nonce")
+
+    def __init__(self, nonce: str | None) -> None:
+        self.inbox, self.outbox, self.answered = bytearray(), bytearray(), False
+        self.nonce = nonce  # the challenge it has not answered yet (None: proven, or a store without a token)
 
 
 class ControlStoreServer(_Data):
     """Serves the store on a bound, listening socket from one daemon thread (selectors: one thread for every
-    rank's connection, however many). The owner calls the same operations in-process. `close()` stops serving."""
+    rank's connection, however many). The owner calls the same operations in-process. `close()` stops serving.
 
-    def __init__(self, listener: socket.socket) -> None:
-        super().__init__()
+    A flood never ends it: at its connection bound, or out of file descriptors (EMFILE, ENFILE), it closes the
+    oldest connection that has not been answered yet (an idle stranger; ranks ask at once) to admit the new one,
+    or refuses the new one, or pauses accepting a moment; the connections it serves go on either way."""
+
+    def __init__(self, listener: socket.socket, limits: StoreLimits | None = None, token: str | None = None) -> None:
+        super().__init__(limits)
+        self._token = token
+        self.max_connections = self.limits.connections or default_connections()
         self._listener = listener
         listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ, None)
+        self._accept_paused_until: float | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._buffers: dict[socket.socket, tuple[bytearray, bytearray]] = {}
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._buffered = 0
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="hetauto-control-store", daemon=True)
         self._thread.start()
+
+    @property
+    def connections(self) -> int:
+        """Client connections held now."""
+        return len(self._conns)
 
     def close(self) -> None:
         if self._closed:
@@ -143,18 +262,21 @@ class ControlStoreServer(_Data):
     def _serve(self) -> None:
         try:
             while not self._closed:
-                for key, events in self._selector.select(timeout=1.0):
+                self._resume_accepting()
+                timeout = 1.0 if self._accept_paused_until is None else _ACCEPT_PAUSE_S
+                for key, events in self._selector.select(timeout=timeout):
                     if key.data == "wake":
                         return
-                    if key.data is None:
-                        self._accept()
-                    else:
-                        try:
+                    try:
+                        if key.data is None:
+                            self._accept()
+                        else:
                             self._service(key.fileobj, events)  # type: ignore[arg-type]
-                        except Exception:  # noqa: BLE001 - one connection's trouble never ends the store
+                    except Exception:  # noqa: BLE001 - one connection's trouble never ends the store
+                        if key.data is not None:
                             self._drop(key.fileobj)  # type: ignore[arg-type]
         finally:
-            for conn in list(self._buffers):
+            for conn in list(self._conns):
                 self._drop(conn)
             self._selector.close()
             self._wake_r.close()
@@ -165,13 +287,40 @@ class ControlStoreServer(_Data):
             conn, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        except OSError as err:
+            if err.errno in _OUT_OF_DESCRIPTORS and not self._evict_idle():
+                self._pause_accepting()  # nothing to shed: leave new ones in the backlog a moment
+            return  # ECONNABORTED and the like: that connection only
+        if len(self._conns) >= self.max_connections and not self._evict_idle():
+            conn.close()  # full of connections that are served: the newcomer waits its turn elsewhere
+            return
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._buffers[conn] = (bytearray(), bytearray())
+        state = self._conns[conn] = _Conn(os.urandom(16).hex() if self._token else None)
         self._selector.register(conn, selectors.EVENT_READ, "conn")
+        if state.nonce is not None:  # the challenge first: nothing is read or written before its answer
+            state.outbox += _frame({"nonce": state.nonce})
+            self._flush(conn, state.outbox)
+
+    def _evict_idle(self) -> bool:
+        """Close the oldest connection never answered (dicts keep insertion order); False when there is none."""
+        for conn, state in self._conns.items():
+            if not state.answered:
+                self._drop(conn)
+                return True
+        return False
+
+    def _pause_accepting(self) -> None:
+        self._selector.unregister(self._listener)
+        self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE_S
+
+    def _resume_accepting(self) -> None:
+        if self._accept_paused_until is not None and time.monotonic() >= self._accept_paused_until:
+            self._accept_paused_until = None
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
 
     def _service(self, conn: socket.socket, events: int) -> None:
-        inbox, outbox = self._buffers[conn]
+        state = self._conns[conn]
         if events & selectors.EVENT_READ:
             try:
                 chunk = conn.recv(1 << 16)
@@ -183,16 +332,20 @@ class ControlStoreServer(_Data):
                 self._drop(conn)
                 return
             if chunk:
-                inbox += chunk
-                if not self._answer_frames(inbox, outbox):
+                before = len(state.inbox)
+                state.inbox += chunk
+                ok = self._answer_frames(state)
+                self._buffered += len(state.inbox) - before
+                if not ok or self._buffered > self.limits.buffered_bytes:
                     self._drop(conn)
                     return
-        self._flush(conn, outbox)
+        self._flush(conn, state.outbox)
 
-    def _answer_frames(self, inbox: bytearray, outbox: bytearray) -> bool:
+    def _answer_frames(self, state: _Conn) -> bool:
+        inbox = state.inbox
         while len(inbox) >= 4:
             size = int.from_bytes(inbox[:4], "big")
-            if size > MAX_FRAME:
+            if size > self.limits.max_frame:
                 return False
             if len(inbox) < 4 + size:
                 break
@@ -201,8 +354,25 @@ class ControlStoreServer(_Data):
             except ValueError:
                 return False
             del inbox[:4 + size]
-            outbox += _frame(self.answer(request))
+            if state.nonce is not None:
+                if not self._proven(state, request):
+                    return False  # no proof of the job's token: closed before it reads or writes a key
+                state.outbox += _frame({"ok": True})
+                continue
+            state.outbox += _frame(self.answer(request, owner=state))
+            state.answered = True
         return True
+
+    def _proven(self, state: _Conn, request: Any) -> bool:
+        """Whether `request` answers the connection's challenge: {"op": "auth", "role": R, "proof": HMAC}."""
+        if not isinstance(request, dict) or request.get("op") != "auth" or self._token is None or state.nonce is None:
+            return False
+        role, given = request.get("role"), request.get("proof")
+        if not isinstance(role, str) or not isinstance(given, str):
+            return False
+        ok = hmac.compare_digest(proof(self._token, state.nonce, role), given)
+        state.nonce = None if ok else state.nonce
+        return ok
 
     def _flush(self, conn: socket.socket, outbox: bytearray) -> None:
         if outbox:
@@ -218,7 +388,9 @@ class ControlStoreServer(_Data):
         self._selector.modify(conn, want, "conn")
 
     def _drop(self, conn: socket.socket) -> None:
-        self._buffers.pop(conn, None)
+        state = self._conns.pop(conn, None)
+        if state is not None:
+            self._buffered -= len(state.inbox)
         try:
             self._selector.unregister(conn)
         except (KeyError, ValueError):
@@ -231,7 +403,8 @@ class ControlStoreClient:
     starting, as a TCPStore client waits for its master); each call then waits at most `timeout_s`. Raises
     OSError (TimeoutError, ConnectionError) when the server does not answer or is gone. One thread at a time."""
 
-    def __init__(self, host: str, port: int, timeout_s: float = 60.0) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float = 60.0, token: str | None = None,
+                 role: str = "client") -> None:
         self.address = join_address(host, port)
         self.timeout_s = timeout_s
         end = time.monotonic() + timeout_s
@@ -247,6 +420,21 @@ class ControlStoreClient:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.settimeout(timeout_s)
         self._lock = threading.Lock()
+        if token:
+            self._prove(token, role)
+
+    def _prove(self, token: str, role: str) -> None:
+        """Answer the server's challenge with the job's token (its proof, never the token, goes on the wire)."""
+        try:
+            challenge = self._receive()
+            nonce = challenge.get("nonce") if isinstance(challenge, dict) else None
+            if not isinstance(nonce, str):
+                raise ConnectionError(f"control store {self.address}: it asked for no proof of the job's token")
+            self._sock.sendall(_frame({"op": "auth", "role": role, "proof": proof(token, nonce, role)}))
+            self._receive()
+        except BaseException:
+            self._sock.close()
+            raise
 
     def close(self) -> None:
         self._sock.close()
@@ -282,16 +470,23 @@ class ControlStoreClient:
         with self._lock:
             try:
                 self._sock.sendall(_frame(request))
-                size = int.from_bytes(self._read(4), "big")
-                if size > MAX_FRAME:
-                    raise ConnectionError(f"control store {self.address}: answer of {size} bytes is not ours")
-                answer = json.loads(self._read(size).decode("utf-8"))
+                answer = self._receive()
             except BaseException:
                 self._sock.close()  # half an exchange left on the wire: later calls fail, never read a stale answer
                 raise
+        if "nonce" in answer:
+            self._sock.close()
+            raise PermissionError(f"control store {self.address}: it asks for the job's token, which this process "
+                                  "was not given")
         if not answer.get("ok"):
             raise RuntimeError(f"control store {self.address}: {answer.get('error')}")
         return answer.get("value")
+
+    def _receive(self) -> Any:
+        size = int.from_bytes(self._read(4), "big")
+        if size > _MAX_ANSWER:
+            raise ConnectionError(f"control store {self.address}: answer of {size} bytes is not ours")
+        return json.loads(self._read(size).decode("utf-8"))
 
     def _read(self, n: int) -> bytes:
         out = bytearray()

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetauto.core.control_limits import StoreLimits, raise_open_files_limit
 from hetauto.core.control_store import ControlStoreServer, join_address
-from hetauto.runtime.control import SEQ_KEY, beat_key, msg_key
+from hetauto.runtime.control import MSG_PREFIX, SEQ_KEY, beat_key, msg_key
 
-__all__ = ["ControlServer", "HOLE_GRACE_S", "POLL_S", "ERROR_FIELDS"]
+__all__ = ["ControlServer", "HOLE_GRACE_S", "POLL_S", "ERROR_FIELDS", "job_store_limits"]
 
 ERROR_FIELDS = "error.json"  # rank<R>.error.json: the fields the rank sent with its error line (error_fields)
 
@@ -34,14 +35,37 @@ BEAT_POLL_S = 0.25  # how often the heartbeat counters are read
 HOLE_GRACE_S = 2.0  # a counted message still missing after this long is skipped (its rank died mid-post)
 
 
+# hetauto.launch.node_join's keys (it imports this module's importers, so they are spelled here; the bounds test
+# checks both agree): node rank R's claims counter, and its claims' registrations `hetauto/node/<R>/<n>`
+_CLAIMS = "hetauto/claims/"
+_NODES = "hetauto/node/"
+
+
+def _posted_by(counter: str) -> str | None:
+    """The job's reserved counters and the one prefix `post` numbers on each: the ranks' messages, and each node
+    rank's claims (hetauto.launch.node_join). A client can move them only by posting, one at a time."""
+    if counter == SEQ_KEY:
+        return MSG_PREFIX
+    rank = counter[len(_CLAIMS):] if counter.startswith(_CLAIMS) else ""
+    return f"{_NODES}{int(rank)}/" if rank.isascii() and rank.isdigit() else None
+
+
+def job_store_limits(connections: int | None = None) -> StoreLimits:
+    """The control store's bounds for a job: the defaults, and the message and claim keys only posts write."""
+    return StoreLimits(connections=connections, protected=(MSG_PREFIX, _NODES), post_rule=_posted_by)
+
+
 class ControlServer:
     """Serves a control store on `bind:port` (port 0: a free one) and mirrors the ranks' messages into `folder`.
 
-    `address` is what the ranks connect to (`advertise` or the bound address). Use as a context manager or
+    `address` is what the ranks connect to (`advertise` or the bound address). `token`: every connection must
+    prove it holds it (hetauto.core.control_store's challenge) before it reads or writes a key. Use as a context manager or
     `start()` / `close()`; `close()` stops the thread after a last full read, so nothing a finished rank sent is
     lost."""
 
-    def __init__(self, folder: str | Path, bind: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> None:
+    def __init__(self, folder: str | Path, bind: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
+                 limits: StoreLimits | None = None, token: str | None = None) -> None:
+        raise_open_files_limit()  # a job's own ranks hold two connections each: serve as many as this process may
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
@@ -58,7 +82,7 @@ class ControlServer:
         self.port = int(self._sock.getsockname()[1])
         host = advertise or bind
         self.address = join_address(host, self.port)
-        self.store = ControlStoreServer(self._sock)
+        self.store = ControlStoreServer(self._sock, limits or job_store_limits(), token=token)
         self.lock = threading.Lock()  # the store object is shared by the mirror thread and the agent's handshake
         self._next = 1
         self._hole_since: float | None = None
@@ -122,26 +146,39 @@ class ControlServer:
             while self._next <= seq:
                 key = msg_key(self._next)
                 if not self.store.check([key]):
-                    now = time.monotonic()
-                    if self._hole_since is None:
-                        self._hole_since = now
-                    if not final and now - self._hole_since < HOLE_GRACE_S:
+                    if not self._hole_expired(final):
                         break
-                    self._next += 1  # counted but never written: its rank died between the two calls
-                    self._hole_since = None
+                    self._skip_hole(seq)
                     continue
                 self._handle(json.loads(self.store.get(key)))
                 self.store.delete_key(key)
                 self._next += 1
                 self._hole_since = None
-            now = time.monotonic()
-            if final or now - self._last_beat_poll >= BEAT_POLL_S:
-                self._last_beat_poll = now
-                for r in sorted(self._ranks):
-                    count = int(self.store.add(beat_key(r), 0))
-                    if count != self._beats.get(r):
-                        self._beats[r] = count
-                        self._touch(r)
+            self._poll_beats(final)
+
+    def _hole_expired(self, final: bool) -> bool:
+        """Whether the missing message self._next has been waited for long enough (at once on the final read)."""
+        now = time.monotonic()
+        if self._hole_since is None:
+            self._hole_since = now
+        return final or now - self._hole_since >= HOLE_GRACE_S
+
+    def _skip_hole(self, seq: int) -> None:
+        """Go past a run of counted, never written messages in one step, to the next one there is: the walk costs
+        the store's size, never the gap's (a counter far ahead of its messages ends no reader)."""
+        found = self.store.next_numbered(MSG_PREFIX, self._next)
+        self._next = found if found is not None else seq + 1
+        self._hole_since = None
+
+    def _poll_beats(self, final: bool) -> None:
+        now = time.monotonic()
+        if final or now - self._last_beat_poll >= BEAT_POLL_S:
+            self._last_beat_poll = now
+            for r in sorted(self._ranks):
+                count = int(self.store.add(beat_key(r), 0))
+                if count != self._beats.get(r):
+                    self._beats[r] = count
+                    self._touch(r)
 
     def _path(self, rank: int, kind: str) -> Path:
         return self.folder / f"rank{rank}.{kind}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -375,6 +376,18 @@ def start_local(plan: Plan, run: RunOptions, *, max_restarts: int = 0) -> LocalJ
         raise
 
 
+def control_token_file(folder: Path) -> str:
+    """A new control-store token for the job (32 random bytes, hex), kept in the run folder as `control.token`,
+    readable by its owner only (0600): the proof every connection to the job's store must give."""
+    token = secrets.token_hex(32)
+    path = folder / "control.token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(token + "\n")
+    return token
+
+
 def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory | str | Path, command: Any,
               options: Path, *, max_restarts: int = 0, control_bind: str | None = LOOPBACK, control_port: int = 0,
               control_address: str | None = None, env: dict[str, str] | None = None) -> LocalJob:
@@ -383,16 +396,20 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
     control store here (on `control_port`; the lead's agent, or a one-host run), mirroring into the run folder;
     None: the ranks report to `control_address`, served elsewhere (a non-lead node)."""
     from hetauto.launch.control import ControlServer
-    from hetauto.runtime.control import CONTROL_ENV
+    from hetauto.runtime.control import CONTROL_ENV, CONTROL_TOKEN_ENV
     from hetauto.launch.jobprocs import JOB_ENV, new_token
 
     out = Path(folder.name if isinstance(folder, tempfile.TemporaryDirectory) else folder)
     files: list = []
     control = None
     try:
-        if control_bind is not None:
-            control = ControlServer(out, bind=control_bind, port=control_port, advertise=control_address).start()
         env = dict(os.environ if env is None else env)
+        env.pop(CONTROL_TOKEN_ENV, None)  # an outer job's token is not this job's
+        if control_bind is not None:
+            control_token = control_token_file(out)
+            control = ControlServer(out, bind=control_bind, port=control_port, advertise=control_address,
+                                    token=control_token).start()
+            env[CONTROL_TOKEN_ENV] = control_token  # torchrun passes it to the ranks; never on a command line
         env.setdefault("OMP_NUM_THREADS", "1")
         # emulated links' pipe clocks live in the run folder and go with it (a failed rank leaves no folder in /tmp)
         env.setdefault("HETAUTO_PIPE_DIR", str(out / "pipes"))

@@ -13,9 +13,10 @@ Keys (the protocol; the agent side reads exactly these):
                        "error" message also carries "error": its fields (`error_fields`: type, detail,
                        secondary, peers), so the launcher's diagnosis reads fields, not the text
   hetauto/beat/<R>     rank R's heartbeat counter, bumped every HEARTBEAT_S by a thread of the rank
-A rank numbers and writes a message in one `post` (hetauto.core.control_store). The reader still waits for a
-counted number whose message is missing, and skips it after a grace period: a writer that counts and writes in
-two calls (a TCPStore's add, then set) may die between them.
+A rank numbers and writes a message in one `post` (hetauto.core.control_store), the only way a client may move
+`hetauto/seq` or write `hetauto/msg/<i>` (the store refuses `set`/`add`/`delete` on them). The reader still waits
+for a counted number whose message is missing, and skips it after a grace period, past the whole run of missing
+numbers in one step (a writer that counts and writes in two calls, a TCPStore's add then set, may die between).
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ from typing import Any
 
 from hetauto.core.control_store import ControlStoreClient
 
-__all__ = ["CONTROL_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
+__all__ = ["CONTROL_ENV", "CONTROL_TOKEN_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
            "ControlClient", "SECONDARY_ERRORS", "error_fields"]
 
 CONTROL_ENV = "HETAUTO_CONTROL"
+# the job's control-store token (hex), set by the launcher in the environment torchrun passes on; never on a
+# command line, never printed. Unset: the store asks for none (a store served without one)
+CONTROL_TOKEN_ENV = "HETAUTO_CONTROL_TOKEN"
 SEQ_KEY = "hetauto/seq"
 MESSAGE_KINDS = ("started", "error", "stopped", "report", "step")
 HEARTBEAT_S = 0.5  # how often a rank bumps its heartbeat (the agent compares when each rank's last changed)
@@ -75,9 +79,9 @@ def error_fields(text: str) -> dict[str, Any]:
             "peers": [int(p) for p in _PEER.findall(text.split(": ", 1)[-1])]}
 
 
-def _connect(address: str, timeout_s: float) -> ControlStoreClient:
+def _connect(address: str, timeout_s: float, token: str | None, role: str) -> ControlStoreClient:
     host, port = split_address(address)
-    return ControlStoreClient(host, port, timeout_s)
+    return ControlStoreClient(host, port, timeout_s, token=token, role=role)
 
 
 class ControlClient:
@@ -90,9 +94,9 @@ class ControlClient:
     the marks and the report (`started`, `error`, `stopped`, `report`) wait until everything before them has
     been sent, so a rank's last words reach the agent before the rank exits."""
 
-    def __init__(self, address: str, rank: int, timeout_s: float = 60.0) -> None:
-        self.address, self.rank, self.timeout_s = address, rank, timeout_s
-        self._store = _connect(address, timeout_s)
+    def __init__(self, address: str, rank: int, timeout_s: float = 60.0, token: str | None = None) -> None:
+        self.address, self.rank, self.timeout_s, self._token = address, rank, timeout_s, token
+        self._store = _connect(address, timeout_s, token, f"rank{rank}")
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._send_loop, name="hetauto-control-send", daemon=True).start()
 
@@ -102,7 +106,7 @@ class ControlClient:
         if not address:
             raise RuntimeError(f"{CONTROL_ENV} is not set: ranks are started by hetauto run or hetauto node, which "
                                "serve the job's control store")
-        return cls(address, rank, timeout_s)
+        return cls(address, rank, timeout_s, token=os.environ.get(CONTROL_TOKEN_ENV) or None)
 
     def post(self, kind: str, text: str, wait: bool | None = None) -> None:
         """Send a message. `wait` (default: every kind but `step`) returns only once it and everything posted
@@ -147,7 +151,7 @@ class ControlClient:
                 event.set()
 
     def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
-        store = _connect(self.address, self.timeout_s)
+        store = _connect(self.address, self.timeout_s, self._token, f"rank{self.rank}/beat")
         key = beat_key(self.rank)
         store.add(key, 1)
 
