@@ -14,7 +14,7 @@ from typing import Any, Callable
 from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
 
-__all__ = ["check_checkpoint_dir", "newest_verified", "check_resume", "check_checkpoint_tensors"]
+__all__ = ["check_checkpoint_dir", "newest_verified", "offer_unpublished", "check_resume", "check_checkpoint_tensors"]
 
 Flag = Callable[[str], str]
 
@@ -56,6 +56,7 @@ def newest_verified(resume: str, flag: Flag, warn: Callable[[str], None]) -> str
 
     if (Path(resume) / MANIFEST_FILE).is_file() or not Path(resume).is_dir():
         return resume
+    offer_unpublished(resume, flag, warn)
     found = complete_checkpoints(resume)
     if len(found) < 2:
         return resume
@@ -67,6 +68,26 @@ def newest_verified(resume: str, flag: Flag, warn: Callable[[str], None]) -> str
             why = str(exc).split(" is damaged: ", 1)[-1].split("; refusing to resume", 1)[0]
             warn(f"hetauto run: warning: {flag('resume')} {resume}: skipping {candidate}: {why}")
     return str(found[0]) if found else resume
+
+
+def offer_unpublished(resume: str, flag: Flag, warn: Callable[[str], None]) -> None:
+    """`--resume ROOT`: name a checkpoint newer than ROOT's newest that was written in full and verifies but was
+    never published (its run was killed before the final rename), and how to resume from it.
+
+    Offered, not renamed here: the check before a launch changes nothing in the user's folder, and the user may
+    prefer the older published checkpoint (the run was killed for a reason); the rename itself stays atomic."""
+    from hetauto.core.checkpoint_manifest import require_intact, unpublished_checkpoints
+
+    for candidate in unpublished_checkpoints(resume):
+        try:
+            require_intact(candidate)
+        except CheckpointError:
+            continue  # an unfinished write, as expected of a .tmp folder
+        final = candidate.with_name(candidate.name.removeprefix(".").removeprefix("tmp-"))
+        warn(f"hetauto run: warning: {flag('resume')} {resume}: {candidate} is complete and verifies but was never "
+             f"published (its run was killed during the final rename), so it is not resumed from; to resume from it, "
+             f"rename it first: mv {candidate} {final}")
+        return
 
 
 def check_checkpoint_tensors(resume: str, cfg: Any) -> None:
