@@ -23,6 +23,7 @@ def check_checkpoint_dir(path: str, flag: Flag) -> None:
     """Before any launch: `--checkpoint-dir` is a folder (or can be made one) that this user can write; else one
     line naming it (a file, a read-only file system, no permission) instead of every rank failing at step 1."""
     name = flag("checkpoint_dir")
+    _require_a_name(path, name)
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise CheckpointError(f"{name} {path} is a file, not a folder; give a folder (it is created if missing)")
@@ -46,6 +47,13 @@ def check_checkpoint_dir(path: str, flag: Flag) -> None:
     except OSError as err:
         raise CheckpointError(f"{name} {path}: cannot create or write it here ({err.strerror or err}); "
                               "choose a writable folder") from None
+
+
+def _require_a_name(path: str, name: str) -> None:
+    """An empty `--checkpoint-dir ''` (an unset shell variable) would be the working folder: refused."""
+    if not path.strip():
+        raise CheckpointError(f"{name} is empty (an unset variable?): it would write checkpoints into the working "
+                              "folder; give a folder name (it is created if missing)")
 
 
 def newest_verified(resume: str, flag: Flag, warn: Callable[[str], None]) -> str:
