@@ -651,8 +651,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             ("rank SIGBUS (mmap truncated)", lambda: case_inject("rank SIGBUS (mmap truncated)",
                                                                  "rank=2,step=3,action=sigbus", plan, t, full,
                                                                  cause="died of SIGBUS (bus error")),
-            ("rank out of fds (EMFILE)", lambda: case_inject("rank out of fds (EMFILE)", "rank=2,step=3,action=emfile",
-                                                             plan, t, full, cause="too many open files: raise ulimit -n")),
+            ("rank out of fds (EMFILE)",
+             lambda: case_inject("rank out of fds (EMFILE)", "rank=2,step=3,action=emfile", plan, t, full,
+                                 cause="too many open files: raise ulimit -n")),
             ("null digest, edited seed", lambda: case_null_digest(plan, t, root, full)),
         ]
         if not args.quick:

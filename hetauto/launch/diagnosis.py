@@ -316,8 +316,8 @@ def _never_started(m: RunMarks) -> JobFailed | None:
 
 # The rules, in the order they blame (the first that finds a culprit names it)
 RULES: tuple[Callable[[RunMarks], JobFailed | None], ...] = (
-    _launcher_gone, _died, _out_of_files, _real_exception, _named_by_timeouts, _silent_while_others_failed, _first_error,
-    _never_started)
+    _launcher_gone, _died, _out_of_files, _real_exception, _named_by_timeouts, _silent_while_others_failed,
+    _first_error, _never_started)
 
 
 def _signalled_from_outside(m: RunMarks, agent_signal: int) -> JobFailed:
@@ -337,9 +337,10 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     started and then vanished without a report, an error or a 'stopped' mark (it died: killed, out of memory,
     power loss, or it stopped answering and was killed), the one whose heartbeat stopped first when heartbeats
     tell them apart, with the signal that killed it and its meaning (`death_by_signal`); else a rank that ran out
-    of file descriptors (EMFILE: the limit to raise); else a rank whose error is not a communication failure (a real exception); else a rank that
-    the others' communication errors name and that has no error of its own; else a rank stopped without a word
-    while others failed; else the first error; else a rank that never started. Communication errors of the other
+    of file descriptors (EMFILE: the limit to raise); else a rank whose error is not a communication failure (a
+    real exception); else a rank that the others' communication errors name and that has no error of its own;
+    else a rank stopped without a word while others failed; else the first error; else a rank that never
+    started. Communication errors of the other
     ranks are secondary: counted, the first one quoted."""
     marks = read_marks(plan, out_dir, exit_codes)
     if agent_signal is not None and not marks.errors:

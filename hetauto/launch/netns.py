@@ -81,7 +81,8 @@ def _interrupted_by_ctrl_c(run: RunOptions) -> Exception:
 
     note = newest_checkpoint_note(run.checkpoint_dir)
     return JobInterrupted("interrupted by SIGINT (Ctrl-C): stopped the namespace job (its node agents, torchrun and "
-                          "ranks were killed: nothing of it is left running) and removed its namespaces" + (f"; {note}" if note else ""), signal.SIGINT)
+                          "ranks were killed: nothing of it is left running) and removed its namespaces"
+                          + (f"; {note}" if note else ""), signal.SIGINT)
 
 
 def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:

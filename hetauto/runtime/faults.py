@@ -1,8 +1,8 @@
 """Fault injection: kill (or stall) one rank at one step, for tests and reliability checks.
 
 Why: "nothing may be lost and nothing may hang" has to be demonstrated, so the executor offers
-`hetauto run ... --inject-fault rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile]`. The spec is
-parsed once (`FaultSpec.parse`), installed process-wide (`install`, or `install_from_env` reading
+`hetauto run ... --inject-fault rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile]`.
+The spec is parsed once (`FaultSpec.parse`), installed process-wide (`install`, or `install_from_env` reading
 `HETAUTO_INJECT_FAULT`, which torchrun passes to every worker), and the executor calls
 `maybe_fail(step)` once per training step; the checkpoint writer calls `maybe_fail(step, "checkpoint")`
 after this rank's shard files are written and before the checkpoint is finished, i.e. between shard writes.
