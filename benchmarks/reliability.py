@@ -494,7 +494,7 @@ def case_null_digest(plan: Path, timeout: float, root: Path, full: list[float] |
         f.write_text(json.dumps(doc))
         mark = uuid.uuid4().hex
         t0 = time.time()
-        out, rc = _run(plan, timeout, "--resume", str(latest), env=_env(mark, Path(tmp)))
+        out, rc = _run(plan, timeout, "--resume", str(latest), steps=STEPS + 2, env=_env(mark, Path(tmp)))
         error = out.get("error") or ""
         ended = rc == 5 and "manifest.json: has no digest" in error
         return _row("null digest, edited seed", ended=ended, detect=time.time() - t0, lost=None, ck=prev,
