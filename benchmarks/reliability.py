@@ -494,7 +494,11 @@ def case_null_digest(plan: Path, timeout: float, root: Path, full: list[float] |
         f.write_text(json.dumps(doc))
         mark = uuid.uuid4().hex
         t0 = time.time()
-        out, rc = _run(plan, timeout, "--resume", str(latest), steps=STEPS + 2, env=_env(mark, Path(tmp)))
+        cmd = _cmd(plan, timeout, STEPS + 2, "--resume", str(latest))
+        at = cmd.index("--seed")
+        del cmd[at:at + 2]  # as the probe resumed: the seed is the checkpoint's (its edited one, before this fix)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(mark, Path(tmp)), timeout=600, check=False)
+        out, rc = _doc(proc.stdout, proc.stderr), proc.returncode
         error = out.get("error") or ""
         ended = rc == 5 and "manifest.json: has no digest" in error
         return _row("null digest, edited seed", ended=ended, detect=time.time() - t0, lost=None, ck=prev,
