@@ -18,6 +18,11 @@ and those of issue 30:
   damaged newest     one byte of the newest checkpoint flipped, then --resume of the folder (falls back)
   os:abort           a plan whose model string would import code
   bad token id       an id beyond the vocabulary in a .bin's held-out tail
+and those of issue 44 (each must be named with its cause, not only its rank):
+  rank SIGKILL       --inject-fault rank=2,step=3,action=sigkill (the OOM killer's signal)
+  rank SIGBUS        --inject-fault ...,action=sigbus (a memory-mapped file truncated under the rank)
+  rank EMFILE        --inject-fault ...,action=emfile (the rank's open-file limit reached)
+  null digest        the newest manifest's digest set to null and its seed edited, then --resume of it
 and without --quick also: a kill while a checkpoint is being written, a kill with --max-restarts 1 (torchrun
 restarts the job from the newest checkpoint) and kill -9 of the torchrun agent.
 
@@ -208,8 +213,10 @@ def _row(fault: str, *, ended: bool, detect: float | None, lost: int | None, ck:
 
 # -- the cases -------------------------------------------------------------------------------------------------
 def case_inject(name: str, fault: str, plan: Path, timeout: float, full: list[float] | None,
-                restarts: int = 0) -> dict[str, Any]:
-    """A fault the executor injects (--inject-fault): a rank exits or hangs at a step."""
+                restarts: int = 0, cause: str = "") -> dict[str, Any]:
+    """A fault the executor injects (--inject-fault): a rank exits, hangs, is killed by a signal or runs out of
+    file descriptors at a step; `cause`: the words the error must name it with (the right cause, not only the
+    right rank)."""
     from hetauto.core.checkpoint_manifest import latest_checkpoint
     from hetauto.runtime.faults import FAULT_LOG_ENV, FaultSpec
 
@@ -231,7 +238,7 @@ def case_inject(name: str, fault: str, plan: Path, timeout: float, full: list[fl
             return _row(name, ended=ended, detect=None, recovered=since, lost=lost, ck=latest, resume=resume,
                         orphans=orphans, error=error)
         ended = (error is not None and f"rank {spec.rank} (stage" in error and "did not finish within" not in error
-                 and "Traceback" not in error)
+                 and "Traceback" not in error and cause in error)
         lost = spec.step + (spec.phase == "checkpoint") - _next_step(latest)
         return _row(name, ended=ended, detect=since, lost=lost, ck=latest, orphans=orphans, error=error,
                     resume=_resume_ok(plan, timeout, latest, full, Path(tmp)))
@@ -472,6 +479,32 @@ def case_manifest_edit(plan: Path, timeout: float, root: Path, full: list[float]
                     orphans=marked(mark), error=error or None, loaded_damage=rc == 0, resume=None)
 
 
+def case_null_digest(plan: Path, timeout: float, root: Path, full: list[float] | None) -> dict[str, Any]:
+    """The newest checkpoint's manifest digest set to null and its data seed edited, then --resume of it: refused
+    before launch (it used to verify, and resume on another data stream)."""
+    from hetauto.core.checkpoint_manifest import complete_checkpoints
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "ck"
+        shutil.copytree(root, copy)
+        *_, prev, latest = complete_checkpoints(copy)
+        f = latest / "manifest.json"
+        doc = json.loads(f.read_text())
+        doc["digest"], doc["extra"]["seed"] = None, SEED + 1
+        f.write_text(json.dumps(doc))
+        mark = uuid.uuid4().hex
+        t0 = time.time()
+        cmd = _cmd(plan, timeout, STEPS + 2, "--resume", str(latest))
+        at = cmd.index("--seed")
+        del cmd[at:at + 2]  # as the probe resumed: the seed is the checkpoint's (its edited one, before this fix)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(mark, Path(tmp)), timeout=600, check=False)
+        out, rc = _doc(proc.stdout, proc.stderr), proc.returncode
+        error = out.get("error") or ""
+        ended = rc == 5 and "manifest.json: has no digest" in error
+        return _row("null digest, edited seed", ended=ended, detect=time.time() - t0, lost=None, ck=prev,
+                    orphans=marked(mark), error=error or None, loaded_damage=rc == 0, resume=None)
+
+
 def case_fallback(plan: Path, timeout: float, root: Path, full: list[float] | None) -> dict[str, Any]:
     """One byte of the newest checkpoint flipped, then --resume of the folder: it trains from the previous one,
     naming the one it skipped (data lost: a damaged checkpoint loaded, or, without --quick, other losses)."""
@@ -617,6 +650,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             ("damaged newest, --resume dir", lambda: case_fallback(plan, t, root, full)),
             ("plan model os:abort", lambda: case_code_in_plan(plan, t)),
             ("token id beyond the vocabulary", lambda: case_bad_token(plan, t)),
+            ("rank SIGKILL (OOM-like)", lambda: case_inject("rank SIGKILL (OOM-like)", "rank=2,step=3,action=sigkill",
+                                                            plan, t, full, cause="was killed by SIGKILL")),
+            ("rank SIGBUS (mmap truncated)", lambda: case_inject("rank SIGBUS (mmap truncated)",
+                                                                 "rank=2,step=3,action=sigbus", plan, t, full,
+                                                                 cause="died of SIGBUS (bus error")),
+            ("rank out of fds (EMFILE)",
+             lambda: case_inject("rank out of fds (EMFILE)", "rank=2,step=3,action=emfile", plan, t, full,
+                                 cause="too many open files: raise ulimit -n")),
+            ("null digest, edited seed", lambda: case_null_digest(plan, t, root, full)),
         ]
         if not args.quick:
             cases += [

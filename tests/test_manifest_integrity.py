@@ -65,14 +65,19 @@ def test_edited_next_step_or_seed_fails_verify_naming_the_field(tmp_path: Path) 
     assert verify_checkpoint(ck) == [DIGEST]
 
 
-def test_a_manifest_without_digest_is_still_checked_for_consistency(tmp_path: Path) -> None:
+NO_DIGEST = ("manifest.json: has no digest (edited to remove it, or written by a hetauto older than sealed manifests): "
+             "its step, seed and plan cannot be trusted; resume from a checkpoint this hetauto wrote, or start again "
+             "without --resume")
+
+
+def test_a_manifest_without_digest_is_refused_and_still_checked_for_consistency(tmp_path: Path) -> None:
     (ck,) = _saved(tmp_path)
     doc = json.loads((ck / MANIFEST_FILE).read_text())
     del doc["digest"]  # as written before the digest existed
     doc["extra"]["next_step"] = 9
     (ck / MANIFEST_FILE).write_text(json.dumps(doc))
     assert read_manifest(ck).digest is None
-    assert verify_checkpoint(ck) == ["manifest.json: extra.next_step 9 is not step + 1 (6)"]
+    assert verify_checkpoint(ck) == [NO_DIGEST, "manifest.json: extra.next_step 9 is not step + 1 (6)"]
 
 
 def test_restart_choice_skips_a_newest_checkpoint_with_one_flipped_byte(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from hetauto.core.errors import NonFiniteCheckpoint
 from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.core.checkpoint_manifest import complete_checkpoints
+from hetauto.job.skipped_steps import MOSTLY_SKIPPED_EXIT, mostly_skipped
 from hetauto.runtime.checkpoint import save_checkpoint, verify_checkpoint
 from hetauto.runtime.data import synthetic_batch
 from hetauto.runtime.nonfinite import NonFinite, describe, local_verdict
@@ -135,8 +136,9 @@ def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder:
 @pytest.mark.parametrize("mode", ["skip", "continue"])
 def test_skip_and_continue_finish_but_write_no_non_finite_checkpoint(folder: Path, mode: str, capsys) -> None:
     proc, ck = _diverging(folder, mode, capsys)
-    assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
+    mostly = mode == "skip" and 2 * len(doc["nonfinite_steps"]) > 4  # most steps skipped: a failed run (issue 44)
+    assert proc.returncode == (MOSTLY_SKIPPED_EXIT if mostly else 0), proc.stderr
     assert doc["nonfinite_steps"] and doc["nonfinite_steps"][-1] == 3
     kept = complete_checkpoints(ck)
     assert len(kept) == 1 and main(["checkpoint", "verify", str(kept[0])]) == 0
@@ -145,6 +147,30 @@ def test_skip_and_continue_finish_but_write_no_non_finite_checkpoint(folder: Pat
     else:  # the nan went into the weights: those steps' checkpoints were not written, the finite one stays
         assert [s for s, _ in doc["skipped_checkpoints"]] == [s for s in range(4) if s >= doc["nonfinite_steps"][0]]
         assert kept[0].name == f"step-{doc['nonfinite_steps'][0] - 1:08d}"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_skip_that_skipped_most_steps_fails_with_one_line_after_the_document(folder: Path, capsys) -> None:
+    """It exited 0 after skipping 18 of 20 steps (issue 44 item 5)."""
+    proc, ck = _diverging(folder, "skip", capsys, "--steps", "8")
+    assert proc.returncode == MOSTLY_SKIPPED_EXIT == 6
+    doc = json.loads(proc.stdout)  # the result document still comes first
+    skipped = doc["nonfinite_steps"]
+    assert 2 * len(skipped) > 8
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"hetauto run: error: --on-nonfinite skip skipped {len(skipped)} of the 8 steps this run "
+                           f"trained (non-finite loss or gradients at step(s) {skipped[0]}, "), line
+    assert f"the model barely trained; newest checkpoint written: {doc['checkpoints'][-1]}; lower --lr" in line
+
+
+def test_mostly_skipped_counts_only_skip_runs_past_half() -> None:
+    doc = {"nonfinite_steps": [1, 2], "loss": [1.0] * 4, "checkpoints": []}
+    assert mostly_skipped(doc, "skip") is None and mostly_skipped(doc | {"nonfinite_steps": [1, 2, 3]}, "continue") is None
+    assert mostly_skipped(doc | {"nonfinite_steps": [1, 2, 3]}, "skip") == (
+        "--on-nonfinite skip skipped 3 of the 4 steps this run trained (non-finite loss or gradients at step(s) 1, 2, "
+        "3): the model barely trained; no checkpoint was written; lower --lr or check the data (--on-nonfinite stop "
+        "ends the run at the first one)")
 
 
 def test_the_checkpoint_size_estimate_is_within_5_percent_of_the_written_size(tmp_path: Path) -> None:

@@ -86,3 +86,23 @@ def test_the_corrupted_shard_row_on_checkpoints_written_here(bench, tmp_path: Pa
                    "data_lost": False, "orphans": 0, "latest_checkpoint": "step-00000001", "checkpoint_verified": True,
                    "resume_matches_uninterrupted": None, "note": None}
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-00000001", "step-00000003"]  # untouched
+
+
+def test_the_null_digest_row_on_checkpoints_written_here(bench, tmp_path: Path) -> None:
+    """Issue 44: a manifest whose digest is null and whose seed was edited is refused before launch."""
+    from hetauto.core.model_catalog import get_model
+    from hetauto.runtime.checkpoint import save_checkpoint
+    from hetauto.runtime.reference import make_optimizer
+    from hetauto.runtime.stage import build_stage
+
+    plan = bench._plan()
+    plan.save(tmp_path / "plan.json")
+    cfg = get_model(plan.model)
+    stage = build_stage(cfg, (0, cfg.num_layer_slots), 0)
+    opt = make_optimizer(stage.parameters(), 1e-3)
+    for s in (1, 3):
+        save_checkpoint(tmp_path / "ck", s, stage, opt, plan=plan, extra={"next_step": s + 1, "seed": bench.SEED})
+    row = bench.case_null_digest(tmp_path / "plan.json", 5.0, tmp_path / "ck", None)
+    assert row["ended_cleanly"] and not row["data_lost"] and row["orphans"] == 0, row
+    assert "/step-00000003 is damaged: manifest.json: has no digest" in row["error"]
+    assert row["latest_checkpoint"] == "step-00000001"

@@ -102,3 +102,48 @@ def test_sigterm_of_a_netns_run_says_so_and_leaves_no_namespace(tmp_path: Path) 
     assert line.startswith("hetauto run: error: interrupted by SIGTERM: stopped the namespace job (its node agents, "
                            "torchrun and ranks) and removed its namespaces; newest complete checkpoint: "), line
     assert not any(Path(f"/run/netns/{n}").exists() for n in mine)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not AVAIL.ok, reason=f"network namespaces unavailable: {AVAIL.reason}")
+def test_ctrl_c_of_a_netns_run_says_what_it_stopped_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """It used to say only 'interrupted' (issue 44 item 5)."""
+    import signal
+    import time
+
+    from hetauto.runtime.parent_watch import LAUNCHER_ENV
+
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(_stage("fast", (0, 3)), _stage("slow", (3, 6))))
+    plan.save(tmp_path / "plan.json")
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3000",
+                             "--emulate", "netns", "--timeout", "20", "--checkpoint-dir", str(ck), "--no-reference"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 150
+    while not (ck / "step-00000000").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("hetauto run: error: interrupted by SIGINT (Ctrl-C): stopped the namespace job (its node "
+                           "agents, torchrun and ranks were killed: nothing of it is left running) and removed its "
+                           f"namespaces; newest complete checkpoint: {ck}/step-"), line
+
+    def descendants() -> list[int]:  # processes started for this run (they carry its launcher mark)
+        found = []
+        for d in Path("/proc").iterdir():
+            try:
+                env = (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            marks = [e for e in env if e.startswith(f"{LAUNCHER_ENV}=".encode())]
+            if marks and any(m.startswith(f"{proc.pid}:".encode()) for m in marks[0].split(b"=", 1)[1].split(b",")):
+                found.append(int(d.name))
+        return found
+
+    assert descendants() == []

@@ -29,6 +29,7 @@ from hetauto.core.precision import PRECISION_TOLERANCE
 from hetauto.job.predict import MEASURE_CALIBRATION
 from hetauto.job.request import JobRequest
 from hetauto.job.result import LOSS_OFF_EXIT, LossOffReference
+from hetauto.job.skipped_steps import MOSTLY_SKIPPED_EXIT, MostlySkipped, mostly_skipped
 
 if TYPE_CHECKING:
     from hetauto.job.prepare import PreparedJob
@@ -95,14 +96,17 @@ def run(args: argparse.Namespace) -> int:
         return _print_launch(args, job)
     doc = run_local(job, open_sinks=lambda: _sinks(args, job))
     off = doc["loss_off_reference"]
+    skipped = mostly_skipped(doc, job.options.on_nonfinite)
     if args.json:
         print_json(doc)
-        if off:
-            print(f"hetauto run: error: {off}", file=sys.stderr)
-        return LOSS_OFF_EXIT if off else 0
+        for line in filter(None, (off, skipped)):
+            print(f"hetauto run: error: {line}", file=sys.stderr)
+        return LOSS_OFF_EXIT if off else MOSTLY_SKIPPED_EXIT if skipped else 0
     _report(args, job.plan, doc, job.options, doc["shaped_link"])
     if off:
         raise LossOffReference(off)
+    if skipped:
+        raise MostlySkipped(skipped)
     return 0
 
 

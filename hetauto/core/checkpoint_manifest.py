@@ -33,6 +33,7 @@ __all__ = [
     "previous_verified",
     "manifest_problems",
     "complete_checkpoints",
+    "unpublished_checkpoints",
     "write_shard_hash",
     "read_shard_hash",
     "HASH_SUFFIX",
@@ -66,8 +67,9 @@ class Manifest:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     format: str = CHECKPOINT_FORMAT
     # sha256 of every other field (`fields_digest`): the manifest's own fields (step, extra's next_step and seed,
-    # the plan, the file hashes) are inside the integrity check, not only the files it lists. None: written
-    # before the digest existed (checked for consistency only).
+    # the plan, the file hashes) are inside the integrity check, not only the files it lists. None (written
+    # before the digest existed, or `"digest": null` by hand) is refused by verification: unsealed fields could
+    # name another seed or step, and a resume would silently train another data stream.
     digest: str | None = None
 
     def to_json(self) -> str:
@@ -277,11 +279,15 @@ def _metadata_problems(path: Path, manifest: Manifest) -> list[str]:
 
 
 def manifest_problems(path: Path, manifest: Manifest) -> list[str]:
-    """The manifest's own fields: its digest (when it has one) and their consistency: the folder is named for
+    """The manifest's own fields: its digest (required) and their consistency: the folder is named for
     its step, `extra.next_step` is step + 1, `extra.seed` is an integer. The digest covers the plan and the
     seed, so a checkpoint of another plan or data seed cannot be passed off by editing them."""
     problems: list[str] = []
-    if manifest.digest is not None and manifest.digest != manifest.fields_digest():
+    if manifest.digest is None:
+        problems.append(f"{MANIFEST_FILE}: has no digest (edited to remove it, or written by a hetauto older than "
+                        "sealed manifests): its step, seed and plan cannot be trusted; resume from a checkpoint this "
+                        "hetauto wrote, or start again without --resume")
+    elif manifest.digest != manifest.fields_digest():
         problems.append(f"{MANIFEST_FILE}: its fields differ from those it was written with (its digest does not "
                         "match: edited or damaged)")
     if path.name.startswith(_PREFIX) and path.name != checkpoint_dir_name(manifest.step):
@@ -330,6 +336,24 @@ def verify_checkpoint(directory: str | os.PathLike, *, hashes: bool = True,
 def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
     """Complete checkpoint directories under `root`, oldest first."""
     return [p for _, p in _complete_checkpoints(Path(root))]
+
+
+def unpublished_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """`.tmp-step-…` folders under `root` newer than its newest published checkpoint that hold a manifest and DCP
+    metadata, newest first: written in full, but their run was killed between the manifest and the rename that
+    publishes them (save_checkpoint's last act), so `latest_checkpoint` never offers them."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    found = _complete_checkpoints(base)
+    newest = found[-1][0] if found else -1
+    out: list[tuple[int, Path]] = []
+    for p in base.iterdir():
+        digits = p.name[len(_TMP_PREFIX):]
+        if p.name.startswith(_TMP_PREFIX) and digits.isdigit() and int(digits) > newest and p.is_dir() \
+                and (p / MANIFEST_FILE).is_file() and (p / METADATA_FILE).is_file():
+            out.append((int(digits), p))
+    return [p for _, p in sorted(out, reverse=True)]
 
 
 def previous_verified(checkpoint: str | os.PathLike, *, hashes: bool = True) -> Path | None:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
 
-__all__ = ["check_checkpoint_dir", "newest_verified", "check_resume", "check_checkpoint_tensors"]
+__all__ = ["check_checkpoint_dir", "newest_verified", "offer_unpublished", "check_resume", "check_checkpoint_tensors"]
 
 Flag = Callable[[str], str]
 
@@ -23,6 +23,7 @@ def check_checkpoint_dir(path: str, flag: Flag) -> None:
     """Before any launch: `--checkpoint-dir` is a folder (or can be made one) that this user can write; else one
     line naming it (a file, a read-only file system, no permission) instead of every rank failing at step 1."""
     name = flag("checkpoint_dir")
+    _require_a_name(path, name)
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise CheckpointError(f"{name} {path} is a file, not a folder; give a folder (it is created if missing)")
@@ -48,6 +49,13 @@ def check_checkpoint_dir(path: str, flag: Flag) -> None:
                               "choose a writable folder") from None
 
 
+def _require_a_name(path: str, name: str) -> None:
+    """An empty `--checkpoint-dir ''` (an unset shell variable) would be the working folder: refused."""
+    if not path.strip():
+        raise CheckpointError(f"{name} is empty (an unset variable?): it would write checkpoints into the working "
+                              "folder; give a folder name (it is created if missing)")
+
+
 def newest_verified(resume: str, flag: Flag, warn: Callable[[str], None]) -> str:
     """`--resume ROOT` (a --checkpoint-dir, not one step folder): ROOT itself when its newest checkpoint verifies,
     else the newest one that does, each newer damaged one named with why through `warn` (a run killed mid-write,
@@ -56,6 +64,7 @@ def newest_verified(resume: str, flag: Flag, warn: Callable[[str], None]) -> str
 
     if (Path(resume) / MANIFEST_FILE).is_file() or not Path(resume).is_dir():
         return resume
+    offer_unpublished(resume, flag, warn)
     found = complete_checkpoints(resume)
     if len(found) < 2:
         return resume
@@ -67,6 +76,26 @@ def newest_verified(resume: str, flag: Flag, warn: Callable[[str], None]) -> str
             why = str(exc).split(" is damaged: ", 1)[-1].split("; refusing to resume", 1)[0]
             warn(f"hetauto run: warning: {flag('resume')} {resume}: skipping {candidate}: {why}")
     return str(found[0]) if found else resume
+
+
+def offer_unpublished(resume: str, flag: Flag, warn: Callable[[str], None]) -> None:
+    """`--resume ROOT`: name a checkpoint newer than ROOT's newest that was written in full and verifies but was
+    never published (its run was killed before the final rename), and how to resume from it.
+
+    Offered, not renamed here: the check before a launch changes nothing in the user's folder, and the user may
+    prefer the older published checkpoint (the run was killed for a reason); the rename itself stays atomic."""
+    from hetauto.core.checkpoint_manifest import require_intact, unpublished_checkpoints
+
+    for candidate in unpublished_checkpoints(resume):
+        try:
+            require_intact(candidate)
+        except CheckpointError:
+            continue  # an unfinished write, as expected of a .tmp folder
+        final = candidate.with_name(candidate.name.removeprefix(".").removeprefix("tmp-"))
+        warn(f"hetauto run: warning: {flag('resume')} {resume}: {candidate} is complete and verifies but was never "
+             f"published (its run was killed during the final rename), so it is not resumed from; to resume from it, "
+             f"rename it first: mv {candidate} {final}")
+        return
 
 
 def check_checkpoint_tensors(resume: str, cfg: Any) -> None:

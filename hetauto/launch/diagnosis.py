@@ -23,7 +23,7 @@ from hetauto.core.errors import CommunicationError
 from hetauto.core.plan import Plan
 
 __all__ = ["JobFailed", "RankError", "RunMarks", "diagnose_failure", "read_marks", "heartbeats", "STALE_S",
-           "torchrun_exit_codes", "torchrun_signal"]
+           "torchrun_exit_codes", "torchrun_signal", "death_by_signal", "oom_kills"]
 
 STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, hetauto.runtime.worker) went silent
 QUOTE_CHARS = 240  # the longest secondary error quoted whole
@@ -181,7 +181,84 @@ def _died(m: RunMarks) -> JobFailed | None:
     if m.silence(r) > STALE_S and code is None:
         return _blame(m, r, f"stopped responding: its heartbeat stopped {m.silence(r):.1f} s before the other "
                             "ranks' (stopped or stuck; the others timed out waiting for it)")
+    cause = death_by_signal(code) if code is not None else None
+    if cause is not None:
+        return _blame(m, r, cause)
     return _blame(m, r, "died without an error of its own" + (f" (exit code {code})" if code is not None else ""))
+
+
+def death_by_signal(code: int) -> str | None:
+    """What a rank's negative exit code (killed by signal -code, as torchrun reports it) means, or None when it
+    exited by itself. SIGKILL is the OOM killer's signal: the kernel's record (the cgroup's oom_kill counter) says
+    whether it was one; SIGBUS on a training rank is nearly always a memory-mapped file that shrank."""
+    if code >= 0:
+        return None
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"was killed by signal {-code} (exit code {code})"
+    if sig == signal.SIGKILL:
+        kills = oom_kills()
+        if kills:
+            where, count = kills
+            return (f"was killed by SIGKILL from the kernel's OOM killer (out of memory: {where} counts {count} "
+                    "oom_kill(s)); give the ranks more memory or plan with more --headroom")
+        return "was killed by SIGKILL (the kernel's OOM killer or an operator's kill -9)"
+    if sig == signal.SIGBUS:
+        return "died of SIGBUS (bus error: a memory-mapped file (--data?) shrank under the rank)"
+    return f"was killed by {sig.name} ({signal.strsignal(sig) or sig.name}, exit code {code})"
+
+
+def oom_kills(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> tuple[str, int] | None:
+    """(the kernel's file, its oom_kill count) of this process's memory cgroup (the ranks of a local job share it):
+    cgroup v2's memory.events, v1's memory.oom_control. None when the kernel keeps no such record here or it counts
+    no OOM kill."""
+    try:
+        lines = Path(proc_cgroup).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            record = Path(root) / path.lstrip("/") / "memory.events"
+        elif "memory" in controllers.split(","):
+            record = Path(root) / "memory" / path.lstrip("/") / "memory.oom_control"
+        else:
+            continue
+        count = _oom_kill_count(record)
+        if count:
+            return str(record), count
+    return None
+
+
+def _oom_kill_count(record: Path) -> int:
+    try:
+        rows = record.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return 0
+    for row in rows:
+        key, _, value = row.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+_EMFILE = re.compile(r"\[Errno 24\]|Too many open files")
+_ULIMIT = re.compile(r"ulimit -n (\d+)")
+
+
+def _out_of_files(m: RunMarks) -> JobFailed | None:
+    """A rank that failed because it could open no more files or sockets (EMFILE): the fix is the limit, whatever
+    call hit it (a checkpoint shard, a data file, a peer's connection)."""
+    hit = [r for r, e in sorted(m.errors.items()) if _EMFILE.search(e.detail)]
+    if not hit:
+        return None
+    import resource
+
+    found = _ULIMIT.search(m.errors[hit[0]].detail)
+    now = int(found.group(1)) if found else resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return _blame(m, hit[0], f"failed: too many open files: raise ulimit -n (now {now}) "
+                             f"({m.errors[hit[0]].detail})")
 
 
 def _real_exception(m: RunMarks) -> JobFailed | None:
@@ -239,8 +316,8 @@ def _never_started(m: RunMarks) -> JobFailed | None:
 
 # The rules, in the order they blame (the first that finds a culprit names it)
 RULES: tuple[Callable[[RunMarks], JobFailed | None], ...] = (
-    _launcher_gone, _died, _real_exception, _named_by_timeouts, _silent_while_others_failed, _first_error,
-    _never_started)
+    _launcher_gone, _died, _out_of_files, _real_exception, _named_by_timeouts, _silent_while_others_failed,
+    _first_error, _never_started)
 
 
 def _signalled_from_outside(m: RunMarks, agent_signal: int) -> JobFailed:
@@ -259,9 +336,11 @@ def diagnose_failure(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int]
     hetauto.launch.control). Blame, in this order (`RULES`): a rank that reported its launcher gone; a rank that
     started and then vanished without a report, an error or a 'stopped' mark (it died: killed, out of memory,
     power loss, or it stopped answering and was killed), the one whose heartbeat stopped first when heartbeats
-    tell them apart; else a rank whose error is not a communication failure (a real exception); else a rank that
-    the others' communication errors name and that has no error of its own; else a rank stopped without a word
-    while others failed; else the first error; else a rank that never started. Communication errors of the other
+    tell them apart, with the signal that killed it and its meaning (`death_by_signal`); else a rank that ran out
+    of file descriptors (EMFILE: the limit to raise); else a rank whose error is not a communication failure (a
+    real exception); else a rank that the others' communication errors name and that has no error of its own;
+    else a rank stopped without a word while others failed; else the first error; else a rank that never
+    started. Communication errors of the other
     ranks are secondary: counted, the first one quoted."""
     marks = read_marks(plan, out_dir, exit_codes)
     if agent_signal is not None and not marks.errors:

@@ -60,6 +60,8 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
 
     try:
         return _launch_netns(plan, cluster, run)
+    except KeyboardInterrupt:  # Ctrl-C: _launch_netns killed the agents' groups, the topology removed the namespaces
+        raise _interrupted_by_ctrl_c(run) from None
     except SystemExit as exc:
         signum = exc.code - 128 if isinstance(exc.code, int) and exc.code > 128 else None
         if signum not in (signal.SIGTERM, signal.SIGHUP):
@@ -68,6 +70,19 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
         raise JobInterrupted(f"interrupted by {signal.Signals(signum).name}: stopped the namespace job (its node "
                              "agents, torchrun and ranks) and removed its namespaces"
                              + (f"; {note}" if note else ""), signum) from None
+
+
+def _interrupted_by_ctrl_c(run: RunOptions) -> Exception:
+    """The one line a Ctrl-C ends a namespace job with: what was interrupted, that nothing of it is left running,
+    and the checkpoint folder's state (it used to say only 'interrupted')."""
+    import signal
+
+    from hetauto.launch.local import JobInterrupted, newest_checkpoint_note
+
+    note = newest_checkpoint_note(run.checkpoint_dir)
+    return JobInterrupted("interrupted by SIGINT (Ctrl-C): stopped the namespace job (its node agents, torchrun and "
+                          "ranks were killed: nothing of it is left running) and removed its namespaces"
+                          + (f"; {note}" if note else ""), signal.SIGINT)
 
 
 def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
@@ -118,6 +133,9 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
         for p in procs:
             try:
                 outs.append(p.communicate(timeout=max(1.0, end - time.monotonic())))
+            except KeyboardInterrupt:
+                _kill_all(procs)
+                raise
             except subprocess.TimeoutExpired:
                 for q in procs:
                     kill_group(q)
@@ -134,3 +152,15 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
             counters[name] = {k: after[ns][k] - before[ns][k] for k in ("tx", "rx")}
         return reports, {"shaped_Bps": rate, "delay_s": delay, "kernel_bytes": counters,
                          "interfaces": dict(zip(names, topo.interfaces))}
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    """Kill every node agent's process group (torchrun and its ranks with it) and reap them, so an interrupted
+    namespace job leaves nothing running (the agents run in sessions of their own, out of Ctrl-C's reach)."""
+    for q in procs:
+        kill_group(q)
+    for q in procs:
+        try:
+            q.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass

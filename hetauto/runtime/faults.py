@@ -1,21 +1,26 @@
 """Fault injection: kill (or stall) one rank at one step, for tests and reliability checks.
 
 Why: "nothing may be lost and nothing may hang" has to be demonstrated, so the executor offers
-`hetauto run ... --inject-fault rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]`. The spec is
-parsed once (`FaultSpec.parse`), installed process-wide (`install`, or `install_from_env` reading
+`hetauto run ... --inject-fault rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile]`.
+The spec is parsed once (`FaultSpec.parse`), installed process-wide (`install`, or `install_from_env` reading
 `HETAUTO_INJECT_FAULT`, which torchrun passes to every worker), and the executor calls
 `maybe_fail(step)` once per training step; the checkpoint writer calls `maybe_fail(step, "checkpoint")`
 after this rank's shard files are written and before the checkpoint is finished, i.e. between shard writes.
 
 `action=exit` ends the process with `os._exit(FAULT_EXIT_CODE)`: no cleanup, no atexit, no flushed
 collectives, exactly like a machine that loses power. `action=hang` sleeps forever (a stuck rank), so
-the other ranks' timeouts are exercised.
+the other ranks' timeouts are exercised. The rest are real faults the kernel delivers, so the launcher's diagnosis
+(hetauto.launch.diagnosis) is tested on what it meets in the field: `sigkill` is the OOM killer's (or an
+operator's `kill -9`) signal; `sigbus` reads a memory-mapped file after truncating it (a data file shrinking under
+a rank); `emfile` lowers this rank's open-file limit to what it holds and opens files until the kernel says EMFILE.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -29,8 +34,9 @@ FAULT_LOG_ENV = "HETAUTO_FAULT_LOG"
 FAULT_EXIT_CODE = 43
 Phase = Literal["step", "checkpoint"]
 _PHASES = ("step", "checkpoint")
-_ACTIONS = ("exit", "hang")
-_FORMAT = "rank=R,step=S[,phase=step|checkpoint][,action=exit|hang]"
+_ACTIONS = ("exit", "hang", "sigkill", "sigbus", "emfile")
+_FORMAT = "rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile]"
+Action = Literal["exit", "hang", "sigkill", "sigbus", "emfile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +46,7 @@ class FaultSpec:
     rank: int
     step: int
     phase: Phase = "step"
-    action: Literal["exit", "hang"] = "exit"
+    action: Action = "exit"
 
     @classmethod
     def parse(cls, text: str, source: str = "--inject-fault") -> "FaultSpec":
@@ -142,4 +148,43 @@ def maybe_fail(step: int, phase: Phase = "step", *, rank: int | None = None, spe
     if fault.action == "hang":
         while True:
             time.sleep(3600)
+    if fault.action == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.action == "sigbus":
+        _read_truncated_mapping()
+    if fault.action == "emfile":
+        _exhaust_file_descriptors()
     os._exit(FAULT_EXIT_CODE)
+
+
+def _read_truncated_mapping() -> None:
+    """Map a file, truncate it, read the mapping: the kernel sends SIGBUS (as to a rank whose memory-mapped data
+    file shrank). Python's default SIGBUS disposition stands, so the process dies of the signal itself."""
+    import mmap
+
+    signal.signal(signal.SIGBUS, signal.SIG_DFL)
+    with tempfile.TemporaryFile() as f:
+        f.write(b"\0" * mmap.PAGESIZE * 2)
+        f.flush()
+        view = mmap.mmap(f.fileno(), mmap.PAGESIZE * 2, access=mmap.ACCESS_READ)
+        f.truncate(0)
+        view[mmap.PAGESIZE]  # SIGBUS here
+
+
+def _exhaust_file_descriptors() -> None:
+    """Lower this process's soft open-file limit to the descriptors it holds, then open one more: the kernel's
+    EMFILE is raised as the rank's own error (OSError, errno 24), naming the limit now in force."""
+    import errno
+    import resource
+
+    held = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 64
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (held, hard))
+    opened = []
+    try:
+        while True:
+            opened.append(open(os.devnull, "rb"))
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            raise
+        raise OSError(errno.EMFILE, f"{exc.strerror} (ulimit -n {held} in this rank)") from None

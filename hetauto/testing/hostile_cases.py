@@ -81,6 +81,9 @@ def manifest(**changes: Any) -> str:
             doc.pop(k, None)
         else:
             doc[k] = v
+    if "digest" not in changes:  # sealed like hetauto's own (Manifest.fields_digest): verification requires it
+        canonical = json.dumps({k: v for k, v in doc.items() if k != "digest"}, sort_keys=True, separators=(",", ":"))
+        doc["digest"] = hashlib.sha256(canonical.encode()).hexdigest()
     return json.dumps(doc)
 
 

@@ -1,0 +1,91 @@
+"""Every rank death names its cause (issue 44 item 4): real faults in a real 2-rank `hetauto run` (torchrun, gloo):
+a rank that SIGKILLs itself, one that reads a memory-mapped file truncated under it (SIGBUS), one that runs out of
+file descriptors (EMFILE); and the kernel's OOM record read from cgroup files (v1 and v2 layouts)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from hetauto.cli import main
+from hetauto.core.plan import Plan, StagePlan
+from hetauto.launch.diagnosis import death_by_signal, oom_kills
+
+CLUSTER = """clusters:
+  - {name: a, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+  - {name: b, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+links:
+  default: {bandwidth: 1Gbps, latency: 1ms}
+"""
+SIGKILL_CAUSE = "was killed by SIGKILL"  # then the OOM record, or "(the kernel's OOM killer or an operator's kill -9)"
+
+
+def _stage(cluster: str, layers: tuple[int, int]) -> StagePlan:
+    return StagePlan(cluster=cluster, device_type="cpu", devices=(0,), layers=layers, tp=1, dp=1)
+
+
+def _fault(tmp_path: Path, action: str) -> str:
+    """The error line of a 2-rank run whose rank 1 meets `action` at step 1."""
+    (tmp_path / "two.yaml").write_text(CLUSTER)
+    Plan(model="tiny-gpt", cluster="two.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
+         stages=(_stage("a", (0, 3)), _stage("b", (3, 6)))).save(tmp_path / "plan.json")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["run", str(tmp_path / "plan.json"), "--steps", "3", "--json", "--no-reference", "--timeout", "10",
+                     "--inject-fault", f"rank=1,step=1,action={action}"])
+    assert code != 0 and "Traceback" not in err.getvalue(), err.getvalue()[-3000:]
+    line = json.loads(out.getvalue())["error"]
+    assert "\n" not in line and "died without an error" not in line and "never started" not in line, line
+    return line
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_rank_killed_by_sigkill_is_named_with_the_signal_and_its_meaning(tmp_path: Path) -> None:
+    line = _fault(tmp_path, "sigkill")
+    assert line.startswith(f"rank 1 (stage 1, cluster 'b') {SIGKILL_CAUSE}"), line
+    if oom_kills() is None:
+        assert line.startswith("rank 1 (stage 1, cluster 'b') was killed by SIGKILL (the kernel's OOM killer or an "
+                               "operator's kill -9)"), line
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_rank_reading_a_truncated_mapping_dies_of_sigbus_named_so(tmp_path: Path) -> None:
+    line = _fault(tmp_path, "sigbus")
+    assert line.startswith("rank 1 (stage 1, cluster 'b') died of SIGBUS (bus error: a memory-mapped file (--data?) "
+                           "shrank under the rank)"), line
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_rank_out_of_file_descriptors_names_the_limit_to_raise(tmp_path: Path) -> None:
+    line = _fault(tmp_path, "emfile")
+    assert line.startswith("rank 1 (stage 1, cluster 'b') failed: too many open files: raise ulimit -n (now "), line
+
+
+def test_the_oom_killer_is_named_from_the_kernels_record_v1_and_v2(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "job" / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (tmp_path / "cg2").write_text("0::/job\n")
+    assert oom_kills(str(tmp_path / "cg2"), str(v2)) == (str(v2 / "job" / "memory.events"), 1)
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "x").mkdir(parents=True)
+    (v1 / "memory" / "x" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    (tmp_path / "cg1").write_text("5:cpu:/\n4:memory:/x\n0::/\n")
+    assert oom_kills(str(tmp_path / "cg1"), str(v1)) == (str(v1 / "memory" / "x" / "memory.oom_control"), 2)
+    (v1 / "memory" / "x" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    assert oom_kills(str(tmp_path / "cg1"), str(v1)) is None
+    assert oom_kills(str(tmp_path / "absent")) is None
+
+
+def test_signals_other_than_kill_and_bus_are_named_and_plain_exits_are_not() -> None:
+    assert death_by_signal(43) is None and death_by_signal(0) is None
+    assert death_by_signal(-15) == "was killed by SIGTERM (Terminated, exit code -15)"
+    assert death_by_signal(-7) == "died of SIGBUS (bus error: a memory-mapped file (--data?) shrank under the rank)"
+    assert death_by_signal(-200) == "was killed by signal 200 (exit code -200)"
