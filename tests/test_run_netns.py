@@ -77,20 +77,8 @@ def test_netns_with_max_restarts_is_refused_before_anything_runs(tmp_path: Path,
 def test_sigterm_of_a_netns_run_says_so_and_leaves_no_namespace(tmp_path: Path) -> None:
     """It used to end without a word (issue 30)."""
     import signal
-    import time
 
-    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
-                num_microbatches=2, stages=(_stage("fast", (0, 3)), _stage("slow", (3, 6))))
-    plan.save(tmp_path / "plan.json")
-    ck = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3000",
-                             "--emulate", "netns", "--timeout", "20", "--checkpoint-dir", str(ck), "--no-reference"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    end = time.monotonic() + 150
-    while not (ck / "step-00000000").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < end
-        time.sleep(0.1)
+    proc, _ck = _long_netns_run_past_its_first_checkpoint(tmp_path)
     mine = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                        text=True).stdout.splitlines()
             if line.startswith(f"hetauto-{proc.pid}-")]
@@ -110,22 +98,10 @@ def test_sigterm_of_a_netns_run_says_so_and_leaves_no_namespace(tmp_path: Path) 
 def test_ctrl_c_of_a_netns_run_says_what_it_stopped_and_leaves_nothing_running(tmp_path: Path) -> None:
     """It used to say only 'interrupted' (issue 44 item 5)."""
     import signal
-    import time
 
     from hetauto.runtime.parent_watch import LAUNCHER_ENV
 
-    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
-                num_microbatches=2, stages=(_stage("fast", (0, 3)), _stage("slow", (3, 6))))
-    plan.save(tmp_path / "plan.json")
-    ck = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3000",
-                             "--emulate", "netns", "--timeout", "20", "--checkpoint-dir", str(ck), "--no-reference"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    end = time.monotonic() + 150
-    while not (ck / "step-00000000").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < end
-        time.sleep(0.1)
+    proc, ck = _long_netns_run_past_its_first_checkpoint(tmp_path)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT
@@ -147,3 +123,23 @@ def test_ctrl_c_of_a_netns_run_says_what_it_stopped_and_leaves_nothing_running(t
         return found
 
     assert descendants() == []
+
+
+def _long_netns_run_past_its_first_checkpoint(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A 3000-step `hetauto run --emulate netns` (two namespaces), returned once its first checkpoint is written:
+    a job with something to stop and something to keep."""
+    import time
+
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
+                num_microbatches=2, stages=(_stage("fast", (0, 3)), _stage("slow", (3, 6))))
+    plan.save(tmp_path / "plan.json")
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps", "3000",
+                             "--emulate", "netns", "--timeout", "20", "--checkpoint-dir", str(ck), "--no-reference"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 150
+    while not (ck / "step-00000000").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end
+        time.sleep(0.1)
+    return proc, ck
