@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, derive
 from hetauto.launch.target_slurm import SlurmTarget
 from hetauto.launch.targets import get_targets
+from hetauto.testing.multiproc import two_free_ports
 from hetauto.testing.two_sites import one_rank_per_end
 
 RUN = {"steps": 2, "seed": 0, "timeout_s": 60.0, "backends": ["cpu", "cpu", "mock"], "emulate": "none"}
@@ -330,23 +330,6 @@ def test_a_failed_component_fails_the_job(cpu_demo, tmp_path: Path) -> None:
 
 
 # --- a real Slurm (scripts/slurm-local.sh)
-
-def two_free_ports() -> int:
-    """A port p with p and p + 1 free a moment ago (the rendezvous and the control store)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return int(port)
-    raise RuntimeError("no two adjacent free ports")
-
 
 def job_state(job: str) -> str:
     """JobState of a job (a hetjob's: its components', joined), '' once Slurm forgot it."""

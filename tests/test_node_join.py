@@ -20,29 +20,13 @@ import pytest
 from hetauto.cli import main
 from hetauto.launch.launch_match import find_mismatch, launch_parts
 from hetauto.launch.plan import LaunchPlan
+from hetauto.testing.multiproc import two_free_ports
 from hetauto.testing.two_sites import this_tree_env, write_two_site_plan
 
 pytestmark = [pytest.mark.multiprocess]
 
 HOST = socket.gethostname()
 FIX = "start every node from the same hetauto launch output"
-
-
-def _free_port_pair() -> int:
-    """A port whose successor is free too (the master port and the control port)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise AssertionError("no two free ports in a row")
 
 
 class Launch:
@@ -52,7 +36,7 @@ class Launch:
         self.root = root
         (root / "plan").mkdir(parents=True)
         self.plan = write_two_site_plan(root / "plan", slow_ranks=slow_ranks)
-        self.port = _free_port_pair()
+        self.port = two_free_ports()
         self.procs: list[subprocess.Popen] = []
 
     def write(self, name: str, *extra: str, plan: Path | None = None) -> Path:
