@@ -426,7 +426,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _island_choice(inputs: Any, result: PlanResult, args: argparse.Namespace, stopped: bool) -> Any:
     """The island search against the pipelined plan (hetauto.planner.islands.choose_islands): with
-    --allow-local-sgd under the user's stop options, else at HINT_EVALUATIONS per island for the hint line;
+    --allow-local-sgd under the user's stop options, else for the hint line under them too and at most
+    HINT_EVALUATIONS per island;
     with --budget, each island search gets 1/ISLAND_SEARCHES of it (an island is searched twice, per partition).
     None for the baselines' planners, a stopped search or --resume."""
     if args.planner != "mcts" or stopped or args.resume:
@@ -435,10 +436,9 @@ def _island_choice(inputs: Any, result: PlanResult, args: argparse.Namespace, st
 
     opts: dict[str, Any] = {"seed": args.seed, "space_options": feature_options(args) or None,
                             "budget": None if args.budget is None else args.budget / ISLAND_SEARCHES}
-    if args.allow_local_sgd:
-        opts.update(iterations=args.iterations, max_evaluations=args.max_evaluations, patience=args.patience)
-    else:
-        opts["max_evaluations"] = HINT_EVALUATIONS
+    opts.update(iterations=args.iterations, max_evaluations=args.max_evaluations, patience=args.patience)
+    if not args.allow_local_sgd:  # the hint never searches more than the user let the plan's own search
+        opts["max_evaluations"] = min(HINT_EVALUATIONS, args.max_evaluations or HINT_EVALUATIONS)
     return choose_islands(inputs, result, make_evaluator(inputs, args.precision), **opts)
 
 
