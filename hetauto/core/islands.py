@@ -138,6 +138,12 @@ class IslandPlan(_Frozen):
         """Each island's weight in the outer merge: its share of the tokens of an inner step."""
         return tuple(isl.plan.global_batch / self.global_batch for isl in self.islands)
 
+    def rows(self, index: int) -> tuple[int, int]:
+        """Island `index`'s rows `[start, stop)` of each global batch: the islands take consecutive slices in
+        island order, so at equal tokens they train exactly the samples one synchronous job would."""
+        start = sum(isl.plan.global_batch for isl in self.islands[:index])
+        return start, start + self.islands[index].plan.global_batch
+
     def to_json(self) -> str:
         import json
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Literal
 from hetauto.core.errors import SpecError
 
 __all__ = ["RUN_SCHEMA", "EMULATION_MODES", "LR_SCHEDULES", "NONFINITE_POLICIES", "TrainingConfig", "DataConfig",
-           "CheckpointConfig", "EmulationConfig", "FaultsConfig", "RunConfig", "knob", "Knob", "knobs"]
+           "CheckpointConfig", "EmulationConfig", "FaultsConfig", "IslandConfig", "RunConfig", "knob", "Knob", "knobs"]
 
 RUN_SCHEMA = "hetauto.run/1"
 EMULATION_MODES = ("none", "inprocess", "speed-only")
@@ -187,8 +187,31 @@ class FaultsConfig:
                               group="checkpoints and failures", flat="inject_fault", metavar="SPEC")
 
 
+@dataclass(frozen=True, slots=True)
+class IslandConfig:
+    """This run's island of an island plan (hetauto.core.islands): the run's own plan is that island's plan; the
+    outer sync with the other islands goes through the store at `store`. Empty for an ordinary plan."""
+
+    plan: str | None = knob(None, "the island plan (hetauto.plan/2) whose island this run trains", flat="island_plan",
+                            path=True)
+    index: int = knob(0, "this run's island: its index in the island plan's islands", flat="island_index")
+    store: str | None = knob(None, "HOST:PORT of the outer sync's store (served by rank 0 of island 0)",
+                             flat="island_store")
+
+    def __post_init__(self) -> None:
+        if self.index < 0:
+            _fail("island.index", f"must be >= 0, got {self.index}")
+        if self.plan is not None and not self.store:
+            _fail("island.store", "an island run needs the outer sync's store (HOST:PORT)")
+
+    @property
+    def active(self) -> bool:
+        return self.plan is not None
+
+
 SECTIONS: dict[str, type] = {"training": TrainingConfig, "data": DataConfig, "checkpoint": CheckpointConfig,
-                             "emulation": EmulationConfig, "faults": FaultsConfig}
+                             "emulation": EmulationConfig, "faults": FaultsConfig,
+                             "island": IslandConfig}
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +250,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    island: IslandConfig = field(default_factory=IslandConfig)
 
     @property
     def emulated(self) -> bool:
@@ -251,7 +275,11 @@ class RunConfig:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": RUN_SCHEMA, **asdict(self)}
+        """The JSON form; the `island` section only for an island run (an ordinary run's file is as before)."""
+        doc = {"schema": RUN_SCHEMA, **asdict(self)}
+        if not self.island.active:
+            del doc["island"]
+        return doc
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hetauto.runtime.data import Batch, synthetic_batch
 
-__all__ = ["BatchSource"]
+__all__ = ["BatchSource", "IslandBatches"]
 
 
 @dataclass
@@ -49,3 +49,26 @@ class BatchSource:
         if self._split == self._file.num_tokens:
             raise ValueError("evaluation on a token file needs a held-out part: --eval-fraction > 0")
         return self._file.batch(self.seed, -(i + 1), global_batch, seq_len, (self._split, self._file.num_tokens))
+
+
+@dataclass
+class IslandBatches:
+    """One island's batches (hetauto.core.islands): rows `[start, stop)` of the whole plan's global batch at each
+    step, so the islands together train the samples of one synchronous job; asked for its island's own
+    `global_batch`, it answers with its slice (any other size is a caller's bug)."""
+
+    source: BatchSource
+    global_batch: int  # the island plan's, every island's rows together
+    start: int
+    stop: int
+
+    def _slice(self, batch: Batch, rows: int) -> Batch:
+        if rows != self.stop - self.start:
+            raise ValueError(f"island batches hold {self.stop - self.start} rows per step, {rows} asked for")
+        return Batch(batch.tokens[self.start:self.stop], batch.targets[self.start:self.stop])
+
+    def train(self, step: int, global_batch: int, seq_len: int) -> Batch:
+        return self._slice(self.source.train(step, self.global_batch, seq_len), global_batch)
+
+    def held_out(self, i: int, global_batch: int, seq_len: int) -> Batch:
+        return self._slice(self.source.held_out(i, self.global_batch, seq_len), global_batch)
