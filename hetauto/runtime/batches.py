@@ -11,10 +11,11 @@ evaluation losses of one run compare with each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hetauto.runtime.data import Batch, synthetic_batch
 
-__all__ = ["BatchSource", "IslandBatches"]
+__all__ = ["BatchSource", "IslandBatches", "island_batches"]
 
 
 @dataclass
@@ -72,3 +73,12 @@ class IslandBatches:
 
     def held_out(self, i: int, global_batch: int, seq_len: int) -> Batch:
         return self._slice(self.source.held_out(i, self.global_batch, seq_len), global_batch)
+
+
+def island_batches(source: BatchSource, island: Any) -> IslandBatches:
+    """`source` as island `island.index` of the island plan at `island.plan` (a RunConfig's island section) sees it."""
+    from hetauto.core.islands import IslandPlan
+
+    plan = IslandPlan.load(island.plan)
+    start, stop = plan.rows(island.index)
+    return IslandBatches(source, plan.global_batch, start, stop)

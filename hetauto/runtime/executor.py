@@ -222,6 +222,7 @@ class StageExecutor:
         check_executable(plan)
         self.g, self.plan, self.cfg, self.me = groups, plan, cfg, groups.me
         self.training, self.data_cfg, self.local = run.training, run.data, local
+        self.island = run.island  # an island plan's island: its rows of each global batch
         self.schedule = LRSchedule.of(run.training)
         self.dev = device if device is not None else _default_device()
         self.device = self.dev.device
@@ -366,6 +367,10 @@ class StageExecutor:
 
             d = self.data_cfg
             self._data = BatchSource(self.training.seed, self.cfg.vocab_size, d.path, d.held_out_fraction, d.column)
+            if self.island.active:
+                from hetauto.runtime.batches import island_batches
+
+                self._data = island_batches(self._data, self.island)
         keep = {_RECV_F, _F, _SEND_F}
         self._eval_program = tuple(a for a in self._program if a[0] in keep)
         self.normaliser = self.plan.global_batch * self.plan.seq_len
