@@ -30,7 +30,7 @@ from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_s
 from hetauto.runtime.reference import ReferenceTrainer
 from hetauto.runtime.wire_codec import contribution_format, round_trip
 
-__all__ = ["IslandReference", "reference_islands", "fragment_names", "slot_of"]
+__all__ = ["IslandReference", "reference_islands", "island_trainer", "outer_step", "fragment_names", "slot_of"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def reference_islands(plan: IslandPlan, cfg: ModelConfig, run: RunConfig, *,
                       precision: str = "fp32") -> IslandReference:
     """Train every island of `plan` for `run.training.steps` inner steps in this process, with the outer syncs
     between them (see the module's docstring); `precision` as `reference_run`'s."""
-    trainers = [_island_trainer(plan, i, cfg, run, precision) for i in range(len(plan.islands))]
+    trainers = [island_trainer(plan, i, cfg, run, precision) for i in range(len(plan.islands))]
     opt = plan.outer.optimizer
     outers = [OuterOptimizer(dict(t.model.named_parameters()), lr=opt.lr, momentum=opt.momentum) for t in trainers]
     groups = fragment_names(list(outers[0].params), cfg.num_layer_slots, plan.outer.fragments)
@@ -87,10 +87,11 @@ def outer_step(outers: Sequence[OuterOptimizer], names: Sequence[str], formats: 
     return merged
 
 
-def _island_trainer(plan: IslandPlan, index: int, cfg: ModelConfig, run: RunConfig,
+def island_trainer(plan: IslandPlan, index: int, cfg: ModelConfig, run: RunConfig,
                     precision: str) -> ReferenceTrainer:
     """Island `index`'s whole model, optimizer and batches: its rows of the one data stream, the shape of its own
-    plan (its global batch and microbatches)."""
+    plan (its global batch and microbatches). Public so that a peer implementation (tests/test_torchft_diloco.py)
+    drives exactly the same inner training."""
     data = run.data
     source = BatchSource(run.training.seed, cfg.vocab_size, data.path, data.held_out_fraction, data.column)
     start, stop = plan.rows(index)
