@@ -302,3 +302,22 @@ def test_a_tied_table_syncs_with_the_embedding_and_the_head_follows() -> None:
     assert torch.equal(ref.params[0][head], ref.params[1][head])
     groups = fragment_names(["layers.0.tok.weight", f"layers.{n - 2}.ln.weight"], n, 2)
     assert groups == (("layers.0.tok.weight",), (f"layers.{n - 2}.ln.weight",))
+
+
+def test_the_reference_merges_each_islands_wire_round_trip_by_tokens() -> None:
+    """Three islands (batches 8, 4, 4: weights 1/2, 1/4, 1/4; contributions in bf16, int8, int8), one step, outer lr
+    1 without momentum: the synced model is theta0 - merge(round_trip(theta0 - island_i)), bit for bit."""
+    from hetauto.runtime.stage import build_model
+
+    plan = _plan((8, 4, 4), h=1, formats=("fp32", "bf16", "int8"), lr=1.0, momentum=0.0)
+    assert plan.token_weights() == (0.5, 0.25, 0.25)
+    run = RunConfig.from_flat(steps=1, seed=6, lr=1e-3)
+    ref = reference_islands(plan, get_model("tiny-gpt"), run)
+    start = dict(build_model(get_model("tiny-gpt"), 6).named_parameters())
+    alone = [_island_params(plan, i, run) for i in range(3)]
+    formats = ("bf16", "int8", "int8")
+    for name, theta in start.items():
+        contributions = [round_trip(theta.detach() - alone[i][name], formats[i]) for i in range(3)]
+        expected = theta.detach() - merge(contributions, plan.token_weights())
+        for i in range(3):
+            assert torch.equal(ref.params[i][name], expected), name
