@@ -91,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
     if args.master and not args.print_launch:
         raise HetautoError("--master is for --print-launch (or hetauto launch); without it hetauto run trains on "
                            "this machine: drop --master, or add --print-launch")
+    from hetauto.job.islands import is_island_plan_file
+
+    if is_island_plan_file(args.plan):  # several jobs, one per island (hetauto.job.island_launch)
+        from hetauto.commands._island_run import run_island_plan
+
+        return run_island_plan(args)
     job = prepare(job_request(args))
     if args.print_launch:
         return _print_launch(args, job)
