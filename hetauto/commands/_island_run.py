@@ -11,6 +11,7 @@ from typing import Any
 from hetauto.commands._output import print_json, print_table
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes
+from hetauto.job.request import JobRequest
 from hetauto.job.result import LOSS_OFF_EXIT, LossOffReference
 from hetauto.job.skipped_steps import MOSTLY_SKIPPED_EXIT, MostlySkipped, mostly_skipped
 
@@ -20,16 +21,16 @@ PRINT_LAUNCH_REFUSAL = ("hetauto launch does not run island plans yet, so there 
                         "--print-launch (hetauto run trains an island plan on this host)")
 
 
-def run_island_plan(args: argparse.Namespace) -> int:
-    """Check, then train every island on this host; print the document (--json) or the tables; the exit codes of
-    `hetauto run` (7: a loss off its reference, 6: mostly skipped steps)."""
-    from hetauto.commands.run import job_request
+def run_island_plan(args: argparse.Namespace, request: JobRequest) -> int:
+    """Check `request` (hetauto run's flags, `args`), then train every island on this host; print the document
+    (--json) or the tables; the exit codes of `hetauto run` (7: a loss off its reference, 6: mostly skipped
+    steps)."""
     from hetauto.job.island_launch import run_islands
     from hetauto.job.islands import prepare_islands
 
     if args.print_launch:
         raise HetautoError(PRINT_LAUNCH_REFUSAL)
-    job = prepare_islands(job_request(args))
+    job = prepare_islands(request)
     doc = run_islands(job, open_sinks=lambda: _sinks(args, len(job.islands)))
     off = doc["loss_off_reference"]
     skipped = next((f"island {i['name']}: {line}" for i in doc["islands"]

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if is_island_plan_file(args.plan):  # several jobs, one per island (hetauto.job.island_launch)
         from hetauto.commands._island_run import run_island_plan
 
-        return run_island_plan(args)
+        return run_island_plan(args, job_request(args))
     job = prepare(job_request(args))
     if args.print_launch:
         return _print_launch(args, job)

@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hetauto.core.errors import HetautoError
-from hetauto.job.islands import PreparedIsland, PreparedIslands
+from hetauto.job.islands import IslandRun, PreparedIslands
 
 if TYPE_CHECKING:
-    from hetauto.core.run_config import RunConfig
     from hetauto.launch.local import LocalJob
 
-__all__ = ["IslandStep", "IslandRun", "run_islands", "ISLAND_PLAN_COPY"]
+__all__ = ["IslandStep", "run_islands", "ISLAND_PLAN_COPY"]
 
 ISLAND_PLAN_COPY = "islands.json"  # the island plan as the ranks read it, in the job's folder
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -48,17 +47,6 @@ class IslandStep:
 
     def to_dict(self) -> dict[str, Any]:
         return {"island": self.island, **self.record.to_dict()}
-
-
-@dataclass(frozen=True)
-class IslandRun:
-    """One island as launched: its run configuration (emulated backends, the island section) and what the host's
-    preflight changed (`emulated`: the stages moved to the emulation backend), and the environment of its job."""
-
-    island: PreparedIsland
-    options: RunConfig
-    emulated: tuple[dict[str, Any], ...]
-    env: dict[str, str]
 
 
 def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]] | None = None) -> dict[str, Any]:

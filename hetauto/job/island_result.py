@@ -17,8 +17,7 @@ from hetauto.core.precision import PRECISION_TOLERANCE
 
 if TYPE_CHECKING:
     from hetauto.core.islands import IslandPlan
-    from hetauto.job.island_launch import IslandRun
-    from hetauto.job.islands import PreparedIslands
+    from hetauto.job.islands import IslandRun, PreparedIslands
 
 __all__ = ["REFERENCE_NOT_AVAILABLE", "island_result_document", "rounds_summary", "island_reference_losses"]
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from hetauto.core.plan import Plan
     from hetauto.core.run_config import RunConfig
 
-__all__ = ["PreparedIsland", "PreparedIslands", "is_island_plan_file", "prepare_islands", "unsupported_option"]
+__all__ = ["IslandRun", "PreparedIsland", "PreparedIslands", "is_island_plan_file", "prepare_islands", "unsupported_option"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,17 @@ class PreparedIslands:
     def options(self) -> RunConfig:
         """The run configuration every island shares (training, data, seed): island 0's, without its fault."""
         return replace(self.islands[0].options, faults=replace(self.islands[0].options.faults, inject=None))
+
+
+@dataclass(frozen=True)
+class IslandRun:
+    """One island as launched: its run configuration (emulated backends, the island section) and what the host's
+    preflight changed (`emulated`: the stages moved to the emulation backend), and the environment of its job."""
+
+    island: PreparedIsland
+    options: RunConfig
+    emulated: tuple[dict[str, Any], ...]
+    env: dict[str, str]
 
 
 def is_island_plan_file(path: str | Path) -> bool:
