@@ -246,16 +246,11 @@ def _plan_file(plan: Plan | str | Path, folder: str) -> str:
 
 
 def _island_plan_file(plan: Any, folder: str) -> str:
-    """An IslandPlan object saved into `folder`, its cluster file (relative to the current folder) made absolute in
-    the plan and in every island, which name the same one."""
-    ref = plan.cluster
-    if ref and (Path.cwd() / ref).is_file():
-        ref = str((Path.cwd() / ref).resolve())
-        islands = tuple(i.model_copy(update={"plan": i.plan.model_copy(update={"cluster": ref})})
-                        if i.plan.cluster == plan.cluster else i for i in plan.islands)
-        plan = plan.model_copy(update={"cluster": ref, "islands": islands})
+    """An IslandPlan object saved into `folder`, its cluster file (relative to the current folder) made absolute."""
+    from hetauto.job.islands import with_absolute_cluster
+
     path = str(Path(folder) / "islands.json")
-    plan.save(path)
+    with_absolute_cluster(plan, Path.cwd()).save(path)
     return path
 
 

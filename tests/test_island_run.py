@@ -54,7 +54,8 @@ def _reference_on_rows(plan: IslandPlan, index: int, monkeypatch: pytest.MonkeyP
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_run_json_trains_every_island_on_its_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_json_trains_every_island_on_its_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     path = _island_plan(tmp_path)
     log = tmp_path / "steps.jsonl"
     proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--steps", str(STEPS), "--json",
@@ -75,6 +76,15 @@ def test_run_json_trains_every_island_on_its_rows(tmp_path: Path, monkeypatch: p
     assert doc["rounds"] in (None, 0) and doc["inner_steps"] == 8 and doc["tokens_s"] > 0
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted((r["island"], r["step"]) for r in rows) == [(n, s) for n in ("FAST", "SLOW") for s in range(STEPS)]
+    from hetauto.commands._island_run import print_island_run
+
+    capsys.readouterr()
+    print_island_run(doc)  # what a person reads without --json
+    out = capsys.readouterr().out
+    assert "island FAST: rows 0..5 of each batch" in out and "island SLOW: rows 6..9 of each batch" in out
+    rounds = [line for line in out.splitlines() if line.startswith("rounds: ")]
+    assert len(rounds) == 1 and ("not reported by the ranks" in rounds[0] or "no outer sync was due" in rounds[0])
+    assert f"reference: {doc['reference']}" in out
 
 
 @pytest.mark.multiprocess
@@ -153,3 +163,14 @@ def test_rounds_come_from_the_holders_rows() -> None:
         (1, 0, 200, 2), (3, 1, 200, 2)]
     assert got["syncs"][0]["sync_s"] == 0.3 and got["measured_round_s"] == pytest.approx(4 * 0.5 + 0.1 + 0.05)
     assert rounds_summary(plan, [[{"rank": 0}], [{"rank": 0}]], 0.5)["rounds"] is None  # ranks without the sync
+
+
+def test_a_copy_of_the_plan_finds_its_cluster_file(tmp_path: Path) -> None:
+    from hetauto.job.islands import with_absolute_cluster
+
+    (tmp_path / "c.yaml").write_text("")
+    doc = json.loads(_island_plan(tmp_path).read_text())
+    for d in (doc, *(i["plan"] for i in doc["islands"])):
+        d["cluster"] = "c.yaml"
+    plan = with_absolute_cluster(IslandPlan.model_validate(doc), tmp_path)
+    assert {plan.cluster, *(i.plan.cluster for i in plan.islands)} == {str((tmp_path / "c.yaml").resolve())}

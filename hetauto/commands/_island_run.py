@@ -11,6 +11,7 @@ from typing import Any
 from hetauto.commands._output import print_json, print_table
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes
+from hetauto.job.predict import MEASURE_CALIBRATION
 from hetauto.job.request import JobRequest
 from hetauto.job.result import LOSS_OFF_EXIT, LossOffReference
 from hetauto.job.skipped_steps import MOSTLY_SKIPPED_EXIT, MostlySkipped, mostly_skipped
@@ -57,6 +58,8 @@ def _sinks(args: argparse.Namespace, islands: int) -> list[Any]:
 
 def print_island_run(doc: dict[str, Any]) -> None:
     """Per island its losses beside the reference and its pace; then the job's pace, the rounds, the reference."""
+    print(f"hetauto run: {len(doc['islands'])} islands of {doc['model']}, {doc['inner_steps']} inner steps per round"
+          + (" (emulated clusters)" if doc["emulated"] else ""))
     for isl in doc["islands"]:
         _print_island(isl)
     print(f"job: {_rate(doc['tokens_s'])} (the slowest island's step {doc['measured_step_s']:.4f} s sets the pace)")
@@ -73,6 +76,8 @@ def _print_island(isl: dict[str, Any]) -> None:
                 rows)
     ranks, stages = isl["world_size"], len(isl["stage_memory"])
     pred = "-" if isl["predicted_step_s"] is None else f"{isl['predicted_step_s']:.4f} s"
+    if isl["emulated"] and not isl["prediction_calibrated"]:
+        pred += f" (for the plan's devices; this host's emulation compares after {MEASURE_CALIBRATION})"
     print(f"  {_count(ranks, 'rank')}, {_count(stages, 'stage')} on {', '.join(isl['clusters'])} | measured step "
           f"{isl['measured_step_s']:.4f} s | predicted {pred} | {_rate(isl['tokens_s'])}")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import tempfile
@@ -64,12 +63,15 @@ def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]]
 
 def _island_runs(job: PreparedIslands, folder: Path) -> list[IslandRun]:
     """Each island's run configuration: this host's backends for its stages (hetauto.job.preflight, as `hetauto run`
-    checks a plan), the island plan copied into the job's folder, and the outer store's address."""
+    checks a plan), the island plan copied into the job's folder (its cluster file's path made absolute), and the
+    outer store's address."""
     from hetauto.core.run_config import IslandConfig
     from hetauto.job.preflight import check_backends
 
+    from hetauto.job.islands import with_absolute_cluster
+
     copy = folder / ISLAND_PLAN_COPY
-    shutil.copyfile(job.path, copy)
+    with_absolute_cluster(job.plan, job.base).save(copy)
     store = f"127.0.0.1:{_free_port()}"
     runs = []
     for isl in job.islands:

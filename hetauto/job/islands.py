@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from hetauto.core.plan import Plan
     from hetauto.core.run_config import RunConfig
 
-__all__ = ["IslandRun", "PreparedIsland", "PreparedIslands", "is_island_plan_file", "prepare_islands", "unsupported_option"]
+__all__ = ["IslandRun", "PreparedIsland", "PreparedIslands", "is_island_plan_file", "prepare_islands", "unsupported_option",
+           "with_absolute_cluster"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,18 @@ def is_island_plan_file(path: str | Path) -> bool:
         return is_island_document(read_document(path))
     except (HetautoError, OSError, ValueError):
         return False
+
+
+def with_absolute_cluster(plan: IslandPlan, base: Path) -> IslandPlan:
+    """`plan` with its cluster file, when it is one relative to `base`, made absolute in the plan and in every
+    island (they name the same one): a copy saved elsewhere (the job's folder, a temporary folder) still finds it."""
+    ref = plan.cluster
+    if not ref or not (base / ref).is_file():
+        return plan
+    path = str((base / ref).resolve())
+    islands = tuple(i.model_copy(update={"plan": i.plan.model_copy(update={"cluster": path})})
+                    if i.plan.cluster == ref else i for i in plan.islands)
+    return plan.model_copy(update={"cluster": path, "islands": islands})
 
 
 def unsupported_option(r: JobRequest) -> str | None:
