@@ -136,10 +136,11 @@ def run(plan: Plan | IslandPlan | str | Path, *, steps: int = 3, emulate: bool |
 
     `plan` is a `Plan` or a plan JSON file, or an island plan (an `IslandPlan` or its file: every island trains
     on this host at once, each as a job of its own; the document is then hetauto.job.island_result's: `islands`
-    (each island's own document), `tokens_s`, `rounds`, `reference`, ...). `emulate=True` (or "inprocess") runs every cluster on this host with
-    its speed factor and its cross-cluster links' latency/bandwidth emulated; "netns" uses network namespaces and
-    a shaped veth link (root only). `reference=False` skips the single-process reference loss. `checkpoint_dir`,
-    `checkpoint_every`, `resume` as `hetauto run --checkpoint-dir/--checkpoint-every/--resume`.
+    (each island's own document), `tokens_s`, `rounds`, `reference`, ...). `emulate=True` (or "inprocess") runs
+    every cluster on this host with its speed factor and its cross-cluster links' latency/bandwidth emulated;
+    "netns" uses network namespaces and a shaped veth link (root only). `reference=False` skips the single-process
+    reference loss. `checkpoint_dir`, `checkpoint_every`, `resume` as `hetauto run
+    --checkpoint-dir/--checkpoint-every/--resume`.
 
     Every other flag of `hetauto run` that sets the run configuration is a keyword too, by its name without the
     dashes (`hetauto run --help`): `lr=`, `lr_schedule=`, `warmup_steps=`, `min_lr=`, `weight_decay=`,

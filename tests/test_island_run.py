@@ -174,3 +174,27 @@ def test_a_copy_of_the_plan_finds_its_cluster_file(tmp_path: Path) -> None:
         d["cluster"] = "c.yaml"
     plan = with_absolute_cluster(IslandPlan.model_validate(doc), tmp_path)
     assert {plan.cluster, *(i.plan.cluster for i in plan.islands)} == {str((tmp_path / "c.yaml").resolve())}
+
+
+def test_an_island_that_only_lost_its_peer_is_not_the_culprit(tmp_path: Path) -> None:
+    """With the outer sync, an island whose peer island died fails too (a communication error, at about the same
+    moment): the island that failed of its own is named, whichever job ended first."""
+    from types import SimpleNamespace
+
+    from hetauto.job.island_launch import _Islands
+    from hetauto.launch.diagnosis import JobFailed
+
+    plan = IslandPlan.load(_island_plan(tmp_path))
+    runs = [SimpleNamespace(island=SimpleNamespace(name=i.name, index=k, plan=i.plan))
+            for k, i in enumerate(plan.islands)]
+    islands = _Islands(None, runs, tmp_path)  # type: ignore[arg-type]
+    for k in range(2):
+        islands.island_folder(k).mkdir()
+    (islands.island_folder(0) / "rank0.error").write_text("rank 0: CommunicationError: outer sync: peer lost\n")
+    (islands.island_folder(0) / "rank0.error.json").write_text(json.dumps(
+        {"type": "CommunicationError", "detail": "outer sync: peer lost", "secondary": True, "peers": []}))
+    islands.outcomes = {0: JobFailed("rank 0 (stage 0, cluster 'fast') failed: outer sync: peer lost", 0),
+                        1: JobFailed("rank 0 (stage 0, cluster 'slow') died without an error of its own", 0)}
+    islands.failed = [0, 1]  # FAST's job ended first
+    with pytest.raises(JobFailed, match=r"^island SLOW: rank 0 \(stage 0, cluster 'slow'\) died"):
+        islands._result()

@@ -72,8 +72,8 @@ def _print_island(isl: dict[str, Any]) -> None:
     rows = [(isl["start_step"] + i, f"{loss:.6f}", "-" if not ref else f"{ref[i]:.6f}", f"{isl['step_s'][i]:.3f}")
             for i, loss in enumerate(isl["loss"])]
     start, stop = isl["rows"]
-    print_table(f"island {isl['name']}: rows {start}..{stop - 1} of each batch", ["step", "loss", "reference", "step s"],
-                rows)
+    print_table(f"island {isl['name']}: rows {start}..{stop - 1} of each batch",
+                ["step", "loss", "reference", "step s"], rows)
     ranks, stages = isl["world_size"], len(isl["stage_memory"])
     pred = "-" if isl["predicted_step_s"] is None else f"{isl['predicted_step_s']:.4f} s"
     if isl["emulated"] and not isl["prediction_calibrated"]:

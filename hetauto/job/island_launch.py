@@ -111,6 +111,10 @@ class _Islands:
         self.signalled: int | None = None
         self.sinks: list[Any] = []
 
+    def island_folder(self, index: int) -> Path:
+        """Island `index`'s run folder (its plan, run configuration, torchrun output and the ranks' marks)."""
+        return self.folder / f"island{index}"
+
     def run(self, open_sinks: Callable[[], Sequence[Any]] | None, want_reference: bool) -> list[list[dict[str, Any]]]:
         """Start every island, follow them to the end; every island's rank reports (island order), or the first
         failure named by its island."""
@@ -135,7 +139,7 @@ class _Islands:
         jobs: list[LocalJob] = []
         try:
             for run in self.runs:
-                isl, sub = run.island, self.folder / f"island{run.island.index}"
+                isl, sub = run.island, self.island_folder(run.island.index)
                 sub.mkdir()
                 options = write_run_folder(sub, isl.plan, run.options)
                 jobs.append(start_job(isl.plan, run.options, sub, lambda worker, p=isl.plan: local_command(p, worker),
@@ -212,9 +216,19 @@ class _Islands:
             raise JobInterrupted(f"interrupted by {signal.Signals(self.signalled).name}: stopped every island's job "
                                  "(torchrun and its ranks)", self.signalled)
         if self.failed:
-            raise _named(self.outcomes[self.failed[0]], self.runs[self.failed[0]].island.name,  # type: ignore[arg-type]
-                         [self.runs[i].island.name for i in sorted(self.stopped)])
+            culprit = next((i for i in self.failed if not self._only_secondary(i)), self.failed[0])
+            raise _named(self.outcomes[culprit], self.runs[culprit].island.name,  # type: ignore[arg-type]
+                         [self.runs[i].island.name for i in sorted(self.stopped)]) from None
         return [self.outcomes[run.island.index] for run in self.runs]  # type: ignore[misc]
+
+    def _only_secondary(self, index: int) -> bool:
+        """Whether every error island `index`'s ranks reported follows from another rank's failure (a
+        communication error: with the outer sync, an island whose peer island died fails too, at about the same
+        moment); such an island is named only when no island failed of its own."""
+        from hetauto.launch.diagnosis import read_marks
+
+        errors = read_marks(self.runs[index].island.plan, self.island_folder(index)).errors
+        return bool(errors) and all(e.secondary for e in errors.values())
 
 
 def _named(err: BaseException, island: str, stopped: list[str]) -> BaseException:

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from hetauto.core.plan import Plan
     from hetauto.core.run_config import RunConfig
 
-__all__ = ["IslandRun", "PreparedIsland", "PreparedIslands", "is_island_plan_file", "prepare_islands", "unsupported_option",
-           "with_absolute_cluster"]
+__all__ = ["IslandRun", "PreparedIsland", "PreparedIslands", "is_island_plan_file", "prepare_islands",
+           "unsupported_option", "with_absolute_cluster"]
 
 
 @dataclass(frozen=True)
