@@ -110,6 +110,7 @@ class _Islands:
         self.failed: list[int] = []  # islands that failed on their own, in the order their jobs ended
         self.signalled: int | None = None
         self.sinks: list[Any] = []
+        self.threads: list[threading.Thread] = []  # one per island's job, waiting for it
 
     def island_folder(self, index: int) -> Path:
         """Island `index`'s run folder (its plan, run configuration, torchrun output and the ranks' marks)."""
@@ -121,11 +122,15 @@ class _Islands:
         previous = _signal_handlers()
         try:
             jobs = self._start()
-            if threading.current_thread() is threading.main_thread():
-                for sig in _SIGNALS:  # replaces the handlers each job installed: one signal ends every island
-                    signal.signal(sig, self._on_signal)
-            self.sinks = list(open_sinks()) if open_sinks is not None else []
-            self._follow(jobs, want_reference)
+            try:
+                if previous:  # the main thread: replaces each job's handlers, so one signal ends every island
+                    for sig in _SIGNALS:
+                        signal.signal(sig, self._on_signal)
+                self.sinks = list(open_sinks()) if open_sinks is not None else []
+                self._follow(jobs, want_reference)
+            except BaseException:
+                self._abandon(jobs)
+                raise
         finally:
             _restore(previous)
             for sink in self.sinks:
@@ -151,24 +156,35 @@ class _Islands:
         return jobs
 
     def _follow(self, jobs: list[LocalJob], want_reference: bool) -> None:
+        """Each job waited for in a thread of its own, its steps to the sinks; returns when every job has ended."""
         from hetauto.job.predict import flops_per_peak
 
-        threads = []
         for run, job in zip(self.runs, jobs):
             i, name = run.island.index, run.island.name
             job.watch = lambda i=i: self._watch(i)
-            job.follow_steps(None, lambda rec, name=name: self._step(name, rec), flops_per_peak(run.island.plan,
-                                                                                              self.job.base))
-            threads.append(threading.Thread(target=self._wait, args=(i, job), name=f"island-{name}", daemon=True))
-        for t in threads:
+            job.follow_steps(None, lambda rec, name=name: self._step(name, rec),
+                             flops_per_peak(run.island.plan, self.job.base))
+        self.threads = [threading.Thread(target=self._wait, args=(run.island.index, job), daemon=True,
+                                         name=f"island-{run.island.name}") for run, job in zip(self.runs, jobs)]
+        for t in self.threads:
             t.start()
         if want_reference:
             _import_for_reference()  # while the ranks start (they import torch too, which takes longer)
-        for t in threads:
+        for t in self.threads:
             while t.is_alive():
                 t.join(0.1)
                 if self.signalled is not None:
                     self._stop(f"interrupted by {signal.Signals(self.signalled).name}")
+
+    def _abandon(self, jobs: list[LocalJob]) -> None:
+        """This launcher failed while the islands ran: end every job (through its thread when it has one)."""
+        if not self.threads:
+            for job in jobs:
+                job.kill()
+            return
+        self._stop("the launcher failed")
+        for t in self.threads:
+            t.join()
 
     def _wait(self, index: int, job: LocalJob) -> None:
         try:
