@@ -121,9 +121,12 @@ def test_what_island_runs_do_not_support_is_refused_before_launch(tmp_path: Path
     assert capsys.readouterr().err == f"hetauto run: error: {line}\n"
 
 
-def test_the_api_refuses_in_its_own_spelling(tmp_path: Path) -> None:
+@pytest.mark.parametrize("as_object", [False, True])
+def test_the_api_refuses_in_its_own_spelling(tmp_path: Path, as_object: bool) -> None:
+    path = _island_plan(tmp_path)
+    plan = IslandPlan.load(path) if as_object else str(path)
     with pytest.raises(HetautoError, match=r"^island runs do not write checkpoints yet; drop checkpoint_dir$"):
-        hetauto.run(str(_island_plan(tmp_path)), checkpoint_dir=str(tmp_path / "ck"))
+        hetauto.run(plan, checkpoint_dir=str(tmp_path / "ck"))
 
 
 def test_a_bad_island_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
