@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hetauto.core.cluster import ClusterSpec
+    from hetauto.core.islands import IslandPlan
     from hetauto.core.model import ModelConfig
     from hetauto.core.plan import Plan
     from hetauto.planner.evaluate import Evaluation
@@ -126,17 +127,20 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
         return evaluate_plan(p, inputs, calibration=calibration)
 
 
-def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False, seed: int | None = None,
+def run(plan: Plan | IslandPlan | str | Path, *, steps: int = 3, emulate: bool | str = False, seed: int | None = None,
         timeout: float = 60.0, reference: bool = True, trace: str | Path | None = None,
         checkpoint_dir: str | Path | None = None, checkpoint_every: int = 1, resume: str | Path | None = None,
         **options: Any) -> dict[str, Any]:
     """Train `plan` for `steps` steps on this machine with torchrun, one process per device (what `hetauto run
     PLAN --json` does, through the same code).
 
-    `plan` is a `Plan` or a plan JSON file. `emulate=True` (or "inprocess") runs every cluster on this host with
-    its speed factor and its cross-cluster links' latency/bandwidth emulated; "netns" uses network namespaces and
-    a shaped veth link (root only). `reference=False` skips the single-process reference loss. `checkpoint_dir`,
-    `checkpoint_every`, `resume` as `hetauto run --checkpoint-dir/--checkpoint-every/--resume`.
+    `plan` is a `Plan` or a plan JSON file, or an island plan (an `IslandPlan` or its file: every island trains
+    on this host at once, each as a job of its own; the document is then hetauto.job.island_result's: `islands`
+    (each island's own document), `tokens_s`, `rounds`, `reference`, ...). `emulate=True` (or "inprocess") runs
+    every cluster on this host with its speed factor and its cross-cluster links' latency/bandwidth emulated;
+    "netns" uses network namespaces and a shaped veth link (root only). `reference=False` skips the single-process
+    reference loss. `checkpoint_dir`, `checkpoint_every`, `resume` as `hetauto run
+    --checkpoint-dir/--checkpoint-every/--resume`.
 
     Every other flag of `hetauto run` that sets the run configuration is a keyword too, by its name without the
     dashes (`hetauto run --help`): `lr=`, `lr_schedule=`, `warmup_steps=`, `min_lr=`, `weight_decay=`,
@@ -152,9 +156,7 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
         >>> report["loss"], report["reference_loss"]
     """
     from hetauto.core.errors import HetautoError
-    from hetauto.job.prepare import prepare
     from hetauto.job.request import JobRequest, warn_on_stderr
-    from hetauto.job.service import run_local
 
     if not (isinstance(emulate, bool) or emulate in ("inprocess", "netns")):  # 1 == True is not an emulation
         raise HetautoError(f"emulate must be False, True, 'inprocess' or 'netns', got {emulate!r}")
@@ -162,16 +164,37 @@ def run(plan: Plan | str | Path, *, steps: int = 3, emulate: bool | str = False,
     _expect("trace", trace, (str, Path), "a path", optional=True)
     knobs = _run_knobs({"steps": steps, "checkpoint_every": checkpoint_every, "seed": seed, "timeout": timeout,
                         "checkpoint_dir": checkpoint_dir, "resume": resume, **options})
-    if not isinstance(plan, (str, Path)):
+    if not isinstance(plan, (str, Path, _island_plan_type())):
         _load_plan(plan)  # the type check
     with tempfile.TemporaryDirectory(prefix="hetauto-run-") as tmp:
         request = JobRequest(plan=_plan_file(plan, tmp), knobs=knobs, reference=reference, trace=_path(trace),
                              emulate=("inprocess" if emulate is True else emulate) or None, flag=_keyword)
         with _pydantic_errors():
-            doc = run_local(prepare(request))
+            doc = _run_request(request)
     if doc["loss_off_reference"]:
         warn_on_stderr(f"hetauto run: error: {doc['loss_off_reference']}")
     return doc
+
+
+def _run_request(request: Any) -> dict[str, Any]:
+    """The run service for a checked request: an island plan's islands (each a job of its own), or the plan."""
+    from hetauto.job.islands import is_island_plan_file
+
+    if is_island_plan_file(request.plan):
+        from hetauto.job.island_launch import run_islands
+        from hetauto.job.islands import prepare_islands
+
+        return run_islands(prepare_islands(request))
+    from hetauto.job.prepare import prepare
+    from hetauto.job.service import run_local
+
+    return run_local(prepare(request))
+
+
+def _island_plan_type() -> type:
+    from hetauto.core.islands import IslandPlan
+
+    return IslandPlan
 
 
 def _run_knobs(given: dict[str, Any]) -> dict[str, Any]:
@@ -213,11 +236,22 @@ def _plan_file(plan: Plan | str | Path, folder: str) -> str:
     cluster file made absolute: it was relative to the current folder)."""
     if isinstance(plan, (str, Path)):
         return str(plan)
+    if isinstance(plan, _island_plan_type()):
+        return _island_plan_file(plan, folder)
     p, base = _load_plan(plan)
     if p.cluster and (base / p.cluster).is_file():
         p = p.model_copy(update={"cluster": str((base / p.cluster).resolve())})
     path = str(Path(folder) / "plan.json")
     p.save(path)
+    return path
+
+
+def _island_plan_file(plan: Any, folder: str) -> str:
+    """An IslandPlan object saved into `folder`, its cluster file (relative to the current folder) made absolute."""
+    from hetauto.job.islands import with_absolute_cluster
+
+    path = str(Path(folder) / "islands.json")
+    with_absolute_cluster(plan, Path.cwd()).save(path)
     return path
 
 

@@ -11,7 +11,8 @@ cluster. `--max-restarts N` lets torchrun restart the job, which resumes from th
 Validates the plan against its cluster, launches torchrun (all ranks on this machine), and reports per-step
 loss next to the single-process reference loss (small models), the measured step time next to the
 planner's prediction, and bytes per stage boundary. The work is the run service's (hetauto.job: prepare, run
-on this host, result document); this module keeps the flags, the printing and the exit codes.
+on this host, result document); this module keeps the flags, the printing and the exit codes. An island plan
+(hetauto.plan/2) goes to hetauto.commands._island_run: every island as a job of its own on this host.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("plan", help="plan JSON file (hetauto plan -o plan.json)")
+    parser.add_argument("plan", help="plan JSON file (hetauto plan -o plan.json); an island plan (hetauto plan "
+                                     "--allow-local-sgd) trains every island on this host at once")
     parser.add_argument("--emulate", nargs="?", const="inprocess", default=None, choices=("inprocess", "netns"),
                         help="emulate the plan's clusters: per-cluster speed factor and cross-cluster link latency/"
                              "bandwidth in-process (default), or 'netns': one torchrun per cluster in its own network "
@@ -91,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
     if args.master and not args.print_launch:
         raise HetautoError("--master is for --print-launch (or hetauto launch); without it hetauto run trains on "
                            "this machine: drop --master, or add --print-launch")
+    from hetauto.job.islands import is_island_plan_file
+
+    if is_island_plan_file(args.plan):  # several jobs, one per island (hetauto.job.island_launch)
+        from hetauto.commands._island_run import run_island_plan
+
+        return run_island_plan(args, job_request(args))
     job = prepare(job_request(args))
     if args.print_launch:
         return _print_launch(args, job)

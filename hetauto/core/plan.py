@@ -326,7 +326,8 @@ class Plan(_Frozen):
                             f'a plan file starts with "schema": "{PLAN_SCHEMA}"; write plans with hetauto plan -o FILE')
         if isinstance(data, dict) and data.get("schema") == ISLAND_PLAN_SCHEMA:
             raise SpecError(path, "schema", f"an island plan ({ISLAND_PLAN_SCHEMA}): island execution is not built "
-                            "yet", "hetauto evaluate prices it; to train now, plan without --allow-local-sgd")
+                            "yet here; `hetauto run` trains it on one host", "hetauto evaluate prices it; to run it "
+                            "otherwise, plan without --allow-local-sgd")
         if isinstance(data, dict) and data.get("schema") != PLAN_SCHEMA:
             raise SpecError(path, "schema", f"unsupported plan schema {data.get('schema')!r}", f"expected {PLAN_SCHEMA!r}")
         return validate_document(cls, data, path)

@@ -19,7 +19,8 @@ from hetauto.job.request import JobRequest
 if TYPE_CHECKING:
     from hetauto.runtime.options import RunOptions
 
-__all__ = ["PreparedJob", "prepare", "require_fit", "NETNS_RESTARTS"]
+__all__ = ["PreparedJob", "prepare", "require_fit", "check_request_options", "check_plan_runs", "check_inputs",
+           "NETNS_RESTARTS"]
 
 # Why not supported: each namespace runs its own torchrun agent joined by a static rendezvous, and static
 # rendezvous does not coordinate restarts: one agent would restart its ranks while the other's still wait on
@@ -46,7 +47,7 @@ class PreparedJob:
 
 def prepare(request: JobRequest) -> PreparedJob:
     """Check a run's options, plan, data and checkpoints before anything starts."""
-    _check_options(request)
+    check_request_options(request)
     plan, cluster, cfg, base = _check_plan(request)
     request = request.with_knobs(inject_fault=_check_fault(request, plan))
     if request.checkpoint_dir is not None:
@@ -58,18 +59,24 @@ def prepare(request: JobRequest) -> PreparedJob:
         request, start = _check_resume_options(request, plan, cfg)
     if request.seed is None:
         request = request.with_knobs(seed=0)
-    _check_outputs(request)
-    _check_training_options(request)
-    if request.data is not None:
-        _check_data(request, plan, cfg)
-    if request.init_from is not None:
-        _check_init_from(request, plan, cfg)
+    check_inputs(request, plan, cfg)
     from hetauto.job.options import run_options
 
     return PreparedJob(request, plan, cluster, cfg, base, run_options(request, plan, cluster, base), start)
 
 
-def _check_options(r: JobRequest) -> None:
+def check_inputs(request: JobRequest, shape: Any, cfg: Any) -> None:
+    """The run's files: outputs writable and distinct, the token data and the initial weights fitting the model and
+    `shape`'s batch (a plan, or an island plan: its islands read one data stream)."""
+    _check_outputs(request)
+    _check_training_options(request)
+    if request.data is not None:
+        _check_data(request, shape, cfg)
+    if request.init_from is not None:
+        _check_init_from(request, shape, cfg)
+
+
+def check_request_options(r: JobRequest) -> None:
     """Options wrong on their own or together: refused before the plan is read. A knob's own value is checked by
     its section of the run configuration (the one place those checks live), named as the caller spells it."""
     f = r.flag
@@ -122,13 +129,22 @@ def _in_caller_spelling(err: SpecError, r: JobRequest) -> HetautoError:
 
 def _check_plan(r: JobRequest) -> tuple[Plan, Any, Any, Path]:
     """The plan, its cluster and model: valid, runnable as sharded, ties kept, fitting its memory."""
-    from hetauto.core.headroom import check_headroom
-    from hetauto.core.plan_check import check_runnable_sharding, validate_plan
-    from hetauto.planner.evaluate import resolve_plan_paths
+    from hetauto.core.plan_check import validate_plan
 
     plan = Plan.load(r.plan)
     base = Path(r.plan).resolve().parent
     cluster, cfg = validate_plan(plan, base)
+    check_plan_runs(plan, cfg, base, r)
+    return plan, cluster, cfg, base
+
+
+def check_plan_runs(plan: Plan, cfg: Any, base: Path, r: JobRequest) -> None:
+    """A valid plan the executor can run: sharding it runs, the model's attention window, ties kept within a
+    stage, every stage fitting its device (at the request's headroom)."""
+    from hetauto.core.headroom import check_headroom
+    from hetauto.core.plan_check import check_runnable_sharding
+    from hetauto.planner.evaluate import resolve_plan_paths
+
     check_runnable_sharding(plan, cfg)
     if cfg.sliding_window is not None and plan.seq_len > cfg.sliding_window:
         # the reference LLaMA attends to the whole sequence: it would train (and export) another model than the
@@ -145,7 +161,6 @@ def _check_plan(r: JobRequest) -> tuple[Plan, Any, Any, Path]:
         headroom = check_headroom(r.memory_headroom, r.flag("memory_headroom"))
         checked = plan.model_copy(update={"memory_headroom": headroom})
     require_fit(resolve_plan_paths(checked, base), flag=r.flag("memory_headroom"))  # refused before launch
-    return plan, cluster, cfg, base
 
 
 def require_fit(plan: Plan, inputs: Any = None, *, flag: str = HEADROOM_FLAG) -> None:

@@ -63,7 +63,9 @@ class StepBar:
     def add(self, rec: Any) -> None:
         held = f" held-out {rec.eval_loss:.4f}" if rec.eval_loss is not None else ""
         mfu = f" MFU {rec.mfu:.1%}" if getattr(rec, "mfu", None) is not None else ""
-        self.progress.update(self.task, advance=1, info=f"step {rec.step} loss {rec.loss:.4f}{held} "
+        island = getattr(rec, "island", None)  # an island run's steps (hetauto.job.island_launch.IslandStep)
+        where = f"island {island} " if island else ""
+        self.progress.update(self.task, advance=1, info=f"{where}step {rec.step} loss {rec.loss:.4f}{held} "
                                                         f"{rec.tokens_s:,.0f} tokens/s{mfu}")
 
     def close(self) -> None:

@@ -1,0 +1,116 @@
+"""`hetauto run ISLAND_PLAN.json`: the flags an island run refuses, and what a person reads of its result (a short
+table per island, the job's pace, the rounds line, the reference line). The work is the run service's
+(hetauto.job.islands, island_launch, island_result)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from hetauto.commands._output import print_json, print_table
+from hetauto.core.errors import HetautoError
+from hetauto.core.units import format_bytes
+from hetauto.job.predict import MEASURE_CALIBRATION
+from hetauto.job.request import JobRequest
+from hetauto.job.result import LOSS_OFF_EXIT, LossOffReference
+from hetauto.job.skipped_steps import MOSTLY_SKIPPED_EXIT, MostlySkipped, mostly_skipped
+
+__all__ = ["run_island_plan", "print_island_run"]
+
+PRINT_LAUNCH_REFUSAL = ("hetauto launch does not run island plans yet, so there is nothing to print; drop "
+                        "--print-launch (hetauto run trains an island plan on this host)")
+
+
+def run_island_plan(args: argparse.Namespace, request: JobRequest) -> int:
+    """Check `request` (hetauto run's flags, `args`), then train every island on this host; print the document
+    (--json) or the tables; the exit codes of `hetauto run` (7: a loss off its reference, 6: mostly skipped
+    steps)."""
+    from hetauto.job.island_launch import run_islands
+    from hetauto.job.islands import prepare_islands
+
+    if args.print_launch:
+        raise HetautoError(PRINT_LAUNCH_REFUSAL)
+    job = prepare_islands(request)
+    doc = run_islands(job, open_sinks=lambda: _sinks(args, len(job.islands)))
+    off = doc["loss_off_reference"]
+    skipped = next((f"island {i['name']}: {line}" for i in doc["islands"]
+                    if (line := mostly_skipped(i, job.options.on_nonfinite))), None)
+    if args.json:
+        print_json(doc)
+        for line in filter(None, (off, skipped)):
+            print(f"hetauto run: error: {line}", file=sys.stderr)
+        return LOSS_OFF_EXIT if off else MOSTLY_SKIPPED_EXIT if skipped else 0
+    print_island_run(doc)
+    if off:
+        raise LossOffReference(off)
+    if skipped:
+        raise MostlySkipped(skipped)
+    return 0
+
+
+def _sinks(args: argparse.Namespace, islands: int) -> list[Any]:
+    """The progress bar over every island's steps (not with --json: a script reads stdout)."""
+    from hetauto.job.sinks import StepBar
+
+    return [] if args.json else [StepBar(args.steps * islands)]
+
+
+def print_island_run(doc: dict[str, Any]) -> None:
+    """Per island its losses beside the reference and its pace; then the job's pace, the rounds, the reference."""
+    print(f"hetauto run: {len(doc['islands'])} islands of {doc['model']}, {doc['inner_steps']} inner steps per round"
+          + (" (emulated clusters)" if doc["emulated"] else ""))
+    for isl in doc["islands"]:
+        _print_island(isl)
+    print(f"job: {_rate(doc['tokens_s'])} (the slowest island's step {doc['measured_step_s']:.4f} s sets the pace)")
+    print(rounds_line(doc))
+    print(reference_line(doc))
+
+
+def _print_island(isl: dict[str, Any]) -> None:
+    ref = isl["reference_loss"]
+    rows = [(isl["start_step"] + i, f"{loss:.6f}", "-" if not ref else f"{ref[i]:.6f}", f"{isl['step_s'][i]:.3f}")
+            for i, loss in enumerate(isl["loss"])]
+    start, stop = isl["rows"]
+    print_table(f"island {isl['name']}: rows {start}..{stop - 1} of each batch",
+                ["step", "loss", "reference", "step s"], rows)
+    ranks, stages = isl["world_size"], len(isl["stage_memory"])
+    pred = "-" if isl["predicted_step_s"] is None else f"{isl['predicted_step_s']:.4f} s"
+    if isl["emulated"] and not isl["prediction_calibrated"]:
+        pred += f" (for the plan's devices; this host's emulation compares after {MEASURE_CALIBRATION})"
+    print(f"  {_count(ranks, 'rank')}, {_count(stages, 'stage')} on {', '.join(isl['clusters'])} | measured step "
+          f"{isl['measured_step_s']:.4f} s | predicted {pred} | {_rate(isl['tokens_s'])}")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _rate(tokens_s: float | None) -> str:
+    return "- tokens/s" if tokens_s is None else f"{tokens_s:,.0f} tokens/s"
+
+
+def rounds_line(doc: dict[str, Any]) -> str:
+    """One line: the rounds the holders reported (bytes, sync, exposed), the measured and predicted round time."""
+    h, f = doc["inner_steps"], doc["fragments"]
+    every = f"H={h}, {f} fragment{'s' if f != 1 else ''}"
+    pred = "-" if doc["predicted_round_s"] is None else f"{doc['predicted_round_s']:.4f} s"
+    if doc["rounds"] is None:
+        return f"rounds: not reported by the ranks ({every}); predicted round {pred}"
+    if not doc["syncs"]:
+        return f"rounds: 0 (no outer sync was due in {doc['steps']} steps at {every}); predicted round {pred}"
+    syncs = doc["syncs"]
+    per_round = sum(s["bytes"] for s in syncs) / max(doc["rounds"], 1)
+    return (f"rounds: {doc['rounds']} ({every}; {len(syncs)} syncs): {format_bytes(per_round)} per round, sync up to "
+            f"{max(s['sync_s'] for s in syncs):.4f} s, exposed up to {max(s['exposed_s'] for s in syncs):.4f} s | "
+            f"round measured " + ("-" if doc["measured_round_s"] is None else f"{doc['measured_round_s']:.4f} s")
+            + f", predicted {pred}")
+
+
+def reference_line(doc: dict[str, Any]) -> str:
+    """One line: whether each island's losses were checked against the island reference, and how far they were."""
+    if doc["reference"] != "checked":
+        return f"reference: {doc['reference']}"
+    worst = max((i["max_loss_diff"] or 0.0) for i in doc["islands"])
+    tol = doc["islands"][0]["loss_tolerance"]
+    return f"reference: checked, largest loss difference {worst:.2e}" + ("" if tol is None else f" (tolerance {tol:g})")

@@ -1,0 +1,285 @@
+"""Run a prepared island plan on this host (`run_islands`): every island at once as a local torchrun job of its own
+(its plan/1 and run configuration in its own run folder, its own rendezvous and control store), followed
+together, and the result document (hetauto.job.island_result).
+
+Why one job per island rather than one torch world: a lost island must be able to leave the others running
+(issue #41), torchft keeps its replica groups apart the same way, and the executor then runs each island exactly
+as it runs any plan. What joins them is the outer sync's store (`run.island.store`, served by global rank 0 of
+island 0 on a port picked here) and this module: steps of every island go to the same sinks with the island's
+name, and the first island to fail ends the others, its diagnosis named ("island B: rank 0 ...").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import tempfile
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from hetauto.core.errors import HetautoError
+from hetauto.job.islands import IslandRun, PreparedIslands
+
+if TYPE_CHECKING:
+    from hetauto.launch.local import LocalJob
+
+__all__ = ["IslandStep", "run_islands", "ISLAND_PLAN_COPY"]
+
+ISLAND_PLAN_COPY = "islands.json"  # the island plan as the ranks read it, in the job's folder
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class IslandStep:
+    """A completed step of one island (hetauto.runtime.step_log.StepRecord's fields, read through) with the
+    island's name: what the step bar and --log-jsonl rows show."""
+
+    island: str
+    record: Any
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["record"], name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"island": self.island, **self.record.to_dict()}
+
+
+def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]] | None = None) -> dict[str, Any]:
+    """Train every island of a prepared island plan on this host at once; returns the result document
+    (hetauto.job.island_result), its `loss_off_reference` set (None when every island kept to its reference)."""
+    from hetauto.job.island_result import island_result_document
+    from hetauto.job.result import wants_reference
+
+    want_reference = wants_reference(job.cfg, job.request.reference)
+    with tempfile.TemporaryDirectory(prefix="hetauto-islands-") as folder:
+        runs = _island_runs(job, Path(folder))
+        reports = _Islands(job, runs, Path(folder)).run(open_sinks, want_reference)
+    return island_result_document(job, runs, reports, want_reference=want_reference)
+
+
+def _island_runs(job: PreparedIslands, folder: Path) -> list[IslandRun]:
+    """Each island's run configuration: this host's backends for its stages (hetauto.job.preflight, as `hetauto run`
+    checks a plan), the island plan copied into the job's folder (its cluster file's path made absolute), and the
+    outer store's address."""
+    from hetauto.core.run_config import IslandConfig
+    from hetauto.job.preflight import check_backends
+
+    from hetauto.job.islands import with_absolute_cluster
+
+    copy = folder / ISLAND_PLAN_COPY
+    with_absolute_cluster(job.plan, job.base).save(copy)
+    store = f"127.0.0.1:{_free_port()}"
+    runs = []
+    for isl in job.islands:
+        try:
+            pre = check_backends(isl.plan, job.cluster, emulate=bool(job.request.emulate))
+        except HetautoError as err:
+            raise HetautoError(f"island {isl.name}: {err}") from None
+        options = replace(isl.options.with_emulation(backends=pre.backends),
+                          island=IslandConfig(plan=str(copy), index=isl.index, store=store))
+        env = dict(os.environ)
+        if pre.mock_devices is not None:
+            env["HETAUTO_MOCK_DEVICES"] = str(pre.mock_devices)
+        emulated = tuple({"stage": i, "backend": was, "runs_on": pre.backends[i]} for i, was in pre.emulated)
+        runs.append(IslandRun(isl, options, emulated, env))
+    return runs
+
+
+def _free_port() -> int:
+    """A loopback TCP port that was free a moment ago (the kernel's choice for port 0), for the outer store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Islands:
+    """The islands' jobs, started together and followed together: each job's `wait()` runs in a thread of its own
+    (it polls its torchrun, its step lines and its deadline), and the first island to fail or a signal ends the
+    others through each job's `watch` (the hook a node agent's job is stopped through)."""
+
+    def __init__(self, job: PreparedIslands, runs: list[IslandRun], folder: Path) -> None:
+        self.job, self.runs, self.folder = job, runs, folder
+        self.lock = threading.Lock()
+        self.stop_reason: str | None = None  # once set, every island still running is stopped with it
+        self.stopped: set[int] = set()  # islands stopped by this launcher (their errors are not the cause)
+        self.outcomes: dict[int, list[dict[str, Any]] | BaseException] = {}
+        self.failed: list[int] = []  # islands that failed on their own, in the order their jobs ended
+        self.signalled: int | None = None
+        self.sinks: list[Any] = []
+        self.threads: list[threading.Thread] = []  # one per island's job, waiting for it
+
+    def island_folder(self, index: int) -> Path:
+        """Island `index`'s run folder (its plan, run configuration, torchrun output and the ranks' marks)."""
+        return self.folder / f"island{index}"
+
+    def run(self, open_sinks: Callable[[], Sequence[Any]] | None, want_reference: bool) -> list[list[dict[str, Any]]]:
+        """Start every island, follow them to the end; every island's rank reports (island order), or the first
+        failure named by its island."""
+        previous = _signal_handlers()
+        try:
+            jobs = self._start()
+            try:
+                if previous:  # the main thread: replaces each job's handlers, so one signal ends every island
+                    for sig in _SIGNALS:
+                        signal.signal(sig, self._on_signal)
+                self.sinks = list(open_sinks()) if open_sinks is not None else []
+                self._follow(jobs, want_reference)
+            except BaseException:
+                self._abandon(jobs)
+                raise
+        finally:
+            _restore(previous)
+            for sink in self.sinks:
+                sink.close()
+        return self._result()
+
+    def _start(self) -> list[LocalJob]:
+        """Every island's job started (an island that cannot start ends the ones already started)."""
+        from hetauto.launch.local import LOOPBACK, local_command, start_job, write_run_folder
+
+        jobs: list[LocalJob] = []
+        try:
+            for run in self.runs:
+                isl, sub = run.island, self.island_folder(run.island.index)
+                sub.mkdir()
+                options = write_run_folder(sub, isl.plan, run.options)
+                jobs.append(start_job(isl.plan, run.options, sub, lambda worker, p=isl.plan: local_command(p, worker),
+                                      options, control_bind=LOOPBACK, env=run.env))
+        except BaseException:
+            for started in jobs:
+                started.kill()
+            raise
+        return jobs
+
+    def _follow(self, jobs: list[LocalJob], want_reference: bool) -> None:
+        """Each job waited for in a thread of its own, its steps to the sinks; returns when every job has ended."""
+        from hetauto.job.predict import flops_per_peak
+
+        for run, job in zip(self.runs, jobs):
+            i, name = run.island.index, run.island.name
+            job.watch = lambda i=i: self._watch(i)
+            job.follow_steps(None, lambda rec, name=name: self._step(name, rec),
+                             flops_per_peak(run.island.plan, self.job.base))
+        self.threads = [threading.Thread(target=self._wait, args=(run.island.index, job), daemon=True,
+                                         name=f"island-{run.island.name}") for run, job in zip(self.runs, jobs)]
+        for t in self.threads:
+            t.start()
+        if want_reference:
+            _import_for_reference()  # while the ranks start (they import torch too, which takes longer)
+        for t in self.threads:
+            while t.is_alive():
+                t.join(0.1)
+                if self.signalled is not None:
+                    self._stop(f"interrupted by {signal.Signals(self.signalled).name}")
+
+    def _abandon(self, jobs: list[LocalJob]) -> None:
+        """This launcher failed while the islands ran: end every job (through its thread when it has one)."""
+        if not self.threads:
+            for job in jobs:
+                job.kill()
+            return
+        self._stop("the launcher failed")
+        for t in self.threads:
+            t.join()
+
+    def _wait(self, index: int, job: LocalJob) -> None:
+        try:
+            outcome: list[dict[str, Any]] | BaseException = job.wait()
+        except BaseException as err:  # noqa: BLE001 (handed to the main thread)
+            outcome = err
+        with self.lock:
+            self.outcomes[index] = outcome
+            if isinstance(outcome, BaseException) and index not in self.stopped:
+                self.failed.append(index)
+        if isinstance(outcome, BaseException):
+            self._stop(f"island {self.runs[index].island.name} failed")
+
+    def _watch(self, index: int) -> str | None:
+        with self.lock:
+            if self.stop_reason is None:
+                return None
+            self.stopped.add(index)
+            return self.stop_reason
+
+    def _stop(self, reason: str) -> None:
+        with self.lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.signalled is None:
+            self.signalled = signum
+
+    def _step(self, island: str, record: Any) -> None:
+        """One island's completed step, to --log-jsonl and the sinks (the islands' threads take turns)."""
+        step = IslandStep(island, record)
+        with self.lock:
+            jsonl = self.job.request.log_jsonl
+            if jsonl is not None:
+                with open(jsonl, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(step.to_dict()) + "\n")
+            for sink in self.sinks:
+                sink.add(step)
+
+    def _result(self) -> list[list[dict[str, Any]]]:
+        from hetauto.launch.local import JobInterrupted
+
+        if self.signalled is not None:
+            raise JobInterrupted(f"interrupted by {signal.Signals(self.signalled).name}: stopped every island's job "
+                                 "(torchrun and its ranks)", self.signalled)
+        if self.failed:
+            culprit = next((i for i in self.failed if not self._only_secondary(i)), self.failed[0])
+            raise _named(self.outcomes[culprit], self.runs[culprit].island.name,  # type: ignore[arg-type]
+                         [self.runs[i].island.name for i in sorted(self.stopped)]) from None
+        return [self.outcomes[run.island.index] for run in self.runs]  # type: ignore[misc]
+
+    def _only_secondary(self, index: int) -> bool:
+        """Whether every error island `index`'s ranks reported follows from another rank's failure (a
+        communication error: with the outer sync, an island whose peer island died fails too, at about the same
+        moment); such an island is named only when no island failed of its own."""
+        from hetauto.launch.diagnosis import read_marks
+
+        errors = read_marks(self.runs[index].island.plan, self.island_folder(index)).errors
+        return bool(errors) and all(e.secondary for e in errors.values())
+
+
+def _named(err: BaseException, island: str, stopped: list[str]) -> BaseException:
+    """An island's failure as one line naming the island (and the islands it ended), its type and exit code kept."""
+    from hetauto.launch.diagnosis import JobFailed
+    from hetauto.launch.local import JobInterrupted
+
+    if isinstance(err, JobInterrupted) or not isinstance(err, HetautoError):
+        return err
+    ended = f"; stopped island(s) {', '.join(stopped)}" if stopped else ""
+    if isinstance(err, JobFailed):
+        return JobFailed(f"island {island}: {err}{ended}", err.rank, err.stage, err.cluster)
+    out = HetautoError(f"island {island}: {err}{ended}")
+    out.exit_code = err.exit_code
+    return out
+
+
+def _signal_handlers() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in _SIGNALS}
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        try:
+            signal.signal(sig, handler)
+        except (ValueError, OSError, TypeError):
+            pass
+
+
+def _import_for_reference() -> None:
+    import torch  # noqa: F401
+
+    try:
+        import hetauto.runtime.island_reference  # noqa: F401
+    except ImportError:
+        pass

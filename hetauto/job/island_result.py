@@ -1,0 +1,142 @@
+"""The result document of an island run (`hetauto run ISLAND_PLAN.json --json`, `hetauto.run()`): per island the
+document `hetauto run` gives a plan (losses, step times, tokens per second, ranks, stages), the whole job's tokens
+per second, the outer rounds from the holders' `outer_syncs` rows, the predicted round time next to the measured
+one, and each island's losses against the single-process island reference.
+
+Why the island's own document inside: each island is an ordinary job, so its figures are built by the same code
+(hetauto.job.result) and read the same; what is new is only what joins them (rounds, the job's pace, the
+reference of islands that sync).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from hetauto.core.islands import island_clusters
+from hetauto.core.precision import PRECISION_TOLERANCE
+
+if TYPE_CHECKING:
+    from hetauto.core.islands import IslandPlan
+    from hetauto.job.islands import IslandRun, PreparedIslands
+
+__all__ = ["REFERENCE_NOT_AVAILABLE", "island_result_document", "rounds_summary", "island_reference_losses"]
+
+# the single-process island reference (hetauto.runtime.island_reference) is not installed in this checkout
+REFERENCE_NOT_AVAILABLE = "not available"
+
+
+def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], reports: Sequence[list[dict[str, Any]]],
+                           *, want_reference: bool) -> dict[str, Any]:
+    """The document from every island's rank reports (island order), its `loss_off_reference` set: the first
+    island whose losses left the reference's tolerance, as one line naming it (None when every island kept to it
+    or there was no reference)."""
+    from hetauto.job.result import result_document
+
+    plan = job.plan
+    islands = []
+    for run, mine in zip(runs, reports):
+        isl = plan.islands[run.island.index]
+        doc = result_document(isl.plan, job.cfg, mine, run.options, base=job.base, emulate=job.request.emulate,
+                              want_reference=False, emulated_backends=run.emulated)
+        start, stop = plan.rows(run.island.index)
+        islands.append({"name": isl.name, "index": run.island.index, "clusters": list(island_clusters(isl)),
+                        "rows": [start, stop], "token_weight": plan.token_weights()[run.island.index],
+                        "tokens_s": _tokens_s(isl.plan.global_batch * plan.seq_len, doc["measured_step_s"]),
+                        "outer_syncs": _holder_rows(mine), **doc})
+    reference, status = (island_reference_losses(plan, job.cfg, job.options) if want_reference
+                         else (None, "skipped"))
+    off = _check_reference(islands, reference)
+    slowest = max(i["measured_step_s"] for i in islands)
+    rounds = rounds_summary(plan, reports, slowest)
+    return {
+        "schema": plan.schema_,
+        "plan": str(job.path),
+        "model": plan.model,
+        "islands": islands,
+        "start_step": 0,
+        "steps": job.request.steps,
+        "inner_steps": plan.outer.inner_steps,
+        "fragments": plan.outer.fragments,
+        "global_batch": plan.global_batch,
+        "measured_step_s": slowest,
+        "tokens_s": _tokens_s(plan.global_batch * plan.seq_len, slowest),
+        **rounds,
+        "reference": status,
+        "loss_off_reference": off,
+        "emulated": bool(job.request.emulate),
+        "emulation": job.request.emulate,
+        "seed": job.options.seed,
+    }
+
+
+def _tokens_s(tokens_per_step: int, step_s: float) -> float | None:
+    """Steady tokens per second: a step's tokens over its median time after the first (a whole job's: over the
+    slowest island's, which sets the pace wherever the islands sync)."""
+    return tokens_per_step / step_s if step_s > 0 else None
+
+
+def _holder_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Every `outer_syncs` row of the island's ranks (one per sync a holder took part in), with the holder's rank;
+    None when its ranks report no such rows (a rank side without the outer sync)."""
+    if not any("outer_syncs" in r for r in reports):
+        return None
+    return [{"rank": int(r["rank"]), **row} for r in reports for row in r.get("outer_syncs") or []]
+
+
+def rounds_summary(plan: IslandPlan, reports: Sequence[list[dict[str, Any]]], step_s: float) -> dict[str, Any]:
+    """The outer rounds as the holders measured them: one row per sync (step, fragment) over every island's
+    holders (`bytes` summed, `sync_s`, `exposed_s` the longest, `holders` counted), `rounds` the complete rounds
+    (F syncs each), the measured round time (H x the slowest island's steady step + a round's exposed sync: the
+    planner's formula, with measured terms) next to the plan's prediction. `rounds` and `syncs` are None when no
+    rank reported outer syncs."""
+    predicted = plan.prediction.round_time_s if plan.prediction is not None else None
+    if not any("outer_syncs" in r for mine in reports for r in mine):
+        return {"rounds": None, "syncs": None, "measured_round_s": None, "predicted_round_s": predicted}
+    by_sync: dict[tuple[int, int], dict[str, Any]] = {}
+    for mine in reports:
+        for rep in mine:
+            for row in rep.get("outer_syncs") or []:
+                key = (int(row["step"]), int(row.get("fragment", 0)))
+                got = by_sync.setdefault(key, {"step": key[0], "fragment": key[1], "bytes": 0, "sync_s": 0.0,
+                                               "exposed_s": 0.0, "holders": 0})
+                got["bytes"] += int(row.get("bytes", 0))
+                got["sync_s"] = max(got["sync_s"], float(row.get("sync_s", 0.0)))
+                got["exposed_s"] = max(got["exposed_s"], float(row.get("exposed_s", 0.0)))
+                got["holders"] += 1
+    syncs = [by_sync[k] for k in sorted(by_sync)]
+    rounds = len(syncs) // plan.outer.fragments
+    measured = (plan.outer.inner_steps * step_s + sum(s["exposed_s"] for s in syncs) / rounds) if rounds else None
+    return {"rounds": rounds, "syncs": syncs, "measured_round_s": measured, "predicted_round_s": predicted}
+
+
+def island_reference_losses(plan: IslandPlan, cfg: Any, run: Any) -> tuple[list[list[float]] | None, str]:
+    """Each island's losses from the single-process island reference (hetauto.runtime.island_reference: every
+    island's whole model on its rows, the due outer steps between), and the check's status: "checked", or
+    `REFERENCE_NOT_AVAILABLE` when that module is not installed (nothing is compared)."""
+    try:
+        from hetauto.runtime.island_reference import reference_islands
+    except ImportError:
+        return None, REFERENCE_NOT_AVAILABLE
+    import torch
+
+    torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
+    ref = reference_islands(plan, cfg, run)
+    return [list(losses) for losses in ref.losses], "checked"
+
+
+def _check_reference(islands: list[dict[str, Any]], reference: list[list[float]] | None) -> str | None:
+    """Fill each island's `reference_loss`, `max_loss_diff` and `loss_off_reference`; the first island off its
+    reference as one line naming it, or None."""
+    from hetauto.job.result import loss_off_reference
+
+    first = None
+    for doc in islands:
+        ref = None if reference is None else reference[doc["index"]][doc["start_step"]:]
+        doc["reference_loss"] = ref
+        doc["max_loss_diff"] = None if not ref else max(abs(a - b) for a, b in zip(doc["loss"], ref))
+        doc["loss_tolerance"] = PRECISION_TOLERANCE.get(doc["precision"])
+        off = loss_off_reference(doc["loss"], ref, doc["start_step"], doc["loss_tolerance"])
+        doc["loss_off_reference"] = off
+        if off is not None and first is None:
+            first = f"island {doc['name']}: {off}"
+    return first

@@ -1,0 +1,187 @@
+"""Every check of an island run before anything starts (`prepare_islands`): `hetauto run ISLAND_PLAN.json` and
+`hetauto.run()` with an island plan (`"schema": "hetauto.plan/2"`, hetauto.core.islands).
+
+Why its own preparation: an island plan is several ordinary plans, each run as a job of its own (its own torchrun,
+control store and run folder; hetauto.job.island_launch), so each island is checked as `hetauto run` checks a
+plan, with its name in the error; and what island runs do not support yet (checkpoints, restarts, the netns
+emulation, traces) is refused here in one line each, before any island starts, rather than found inside one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hetauto.core.errors import HetautoError
+from hetauto.job.request import JobRequest
+
+if TYPE_CHECKING:
+    from hetauto.core.islands import IslandPlan
+    from hetauto.core.plan import Plan
+    from hetauto.core.run_config import RunConfig
+
+__all__ = ["IslandRun", "PreparedIsland", "PreparedIslands", "is_island_plan_file", "prepare_islands",
+           "unsupported_option", "with_absolute_cluster"]
+
+
+@dataclass(frozen=True)
+class PreparedIsland:
+    """One island as a job of its own: its name and index in the island plan, its plan/1 plan, and the run
+    configuration its ranks read (its `island` section is set at launch, with the outer store's port; the fault of
+    `--inject-fault` only in the island whose rank it names)."""
+
+    name: str
+    index: int
+    plan: Plan
+    options: RunConfig
+
+
+@dataclass(frozen=True)
+class PreparedIslands:
+    """A checked island run: the request (seed resolved), the island plan and its file, the cluster spec and model
+    config every island shares, the plan's folder, and the islands."""
+
+    request: JobRequest
+    plan: IslandPlan
+    path: Path
+    cluster: Any
+    cfg: Any
+    base: Path
+    islands: tuple[PreparedIsland, ...]
+
+    @property
+    def options(self) -> RunConfig:
+        """The run configuration every island shares (training, data, seed): island 0's, without its fault."""
+        return replace(self.islands[0].options, faults=replace(self.islands[0].options.faults, inject=None))
+
+
+@dataclass(frozen=True)
+class IslandRun:
+    """One island as launched: its run configuration (emulated backends, the island section) and what the host's
+    preflight changed (`emulated`: the stages moved to the emulation backend), and the environment of its job."""
+
+    island: PreparedIsland
+    options: RunConfig
+    emulated: tuple[dict[str, Any], ...]
+    env: dict[str, str]
+
+
+def is_island_plan_file(path: str | Path) -> bool:
+    """Whether `path` holds an island plan; a file that cannot be read or parsed is left to the ordinary plan
+    path, which names the problem."""
+    from hetauto.core.islands import is_island_document
+    from hetauto.core.specio import read_document
+
+    try:
+        return is_island_document(read_document(path))
+    except (HetautoError, OSError, ValueError):
+        return False
+
+
+def with_absolute_cluster(plan: IslandPlan, base: Path) -> IslandPlan:
+    """`plan` with its cluster file, when it is one relative to `base`, made absolute in the plan and in every
+    island (they name the same one): a copy saved elsewhere (the job's folder, a temporary folder) still finds it."""
+    ref = plan.cluster
+    if not ref or not (base / ref).is_file():
+        return plan
+    path = str((base / ref).resolve())
+    islands = tuple(i.model_copy(update={"plan": i.plan.model_copy(update={"cluster": path})})
+                    if i.plan.cluster == ref else i for i in plan.islands)
+    return plan.model_copy(update={"cluster": path, "islands": islands})
+
+
+def unsupported_option(r: JobRequest) -> str | None:
+    """The first option an island run does not support yet, as one line (None: every option given is supported).
+    Why each: checkpoints would have to hold the outer state (global parameters, outer momentum, the streaming
+    phase), which the ranks do not save yet, and --resume and --max-restarts need those checkpoints; the netns
+    emulation runs one plan's clusters as namespaces, not several jobs; a trace and TensorBoard scalars are one
+    plan's timeline and one step series."""
+    f = r.flag
+    if r.emulate == "netns":
+        return (f"island runs do not support {f('emulate')} netns yet: each island runs as its own job on this host; "
+                f"use {f('emulate')} (in-process links)")
+    for name, given, why in (
+            ("checkpoint_dir", r.checkpoint_dir is not None, "island runs do not write checkpoints yet"),
+            ("resume", r.resume is not None, "island runs do not resume from checkpoints yet"),
+            ("max_restarts", r.max_restarts > 0, "island runs do not restart yet (a restart resumes from a "
+                                                 "checkpoint, and island runs write none)"),
+            ("trace", r.trace is not None, "island runs do not write a Chrome trace yet"),
+            ("tensorboard", r.tensorboard is not None,
+             f"island runs do not write TensorBoard scalars yet ({f('log_jsonl')} rows carry each step's island)")):
+        if given:
+            return f"{why}; drop {f(name)}"
+    return None
+
+
+def prepare_islands(request: JobRequest) -> PreparedIslands:
+    """Check an island run's options, plan (every island as `hetauto run` checks a plan), fault and data before
+    anything starts."""
+    from hetauto.core.islands import IslandPlan
+    from hetauto.core.plan_check import validate_island_plan
+    from hetauto.job.prepare import check_inputs, check_plan_runs, check_request_options
+
+    check_request_options(request)
+    unsupported = unsupported_option(request)
+    if unsupported is not None:
+        raise HetautoError(unsupported)
+    path = Path(request.plan).resolve()
+    plan = IslandPlan.load(request.plan)
+    base = path.parent
+    cluster, cfg = validate_island_plan(plan, base)
+    for i, isl in enumerate(plan.islands):
+        try:
+            check_plan_runs(isl.plan, cfg, base, request)
+        except HetautoError as err:
+            raise _in_island(err, i, isl.name) from None
+    fault = _island_fault(request, plan)
+    if request.seed is None:
+        request = request.with_knobs(seed=0)
+    check_inputs(request, plan, cfg)  # the islands read rows of one data stream at the plan's global batch
+    islands = tuple(_prepared_island(request, plan, i, cluster, base, fault) for i in range(len(plan.islands)))
+    return PreparedIslands(request.with_knobs(inject_fault=None), plan, path, cluster, cfg, base, islands)
+
+
+def _in_island(err: HetautoError, index: int, name: str) -> HetautoError:
+    """`err` as one line naming the island, with its exit code."""
+    out = HetautoError(f"islands[{index}] ({name}): {err}")
+    out.exit_code = err.exit_code
+    return out
+
+
+def _island_fault(r: JobRequest, plan: IslandPlan) -> tuple[int, str] | None:
+    """--inject-fault's rank counts the island plan's ranks in island order (island 0's ranks first, then island
+    1's, ...): (the island it falls in, the spec with the island's own rank), checked as `hetauto run` checks it."""
+    if r.inject_fault is None:
+        return None
+    from hetauto.runtime.faults import FaultSpec
+
+    spec = FaultSpec.parse(r.inject_fault)
+    name, total = r.flag("inject_fault"), sum(isl.plan.world_size for isl in plan.islands)
+    if spec.rank >= total:
+        raise HetautoError(f"{name}: rank {spec.rank} is outside the island plan's {total} ranks (island 0's ranks "
+                           "first, then island 1's, ...)")
+    if spec.phase != "step":
+        raise HetautoError(f"{name}: phase={spec.phase}: island runs write no checkpoints; use phase=step")
+    if spec.step > r.steps - 1:
+        raise HetautoError(f"{name}: step {spec.step} never comes (the run's last step is {r.steps - 1} with "
+                           f"{r.flag('steps')} {r.steps}); name an earlier step or raise {r.flag('steps')}")
+    rank = spec.rank
+    for i, isl in enumerate(plan.islands):
+        if rank < isl.plan.world_size:
+            return i, str(replace(spec, rank=rank))
+        rank -= isl.plan.world_size
+    raise AssertionError("unreachable: the rank was checked against the total")
+
+
+def _prepared_island(r: JobRequest, plan: IslandPlan, index: int, cluster: Any, base: Path,
+                     fault: tuple[int, str] | None) -> PreparedIsland:
+    """Island `index`'s run configuration: the request's (as `hetauto run` builds it for the island's plan), the
+    fault only where it fires."""
+    from hetauto.job.options import run_options
+
+    isl = plan.islands[index]
+    options = run_options(r.with_knobs(inject_fault=None), isl.plan, cluster, base)
+    if fault is not None and fault[0] == index:
+        options = replace(options, faults=replace(options.faults, inject=fault[1]))
+    return PreparedIsland(isl.name, index, isl.plan, options)
