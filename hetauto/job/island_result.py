@@ -19,10 +19,7 @@ if TYPE_CHECKING:
     from hetauto.core.islands import IslandPlan
     from hetauto.job.islands import IslandRun, PreparedIslands
 
-__all__ = ["REFERENCE_NOT_AVAILABLE", "island_result_document", "rounds_summary", "island_reference_losses"]
-
-# the single-process island reference (hetauto.runtime.island_reference) is not installed in this checkout
-REFERENCE_NOT_AVAILABLE = "not available"
+__all__ = ["island_result_document", "rounds_summary", "island_reference_losses"]
 
 
 def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], reports: Sequence[list[dict[str, Any]]],
@@ -111,13 +108,10 @@ def rounds_summary(plan: IslandPlan, reports: Sequence[list[dict[str, Any]]], st
 
 def island_reference_losses(plan: IslandPlan, cfg: Any, run: Any) -> tuple[list[list[float]] | None, str]:
     """Each island's losses from the single-process island reference (hetauto.runtime.island_reference: every
-    island's whole model on its rows, the due outer steps between), and the check's status: "checked", or
-    `REFERENCE_NOT_AVAILABLE` when that module is not installed (nothing is compared)."""
-    try:
-        from hetauto.runtime.island_reference import reference_islands
-    except ImportError:
-        return None, REFERENCE_NOT_AVAILABLE
+    island's whole model on its rows, the due outer steps between), and the check's status: "checked"."""
     import torch
+
+    from hetauto.runtime.island_reference import reference_islands
 
     torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
     ref = reference_islands(plan, cfg, run)
