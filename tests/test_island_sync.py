@@ -1,0 +1,343 @@
+"""The outer sync inside the ranks of an island run (issue 40, hetauto.runtime.island_sync): each island its own
+gloo world (its own master port), the holders' groups on one outer store; tiny-gpt, H = 2, 4 inner steps.
+
+After every sync every island holds the same parameters bit for bit, whatever its layout (pp with another split,
+tp 2, dp 2 with zero1, interleaved chunks) and wire format (fp32, bf16, int8; fragments F = 2); two 1-rank islands
+equal a single-process DiLoCo written here (and the project's reference, hetauto.runtime.island_reference, once
+it is there); an ordinary run's report is unchanged; what is not supported is refused in one line.
+One process set (3 ranks) runs every case: process start-up dominates small multi-process tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hetauto.core.islands import Island, IslandPlan, OuterSync, WireLink
+from hetauto.core.model_catalog import get_model
+from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
+from hetauto.core.run_config import RunConfig
+from hetauto.runtime.island_exchange import pack, unpack
+from hetauto.runtime.island_holders import holder_groups, slot_holders
+from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge
+from hetauto.runtime.wire_codec import contribution_format, round_trip
+from hetauto.testing.multiproc import free_port, run_ranks
+
+GPT = get_model("tiny-gpt")  # 6 slots: embedding, 4 blocks, head
+STEPS, SEED, H, PROCS = 4, 5, 2, 3
+
+
+def _stage(cluster: str, layers: tuple[int, int], tp: int = 1, dp: int = 1, first: int = 0) -> StagePlan:
+    return StagePlan(cluster=cluster, device_type="cpu", devices=tuple(range(first, first + tp * dp)), layers=layers,
+                     tp=tp, dp=dp)
+
+
+def _island(name: str, batch: int, *stages: StagePlan, schedule: str = "1f1b", zero1: bool = False) -> Island:
+    mb = 2
+    extra: dict[str, Any] = {"zero1": True} if zero1 else {}
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=batch, microbatch_size=mb,
+                num_microbatches=batch // mb, stages=stages, schedule=ScheduleSpec(name=schedule), **extra)
+    return Island(name=name, plan=plan)
+
+
+def _plan(a: Island, b: Island, wire: str = "fp32", fragments: int = 1) -> IslandPlan:
+    return IslandPlan(model="tiny-gpt", cluster="cpu-demo", seq_len=16,
+                      global_batch=a.plan.global_batch + b.plan.global_batch, islands=(a, b),
+                      outer=OuterSync(inner_steps=H, fragments=fragments,
+                                      wire=(WireLink(between=(a.name, b.name), format=wire),)))
+
+
+def _interleaved() -> Island:
+    return _island("fast", 4, _stage("fast", (0, 3)), _stage("fast", (3, 6), first=1), schedule="interleaved")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    plan: IslandPlan
+    emulate: bool = False
+
+
+CASES = [
+    # island fast: pp 2 split [0, 3) | [3, 6); island slow: one rank, all slots (3 holder groups cross the splits)
+    Case("pp", _plan(_island("fast", 4, _stage("fast", (0, 3)), _stage("fast", (3, 6), first=1)),
+                     _island("slow", 4, _stage("slow", (0, 6))))),
+    # tp 2 on one island, int8 outer gradients in two fragments; the link emulated (cpu-demo: 1 ms, 1 Gbps)
+    Case("tp-int8-F2", _plan(_island("fast", 4, _stage("fast", (0, 6), tp=2)), _island("slow", 2, _stage("slow", (0, 6))),
+                             wire="int8", fragments=2), emulate=True),
+    # dp 2 with zero1 against one rank, bf16: both replicas take the broadcast, uneven batches weigh 4:2
+    Case("dp-zero1-bf16", _plan(_island("fast", 4, _stage("fast", (0, 6), dp=2), zero1=True),
+                                _island("slow", 2, _stage("slow", (0, 6))), wire="bf16")),
+    # interleaved chunks (ChunkedStage's canonical names: rank 0 holds slots 0, 1, 4; rank 1 slots 2, 3, 5)
+    Case("interleaved", _plan(_interleaved(), _island("slow", 4, _stage("slow", (0, 6))), fragments=2)),
+    # two 1-rank islands: the single-process DiLoCo below computes the same
+    Case("single", _plan(_island("fast", 6, _stage("fast", (0, 6))), _island("slow", 2, _stage("slow", (0, 6))),
+                         fragments=2)),
+]
+
+
+def _run_config(path: str, index: int, store: str, emulate: bool) -> RunConfig:
+    return RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30, lr=3e-3, island_plan=path, island_index=index,
+                               island_store=store, emulate="inprocess" if emulate else "none")
+
+
+def _assignment(plan: IslandPlan) -> list[tuple[int, int]]:
+    """Process p -> (island, rank inside the island); processes beyond the islands' ranks sit the case out."""
+    return [(i, r) for i, isl in enumerate(plan.islands) for r in range(isl.plan.world_size)]
+
+
+def _snapshot(stage: Any) -> dict[str, torch.Tensor]:
+    """This rank's stage parameters as whole tensors (TP shards gathered: collective over the TP ranks)."""
+    out = {}
+    for name, p in stage.named_parameters():
+        # numpy: pickled by value (a torch tensor would travel as shared memory that dies with the process)
+        out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().numpy().copy()
+    return out
+
+
+def _island_rank(proc: int, world: int, paths: list[str], ports: list[list[int]], store_ports: list[int]) -> list:
+    """Process `proc`: for each case, join its island's own world and train it; return its report and its
+    parameters after every sync (dp 0, tp 0 ranks)."""
+    import os
+
+    from hetauto.core.comm import Communicator
+    from hetauto.runtime import island_sync
+    from hetauto.runtime.training import train_rank
+
+    results: list[Any] = []
+    for case, path, island_ports, store_port in zip(CASES, paths, ports, store_ports):
+        slots = _assignment(case.plan)
+        if proc >= len(slots):
+            results.append(None)
+            continue
+        index, rank = slots[proc]
+        plan = case.plan.islands[index].plan
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(plan.world_size),
+                          LOCAL_WORLD_SIZE=str(plan.world_size), MASTER_PORT=str(island_ports[index]))
+        snaps: dict[int, dict[str, torch.Tensor]] = {}
+        original = island_sync.IslandSync.after_step
+
+        def after_step(self: Any, step: int, _orig: Any = original, _snaps: dict = snaps) -> None:
+            _orig(self, step)
+            if due_fragments(step, H, case.plan.outer.fragments):
+                stage = self.stage
+                snap = _snapshot(stage)
+                if self.me.dp_index == 0 and self.me.tp_index == 0:
+                    _snaps[step] = snap
+
+        island_sync.IslandSync.after_step = after_step
+        comm = Communicator.init_from_env("gloo", timeout_s=30)
+        try:
+            run = _run_config(path, index, f"127.0.0.1:{store_port}", case.emulate)
+            report = train_rank(comm, plan, GPT, run).to_dict()
+        finally:
+            island_sync.IslandSync.after_step = original
+            comm.destroy()
+        results.append({"island": index, "rank": rank, "report": report, "snaps": snaps})
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[list[dict]]:
+    """Per case: every participating process's result."""
+    tmp = tmp_path_factory.mktemp("islands")
+    paths = []
+    for case in CASES:
+        path = tmp / f"{case.name}.json"
+        case.plan.save(path)
+        paths.append(str(path))
+    ports = [[free_port() for _ in case.plan.islands] for case in CASES]
+    stores = [free_port() for _ in CASES]
+    per_proc = run_ranks(_island_rank, PROCS, paths, ports, stores, timeout=120)
+    return [[per_proc[p][c] for p in range(PROCS) if per_proc[p][c] is not None] for c in range(len(CASES))]
+
+
+def _params_by_island(results: list[dict]) -> dict[int, dict[int, dict[str, torch.Tensor]]]:
+    """island -> step -> name -> tensor, every stage's holder's snapshot merged."""
+    out: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
+    for r in results:
+        for step, snap in r["snaps"].items():
+            out.setdefault(r["island"], {}).setdefault(step, {}).update({n: torch.from_numpy(a) for n, a in snap.items()})
+    return out
+
+
+def _losses(results: list[dict], island: int) -> list[float]:
+    rows = [r["report"]["losses"] for r in results if r["island"] == island and r["report"]["losses"] is not None]
+    return [sum(x) for x in zip(*rows)]
+
+
+@pytest.mark.parametrize("c", range(len(CASES)), ids=[c.name for c in CASES])
+def test_every_island_holds_the_same_parameters_after_each_sync(runs, c: int) -> None:
+    case, results = CASES[c], runs[c]
+    params = _params_by_island(results)
+    sync_steps = [s for s in range(STEPS) if due_fragments(s, H, case.plan.outer.fragments)]
+    assert sorted(params[0]) == sorted(params[1]) == sync_steps
+    frags = fragment_slots(GPT.num_layer_slots, case.plan.outer.fragments)
+    for step in sync_steps:
+        a, b = params[0][step], params[1][step]
+        assert sorted(a) == sorted(b) and len(a) > 0
+        synced = {s for f in due_fragments(step, H, case.plan.outer.fragments) for s in frags[f]}
+        for name in a:
+            same = torch.equal(a[name], b[name])
+            if int(name.split(".")[1]) in synced:
+                assert same, f"{case.name}: {name} differs between the islands after step {step}'s sync"
+            elif case.plan.outer.fragments > 1:  # a fragment not synced yet: each island's own inner steps
+                assert not same, f"{case.name}: {name} is equal across islands before its fragment's sync"
+    # the islands trained different rows: their losses differ, and the synced parameters moved
+    assert _losses(results, 0) != _losses(results, 1)
+
+
+@pytest.mark.parametrize("c", range(len(CASES)), ids=[c.name for c in CASES])
+def test_holders_report_their_syncs(runs, c: int) -> None:
+    case, results = CASES[c], runs[c]
+    plan = case.plan
+    syncs = [(s, f) for s in range(STEPS) for f in due_fragments(s, H, plan.outer.fragments)]
+    for r in results:
+        isl = plan.islands[r["island"]]
+        rows = r["report"].get("outer_syncs", [])
+        holders = set(slot_holders(isl.plan).values())
+        if r["rank"] not in holders:
+            assert rows == []
+            continue
+        assert [(x["step"], x["fragment"]) for x in rows] == syncs
+        other = [i.name for i in plan.islands if i.name != isl.name]
+        fmt = contribution_format(plan, isl.name)
+        for x in rows:
+            assert x["peers"] == other and x["sync_s"] == x["exposed_s"] > 0 and x["bytes"] > 0
+        if fmt == "fp32" and plan.outer.fragments == 1 and len(holders) == 1:
+            n = sum(p.numel() for p in _whole_model().parameters())
+            assert all(x["bytes"] == 4 * n for x in rows)  # one rank holds everything: the whole model, once
+    if case.emulate:  # cpu-demo's fast-slow link: 1 ms + bytes / 125 MB/s per exchange at least
+        rows = [x for r in results for x in r["report"].get("outer_syncs", [])]
+        assert all(x["sync_s"] >= 0.001 + x["bytes"] / 125e6 for x in rows)
+
+
+def _whole_model() -> torch.nn.Module:
+    from hetauto.runtime.stage import build_model
+
+    return build_model(GPT, SEED)
+
+
+# -- the single-process DiLoCo these ranks must reproduce (two 1-rank islands) ----------------------------------
+def _diloco(plan: IslandPlan, run: RunConfig) -> tuple[list[list[float]], list[dict[str, torch.Tensor]]]:
+    """Each island's whole model, AdamW on its rows of each global batch, after each step the due fragments'
+    outer step on the token-weighted merge of the round-tripped pseudo-gradients."""
+    from hetauto.runtime.batches import BatchSource, IslandBatches
+    from hetauto.runtime.data import microbatch
+    from hetauto.runtime.reference import optimizer_for
+    from hetauto.runtime.stage import build_model
+
+    models = [build_model(GPT, SEED) for _ in plan.islands]
+    opts = [optimizer_for(m.parameters(), run.training) for m in models]
+    outers = [OuterOptimizer(dict(m.named_parameters()), lr=plan.outer.optimizer.lr,
+                             momentum=plan.outer.optimizer.momentum) for m in models]
+    source = BatchSource(SEED, GPT.vocab_size)
+    frags = fragment_slots(GPT.num_layer_slots, plan.outer.fragments)
+    formats = [contribution_format(plan, isl.name) for isl in plan.islands]
+    losses: list[list[float]] = [[] for _ in plan.islands]
+    for step in range(STEPS):
+        for i, (isl, model, opt) in enumerate(zip(plan.islands, models, opts)):
+            p = isl.plan
+            batch = IslandBatches(source, plan.global_batch, *plan.rows(i)).train(step, p.global_batch, p.seq_len)
+            total = 0.0
+            for j in range(p.num_microbatches):
+                mb = microbatch(batch, j, p.microbatch_size)
+                loss = model(mb.tokens, mb.targets, p.global_batch * p.seq_len)
+                loss.backward()
+                total += loss.item()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses[i].append(total)
+        for f in due_fragments(step, H, plan.outer.fragments):
+            names = [n for n in outers[0].params if int(n.split(".")[1]) in frags[f]]
+            grads = [o.pseudo_gradient(names) for o in outers]
+            merged = {n: merge([round_trip(g[n], fmt) for g, fmt in zip(grads, formats)], plan.token_weights())
+                      for n in names}
+            for o in outers:
+                o.step(merged)
+    return losses, [{n: p.detach().clone() for n, p in m.named_parameters()} for m in models]
+
+
+def test_two_one_rank_islands_equal_the_single_process_diloco(runs) -> None:
+    c = next(i for i, case in enumerate(CASES) if case.name == "single")
+    plan, results = CASES[c].plan, runs[c]
+    losses, params = _diloco(plan, _run_config("unused", 0, "x:1", False))
+    final = _params_by_island(results)
+    for i in range(2):
+        assert _losses(results, i) == pytest.approx(losses[i], rel=1e-5, abs=1e-6)
+        for name, want in params[i].items():
+            torch.testing.assert_close(final[i][STEPS - 1][name], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("c", [0, 1, 3], ids=[CASES[i].name for i in (0, 1, 3)])
+def test_ranks_equal_the_project_reference(runs, c: int, tmp_path: Path) -> None:
+    """hetauto.runtime.island_reference (engineer I3's single-process reference): losses and final parameters
+    within the executor's fp32 contract (1e-5; pipelines and TP sum in another order than one process)."""
+    ref = pytest.importorskip("hetauto.runtime.island_reference")
+    plan, results = CASES[c].plan, runs[c]
+    got = ref.reference_islands(plan, GPT, _run_config("unused", 0, "x:1", False))
+    final = _params_by_island(results)
+    for i in range(2):
+        assert _losses(results, i) == pytest.approx(list(got.losses[i]), rel=1e-5, abs=1e-6)
+        for name, want in got.params[i].items():
+            torch.testing.assert_close(final[i][STEPS - 1][name], want, rtol=1e-5, atol=1e-5)
+
+
+# -- pure parts: holder groups and the byte payloads ------------------------------------------------------------
+def test_holder_groups_cross_different_pipeline_splits() -> None:
+    # fast: interleaved, rank 0 holds chunks [0,2) and [4,5), rank 1 [2,4) and [5,6); slow: [0,2) | [2,6)
+    slow = _island("slow", 4, _stage("slow", (0, 2)), _stage("slow", (2, 6), first=1))
+    groups = holder_groups(_plan(_interleaved(), slow))
+    assert [(g.members, g.slots) for g in groups] == [((0, 0), (0, 1)), ((0, 1), (4,)), ((1, 1), (2, 3, 5))]
+    assert [g.key for g in groups] == ["i0r0-i1r0", "i0r0-i1r1", "i0r1-i1r1"]  # the one global order
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])
+def test_payloads_round_trip_like_the_codec(fmt: str) -> None:
+    torch.manual_seed(0)
+    tensors = [torch.randn(3, 5), torch.randn(300), torch.randn(7)]  # odd sizes: int8 blocks and bf16 alignment
+    got = unpack(pack(tensors, fmt), fmt, tensors)
+    for t, g in zip(tensors, got):
+        assert torch.equal(g, round_trip(t, fmt))
+
+
+# -- an ordinary run, and what is refused -----------------------------------------------------------------------
+def _ordinary(rank: int, world: int) -> dict:
+    from hetauto.core.comm import Communicator
+    from hetauto.runtime.training import train_rank
+
+    comm = Communicator.init_from_env("gloo", timeout_s=30)
+    try:
+        plan = CASES[0].plan.islands[0].plan
+        return train_rank(comm, plan, GPT, RunConfig.from_flat(steps=2, seed=SEED, timeout_s=30)).to_dict()
+    finally:
+        comm.destroy()
+
+
+def _refused(rank: int, world: int, path: str, store: int) -> str:
+    from hetauto.core.comm import Communicator
+    from hetauto.core.errors import PlanMismatch
+    from hetauto.runtime.training import train_rank
+
+    comm = Communicator.init_from_env("gloo", timeout_s=30)
+    try:
+        plan = CASES[0].plan.islands[1].plan  # island 0's index with island 1's plan
+        train_rank(comm, plan, GPT, _run_config(path, 0, f"127.0.0.1:{store}", False))
+    except PlanMismatch as exc:
+        return str(exc)
+    finally:
+        comm.destroy()
+    return "not refused"
+
+
+def test_an_ordinary_run_reports_no_outer_syncs_and_a_wrong_plan_is_refused(tmp_path: Path) -> None:
+    reports = run_ranks(_ordinary, 2, timeout=60)
+    assert all("outer_syncs" not in r for r in reports)
+    path = tmp_path / "ip.json"
+    CASES[0].plan.save(path)
+    (msg,) = run_ranks(_refused, 1, str(path), free_port(), timeout=60)
+    assert msg.startswith("island 'fast': the run's plan is not island 0's plan") and "\n" not in msg
