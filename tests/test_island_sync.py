@@ -124,10 +124,7 @@ def _island_rank(proc: int, world: int, paths: list[str], ports: list[list[int]]
         def after_step(self: Any, step: int, _orig: Any = original, _snaps: dict = snaps) -> None:
             _orig(self, step)
             if due_fragments(step, H, case.plan.outer.fragments):
-                stage = self.stage
-                snap = _snapshot(stage)
-                if self.me.dp_index == 0 and self.me.tp_index == 0:
-                    _snaps[step] = snap
+                _snaps[step] = _snapshot(self.stage)
 
         island_sync.IslandSync.after_step = after_step
         comm = Communicator.init_from_env("gloo", timeout_s=30)
@@ -160,6 +157,8 @@ def _params_by_island(results: list[dict]) -> dict[int, dict[int, dict[str, torc
     """island -> step -> name -> tensor, every stage's holder's snapshot merged."""
     out: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
     for r in results:
+        if (r["report"]["dp_index"], r["report"]["tp_index"]) != (0, 0):
+            continue
         for step, snap in r["snaps"].items():
             out.setdefault(r["island"], {}).setdefault(step, {}).update({n: torch.from_numpy(a) for n, a in snap.items()})
     return out
@@ -189,6 +188,17 @@ def test_every_island_holds_the_same_parameters_after_each_sync(runs, c: int) ->
                 assert not same, f"{case.name}: {name} is equal across islands before its fragment's sync"
     # the islands trained different rows: their losses differ, and the synced parameters moved
     assert _losses(results, 0) != _losses(results, 1)
+
+
+@pytest.mark.parametrize("c", [1, 2], ids=[CASES[i].name for i in (1, 2)])
+def test_tp_ranks_and_dp_replicas_take_the_same_outer_step(runs, c: int) -> None:
+    """The merged tensors reach every rank of the stage: TP ranks step their own shards of them (gathered here),
+    DP replicas (zero1: whole parameters on every replica) the whole of them."""
+    lead, *others = sorted(runs[c], key=lambda r: (r["island"], r["rank"]))[:2]
+    assert lead["island"] == 0 and len(others) == 1 and others[0]["island"] == 0
+    for step, snap in lead["snaps"].items():
+        for name, value in snap.items():
+            assert (value == others[0]["snaps"][step][name]).all(), f"{name} after step {step}"
 
 
 @pytest.mark.parametrize("c", range(len(CASES)), ids=[c.name for c in CASES])
@@ -341,3 +351,54 @@ def test_an_ordinary_run_reports_no_outer_syncs_and_a_wrong_plan_is_refused(tmp_
     CASES[0].plan.save(path)
     (msg,) = run_ranks(_refused, 1, str(path), free_port(), timeout=60)
     assert msg.startswith("island 'fast': the run's plan is not island 0's plan") and "\n" not in msg
+
+
+def _fake_executor(plan: Plan, **changes: Any) -> Any:
+    """What `IslandSync`'s start-up check reads of an executor: its plan, its stage and whether it runs fsdp."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(plan=plan, stage=changes["stage"], fsdp=changes.get("fsdp", False))
+
+
+@pytest.mark.parametrize("what, expected", [
+    ("index", "island.index 2: the island plan"),
+    ("fsdp", "island 'slow': dp_sharding"),
+    ("resume", "island 'slow': resuming an island run is not supported yet"),
+    ("bf16", "island 'slow': parameter layers.0.tok.weight is torch.bfloat16; the outer sync needs fp32"),
+])
+def test_what_the_outer_sync_does_not_support_is_refused_in_one_line(what: str, expected: str,
+                                                                    tmp_path: Path) -> None:
+    from hetauto.core.errors import PlanMismatch
+    from hetauto.runtime.island_sync import _check_supported
+    from hetauto.runtime.stage import build_model
+
+    plan = CASES[0].plan
+    path = str(tmp_path / "ip.json")
+    run = _run_config(path, 2 if what == "index" else 1, "127.0.0.1:1", False)
+    if what == "resume":
+        run = _with_resume(run, str(tmp_path))
+    stage = build_model(GPT, SEED)
+    ex = _fake_executor(plan.islands[1].plan, fsdp=what == "fsdp",
+                        stage=stage.to(torch.bfloat16) if what == "bf16" else stage)
+    with pytest.raises(PlanMismatch) as err:
+        _check_supported(plan, run.island.index, ex, run)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def _with_resume(run: RunConfig, folder: str) -> RunConfig:
+    from dataclasses import replace
+
+    return replace(run, checkpoint=replace(run.checkpoint, resume=folder))
+
+
+def test_an_emulated_exchange_lasts_the_links_time() -> None:
+    """cpu-demo-like link, 50 ms + 1 MB/s: the exchange of 50 kB and 1 kB ends no sooner than the slower pair."""
+    import time
+
+    from hetauto.runtime.island_exchange import OuterGroup
+    from hetauto.runtime.links import EmulatedLink
+
+    group = OuterGroup("k", 0, 2, pg=None, timeout_s=1.0, links=(None, EmulatedLink(0.05, 1e6)))  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    group._emulate([50_000, 1_000], 0.01)
+    assert time.perf_counter() - t0 >= 0.05 + 0.05 - 0.01

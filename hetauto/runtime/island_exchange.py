@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from hetauto.core.errors import PlanMismatch
+from hetauto.core.errors import CommunicationError, PlanMismatch
 from hetauto.core.islands import INT8_BLOCK
 from hetauto.runtime.links import EmulatedLink
 from hetauto.runtime.wire_codec import decode, encode, payload_bytes
@@ -72,8 +72,13 @@ def open_store(address: str, *, master: bool, timeout_s: float) -> dist.TCPStore
                              wait_for_workers=False)
     except (RuntimeError, ValueError) as exc:
         role = "serve" if master else "reach"
-        raise PlanMismatch(f"island.store {address}: cannot {role} the outer sync's store ({exc}); give a free "
-                           "HOST:PORT that every island's holders can reach") from None
+        raise CommunicationError(f"island.store {address}: cannot {role} the outer sync's store "
+                                 f"({_first_line(exc)}); give a free HOST:PORT that every island's holders can "
+                                 "reach") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 @dataclass
@@ -90,9 +95,20 @@ class OuterGroup:
     @classmethod
     def join(cls, store: dist.Store, key: str, index: int, size: int, timeout_s: float,
              links: tuple[EmulatedLink | None, ...] = ()) -> "OuterGroup":
-        pg = dist.ProcessGroupGloo(dist.PrefixStore(f"outer/{key}", store), index, size,
-                                   datetime.timedelta(seconds=timeout_s))
+        try:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore(f"outer/{key}", store), index, size,
+                                       datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as exc:
+            raise CommunicationError(f"outer group {key}: the other islands' holders did not join within "
+                                     f"{timeout_s:g}s ({_first_line(exc)}); start every island of the plan") from None
         return cls(key, index, size, pg, timeout_s, links)
+
+    def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor, what: str) -> None:
+        try:
+            self.pg.allgather([outs], [mine]).wait(datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as exc:
+            raise CommunicationError(f"outer group {self.key}: {what} failed ({_first_line(exc)}); another island "
+                                     f"died or stalled beyond {self.timeout_s:g}s") from None
 
     def all_gather_bytes(self, mine: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
         """Every member's payload (member i's is `sizes[i]` bytes), padded to the largest on the wire. Emulating,
@@ -102,7 +118,7 @@ class OuterGroup:
         buf = torch.zeros(width, dtype=torch.uint8)
         buf[:mine.numel()] = mine
         outs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
-        self.pg.allgather([outs], [buf]).wait(datetime.timedelta(seconds=self.timeout_s))
+        self._all_gather(outs, buf, "the pseudo-gradient exchange")
         self._emulate(sizes, time.perf_counter() - t0)
         return [o[:n] for o, n in zip(outs, sizes)]
 
@@ -119,7 +135,7 @@ class OuterGroup:
         a mismatch is named here instead of surfacing as a wrong-sized exchange later."""
         mine = torch.tensor([zlib.crc32(signature.encode())], dtype=torch.int64)
         outs = [torch.empty_like(mine) for _ in range(self.size)]
-        self.pg.allgather([outs], [mine]).wait(datetime.timedelta(seconds=self.timeout_s))
+        self._all_gather(outs, mine, "the start-up check")
         odd = [i for i, o in enumerate(outs) if int(o.item()) != int(mine.item())]
         if odd:
             raise PlanMismatch(f"outer group {self.key}: island {odd[0]} holds other parameters than island "
