@@ -10,6 +10,7 @@ One process set (3 ranks) runs every case: process start-up dominates small mult
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from hetauto.runtime.wire_codec import contribution_format, round_trip
 from hetauto.testing.multiproc import free_port, run_ranks
 
 GPT = get_model("tiny-gpt")  # 6 slots: embedding, 4 blocks, head
+TIED = dataclasses.replace(GPT, name="tiny-gpt-tied", tie_embeddings=True)
 STEPS, SEED, H, PROCS = 4, 5, 2, 3
 
 
@@ -60,12 +62,18 @@ class Case:
     name: str
     plan: IslandPlan
     emulate: bool = False
+    model: Any = GPT
+    bucket_bytes: int | None = None  # the exchanges' bucket size (None: island_sync's own)
 
 
 CASES = [
     # island fast: pp 2 split [0, 3) | [3, 6); island slow: one rank, all slots (3 holder groups cross the splits)
     Case("pp", _plan(_island("fast", 4, _stage("fast", (0, 3)), _stage("fast", (3, 6), first=1)),
                      _island("slow", 4, _stage("slow", (0, 6))))),
+    # tied embedding and head: split over fast's two stages (two copies, summed gradients), one tensor on slow
+    # (both canonical names); 64 kB buckets: several exchanges per group
+    Case("pp-tied-buckets", _plan(_island("fast", 4, _stage("fast", (0, 3)), _stage("fast", (3, 6), first=1)),
+                                  _island("slow", 4, _stage("slow", (0, 6)))), model=TIED, bucket_bytes=64_000),
     # tp 2 on one island, int8 outer gradients in two fragments; the link emulated (cpu-demo: 1 ms, 1 Gbps)
     Case("tp-int8-F2", _plan(_island("fast", 4, _stage("fast", (0, 6), tp=2)), _island("slow", 2, _stage("slow", (0, 6))),
                              wire="int8", fragments=2), emulate=True),
@@ -93,7 +101,7 @@ def _assignment(plan: IslandPlan) -> list[tuple[int, int]]:
 def _snapshot(stage: Any) -> dict[str, torch.Tensor]:
     """This rank's stage parameters as whole tensors (TP shards gathered: collective over the TP ranks)."""
     out = {}
-    for name, p in stage.named_parameters():
+    for name, p in stage.named_parameters(remove_duplicate=False):  # a tied table by both its names
         # numpy: pickled by value (a torch tensor would travel as shared memory that dies with the process)
         out[name] = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().numpy().copy()
     return out
@@ -127,12 +135,15 @@ def _island_rank(proc: int, world: int, paths: list[str], ports: list[list[int]]
                 _snaps[step] = _snapshot(self.stage)
 
         island_sync.IslandSync.after_step = after_step
+        default_bucket = island_sync.BUCKET_BYTES
+        island_sync.BUCKET_BYTES = case.bucket_bytes or default_bucket
         comm = Communicator.init_from_env("gloo", timeout_s=30)
         try:
             run = _run_config(path, index, f"127.0.0.1:{store_port}", case.emulate)
-            report = train_rank(comm, plan, GPT, run).to_dict()
+            report = train_rank(comm, plan, case.model, run).to_dict()
         finally:
             island_sync.IslandSync.after_step = original
+            island_sync.BUCKET_BYTES = default_bucket
             comm.destroy()
         results.append({"island": index, "rank": rank, "report": report, "snaps": snaps})
     return results
@@ -190,7 +201,7 @@ def test_every_island_holds_the_same_parameters_after_each_sync(runs, c: int) ->
     assert _losses(results, 0) != _losses(results, 1)
 
 
-@pytest.mark.parametrize("c", [1, 2], ids=[CASES[i].name for i in (1, 2)])
+@pytest.mark.parametrize("c", [2, 3], ids=[CASES[i].name for i in (2, 3)])
 def test_tp_ranks_and_dp_replicas_take_the_same_outer_step(runs, c: int) -> None:
     """The merged tensors reach every rank of the stage: TP ranks step their own shards of them (gathered here),
     DP replicas (zero1: whole parameters on every replica) the whole of them."""
@@ -219,17 +230,18 @@ def test_holders_report_their_syncs(runs, c: int) -> None:
         for x in rows:
             assert x["peers"] == other and x["sync_s"] == x["exposed_s"] > 0 and x["bytes"] > 0
         if fmt == "fp32" and plan.outer.fragments == 1 and len(holders) == 1:
-            n = sum(p.numel() for p in _whole_model().parameters())
-            assert all(x["bytes"] == 4 * n for x in rows)  # one rank holds everything: the whole model, once
+            # one rank holds everything: the whole model, once (a tied table by both its names)
+            n = sum(p.numel() for _, p in _whole_model(case.model).named_parameters(remove_duplicate=False))
+            assert all(x["bytes"] == 4 * n for x in rows)
     if case.emulate:  # cpu-demo's fast-slow link: 1 ms + bytes / 125 MB/s per exchange at least
         rows = [x for r in results for x in r["report"].get("outer_syncs", [])]
         assert all(x["sync_s"] >= 0.001 + x["bytes"] / 125e6 for x in rows)
 
 
-def _whole_model() -> torch.nn.Module:
+def _whole_model(cfg: Any) -> torch.nn.Module:
     from hetauto.runtime.stage import build_model
 
-    return build_model(GPT, SEED)
+    return build_model(cfg, SEED)
 
 
 # -- the single-process DiLoCo these ranks must reproduce (two 1-rank islands) ----------------------------------
@@ -283,13 +295,13 @@ def test_two_one_rank_islands_equal_the_single_process_diloco(runs) -> None:
             torch.testing.assert_close(final[i][STEPS - 1][name], want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("c", [0, 1, 3], ids=[CASES[i].name for i in (0, 1, 3)])
+@pytest.mark.parametrize("c", [0, 1, 2, 4], ids=[CASES[i].name for i in (0, 1, 2, 4)])
 def test_ranks_equal_the_project_reference(runs, c: int, tmp_path: Path) -> None:
     """hetauto.runtime.island_reference (engineer I3's single-process reference): losses and final parameters
     within the executor's fp32 contract (1e-5; pipelines and TP sum in another order than one process)."""
     ref = pytest.importorskip("hetauto.runtime.island_reference")
     plan, results = CASES[c].plan, runs[c]
-    got = ref.reference_islands(plan, GPT, _run_config("unused", 0, "x:1", False))
+    got = ref.reference_islands(plan, CASES[c].model, _run_config("unused", 0, "x:1", False))
     final = _params_by_island(results)
     for i in range(2):
         assert _losses(results, i) == pytest.approx(list(got.losses[i]), rel=1e-5, abs=1e-6)

@@ -30,7 +30,10 @@ from hetauto.runtime.links import EmulatedLink
 from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge
 from hetauto.runtime.wire_codec import contribution_format
 
-__all__ = ["IslandSync", "island_sync_for"]
+__all__ = ["BUCKET_BYTES", "IslandSync", "island_sync_for"]
+
+# fp32 bytes of whole tensors per exchange and stage broadcast (the transients a sync holds at once)
+BUCKET_BYTES = 64 * 2**20
 
 
 def island_sync_for(ex: Any, run: RunConfig) -> "IslandSync | None":
@@ -118,6 +121,20 @@ class IslandSync:
         wanted = set(slots)
         return sorted((n for n in self.params if _slot(n) in wanted), key=lambda n: (_slot(n), n))
 
+    def _buckets(self, names: list[str]) -> list[list[str]]:
+        """`names` in consecutive runs of at most BUCKET_BYTES of fp32 whole tensors (one tensor at least), so no
+        transient holds a whole stage; the cut depends on names and shapes alone, the same in every island."""
+        out: list[list[str]] = []
+        size = BUCKET_BYTES
+        for n in names:
+            nbytes = 4 * self.params[n].numel()
+            if size + nbytes > BUCKET_BYTES:
+                out.append([])
+                size = 0
+            out[-1].append(n)
+            size += nbytes
+        return out
+
     # ------------------------------------------------------------------ the hook
     def after_step(self, step: int) -> None:
         """The outer step of every fragment due after inner step `step` (0-based, global numbering)."""
@@ -125,8 +142,7 @@ class IslandSync:
             t0 = time.perf_counter()
             sent, merged = 0, {}
             for g in self.groups:
-                names = self._names(s for s in g.slots if s in self.fragments[f])
-                if names:
+                for names in self._buckets(self._names(s for s in g.slots if s in self.fragments[f])):
                     got, nbytes = self._sync_group(g, names)
                     merged.update(got)
                     sent += nbytes
