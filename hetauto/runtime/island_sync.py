@@ -15,8 +15,9 @@ shard (hetauto.runtime.outer_sync), so no rank ever needs the whole model, and D
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,9 +27,13 @@ from hetauto.core.run_config import RunConfig
 from hetauto.core.transport import HOST_COLLECTIVE
 from hetauto.runtime.island_exchange import OuterGroup, open_store, pack, packed_bytes, unpack
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
+from hetauto.runtime.layout import placement
 from hetauto.runtime.links import EmulatedLink
 from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge
 from hetauto.runtime.wire_codec import contribution_format
+
+if TYPE_CHECKING:
+    from hetauto.runtime.executor import StageExecutor
 
 __all__ = ["BUCKET_BYTES", "IslandSync", "island_sync_for"]
 
@@ -36,7 +41,7 @@ __all__ = ["BUCKET_BYTES", "IslandSync", "island_sync_for"]
 BUCKET_BYTES = 64 * 2**20
 
 
-def island_sync_for(ex: Any, run: RunConfig) -> "IslandSync | None":
+def island_sync_for(ex: "StageExecutor", run: RunConfig) -> "IslandSync | None":
     """The executor's outer sync for an island run (built collectively by every rank of the island), else None."""
     return IslandSync(ex, run) if run.island.active else None
 
@@ -48,7 +53,7 @@ def _slot(name: str) -> int:
 class IslandSync:
     """One rank's side of the outer sync; `after_step(step)` runs the due fragments, `records` what it measured."""
 
-    def __init__(self, ex: Any, run: RunConfig, plan: IslandPlan | None = None) -> None:
+    def __init__(self, ex: "StageExecutor", run: RunConfig, plan: IslandPlan | None = None) -> None:
         self.run, self.me, self.world = run, ex.me, ex.g.world
         self.plan = plan if plan is not None else IslandPlan.load(run.island.plan)
         self.index = run.island.index
@@ -73,7 +78,7 @@ class IslandSync:
             self._join(ex)
 
     # ------------------------------------------------------------------ set-up
-    def _stage_groups(self, ex: Any) -> Any:
+    def _stage_groups(self, ex: "StageExecutor") -> Any:
         """Per stage of the island with several ranks, a host group over its ranks (the merged tensors' broadcast);
         collective over the island's world, every rank in the same order. This rank's own, or None."""
         mine = None
@@ -85,37 +90,41 @@ class IslandSync:
                 mine = comm
         return mine
 
-    def _join(self, ex: Any) -> None:
+    def _join(self, ex: "StageExecutor") -> None:
         """Serve (island 0's rank 0) or reach the outer store, then join this holder's groups in the global order,
         checking that every island holds the same tensors for them."""
         timeout = self.run.training.timeout_s
         master = self.index == 0 and self.me.rank == 0
         self._store = open_store(self.run.island.store, master=master, timeout_s=timeout)
-        links = self._links(ex)
+        cluster = self._emulated_cluster(ex)
         for g in self.groups:
             names = self._names(g.slots)
-            group = OuterGroup.join(self._store, g.key, self.index, len(self.plan.islands), timeout,
-                                    tuple(links.get(i) for i in range(len(g.members))))
+            links = self._links(cluster, g) if cluster is not None else ()
+            group = OuterGroup.join(self._store, g.key, self.index, len(self.plan.islands), timeout, links)
             sig = ";".join(f"{n}:{tuple(self.params[n].shape)}" for n in names)
             group.check_same(sig, names)
             self._outer[g.key] = group
 
-    def _links(self, ex: Any) -> dict[int, EmulatedLink]:
-        """Emulating in-process: per other island, the cluster file's link between this stage's cluster and that
-        island's (its first stage's; every island is one site). Else none."""
+    def _emulated_cluster(self, ex: "StageExecutor") -> Any:
+        """Emulating in-process: the cluster file whose links stand for the WAN between the islands. Else None."""
         if self.run.emulation.mode != "inprocess":
-            return {}
+            return None
         from hetauto.core.plan_check import cluster_for_plan
 
-        cluster = cluster_for_plan(ex.plan, self.run.emulation.cluster_base)
-        mine = self.me.cluster
-        out = {}
-        for i, isl in enumerate(self.plan.islands):
-            theirs = isl.plan.stages[0].cluster
-            if i != self.index and theirs != mine:
-                spec = cluster.link(mine, theirs)
-                out[i] = EmulatedLink(spec.latency_s, spec.bandwidth_Bps)
-        return out
+        return cluster_for_plan(ex.plan, self.run.emulation.cluster_base)
+
+    def _links(self, cluster: Any, g: HolderGroup) -> tuple[EmulatedLink | None, ...]:
+        """Per member of `g`: the cluster file's link between this holder's cluster and that member's (None for
+        this island, and for a member on the same cluster)."""
+        out: list[EmulatedLink | None] = []
+        for i, (isl, rank) in enumerate(zip(self.plan.islands, g.members)):
+            theirs = isl.plan.stages[placement(isl.plan, rank).stage].cluster
+            if i == self.index or theirs == self.me.cluster:
+                out.append(None)
+                continue
+            spec = cluster.link(self.me.cluster, theirs)
+            out.append(EmulatedLink(spec.latency_s, spec.bandwidth_Bps))
+        return tuple(out)
 
     def _names(self, slots: Any) -> list[str]:
         wanted = set(slots)
@@ -187,12 +196,12 @@ class IslandSync:
         if merged is not None:
             flat = torch.cat([m.reshape(-1) for m in merged])
         else:
-            flat = torch.zeros(sum(_numel(s) for s in shapes), dtype=torch.float32)
+            flat = torch.zeros(sum(math.prod(s) for s in shapes), dtype=torch.float32)
         self.stage_comm.broadcast(flat, root=self.stage_comm.group_rank_of(self.holder))
         out, pos = [], 0
         for s in shapes:
-            out.append(flat[pos:pos + _numel(s)].reshape(s))
-            pos += _numel(s)
+            out.append(flat[pos:pos + math.prod(s)].reshape(s))
+            pos += math.prod(s)
         return out
 
     def close(self) -> None:
@@ -206,17 +215,6 @@ class IslandSync:
             deadline = time.monotonic() + self.run.training.timeout_s
             while self._store.add("outer/done", 0) < total and time.monotonic() < deadline:
                 time.sleep(0.01)
-
-    def state(self) -> Mapping[str, Any]:
-        """The outer optimizer's state on this rank (θ, momentum, rounds)."""
-        return self.outer.state_dict()
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
