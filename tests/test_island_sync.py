@@ -88,6 +88,11 @@ CASES = [
 ]
 
 
+def _training() -> RunConfig:
+    """The training knobs every case runs with, without an island section (the references' input)."""
+    return RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30, lr=3e-3)
+
+
 def _run_config(path: str, index: int, store: str, emulate: bool) -> RunConfig:
     return RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30, lr=3e-3, island_plan=path, island_index=index,
                                island_store=store, emulate="inprocess" if emulate else "none")
@@ -98,7 +103,7 @@ def _assignment(plan: IslandPlan) -> list[tuple[int, int]]:
     return [(i, r) for i, isl in enumerate(plan.islands) for r in range(isl.plan.world_size)]
 
 
-def _snapshot(stage: Any) -> dict[str, torch.Tensor]:
+def _snapshot(stage: Any) -> dict[str, Any]:
     """This rank's stage parameters as whole tensors (TP shards gathered: collective over the TP ranks)."""
     out = {}
     for name, p in stage.named_parameters(remove_duplicate=False):  # a tied table by both its names
@@ -108,8 +113,8 @@ def _snapshot(stage: Any) -> dict[str, torch.Tensor]:
 
 
 def _island_rank(proc: int, world: int, paths: list[str], ports: list[list[int]], store_ports: list[int]) -> list:
-    """Process `proc`: for each case, join its island's own world and train it; return its report and its
-    parameters after every sync (dp 0, tp 0 ranks)."""
+    """Process `proc`: for each case, join its island's own world (its own master port) and train it; return its
+    report and its stage's parameters after every sync."""
     import os
 
     from hetauto.core.comm import Communicator
@@ -126,7 +131,7 @@ def _island_rank(proc: int, world: int, paths: list[str], ports: list[list[int]]
         plan = case.plan.islands[index].plan
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(plan.world_size),
                           LOCAL_WORLD_SIZE=str(plan.world_size), MASTER_PORT=str(island_ports[index]))
-        snaps: dict[int, dict[str, torch.Tensor]] = {}
+        snaps: dict[int, dict[str, Any]] = {}
         original = island_sync.IslandSync.after_step
 
         def after_step(self: Any, step: int, _orig: Any = original, _snaps: dict = snaps) -> None:
@@ -287,7 +292,7 @@ def _diloco(plan: IslandPlan, run: RunConfig) -> tuple[list[list[float]], list[d
 def test_two_one_rank_islands_equal_the_single_process_diloco(runs) -> None:
     c = next(i for i, case in enumerate(CASES) if case.name == "single")
     plan, results = CASES[c].plan, runs[c]
-    losses, params = _diloco(plan, _run_config("unused", 0, "x:1", False))
+    losses, params = _diloco(plan, _training())
     final = _params_by_island(results)
     for i in range(2):
         assert _losses(results, i) == pytest.approx(losses[i], rel=1e-5, abs=1e-6)
@@ -301,7 +306,7 @@ def test_ranks_equal_the_project_reference(runs, c: int, tmp_path: Path) -> None
     within the executor's fp32 contract (1e-5; pipelines and TP sum in another order than one process)."""
     ref = pytest.importorskip("hetauto.runtime.island_reference")
     plan, results = CASES[c].plan, runs[c]
-    got = ref.reference_islands(plan, CASES[c].model, _run_config("unused", 0, "x:1", False))
+    got = ref.reference_islands(plan, CASES[c].model, _training())
     final = _params_by_island(results)
     for i in range(2):
         assert _losses(results, i) == pytest.approx(list(got.losses[i]), rel=1e-5, abs=1e-6)
