@@ -36,7 +36,9 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, run: RunConfig
                local: RankLocal = RankLocal(), view: RankView | None = None) -> RankReport:
     """Every rank of the job calls it: build groups and this rank's stage on its device, load
     `run.checkpoint.resume` (resharded to this plan's layout), train up to step `run.training.steps`,
-    checkpointing as `run.checkpoint` says. `view`: this rank's view of the plan, when the rank resolved it."""
+    checkpointing as `run.checkpoint` says. `view`: this rank's view of the plan, when the rank resolved it.
+    An island run (`run.island.active`) also takes the outer sync with the other islands after each step
+    (hetauto.runtime.island_sync), before the checkpoint, and reports it in `RankReport.outer_syncs`."""
     torch.manual_seed(run.training.seed)
     groups, device, precision = prepare_rank(world, plan, cfg, run, view)
     ex = StageExecutor(groups, plan, cfg, run, device, precision, local)
