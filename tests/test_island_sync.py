@@ -419,3 +419,16 @@ def test_an_emulated_exchange_lasts_the_links_time() -> None:
     t0 = time.perf_counter()
     group._emulate([50_000, 1_000], 0.01)
     assert time.perf_counter() - t0 >= 0.05 + 0.05 - 0.01
+
+
+def test_an_island_that_never_comes_is_named_in_one_line() -> None:
+    """A holder whose peer island never starts: its group's join ends at the timeout with one line, no traceback
+    of gloo's."""
+    from hetauto.core.errors import CommunicationError
+    from hetauto.runtime.island_exchange import OuterGroup, open_store
+
+    store = open_store(f"127.0.0.1:{free_port()}", master=True, timeout_s=1.0)
+    with pytest.raises(CommunicationError) as err:
+        OuterGroup.join(store, "i0r0-i1r0", 0, 2, 1.0)
+    assert str(err.value).startswith("outer group i0r0-i1r0: the other islands' holders did not join within 1s")
+    assert "\n" not in str(err.value)
