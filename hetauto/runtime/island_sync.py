@@ -11,6 +11,13 @@ rank steps its own slice with the outer optimizer. Every island then holds the s
 
 Why on every rank, not only on holders: the outer optimizer's global copy and momentum live beside each rank's own
 shard (hetauto.runtime.outer_sync), so no rank ever needs the whole model, and DP replicas stay identical.
+
+Records: each holder reports one row per (step, fragment) it synced (`RankReport.outer_syncs`): its payload bytes
+times its peers, the wall seconds of the whole sync (pseudo-gradients, exchange, merge, stage broadcast, outer step;
+waiting for a slower island included) and `exposed_s` (the same: the sync is synchronous for now). Emulating
+in-process, each exchange lasts at least the cluster file's link time for its bytes (island_exchange).
+Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), resuming (checkpoints do not
+hold the outer optimizer's state), non-fp32 master weights.
 """
 
 from __future__ import annotations
