@@ -73,8 +73,8 @@ CASES = [
     Case("pp-buckets", _plan(_island("fast", 4, _stage("fast", (0, 3)), _stage("fast", (3, 6), first=1)),
                              _island("slow", 4, _stage("slow", (0, 6)))), bucket_bytes=64_000),
     # tp 2 on one island, int8 outer gradients in two fragments; the link emulated (cpu-demo: 1 ms, 1 Gbps)
-    Case("tp-int8-F2", _plan(_island("fast", 4, _stage("fast", (0, 6), tp=2)), _island("slow", 2, _stage("slow", (0, 6))),
-                             wire="int8", fragments=2), emulate=True),
+    Case("tp-int8-F2", _plan(_island("fast", 4, _stage("fast", (0, 6), tp=2)),
+                             _island("slow", 2, _stage("slow", (0, 6))), wire="int8", fragments=2), emulate=True),
     # dp 2 with zero1 against one rank, bf16: both replicas take the broadcast, uneven batches weigh 4:2
     Case("dp-zero1-bf16", _plan(_island("fast", 4, _stage("fast", (0, 6), dp=2), zero1=True),
                                 _island("slow", 2, _stage("slow", (0, 6))), wire="bf16")),
@@ -182,7 +182,8 @@ def _params_by_island(results: list[dict]) -> dict[int, dict[int, dict[str, torc
         if (r["report"]["dp_index"], r["report"]["tp_index"]) != (0, 0):
             continue
         for step, snap in r["snaps"].items():
-            out.setdefault(r["island"], {}).setdefault(step, {}).update({n: torch.from_numpy(a) for n, a in snap.items()})
+            whole = {n: torch.from_numpy(a) for n, a in snap.items()}
+            out.setdefault(r["island"], {}).setdefault(step, {}).update(whole)
     return out
 
 
@@ -426,7 +427,8 @@ def test_an_emulated_exchange_lasts_the_links_time() -> None:
     from hetauto.runtime.island_exchange import OuterGroup
     from hetauto.runtime.links import EmulatedLink
 
-    group = OuterGroup("k", 0, 2, pg=None, timeout_s=1.0, links=(None, EmulatedLink(0.05, 1e6)))  # type: ignore[arg-type]
+    link = EmulatedLink(0.05, 1e6)
+    group = OuterGroup("k", 0, 2, pg=None, timeout_s=1.0, links=(None, link))  # type: ignore[arg-type]
     t0 = time.perf_counter()
     group._emulate([50_000, 1_000], 0.01)
     assert time.perf_counter() - t0 >= 0.05 + 0.05 - 0.01
