@@ -28,7 +28,7 @@ from hetauto.core.islands import INT8_BLOCK
 from hetauto.runtime.links import EmulatedLink
 from hetauto.runtime.wire_codec import decode, encode, payload_bytes
 
-__all__ = ["pack", "unpack", "OuterGroup", "open_store"]
+__all__ = ["pack", "unpack", "packed_bytes", "OuterGroup", "open_store"]
 
 _PARTS = {"fp32": (torch.float32,), "bf16": (torch.bfloat16,), "int8": (torch.int8, torch.float32)}
 
@@ -61,6 +61,7 @@ def unpack(buf: torch.Tensor, fmt: str, likes: Sequence[torch.Tensor]) -> list[t
 
 
 def packed_bytes(likes: Sequence[torch.Tensor], fmt: str) -> int:
+    """Bytes of `pack(likes, fmt)`: every island knows every payload's size from the plan alone."""
     return sum(payload_bytes(t.numel(), fmt) for t in likes)
 
 
@@ -68,7 +69,7 @@ def open_store(address: str, *, master: bool, timeout_s: float) -> dist.TCPStore
     """The outer store at HOST:PORT: served by island 0's rank 0 (`master`), joined by every other holder."""
     host, _, port = address.rpartition(":")
     try:
-        return dist.TCPStore(host, int(port), None, master, datetime.timedelta(seconds=timeout_s),
+        return dist.TCPStore(host.strip("[]"), int(port), None, master, datetime.timedelta(seconds=timeout_s),
                              wait_for_workers=False)
     except (RuntimeError, ValueError) as exc:
         role = "serve" if master else "reach"
