@@ -132,9 +132,16 @@ class RankReport:
     eval_losses: list[list[float]] = field(default_factory=list)  # [step, share of the held-out loss] (last stage)
     # AdamW's per-element state (m and v) this rank holds at the end: 8 B per parameter, 1/dp of them with zero1
     optimizer_state_bytes: int = 0
+    # island runs (hetauto.runtime.island_sync), holders only: one row per outer sync this rank took part in,
+    # {"step", "fragment", "bytes" (this holder's payload times its peers), "sync_s", "exposed_s", "peers"}
+    outer_syncs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON-able values; `outer_syncs` only when there are some (an ordinary run's report is as before)."""
+        doc = asdict(self)
+        if not self.outer_syncs:
+            del doc["outer_syncs"]
+        return doc
 
 
 _RECV_F, _RECV_B, _F, _SEND_F, _B, _SEND_B, _REDUCE, _OPTIM, _I, _W = range(10)

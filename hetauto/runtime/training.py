@@ -20,6 +20,7 @@ from hetauto.core.model import ModelConfig
 from hetauto.core.plan import Plan
 from hetauto.core.run_config import CheckpointConfig, RunConfig
 from hetauto.runtime.executor import RankLocal, RankReport, StageExecutor
+from hetauto.runtime.island_sync import IslandSync, island_sync_for
 from hetauto.runtime.layout import RankView
 from hetauto.runtime.rank import agree_precision, prepare_rank
 
@@ -35,12 +36,32 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, run: RunConfig
                local: RankLocal = RankLocal(), view: RankView | None = None) -> RankReport:
     """Every rank of the job calls it: build groups and this rank's stage on its device, load
     `run.checkpoint.resume` (resharded to this plan's layout), train up to step `run.training.steps`,
-    checkpointing as `run.checkpoint` says. `view`: this rank's view of the plan, when the rank resolved it."""
+    checkpointing as `run.checkpoint` says. `view`: this rank's view of the plan, when the rank resolved it.
+    An island run (`run.island.active`) also takes the outer sync with the other islands after each step
+    (hetauto.runtime.island_sync), before the checkpoint, and reports it in `RankReport.outer_syncs`."""
     torch.manual_seed(run.training.seed)
     groups, device, precision = prepare_rank(world, plan, cfg, run, view)
     ex = StageExecutor(groups, plan, cfg, run, device, precision, local)
+    sync = island_sync_for(ex, run)  # an island run: the outer sync with the other islands (None otherwise)
     start = _resume(ex, world, plan, run) if run.checkpoint.resume else 0
-    return ex.run(run.training.steps, start=start, after_step=_checkpointer(ex, world, plan, run))
+    checkpoint = _checkpointer(ex, world, plan, run)
+    if sync is None:
+        return ex.run(run.training.steps, start=start, after_step=checkpoint)
+    report = ex.run(run.training.steps, start=start, after_step=_outer_then(sync, checkpoint))
+    report.outer_syncs = sync.records
+    sync.close()
+    return report
+
+
+def _outer_then(sync: IslandSync, checkpoint: Callable[[int], Path | None]) -> Callable[[int], Path | None]:
+    """After each step: the island's outer sync first (a checkpoint then holds the synced parameters), then the
+    checkpoint hook."""
+
+    def after_step(step: int) -> Path | None:
+        sync.after_step(step)
+        return checkpoint(step)
+
+    return after_step
 
 
 def _resume(ex: StageExecutor, world: Communicator, plan: Plan, run: RunConfig) -> int:

@@ -1,0 +1,144 @@
+"""The outer sync's wire between islands: one holder group's gloo process group on the outer store, the payload
+every holder sends (its pseudo-gradients encoded in its island's format, hetauto.runtime.wire_codec, as bytes),
+and the emulated WAN's delay.
+
+Why bytes: islands may send different formats (each island's coarsest link, `contribution_format`); gloo's
+all-gather wants one dtype and one size, so every payload travels as uint8, padded to the largest, and each
+receiver cuts and decodes every island's part with the sender's format (sizes are known from the plan alone).
+
+Why a ProcessGroupGloo of its own rather than `dist.new_group`: each island is its own torch world (its own
+torchrun, master and store); a holder group spans worlds, so it is built directly on a PrefixStore of the outer
+TCPStore, as torchft builds its replica groups.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from hetauto.core.errors import CommunicationError, PlanMismatch
+from hetauto.core.islands import INT8_BLOCK
+from hetauto.runtime.links import EmulatedLink
+from hetauto.runtime.wire_codec import decode, encode, payload_bytes
+
+__all__ = ["pack", "unpack", "packed_bytes", "OuterGroup", "open_store"]
+
+_PARTS = {"fp32": (torch.float32,), "bf16": (torch.bfloat16,), "int8": (torch.int8, torch.float32)}
+
+
+def _part_sizes(numel: int, fmt: str) -> tuple[int, ...]:
+    """Bytes of each tensor `encode` gives for `numel` values in `fmt` (int8: values padded to whole blocks, then
+    one fp32 scale per block)."""
+    if fmt == "int8":
+        blocks = math.ceil(numel / INT8_BLOCK)
+        return blocks * INT8_BLOCK, 4 * blocks
+    return (payload_bytes(numel, fmt),)
+
+
+def pack(tensors: Sequence[torch.Tensor], fmt: str) -> torch.Tensor:
+    """`tensors` encoded in `fmt`, end to end as one flat uint8 tensor on the host."""
+    parts = [p.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for t in tensors for p in encode(t, fmt)]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
+
+
+def unpack(buf: torch.Tensor, fmt: str, likes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The fp32 tensors (shaped like `likes`) that `pack(..., fmt)` of them stands for."""
+    out, pos = [], 0
+    for like in likes:
+        parts = []
+        for size, dtype in zip(_part_sizes(like.numel(), fmt), _PARTS[fmt]):
+            parts.append(buf[pos:pos + size].clone().view(dtype))  # clone: a fresh, aligned storage to view
+            pos += size
+        out.append(decode(parts, fmt, like))
+    return out
+
+
+def packed_bytes(likes: Sequence[torch.Tensor], fmt: str) -> int:
+    """Bytes of `pack(likes, fmt)`: every island knows every payload's size from the plan alone."""
+    return sum(payload_bytes(t.numel(), fmt) for t in likes)
+
+
+def open_store(address: str, *, master: bool, timeout_s: float) -> dist.TCPStore:
+    """The outer store at HOST:PORT: served by island 0's rank 0 (`master`), joined by every other holder."""
+    host, _, port = address.rpartition(":")
+    try:
+        return dist.TCPStore(host.strip("[]"), int(port), None, master, datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+    except (RuntimeError, ValueError) as exc:
+        role = "serve" if master else "reach"
+        raise CommunicationError(f"island.store {address}: cannot {role} the outer sync's store "
+                                 f"({_first_line(exc)}); give a free HOST:PORT that every island's holders can "
+                                 "reach") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+@dataclass
+class OuterGroup:
+    """One holder group's process group: this island is member `index` of `size` (island order)."""
+
+    key: str
+    index: int
+    size: int
+    pg: dist.ProcessGroupGloo
+    timeout_s: float
+    links: tuple[EmulatedLink | None, ...] = ()  # per member: the emulated link to it (None: not emulated)
+
+    @classmethod
+    def join(cls, store: dist.Store, key: str, index: int, size: int, timeout_s: float,
+             links: tuple[EmulatedLink | None, ...] = ()) -> "OuterGroup":
+        try:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore(f"outer/{key}", store), index, size,
+                                       datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as exc:
+            raise CommunicationError(f"outer group {key}: the other islands' holders did not join within "
+                                     f"{timeout_s:g}s ({_first_line(exc)}); start every island of the plan") from None
+        return cls(key, index, size, pg, timeout_s, links)
+
+    def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor, what: str) -> None:
+        try:
+            self.pg.allgather([outs], [mine]).wait(datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as exc:
+            raise CommunicationError(f"outer group {self.key}: {what} failed ({_first_line(exc)}); another island "
+                                     f"died or stalled beyond {self.timeout_s:g}s") from None
+
+    def all_gather_bytes(self, mine: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+        """Every member's payload (member i's is `sizes[i]` bytes), padded to the largest on the wire. Emulating,
+        the exchange lasts at least the slowest link's time for the bytes it carries."""
+        t0 = time.perf_counter()
+        width = max(sizes)
+        buf = torch.zeros(width, dtype=torch.uint8)
+        buf[:mine.numel()] = mine
+        outs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
+        self._all_gather(outs, buf, "the pseudo-gradient exchange")
+        self._emulate(sizes, time.perf_counter() - t0)
+        return [o[:n] for o, n in zip(outs, sizes)]
+
+    def _emulate(self, sizes: Sequence[int], elapsed: float) -> None:
+        """Sleep out what the WAN would have taken beyond the real exchange: each peer's payload and ours cross
+        its link at once (both directions), the slowest pair sets the end."""
+        want = max((link.transfer_time(max(sizes[self.index], sizes[j]))
+                    for j, link in enumerate(self.links) if link is not None and j != self.index), default=0.0)
+        if want > elapsed:
+            time.sleep(want - elapsed)
+
+    def check_same(self, signature: str, names: Sequence[str]) -> None:
+        """Every member holds the same tensors for the group (names and shapes): one tiny all-gather at start, so
+        a mismatch is named here instead of surfacing as a wrong-sized exchange later."""
+        mine = torch.tensor([zlib.crc32(signature.encode())], dtype=torch.int64)
+        outs = [torch.empty_like(mine) for _ in range(self.size)]
+        self._all_gather(outs, mine, "the start-up check")
+        odd = [i for i, o in enumerate(outs) if int(o.item()) != int(mine.item())]
+        if odd:
+            raise PlanMismatch(f"outer group {self.key}: island {odd[0]} holds other parameters than island "
+                               f"{self.index} for the same slots ({len(names)} here: {', '.join(names[:3])}...); "
+                               "every island must train the same model")

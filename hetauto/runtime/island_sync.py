@@ -1,0 +1,272 @@
+"""The outer sync inside a rank of an island run (hetauto.core.islands; the run's `island` section): after each
+inner step, the due fragments' DiLoCo outer step, so that every island continues from the same parameters.
+
+Per due fragment, for each holder group this rank's stage belongs to (hetauto.runtime.island_holders, in the
+global order): every dp-0 rank computes its pseudo-gradient (OuterOptimizer.pseudo_gradient on the slice it
+holds); TP shards are gathered to full tensors; the stage's holder encodes them once in its island's format
+(`contribution_format`), all-gathers the payloads with the other islands' holders (hetauto.runtime.island_exchange),
+decodes every island's contribution (its own too, so all islands merge the same values) and merges them in island
+order with the token weights; the merged full tensors are broadcast to every rank of the stage (tp x dp) and each
+rank steps its own slice with the outer optimizer. Every island then holds the same parameters bit for bit.
+
+Why on every rank, not only on holders: the outer optimizer's global copy and momentum live beside each rank's own
+shard (hetauto.runtime.outer_sync), so no rank ever needs the whole model, and DP replicas stay identical.
+
+Records: each holder reports one row per (step, fragment) it synced (`RankReport.outer_syncs`): its payload bytes
+times its peers, the wall seconds of the whole sync (pseudo-gradients, exchange, merge, stage broadcast, outer step;
+waiting for a slower island included) and `exposed_s` (the same: the sync is synchronous for now). Emulating
+in-process, each exchange lasts at least the cluster file's link time for its bytes (island_exchange).
+Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), resuming (checkpoints do not
+hold the outer optimizer's state), non-fp32 master weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hetauto.core.errors import PlanMismatch
+from hetauto.core.islands import IslandPlan
+from hetauto.core.run_config import RunConfig
+from hetauto.core.transport import HOST_COLLECTIVE
+from hetauto.runtime.island_exchange import OuterGroup, open_store, pack, packed_bytes, unpack
+from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
+from hetauto.runtime.layout import placement
+from hetauto.runtime.links import EmulatedLink
+from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge
+from hetauto.runtime.wire_codec import contribution_format
+
+if TYPE_CHECKING:
+    from hetauto.runtime.executor import StageExecutor
+
+__all__ = ["BUCKET_BYTES", "IslandSync", "island_sync_for"]
+
+# fp32 bytes of whole tensors per exchange and stage broadcast (the transients a sync holds at once)
+BUCKET_BYTES = 64 * 2**20
+
+
+def island_sync_for(ex: "StageExecutor", run: RunConfig) -> "IslandSync | None":
+    """The executor's outer sync for an island run (built collectively by every rank of the island), else None."""
+    return IslandSync(ex, run) if run.island.active else None
+
+
+def _slot(name: str) -> int:
+    return int(name.split(".")[1])  # canonical names: layers.<slot>.<...>
+
+
+class IslandSync:
+    """One rank's side of the outer sync; `after_step(step)` runs the due fragments, `records` what it measured."""
+
+    def __init__(self, ex: "StageExecutor", run: RunConfig, plan: IslandPlan | None = None) -> None:
+        self.run, self.me, self.world = run, ex.me, ex.g.world
+        self.plan = plan if plan is not None else IslandPlan.load(run.island.plan)
+        self.index = run.island.index
+        _check_supported(self.plan, self.index, ex, run)
+        self.name = self.plan.islands[self.index].name
+        self.outer_cfg = self.plan.outer
+        # tied tables: both copies by their own canonical names (the slot that holds each), whatever the layout
+        self.stage = ex.stage
+        self.params = dict(ex.stage.named_parameters(remove_duplicate=False))
+        self.outer = OuterOptimizer({n: _local(p) for n, p in self.params.items()},
+                                    lr=self.outer_cfg.optimizer.lr, momentum=self.outer_cfg.optimizer.momentum)
+        self.fragments = fragment_slots(ex.cfg.num_layer_slots, self.outer_cfg.fragments)
+        self.holder = self.me.layout.rank(0, 0)
+        self.is_holder = self.me.rank == self.holder
+        self.groups = groups_of(self.plan, self.index, self.holder)
+        self.weights = self.plan.token_weights()
+        self.formats = [contribution_format(self.plan, isl.name) for isl in self.plan.islands]
+        self.records: list[dict[str, Any]] = []
+        self.stage_comm = self._stage_groups(ex)
+        self._store, self._outer = None, {}
+        if self.is_holder:
+            self._join(ex)
+
+    # ------------------------------------------------------------------ set-up
+    def _stage_groups(self, ex: "StageExecutor") -> Any:
+        """Per stage of the island with several ranks, a host group over its ranks (the merged tensors' broadcast);
+        collective over the island's world, every rank in the same order. This rank's own, or None."""
+        mine = None
+        for lay in ex.g.layouts:
+            if len(lay.ranks) < 2:
+                continue
+            comm = self.world.new_group(list(lay.ranks), backend=HOST_COLLECTIVE)
+            if self.me.rank in lay.ranks:
+                mine = comm
+        return mine
+
+    def _join(self, ex: "StageExecutor") -> None:
+        """Serve (island 0's rank 0) or reach the outer store, then join this holder's groups in the global order,
+        checking that every island holds the same tensors for them."""
+        timeout = self.run.training.timeout_s
+        master = self.index == 0 and self.me.rank == 0
+        self._store = open_store(self.run.island.store, master=master, timeout_s=timeout)
+        cluster = self._emulated_cluster(ex)
+        for g in self.groups:
+            names = self._names(g.slots)
+            links = self._links(cluster, g) if cluster is not None else ()
+            group = OuterGroup.join(self._store, g.key, self.index, len(self.plan.islands), timeout, links)
+            sig = ";".join(f"{n}:{tuple(self.params[n].shape)}" for n in names)
+            group.check_same(sig, names)
+            self._outer[g.key] = group
+
+    def _emulated_cluster(self, ex: "StageExecutor") -> Any:
+        """Emulating in-process: the cluster file whose links stand for the WAN between the islands. Else None."""
+        if self.run.emulation.mode != "inprocess":
+            return None
+        from hetauto.core.plan_check import cluster_for_plan
+
+        return cluster_for_plan(ex.plan, self.run.emulation.cluster_base)
+
+    def _links(self, cluster: Any, g: HolderGroup) -> tuple[EmulatedLink | None, ...]:
+        """Per member of `g`: the cluster file's link between this holder's cluster and that member's (None for
+        this island, and for a member on the same cluster)."""
+        out: list[EmulatedLink | None] = []
+        for i, (isl, rank) in enumerate(zip(self.plan.islands, g.members)):
+            theirs = isl.plan.stages[placement(isl.plan, rank).stage].cluster
+            if i == self.index or theirs == self.me.cluster:
+                out.append(None)
+                continue
+            spec = cluster.link(self.me.cluster, theirs)
+            out.append(EmulatedLink(spec.latency_s, spec.bandwidth_Bps))
+        return tuple(out)
+
+    def _names(self, slots: Any) -> list[str]:
+        wanted = set(slots)
+        return sorted((n for n in self.params if _slot(n) in wanted), key=lambda n: (_slot(n), n))
+
+    def _buckets(self, names: list[str]) -> list[list[str]]:
+        """`names` in consecutive runs of at most BUCKET_BYTES of fp32 whole tensors (one tensor at least), so no
+        transient holds a whole stage; the cut depends on names and shapes alone, the same in every island."""
+        out: list[list[str]] = []
+        size = BUCKET_BYTES
+        for n in names:
+            nbytes = 4 * self.params[n].numel()
+            if size + nbytes > BUCKET_BYTES:
+                out.append([])
+                size = 0
+            out[-1].append(n)
+            size += nbytes
+        return out
+
+    # ------------------------------------------------------------------ the hook
+    def after_step(self, step: int) -> None:
+        """The outer step of every fragment due after inner step `step` (0-based, global numbering)."""
+        for f in due_fragments(step, self.outer_cfg.inner_steps, self.outer_cfg.fragments):
+            t0 = time.perf_counter()
+            sent, merged = 0, {}
+            for g in self.groups:
+                for names in self._buckets(self._names(s for s in g.slots if s in self.fragments[f])):
+                    got, nbytes = self._sync_group(g, names)
+                    merged.update(got)
+                    sent += nbytes
+            self.outer.step(merged)
+            wall = time.perf_counter() - t0
+            if self.is_holder:
+                peers = [isl.name for i, isl in enumerate(self.plan.islands) if i != self.index]
+                self.records.append({"step": step, "fragment": f, "bytes": sent, "sync_s": wall, "exposed_s": wall,
+                                     "peers": peers})
+
+    def _sync_group(self, g: HolderGroup, names: list[str]) -> tuple[dict[str, torch.Tensor], int]:
+        """One group's part of a fragment: this rank's slices of the merged pseudo-gradients, and the bytes this
+        rank sent (holders only)."""
+        full = self._full_pseudo_gradients(names) if self.me.dp_index == 0 else None
+        merged, sent = None, 0
+        if self.is_holder:
+            assert full is not None
+            merged, sent = self._exchange(g, full)
+        merged = self._broadcast(names, merged)
+        return {n: _slice_like(self.params[n], m) for n, m in zip(names, merged)}, sent
+
+    def _full_pseudo_gradients(self, names: list[str]) -> list[torch.Tensor]:
+        """θ - local of `names`, whole tensors on the host (TP shards all-gathered over the stage's TP ranks)."""
+        local = self.outer.pseudo_gradient(names)
+        return [_full(self.params[n], local[n]).cpu() for n in names]
+
+    def _exchange(self, g: HolderGroup, full: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+        """Encode ours, all-gather every island's payload, decode each with its sender's format, merge."""
+        group = self._outer[g.key]
+        sizes = [packed_bytes(full, fmt) for fmt in self.formats]
+        payloads = group.all_gather_bytes(pack(full, self.formats[self.index]), sizes)
+        decoded = [unpack(p, fmt, full) for p, fmt in zip(payloads, self.formats)]
+        merged = [merge([d[k] for d in decoded], self.weights) for k in range(len(full))]
+        return merged, sizes[self.index] * (group.size - 1)
+
+    def _broadcast(self, names: list[str], merged: list[torch.Tensor] | None) -> list[torch.Tensor]:
+        """The holder's merged full tensors to every rank of the stage, as one flat fp32 buffer."""
+        if self.stage_comm is None:
+            assert merged is not None
+            return merged
+        shapes = [tuple(self.params[n].shape) for n in names]
+        if merged is not None:
+            flat = torch.cat([m.reshape(-1) for m in merged])
+        else:
+            flat = torch.zeros(sum(math.prod(s) for s in shapes), dtype=torch.float32)
+        self.stage_comm.broadcast(flat, root=self.stage_comm.group_rank_of(self.holder))
+        out, pos = [], 0
+        for s in shapes:
+            out.append(flat[pos:pos + math.prod(s)].reshape(s))
+            pos += math.prod(s)
+        return out
+
+    def close(self) -> None:
+        """Holders sign off in the outer store; island 0's rank 0, which serves it, waits for every holder so that
+        no island loses the store while it still needs it."""
+        if self._store is None:
+            return
+        self._store.add("outer/done", 1)
+        if self.index == 0 and self.me.rank == 0:
+            total = sum(len({g.members[i] for g in holder_groups(self.plan)}) for i in range(len(self.plan.islands)))
+            deadline = time.monotonic() + self.run.training.timeout_s
+            while self._store.add("outer/done", 0) < total and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank steps in place: the local shard of a DTensor parameter, else the parameter's data."""
+    data = p.data
+    return data.to_local() if hasattr(data, "to_local") else data
+
+
+def _full(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """`local` (a slice shaped like `p`'s local shard) as the whole tensor: all-gathered over `p`'s TP mesh."""
+    if not hasattr(p, "device_mesh"):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                              stride=p.stride()).full_tensor()
+
+
+def _slice_like(p: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of the whole tensor `full` as `p` holds it (no communication: every rank has `full`)."""
+    full = full.to(_local(p).device)
+    if not hasattr(p, "device_mesh"):
+        return full
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+
+
+def _check_supported(plan: IslandPlan, index: int, ex: Any, run: RunConfig) -> None:
+    """Refuse at start, in one line naming the island, what the outer sync does not support."""
+    if not 0 <= index < len(plan.islands):
+        raise PlanMismatch(f"island.index {index}: the island plan {run.island.plan} has {len(plan.islands)} islands "
+                           f"(0..{len(plan.islands) - 1})")
+    name = plan.islands[index].name
+    mine = plan.islands[index].plan
+    if (mine.stages, mine.global_batch, mine.schedule) != (ex.plan.stages, ex.plan.global_batch, ex.plan.schedule):
+        raise PlanMismatch(f"island '{name}': the run's plan is not island {index}'s plan in {run.island.plan}; run "
+                           "each island with its own plan from the island plan")
+    if ex.fsdp:
+        raise PlanMismatch(f"island '{name}': dp_sharding {ex.plan.dp_level} shards the parameters over DP, which the "
+                           "outer sync does not support yet; use zero1 or plain data parallelism")
+    if run.checkpoint.resume:
+        raise PlanMismatch(f"island '{name}': resuming an island run is not supported yet (checkpoints do not hold "
+                           "the outer optimizer's state); start the island plan from step 0")
+    odd = [n for n, p in ex.stage.named_parameters() if p.dtype != torch.float32]
+    if odd:
+        raise PlanMismatch(f"island '{name}': parameter {odd[0]} is {ex.stage.get_parameter(odd[0]).dtype}; the outer "
+                           "sync needs fp32 master weights")
