@@ -25,7 +25,8 @@ from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
 from hetauto.core.run_config import RunConfig
 from hetauto.runtime.island_exchange import pack, unpack
 from hetauto.runtime.island_holders import holder_groups, slot_holders
-from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge
+from hetauto.runtime.island_reference import reference_islands
+from hetauto.runtime.outer_sync import due_fragments, fragment_slots
 from hetauto.runtime.wire_codec import contribution_format, round_trip
 from hetauto.testing.multiproc import free_port, run_ranks
 
@@ -192,6 +193,13 @@ def _losses(results: list[dict], island: int) -> list[float]:
     return [sum(x) for x in zip(*rows)]
 
 
+def _fragment_slot(model: Any, name: str) -> int:
+    """The slot whose fragment syncs `name`: its own; a tied head's copy of the table syncs with the embedding."""
+    if model.tie_embeddings and name == f"layers.{model.num_layer_slots - 1}.proj.weight":
+        return 0
+    return int(name.split(".")[1])
+
+
 @pytest.mark.parametrize("c", range(len(CASES)), ids=[c.name for c in CASES])
 def test_every_island_holds_the_same_parameters_after_each_sync(runs, c: int) -> None:
     case, results = CASES[c], runs[c]
@@ -207,7 +215,7 @@ def test_every_island_holds_the_same_parameters_after_each_sync(runs, c: int) ->
             synced = {s for f in due_fragments(step, H, case.plan.outer.fragments) for s in frags[f]}
             for name in a:
                 same = torch.equal(a[name], b[name])
-                if int(name.split(".")[1]) in synced:
+                if _fragment_slot(case.model, name) in synced:
                     assert same, f"{case.name}: {name} differs between islands after step {step}'s sync"
                 elif case.plan.outer.fragments > 1:  # a fragment not synced yet: each island's own inner steps
                     assert not same, f"{case.name}: {name} is equal across islands before its fragment's sync"
@@ -258,72 +266,20 @@ def _whole_model(cfg: Any) -> torch.nn.Module:
     return build_model(cfg, SEED)
 
 
-# -- the single-process DiLoCo 1-rank islands must reproduce ----------------------------------------------------
-def _diloco(plan: IslandPlan, run: RunConfig) -> tuple[list[list[float]], list[dict[str, torch.Tensor]]]:
-    """Each island's whole model, AdamW on its rows of each global batch, after each step the due fragments'
-    outer step on the token-weighted merge of the round-tripped pseudo-gradients."""
-    from hetauto.runtime.batches import BatchSource, IslandBatches
-    from hetauto.runtime.data import microbatch
-    from hetauto.runtime.reference import optimizer_for
-    from hetauto.runtime.stage import build_model
-
-    models = [build_model(GPT, SEED) for _ in plan.islands]
-    opts = [optimizer_for(m.parameters(), run.training) for m in models]
-    outers = [OuterOptimizer(dict(m.named_parameters()), lr=plan.outer.optimizer.lr,
-                             momentum=plan.outer.optimizer.momentum) for m in models]
-    source = BatchSource(SEED, GPT.vocab_size)
-    frags = fragment_slots(GPT.num_layer_slots, plan.outer.fragments)
-    formats = [contribution_format(plan, isl.name) for isl in plan.islands]
-    losses: list[list[float]] = [[] for _ in plan.islands]
-    for step in range(STEPS):
-        for i, (isl, model, opt) in enumerate(zip(plan.islands, models, opts)):
-            p = isl.plan
-            batch = IslandBatches(source, plan.global_batch, *plan.rows(i)).train(step, p.global_batch, p.seq_len)
-            total = 0.0
-            for j in range(p.num_microbatches):
-                mb = microbatch(batch, j, p.microbatch_size)
-                loss = model(mb.tokens, mb.targets, p.global_batch * p.seq_len)
-                loss.backward()
-                total += loss.item()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses[i].append(total)
-        for f in due_fragments(step, H, plan.outer.fragments):
-            names = [n for n in outers[0].params if int(n.split(".")[1]) in frags[f]]
-            grads = [o.pseudo_gradient(names) for o in outers]
-            merged = {n: merge([round_trip(g[n], fmt) for g, fmt in zip(grads, formats)], plan.token_weights())
-                      for n in names}
-            for o in outers:
-                o.step(merged)
-    return losses, [{n: p.detach().clone() for n, p in m.named_parameters()} for m in models]
-
-
-ONE_RANK = [i for i, case in enumerate(CASES) if all(isl.plan.world_size == 1 for isl in case.plan.islands)]
-
-
-@pytest.mark.parametrize("c", ONE_RANK, ids=[CASES[i].name for i in ONE_RANK])
-def test_one_rank_islands_equal_the_single_process_diloco(runs, c: int) -> None:
-    plan, results = CASES[c].plan, runs[c]
-    losses, params = _diloco(plan, _training())
-    final = _params_by_island(results)
-    for i in range(len(plan.islands)):
-        assert _losses(results, i) == pytest.approx(losses[i], rel=1e-5, abs=1e-6)
-        for name, want in params[i].items():
-            torch.testing.assert_close(final[i][STEPS - 1][name], want, rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("c", range(len(CASES)), ids=[c.name for c in CASES])
 def test_ranks_equal_the_project_reference(runs, c: int, tmp_path: Path) -> None:
-    """hetauto.runtime.island_reference (engineer I3's single-process reference): losses and final parameters
+    """hetauto.runtime.island_reference (the single-process island reference): losses and final parameters
     within the executor's fp32 contract (1e-5; pipelines and TP sum in another order than one process)."""
-    ref = pytest.importorskip("hetauto.runtime.island_reference")
     plan, results = CASES[c].plan, runs[c]
-    got = ref.reference_islands(plan, CASES[c].model, _training())
+    got = reference_islands(plan, CASES[c].model, _training())
     final = _params_by_island(results)
+    # int8: a pseudo-gradient ~1e-7 away (TP sums in another order) can round to the next int8 level, one
+    # quantum (block absmax / 127, ~2e-5 here after 2 inner steps at lr 1e-3) times the outer step's lr (1 + mu)
+    atol = 1e-4 if any(w.format != "fp32" for w in plan.outer.wire) else 1e-5  # bf16: one ulp, likewise
     for i in range(len(plan.islands)):
         assert _losses(results, i) == pytest.approx(list(got.losses[i]), rel=1e-5, abs=1e-6)
         for name, want in got.params[i].items():
-            torch.testing.assert_close(final[i][STEPS - 1][name], want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(final[i][STEPS - 1][name], want, rtol=1e-5, atol=atol)
 
 
 # -- pure parts: holder groups and the byte payloads ------------------------------------------------------------

@@ -67,10 +67,14 @@ class IslandSync:
         _check_supported(self.plan, self.index, ex, run)
         self.name = self.plan.islands[self.index].name
         self.outer_cfg = self.plan.outer
-        # tied tables: both copies by their own canonical names (the slot that holds each), whatever the layout
+        # tied tables: both copies by their own canonical names (the slot that holds each), whatever the layout;
+        # where one tensor has both names, the outer optimizer steps it once (`alias`: name -> the name it steps)
         self.stage = ex.stage
         self.params = dict(ex.stage.named_parameters(remove_duplicate=False))
-        self.outer = OuterOptimizer({n: _local(p) for n, p in self.params.items()},
+        first: dict[int, str] = {}
+        self.alias = {n: first.setdefault(id(p), n) for n, p in self.params.items()}
+        self.tied_head = f"layers.{ex.cfg.num_layer_slots - 1}.proj.weight" if ex.cfg.tie_embeddings else None
+        self.outer = OuterOptimizer({n: _local(p) for n, p in self.params.items() if self.alias[n] == n},
                                     lr=self.outer_cfg.optimizer.lr, momentum=self.outer_cfg.optimizer.momentum)
         self.fragments = fragment_slots(ex.cfg.num_layer_slots, self.outer_cfg.fragments)
         self.holder = self.me.layout.rank(0, 0)
@@ -137,6 +141,12 @@ class IslandSync:
         wanted = set(slots)
         return sorted((n for n in self.params if _slot(n) in wanted), key=lambda n: (_slot(n), n))
 
+    def _due_names(self, g: HolderGroup, fragment: int) -> list[str]:
+        """`g`'s parameters in `fragment`. A tied head's table syncs with the embedding (slot 0's fragment), as the
+        single-process reference does: both copies of the table take the same merged value at the same step."""
+        slots = self.fragments[fragment]
+        return [n for n in self._names(g.slots) if (0 if n == self.tied_head else _slot(n)) in slots]
+
     def _buckets(self, names: list[str]) -> list[list[str]]:
         """`names` in consecutive runs of at most BUCKET_BYTES of fp32 whole tensors (one tensor at least), so no
         transient holds a whole stage; the cut depends on names and shapes alone, the same in every island."""
@@ -158,9 +168,9 @@ class IslandSync:
             t0 = time.perf_counter()
             sent, merged = 0, {}
             for g in self.groups:
-                for names in self._buckets(self._names(s for s in g.slots if s in self.fragments[f])):
+                for names in self._buckets(self._due_names(g, f)):
                     got, nbytes = self._sync_group(g, names)
-                    merged.update(got)
+                    merged.update({self.alias[n]: v for n, v in got.items()})  # one tensor's two names: equal
                     sent += nbytes
             self.outer.step(merged)
             wall = time.perf_counter() - t0
@@ -182,8 +192,8 @@ class IslandSync:
 
     def _full_pseudo_gradients(self, names: list[str]) -> list[torch.Tensor]:
         """θ - local of `names`, whole tensors on the host (TP shards all-gathered over the stage's TP ranks)."""
-        local = self.outer.pseudo_gradient(names)
-        return [_full(self.params[n], local[n]).cpu() for n in names]
+        local = self.outer.pseudo_gradient(sorted({self.alias[n] for n in names}))
+        return [_full(self.params[n], local[self.alias[n]]).cpu() for n in names]
 
     def _exchange(self, g: HolderGroup, full: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
         """Encode ours, all-gather every island's payload, decode each with its sender's format, merge."""
