@@ -62,6 +62,17 @@ def print_islands(plan: IslandPlan, pred: IslandPrediction, step_times: Sequence
                   f"effective tokens/s (efficiency: {pred.efficiency_source})", highlight=False, soft_wrap=True)
 
 
+def write_island_plot(plan: IslandPlan, pred: IslandPrediction, inputs: Any, path: str, evaluator: Any) -> None:
+    """`--plot` for an island plan (hetauto.plots.islands); an unwritable file is one line."""
+    from hetauto.core.errors import HetautoError
+    from hetauto.plots.islands import write_island_plan_picture
+
+    try:
+        write_island_plan_picture(plan, inputs, path, evaluator, pred)
+    except OSError as err:
+        raise HetautoError(f"{path}: cannot write the plan picture: {err.strerror or err}") from None
+
+
 def is_island_plan_file(path: str) -> bool:
     """Whether `path` holds an island plan; a file that cannot be read is left to the ordinary reader, which
     names the problem."""

@@ -448,9 +448,9 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
     (and the baselines', each `ratio` the island plan's effective tokens/s over theirs)."""
     from hetauto.commands._islands import islands_document, prediction_figures, print_islands
 
-    for flag, value in (("--plot", args.plot), ("--export-schedule", args.export_schedule)):
-        if value:
-            raise HetautoError(f"{flag}: not built for island plans yet; drop {flag} or --allow-local-sgd")
+    if args.export_schedule:
+        raise HetautoError("--export-schedule: not built for island plans yet; drop --export-schedule or "
+                           "--allow-local-sgd")
     ip, pred = choice.result.plan, choice.result.prediction
     if args.output:
         folder = Path(args.output).resolve().parent
@@ -459,6 +459,10 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
             _relative_to(ip, folder).model_copy(update={"islands": islands}).save(args.output)
         except OSError as err:
             raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
+    if args.plot:
+        from hetauto.commands._islands import write_island_plot
+
+        write_island_plot(ip, pred, inputs, args.plot, make_evaluator(inputs, args.precision))
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner,
                                **prediction_figures(pred, ip.seq_len, ip.outer.inner_steps),
@@ -474,6 +478,8 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
                                 for n, r in baselines.items()}
         if args.output:
             doc["output"] = args.output
+        if args.plot:
+            doc["plot"] = args.plot
         print_json(doc)
         return 0
     for line in inputs.describe():
