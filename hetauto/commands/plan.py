@@ -89,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export-schedule", nargs=2, metavar=("FORMAT", "DIR"),
                         help="also write the plan's schedule for another runtime: 'torch DIR' writes torch's CSV "
                              "(DIR/schedule.csv with comms, DIR/schedule_compute.csv); homogeneous plans only")
-    parser.add_argument("--plot", metavar="PNG", help="draw the plan: clusters, stages, links, memory (PNG)")
+    parser.add_argument("--plot", metavar="PNG", help="draw the plan: clusters, stages, links, memory (PNG); an "
+                        "island plan: its islands side by side and the outer links")
     parser.add_argument("--resume", metavar="CHECKPOINT_DIR",
                         help="re-plan a checkpointed job (its model, seq, global batch) for the new --cluster/--scenario; "
                              "prints the `hetauto run NEW_PLAN --resume DIR` command that continues it")

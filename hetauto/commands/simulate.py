@@ -23,7 +23,8 @@ from hetauto.schedule import Schedule, SimResult, simulate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("plan", nargs="?", help="plan JSON file (omit with --synthetic)")
+    parser.add_argument("plan", nargs="?", help="plan JSON file (omit with --synthetic); an island plan "
+                        "(--allow-local-sgd) is simulated island by island, then its outer round")
     parser.add_argument("--synthetic", action="store_true", help="simulate a synthetic pipeline from the flags below")
     parser.add_argument("--schedule", choices=SCHEDULES, help="schedule (plan mode: overrides the plan's)")
     parser.add_argument("--stages", type=int, help="pipeline stages P")
@@ -44,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_check_argument(parser)
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace JSON (Perfetto)")
-    parser.add_argument("--gantt", metavar="FILE", help="write a Gantt chart PNG")
+    parser.add_argument("--gantt", metavar="FILE",
+                        help="write a Gantt chart PNG (an island plan: one outer round, a lane per island and the sync)")
 
 
 def run(args: argparse.Namespace) -> int:
