@@ -128,6 +128,11 @@ def _print_human(doc: dict[str, Any], loaded: LoadedIslands, runs: list[IslandRu
     console.print(f"{doc['plan']}: {doc['model']} on {doc['cluster']}, island plan ({doc['schema']}), each island's "
                   "inner step simulated", highlight=False, soft_wrap=True)
     print_islands(loaded.plan, pred, [r.result.iteration_time for r in runs], [r.result.bubble_fraction for r in runs])
+    what_if = [f"{r.name} {r.setup.schedule.name}" for r, isl in zip(runs, loaded.plan.islands)
+               if r.setup.schedule.name != isl.plan.schedule.name]
+    if what_if:
+        console.print(f"--schedule what-if: simulated as {', '.join(what_if)} (the table shows each plan's own "
+                      "schedule)", highlight=False, soft_wrap=True)
     want = loaded.plan.prediction
     if want is not None:
         console.print(f"the plan's prediction: round {format_time(want.round_time_s)}, outer sync "
