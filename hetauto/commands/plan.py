@@ -497,6 +497,8 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
     if args.output:
         console.print(f"island plan written to {args.output} (hetauto evaluate prices it; island execution is "
                       "not built yet)", highlight=False, soft_wrap=True)
+    if args.plot:
+        console.print(f"plan picture written to {args.plot}", highlight=False)
     return 0
 
 
