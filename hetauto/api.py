@@ -11,25 +11,62 @@ from __future__ import annotations
 import contextlib
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hetauto.core.cluster import ClusterSpec
-    from hetauto.core.islands import IslandPlan
+    from hetauto.core.islands import IslandPlan, IslandPrediction
     from hetauto.core.model import ModelConfig
     from hetauto.core.plan import Plan
     from hetauto.planner.evaluate import Evaluation
     from hetauto.planner.search import PlanResult
 
-__all__ = ["plan", "evaluate", "run"]
+__all__ = ["IslandEvaluation", "IslandPlanResult", "evaluate", "plan", "run"]
+
+
+@dataclass(frozen=True, slots=True)
+class IslandPlanResult:
+    """What `plan(..., allow_local_sgd=True)` returns where islands win (what `hetauto plan --allow-local-sgd`
+    writes): the island plan (`.plan.save("plan.json")`), its round's prediction, each island's `Evaluation`,
+    the best pipelined plan it beat (a `PlanResult`) and the gain in effective throughput over it."""
+
+    plan: IslandPlan
+    prediction: IslandPrediction
+    evaluations: tuple[Evaluation, ...]
+    pipelined: PlanResult
+    gain: float
+    search_time_s: float  # the pipelined search's and the island search's together
+
+
+@dataclass(frozen=True, slots=True)
+class IslandEvaluation:
+    """What `evaluate(ISLAND_PLAN)` returns (`hetauto evaluate`'s figures for an island plan): each island's
+    `Evaluation` and the round's prediction (None where an island does not fit, or H has no published
+    statistical-efficiency figure: `violation` says which)."""
+
+    plan: IslandPlan
+    prediction: IslandPrediction | None
+    islands: tuple[Evaluation, ...]
+    violation: str | None
+
+    @property
+    def feasible(self) -> bool:
+        return self.prediction is not None
+
+    @property
+    def iteration_time_s(self) -> float | None:
+        """One inner step on average, the exposed sync spread over the round (`hetauto plan --json`'s figure)."""
+        return None if self.prediction is None else self.prediction.round_time_s / self.plan.outer.inner_steps
 
 
 def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | None = None,
          model: str | Path | ModelConfig | None = None, global_batch: int | None = None, seq_len: int | None = None,
          planner: str = "mcts", precision: str = "auto", budget: float | None = None, seed: int = 0,
          iterations: int | None = None, max_evaluations: int | None = None,
-         patience: int | None = None, memory_headroom: float | None = None) -> PlanResult:
+         patience: int | None = None, memory_headroom: float | None = None,
+         allow_local_sgd: bool = False) -> PlanResult | IslandPlanResult:
     """Search for the highest-throughput plan that fits (what `hetauto plan` does).
 
     The job: an embedded `scenario` (see `hetauto scenarios`; none and no `cluster`: the default scenario), or a
@@ -38,7 +75,9 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
     keeps the scenario's sequence length). `planner` is one of mcts, exhaustive, megatron, metis, amp, greedy;
     `precision` is written into the plan (auto: fp32 on cpu/mock stages, else bf16). Without `budget` (seconds)
     the result depends only on `seed`. `memory_headroom`: the share of each device's memory every stage leaves
-    free (default 0.10), recorded in the plan.
+    free (default 0.10), recorded in the plan. `allow_local_sgd=True` (`--allow-local-sgd`; mcts only) also
+    searches island plans (sites across a slow link each train and synchronise every H steps, DiLoCo) and
+    returns an `IslandPlanResult` where one beats the pipelined plan on effective throughput, as the CLI writes it.
 
     Returns a `PlanResult`: `.plan` (a `Plan`; `.plan.save("plan.json")` for `hetauto run`), `.evaluation`
     (iteration_time_s, throughput_samples_s, mfu, peak_memory_bytes, ...), `.search_time_s`, `.evaluations`.
@@ -60,7 +99,11 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
                         ("max_evaluations", max_evaluations), ("patience", patience)):
         _expect(name, value, (int,), "an integer", optional=True)
     _expect("seed", seed, (int,), "an integer")
+    _expect_bool("allow_local_sgd", allow_local_sgd)
     _expect("planner", planner, (str,), "a planner name")
+    if allow_local_sgd and planner != "mcts":
+        raise HetautoError(f"allow_local_sgd: island plans are searched with planner='mcts' only, not {planner!r}; "
+                           "drop one of them")
     _expect("precision", precision, (str,), "one of " + ", ".join(PRECISIONS))
     if precision not in PRECISIONS:
         raise HetautoError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -79,23 +122,53 @@ def plan(scenario: str | None = None, *, cluster: str | Path | ClusterSpec | Non
         inputs = load_planning_inputs(cluster=cluster, model=model, scenario=scenario, global_batch=global_batch,
                                       seq_len=seq_len, memory_headroom=memory_headroom)
         model_ref = str(model) if isinstance(model, (str, Path)) and Path(model).is_file() else None
-        return search(inputs, planner, budget, seed, iterations=iterations, max_evaluations=max_evaluations,
-                      patience=patience, evaluator=make_evaluator(inputs, precision), model_ref=model_ref)
+        evaluator = make_evaluator(inputs, precision)
+        result = search(inputs, planner, budget, seed, iterations=iterations, max_evaluations=max_evaluations,
+                        patience=patience, evaluator=evaluator, model_ref=model_ref)
+        if not allow_local_sgd:
+            return result
+        return _with_islands(inputs, result, evaluator, seed=seed, budget=budget, iterations=iterations,
+                             max_evaluations=max_evaluations, patience=patience)
 
 
-def _load_plan(plan: Plan | str | Path) -> tuple[Plan, Path]:
-    """(the plan, the folder its relative paths resolve against: the plan file's, or the current one)."""
+def _with_islands(inputs: Any, result: PlanResult, evaluator: Any, *, budget: float | None,
+                  **stop: Any) -> PlanResult | IslandPlanResult:
+    """The island search against `result` under the same stop options (each island search a 1/ISLAND_SEARCHES
+    share of `budget`), as `hetauto plan --allow-local-sgd` runs it: the island plan where it gains, else
+    `result`."""
+    from hetauto.planner.islands import ISLAND_SEARCHES, choose_islands
+
+    choice = choose_islands(inputs, result, evaluator, budget=None if budget is None else budget / ISLAND_SEARCHES,
+                            **stop)
+    if choice is None or not choice.gain > 1:
+        return result
+    got = choice.result
+    return IslandPlanResult(got.plan, got.prediction, tuple(got.evaluations), result, choice.gain,
+                            result.search_time_s + got.search_time_s)
+
+
+def _load_plan(plan: Plan | IslandPlan | str | Path, islands: bool = False) -> tuple[Any, Path]:
+    """(the plan, the folder its relative paths resolve against: the plan file's, or the current one); an island
+    plan (an `IslandPlan`, or a file of one) only where `islands`."""
+    from hetauto.core.islands import IslandPlan
     from hetauto.core.plan import Plan
 
-    _expect("plan", plan, (Plan, str, Path), "a Plan or a plan JSON file (Plan.load reads a file; "
+    kinds: tuple[type, ...] = (Plan, IslandPlan) if islands else (Plan,)
+    _expect("plan", plan, (*kinds, str, Path), "a Plan or a plan JSON file (Plan.load reads a file; "
             "Plan.model_validate a dict)")
-    if isinstance(plan, Plan):
+    if isinstance(plan, kinds):
         return plan, Path.cwd()
+    if islands:
+        from hetauto.core.islands import is_island_document
+        from hetauto.core.specio import read_document
+
+        if is_island_document(read_document(plan)):
+            return IslandPlan.load(plan), Path(plan).resolve().parent
     return Plan.load(plan), Path(plan).resolve().parent
 
 
-def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | None = None,
-             calibrated: bool = False) -> Evaluation:
+def evaluate(plan: Plan | IslandPlan | str | Path, *, cluster: str | Path | ClusterSpec | None = None,
+             calibrated: bool = False) -> Evaluation | IslandEvaluation:
     """Price one plan with the cost model and the simulator (the figures `hetauto plan` prints for it).
 
     `plan` is a `Plan` or a plan JSON file; its cluster (a scenario name or a spec file, relative to the plan
@@ -104,27 +177,51 @@ def evaluate(plan: Plan | str | Path, *, cluster: str | Path | ClusterSpec | Non
 
     Returns an `Evaluation`: `iteration_time_s`, `throughput_samples_s`, `tokens_s`, `mfu`, `bubble_fraction`,
     `peak_memory_bytes`, `memory_capacity_bytes` and `memory_available_bytes` (less the plan's
-    `memory_headroom`) per stage, `feasible` and `violation` (the failed constraint, or None).
+    `memory_headroom`) per stage, `feasible` and `violation` (the failed constraint, or None). An island plan
+    (an `IslandPlan` or a `hetauto.plan/2` file) gives an `IslandEvaluation`: each island's `Evaluation` and the
+    outer round's `prediction` (round time, sync bytes and seconds, exposed sync, effective tokens/s), as
+    `hetauto evaluate` prices it.
 
         >>> hetauto.evaluate("plan.json").iteration_time_s
     """
     from hetauto.planner.evaluate import evaluate_plan, inputs_for_plan, resolve_plan_paths
     from hetauto.planner.inputs import load_planning_inputs
 
-    p, base = _load_plan(plan)
+    p, base = _load_plan(plan, islands=True)
     _expect_bool("calibrated", calibrated)
     _expect("cluster", cluster, (str, Path, _cluster_type()), "a cluster spec file or a ClusterSpec", optional=True)
     with _keywords():
-        p = resolve_plan_paths(p, base)  # a relative cluster file or config.json, as `hetauto evaluate` reads them
-        inputs = inputs_for_plan(p) if cluster is None else load_planning_inputs(
-            cluster=cluster, model=p.model, global_batch=p.global_batch, seq_len=p.seq_len,
-            memory_headroom=p.memory_headroom)
         calibration = None
         if calibrated:
             from hetauto.planner.calibration import local_calibration
 
             calibration = local_calibration()
+        if not isinstance(p, _plan_type()):
+            return _evaluate_islands(p, base, cluster, calibration)
+        p = resolve_plan_paths(p, base)  # a relative cluster file or config.json, as `hetauto evaluate` reads them
+        inputs = inputs_for_plan(p) if cluster is None else load_planning_inputs(
+            cluster=cluster, model=p.model, global_batch=p.global_batch, seq_len=p.seq_len,
+            memory_headroom=p.memory_headroom)
         return evaluate_plan(p, inputs, calibration=calibration)
+
+
+def _evaluate_islands(ip: IslandPlan, base: Path, cluster: Any, calibration: Any) -> IslandEvaluation:
+    """Each island priced as an ordinary plan on the one cluster they share, then the round
+    (hetauto.planner.islands_price), as `hetauto evaluate ISLAND_PLAN` does."""
+    from hetauto.planner.evaluate import evaluate_plan, inputs_for_plan, resolve_plan_paths
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.islands_price import price_island_plan
+    from hetauto.planner.layers import total_params
+
+    islands = tuple(i.model_copy(update={"plan": resolve_plan_paths(i.plan, base)}) for i in ip.islands)
+    ip = ip.model_copy(update={"islands": islands})
+    first = islands[0].plan
+    inputs = inputs_for_plan(first) if cluster is None else load_planning_inputs(
+        cluster=cluster, model=first.model, global_batch=first.global_batch, seq_len=first.seq_len,
+        memory_headroom=first.memory_headroom)
+    pred, evs, why = price_island_plan(ip, inputs.cluster, total_params(inputs.model),
+                                       lambda p: evaluate_plan(p, inputs, calibration=calibration))
+    return IslandEvaluation(ip, pred, tuple(evs), why or None)
 
 
 def run(plan: Plan | IslandPlan | str | Path, *, steps: int = 3, emulate: bool | str = False, seed: int | None = None,
@@ -300,6 +397,12 @@ def _expect_bool(name: str, value: Any) -> None:
 
     if not isinstance(value, bool):
         raise HetautoError(f"{name}: expected True or False, got {type(value).__name__} {value!r:.80}")
+
+
+def _plan_type() -> type:
+    from hetauto.core.plan import Plan
+
+    return Plan
 
 
 def _cluster_type() -> type:

@@ -1,8 +1,10 @@
-"""What `hetauto plan` and `hetauto evaluate` print about island plans (hetauto.core.islands): the islands, H,
+"""What `hetauto plan`, `hetauto evaluate` and `hetauto simulate` print about island plans (hetauto.core.islands): the islands, H,
 the round, the outer sync's bytes and exposed seconds, and the statistical-efficiency factor with its source."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hetauto.commands._output import console, print_table
@@ -17,11 +19,15 @@ def prediction_figures(pred: IslandPrediction, seq_len: int, inner_steps: int) -
             "tokens_s": pred.tokens_s}
 
 
-def islands_document(plan: IslandPlan, pred: IslandPrediction) -> dict[str, Any]:
-    """The `islands` block of the --json outputs."""
+def islands_document(plan: IslandPlan, pred: IslandPrediction,
+                     step_times: Sequence[float] | None = None) -> dict[str, Any]:
+    """The `islands` block of the --json outputs; each island's inner step is `step_times`' (simulate's) where
+    given, else its plan's prediction."""
+    times = list(step_times) if step_times is not None else [
+        i.plan.prediction.iteration_time_s if i.plan.prediction else None for i in plan.islands]
     return {"islands": [{"name": i.name, "clusters": list(island_clusters(i)), "global_batch": i.plan.global_batch,
-                         "token_weight": w, "inner_step_time_s": i.plan.prediction.iteration_time_s
-                         if i.plan.prediction else None} for i, w in zip(plan.islands, plan.token_weights())],
+                         "token_weight": w, "inner_step_time_s": t}
+                        for i, w, t in zip(plan.islands, plan.token_weights(), times)],
             "inner_steps": plan.outer.inner_steps, "fragments": plan.outer.fragments,
             "outer_optimizer": plan.outer.optimizer.model_dump(mode="json"),
             "wire": [w.model_dump(mode="json") for w in plan.outer.wire],
@@ -31,21 +37,23 @@ def islands_document(plan: IslandPlan, pred: IslandPrediction) -> dict[str, Any]
             "effective_tokens_s": pred.effective_tokens_s}
 
 
-def print_islands(plan: IslandPlan, pred: IslandPrediction, step_times: list[float]) -> None:
-    """The human form: one row per island, then the round and the sync in two lines."""
+def print_islands(plan: IslandPlan, pred: IslandPrediction, step_times: Sequence[float],
+                  bubbles: Sequence[float] | None = None) -> None:
+    """The human form: one row per island (with its pipeline bubble where `bubbles` is given: simulate), then
+    the round and the sync in two lines."""
     rows = []
-    for isl, w, t in zip(plan.islands, plan.token_weights(), step_times):
+    for k, (isl, w, t) in enumerate(zip(plan.islands, plan.token_weights(), step_times)):
         p = isl.plan
         rows.append([isl.name, ", ".join(island_clusters(isl)), p.num_stages, p.world_size,
                      f"{p.global_batch} ({w:.0%})", f"{p.microbatch_size} x {p.num_microbatches}", p.schedule.name,
-                     format_time(t)])
+                     format_time(t)] + ([f"{100 * bubbles[k]:.1f}%"] if bubbles is not None else []))
     wire = ", ".join(f"{'-'.join(w.between)} {w.format}" for w in plan.outer.wire)
     o = plan.outer
     print_table(f"islands: {len(plan.islands)}, H={o.inner_steps} inner steps per round, {o.fragments} fragment"
                 f"{'s' if o.fragments > 1 else ''}, outer {o.optimizer.name} lr {o.optimizer.lr:g} momentum "
                 f"{o.optimizer.momentum:g}, wire {wire}",
                 ["island", "clusters", "stages", "devices", "batch (token share)", "microbatch", "schedule",
-                 "inner step"],
+                 "inner step"] + (["bubble"] if bubbles is not None else []),
                 rows)
     console.print(f"round {format_time(pred.round_time_s)} ({o.inner_steps} x {format_time(pred.inner_step_time_s)} "
                   f"+ exposed sync {format_time(pred.exposed_sync_s)}); outer sync {format_bytes(pred.sync_bytes)} "
@@ -54,17 +62,51 @@ def print_islands(plan: IslandPlan, pred: IslandPrediction, step_times: list[flo
                   f"effective tokens/s (efficiency: {pred.efficiency_source})", highlight=False, soft_wrap=True)
 
 
-def evaluate_island_document(plan_path: str, cluster: str | None = None, precision: str | None = None,
-                             memory_headroom: float | None = None) -> dict[str, Any]:
-    """What `hetauto evaluate --json` prints for an island plan: each island priced as an ordinary plan, then
-    the round (hetauto.planner.islands_price)."""
+def write_island_plot(plan: IslandPlan, pred: IslandPrediction, inputs: Any, path: str, evaluator: Any) -> None:
+    """`--plot` for an island plan (hetauto.plots.islands); an unwritable file is one line."""
+    from hetauto.core.errors import HetautoError
+    from hetauto.plots.islands import write_island_plan_picture
+
+    try:
+        write_island_plan_picture(plan, inputs, path, evaluator, pred)
+    except OSError as err:
+        raise HetautoError(f"{path}: cannot write the plan picture: {err.strerror or err}") from None
+
+
+def is_island_plan_file(path: str) -> bool:
+    """Whether `path` holds an island plan; a file that cannot be read is left to the ordinary reader, which
+    names the problem."""
+    from hetauto.core.errors import HetautoError
+    from hetauto.core.islands import is_island_document
+    from hetauto.core.specio import read_document
+
+    try:
+        return is_island_document(read_document(path))
+    except HetautoError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedIslands:
+    """An island plan file read as `hetauto evaluate` and `hetauto simulate` read it: every island's paths
+    resolved against the plan's folder, the flags' overrides applied, validated against the cluster file; with
+    the planning inputs and the Evaluator that price it."""
+
+    plan: IslandPlan
+    inputs: Any  # hetauto.planner.inputs.PlanningInputs
+    evaluator: Any  # hetauto.planner.evaluate.Evaluator
+    params: int  # the model's parameters: what the outer sync moves
+
+
+def load_island_plan(plan_path: str, cluster: str | None = None, precision: str | None = None,
+                     memory_headroom: float | None = None) -> LoadedIslands:
+    """Read and check `plan_path` (an island plan), its islands priced at `precision` and checked at
+    `memory_headroom` where given, on `cluster` (a scenario or a file) instead of the plan's where given."""
     from pathlib import Path
 
-    from hetauto.core.islands import IslandPlan
     from hetauto.core.plan_check import validate_island_plan
     from hetauto.core.scenarios import scenario_names
     from hetauto.planner.evaluate import Evaluator, inputs_for_plan, resolve_plan_paths
-    from hetauto.planner.islands_price import price_island_plan
     from hetauto.planner.layers import total_params
 
     path = Path(plan_path)
@@ -90,8 +132,18 @@ def evaluate_island_document(plan_path: str, cluster: str | None = None, precisi
     ip = ip.model_copy(update={"islands": tuple(islands), "cluster": top})
     validate_island_plan(ip, path.resolve().parent)
     inputs = inputs_for_plan(islands[0].plan)
-    ev = Evaluator(inputs)
-    pred, evs, why = price_island_plan(ip, inputs.cluster, total_params(inputs.model), ev.evaluate, ev.cost_model_name)
+    return LoadedIslands(ip, inputs, Evaluator(inputs), total_params(inputs.model))
+
+
+def evaluate_island_document(plan_path: str, cluster: str | None = None, precision: str | None = None,
+                             memory_headroom: float | None = None) -> dict[str, Any]:
+    """What `hetauto evaluate --json` prints for an island plan: each island priced as an ordinary plan, then
+    the round (hetauto.planner.islands_price)."""
+    from hetauto.planner.islands_price import price_island_plan
+
+    got = load_island_plan(plan_path, cluster, precision, memory_headroom)
+    ip, inputs, ev = got.plan, got.inputs, got.evaluator
+    pred, evs, why = price_island_plan(ip, inputs.cluster, got.params, ev.evaluate, ev.cost_model_name)
     doc: dict[str, Any] = {"plan": str(plan_path), "schema": ip.schema_, "model": inputs.model.name,
                            "cluster": ip.cluster, "cost_model": ev.cost_model_name, "feasible": pred is not None,
                            "violation": why or None,
@@ -102,8 +154,6 @@ def evaluate_island_document(plan_path: str, cluster: str | None = None, precisi
 
 
 def print_island_evaluation(doc: dict[str, Any], plan_path: str) -> None:
-    from hetauto.core.islands import IslandPlan
-
     console.print(f"{doc['plan']}: {doc['model']} on {doc['cluster']}, island plan ({doc['schema']})", highlight=False)
     if not doc["feasible"]:
         console.print(f"cannot run: {doc['violation']}", highlight=False)

@@ -14,15 +14,16 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.schedule import (
-    Link, PipelineCosts, Schedule, extra_warmup_from_costs, gpipe, interleaved, one_f_one_b, virtual_1f1b, zb_v,
-    zero_bubble,
+    Link, PipelineCosts, Schedule, SimResult, extra_warmup_from_costs, gpipe, interleaved, one_f_one_b, virtual_1f1b,
+    zb_v, zero_bubble,
 )
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "virtual-1f1b", "zb-h1", "virtual-zb", "zb-v")
 SPLIT = ("zb-h1", "virtual-zb", "zb-v")  # schedules that split the backward into I and W
 MAX_SYNTHETIC_ACTIONS = 2_000_000  # ~1 s per 100k actions here: a synthetic study answers within about a minute
 
-__all__ = ["MAX_SYNTHETIC_ACTIONS", "SCHEDULES", "SPLIT", "Simulation", "from_plan", "synthetic"]
+__all__ = ["MAX_SYNTHETIC_ACTIONS", "SCHEDULES", "SPLIT", "Simulation", "from_plan", "plan_simulation",
+           "refuse_synthetic_flags", "simulation_document", "synthetic"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,27 +167,46 @@ def from_plan(args: argparse.Namespace) -> Simulation:
     from hetauto.core.plan import Plan
     from hetauto.core.plan_check import validate_plan
 
-    from hetauto.commands._headroom import require_fit, with_headroom
+    from hetauto.commands._headroom import with_headroom
     from hetauto.planner.evaluate import resolve_plan_paths
 
-    _refuse_synthetic_flags(args)
+    refuse_synthetic_flags(args)
     plan = with_headroom(Plan.load(args.plan), args)
     validate_plan(plan, Path(args.plan).resolve().parent)  # what `hetauto run` would refuse, refused here too
     resolved = resolve_plan_paths(plan, Path(args.plan).resolve().parent)  # a cluster file beside the plan
+    return plan_simulation(plan, resolved, args.schedule, {"plan": args.plan})
+
+
+def plan_simulation(plan: Any, resolved: Any, schedule: str | None, extra: dict[str, Any]) -> Simulation:
+    """What simulating `plan` runs: its schedule (or `schedule`, a what-if) and the cost model's stage times for
+    `resolved` (the same plan, its paths resolved); refused where a stage does not fit. An island of an island
+    plan is simulated through here too (hetauto.commands._simulate_islands)."""
+    from hetauto.commands._headroom import require_fit
+
     require_fit(resolved)
     try:
         from hetauto.planner.evaluate import stage_times_for_plan  # type: ignore[import-not-found]
     except ImportError:
         raise HetautoError("cost model not available yet: hetauto.planner.evaluate.stage_times_for_plan is missing; "
                            "use --synthetic") from None
-    costs = stage_times_for_plan(resolved, schedule=args.schedule)
+    costs = stage_times_for_plan(resolved, schedule=schedule)
     from hetauto.schedule import schedule_for_plan
 
-    sched = schedule_for_plan(plan, args.schedule)
-    return Simulation(sched, costs, {"plan": args.plan}, plan)
+    sched = schedule_for_plan(plan, schedule)
+    return Simulation(sched, costs, extra, plan)
 
 
-def _refuse_synthetic_flags(args: argparse.Namespace) -> None:
+def simulation_document(sched: Schedule, r: SimResult, extra: dict[str, Any]) -> dict[str, Any]:
+    """`hetauto simulate --json`'s document for one pipeline (a plan, a synthetic run, or one island)."""
+    return {
+        "schedule": sched.name, "stages": sched.p, "microbatches": sched.m, "virtual_chunks": sched.v,
+        "iteration_time_s": r.iteration_time, "bubble_fraction": r.bubble_fraction,
+        "peak_inflight": list(r.peak_inflight), "utilisation": list(r.utilisation),
+        "extra_warmup": list(sched.extra_warmup), **extra,
+    }
+
+
+def refuse_synthetic_flags(args: argparse.Namespace) -> None:
     """A plan brings its own stages, costs and links: the synthetic flags would be ignored without a word."""
     given = [flag for flag, value in (("--stages", args.stages), ("--microbatches", args.microbatches),
                                       ("--tf", args.tf), ("--tb", args.tb), ("--virtual-chunks", args.virtual_chunks),

@@ -89,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export-schedule", nargs=2, metavar=("FORMAT", "DIR"),
                         help="also write the plan's schedule for another runtime: 'torch DIR' writes torch's CSV "
                              "(DIR/schedule.csv with comms, DIR/schedule_compute.csv); homogeneous plans only")
-    parser.add_argument("--plot", metavar="PNG", help="draw the plan: clusters, stages, links, memory (PNG)")
+    parser.add_argument("--plot", metavar="PNG", help="draw the plan: clusters, stages, links, memory (PNG); an "
+                        "island plan: its islands side by side and the outer links")
     parser.add_argument("--resume", metavar="CHECKPOINT_DIR",
                         help="re-plan a checkpointed job (its model, seq, global batch) for the new --cluster/--scenario; "
                              "prints the `hetauto run NEW_PLAN --resume DIR` command that continues it")
@@ -448,9 +449,9 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
     (and the baselines', each `ratio` the island plan's effective tokens/s over theirs)."""
     from hetauto.commands._islands import islands_document, prediction_figures, print_islands
 
-    for flag, value in (("--plot", args.plot), ("--export-schedule", args.export_schedule)):
-        if value:
-            raise HetautoError(f"{flag}: not built for island plans yet; drop {flag} or --allow-local-sgd")
+    if args.export_schedule:
+        raise HetautoError("--export-schedule: not built for island plans yet; drop --export-schedule or "
+                           "--allow-local-sgd")
     ip, pred = choice.result.plan, choice.result.prediction
     if args.output:
         folder = Path(args.output).resolve().parent
@@ -459,6 +460,10 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
             _relative_to(ip, folder).model_copy(update={"islands": islands}).save(args.output)
         except OSError as err:
             raise HetautoError(f"{args.output}: cannot write the plan: {err.strerror or err}") from None
+    if args.plot:
+        from hetauto.commands._islands import write_island_plot
+
+        write_island_plot(ip, pred, inputs, args.plot, make_evaluator(inputs, args.precision))
     if args.json:
         doc: dict[str, Any] = {"planner": args.planner,
                                **prediction_figures(pred, ip.seq_len, ip.outer.inner_steps),
@@ -474,6 +479,8 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
                                 for n, r in baselines.items()}
         if args.output:
             doc["output"] = args.output
+        if args.plot:
+            doc["plot"] = args.plot
         print_json(doc)
         return 0
     for line in inputs.describe():
@@ -490,6 +497,8 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
     if args.output:
         console.print(f"island plan written to {args.output} (hetauto evaluate prices it; island execution is "
                       "not built yet)", highlight=False, soft_wrap=True)
+    if args.plot:
+        console.print(f"plan picture written to {args.plot}", highlight=False)
     return 0
 
 

@@ -1,5 +1,8 @@
 """`hetauto simulate`: score a pipeline schedule with the discrete-event simulator.
 
+An island plan (`hetauto.plan/2`) is simulated island by island, then its outer round
+(hetauto.commands._simulate_islands).
+
 Two steps: setup (`hetauto.commands._simulate_setup`: the flags or the plan checked, the schedule and its costs
 built) and run (here: simulate, write the trace and Gantt chart, print the result).
 
@@ -14,13 +17,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hetauto.commands._simulate_setup import SCHEDULES, Simulation, from_plan, synthetic
+from hetauto.commands._simulate_setup import SCHEDULES, Simulation, from_plan, simulation_document, synthetic
 from hetauto.core.errors import HetautoError
 from hetauto.schedule import Schedule, SimResult, simulate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("plan", nargs="?", help="plan JSON file (omit with --synthetic)")
+    parser.add_argument("plan", nargs="?", help="plan JSON file (omit with --synthetic); an island plan "
+                        "(--allow-local-sgd) is simulated island by island, then its outer round")
     parser.add_argument("--synthetic", action="store_true", help="simulate a synthetic pipeline from the flags below")
     parser.add_argument("--schedule", choices=SCHEDULES, help="schedule (plan mode: overrides the plan's)")
     parser.add_argument("--stages", type=int, help="pipeline stages P")
@@ -41,12 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_check_argument(parser)
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace JSON (Perfetto)")
-    parser.add_argument("--gantt", metavar="FILE", help="write a Gantt chart PNG")
+    parser.add_argument("--gantt", metavar="FILE",
+                        help="write a Gantt chart PNG (an island plan: one outer round, a lane per island and the sync)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Set up (every flag and the plan checked, the schedule and its costs built), then simulate and write."""
     _check_arguments(args)
+    from hetauto.commands._islands import is_island_plan_file
+
+    if not args.synthetic and is_island_plan_file(args.plan):
+        from hetauto.commands._simulate_islands import run_islands
+
+        return run_islands(args)
     setup = synthetic(args) if args.synthetic else from_plan(args)
     return _simulate_and_write(args, setup)
 
@@ -77,7 +88,7 @@ def _simulate_and_write(args: argparse.Namespace, setup: Simulation) -> int:
         write_chrome_trace(result, args.trace)
     if args.gantt:
         _write_gantt(args, sched, result, setup.plan)
-    doc = _doc(sched, result, setup.extra)
+    doc = simulation_document(sched, result, setup.extra)
     if args.json:
         from hetauto.commands._output import print_json
 
@@ -123,15 +134,6 @@ def _write_gantt(args: argparse.Namespace, sched: Schedule, result: SimResult, p
     finally:
         if bar:
             bar[0].stop()
-
-
-def _doc(sched: Schedule, r: SimResult, extra: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "schedule": sched.name, "stages": sched.p, "microbatches": sched.m, "virtual_chunks": sched.v,
-        "iteration_time_s": r.iteration_time, "bubble_fraction": r.bubble_fraction,
-        "peak_inflight": list(r.peak_inflight), "utilisation": list(r.utilisation),
-        "extra_warmup": list(sched.extra_warmup), **extra,
-    }
 
 
 def _print_human(doc: dict[str, Any], unit: str) -> None:

@@ -126,27 +126,34 @@ def plan_figure(pic: PlanPicture) -> Any:
     ncols = len(runs) + (1 if unused else 0)
     width = max(8.0, ncols * COL_W + (ncols - 1) * GAP + 0.6)
     box_h = HEAD_H + rows * STAGE_H + 0.2
-    fig, ax = _canvas(pic, width, box_h + 1.6)
+    fig, ax = canvas(pic.title, pic.subtitle, width, box_h + 1.6)
     top = box_h + 1.6 - 1.05
-    by_src = {b.src: b for b in pic.boundaries}
-    centre: dict[int, tuple[float, float, float]] = {}  # stage -> (x left, x right, y centre)
-    x = 0.3
-    for name, stages in runs:
-        _draw_cluster(ax, pic, name, stages, x, top, box_h)
-        for k, i in enumerate(stages):
-            centre[i] = _draw_stage(ax, pic, i, top - HEAD_H - (k + 1) * STAGE_H + 0.08, x, by_src.get(i),
-                                    k + 1 < len(stages))
-        x += COL_W + GAP
+    centre, x = draw_columns(ax, pic, 0.3, top, box_h)
     if unused:
-        _draw_unused(ax, unused, x, top, box_h)
-    _draw_cross_links(ax, pic, centre)
+        draw_unused(ax, unused, x, top, box_h)
+    draw_cross_links(ax, pic, centre)
     ax.text(0.3, 0.3, "red arrow: a boundary between clusters, with its link and the bytes that cross it per "
             "step (both ways)\ngrey arrow: a boundary inside a cluster; bar: memory used / device memory, less the "
             "headroom kept free (from the tick on); red over 90% of the usable memory", fontsize=7, color="#444444", va="center")
     return fig
 
 
-def _canvas(pic: PlanPicture, width: float, height: float) -> tuple[Any, Any]:
+def draw_columns(ax: Any, pic: PlanPicture, x: float, top: float, box_h: float
+                 ) -> tuple[dict[int, tuple[float, float, float]], float]:
+    """`pic`'s plan from `x` on: one column per run of consecutive stages on one cluster, its stages and the links
+    inside it; returns (stage -> (x left, x right, y centre), the x after the last column and its gap)."""
+    by_src = {b.src: b for b in pic.boundaries}
+    centre: dict[int, tuple[float, float, float]] = {}
+    for name, stages in _runs(pic.plan):
+        _draw_cluster(ax, pic, name, stages, x, top, box_h)
+        for k, i in enumerate(stages):
+            centre[i] = _draw_stage(ax, pic, i, top - HEAD_H - (k + 1) * STAGE_H + 0.08, x, by_src.get(i),
+                                    k + 1 < len(stages))
+        x += COL_W + GAP
+    return centre, x
+
+
+def canvas(title: str, subtitle: str, width: float, height: float) -> tuple[Any, Any]:
     """The figure (inches as data units, no axes drawn) with the plan's title and subtitle."""
     import matplotlib
 
@@ -158,8 +165,8 @@ def _canvas(pic: PlanPicture, width: float, height: float) -> tuple[Any, Any]:
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
     ax.axis("off")
-    fig.text(0.5, 1 - 0.22 / height, pic.title, ha="center", va="top", fontsize=11, fontweight="bold")
-    fig.text(0.5, 1 - 0.55 / height, pic.subtitle, ha="center", va="top", fontsize=8.5, color="#333333")
+    fig.text(0.5, 1 - 0.22 / height, title, ha="center", va="top", fontsize=11, fontweight="bold")
+    fig.text(0.5, 1 - 0.55 / height, subtitle, ha="center", va="top", fontsize=8.5, color="#333333")
     return fig, ax
 
 
@@ -214,7 +221,7 @@ def _draw_stage(ax: Any, pic: PlanPicture, i: int, y0: float, x: float, b: Bound
     return (sx, sx + sw, y0 + sh / 2)
 
 
-def _draw_unused(ax: Any, unused: list[Any], x: float, top: float, box_h: float) -> None:
+def draw_unused(ax: Any, unused: list[Any], x: float, top: float, box_h: float) -> None:
     """The grey column listing the spec's clusters the plan leaves unused."""
     from matplotlib.patches import FancyBboxPatch
 
@@ -226,7 +233,7 @@ def _draw_unused(ax: Any, unused: list[Any], x: float, top: float, box_h: float)
                 fontsize=7.5, va="top", color="#666666")
 
 
-def _draw_cross_links(ax: Any, pic: PlanPicture, centre: dict[int, tuple[float, float, float]]) -> None:
+def draw_cross_links(ax: Any, pic: PlanPicture, centre: dict[int, tuple[float, float, float]]) -> None:
     """A red two-way arrow per boundary between clusters, labelled with its link and bytes per step."""
     from matplotlib.patches import FancyArrowPatch
 
