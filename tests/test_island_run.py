@@ -139,13 +139,12 @@ def test_a_bad_island_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert err.startswith("hetauto run: error: islands[1] (SLOW): ") and len(err.splitlines()) == 1, err
 
 
-def test_simulate_and_launch_still_refuse_and_say_what_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_launch_still_refuses_and_says_what_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # (simulate reads island plans: tests/test_simulate_islands.py)
     path = _island_plan(tmp_path)
-    for argv in (["simulate", str(path)], ["launch", str(path), "--master", "127.0.0.1:29500", "-o",
-                                           str(tmp_path / "l")]):
-        assert main(argv) != 0
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "island execution is not built yet here; `hetauto run` trains it" in err
+    assert main(["launch", str(path), "--master", "127.0.0.1:29500", "-o", str(tmp_path / "l")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "island execution is not built yet here; `hetauto run` trains it" in err
 
 
 def test_rounds_come_from_the_holders_rows() -> None:

@@ -93,16 +93,6 @@ def test_validation_errors_are_one_line_naming_the_field(tmp_path: Path, edit, f
     assert field in str(err.value) and "\n" not in str(err.value)
 
 
-def test_launch_refuses_an_island_plan_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "ip.json"
-    _two_islands().save(path)
-    # hetauto run trains an island plan (tests/test_island_run.py); simulate reads it (tests/test_simulate_islands.py)
-    for argv in (["launch", str(path), "--master", "127.0.0.1:29500", "-o", str(tmp_path / "l.json")],):
-        assert main(argv) != 0
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "island execution is not built yet" in err
-
-
 def test_evaluate_prices_an_island_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "ip.json"
     _two_islands().save(path)
