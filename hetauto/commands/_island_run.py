@@ -95,13 +95,12 @@ def rounds_line(doc: dict[str, Any]) -> str:
     h, f = doc["inner_steps"], doc["fragments"]
     every = f"H={h}, {f} fragment{'s' if f != 1 else ''}"
     pred = "-" if doc["predicted_round_s"] is None else f"{doc['predicted_round_s']:.4f} s"
-    if doc["rounds"] is None:
-        return f"rounds: not reported by the ranks ({every}); predicted round {pred}"
     if not doc["syncs"]:
         return f"rounds: 0 (no outer sync was due in {doc['steps']} steps at {every}); predicted round {pred}"
     syncs = doc["syncs"]
     per_round = sum(s["bytes"] for s in syncs) / max(doc["rounds"], 1)
-    return (f"rounds: {doc['rounds']} ({every}; {len(syncs)} syncs): {format_bytes(per_round)} per round, sync up to "
+    n = f"{len(syncs)} sync{'s' if len(syncs) != 1 else ''}"
+    return (f"rounds: {doc['rounds']} ({every}; {n}): {format_bytes(per_round)} per round, sync up to "
             f"{max(s['sync_s'] for s in syncs):.4f} s, exposed up to {max(s['exposed_s'] for s in syncs):.4f} s | "
             f"round measured " + ("-" if doc["measured_round_s"] is None else f"{doc['measured_round_s']:.4f} s")
             + f", predicted {pred}")

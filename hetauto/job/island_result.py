@@ -72,11 +72,9 @@ def _tokens_s(tokens_per_step: int, step_s: float) -> float | None:
     return tokens_per_step / step_s if step_s > 0 else None
 
 
-def _holder_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """Every `outer_syncs` row of the island's ranks (one per sync a holder took part in), with the holder's rank;
-    None when its ranks report no such rows (a rank side without the outer sync)."""
-    if not any("outer_syncs" in r for r in reports):
-        return None
+def _holder_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every `outer_syncs` row of the island's ranks (one per sync a holder took part in), with the holder's rank
+    (a rank reports none when no sync was due or it holds nothing)."""
     return [{"rank": int(r["rank"]), **row} for r in reports for row in r.get("outer_syncs") or []]
 
 
@@ -84,11 +82,8 @@ def rounds_summary(plan: IslandPlan, reports: Sequence[list[dict[str, Any]]], st
     """The outer rounds as the holders measured them: one row per sync (step, fragment) over every island's
     holders (`bytes` summed, `sync_s`, `exposed_s` the longest, `holders` counted), `rounds` the complete rounds
     (F syncs each), the measured round time (H x the slowest island's steady step + a round's exposed sync: the
-    planner's formula, with measured terms) next to the plan's prediction. `rounds` and `syncs` are None when no
-    rank reported outer syncs."""
+    planner's formula, with measured terms) next to the plan's prediction."""
     predicted = plan.prediction.round_time_s if plan.prediction is not None else None
-    if not any("outer_syncs" in r for mine in reports for r in mine):
-        return {"rounds": None, "syncs": None, "measured_round_s": None, "predicted_round_s": predicted}
     by_sync: dict[tuple[int, int], dict[str, Any]] = {}
     for mine in reports:
         for rep in mine:
