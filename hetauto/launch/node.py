@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from hetauto.launch.diagnosis import JobFailed, read_marks
+from hetauto.core.control_store import ControlStoreClient
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
 from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_others, announce_end, await_members,
                                      mark_done)
 from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
+from hetauto.launch.node_link import LeadLink, link_down_words, silent_threshold
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
 # them from here
@@ -60,25 +63,67 @@ class NodeRun:
     def wait(self) -> list[dict[str, Any]]:
         return self._lead_wait() if self.job.lead else self._member_wait()
 
+    @property
+    def grace_s(self) -> float:
+        """How long a link between two sites may be down before the job fails: the run's --timeout, which the
+        ranks' collectives across it wait anyway (hetauto.launch.node_link)."""
+        return float(self.job.run.training.timeout_s)
+
+    def _members(self) -> list[int]:
+        return [n.node_rank for n in self.job.launch.nodes if n.node_rank != 0]
+
+    def _silent(self, node_rank: int) -> bool:
+        return self.store.agent_silence(node_rank) > silent_threshold(self.grace_s)
+
     def _lead_wait(self) -> list[dict[str, Any]]:
-        reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
+        try:
+            reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
+        except JobFailed as err:
+            raise self._link_failure(err) or err from None
         announce_end(self.store)
-        late = await_members(self.store, [n.node_rank for n in self.job.launch.nodes if n.node_rank != 0])
+        late = await_members(self.store, self._members(), link_grace_s=self.grace_s, silent=self._silent)
         if late:
             self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended {END_GRACE_S:g} s "
                           "after the job's end; every rank had reported, so it ends on its own")
         return reports
 
+    def _link_failure(self, err: JobFailed) -> JobFailed | None:
+        """The job's failure as the link that stayed down, when it is one: the culprit rank has no error of its own
+        (it stopped responding, the others timed out) and a member site's agent is out of reach too. None: the
+        ranks' diagnosis stands (a rank's own error, or every agent still answering)."""
+        silent = [r for r in self._members() if self._silent(r)]
+        if not silent:
+            return None
+        if err.rank is not None:
+            own = read_marks(self.job.plan, self.job.out).errors.get(err.rank)
+            if own is not None and not own.secondary:
+                return None
+        site, _ = self.job.launch.node(silent[0])
+        nodes = [r for r in silent if self.job.launch.node(r)[0].name == site.name]
+        words = link_down_words(self.job.site.name, site.name, self.grace_s, self.store.agent_silence(silent[0]))
+        return JobFailed(f"{words} (node rank(s) {', '.join(map(str, nodes))} of site '{site.name}' out of reach, "
+                         f"its ranks with them); what the ranks saw: {err}", err.rank, err.stage, err.cluster)
+
     def _member_wait(self) -> list[dict[str, Any]]:
         try:
             reports = self.local.wait()
         except BaseException as err:
+            if isinstance(err, JobFailed) and self.watch is not None and not str(err).startswith("the link") and \
+                    self.watch.link.silent_for() > silent_threshold(self.grace_s):
+                err = JobFailed(self._member_link_words() + "; this node's ranks stopped with it "
+                                f"(torchrun said: {err})")
             mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
-            raise
+            raise err from None
         if not mark_done(self.store, self.job.node.node_rank, "ok") and self.watch is not None and self.watch.ended:
             self.progress("the lead node's agent had gone after the job's end (every rank had reported): this "
                           "node's torchrun ended on its own")
         return reports
+
+    def _member_link_words(self, silent_s: float | None = None) -> str:
+        lead_site, _ = self.job.launch.node(0)
+        silent_s = self.watch.link.silent_for() if silent_s is None else silent_s
+        return (link_down_words(self.job.site.name, lead_site.name, self.grace_s, silent_s)
+                + f" (the lead node's agent at {self.watch.link.address} out of reach)")
 
 
 def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None) -> NodeRun:
@@ -93,6 +138,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         control = ControlServer(job.out, bind=bind, port=rdzv.control_port, advertise=rdzv.master_addr).start()
         try:
             lead_join(job, control, timeout, progress)
+            control.watch_agents([n.node_rank for n in job.launch.nodes if n.node_rank != 0])
         except BaseException:
             control.shutdown()
             raise
@@ -102,10 +148,14 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         others = job.launch.num_nodes - 1
         run.on_failure = lambda err: abort_others(control, err, others)
         return NodeRun(job, run, control, progress)
-    store = member_join(job, timeout, progress)
+    joined = member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                     control_address=address, env=job.env)
     run.collect = False
-    run.watch = LeadWatch(store, address)
-    return NodeRun(job, run, store, progress, run.watch)
+    link = LeadLink(lambda wait_s: ControlStoreClient(rdzv.master_addr, rdzv.control_port, wait_s), address,
+                    float(job.run.training.timeout_s))
+    joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
+    node = NodeRun(job, run, link, progress)
+    run.watch = node.watch = LeadWatch(link, job.node.node_rank, node._member_link_words)
+    return node

@@ -51,14 +51,18 @@ def announce_end(control: Any) -> None:
     control.set(END_KEY, "every rank reported")
 
 
-def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRACE_S) -> list[int]:
+def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRACE_S, link_grace_s: float = 0.0,
+                  silent: Callable[[int], bool] = lambda _r: False) -> list[int]:
     """On the lead after `announce_end`: wait until every member node has marked its end, `grace_s` at most;
-    returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone)."""
-    end = time.monotonic() + grace_s
+    returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone). A member
+    whose agent is `silent` (out of reach: a link blip) may not have read `end` yet: it is waited for up to
+    `link_grace_s`, the run's link grace, so that a blip at the job's end costs the outage, not a failed site."""
+    start = time.monotonic()
     waiting = list(members)
     while waiting:
         waiting = [r for r in waiting if control.get(done_key(r)) is None]
-        if not waiting or time.monotonic() >= end:
+        elapsed = time.monotonic() - start
+        if not any(elapsed < grace_s or (silent(r) and elapsed < link_grace_s) for r in waiting):
             break
         time.sleep(POLL_S)
     return waiting
@@ -76,12 +80,15 @@ def mark_done(store: Any, node_rank: int, outcome: str) -> bool:
 
 class LeadWatch:
     """Polled by a member node while its ranks run (LocalJob.watch): why this node must stop its ranks (the lead
-    ended the job: `abort`; the lead's agent gone before the job's end), else None. `ended`: the lead posted the
-    job's end (every rank reported); from then on the lead's store is not read again, and its going is no
-    failure: this node's torchrun ends on its own."""
+    ended the job: `abort`; the lead out of reach for longer than the link grace), else None. It reads the lead's
+    store through a LeadLink (hetauto.launch.node_link), which makes its connection again after a failure, and
+    bumps this agent's counter there on every read, so the lead can tell a link that is down from a rank that
+    failed. `ended`: the lead posted the job's end (every rank reported); from then on the lead's store is not
+    read again, and its going is no failure: this node's torchrun ends on its own."""
 
-    def __init__(self, store: Any, address: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store, self.address, self.clock = store, address, clock
+    def __init__(self, link: Any, node_rank: int, lost_words: Callable[[float], str],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.link, self.node_rank, self.lost_words, self.clock = link, node_rank, lost_words, clock
         self.ended = False
         self._last = float("-inf")
 
@@ -90,12 +97,18 @@ class LeadWatch:
         if self.ended or now - self._last < WATCH_EVERY_S:
             return None
         self._last = now
+        from hetauto.launch.node_link import agent_beat_key
+
         try:
-            if self.store.check([ABORT_KEY]):
-                why = self.store.get(ABORT_KEY).decode("utf-8")
-                self.store.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
+            if self.link.check([ABORT_KEY]):
+                why = self.link.get(ABORT_KEY).decode("utf-8")
+                self.link.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
                 return "the lead node ended the job: " + why
-            self.ended = self.store.check([END_KEY])
-        except Exception:  # noqa: BLE001 - the lead's agent is gone with its store, before the job's end
-            return f"the lead node's agent at {self.address} is gone; stopped this node's ranks"
+            self.ended = self.link.check([END_KEY])
+            self.link.add(agent_beat_key(self.node_rank), 1)
+        except OSError:  # out of reach: a blip costs the job the outage; only past the grace is the lead lost
+            if self.link.refused:  # its machine answers and its agent's port is closed: the agent is gone
+                return f"the lead node's agent at {self.link.address} is gone; stopped this node's ranks"
+            if self.link.lost():
+                return self.lost_words(self.link.silent_for()) + "; stopped this node's ranks"
         return None

@@ -41,6 +41,7 @@ CONTROL_TOKEN_ENV = "HETAUTO_CONTROL_TOKEN"
 SEQ_KEY = "hetauto/seq"
 MESSAGE_KINDS = ("started", "error", "stopped", "report", "step")
 HEARTBEAT_S = 0.5  # how often a rank bumps its heartbeat (the agent compares when each rank's last changed)
+RECONNECT_S = 0.25  # the pause between two tries to reach the store again after a failed connection
 
 
 MSG_PREFIX = "hetauto/msg/"
@@ -96,7 +97,7 @@ class ControlClient:
 
     def __init__(self, address: str, rank: int, timeout_s: float = 60.0, token: str | None = None) -> None:
         self.address, self.rank, self.timeout_s, self._token = address, rank, timeout_s, token
-        self._store = _connect(address, timeout_s, token, f"rank{rank}")
+        self._store: ControlStoreClient | None = _connect(address, timeout_s, token, f"rank{rank}")
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._send_loop, name="hetauto-control-send", daemon=True).start()
 
@@ -142,7 +143,7 @@ class ControlClient:
             error: BaseException | None = None
             if body is not None:
                 try:
-                    self._store.post(SEQ_KEY, MSG_PREFIX, body)  # numbered and written in one round trip
+                    self._send(body, retry=waiter is not None)
                 except Exception as exc:  # noqa: BLE001 - handed to a waiting poster; a step line is dropped
                     error = exc
             if waiter is not None:
@@ -150,17 +151,53 @@ class ControlClient:
                 done.append(error)
                 event.set()
 
+    def _send(self, body: str, retry: bool) -> None:
+        """Post one message (numbered and written in one round trip). A failed connection is made again for the
+        next message; a message someone waits for (a mark, the report) is sent again on it until `timeout_s` has
+        passed: a WAN blip shorter than the run's timeout costs the rank the outage, not its last words (a mark
+        sent twice is written twice, to the same file)."""
+        end = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                if self._store is None:
+                    self._store = _connect(self.address, max(1.0, end - time.monotonic()), self._token,
+                                           f"rank{self.rank}")
+                self._store.post(SEQ_KEY, MSG_PREFIX, body)
+                return
+            except PermissionError:  # the store asks for a token this rank was not given: no retry cures that
+                raise
+            except OSError:
+                self._drop()
+                if not retry or time.monotonic() >= end:
+                    raise
+                time.sleep(RECONNECT_S)
+
+    def _drop(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
     def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
         store = _connect(self.address, self.timeout_s, self._token, f"rank{self.rank}/beat")
         key = beat_key(self.rank)
         store.add(key, 1)
+        threading.Thread(target=self._beat, args=(store, key, every), name="hetauto-heartbeat", daemon=True).start()
 
-        def beat() -> None:
-            while True:
-                time.sleep(every)
-                try:
-                    store.add(key, 1)
-                except Exception:  # noqa: BLE001 - the agent is gone: nothing left to tell
+    def _beat(self, store: ControlStoreClient | None, key: str, every: float) -> None:
+        """Bump the counter every `every` s. A failed connection is made again at the next beat (a WAN blip costs
+        the beats of the outage); the beats stop once no connection has worked for `timeout_s` (the agent is gone:
+        nothing left to tell)."""
+        last_ok = time.monotonic()
+        while True:
+            time.sleep(every)
+            try:
+                if store is None:
+                    store = _connect(self.address, max(every, 2 * RECONNECT_S), self._token, f"rank{self.rank}/beat")
+                store.add(key, 1)
+                last_ok = time.monotonic()
+            except Exception:  # noqa: BLE001 - out of reach now: try again at the next beat, within the timeout
+                if store is not None:
+                    store.close()
+                store = None
+                if time.monotonic() - last_ok > self.timeout_s:
                     return
-
-        threading.Thread(target=beat, name="hetauto-heartbeat", daemon=True).start()
