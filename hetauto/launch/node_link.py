@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, TypeVar
 
+from hetauto.runtime.control import is_refusal
+
 __all__ = ["LINK_CALL_S", "LINK_SILENT_S", "LeadLink", "agent_beat_key", "link_down_words", "silent_threshold"]
 
 LINK_CALL_S = 2.0  # one store call's longest wait across the link before its connection is made again
@@ -46,11 +48,6 @@ def link_down_words(here: str, there: str, grace_s: float, silent_s: float) -> s
             f" nothing came across it for {silent_s:.1f} s")
 
 
-def _is_refusal(err: BaseException) -> bool:
-    """Whether connecting was refused (the client's timeout keeps the last refusal as its context)."""
-    return isinstance(err, ConnectionRefusedError) or isinstance(err.__context__, ConnectionRefusedError)
-
-
 class LeadLink:
     """The member's way to the lead's store: `call(fn)` runs `fn(client)` on a connection, made again after any
     failure (OSError: a timeout, a reset, the lead's port closed); `silent_for()` says how long no call has
@@ -72,7 +69,7 @@ class LeadLink:
             result = fn(self._client)
         except OSError as err:
             self._drop()
-            self.refused = _is_refusal(err)
+            self.refused = is_refusal(err)
             raise
         self._last_ok = self.clock()
         self.refused = False

@@ -32,7 +32,7 @@ from typing import Any
 from hetauto.core.control_store import ControlStoreClient
 
 __all__ = ["CONTROL_ENV", "CONTROL_TOKEN_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
-           "ControlClient", "SECONDARY_ERRORS", "error_fields"]
+           "ControlClient", "SECONDARY_ERRORS", "error_fields", "is_refusal"]
 
 CONTROL_ENV = "HETAUTO_CONTROL"
 # the job's control-store token (hex), set by the launcher in the environment torchrun passes on; never on a
@@ -42,6 +42,7 @@ SEQ_KEY = "hetauto/seq"
 MESSAGE_KINDS = ("started", "error", "stopped", "report", "step")
 HEARTBEAT_S = 0.5  # how often a rank bumps its heartbeat (the agent compares when each rank's last changed)
 RECONNECT_S = 0.25  # the pause between two tries to reach the store again after a failed connection
+RECONNECT_WAIT_S = 2.0  # one try's longest wait (connecting, then each call on that connection)
 
 
 MSG_PREFIX = "hetauto/msg/"
@@ -78,6 +79,12 @@ def error_fields(text: str) -> dict[str, Any]:
     return {"type": type_name if sep and type_name.isidentifier() else None, "detail": detail,
             "secondary": any(f": {k}:" in text for k in SECONDARY_ERRORS) or _LOST.search(text) is not None,
             "peers": [int(p) for p in _PEER.findall(text.split(": ", 1)[-1])]}
+
+
+def is_refusal(err: BaseException) -> bool:
+    """Whether reaching the store was refused: its machine answers and nothing listens (the agent is gone), unlike
+    a link that is down, which times out. The client's timeout keeps the last refusal as its context."""
+    return isinstance(err, ConnectionRefusedError) or isinstance(err.__context__, ConnectionRefusedError)
 
 
 def _connect(address: str, timeout_s: float, token: str | None, role: str) -> ControlStoreClient:
@@ -160,15 +167,14 @@ class ControlClient:
         while True:
             try:
                 if self._store is None:
-                    self._store = _connect(self.address, max(1.0, end - time.monotonic()), self._token,
-                                           f"rank{self.rank}")
+                    self._store = _connect(self.address, RECONNECT_WAIT_S, self._token, f"rank{self.rank}")
                 self._store.post(SEQ_KEY, MSG_PREFIX, body)
                 return
             except PermissionError:  # the store asks for a token this rank was not given: no retry cures that
                 raise
-            except OSError:
+            except OSError as err:
                 self._drop()
-                if not retry or time.monotonic() >= end:
+                if not retry or is_refusal(err) or time.monotonic() >= end:  # refused: the agent is gone
                     raise
                 time.sleep(RECONNECT_S)
 
@@ -192,7 +198,7 @@ class ControlClient:
             time.sleep(every)
             try:
                 if store is None:
-                    store = _connect(self.address, max(every, 2 * RECONNECT_S), self._token, f"rank{self.rank}/beat")
+                    store = _connect(self.address, RECONNECT_WAIT_S, self._token, f"rank{self.rank}/beat")
                 store.add(key, 1)
                 last_ok = time.monotonic()
             except Exception:  # noqa: BLE001 - out of reach now: try again at the next beat, within the timeout
