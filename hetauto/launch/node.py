@@ -25,7 +25,7 @@ from hetauto.launch.diagnosis import JobFailed, read_marks
 from hetauto.core.control_store import ControlStoreClient
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
 from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_others, announce_end, await_members,
-                                     mark_done)
+                                     end_seen_key, mark_done)
 from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
 from hetauto.launch.node_link import LeadLink, link_down_words, silent_threshold
@@ -81,7 +81,8 @@ class NodeRun:
         except JobFailed as err:
             raise self._link_failure(err) or err from None
         announce_end(self.store)
-        late = await_members(self.store, self._members(), link_grace_s=self.grace_s, silent=self._silent)
+        late = await_members(self.store, self._members(), link_grace_s=self.grace_s,
+                             silent=lambda r: self._silent(r) and self.store.get(end_seen_key(r)) is None)
         if late:
             self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended {END_GRACE_S:g} s "
                           "after the job's end; every rank had reported, so it ends on its own")

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["ABORT_KEY", "ABORT_ACK_KEY", "ABORT_GRACE_S", "END_KEY", "END_GRACE_S", "done_key", "abort_others",
-           "announce_end", "await_members", "mark_done", "LeadWatch"]
+__all__ = ["ABORT_KEY", "ABORT_ACK_KEY", "ABORT_GRACE_S", "END_KEY", "END_GRACE_S", "done_key", "end_seen_key",
+           "abort_others", "announce_end", "await_members", "mark_done", "LeadWatch"]
 
 ABORT_KEY = "hetauto/abort"
 ABORT_ACK_KEY = "hetauto/abort_ack"  # a counter: the other nodes' agents that have read `abort`
@@ -31,6 +31,11 @@ WATCH_EVERY_S = 0.5  # how often a member reads the lead's store while its ranks
 
 def done_key(node_rank: int) -> str:
     return f"hetauto/done/{node_rank}"
+
+
+def end_seen_key(node_rank: int) -> str:
+    """Set by a member's agent once it has read `end`: the lead need not wait for it through a link blip."""
+    return f"hetauto/end_seen/{node_rank}"
 
 
 def abort_others(control: Any, err: BaseException, others: int) -> None:
@@ -55,8 +60,8 @@ def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRA
                   silent: Callable[[int], bool] = lambda _r: False) -> list[int]:
     """On the lead after `announce_end`: wait until every member node has marked its end, `grace_s` at most;
     returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone). A member
-    whose agent is `silent` (out of reach: a link blip) may not have read `end` yet: it is waited for up to
-    `link_grace_s`, the run's link grace, so that a blip at the job's end costs the outage, not a failed site."""
+    `silent` (out of reach, a link blip, without having read `end`) is waited for up to `link_grace_s`, the run's
+    link grace, so that a blip at the job's end costs the outage, not a failed site."""
     start = time.monotonic()
     waiting = list(members)
     while waiting:
@@ -104,8 +109,10 @@ class LeadWatch:
                 why = self.link.get(ABORT_KEY).decode("utf-8")
                 self.link.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
                 return "the lead node ended the job: " + why
-            self.ended = self.link.check([END_KEY])
             self.link.add(agent_beat_key(self.node_rank), 1)
+            if self.link.check([END_KEY]):
+                self.ended = True
+                self.link.set(end_seen_key(self.node_rank), "1")
         except OSError:  # out of reach: a blip costs the job the outage; only past the grace is the lead lost
             if self.link.refused:  # its machine answers and its agent's port is closed: the agent is gone
                 return f"the lead node's agent at {self.link.address} is gone; stopped this node's ranks"
