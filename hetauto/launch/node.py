@@ -19,6 +19,7 @@ nothing is left running at any site; when every rank has reported it sets `end` 
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Callable
 
 from hetauto.launch.diagnosis import JobFailed, read_marks
@@ -109,10 +110,8 @@ class NodeRun:
         try:
             reports = self.local.wait()
         except BaseException as err:
-            if isinstance(err, JobFailed) and self.watch is not None and not str(err).startswith("the link") and \
-                    self.watch.link.silent_for() > silent_threshold(self.grace_s):
-                err = JobFailed(self._member_link_words() + "; this node's ranks stopped with it "
-                                f"(torchrun said: {err})")
+            if isinstance(err, JobFailed) and self.watch is not None:
+                err = self._member_failure(err)
             mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
             raise err from None
         if not mark_done(self.store, self.job.node.node_rank, "ok") and self.watch is not None and self.watch.ended:
@@ -120,11 +119,31 @@ class NodeRun:
                           "node's torchrun ended on its own")
         return reports
 
+    def _member_failure(self, err: JobFailed) -> JobFailed:
+        """This node's failure in the lead's words where there are some: torchrun here failed because its ranks
+        lost their peers, so the reason is the lead's (its abort), the lead's end (its agent gone), or the link
+        that stayed down; a failure the watch found itself (it names the lead or the link) stands as it is."""
+        if not str(err).startswith("torchrun on this node"):
+            return err
+        word = self.watch.last_word()
+        if word is not None:
+            return JobFailed(f"{word}; this node's ranks stopped with it ({err})")
+        if self.watch.link.silent_for() > silent_threshold(self.grace_s):
+            return JobFailed(self._member_link_words() + f"; this node's ranks stopped with it ({err})")
+        return err
+
     def _member_link_words(self, silent_s: float | None = None) -> str:
         lead_site, _ = self.job.launch.node(0)
         silent_s = self.watch.link.silent_for() if silent_s is None else silent_s
         return (link_down_words(self.job.site.name, lead_site.name, self.grace_s, silent_s)
                 + f" (the lead node's agent at {self.watch.link.address} out of reach)")
+
+
+def _connect_lead(host: str, port: int, wait_s: float) -> ControlStoreClient:
+    """A new connection to the lead's store. A bare connect first: a refusal (the lead's agent is gone) is raised
+    at once, where the store's client would retry it for `wait_s`."""
+    socket.create_connection((host, port), timeout=wait_s).close()
+    return ControlStoreClient(host, port, wait_s)
 
 
 def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None) -> NodeRun:
@@ -154,7 +173,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                     control_address=address, env=job.env)
     run.collect = False
-    link = LeadLink(lambda wait_s: ControlStoreClient(rdzv.master_addr, rdzv.control_port, wait_s), address,
+    link = LeadLink(lambda wait_s: _connect_lead(rdzv.master_addr, rdzv.control_port, wait_s), address,
                     float(job.run.training.timeout_s))
     joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
     node = NodeRun(job, run, link, progress)

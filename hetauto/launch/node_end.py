@@ -27,6 +27,7 @@ END_KEY = "hetauto/end"  # set by the lead once every rank's report is in: the j
 END_GRACE_S = 6.0
 POLL_S = 0.05
 WATCH_EVERY_S = 0.5  # how often a member reads the lead's store while its ranks run
+LAST_WORD_S = 3.0  # how long a member whose torchrun failed waits for the lead's reason (the lead's SETTLE_S + 1)
 
 
 def done_key(node_rank: int) -> str:
@@ -118,4 +119,22 @@ class LeadWatch:
                 return f"the lead node's agent at {self.link.address} is gone; stopped this node's ranks"
             if self.link.lost():
                 return self.lost_words(self.link.silent_for()) + "; stopped this node's ranks"
+        return None
+
+    def last_word(self, wait_s: float = LAST_WORD_S) -> str | None:
+        """After this node's torchrun failed on its own (its ranks lost their peers): what the lead says, read for
+        up to `wait_s` (the lead ends the job a moment after its ranks fail): its `abort` reason, or that its agent
+        is gone (its port refused: the lead's job ended, e.g. cancelled); None when it says nothing (still running,
+        or out of reach: the caller names the link)."""
+        end = self.clock() + wait_s
+        while not self.ended:
+            try:
+                if self.link.check([ABORT_KEY]):
+                    return "the lead node ended the job: " + self.link.get(ABORT_KEY).decode("utf-8")
+            except OSError:
+                if self.link.refused:
+                    return f"the lead node's job ended (cancelled?): its agent at {self.link.address} is gone"
+            if self.clock() >= end:
+                break
+            time.sleep(POLL_S * 4)
         return None

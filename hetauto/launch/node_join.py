@@ -172,7 +172,22 @@ def member_join(job: "NodeJob", timeout_s: float, progress: Callable[[str], None
     end = time.monotonic() + timeout_s
     progress(f"{job.where()}: joining the lead at {where}")
     store = _reach(job, where, end, timeout_s)
+    try:
+        verdict = _claim_and_wait(job, store, end, where, timeout_s)
+    except OSError:  # the lead's store went between our connecting and its answer: the lead ended first
+        raise RefusedByLead(f"{job.where()}: the lead ended before this node joined (its agent at {where} went "
+                            "away before answering; its log says why)") from None
+    if verdict != "go":
+        raise RefusedByLead(verdict.removeprefix("refused: "))
+    return store
+
+
+def _claim_and_wait(job: "NodeJob", store: Any, end: float, where: str, timeout_s: float) -> str:
+    """Claim this node rank with this node's registration, then wait for the lead's verdict (OSError: the lead's
+    store is gone)."""
     r = job.node.node_rank
+    if store.check([ABORT_KEY]):  # the lead refused the job before this node came: its reason, not a hang
+        return "refused: the lead refused the job: " + store.get(ABORT_KEY).decode("utf-8")
     claim = store.post(claim_key(r), f"{node_key(r)}/", json.dumps(registration(job)))
     if claim > 1:
         first = _read(store.get(f"{node_key(r)}/1"))
@@ -180,14 +195,7 @@ def member_join(job: "NodeJob", timeout_s: float, progress: Callable[[str], None
                          f"{first.get('pid')}) joined with it first, and this agent on host {socket.gethostname()} "
                          "was started for the same node rank; start each node's script once (if the first agent is "
                          "gone, start the whole job again)")
-    try:
-        verdict = _verdict(job, store, end, where, timeout_s)
-    except OSError:
-        raise RefusedByLead(f"{job.where()}: the lead node's agent at {where} went away before answering this "
-                            "node's join; its log says why") from None
-    if verdict != "go":
-        raise RefusedByLead(verdict.removeprefix("refused: "))
-    return store
+    return _verdict(job, store, end, where, timeout_s)
 
 
 def _reach(job: "NodeJob", where: str, end: float, timeout_s: float) -> Any:
@@ -204,13 +212,19 @@ def _reach(job: "NodeJob", where: str, end: float, timeout_s: float) -> Any:
 
 
 def _verdict(job: "NodeJob", store: Any, end: float, where: str, timeout_s: float) -> str:
-    """The lead's answer to this node (read, then acknowledged: a refusing lead waits for that)."""
+    """The lead's answer to this node (read, then acknowledged: a refusing lead waits for that), or the lead's
+    refusal of the whole job (`abort` set without an answer to this node: it refused another node, or gave up)."""
     key = verdict_key(job.node.node_rank)
     while not store.check([key]):
+        if store.check([ABORT_KEY]) and not store.check([key]):
+            return "refused: the lead refused the job: " + store.get(ABORT_KEY).decode("utf-8")
         if time.monotonic() > end + 5.0:
             raise JoinFailed(f"{job.where()}: registered at {where} but the lead gave no answer within the join "
                              f"timeout ({timeout_s:g} s)")
         time.sleep(JOIN_POLL_S)
     verdict = store.get(key).decode("utf-8")
-    store.add(VERDICT_ACK_KEY, 1)
+    try:
+        store.add(VERDICT_ACK_KEY, 1)
+    except OSError:  # read is read: the lead's store going now does not change its answer
+        pass
     return verdict
