@@ -155,3 +155,40 @@ def test_the_other_node_says_the_lead_nodes_job_ended_never_a_torchrun_rule(tmp_
         f"hetauto node: error: the lead node's agent at 127.0.0.1:{port + 1} is gone; stopped this node's ranks",
         f"hetauto node: error: the lead node's job ended (cancelled?): its agent at 127.0.0.1:{port + 1} is gone",
         "hetauto node: error: the lead node ended the job: interrupted by SIGTERM")), line
+
+
+@pytest.mark.netns
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_launch_without_iface_names_gloos_address_and_the_fix_not_a_rank(tmp_path: Path) -> None:
+    """(b) Two sites as network namespaces, launched without --iface: gloo takes the address of each host's name,
+    which the other site cannot reach (loopback here, as /etc/hosts often maps it); the ranks never meet. Both nodes
+    used to blame 'rank 0 stopped responding' (or 'rank 1 died without an error'); now they name gloo's connection
+    and the fix."""
+    from hetauto.launch import netns_topology as netns
+
+    if not netns.available().ok:
+        pytest.fail(f"network namespaces are needed here: {netns.available().reason}")
+    (tmp_path / "plan").mkdir()
+    plan = write_two_site_plan(tmp_path / "plan", slow_ranks=1)
+    with netns.NamespaceTopology([[0], [1]], bandwidth_Bps=125e6) as topo:
+        out = tmp_path / "launch"
+        assert main(["launch", str(plan), "--target", "torchrun", "--master", f"{topo.addresses[0]}:29500", "-o",
+                     str(out), "--steps", "1", "--no-reference", "--timeout", "5"]) == 0
+        procs = []
+        for site, script in enumerate((out / "fast" / "node0.sh", out / "slow" / "node1.sh")):
+            (tmp_path / f"site{site}").mkdir()
+            procs.append(subprocess.Popen(["ip", "netns", "exec", topo.namespaces[site], "bash", str(script)],
+                                          cwd=tmp_path / f"site{site}", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=this_tree_env()))
+        errs = [p.communicate(timeout=90)[1] for p in procs]
+    lines = [e.strip().splitlines()[-1] for e in errs]
+    said = ("could not connect gloo to the other ranks: it reached for ", "; no --iface named the interface of "
+            "site(s) 'fast', 'slow', so gloo took the address of each host's name (loopback where /etc/hosts maps it "
+            "to 127.x); launch again with --iface SITE=IFNAME for every site, the interface the other sites reach it "
+            "on (")
+    assert [p.returncode for p in procs] == [3, 3], "\n".join(e[-1500:] for e in errs)
+    assert lines[0].startswith("hetauto node: error: rank ") and all(part in lines[0] for part in said), lines[0]
+    assert lines[1].startswith("hetauto node: error: the lead node ended the job: rank ") and \
+        all(part in lines[1] for part in said), lines[1]
+    assert "stopped responding" not in lines[0] + lines[1]

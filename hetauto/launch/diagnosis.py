@@ -23,7 +23,8 @@ from hetauto.core.errors import CommunicationError
 from hetauto.core.plan import Plan
 
 __all__ = ["JobFailed", "RankError", "RunMarks", "diagnose_failure", "read_marks", "heartbeats", "STALE_S",
-           "torchrun_exit_codes", "torchrun_signal", "death_by_signal", "oom_kills", "reason_line"]
+           "torchrun_exit_codes", "torchrun_signal", "death_by_signal", "oom_kills", "reason_line",
+           "gloo_connect_failure"]
 
 STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, hetauto.runtime.worker) went silent
 QUOTE_CHARS = 240  # the longest secondary error quoted whole
@@ -65,6 +66,23 @@ def reason_line(text: str) -> str:
     plain = [" ".join(raw.split()) for raw in text.splitlines()
              if not _BANNER.match(raw) and not raw[:1].isspace() and not _LOG_RECORD.match(raw)]
     return plain[-1] if plain else "no output"
+
+
+# gloo setting up its connections (the world group's init): its full mesh, a connect refused or timed out, its device
+_GLOO_CONNECT = re.compile(r"Gloo connectFullMesh|gloo.*(?:timed out connecting|Connection refused, remote=|"
+                           r"transport/tcp/device)", re.IGNORECASE)
+_REMOTE = re.compile(r"remote=\[([^\]]+)\]")
+
+
+def gloo_connect_failure(m: RunMarks) -> tuple[RankError, str | None] | None:
+    """The first rank error that is gloo failing to set up its connections (connectFullMesh, a refused or timed
+    out connect), with the address it reached for when the error names one: the ranks never met, so no rank
+    'stopped responding'; the address gloo chose for a peer is the cause (hetauto.launch.node words it)."""
+    for _, e in sorted(m.errors.items()):
+        if _GLOO_CONNECT.search(e.detail):
+            found = _REMOTE.search(e.detail)
+            return e, (found.group(1) if found else None)
+    return None
 
 
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")

@@ -19,10 +19,11 @@ nothing is left running at any site; when every rank has reported it sets `end` 
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from typing import Any, Callable
 
-from hetauto.launch.diagnosis import JobFailed, read_marks
+from hetauto.launch.diagnosis import JobFailed, gloo_connect_failure, read_marks
 from hetauto.core.control_store import ControlStoreClient
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
 from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_others, announce_end, await_members,
@@ -30,6 +31,7 @@ from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_ot
 from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
 from hetauto.launch.node_link import LeadLink, link_down_words, silent_threshold
+from hetauto.launch.plan import HOST_SOCKET_ENV
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
 # them from here
@@ -54,6 +56,7 @@ class NodeRun:
     def __init__(self, job: NodeJob, local: LocalJob, store: Any, progress: Callable[[str], None],
                  watch: LeadWatch | None = None) -> None:
         self.job, self.local, self.store, self.progress, self.watch = job, local, store, progress, watch
+        self._explained: tuple[BaseException, BaseException] | None = None
 
     def follow_steps(self, *args: Any, **kwargs: Any) -> Any:
         return self.local.follow_steps(*args, **kwargs)
@@ -80,7 +83,7 @@ class NodeRun:
         try:
             reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
         except JobFailed as err:
-            raise self._link_failure(err) or err from None
+            raise self.explain(err) from None
         announce_end(self.store)
         late = await_members(self.store, self._members(), link_grace_s=self.grace_s,
                              silent=lambda r: self._silent(r) and self.store.get(end_seen_key(r)) is None)
@@ -88,6 +91,16 @@ class NodeRun:
             self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended {END_GRACE_S:g} s "
                           "after the job's end; every rank had reported, so it ends on its own")
         return reports
+
+    def explain(self, err: BaseException) -> BaseException:
+        """On the lead: the job's failure with its real cause where the ranks' diagnosis cannot see it (a link that
+        stayed down, gloo's choice of address); the same answer every time for one failure (the other nodes are
+        told it through `abort`, then this node raises it)."""
+        if not isinstance(err, JobFailed):
+            return err
+        if self._explained is None or self._explained[0] is not err:
+            self._explained = (err, self._link_failure(err) or self._interface_failure(err) or err)
+        return self._explained[1]
 
     def _link_failure(self, err: JobFailed) -> JobFailed | None:
         """The job's failure as the link that stayed down, when it is one: the culprit rank has no error of its own
@@ -105,6 +118,29 @@ class NodeRun:
         words = link_down_words(self.job.site.name, site.name, self.grace_s, self.store.agent_silence(silent[0]))
         return JobFailed(f"{words} (node rank(s) {', '.join(map(str, nodes))} of site '{site.name}' out of reach, "
                          f"its ranks with them); what the ranks saw: {err}", err.rank, err.stage, err.cluster)
+
+    def _interface_failure(self, err: JobFailed) -> JobFailed | None:
+        """The job's failure as gloo's choice of address, when the ranks never met: without --iface gloo advertises
+        the address of each host's name, which may be loopback (a name in /etc/hosts as 127.0.x.1) or an
+        interface the other sites cannot reach; the ranks' timeouts then blame a rank that 'stopped responding'."""
+        found = gloo_connect_failure(read_marks(self.job.plan, self.job.out))
+        if found is None:
+            return None
+        error, remote = found
+        s, c = read_marks(self.job.plan, self.job.out).where(error.rank)
+        unset = [site.name for site in self.job.launch.sites if HOST_SOCKET_ENV not in site.env]
+        what = f"rank {error.rank} (stage {s}, cluster '{c}') could not connect gloo to the other ranks"
+        if remote is not None:
+            loop = _is_loopback(remote)
+            what += f": it reached for {remote}" + (", a loopback address" if loop else "")
+        if unset:
+            fix = (f"no --iface named the interface of site(s) {', '.join(repr(n) for n in unset)}, so gloo took "
+                   "the address of each host's name (loopback where /etc/hosts maps it to 127.x); launch again "
+                   "with --iface SITE=IFNAME for every site, the interface the other sites reach it on")
+        else:
+            fix = ("check that the sites reach each other on the --iface interfaces on every port (gloo listens "
+                   "on ephemeral ports, not only the master's)")
+        return JobFailed(f"{what}; {fix} ({error.detail})", error.rank, s, c)
 
     def _member_wait(self) -> list[dict[str, Any]]:
         try:
@@ -139,6 +175,13 @@ class NodeRun:
                 + f" (the lead node's agent at {self.watch.link.address} out of reach)")
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _connect_lead(host: str, port: int, wait_s: float) -> ControlStoreClient:
     """A new connection to the lead's store. A bare connect first: a refusal (the lead's agent is gone) is raised
     at once, where the store's client would retry it for `wait_s`."""
@@ -166,8 +209,9 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
                         control_address=control.address, env=job.env)
         run.control = control
         others = job.launch.num_nodes - 1
-        run.on_failure = lambda err: abort_others(control, err, others)
-        return NodeRun(job, run, control, progress)
+        node = NodeRun(job, run, control, progress)
+        run.on_failure = lambda err: abort_others(control, node.explain(err), others)
+        return node
     joined = member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
