@@ -19,19 +19,18 @@ nothing is left running at any site; when every rank has reported it sets `end` 
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from typing import Any, Callable
 
-from hetauto.launch.diagnosis import JobFailed, gloo_connect_failure, read_marks
 from hetauto.core.control_store import ControlStoreClient
+from hetauto.launch.diagnosis import JobFailed
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
 from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_others, announce_end, await_members,
                                      end_seen_key, mark_done)
 from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
-from hetauto.launch.node_link import LeadLink, link_down_words, silent_threshold
-from hetauto.launch.plan import HOST_SOCKET_ENV
+from hetauto.launch.node_failure import interface_failure, link_failure, member_failure, member_link_words
+from hetauto.launch.node_link import LeadLink, silent_threshold
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
 # them from here
@@ -99,55 +98,17 @@ class NodeRun:
         if not isinstance(err, JobFailed):
             return err
         if self._explained is None or self._explained[0] is not err:
-            self._explained = (err, self._link_failure(err) or self._interface_failure(err) or err)
+            found = link_failure(self.job, self.store, self._members(), self.grace_s, err) or \
+                interface_failure(self.job)
+            self._explained = (err, found or err)
         return self._explained[1]
-
-    def _link_failure(self, err: JobFailed) -> JobFailed | None:
-        """The job's failure as the link that stayed down, when it is one: the culprit rank has no error of its own
-        (it stopped responding, the others timed out) and a member site's agent is out of reach too. None: the
-        ranks' diagnosis stands (a rank's own error, or every agent still answering)."""
-        silent = [r for r in self._members() if self._silent(r)]
-        if not silent:
-            return None
-        if err.rank is not None:
-            own = read_marks(self.job.plan, self.job.out).errors.get(err.rank)
-            if own is not None and not own.secondary:
-                return None
-        site, _ = self.job.launch.node(silent[0])
-        nodes = [r for r in silent if self.job.launch.node(r)[0].name == site.name]
-        words = link_down_words(self.job.site.name, site.name, self.grace_s, self.store.agent_silence(silent[0]))
-        return JobFailed(f"{words} (node rank(s) {', '.join(map(str, nodes))} of site '{site.name}' out of reach, "
-                         f"its ranks with them); what the ranks saw: {err}", err.rank, err.stage, err.cluster)
-
-    def _interface_failure(self, err: JobFailed) -> JobFailed | None:
-        """The job's failure as gloo's choice of address, when the ranks never met: without --iface gloo advertises
-        the address of each host's name, which may be loopback (a name in /etc/hosts as 127.0.x.1) or an
-        interface the other sites cannot reach; the ranks' timeouts then blame a rank that 'stopped responding'."""
-        found = gloo_connect_failure(read_marks(self.job.plan, self.job.out))
-        if found is None:
-            return None
-        error, remote = found
-        s, c = read_marks(self.job.plan, self.job.out).where(error.rank)
-        unset = [site.name for site in self.job.launch.sites if HOST_SOCKET_ENV not in site.env]
-        what = f"rank {error.rank} (stage {s}, cluster '{c}') could not connect gloo to the other ranks"
-        if remote is not None:
-            loop = _is_loopback(remote)
-            what += f": it reached for {remote}" + (", a loopback address" if loop else "")
-        if unset:
-            fix = (f"no --iface named the interface of site(s) {', '.join(repr(n) for n in unset)}, so gloo took "
-                   "the address of each host's name (loopback where /etc/hosts maps it to 127.x); launch again "
-                   "with --iface SITE=IFNAME for every site, the interface the other sites reach it on")
-        else:
-            fix = ("check that the sites reach each other on the --iface interfaces on every port (gloo listens "
-                   "on ephemeral ports, not only the master's)")
-        return JobFailed(f"{what}; {fix} ({error.detail})", error.rank, s, c)
 
     def _member_wait(self) -> list[dict[str, Any]]:
         try:
             reports = self.local.wait()
         except BaseException as err:
             if isinstance(err, JobFailed) and self.watch is not None:
-                err = self._member_failure(err)
+                err = member_failure(self.job, self.watch, self.grace_s, err)
             mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
             raise err from None
         if not mark_done(self.store, self.job.node.node_rank, "ok") and self.watch is not None and self.watch.ended:
@@ -155,31 +116,8 @@ class NodeRun:
                           "node's torchrun ended on its own")
         return reports
 
-    def _member_failure(self, err: JobFailed) -> JobFailed:
-        """This node's failure in the lead's words where there are some: torchrun here failed because its ranks
-        lost their peers, so the reason is the lead's (its abort), the lead's end (its agent gone), or the link
-        that stayed down; a failure the watch found itself (it names the lead or the link) stands as it is."""
-        if not str(err).startswith("torchrun on this node"):
-            return err
-        word = self.watch.last_word()
-        if word is not None:
-            return JobFailed(f"{word}; this node's ranks stopped with it ({err})")
-        if self.watch.link.silent_for() > silent_threshold(self.grace_s):
-            return JobFailed(self._member_link_words() + f"; this node's ranks stopped with it ({err})")
-        return err
-
     def _member_link_words(self, silent_s: float | None = None) -> str:
-        lead_site, _ = self.job.launch.node(0)
-        silent_s = self.watch.link.silent_for() if silent_s is None else silent_s
-        return (link_down_words(self.job.site.name, lead_site.name, self.grace_s, silent_s)
-                + f" (the lead node's agent at {self.watch.link.address} out of reach)")
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+        return member_link_words(self.job, self.watch.link, self.grace_s, silent_s)
 
 
 def _connect_lead(host: str, port: int, wait_s: float) -> ControlStoreClient:
