@@ -19,7 +19,6 @@ nothing is left running at any site; when every rank has reported it sets `end` 
 
 from __future__ import annotations
 
-import socket
 from typing import Any, Callable
 
 from hetauto.core.control_store import ControlStoreClient
@@ -30,7 +29,7 @@ from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_ot
 from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
 from hetauto.launch.node_failure import interface_failure, link_failure, member_failure, member_link_words
-from hetauto.launch.node_link import LeadLink, silent_threshold
+from hetauto.launch.node_link import LeadLink, connect_lead, silent_threshold
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
 # them from here
@@ -120,13 +119,6 @@ class NodeRun:
         return member_link_words(self.job, self.watch.link, self.grace_s, silent_s)
 
 
-def _connect_lead(host: str, port: int, wait_s: float) -> ControlStoreClient:
-    """A new connection to the lead's store. A bare connect first: a refusal (the lead's agent is gone) is raised
-    at once, where the store's client would retry it for `wait_s`."""
-    socket.create_connection((host, port), timeout=wait_s).close()
-    return ControlStoreClient(host, port, wait_s)
-
-
 def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None) -> NodeRun:
     """Join the job and start this node's torchrun; returns the running job (NodeRun). The lead also serves the
     control store, which lives as long as this process."""
@@ -155,7 +147,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                     control_address=address, env=job.env)
     run.collect = False
-    link = LeadLink(lambda wait_s: _connect_lead(rdzv.master_addr, rdzv.control_port, wait_s), address,
+    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s), address,
                     float(job.run.training.timeout_s))
     joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
     node = NodeRun(job, run, link, progress)

@@ -18,12 +18,15 @@ member's agent silent too) from a rank that failed (its agent still beating), an
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any, Callable, TypeVar
 
+from hetauto.core.control_store import ControlStoreClient
 from hetauto.runtime.control import is_refusal
 
-__all__ = ["LINK_CALL_S", "LINK_SILENT_S", "LeadLink", "agent_beat_key", "link_down_words", "silent_threshold"]
+__all__ = ["LINK_CALL_S", "LINK_SILENT_S", "LeadLink", "agent_beat_key", "link_down_words", "silent_threshold",
+           "connect_lead"]
 
 LINK_CALL_S = 2.0  # one store call's longest wait across the link before its connection is made again
 LINK_SILENT_S = 5.0  # an agent silent this long (10 of its beats) is out of reach, not slow (capped: grace / 2)
@@ -46,6 +49,13 @@ def link_down_words(here: str, there: str, grace_s: float, silent_s: float) -> s
     """The one phrase both ends use for a link that stayed down: the site pair, the grace, how long."""
     return (f"the link between site '{here}' and site '{there}' stayed down past the grace (--timeout {grace_s:g} s):"
             f" nothing came across it for {silent_s:.1f} s")
+
+
+def connect_lead(host: str, port: int, wait_s: float) -> ControlStoreClient:
+    """A new connection to the lead's store. A bare connect first: a refusal (the lead's agent is gone) is raised
+    at once, where the store's client would retry it for `wait_s`."""
+    socket.create_connection((host, port), timeout=wait_s).close()
+    return ControlStoreClient(host, port, wait_s)
 
 
 class LeadLink:
