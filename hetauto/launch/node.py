@@ -14,7 +14,9 @@ naming it instead of torchrun's rendezvous timing out, and a wrong launch never 
 lead's mirror collects every rank's marks, heartbeats and step lines. The end (hetauto.launch.node_end): when the
 lead ends the job early (a failure, a signal) it sets `abort`, which every other agent polls to stop its own ranks:
 nothing is left running at any site; when every rank has reported it sets `end` and waits for every member's
-`done/<R>`, so every node of a job that trained exits 0.
+`done/<R>`, so every node of a job that trained exits 0. A link between two sites may be down for the run's
+`--timeout` (hetauto.launch.node_link): a member reads the lead's store through connections it makes again, and
+only past that grace does the job fail, naming the site pair on both ends (hetauto.launch.node_failure).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from typing import Any
 
 from hetauto.core.control_store import ControlStoreClient
 
-__all__ = ["CONTROL_ENV", "CONTROL_TOKEN_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
-           "ControlClient", "SECONDARY_ERRORS", "error_fields", "is_refusal"]
+__all__ = ["CONTROL_ENV", "CONTROL_TOKEN_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key",
+           "beat_key", "split_address", "ControlClient", "SECONDARY_ERRORS", "error_fields", "is_refusal"]
 
 CONTROL_ENV = "HETAUTO_CONTROL"
 # the job's control-store token (hex), set by the launcher in the environment torchrun passes on; never on a
