@@ -17,10 +17,11 @@ import pytest
 
 from hetauto.cli import main
 from hetauto.launch import netns_topology as netns
+from hetauto.launch.control import ControlServer
+from hetauto.runtime.control import ControlClient, beat_key
 from hetauto.launch.local import JobFailed
 from hetauto.testing.two_sites import this_tree_env, write_two_site_plan
 
-pytestmark = [pytest.mark.netns, pytest.mark.multiprocess]
 
 OUTAGE_S = 15.0  # longer than the old limit (one 10 s store call, given up at ~12 s)
 
@@ -64,6 +65,28 @@ def _last_line(err: str) -> str:
     return err.strip().splitlines()[-1] if err.strip() else ""
 
 
+def test_a_ranks_control_client_makes_its_connections_again_within_the_timeout(tmp_path: Path) -> None:
+    """In this process: a mark whose connection broke is sent again on a new one (it used to fail, and every later
+    message with it); the heartbeat goes on at a store served again on the same port (it used to stop for good)."""
+    first = ControlServer(tmp_path / "a", port=0).start()
+    client = ControlClient(first.address, 1, timeout_s=10.0)
+    client.post("started", "attempt 0")
+    client.start_heartbeat(every=0.05)
+    client._store._sock.close()  # noqa: SLF001 - the connection a blip broke
+    client.post("stopped", "rank 1: stopped")
+    first.close()
+    assert (tmp_path / "a" / "rank1.stopped").read_text() == "rank 1: stopped\n"
+    port = first.port
+    first.shutdown()
+    with ControlServer(tmp_path / "b", port=port) as again:
+        end = time.monotonic() + 5
+        while again.store.add(beat_key(1), 0) < 2:
+            assert time.monotonic() < end, "the heartbeat never came back"
+            time.sleep(0.05)
+
+
+@pytest.mark.netns
+@pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_a_link_down_15_s_within_the_timeout_costs_the_outage_not_the_job(tmp_path: Path) -> None:
     with netns.NamespaceTopology([[0], [1]], bandwidth_Bps=125e6) as topo:
@@ -81,6 +104,8 @@ def test_a_link_down_15_s_within_the_timeout_costs_the_outage_not_the_job(tmp_pa
     assert "hetauto node 0: done: 2 ranks, loss" in _last_line(lead_err), lead_err[-1500:]
 
 
+@pytest.mark.netns
+@pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_a_link_down_past_the_grace_fails_the_job_naming_the_site_pair_on_both_sides(tmp_path: Path) -> None:
     """--timeout 6: the grace. The link stays down until both nodes have ended (they must, within ~2 graces)."""

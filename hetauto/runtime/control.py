@@ -25,6 +25,7 @@ import json
 import os
 import queue
 import re
+import socket
 import threading
 import time
 from typing import Any
@@ -42,7 +43,7 @@ SEQ_KEY = "hetauto/seq"
 MESSAGE_KINDS = ("started", "error", "stopped", "report", "step")
 HEARTBEAT_S = 0.5  # how often a rank bumps its heartbeat (the agent compares when each rank's last changed)
 RECONNECT_S = 0.25  # the pause between two tries to reach the store again after a failed connection
-RECONNECT_WAIT_S = 2.0  # one try's longest wait (connecting, then each call on that connection)
+RECONNECT_WAIT_S = 2.0  # one try's longest wait to reach the store again
 
 
 MSG_PREFIX = "hetauto/msg/"
@@ -167,7 +168,7 @@ class ControlClient:
         while True:
             try:
                 if self._store is None:
-                    self._store = _connect(self.address, RECONNECT_WAIT_S, self._token, f"rank{self.rank}")
+                    self._store = self._reconnect(f"rank{self.rank}")
                 self._store.post(SEQ_KEY, MSG_PREFIX, body)
                 return
             except PermissionError:  # the store asks for a token this rank was not given: no retry cures that
@@ -177,6 +178,13 @@ class ControlClient:
                 if not retry or is_refusal(err) or time.monotonic() >= end:  # refused: the agent is gone
                     raise
                 time.sleep(RECONNECT_S)
+
+    def _reconnect(self, role: str) -> ControlStoreClient:
+        """A new connection after a failed one: a bare connect first, so that a refusal (the agent is gone) or a link
+        still down fails within RECONNECT_WAIT_S, then the store's client with the rank's own call timeout."""
+        host, port = split_address(self.address)
+        socket.create_connection((host, port), timeout=RECONNECT_WAIT_S).close()
+        return _connect(self.address, self.timeout_s, self._token, role)
 
     def _drop(self) -> None:
         store, self._store = self._store, None
@@ -198,7 +206,7 @@ class ControlClient:
             time.sleep(every)
             try:
                 if store is None:
-                    store = _connect(self.address, RECONNECT_WAIT_S, self._token, f"rank{self.rank}/beat")
+                    store = self._reconnect(f"rank{self.rank}/beat")
                 store.add(key, 1)
                 last_ok = time.monotonic()
             except Exception:  # noqa: BLE001 - out of reach now: try again at the next beat, within the timeout
