@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+from hetauto.launch.node_link import agent_beat_key
+
 __all__ = ["ABORT_KEY", "ABORT_ACK_KEY", "ABORT_GRACE_S", "END_KEY", "END_GRACE_S", "done_key", "end_seen_key",
            "abort_others", "announce_end", "await_members", "mark_done", "LeadWatch"]
 
@@ -103,8 +105,6 @@ class LeadWatch:
         if self.ended or now - self._last < WATCH_EVERY_S:
             return None
         self._last = now
-        from hetauto.launch.node_link import agent_beat_key
-
         try:
             if self.link.check([ABORT_KEY]):
                 why = self.link.get(ABORT_KEY).decode("utf-8")
