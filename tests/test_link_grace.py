@@ -18,6 +18,8 @@ import pytest
 from hetauto.cli import main
 from hetauto.launch import netns_topology as netns
 from hetauto.launch.control import ControlServer
+from hetauto.launch.node_end import LeadWatch, await_members, done_key
+from hetauto.launch.node_link import LeadLink
 from hetauto.runtime.control import ControlClient, beat_key
 from hetauto.launch.local import JobFailed
 from hetauto.testing.two_sites import this_tree_env, write_two_site_plan
@@ -83,6 +85,46 @@ def test_a_ranks_control_client_makes_its_connections_again_within_the_timeout(t
         while again.store.add(beat_key(1), 0) < 2:
             assert time.monotonic() < end, "the heartbeat never came back"
             time.sleep(0.05)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_watch_waits_out_a_blip_and_names_the_link_only_past_the_grace() -> None:
+    """In this process, with a store that cannot be reached and a clock the test moves: no reason within the grace,
+    the link's words past it; a refused connection (the lead's agent gone) is said at once."""
+    clock, refused = _Clock(), [False]
+
+    def connect(_wait_s: float) -> None:
+        raise ConnectionRefusedError() if refused[0] else TimeoutError("no route")
+
+    link = LeadLink(connect, "10.0.0.1:29501", grace_s=20.0, clock=clock)
+    watch = LeadWatch(link, 1, lambda silent: f"link down {silent:g} s", clock=clock)
+    for now in (1.0, 10.0, 19.5):
+        clock.now = now
+        assert watch() is None
+    clock.now = 20.5
+    assert watch() == "link down 20.5 s; stopped this node's ranks"
+    refused[0], clock.now = True, 21.0
+    assert watch() == "the lead node's agent at 10.0.0.1:29501 is gone; stopped this node's ranks"
+
+
+def test_the_lead_waits_past_its_end_grace_only_for_a_member_out_of_reach() -> None:
+    class Store:
+        def get(self, key: str) -> str | None:
+            return None if key in (done_key(1), done_key(2)) else "ok"
+
+    started = time.monotonic()
+    assert await_members(Store(), [1, 2, 3], grace_s=0.1, link_grace_s=0.6, silent=lambda r: r == 2) == [1, 2]
+    assert 0.5 < time.monotonic() - started < 2.0
+    started = time.monotonic()
+    assert await_members(Store(), [1], grace_s=0.1, link_grace_s=5.0, silent=lambda r: False) == [1]
+    assert time.monotonic() - started < 1.0
 
 
 @pytest.mark.netns
