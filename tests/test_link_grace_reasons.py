@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -162,9 +163,10 @@ def test_the_other_node_says_the_lead_nodes_job_ended_never_a_torchrun_rule(tmp_
 @pytest.mark.timeout(120)
 def test_a_launch_without_iface_names_gloos_address_and_the_fix_not_a_rank(tmp_path: Path) -> None:
     """(b) Two sites as network namespaces, launched without --iface: gloo takes the address of each host's name,
-    which the other site cannot reach (loopback here, as /etc/hosts often maps it); the ranks never meet. Both nodes
-    used to blame 'rank 0 stopped responding' (or 'rank 1 died without an error'); now they name gloo's connection
-    and the fix."""
+    loopback where /etc/hosts maps it there or where the name resolves to no address inside the namespace (gloo's
+    fallback): either way the other site cannot reach it, and the ranks never meet. Both nodes used to blame 'rank 0
+    stopped responding' (or 'rank 1 died without an error'); now each notes the risk before its ranks start, and
+    both name gloo's connection and the fix."""
     from hetauto.launch import netns_topology as netns
 
     if not netns.available().ok:
@@ -184,11 +186,14 @@ def test_a_launch_without_iface_names_gloos_address_and_the_fix_not_a_rank(tmp_p
         errs = [p.communicate(timeout=90)[1] for p in procs]
     lines = [e.strip().splitlines()[-1] for e in errs]
     said = ("could not connect gloo to the other ranks: it reached for ", "; no --iface named the interface of "
-            "site(s) 'fast', 'slow', so gloo took the address of each host's name (loopback where /etc/hosts maps it "
-            "to 127.x); launch again with --iface SITE=IFNAME for every site, the interface the other sites reach it "
-            "on (")
+            "site(s) 'fast', 'slow', so gloo took the address of each host's name, or loopback where that name "
+            "resolves to none of the host's own addresses; launch again with --iface SITE=IFNAME for every site, the "
+            "interface the other sites reach it on (")
     assert [p.returncode for p in procs] == [3, 3], "\n".join(e[-1500:] for e in errs)
     assert lines[0].startswith("hetauto node: error: rank ") and all(part in lines[0] for part in said), lines[0]
     assert lines[1].startswith("hetauto node: error: the lead node ended the job: rank ") and \
         all(part in lines[1] for part in said), lines[1]
     assert "stopped responding" not in lines[0] + lines[1]
+    for site, err in zip(("fast", "slow"), errs):  # said before the ranks start, whichever way the name resolves
+        assert f"note: no --iface for site '{site}', and this host's name '{socket.gethostname()}' " in err, err
+        assert f"launch with --iface {site}=IFNAME if the ranks do not meet" in err

@@ -30,7 +30,8 @@ from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_ot
                                      end_seen_key, mark_done)
 from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
-from hetauto.launch.node_failure import interface_failure, link_failure, member_failure, member_link_words
+from hetauto.launch.node_failure import (interface_failure, link_failure, loopback_note, member_failure,
+                                         member_link_words)
 from hetauto.launch.node_link import LeadLink, connect_lead, silent_threshold
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
@@ -126,6 +127,9 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
     control store, which lives as long as this process."""
     rdzv = job.launch.rendezvous
     timeout = rdzv.join_timeout_s
+    note = loopback_note(job)
+    if note is not None:
+        progress(note)
     if job.lead:
         from hetauto.launch.control import ControlServer
 

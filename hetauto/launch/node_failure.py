@@ -10,6 +10,7 @@ in the lead's store, the member's link to the lead), while the diagnosis reads o
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import TYPE_CHECKING, Any, Sequence
 
 from hetauto.launch.diagnosis import JobFailed, gloo_connect_failure, read_marks
@@ -19,7 +20,8 @@ from hetauto.launch.plan import HOST_SOCKET_ENV
 if TYPE_CHECKING:
     from hetauto.launch.node_job import NodeJob
 
-__all__ = ["link_failure", "interface_failure", "member_failure", "member_link_words", "TORCHRUN_FAILED"]
+__all__ = ["link_failure", "interface_failure", "member_failure", "member_link_words", "loopback_note",
+           "TORCHRUN_FAILED"]
 
 TORCHRUN_FAILED = "torchrun on this node"  # how hetauto.launch.local words a member's torchrun that failed
 
@@ -45,8 +47,9 @@ def link_failure(job: "NodeJob", control: Any, members: Sequence[int], grace_s: 
 
 def interface_failure(job: "NodeJob") -> JobFailed | None:
     """On the lead: the job's failure as gloo's choice of address, when the ranks never met. Without --iface gloo
-    advertises the address of each host's name, which may be loopback (a name /etc/hosts maps to 127.x) or an
-    interface the other sites cannot reach; the ranks' timeouts then blamed a rank that 'stopped responding'."""
+    advertises the address of each host's name (loopback where /etc/hosts maps it to 127.x, or where the name
+    resolves to none of the host's addresses: gloo's fallback) or an interface the other sites cannot reach; the
+    ranks' timeouts then blamed a rank that 'stopped responding'."""
     marks = read_marks(job.plan, job.out)
     found = gloo_connect_failure(marks)
     if found is None:
@@ -59,12 +62,34 @@ def interface_failure(job: "NodeJob") -> JobFailed | None:
     unset = [site.name for site in job.launch.sites if HOST_SOCKET_ENV not in site.env]
     if unset:
         fix = (f"no --iface named the interface of site(s) {', '.join(repr(n) for n in unset)}, so gloo took the "
-               "address of each host's name (loopback where /etc/hosts maps it to 127.x); launch again with --iface "
-               "SITE=IFNAME for every site, the interface the other sites reach it on")
+               "address of each host's name, or loopback where that name resolves to none of the host's own "
+               "addresses; launch again with --iface SITE=IFNAME for every site, the interface the other sites "
+               "reach it on")
     else:
         fix = ("check that the sites reach each other on the --iface interfaces on every port (gloo listens on "
                "ephemeral ports, not only the master's)")
     return JobFailed(f"{what}; {fix} ({error.detail})", error.rank, s, c)
+
+
+def loopback_note(job: "NodeJob") -> str | None:
+    """Before the ranks start: a note when gloo is about to advertise a loopback address to other machines (a job
+    whose master is not loopback, no interface named for gloo, and this host's name resolving to loopback or to no
+    address of this host, where gloo falls back to loopback), the cause `interface_failure` names once the ranks
+    have timed out; None when nothing points that way."""
+    if job.launch.num_nodes < 2 or HOST_SOCKET_ENV in job.env or _is_loopback(job.launch.rendezvous.master_addr):
+        return None
+    host = socket.gethostname()
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        address = None
+    if address is not None and not _is_loopback(address) and _bindable(address):
+        return None
+    why = f"resolves to {address} (loopback)" if address is not None and _is_loopback(address) else (
+        "resolves to none of this host's addresses (gloo falls back to loopback)")
+    return (f"note: no --iface for site '{job.site.name}', and this host's name '{host}' {why}: gloo will offer a "
+            f"loopback address to the other sites, which cannot reach it; launch with --iface {job.site.name}=IFNAME "
+            "if the ranks do not meet")
 
 
 def member_link_words(job: "NodeJob", link: Any, grace_s: float, silent_s: float | None = None) -> str:
@@ -87,6 +112,16 @@ def member_failure(job: "NodeJob", watch: Any, grace_s: float, err: JobFailed) -
     if watch.link.silent_for() > silent_threshold(grace_s):
         return JobFailed(member_link_words(job, watch.link, grace_s) + f"; this node's ranks stopped with it ({err})")
     return err
+
+
+def _bindable(address: str) -> bool:
+    """Whether `address` is one of this host's own (gloo binds to the address of the host's name, else loopback)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+            probe.bind((address, 0))
+        return True
+    except OSError:
+        return False
 
 
 def _is_loopback(host: str) -> bool:
