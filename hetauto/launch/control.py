@@ -24,6 +24,7 @@ from typing import Any
 
 from hetauto.core.control_limits import StoreLimits, raise_open_files_limit
 from hetauto.core.control_store import ControlStoreServer, join_address
+from hetauto.launch.node_link import agent_beat_key
 from hetauto.runtime.control import MSG_PREFIX, SEQ_KEY, beat_key, msg_key
 
 __all__ = ["ControlServer", "HOLE_GRACE_S", "POLL_S", "ERROR_FIELDS", "job_store_limits"]
@@ -89,6 +90,7 @@ class ControlServer:
         self._beats: dict[int, int] = {}
         self._ranks: set[int] = set()
         self._last_beat_poll = 0.0
+        self._agents: dict[int, tuple[int, float]] = {}  # member node rank -> (its agent counter, when it last moved)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -139,6 +141,19 @@ class ControlServer:
                 return None
             return self.store.get(key).decode("utf-8")
 
+    # --- the member agents' counters (hetauto.launch.node_link): when each was last heard from
+    def watch_agents(self, node_ranks: list[int]) -> None:
+        """Note from now on when each member node's agent counter moves (each counts as heard from now)."""
+        with self.lock:
+            now = time.monotonic()
+            self._agents = {r: (-1, now) for r in node_ranks}
+
+    def agent_silence(self, node_rank: int) -> float:
+        """Seconds since node rank R's agent was last heard from (0 for a node not watched)."""
+        with self.lock:
+            _, since = self._agents.get(node_rank, (0, time.monotonic()))
+        return max(0.0, time.monotonic() - since)
+
     # --- mirroring
     def poll(self, final: bool = False) -> None:
         with self.lock:
@@ -179,6 +194,10 @@ class ControlServer:
                 if count != self._beats.get(r):
                     self._beats[r] = count
                     self._touch(r)
+            for r, (seen, since) in list(self._agents.items()):
+                count = int(self.store.add(agent_beat_key(r), 0))
+                if count != seen:
+                    self._agents[r] = (count, now)
 
     def _path(self, rank: int, kind: str) -> Path:
         return self.folder / f"rank{rank}.{kind}"

@@ -23,7 +23,8 @@ from hetauto.core.errors import CommunicationError
 from hetauto.core.plan import Plan
 
 __all__ = ["JobFailed", "RankError", "RunMarks", "diagnose_failure", "read_marks", "heartbeats", "STALE_S",
-           "torchrun_exit_codes", "torchrun_signal", "death_by_signal", "oom_kills"]
+           "torchrun_exit_codes", "torchrun_signal", "death_by_signal", "oom_kills", "reason_line",
+           "gloo_connect_failure"]
 
 STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, hetauto.runtime.worker) went silent
 QUOTE_CHARS = 240  # the longest secondary error quoted whole
@@ -37,6 +38,51 @@ class JobFailed(CommunicationError):
                  cluster: str | None = None) -> None:
         super().__init__(message)
         self.rank, self.stage, self.cluster = rank, stage, cluster
+
+
+_RANK_LINE = re.compile(r"^rank \d+: [A-Za-z_]\w*: ")  # a rank's own error line (hetauto.runtime.worker)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception|Failed|Gone|Interrupt))\b:?")
+_BANNER = re.compile(r"^[\s=\-_*#~]*$")  # torchrun's ====/---- rules, blank lines
+_LOG_RECORD = re.compile(r"^[IWEF]\d{4} \d")  # torchrun's own log records (glog style: W1207 08:56:51.59 ...)
+
+
+def reason_line(text: str) -> str:
+    """The line of a torchrun log that says why it failed, never one of its `====` rules (its last line when a
+    rank failed): a rank's own error line (`rank R: Type: message`, printed when the job's store is out of
+    reach), else the last exception line but torchrun's generic ChildFailedError, else the rank torchrun names as
+    its root cause with its exit code, else the last line that is neither a rule, a table row nor a log record
+    of torchrun's own; 'no output' when there is none."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    for line in lines:
+        if _RANK_LINE.match(line):
+            return line
+    for line in reversed(lines):
+        found = _EXCEPTION_LINE.match(line)
+        if found and found.group(1) != "ChildFailedError":
+            return line
+    causes = torchrun_exit_codes(text)
+    if causes:
+        return "; ".join(f"rank {r} exited with code {c}" for r, c in sorted(causes.items()))
+    plain = [" ".join(raw.split()) for raw in text.splitlines()
+             if not _BANNER.match(raw) and not raw[:1].isspace() and not _LOG_RECORD.match(raw)]
+    return plain[-1] if plain else "no output"
+
+
+# gloo setting up its connections (the world group's init): its full mesh, a connect refused or timed out, its device
+_GLOO_CONNECT = re.compile(r"Gloo connectFullMesh|gloo.*(?:timed out connecting|Connection refused, remote=|"
+                           r"transport/tcp/device)", re.IGNORECASE)
+_REMOTE = re.compile(r"remote=\[([^\]]+)\]")
+
+
+def gloo_connect_failure(m: RunMarks) -> tuple[RankError, str | None] | None:
+    """The first rank error that is gloo failing to set up its connections (connectFullMesh, a refused or timed
+    out connect), with the address it reached for when the error names one: the ranks never met, so no rank
+    'stopped responding'; the address gloo chose for a peer is the cause (hetauto.launch.node words it)."""
+    for _, e in sorted(m.errors.items()):
+        if _GLOO_CONNECT.search(e.detail):
+            found = _REMOTE.search(e.detail)
+            return e, (found.group(1) if found else None)
+    return None
 
 
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")

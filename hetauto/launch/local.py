@@ -21,7 +21,7 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
-from hetauto.launch.diagnosis import JobFailed, diagnose_failure, torchrun_exit_codes, torchrun_signal
+from hetauto.launch.diagnosis import JobFailed, diagnose_failure, reason_line, torchrun_exit_codes, torchrun_signal
 from hetauto.runtime.options import RunOptions
 
 # JobFailed, diagnose_failure and torchrun_exit_codes live in hetauto.launch.diagnosis (re-exported: the launchers
@@ -289,8 +289,8 @@ class LocalJob:
         stdout, stderr = self._read("torchrun.out"), self._read("torchrun.err")
         if not self.collect:
             if code:
-                tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
-                raise JobFailed(f"torchrun on this node exited {code}: {tail[0]} (the lead node names the culprit)")
+                raise JobFailed(f"torchrun on this node exited {code}: {reason_line(stderr or stdout)} (the lead "
+                                "node names the culprit)")
             return []
         if code is not None and code < 0 and not stopped:
             self._agent_died(-code)
@@ -457,8 +457,7 @@ def collect_reports(plan: Plan, out_dir: str | Path, returncode: int, stderr: st
         if returncode != 0 or not f.is_file():
             err = diagnose_failure(plan, out_dir, torchrun_exit_codes(stderr), torchrun_signal(stderr))
             if err.rank is None:
-                tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
-                raise JobFailed(f"{err.message} (torchrun exit {returncode}: {tail[0]})")
+                raise JobFailed(f"{err.message} (torchrun exit {returncode}: {reason_line(stderr or stdout)})")
             raise err
         reports.append(json.loads(f.read_text(encoding="utf-8")))
     return reports

@@ -14,18 +14,25 @@ naming it instead of torchrun's rendezvous timing out, and a wrong launch never 
 lead's mirror collects every rank's marks, heartbeats and step lines. The end (hetauto.launch.node_end): when the
 lead ends the job early (a failure, a signal) it sets `abort`, which every other agent polls to stop its own ranks:
 nothing is left running at any site; when every rank has reported it sets `end` and waits for every member's
-`done/<R>`, so every node of a job that trained exits 0.
+`done/<R>`, so every node of a job that trained exits 0. A link between two sites may be down for the run's
+`--timeout` (hetauto.launch.node_link): a member reads the lead's store through connections it makes again, and
+only past that grace does the job fail, naming the site pair on both ends (hetauto.launch.node_failure).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from hetauto.core.control_store import ControlStoreClient
+from hetauto.launch.diagnosis import JobFailed
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
 from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_others, announce_end, await_members,
-                                     mark_done)
+                                     end_seen_key, mark_done)
 from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
+from hetauto.launch.node_failure import (interface_failure, link_failure, loopback_note, member_failure,
+                                         member_link_words)
+from hetauto.launch.node_link import LeadLink, connect_lead, silent_threshold
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
 # them from here
@@ -50,6 +57,7 @@ class NodeRun:
     def __init__(self, job: NodeJob, local: LocalJob, store: Any, progress: Callable[[str], None],
                  watch: LeadWatch | None = None) -> None:
         self.job, self.local, self.store, self.progress, self.watch = job, local, store, progress, watch
+        self._explained: tuple[BaseException, BaseException] | None = None
 
     def follow_steps(self, *args: Any, **kwargs: Any) -> Any:
         return self.local.follow_steps(*args, **kwargs)
@@ -60,25 +68,58 @@ class NodeRun:
     def wait(self) -> list[dict[str, Any]]:
         return self._lead_wait() if self.job.lead else self._member_wait()
 
+    @property
+    def grace_s(self) -> float:
+        """How long a link between two sites may be down before the job fails: the run's --timeout, which the
+        ranks' collectives across it wait anyway (hetauto.launch.node_link)."""
+        return float(self.job.run.training.timeout_s)
+
+    def _members(self) -> list[int]:
+        return [n.node_rank for n in self.job.launch.nodes if n.node_rank != 0]
+
+    def _silent(self, node_rank: int) -> bool:
+        return self.store.agent_silence(node_rank) > silent_threshold(self.grace_s)
+
     def _lead_wait(self) -> list[dict[str, Any]]:
-        reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
+        try:
+            reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
+        except JobFailed as err:
+            raise self.explain(err) from None
         announce_end(self.store)
-        late = await_members(self.store, [n.node_rank for n in self.job.launch.nodes if n.node_rank != 0])
+        late = await_members(self.store, self._members(), link_grace_s=self.grace_s,
+                             silent=lambda r: self._silent(r) and self.store.get(end_seen_key(r)) is None)
         if late:
             self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended {END_GRACE_S:g} s "
                           "after the job's end; every rank had reported, so it ends on its own")
         return reports
 
+    def explain(self, err: BaseException) -> BaseException:
+        """On the lead: the job's failure with its real cause where the ranks' diagnosis cannot see it (a link that
+        stayed down, gloo's choice of address); the same answer every time for one failure (the other nodes are
+        told it through `abort`, then this node raises it)."""
+        if not isinstance(err, JobFailed):
+            return err
+        if self._explained is None or self._explained[0] is not err:
+            found = link_failure(self.job, self.store, self._members(), self.grace_s, err) or \
+                interface_failure(self.job)
+            self._explained = (err, found or err)
+        return self._explained[1]
+
     def _member_wait(self) -> list[dict[str, Any]]:
         try:
             reports = self.local.wait()
         except BaseException as err:
+            if isinstance(err, JobFailed) and self.watch is not None:
+                err = member_failure(self.job, self.watch, self.grace_s, err)
             mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
-            raise
+            raise err from None
         if not mark_done(self.store, self.job.node.node_rank, "ok") and self.watch is not None and self.watch.ended:
             self.progress("the lead node's agent had gone after the job's end (every rank had reported): this "
                           "node's torchrun ended on its own")
         return reports
+
+    def _member_link_words(self, silent_s: float | None = None) -> str:
+        return member_link_words(self.job, self.watch.link, self.grace_s, silent_s)
 
 
 def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None) -> NodeRun:
@@ -86,6 +127,9 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
     control store, which lives as long as this process."""
     rdzv = job.launch.rendezvous
     timeout = rdzv.join_timeout_s
+    note = loopback_note(job)
+    if note is not None:
+        progress(note)
     if job.lead:
         from hetauto.launch.control import ControlServer
 
@@ -93,6 +137,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         control = ControlServer(job.out, bind=bind, port=rdzv.control_port, advertise=rdzv.master_addr).start()
         try:
             lead_join(job, control, timeout, progress)
+            control.watch_agents([n.node_rank for n in job.launch.nodes if n.node_rank != 0])
         except BaseException:
             control.shutdown()
             raise
@@ -100,12 +145,17 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
                         control_address=control.address, env=job.env)
         run.control = control
         others = job.launch.num_nodes - 1
-        run.on_failure = lambda err: abort_others(control, err, others)
-        return NodeRun(job, run, control, progress)
-    store = member_join(job, timeout, progress)
+        node = NodeRun(job, run, control, progress)
+        run.on_failure = lambda err: abort_others(control, node.explain(err), others)
+        return node
+    joined = member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                     control_address=address, env=job.env)
     run.collect = False
-    run.watch = LeadWatch(store, address)
-    return NodeRun(job, run, store, progress, run.watch)
+    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s), address,
+                    float(job.run.training.timeout_s))
+    joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
+    node = NodeRun(job, run, link, progress)
+    run.watch = node.watch = LeadWatch(link, job.node.node_rank, node._member_link_words)
+    return node

@@ -14,8 +14,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["ABORT_KEY", "ABORT_ACK_KEY", "ABORT_GRACE_S", "END_KEY", "END_GRACE_S", "done_key", "abort_others",
-           "announce_end", "await_members", "mark_done", "LeadWatch"]
+from hetauto.launch.node_link import agent_beat_key
+
+__all__ = ["ABORT_KEY", "ABORT_ACK_KEY", "ABORT_GRACE_S", "END_KEY", "END_GRACE_S", "done_key", "end_seen_key",
+           "abort_others", "announce_end", "await_members", "mark_done", "LeadWatch"]
 
 ABORT_KEY = "hetauto/abort"
 ABORT_ACK_KEY = "hetauto/abort_ack"  # a counter: the other nodes' agents that have read `abort`
@@ -27,10 +29,16 @@ END_KEY = "hetauto/end"  # set by the lead once every rank's report is in: the j
 END_GRACE_S = 6.0
 POLL_S = 0.05
 WATCH_EVERY_S = 0.5  # how often a member reads the lead's store while its ranks run
+LAST_WORD_S = 3.0  # how long a member whose torchrun failed waits for the lead's reason (the lead's SETTLE_S + 1)
 
 
 def done_key(node_rank: int) -> str:
     return f"hetauto/done/{node_rank}"
+
+
+def end_seen_key(node_rank: int) -> str:
+    """Set by a member's agent once it has read `end`: the lead need not wait for it through a link blip."""
+    return f"hetauto/end_seen/{node_rank}"
 
 
 def abort_others(control: Any, err: BaseException, others: int) -> None:
@@ -51,14 +59,18 @@ def announce_end(control: Any) -> None:
     control.set(END_KEY, "every rank reported")
 
 
-def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRACE_S) -> list[int]:
+def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRACE_S, link_grace_s: float = 0.0,
+                  silent: Callable[[int], bool] = lambda _r: False) -> list[int]:
     """On the lead after `announce_end`: wait until every member node has marked its end, `grace_s` at most;
-    returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone)."""
-    end = time.monotonic() + grace_s
+    returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone). A member
+    `silent` (out of reach, a link blip, without having read `end`) is waited for up to `link_grace_s`, the run's
+    link grace, so that a blip at the job's end costs the outage, not a failed site."""
+    start = time.monotonic()
     waiting = list(members)
     while waiting:
         waiting = [r for r in waiting if control.get(done_key(r)) is None]
-        if not waiting or time.monotonic() >= end:
+        elapsed = time.monotonic() - start
+        if not any(elapsed < grace_s or (silent(r) and elapsed < link_grace_s) for r in waiting):
             break
         time.sleep(POLL_S)
     return waiting
@@ -76,12 +88,15 @@ def mark_done(store: Any, node_rank: int, outcome: str) -> bool:
 
 class LeadWatch:
     """Polled by a member node while its ranks run (LocalJob.watch): why this node must stop its ranks (the lead
-    ended the job: `abort`; the lead's agent gone before the job's end), else None. `ended`: the lead posted the
-    job's end (every rank reported); from then on the lead's store is not read again, and its going is no
-    failure: this node's torchrun ends on its own."""
+    ended the job: `abort`; the lead out of reach for longer than the link grace), else None. It reads the lead's
+    store through a LeadLink (hetauto.launch.node_link), which makes its connection again after a failure, and
+    bumps this agent's counter there on every read, so the lead can tell a link that is down from a rank that
+    failed. `ended`: the lead posted the job's end (every rank reported); from then on the lead's store is not
+    read again, and its going is no failure: this node's torchrun ends on its own."""
 
-    def __init__(self, store: Any, address: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store, self.address, self.clock = store, address, clock
+    def __init__(self, link: Any, node_rank: int, lost_words: Callable[[float], str],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.link, self.node_rank, self.lost_words, self.clock = link, node_rank, lost_words, clock
         self.ended = False
         self._last = float("-inf")
 
@@ -91,11 +106,35 @@ class LeadWatch:
             return None
         self._last = now
         try:
-            if self.store.check([ABORT_KEY]):
-                why = self.store.get(ABORT_KEY).decode("utf-8")
-                self.store.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
+            if self.link.check([ABORT_KEY]):
+                why = self.link.get(ABORT_KEY).decode("utf-8")
+                self.link.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
                 return "the lead node ended the job: " + why
-            self.ended = self.store.check([END_KEY])
-        except Exception:  # noqa: BLE001 - the lead's agent is gone with its store, before the job's end
-            return f"the lead node's agent at {self.address} is gone; stopped this node's ranks"
+            self.link.add(agent_beat_key(self.node_rank), 1)
+            if self.link.check([END_KEY]):
+                self.ended = True
+                self.link.set(end_seen_key(self.node_rank), "1")
+        except OSError:  # out of reach: a blip costs the job the outage; only past the grace is the lead lost
+            if self.link.refused:  # its machine answers and its agent's port is closed: the agent is gone
+                return f"the lead node's agent at {self.link.address} is gone; stopped this node's ranks"
+            if self.link.lost():
+                return self.lost_words(self.link.silent_for()) + "; stopped this node's ranks"
+        return None
+
+    def last_word(self, wait_s: float = LAST_WORD_S) -> str | None:
+        """After this node's torchrun failed on its own (its ranks lost their peers): what the lead says, read for
+        up to `wait_s` (the lead ends the job a moment after its ranks fail): its `abort` reason, or that its agent
+        is gone (its port refused: the lead's job ended, e.g. cancelled); None when it says nothing (still running,
+        or out of reach: the caller names the link)."""
+        end = self.clock() + wait_s
+        while not self.ended:
+            try:
+                if self.link.check([ABORT_KEY]):
+                    return "the lead node ended the job: " + self.link.get(ABORT_KEY).decode("utf-8")
+            except OSError:
+                if self.link.refused:
+                    return f"the lead node's job ended (cancelled?): its agent at {self.link.address} is gone"
+            if self.clock() >= end:
+                break
+            time.sleep(POLL_S * 4)
         return None

@@ -21,6 +21,7 @@ from hetauto.core.control_store import ControlStoreClient
 from hetauto.core.errors import HetautoError
 from hetauto.launch.launch_match import find_mismatch, launch_parts
 from hetauto.launch.node_end import ABORT_KEY
+from hetauto.launch.node_link import LeadLink, connect_lead
 
 if TYPE_CHECKING:
     from hetauto.launch.node_job import NodeJob
@@ -172,7 +173,22 @@ def member_join(job: "NodeJob", timeout_s: float, progress: Callable[[str], None
     end = time.monotonic() + timeout_s
     progress(f"{job.where()}: joining the lead at {where}")
     store = _reach(job, where, end, timeout_s)
+    try:
+        verdict = _claim_and_wait(job, store, end, where, timeout_s)
+    except OSError:  # the lead's store went between our connecting and its answer: the lead ended first
+        raise RefusedByLead(f"{job.where()}: the lead ended before this node joined (its agent at {where} went "
+                            "away before answering; its log says why)") from None
+    if verdict != "go":
+        raise RefusedByLead(verdict.removeprefix("refused: "))
+    return store
+
+
+def _claim_and_wait(job: "NodeJob", store: Any, end: float, where: str, timeout_s: float) -> str:
+    """Claim this node rank with this node's registration, then wait for the lead's verdict (OSError: the lead's
+    store is gone)."""
     r = job.node.node_rank
+    if store.check([ABORT_KEY]):  # the lead refused the job before this node came: its reason, not a hang
+        return "refused: the lead refused the job: " + store.get(ABORT_KEY).decode("utf-8")
     claim = store.post(claim_key(r), f"{node_key(r)}/", json.dumps(registration(job)))
     if claim > 1:
         first = _read(store.get(f"{node_key(r)}/1"))
@@ -180,14 +196,10 @@ def member_join(job: "NodeJob", timeout_s: float, progress: Callable[[str], None
                          f"{first.get('pid')}) joined with it first, and this agent on host {socket.gethostname()} "
                          "was started for the same node rank; start each node's script once (if the first agent is "
                          "gone, start the whole job again)")
-    try:
-        verdict = _verdict(job, store, end, where, timeout_s)
-    except OSError:
-        raise RefusedByLead(f"{job.where()}: the lead node's agent at {where} went away before answering this "
-                            "node's join; its log says why") from None
-    if verdict != "go":
-        raise RefusedByLead(verdict.removeprefix("refused: "))
-    return store
+    rdzv = job.launch.rendezvous
+    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s), where,
+                    float(job.run.training.timeout_s), client=store)
+    return _verdict(job, link, end, where, timeout_s)
 
 
 def _reach(job: "NodeJob", where: str, end: float, timeout_s: float) -> Any:
@@ -203,14 +215,28 @@ def _reach(job: "NodeJob", where: str, end: float, timeout_s: float) -> Any:
             time.sleep(JOIN_POLL_S)
 
 
-def _verdict(job: "NodeJob", store: Any, end: float, where: str, timeout_s: float) -> str:
-    """The lead's answer to this node (read, then acknowledged: a refusing lead waits for that)."""
+def _verdict(job: "NodeJob", link: LeadLink, end: float, where: str, timeout_s: float) -> str:
+    """The lead's answer to this node (read, then acknowledged: a refusing lead waits for that), or the lead's
+    refusal of the whole job (`abort` set without an answer to this node: it refused another node, or gave up).
+    The wait may be long (the lead waits for every site): a link blip meanwhile costs its outage (the link makes
+    its connection again); OSError only when the lead's agent is gone or out of reach past the link grace."""
     key = verdict_key(job.node.node_rank)
-    while not store.check([key]):
+    while True:
+        try:
+            if link.check([key]):
+                break
+            if link.check([ABORT_KEY]) and not link.check([key]):
+                return "refused: the lead refused the job: " + link.get(ABORT_KEY).decode("utf-8")
+        except OSError:
+            if link.refused or link.lost():
+                raise
         if time.monotonic() > end + 5.0:
             raise JoinFailed(f"{job.where()}: registered at {where} but the lead gave no answer within the join "
                              f"timeout ({timeout_s:g} s)")
         time.sleep(JOIN_POLL_S)
-    verdict = store.get(key).decode("utf-8")
-    store.add(VERDICT_ACK_KEY, 1)
+    verdict = link.get(key).decode("utf-8")
+    try:
+        link.add(VERDICT_ACK_KEY, 1)
+    except OSError:  # read is read: the lead's store going now does not change its answer
+        pass
     return verdict

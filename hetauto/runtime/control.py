@@ -25,14 +25,15 @@ import json
 import os
 import queue
 import re
+import socket
 import threading
 import time
 from typing import Any
 
 from hetauto.core.control_store import ControlStoreClient
 
-__all__ = ["CONTROL_ENV", "CONTROL_TOKEN_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key", "beat_key", "split_address",
-           "ControlClient", "SECONDARY_ERRORS", "error_fields"]
+__all__ = ["CONTROL_ENV", "CONTROL_TOKEN_ENV", "SEQ_KEY", "MSG_PREFIX", "MESSAGE_KINDS", "HEARTBEAT_S", "msg_key",
+           "beat_key", "split_address", "ControlClient", "SECONDARY_ERRORS", "error_fields", "is_refusal"]
 
 CONTROL_ENV = "HETAUTO_CONTROL"
 # the job's control-store token (hex), set by the launcher in the environment torchrun passes on; never on a
@@ -41,6 +42,8 @@ CONTROL_TOKEN_ENV = "HETAUTO_CONTROL_TOKEN"
 SEQ_KEY = "hetauto/seq"
 MESSAGE_KINDS = ("started", "error", "stopped", "report", "step")
 HEARTBEAT_S = 0.5  # how often a rank bumps its heartbeat (the agent compares when each rank's last changed)
+RECONNECT_S = 0.25  # the pause between two tries to reach the store again after a failed connection
+RECONNECT_WAIT_S = 2.0  # one try's longest wait to reach the store again
 
 
 MSG_PREFIX = "hetauto/msg/"
@@ -79,6 +82,12 @@ def error_fields(text: str) -> dict[str, Any]:
             "peers": [int(p) for p in _PEER.findall(text.split(": ", 1)[-1])]}
 
 
+def is_refusal(err: BaseException) -> bool:
+    """Whether reaching the store was refused: its machine answers and nothing listens (the agent is gone), unlike
+    a link that is down, which times out. The client's timeout keeps the last refusal as its context."""
+    return isinstance(err, ConnectionRefusedError) or isinstance(err.__context__, ConnectionRefusedError)
+
+
 def _connect(address: str, timeout_s: float, token: str | None, role: str) -> ControlStoreClient:
     host, port = split_address(address)
     return ControlStoreClient(host, port, timeout_s, token=token, role=role)
@@ -96,7 +105,7 @@ class ControlClient:
 
     def __init__(self, address: str, rank: int, timeout_s: float = 60.0, token: str | None = None) -> None:
         self.address, self.rank, self.timeout_s, self._token = address, rank, timeout_s, token
-        self._store = _connect(address, timeout_s, token, f"rank{rank}")
+        self._store: ControlStoreClient | None = _connect(address, timeout_s, token, f"rank{rank}")
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._send_loop, name="hetauto-control-send", daemon=True).start()
 
@@ -142,7 +151,7 @@ class ControlClient:
             error: BaseException | None = None
             if body is not None:
                 try:
-                    self._store.post(SEQ_KEY, MSG_PREFIX, body)  # numbered and written in one round trip
+                    self._send(body, retry=waiter is not None)
                 except Exception as exc:  # noqa: BLE001 - handed to a waiting poster; a step line is dropped
                     error = exc
             if waiter is not None:
@@ -150,17 +159,59 @@ class ControlClient:
                 done.append(error)
                 event.set()
 
+    def _send(self, body: str, retry: bool) -> None:
+        """Post one message (numbered and written in one round trip). A failed connection is made again for the
+        next message; a message someone waits for (a mark, the report) is sent again on it until `timeout_s` has
+        passed: a WAN blip shorter than the run's timeout costs the rank the outage, not its last words (a mark
+        sent twice is written twice, to the same file)."""
+        end = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                if self._store is None:
+                    self._store = self._reconnect(f"rank{self.rank}")
+                self._store.post(SEQ_KEY, MSG_PREFIX, body)
+                return
+            except PermissionError:  # the store asks for a token this rank was not given: no retry cures that
+                raise
+            except OSError as err:
+                self._drop()
+                if not retry or is_refusal(err) or time.monotonic() >= end:  # refused: the agent is gone
+                    raise
+                time.sleep(RECONNECT_S)
+
+    def _reconnect(self, role: str) -> ControlStoreClient:
+        """A new connection after a failed one: a bare connect first, so that a refusal (the agent is gone) or a link
+        still down fails within RECONNECT_WAIT_S, then the store's client with the rank's own call timeout."""
+        host, port = split_address(self.address)
+        socket.create_connection((host, port), timeout=RECONNECT_WAIT_S).close()
+        return _connect(self.address, self.timeout_s, self._token, role)
+
+    def _drop(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
     def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
         store = _connect(self.address, self.timeout_s, self._token, f"rank{self.rank}/beat")
         key = beat_key(self.rank)
         store.add(key, 1)
+        threading.Thread(target=self._beat, args=(store, key, every), name="hetauto-heartbeat", daemon=True).start()
 
-        def beat() -> None:
-            while True:
-                time.sleep(every)
-                try:
-                    store.add(key, 1)
-                except Exception:  # noqa: BLE001 - the agent is gone: nothing left to tell
+    def _beat(self, store: ControlStoreClient | None, key: str, every: float) -> None:
+        """Bump the counter every `every` s. A failed connection is made again at the next beat (a WAN blip costs
+        the beats of the outage); the beats stop once no connection has worked for `timeout_s` (the agent is gone:
+        nothing left to tell)."""
+        last_ok = time.monotonic()
+        while True:
+            time.sleep(every)
+            try:
+                if store is None:
+                    store = self._reconnect(f"rank{self.rank}/beat")
+                store.add(key, 1)
+                last_ok = time.monotonic()
+            except Exception:  # noqa: BLE001 - out of reach now: try again at the next beat, within the timeout
+                if store is not None:
+                    store.close()
+                store = None
+                if time.monotonic() - last_ok > self.timeout_s:
                     return
-
-        threading.Thread(target=beat, name="hetauto-heartbeat", daemon=True).start()

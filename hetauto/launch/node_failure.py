@@ -1,0 +1,131 @@
+"""Why a multi-site job failed, where the ranks' own diagnosis (hetauto.launch.diagnosis) cannot see it: a link
+between two sites that stayed down past the grace, gloo's choice of address when the ranks never met, and on a
+member node the lead's word for a torchrun that failed because its ranks lost their peers.
+
+Why a module of its own: these causes need what only the node agents know (the sites, each member agent's counter
+in the lead's store, the member's link to the lead), while the diagnosis reads one run folder; the agent
+(hetauto.launch.node) asks here and raises the answer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import TYPE_CHECKING, Any, Sequence
+
+from hetauto.launch.diagnosis import JobFailed, gloo_connect_failure, read_marks
+from hetauto.launch.node_link import link_down_words, silent_threshold
+from hetauto.launch.plan import HOST_SOCKET_ENV
+
+if TYPE_CHECKING:
+    from hetauto.launch.node_job import NodeJob
+
+__all__ = ["link_failure", "interface_failure", "member_failure", "member_link_words", "loopback_note",
+           "TORCHRUN_FAILED"]
+
+TORCHRUN_FAILED = "torchrun on this node"  # how hetauto.launch.local words a member's torchrun that failed
+
+
+def link_failure(job: "NodeJob", control: Any, members: Sequence[int], grace_s: float,
+                 err: JobFailed) -> JobFailed | None:
+    """On the lead: the job's failure as the link that stayed down, when it is one: a member site's agent is out
+    of reach (its counter silent, hetauto.launch.node_link) and the culprit rank has no error of its own (it
+    stopped responding, the others timed out). None: the ranks' diagnosis stands."""
+    silent = [r for r in members if control.agent_silence(r) > silent_threshold(grace_s)]
+    if not silent:
+        return None
+    if err.rank is not None:
+        own = read_marks(job.plan, job.out).errors.get(err.rank)
+        if own is not None and not own.secondary:
+            return None
+    site, _ = job.launch.node(silent[0])
+    nodes = [r for r in silent if job.launch.node(r)[0].name == site.name]
+    words = link_down_words(job.site.name, site.name, grace_s, control.agent_silence(silent[0]))
+    return JobFailed(f"{words} (node rank(s) {', '.join(map(str, nodes))} of site '{site.name}' out of reach, its "
+                     f"ranks with them); what the ranks saw: {err}", err.rank, err.stage, err.cluster)
+
+
+def interface_failure(job: "NodeJob") -> JobFailed | None:
+    """On the lead: the job's failure as gloo's choice of address, when the ranks never met. Without --iface gloo
+    advertises the address of each host's name (loopback where /etc/hosts maps it to 127.x, or where the name
+    resolves to none of the host's addresses: gloo's fallback) or an interface the other sites cannot reach; the
+    ranks' timeouts then blamed a rank that 'stopped responding'."""
+    marks = read_marks(job.plan, job.out)
+    found = gloo_connect_failure(marks)
+    if found is None:
+        return None
+    error, remote = found
+    s, c = marks.where(error.rank)
+    what = f"rank {error.rank} (stage {s}, cluster '{c}') could not connect gloo to the other ranks"
+    if remote is not None:
+        what += f": it reached for {remote}" + (", a loopback address" if _is_loopback(remote) else "")
+    unset = [site.name for site in job.launch.sites if HOST_SOCKET_ENV not in site.env]
+    if unset:
+        fix = (f"no --iface named the interface of site(s) {', '.join(repr(n) for n in unset)}, so gloo took the "
+               "address of each host's name, or loopback where that name resolves to none of the host's own "
+               "addresses; launch again with --iface SITE=IFNAME for every site, the interface the other sites "
+               "reach it on")
+    else:
+        fix = ("check that the sites reach each other on the --iface interfaces on every port (gloo listens on "
+               "ephemeral ports, not only the master's)")
+    return JobFailed(f"{what}; {fix} ({error.detail})", error.rank, s, c)
+
+
+def loopback_note(job: "NodeJob") -> str | None:
+    """Before the ranks start: a note when gloo is about to advertise a loopback address to other machines (a job
+    whose master is not loopback, no interface named for gloo, and this host's name resolving to loopback or to no
+    address of this host, where gloo falls back to loopback), the cause `interface_failure` names once the ranks
+    have timed out; None when nothing points that way."""
+    if job.launch.num_nodes < 2 or HOST_SOCKET_ENV in job.env or _is_loopback(job.launch.rendezvous.master_addr):
+        return None
+    host = socket.gethostname()
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        address = None
+    if address is not None and not _is_loopback(address) and _bindable(address):
+        return None
+    why = f"resolves to {address} (loopback)" if address is not None and _is_loopback(address) else (
+        "resolves to none of this host's addresses (gloo falls back to loopback)")
+    return (f"note: no --iface for site '{job.site.name}', and this host's name '{host}' {why}: gloo will offer a "
+            f"loopback address to the other sites, which cannot reach it; launch with --iface {job.site.name}=IFNAME "
+            "if the ranks do not meet")
+
+
+def member_link_words(job: "NodeJob", link: Any, grace_s: float, silent_s: float | None = None) -> str:
+    """On a member: the link to the lead's site that stayed down, in the words the lead uses."""
+    lead_site, _ = job.launch.node(0)
+    silent_s = link.silent_for() if silent_s is None else silent_s
+    return (link_down_words(job.site.name, lead_site.name, grace_s, silent_s)
+            + f" (the lead node's agent at {link.address} out of reach)")
+
+
+def member_failure(job: "NodeJob", watch: Any, grace_s: float, err: JobFailed) -> JobFailed:
+    """On a member: its failure in the lead's words where there are some. torchrun here failed because its ranks
+    lost their peers, so the reason is the lead's (its abort), the lead's end (its agent gone), or the link that
+    stayed down; a failure the watch found itself (it names the lead or the link) stands as it is."""
+    if not str(err).startswith(TORCHRUN_FAILED):
+        return err
+    word = watch.last_word()
+    if word is not None:
+        return JobFailed(f"{word}; this node's ranks stopped with it ({err})")
+    if watch.link.silent_for() > silent_threshold(grace_s):
+        return JobFailed(member_link_words(job, watch.link, grace_s) + f"; this node's ranks stopped with it ({err})")
+    return err
+
+
+def _bindable(address: str) -> bool:
+    """Whether `address` is one of this host's own (gloo binds to the address of the host's name, else loopback)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+            probe.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
