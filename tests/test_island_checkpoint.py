@@ -153,7 +153,7 @@ def test_an_island_checkpoint_and_an_ordinary_one_do_not_mix(uninterrupted: tupl
     assert main(["run", str(other), "--steps", "5", "--resume", str(ck)]) == 5
     err = capsys.readouterr().err
     assert err.startswith(f"hetauto run: error: islands[0] (FAST): --resume {ck / 'island-FAST' / 'step-00000003'}: "
-                          "it was written by another island plan (islands FAST, SLOW, H=2, F=2;") and \
+                          "it was written by another island plan (islands FAST, SLOW, H=2, F=2; the plan") and \
         len(err.splitlines()) == 1, err
 
 

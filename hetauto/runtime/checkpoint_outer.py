@@ -13,7 +13,7 @@ What is saved, per island (each island checkpoints as an ordinary run does, into
   numbers, so `next_step` fixes the phase.
 
 Why a digest of the island plan: the outer state is only meaningful for the same islands, batches, H, fragments and
-wire formats; a checkpoint of another island plan (or an ordinary run's, which holds no outer state) is refused in
+wire formats (each island's layout may change: the state reshards); a checkpoint of another island plan (or an ordinary run's, which holds no outer state) is refused in
 one line. Torch-free at import: the job's checks before launch read manifests through this module too.
 """
 
@@ -39,13 +39,15 @@ MOMENTUM_PREFIX = "outer.momentum."
 
 
 def island_plan_digest(plan: IslandPlan) -> str:
-    """sha256 of what the outer state depends on: the island plan without its cluster file's path (a copy of the
-    plan may name it absolutely) and its predictions (the planner's figures train nothing)."""
+    """sha256 of what the outer state depends on: the model and sequence length, the islands' names and batches
+    (their rows of each global batch and their token weights) and the whole outer sync (H, fragments, optimizer,
+    wire formats). Not each island's layout (stages, tp, dp, schedule): the outer state reshards by canonical
+    names like the model, so an island may resume on another layout as an ordinary run may; nor the cluster file's
+    path (a copy of the plan names it absolutely) or the predictions (the planner's figures train nothing)."""
     doc = plan.model_dump(mode="json", by_alias=True)
-    for d in (doc, *(isl["plan"] for isl in doc["islands"])):
-        d.pop("cluster", None)
-        d.pop("prediction", None)
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
+    kept = {"model": doc["model"], "seq_len": doc["seq_len"], "global_batch": doc["global_batch"],
+            "islands": [[isl["name"], isl["plan"]["global_batch"]] for isl in doc["islands"]], "outer": doc["outer"]}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def outer_extra(sync: IslandSync, next_step: int) -> dict[str, Any]:
@@ -74,8 +76,8 @@ def outer_mismatch(extra: Mapping[str, Any], plan: IslandPlan | None, index: int
         return f"it is island {mine.get('name')}'s checkpoint, not island {name}'s"
     if mine.get("plan_digest") != island_plan_digest(plan):
         return (f"it was written by another island plan (islands {', '.join(map(str, mine.get('islands', [])))}, "
-                f"H={mine.get('inner_steps')}, F={mine.get('fragments')}; the plan's islands, batches, H, fragments "
-                "or wire formats differ); resume with the island plan that wrote it")
+                f"H={mine.get('inner_steps')}, F={mine.get('fragments')}; the plan's islands, batches, H, fragments, "
+                "outer optimizer or wire formats differ); resume with the island plan that wrote it")
     return None
 
 
