@@ -96,12 +96,13 @@ def test_a_resume_mid_round_equals_the_uninterrupted_run(uninterrupted: tuple[Pa
         assert mine["start_step"] == 3 and mine["loss"] == theirs["loss"][3:], (mine["name"], mine["loss"])
         assert [(r["step"], r["fragment"]) for r in mine["outer_syncs"]] == [(3, 1)]
     for isl in ("FAST", "SLOW"):
-        want, got = _tensors(ck / f"island-{isl}" / "step-00000003"), _tensors(again / f"island-{isl}" / "step-00000003")
+        last = f"island-{isl}/step-00000003"
+        want, got = _tensors(ck / last), _tensors(again / last)
         differ = [k for k in want if k in got and not torch.equal(want[k], got[k])]
         assert not differ, (isl, differ[:5])  # model.* first: the parameters after step 3's sync
         assert sorted(got) == sorted(want)
         assert any(k.startswith("outer.momentum.") for k in got) and any(k.startswith("outer.global.") for k in got)
-        assert _manifest(again / f"island-{isl}" / "step-00000003")["extra"]["island"]["rounds"] == 4
+        assert _manifest(again / last)["extra"]["island"]["rounds"] == 4
 
 
 @pytest.mark.multiprocess

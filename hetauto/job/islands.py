@@ -151,7 +151,7 @@ def prepare_islands(request: JobRequest) -> PreparedIslands:
     return PreparedIslands(request.with_knobs(inject_fault=None), plan, path, cluster, cfg, base, islands, start)
 
 
-def _check_island_resume(r: JobRequest, plan: IslandPlan, cfg: Any) -> tuple[JobRequest, int, list[Any]]:
+def _check_island_resume(r: JobRequest, plan: IslandPlan, cfg: Any) -> tuple[JobRequest, int, list[str | None]]:
     """--resume of an island run: every island's checkpoint of the same step, each checked as `hetauto run` checks
     one (intact, this model, steps left) and holding this island plan's outer state; the checkpoint's seed unless
     --seed agrees. Returns the request with the seed resolved, the first step, each island's step folder."""
@@ -201,8 +201,9 @@ def _island_fault(r: JobRequest, plan: IslandPlan) -> tuple[int, str] | None:
     if spec.phase != "step" and r.checkpoint_dir is None:
         raise HetautoError(f"{name}: phase={spec.phase} fires while a checkpoint is written, and this island run "
                            f"writes none; add {r.flag('checkpoint_dir')} or use phase=step")
-    if spec.step > (r.steps - 1 if spec.phase == "step" else r.steps):  # checkpoint k is written after step k-1
-        raise HetautoError(f"{name}: step {spec.step} never comes (the run's last step is {r.steps - 1} with "
+    last = r.steps - 1 if spec.phase == "step" else r.steps  # checkpoint k is written after step k-1
+    if spec.step > last:
+        raise HetautoError(f"{name}: step {spec.step} never comes (the run's last {spec.phase} is {last} with "
                            f"{r.flag('steps')} {r.steps}); name an earlier step or raise {r.flag('steps')}")
     rank = spec.rank
     for i, isl in enumerate(plan.islands):

@@ -13,8 +13,9 @@ What is saved, per island (each island checkpoints as an ordinary run does, into
   numbers, so `next_step` fixes the phase.
 
 Why a digest of the island plan: the outer state is only meaningful for the same islands, batches, H, fragments and
-wire formats (each island's layout may change: the state reshards); a checkpoint of another island plan (or an ordinary run's, which holds no outer state) is refused in
-one line. Torch-free at import: the job's checks before launch read manifests through this module too.
+wire formats (each island's layout may change: the state reshards); a checkpoint of another island plan (or an
+ordinary run's, which holds no outer state) is refused in one line. Torch-free at import: the job's checks before
+launch read manifests through this module too.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def outer_extra(sync: IslandSync, next_step: int) -> dict[str, Any]:
     outer = sync.outer_cfg
     return {"name": sync.name, "index": sync.index, "islands": [i.name for i in sync.plan.islands],
             "plan_digest": island_plan_digest(sync.plan), "inner_steps": outer.inner_steps,
-            "fragments": outer.fragments, "wire": [{"between": list(w.between), "format": w.format} for w in outer.wire],
+            "fragments": outer.fragments,
+            "wire": [{"between": list(w.between), "format": w.format} for w in outer.wire],
             "formats": list(sync.formats), "rounds": sync.outer.rounds, "phase": next_step % outer.inner_steps}
 
 
