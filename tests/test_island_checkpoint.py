@@ -145,6 +145,12 @@ def test_an_island_checkpoint_and_an_ordinary_one_do_not_mix(uninterrupted: tupl
              "...)")):
         assert main(["run", str(tmp_path / "plan.json"), "--steps", "5", "--resume", str(resume)]) == 5
         assert capsys.readouterr().err == f"hetauto run: error: {line}\n"
+    from hetauto.core.errors import CheckpointMismatch
+    from hetauto.runtime.training import _outer_targets
+
+    with pytest.raises(CheckpointMismatch, match=r"^cannot resume from .*/island-SLOW/step-00000003: it is island "
+                                                 "SLOW's checkpoint of an island run"):
+        _outer_targets(str(ck / "island-SLOW"), None)  # the ranks of an ordinary run (a library caller) refuse too
     ordinary = tmp_path / "ordinary"
     (ordinary / "step-00000000").mkdir(parents=True)
     (ordinary / "step-00000000" / "manifest.json").write_text("{}")
