@@ -1,6 +1,7 @@
 """`hetauto run ISLAND_PLAN.json` on one host (issue 40, the job side): every island as its own torchrun job at once,
 each island's losses next to its single-process reference, the result document, the refusals of what island runs
-do not support yet, and an island's failure named by its island."""
+do not support yet, and an island's failure named by its island (checkpoints and resuming:
+tests/test_island_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -104,10 +105,9 @@ def test_a_failing_island_ends_the_run_named(tmp_path: Path) -> None:
 
 
 REFUSALS = [
-    (["--checkpoint-dir", "CK"], "island runs do not write checkpoints yet; drop --checkpoint-dir"),
-    (["--resume", "CK"], "island runs do not resume from checkpoints yet; drop --resume"),
-    (["--max-restarts", "1"], "island runs do not restart yet (a restart resumes from a checkpoint, and island runs "
-                              "write none); drop --max-restarts"),
+    (["--max-restarts", "1"], "island runs do not restart yet (one island's torchrun restarting alone would leave "
+                              "the other islands waiting in the outer sync for its lost ranks; after a failure, rerun "
+                              "with --resume set to its --checkpoint-dir); drop --max-restarts"),
     (["--emulate", "netns"], "island runs do not support --emulate netns yet: each island runs as its own job on "
                              "this host; use --emulate (in-process links)"),
     (["--trace", "T.json"], "island runs do not write a Chrome trace yet; drop --trace"),
@@ -122,7 +122,7 @@ REFUSALS = [
 def test_what_island_runs_do_not_support_is_refused_before_launch(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                   flags: list[str], line: str) -> None:
     path = _island_plan(tmp_path)
-    flags = [str(tmp_path / f) if f in ("CK", "T.json") else f for f in flags]
+    flags = [str(tmp_path / f) if f == "T.json" else f for f in flags]
     assert main(["run", str(path), *flags]) == 2
     assert capsys.readouterr().err == f"hetauto run: error: {line}\n"
 
@@ -131,8 +131,8 @@ def test_what_island_runs_do_not_support_is_refused_before_launch(tmp_path: Path
 def test_the_api_refuses_in_its_own_spelling(tmp_path: Path, as_object: bool) -> None:
     path = _island_plan(tmp_path)
     plan = IslandPlan.load(path) if as_object else str(path)
-    with pytest.raises(HetautoError, match=r"^island runs do not write checkpoints yet; drop checkpoint_dir$"):
-        hetauto.run(plan, checkpoint_dir=str(tmp_path / "ck"))
+    with pytest.raises(HetautoError, match=r"^island runs do not write a Chrome trace yet; drop trace$"):
+        hetauto.run(plan, trace=str(tmp_path / "t.json"))
 
 
 def test_a_bad_island_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -348,7 +348,6 @@ def _fake_executor(plan: Plan, **changes: Any) -> Any:
 @pytest.mark.parametrize("what, expected", [
     ("index", "island.index 2: the island plan"),
     ("fsdp", "island 'slow': dp_sharding"),
-    ("resume", "island 'slow': resuming an island run is not supported yet"),
     ("bf16", "island 'slow': parameter layers.0.tok.weight is torch.bfloat16; the outer sync needs fp32"),
 ])
 def test_what_the_outer_sync_does_not_support_is_refused_in_one_line(what: str, expected: str,
@@ -360,20 +359,12 @@ def test_what_the_outer_sync_does_not_support_is_refused_in_one_line(what: str, 
     plan = CASES[0].plan
     path = str(tmp_path / "ip.json")
     run = _run_config(path, 2 if what == "index" else 1, "127.0.0.1:1", False)
-    if what == "resume":
-        run = _with_resume(run, str(tmp_path))
     stage = build_model(GPT, SEED)
     ex = _fake_executor(plan.islands[1].plan, fsdp=what == "fsdp",
                         stage=stage.to(torch.bfloat16) if what == "bf16" else stage)
     with pytest.raises(PlanMismatch) as err:
         _check_supported(plan, run.island.index, ex, run)
     assert str(err.value).startswith(expected) and "\n" not in str(err.value)
-
-
-def _with_resume(run: RunConfig, folder: str) -> RunConfig:
-    from dataclasses import replace
-
-    return replace(run, checkpoint=replace(run.checkpoint, resume=folder))
 
 
 def test_an_emulated_exchange_lasts_the_links_time() -> None:

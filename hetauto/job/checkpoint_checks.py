@@ -14,7 +14,8 @@ from typing import Any, Callable
 from hetauto.core.errors import CheckpointError, CheckpointMismatch, HetautoError
 from hetauto.core.plan import Plan
 
-__all__ = ["check_checkpoint_dir", "newest_verified", "offer_unpublished", "check_resume", "check_checkpoint_tensors"]
+__all__ = ["check_checkpoint_dir", "newest_verified", "offer_unpublished", "check_resume", "check_checkpoint_tensors",
+           "island_folder", "island_resume_points"]
 
 Flag = Callable[[str], str]
 
@@ -126,7 +127,7 @@ def check_checkpoint_tensors(resume: str, cfg: Any) -> None:
 
 def check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *, allow_data_change: bool = False,
                  flag: Flag = lambda name: "--" + name.replace("_", "-"),
-                 warn: Callable[[str], None] | None = None) -> tuple[int, int | None]:
+                 warn: Callable[[str], None] | None = None, island: bool = False) -> tuple[int, int | None]:
     """Before any launch: the checkpoint exists, is complete and intact (`require_intact`: sizes, hashes,
     metadata), is of this model, trains the same data stream as `plan`, and leaves steps to train. Returns (next
     step, the checkpoint's data seed).
@@ -136,13 +137,23 @@ def check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,
     layout), and a step's batch is a function of (seed, step, global batch, sequence length), so either change
     silently trains other data, and a warning scrolls past in a long log. Changing them on purpose (a batch-size
     ramp, a longer context) is legitimate: `--allow-data-change` continues with a warning naming both values.
-    The microbatch split and the stage layout may change freely (same rows, same order)."""
+    The microbatch split and the stage layout may change freely (same rows, same order). `island`: the checkpoint
+    is one island's of an island run (its outer state is checked by the caller); an ordinary run (False) refuses
+    an island run's checkpoints, whose outer state it would drop."""
     from hetauto.core.checkpoint_manifest import (check_model_config, data_stream_changes, read_manifest,
                                                      require_intact)
     from hetauto.job.request import warn_on_stderr
 
+    if not island:
+        _refuse_island_root(resume, flag)
     require_intact(resume)  # sizes, sha256 of every file, metadata, rank files: a damaged shard never loads
     man = read_manifest(resume)
+    if not island:
+        from hetauto.runtime.checkpoint_outer import outer_mismatch
+
+        why = outer_mismatch(man.extra, None)
+        if why is not None:
+            raise CheckpointMismatch(f"{flag('resume')} {resume}: {why}")
     check_model_config(man, cfg, resume)
     start = int(man.extra.get("next_step", man.step + 1))
     changes = [] if plan is None else data_stream_changes(man, plan)
@@ -162,3 +173,94 @@ def check_resume(resume: str, cfg: Any, steps: int, plan: Plan | None = None, *,
                            f"train ({name} counts from step 0: use {name} {start + 1} or more)")
     seed = man.extra.get("seed")
     return start, None if seed is None else int(seed)
+
+
+ISLAND_PREFIX = "island-"  # an island run's --checkpoint-dir holds one island-<NAME> folder per island
+
+
+def island_folder(root: str | Path, name: str) -> Path:
+    """Island `name`'s checkpoint folder under an island run's --checkpoint-dir."""
+    return Path(root) / f"{ISLAND_PREFIX}{name}"
+
+
+def _refuse_island_root(resume: str, flag: Flag) -> None:
+    """An ordinary run given an island run's --checkpoint-dir (island-<NAME> folders, no step folder): one line."""
+    from hetauto.core.checkpoint_manifest import MANIFEST_FILE, complete_checkpoints
+
+    p = Path(resume)
+    if not p.is_dir() or (p / MANIFEST_FILE).is_file() or complete_checkpoints(p):
+        return
+    islands = sorted(q.name for q in p.iterdir() if q.is_dir() and q.name.startswith(ISLAND_PREFIX))
+    if islands:
+        raise CheckpointMismatch(f"{flag('resume')} {resume} holds an island run's checkpoints ({', '.join(islands)}: "
+                                 "they hold the outer sync's state); resume it with its island plan (hetauto run "
+                                 "ISLAND_PLAN.json --resume ...)")
+
+
+def island_resume_points(resume: str, names: list[str], flag: Flag, warn: Callable[[str], None]) -> list[Path]:
+    """An island run's `--resume`: the step folder each island (in `names` order) resumes from, the same step for
+    every island. RESUME is the run's --checkpoint-dir (the newest step every island has complete and verified;
+    newer steps some island lacks are named through `warn`) or one island's step folder (that step, in every
+    island). Refused in one line naming the island that lacks the step, or an ordinary run's checkpoints."""
+    from hetauto.core.checkpoint_manifest import MANIFEST_FILE, complete_checkpoints
+
+    p, name = Path(resume), flag("resume")
+    if (p / MANIFEST_FILE).is_file():
+        return _same_step_everywhere(p, names, name)
+    if not p.is_dir():
+        raise CheckpointError(f"{name} {resume}: no such checkpoint folder; give the island run's "
+                              f"{flag('checkpoint_dir')} or one island's step folder (island-<NAME>/step-...)")
+    missing = [n for n in names if not island_folder(p, n).is_dir()]
+    if missing:
+        if complete_checkpoints(p):
+            raise CheckpointMismatch(f"{name} {resume} holds an ordinary run's checkpoints (step-...), not an island "
+                                     "run's (island-<NAME>/step-...): an island run resumes only from its own")
+        raise CheckpointError(f"{name} {resume}: no checkpoints of island {missing[0]} "
+                              f"({island_folder(p, missing[0])}); give the island run's {flag('checkpoint_dir')}")
+    steps = {n: {int(c.name.split("-")[-1]) for c in complete_checkpoints(island_folder(p, n))} for n in names}
+    return _newest_common(p, steps, name, warn)
+
+
+def _same_step_everywhere(step_folder: Path, names: list[str], name: str) -> list[Path]:
+    """`--resume ROOT/island-X/step-N`: step N of every island (each must have it complete)."""
+    from hetauto.core.checkpoint_manifest import MANIFEST_FILE
+
+    root = step_folder.parent.parent
+    if step_folder.parent.name not in {island_folder(root, n).name for n in names}:
+        raise CheckpointMismatch(f"{name} {step_folder} is not in an island's folder of this island plan "
+                                 f"({', '.join(island_folder(root, n).name for n in names)} under its "
+                                 "--checkpoint-dir): an island run resumes only from its own checkpoints")
+    folders = [island_folder(root, n) / step_folder.name for n in names]
+    for n, f in zip(names, folders):
+        if not (f / MANIFEST_FILE).is_file():
+            raise CheckpointError(f"{name} {step_folder}: island {n} has no complete {step_folder.name} ({f}); "
+                                  "every island resumes from the same step: give one that every island has")
+    return folders
+
+
+def _newest_common(root: Path, steps: dict[str, set[int]], name: str, warn: Callable[[str], None]) -> list[Path]:
+    """The newest step every island has complete and verified; the newer ones skipped, named through `warn`."""
+    from hetauto.core.checkpoint_manifest import checkpoint_dir_name, require_intact
+
+    names = list(steps)
+    every = set.intersection(*steps.values())
+    for step in sorted(every, reverse=True):
+        folders = [island_folder(root, n) / checkpoint_dir_name(step) for n in names]
+        try:
+            for f in folders:
+                require_intact(f)
+        except CheckpointError as exc:
+            warn(f"hetauto run: warning: {name} {root}: skipping {checkpoint_dir_name(step)}: "
+                 f"{str(exc).split('; ', 1)[0]}")
+            continue
+        newer = sorted(s for s in set.union(*steps.values()) if s > step and s not in every)
+        if newer:
+            lacking = [n for n in names if newer[-1] not in steps[n]]
+            warn(f"hetauto run: warning: {name} {root}: every island resumes from {checkpoint_dir_name(step)}: island "
+                 f"{', '.join(lacking)} lacks {checkpoint_dir_name(newer[-1])} (a run stopped while the islands "
+                 "wrote it)")
+        return folders
+    have = "; ".join(f"island {n} has {', '.join(checkpoint_dir_name(s) for s in sorted(steps[n])) or 'none'}"
+                     for n in names)
+    raise CheckpointError(f"{name} {root}: no step is complete and verified in every island ({have}); an island run "
+                          "resumes every island from the same step")

@@ -55,10 +55,26 @@ def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]]
     from hetauto.job.result import wants_reference
 
     want_reference = wants_reference(job.cfg, job.request.reference)
-    with tempfile.TemporaryDirectory(prefix="hetauto-islands-") as folder:
+    with _checkpoint_folder(job), tempfile.TemporaryDirectory(prefix="hetauto-islands-") as folder:
         runs = _island_runs(job, Path(folder))
         reports = _Islands(job, runs, Path(folder)).run(open_sinks, want_reference)
     return island_result_document(job, runs, reports, want_reference=want_reference)
+
+
+def _checkpoint_folder(job: PreparedIslands) -> Any:
+    """The run's --checkpoint-dir (every island's folder under it) held by this run while it runs, as `hetauto run`
+    holds a plan's (hetauto.launch.folder_lock); nothing to hold without one."""
+    import contextlib
+
+    if job.request.checkpoint_dir is None:
+        return contextlib.nullcontext()
+    from hetauto.launch.folder_lock import acquire_folder
+
+    lock = acquire_folder(job.request.checkpoint_dir, job.request.flag("checkpoint_dir"))
+    if lock.took_over is not None:
+        job.request.warn(f"hetauto run: note: took over {job.request.flag('checkpoint_dir')} "
+                         f"{job.request.checkpoint_dir} from a run that is gone ({lock.took_over.describe()})")
+    return lock
 
 
 def _island_runs(job: PreparedIslands, folder: Path) -> list[IslandRun]:

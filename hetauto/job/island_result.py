@@ -50,7 +50,7 @@ def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], repo
         "plan": str(job.path),
         "model": plan.model,
         "islands": islands,
-        "start_step": 0,
+        "start_step": job.start_step,
         "steps": job.request.steps,
         "inner_steps": plan.outer.inner_steps,
         "fragments": plan.outer.fragments,

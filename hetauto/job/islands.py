@@ -49,6 +49,7 @@ class PreparedIslands:
     cfg: Any
     base: Path
     islands: tuple[PreparedIsland, ...]
+    start_step: int = 0  # a resumed run's first step (every island's)
 
     @property
     def options(self) -> RunConfig:
@@ -93,19 +94,19 @@ def with_absolute_cluster(plan: IslandPlan, base: Path) -> IslandPlan:
 
 def unsupported_option(r: JobRequest) -> str | None:
     """The first option an island run does not support yet, as one line (None: every option given is supported).
-    Why each: checkpoints would have to hold the outer state (global parameters, outer momentum, the streaming
-    phase), which the ranks do not save yet, and --resume and --max-restarts need those checkpoints; the netns
-    emulation runs one plan's clusters as namespaces, not several jobs; a trace and TensorBoard scalars are one
-    plan's timeline and one step series."""
+    Why each: a restart is one island's torchrun restarting its ranks alone, while the other islands wait in the
+    outer sync for ranks that are gone (a deadlock until the timeout), and no launcher restarts the islands together
+    yet; the netns emulation runs one plan's clusters as namespaces, not several jobs; a trace and TensorBoard
+    scalars are one plan's timeline and one step series."""
     f = r.flag
     if r.emulate == "netns":
         return (f"island runs do not support {f('emulate')} netns yet: each island runs as its own job on this host; "
                 f"use {f('emulate')} (in-process links)")
     for name, given, why in (
-            ("checkpoint_dir", r.checkpoint_dir is not None, "island runs do not write checkpoints yet"),
-            ("resume", r.resume is not None, "island runs do not resume from checkpoints yet"),
-            ("max_restarts", r.max_restarts > 0, "island runs do not restart yet (a restart resumes from a "
-                                                 "checkpoint, and island runs write none)"),
+            ("max_restarts", r.max_restarts > 0,
+             "island runs do not restart yet (one island's torchrun restarting alone would leave the other islands "
+             f"waiting in the outer sync for its lost ranks; after a failure, rerun with {f('resume')} set to its "
+             f"{f('checkpoint_dir')})"),
             ("trace", r.trace is not None, "island runs do not write a Chrome trace yet"),
             ("tensorboard", r.tensorboard is not None,
              f"island runs do not write TensorBoard scalars yet ({f('log_jsonl')} rows carry each step's island)")):
@@ -135,11 +136,47 @@ def prepare_islands(request: JobRequest) -> PreparedIslands:
         except HetautoError as err:
             raise _in_island(err, i, isl.name) from None
     fault = _island_fault(request, plan)
+    if request.checkpoint_dir is not None:
+        from hetauto.job.checkpoint_checks import check_checkpoint_dir
+
+        check_checkpoint_dir(request.checkpoint_dir, request.flag)
+    start, resume = 0, [None] * len(plan.islands)
+    if request.resume is not None:
+        request, start, resume = _check_island_resume(request, plan, cfg)
     if request.seed is None:
         request = request.with_knobs(seed=0)
     check_inputs(request, plan, cfg)  # the islands read rows of one data stream at the plan's global batch
-    islands = tuple(_prepared_island(request, plan, i, cluster, base, fault) for i in range(len(plan.islands)))
-    return PreparedIslands(request.with_knobs(inject_fault=None), plan, path, cluster, cfg, base, islands)
+    islands = tuple(_prepared_island(request, plan, i, cluster, base, fault, resume[i])
+                    for i in range(len(plan.islands)))
+    return PreparedIslands(request.with_knobs(inject_fault=None), plan, path, cluster, cfg, base, islands, start)
+
+
+def _check_island_resume(r: JobRequest, plan: IslandPlan, cfg: Any) -> tuple[JobRequest, int, list[str | None]]:
+    """--resume of an island run: every island's checkpoint of the same step, each checked as `hetauto run` checks
+    one (intact, this model, steps left) and holding this island plan's outer state; the checkpoint's seed unless
+    --seed agrees. Returns the request with the seed resolved, the first step, each island's step folder."""
+    from hetauto.core.checkpoint_manifest import read_manifest
+    from hetauto.core.errors import CheckpointMismatch
+    from hetauto.job.checkpoint_checks import check_checkpoint_tensors, check_resume, island_resume_points
+    from hetauto.runtime.checkpoint_outer import outer_mismatch
+
+    assert r.resume is not None
+    folders = island_resume_points(r.resume, [isl.name for isl in plan.islands], r.flag, r.warn)
+    start, seed = 0, None
+    for i, (isl, folder) in enumerate(zip(plan.islands, folders)):
+        try:
+            why = outer_mismatch(read_manifest(folder).extra, plan, i)
+            if why is not None:
+                raise CheckpointMismatch(f"{r.flag('resume')} {folder}: {why}")
+            start, seed = check_resume(str(folder), cfg, r.steps, isl.plan, allow_data_change=r.allow_data_change,
+                                       flag=r.flag, warn=r.warn, island=True)
+            check_checkpoint_tensors(str(folder), cfg)
+        except HetautoError as err:
+            raise _in_island(err, i, isl.name) from None
+    if r.seed is not None and seed is not None and r.seed != seed:
+        raise HetautoError(f"{r.flag('seed')} {r.seed} differs from the checkpoint's data seed {seed}; "
+                           f"drop {r.flag('seed')} to continue the checkpoint's run")
+    return r.with_knobs(seed=seed if r.seed is None else r.seed), start, [str(f) for f in folders]
 
 
 def _in_island(err: HetautoError, index: int, name: str) -> HetautoError:
@@ -161,10 +198,12 @@ def _island_fault(r: JobRequest, plan: IslandPlan) -> tuple[int, str] | None:
     if spec.rank >= total:
         raise HetautoError(f"{name}: rank {spec.rank} is outside the island plan's {total} ranks (island 0's ranks "
                            "first, then island 1's, ...)")
-    if spec.phase != "step":
-        raise HetautoError(f"{name}: phase={spec.phase}: island runs write no checkpoints; use phase=step")
-    if spec.step > r.steps - 1:
-        raise HetautoError(f"{name}: step {spec.step} never comes (the run's last step is {r.steps - 1} with "
+    if spec.phase != "step" and r.checkpoint_dir is None:
+        raise HetautoError(f"{name}: phase={spec.phase} fires while a checkpoint is written, and this island run "
+                           f"writes none; add {r.flag('checkpoint_dir')} or use phase=step")
+    last = r.steps - 1 if spec.phase == "step" else r.steps  # checkpoint k is written after step k-1
+    if spec.step > last:
+        raise HetautoError(f"{name}: step {spec.step} never comes (the run's last {spec.phase} is {last} with "
                            f"{r.flag('steps')} {r.steps}); name an earlier step or raise {r.flag('steps')}")
     rank = spec.rank
     for i, isl in enumerate(plan.islands):
@@ -175,13 +214,17 @@ def _island_fault(r: JobRequest, plan: IslandPlan) -> tuple[int, str] | None:
 
 
 def _prepared_island(r: JobRequest, plan: IslandPlan, index: int, cluster: Any, base: Path,
-                     fault: tuple[int, str] | None) -> PreparedIsland:
-    """Island `index`'s run configuration: the request's (as `hetauto run` builds it for the island's plan), the
-    fault only where it fires."""
+                     fault: tuple[int, str] | None, resume: str | None) -> PreparedIsland:
+    """Island `index`'s run configuration: the request's (as `hetauto run` builds it for the island's plan), its
+    checkpoints in its own folder under --checkpoint-dir, `resume` its step folder, the fault only where it
+    fires."""
+    from hetauto.job.checkpoint_checks import island_folder
     from hetauto.job.options import run_options
 
     isl = plan.islands[index]
-    options = run_options(r.with_knobs(inject_fault=None), isl.plan, cluster, base)
+    folder = None if r.checkpoint_dir is None else str(island_folder(r.checkpoint_dir, isl.name))
+    options = run_options(r.with_knobs(inject_fault=None, checkpoint_dir=folder, resume=resume), isl.plan, cluster,
+                          base)
     if fault is not None and fault[0] == index:
         options = replace(options, faults=replace(options.faults, inject=fault[1]))
     return PreparedIsland(isl.name, index, isl.plan, options)

@@ -250,6 +250,7 @@ def save_checkpoint(
     keep: int | None = None,
     comm: Any = None,
     after_shards_written: Callable[[], None] | None = None,
+    tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the checkpoint of training step `step` under `directory`; every rank calls it; returns the
     final checkpoint directory (`directory/step-0000000S`).
@@ -259,6 +260,8 @@ def save_checkpoint(
     `{"next_step": S + 1}`) go into the manifest. `keep=K` deletes all but the newest K complete
     checkpoints afterwards. `comm` (a hetauto Communicator) makes the barriers honour its timeout.
     The installed fault (hetauto.runtime.faults) with `phase=checkpoint` fires between shard writes.
+    `tensors`: more state saved beside the model's, by name (an island run's outer state: `outer.…`; DTensors
+    are sharded and resharded like the parameters); none for an ordinary run, whose files are unchanged.
     """
     rank, world = _rank_world()
     root = Path(directory)
@@ -270,7 +273,7 @@ def save_checkpoint(
         raise CheckpointError(f"checkpoint extra data must be JSON: {exc}") from None
     plan_json = plan.model_dump(mode="json", by_alias=True) if hasattr(plan, "model_dump") else plan
     model = _model_dict(module)
-    tensors, hparams = _state(module, optimizer)
+    tensors, hparams = _with_more(*_state(module, optimizer), more=tensors)
     _refuse_nonfinite(tensors, root, step, rank, comm)
     failure = _SaveFailures(step, root, tmp, rank, world, comm, estimate_bytes(tensors))
     # Every stage ends in a vote (which is also the barrier): a rank that cannot write says why and every rank
@@ -287,6 +290,16 @@ def save_checkpoint(
     failure.vote(err, final if rank == 0 and tmp.is_dir() else tmp)
     _barrier(comm)
     return final
+
+
+def _with_more(tensors: dict[str, torch.Tensor], hparams: dict[str, Any], *,
+               more: Mapping[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The module's and optimizer's tensors with `more` beside them (names outside `model.` / `optim.`)."""
+    for name in more or {}:
+        if name.split(".", 1)[0] in ("model", "optim"):
+            raise CheckpointError(f"extra checkpoint tensor {name!r}: the model.* and optim.* names are the module's "
+                                  "and the optimizer's; give it another prefix")
+    return {**tensors, **(more or {})}, hparams
 
 
 def _refuse_nonfinite(tensors: Mapping[str, torch.Tensor], root: Path, step: int, rank: int, comm: Any) -> None:
@@ -520,12 +533,14 @@ def _check_keys(path: Path, tensors: Mapping[str, torch.Tensor]) -> str | None:
     entries = md.state_dict_metadata
     for name, t in tensors.items():
         entry = entries.get(name)
+        prefix, rest = name.split(".", 1)
+        label = rest if prefix in ("model", "optim") else name  # extra tensors (`outer.…`) by their whole name
         if entry is None:
-            kind = "optimizer state" if name.startswith("optim.") else "parameter"
-            return f"{path}: checkpoint has no {kind} {name.split('.', 1)[1]!r}"
+            kind = {"optim": "optimizer state", "model": "parameter"}.get(prefix, "tensor")
+            return f"{path}: checkpoint has no {kind} {label!r}"
         shape = tuple(t.shape)  # a DTensor's shape is its global shape
         if tuple(entry.size) != shape:  # type: ignore[union-attr]
-            return f"{path}: {name.split('.', 1)[1]!r} has shape {list(entry.size)} in the checkpoint, {list(shape)} here"  # type: ignore[union-attr]
+            return f"{path}: {label!r} has shape {list(entry.size)} in the checkpoint, {list(shape)} here"  # type: ignore[union-attr]
     return None
 
 
@@ -565,6 +580,7 @@ def load_checkpoint(
     plan: Any = None,
     restore_rng: bool = True,
     comm: Any = None,
+    tensors: dict[str, torch.Tensor] | None = None,
 ) -> Manifest:
     """Load a checkpoint (a `step-…` directory, or the latest one under a root) into this rank's
     `module` and `optimizer`, resharding to this rank's stage/TP layout; every rank calls it.
@@ -572,7 +588,8 @@ def load_checkpoint(
     Raises CheckpointMismatch (same message on every rank) when the checkpoint is of another model or
     lacks a tensor this layout needs, CheckpointError when it is missing or corrupt. RNG states are
     restored when the world size is unchanged (`restore_rng`). `plan` is accepted for symmetry with
-    save and recorded nowhere; the layout comes from the module itself.
+    save and recorded nowhere; the layout comes from the module itself. `tensors`: more state to read by name,
+    filled in place (what save_checkpoint's `tensors` wrote, resharded to these tensors' layout).
     """
     del plan  # the module/optimizer ARE the new layout; nothing in the plan changes how to load
     rank, world = _rank_world()
@@ -580,13 +597,17 @@ def load_checkpoint(
     manifest = read_manifest(path)
     _check_model(manifest, module, path)
     _check_intact(path, manifest, rank, world, comm)
-    tensors, hparams = _state(module, optimizer)
+    more = tensors
+    tensors, hparams = _with_more(*_state(module, optimizer), more=more)
     problem = _check_keys(path, tensors)
     if not _all_ok(problem is None, comm):
         raise CheckpointMismatch(problem or f"{path}: another rank found this checkpoint unusable for its stage (see its error)")
     _read_shards(tensors, path, world)
     saved_hparams, my_rng = _read_rank_files(path, manifest.world_size, rank)
     _apply_state(module, optimizer, tensors, hparams, saved_hparams)
+    for name in more or {}:  # DCP fills a plain tensor in place, and may hand back another object: copy it back
+        if tensors[name] is not more[name]:
+            more[name].copy_(tensors[name])
     if restore_rng and my_rng is not None and manifest.world_size == world:
         restore_rng_state(my_rng)
     _barrier(comm)

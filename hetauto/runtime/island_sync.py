@@ -16,8 +16,9 @@ Records: each holder reports one row per (step, fragment) it synced (`RankReport
 times its peers, the wall seconds of the whole sync (pseudo-gradients, exchange, merge, stage broadcast, outer step;
 waiting for a slower island included) and `exposed_s` (the same: the sync is synchronous for now). Emulating
 in-process, each exchange lasts at least the cluster file's link time for its bytes (island_exchange).
-Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), resuming (checkpoints do not
-hold the outer optimizer's state), non-fp32 master weights.
+Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), non-fp32 master weights.
+Checkpoints hold the outer optimizer's state (hetauto.runtime.checkpoint_outer, which reads `params`, `alias`,
+`outer` and `formats` here), so a resumed island run continues exactly.
 """
 
 from __future__ import annotations
@@ -273,9 +274,6 @@ def _check_supported(plan: IslandPlan, index: int, ex: Any, run: RunConfig) -> N
     if ex.fsdp:
         raise PlanMismatch(f"island '{name}': dp_sharding {ex.plan.dp_level} shards the parameters over DP, which the "
                            "outer sync does not support yet; use zero1 or plain data parallelism")
-    if run.checkpoint.resume:
-        raise PlanMismatch(f"island '{name}': resuming an island run is not supported yet (checkpoints do not hold "
-                           "the outer optimizer's state); start the island plan from step 0")
     odd = [n for n, p in ex.stage.named_parameters() if p.dtype != torch.float32]
     if odd:
         raise PlanMismatch(f"island '{name}': parameter {odd[0]} is {ex.stage.get_parameter(odd[0]).dtype}; the outer "
