@@ -28,7 +28,8 @@ from hetauto.launch.local import JobFailed, collect_reports, kill_group
 from hetauto.runtime.options import RunOptions
 from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain
 
-__all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency"]
+__all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency", "job_deadline_s", "link_figures",
+           "namespace_launch", "raise_lead_failure", "require_netns", "start_node_agents", "wait_node_agents"]
 
 
 def cross_cluster_bandwidth(plan: Plan, cluster: ClusterSpec) -> float:
@@ -91,13 +92,10 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
     Each namespace is a site of a multi-site job: its own working folder, its node agent (`hetauto node`, as
     `hetauto launch --target torchrun` scripts start it) with the launch plan, the lead in the first namespace
     serving the rendezvous and the control store at its veth address. The reports are the lead's."""
-    from hetauto.launch.plan import HOST_SOCKET_ENV, derive, portable_plan
     from hetauto.runtime.layout import stage_layouts
-    from hetauto.launch.netns_topology import NamespaceTopology, ShapedLinkError, available
+    from hetauto.launch.netns_topology import NamespaceTopology
 
-    avail = available()
-    if not avail.ok:
-        raise ShapedLinkError(f"--emulate netns is not available here: {avail.reason}")
+    require_netns()
     cluster_of_rank = [plan.stages[s].cluster for s, lay in enumerate(stage_layouts(plan)) for _ in lay.ranks]
     rate = cross_cluster_bandwidth(plan, cluster)
     delay = cross_cluster_latency(plan, cluster)  # two clusters: the spec's latency, really, through the relay
@@ -106,52 +104,103 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
         raise PlanMismatch(f"--emulate netns runs one torchrun per cluster, so each cluster's ranks must be "
                            f"contiguous; got clusters by rank {cluster_of_rank}: reorder the plan's stages")
     names = list(dict.fromkeys(cluster_of_rank))
-    portable, files = portable_plan(plan, run.cluster_base)
-    launch = derive(portable, cluster, run.with_emulation(mode="speed-only", cluster_base=None).launch_dict(),
-                    master=topo.addresses[0], port=topo.master_port, backends=run.backends or ("cpu",) * plan.num_stages,
-                    visible_env={}, site_env={c: {HOST_SOCKET_ENV: topo.interfaces[g]} for g, c in enumerate(names)},
-                    env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, files=files, reference=False)
-    if launch.num_nodes != len(topo.namespaces):
-        raise PlanMismatch(f"--emulate netns runs one node per cluster; this plan uses {launch.num_nodes} nodes of "
-                           f"its {len(names)} clusters")
-    deadline_s = run.timeout_s * 3 + 60 + 5 * run.steps + launch.rendezvous.join_timeout_s
+    launch = namespace_launch(plan, cluster, run, topo, dict(zip(names, range(len(names)))))
+    deadline_s = job_deadline_s(run, launch)
     with tempfile.TemporaryDirectory(prefix="hetauto-netns-") as tmp, topo:
         before = topo.link_bytes()
-        procs = []
-        for g, ns in enumerate(topo.namespaces):
-            work = Path(tmp) / f"site{g}"
-            work.mkdir()
-            launch.save(work / "launch.json")
-            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "hetauto", "node", "launch.json",
-                   "--node-rank", str(g), "--workdir", str(work)]
-            # the agents' torchrun and ranks die with this process too (hetauto.runtime.parent_watch)
-            env = dict(os.environ, **{LAUNCHER_ENV: chain(os.environ.get(LAUNCHER_ENV))})
-            procs.append(subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True, env=env))
-        end = time.monotonic() + deadline_s
-        outs: list[tuple[str, str]] = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=max(1.0, end - time.monotonic())))
-            except KeyboardInterrupt:
-                _kill_all(procs)
-                raise
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    kill_group(q)
-                raise JobFailed(f"the namespace job did not finish within {deadline_s:g}s and was killed; raise "
-                                "--timeout or check for a hung rank") from None
+        procs = start_node_agents(launch, topo, dict(zip(names, range(len(names)))), Path(tmp))
+        outs = wait_node_agents(procs, deadline_s)
         after = topo.link_bytes()
-        if procs[0].returncode != 0:
-            lines = outs[0][1].strip().splitlines() or [f"the lead node agent exited {procs[0].returncode}"]
-            raise JobFailed(lines[-1].split(": error: ", 1)[-1])
-        lead = Path(tmp) / "site0" / "run"
-        reports = collect_reports(plan, lead, 0)
-        counters = {}
-        for ns, name in zip(topo.namespaces, names):
-            counters[name] = {k: after[ns][k] - before[ns][k] for k in ("tx", "rx")}
-        return reports, {"shaped_Bps": rate, "delay_s": delay, "kernel_bytes": counters,
-                         "interfaces": dict(zip(names, topo.interfaces))}
+        raise_lead_failure(procs, outs)
+        reports = collect_reports(plan, Path(tmp) / "site0" / "run", 0)
+        return reports, link_figures(topo, names, before, after)
+
+
+def require_netns() -> None:
+    """Raise ShapedLinkError (one line, why) where namespaces cannot be built here (not root, no iproute2)."""
+    from hetauto.launch.netns_topology import ShapedLinkError, available
+
+    avail = available()
+    if not avail.ok:
+        raise ShapedLinkError(f"--emulate netns is not available here: {avail.reason}")
+
+
+def namespace_launch(plan: Plan, cluster: ClusterSpec, run: RunOptions, topo: Any, group_of: dict[str, int], *,
+                     port: int | None = None) -> Any:
+    """The launch plan of `plan` whose clusters live in `topo`'s namespaces (`group_of[cluster]`: its group): one
+    node per cluster, the rendezvous and control store at the first cluster's veth address, gloo bound to each
+    namespace's interface, speeds emulated per rank (the links are the kernel's)."""
+    from hetauto.launch.plan import HOST_SOCKET_ENV, derive, portable_plan
+
+    names = list(dict.fromkeys(st.cluster for st in plan.stages))
+    portable, files = portable_plan(plan, run.cluster_base)
+    launch = derive(portable, cluster, run.with_emulation(mode="speed-only", cluster_base=None).launch_dict(),
+                    master=topo.addresses[group_of[names[0]]], port=topo.master_port if port is None else port,
+                    backends=run.backends or ("cpu",) * plan.num_stages, visible_env={},
+                    site_env={c: {HOST_SOCKET_ENV: topo.interfaces[group_of[c]]} for c in names},
+                    env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, files=files, reference=False)
+    if launch.num_nodes != len(names):
+        raise PlanMismatch(f"--emulate netns runs one node per cluster; this plan uses {launch.num_nodes} nodes of "
+                           f"its {len(names)} clusters")
+    return launch
+
+
+def job_deadline_s(run: RunOptions, launch: Any) -> float:
+    """How long a namespace job may run before it is killed as hung."""
+    return run.timeout_s * 3 + 60 + 5 * run.steps + launch.rendezvous.join_timeout_s
+
+
+def start_node_agents(launch: Any, topo: Any, group_of: dict[str, int], folder: Path) -> list[subprocess.Popen]:
+    """One node agent (`hetauto node`) per node of `launch`, in its cluster's namespace, in a working folder of its
+    own under `folder` (site<node rank>: the lead's reports are in site0/run)."""
+    procs = []
+    for node in sorted((n for site in launch.sites for n in site.nodes), key=lambda n: n.node_rank):
+        work = folder / f"site{node.node_rank}"
+        work.mkdir()
+        launch.save(work / "launch.json")
+        ns = topo.namespaces[group_of[node.cluster]]
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "hetauto", "node", "launch.json",
+               "--node-rank", str(node.node_rank), "--workdir", str(work)]
+        # the agents' torchrun and ranks die with this process too (hetauto.runtime.parent_watch)
+        env = dict(os.environ, **{LAUNCHER_ENV: chain(os.environ.get(LAUNCHER_ENV))})
+        procs.append(subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True, env=env))
+    return procs
+
+
+def wait_node_agents(procs: list[subprocess.Popen], deadline_s: float) -> list[tuple[str, str]]:
+    """Every agent's (stdout, stderr) once all have ended; past the deadline all are killed (JobFailed), on Ctrl-C
+    too (re-raised)."""
+    end = time.monotonic() + deadline_s
+    outs: list[tuple[str, str]] = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1.0, end - time.monotonic())))
+        except KeyboardInterrupt:
+            _kill_all(procs)
+            raise
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                kill_group(q)
+            raise JobFailed(f"the namespace job did not finish within {deadline_s:g}s and was killed; raise "
+                            "--timeout or check for a hung rank") from None
+    return outs
+
+
+def raise_lead_failure(procs: list[subprocess.Popen], outs: list[tuple[str, str]]) -> None:
+    """The lead agent's (the first's) failure as its own last line (JobFailed); nothing when it exited 0."""
+    if procs[0].returncode != 0:
+        lines = outs[0][1].strip().splitlines() or [f"the lead node agent exited {procs[0].returncode}"]
+        raise JobFailed(lines[-1].split(": error: ", 1)[-1])
+
+
+def link_figures(topo: Any, names: list[str], before: dict, after: dict) -> dict[str, Any]:
+    """What a netns run reports of its link: the shaped rate, the relay's delay, and per cluster (`names[g]`:
+    group g's) the kernel's byte counters of its veth over the run."""
+    counters = {name: {k: after[ns][k] - before[ns][k] for k in ("tx", "rx")}
+                for ns, name in zip(topo.namespaces, names)}
+    return {"shaped_Bps": topo.bandwidth_Bps, "delay_s": topo.delay_s, "kernel_bytes": counters,
+            "interfaces": dict(zip(names, topo.interfaces))}
 
 
 def _kill_all(procs: list[subprocess.Popen]) -> None:
