@@ -3,8 +3,8 @@
 
 Why its own preparation: an island plan is several ordinary plans, each run as a job of its own (its own torchrun,
 control store and run folder; hetauto.job.island_launch), so each island is checked as `hetauto run` checks a
-plan, with its name in the error; and what island runs do not support yet (checkpoints, restarts, the netns
-emulation, traces) is refused here in one line each, before any island starts, rather than found inside one.
+plan, with its name in the error; and what island runs do not support yet (checkpoints, restarts, traces) is
+refused here in one line each, before any island starts, rather than found inside one.
 """
 
 from __future__ import annotations
@@ -94,13 +94,10 @@ def with_absolute_cluster(plan: IslandPlan, base: Path) -> IslandPlan:
 def unsupported_option(r: JobRequest) -> str | None:
     """The first option an island run does not support yet, as one line (None: every option given is supported).
     Why each: checkpoints would have to hold the outer state (global parameters, outer momentum, the streaming
-    phase), which the ranks do not save yet, and --resume and --max-restarts need those checkpoints; the netns
-    emulation runs one plan's clusters as namespaces, not several jobs; a trace and TensorBoard scalars are one
-    plan's timeline and one step series."""
+    phase), which the ranks do not save yet, and --resume and --max-restarts need those checkpoints; a trace and
+    TensorBoard scalars are one plan's timeline and one step series. (--emulate netns is supported: each island runs
+    as a namespace job, hetauto.job.island_netns.)"""
     f = r.flag
-    if r.emulate == "netns":
-        return (f"island runs do not support {f('emulate')} netns yet: each island runs as its own job on this host; "
-                f"use {f('emulate')} (in-process links)")
     for name, given, why in (
             ("checkpoint_dir", r.checkpoint_dir is not None, "island runs do not write checkpoints yet"),
             ("resume", r.resume is not None, "island runs do not resume from checkpoints yet"),

@@ -1,0 +1,126 @@
+"""`hetauto run ISLAND_PLAN.json --emulate netns` (`run_islands_netns`): every island's clusters as network
+namespaces of one topology, the cluster file's links between them shaped by the kernel (tbf; two clusters: the TUN
+relay's delay too), each island a namespace job of its own (hetauto.launch.netns: a node agent per cluster in its
+namespace), the outer sync's store served by island 0's rank 0 at its namespace's address.
+
+Why one topology for all islands: the link the outer sync crosses is the one between the islands' clusters, so it
+must be the same shaped link an ordinary plan over those clusters would cross; and why the netns launcher's pieces
+rather than the islands' local jobs: a rank in a namespace reaches nothing on the host's loopback, so each island's
+rendezvous and control store must live at its own namespace's address, as the netns launcher already arranges.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from hetauto.core.errors import PlanMismatch
+
+if TYPE_CHECKING:
+    from hetauto.job.islands import IslandRun, PreparedIslands
+
+__all__ = ["OUTER_STORE_PORT", "IslandsTopology", "islands_topology", "run_islands_netns"]
+
+# the outer store's port at island 0's namespace address (namespaces are private: island 0's own rendezvous and
+# control store use the topology's master port and the next one)
+OUTER_STORE_PORT = 29600
+
+
+@dataclass(frozen=True)
+class IslandsTopology:
+    """The namespaces of an island run: the topology (not set up yet), each cluster's group in it, the clusters in
+    group order, and the outer store's address (island 0's first cluster's namespace)."""
+
+    topo: Any
+    group_of: dict[str, int]
+    names: tuple[str, ...]
+    store: str
+
+
+def islands_topology(job: PreparedIslands) -> IslandsTopology:
+    """One namespace per cluster of every island (island order, then each island's stage order); every link
+    between them shaped at the slowest of the cluster file's links between those clusters, and with exactly two
+    clusters delayed by that link's latency through the TUN relay (more clusters hang off a hub: no relay)."""
+    from hetauto.launch.netns_topology import NamespaceTopology
+    from hetauto.runtime.layout import stage_layouts
+
+    cluster_of_rank = [isl.plan.stages[s].cluster for isl in job.islands
+                       for s, lay in enumerate(stage_layouts(isl.plan)) for _ in lay.ranks]
+    names = tuple(dict.fromkeys(cluster_of_rank))
+    if len(names) < 2:
+        raise PlanMismatch("--emulate netns needs the islands on at least two clusters (they share one)")
+    links = [job.cluster.link(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    rate = min(link.bandwidth_Bps for link in links)
+    delay = links[0].latency_s if len(names) == 2 else 0.0
+    topo = NamespaceTopology.from_clusters(cluster_of_rank, rate, delay_s=delay)
+    group_of = {name: g for g, name in enumerate(names)}
+    first = job.islands[0].plan.stages[0].cluster
+    return IslandsTopology(topo, group_of, names, f"{topo.addresses[group_of[first]]}:{OUTER_STORE_PORT}")
+
+
+def run_islands_netns(job: PreparedIslands, folder: Path,
+                      island_runs: Callable[[str], list[IslandRun]]) -> tuple[list[IslandRun], list[list[dict]], dict]:
+    """Train every island at once, each as a namespace job in its clusters' namespaces; returns the islands' runs
+    (`island_runs(store)`: their run configurations for the outer store's address), every island's rank reports
+    (island order) and the link's figures as an ordinary netns run reports them."""
+    from hetauto.launch.local import collect_reports
+    from hetauto.launch.netns import (job_deadline_s, link_figures, namespace_launch, require_netns,
+                                      start_node_agents)
+
+    require_netns()
+    spaces = islands_topology(job)
+    runs = island_runs(spaces.store)
+    launches = [namespace_launch(run.island.plan, job.cluster, run.options, spaces.topo, spaces.group_of)
+                for run in runs]
+    deadline_s = max(job_deadline_s(run.options, launch) for run, launch in zip(runs, launches))
+    with spaces.topo as topo:
+        before = topo.link_bytes()
+        procs: list[list[subprocess.Popen]] = []
+        try:
+            for run, launch in zip(runs, launches):
+                sub = folder / f"island{run.island.index}"
+                sub.mkdir()
+                procs.append(start_node_agents(launch, topo, spaces.group_of, sub))
+            _wait_islands(runs, procs, deadline_s)
+        except BaseException:
+            _kill_islands(procs)
+            raise
+        after = topo.link_bytes()
+        reports = [collect_reports(run.island.plan, folder / f"island{run.island.index}" / "site0" / "run", 0)
+                   for run in runs]
+        return runs, reports, link_figures(topo, list(spaces.names), before, after)
+
+
+def _wait_islands(runs: list[IslandRun], procs: list[list[subprocess.Popen]], deadline_s: float) -> None:
+    """Wait for every island's agents; the first island whose lead agent failed is named ("island B: ...")."""
+    from hetauto.launch.diagnosis import JobFailed
+    from hetauto.launch.netns import raise_lead_failure, wait_node_agents
+
+    outs = [wait_node_agents(mine, deadline_s) for mine in procs]
+    failed = [i for i, mine in enumerate(procs) if mine[0].returncode != 0]
+    for i in failed:  # an island that failed of its own is named before one whose outer sync lost that island
+        try:
+            raise_lead_failure(procs[i], outs[i])
+        except JobFailed as err:
+            if len(failed) == 1 or i == failed[-1] or "outer" not in str(err):
+                others = [runs[j].island.name for j in failed if j != i]
+                also = f"; island(s) {', '.join(others)} failed too" if others else ""
+                raise JobFailed(f"island {runs[i].island.name}: {err}{also}", err.rank, err.stage,
+                                err.cluster) from None
+
+
+def _kill_islands(procs: list[list[subprocess.Popen]]) -> None:
+    """Kill every island's agents (their torchrun and ranks with them) and reap them."""
+    from hetauto.launch.local import kill_group
+
+    for mine in procs:
+        for p in mine:
+            kill_group(p)
+    for mine in procs:
+        for p in mine:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
