@@ -71,3 +71,33 @@ def test_islands_sync_across_a_shaped_link_and_equal_their_reference(tmp_path: P
     by_island = {i["name"]: {r["step"]: r["sync_s"] for r in i["outer_syncs"]} for i in doc["islands"]}
     waits = [abs(by_island["FAST"][s] - by_island["SLOW"][s]) for s in by_island["FAST"]]
     assert len(waits) == STEPS // H and max(waits) <= 0.5 * doc["measured_round_s"], (waits, doc["measured_round_s"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not AVAIL.ok, reason=f"network namespaces unavailable: {AVAIL.reason}")
+def test_data_parallel_across_a_shaped_link_is_the_synchronous_baseline(tmp_path: Path, capsys) -> None:
+    """The baseline islands are measured against (benchmarks/islands.py --measured): one stage's dp replicas on the
+    two nodes of a cluster (speeds 1 and 0.5, rows 4:2 of each microbatch), each node a namespace, the cluster's
+    inter_node link shaped between them; it trains to the single-process reference and its gradients cross."""
+    from hetauto.cli import main
+
+    (tmp_path / "two-nodes.yaml").write_text("""clusters:
+  - name: sites
+    nodes:
+      - {count: 1, devices_per_node: 1, device: cpu}
+      - {count: 1, devices_per_node: 1, device: cpu, speed_factor: 0.5}
+    inter_node: {bandwidth: 40Mbps, latency: 10ms}
+""")
+    stage = StagePlan(cluster="sites", device_type="cpu", devices=(0, 1), layers=(0, 6), tp=1, dp=2, dp_shares=(4, 2))
+    Plan(model="tiny-gpt", cluster="two-nodes.yaml", seq_len=16, global_batch=12, microbatch_size=6,
+         num_microbatches=2, stages=(stage,)).save(tmp_path / "dp.json")
+    code = main(["run", str(tmp_path / "dp.json"), "--steps", "2", "--emulate", "netns", "--timeout", "30", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.out[-2000:] + out.err[-2000:]
+    doc = json.loads(out.out)
+    assert max(abs(a - b) for a, b in zip(doc["loss"], doc["reference_loss"])) < 1e-5
+    link = doc["shaped_link"]
+    assert link["shaped_Bps"] == 5e6 and link["delay_s"] == 0.01
+    grads = 2 * 4 * 117_000  # 2 steps of the fp32 gradient (tiny-gpt: ~117k parameters), at least once each way
+    assert link["kernel_bytes"]["sites-node0"]["tx"] >= grads and link["kernel_bytes"]["sites-node1"]["tx"] >= grads

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch
@@ -97,6 +97,8 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
 
     require_netns()
     cluster_of_rank = [plan.stages[s].cluster for s, lay in enumerate(stage_layouts(plan)) for _ in lay.ranks]
+    if len(set(cluster_of_rank)) == 1 and len(_node_groups(plan, cluster, run)) > 1:
+        return _launch_netns_by_node(plan, cluster, run)
     rate = cross_cluster_bandwidth(plan, cluster)
     delay = cross_cluster_latency(plan, cluster)  # two clusters: the spec's latency, really, through the relay
     topo = NamespaceTopology.from_clusters(cluster_of_rank, rate, delay_s=delay)
@@ -116,6 +118,56 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
         return reports, link_figures(topo, names, before, after)
 
 
+def _node_groups(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> list[list[int]]:
+    """The plan's ranks node by node (as torchrun numbers them: hetauto.launch.plan.derive's nodes)."""
+    launch = _derive_for_netns(plan, cluster, run, "127.0.0.1", 29500, {})
+    nodes = sorted((n for site in launch.sites for n in site.nodes), key=lambda n: n.node_rank)
+    return [list(range(n.first_rank, n.first_rank + n.nproc)) for n in nodes]
+
+
+def _launch_netns_by_node(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
+    """A plan on one cluster of several nodes: each node a namespace (a site of its own), the cluster's
+    `inter_node` link shaped between them (two nodes: its latency through the TUN relay too). Why: synchronous
+    data parallelism across a slow link is one stage whose dp replicas sit on nodes joined by that link (a stage
+    has one cluster), the baseline islands are measured against (benchmarks/islands.py --measured)."""
+    from hetauto.launch.netns_topology import NamespaceTopology
+    from hetauto.launch.plan import HOST_SOCKET_ENV, SiteLaunch
+
+    groups = _node_groups(plan, cluster, run)
+    name = plan.stages[0].cluster
+    link = cluster.cluster(name).inter_node
+    topo = NamespaceTopology(groups, link.bandwidth_Bps, delay_s=link.latency_s if len(groups) == 2 else 0.0)
+    launch = _derive_for_netns(plan, cluster, run, topo.addresses[0], topo.master_port, {})
+    nodes = sorted((n for site in launch.sites for n in site.nodes), key=lambda n: n.node_rank)
+    env = launch.sites[0].env
+    sites = tuple(SiteLaunch(name=f"{name}-node{n.node_rank}", clusters=(name,), nodes=(n,),
+                             env={**env, HOST_SOCKET_ENV: topo.interfaces[n.node_rank]}) for n in nodes)
+    launch = launch.model_copy(update={"sites": sites, "rendezvous": launch.rendezvous.model_copy(
+        update={"lead_site": sites[0].name})})
+    names = [s.name for s in sites]
+    with tempfile.TemporaryDirectory(prefix="hetauto-netns-") as tmp, topo:
+        before = topo.link_bytes()
+        procs = start_node_agents(launch, topo, {}, Path(tmp), group_of_node=lambda n: n.node_rank)
+        outs = wait_node_agents(procs, job_deadline_s(run, launch))
+        after = topo.link_bytes()
+        raise_lead_failure(procs, outs)
+        reports = collect_reports(plan, Path(tmp) / "site0" / "run", 0)
+        return reports, link_figures(topo, names, before, after)
+
+
+def _derive_for_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions, master: str, port: int,
+                      site_env: dict[str, dict[str, str]]) -> Any:
+    """derive() as a namespace job needs it: speeds emulated per rank (the links are the kernel's), the plan's
+    files carried, no reference on the lead (the run service computes it)."""
+    from hetauto.launch.plan import derive, portable_plan
+
+    portable, files = portable_plan(plan, run.cluster_base)
+    return derive(portable, cluster, run.with_emulation(mode="speed-only", cluster_base=None).launch_dict(),
+                  master=master, port=port, backends=run.backends or ("cpu",) * plan.num_stages, visible_env={},
+                  site_env=site_env, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, files=files,
+                  reference=False)
+
+
 def require_netns() -> None:
     """Raise ShapedLinkError (one line, why) where namespaces cannot be built here (not root, no iproute2)."""
     from hetauto.launch.netns_topology import ShapedLinkError, available
@@ -130,15 +182,12 @@ def namespace_launch(plan: Plan, cluster: ClusterSpec, run: RunOptions, topo: An
     """The launch plan of `plan` whose clusters live in `topo`'s namespaces (`group_of[cluster]`: its group): one
     node per cluster, the rendezvous and control store at the first cluster's veth address, gloo bound to each
     namespace's interface, speeds emulated per rank (the links are the kernel's)."""
-    from hetauto.launch.plan import HOST_SOCKET_ENV, derive, portable_plan
+    from hetauto.launch.plan import HOST_SOCKET_ENV
 
     names = list(dict.fromkeys(st.cluster for st in plan.stages))
-    portable, files = portable_plan(plan, run.cluster_base)
-    launch = derive(portable, cluster, run.with_emulation(mode="speed-only", cluster_base=None).launch_dict(),
-                    master=topo.addresses[group_of[names[0]]], port=topo.master_port if port is None else port,
-                    backends=run.backends or ("cpu",) * plan.num_stages, visible_env={},
-                    site_env={c: {HOST_SOCKET_ENV: topo.interfaces[group_of[c]]} for c in names},
-                    env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, files=files, reference=False)
+    launch = _derive_for_netns(plan, cluster, run, topo.addresses[group_of[names[0]]],
+                               topo.master_port if port is None else port,
+                               {c: {HOST_SOCKET_ENV: topo.interfaces[group_of[c]]} for c in names})
     if launch.num_nodes != len(names):
         raise PlanMismatch(f"--emulate netns runs one node per cluster; this plan uses {launch.num_nodes} nodes of "
                            f"its {len(names)} clusters")
@@ -150,15 +199,17 @@ def job_deadline_s(run: RunOptions, launch: Any) -> float:
     return run.timeout_s * 3 + 60 + 5 * run.steps + launch.rendezvous.join_timeout_s
 
 
-def start_node_agents(launch: Any, topo: Any, group_of: dict[str, int], folder: Path) -> list[subprocess.Popen]:
-    """One node agent (`hetauto node`) per node of `launch`, in its cluster's namespace, in a working folder of its
-    own under `folder` (site<node rank>: the lead's reports are in site0/run)."""
+def start_node_agents(launch: Any, topo: Any, group_of: dict[str, int], folder: Path, *,
+                      group_of_node: Callable[[Any], int] | None = None) -> list[subprocess.Popen]:
+    """One node agent (`hetauto node`) per node of `launch`, in its cluster's namespace (`group_of[cluster]`, or
+    `group_of_node(node)` where nodes of one cluster live apart), in a working folder of its own under `folder`
+    (site<node rank>: the lead's reports are in site0/run)."""
     procs = []
     for node in sorted((n for site in launch.sites for n in site.nodes), key=lambda n: n.node_rank):
         work = folder / f"site{node.node_rank}"
         work.mkdir()
         launch.save(work / "launch.json")
-        ns = topo.namespaces[group_of[node.cluster]]
+        ns = topo.namespaces[group_of_node(node) if group_of_node is not None else group_of[node.cluster]]
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "hetauto", "node", "launch.json",
                "--node-rank", str(node.node_rank), "--workdir", str(work)]
         # the agents' torchrun and ranks die with this process too (hetauto.runtime.parent_watch)
