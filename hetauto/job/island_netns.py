@@ -83,32 +83,44 @@ def run_islands_netns(job: PreparedIslands, folder: Path,
                 sub = folder / f"island{run.island.index}"
                 sub.mkdir()
                 procs.append(start_node_agents(launch, topo, spaces.group_of, sub))
-            _wait_islands(runs, procs, deadline_s)
+            _wait_islands(runs, procs, deadline_s, folder)
         except BaseException:
             _kill_islands(procs)
             raise
         after = topo.link_bytes()
-        reports = [collect_reports(run.island.plan, folder / f"island{run.island.index}" / "site0" / "run", 0)
-                   for run in runs]
+        reports = [collect_reports(run.island.plan, _lead_run(folder, run), 0) for run in runs]
         return runs, reports, link_figures(topo, list(spaces.names), before, after)
 
 
-def _wait_islands(runs: list[IslandRun], procs: list[list[subprocess.Popen]], deadline_s: float) -> None:
-    """Wait for every island's agents; the first island whose lead agent failed is named ("island B: ...")."""
-    from hetauto.launch.diagnosis import JobFailed
+def _wait_islands(runs: list[IslandRun], procs: list[list[subprocess.Popen]], deadline_s: float,
+                  folder: Path) -> None:
+    """Wait for every island's agents; a failure is named by its island ("island B: ..."): the first island that
+    failed of its own (an island whose outer sync lost that island fails too, with communication errors only)."""
+    from hetauto.launch.diagnosis import JobFailed, read_marks
     from hetauto.launch.netns import raise_lead_failure, wait_node_agents
 
     outs = [wait_node_agents(mine, deadline_s) for mine in procs]
     failed = [i for i, mine in enumerate(procs) if mine[0].returncode != 0]
-    for i in failed:  # an island that failed of its own is named before one whose outer sync lost that island
-        try:
-            raise_lead_failure(procs[i], outs[i])
-        except JobFailed as err:
-            if len(failed) == 1 or i == failed[-1] or "outer" not in str(err):
-                others = [runs[j].island.name for j in failed if j != i]
-                also = f"; island(s) {', '.join(others)} failed too" if others else ""
-                raise JobFailed(f"island {runs[i].island.name}: {err}{also}", err.rank, err.stage,
-                                err.cluster) from None
+    if not failed:
+        return
+
+    def only_secondary(i: int) -> bool:
+        errors = read_marks(runs[i].island.plan, _lead_run(folder, runs[i])).errors
+        return bool(errors) and all(e.secondary for e in errors.values())
+
+    culprit = next((i for i in failed if not only_secondary(i)), failed[0])
+    try:
+        raise_lead_failure(procs[culprit], outs[culprit])
+    except JobFailed as err:
+        others = [runs[j].island.name for j in failed if j != culprit]
+        also = f"; island(s) {', '.join(others)} failed too" if others else ""
+        raise JobFailed(f"island {runs[culprit].island.name}: {err}{also}", err.rank, err.stage,
+                        err.cluster) from None
+
+
+def _lead_run(folder: Path, run: IslandRun) -> Path:
+    """Island `run`'s run folder at its lead site (its ranks' reports and marks)."""
+    return folder / f"island{run.island.index}" / "site0" / "run"
 
 
 def _kill_islands(procs: list[list[subprocess.Popen]]) -> None:
