@@ -101,3 +101,41 @@ def test_data_parallel_across_a_shaped_link_is_the_synchronous_baseline(tmp_path
     assert link["shaped_Bps"] == 5e6 and link["delay_s"] == 0.01
     grads = 2 * 4 * 117_000  # 2 steps of the fp32 gradient (tiny-gpt: ~117k parameters), at least once each way
     assert link["kernel_bytes"]["sites-node0"]["tx"] >= grads and link["kernel_bytes"]["sites-node1"]["tx"] >= grads
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not AVAIL.ok, reason=f"network namespaces unavailable: {AVAIL.reason}")
+def test_a_pipelined_island_beside_another_site(tmp_path: Path, capsys) -> None:
+    """Issue 40's mixed plan: island A pipelines two clusters (a1 -> a2, each its own namespace), island B is a third
+    site at half speed; three namespaces off a hub, every link shaped. Both islands equal their reference."""
+    from hetauto.cli import main
+
+    (tmp_path / "three.yaml").write_text("""clusters:
+  - {name: a1, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+  - {name: a2, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+  - {name: b, nodes: {count: 1, devices_per_node: 1, device: cpu}, speed_factor: 0.5, backend: mock}
+links:
+  default: {bandwidth: 40Mbps, latency: 10ms, shared_capacity: 40Mbps}
+""")
+
+    def stage(cluster: str, layers: tuple[int, int]) -> StagePlan:
+        return StagePlan(cluster=cluster, device_type="cpu", devices=(0,), layers=layers, tp=1, dp=1)
+
+    def plan(batch: int, stages: tuple[StagePlan, ...]) -> Plan:
+        return Plan(model="tiny-gpt", cluster="three.yaml", seq_len=16, global_batch=batch, microbatch_size=2,
+                    num_microbatches=batch // 2, stages=stages)
+
+    IslandPlan(model="tiny-gpt", cluster="three.yaml", seq_len=16, global_batch=12,
+               islands=(Island(name="A", plan=plan(8, (stage("a1", (0, 3)), stage("a2", (3, 6))))),
+                        Island(name="B", plan=plan(4, (stage("b", (0, 6)),)))),
+               outer=OuterSync(inner_steps=H, wire=(WireLink(between=("A", "B")),))).save(tmp_path / "mixed.json")
+    code = main(["run", str(tmp_path / "mixed.json"), "--steps", str(2 * H), "--emulate", "netns", "--timeout", "30",
+                 "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.out[-2000:] + out.err[-2000:]
+    doc = json.loads(out.out)
+    assert doc["reference"] == "checked" and doc["loss_off_reference"] is None and doc["rounds"] == 2
+    assert set(doc["shaped_link"]["kernel_bytes"]) == {"a1", "a2", "b"} and doc["shaped_link"]["delay_s"] == 0.0
+    # a row per sync a holder took part in: A's two holders (layers 0-2 on a1, 3-5 on a2) and B's one, two syncs
+    assert {i["name"]: len(i["outer_syncs"]) for i in doc["islands"]} == {"A": 2 * 2, "B": 2}
