@@ -139,3 +139,19 @@ links:
     assert set(doc["shaped_link"]["kernel_bytes"]) == {"a1", "a2", "b"} and doc["shaped_link"]["delay_s"] == 0.0
     # a row per sync a holder took part in: A's two holders (layers 0-2 on a1, 3-5 on a2) and B's one, two syncs
     assert {i["name"]: len(i["outer_syncs"]) for i in doc["islands"]} == {"A": 2 * 2, "B": 2}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not AVAIL.ok, reason=f"network namespaces unavailable: {AVAIL.reason}")
+def test_a_failed_island_is_named_and_ends_the_other(tmp_path: Path, capsys) -> None:
+    from hetauto.cli import main
+
+    path = two_site_islands(tmp_path)  # rank 1 of the island plan: SLOW's rank 0
+    code = main(["run", str(path), "--steps", "4", "--emulate", "netns", "--timeout", "30", "--no-reference",
+                 "--inject-fault", "rank=1,step=1"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1, err
+    assert err.startswith("hetauto run: error: island SLOW: rank 0 (stage 0, cluster 'slow')"), err
+    # FAST ends with it (its outer sync lost SLOW, or stopped), not after its own timeout
+    assert err.endswith(("; stopped island(s) FAST", "; island(s) failed too: FAST")), err

@@ -12,6 +12,8 @@ rendezvous and control store must live at its own namespace's address, as the ne
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -26,6 +28,11 @@ __all__ = ["OUTER_STORE_PORT", "IslandsTopology", "islands_topology", "run_islan
 # the outer store's port at island 0's namespace address (namespaces are private: island 0's own rendezvous and
 # control store use the topology's master port and the next one)
 OUTER_STORE_PORT = 29600
+
+
+# once an island has failed, how long the others may take to end on their own before they are stopped: the island
+# whose rank died first may end after the one whose outer sync lost it, and is named only if it ended
+STOP_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -94,28 +101,70 @@ def run_islands_netns(job: PreparedIslands, folder: Path,
 
 def _wait_islands(runs: list[IslandRun], procs: list[list[subprocess.Popen]], deadline_s: float,
                   folder: Path) -> None:
-    """Wait for every island's agents; a failure is named by its island ("island B: ..."): the first island that
-    failed of its own (an island whose outer sync lost that island fails too, with communication errors only)."""
-    from hetauto.launch.diagnosis import JobFailed, read_marks
-    from hetauto.launch.netns import raise_lead_failure, wait_node_agents
+    """Wait for every island's agents (each island's in a thread of its own); once one island has failed, the
+    others still running after STOP_GRACE_S are stopped (the local island launcher stops them at once: its islands'
+    failures are seen rank by rank), and the failure is named ("island B: ..."): of the islands that failed on their
+    own, the first whose ranks' errors are not all communication errors (an island whose outer sync lost the
+    other fails with those only)."""
+    from hetauto.launch.diagnosis import JobFailed
 
-    outs = [wait_node_agents(mine, deadline_s) for mine in procs]
-    failed = [i for i, mine in enumerate(procs) if mine[0].returncode != 0]
-    if not failed:
-        return
-
-    def only_secondary(i: int) -> bool:
-        errors = read_marks(runs[i].island.plan, _lead_run(folder, runs[i])).errors
-        return bool(errors) and all(e.secondary for e in errors.values())
-
-    culprit = next((i for i in failed if not only_secondary(i)), failed[0])
-    try:
-        raise_lead_failure(procs[culprit], outs[culprit])
-    except JobFailed as err:
-        others = [runs[j].island.name for j in failed if j != culprit]
-        also = f"; island(s) {', '.join(others)} failed too" if others else ""
+    outs: dict[int, list[tuple[str, str]] | BaseException] = {}
+    threads = [threading.Thread(target=_wait_one, args=(i, mine, deadline_s, outs), daemon=True)
+               for i, mine in enumerate(procs)]
+    for t in threads:
+        t.start()
+    stopped: set[int] = set()
+    first_failure: float | None = None
+    while any(t.is_alive() for t in threads):
+        time.sleep(0.1)
+        if first_failure is None and any(mine[0].poll() not in (None, 0) for mine in procs):
+            first_failure = time.monotonic()
+        if not stopped and first_failure is not None and time.monotonic() - first_failure > STOP_GRACE_S:
+            stopped = {i for i, mine in enumerate(procs) if mine[0].poll() is None}
+            _kill_islands([procs[i] for i in stopped])
+    for t in threads:
+        t.join()
+    timed_out = next((e for e in outs.values() if isinstance(e, BaseException)), None)
+    if timed_out is not None:
+        raise timed_out
+    failed = [i for i, mine in enumerate(procs) if mine[0].returncode != 0 and i not in stopped]
+    if failed:
+        culprit = next((i for i in failed if not _only_secondary(folder, runs[i])), failed[0])
+        err = _lead_failure(procs[culprit], outs[culprit])  # type: ignore[arg-type]
+        also = "".join(f"; {what} {', '.join(runs[j].island.name for j in sorted(js))}" for what, js in (
+            ("island(s) failed too:", set(failed) - {culprit}), ("stopped island(s)", stopped)) if js)
         raise JobFailed(f"island {runs[culprit].island.name}: {err}{also}", err.rank, err.stage,
                         err.cluster) from None
+
+
+def _wait_one(index: int, procs: list[subprocess.Popen], deadline_s: float,
+              outs: dict[int, list[tuple[str, str]] | BaseException]) -> None:
+    from hetauto.launch.netns import wait_node_agents
+
+    try:
+        outs[index] = wait_node_agents(procs, deadline_s)
+    except BaseException as err:  # noqa: BLE001 (handed to the main thread)
+        outs[index] = err
+
+
+def _lead_failure(procs: list[subprocess.Popen], outs: list[tuple[str, str]]) -> Any:
+    """The lead agent's failure as netns reports it (a JobFailed)."""
+    from hetauto.launch.diagnosis import JobFailed
+    from hetauto.launch.netns import raise_lead_failure
+
+    try:
+        raise_lead_failure(procs, outs)
+    except JobFailed as err:
+        return err
+    raise AssertionError("unreachable: the lead agent failed")
+
+
+def _only_secondary(folder: Path, run: IslandRun) -> bool:
+    """Whether every error island `run`'s ranks reported follows from another rank's failure."""
+    from hetauto.launch.diagnosis import read_marks
+
+    errors = read_marks(run.island.plan, _lead_run(folder, run)).errors
+    return bool(errors) and all(e.secondary for e in errors.values())
 
 
 def _lead_run(folder: Path, run: IslandRun) -> Path:
