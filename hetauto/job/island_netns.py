@@ -72,15 +72,23 @@ def run_islands_netns(job: PreparedIslands, folder: Path,
     """Train every island at once, each as a namespace job in its clusters' namespaces; returns the islands' runs
     (`island_runs(store)`: their run configurations for the outer store's address), every island's rank reports
     (island order) and the link's figures as an ordinary netns run reports them."""
-    from hetauto.launch.local import collect_reports
-    from hetauto.launch.netns import (job_deadline_s, link_figures, namespace_launch, require_netns,
-                                      start_node_agents)
+    from hetauto.launch.netns import interruptible, namespace_launch, require_netns
 
     require_netns()
     spaces = islands_topology(job)
     runs = island_runs(spaces.store)
     launches = [namespace_launch(run.island.plan, job.cluster, run.options, spaces.topo, spaces.group_of)
                 for run in runs]
+    reports, link = interruptible(lambda: _run_in(spaces, runs, launches, folder), job.options)
+    return runs, reports, link
+
+
+def _run_in(spaces: IslandsTopology, runs: list[IslandRun], launches: list[Any],
+            folder: Path) -> tuple[list[list[dict]], dict]:
+    """Set the namespaces up, start every island's agents, wait for them; the reports and link figures."""
+    from hetauto.launch.local import collect_reports
+    from hetauto.launch.netns import job_deadline_s, link_figures, start_node_agents
+
     deadline_s = max(job_deadline_s(run.options, launch) for run, launch in zip(runs, launches))
     with spaces.topo as topo:
         before = topo.link_bytes()
@@ -96,7 +104,7 @@ def run_islands_netns(job: PreparedIslands, folder: Path,
             raise
         after = topo.link_bytes()
         reports = [collect_reports(run.island.plan, _lead_run(folder, run), 0) for run in runs]
-        return runs, reports, link_figures(topo, list(spaces.names), before, after)
+        return reports, link_figures(topo, list(spaces.names), before, after)
 
 
 def _wait_islands(runs: list[IslandRun], procs: list[list[subprocess.Popen]], deadline_s: float,

@@ -28,7 +28,7 @@ from hetauto.launch.local import JobFailed, collect_reports, kill_group
 from hetauto.runtime.options import RunOptions
 from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain
 
-__all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency", "job_deadline_s", "link_figures",
+__all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency", "interruptible", "job_deadline_s", "link_figures",
            "namespace_launch", "raise_lead_failure", "require_netns", "start_node_agents", "wait_node_agents"]
 
 
@@ -55,13 +55,19 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
     kernel's byte counters of each namespace's veth over the run). SIGTERM/SIGHUP (the topology turns them into
     SystemExit(128 + signal) so its teardown runs) end it with a one-line JobInterrupted naming the signal.
     """
+    return interruptible(lambda: _launch_netns(plan, cluster, run), run)
+
+
+def interruptible(job: Callable[[], Any], run: RunOptions) -> Any:
+    """`job()` (a namespace job that kills its agents and removes its namespaces on the way out), with Ctrl-C,
+    SIGTERM and SIGHUP turned into one-line JobInterrupted errors naming the signal."""
     import signal
 
     from hetauto.launch.local import JobInterrupted, newest_checkpoint_note
 
     try:
-        return _launch_netns(plan, cluster, run)
-    except KeyboardInterrupt:  # Ctrl-C: _launch_netns killed the agents' groups, the topology removed the namespaces
+        return job()
+    except KeyboardInterrupt:  # Ctrl-C: the job killed the agents' groups, the topology removed the namespaces
         raise _interrupted_by_ctrl_c(run) from None
     except SystemExit as exc:
         signum = exc.code - 128 if isinstance(exc.code, int) and exc.code > 128 else None
