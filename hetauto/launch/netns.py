@@ -28,8 +28,8 @@ from hetauto.launch.local import JobFailed, collect_reports, kill_group
 from hetauto.runtime.options import RunOptions
 from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain
 
-__all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency", "interruptible", "job_deadline_s", "link_figures",
-           "namespace_launch", "raise_lead_failure", "require_netns", "start_node_agents", "wait_node_agents"]
+__all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency", "interruptible", "job_deadline_s",
+           "link_figures", "namespace_launch", "raise_lead_failure", "require_netns", "start_node_agents", "wait_node_agents"]
 
 
 def cross_cluster_bandwidth(plan: Plan, cluster: ClusterSpec) -> float:
