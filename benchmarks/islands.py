@@ -4,10 +4,14 @@ plan) and with islands allowed (`hetauto plan --allow-local-sgd`). Target: >= 1.
 never below today's plan anywhere.
 
     python benchmarks/islands.py [--max-evaluations N] [--seed S] [--skip NAME ...] [--json]
+    python benchmarks/islands.py --measured [--steps N] [--inner-steps H] [--json]   # root: network namespaces
 
 Each search (the pipelined plan, single-cluster, each island's) stops at --max-evaluations (default 600) or
 the stop rule. scale-736 is skipped by default (its searches alone take minutes on a quiet machine, and it has
 no slow link, so islands are not considered there: its two figures are equal by construction).
+
+`--measured` runs the measured figures instead (benchmarks/islands_measured.py: two netns sites, islands against
+synchronous training over the same shaped link; not run by the test suite).
 """
 
 from __future__ import annotations
@@ -66,7 +70,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", nargs="*", default=["scale-736"])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--measured", action="store_true", help="the measured figures over two netns sites")
+    parser.add_argument("--steps", type=int, default=32, help="--measured: steps of each run")
+    parser.add_argument("--inner-steps", type=int, default=8, help="--measured: the islands' H")
     args = parser.parse_args()
+    if args.measured:
+        return _measured(args)
     rows = [row(n, f(), args.seed, args.max_evaluations) for n, f in cases(set(args.skip))]
     wan = [r for r in rows if r["case"].startswith("wan")]
     ok = all(r["with_islands"] >= 1.25 for r in wan) and all(r["with_islands"] >= r["without_islands"] for r in rows)
@@ -75,6 +84,16 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0 if ok else 1
+
+
+def _measured(args: argparse.Namespace) -> int:
+    from islands_measured import measured, print_measured
+
+    m = measured(args.steps, args.inner_steps)
+    print_measured(m)
+    if args.json:
+        print(json.dumps(m, indent=1))
+    return 0
 
 
 if __name__ == "__main__":

@@ -108,8 +108,6 @@ REFUSALS = [
     (["--max-restarts", "1"], "island runs do not restart yet (one island's torchrun restarting alone would leave "
                               "the other islands waiting in the outer sync for its lost ranks; after a failure, rerun "
                               "with --resume set to its --checkpoint-dir); drop --max-restarts"),
-    (["--emulate", "netns"], "island runs do not support --emulate netns yet: each island runs as its own job on "
-                             "this host; use --emulate (in-process links)"),
     (["--trace", "T.json"], "island runs do not write a Chrome trace yet; drop --trace"),
     (["--print-launch"], "hetauto launch does not run island plans yet, so there is nothing to print; drop "
                          "--print-launch (hetauto run trains an island plan on this host)"),

@@ -65,6 +65,10 @@ def print_island_run(doc: dict[str, Any]) -> None:
     print(f"job: {_rate(doc['tokens_s'])} (the slowest island's step {doc['measured_step_s']:.4f} s sets the pace)")
     print(rounds_line(doc))
     print(reference_line(doc))
+    link = doc.get("shaped_link")  # --emulate netns only: as an ordinary netns run prints it
+    if link is not None:
+        print(f"shaped link {link['shaped_Bps'] / 1e6:g} MB/s; kernel-counted bytes per cluster veth: "
+              + ", ".join(f"{k} tx {v['tx']} rx {v['rx']}" for k, v in link["kernel_bytes"].items()))
 
 
 def _print_island(isl: dict[str, Any]) -> None:

@@ -55,10 +55,20 @@ def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]]
     from hetauto.job.result import wants_reference
 
     want_reference = wants_reference(job.cfg, job.request.reference)
+    link = None
     with _checkpoint_folder(job), tempfile.TemporaryDirectory(prefix="hetauto-islands-") as folder:
-        runs = _island_runs(job, Path(folder))
-        reports = _Islands(job, runs, Path(folder)).run(open_sinks, want_reference)
-    return island_result_document(job, runs, reports, want_reference=want_reference)
+        if job.request.emulate == "netns":  # the islands' clusters as namespaces (hetauto.job.island_netns)
+            from hetauto.job.island_netns import run_islands_netns
+
+            runs, reports, link = run_islands_netns(job, Path(folder),
+                                                    lambda store: _island_runs(job, Path(folder), store))
+        else:
+            runs = _island_runs(job, Path(folder))
+            reports = _Islands(job, runs, Path(folder)).run(open_sinks, want_reference)
+    doc = island_result_document(job, runs, reports, want_reference=want_reference)
+    if link is not None:  # as an ordinary netns run reports its link (the key only under netns: other outputs stay)
+        doc["shaped_link"] = link
+    return doc
 
 
 def _checkpoint_folder(job: PreparedIslands) -> Any:
@@ -77,10 +87,10 @@ def _checkpoint_folder(job: PreparedIslands) -> Any:
     return lock
 
 
-def _island_runs(job: PreparedIslands, folder: Path) -> list[IslandRun]:
+def _island_runs(job: PreparedIslands, folder: Path, store: str | None = None) -> list[IslandRun]:
     """Each island's run configuration: this host's backends for its stages (hetauto.job.preflight, as `hetauto run`
     checks a plan), the island plan copied into the job's folder (its cluster file's path made absolute), and the
-    outer store's address."""
+    outer store's address (`store`; default: a free port on this host's loopback)."""
     from hetauto.core.run_config import IslandConfig
     from hetauto.job.preflight import check_backends
 
@@ -88,7 +98,7 @@ def _island_runs(job: PreparedIslands, folder: Path) -> list[IslandRun]:
 
     copy = folder / ISLAND_PLAN_COPY
     with_absolute_cluster(job.plan, job.base).save(copy)
-    store = f"127.0.0.1:{_free_port()}"
+    store = store or f"127.0.0.1:{_free_port()}"
     runs = []
     for isl in job.islands:
         try:

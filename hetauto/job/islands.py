@@ -3,8 +3,8 @@
 
 Why its own preparation: an island plan is several ordinary plans, each run as a job of its own (its own torchrun,
 control store and run folder; hetauto.job.island_launch), so each island is checked as `hetauto run` checks a
-plan, with its name in the error; and what island runs do not support yet (checkpoints, restarts, the netns
-emulation, traces) is refused here in one line each, before any island starts, rather than found inside one.
+plan, with its name in the error; and what island runs do not support yet (checkpoints, restarts, traces) is
+refused here in one line each, before any island starts, rather than found inside one.
 """
 
 from __future__ import annotations
@@ -96,12 +96,9 @@ def unsupported_option(r: JobRequest) -> str | None:
     """The first option an island run does not support yet, as one line (None: every option given is supported).
     Why each: a restart is one island's torchrun restarting its ranks alone, while the other islands wait in the
     outer sync for ranks that are gone (a deadlock until the timeout), and no launcher restarts the islands together
-    yet; the netns emulation runs one plan's clusters as namespaces, not several jobs; a trace and TensorBoard
-    scalars are one plan's timeline and one step series."""
+    yet; a trace and TensorBoard scalars are one plan's timeline and one step series. (--emulate netns is supported:
+    each island runs as a namespace job, hetauto.job.island_netns.)"""
     f = r.flag
-    if r.emulate == "netns":
-        return (f"island runs do not support {f('emulate')} netns yet: each island runs as its own job on this host; "
-                f"use {f('emulate')} (in-process links)")
     for name, given, why in (
             ("max_restarts", r.max_restarts > 0,
              "island runs do not restart yet (one island's torchrun restarting alone would leave the other islands "

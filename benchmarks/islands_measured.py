@@ -1,0 +1,141 @@
+"""Issue 40's measured figures (`python benchmarks/islands.py --measured`; root: network namespaces): two sites as
+network namespaces over one kernel-shaped link, the same model, data and global batch trained (a) as two islands
+that sync every H steps and (b) synchronously across the link, side by side in one run:
+
+- wall time per token of each (steady: the median step, for islands a measured round over its H steps, the outer
+  sync included) and their ratio;
+- the loss gap at equal tokens: the islands' token-weighted loss (each island's loss on its rows, weighted by its
+  rows: the loss on the same rows of the global batch) minus the synchronous run's, at the same step;
+- the predicted round time (`hetauto.evaluate` of the island plan: the planner's price) against the measured one.
+
+The sites: `fast` (cpu, speed 1) and `slow` (speed 0.5), joined by 100 Mbit/s with 20 ms each way: a WAN at the
+tiny model's scale. tiny-gpt's fp32 gradient (~0.47 MB) takes ~40 ms at that rate plus a 40 ms round trip, about
+its step's compute, as a 13B model's gradient over a 10 Gbit/s WAN is about its step (the `wan` family); the Python
+TUN relay sustains that rate (it does not sustain Gbit/s). Islands: FAST trains 8 rows of each 12-row batch, SLOW 4
+(speed-proportional), H = 8. Synchronous: (b) data parallelism across the link: one stage whose two dp replicas
+(rows 4:2 of each 6-row microbatch) sit on the two nodes of cluster `sites` (a stage has one cluster, so the two
+sites are its two node groups, speeds 1 and 0.5, their inter_node link the same 100 Mbit/s, 20 ms; netns runs
+each node in its own namespace); and, for the planner's other choice, (c) the pipeline across the link (fast layers
+0-4, slow 4-6, 6 microbatches of 2). Both are the same synchronous math: their loss is the single-process
+reference's on all 12 rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import hetauto
+from hetauto.core.islands import Island, IslandPlan, OuterSync, WireLink
+from hetauto.core.plan import Plan, StagePlan
+
+__all__ = ["measured"]
+
+LINK = {"bandwidth": "100Mbps", "latency": "20ms"}
+CLUSTER = f"""clusters:
+  - {{name: fast, nodes: {{count: 1, devices_per_node: 1, device: cpu}}, speed_factor: 1.0}}
+  - {{name: slow, nodes: {{count: 1, devices_per_node: 1, device: cpu}}, speed_factor: 0.5, backend: mock}}
+  - name: sites
+    nodes:
+      - {{count: 1, devices_per_node: 1, device: cpu}}
+      - {{count: 1, devices_per_node: 1, device: cpu, speed_factor: 0.5}}
+    inter_node: {{bandwidth: {LINK['bandwidth']}, latency: {LINK['latency']}}}
+links:
+  default: {{bandwidth: {LINK['bandwidth']}, latency: {LINK['latency']}, shared_capacity: {LINK['bandwidth']}}}
+"""
+MODEL, SEQ, BATCH, MICRO = "tiny-gpt", 32, 12, 2
+SHARES = {"fast": 8, "slow": 4}
+
+
+def _stage(cluster: str, layers: tuple[int, int]) -> StagePlan:
+    return StagePlan(cluster=cluster, device_type="cpu", devices=(0,), layers=layers, tp=1, dp=1)
+
+
+def _plan(stages: tuple[StagePlan, ...], batch: int) -> Plan:
+    return Plan(model=MODEL, cluster="sites.yaml", seq_len=SEQ, global_batch=batch, microbatch_size=MICRO,
+                num_microbatches=batch // MICRO, stages=stages)
+
+
+def island_plan(inner_steps: int) -> IslandPlan:
+    islands = tuple(Island(name=c.upper(), plan=_plan((_stage(c, (0, 6)),), rows)) for c, rows in SHARES.items())
+    return IslandPlan(model=MODEL, cluster="sites.yaml", seq_len=SEQ, global_batch=BATCH, islands=islands,
+                      outer=OuterSync(inner_steps=inner_steps, wire=(WireLink(between=("FAST", "SLOW")),)))
+
+
+def pipeline_plan() -> Plan:
+    return _plan((_stage("fast", (0, 4)), _stage("slow", (4, 6))), BATCH)
+
+
+def dp_plan() -> Plan:
+    stage = StagePlan(cluster="sites", device_type="cpu", devices=(0, 1), layers=(0, 6), tp=1, dp=2, dp_shares=(4, 2))
+    return Plan(model=MODEL, cluster="sites.yaml", seq_len=SEQ, global_batch=BATCH, microbatch_size=6,
+                num_microbatches=2, stages=(stage,))
+
+
+def measured(steps: int = 32, inner_steps: int = 8) -> dict[str, Any]:
+    """Run both on the two netns sites; the figures (see the module's docstring)."""
+    with tempfile.TemporaryDirectory(prefix="hetauto-islands-bench-") as tmp:
+        folder = Path(tmp)
+        (folder / "sites.yaml").write_text(CLUSTER)
+        island_plan(inner_steps).save(folder / "islands.json")
+        dp_plan().save(folder / "dp.json")
+        pipeline_plan().save(folder / "pipeline.json")
+        ev = hetauto.evaluate(str(folder / "islands.json"))
+        docs, walls = {}, {}
+        for name in ("islands", "dp", "pipeline"):
+            t0 = time.perf_counter()
+            docs[name] = hetauto.run(str(folder / f"{name}.json"), steps=steps, emulate="netns", timeout=60)
+            walls[name] = time.perf_counter() - t0
+    return _figures(docs, ev, inner_steps, walls)
+
+
+def _figures(docs: dict[str, dict[str, Any]], ev: Any, inner_steps: int, walls: dict[str, float]) -> dict[str, Any]:
+    isl, dp = docs["islands"], docs["dp"]
+    tokens = BATCH * SEQ
+    per_token = {"islands": isl["measured_round_s"] / (inner_steps * tokens),
+                 **{k: docs[k]["measured_step_s"] / tokens for k in ("dp", "pipeline")}}
+    weights = [i["rows"][1] - i["rows"][0] for i in isl["islands"]]
+    merged = [sum(w * i["loss"][s] for w, i in zip(weights, isl["islands"])) / sum(weights)
+              for s in range(len(dp["loss"]))]
+    gaps = [m - s for m, s in zip(merged, dp["loss"])]
+    pred = ev.prediction
+    return {
+        "link": LINK, "steps": len(dp["loss"]), "inner_steps": inner_steps, "tokens_per_step": tokens,
+        "s_per_token": per_token,
+        "speedup_over_dp": per_token["dp"] / per_token["islands"],
+        "speedup_over_pipeline": per_token["pipeline"] / per_token["islands"],
+        "step_s": {**{i["name"]: i["measured_step_s"] for i in isl["islands"]},
+                   "dp": dp["measured_step_s"], "pipeline": docs["pipeline"]["measured_step_s"]},
+        "rounds": isl["rounds"], "measured_round_s": isl["measured_round_s"],
+        "predicted_round_s": pred.round_time_s if pred is not None else None,
+        "predicted_sync_s": pred.sync_s if pred is not None else None,
+        "measured_sync_s": statistics.median(s["sync_s"] for s in isl["syncs"]) if isl["syncs"] else None,
+        "prediction_violation": ev.violation,
+        "islands_loss": merged, "sync_loss": list(dp["loss"]), "pipeline_loss": list(docs["pipeline"]["loss"]),
+        "loss_gap_last": gaps[-1], "loss_gap_last_round_mean": statistics.fmean(gaps[-inner_steps:]),
+        "islands_off_reference": isl["loss_off_reference"],
+        "sync_max_loss_diff": {k: docs[k]["max_loss_diff"] for k in ("dp", "pipeline")},
+        "kernel_bytes": {k: sum(v["tx"] for v in docs[k]["shaped_link"]["kernel_bytes"].values()) for k in docs},
+        "wall_s": walls,
+    }
+
+
+def print_measured(m: dict[str, Any]) -> None:
+    t = {k: v * 1e6 for k, v in m["s_per_token"].items()}
+    print(f"measured, two netns sites over {m['link']['bandwidth']} / {m['link']['latency']} each way, "
+          f"{m['tokens_per_step']} tokens per step, {m['steps']} steps:")
+    print(f"  wall time per token: islands (H={m['inner_steps']}) {t['islands']:.0f} us | synchronous data parallel "
+          f"{t['dp']:.0f} us | pipeline {t['pipeline']:.0f} us: islands x{m['speedup_over_dp']:.2f} over data "
+          f"parallel, x{m['speedup_over_pipeline']:.2f} over the pipeline")
+    print(f"  loss gap at equal tokens (islands - synchronous, same rows): last step {m['loss_gap_last']:+.4f}, "
+          f"mean over the last round {m['loss_gap_last_round_mean']:+.4f} (synchronous loss "
+          f"{m['sync_loss'][-1]:.4f})")
+    pred = "n/a" if m["predicted_round_s"] is None else f"{m['predicted_round_s']:.3f} s"
+    psync = "n/a" if m["predicted_sync_s"] is None else f"{m['predicted_sync_s']:.3f} s"
+    print(f"  round time: predicted {pred}, measured {m['measured_round_s']:.3f} s ({m['rounds']} rounds; the sync "
+          f"predicted {psync}, measured median {m['measured_sync_s']:.3f} s)")
+    print(f"  kernel-counted bytes on the link (both ways): {m['kernel_bytes']}; wall s (start to end, reference "
+          f"included): {', '.join(f'{k} {v:.0f}' for k, v in m['wall_s'].items())}")
