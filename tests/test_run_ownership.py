@@ -59,10 +59,12 @@ def marked(mark: str) -> list[int]:
     return out
 
 
-def start(folder: Path, *args: str, mark: str) -> subprocess.Popen:
+def start(folder: Path, *args: str, mark: str, nohup: bool = False) -> subprocess.Popen:
+    """`hetauto run ARGS` in the background; `nohup`: with SIGHUP ignored, as nohup(1) starts it."""
     env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(folder))
+    ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
     return subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", *args, "--no-reference"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignore_hup)
 
 
 def wait_for(path: Path, proc: subprocess.Popen, limit: float = 120) -> None:
@@ -175,6 +177,21 @@ def test_sighup_on_hetauto_run_stops_the_job_like_sigterm(folder: Path) -> None:
     line = err.strip().splitlines()[-1]
     assert line.startswith("hetauto run: error: interrupted by SIGHUP: stopped the job ("), line
     assert "; newest complete checkpoint: " in line and not (ck / ".hetauto-lock").exists()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_nohup_hetauto_run_outlives_a_hang_up(folder: Path) -> None:
+    """`nohup hetauto run ...`: SIGHUP is ignored when the run starts, so a closed terminal leaves the job training
+    to its end (it stopped it before: hetauto run set its own SIGHUP handler over nohup's)."""
+    ck = folder / "ck-nohup"
+    proc = start(folder, str(folder / "plan.json"), "--steps", "4", "--checkpoint-dir", str(ck), "--timeout", "10",
+                 mark=uuid.uuid4().hex, nohup=True)
+    wait_for(ck / "step-00000000", proc)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert (ck / "step-00000003").is_dir()
 
 
 def _tiny_checkpoints(root: Path, steps: int = 2) -> list[Path]:

@@ -151,7 +151,8 @@ class _Islands:
             try:
                 if previous:  # the main thread: replaces each job's handlers, so one signal ends every island
                     for sig in _SIGNALS:
-                        signal.signal(sig, self._on_signal)
+                        if signal.getsignal(sig) != signal.SIG_IGN:  # nohup: asked to outlive a hang-up
+                            signal.signal(sig, self._on_signal)
                 self.sinks = list(open_sinks()) if open_sinks is not None else []
                 self._follow(jobs, want_reference)
             except BaseException:

@@ -185,6 +185,8 @@ class LocalJob:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal or SSH session closed
+            if signal.getsignal(sig) == signal.SIG_IGN:  # `nohup hetauto run`: asked to outlive a hang-up
+                continue
             try:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
             except (ValueError, OSError):
