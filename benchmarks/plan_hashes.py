@@ -4,7 +4,9 @@ planner's speed work must leave every plan byte-identical, so record the hashes 
     python benchmarks/plan_hashes.py record BASELINE.json [--max-evaluations N] [--jobs J]
     python benchmarks/plan_hashes.py check BASELINE.json [--max-evaluations N] [--jobs J]
 
-Each plan runs in a fresh `hetauto plan` process (the command users run) at seed 1.
+Each plan runs in a fresh `hetauto plan` process (the command users run) at seed 1. A plan names its cluster
+file, so the family cases' files are written to one fixed folder (--folder): the record and the check must use the
+same one (and not run at the same time).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import hashlib
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,15 +60,17 @@ def main() -> int:
     ap.add_argument("--max-evaluations", type=int, default=40)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--folder", default="/tmp/hetauto-plan-hashes", help="where the cluster files and plans go")
     a = ap.parse_args()
     wanted = [s for s in a.only.split(",") if s]
     hashes: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, (cli, doc) in cases().items():
-            if wanted and name not in wanted:
-                continue
-            hashes[name] = plan_hash(name, cli, doc, Path(tmp), a.max_evaluations, a.jobs)
-            print(f"{name:28s} {hashes[name]}", flush=True)
+    folder = Path(a.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, (cli, doc) in cases().items():
+        if wanted and name not in wanted:
+            continue
+        hashes[name] = plan_hash(name, cli, doc, folder, a.max_evaluations, a.jobs)
+        print(f"{name:28s} {hashes[name]}", flush=True)
     if a.mode == "record":
         Path(a.baseline).write_text(json.dumps(hashes, indent=1) + "\n")
         return 0
