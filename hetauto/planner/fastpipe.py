@@ -134,34 +134,41 @@ def _advance(state: _Recursion, m: int, final: bool, tf: Sequence[float], tb: Se
     look = [max(1, d) for d in lookahead]
     stop_b = m if final else -1  # not final: no backward once the forwards are done and w or fewer are in flight
     last = p - 1
+    # per rank, everything its actions read that does not change while it runs: its event series, its
+    # neighbours' (F(r-1, k) and B(r+1, k) feed it), its sends' series and links, its compute times
+    ctx = [(end_f[r], end_b[r], end_f[r - 1] if r else None, end_b[r + 1] if r < last else None,
+            send_f[r - 1] if r else None, send_b[r] if r < last else None,
+            fwd[r - 1][0] if r else 0.0, sum(fwd[r - 1]) if r else 0.0,  # sum: `ser + lat`, the same float
+            bwd[r][0] if r < last else 0.0, sum(bwd[r]) if r < last else 0.0,
+            tf[r], tb[r], warmups[r], look[r]) for r in range(p)]
     while True:
         progressed = False
         for r in range(p):
+            ef, eb, prev, nxt, sf, sb, ser_f, c_f, ser_b, c_b, tf_r, tb_r, w, d = ctx[r]
             t = rank_t[r]
             f_r, b_r = nf[r], nb[r]
-            w, d = warmups[r], look[r]
-            ef, eb = end_f[r], end_b[r]
+            ready_f = nf[r - 1] if r else m  # F(r, k) may run for k < ready_f, B(r, k) for k < ready_b
+            ready_b = nb[r + 1] if r < last else m
+            link_f = free_f[r - 1] if r else 0.0  # the links rank r sends on: only it moves their free time
+            link_b = free_b[r] if r < last else 0.0
             while True:
                 if f_r - b_r <= w:
                     if f_r < m:
                         k = f_r
-                        if r > 0:
-                            prev = end_f[r - 1]
-                            if nf[r - 1] <= k:
+                        if prev is not None:
+                            if k >= ready_f:
                                 break
                             a = prev[k]
                             if k >= d and ef[k - d] > a:
                                 a = ef[k - d]
-                            h = r - 1
-                            if free_f[h] > a:
-                                a = free_f[h]
-                            ser, lat = fwd[h]
-                            send_f[h][k] = a
-                            free_f[h] = a + ser
-                            a += ser + lat
+                            if link_f > a:
+                                a = link_f
+                            sf[k] = a
+                            link_f = a + ser_f
+                            a += c_f
                             if a > t:
                                 t = a
-                        t += tf[r]
+                        t += tf_r
                         ef[k] = t
                         f_r += 1
                         continue
@@ -170,29 +177,32 @@ def _advance(state: _Recursion, m: int, final: bool, tf: Sequence[float], tb: Se
                 elif b_r >= m:
                     break
                 k = b_r
-                if r < last:
-                    if nb[r + 1] <= k:
+                if nxt is not None:
+                    if k >= ready_b:
                         break
-                    a = end_b[r + 1][k]
+                    a = nxt[k]
                     if k >= d and eb[k - d] > a:
                         a = eb[k - d]
-                    if free_b[r] > a:
-                        a = free_b[r]
-                    ser, lat = bwd[r]
-                    send_b[r][k] = a
-                    free_b[r] = a + ser
-                    a += ser + lat
+                    if link_b > a:
+                        a = link_b
+                    sb[k] = a
+                    link_b = a + ser_b
+                    a += c_b
                     if a > t:
                         t = a
                 if k == m - 1:
                     last_b[r] = t
-                t += tb[r]
+                t += tb_r
                 eb[k] = t
                 b_r += 1
             if f_r != nf[r] or b_r != nb[r]:
                 progressed = True
                 nf[r], nb[r] = f_r, b_r
                 rank_t[r] = t
+                if r:
+                    free_f[r - 1] = link_f
+                if r < last:
+                    free_b[r] = link_b
         if not progressed:
             break
     if any(f < m for f in nf) or (final and any(b < m for b in nb)):
