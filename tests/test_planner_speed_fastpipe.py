@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 
 from hetauto.planner import fastpipe
-from hetauto.planner.fastpipe import _advance, _recurse, _Recursion, iteration_1f1b, period, periodic_shift, steady_window
+from hetauto.planner.fastpipe import (_advance, _recurse, _Recursion, iteration_1f1b, period, periodic_shift,
+                                      steady_window)
 
 
 def _case(rnd: random.Random) -> tuple:

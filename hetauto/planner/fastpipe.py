@@ -15,8 +15,8 @@ critical cycles -- but only once `periodic_shift` has shown, on the run's own ev
 state repeats exactly (every event `span` microbatches later by one constant; see there why that suffices);
 until it does m0 doubles, up to m (the plain recursion). A failed check reruns nothing: the recursion pauses
 where the m0-run's cool-down would start (those events are a prefix of every longer run) and resumes from there
-for 2 m0; once the check holds it finishes the m0-run itself (`_advance`). `span` comes from the steady-state period lambda (the
-maximum cycle mean of the max-plus system):
+for 2 m0; once the check holds it finishes the m0-run itself (`_advance`). `span` comes from the steady-state
+period lambda (the maximum cycle mean of the max-plus system):
 
     lambda = max( max_{r<=s} [sum_{q=r..s} (tf_q + tb_q) + sum_{h=r..s-1} (cf_h + cb_h)] / (w_r - w_s + 1),
                   (tf_r + cf_{r-1}) / d_r,  (tb_r + cb_r) / d_r,  serial_f_h,  serial_b_h )
