@@ -128,19 +128,11 @@ def _advance(state: _Recursion, m: int, final: bool, tf: Sequence[float], tb: Se
     of a cold evaluation of a deep pipeline."""
     state.grow(m)
     p = len(tf)
-    end_f, end_b, send_f, send_b = state.events
     rank_t, last_b, free_f, free_b, nf, nb = (state.rank_t, state.last_b, state.free_f, state.free_b,
                                               state.nf, state.nb)
-    look = [max(1, d) for d in lookahead]
     stop_b = m if final else -1  # not final: no backward once the forwards are done and w or fewer are in flight
     last = p - 1
-    # per rank, everything its actions read that does not change while it runs: its event series, its
-    # neighbours' (F(r-1, k) and B(r+1, k) feed it), its sends' series and links, its compute times
-    ctx = [(end_f[r], end_b[r], end_f[r - 1] if r else None, end_b[r + 1] if r < last else None,
-            send_f[r - 1] if r else None, send_b[r] if r < last else None,
-            fwd[r - 1][0] if r else 0.0, sum(fwd[r - 1]) if r else 0.0,  # sum: `ser + lat`, the same float
-            bwd[r][0] if r < last else 0.0, sum(bwd[r]) if r < last else 0.0,
-            tf[r], tb[r], warmups[r], look[r]) for r in range(p)]
+    ctx = _rank_inputs(state.events, tf, tb, warmups, lookahead, fwd, bwd)
     while True:
         progressed = False
         for r in range(p):
@@ -207,6 +199,22 @@ def _advance(state: _Recursion, m: int, final: bool, tf: Sequence[float], tb: Se
             break
     if any(f < m for f in nf) or (final and any(b < m for b in nb)):
         raise RuntimeError("1F1B order has a cycle")  # cannot happen for 1F1B-family lists (non-increasing w)
+
+
+def _rank_inputs(events: _Events, tf: Sequence[float], tb: Sequence[float], warmups: Sequence[int],
+                 lookahead: Sequence[int], fwd: Sequence[tuple[float, float]],
+                 bwd: Sequence[tuple[float, float]]) -> list[tuple]:
+    """Per rank, everything its actions read that does not change while it runs (one tuple unpacked per visit):
+    its event series, its neighbours' (F(r-1, k) and B(r+1, k) feed it), its sends' series, each send's
+    serialization and serialization + latency (`sum`: the same float as `ser + lat`), its compute times, its
+    warm-up and receive lookahead."""
+    end_f, end_b, send_f, send_b = events
+    last = len(tf) - 1
+    return [(end_f[r], end_b[r], end_f[r - 1] if r else None, end_b[r + 1] if r < last else None,
+             send_f[r - 1] if r else None, send_b[r] if r < last else None,
+             fwd[r - 1][0] if r else 0.0, sum(fwd[r - 1]) if r else 0.0,
+             bwd[r][0] if r < last else 0.0, sum(bwd[r]) if r < last else 0.0,
+             tf[r], tb[r], warmups[r], max(1, lookahead[r])) for r in range(last + 1)]
 
 
 def steady_window(warmups: Sequence[int], lookahead: Sequence[int]) -> int:
