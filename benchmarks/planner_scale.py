@@ -70,7 +70,8 @@ def _measure(case: str, jobs: int, folder: Path, timeout: float, code: tuple[str
     cmd = [sys.executable, "-m", "hetauto", "plan", *args, "--seed", "1", "--jobs", str(jobs), "--json",
            "-o", str(out)]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # `-m` puts the working folder first on sys.path, ahead of PYTHONPATH: run in the checkout itself
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=path or None)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
