@@ -1,8 +1,10 @@
 """The planner at scale (issue 43): CPU s, wall s, evaluations, evaluations/s, peak RSS and the plan's hash for
 scale-736 and two `families.py` cases grown to 4096 and 16384 devices, with one worker and with every core,
-side by side in one run.
+side by side in one run; with `--code LABEL=PATH` (repeatable) each plan also runs on each checkout (PYTHONPATH),
+interleaved case by case, so before/after figures share the machine's load (quote CPU s where it is loaded).
 
     python benchmarks/planner_scale.py [--cases scale-736,lopsided-4096] [--jobs 1,N] [--timeout S]
+                                       [--code before=/path/to/old/checkout --code after=.]
 
 Each plan runs in a fresh `hetauto plan` process (the command users run), measured by os.wait4: its CPU time
 includes the worker processes it reaped, its peak RSS is the largest of them. The family cases use `lopsided`
@@ -40,6 +42,7 @@ CASES: dict[str, tuple[list[str], dict | None]] = {
 class Run:
     case: str
     jobs: int
+    code: str
     cpu_s: float
     wall_s: float
     evaluations: int
@@ -52,32 +55,36 @@ class Run:
         return self.evaluations / self.wall_s if self.wall_s else 0.0
 
 
-def _measure(case: str, jobs: int, folder: Path, timeout: float) -> Run:
-    """One `hetauto plan` in a child process; wait4 gives that child's own rusage (workers included)."""
+def _measure(case: str, jobs: int, folder: Path, timeout: float, code: tuple[str, str] = ("", "")) -> Run:
+    """One `hetauto plan` in a child process (on checkout `code` = (label, path) when given); wait4 gives that
+    child's own rusage (workers included)."""
+    label, path = code
+    env = dict(os.environ, PYTHONPATH=path) if path else None
     cli, doc = CASES[case]
     args = list(cli)
     if doc is not None:
         spec = folder / f"{case}.json"
         spec.write_text(json.dumps(doc))
         args += ["--cluster", str(spec)]
-    out = folder / f"{case}-j{jobs}.json"
+    out = folder / f"{case}-j{jobs}-{label}.json"
     cmd = [sys.executable, "-m", "hetauto", "plan", *args, "--seed", "1", "--jobs", str(jobs), "--json",
            "-o", str(out)]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # `-m` puts the working folder first on sys.path, ahead of PYTHONPATH: run in the checkout itself
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=path or None)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return Run(case, jobs, 0.0, time.perf_counter() - start, 0, 0.0, "", f"over {timeout:g} s")
+        return Run(case, jobs, label, 0.0, time.perf_counter() - start, 0, 0.0, "", f"over {timeout:g} s")
     wall = time.perf_counter() - start
     usage = proc.rusage if hasattr(proc, "rusage") else None
     cpu, rss = _usage(usage)
     if proc.returncode != 0:
-        return Run(case, jobs, cpu, wall, 0, rss, "", (stderr.strip().splitlines() or ["failed"])[-1])
+        return Run(case, jobs, label, cpu, wall, 0, rss, "", (stderr.strip().splitlines() or ["failed"])[-1])
     evaluations = int(json.loads(stdout).get("evaluations", 0))
-    return Run(case, jobs, cpu, wall, evaluations, rss, hashlib.sha256(out.read_bytes()).hexdigest()[:12])
+    return Run(case, jobs, label, cpu, wall, evaluations, rss, hashlib.sha256(out.read_bytes()).hexdigest()[:12])
 
 
 def _usage(usage: object) -> tuple[float, float]:
@@ -106,24 +113,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", default=f"1,{len(os.sched_getaffinity(0))}", help="worker counts (default 1,all)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per plan before it is given up")
     ap.add_argument("--json", action="store_true", help="also print one JSON document")
+    ap.add_argument("--code", action="append", default=[], metavar="LABEL=PATH",
+                    help="also run on this checkout (PYTHONPATH=PATH), e.g. before=/tmp/old after=.")
     args = ap.parse_args(argv)
+    codes = [(c.split("=", 1)[0], str(Path(c.split("=", 1)[1]).resolve())) for c in args.code] or [("", "")]
     jobs = sorted({int(j) for j in args.jobs.split(",")})
     runs: list[Run] = []
     print(f"load average {os.getloadavg()[0]:.2f}, {len(os.sched_getaffinity(0))} cores")
-    print(f"{'case':16} {'jobs':>4} {'CPU s':>8} {'wall s':>8} {'evals':>6} {'evals/s':>8} {'RSS MB':>7}  hash")
+    print(f"{'case':16} {'code':>8} {'jobs':>4} {'CPU s':>8} {'wall s':>8} {'evals':>6} {'evals/s':>8} "
+          f"{'RSS MB':>7}  hash")
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
             for j in jobs:
-                r = _measure(case, j, Path(tmp), args.timeout)
-                runs.append(r)
-                print(f"{r.case:16} {r.jobs:4d} {r.cpu_s:8.1f} {r.wall_s:8.1f} {r.evaluations:6d} {r.per_s:8.1f} "
-                      f"{r.peak_rss_mb:7.0f}  {r.plan_hash or r.error}", flush=True)
+                for code in codes:
+                    r = _measure(case, j, Path(tmp), args.timeout, code)
+                    runs.append(r)
+                    print(f"{r.case:16} {r.code:>8} {r.jobs:4d} {r.cpu_s:8.1f} {r.wall_s:8.1f} {r.evaluations:6d} "
+                          f"{r.per_s:8.1f} {r.peak_rss_mb:7.0f}  {r.plan_hash or r.error}", flush=True)
     for case in args.cases.split(","):
+        for label, _ in codes:
+            mine = [r for r in runs if r.case == case and r.code == label and not r.error]
+            if len(mine) > 1:
+                print(f"{case}{' ' + label if label else ''}: speed-up {mine[0].wall_s / mine[-1].wall_s:.2f}x wall, "
+                      f"{mine[0].cpu_s / mine[-1].cpu_s:.2f}x CPU, with {mine[-1].jobs} workers over {mine[0].jobs}")
         mine = [r for r in runs if r.case == case and not r.error]
         if len(mine) > 1:
-            same = len({r.plan_hash for r in mine}) == 1
-            print(f"{case}: speed-up {mine[0].wall_s / mine[-1].wall_s:.2f}x with {mine[-1].jobs} workers over "
-                  f"{mine[0].jobs}; same plan: {'yes' if same else 'NO'}")
+            print(f"{case}: same plan for every run: {'yes' if len({r.plan_hash for r in mine}) == 1 else 'NO'}")
     if args.json:
         print(json.dumps([r.__dict__ for r in runs]))
     return 0

@@ -13,8 +13,10 @@ For large m the recursion runs on `m0 = max(deepest warmup + TRANSIENT, EXACT_NO
 (cost O(p * m0): a 256-device, 16-stage plan is ~2k nodes, ~1-2 ms) and the rest is extrapolated by whole
 critical cycles -- but only once `periodic_shift` has shown, on the run's own event times, that its steady
 state repeats exactly (every event `span` microbatches later by one constant; see there why that suffices);
-until it does m0 doubles, up to m (the plain recursion). `span` comes from the steady-state period lambda (the
-maximum cycle mean of the max-plus system):
+until it does m0 doubles, up to m (the plain recursion). A failed check reruns nothing: the recursion pauses
+where the m0-run's cool-down would start (those events are a prefix of every longer run) and resumes from there
+for 2 m0; once the check holds it finishes the m0-run itself (`_advance`). `span` comes from the steady-state
+period lambda (the maximum cycle mean of the max-plus system):
 
     lambda = max( max_{r<=s} [sum_{q=r..s} (tf_q + tb_q) + sum_{h=r..s-1} (cf_h + cb_h)] / (w_r - w_s + 1),
                   (tf_r + cf_{r-1}) / d_r,  (tb_r + cb_r) / d_r,  serial_f_h,  serial_b_h )
@@ -71,90 +73,148 @@ def period(tf: Sequence[float], tb: Sequence[float], warmups: Sequence[int], loo
 
 def _event_tables(p: int, m: int) -> _Events:
     """Per (rank, microbatch) the end of its F and of its B; per (link, microbatch) when the activation starts
-    down link h -> h+1 (send_f) and the gradient down h+1 -> h (send_b): filled by `_recurse`."""
+    down link h -> h+1 (send_f) and the gradient down h+1 -> h (send_b): filled by `_advance`."""
     return ([[0.0] * m for _ in range(p)], [[0.0] * m for _ in range(p)],
             [[0.0] * m for _ in range(p - 1)], [[0.0] * m for _ in range(p - 1)])
+
+
+class _Recursion:
+    """The recursion's state between calls of `_advance`: every event so far, each rank's clock, last backward
+    start and counts, each link's free time. Mutable on purpose: `iteration_1f1b` resumes it for more
+    microbatches instead of starting over (issue 43)."""
+
+    __slots__ = ("m", "events", "rank_t", "last_b", "free_f", "free_b", "nf", "nb")
+
+    def __init__(self, p: int) -> None:
+        self.m = 0
+        self.events = _event_tables(p, 0)
+        self.rank_t, self.last_b = [0.0] * p, [0.0] * p  # clock, start of the last B (of the m so far)
+        self.free_f, self.free_b = [0.0] * p, [0.0] * p  # when each link is free again
+        self.nf, self.nb = [0] * p, [0] * p  # per rank: forwards and backwards done
+
+    def grow(self, m: int) -> None:
+        """Room for `m` microbatches in every event table."""
+        if m > self.m:
+            for table in self.events:
+                for series in table:
+                    series.extend([0.0] * (m - self.m))
+            self.m = m
 
 
 def _recurse(p: int, m: int, tf: Sequence[float], tb: Sequence[float], warmups: tuple[int, ...],
              lookahead: Sequence[int], fwd: Sequence[tuple[float, float]],
              bwd: Sequence[tuple[float, float]]) -> tuple[list[float], list[float], _Events]:
     """(rank end of compute, start of its last backward) per rank for m microbatches, and every event's time
-    (the periodicity check reads them).
+    (the periodicity check reads them): the whole recursion in one go."""
+    state = _Recursion(p)
+    _advance(state, m, True, tf, tb, warmups, lookahead, fwd, bwd)
+    return state.rank_t, state.last_b, state.events
+
+
+def _advance(state: _Recursion, m: int, final: bool, tf: Sequence[float], tb: Sequence[float],
+             warmups: Sequence[int], lookahead: Sequence[int], fwd: Sequence[tuple[float, float]],
+             bwd: Sequence[tuple[float, float]]) -> None:
+    """Run the recursion of an m-microbatch iteration on from `state`: to its end (`final`), or, not `final`,
+    until every rank pauses where it would start its cool-down (m forwards done, and a backward next only
+    because no forward is left). The paused events are then a prefix of EVERY run of m' >= m microbatches
+    (with the same unclipped warm-ups), so a larger run resumes from them and `final` with the same m finishes
+    exactly the m-run: the same events, bit for bit (each is the same max of the same inputs, whatever order
+    the ranks are advanced in).
 
     Ranks are advanced round-robin, each as far as its inputs allow, which is a topological order of the
     (rank, F/B, microbatch) graph: a 1F1B-family rank's next action is F while it has fewer than its warmup
     forwards in flight (nf - nb <= w) and forwards remain, else B; F(r,k) needs F(r-1,k) done, B(r,k)
     needs B(r+1,k). Folding the order into the recursion (no separate order pass, no cache) halves the cost
     of a cold evaluation of a deep pipeline."""
-    end_f, end_b, send_f, send_b = _event_tables(p, m)
-    rank_t, last_b, free_f, free_b = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p  # clock, last B, links free
-    nf, nb = [0] * p, [0] * p  # per rank: forwards and backwards done
-    look = [max(1, d) for d in lookahead]
-    warm = [min(w, m) for w in warmups]
-    remaining = 2 * p * m
+    state.grow(m)
+    p = len(tf)
+    rank_t, last_b, free_f, free_b, nf, nb = (state.rank_t, state.last_b, state.free_f, state.free_b,
+                                              state.nf, state.nb)
+    stop_b = m if final else -1  # not final: no backward once the forwards are done and w or fewer are in flight
     last = p - 1
-    while remaining:
+    ctx = _rank_inputs(state.events, tf, tb, warmups, lookahead, fwd, bwd)
+    while True:
         progressed = False
         for r in range(p):
+            ef, eb, prev, nxt, sf, sb, ser_f, c_f, ser_b, c_b, tf_r, tb_r, w, d = ctx[r]
             t = rank_t[r]
             f_r, b_r = nf[r], nb[r]
-            w, d = warm[r], look[r]
-            ef, eb = end_f[r], end_b[r]
+            ready_f = nf[r - 1] if r else m  # F(r, k) may run for k < ready_f, B(r, k) for k < ready_b
+            ready_b = nb[r + 1] if r < last else m
+            link_f = free_f[r - 1] if r else 0.0  # the links rank r sends on: only it moves their free time
+            link_b = free_b[r] if r < last else 0.0
             while True:
-                if f_r < m and f_r - b_r <= w:
-                    k = f_r
-                    if r > 0:
-                        prev = end_f[r - 1]
-                        if nf[r - 1] <= k:
-                            break
-                        a = prev[k]
-                        if k >= d and ef[k - d] > a:
-                            a = ef[k - d]
-                        h = r - 1
-                        if free_f[h] > a:
-                            a = free_f[h]
-                        ser, lat = fwd[h]
-                        send_f[h][k] = a
-                        free_f[h] = a + ser
-                        a += ser + lat
-                        if a > t:
-                            t = a
-                    t += tf[r]
-                    ef[k] = t
-                    f_r += 1
-                elif b_r < m:
-                    k = b_r
-                    if r < last:
-                        if nb[r + 1] <= k:
-                            break
-                        a = end_b[r + 1][k]
-                        if k >= d and eb[k - d] > a:
-                            a = eb[k - d]
-                        if free_b[r] > a:
-                            a = free_b[r]
-                        ser, lat = bwd[r]
-                        send_b[r][k] = a
-                        free_b[r] = a + ser
-                        a += ser + lat
-                        if a > t:
-                            t = a
-                    if k == m - 1:
-                        last_b[r] = t
-                    t += tb[r]
-                    eb[k] = t
-                    b_r += 1
-                else:
+                if f_r - b_r <= w:
+                    if f_r < m:
+                        k = f_r
+                        if prev is not None:
+                            if k >= ready_f:
+                                break
+                            a = prev[k]
+                            if k >= d and ef[k - d] > a:
+                                a = ef[k - d]
+                            if link_f > a:
+                                a = link_f
+                            sf[k] = a
+                            link_f = a + ser_f
+                            a += c_f
+                            if a > t:
+                                t = a
+                        t += tf_r
+                        ef[k] = t
+                        f_r += 1
+                        continue
+                    if b_r >= stop_b:
+                        break
+                elif b_r >= m:
                     break
-            done = (f_r - nf[r]) + (b_r - nb[r])
-            if done:
+                k = b_r
+                if nxt is not None:
+                    if k >= ready_b:
+                        break
+                    a = nxt[k]
+                    if k >= d and eb[k - d] > a:
+                        a = eb[k - d]
+                    if link_b > a:
+                        a = link_b
+                    sb[k] = a
+                    link_b = a + ser_b
+                    a += c_b
+                    if a > t:
+                        t = a
+                if k == m - 1:
+                    last_b[r] = t
+                t += tb_r
+                eb[k] = t
+                b_r += 1
+            if f_r != nf[r] or b_r != nb[r]:
                 progressed = True
-                remaining -= done
                 nf[r], nb[r] = f_r, b_r
                 rank_t[r] = t
-        if not progressed:  # cannot happen for 1F1B-family lists; guard against an endless loop
-            raise RuntimeError("1F1B order has a cycle")
-    return rank_t, last_b, (end_f, end_b, send_f, send_b)
+                if r:
+                    free_f[r - 1] = link_f
+                if r < last:
+                    free_b[r] = link_b
+        if not progressed:
+            break
+    if any(f < m for f in nf) or (final and any(b < m for b in nb)):
+        raise RuntimeError("1F1B order has a cycle")  # cannot happen for 1F1B-family lists (non-increasing w)
+
+
+def _rank_inputs(events: _Events, tf: Sequence[float], tb: Sequence[float], warmups: Sequence[int],
+                 lookahead: Sequence[int], fwd: Sequence[tuple[float, float]],
+                 bwd: Sequence[tuple[float, float]]) -> list[tuple]:
+    """Per rank, everything its actions read that does not change while it runs (one tuple unpacked per visit):
+    its event series, its neighbours' (F(r-1, k) and B(r+1, k) feed it), its sends' series, each send's
+    serialization and serialization + latency (`sum`: the same float as `ser + lat`), its compute times, its
+    warm-up and receive lookahead."""
+    end_f, end_b, send_f, send_b = events
+    last = len(tf) - 1
+    return [(end_f[r], end_b[r], end_f[r - 1] if r else None, end_b[r + 1] if r < last else None,
+             send_f[r - 1] if r else None, send_b[r] if r < last else None,
+             fwd[r - 1][0] if r else 0.0, sum(fwd[r - 1]) if r else 0.0,
+             bwd[r][0] if r < last else 0.0, sum(bwd[r]) if r < last else 0.0,
+             tf[r], tb[r], warmups[r], max(1, lookahead[r])) for r in range(last + 1)]
 
 
 def steady_window(warmups: Sequence[int], lookahead: Sequence[int]) -> int:
@@ -215,13 +275,19 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
     span = period(tf, tb, [min(w, m) for w in warm], look, fw, bw)[1] if m0 < m else 1
     if m0 < m:  # at least long enough for periodic_shift's two windows after the warm-ups, and TRANSIENT more
         m0 = min(m, max(m0, max(warm) + span + steady_window(warm, look) + max(look) + 1 + TRANSIENT))
+    state = _Recursion(p)
     while True:
         m0 = min(m, m0 + (m - m0) % span)  # extrapolate by whole critical cycles
-        rank_t, last_b, events = _recurse(p, m0, tf, tb, tuple(min(w, m0) for w in warm), look, fw, bw)
-        delta = periodic_shift(events, warm, look, m0, span) if m0 < m else None
+        warm0 = tuple(min(w, m0) for w in warm)
+        delta = None
+        if m0 < m:  # pause where the m0-run's cool-down would start: a failed check costs no rerun
+            _advance(state, m0, False, tf, tb, warm0, look, fw, bw)
+            delta = periodic_shift(state.events, warm, look, m0, span)
         if m0 == m or delta is not None:
+            _advance(state, m0, True, tf, tb, warm0, look, fw, bw)  # finish exactly the m0-run
             break
         m0 = min(m, 2 * m0)  # the transient is longer than m0: run further (at worst all m microbatches)
+    rank_t, last_b = state.rank_t, state.last_b
     if m0 < m:
         shift = (m - m0) // span * delta
         rank_t = [x + shift for x in rank_t]

@@ -175,41 +175,50 @@ def add_comms(compute: Sequence[Sequence[Action]], p: int, v: int,
     overlap compute; a deeper lookahead is what lets a slow link run ahead (Virtual-1F1B)."""
     n = p * v
     look = [lookahead] * p if isinstance(lookahead, int) else list(lookahead)
-    out: list[tuple[Action, ...]] = []
-    for rank, row in enumerate(compute):
-        d = max(1, look[rank])
-        needs: dict[str, list[Action]] = {"F": [], "B": []}
-        for a in row:
-            if a.type is ActionType.F and a.stage > 0:
-                needs["F"].append(Action(a.stage, ActionType.RECV_F, a.microbatch))
-            elif a.type in (ActionType.B, ActionType.I) and a.stage < n - 1:
-                needs["B"].append(Action(a.stage, ActionType.RECV_B, a.microbatch))
-        posted = {"F": 0, "B": 0}
-        seen = {"F": 0, "B": 0}
-        res: list[Action] = []
+    return tuple(_rank_with_comms(row, n, max(1, look[rank])) for rank, row in enumerate(compute))
 
-        def post(kind: str, upto: int) -> None:
-            lst = needs[kind]
-            while posted[kind] < min(upto, len(lst)):
-                res.append(lst[posted[kind]])
-                posted[kind] += 1
 
-        post("F", d)
-        post("B", d)
-        for a in row:
-            kind = "F" if a.type is ActionType.F else "B" if a.type in (ActionType.B, ActionType.I) else None
-            if kind == "F" and a.stage > 0 or kind == "B" and a.stage < n - 1:
-                post(kind, seen[kind] + 1)  # never compute before its own receive is posted
-                seen[kind] += 1
+def _rank_with_comms(row: Sequence[Action], n: int, d: int) -> tuple[Action, ...]:
+    """One rank's list of `add_comms`: the planner lowers every zero-bubble candidate's lists (10^5 actions),
+    so the receives are posted by slicing the list of receives this rank needs, in the order it needs them."""
+    f_, bi = ActionType.F, (ActionType.B, ActionType.I)
+    recv_f, recv_b, send_f, send_b = ActionType.RECV_F, ActionType.RECV_B, ActionType.SEND_F, ActionType.SEND_B
+    need_f = [Action(a.stage, recv_f, a.microbatch) for a in row if a.type is f_ and a.stage > 0]
+    need_b = [Action(a.stage, recv_b, a.microbatch) for a in row if a.type in bi and a.stage < n - 1]
+    nf, nb = len(need_f), len(need_b)
+    posted_f, posted_b = min(d, nf), min(d, nb)  # receives posted so far, per kind
+    res: list[Action] = need_f[:posted_f] + need_b[:posted_b]
+    seen_f = seen_b = 0  # input-needing computes so far, per kind
+    for a in row:
+        if a.type is f_:
+            if a.stage > 0:
+                if posted_f <= seen_f < nf:  # never compute before its own receive is posted
+                    res.append(need_f[seen_f])
+                    posted_f = seen_f + 1
+                seen_f += 1
             res.append(a)
-            if a.type is ActionType.F and a.stage < n - 1:
-                res.append(Action(a.stage, ActionType.SEND_F, a.microbatch))
-            elif a.type in (ActionType.B, ActionType.I) and a.stage > 0:
-                res.append(Action(a.stage, ActionType.SEND_B, a.microbatch))
-            if kind is not None:
-                post(kind, seen[kind] + d)
-        out.append(tuple(res))
-    return tuple(out)
+            if a.stage < n - 1:
+                res.append(Action(a.stage, send_f, a.microbatch))
+            upto = min(seen_f + d, nf)
+            if posted_f < upto:
+                res.extend(need_f[posted_f:upto])
+                posted_f = upto
+        elif a.type in bi:
+            if a.stage < n - 1:
+                if posted_b <= seen_b < nb:
+                    res.append(need_b[seen_b])
+                    posted_b = seen_b + 1
+                seen_b += 1
+            res.append(a)
+            if a.stage > 0:
+                res.append(Action(a.stage, send_b, a.microbatch))
+            upto = min(seen_b + d, nb)
+            if posted_b < upto:
+                res.extend(need_b[posted_b:upto])
+                posted_b = upto
+        else:
+            res.append(a)
+    return tuple(res)
 
 
 def _recv_for_send(a: Action) -> Action:

@@ -210,21 +210,37 @@ def _channels(schedule: Schedule, costs: PipelineCosts, linkmap: dict[tuple[int,
     return replace(ch, nlinks=len(link_index))
 
 
+_COMPILED: dict[int, tuple[Schedule, tuple[list[list[int]], list[list[int]], list[list[int]]]]] = {}
+_COMPILED_KEEP = 8  # schedules whose flat lists are kept (a 48-rank, 384-microbatch ZB one: ~128k actions)
+
+
 def _compile(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     """Each rank's action list as flat int lists (op code, virtual stage, microbatch or -1), checked: every
-    action on a stage its rank owns and a microbatch in range."""
+    action on a stage its rank owns and a microbatch in range. Kept per schedule object (the event loop only
+    reads them): the planner simulates one cached schedule for several candidates' costs."""
+    held = _COMPILED.get(id(schedule))
+    if held is not None and held[0] is schedule:
+        return held[1]
+    flat = _flatten(schedule)
+    if len(_COMPILED) >= _COMPILED_KEEP:
+        _COMPILED.clear()
+    _COMPILED[id(schedule)] = (schedule, flat)  # the schedule is kept alive, so its id is not reused meanwhile
+    return flat
+
+
+def _flatten(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     p, n, m = schedule.p, schedule.p * schedule.v, schedule.m
     code_of = _CODE  # a local: one lookup per action
+    owner_of = [schedule.owner(s) for s in range(n)]
     ops: list[list[int]] = []
     stg: list[list[int]] = []
     mbs: list[list[int]] = []
     for r, row in enumerate(schedule.ranks):
-        o, st, mb = [], [], []
+        o = [code_of[a.type] for a in row]
+        st = [a.stage for a in row]
+        mb = [-1 if a.microbatch is None else a.microbatch for a in row]
         for a in row:
-            o.append(code_of[a.type])
-            st.append(a.stage)
-            mb.append(-1 if a.microbatch is None else a.microbatch)
-            if not 0 <= a.stage < n or schedule.owner(a.stage) != r:
+            if not 0 <= a.stage < n or owner_of[a.stage] != r:
                 raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own "
                                     f"(p={p}, v={schedule.v})")
             if a.microbatch is not None and not 0 <= a.microbatch < m:
