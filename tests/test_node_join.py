@@ -73,7 +73,8 @@ def _last_line(err: str) -> str:
 
 @pytest.mark.timeout(120)
 def test_a_node_with_other_run_options_is_refused_naming_the_option_on_both_sides(launches: Launch) -> None:
-    ours, theirs = launches.write("a", "--lr", "0.001"), launches.write("b", "--lr", "0.002")
+    ours = launches.write("a", "--lr", "0.001")  # b shares a's secret: it may join, and hears what differs
+    theirs = launches.write("b", "--lr", "0.002", "--secret-file", str(ours.parent / "control.secret"))
     lead, member = launches.agent(ours, 0, "lead"), launches.agent(theirs, 1, "member")
     _, lead_err = lead.communicate(timeout=90)
     _, member_err = member.communicate(timeout=30)

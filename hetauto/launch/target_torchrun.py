@@ -5,6 +5,7 @@ starts the node agent, which runs torchrun with that node's process count and no
 from __future__ import annotations
 
 from hetauto.core.errors import HetautoError
+from hetauto.launch.node_secret import SECRET_FILE, SECRET_FILE_ENV
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.launch.targets import embedded_launch, hookimpl, node_command, one_line
 
@@ -33,7 +34,9 @@ def node_script(launch: LaunchPlan, site: SiteLaunch, node: NodeLaunch, *, devic
         f"backend {one_line(node.backend)}\n"
         f"# {one_line(role)}.\n"
         "# Run it on that machine from any folder; HETAUTO_WORKDIR picks its working folder, HETAUTO_PYTHON the python.\n"
+        f"# The job secret is read from {SECRET_FILE} beside this script (HETAUTO_SECRET_FILE names another file).\n"
         "set -euo pipefail\n"
+        f'export {SECRET_FILE_ENV}="${{{SECRET_FILE_ENV}:-$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/{SECRET_FILE}}}"\n'
         f'work="${{HETAUTO_WORKDIR:-$PWD/{workdir_default(launch)}-node{node.node_rank}}}"\n'
         'mkdir -p "$work"\n'
         'cd "$work"\n'
