@@ -137,3 +137,23 @@ def test_a_stranger_on_a_running_leads_port_is_refused_and_the_job_trains_on(tmp
     assert len(refused) == 1 and refused[0].startswith("hetauto node 0: refused a connection to the control store "
                                                        "from 127.0.0.1:"), errs[0][-2000:]
     assert "FAKE-ABORT" not in errs[0] + errs[1]
+
+
+def test_a_site_s_env_may_name_the_secret_file_and_an_agent_without_one_says_so(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    """A Kubernetes Secret mounted as a file: `--env HETAUTO_SECRET_FILE=PATH` at launch names it for the agent."""
+    (tmp_path / "mounted").write_text(SECRET + "\n")
+    out = _launch(tmp_path, 29500, "--env", f"{SECRET_FILE_ENV}={tmp_path / 'mounted'}")
+    assert SECRET not in (out / "launch.json").read_text()
+    (out / "control.secret").unlink()
+    launch = LaunchPlan.load(out / "launch.json")
+    job = prepare_node(launch, 1, tmp_path / "member")
+    assert find_secret(out / "launch.json", None, job.env) == SECRET
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "launch.json").write_text((tmp_path / "launch" / "launch.json").read_text().replace(
+        str(tmp_path / "mounted"), str(tmp_path / "gone")))
+    assert main(["node", str(bare / "launch.json"), "--node-rank", "1", "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"hetauto node: error: {SECRET_FILE_ENV} {tmp_path / 'gone'}: no such file; give the job's "
+                       "control.secret (hetauto launch wrote it beside launch.json and in each site's folder)"), err

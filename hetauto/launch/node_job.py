@@ -14,7 +14,6 @@ from pathlib import Path
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
 from hetauto.launch.local import write_run_folder
-from hetauto.launch.node_secret import SECRET_FILE_ENV
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.runtime.options import RunOptions
 
@@ -79,7 +78,6 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
     if visible_devices == "plan":
         for var in node.visible_devices_env:
             env[var] = ",".join(str(d) for d in node.devices)
-    env.pop(SECRET_FILE_ENV, None)  # the ranks get the secret itself (HETAUTO_CONTROL_TOKEN), not its file
     job = NodeJob(launch, site, node, plan, replace(run, plan=str(work / "run" / "plan.json")), work, options, env,
                   secret)
     return job
