@@ -132,7 +132,8 @@ def _node_script(launch: LaunchPlan, components: list[tuple[str, tuple[NodeLaunc
         '    echo "hetauto: SLURM_NODEID=$SLURM_NODEID but the step has ${#node_ranks[@]} node(s)" >&2\n'
         "    exit 2\n"
         "fi\n"
-        f'export {SECRET_FILE_ENV}="${{{SECRET_FILE_ENV}:-$PWD/{SECRET_FILE}}}"  # the job secret: a path, never its text\n'
+        f'export {SECRET_FILE_ENV}="${{{SECRET_FILE_ENV}:-$PWD/{SECRET_FILE}}}"'
+        "  # the job secret: a path, never its text\n"
         f'work="${{HETAUTO_WORKDIR:-$PWD/{workdir_default(launch)}}}-node$NODE_RANK"\n'
         'mkdir -p "$work"\n'
         'cd "$work"\n'

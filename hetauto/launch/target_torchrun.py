@@ -20,6 +20,12 @@ def workdir_default(launch: LaunchPlan) -> str:
     return f"hetauto-job-{launch.plan_sha256[:12]}"
 
 
+def _secret_line() -> str:
+    """The job secret's file: HETAUTO_SECRET_FILE, else control.secret beside the script (a path, never its text)."""
+    here = '$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)'
+    return f'export {SECRET_FILE_ENV}="${{{SECRET_FILE_ENV}:-{here}/{SECRET_FILE}}}"\n'
+
+
 def node_script(launch: LaunchPlan, site: SiteLaunch, node: NodeLaunch, *, devices: str = "plan") -> str:
     rdzv = launch.rendezvous
     lead = node.node_rank == 0
@@ -36,8 +42,8 @@ def node_script(launch: LaunchPlan, site: SiteLaunch, node: NodeLaunch, *, devic
         "# Run it on that machine from any folder; HETAUTO_WORKDIR picks its working folder, HETAUTO_PYTHON the python.\n"
         f"# The job secret is read from {SECRET_FILE} beside this script (HETAUTO_SECRET_FILE names another file).\n"
         "set -euo pipefail\n"
-        f'export {SECRET_FILE_ENV}="${{{SECRET_FILE_ENV}:-$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/{SECRET_FILE}}}"\n'
-        f'work="${{HETAUTO_WORKDIR:-$PWD/{workdir_default(launch)}-node{node.node_rank}}}"\n'
+        + _secret_line()
+        + f'work="${{HETAUTO_WORKDIR:-$PWD/{workdir_default(launch)}-node{node.node_rank}}}"\n'
         'mkdir -p "$work"\n'
         'cd "$work"\n'
         + embedded_launch(launch)
