@@ -113,7 +113,8 @@ GOLDEN_HETJOB = """\
 # This is the lead site: node rank 0 serves the rendezvous on port 29500 and the control store on port 29501 at
 # 10.0.0.1 and writes the run's result (result.json in its working folder).
 # Submit with `sbatch job.sbatch` from the folder the nodes' working folders go into (HETAUTO_WORKDIR picks
-# another; each node appends -node<NODE_RANK>); HETAUTO_PYTHON picks the python.
+# another; each node appends -node<NODE_RANK>); HETAUTO_PYTHON picks the python. That folder holds the
+# job secret, control.secret (HETAUTO_SECRET_FILE names another file).
 #SBATCH --job-name=hetauto-both
 #SBATCH --output=hetauto-both-%j.out
 #SBATCH --nodes=1
@@ -141,6 +142,7 @@ if [[ -z $NODE_RANK ]]; then
     echo "hetauto: SLURM_NODEID=$SLURM_NODEID but the step has ${#node_ranks[@]} node(s)" >&2
     exit 2
 fi
+export HETAUTO_SECRET_FILE="${HETAUTO_SECRET_FILE:-$PWD/control.secret}"  # the job secret: a path, never its text
 work="${HETAUTO_WORKDIR:-$PWD/hetauto-job-<sha12>}-node$NODE_RANK"
 mkdir -p "$work"
 cd "$work"
@@ -381,6 +383,7 @@ def test_slurm_runs_the_cpu_demo_plan(cpu_demo, tmp_path: Path, layout: str) -> 
         folder = folders[site.name] = tmp_path / f"site-{site.name}"
         folder.mkdir()
         shutil.copy(tmp_path / "out" / site.name / "job.sbatch", folder / "job.sbatch")
+        shutil.copy(tmp_path / "out" / site.name / "control.secret", folder / "control.secret")
         sub = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=folder, env=env, capture_output=True,
                              text=True, timeout=60)
         assert sub.returncode == 0, sub.stderr

@@ -73,7 +73,8 @@ def _last_line(err: str) -> str:
 
 @pytest.mark.timeout(120)
 def test_a_node_with_other_run_options_is_refused_naming_the_option_on_both_sides(launches: Launch) -> None:
-    ours, theirs = launches.write("a", "--lr", "0.001"), launches.write("b", "--lr", "0.002")
+    ours = launches.write("a", "--lr", "0.001")  # b shares a's secret: it may join, and hears what differs
+    theirs = launches.write("b", "--lr", "0.002", "--secret-file", str(ours.parent / "control.secret"))
     lead, member = launches.agent(ours, 0, "lead"), launches.agent(theirs, 1, "member")
     _, lead_err = lead.communicate(timeout=90)
     _, member_err = member.communicate(timeout=30)
@@ -92,7 +93,8 @@ def test_a_node_the_lead_refuses_ends_with_the_leads_reason_exit_1(launches: Lau
     """Another plan (3 slow ranks): the lead refuses it and keeps its store up until the node has read why."""
     (tmp_path / "other").mkdir()
     other = write_two_site_plan(tmp_path / "other", slow_ranks=3)
-    ours, theirs = launches.write("a"), launches.write("b", plan=other)
+    ours = launches.write("a")  # b shares a's secret: the lead reads its registration and refuses its plan
+    theirs = launches.write("b", "--secret-file", str(ours.parent / "control.secret"), plan=other)
     lead, member = launches.agent(ours, 0, "lead"), launches.agent(theirs, 1, "member")
     _, lead_err = lead.communicate(timeout=90)
     _, member_err = member.communicate(timeout=30)

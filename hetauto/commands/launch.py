@@ -5,7 +5,9 @@ Checks the plan and the run flags exactly as `hetauto run` does (hetauto.job.pre
 (hetauto.launch.plan: sites, nodes, process counts, rank ranges, the static rendezvous, each node's environment),
 and writes the target's files under DIR, one folder per site, plus `launch.json` (the launch plan itself) and a
 `README.txt` that says who runs what. Every artifact carries the launch plan inside: no file is copied by hand.
-Nothing is overwritten: a DIR that holds files already is refused.
+Nothing is overwritten: a DIR that holds files already is refused. The job secret every connection to the lead's
+control store proves is written as `control.secret` (0600) beside launch.json and in each site's folder, never in
+launch.json or a script (hetauto.launch.node_secret); `--secret-file PATH` brings one's own.
 """
 
 from __future__ import annotations
@@ -53,21 +55,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write (must be new or empty)")
     parser.add_argument("--no-reference", action="store_true",
                         help="the lead node skips the single-process reference loss")
+    parser.add_argument("--secret-file", metavar="PATH",
+                        help="the job secret to use (a file holding one word of >= 32 characters), e.g. to let two "
+                             "launches join each other; default: a new one (32 random bytes, hex)")
     add_job_arguments(parser)
     add_launch_arguments(parser)
+
+
+def write_secrets(out: Path, files: dict[str, str], secret: str) -> list[Path]:
+    """The job secret as control.secret (0600) beside launch.json and in every site's folder, the folder each site
+    receives: never in launch.json, a script's text or a command line (hetauto.launch.node_secret)."""
+    from hetauto.launch.node_secret import SECRET_FILE, write_secret
+
+    sites = dict.fromkeys(Path(rel).parts[0] for rel in files if len(Path(rel).parts) > 1)
+    return [write_secret(out / folder / SECRET_FILE, secret) for folder in (".", *sites)]
 
 
 def run(args: argparse.Namespace) -> int:
     from hetauto.commands.run import job_request
     from hetauto.job.prepare import prepare
+    from hetauto.launch.node_secret import new_secret, read_secret
 
     out = Path(args.output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         write_files(out, {})  # the same one-line refusal, before any checking work
+    secret = read_secret(args.secret_file) if args.secret_file else new_secret()
     job = prepare(job_request(args))  # the run-only flags (--emulate, --trace, ...) at their defaults
     launch = derive_launch(args, job.plan, job.cluster, job.base, job.options)
     files = render(args.target, launch)
     written = write_files(out, files)
+    written += write_secrets(out, files, secret)
     if args.json:
         print_json({"target": args.target, "launch": launch.model_dump(mode="json", by_alias=True),
                     "files": [str(p) for p in written]})

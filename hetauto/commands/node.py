@@ -7,6 +7,10 @@ the steps and writes the run's result (`hetauto run --json`'s document) to `resu
 failure ends in one line naming the culprit rank, its stage and cluster.
 As `hetauto run`, the lead owns the run's `--checkpoint-dir` while the job runs (a second job's lead is refused
 naming the owner) and fails a run whose loss leaves the single-process reference's tolerance (exit 7).
+Every connection to the lead's control store proves the launch's job secret (hetauto.launch.node_secret: read
+from --secret-file, $HETAUTO_SECRET_FILE (the agent's, or the site's --env) or control.secret beside the launch
+plan); a node of another launch is refused at join, exit 1, and a stranger on the lead's port is refused with one
+line on the lead.
 Exit codes: 0 done (on every node of a job that trained: the lead waits for the others' end), 1 failed (the job,
 a bad input, or the lead refused the job: its reason), 7 the loss left the reference, 128 + N after signal N.
 """
@@ -17,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -35,10 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--visible-devices", default="plan", choices=("plan", "scheduler"),
                         help="plan: select the plan's devices with the backend's visible-devices variable; "
                              "scheduler: keep what the scheduler set (Slurm, Kubernetes, SkyPilot)")
+    parser.add_argument("--secret-file", metavar="PATH",
+                        help="the job secret every connection to the lead's control store proves (default: "
+                             "$HETAUTO_SECRET_FILE, else control.secret beside the launch plan; hetauto launch wrote "
+                             "it)")
 
 
 def run(args: argparse.Namespace) -> int:
     from hetauto.launch.node import prepare_node
+    from hetauto.launch.node_secret import find_secret
     from hetauto.launch.plan import LaunchPlan
 
     launch = LaunchPlan.load(args.launch)
@@ -49,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise HetautoError(f"--workdir {args.workdir or '.'}: cannot write there ({err.strerror or err}); "
                            "choose another folder") from None
+    # the job secret's file may be named by the site's environment too (--env HETAUTO_SECRET_FILE=PATH: a
+    # Kubernetes Secret mounted as a file)
+    job = replace(job, secret=find_secret(args.launch, args.secret_file, job.env))
     # this agent's own c10d store clients: when a peer agent goes, c10d logs a warning with a C++ stack trace
     # before the agent says what happened in one line; errors only (set before torch loads; job.env, which the
     # ranks inherit, was copied above and keeps their logging as it was)

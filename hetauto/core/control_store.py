@@ -30,7 +30,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from hetauto.core.control_limits import StoreLimits, StoreRefused, default_connections
 
@@ -51,6 +51,14 @@ def join_address(host: str, port: int) -> str:
 def proof(token: str, nonce: str, role: str) -> str:
     """HMAC-SHA256(token, nonce || role), hex: what a client answers the server's challenge with."""
     return hmac.new(token.encode("utf-8"), (nonce + role).encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _peer(conn: socket.socket) -> str:
+    try:
+        host, port = conn.getpeername()[:2]
+    except OSError:
+        return "?"
+    return join_address(str(host), int(port))
 
 
 def _is_number(text: str) -> bool:
@@ -212,11 +220,12 @@ class _Data:
 class _Conn:
     """One client connection's buffers, and whether it has been answered yet (an idle stranger has not)."""
 
-    __slots__ = ("inbox", "outbox", "answered", "nonce")
+    __slots__ = ("inbox", "outbox", "answered", "nonce", "peer")
 
-    def __init__(self, nonce: str | None) -> None:
+    def __init__(self, nonce: str | None, peer: str = "?") -> None:
         self.inbox, self.outbox, self.answered = bytearray(), bytearray(), False
         self.nonce = nonce  # the challenge it has not answered yet (None: proven, or a store without a token)
+        self.peer = peer  # HOST:PORT of the client, for the owner's one line about a refused stranger
 
 
 class ControlStoreServer(_Data):
@@ -227,9 +236,11 @@ class ControlStoreServer(_Data):
     oldest connection that has not been answered yet (an idle stranger; ranks ask at once) to admit the new one,
     or refuses the new one, or pauses accepting a moment; the connections it serves go on either way."""
 
-    def __init__(self, listener: socket.socket, limits: StoreLimits | None = None, token: str | None = None) -> None:
+    def __init__(self, listener: socket.socket, limits: StoreLimits | None = None, token: str | None = None,
+                 on_refused: Callable[[str], None] | None = None) -> None:
         super().__init__(limits)
         self._token = token
+        self._on_refused = on_refused  # told the peer (HOST:PORT) of each connection closed for a missing proof
         self.max_connections = self.limits.connections or default_connections()
         self._listener = listener
         listener.setblocking(False)
@@ -296,7 +307,7 @@ class ControlStoreServer(_Data):
             return
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        state = self._conns[conn] = _Conn(os.urandom(16).hex() if self._token else None)
+        state = self._conns[conn] = _Conn(os.urandom(16).hex() if self._token else None, _peer(conn))
         self._selector.register(conn, selectors.EVENT_READ, "conn")
         if state.nonce is not None:  # the challenge first: nothing is read or written before its answer
             state.outbox += _frame({"nonce": state.nonce})
@@ -356,12 +367,20 @@ class ControlStoreServer(_Data):
             del inbox[:4 + size]
             if state.nonce is not None:
                 if not self._proven(state, request):
+                    self._refused(state.peer)
                     return False  # no proof of the job's token: closed before it reads or writes a key
                 state.outbox += _frame({"ok": True})
                 continue
             state.outbox += _frame(self.answer(request, owner=state))
             state.answered = True
         return True
+
+    def _refused(self, peer: str) -> None:
+        if self._on_refused is not None:
+            try:
+                self._on_refused(peer)
+            except Exception:  # noqa: BLE001 - the owner's note never ends the store
+                pass
 
     def _proven(self, state: _Conn, request: Any) -> bool:
         """Whether `request` answers the connection's challenge: {"op": "auth", "role": R, "proof": HMAC}."""
@@ -431,7 +450,11 @@ class ControlStoreClient:
             if not isinstance(nonce, str):
                 raise ConnectionError(f"control store {self.address}: it asked for no proof of the job's token")
             self._sock.sendall(_frame({"op": "auth", "role": role, "proof": proof(token, nonce, role)}))
-            self._receive()
+            try:
+                self._receive()
+            except ConnectionError:  # closed at its proof: the server holds another token
+                raise PermissionError(f"control store {self.address}: it refused this process's proof of the job's "
+                                      "token (it serves a job with another token)") from None
         except BaseException:
             self._sock.close()
             raise

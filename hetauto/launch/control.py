@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hetauto.core.control_limits import StoreLimits, raise_open_files_limit
 from hetauto.core.control_store import ControlStoreServer, join_address
@@ -33,6 +33,7 @@ ERROR_FIELDS = "error.json"  # rank<R>.error.json: the fields the rank sent with
 
 POLL_S = 0.05  # how often new messages are read
 BEAT_POLL_S = 0.25  # how often the heartbeat counters are read
+REFUSED_NOTE_S = 30.0  # the refusals of one stranger's host are said at most once in this long
 HOLE_GRACE_S = 2.0  # a counted message still missing after this long is skipped (its rank died mid-post)
 
 
@@ -60,12 +61,14 @@ class ControlServer:
     """Serves a control store on `bind:port` (port 0: a free one) and mirrors the ranks' messages into `folder`.
 
     `address` is what the ranks connect to (`advertise` or the bound address). `token`: every connection must
-    prove it holds it (hetauto.core.control_store's challenge) before it reads or writes a key. Use as a context manager or
+    prove it holds it (hetauto.core.control_store's challenge) before it reads or writes a key; `on_refused(peer)`
+    is told of a connection closed without that proof (once per host per REFUSED_NOTE_S). Use as a context manager or
     `start()` / `close()`; `close()` stops the thread after a last full read, so nothing a finished rank sent is
     lost."""
 
     def __init__(self, folder: str | Path, bind: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
-                 limits: StoreLimits | None = None, token: str | None = None) -> None:
+                 limits: StoreLimits | None = None, token: str | None = None,
+                 on_refused: Callable[[str], None] | None = None) -> None:
         raise_open_files_limit()  # a job's own ranks hold two connections each: serve as many as this process may
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -83,7 +86,10 @@ class ControlServer:
         self.port = int(self._sock.getsockname()[1])
         host = advertise or bind
         self.address = join_address(host, self.port)
-        self.store = ControlStoreServer(self._sock, limits or job_store_limits(), token=token)
+        self._say_refused = on_refused
+        self._refused_said: dict[str, float] = {}  # peer host -> when its refusal was last said
+        self.store = ControlStoreServer(self._sock, limits or job_store_limits(), token=token,
+                                        on_refused=self._refused if on_refused is not None else None)
         self.lock = threading.Lock()  # the store object is shared by the mirror thread and the agent's handshake
         self._next = 1
         self._hole_since: float | None = None
@@ -93,6 +99,14 @@ class ControlServer:
         self._agents: dict[int, tuple[int, float]] = {}  # member node rank -> (its agent counter, when it last moved)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _refused(self, peer: str) -> None:
+        """One line per stranger's host (at most one per REFUSED_NOTE_S): a flood of refusals never floods the log."""
+        host = peer.rsplit(":", 1)[0]
+        now = time.monotonic()
+        if now - self._refused_said.get(host, -REFUSED_NOTE_S) >= REFUSED_NOTE_S and self._say_refused is not None:
+            self._refused_said[host] = now
+            self._say_refused(peer)
 
     # --- lifecycle
     def start(self) -> "ControlServer":

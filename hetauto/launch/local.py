@@ -392,11 +392,13 @@ def control_token_file(folder: Path) -> str:
 
 def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory | str | Path, command: Any,
               options: Path, *, max_restarts: int = 0, control_bind: str | None = LOOPBACK, control_port: int = 0,
-              control_address: str | None = None, env: dict[str, str] | None = None) -> LocalJob:
+              control_address: str | None = None, env: dict[str, str] | None = None,
+              control_token: str | None = None) -> LocalJob:
     """Start `command(worker args)` (a torchrun command line) with the job's token and control address in its
     environment, its output in the run folder, and return the running LocalJob. `control_bind`: serve the
     control store here (on `control_port`; the lead's agent, or a one-host run), mirroring into the run folder;
-    None: the ranks report to `control_address`, served elsewhere (a non-lead node)."""
+    None: the ranks report to `control_address`, served elsewhere (a node of a job across sites), proving
+    `control_token` (the launch's job secret) when one is given."""
     from hetauto.launch.control import ControlServer
     from hetauto.runtime.control import CONTROL_ENV, CONTROL_TOKEN_ENV
     from hetauto.launch.jobprocs import JOB_ENV, new_token
@@ -407,6 +409,8 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
     try:
         env = dict(os.environ if env is None else env)
         env.pop(CONTROL_TOKEN_ENV, None)  # an outer job's token is not this job's
+        if control_bind is None and control_token:
+            env[CONTROL_TOKEN_ENV] = control_token  # the store across sites wants the launch's secret
         if control_bind is not None:
             control_token = control_token_file(out)
             control = ControlServer(out, bind=control_bind, port=control_port, advertise=control_address,

@@ -210,11 +210,15 @@ def start_node_agents(launch: Any, topo: Any, group_of: dict[str, int], folder: 
     """One node agent (`hetauto node`) per node of `launch`, in its cluster's namespace (`group_of[cluster]`, or
     `group_of_node(node)` where nodes of one cluster live apart), in a working folder of its own under `folder`
     (site<node rank>: the lead's reports are in site0/run)."""
+    from hetauto.launch.node_secret import SECRET_FILE, new_secret, write_secret
+
     procs = []
+    secret = new_secret()  # one job secret for every agent, beside each one's launch.json (0600)
     for node in sorted((n for site in launch.sites for n in site.nodes), key=lambda n: n.node_rank):
         work = folder / f"site{node.node_rank}"
         work.mkdir()
         launch.save(work / "launch.json")
+        write_secret(work / SECRET_FILE, secret)
         ns = topo.namespaces[group_of_node(node) if group_of_node is not None else group_of[node.cluster]]
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "hetauto", "node", "launch.json",
                "--node-rank", str(node.node_rank), "--workdir", str(work)]

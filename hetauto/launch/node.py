@@ -39,6 +39,12 @@ from hetauto.launch.node_link import LeadLink, connect_lead, silent_threshold
 __all__ = ["NodeJob", "NodeRun", "prepare_node", "start_node", "JoinFailed", "RefusedByLead", "ABORT_KEY",
            "node_key", "verdict_key", "VISIBLE_DEVICES_MODES"]
 
+def refused_words(peer: str) -> str:
+    """The lead's one line for a connection its store closed: it did not prove the job's secret."""
+    return (f"refused a connection to the control store from {peer}: it did not prove this job's secret (a "
+            "stranger, or a node of another launch); nothing it sent was read")
+
+
 def _torchrun(job: NodeJob) -> Callable[[list[str]], list[str]]:
     launch, node = job.launch, job.node
     rdzv = launch.rendezvous
@@ -134,7 +140,8 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         from hetauto.launch.control import ControlServer
 
         bind = "::" if ":" in rdzv.master_addr else "0.0.0.0"
-        control = ControlServer(job.out, bind=bind, port=rdzv.control_port, advertise=rdzv.master_addr).start()
+        control = ControlServer(job.out, bind=bind, port=rdzv.control_port, advertise=rdzv.master_addr,
+                                token=job.secret, on_refused=lambda peer: progress(refused_words(peer))).start()
         try:
             lead_join(job, control, timeout, progress)
             control.watch_agents([n.node_rank for n in job.launch.nodes if n.node_rank != 0])
@@ -142,7 +149,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
             control.shutdown()
             raise
         run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
-                        control_address=control.address, env=job.env)
+                        control_address=control.address, env=job.env, control_token=job.secret)
         run.control = control
         others = job.launch.num_nodes - 1
         node = NodeRun(job, run, control, progress)
@@ -151,10 +158,11 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
     joined = member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
-                    control_address=address, env=job.env)
+                    control_address=address, env=job.env, control_token=job.secret)
     run.collect = False
-    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s), address,
-                    float(job.run.training.timeout_s))
+    role = f"node{job.node.node_rank}"
+    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s, job.secret, role),
+                    address, float(job.run.training.timeout_s))
     joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
     node = NodeRun(job, run, link, progress)
     run.watch = node.watch = LeadWatch(link, job.node.node_rank, node._member_link_words)

@@ -34,6 +34,7 @@ class NodeJob:
     workdir: Path
     options: Path  # the run options file the workers read
     env: dict[str, str]
+    secret: str | None = None  # the launch's job secret (hetauto.launch.node_secret); None: a store without one
 
     @property
     def lead(self) -> bool:
@@ -49,8 +50,9 @@ class NodeJob:
 
 
 def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, visible_devices: str = "plan",
-                 environ: dict[str, str] | None = None) -> NodeJob:
-    """Write the node's plan, files and run options into `workdir` and build its environment."""
+                 environ: dict[str, str] | None = None, secret: str | None = None) -> NodeJob:
+    """Write the node's plan, files and run options into `workdir` and build its environment; `secret`: the
+    launch's job secret, which the lead's store requires and every connection of this node proves."""
     try:
         site, node = launch.node(node_rank)
     except KeyError:
@@ -76,5 +78,6 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
     if visible_devices == "plan":
         for var in node.visible_devices_env:
             env[var] = ",".join(str(d) for d in node.devices)
-    job = NodeJob(launch, site, node, plan, replace(run, plan=str(work / "run" / "plan.json")), work, options, env)
+    job = NodeJob(launch, site, node, plan, replace(run, plan=str(work / "run" / "plan.json")), work, options, env,
+                  secret)
     return job

@@ -22,6 +22,7 @@ from hetauto.core.errors import HetautoError
 from hetauto.launch.launch_match import find_mismatch, launch_parts
 from hetauto.launch.node_end import ABORT_KEY
 from hetauto.launch.node_link import LeadLink, connect_lead
+from hetauto.launch.node_secret import SECRET_DIFFERS
 
 if TYPE_CHECKING:
     from hetauto.launch.node_job import NodeJob
@@ -197,8 +198,8 @@ def _claim_and_wait(job: "NodeJob", store: Any, end: float, where: str, timeout_
                          "was started for the same node rank; start each node's script once (if the first agent is "
                          "gone, start the whole job again)")
     rdzv = job.launch.rendezvous
-    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s), where,
-                    float(job.run.training.timeout_s), client=store)
+    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s, job.secret, f"node{r}"),
+                    where, float(job.run.training.timeout_s), client=store)
     return _verdict(job, link, end, where, timeout_s)
 
 
@@ -206,7 +207,10 @@ def _reach(job: "NodeJob", where: str, end: float, timeout_s: float) -> Any:
     rdzv = job.launch.rendezvous
     while True:
         try:
-            return ControlStoreClient(rdzv.master_addr, rdzv.control_port, max(1.0, min(10.0, end - time.monotonic())))
+            return ControlStoreClient(rdzv.master_addr, rdzv.control_port, max(1.0, min(10.0, end - time.monotonic())),
+                                      token=job.secret, role=f"node{job.node.node_rank}")
+        except PermissionError:  # the lead's store closed us at our proof: it holds another launch's secret
+            raise RefusedByLead(f"{job.where()}: {SECRET_DIFFERS}") from None
         except Exception as err:  # noqa: BLE001 - not up yet: retry until the join timeout
             if time.monotonic() > end:
                 raise JoinFailed(f"{job.where()}: the lead node's agent at {where} did not answer within the join "

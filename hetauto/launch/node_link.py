@@ -51,11 +51,12 @@ def link_down_words(here: str, there: str, grace_s: float, silent_s: float) -> s
             f" nothing came across it for {silent_s:.1f} s")
 
 
-def connect_lead(host: str, port: int, wait_s: float) -> ControlStoreClient:
-    """A new connection to the lead's store. A bare connect first: a refusal (the lead's agent is gone) is raised
-    at once, where the store's client would retry it for `wait_s`."""
+def connect_lead(host: str, port: int, wait_s: float, secret: str | None = None,
+                 role: str = "node") -> ControlStoreClient:
+    """A new connection to the lead's store, proving the job's `secret`. A bare connect first: a refusal (the
+    lead's agent is gone) is raised at once, where the store's client would retry it for `wait_s`."""
     socket.create_connection((host, port), timeout=wait_s).close()
-    return ControlStoreClient(host, port, wait_s)
+    return ControlStoreClient(host, port, wait_s, token=secret, role=role)
 
 
 class LeadLink:

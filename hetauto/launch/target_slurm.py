@@ -37,6 +37,7 @@ import textwrap
 
 from hetauto.core.errors import HetautoError
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
+from hetauto.launch.node_secret import SECRET_FILE, SECRET_FILE_ENV
 from hetauto.launch.targets import embedded_launch, hookimpl, node_command, one_line
 
 __all__ = ["SlurmTarget", "site_script", "script_path", "OPTIONS", "MAX_NODE_SCRIPT"]
@@ -131,6 +132,8 @@ def _node_script(launch: LaunchPlan, components: list[tuple[str, tuple[NodeLaunc
         '    echo "hetauto: SLURM_NODEID=$SLURM_NODEID but the step has ${#node_ranks[@]} node(s)" >&2\n'
         "    exit 2\n"
         "fi\n"
+        f'export {SECRET_FILE_ENV}="${{{SECRET_FILE_ENV}:-$PWD/{SECRET_FILE}}}"'
+        "  # the job secret: a path, never its text\n"
         f'work="${{HETAUTO_WORKDIR:-$PWD/{workdir_default(launch)}}}-node$NODE_RANK"\n'
         'mkdir -p "$work"\n'
         'cd "$work"\n'
@@ -171,7 +174,8 @@ def site_script(launch: LaunchPlan, site: SiteLaunch) -> str:
     lines += ["# " + line for line in textwrap.wrap(role + ".", 112)]
     lines += [
         "# Submit with `sbatch job.sbatch` from the folder the nodes' working folders go into (HETAUTO_WORKDIR picks",
-        "# another; each node appends -node<NODE_RANK>); HETAUTO_PYTHON picks the python.",
+        "# another; each node appends -node<NODE_RANK>); HETAUTO_PYTHON picks the python. That folder holds the",
+        f"# job secret, {SECRET_FILE} (HETAUTO_SECRET_FILE names another file).",
     ]
     for k, (cluster, nodes) in enumerate(components):
         if k:

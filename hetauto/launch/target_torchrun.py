@@ -5,6 +5,7 @@ starts the node agent, which runs torchrun with that node's process count and no
 from __future__ import annotations
 
 from hetauto.core.errors import HetautoError
+from hetauto.launch.node_secret import SECRET_FILE, SECRET_FILE_ENV
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.launch.targets import embedded_launch, hookimpl, node_command, one_line
 
@@ -17,6 +18,12 @@ def script_path(site: SiteLaunch, node: NodeLaunch) -> str:
 
 def workdir_default(launch: LaunchPlan) -> str:
     return f"hetauto-job-{launch.plan_sha256[:12]}"
+
+
+def _secret_line() -> str:
+    """The job secret's file: HETAUTO_SECRET_FILE, else control.secret beside the script (a path, never its text)."""
+    here = '$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)'
+    return f'export {SECRET_FILE_ENV}="${{{SECRET_FILE_ENV}:-{here}/{SECRET_FILE}}}"\n'
 
 
 def node_script(launch: LaunchPlan, site: SiteLaunch, node: NodeLaunch, *, devices: str = "plan") -> str:
@@ -33,8 +40,10 @@ def node_script(launch: LaunchPlan, site: SiteLaunch, node: NodeLaunch, *, devic
         f"backend {one_line(node.backend)}\n"
         f"# {one_line(role)}.\n"
         "# Run it on that machine from any folder; HETAUTO_WORKDIR picks its working folder, HETAUTO_PYTHON the python.\n"
+        f"# The job secret is read from {SECRET_FILE} beside this script (HETAUTO_SECRET_FILE names another file).\n"
         "set -euo pipefail\n"
-        f'work="${{HETAUTO_WORKDIR:-$PWD/{workdir_default(launch)}-node{node.node_rank}}}"\n'
+        + _secret_line()
+        + f'work="${{HETAUTO_WORKDIR:-$PWD/{workdir_default(launch)}-node{node.node_rank}}}"\n'
         'mkdir -p "$work"\n'
         'cd "$work"\n'
         + embedded_launch(launch)
