@@ -145,6 +145,7 @@ def test_launch_and_profile_link_read_ipv6_alike() -> None:
     (["--env", "CUDA_VISIBLE_DEVICES=0"], ["CUDA_VISIBLE_DEVICES", "visible devices"]),
     (["--env", "MASTER_PORT=1"], ["MASTER_PORT", "--master"]),
     (["--env", "PYTHONPATH=/x"], ["PYTHONPATH", "which code runs"]),
+    (["--env", "HETAUTO_CONTROL_TOKEN=abc"], ["HETAUTO_CONTROL_TOKEN", "--secret-file"]),  # no secret in launch.json
     (["--iface", "eth0", "--iface", "eth1"], ["--iface", "two interfaces"]),
     (["--target", "slurm", "--site-option", "fast.mem=lots"], ["mem", "Slurm memory size"]),
     (["--target", "slurm", "--site-option", "fast.account=$(id)"], ["--site-option", "metacharacters"]),

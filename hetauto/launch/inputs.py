@@ -28,6 +28,8 @@ MANAGED_ENV: dict[str, str] = {
     "HETAUTO_BACKEND": _CODE, "HETAUTO_PLUGINS": _CODE, "HETAUTO_DISABLE_PLUGIN_AUTOLOAD": _CODE,
     "HETAUTO_MODEL_CODE": "it allows importing model code; use --model-code MODULE",
     "HETAUTO_CONTROL": "the node agent sets it to its control store",
+    "HETAUTO_CONTROL_TOKEN": "the node agent sets it from the job's secret file (a secret never goes into launch.json: "
+                             "give the file with --secret-file)",
     "HETAUTO_LAUNCHER": "the node agent sets it", "HETAUTO_NODE_RANK": "the target's script sets it",
     "HETAUTO_FIRST_NODE_RANK": "the target's script sets it", "HETAUTO_INJECT_FAULT": "it is a test hook",
 }
