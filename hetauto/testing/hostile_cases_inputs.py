@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from hetauto.testing.hostile import Case
-from hetauto.testing.hostile_cases import (PLAN, _cli, _edit_json, _launch_dir, cluster, plan_set, stage0,
-                                           yaml_doc)
+from hetauto.testing.hostile_cases import (PLAN, QUICK_SEARCH, _cli, _edit_json, _launch_dir, cluster, plan_set,
+                                           stage0, yaml_doc)
 
 MARKER = "MARKER"
 INJECT = f"x\ntouch {MARKER} #"
@@ -36,7 +36,7 @@ def _with_name(name: Any, index: int = 0) -> str:
 
 
 def name_cases() -> list[Case]:
-    m = ("--model", "tiny-gpt", "--iterations", "2")
+    m = ("--model", "tiny-gpt", *QUICK_SEARCH)
     out = [_cli("plan", f"cluster name: {label}", "--cluster", "bad.yaml", *m, files={"bad.yaml": _with_name(v)},
                 mention=("bad.yaml", "name"), forbid=(MARKER,)) for label, v in BAD_NAMES.items()]
     out += [_cli("plan", f"cluster name {v[:12]!r} is valid", "--cluster", "ok.yaml", *m,
@@ -120,7 +120,7 @@ def _bw(field: str, value: str, where: str = "default") -> str:
 
 
 def unit_cases() -> list[Case]:
-    m = ("--model", "tiny-gpt", "--iterations", "2")
+    m = ("--model", "tiny-gpt", *QUICK_SEARCH)
 
     def bad(name: str, text: str, *mention: str) -> Case:
         return _cli("plan", name, "--cluster", "bad.yaml", *m, files={"bad.yaml": text}, mention=("bad.yaml", *mention))
@@ -153,7 +153,7 @@ def unit_cases() -> list[Case]:
 
 
 def duplicate_key_cases() -> list[Case]:
-    m = ("--model", "tiny-gpt", "--iterations", "2")
+    m = ("--model", "tiny-gpt", *QUICK_SEARCH)
     good = yaml_doc({"clusters": [{"name": "a", "nodes": {"count": 1, "devices_per_node": 2, "device": "cpu"}}]})
 
     def bad(name: str, text: str, *mention: str, suffix: str = "yaml") -> Case:
@@ -316,8 +316,8 @@ def closed_pipe_cases() -> list[Case]:
         cp("scenarios"), cp("scenarios", "--json"), cp("models"), cp("models", "--json"), cp("devices"),
         cp("devices", "--json"), cp("backends"), cp("backends", "--json"), cp("hetauto", "--help"),
         cp("plan", "--help"), cp("launch", "--help"),
-        cp("plan", "--scenario", "cpu-demo", "--iterations", "2"),
-        cp("plan", "--scenario", "cpu-demo", "--iterations", "2", "--json"),
+        cp("plan", "--scenario", "cpu-demo", *QUICK_SEARCH),
+        cp("plan", "--scenario", "cpu-demo", *QUICK_SEARCH, "--json"),
         cp("evaluate", "plan.json"), cp("evaluate", "plan.json", "--json"),
         cp("simulate", "plan.json"), cp("simulate", "plan.json", "--json"),
         cp("launch", "plan.json", "--master", "10.0.0.1", "-o", "out"),
