@@ -7,6 +7,8 @@ Unit tests of the verdict and of the checkpoint guard in one process; one 1-rank
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -102,23 +104,31 @@ def folder(tmp_path_factory) -> Path:
     return d
 
 
-def _diverging(folder: Path, mode: str, capsys, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _diverging(folder: Path, mode: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
     """`hetauto run` in this process (torchrun and the rank are real; a CLI subprocess would import torch again)."""
     ck = folder / f"ck-{mode}"
     argv = ["run", str(folder / "plan.json"), "--steps", "4", "--lr", "2e4", "--checkpoint-dir", str(ck), "--keep", "1",
             "--no-reference", "--timeout", "20", "--on-nonfinite", mode, *(["--json"] if mode != "stop" else []), *extra]
-    code = main(argv)
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err, out.err[-3000:]
-    return subprocess.CompletedProcess(argv, code, out.out, out.err), ck
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert "Traceback" not in err.getvalue(), err.getvalue()[-3000:]
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue()), ck
+
+
+@pytest.fixture(scope="module")
+def skip_run(folder: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """The 4-step `--on-nonfinite skip` run, once for the two tests that read it: it skips steps 1-3 of 4, so it is
+    both a skip run that wrote no non-finite checkpoint and one that skipped most of its steps."""
+    return _diverging(folder, "skip")
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder: Path, capsys) -> None:
+def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder: Path) -> None:
     """With --max-restarts too: a restart would resume from the finite checkpoint into the same nan, so the job
     is not restarted (each attempt would fail the same way) and the line says so."""
-    proc, ck = _diverging(folder, "stop", capsys, "--max-restarts", "2")
+    proc, ck = _diverging(folder, "stop", "--max-restarts", "2")
     assert proc.returncode == 3
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("hetauto run: error: rank 0 (stage 0, cluster 'a') failed: NonFiniteTraining: step "), line
@@ -134,8 +144,8 @@ def test_nan_stops_the_run_by_default_keeping_the_last_finite_checkpoint(folder:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["skip", "continue"])
-def test_skip_and_continue_finish_but_write_no_non_finite_checkpoint(folder: Path, mode: str, capsys) -> None:
-    proc, ck = _diverging(folder, mode, capsys)
+def test_skip_and_continue_finish_but_write_no_non_finite_checkpoint(folder: Path, mode: str, request) -> None:
+    proc, ck = request.getfixturevalue("skip_run") if mode == "skip" else _diverging(folder, mode)
     doc = json.loads(proc.stdout)
     mostly = mode == "skip" and 2 * len(doc["nonfinite_steps"]) > 4  # most steps skipped: a failed run (issue 44)
     assert proc.returncode == (MOSTLY_SKIPPED_EXIT if mostly else 0), proc.stderr
@@ -151,15 +161,15 @@ def test_skip_and_continue_finish_but_write_no_non_finite_checkpoint(folder: Pat
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_skip_that_skipped_most_steps_fails_with_one_line_after_the_document(folder: Path, capsys) -> None:
-    """It exited 0 after skipping 18 of 20 steps (issue 44 item 5)."""
-    proc, ck = _diverging(folder, "skip", capsys, "--steps", "8")
+def test_skip_that_skipped_most_steps_fails_with_one_line_after_the_document(skip_run) -> None:
+    """It exited 0 after skipping 18 of 20 steps (issue 44 item 5); the shared 4-step skip run skips 3 of 4."""
+    proc, ck = skip_run
     assert proc.returncode == MOSTLY_SKIPPED_EXIT == 6
     doc = json.loads(proc.stdout)  # the result document still comes first
     skipped = doc["nonfinite_steps"]
-    assert 2 * len(skipped) > 8
+    assert 2 * len(skipped) > 4
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"hetauto run: error: --on-nonfinite skip skipped {len(skipped)} of the 8 steps this run "
+    assert line.startswith(f"hetauto run: error: --on-nonfinite skip skipped {len(skipped)} of the 4 steps this run "
                            f"trained (non-finite loss or gradients at step(s) {skipped[0]}, "), line
     assert f"the model barely trained; newest checkpoint written: {doc['checkpoints'][-1]}; lower --lr" in line
 
