@@ -98,8 +98,8 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
     needs = (f"python3 with hetauto {_version()} and torch (the same versions on every node); "
              "HETAUTO_PYTHON names another interpreter",
              f"node rank 0 (site '{next(iter(sites))}') reachable from every node at {host} ports {port} "
-             f"(torchrun's rendezvous) and {port + 1} (the control store); both accept any connection: open them "
-             "to the job's nodes only",
+             f"(torchrun's rendezvous, which accepts any connection) and {port + 1} (the control store, which refuses "
+             "any connection without the job's control.secret): open them to the job's nodes only",
              "every path the run options name (--data, --init-from) present on every node",
              f"{run_options.checkpoint_dir} on storage every node writes, at that path (a shared file system; checked by "
              "every rank before the first step)" if run_options.checkpoint_dir

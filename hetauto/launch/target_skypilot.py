@@ -171,7 +171,8 @@ def _header(launch: LaunchPlan, site: SiteLaunch) -> str:
             f"its nodes join the lead at {rdzv.master_addr} ports {rdzv.master_port} and {rdzv.control_port}")
     return site_header("skypilot", launch, site, role,
                        "# The nodes talk to the other sites' nodes directly (the collectives); open the job's ports "
-                       "to those\n# nodes only (the rendezvous and the control store accept any connection).\n"
+                       "to those\n# nodes only (the rendezvous accepts any connection; the control store wants the job's "
+                       "control.secret).\n"
                        f"# Submit with: sky launch -c hetauto-{one_line(site.name)} task.yaml\n")
 
 
