@@ -99,8 +99,8 @@ def test_a_node_of_another_launch_is_refused_at_join_saying_so(tmp_path: Path) -
     with ControlServer(tmp_path / "lead", bind="127.0.0.1", port=launch.rendezvous.control_port, token=SECRET):
         started = time.monotonic()
         with pytest.raises(RefusedByLead) as err:
-            member_join(job, 20.0, lambda _: None)
-    assert time.monotonic() - started < 5  # at once, not at the join timeout
+            member_join(job, 300.0, lambda _: None)
+    assert time.monotonic() - started < 150  # at once: well before the join timeout (300 s), whatever the load
     assert str(err.value) == f"node rank 1 (site 'slow', cluster 'slow' node 0): {SECRET_DIFFERS}"
     assert err.value.exit_code == 1
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hetauto.cli import main
 from hetauto.launch import netns_topology as netns
 from hetauto.launch.control import ControlServer
-from hetauto.launch.node_end import LeadWatch, await_members, done_key
+from hetauto.launch.node_end import POLL_S, LeadWatch, await_members, done_key
 from hetauto.launch.node_link import LeadLink
 from hetauto.runtime.control import ControlClient, beat_key
 from hetauto.launch.local import JobFailed
@@ -119,12 +120,23 @@ def test_the_lead_waits_past_its_end_grace_only_for_a_member_out_of_reach() -> N
         def get(self, key: str) -> str | None:
             return None if key in (done_key(1), done_key(2)) else "ok"
 
-    started = time.monotonic()
-    assert await_members(Store(), [1, 2, 3], grace_s=0.1, link_grace_s=0.6, silent=lambda r: r == 2) == [1, 2]
-    assert 0.5 < time.monotonic() - started < 2.0
-    started = time.monotonic()
-    assert await_members(Store(), [1], grace_s=0.1, link_grace_s=5.0, silent=lambda r: False) == [1]
-    assert time.monotonic() - started < 1.0
+    def waited(members: list[int], link_grace_s: float, silent: Any) -> tuple[list[int], float]:
+        """What await_members returns, and how long it waited, on a clock its sleeps move (no wall time)."""
+        clock = _Clock()
+
+        def sleep(s: float) -> None:
+            clock.now += s
+
+        left = await_members(Store(), members, grace_s=0.1, link_grace_s=link_grace_s, silent=silent, clock=clock,
+                             sleep=sleep)
+        return left, clock.now
+
+    # member 2 is out of reach: waited for up to the link grace (0.6 s), then the lead goes on without 1 and 2
+    left, took = waited([1, 2, 3], 0.6, lambda r: r == 2)
+    assert left == [1, 2] and 0.6 <= took < 0.6 + 2 * POLL_S
+    # every member in reach: the end grace (0.1 s) only, never the link grace
+    left, took = waited([1], 5.0, lambda r: False)
+    assert left == [1] and 0.1 <= took < 0.1 + 2 * POLL_S
 
 
 @pytest.mark.netns

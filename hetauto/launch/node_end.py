@@ -60,19 +60,21 @@ def announce_end(control: Any) -> None:
 
 
 def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRACE_S, link_grace_s: float = 0.0,
-                  silent: Callable[[int], bool] = lambda _r: False) -> list[int]:
+                  silent: Callable[[int], bool] = lambda _r: False, *, clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> list[int]:
     """On the lead after `announce_end`: wait until every member node has marked its end, `grace_s` at most;
     returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone). A member
     `silent` (out of reach, a link blip, without having read `end`) is waited for up to `link_grace_s`, the run's
-    link grace, so that a blip at the job's end costs the outage, not a failed site."""
-    start = time.monotonic()
+    link grace, so that a blip at the job's end costs the outage, not a failed site. `clock`/`sleep`: the time it
+    reads and waits on (a test's own clock)."""
+    start = clock()
     waiting = list(members)
     while waiting:
         waiting = [r for r in waiting if control.get(done_key(r)) is None]
-        elapsed = time.monotonic() - start
+        elapsed = clock() - start
         if not any(elapsed < grace_s or (silent(r) and elapsed < link_grace_s) for r in waiting):
             break
-        time.sleep(POLL_S)
+        sleep(POLL_S)
     return waiting
 
 
