@@ -10,6 +10,8 @@ cases on small clusters) and `FULL` (the benchmark's) list (kind, args)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from hetauto.core.cluster import cluster_from_dict
@@ -55,3 +57,14 @@ QUICK = [("wan", (5, 40)), ("lopsided", (1, 8)), ("mixed", (3, 10))]
 FULL = ([("wan", (bw, lat)) for bw in (1, 5, 10) for lat in (20, 80)]
         + [("lopsided", (1, 16)), ("lopsided", (2, 16))]
         + [("mixed", (3, 5)), ("mixed", (3, 100)), ("mixed", (4, 5)), ("mixed", (4, 25))])
+
+
+def plan_cli_args(name: str, cli: list[str], doc: dict[str, Any] | None, folder: Path) -> list[str]:
+    """`hetauto plan`'s arguments for a case: its own, plus `--cluster` with its family document (when it has one)
+    written into `folder` as NAME.json."""
+    args = list(cli)
+    if doc is not None:
+        spec = folder / f"{name}.json"
+        spec.write_text(json.dumps(doc))
+        args += ["--cluster", str(spec)]
+    return args

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # families.py
 
-from families import FULL, QUICK, family_doc  # noqa: E402
+from families import FULL, QUICK, family_doc, plan_cli_args  # noqa: E402
 
 SCENARIOS = ["cpu-demo", "mixed-small", "paper-4c", "scale-736", "two-cluster"]
 
@@ -39,11 +39,7 @@ def cases() -> dict[str, tuple[list[str], dict | None]]:
 
 
 def plan_hash(name: str, cli: list[str], doc: dict | None, folder: Path, evaluations: int, jobs: int) -> str:
-    args = list(cli)
-    if doc is not None:
-        spec = folder / f"{name}.json"
-        spec.write_text(json.dumps(doc))
-        args += ["--cluster", str(spec)]
+    args = plan_cli_args(name, cli, doc, folder)
     out = folder / f"{name}-plan.json"
     cmd = [sys.executable, "-m", "hetauto", "plan", *args, "--seed", "1", "--jobs", str(jobs),
            "--max-evaluations", str(evaluations), "-o", str(out)]

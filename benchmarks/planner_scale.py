@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # families.py
 
-from families import family_doc  # noqa: E402
+from families import family_doc, plan_cli_args  # noqa: E402
 
 # name -> (CLI arguments, family document or None)
 CASES: dict[str, tuple[list[str], dict | None]] = {
@@ -61,11 +61,7 @@ def _measure(case: str, jobs: int, folder: Path, timeout: float, code: tuple[str
     label, path = code
     env = dict(os.environ, PYTHONPATH=path) if path else None
     cli, doc = CASES[case]
-    args = list(cli)
-    if doc is not None:
-        spec = folder / f"{case}.json"
-        spec.write_text(json.dumps(doc))
-        args += ["--cluster", str(spec)]
+    args = plan_cli_args(case, cli, doc, folder)
     out = folder / f"{case}-j{jobs}-{label}.json"
     cmd = [sys.executable, "-m", "hetauto", "plan", *args, "--seed", "1", "--jobs", str(jobs), "--json",
            "-o", str(out)]
