@@ -275,7 +275,7 @@ def run(plan: Plan | IslandPlan | str | Path, *, steps: int = 3, emulate: bool |
 
 def _run_request(request: Any) -> dict[str, Any]:
     """The run service for a checked request: an island plan's islands (each a job of its own), or the plan."""
-    from hetauto.job.islands import is_island_plan_file
+    from hetauto.core.islands import is_island_plan_file
 
     if is_island_plan_file(request.plan):
         from hetauto.job.island_launch import run_islands

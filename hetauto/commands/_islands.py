@@ -73,19 +73,6 @@ def write_island_plot(plan: IslandPlan, pred: IslandPrediction, inputs: Any, pat
         raise HetautoError(f"{path}: cannot write the plan picture: {err.strerror or err}") from None
 
 
-def is_island_plan_file(path: str) -> bool:
-    """Whether `path` holds an island plan; a file that cannot be read is left to the ordinary reader, which
-    names the problem."""
-    from hetauto.core.errors import HetautoError
-    from hetauto.core.islands import is_island_document
-    from hetauto.core.specio import read_document
-
-    try:
-        return is_island_document(read_document(path))
-    except HetautoError:
-        return False
-
-
 @dataclass(frozen=True, slots=True)
 class LoadedIslands:
     """An island plan file read as `hetauto evaluate` and `hetauto simulate` read it: every island's paths

@@ -103,21 +103,10 @@ def evaluate_document(plan_path: str | Path, cluster: str | None = None,
     }
 
 
-def _is_island_plan(path: str) -> bool:
-    """Whether `path` holds an island plan (hetauto.core.islands); a file that cannot be read is left to
-    evaluate_document, which names the problem."""
-    from hetauto.core.errors import HetautoError
-    from hetauto.core.islands import is_island_document
-    from hetauto.core.specio import read_document
-
-    try:
-        return is_island_document(read_document(path))
-    except HetautoError:
-        return False
-
-
 def run(args: argparse.Namespace) -> int:
-    if _is_island_plan(args.plan):
+    from hetauto.core.islands import is_island_plan_file
+
+    if is_island_plan_file(args.plan):
         from hetauto.commands._islands import evaluate_island_document, print_island_evaluation
 
         doc = evaluate_island_document(args.plan, args.cluster, args.precision, getattr(args, "memory_headroom", None))

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.master and not args.print_launch:
         raise HetautoError("--master is for --print-launch (or hetauto launch); without it hetauto run trains on "
                            "this machine: drop --master, or add --print-launch")
-    from hetauto.job.islands import is_island_plan_file
+    from hetauto.core.islands import is_island_plan_file
 
     if is_island_plan_file(args.plan):  # several jobs, one per island (hetauto.job.island_launch)
         from hetauto.commands._island_run import run_island_plan

@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Set up (every flag and the plan checked, the schedule and its costs built), then simulate and write."""
     _check_arguments(args)
-    from hetauto.commands._islands import is_island_plan_file
+    from hetauto.core.islands import is_island_plan_file
 
     if not args.synthetic and is_island_plan_file(args.plan):
         from hetauto.commands._simulate_islands import run_islands

@@ -29,7 +29,7 @@ from hetauto.core.plan import ISLAND_PLAN_SCHEMA, ClusterName, Count, Plan, _Fro
 from hetauto.core.specio import read_document, validate_document
 
 __all__ = ["DILOCO_OUTER_LR", "DILOCO_OUTER_MOMENTUM", "INT8_BLOCK", "ISLAND_PLAN_SCHEMA", "WIRE_BYTES",
-           "Island", "IslandPlan", "IslandPrediction", "OuterOptimizer", "OuterSync", "WireLink"]
+           "Island", "IslandPlan", "IslandPrediction", "OuterOptimizer", "OuterSync", "WireLink", "is_island_plan_file"]
 
 DILOCO_OUTER_LR = 0.7  # DiLoCo (arXiv:2311.08105), outer Nesterov learning rate
 DILOCO_OUTER_MOMENTUM = 0.9  # DiLoCo, outer Nesterov momentum
@@ -168,3 +168,14 @@ def island_clusters(island: Island) -> tuple[str, ...]:
 
 def is_island_document(data: object) -> bool:
     return isinstance(data, dict) and data.get("schema") == ISLAND_PLAN_SCHEMA
+
+
+def is_island_plan_file(path: str | Path) -> bool:
+    """Whether `path` holds an island plan; a file that cannot be read or parsed is left to the ordinary plan
+    reader, which names the problem."""
+    from hetauto.core.errors import HetautoError
+
+    try:
+        return is_island_document(read_document(path))
+    except (HetautoError, OSError, ValueError):
+        return False

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import tempfile
 import threading
 from dataclasses import dataclass, replace
@@ -98,7 +97,9 @@ def _island_runs(job: PreparedIslands, folder: Path, store: str | None = None) -
 
     copy = folder / ISLAND_PLAN_COPY
     with_absolute_cluster(job.plan, job.base).save(copy)
-    store = store or f"127.0.0.1:{_free_port()}"
+    from hetauto.launch.ports import free_port
+
+    store = store or f"127.0.0.1:{free_port()}"
     runs = []
     for isl in job.islands:
         try:
@@ -113,13 +114,6 @@ def _island_runs(job: PreparedIslands, folder: Path, store: str | None = None) -
         emulated = tuple({"stage": i, "backend": was, "runs_on": pre.backends[i]} for i, was in pre.emulated)
         runs.append(IslandRun(isl, options, emulated, env))
     return runs
-
-
-def _free_port() -> int:
-    """A loopback TCP port that was free a moment ago (the kernel's choice for port 0), for the outer store."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Islands:

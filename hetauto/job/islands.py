@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from hetauto.core.plan import Plan
     from hetauto.core.run_config import RunConfig
 
-__all__ = ["IslandRun", "PreparedIsland", "PreparedIslands", "is_island_plan_file", "prepare_islands",
+__all__ = ["IslandRun", "PreparedIsland", "PreparedIslands", "prepare_islands",
            "unsupported_option", "with_absolute_cluster"]
 
 
@@ -66,18 +66,6 @@ class IslandRun:
     options: RunConfig
     emulated: tuple[dict[str, Any], ...]
     env: dict[str, str]
-
-
-def is_island_plan_file(path: str | Path) -> bool:
-    """Whether `path` holds an island plan; a file that cannot be read or parsed is left to the ordinary plan
-    path, which names the problem."""
-    from hetauto.core.islands import is_island_document
-    from hetauto.core.specio import read_document
-
-    try:
-        return is_island_document(read_document(path))
-    except (HetautoError, OSError, ValueError):
-        return False
 
 
 def with_absolute_cluster(plan: IslandPlan, base: Path) -> IslandPlan:

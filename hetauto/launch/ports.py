@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from pathlib import Path
 
 from hetauto.core.errors import HetautoError
 
-__all__ = ["listen_error", "port_holder"]
+__all__ = ["free_port", "listen_error", "port_holder"]
 
 _LISTEN = "0A"  # /proc/net/tcp's state column for a listening socket
+
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (bind port 0 and let the kernel choose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def listen_error(bind: str, port: int, err: OSError, what: str = "the control store") -> HetautoError:

@@ -30,14 +30,15 @@ from __future__ import annotations
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from typing import Any, Callable
 
+from hetauto.launch.ports import free_port
+
 import torch.multiprocessing as mp
 
-__all__ = ["run_ranks", "free_port", "RankFailure", "RemoteError"]
+__all__ = ["run_ranks", "RankFailure", "RemoteError"]
 
 
 class RemoteError(Exception):
@@ -60,13 +61,6 @@ class RankFailure(RuntimeError):
         lines = [f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items())]
         detail = "\n".join(f"--- rank {r} traceback ---\n{tb}" for r, tb in sorted(tracebacks.items()) if tb)
         super().__init__("; ".join(lines) + ("\n" + detail if detail else ""))
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind port 0 and let the kernel choose)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # Imported once by the forkserver, so every rank forked from it starts with them loaded: torch (seconds),

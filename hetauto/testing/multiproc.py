@@ -1,10 +1,11 @@
 """The multi-process tests' helper: `run_ranks` runs one function in N local gloo processes
-(hetauto.launch.rank_pool, where the library's own probes take it from), `free_port` finds a port, and
-`two_free_ports` a port whose successor is free too (a launch's rendezvous and its control store)."""
+(hetauto.launch.rank_pool, where the library's own probes take it from), `free_port` finds a port
+(hetauto.launch.ports), and `two_free_ports` a port whose successor is free too (a launch's rendezvous and its control store)."""
 
 import socket
 
-from hetauto.launch.rank_pool import RankFailure, RemoteError, free_port, run_ranks
+from hetauto.launch.ports import free_port
+from hetauto.launch.rank_pool import RankFailure, RemoteError, run_ranks
 
 __all__ = ["run_ranks", "free_port", "two_free_ports", "RankFailure", "RemoteError"]
 
