@@ -25,6 +25,7 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.core.netaddr import format_host_port
+from hetauto.launch.ports import free_port
 
 DEFAULT_SIZES = "64KiB,1MiB,16MiB"
 DEFAULT_FLOWS = "1,2,4"
@@ -97,14 +98,6 @@ def _master(text: str | None) -> tuple[str, int]:
     return host, port
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def write_rows(spec_path: str, between: tuple[str, str], rows: list[dict[str, Any]]) -> None:
     """Put `rows` into the spec's link entry between the two clusters (created from links.default if need be),
     refusing a spec or a pair the loader would refuse, and checking the result loads."""
@@ -171,7 +164,7 @@ def run_link(args: argparse.Namespace) -> int:
     if args.local:
         if args.master or args.rank != 0:
             raise HetautoError("--local runs both sides itself: drop --master and --rank")
-        host, port = "127.0.0.1", _free_port()
+        host, port = "127.0.0.1", free_port()
         peer = subprocess.Popen([sys.executable, "-m", "hetauto", "profile", "link", "--rank", "1", "--master",
                                  format_host_port(host, port), "--sizes", args.sizes, "--flows", args.flows,
                                  "--repeats", str(args.repeats), "--timeout", str(args.timeout)],

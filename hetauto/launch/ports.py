@@ -8,22 +8,54 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import socket
 from pathlib import Path
 
 from hetauto.core.errors import HetautoError
 
-__all__ = ["free_port", "listen_error", "port_holder"]
+__all__ = ["free_port", "listen_error", "port_holder", "port_is_free"]
 
 _LISTEN = "0A"  # /proc/net/tcp's state column for a listening socket
+_QUIET_FLOOR = 20000  # below the ephemeral range, above the well-known and registered ports most services use
 
 
 
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (bind port 0 and let the kernel choose)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A loopback TCP port that was free a moment ago, chosen below the kernel's ephemeral range.
+
+    Why not bind port 0: the kernel picks that from the ephemeral range, the same pool every outgoing connection
+    (and every gloo pair's listener) draws from, so in the moment between choosing and the server's bind another
+    process's connection could take it (CI saw a store fail with EADDRINUSE that way). A port below the range is
+    only ever taken by an explicit bind, which the check here sees.
+    """
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(_QUIET_FLOOR, low)
+        if port_is_free(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every quiet port busy: let the kernel choose
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return low if low > _QUIET_FLOOR + 1024 else 32768
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a loopback bind of `port` succeeds now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def listen_error(bind: str, port: int, err: OSError, what: str = "the control store") -> HetautoError:
