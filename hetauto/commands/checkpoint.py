@@ -34,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def verify_document(directory: str, *, hashes: bool = True) -> dict[str, Any]:
     """What `hetauto checkpoint verify --json` prints: checkpoint, step, files, bytes, ok, problems, previous_ok."""
-    from hetauto.core.checkpoint_manifest import _resolve, previous_verified, read_manifest, verify_checkpoint
+    from hetauto.core.checkpoint_manifest import resolve_checkpoint, previous_verified, read_manifest, verify_checkpoint
 
-    path = _resolve(directory)
+    path = resolve_checkpoint(directory)
     try:
         man = read_manifest(path)
         problems = verify_checkpoint(path, hashes=hashes)

@@ -27,6 +27,7 @@ __all__ = [
     "Manifest",
     "checkpoint_dir_name",
     "latest_checkpoint",
+    "resolve_checkpoint",
     "read_manifest",
     "verify_checkpoint",
     "require_intact",
@@ -178,7 +179,8 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-def _resolve(directory: str | os.PathLike) -> Path:
+def resolve_checkpoint(directory: str | os.PathLike) -> Path:
+    """`directory` itself when it is a checkpoint, else the newest complete one under it; refused in one line."""
     path = Path(directory)
     if (path / MANIFEST_FILE).is_file():
         return path
@@ -195,7 +197,7 @@ def _resolve(directory: str | os.PathLike) -> Path:
 
 def read_manifest(directory: str | os.PathLike) -> Manifest:
     """The manifest of a checkpoint directory, or of the latest checkpoint under a root."""
-    path = _resolve(directory)
+    path = resolve_checkpoint(directory)
     try:
         text = (path / MANIFEST_FILE).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -309,7 +311,7 @@ def verify_checkpoint(directory: str | os.PathLike, *, hashes: bool = True,
     agrees with the manifest; the DCP metadata parses and points only inside listed files; every rank file is
     JSON. A manifest from before per-shard hashes (no `.sha256` files) is checked by its own list. `only`: hash
     just these files (the ranks of a job share the hashing); sizes and metadata are checked in full anyway."""
-    path = _resolve(directory)
+    path = resolve_checkpoint(directory)
     manifest = read_manifest(path)
     problems: list[str] = manifest_problems(path, manifest)
     if not manifest.files:
@@ -372,7 +374,7 @@ def previous_verified(checkpoint: str | os.PathLike, *, hashes: bool = True) -> 
 def require_intact(directory: str | os.PathLike, *, hashes: bool = True) -> Path:
     """The checkpoint `directory` resolves to, verified (`verify_checkpoint`); else a one-line CheckpointError
     naming the checkpoint, its first bad file and the previous complete checkpoint that verifies."""
-    path = _resolve(directory)
+    path = resolve_checkpoint(directory)
     try:
         problems = verify_checkpoint(path, hashes=hashes)
     except CheckpointError as exc:

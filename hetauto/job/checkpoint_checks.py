@@ -108,10 +108,10 @@ def check_checkpoint_tensors(resume: str, cfg: Any) -> None:
 
     import torch
 
-    from hetauto.core.checkpoint_manifest import METADATA_FILE, _resolve
+    from hetauto.core.checkpoint_manifest import METADATA_FILE, resolve_checkpoint
     from hetauto.runtime.stage import build_stage
 
-    path = _resolve(resume)
+    path = resolve_checkpoint(resume)
     stored = json.loads((path / METADATA_FILE).read_text(encoding="utf-8")).get("tensors", {})
     with torch.device("meta"):
         whole = build_stage(cfg, (0, cfg.num_layer_slots), 0)

@@ -35,9 +35,9 @@ class Resumed:
 
 def read_resumed(checkpoint_dir: str | Path) -> Resumed:
     """The job a checkpoint belongs to (a checkpoint directory, or a root: its latest complete checkpoint)."""
-    from hetauto.core.checkpoint_manifest import _resolve, read_manifest
+    from hetauto.core.checkpoint_manifest import resolve_checkpoint, read_manifest
 
-    path = _resolve(checkpoint_dir)
+    path = resolve_checkpoint(checkpoint_dir)
     man = read_manifest(path)
     cfg = man.model_config()
     old = man.plan if isinstance(man.plan, dict) else None

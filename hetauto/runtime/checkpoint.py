@@ -55,7 +55,7 @@ from hetauto.runtime import faults
 # hetauto.core.checkpoint_manifest, which imports no torch at all.
 from hetauto.core.checkpoint_manifest import (  # noqa: F401 - re-exported: the torch-free part of the API
     _TMP_PREFIX, CHECKPOINT_FORMAT, MANIFEST_FILE, METADATA_FILE, Manifest, _check_model_dict,
-    _complete_checkpoints, _resolve, _sha256, check_model_config, checkpoint_dir_name, data_stream_changes,
+    _complete_checkpoints, resolve_checkpoint, _sha256, check_model_config, checkpoint_dir_name, data_stream_changes,
     latest_checkpoint, read_manifest, read_shard_hash, require_intact, verify_checkpoint,
 )
 
@@ -593,7 +593,7 @@ def load_checkpoint(
     """
     del plan  # the module/optimizer ARE the new layout; nothing in the plan changes how to load
     rank, world = _rank_world()
-    path = _resolve(directory)
+    path = resolve_checkpoint(directory)
     manifest = read_manifest(path)
     _check_model(manifest, module, path)
     _check_intact(path, manifest, rank, world, comm)

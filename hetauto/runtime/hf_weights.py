@@ -387,10 +387,10 @@ def export_hf(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
 
     from hetauto.core.model import ModelConfig as Config
     from hetauto.runtime.checkpoint import load_checkpoint
-    from hetauto.core.checkpoint_manifest import _resolve, read_manifest
+    from hetauto.core.checkpoint_manifest import resolve_checkpoint, read_manifest
     from hetauto.runtime.stage import build_model
 
-    path = _resolve(str(checkpoint))
+    path = resolve_checkpoint(str(checkpoint))
     manifest = read_manifest(path)
     fields = {f.name for f in dataclasses.fields(Config)}
     cfg = Config(**{k: v for k, v in manifest.model.items() if k in fields})

@@ -96,10 +96,10 @@ def _resume(ex: StageExecutor, world: Communicator, plan: Plan, run: RunConfig, 
 def _outer_targets(resume: str, sync: IslandSync | None) -> dict[str, torch.Tensor] | None:
     """The outer state's tensors to load for an island run (None for an ordinary run); a checkpoint of the other
     kind of run, or of another island plan, is refused in one line (the same on every rank)."""
-    from hetauto.core.checkpoint_manifest import _resolve, read_manifest
+    from hetauto.core.checkpoint_manifest import resolve_checkpoint, read_manifest
     from hetauto.runtime.checkpoint_outer import outer_mismatch, outer_targets
 
-    path = _resolve(resume)
+    path = resolve_checkpoint(resume)
     why = outer_mismatch(read_manifest(path).extra, sync.plan if sync else None, sync.index if sync else 0)
     if why is not None:
         raise CheckpointMismatch(f"cannot resume from {path}: {why}")
