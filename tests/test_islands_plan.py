@@ -13,7 +13,7 @@ from hetauto.core.errors import SpecError
 from hetauto.core.islands import WIRE_BYTES, Island, IslandPlan, OuterSync, WireLink
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.planner.inputs import load_planning_inputs
-from hetauto.planner.islands import plan_islands, restricted_search, split_batch
+from hetauto.planner.islands import plan_islands, resize, restricted_search, split_batch
 from hetauto.planner.islands_price import efficiency, price_island_plan, round_figures
 from hetauto.planner.layers import total_params
 from hetauto.planner.search import make_evaluator
@@ -158,3 +158,14 @@ def test_baselines_beside_an_island_plan(capsys: pytest.CaptureFixture[str]) -> 
     assert doc["plan"]["schema"] == "hetauto.plan/2"
     ok = [b for b in doc["baselines"].values() if "error" not in b]
     assert ok and all(b["ratio"] > 0 for b in ok)
+
+
+def test_an_island_is_never_resized_to_a_batch_its_schedule_cannot_run() -> None:
+    """Interleaved 1F1B runs m microbatches in max(1, m // p) equal rounds: on 3 stages m=9 and m=12 run, m=10 does
+    not (the balancer once priced such an m, and `hetauto plan` failed on the families case mixed(3, 5))."""
+    stages = tuple(StagePlan(cluster="fast", device_type="cpu", devices=(i,), layers=(2 * i, 2 * i + 2), tp=1, dp=1)
+                   for i in range(3))
+    plan = Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=72, microbatch_size=8,
+                num_microbatches=9, stages=stages, schedule={"name": "interleaved", "virtual_chunks": 2})
+    assert resize(plan, 80) is None
+    assert resize(plan, 96).num_microbatches == 12

@@ -24,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hetauto.core.errors import HetautoError
+from hetauto.core.errors import HetautoError, PlanMismatch
 from hetauto.core.islands import Island, IslandPlan, IslandPrediction, OuterSync, WireLink
 from hetauto.core.plan import Plan
+from hetauto.core.plan_check import check_executable
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.planner.islands_price import price_island_plan
 from hetauto.planner.layers import total_params
@@ -96,9 +97,11 @@ def resize(plan: Plan, samples: int) -> Plan | None:
     doc = plan.model_dump(by_alias=True)
     doc.update(global_batch=samples, num_microbatches=samples // plan.microbatch_size, prediction=None)
     try:
-        return Plan.model_validate(doc)
-    except ValueError:
+        resized = Plan.model_validate(doc)
+        check_executable(resized)  # e.g. interleaved 1F1B's equal rounds: m=11 on 5 stages is not a schedule
+    except (ValueError, PlanMismatch):
         return None
+    return resized
 
 
 def _balance(plans: list[Plan], shares: list[int], unit: int, evaluate: Callable[[Plan], Any]) -> list[Plan] | None:
