@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hetauto.commands._launching import derive_launch, render, write_files
+from hetauto.commands._launching import derive_launch, render, write_files, write_secrets
 from hetauto.commands._output import print_json
 from hetauto.core.errors import HetautoError, SpecError
 
@@ -35,7 +35,6 @@ _SCOPED = ("site", "site_option", "env", "iface")  # the flags that may name a s
 
 def launch_island_plan(args: argparse.Namespace) -> int:
     """Check the island run as `hetauto run` does (hetauto.job.islands), then write every island's launch."""
-    from hetauto.commands.launch import write_secrets
     from hetauto.commands.run import job_request
     from hetauto.job.islands import prepare_islands
     from hetauto.launch.island_launch_plan import island_addresses, island_folder, portable_island_plan

@@ -17,7 +17,7 @@ import argparse
 import os
 from pathlib import Path
 
-from hetauto.commands._launching import derive_launch, render, write_files
+from hetauto.commands._launching import derive_launch, render, write_files, write_secrets
 from hetauto.commands._output import print_json
 from hetauto.core.errors import HetautoError
 
@@ -66,15 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "launches join each other; default: a new one (32 random bytes, hex)")
     add_job_arguments(parser)
     add_launch_arguments(parser)
-
-
-def write_secrets(out: Path, files: dict[str, str], secret: str) -> list[Path]:
-    """The job secret as control.secret (0600) beside launch.json and in every site's folder, the folder each site
-    receives: never in launch.json, a script's text or a command line (hetauto.launch.node_secret)."""
-    from hetauto.launch.node_secret import SECRET_FILE, write_secret
-
-    sites = dict.fromkeys(Path(rel).parts[0] for rel in files if len(Path(rel).parts) > 1)
-    return [write_secret(out / folder / SECRET_FILE, secret) for folder in (".", *sites)]
 
 
 def run(args: argparse.Namespace) -> int:
