@@ -27,9 +27,9 @@ __all__ = ["launch_island_plan", "SUMMARY_FILE", "SUMMARY_SCHEMA", "ISLAND_REFER
 
 SUMMARY_FILE = "island-launch.json"
 SUMMARY_SCHEMA = "hetauto.island-launch/1"
-ISLAND_REFERENCE_NOTE = ("each island's lead node writes result.json with its island's losses; the agents skip the "
-                         "single-process reference (an island's losses follow the island reference, which needs "
-                         "every island: `hetauto run ISLAND_PLAN.json` checks it on one host)")
+ISLAND_REFERENCE_NOTE = ("each island's lead node writes result.json: its island's losses, checked against the "
+                         "single-process island reference (every island's model in one process; small models only, "
+                         "--no-reference skips it), and the outer syncs its holders took part in")
 _SCOPED = ("site", "site_option", "env", "iface")  # the flags that may name a site
 
 
@@ -72,14 +72,14 @@ def launch_island_plan(args: argparse.Namespace) -> int:
 def _island_launch(args: argparse.Namespace, job: Any, index: int, addresses: Any, plan_text: str,
                    scoped: dict[str, list[str]]) -> Any:
     """Island `index`'s launch plan: an ordinary launch of its plan at its lead's address, its ranks' `run.island`
-    set, the island plan among its files, the WAN in its needs, the agents' reference off (ISLAND_REFERENCE_NOTE)."""
+    set, the island plan among its files, the WAN in its needs."""
     from hetauto.core.run_config import IslandConfig
     from hetauto.launch.island_launch_plan import ISLAND_PLAN_FILE
     from hetauto.launch.plan import LaunchPlan
 
     isl, lead = job.islands[index], addresses.leads[index]
     options = replace(isl.options, island=IslandConfig(plan=ISLAND_PLAN_FILE, index=index, store=addresses.store))
-    own_args = argparse.Namespace(**{**vars(args), **scoped, "master": lead.master, "no_reference": True})
+    own_args = argparse.Namespace(**{**vars(args), **scoped, "master": lead.master})
     try:
         doc = derive_launch(own_args, isl.plan, job.cluster, job.base, options).model_dump(mode="json", by_alias=True)
     except HetautoError as err:
@@ -88,7 +88,6 @@ def _island_launch(args: argparse.Namespace, job: Any, index: int, addresses: An
         raise HetautoError(f"island {isl.name}: {err}") from None
     doc["files"] = {**doc["files"], ISLAND_PLAN_FILE: plan_text}
     doc["needs"] = [*doc["needs"], *_island_needs(job, index, addresses)]
-    doc["reference"] = False
     return LaunchPlan.model_validate(doc)
 
 
