@@ -273,6 +273,9 @@ REFUSALS = [
      "--site: site 'x' holds clusters of islands A and B (each island is a launch of its own: name one site per "
      "island)"),
     (["--master", "10.0.0.1", "--env", "zz:K=V"], "--env: 'zz' is not a site (one of: a1, a2, b1, b2)"),
+    (["--master", "10.0.0.1", "--target", "slurm", "--site-option", "b2.foo=1"],  # a target's refusal: its island
+     "island B: slurm target: site 'b2': unknown site option 'foo'; known: partition, account, time, qos, constraint, "
+     "mem, cpus-per-task, exclusive (KEY@CLUSTER: for one cluster's component)"),
     (["--master", "10.0.0.1", "--inject-fault", "rank=4,step=0"],
      "--inject-fault: rank 4 is outside the island plan's 4 ranks (island 0's ranks first, then island 1's, ...)"),
 ]

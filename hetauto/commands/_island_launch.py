@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hetauto.commands._launching import derive_launch, render, write_files, write_secrets
 from hetauto.commands._output import print_json
@@ -49,7 +49,7 @@ def launch_island_plan(args: argparse.Namespace) -> int:
     files: dict[str, str] = {}
     own_files = []
     for lead, launch in zip(addresses.leads, launches):
-        own = render(args.target, launch)
+        own = _in_island(lead.island, lambda launch=launch: render(args.target, launch))
         own_files.append(own)
         files.update({f"{island_folder(lead.island)}/{rel}": text for rel, text in own.items()})
     summary = island_summary(args.target, job.plan, plan_text, addresses, launches, files)
@@ -80,15 +80,24 @@ def _island_launch(args: argparse.Namespace, job: Any, index: int, addresses: An
     isl, lead = job.islands[index], addresses.leads[index]
     options = replace(isl.options, island=IslandConfig(plan=ISLAND_PLAN_FILE, index=index, store=addresses.store))
     own_args = argparse.Namespace(**{**vars(args), **scoped, "master": lead.master})
-    try:
-        doc = derive_launch(own_args, isl.plan, job.cluster, job.base, options).model_dump(mode="json", by_alias=True)
-    except HetautoError as err:
-        if isinstance(err, SpecError):
-            raise
-        raise HetautoError(f"island {isl.name}: {err}") from None
+    doc = _in_island(isl.name, lambda: derive_launch(own_args, isl.plan, job.cluster, job.base, options)).model_dump(
+        mode="json", by_alias=True)
     doc["files"] = {**doc["files"], ISLAND_PLAN_FILE: plan_text}
     doc["needs"] = [*doc["needs"], *_island_needs(job, index, addresses)]
     return LaunchPlan.model_validate(doc)
+
+
+def _in_island(name: str, work: Callable[[], Any]) -> Any:
+    """`work()`, a failure of one island's plan or target (a plan the target cannot run) named by its island; a bad
+    flag (SpecError) says its flag alone, as for a plan."""
+    try:
+        return work()
+    except HetautoError as err:
+        if isinstance(err, SpecError):
+            raise
+        out = HetautoError(f"island {name}: {err}")
+        out.exit_code = err.exit_code
+        raise out from None
 
 
 def _island_needs(job: Any, index: int, addresses: Any) -> list[str]:
