@@ -109,8 +109,9 @@ REFUSALS = [
                               "the other islands waiting in the outer sync for its lost ranks; after a failure, rerun "
                               "with --resume set to its --checkpoint-dir); drop --max-restarts"),
     (["--trace", "T.json"], "island runs do not write a Chrome trace yet; drop --trace"),
-    (["--print-launch"], "hetauto launch does not run island plans yet, so there is nothing to print; drop "
-                         "--print-launch (hetauto run trains an island plan on this host)"),
+    (["--print-launch"], "hetauto run --print-launch prints one plan's scripts, and an island plan is one launch "
+                         "per island: write them with hetauto launch ISLAND_PLAN.json --target torchrun --master "
+                         "HOST -o DIR; drop --print-launch"),
     (["--inject-fault", "rank=2,step=0"], "--inject-fault: rank 2 is outside the island plan's 2 ranks (island 0's "
                                           "ranks first, then island 1's, ...)"),
 ]

@@ -18,8 +18,11 @@ from hetauto.job.skipped_steps import MOSTLY_SKIPPED_EXIT, MostlySkipped, mostly
 
 __all__ = ["run_island_plan", "print_island_run"]
 
-PRINT_LAUNCH_REFUSAL = ("hetauto launch does not run island plans yet, so there is nothing to print; drop "
-                        "--print-launch (hetauto run trains an island plan on this host)")
+# --print-launch prints one plan's torchrun scripts; an island plan is one launch per island, with a summary of
+# their addresses, which `hetauto launch` writes into a folder (hetauto.commands._island_launch)
+PRINT_LAUNCH_REFUSAL = ("hetauto run --print-launch prints one plan's scripts, and an island plan is one launch per "
+                        "island: write them with hetauto launch ISLAND_PLAN.json --target torchrun --master HOST "
+                        "-o DIR; drop --print-launch")
 
 
 def run_island_plan(args: argparse.Namespace, request: JobRequest) -> int:

@@ -205,3 +205,12 @@ def write_files(folder: str | Path, files: dict[str, str]) -> list[Path]:
     except OSError as err:
         raise HetautoError(f"-o {folder}: cannot write there ({err.strerror or err}); choose another folder") from None
     return written
+
+
+def write_secrets(out: Path, files: dict[str, str], secret: str) -> list[Path]:
+    """The job secret as control.secret (0600) beside launch.json and in every site's folder, the folder each site
+    receives: never in launch.json, a script's text or a command line (hetauto.launch.node_secret)."""
+    from hetauto.launch.node_secret import SECRET_FILE, write_secret
+
+    sites = dict.fromkeys(Path(rel).parts[0] for rel in files if len(Path(rel).parts) > 1)
+    return [write_secret(out / folder / SECRET_FILE, secret) for folder in (".", *sites)]

@@ -5,7 +5,8 @@ Checks the plan and the run flags exactly as `hetauto run` does (hetauto.job.pre
 (hetauto.launch.plan: sites, nodes, process counts, rank ranges, the static rendezvous, each node's environment),
 and writes the target's files under DIR, one folder per site, plus `launch.json` (the launch plan itself) and a
 `README.txt` that says who runs what. Every artifact carries the launch plan inside: no file is copied by hand.
-Nothing is overwritten: a DIR that holds files already is refused. The job secret every connection to the lead's
+Nothing is overwritten: a DIR that holds files already is refused. An island plan (hetauto.plan/2) gets one such
+launch per island, under DIR/island-<NAME>/ (hetauto.commands._island_launch). The job secret every connection to the lead's
 control store proves is written as `control.secret` (0600) beside launch.json and in each site's folder, never in
 launch.json or a script (hetauto.launch.node_secret); `--secret-file PATH` brings one's own.
 """
@@ -16,8 +17,9 @@ import argparse
 import os
 from pathlib import Path
 
-from hetauto.commands._launching import derive_launch, render, write_files
+from hetauto.commands._launching import derive_launch, render, write_files, write_secrets
 from hetauto.commands._output import print_json
+from hetauto.core.errors import HetautoError
 
 DEFAULT_TARGET = "torchrun"
 
@@ -49,9 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="what to write: torchrun (a script per node), slurm (an sbatch script per site), "
                              "kubernetes (a JobSet per site), skypilot (a task per site), or a plugin's target")
-    parser.add_argument("--master", required=True, metavar="HOST[:PORT]",
+    parser.add_argument("--master", required=True, action="append", metavar="[ISLAND=]HOST[:PORT]",
                         help="the lead node's address, reachable from every node of every site; PORT (default "
-                             "29500) is the rendezvous, PORT+1 the control store")
+                             "29500) is the rendezvous, PORT+1 the control store. An island plan: once (island i's "
+                             "lead at PORT+3i, the outer store at PORT+2) or once per island as ISLAND=HOST[:PORT]")
+    parser.add_argument("--island-store", metavar="HOST:PORT",
+                        help="an island plan: the outer sync's store, served by island 0's rank 0 and reached by "
+                             "every island's holders (default: island 0's lead host, its control port + 1)")
     parser.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write (must be new or empty)")
     parser.add_argument("--no-reference", action="store_true",
                         help="the lead node skips the single-process reference loss")
@@ -62,23 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_launch_arguments(parser)
 
 
-def write_secrets(out: Path, files: dict[str, str], secret: str) -> list[Path]:
-    """The job secret as control.secret (0600) beside launch.json and in every site's folder, the folder each site
-    receives: never in launch.json, a script's text or a command line (hetauto.launch.node_secret)."""
-    from hetauto.launch.node_secret import SECRET_FILE, write_secret
-
-    sites = dict.fromkeys(Path(rel).parts[0] for rel in files if len(Path(rel).parts) > 1)
-    return [write_secret(out / folder / SECRET_FILE, secret) for folder in (".", *sites)]
-
-
 def run(args: argparse.Namespace) -> int:
     from hetauto.commands.run import job_request
+    from hetauto.core.islands import is_island_plan_file
     from hetauto.job.prepare import prepare
     from hetauto.launch.node_secret import new_secret, read_secret
 
     out = Path(args.output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         write_files(out, {})  # the same one-line refusal, before any checking work
+    if is_island_plan_file(args.plan):  # one launch per island (hetauto.commands._island_launch)
+        from hetauto.commands._island_launch import launch_island_plan
+
+        return launch_island_plan(args)
+    args.master = _one_master(args)
     secret = read_secret(args.secret_file) if args.secret_file else new_secret()
     job = prepare(job_request(args))  # the run-only flags (--emulate, --trace, ...) at their defaults
     launch = derive_launch(args, job.plan, job.cluster, job.base, job.options)
@@ -92,3 +95,14 @@ def run(args: argparse.Namespace) -> int:
     print(files["README.txt"], end="")
     print(f"wrote {len(written)} file(s) under {out}{os.sep}")
     return 0
+
+
+def _one_master(args: argparse.Namespace) -> str:
+    """A plan's one --master (several, or --island-store, are for an island plan)."""
+    if len(args.master) > 1:
+        raise HetautoError(f"--master is given {len(args.master)} times; a plan has one lead: give one --master "
+                           "(several are for an island plan's islands)")
+    if args.island_store is not None:
+        raise HetautoError("--island-store is the outer sync's store of an island plan (hetauto plan "
+                           "--allow-local-sgd); this plan has none: drop --island-store")
+    return args.master[0]

@@ -115,8 +115,13 @@ def node_result(job: "NodeJob", reports: list[dict[str, Any]], *, reference: boo
     from hetauto.job.result import result_document, wants_reference
 
     cfg = load_model_for_plan(job.plan)
-    doc = result_document(job.plan, cfg, reports, job.run, base=Path(job.workdir), emulate=None,
-                          want_reference=wants_reference(cfg, reference))
+    if job.run.island.active:  # one island of an island plan's launch: the island reference, its outer syncs
+        from hetauto.job.island_node import island_node_result
+
+        doc = island_node_result(job, cfg, reports, reference=reference)
+    else:
+        doc = result_document(job.plan, cfg, reports, job.run, base=Path(job.workdir), emulate=None,
+                              want_reference=wants_reference(cfg, reference))
     doc["launch"] = {"plan_sha256": job.launch.plan_sha256, "sites": [s.name for s in job.launch.sites],
                      "nodes": job.launch.num_nodes}
     return _checked(doc, job.run)

@@ -65,12 +65,13 @@ def site_option_problem(key: str, value: str) -> str | None:
     return None
 
 
-def launch_file_problem(name: str, plan: dict) -> str | None:
+def launch_file_problem(name: str, plan: dict, island_plan: str | None = None) -> str | None:
     """Why a launch plan may not carry file `name` (None: it may). The files are the data the plan names (its
-    cluster spec, a model's config.json: hetauto.launch.plan.portable_plan) and nothing else: the node agent writes
-    them into its working folder, which is on Python's import path, so a `json.py` there would run inside the
-    agent, torchrun and every rank."""
-    if name not in (plan.get("cluster"), plan.get("model")):
+    cluster spec, a model's config.json: hetauto.launch.plan.portable_plan) and, for an island of an island plan,
+    the island plan its run options name (`island_plan`), and nothing else: the node agent writes them into its
+    working folder, which is on Python's import path, so a `json.py` there would run inside the agent, torchrun and
+    every rank."""
+    if name not in (plan.get("cluster"), plan.get("model")) and (island_plan is None or name != island_plan):
         return "the plan names no such file (a launch plan carries only the cluster spec and model config it names)"
     if "/" in name or "\\" in name or name.startswith("."):
         return "a file name, not a path, is expected"

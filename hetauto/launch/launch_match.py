@@ -5,7 +5,9 @@ Why more than the plan: a node started from another `hetauto launch` of the same
 does above the reference size); another launch's sites and nodes give torchrun another world. So each node's
 registration carries the digest of each part of its launch (the plan, the run configuration, the sites and nodes
 with the rendezvous, the files the plan names) and the parts themselves; the lead compares the digests and, on a
-mismatch, names the first fields that differ, on both sides.
+mismatch, names the first fields that differ, on both sides. An island plan's launch (one launch per island,
+hetauto.launch.island_launch_plan) adds which island of which island plan the node runs (`island_identity`), checked
+before the plan: a node of another island, or of another island launch, is refused naming both islands.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Mapping
 
 from hetauto.launch.plan import LaunchPlan
 
-__all__ = ["PARTS", "launch_parts", "Mismatch", "find_mismatch"]
+__all__ = ["PARTS", "launch_parts", "Mismatch", "find_mismatch", "island_identity", "island_words"]
 
 # each part of a launch: its name in a registration, and how a mismatch is said ("<words> differ")
 PARTS = (("run", "run options"), ("layout", "the launch's sites and nodes"), ("files", "the plan's files"))
@@ -50,6 +52,29 @@ def launch_parts(launch: LaunchPlan) -> dict[str, Any]:
     for name, value in parts.items():
         out[name], out[f"{name}_sha256"] = value, _digest(value)
     return out
+
+
+def island_identity(launch: LaunchPlan) -> dict[str, Any] | None:
+    """Which island of which island plan a launch runs: the island plan's sha256 (of the file the launch carries),
+    the island's index and name; None for an ordinary plan's launch."""
+    island = launch.run.get("island") or {}
+    text = launch.files.get(island.get("plan") or "")
+    if text is None:
+        return None
+    try:
+        name = json.loads(text)["islands"][island.get("index", 0)]["name"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        name = None
+    return {"island_plan_sha256": hashlib.sha256(text.encode()).hexdigest(), "index": island.get("index", 0),
+            "name": name}
+
+
+def island_words(identity: Any) -> str:
+    """'island B (index 1) of island plan 0123456789ab', or 'an ordinary plan (no island)'."""
+    if not isinstance(identity, dict):
+        return "an ordinary plan (no island)"
+    return (f"island {identity.get('name')} (index {identity.get('index')}) of island plan "
+            f"{str(identity.get('island_plan_sha256'))[:12]}")
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,8 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
         plan = plan.model_copy(update={"model": str(work / plan.model)})
     run = RunOptions.from_dict({**launch.run, "plan": str(work / "plan.json"), "out": str(work / "run")},
                                "launch plan: run").with_emulation(cluster_base=str(work))
+    if run.island.active and run.island.plan in launch.files:  # an island's launch: the island plan it carries
+        run = replace(run, island=replace(run.island, plan=str(work / run.island.plan)))
     options = write_run_folder(work / "run", plan, run)
     env = dict(os.environ if environ is None else environ)
     env.update(site.env)

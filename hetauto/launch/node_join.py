@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from hetauto.core.control_store import ControlStoreClient
 from hetauto.core.errors import HetautoError
-from hetauto.launch.launch_match import find_mismatch, launch_parts
+from hetauto.launch.launch_match import find_mismatch, island_identity, island_words, launch_parts
 from hetauto.launch.node_end import ABORT_KEY
 from hetauto.launch.node_link import LeadLink, connect_lead
 from hetauto.launch.node_secret import SECRET_DIFFERS
@@ -34,6 +34,7 @@ JOIN_POLL_S = 0.2
 VERDICT_ACK_KEY = "hetauto/verdict_ack"  # a counter: the joined nodes that have read their verdict
 VERDICT_GRACE_S = 2.0  # how long a refusing lead keeps its store up for the joined nodes to read why
 FIX = "start every node from the same hetauto launch output"
+ISLAND_FIX = "start every node of an island from that island's folder of the same hetauto launch output"
 
 
 class JoinFailed(HetautoError):
@@ -60,9 +61,10 @@ def verdict_key(node_rank: int) -> str:
 
 
 def registration(job: "NodeJob") -> dict[str, Any]:
-    """What a node tells the lead about itself: its launch (hetauto.launch.launch_match), host and pid."""
-    return {"plan_sha256": job.launch.plan_sha256, **launch_parts(job.launch), "host": socket.gethostname(),
-            "pid": os.getpid()}
+    """What a node tells the lead about itself: its launch (hetauto.launch.launch_match), the island it runs (an
+    island plan's launch; None otherwise), host and pid."""
+    return {"plan_sha256": job.launch.plan_sha256, "island": island_identity(job.launch), **launch_parts(job.launch),
+            "host": socket.gethostname(), "pid": os.getpid()}
 
 
 # --- the lead
@@ -114,6 +116,11 @@ def _read(text: str | bytes) -> dict[str, Any]:
 def _differs(job: "NodeJob", r: int, mine: dict[str, Any], reg: dict[str, Any]) -> tuple[str, str] | None:
     """(the lead's line, the node's line) when node rank `r` registered another launch than the lead's."""
     host = reg.get("host")
+    if reg.get("island") != mine.get("island"):  # another island, or another island launch: before the plan
+        return (f"{job.where(r)} joined from host {host} running {island_words(reg.get('island'))}, but this lead "
+                f"runs {island_words(mine.get('island'))}: {ISLAND_FIX}",
+                f"{job.where(r)}: this node runs {island_words(reg.get('island'))}, but the lead (host "
+                f"{mine.get('host')}) runs {island_words(mine.get('island'))}: {ISLAND_FIX}")
     if reg.get("plan_sha256") != job.launch.plan_sha256:  # as before: one line, the same on both sides
         why = (f"{job.where(r)} joined from host {host} with another plan (sha256 "
                f"{str(reg.get('plan_sha256'))[:12]}, the lead's is {job.launch.plan_sha256[:12]}): {FIX}")

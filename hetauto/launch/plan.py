@@ -27,7 +27,7 @@ from hetauto.core.plan import Plan
 from hetauto.core.specio import read_document, validate_document
 
 __all__ = ["LAUNCH_SCHEMA", "DEFAULT_PORT", "NodeLaunch", "SiteLaunch", "Rendezvous", "LaunchPlan", "derive",
-           "plan_digest", "parse_master", "parse_sites", "portable_plan", "HOST_SOCKET_ENV"]
+           "plan_digest", "parse_master", "parse_sites", "portable_plan", "portable_refs", "HOST_SOCKET_ENV"]
 
 LAUNCH_SCHEMA = "hetauto.launch/1"
 DEFAULT_PORT = 29500  # torchrun's default master port; the control port is the next one
@@ -175,8 +175,9 @@ class LaunchPlan(_Frozen):
         no site's environment sets what changes which code runs (PYTHONPATH, HETAUTO_MODEL_CODE, ...)."""
         from hetauto.launch.inputs import CODE_ENV, launch_file_problem
 
+        island_plan = (self.run.get("island") or {}).get("plan")  # an island's launch: its island plan travels too
         for name in self.files:
-            problem = launch_file_problem(name, self.plan)
+            problem = launch_file_problem(name, self.plan, island_plan)
             if problem is not None:
                 raise ValueError(f"files: {name!r}: {problem}")
         for site in self.sites:
@@ -348,20 +349,28 @@ def portable_plan(plan: Plan, base: str | Path | None) -> tuple[Plan, dict[str, 
     """The plan as another machine can read it: a cluster file and a model config.json it names (relative to
     `base`, to the working folder, or absolute) travel in the launch plan's `files` under their file names, and
     the plan names those files (the node agent resolves them in its working folder)."""
+    update, files = portable_refs(plan.cluster, plan.model, base)
+    return (plan.model_copy(update=update) if update else plan), files
+
+
+def portable_refs(cluster_ref: str | None, model_ref: str | None,
+                  base: str | Path | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(the `cluster` / `model` fields to set, the files to carry) for a plan's cluster file and model config: what
+    `portable_plan` does to a plan, for any document naming them (an island plan and each of its islands too)."""
     files: dict[str, str] = {}
     update: dict[str, str] = {}
-    cluster = _local_file(plan.cluster, base)
+    cluster = _local_file(cluster_ref, base)
     if cluster is not None:
         update["cluster"] = f"cluster-{cluster.name}"
         files[update["cluster"]] = cluster.read_text(encoding="utf-8")
     from hetauto.core.model_catalog import is_model_path
 
-    if is_model_path(plan.model):
-        model = _local_file(plan.model, base, inside="config.json")
+    if model_ref and is_model_path(model_ref):
+        model = _local_file(model_ref, base, inside="config.json")
         if model is not None:
             update["model"] = MODEL_FILE
             files[MODEL_FILE] = model.read_text(encoding="utf-8")
-    return (plan.model_copy(update=update) if update else plan), files
+    return update, files
 
 
 MODEL_FILE = "model-config.json"  # the name a model's config.json travels under
