@@ -176,9 +176,9 @@ def _closed_pipe() -> int:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (a test's capture)
         pass
-    from hetauto.commands._output import console
-
-    console.quiet = False  # rich went quiet for the closed pipe; a later main() in this process (the API) must speak
+    # rich's console went quiet for the closed pipe; a later main() in this process (the API) must speak. Imported as
+    # the commands are (by name, when used), so the CLI module itself stays light
+    importlib.import_module("hetauto.commands._output").console.quiet = False
     return 141
 
 

@@ -144,12 +144,18 @@ def test_a_bad_island_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert err.startswith("hetauto run: error: islands[1] (SLOW): ") and len(err.splitlines()) == 1, err
 
 
-def test_launch_still_refuses_and_says_what_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # (simulate reads island plans: tests/test_simulate_islands.py)
+def test_a_reader_of_one_plan_names_an_island_plan_and_what_takes_it(tmp_path: Path) -> None:
+    # run, launch, evaluate and simulate take island plans (tests/test_launch_islands.py, test_simulate_islands.py);
+    # a reader of plan/1 files alone (a worker handed the wrong file, the API's Plan.load) says what it was given
+    from hetauto.core.errors import SpecError
+    from hetauto.core.plan import Plan
+
     path = _island_plan(tmp_path)
-    assert main(["launch", str(path), "--master", "127.0.0.1:29500", "-o", str(tmp_path / "l")]) != 0
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "island execution is not built yet here; `hetauto run` trains it" in err
+    with pytest.raises(SpecError) as err:
+        Plan.load(path)
+    assert "an island plan (hetauto.plan/2), not one plan: this command reads plan/1 files only" in str(err.value)
+    assert "hetauto run, launch, evaluate and simulate take island plans" in str(err.value)
+
 
 
 def test_rounds_come_from_the_holders_rows() -> None:

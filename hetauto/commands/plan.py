@@ -495,8 +495,8 @@ def _run_islands(inputs: Any, result: PlanResult, choice: Any, args: argparse.Na
         ratio = pred.effective_tokens_s / b.evaluation.tokens_s
         console.print(f"baseline {name}: {b.evaluation.tokens_s:.4g} tokens/s, islands {ratio:.2f}x", highlight=False)
     if args.output:
-        console.print(f"island plan written to {args.output} (hetauto evaluate prices it; island execution is "
-                      "not built yet)", highlight=False, soft_wrap=True)
+        console.print(f"island plan written to {args.output} (hetauto run trains it here, hetauto launch across "
+                      "sites)", highlight=False, soft_wrap=True)
     if args.plot:
         console.print(f"plan picture written to {args.plot}", highlight=False)
     return 0

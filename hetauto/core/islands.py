@@ -5,7 +5,7 @@ token-weighted mean of the islands' pseudo-gradients).
 Why a second schema rather than an optional block in `hetauto.plan/1`: every reader of a plan/1 file (run,
 simulate, the worker, the launch plan) runs its `stages` as ONE job; an island plan read by one of them would
 silently train one island and drop the others. A new schema makes every older reader refuse it by name
-(`Plan.load` says island execution is not built yet), while plan/1 files load and write exactly as before.
+(`Plan.load` names the island plan and the commands that take one), while plan/1 files load and write exactly as before.
 
 Each island is a complete plan/1 document (stages, tp, dp, schedule as today) over some of the clusters; its
 `global_batch` is the island's samples per inner step, and the islands' batches sum to the plan's

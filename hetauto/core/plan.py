@@ -325,9 +325,9 @@ class Plan(_Frozen):
             raise SpecError(path, "schema", "required field is missing",
                             f'a plan file starts with "schema": "{PLAN_SCHEMA}"; write plans with hetauto plan -o FILE')
         if isinstance(data, dict) and data.get("schema") == ISLAND_PLAN_SCHEMA:
-            raise SpecError(path, "schema", f"an island plan ({ISLAND_PLAN_SCHEMA}): island execution is not built "
-                            "yet here; `hetauto run` trains it on one host", "hetauto evaluate prices it; to run it "
-                            "otherwise, plan without --allow-local-sgd")
+            raise SpecError(path, "schema", f"an island plan ({ISLAND_PLAN_SCHEMA}), not one plan: this command "
+                            "reads plan/1 files only", "hetauto run, launch, evaluate and simulate take island plans; "
+                            "for one plan, plan without --allow-local-sgd")
         if isinstance(data, dict) and data.get("schema") != PLAN_SCHEMA:
             raise SpecError(path, "schema", f"unsupported plan schema {data.get('schema')!r}", f"expected {PLAN_SCHEMA!r}")
         return validate_document(cls, data, path)
