@@ -14,6 +14,7 @@ from hetauto.core.plan import Plan, StagePlan
 from hetauto.launch import netns_topology as netns
 
 AVAIL = netns.available()
+DOC = Path(__file__).resolve().parents[1] / "docs" / "islands.md"
 STEPS, H = 6, 2  # three rounds
 # fast at full speed, slow at half; a slow WAN-like link between them: 40 Mbit/s, 10 ms each way
 CLUSTER = """clusters:
@@ -50,11 +51,18 @@ def test_islands_sync_across_a_shaped_link_and_equal_their_reference(tmp_path: P
     from hetauto.cli import main
 
     path = two_site_islands(tmp_path)
-    code = main(["run", str(path), "--steps", str(STEPS), "--emulate", "netns", "--timeout", "30", "--json"])
+    # real text through the project's data path: this repository's own page on islands, byte-tokenized (tiny-gpt's
+    # vocabulary is the 256 byte values) by `hetauto data prepare`
+    tokens = tmp_path / "islands-doc.bin"
+    assert main(["data", "prepare", str(DOC), "--tokenizer", "bytes", "-o", str(tokens), "--json"]) == 0
+    capsys.readouterr()
+    code = main(["run", str(path), "--steps", str(STEPS), "--emulate", "netns", "--timeout", "30", "--json",
+                 "--data", str(tokens)])
     out = capsys.readouterr()
     assert code == 0, out.out[-2000:] + out.err[-2000:]
     doc = json.loads(out.out)
     assert doc["emulation"] == "netns" and doc["reference"] == "checked" and doc["loss_off_reference"] is None
+    assert doc["data"] == str(tokens) and all(isl["data"] == str(tokens) for isl in doc["islands"])
     for isl in doc["islands"]:  # the run's own check against the single-process island reference
         assert isl["loss"] == pytest.approx(isl["reference_loss"], abs=isl["loss_tolerance"]), isl["name"]
     assert doc["rounds"] == STEPS // H

@@ -62,6 +62,7 @@ def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], repo
         "loss_off_reference": off,
         "emulated": bool(job.request.emulate),
         "emulation": job.request.emulate,
+        "data": job.options.data.path,
         "seed": job.options.seed,
     }
 
