@@ -90,11 +90,10 @@ def run(args: argparse.Namespace) -> int:
 def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", say: Callable[[str], None]) -> int:
     """Join, start this node's ranks, wait; on the lead also the result, checked against the reference."""
     from hetauto.job.result import LOSS_OFF_EXIT, LossOffReference
-    from hetauto.launch.job_board import NodeLog
     from hetauto.job.service import node_result
     from hetauto.launch.node import start_node
 
-    running = start_node(job, progress=say, log=say if isinstance(say, NodeLog) else None)
+    running = start_node(job, progress=say)  # a NodeLog: the agent publishes its newest lines (hetauto job logs)
     say(f"{job.where()}: started {job.node.nproc} rank(s) "
         f"{job.node.first_rank}-{job.node.first_rank + job.node.nproc - 1}")
     if not job.lead:

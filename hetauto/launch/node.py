@@ -175,7 +175,9 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
                log: NodeLog | None = None) -> NodeRun:
     """Join the job and start this node's torchrun; returns the running job (NodeRun). The lead also serves the
     control store, which lives as long as this process, and the job's board in it (`hetauto job`); `log`: this
-    agent's newest lines, which it publishes there."""
+    agent's newest lines, which it publishes there (default: `progress` when it is a NodeLog)."""
+    if log is None and isinstance(progress, NodeLog):
+        log = progress
     rdzv = job.launch.rendezvous
     timeout = rdzv.join_timeout_s
     note = loopback_note(job)
