@@ -118,3 +118,28 @@ def test_status_cancel_and_a_resubmission_that_resumes(tmp_path: Path) -> None:
         for a in again:
             if a.poll() is None:
                 a.kill()
+
+
+def test_a_resubmission_refuses_another_plans_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The newest checkpoint in --checkpoint-dir written by another plan is not resumed as if it were this job's:
+    one line naming it and what to do (no processes: the folder's manifest is stood in for)."""
+    import hetauto.core.checkpoint_manifest as manifest
+    from hetauto.core.errors import HetautoError
+    from hetauto.launch.node_job import prepare_node
+    from hetauto.launch.plan import LaunchPlan
+
+    (tmp_path / "plan").mkdir()
+    plan = write_two_site_plan(tmp_path / "plan", slow_ranks=1)
+    ck = tmp_path / "ck"
+    assert main(["launch", str(plan), "--master", "127.0.0.1:29400", "-o", str(tmp_path / "out"),
+                 "--checkpoint-dir", str(ck)]) == 0
+    launch = LaunchPlan.load(tmp_path / "out" / "launch.json")
+    newest = ck / "step-00000004"
+    monkeypatch.setattr(manifest, "complete_checkpoints", lambda _root: [newest])
+    monkeypatch.setattr(manifest, "read_manifest", lambda _p: type("M", (), {"plan": {**launch.plan, "seq_len": 8}}))
+    with pytest.raises(HetautoError, match=rf"--checkpoint-dir {ck}: its newest checkpoint step-00000004 was written "
+                                           r"by another plan .* --resume " + str(newest)):
+        prepare_node(launch, 1, tmp_path / "w")
+    monkeypatch.setattr(manifest, "read_manifest", lambda _p: type("M", (), {"plan": launch.plan}))
+    job = prepare_node(launch, 1, tmp_path / "w")  # its own plan's checkpoint: resumed
+    assert job.env["HETAUTO_RESUME_NEWEST"] == "1"

@@ -80,12 +80,38 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
         # a site submitted again after a failure resumes, never starts again at step 0 over its checkpoints: the
         # ranks pick the newest one that verifies, all the same one (hetauto.runtime.worker)
         env[RESUME_NEWEST_ENV] = "1"
+        _refuse_another_plans(run.checkpoint.dir, launch.plan_sha256, plan)
     if visible_devices == "plan":
         for var in node.visible_devices_env:
             env[var] = ",".join(str(d) for d in node.devices)
     job = NodeJob(launch, site, node, plan, replace(run, plan=str(work / "run" / "plan.json")), work, options, env,
                   secret)
     return job
+
+
+def _refuse_another_plans(folder: str, launch_sha: str, plan: Plan) -> None:
+    """A job submitted again resumes only its own launch's checkpoints: the newest readable one in `folder` must
+    have been written by this plan (launch.plan_sha256, or the plan as this node's ranks run it), else one line
+    saying what to do (it would otherwise be resumed, resharded, as if it were this job's)."""
+    from hetauto.core.checkpoint_manifest import complete_checkpoints, read_manifest
+    from hetauto.core.errors import CheckpointError
+    from hetauto.launch.plan import plan_digest
+
+    try:
+        found = complete_checkpoints(folder)
+    except OSError:
+        return
+    for newest in reversed(found):
+        try:
+            theirs = plan_digest(read_manifest(newest).plan or {})
+        except (CheckpointError, OSError, TypeError, ValueError):
+            continue  # a damaged one: the ranks skip it too, naming it
+        if theirs not in (launch_sha, plan_digest(plan)):
+            raise HetautoError(f"--checkpoint-dir {folder}: its newest checkpoint {newest.name} was written by another "
+                               f"plan (sha256 {theirs[:12]}; this launch's is {launch_sha[:12]}), and a job submitted "
+                               "again resumes only its own checkpoints: give this launch its own --checkpoint-dir, or "
+                               f"resume that one on purpose with hetauto launch ... --resume {newest}")
+        return
 
 
 def resume_note(job: NodeJob) -> str | None:
