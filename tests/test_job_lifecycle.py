@@ -122,7 +122,8 @@ def test_status_cancel_and_a_resubmission_that_resumes(tmp_path: Path) -> None:
 
 def test_a_resubmission_refuses_another_plans_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The newest checkpoint in --checkpoint-dir written by another plan is not resumed as if it were this job's:
-    one line naming it and what to do (no processes: the folder's manifest is stood in for)."""
+    one line naming it and what to do (no processes: the folder's manifest is stood in for); an agent told
+    HETAUTO_RESUME_NEWEST=0 (one hetauto run) does not resume at all."""
     import hetauto.core.checkpoint_manifest as manifest
     from hetauto.core.errors import HetautoError
     from hetauto.launch.node_job import prepare_node
@@ -140,6 +141,9 @@ def test_a_resubmission_refuses_another_plans_checkpoints(tmp_path: Path, monkey
     with pytest.raises(HetautoError, match=rf"--checkpoint-dir {ck}: its newest checkpoint step-00000004 was written "
                                            r"by another plan .* --resume " + str(newest)):
         prepare_node(launch, 1, tmp_path / "w")
+    # one `hetauto run --emulate netns` (its agents get HETAUTO_RESUME_NEWEST=0) starts at step 0, as hetauto run does
+    one_run = prepare_node(launch, 1, tmp_path / "w", environ={"HETAUTO_RESUME_NEWEST": "0"})
+    assert one_run.env["HETAUTO_RESUME_NEWEST"] == "0"
     monkeypatch.setattr(manifest, "read_manifest", lambda _p: type("M", (), {"plan": launch.plan}))
     job = prepare_node(launch, 1, tmp_path / "w")  # its own plan's checkpoint: resumed
     assert job.env["HETAUTO_RESUME_NEWEST"] == "1"

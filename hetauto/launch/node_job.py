@@ -76,9 +76,10 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
     options = write_run_folder(work / "run", plan, run)
     env = dict(os.environ if environ is None else environ)
     env.update(site.env)
-    if run.checkpoint.dir and not run.checkpoint.resume:
+    if run.checkpoint.dir and not run.checkpoint.resume and env.get(RESUME_NEWEST_ENV) != "0":
         # a site submitted again after a failure resumes, never starts again at step 0 over its checkpoints: the
-        # ranks pick the newest one that verifies, all the same one (hetauto.runtime.worker)
+        # ranks pick the newest one that verifies, all the same one (hetauto.runtime.worker). "0" in the agent's
+        # environment: one run that starts at step 0 whatever the folder holds (hetauto run --emulate netns)
         env[RESUME_NEWEST_ENV] = "1"
         _refuse_another_plans(run.checkpoint.dir, launch.plan_sha256, plan)
     if visible_devices == "plan":
