@@ -297,7 +297,7 @@ def service(launch: LaunchPlan, site: SiteLaunch) -> dict[str, Any] | None:
         return None
     name = jobset_name(launch, site)
     selector = {"jobset.sigs.k8s.io/jobset-name": name, "hetauto/node-group": node_groups(site)[0].name,
-                "batch.kubernetes.io/job-completion-index": "0"}  # Kubernetes labels each Indexed Job pod so
+                "batch.kubernetes.io/job-completion-index": "0"}  # set on Indexed Job pods (Kubernetes 1.28+)
     ports = [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"}
              for n, p in (("rendezvous", rdzv.master_port), ("control", rdzv.control_port))]
     spec: dict[str, Any] = {"selector": selector, "ports": ports, "publishNotReadyAddresses": True}
