@@ -88,7 +88,7 @@ def test_status_cancel_and_a_resubmission_that_resumes(tmp_path: Path) -> None:
         assert "refused this client: it did not prove the job's secret" in refused.stderr
         assert _status(out)["state"] == "running"  # the stranger changed nothing
 
-        logs = _hetauto("job", "logs", str(out))
+        logs = _hetauto("job", "logs", str(out / "slow"))  # one site's folder: its script carries the launch
         assert logs.returncode == 0 and "== node rank 1 (site 'slow'" in logs.stdout and "step " in logs.stdout
 
         cancel = _hetauto("job", "cancel", str(out), "--reason", "make room")

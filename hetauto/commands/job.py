@@ -3,8 +3,9 @@ launched job, from any site (issue 41 item 5).
 
 It connects to the lead's control store (hetauto launch's `--master HOST:PORT`: the store listens at PORT+1) and
 proves the job's secret there, as every node agent does: a client without it is refused in one line. LAUNCH_DIR
-(the folder hetauto launch wrote, or its launch.json) gives both the address and the secret (`control.secret`
-beside launch.json); `--master` and `--secret-file` (or $HETAUTO_SECRET_FILE) give them without one.
+gives both the address and the secret: the folder hetauto launch wrote (or its launch.json), or one site's folder
+of it (the one folder a site receives: its control.secret and the scripts that carry the launch plan);
+`--master` and `--secret-file` (or $HETAUTO_SECRET_FILE) give them without one.
 
 - `status`: the job as the lead publishes it (hetauto.launch.job_board): state, plan digest, step reached, each
   node with its host, site and node rank, and how long ago each node's agent and each rank's heartbeat were heard.
@@ -67,9 +68,7 @@ def find_target(args: argparse.Namespace) -> Target:
         host, port = parse_master(args.master)
         port += 1
     elif launch_file is not None:
-        from hetauto.launch.plan import LaunchPlan
-
-        rdzv = LaunchPlan.load(launch_file).rendezvous
+        rdzv = _load_launch(launch_file).rendezvous
         host, port = rdzv.master_addr, rdzv.control_port
     else:
         raise HetautoError("hetauto job: give the launch folder (hetauto launch -o DIR) or --master HOST[:PORT] as "
@@ -86,12 +85,42 @@ def find_target(args: argparse.Namespace) -> Target:
 
 
 def _launch_file(given: str) -> Path:
+    """launch.json, or a site folder's script that carries it (its control.secret lies beside either)."""
     path = Path(given)
     found = path / "launch.json" if path.is_dir() else path
-    if not found.is_file():
-        raise HetautoError(f"{given}: no launch.json there; give the folder hetauto launch wrote (-o DIR) or its "
-                           "launch.json")
-    return found
+    if found.is_file():
+        return found
+    scripts = sorted(p for p in path.iterdir() if p.is_file() and _MARK in _head(p)) if path.is_dir() else []
+    if not scripts:
+        raise HetautoError(f"{given}: no launch.json there, nor a site's script that carries it; give the folder "
+                           "hetauto launch wrote (-o DIR), its launch.json, or one site's folder of it")
+    return scripts[0]
+
+
+_MARK = "<<'HETAUTO_LAUNCH_JSON'"  # hetauto.launch.targets.embedded_launch's here-document
+
+
+def _head(path: Path) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(1 << 20)
+    except OSError:
+        return ""
+
+
+def _load_launch(path: Path) -> Any:
+    """The launch plan in launch.json, or in the here-document of a site's script (the line after its marker)."""
+    from hetauto.core.specio import validate_document
+    from hetauto.launch.plan import LaunchPlan
+
+    if path.name == "launch.json" or _MARK not in _head(path):
+        return LaunchPlan.load(path)
+    line = _head(path).split(_MARK, 1)[1].lstrip("\n").split("\n", 1)[0].strip()
+    try:
+        data = json.loads(line)
+    except ValueError:
+        raise HetautoError(f"{path}: its launch plan is not JSON; give the launch folder's launch.json") from None
+    return validate_document(LaunchPlan, data, path)
 
 
 def connect(target: Target) -> Any:
