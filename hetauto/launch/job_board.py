@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from hetauto.launch.node_job import NodeJob
 
 __all__ = ["STATUS_KEY", "CANCEL_KEY", "CANCELLED_EXIT", "LOG_LINES", "LINE_CHARS", "PUBLISH_S", "JobCancelled",
-           "log_key", "NodeLog", "LeadBoard", "cancel_reason", "status_doc", "log_doc", "newest_step"]
+           "log_key", "NodeLog", "LeadBoard", "cancel_reason", "status_doc", "log_doc", "newest_step", "tail_lines"]
 
 STATUS_KEY = "hetauto/job/status"
 CANCEL_KEY = "hetauto/job/cancel"
