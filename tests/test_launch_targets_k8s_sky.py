@@ -76,8 +76,8 @@ def _launch(plan: Plan = HETERO, options: dict[str, dict[str, str]] | None = Non
 K8S_OPTIONS = {"h100": {"image": "registry.example/hetauto:cuda", "namespace": "training",
                         "node_selector": "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"},
                "mi300x": {"image": "registry.example/hetauto:rocm", "service_account": "trainer"}}
-SKY_OPTIONS = {"h100": {"cloud": "aws", "region": "us-east-1"},
-               "mi300x": {"cloud": "kubernetes", "image_id": "docker:registry.example/hetauto:rocm"}}
+SKY_OPTIONS = {"h100": {"cloud": "aws", "region": "us-east-1", "torch": "2.13.0"},
+               "mi300x": {"cloud": "kubernetes", "image_id": "docker:registry.example/hetauto:rocm", "torch": "image"}}
 
 
 def _check_golden(target: str, files: dict[str, str]) -> None:
@@ -173,13 +173,14 @@ def _k8s_files(launch: LaunchPlan) -> dict[str, str]:
 
 def test_kubernetes_golden_files_for_a_heterogeneous_plan() -> None:
     files = _k8s_files(_launch(options=K8S_OPTIONS))
-    assert sorted(files) == ["h100/jobset.yaml", "mi300x/jobset.yaml"]
+    assert sorted(files) == ["h100/jobset.yaml", "h100/service.yaml", "mi300x/jobset.yaml"]
     _check_golden("kubernetes", files)
 
 
 def test_kubernetes_jobsets_are_valid_against_the_api() -> None:
-    for text in _k8s_files(_launch(options=K8S_OPTIONS)).values():
-        assert_valid_jobset(yaml.safe_load(text))
+    for rel, text in _k8s_files(_launch(options=K8S_OPTIONS)).items():
+        if rel.endswith("jobset.yaml"):
+            assert_valid_jobset(yaml.safe_load(text))
 
 
 def test_the_schema_check_catches_a_misspelled_field() -> None:
@@ -238,7 +239,9 @@ def test_kubernetes_pod_index_gives_each_node_its_rank(tmp_path: Path) -> None:
     the launch plan it writes is the one rendered."""
     launch = _launch(options=K8S_OPTIONS)
     seen = []
-    for text in _k8s_files(launch).values():
+    for rel, text in _k8s_files(launch).items():
+        if not rel.endswith("jobset.yaml"):  # the lead's service.yaml
+            continue
         for job in yaml.safe_load(text)["spec"]["replicatedJobs"]:
             spec = job["template"]["spec"]
             (c,) = spec["template"]["spec"]["containers"]
@@ -340,7 +343,7 @@ def test_skypilot_tasks_are_valid_and_ask_for_the_devices() -> None:
     for doc in (h100, mi):
         assert_valid_task(doc)
     assert (h100["num_nodes"], h100["resources"]) == (2, {"cloud": "aws", "region": "us-east-1",
-                                                          "accelerators": "H100:8"})
+                                                          "accelerators": "H100:8", "ports": [29500, 29501]})
     assert (mi["num_nodes"], mi["resources"]) == (1, {"cloud": "kubernetes", "accelerators": "MI300X:4",
                                                       "image_id": "docker:registry.example/hetauto:rocm"})
     assert h100["envs"]["HETAUTO_FIRST_NODE_RANK"] == "0" and mi["envs"]["HETAUTO_FIRST_NODE_RANK"] == "2"
@@ -410,3 +413,136 @@ def test_launch_json_is_embedded_verbatim() -> None:
     script = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
     body = script.split("<<'HETAUTO_LAUNCH_JSON'\n", 1)[1].split("\nHETAUTO_LAUNCH_JSON\n", 1)[0]
     assert json.loads(body) == json.loads(launch.to_json())
+
+
+# ------------------------------------------------------------------------- submittable unedited (issue 41 item 5)
+
+
+def _with_checkpoints(options: dict[str, dict[str, str]], folder: str = "/checkpoints") -> LaunchPlan:
+    registry = get_registry()
+    backends = [BACKEND[s.cluster] for s in HETERO.stages]
+    return derive(HETERO, cluster_from_dict(CLUSTER), {"steps": 10, "checkpoint_dir": folder}, master="10.0.0.1",
+                  backends=backends, visible_env={b: registry.get(b).visible_devices_envs for b in backends},
+                  site_options=options, needs=NEEDS)
+
+
+def _pod(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+def test_kubernetes_lead_service_is_valid_and_selects_node_rank_0() -> None:
+    files = _k8s_files(_launch(options=K8S_OPTIONS))
+    assert sorted(files) == ["h100/jobset.yaml", "h100/service.yaml", "mi300x/jobset.yaml"]  # the lead site's only
+    svc = yaml.safe_load(files["h100/service.yaml"])
+    assert _normal(_round_trip(svc, "V1Service")) == _normal(svc)
+    jobset = yaml.safe_load(files["h100/jobset.yaml"])
+    labels = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"]
+    assert svc["metadata"]["namespace"] == "training" and svc["spec"]["clusterIP"] == "None"  # headless by default
+    assert svc["spec"]["selector"] == {"jobset.sigs.k8s.io/jobset-name": jobset["metadata"]["name"],
+                                       "hetauto/node-group": labels["hetauto/node-group"],
+                                       "batch.kubernetes.io/job-completion-index": "0"}
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(29500, 29500), (29501, 29501)]
+    assert "kubectl apply -f secret.yaml -f service.yaml -f jobset.yaml" in files["h100/jobset.yaml"]
+
+
+@pytest.mark.parametrize("kind, fields", [("loadbalancer", {"type": "LoadBalancer", "loadBalancerIP": "10.0.0.1"}),
+                                          ("clusterip", {"type": "ClusterIP", "clusterIP": "10.0.0.1"})])
+def test_kubernetes_service_with_a_fixed_address(kind: str, fields: dict[str, str]) -> None:
+    options = {"h100": {**K8S_OPTIONS["h100"], "service": kind}, "mi300x": K8S_OPTIONS["mi300x"]}
+    svc = yaml.safe_load(_k8s_files(_launch(options=options))["h100/service.yaml"])
+    assert _normal(_round_trip(svc, "V1Service")) == _normal(svc)
+    assert {k: svc["spec"][k] for k in fields} == fields
+
+
+def test_kubernetes_service_none_nodeport_and_host_network() -> None:
+    options = {"h100": {**K8S_OPTIONS["h100"], "service": "none", "network": "host"}, "mi300x": K8S_OPTIONS["mi300x"]}
+    files = _k8s_files(_launch(options=options))
+    assert "h100/service.yaml" not in files
+    pod = _pod(yaml.safe_load(files["h100/jobset.yaml"]))
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert_valid_jobset(yaml.safe_load(files["h100/jobset.yaml"]))
+    with pytest.raises(HetautoError, match="outside Kubernetes' NodePort range 30000-32767"):
+        _k8s_files(_launch(options={"h100": {**K8S_OPTIONS["h100"], "service": "nodeport"},
+                                    "mi300x": K8S_OPTIONS["mi300x"]}))
+    with pytest.raises(HetautoError, match="option network 'flat' is not one of pod, host"):
+        _k8s_files(_launch(options={"h100": {**K8S_OPTIONS["h100"], "network": "flat"},
+                                    "mi300x": K8S_OPTIONS["mi300x"]}))
+
+
+def test_kubernetes_job_secret_is_a_secret_the_pods_mount() -> None:
+    launch = _launch(options=K8S_OPTIONS)
+    target = KubernetesTarget()
+    secrets = target.render_secrets(launch, "s" * 64)
+    assert sorted(secrets) == ["h100/secret.yaml", "mi300x/secret.yaml"]
+    for site, text in secrets.items():
+        doc = yaml.safe_load(text)
+        assert _normal(_round_trip(doc, "V1Secret")) == _normal(doc)
+        assert doc["stringData"] == {"control.secret": "s" * 64}
+        pod = _pod(yaml.safe_load(target.render(launch)[site.replace("secret", "jobset")]))
+        (volume,) = [v for v in pod["volumes"] if "secret" in v]
+        assert volume["secret"]["secretName"] == doc["metadata"]["name"]
+        (c,) = pod["containers"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert mount["readOnly"] and env["HETAUTO_SECRET_FILE"] == f"{mount['mountPath']}/control.secret"
+    assert all("s" * 64 not in text for text in target.render(launch).values())
+
+
+def test_kubernetes_checkpoint_volume_and_cancel_policy() -> None:
+    from hetauto.launch.job_board import CANCELLED_EXIT
+
+    with pytest.raises(HetautoError, match=r"site 'h100': the launch writes checkpoints to /checkpoints.*"
+                                           r"--site-option h100\.checkpoint_pvc=NAME"):
+        _k8s_files(_with_checkpoints(K8S_OPTIONS))
+    options = {s: {**o, "checkpoint_pvc": "ck-claim"} for s, o in K8S_OPTIONS.items()}
+    with pytest.raises(HetautoError, match="--checkpoint-dir ck: the kubernetes target mounts the volume there"):
+        _k8s_files(_with_checkpoints(options, "ck"))
+    for text in _k8s_files(_with_checkpoints(options)).values():
+        doc = yaml.safe_load(text)
+        if doc["kind"] != "JobSet":
+            continue
+        assert_valid_jobset(doc)
+        pod = _pod(doc)
+        (claim,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert claim["persistentVolumeClaim"] == {"claimName": "ck-claim"}
+        assert {"name": claim["name"], "mountPath": "/checkpoints"} in pod["containers"][0]["volumeMounts"]
+        policy = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]
+        assert policy["rules"] == [{"action": "FailJob", "onExitCodes": {"containerName": "hetauto", "operator": "In",
+                                                                         "values": [CANCELLED_EXIT]}}]
+
+
+def test_launch_writes_the_kubernetes_secret_apart_owner_only(tmp_path: Path) -> None:
+    from hetauto.cli import main
+    from hetauto.testing.two_sites import write_two_site_plan
+
+    plan = write_two_site_plan(tmp_path, slow_ranks=1)
+    out = tmp_path / "out"
+    assert main(["launch", str(plan), "--target", "kubernetes", "--master", "10.0.0.1", "-o", str(out),
+                 "--site-option", "fast.image=img", "--site-option", "slow.image=img"]) == 0
+    secret = (out / "control.secret").read_text().strip()
+    for site in ("fast", "slow"):
+        path = out / site / "secret.yaml"
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert yaml.safe_load(path.read_text())["stringData"]["control.secret"] == secret
+        assert secret not in (out / site / "jobset.yaml").read_text()
+    assert (out / "fast" / "service.yaml").is_file() and not (out / "slow" / "service.yaml").exists()
+
+
+def test_skypilot_setup_ports_and_secret_mount() -> None:
+    from hetauto import __version__
+
+    files = _sky_files(_launch(options=SKY_OPTIONS))
+    h100, mi = (yaml.safe_load(files[f"{s}/task.yaml"]) for s in ("h100", "mi300x"))
+    assert f'pip install "hetauto[cuda]=={__version__}" "torch==2.13.0"' in h100["setup"]
+    assert mi["setup"].rstrip().endswith(f'pip install "hetauto[rocm]=={__version__}"')  # torch=image: the image's
+    assert "ports" not in mi["resources"]  # only the lead site opens the rendezvous and control ports
+    for doc in (h100, mi):
+        ((remote, local),) = doc["file_mounts"].items()
+        assert local == "control.secret" and remote.endswith("/control.secret")
+        assert f'HETAUTO_SECRET_FILE="${{HETAUTO_SECRET_FILE:-$HOME/{remote.removeprefix("~/")}}}"' in doc["run"]
+    from importlib import metadata
+
+    default = yaml.safe_load(_sky_files(_launch(options={"h100": {}, "mi300x": {}}))["h100/task.yaml"])
+    assert f'"torch=={metadata.version("torch").split("+")[0]}"' in default["setup"]
+    with pytest.raises(HetautoError, match="option torch '2.13; rm' is not a version"):
+        _sky_files(_launch(options={"h100": {"torch": "2.13; rm"}, "mi300x": {}}))

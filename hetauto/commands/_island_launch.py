@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from hetauto.commands._launching import derive_launch, render, write_files, write_secrets
+from hetauto.commands._launching import derive_launch, render, write_files, write_secrets, write_target_secrets
 from hetauto.commands._output import print_json
 from hetauto.core.errors import HetautoError, SpecError
 
@@ -57,8 +57,9 @@ def launch_island_plan(args: argparse.Namespace) -> int:
     files["README.txt"] = island_readme(summary)
     out = Path(args.output)
     written = write_files(out, files)
-    for lead, own in zip(addresses.leads, own_files):
+    for lead, own, launch in zip(addresses.leads, own_files, launches):
         written += write_secrets(out / island_folder(lead.island), own, secret)
+        written += write_target_secrets(out / island_folder(lead.island), args.target, launch, secret)
     if args.json:
         print_json({"target": args.target, "islands": summary,
                     "launches": [la.model_dump(mode="json", by_alias=True) for la in launches],

@@ -155,6 +155,23 @@ def render(target_name: str, launch: Any) -> dict[str, str]:
     return files
 
 
+def write_target_secrets(out: Path, target_name: str, launch: Any, secret: str) -> list[Path]:
+    """The target's files that hold the job secret (a Kubernetes Secret), apart from the others: each written
+    with hetauto.launch.node_secret.write_secret, owner-only from its creation on. A target without any (its
+    nodes read control.secret) writes none."""
+    from hetauto.launch.node_secret import write_secret
+    from hetauto.launch.targets import get_targets
+
+    render_secrets = getattr(get_targets().get(target_name), "render_secrets", None)
+    if render_secrets is None:
+        return []
+    written = []
+    for rel, text in render_secrets(launch, secret).items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        written.append(write_secret(out / rel, text.rstrip("\n")))
+    return written
+
+
 def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
     rdzv = launch.rendezvous
     lines = [f"hetauto launch --target {target_name}: {launch.world_size} ranks on {launch.num_nodes} node(s) at "

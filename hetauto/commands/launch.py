@@ -17,7 +17,7 @@ import argparse
 import os
 from pathlib import Path
 
-from hetauto.commands._launching import derive_launch, render, write_files, write_secrets
+from hetauto.commands._launching import derive_launch, render, write_files, write_secrets, write_target_secrets
 from hetauto.commands._output import print_json
 from hetauto.core.errors import HetautoError
 
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     files = render(args.target, launch)
     written = write_files(out, files)
     written += write_secrets(out, files, secret)
+    written += write_target_secrets(out, args.target, launch, secret)  # a Kubernetes Secret per site
     if args.json:
         print_json({"target": args.target, "launch": launch.model_dump(mode="json", by_alias=True),
                     "files": [str(p) for p in written]})

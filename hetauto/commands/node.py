@@ -11,8 +11,11 @@ Every connection to the lead's control store proves the launch's job secret (het
 from --secret-file, $HETAUTO_SECRET_FILE (the agent's, or the site's --env) or control.secret beside the launch
 plan); a node of another launch is refused at join, exit 1, and a stranger on the lead's port is refused with one
 line on the lead.
+While the job runs the lead publishes its status, and every agent its newest lines, in the lead's store for
+`hetauto job status|logs|cancel` (hetauto.launch.job_board).
 Exit codes: 0 done (on every node of a job that trained: the lead waits for the others' end), 1 failed (the job,
-a bad input, or the lead refused the job: its reason), 7 the loss left the reference, 128 + N after signal N.
+a bad input, or the lead refused the job: its reason), 7 the loss left the reference, 8 cancelled (`hetauto job
+cancel`: every node prints who cancelled it), 128 + N after signal N.
 """
 
 from __future__ import annotations
@@ -66,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
     # before the agent says what happened in one line; errors only (set before torch loads; job.env, which the
     # ranks inherit, was copied above and keeps their logging as it was)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    say = (lambda text: print(f"hetauto node {args.node_rank}: {text}", file=sys.stderr, flush=True))
+    from hetauto.launch.job_board import NodeLog
+
+    # what the agent says is also kept (its newest lines) for `hetauto job logs` (hetauto.launch.job_board)
+    say = NodeLog(lambda text: print(f"hetauto node {args.node_rank}: {text}", file=sys.stderr, flush=True))
     from hetauto.launch.folder_lock import acquire_folder, held_by_a_launcher
 
     if job.lead and job.run.checkpoint_dir and not held_by_a_launcher(job.run.checkpoint_dir):
@@ -87,7 +93,7 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
     from hetauto.job.service import node_result
     from hetauto.launch.node import start_node
 
-    running = start_node(job, progress=say)
+    running = start_node(job, progress=say)  # a NodeLog: the agent publishes its newest lines (hetauto job logs)
     say(f"{job.where()}: started {job.node.nproc} rank(s) "
         f"{job.node.first_rank}-{job.node.first_rank + job.node.nproc - 1}")
     if not job.lead:

@@ -211,6 +211,7 @@ def start_node_agents(launch: Any, topo: Any, group_of: dict[str, int], folder: 
     `group_of_node(node)` where nodes of one cluster live apart), in a working folder of its own under `folder`
     (site<node rank>: the lead's reports are in site0/run)."""
     from hetauto.launch.node_secret import SECRET_FILE, new_secret, write_secret
+    from hetauto.runtime.worker import RESUME_NEWEST_ENV
 
     procs = []
     secret = new_secret()  # one job secret for every agent, beside each one's launch.json (0600)
@@ -222,8 +223,9 @@ def start_node_agents(launch: Any, topo: Any, group_of: dict[str, int], folder: 
         ns = topo.namespaces[group_of_node(node) if group_of_node is not None else group_of[node.cluster]]
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "hetauto", "node", "launch.json",
                "--node-rank", str(node.node_rank), "--workdir", str(work)]
-        # the agents' torchrun and ranks die with this process too (hetauto.runtime.parent_watch)
-        env = dict(os.environ, **{LAUNCHER_ENV: chain(os.environ.get(LAUNCHER_ENV))})
+        # the agents' torchrun and ranks die with this process too (hetauto.runtime.parent_watch); this is one
+        # `hetauto run`, which resumes only with --resume: not a launch submitted again (hetauto.launch.node_job)
+        env = dict(os.environ, **{LAUNCHER_ENV: chain(os.environ.get(LAUNCHER_ENV)), RESUME_NEWEST_ENV: "0"})
         procs.append(subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True, env=env))
     return procs

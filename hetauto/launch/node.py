@@ -21,14 +21,16 @@ only past that grace does the job fail, naming the site pair on both ends (hetau
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from hetauto.core.control_store import ControlStoreClient
 from hetauto.launch.diagnosis import JobFailed
+from hetauto.launch.job_board import PUBLISH_S, JobCancelled, LeadBoard, NodeLog, log_doc, log_key
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
 from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_others, announce_end, await_members,
                                      end_seen_key, mark_done)
-from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
+from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node, resume_note
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
 from hetauto.launch.node_failure import (interface_failure, link_failure, loopback_note, member_failure,
                                          member_link_words)
@@ -61,8 +63,10 @@ class NodeRun:
     member's `done` mark; a member marks `done` when its torchrun has exited."""
 
     def __init__(self, job: NodeJob, local: LocalJob, store: Any, progress: Callable[[str], None],
-                 watch: LeadWatch | None = None) -> None:
+                 watch: LeadWatch | None = None, board: LeadBoard | None = None) -> None:
         self.job, self.local, self.store, self.progress, self.watch = job, local, store, progress, watch
+        self.board = board  # the lead's: the job's status for `hetauto job` (hetauto.launch.job_board)
+        self.cancelled: str | None = None  # the lead's: a client's cancel reason, once its ranks were stopped for it
         self._explained: tuple[BaseException, BaseException] | None = None
 
     def follow_steps(self, *args: Any, **kwargs: Any) -> Any:
@@ -86,11 +90,29 @@ class NodeRun:
     def _silent(self, node_rank: int) -> bool:
         return self.store.agent_silence(node_rank) > silent_threshold(self.grace_s)
 
+    def cancel_watch(self) -> str | None:
+        """On the lead, polled while its ranks run (LocalJob.watch): a client's cancel, which stops them."""
+        if self.board is None or self.cancelled is not None:
+            return None
+        self.cancelled = self.board.cancel_asked()
+        return self.cancelled
+
+    def on_lead_failure(self, err: BaseException, others: int) -> None:
+        """On the lead, when its job ends early: say why on the board, then tell the other nodes (abort)."""
+        explained = self.explain(err)
+        if self.board is not None:
+            self.board.set_state("cancelling" if self.cancelled else "failing", str(explained))
+        # a cancel is told in the client's words: each node adds what it stopped
+        abort_others(self.store, JobCancelled(self.cancelled) if self.cancelled else explained, others)
+
     def _lead_wait(self) -> list[dict[str, Any]]:
         try:
             reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
         except JobFailed as err:
-            raise self.explain(err) from None
+            explained = self.explain(err)
+            self._board_end("cancelled" if self.cancelled else "failed", str(explained))
+            raise explained from None
+        self._board_end("trained", "every rank reported")
         announce_end(self.store)
         late = await_members(self.store, self._members(), link_grace_s=self.grace_s,
                              silent=lambda r: self._silent(r) and self.store.get(end_seen_key(r)) is None)
@@ -105,11 +127,18 @@ class NodeRun:
         told it through `abort`, then this node raises it)."""
         if not isinstance(err, JobFailed):
             return err
+        if self.cancelled is not None:
+            return JobCancelled(f"{self.cancelled}; stopped the job's ranks on every node")
         if self._explained is None or self._explained[0] is not err:
             found = link_failure(self.job, self.store, self._members(), self.grace_s, err) or \
                 interface_failure(self.job)
             self._explained = (err, found or err)
         return self._explained[1]
+
+    def _board_end(self, state: str, reason: str) -> None:
+        if self.board is not None:
+            self.board.set_state(state, reason)
+            self.board.close()
 
     def _member_wait(self) -> list[dict[str, Any]]:
         try:
@@ -117,6 +146,9 @@ class NodeRun:
         except BaseException as err:
             if isinstance(err, JobFailed) and self.watch is not None:
                 err = member_failure(self.job, self.watch, self.grace_s, err)
+                if self.watch.cancelled is not None:
+                    err = JobCancelled(f"the lead node ended the job: {self.watch.cancelled}; stopped this node's "
+                                       "ranks")
             mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
             raise err from None
         if not mark_done(self.store, self.job.node.node_rank, "ok") and self.watch is not None and self.watch.ended:
@@ -128,9 +160,24 @@ class NodeRun:
         return member_link_words(self.job, self.watch.link, self.grace_s, silent_s)
 
 
-def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None) -> NodeRun:
+def _log_publisher(job: NodeJob, log: NodeLog | None) -> Callable[[Any], None]:
+    """A member's LeadWatch tick: its log lines into the lead's store every PUBLISH_S (hetauto.launch.job_board)."""
+    last = [float("-inf")]
+
+    def tick(link: Any) -> None:
+        if time.monotonic() - last[0] >= PUBLISH_S:
+            last[0] = time.monotonic()
+            link.set(log_key(job.node.node_rank), log_doc(job, log))
+    return tick
+
+
+def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None,
+               log: NodeLog | None = None) -> NodeRun:
     """Join the job and start this node's torchrun; returns the running job (NodeRun). The lead also serves the
-    control store, which lives as long as this process."""
+    control store, which lives as long as this process, and the job's board in it (`hetauto job`); `log`: this
+    agent's newest lines, which it publishes there (default: `progress` when it is a NodeLog)."""
+    if log is None and isinstance(progress, NodeLog):
+        log = progress
     rdzv = job.launch.rendezvous
     timeout = rdzv.join_timeout_s
     note = loopback_note(job)
@@ -142,18 +189,26 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         bind = "::" if ":" in rdzv.master_addr else "0.0.0.0"
         control = ControlServer(job.out, bind=bind, port=rdzv.control_port, advertise=rdzv.master_addr,
                                 token=job.secret, on_refused=lambda peer: progress(refused_words(peer))).start()
+        board = LeadBoard(job, control, log).start()
         try:
             lead_join(job, control, timeout, progress)
             control.watch_agents([n.node_rank for n in job.launch.nodes if n.node_rank != 0])
-        except BaseException:
+        except BaseException as err:
+            board.set_state("failed", str(err))
+            board.close()
             control.shutdown()
             raise
+        board.watching = True
+        if (note := resume_note(job)) is not None:
+            progress(note)
         run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                         control_address=control.address, env=job.env, control_token=job.secret)
         run.control = control
         others = job.launch.num_nodes - 1
-        node = NodeRun(job, run, control, progress)
-        run.on_failure = lambda err: abort_others(control, node.explain(err), others)
+        node = NodeRun(job, run, control, progress, board=board)
+        board.set_state("running")
+        run.on_failure = lambda err: node.on_lead_failure(err, others)
+        run.watch = node.cancel_watch
         return node
     joined = member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
@@ -165,5 +220,6 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
                     address, float(job.run.training.timeout_s))
     joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
     node = NodeRun(job, run, link, progress)
-    run.watch = node.watch = LeadWatch(link, job.node.node_rank, node._member_link_words)
+    run.watch = node.watch = LeadWatch(link, job.node.node_rank, node._member_link_words,
+                                       tick=_log_publisher(job, log))
     return node

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+from hetauto.launch.job_board import CANCEL_KEY
 from hetauto.launch.node_link import agent_beat_key
 
 __all__ = ["ABORT_KEY", "ABORT_ACK_KEY", "ABORT_GRACE_S", "END_KEY", "END_GRACE_S", "done_key", "end_seen_key",
@@ -94,13 +95,23 @@ class LeadWatch:
     store through a LeadLink (hetauto.launch.node_link), which makes its connection again after a failure, and
     bumps this agent's counter there on every read, so the lead can tell a link that is down from a rank that
     failed. `ended`: the lead posted the job's end (every rank reported); from then on the lead's store is not
-    read again, and its going is no failure: this node's torchrun ends on its own."""
+    read again, and its going is no failure: this node's torchrun ends on its own. `cancelled`: the lead's reason
+    when the job was cancelled (`hetauto job cancel`, hetauto.launch.job_board), else None. `tick`: called on
+    every read (the agent publishes its log lines through it)."""
 
     def __init__(self, link: Any, node_rank: int, lost_words: Callable[[float], str],
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.link, self.node_rank, self.lost_words, self.clock = link, node_rank, lost_words, clock
+                 clock: Callable[[], float] = time.monotonic, tick: Callable[[Any], None] | None = None) -> None:
+        self.link, self.node_rank, self.lost_words, self.clock, self.tick = link, node_rank, lost_words, clock, tick
         self.ended = False
+        self.cancelled: str | None = None
         self._last = float("-inf")
+
+    def _abort_words(self) -> str:
+        """The lead's `abort` reason (read after check([ABORT_KEY])); notes whether the job was cancelled."""
+        why = self.link.get(ABORT_KEY).decode("utf-8")
+        if self.link.check([CANCEL_KEY]):
+            self.cancelled = why
+        return "the lead node ended the job: " + why
 
     def __call__(self) -> str | None:
         now = self.clock()
@@ -109,10 +120,12 @@ class LeadWatch:
         self._last = now
         try:
             if self.link.check([ABORT_KEY]):
-                why = self.link.get(ABORT_KEY).decode("utf-8")
+                words = self._abort_words()
                 self.link.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
-                return "the lead node ended the job: " + why
+                return words
             self.link.add(agent_beat_key(self.node_rank), 1)
+            if self.tick is not None:
+                self.tick(self.link)
             if self.link.check([END_KEY]):
                 self.ended = True
                 self.link.set(end_seen_key(self.node_rank), "1")
@@ -132,7 +145,7 @@ class LeadWatch:
         while not self.ended:
             try:
                 if self.link.check([ABORT_KEY]):
-                    return "the lead node ended the job: " + self.link.get(ABORT_KEY).decode("utf-8")
+                    return self._abort_words()
             except OSError:
                 if self.link.refused:
                     return f"the lead node's job ended (cancelled?): its agent at {self.link.address} is gone"

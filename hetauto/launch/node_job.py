@@ -16,8 +16,9 @@ from hetauto.core.plan import Plan
 from hetauto.launch.local import write_run_folder
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.runtime.options import RunOptions
+from hetauto.runtime.worker import RESUME_NEWEST_ENV
 
-__all__ = ["NodeJob", "prepare_node", "VISIBLE_DEVICES_MODES"]
+__all__ = ["NodeJob", "prepare_node", "resume_note", "VISIBLE_DEVICES_MODES"]
 
 VISIBLE_DEVICES_MODES = ("plan", "scheduler")
 
@@ -77,9 +78,58 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
     options = write_run_folder(work / "run", plan, run)
     env = dict(os.environ if environ is None else environ)
     env.update(site.env)
+    if run.checkpoint.dir and not run.checkpoint.resume and env.get(RESUME_NEWEST_ENV) != "0":
+        # a site submitted again after a failure resumes, never starts again at step 0 over its checkpoints: the
+        # ranks pick the newest one that verifies, all the same one (hetauto.runtime.worker). "0" in the agent's
+        # environment: one run that starts at step 0 whatever the folder holds (hetauto run --emulate netns)
+        env[RESUME_NEWEST_ENV] = "1"
+        _refuse_another_plans(run.checkpoint.dir, launch.plan_sha256, plan)
     if visible_devices == "plan":
         for var in node.visible_devices_env:
             env[var] = ",".join(str(d) for d in node.devices)
     job = NodeJob(launch, site, node, plan, replace(run, plan=str(work / "run" / "plan.json")), work, options, env,
                   secret)
     return job
+
+
+def _refuse_another_plans(folder: str, launch_sha: str, plan: Plan) -> None:
+    """A job submitted again resumes only its own launch's checkpoints: the newest readable one in `folder` must
+    have been written by this plan (launch.plan_sha256, or the plan as this node's ranks run it), else one line
+    saying what to do (it would otherwise be resumed, resharded, as if it were this job's)."""
+    from hetauto.core.checkpoint_manifest import complete_checkpoints, read_manifest
+    from hetauto.core.errors import CheckpointError
+    from hetauto.launch.plan import plan_digest
+
+    try:
+        found = complete_checkpoints(folder)
+    except OSError:
+        return
+    for newest in reversed(found):
+        try:
+            theirs = plan_digest(read_manifest(newest).plan or {})
+        except (CheckpointError, OSError, TypeError, ValueError):
+            continue  # a damaged one: the ranks skip it too, naming it
+        if theirs not in (launch_sha, plan_digest(plan)):
+            raise HetautoError(f"--checkpoint-dir {folder}: its newest checkpoint {newest.name} was written by another "
+                               f"plan (sha256 {theirs[:12]}; this launch's is {launch_sha[:12]}), and a job submitted "
+                               "again resumes only its own checkpoints: give this launch its own --checkpoint-dir, or "
+                               f"resume that one on purpose with hetauto launch ... --resume {newest}")
+        return
+
+
+def resume_note(job: NodeJob) -> str | None:
+    """On the lead of a job submitted again: which checkpoint its ranks will resume from (the newest complete one,
+    unless its files do not verify: then the newest that does); None without checkpoints."""
+    folder = job.run.checkpoint.dir
+    if not folder or job.run.checkpoint.resume or job.env.get(RESUME_NEWEST_ENV) != "1":
+        return None
+    from hetauto.core.checkpoint_manifest import complete_checkpoints
+
+    try:
+        found = complete_checkpoints(folder)
+    except OSError:
+        return None
+    if not found:
+        return None
+    return (f"{folder} holds checkpoints of an earlier attempt of this job: its ranks resume from the newest one "
+            f"whose files verify ({Path(found[-1]).name}, or an older one if that is damaged)")

@@ -11,7 +11,16 @@ hence `--visible-devices scheduler`.
 (`SKYPILOT_ACCELERATORS`, checked against SkyPilot's accelerator catalog, skypilot-org/skypilot-catalog
 catalogs/v7/common/accelerators.csv); cpu and mock sites ask for `cpus: "<nproc>+"` instead. Site options
 (`--site-option SITE.KEY=VALUE`): `cloud`, `region`, `zone`, `image_id`, and `accelerators` (`NAME[:COUNT]`, for
-a device the table lacks or another name, e.g. A100-80GB-SXM; COUNT must be the node's process count).
+a device the table lacks or another name, e.g. A100-80GB-SXM; COUNT must be the node's process count), `torch`.
+
+What makes a task submittable unedited (issue 41 item 5), given the lead's address:
+- `setup:` installs this hetauto, with the backend's extra, and torch pinned to the version hetauto launch ran with
+  (every node must run the same versions: the join checks them); `torch=VERSION` pins another, `torch=image`
+  keeps the image's torch (an `image_id` built for the job).
+- `resources.ports`: the lead site's task opens the rendezvous and control ports to the other sites (a launch of
+  one site keeps them inside its cluster).
+- `file_mounts`: the site's control.secret (beside task.yaml: run `sky launch` in the site's folder) is copied to
+  each node and named by HETAUTO_SECRET_FILE (its mode set to 0600 there); the secret is never in the task's text.
 """
 
 from __future__ import annotations
@@ -20,12 +29,15 @@ from typing import Any
 
 
 from hetauto.core.errors import HetautoError
+from hetauto.launch.node_secret import SECRET_FILE, SECRET_FILE_ENV
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command, one_line, site_header
 
-__all__ = ["SkyPilotTarget", "SKYPILOT_ACCELERATORS", "OPTIONS", "task", "task_path", "accelerators"]
+__all__ = ["SkyPilotTarget", "SKYPILOT_ACCELERATORS", "OPTIONS", "task", "task_path", "accelerators",
+           "setup_script", "secret_path"]
 
-OPTIONS = ("cloud", "region", "zone", "accelerators", "image_id")
+OPTIONS = ("cloud", "region", "zone", "accelerators", "image_id", "torch")
+EXTRAS = ("cuda", "rocm", "npu", "xpu")  # backends with an extra of their own (pip install hetauto[EXTRA])
 HOST_BACKENDS = ("cpu", "mock")  # no accelerator to ask for
 NODE_RANK = '"$HETAUTO_NODE_RANK"'  # the node agent's --node-rank, as shell text
 
@@ -119,6 +131,41 @@ def accelerators(site: SiteLaunch, node: NodeLaunch, opts: dict[str, str]) -> st
     return f"{name}:{node.nproc}"
 
 
+def secret_path(launch: LaunchPlan) -> str:
+    """Where each node finds the job secret (file_mounts copies the site's control.secret there)."""
+    return f"~/.hetauto/job-{launch.plan_sha256[:12]}/{SECRET_FILE}"
+
+
+def _torch_pin(site: SiteLaunch, opts: dict[str, str]) -> str | None:
+    """`torch==VERSION` for setup: the site's `torch` option, else the torch where hetauto launch runs; None:
+    the image's own torch (`torch=image`, or no torch here)."""
+    given = opts.get("torch")
+    if given == "image":
+        return None
+    if given is None:
+        from importlib import metadata
+
+        try:  # its public version: a local label (+cpu, +cu126) names a build of one index, not of every site's
+            given = metadata.version("torch").split("+", 1)[0]
+        except metadata.PackageNotFoundError:
+            return None
+    if not all(part.isalnum() for part in given.replace("+", ".").split(".")):
+        raise HetautoError(f"site '{site.name}': option torch {given!r} is not a version (e.g. 2.13.0, or 'image' "
+                           "to keep the image's torch)")
+    return f"torch=={given}"
+
+
+def setup_script(site: SiteLaunch, first: NodeLaunch, opts: dict[str, str]) -> str:
+    """The task's `setup:`: this hetauto with the backend's extra, and the pinned torch."""
+    from hetauto import __version__
+
+    extra = f"[{first.backend}]" if first.backend in EXTRAS else ""
+    torch = _torch_pin(site, opts)
+    return ("set -euo pipefail\n"
+            f'"${{HETAUTO_PYTHON:-python3}}" -m pip install "hetauto{extra}=={__version__}"'
+            + (f' "{torch}"' if torch else "") + "\n")
+
+
 def _script(launch: LaunchPlan, site: SiteLaunch, first: NodeLaunch) -> str:
     count = len(site.nodes)
     ranks = f"node rank {first.node_rank}" if count == 1 else \
@@ -131,6 +178,8 @@ def _script(launch: LaunchPlan, site: SiteLaunch, first: NodeLaunch) -> str:
         f'work="${{HETAUTO_WORKDIR:-$HOME/hetauto-job-{launch.plan_sha256[:12]}}}"\n'
         'mkdir -p "$work"\n'
         'cd "$work"\n'
+        f'export {SECRET_FILE_ENV}="${{{SECRET_FILE_ENV}:-$HOME/{secret_path(launch).removeprefix("~/")}}}"\n'
+        f'chmod 600 "${SECRET_FILE_ENV}" 2>/dev/null || true  # (a missing one: the agent says so)\n'
         + embedded_launch(launch)
         + f"exec {node_command(NODE_RANK, devices='scheduler')}\n"
     )
@@ -152,12 +201,16 @@ def task(launch: LaunchPlan, site: SiteLaunch) -> dict[str, Any]:
     if "image_id" in opts:
         resources["image_id"] = opts["image_id"]
     rdzv = launch.rendezvous
+    if site.name == rdzv.lead_site and len(launch.sites) > 1:  # the other sites reach the lead's two ports
+        resources["ports"] = [rdzv.master_port, rdzv.control_port]
     return {
         "name": f"hetauto-{site.name}-{launch.plan_sha256[:8]}",
         "num_nodes": len(site.nodes),
         "resources": resources,
         "envs": {"HETAUTO_FIRST_NODE_RANK": str(first.node_rank), "MASTER_ADDR": rdzv.master_addr,
                  "MASTER_PORT": str(rdzv.master_port), "PYTHONUNBUFFERED": "1"},
+        "file_mounts": {secret_path(launch): SECRET_FILE},
+        "setup": setup_script(site, first, opts),
         "run": _script(launch, site, first),
     }
 
@@ -173,7 +226,8 @@ def _header(launch: LaunchPlan, site: SiteLaunch) -> str:
                        "# The nodes talk to the other sites' nodes directly (the collectives); open the job's ports "
                        "to those\n# nodes only (the rendezvous accepts any connection; the control store wants the job's "
                        "control.secret).\n"
-                       f"# Submit with: sky launch -c hetauto-{one_line(site.name)} task.yaml\n")
+                       f"# Submit with, in this folder (file_mounts copies its {SECRET_FILE} to each node): sky launch "
+                       f"-c hetauto-{one_line(site.name)} task.yaml\n")
 
 
 class SkyPilotTarget:

@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from hetauto.runtime.control import ControlClient
 
+# set by a node agent of a launched job (hetauto.launch.node_job): a site submitted again after a failure resumes
+# from the newest verified checkpoint in --checkpoint-dir (none: step 0), as a torchrun restart does
+RESUME_NEWEST_ENV = "HETAUTO_RESUME_NEWEST"
+
 if TYPE_CHECKING:  # the worker imports what it needs only once it runs (torch takes seconds)
     from hetauto.core.comm import Communicator
     from hetauto.core.plan import Plan
@@ -211,8 +215,9 @@ def _emulation(run: RunConfig, plan: Plan, stage: int, rank: int) -> tuple[float
 
 
 def _resume_point(run: RunConfig, comm: Communicator, restart: int) -> tuple[RunConfig, list[tuple[str, str]]]:
-    """The checkpoint folder checked from every rank; on a torchrun restart, the run resuming from the newest
-    complete checkpoint whose files verify (hashes shared out over the ranks), with the damaged newer ones."""
+    """The checkpoint folder checked from every rank; on a torchrun restart, or a first attempt told to resume
+    (RESUME_NEWEST_ENV, without --resume), the run resuming from the newest complete checkpoint whose files verify
+    (hashes shared out over the ranks: every rank picks the same one), with the damaged newer ones."""
     from dataclasses import replace
 
     folder = run.checkpoint.dir
@@ -221,7 +226,7 @@ def _resume_point(run: RunConfig, comm: Communicator, restart: int) -> tuple[Run
     from hetauto.runtime.checkpoint_reach import check_checkpoint_folder
 
     check_checkpoint_folder(comm, folder)  # every rank writes it and sees the same folder, or the job ends now
-    if restart == 0:
+    if restart == 0 and (run.checkpoint.resume or os.environ.get(RESUME_NEWEST_ENV) != "1"):
         return run, []
     from hetauto.runtime.checkpoint import newest_intact
 

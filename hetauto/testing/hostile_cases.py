@@ -631,6 +631,22 @@ def node_cases() -> list[Case]:
     ]
 
 
+def job_cases() -> list[Case]:
+    c = "job"
+    return [
+        _cli(c, "no launch folder and no --master", "status", mention=("--master",)),
+        _cli(c, "missing launch folder", "status", "missing", mention=("missing",)),
+        _cli(c, "a folder without launch.json", "logs", "adir", files={"adir": None}, mention=("adir",)),
+        _cli(c, "an unknown action", "restart", "L", mention=("restart",)),
+        _cli(c, "--master without a secret", "status", "--master", "127.0.0.1:1", mention=("--secret-file",)),
+        _cli(c, "--master not an address", "status", "--master", "host:port", "--secret-file", "s.txt",
+             files={"s.txt": "a" * 64}, mention=("--master",)),
+        _cli(c, "--secret-file too short", "cancel", "--master", "127.0.0.1:1", "--secret-file", "s.txt",
+             files={"s.txt": "abc"}, mention=("s.txt",)),
+        _cli(c, "no job at the launch's address", "status", "L", setup=_launch_dir, mention=("control store",)),
+    ]
+
+
 def _edit_json(path: Path, edit: Any) -> None:
     doc = json.loads(path.read_text())
     edit(doc)
@@ -911,5 +927,6 @@ def api_cases() -> list[Case]:
 def all_cases() -> list[Case]:
     """Every case, grouped by command."""
     return (plan_cases() + simulate_cases() + evaluate_cases() + run_cases_() + launch_cases() + node_cases()
+            + job_cases()
             + profile_cases() + calibrate_cases() + checkpoint_cases() + data_cases() + listing_cases()
             + api_cases())
