@@ -169,9 +169,15 @@ def test_kubernetes_and_skypilot_files_of_an_island_plan_pass_the_schema_checks(
     _islands_launch(tmp_path, capsys, "kubernetes", *images)
     _islands_launch(tmp_path / "sky", capsys, "skypilot", "--site-option", "b2.cloud=kubernetes")
     for name in "AB":
-        jobsets = {k: v for k, v in _files(tmp_path, "kubernetes", name).items() if k.endswith(".yaml")}
+        k8s = _files(tmp_path, "kubernetes", name)
+        jobsets = {k: v for k, v in k8s.items() if k.endswith("jobset.yaml")}
         tasks = {k: v for k, v in _files(tmp_path / "sky", "skypilot", name).items() if k.endswith(".yaml")}
         assert len(jobsets) == len(tasks) == 2, (jobsets, tasks)
+        # each site's job secret as a Kubernetes Secret of its own, owner-only, as an ordinary launch writes it
+        root = tmp_path / "kubernetes" / f"island-{name}"
+        secrets = sorted(k for k in k8s if k.endswith("secret.yaml"))
+        assert [Path(k).parent.name for k in secrets] == sorted(Path(k).parent.name for k in jobsets)
+        assert all((root / k).stat().st_mode & 0o777 == 0o600 for k in secrets)
         launch = _island_launch(tmp_path, "kubernetes", name)
         for text in jobsets.values():
             assert_valid_jobset(yaml.safe_load(text))
