@@ -526,6 +526,9 @@ def test_launch_writes_the_kubernetes_secret_apart_owner_only(tmp_path: Path) ->
         assert yaml.safe_load(path.read_text())["stringData"]["control.secret"] == secret
         assert secret not in (out / site / "jobset.yaml").read_text()
     assert (out / "fast" / "service.yaml").is_file() and not (out / "slow" / "service.yaml").exists()
+    readme = (out / "README.txt").read_text()
+    assert ("site 'slow' (clusters slow): submit slow/secret.yaml (the job secret, owner-only) first, then "
+            "slow/jobset.yaml\n") in readme, readme
 
 
 def test_skypilot_setup_ports_and_secret_mount() -> None:

@@ -151,7 +151,9 @@ def render(target_name: str, launch: Any) -> dict[str, str]:
     target = get_targets().get(target_name)
     files = dict(target.render(launch))
     files["launch.json"] = launch.to_json() + "\n"
-    files["README.txt"] = readme(target_name, launch, files)
+    render_secrets = getattr(target, "render_secrets", None)  # written apart (write_target_secrets): names only
+    secrets = sorted(render_secrets(launch, "")) if render_secrets is not None else []
+    files["README.txt"] = readme(target_name, launch, files, secrets)
     return files
 
 
@@ -172,7 +174,8 @@ def write_target_secrets(out: Path, target_name: str, launch: Any, secret: str) 
     return written
 
 
-def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
+def readme(target_name: str, launch: Any, files: dict[str, str], secrets: list[str] | None = None) -> str:
+    """What each site submits, in order: its secret files (`secrets`, e.g. a Kubernetes Secret) before the rest."""
     rdzv = launch.rendezvous
     lines = [f"hetauto launch --target {target_name}: {launch.world_size} ranks on {launch.num_nodes} node(s) at "
              f"{len(launch.sites)} site(s); plan sha256 {launch.plan_sha256[:12]}",
@@ -181,7 +184,9 @@ def readme(target_name: str, launch: Any, files: dict[str, str]) -> str:
              _training(launch.run_config()), ""]
     for site in launch.sites:
         mine = sorted(p for p in files if p.startswith(site.name + "/"))
-        lines.append(f"site '{site.name}' (clusters {', '.join(site.clusters)}): submit {', '.join(mine)}")
+        first = [p for p in secrets or [] if p.startswith(site.name + "/")]
+        order = f"{', '.join(first)} (the job secret, owner-only) first, then " if first else ""
+        lines.append(f"site '{site.name}' (clusters {', '.join(site.clusters)}): submit {order}{', '.join(mine)}")
         for n in site.nodes:
             lines.append(f"  node rank {n.node_rank}: cluster '{n.cluster}' node {n.node}, {n.nproc} x {n.backend}, "
                          f"ranks {n.first_rank}-{n.first_rank + n.nproc - 1}")
