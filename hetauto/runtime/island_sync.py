@@ -12,10 +12,19 @@ rank steps its own slice with the outer optimizer. Every island then holds the s
 Why on every rank, not only on holders: the outer optimizer's global copy and momentum live beside each rank's own
 shard (hetauto.runtime.outer_sync), so no rank ever needs the whole model, and DP replicas stay identical.
 
-Records: each holder reports one row per (step, fragment) it synced (`RankReport.outer_syncs`): its payload bytes
-times its peers, the wall seconds of the whole sync (pseudo-gradients, exchange, merge, stage broadcast, outer step;
-waiting for a slower island included) and `exposed_s` (the same: the sync is synchronous for now). Emulating
-in-process, each exchange lasts at least the cluster file's link time for its bytes (island_exchange).
+Overlap (Streaming DiLoCo's tau, `outer.overlap_steps`; torchft's `fragment_sync_delay`): the pseudo-gradients
+are taken and the holders' exchanges posted after step s - tau (gloo runs them on its own threads; each holder
+posts its groups in the global order), inner steps go on, and after step s the rank waits for them, merges,
+broadcasts and lands the outer step (`settle`, `_land`): the fragment becomes the new global values (or
+lerp(global, local, alpha)), dropping the local progress of the tau steps, as torchft does. One fragment is in
+flight at a time (tau < H // F). tau = 0 is the blocking sync of before, step for step.
+
+Records: each holder reports one row per (step, fragment) it synced (`RankReport.outer_syncs`; `step`: the step
+its outer step landed after): its payload bytes times its peers, `sync_s` the seconds of the whole sync
+(pseudo-gradients, encode, the exchange until it finished, decode, merge, stage broadcast, outer step; waiting for a
+slower island included) and `exposed_s` the seconds training stood still for it: the same wall time with tau = 0;
+with tau > 0 this rank's own work for the sync plus the time it actually waited for the exchange after step s.
+Emulating in-process, each exchange lasts at least the cluster file's link time for its bytes (island_exchange).
 Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), non-fp32 master weights.
 Checkpoints hold the outer optimizer's state (hetauto.runtime.checkpoint_outer, which reads `params`, `alias`,
 `outer` and `formats` here), so a resumed island run continues exactly.
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,20 +43,47 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.islands import IslandPlan
 from hetauto.core.run_config import RunConfig
 from hetauto.core.transport import HOST_COLLECTIVE
-from hetauto.runtime.island_exchange import OuterGroup, open_store, pack, packed_bytes, unpack
+from hetauto.runtime.island_exchange import OuterGroup, PendingExchange, open_store, pack, packed_bytes, unpack
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
 from hetauto.runtime.layout import placement
 from hetauto.runtime.links import EmulatedLink
-from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge
+from hetauto.runtime.outer_sync import OuterOptimizer, fragment_slots, merge, sending_fragments
 from hetauto.runtime.wire_codec import contribution_format
 
 if TYPE_CHECKING:
     from hetauto.runtime.executor import StageExecutor
 
-__all__ = ["BUCKET_BYTES", "IslandSync", "island_sync_for"]
+__all__ = ["BUCKET_BYTES", "IslandSync", "InFlight", "island_sync_for"]
 
 # fp32 bytes of whole tensors per exchange and stage broadcast (the transients a sync holds at once)
 BUCKET_BYTES = 64 * 2**20
+
+
+@dataclass
+class InFlightPart:
+    """One bucket of a fragment in flight: its names, and on a holder its exchange and the tensors' shapes."""
+
+    names: list[str]
+    exchange: PendingExchange | None
+    likes: tuple[torch.Tensor, ...]  # meta tensors shaped like the full pseudo-gradients (holders)
+
+
+@dataclass
+class InFlight:
+    """A fragment's sync between its send (pseudo-gradients taken, exchange posted) and its landing (the outer
+    step, after `land_step`). Seconds: what this rank spent sending and settling (waits excluded), how long it
+    waited, when the exchange finished (perf_counter)."""
+
+    fragment: int
+    land_step: int
+    parts: list[InFlightPart]
+    sent_bytes: int
+    send_s: float
+    send_end: float
+    merged: dict[str, torch.Tensor] | None = None  # this rank's slices of the merged pseudo-gradients, once settled
+    wait_s: float = 0.0
+    settle_s: float = 0.0
+    finished: float = field(default=0.0)
 
 
 def island_sync_for(ex: "StageExecutor", run: RunConfig) -> "IslandSync | None":
@@ -84,6 +121,7 @@ class IslandSync:
         self.weights = self.plan.token_weights()
         self.formats = [contribution_format(self.plan, isl.name) for isl in self.plan.islands]
         self.records: list[dict[str, Any]] = []
+        self.inflight: InFlight | None = None  # the fragment sent and not landed yet (tau > 0, or a resume)
         self.stage_comm = self._stage_groups(ex)
         self._store, self._outer = None, {}
         if self.is_holder:
@@ -164,46 +202,89 @@ class IslandSync:
 
     # ------------------------------------------------------------------ the hook
     def after_step(self, step: int) -> None:
-        """The outer step of every fragment due after inner step `step` (0-based, global numbering)."""
-        for f in due_fragments(step, self.outer_cfg.inner_steps, self.outer_cfg.fragments):
-            t0 = time.perf_counter()
-            sent, merged = 0, {}
-            for g in self.groups:
-                for names in self._buckets(self._due_names(g, f)):
-                    got, nbytes = self._sync_group(g, names)
-                    merged.update({self.alias[n]: v for n, v in got.items()})  # one tensor's two names: equal
-                    sent += nbytes
-            self.outer.step(merged)
-            wall = time.perf_counter() - t0
-            if self.is_holder:
-                peers = [isl.name for i, isl in enumerate(self.plan.islands) if i != self.index]
-                self.records.append({"step": step, "fragment": f, "bytes": sent, "sync_s": wall, "exposed_s": wall,
-                                     "peers": peers})
+        """After inner step `step` (0-based, global numbering): send the fragments whose outer step lands
+        `overlap_steps` (tau) steps later (`sending_fragments`), then land the one in flight if its step has
+        come. tau = 0: both at once, the blocking sync."""
+        t0 = time.perf_counter()
+        cfg = self.outer_cfg
+        for f in sending_fragments(step, cfg.inner_steps, cfg.fragments, cfg.overlap_steps):
+            self._send(step, f)
+        if self.inflight is not None and self.inflight.land_step == step:
+            self._land(t0 if cfg.overlap_steps == 0 else None)
 
-    def _sync_group(self, g: HolderGroup, names: list[str]) -> tuple[dict[str, torch.Tensor], int]:
-        """One group's part of a fragment: this rank's slices of the merged pseudo-gradients, and the bytes this
-        rank sent (holders only)."""
-        full = self._full_pseudo_gradients(names) if self.me.dp_index == 0 else None
-        merged, sent = None, 0
-        if self.is_holder:
-            assert full is not None
-            merged, sent = self._exchange(g, full)
-        merged = self._broadcast(names, merged)
-        return {n: _slice_like(self.params[n], m) for n, m in zip(names, merged)}, sent
+    def _send(self, step: int, fragment: int) -> None:
+        """Every dp-0 rank: the fragment's pseudo-gradients now (TP shards gathered); holders post their exchange
+        without waiting. One fragment is in flight at a time (OuterSync: tau < H // F)."""
+        assert self.inflight is None, "a fragment's sync is still in flight"
+        t0 = time.perf_counter()
+        parts, sent = [], 0
+        for g in self.groups:
+            for names in self._buckets(self._due_names(g, fragment)):
+                full = self._full_pseudo_gradients(names) if self.me.dp_index == 0 else None
+                exchange, likes = None, ()
+                if self.is_holder:
+                    assert full is not None
+                    group = self._outer[g.key]
+                    sizes = [packed_bytes(full, fmt) for fmt in self.formats]
+                    exchange = group.post_bytes(pack(full, self.formats[self.index]), sizes)
+                    likes = tuple(torch.empty(t.shape, device="meta") for t in full)  # shapes for unpack
+                    sent += sizes[self.index] * (group.size - 1)
+                parts.append(InFlightPart(names, exchange, likes))
+        end = time.perf_counter()
+        self.inflight = InFlight(fragment, step + self.outer_cfg.overlap_steps, parts, sent, end - t0, end)
+
+    def settle(self) -> None:
+        """Wait for the fragment in flight (holders), merge and broadcast it inside the stage: every rank then
+        holds its slices of the merged pseudo-gradients (`inflight.merged`), ready to land. Collective over the
+        stage; a checkpoint taken while a sync is in flight settles it to save the merged gradients."""
+        fl = self.inflight
+        if fl is None or fl.merged is not None:
+            return
+        t0, merged = time.perf_counter(), {}
+        for part in fl.parts:
+            full = None
+            if part.exchange is not None:
+                landed = part.exchange.wait()
+                fl.wait_s += landed.waited_s
+                fl.finished = max(fl.finished, landed.finished)
+                decoded = [unpack(p, fmt, part.likes) for p, fmt in zip(landed.payloads, self.formats)]
+                full = [merge([d[k] for d in decoded], self.weights) for k in range(len(part.likes))]
+            got = self._broadcast(part.names, full)
+            merged.update({self.alias[n]: _slice_like(self.params[n], m) for n, m in zip(part.names, got)})
+        fl.merged = merged
+        fl.settle_s += time.perf_counter() - t0 - fl.wait_s
+
+    def _land(self, blocking_since: float | None) -> None:
+        """The outer step of the fragment in flight on this rank's slices, and the holder's record of it: sync_s
+        the whole sync, exposed_s the part training stood still for (with tau = 0 both the wall time since
+        `blocking_since`)."""
+        self.settle()
+        fl = self.inflight
+        assert fl is not None and fl.merged is not None
+        t0 = time.perf_counter()
+        self.outer.step(fl.merged, self.outer_cfg.update_alpha)
+        self.inflight = None
+        end = time.perf_counter()
+        if not self.is_holder:
+            return
+        if blocking_since is not None:
+            sync_s = exposed_s = end - blocking_since
+        else:
+            own = fl.send_s + fl.settle_s + (end - t0)  # the rank's own work for the sync: never hidden
+            sync_s, exposed_s = own + max(fl.wait_s, fl.finished - fl.send_end), own + fl.wait_s
+        peers = [isl.name for i, isl in enumerate(self.plan.islands) if i != self.index]
+        self.records.append({"step": fl.land_step, "fragment": fl.fragment, "bytes": fl.sent_bytes,
+                             "sync_s": sync_s, "exposed_s": exposed_s, "peers": peers})
+
+    def adopt_pending(self, fragment: int, land_step: int, merged: dict[str, torch.Tensor]) -> None:
+        """A resumed run: the fragment whose merged pseudo-gradients (this rank's slices, by the names the outer
+        optimizer steps) a checkpoint saved while its sync was in flight; it lands after `land_step`."""
+        self.inflight = InFlight(fragment, land_step, [], 0, 0.0, time.perf_counter(), merged=dict(merged))
 
     def _full_pseudo_gradients(self, names: list[str]) -> list[torch.Tensor]:
         """θ - local of `names`, whole tensors on the host (TP shards all-gathered over the stage's TP ranks)."""
         local = self.outer.pseudo_gradient(sorted({self.alias[n] for n in names}))
         return [_full(self.params[n], local[self.alias[n]]).cpu() for n in names]
-
-    def _exchange(self, g: HolderGroup, full: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
-        """Encode ours, all-gather every island's payload, decode each with its sender's format, merge."""
-        group = self._outer[g.key]
-        sizes = [packed_bytes(full, fmt) for fmt in self.formats]
-        payloads = group.all_gather_bytes(pack(full, self.formats[self.index]), sizes)
-        decoded = [unpack(p, fmt, full) for p, fmt in zip(payloads, self.formats)]
-        merged = [merge([d[k] for d in decoded], self.weights) for k in range(len(full))]
-        return merged, sizes[self.index] * (group.size - 1)
 
     def _broadcast(self, names: list[str], merged: list[torch.Tensor] | None) -> list[torch.Tensor]:
         """The holder's merged full tensors to every rank of the stage, as one flat fp32 buffer."""
@@ -223,8 +304,14 @@ class IslandSync:
         return out
 
     def close(self) -> None:
-        """Holders sign off in the outer store; island 0's rank 0, which serves it, waits for every holder so that
-        no island loses the store while it still needs it."""
+        """Holders finish an exchange still in flight when training ended (it never lands: the run's parameters
+        are its last step's; the last checkpoint holds it if one was taken) and sign off in the outer store;
+        island 0's rank 0, which serves it, waits for every holder so that no island loses the store while it
+        still needs it."""
+        if self.inflight is not None and self.inflight.merged is None:
+            for part in self.inflight.parts:
+                if part.exchange is not None:
+                    part.exchange.wait()
         if self._store is None:
             return
         self._store.add("outer/done", 1)
