@@ -100,8 +100,8 @@ CASES = [
                                   _island("slow", 4, _stage("slow", (0, 6))), overlap=1), bucket_bytes=64_000),
     # tau = 1 between two 1-rank islands over the emulated link (cpu-demo: 1 ms, 1 Gbps), bf16: bit for bit the
     # single-process reference
-    Case("tau1-bf16-emulated", _plan(_island("fast", 4, _stage("fast", (0, 6))), _island("slow", 2, _stage("slow", (0, 6))),
-                                     wire="bf16", overlap=1), emulate=True),
+    Case("tau1-bf16-emulated", _plan(_island("fast", 4, _stage("fast", (0, 6))),
+                                     _island("slow", 2, _stage("slow", (0, 6))), wire="bf16", overlap=1), emulate=True),
 ]
 
 

@@ -29,25 +29,25 @@ def _island(cluster: str, devices: tuple[int, ...], batch: int) -> Island:
 
 
 def _two_islands(h: int = 50, fragments: int = 1, wire: str = "bf16",
-                 batches: tuple[int, int] = (96, 64)) -> IslandPlan:
+                 batches: tuple[int, int] = (96, 64), overlap: int = 0) -> IslandPlan:
     return IslandPlan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=sum(batches),
                       islands=(_island("fast", (0, 1), batches[0]), _island("slow", (0,), batches[1])),
-                      outer=OuterSync(inner_steps=h, fragments=fragments,
+                      outer=OuterSync(inner_steps=h, fragments=fragments, overlap_steps=overlap,
                                       wire=(WireLink(between=("fast", "slow"), format=wire),)))
 
 
-@pytest.mark.parametrize("fragments", [1, 4])
-def test_round_time_and_sync_bytes_are_the_closed_form(fragments: int) -> None:
+@pytest.mark.parametrize("fragments, overlap", [(1, 0), (4, 0), (1, 1), (4, 1)])
+def test_round_time_and_sync_bytes_are_the_closed_form(fragments: int, overlap: int) -> None:
     inputs = load_planning_inputs(scenario="cpu-demo")
     ev = make_evaluator(inputs)
-    ip = _two_islands(h=50, fragments=fragments, wire="bf16")
+    ip = _two_islands(h=50, fragments=fragments, wire="bf16", overlap=overlap)
     params = total_params(inputs.model)
     pred, evs, why = price_island_plan(ip, inputs.cluster, params, ev.evaluate)
     assert why == "" and pred is not None
     step = max(e.iteration_time_s for e in evs)
     sent = params * WIRE_BYTES["bf16"]  # two islands: each sends half in the reduce-scatter, half in the gather
     sync = 2 * (LINK_LATENCY_S + sent / 2 / LINK_BPS)
-    exposed = sync if fragments == 1 else fragments * max(0.0, sync / fragments - 50 / fragments * step)
+    exposed = sync if overlap == 0 else fragments * max(0.0, sync / fragments - overlap * step)
     assert pred.sync_bytes == pytest.approx(sent, rel=1e-12)
     assert pred.sync_s == pytest.approx(sync, rel=1e-12)
     assert pred.exposed_sync_s == pytest.approx(exposed, rel=1e-12)
@@ -57,10 +57,12 @@ def test_round_time_and_sync_bytes_are_the_closed_form(fragments: int) -> None:
     assert "2311.08105" in pred.efficiency_source
 
 
-def test_streaming_hides_what_the_inner_steps_cover() -> None:
+def test_streaming_hides_what_the_overlapped_inner_steps_cover() -> None:
     assert round_figures(1.0, 100, 8, 1, 6.0).exposed_sync_s == 6.0  # plain DiLoCo blocks on the whole sync
-    assert round_figures(1.0, 100, 8, 2, 6.0).exposed_sync_s == 0.0  # 3 s per fragment under 4 inner steps
-    assert round_figures(1.0, 100, 8, 4, 12.0).exposed_sync_s == pytest.approx(4 * (3.0 - 2.0))
+    assert round_figures(1.0, 100, 8, 2, 6.0).exposed_sync_s == 6.0  # fragments without overlap: still blocking
+    assert round_figures(1.0, 100, 8, 2, 6.0, overlap=3).exposed_sync_s == 0.0  # 3 s per fragment under 3 steps
+    assert round_figures(1.0, 100, 8, 4, 12.0, overlap=1).exposed_sync_s == pytest.approx(4 * (3.0 - 1.0))
+    assert round_figures(1.0, 100, 8, 1, 6.0, overlap=2).exposed_sync_s == 4.0  # max(0, sync - tau x step)
     assert efficiency(500, 2) is not None and efficiency(1000, 2) is None and efficiency(50, 9) is None
     assert WIRE_BYTES["int8"] == pytest.approx(1 + 4 / 256) and WIRE_BYTES["fp32"] == 4
 

@@ -11,8 +11,12 @@ The search, per island partition (each cluster its own island; or the clusters j
    fastest while that shortens the slowest step: the islands reach each sync within one unit's time of each
    other. Each island is also searched again at its share of a split in `batch_unit` samples (then balanced the
    same way); of the two, the split whose slowest step is shorter;
-3. H, fragments and wire format: every combination of H_OPTIONS x FRAGMENT_OPTIONS x WIRE_OPTIONS priced in
-   closed form (no evaluations); the best effective throughput wins.
+3. H, fragments, wire format and overlap: every combination of H_OPTIONS x FRAGMENT_OPTIONS x WIRE_OPTIONS x
+   OVERLAP_OPTIONS priced in closed form (no evaluations); the best effective throughput wins. The overlap tau
+   (Streaming DiLoCo: a fragment's exchange runs under tau inner steps, whose local progress of that fragment is
+   dropped) is offered as 0 or 1 only: one step hides a fragment's sync wherever it is shorter than an inner
+   step, and we hold no published figure of what larger tau costs in tokens to the loss (EFFICIENCY prices
+   local SGD by H alone), so the planner does not trade more dropped steps for throughput.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from hetauto.planner.islands_price import price_island_plan
 from hetauto.planner.layers import total_params
 
 __all__ = ["FAST_LINK_Bps", "FRAGMENT_OPTIONS", "HINT_EVALUATIONS", "HINT_GAIN", "H_OPTIONS", "ISLAND_SEARCHES",
-           "WIRE_OPTIONS", "IslandChoice", "IslandResult", "batch_unit", "choose_islands", "has_slow_link",
-           "partitions", "plan_islands", "resize", "restricted_search", "split_batch"]
+           "OVERLAP_OPTIONS", "WIRE_OPTIONS", "IslandChoice", "IslandResult", "batch_unit", "choose_islands",
+           "has_slow_link", "partitions", "plan_islands", "resize", "restricted_search", "split_batch"]
 
 H_OPTIONS = (50, 100, 250, 500)
 FRAGMENT_OPTIONS = (1, 2, 4)
+OVERLAP_OPTIONS = (0, 1)  # tau: module docstring, step 3
 WIRE_OPTIONS = ("fp32", "bf16", "int8")
 # clusters joined by at least this much (100 Gbit/s: a datacentre fabric, not a WAN) may share one island
 FAST_LINK_Bps = 100e9 / 8
@@ -167,14 +172,17 @@ def _balanced(plans: list[Plan], global_batch: int, speeds: list[float],
 
 def _outer_options(names: list[str]) -> list[OuterSync]:
     pairs = list(itertools.combinations(names, 2))
-    return [OuterSync(inner_steps=h, fragments=f, wire=tuple(WireLink(between=p, format=w) for p in pairs))
-            for h in H_OPTIONS for f in FRAGMENT_OPTIONS for w in WIRE_OPTIONS if f <= h]
+    return [OuterSync(inner_steps=h, fragments=f, overlap_steps=tau,
+                      wire=tuple(WireLink(between=p, format=w) for p in pairs))
+            for h in H_OPTIONS for f in FRAGMENT_OPTIONS for w in WIRE_OPTIONS for tau in OVERLAP_OPTIONS
+            if f <= h and tau < h // f]
 
 
 def _best_outer(inputs: PlanningInputs, islands: tuple[Island, ...], evaluate: Callable[[Plan], Any],
                 cost_model: str) -> tuple[IslandPlan, IslandPrediction, tuple[Any, ...]] | None:
-    """Step 3: the (H, fragments, wire) with the best effective throughput; ties keep the earlier (smaller H,
-    fewer fragments, wider wire format): the least departure from synchronous training that is as fast."""
+    """Step 3: the (H, fragments, wire, overlap) with the best effective throughput; ties keep the earlier (smaller
+    H, fewer fragments, wider wire format, no overlap): the least departure from synchronous training that is as
+    fast."""
     params = total_params(inputs.model)
     best = None
     for outer in _outer_options([i.name for i in islands]):

@@ -5,9 +5,12 @@ hetauto.planner.islands) plus the exposed outer sync. The sync is an all-reduce 
 pseudo-gradient: parameters x the link's wire bytes) between the islands, a ring over the cross-site links:
 each island sends 2(k-1)/k of it, over one flow per node of the smaller island (every node sends the shard its
 devices hold), priced through hetauto.planner.linkmodel (the link's `per:` reading: `path` caps all flows at the
-path's rate, `node` and `flow` give each flow its own). Plain DiLoCo (fragments = 1) blocks on the sync: all of
-it is exposed. Streaming DiLoCo (fragments F > 1) syncs one fragment (1/F of the model) at a time, overlapped
-with the H/F inner steps after it: exposed per fragment = max(0, sync_fragment - (H/F) x inner step).
+path's rate, `node` and `flow` give each flow its own). Streaming DiLoCo (fragments F > 1) syncs one fragment
+(1/F of the model) at a time; each fragment's exchange runs under the tau = `outer.overlap_steps` inner steps
+between its pseudo-gradient and its outer step (hetauto.runtime.island_sync), so per fragment
+exposed = max(0, sync_fragment - tau x inner step). tau = 0 (plain DiLoCo's blocking sync, F = 1 or not): all of
+it is exposed. Fragments alone hide nothing: they spread the bytes, the overlap hides them (the executor waits
+for a fragment's exchange tau steps after sending it, never later).
 
 Effective throughput = tokens/s x a statistical-efficiency factor for local SGD (`EFFICIENCY`), a separate
 figure with its source.
@@ -55,13 +58,14 @@ class RoundFigures:
 
 
 def round_figures(inner_step_s: float, tokens_per_step: float, inner_steps: int, fragments: int,
-                  sync_s: float) -> RoundFigures:
-    """The closed form of one round: H steps of the slowest island plus the exposed sync (module docstring)."""
+                  sync_s: float, overlap: int = 0) -> RoundFigures:
+    """The closed form of one round: H steps of the slowest island plus the exposed sync, each fragment's
+    exchange hidden under `overlap` (tau) inner steps (module docstring)."""
     compute = inner_steps * inner_step_s
-    if fragments == 1:
+    if overlap == 0:
         exposed = sync_s
     else:
-        exposed = fragments * max(0.0, sync_s / fragments - (inner_steps / fragments) * inner_step_s)
+        exposed = fragments * max(0.0, sync_s / fragments - overlap * inner_step_s)
     round_s = compute + exposed
     return RoundFigures(round_s, exposed, inner_steps * tokens_per_step / round_s)
 
@@ -117,7 +121,8 @@ def price_island_plan(plan: IslandPlan, spec: ClusterSpec, params: int, evaluate
                            f"{len(plan.islands)} islands (hetauto.planner.islands_price.EFFICIENCY)")
     step = max(ev.iteration_time_s for ev in evs)
     sync_s, sent = sync_seconds(plan, spec, params)
-    fig = round_figures(step, plan.global_batch * plan.seq_len, plan.outer.inner_steps, plan.outer.fragments, sync_s)
+    fig = round_figures(step, plan.global_batch * plan.seq_len, plan.outer.inner_steps, plan.outer.fragments, sync_s,
+                        plan.outer.overlap_steps)
     if not math.isfinite(fig.round_time_s):
         return None, evs, "an island's step time is not finite"
     return IslandPrediction(round_time_s=fig.round_time_s, inner_step_time_s=step, sync_bytes=sent, sync_s=sync_s,
