@@ -113,6 +113,7 @@ def _figures(docs: dict[str, dict[str, Any]], ev: Any, inner_steps: int, walls: 
         "predicted_round_s": pred.round_time_s if pred is not None else None,
         "predicted_sync_s": pred.sync_s if pred is not None else None,
         "measured_sync_s": statistics.median(s["sync_s"] for s in isl["syncs"]) if isl["syncs"] else None,
+        "sync_breakdown": sync_breakdown(isl),
         "prediction_violation": ev.violation,
         "islands_loss": merged, "sync_loss": list(dp["loss"]), "pipeline_loss": list(docs["pipeline"]["loss"]),
         "loss_gap_last": gaps[-1], "loss_gap_last_round_mean": statistics.fmean(gaps[-inner_steps:]),
@@ -121,6 +122,28 @@ def _figures(docs: dict[str, dict[str, Any]], ev: Any, inner_steps: int, walls: 
         "kernel_bytes": {k: sum(v["tx"] for v in docs[k]["shaped_link"]["kernel_bytes"].values()) for k in docs},
         "wall_s": walls,
     }
+
+
+def sync_breakdown(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a sync's seconds go, from the holders' `phases` (hetauto.runtime.island_sync): per sync, the island
+    that posted last (it waits for no one) gives the wire's own time (`exchange_s`), the other's lead over it is
+    the skew the earlier island waits out; medians over the syncs after the first, and the first sync's wire
+    time apart (a young connection)."""
+    by_step: dict[int, dict[str, dict[str, float]]] = {}
+    for isl in doc["islands"]:
+        for row in isl["outer_syncs"]:
+            if "phases" in row:
+                by_step.setdefault(row["step"], {})[isl["name"]] = row["phases"]
+    syncs = [list(v.values()) for _, v in sorted(by_step.items()) if len(v) == 2]
+    if len(syncs) < 2:
+        return None
+    last = [max(p, key=lambda x: x["posted_at"]) for p in syncs]
+    skew = [abs(p[0]["posted_at"] - p[1]["posted_at"]) for p in syncs]
+    med = statistics.median
+    return {"first_wire_s": last[0]["exchange_s"], "wire_s": med(x["exchange_s"] for x in last[1:]),
+            "skew_s": med(skew[1:]), "send_s": med(x["send_s"] for x in last[1:]),
+            "merge_s": med(x["merge_s"] for x in last[1:]), "step_s": med(x["step_s"] for x in last[1:]),
+            "wire_each_s": [x["exchange_s"] for x in last]}
 
 
 def print_measured(m: dict[str, Any]) -> None:
@@ -137,5 +160,12 @@ def print_measured(m: dict[str, Any]) -> None:
     psync = "n/a" if m["predicted_sync_s"] is None else f"{m['predicted_sync_s']:.3f} s"
     print(f"  round time: predicted {pred}, measured {m['measured_round_s']:.3f} s ({m['rounds']} rounds; the sync "
           f"predicted {psync}, measured median {m['measured_sync_s']:.3f} s)")
+    b = m.get("sync_breakdown")
+    if b is not None:
+        ms = {k: v * 1e3 for k, v in b.items() if k != "wire_each_s"}
+        print(f"  where a sync goes (median, ms; syncs after the first): wire {ms['wire_s']:.0f} (the island that "
+              f"posted last; first sync {ms['first_wire_s']:.0f}), the other island's lead {ms['skew_s']:.0f}, "
+              f"pseudo-gradient + encode {ms['send_s']:.1f}, decode + merge {ms['merge_s']:.1f}, outer step "
+              f"{ms['step_s']:.1f}; wire per sync: {', '.join(f'{x * 1e3:.0f}' for x in b['wire_each_s'])}")
     print(f"  kernel-counted bytes on the link (both ways): {m['kernel_bytes']}; wall s (start to end, reference "
           f"included): {', '.join(f'{k} {v:.0f}' for k, v in m['wall_s'].items())}")

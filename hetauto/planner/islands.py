@@ -11,12 +11,11 @@ The search, per island partition (each cluster its own island; or the clusters j
    fastest while that shortens the slowest step: the islands reach each sync within one unit's time of each
    other. Each island is also searched again at its share of a split in `batch_unit` samples (then balanced the
    same way); of the two, the split whose slowest step is shorter;
-3. H, fragments, wire format and overlap: every combination of H_OPTIONS x FRAGMENT_OPTIONS x WIRE_OPTIONS x
-   OVERLAP_OPTIONS priced in closed form (no evaluations); the best effective throughput wins. The overlap tau
-   (Streaming DiLoCo: a fragment's exchange runs under tau inner steps, whose local progress of that fragment is
-   dropped) is offered as 0 or 1 only: one step hides a fragment's sync wherever it is shorter than an inner
-   step, and we hold no published figure of what larger tau costs in tokens to the loss (EFFICIENCY prices
-   local SGD by H alone), so the planner does not trade more dropped steps for throughput.
+3. H, fragments, wire format and overlap: every combination of H_OPTIONS x FRAGMENT_OPTIONS x WIRE_OPTIONS priced in
+   closed form (no evaluations), each blocking (tau = 0) and with the least overlap that hides a fragment's
+   sync under inner steps (`islands_price.hiding_overlap`, at most H // F - 1); the best effective throughput
+   wins. The overlap's dropped local steps are charged in the efficiency (`islands_price.overlap_efficiency`),
+   and effective throughput is monotone in tau between those two ends, so no other tau can win.
 """
 
 from __future__ import annotations
@@ -32,16 +31,15 @@ from hetauto.core.errors import HetautoError
 from hetauto.core.islands import Island, IslandPlan, IslandPrediction, OuterSync, WireLink
 from hetauto.core.plan import Plan
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.islands_price import price_island_plan
+from hetauto.planner.islands_price import hiding_overlap, price_island_plan
 from hetauto.planner.layers import total_params
 
 __all__ = ["FAST_LINK_Bps", "FRAGMENT_OPTIONS", "HINT_EVALUATIONS", "HINT_GAIN", "H_OPTIONS", "ISLAND_SEARCHES",
-           "OVERLAP_OPTIONS", "WIRE_OPTIONS", "IslandChoice", "IslandResult", "batch_unit", "choose_islands",
+           "WIRE_OPTIONS", "IslandChoice", "IslandResult", "batch_unit", "choose_islands",
            "has_slow_link", "partitions", "plan_islands", "resize", "restricted_search", "split_batch"]
 
 H_OPTIONS = (50, 100, 250, 500)
 FRAGMENT_OPTIONS = (1, 2, 4)
-OVERLAP_OPTIONS = (0, 1)  # tau: module docstring, step 3
 WIRE_OPTIONS = ("fp32", "bf16", "int8")
 # clusters joined by at least this much (100 Gbit/s: a datacentre fabric, not a WAN) may share one island
 FAST_LINK_Bps = 100e9 / 8
@@ -172,10 +170,8 @@ def _balanced(plans: list[Plan], global_batch: int, speeds: list[float],
 
 def _outer_options(names: list[str]) -> list[OuterSync]:
     pairs = list(itertools.combinations(names, 2))
-    return [OuterSync(inner_steps=h, fragments=f, overlap_steps=tau,
-                      wire=tuple(WireLink(between=p, format=w) for p in pairs))
-            for h in H_OPTIONS for f in FRAGMENT_OPTIONS for w in WIRE_OPTIONS for tau in OVERLAP_OPTIONS
-            if f <= h and tau < h // f]
+    return [OuterSync(inner_steps=h, fragments=f, wire=tuple(WireLink(between=p, format=w) for p in pairs))
+            for h in H_OPTIONS for f in FRAGMENT_OPTIONS for w in WIRE_OPTIONS if f <= h]
 
 
 def _best_outer(inputs: PlanningInputs, islands: tuple[Island, ...], evaluate: Callable[[Plan], Any],
@@ -185,13 +181,27 @@ def _best_outer(inputs: PlanningInputs, islands: tuple[Island, ...], evaluate: C
     fast."""
     params = total_params(inputs.model)
     best = None
-    for outer in _outer_options([i.name for i in islands]):
-        ip = IslandPlan(model=islands[0].plan.model, cluster=islands[0].plan.cluster, seq_len=inputs.seq_len,
-                        global_batch=inputs.global_batch, islands=islands, outer=outer)
-        pred, evs, _ = price_island_plan(ip, inputs.cluster, params, evaluate, cost_model)
-        if pred is not None and (best is None or pred.effective_tokens_s > best[1].effective_tokens_s * (1 + 1e-9)):
-            best = (ip, pred, tuple(evs))
+    for blocking in _outer_options([i.name for i in islands]):
+        outer = blocking
+        while outer is not None:
+            ip = IslandPlan(model=islands[0].plan.model, cluster=islands[0].plan.cluster, seq_len=inputs.seq_len,
+                            global_batch=inputs.global_batch, islands=islands, outer=outer)
+            pred, evs, _ = price_island_plan(ip, inputs.cluster, params, evaluate, cost_model)
+            if pred is None:
+                break
+            if best is None or pred.effective_tokens_s > best[1].effective_tokens_s * (1 + 1e-9):
+                best = (ip, pred, tuple(evs))
+            outer = _overlapped(outer, pred)
     return best
+
+
+def _overlapped(outer: OuterSync, pred: IslandPrediction) -> OuterSync | None:
+    """`outer` (blocking) with the least overlap that hides a fragment's sync; None: already overlapped, or no
+    overlap helps (nothing exposed, or H // F = 1)."""
+    if outer.overlap_steps:
+        return None
+    tau = hiding_overlap(outer.inner_steps, outer.fragments, pred.sync_s, pred.inner_step_time_s)
+    return OuterSync(**{**outer.model_dump(), "overlap_steps": tau}) if tau else None
 
 
 def plan_islands(inputs: PlanningInputs, search: SearchIsland, evaluator: Any) -> IslandResult | None:

@@ -24,7 +24,8 @@ its outer step landed after): its payload bytes times its peers, `sync_s` the se
 (pseudo-gradients, encode, the exchange until it finished, decode, merge, stage broadcast, outer step; waiting for a
 slower island included) and `exposed_s` the seconds training stood still for it: the same wall time with tau = 0;
 with tau > 0 this rank's own work for the sync plus the time it actually waited for the exchange after step s.
-Emulating in-process, each exchange lasts at least the cluster file's link time for its bytes (island_exchange).
+`phases` says where the sync's seconds went (`InFlight.phases`). Emulating in-process, each exchange lasts at
+least the cluster file's link time for its bytes (island_exchange).
 Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), non-fp32 master weights.
 Checkpoints hold the outer optimizer's state (hetauto.runtime.checkpoint_outer, which reads `params`, `alias`,
 `outer` and `formats` here), so a resumed island run continues exactly.
@@ -84,6 +85,17 @@ class InFlight:
     wait_s: float = 0.0
     settle_s: float = 0.0
     finished: float = field(default=0.0)
+
+    def phases(self, step_s: float) -> dict[str, float]:
+        """Where a holder's sync went (seconds): `send_s` pseudo-gradients, TP gathers, encode, post; `exchange_s`
+        from the first post until the last exchange finished (waiting for a later island included); `wait_s` of
+        it the rank stood waiting; `merge_s` decode, merge, stage broadcast; `step_s` the outer step;
+        `posted_at` the first post's wall clock (time.time(): the islands of one host compare theirs, so a
+        peer's lateness can be told from the wire's time)."""
+        posted = min((p.exchange.posted for p in self.parts if p.exchange is not None), default=self.send_end)
+        return {"send_s": self.send_s, "exchange_s": max(0.0, self.finished - posted), "wait_s": self.wait_s,
+                "merge_s": self.settle_s, "step_s": step_s,
+                "posted_at": time.time() - (time.perf_counter() - posted)}
 
 
 def island_sync_for(ex: "StageExecutor", run: RunConfig) -> "IslandSync | None":
@@ -153,7 +165,14 @@ class IslandSync:
             group = OuterGroup.join(self._store, g.key, self.index, len(self.plan.islands), timeout, links)
             sig = ";".join(f"{n}:{tuple(self.params[n].shape)}" for n in names)
             group.check_same(sig, names)
+            group.warm_up(self._widest_payload(g))
             self._outer[g.key] = group
+
+    def _widest_payload(self, g: HolderGroup) -> int:
+        """Bytes of the largest payload `g` will carry (its largest bucket of any fragment, widest format)."""
+        buckets = [b for f in range(len(self.fragments)) for b in self._buckets(self._due_names(g, f))]
+        return max((packed_bytes([self.params[n] for n in b], fmt) for b in buckets for fmt in self.formats),
+                   default=0)
 
     def _emulated_cluster(self, ex: "StageExecutor") -> Any:
         """Emulating in-process: the cluster file whose links stand for the WAN between the islands. Else None."""
@@ -274,7 +293,8 @@ class IslandSync:
             sync_s, exposed_s = own + max(fl.wait_s, fl.finished - fl.send_end), own + fl.wait_s
         peers = [isl.name for i, isl in enumerate(self.plan.islands) if i != self.index]
         self.records.append({"step": fl.land_step, "fragment": fl.fragment, "bytes": fl.sent_bytes,
-                             "sync_s": sync_s, "exposed_s": exposed_s, "peers": peers})
+                             "sync_s": sync_s, "exposed_s": exposed_s, "peers": peers,
+                             "phases": fl.phases(end - t0)})
 
     def adopt_pending(self, fragment: int, land_step: int, merged: dict[str, torch.Tensor]) -> None:
         """A resumed run: the fragment whose merged pseudo-gradients (this rank's slices, by the names the outer
