@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,7 +43,8 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.islands import IslandPlan
 from hetauto.core.run_config import RunConfig
 from hetauto.core.transport import HOST_COLLECTIVE
-from hetauto.runtime.island_exchange import OuterGroup, PendingExchange, open_store, pack, packed_bytes, unpack
+from hetauto.runtime.island_exchange import OuterGroup, open_store, pack, packed_bytes, unpack
+from hetauto.runtime.island_inflight import InFlight, InFlightPart
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
 from hetauto.runtime.layout import placement
 from hetauto.runtime.links import EmulatedLink
@@ -54,48 +54,10 @@ from hetauto.runtime.wire_codec import contribution_format
 if TYPE_CHECKING:
     from hetauto.runtime.executor import StageExecutor
 
-__all__ = ["BUCKET_BYTES", "IslandSync", "InFlight", "island_sync_for"]
+__all__ = ["BUCKET_BYTES", "IslandSync", "island_sync_for"]
 
 # fp32 bytes of whole tensors per exchange and stage broadcast (the transients a sync holds at once)
 BUCKET_BYTES = 64 * 2**20
-
-
-@dataclass
-class InFlightPart:
-    """One bucket of a fragment in flight: its names, and on a holder its exchange and the tensors' shapes."""
-
-    names: list[str]
-    exchange: PendingExchange | None
-    likes: tuple[torch.Tensor, ...]  # meta tensors shaped like the full pseudo-gradients (holders)
-
-
-@dataclass
-class InFlight:
-    """A fragment's sync between its send (pseudo-gradients taken, exchange posted) and its landing (the outer
-    step, after `land_step`). Seconds: what this rank spent sending and settling (waits excluded), how long it
-    waited, when the exchange finished (perf_counter)."""
-
-    fragment: int
-    land_step: int
-    parts: list[InFlightPart]
-    sent_bytes: int
-    send_s: float
-    send_end: float
-    merged: dict[str, torch.Tensor] | None = None  # this rank's slices of the merged pseudo-gradients, once settled
-    wait_s: float = 0.0
-    settle_s: float = 0.0
-    finished: float = field(default=0.0)
-
-    def phases(self, step_s: float) -> dict[str, float]:
-        """Where a holder's sync went (seconds): `send_s` pseudo-gradients, TP gathers, encode, post; `exchange_s`
-        from the first post until the last exchange finished (waiting for a later island included); `wait_s` of
-        it the rank stood waiting; `merge_s` decode, merge, stage broadcast; `step_s` the outer step;
-        `posted_at` the first post's wall clock (time.time(): the islands of one host compare theirs, so a
-        peer's lateness can be told from the wire's time)."""
-        posted = min((p.exchange.posted for p in self.parts if p.exchange is not None), default=self.send_end)
-        return {"send_s": self.send_s, "exchange_s": max(0.0, self.finished - posted), "wait_s": self.wait_s,
-                "merge_s": self.settle_s, "step_s": step_s,
-                "posted_at": time.time() - (time.perf_counter() - posted)}
 
 
 def island_sync_for(ex: "StageExecutor", run: RunConfig) -> "IslandSync | None":
