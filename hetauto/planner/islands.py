@@ -39,7 +39,10 @@ __all__ = ["FAST_LINK_Bps", "FRAGMENT_OPTIONS", "HINT_EVALUATIONS", "HINT_GAIN",
            "has_slow_link", "partitions", "plan_islands", "resize", "restricted_search", "split_batch"]
 
 H_OPTIONS = (50, 100, 250, 500)
-FRAGMENT_OPTIONS = (1, 2, 4)
+# fragments (at most the model's layer slots: a fragment is a run of slots). More fragments move less per sync,
+# so a shorter overlap hides each (and drops fewer local steps: islands_price.overlap_efficiency); Streaming
+# DiLoCo (arXiv:2501.18512) syncs a fragment every few inner steps
+FRAGMENT_OPTIONS = (1, 2, 4, 8, 16)
 WIRE_OPTIONS = ("fp32", "bf16", "int8")
 # clusters joined by at least this much (100 Gbit/s: a datacentre fabric, not a WAN) may share one island
 FAST_LINK_Bps = 100e9 / 8
@@ -168,10 +171,10 @@ def _balanced(plans: list[Plan], global_batch: int, speeds: list[float],
     return None if shares is None else _balance(plans, shares, unit, evaluate)
 
 
-def _outer_options(names: list[str]) -> list[OuterSync]:
+def _outer_options(names: list[str], slots: int) -> list[OuterSync]:
     pairs = list(itertools.combinations(names, 2))
     return [OuterSync(inner_steps=h, fragments=f, wire=tuple(WireLink(between=p, format=w) for p in pairs))
-            for h in H_OPTIONS for f in FRAGMENT_OPTIONS for w in WIRE_OPTIONS if f <= h]
+            for h in H_OPTIONS for f in FRAGMENT_OPTIONS for w in WIRE_OPTIONS if f <= min(h, slots)]
 
 
 def _best_outer(inputs: PlanningInputs, islands: tuple[Island, ...], evaluate: Callable[[Plan], Any],
@@ -181,7 +184,7 @@ def _best_outer(inputs: PlanningInputs, islands: tuple[Island, ...], evaluate: C
     fast."""
     params = total_params(inputs.model)
     best = None
-    for blocking in _outer_options([i.name for i in islands]):
+    for blocking in _outer_options([i.name for i in islands], inputs.model.num_layer_slots):
         outer = blocking
         while outer is not None:
             ip = IslandPlan(model=islands[0].plan.model, cluster=islands[0].plan.cluster, seq_len=inputs.seq_len,
