@@ -426,3 +426,46 @@ def test_an_island_that_never_comes_is_named_in_one_line() -> None:
         OuterGroup.join(store, "i0r0-i1r0", 0, 2, 1.0)
     assert str(err.value).startswith("outer group i0r0-i1r0: the other islands' holders did not join within 1s")
     assert "\n" not in str(err.value)
+
+
+def test_a_posted_exchange_does_not_block_and_its_wait_is_the_peers_lateness() -> None:
+    """Two holders of one group (threads of this process): the early one posts and goes on at once (gloo's own
+    thread carries the all-gather), then waits; its wait covers the later one's lateness, and both get both
+    payloads. `finished` is no earlier than the later post."""
+    import threading
+    import time
+
+    from hetauto.runtime.island_exchange import OuterGroup, open_store
+
+    port = free_port()
+    stores = [open_store(f"127.0.0.1:{port}", master=True, timeout_s=10.0)]
+    stores.append(open_store(f"127.0.0.1:{port}", master=False, timeout_s=10.0))
+    groups: list[Any] = [None, None]
+
+    def join(i: int) -> None:
+        groups[i] = OuterGroup.join(stores[i], "k", i, 2, 10.0)
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    payloads = [torch.full((1000,), i + 1, dtype=torch.uint8) for i in range(2)]
+    got: dict[int, Any] = {}
+    late = 0.3
+
+    def later() -> None:
+        time.sleep(late)
+        got[1] = (time.perf_counter(), groups[1].post_bytes(payloads[1], [1000, 1000]).wait())
+
+    peer = threading.Thread(target=later)
+    peer.start()
+    t0 = time.perf_counter()
+    pending = groups[0].post_bytes(payloads[0], [1000, 1000])
+    assert time.perf_counter() - t0 < late / 3  # posting does not wait for the peer
+    landed = pending.wait()
+    peer.join(timeout=30)
+    late_post, theirs = got[1]
+    assert landed.waited_s >= late * 0.8 and landed.finished >= late_post - 1e-3
+    for mine in (landed, theirs):
+        assert [p.tolist() for p in mine.payloads] == [p.tolist() for p in payloads]
