@@ -23,8 +23,9 @@ class InFlightPart:
     """One bucket of a fragment in flight: its names, and on a holder its exchange and the tensors' shapes."""
 
     names: list[str]
-    exchange: PendingExchange | None
+    exchange: PendingExchange | None  # None on a non-holder, and once settled (its payloads freed)
     likes: tuple[torch.Tensor, ...]  # meta tensors shaped like the full pseudo-gradients (holders)
+    settled: bool = False
 
 
 @dataclass
@@ -42,7 +43,9 @@ class InFlight:
     merged: dict[str, torch.Tensor] | None = None  # this rank's slices of the merged pseudo-gradients, once settled
     wait_s: float = 0.0
     settle_s: float = 0.0
-    finished: float = field(default=0.0)
+    finished: float = 0.0
+    posted: float | None = None  # the first exchange's post (perf_counter; holders)
+    slices: dict[str, torch.Tensor] = field(default_factory=dict)  # the settled buckets' slices so far
 
     def phases(self, step_s: float) -> dict[str, float]:
         """Where a holder's sync went (seconds): `send_s` pseudo-gradients, TP gathers, encode, post; `exchange_s`
@@ -50,7 +53,7 @@ class InFlight:
         it the rank stood waiting; `merge_s` decode, merge, stage broadcast; `step_s` the outer step;
         `posted_at` the first post's wall clock (time.time(): the islands of one host compare theirs, so a
         peer's lateness can be told from the wire's time)."""
-        posted = min((p.exchange.posted for p in self.parts if p.exchange is not None), default=self.send_end)
+        posted = self.posted if self.posted is not None else self.send_end
         return {"send_s": self.send_s, "exchange_s": max(0.0, self.finished - posted), "wait_s": self.wait_s,
                 "merge_s": self.settle_s, "step_s": step_s,
                 "posted_at": time.time() - (time.perf_counter() - posted)}

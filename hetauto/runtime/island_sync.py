@@ -195,24 +195,33 @@ class IslandSync:
 
     def _send(self, step: int, fragment: int) -> None:
         """Every dp-0 rank: the fragment's pseudo-gradients now (TP shards gathered); holders post their exchange
-        without waiting. One fragment is in flight at a time (OuterSync: tau < H // F)."""
+        without waiting. One fragment is in flight at a time (OuterSync: tau < H // F). With tau = 0 each bucket
+        settles before the next is sent, so a sync holds one bucket's transients at a time, as before."""
         assert self.inflight is None, "a fragment's sync is still in flight"
+        fl = self.inflight = InFlight(fragment, step + self.outer_cfg.overlap_steps, [], 0, 0.0, 0.0)
         t0 = time.perf_counter()
-        parts, sent = [], 0
         for g in self.groups:
             for names in self._buckets(self._due_names(g, fragment)):
-                full = self._full_pseudo_gradients(names) if self.me.dp_index == 0 else None
-                exchange, likes = None, ()
-                if self.is_holder:
-                    assert full is not None
-                    group = self._outer[g.key]
-                    sizes = [packed_bytes(full, fmt) for fmt in self.formats]
-                    exchange = group.post_bytes(pack(full, self.formats[self.index]), sizes)
-                    likes = tuple(torch.empty(t.shape, device="meta") for t in full)  # shapes for unpack
-                    sent += sizes[self.index] * (group.size - 1)
-                parts.append(InFlightPart(names, exchange, likes))
-        end = time.perf_counter()
-        self.inflight = InFlight(fragment, step + self.outer_cfg.overlap_steps, parts, sent, end - t0, end)
+                part = self._post(g, names, fl)
+                if self.outer_cfg.overlap_steps == 0:
+                    self._settle_part(fl, part)
+        fl.send_end = time.perf_counter()
+        fl.send_s = fl.send_end - t0 - fl.settle_s - fl.wait_s
+
+    def _post(self, g: HolderGroup, names: list[str], fl: InFlight) -> InFlightPart:
+        """One bucket of `g`: its pseudo-gradients (dp-0 ranks) and, on the holder, its exchange posted."""
+        full = self._full_pseudo_gradients(names) if self.me.dp_index == 0 else None
+        part = InFlightPart(names, None, ())
+        if self.is_holder:
+            assert full is not None
+            group = self._outer[g.key]
+            sizes = [packed_bytes(full, fmt) for fmt in self.formats]
+            part.exchange = group.post_bytes(pack(full, self.formats[self.index]), sizes)
+            part.likes = tuple(torch.empty(t.shape, device="meta") for t in full)  # shapes for unpack
+            fl.posted = part.exchange.posted if fl.posted is None else fl.posted
+            fl.sent_bytes += sizes[self.index] * (group.size - 1)
+        fl.parts.append(part)
+        return part
 
     def settle(self) -> None:
         """Wait for the fragment in flight (holders), merge and broadcast it inside the stage: every rank then
@@ -221,19 +230,27 @@ class IslandSync:
         fl = self.inflight
         if fl is None or fl.merged is not None:
             return
-        t0, merged = time.perf_counter(), {}
         for part in fl.parts:
-            full = None
-            if part.exchange is not None:
-                landed = part.exchange.wait()
-                fl.wait_s += landed.waited_s
-                fl.finished = max(fl.finished, landed.finished)
-                decoded = [unpack(p, fmt, part.likes) for p, fmt in zip(landed.payloads, self.formats)]
-                full = [merge([d[k] for d in decoded], self.weights) for k in range(len(part.likes))]
-            got = self._broadcast(part.names, full)
-            merged.update({self.alias[n]: _slice_like(self.params[n], m) for n, m in zip(part.names, got)})
-        fl.merged = merged
-        fl.settle_s += time.perf_counter() - t0 - fl.wait_s
+            if not part.settled:
+                self._settle_part(fl, part)
+        fl.merged = fl.slices
+
+    def _settle_part(self, fl: InFlight, part: InFlightPart) -> None:
+        """One bucket: the holder waits for its exchange, decodes and merges every island's payload; the stage
+        broadcast; this rank's slices into `fl.slices`."""
+        t0, waited, full = time.perf_counter(), 0.0, None
+        if part.exchange is not None:
+            landed = part.exchange.wait()
+            waited = landed.waited_s
+            fl.finished = max(fl.finished, landed.finished)
+            decoded = [unpack(p, fmt, part.likes) for p, fmt in zip(landed.payloads, self.formats)]
+            full = [merge([d[k] for d in decoded], self.weights) for k in range(len(part.likes))]
+            part.exchange = None  # its payloads are merged: free them
+        got = self._broadcast(part.names, full)
+        fl.slices.update({self.alias[n]: _slice_like(self.params[n], m) for n, m in zip(part.names, got)})
+        part.settled = True
+        fl.wait_s += waited
+        fl.settle_s += time.perf_counter() - t0 - waited
 
     def _land(self, blocking_since: float | None) -> None:
         """The outer step of the fragment in flight on this rank's slices, and the holder's record of it: sync_s
@@ -262,6 +279,7 @@ class IslandSync:
         """A resumed run: the fragment whose merged pseudo-gradients (this rank's slices, by the names the outer
         optimizer steps) a checkpoint saved while its sync was in flight; it lands after `land_step`."""
         self.inflight = InFlight(fragment, land_step, [], 0, 0.0, time.perf_counter(), merged=dict(merged))
+        self.inflight.slices = self.inflight.merged
 
     def _full_pseudo_gradients(self, names: list[str]) -> list[torch.Tensor]:
         """θ - local of `names`, whole tensors on the host (TP shards all-gathered over the stage's TP ranks)."""
