@@ -54,11 +54,12 @@ def row(name: str, inputs: PlanningInputs, seed: int, max_evaluations: int) -> d
     what = "islands not considered (no slow link)"
     if choice is not None:
         ip, pred = choice.result.plan, choice.result.prediction
-        out.update(inner_steps=ip.outer.inner_steps, fragments=ip.outer.fragments,
+        overlap = getattr(ip.outer, "overlap_steps", 0)
+        out.update(inner_steps=ip.outer.inner_steps, fragments=ip.outer.fragments, overlap_steps=overlap,
                    wire=ip.outer.wire[0].format, shares=[i.plan.global_batch for i in ip.islands],
                    exposed_sync_s=pred.exposed_sync_s, round_time_s=pred.round_time_s)
         what = (f"islands {'/'.join(i.name for i in ip.islands)} batch {out['shares']}, H={ip.outer.inner_steps} "
-                f"F={ip.outer.fragments} {out['wire']}, round {pred.round_time_s:.1f} s, exposed sync "
+                f"F={ip.outer.fragments} tau={overlap} {out['wire']}, round {pred.round_time_s:.1f} s, exposed sync "
                 f"{pred.exposed_sync_s:.2f} s")
     print(f"{name:16s} x{without:.3f} without islands, x{best:.3f} with | {what} [{out['seconds']:.0f} s]", flush=True)
     return out

@@ -59,10 +59,11 @@ def _plan(stages: tuple[StagePlan, ...], batch: int) -> Plan:
                 num_microbatches=batch // MICRO, stages=stages)
 
 
-def island_plan(inner_steps: int) -> IslandPlan:
+def island_plan(inner_steps: int, overlap: int = 0) -> IslandPlan:
     islands = tuple(Island(name=c.upper(), plan=_plan((_stage(c, (0, 6)),), rows)) for c, rows in SHARES.items())
     return IslandPlan(model=MODEL, cluster="sites.yaml", seq_len=SEQ, global_batch=BATCH, islands=islands,
-                      outer=OuterSync(inner_steps=inner_steps, wire=(WireLink(between=("FAST", "SLOW")),)))
+                      outer=OuterSync(inner_steps=inner_steps, overlap_steps=overlap,
+                                      wire=(WireLink(between=("FAST", "SLOW")),)))
 
 
 def pipeline_plan() -> Plan:
@@ -81,11 +82,12 @@ def measured(steps: int = 32, inner_steps: int = 8) -> dict[str, Any]:
         folder = Path(tmp)
         (folder / "sites.yaml").write_text(CLUSTER)
         island_plan(inner_steps).save(folder / "islands.json")
+        island_plan(inner_steps, overlap=1).save(folder / "islands_tau1.json")
         dp_plan().save(folder / "dp.json")
         pipeline_plan().save(folder / "pipeline.json")
         ev = hetauto.evaluate(str(folder / "islands.json"))
         docs, walls = {}, {}
-        for name in ("islands", "dp", "pipeline"):
+        for name in ("islands", "islands_tau1", "dp", "pipeline"):
             t0 = time.perf_counter()
             docs[name] = hetauto.run(str(folder / f"{name}.json"), steps=steps, emulate="netns", timeout=60)
             walls[name] = time.perf_counter() - t0
@@ -95,8 +97,8 @@ def measured(steps: int = 32, inner_steps: int = 8) -> dict[str, Any]:
 def _figures(docs: dict[str, dict[str, Any]], ev: Any, inner_steps: int, walls: dict[str, float]) -> dict[str, Any]:
     isl, dp = docs["islands"], docs["dp"]
     tokens = BATCH * SEQ
-    per_token = {"islands": isl["measured_round_s"] / (inner_steps * tokens),
-                 **{k: docs[k]["measured_step_s"] / tokens for k in ("dp", "pipeline")}}
+    per_token = {k: docs[k]["measured_round_s"] / (inner_steps * tokens) for k in ("islands", "islands_tau1")}
+    per_token.update({k: docs[k]["measured_step_s"] / tokens for k in ("dp", "pipeline")})
     weights = [i["rows"][1] - i["rows"][0] for i in isl["islands"]]
     merged = [sum(w * i["loss"][s] for w, i in zip(weights, isl["islands"])) / sum(weights)
               for s in range(len(dp["loss"]))]
@@ -113,6 +115,14 @@ def _figures(docs: dict[str, dict[str, Any]], ev: Any, inner_steps: int, walls: 
         "predicted_round_s": pred.round_time_s if pred is not None else None,
         "predicted_sync_s": pred.sync_s if pred is not None else None,
         "measured_sync_s": statistics.median(s["sync_s"] for s in isl["syncs"]) if isl["syncs"] else None,
+        "sync_breakdown": sync_breakdown(isl),
+        # Streaming DiLoCo's overlap, tau = 1: each exchange under one inner step; exposed = own work + the wait
+        "tau1": {"measured_round_s": docs["islands_tau1"]["measured_round_s"],
+                 "exposed_s": statistics.median(s["exposed_s"] for s in docs["islands_tau1"]["syncs"]),
+                 "sync_s": statistics.median(s["sync_s"] for s in docs["islands_tau1"]["syncs"]),
+                 "loss_gap_last_round_mean": statistics.fmean(
+                     _merged_loss(docs["islands_tau1"], weights)[s] - dp["loss"][s]
+                     for s in range(len(dp["loss"]) - inner_steps, len(dp["loss"])))},
         "prediction_violation": ev.violation,
         "islands_loss": merged, "sync_loss": list(dp["loss"]), "pipeline_loss": list(docs["pipeline"]["loss"]),
         "loss_gap_last": gaps[-1], "loss_gap_last_round_mean": statistics.fmean(gaps[-inner_steps:]),
@@ -121,6 +131,34 @@ def _figures(docs: dict[str, dict[str, Any]], ev: Any, inner_steps: int, walls: 
         "kernel_bytes": {k: sum(v["tx"] for v in docs[k]["shaped_link"]["kernel_bytes"].values()) for k in docs},
         "wall_s": walls,
     }
+
+
+def _merged_loss(doc: dict[str, Any], weights: list[int]) -> list[float]:
+    """The islands' token-weighted loss per step (each island's loss on its rows)."""
+    steps = len(doc["islands"][0]["loss"])
+    return [sum(w * i["loss"][s] for w, i in zip(weights, doc["islands"])) / sum(weights) for s in range(steps)]
+
+
+def sync_breakdown(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a sync's seconds go, from the holders' `phases` (hetauto.runtime.island_sync): per sync, the island
+    that posted last (it waits for no one) gives the wire's own time (`exchange_s`), the other's lead over it is
+    the skew the earlier island waits out; medians over the syncs after the first, and the first sync's wire
+    time apart (a young connection)."""
+    by_step: dict[int, dict[str, dict[str, float]]] = {}
+    for isl in doc["islands"]:
+        for row in isl["outer_syncs"]:
+            if "phases" in row:
+                by_step.setdefault(row["step"], {})[isl["name"]] = row["phases"]
+    syncs = [list(v.values()) for _, v in sorted(by_step.items()) if len(v) == 2]
+    if len(syncs) < 2:
+        return None
+    last = [max(p, key=lambda x: x["posted_at"]) for p in syncs]
+    skew = [abs(p[0]["posted_at"] - p[1]["posted_at"]) for p in syncs]
+    med = statistics.median
+    return {"first_wire_s": last[0]["exchange_s"], "wire_s": med(x["exchange_s"] for x in last[1:]),
+            "skew_s": med(skew[1:]), "send_s": med(x["send_s"] for x in last[1:]),
+            "merge_s": med(x["merge_s"] for x in last[1:]), "step_s": med(x["step_s"] for x in last[1:]),
+            "wire_each_s": [x["exchange_s"] for x in last]}
 
 
 def print_measured(m: dict[str, Any]) -> None:
@@ -137,5 +175,17 @@ def print_measured(m: dict[str, Any]) -> None:
     psync = "n/a" if m["predicted_sync_s"] is None else f"{m['predicted_sync_s']:.3f} s"
     print(f"  round time: predicted {pred}, measured {m['measured_round_s']:.3f} s ({m['rounds']} rounds; the sync "
           f"predicted {psync}, measured median {m['measured_sync_s']:.3f} s)")
+    t1 = m["tau1"]
+    print(f"  overlap tau = 1 (each exchange under one inner step): {t['islands_tau1']:.0f} us per token, round "
+          f"{t1['measured_round_s']:.3f} s, sync {t1['sync_s'] * 1e3:.0f} ms of which exposed "
+          f"{t1['exposed_s'] * 1e3:.0f} ms (median; tau = 0: sync {m['measured_sync_s'] * 1e3:.0f} ms, all exposed); "
+          f"loss gap over the last round {t1['loss_gap_last_round_mean']:+.4f}")
+    b = m.get("sync_breakdown")
+    if b is not None:
+        ms = {k: v * 1e3 for k, v in b.items() if k != "wire_each_s"}
+        print(f"  where a sync goes (median, ms; syncs after the first): wire {ms['wire_s']:.0f} (the island that "
+              f"posted last; first sync {ms['first_wire_s']:.0f}), the other island's lead {ms['skew_s']:.0f}, "
+              f"pseudo-gradient + encode {ms['send_s']:.1f}, decode + merge {ms['merge_s']:.1f}, outer step "
+              f"{ms['step_s']:.1f}; wire per sync: {', '.join(f'{x * 1e3:.0f}' for x in b['wire_each_s'])}")
     print(f"  kernel-counted bytes on the link (both ways): {m['kernel_bytes']}; wall s (start to end, reference "
           f"included): {', '.join(f'{k} {v:.0f}' for k, v in m['wall_s'].items())}")

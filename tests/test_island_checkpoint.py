@@ -34,10 +34,12 @@ def _island(cluster: str, batch: int) -> Island:
                                                   microbatch_size=2, num_microbatches=batch // 2, stages=(stage,)))
 
 
-def _island_plan(tmp_path: Path, name: str = "islands.json", inner_steps: int = H) -> Path:
+def _island_plan(tmp_path: Path, name: str = "islands.json", inner_steps: int = H, fragments: int = F,
+                 overlap: int = 0) -> Path:
     plan = IslandPlan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=10,
                       islands=(_island("fast", 6), _island("slow", 4)),
-                      outer=OuterSync(inner_steps=inner_steps, fragments=F, wire=(WireLink(between=("FAST", "SLOW")),)))
+                      outer=OuterSync(inner_steps=inner_steps, fragments=fragments, overlap_steps=overlap,
+                                      wire=(WireLink(between=("FAST", "SLOW")),)))
     path = tmp_path / name
     plan.save(path)
     return path
@@ -103,6 +105,32 @@ def test_a_resume_mid_round_equals_the_uninterrupted_run(uninterrupted: tuple[Pa
         assert sorted(got) == sorted(want)
         assert any(k.startswith("outer.momentum.") for k in got) and any(k.startswith("outer.global.") for k in got)
         assert _manifest(again / last)["extra"]["island"]["rounds"] == 4
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_a_resume_with_a_sync_in_flight_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    """Streaming DiLoCo's overlap tau = 1, H = 2, F = 1: the pseudo-gradients taken after step 2 land after step 3.
+    The checkpoint after step 2 waits for that exchange and saves its merged pseudo-gradient (`outer.pending.*`,
+    manifest `pending`); resumed from it, the sync lands after step 3 as in the uninterrupted run: step 3's loss
+    and the final checkpoint are the uninterrupted run's, bit for bit."""
+    path = _island_plan(tmp_path, fragments=1, overlap=1)
+    whole = hetauto.run(str(path), steps=STEPS, checkpoint_dir=str(tmp_path / "ck"), reference=False)
+    mid = tmp_path / "ck" / "island-FAST" / "step-00000002"
+    assert _manifest(mid)["extra"]["island"]["pending"] == {"fragment": 0, "land_step": 3}
+    assert any(k.startswith("outer.pending.") for k in _tensors(mid))
+    assert "pending" not in _manifest(tmp_path / "ck" / "island-FAST" / "step-00000003")["extra"]["island"]
+    doc = hetauto.run(str(path), steps=STEPS, resume=str(mid), checkpoint_dir=str(tmp_path / "again"),
+                      reference=False)
+    for mine, theirs in zip(doc["islands"], whole["islands"]):
+        assert mine["loss"] == theirs["loss"][3:]
+        assert [(r["step"], r["fragment"]) for r in mine["outer_syncs"]] == [(3, 0)]
+    for isl in ("FAST", "SLOW"):
+        last = f"island-{isl}/step-00000003"
+        want, got = _tensors(tmp_path / "ck" / last), _tensors(tmp_path / "again" / last)
+        assert sorted(got) == sorted(want)
+        differ = [k for k in want if not torch.equal(want[k], got[k])]
+        assert not differ, (isl, differ[:5])
 
 
 @pytest.mark.multiprocess

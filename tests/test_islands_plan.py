@@ -14,7 +14,8 @@ from hetauto.core.islands import WIRE_BYTES, Island, IslandPlan, OuterSync, Wire
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.planner.inputs import load_planning_inputs
 from hetauto.planner.islands import plan_islands, resize, restricted_search, split_batch
-from hetauto.planner.islands_price import efficiency, price_island_plan, round_figures
+from hetauto.planner.islands_price import (efficiency, hiding_overlap, overlap_efficiency, price_island_plan,
+                                           round_figures)
 from hetauto.planner.layers import total_params
 from hetauto.planner.search import make_evaluator
 
@@ -29,25 +30,25 @@ def _island(cluster: str, devices: tuple[int, ...], batch: int) -> Island:
 
 
 def _two_islands(h: int = 50, fragments: int = 1, wire: str = "bf16",
-                 batches: tuple[int, int] = (96, 64)) -> IslandPlan:
+                 batches: tuple[int, int] = (96, 64), overlap: int = 0) -> IslandPlan:
     return IslandPlan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=sum(batches),
                       islands=(_island("fast", (0, 1), batches[0]), _island("slow", (0,), batches[1])),
-                      outer=OuterSync(inner_steps=h, fragments=fragments,
+                      outer=OuterSync(inner_steps=h, fragments=fragments, overlap_steps=overlap,
                                       wire=(WireLink(between=("fast", "slow"), format=wire),)))
 
 
-@pytest.mark.parametrize("fragments", [1, 4])
-def test_round_time_and_sync_bytes_are_the_closed_form(fragments: int) -> None:
+@pytest.mark.parametrize("fragments, overlap", [(1, 0), (4, 0), (1, 1), (4, 1)])
+def test_round_time_and_sync_bytes_are_the_closed_form(fragments: int, overlap: int) -> None:
     inputs = load_planning_inputs(scenario="cpu-demo")
     ev = make_evaluator(inputs)
-    ip = _two_islands(h=50, fragments=fragments, wire="bf16")
+    ip = _two_islands(h=50, fragments=fragments, wire="bf16", overlap=overlap)
     params = total_params(inputs.model)
     pred, evs, why = price_island_plan(ip, inputs.cluster, params, ev.evaluate)
     assert why == "" and pred is not None
     step = max(e.iteration_time_s for e in evs)
     sent = params * WIRE_BYTES["bf16"]  # two islands: each sends half in the reduce-scatter, half in the gather
     sync = 2 * (LINK_LATENCY_S + sent / 2 / LINK_BPS)
-    exposed = sync if fragments == 1 else fragments * max(0.0, sync / fragments - 50 / fragments * step)
+    exposed = sync if overlap == 0 else fragments * max(0.0, sync / fragments - overlap * step)
     assert pred.sync_bytes == pytest.approx(sent, rel=1e-12)
     assert pred.sync_s == pytest.approx(sync, rel=1e-12)
     assert pred.exposed_sync_s == pytest.approx(exposed, rel=1e-12)
@@ -57,12 +58,41 @@ def test_round_time_and_sync_bytes_are_the_closed_form(fragments: int) -> None:
     assert "2311.08105" in pred.efficiency_source
 
 
-def test_streaming_hides_what_the_inner_steps_cover() -> None:
+def test_streaming_hides_what_the_overlapped_inner_steps_cover() -> None:
     assert round_figures(1.0, 100, 8, 1, 6.0).exposed_sync_s == 6.0  # plain DiLoCo blocks on the whole sync
-    assert round_figures(1.0, 100, 8, 2, 6.0).exposed_sync_s == 0.0  # 3 s per fragment under 4 inner steps
-    assert round_figures(1.0, 100, 8, 4, 12.0).exposed_sync_s == pytest.approx(4 * (3.0 - 2.0))
+    assert round_figures(1.0, 100, 8, 2, 6.0).exposed_sync_s == 6.0  # fragments without overlap: still blocking
+    assert round_figures(1.0, 100, 8, 2, 6.0, overlap=3).exposed_sync_s == 0.0  # 3 s per fragment under 3 steps
+    assert round_figures(1.0, 100, 8, 4, 12.0, overlap=1).exposed_sync_s == pytest.approx(4 * (3.0 - 1.0))
+    assert round_figures(1.0, 100, 8, 1, 6.0, overlap=2).exposed_sync_s == 4.0  # max(0, sync - tau x step)
     assert efficiency(500, 2) is not None and efficiency(1000, 2) is None and efficiency(50, 9) is None
     assert WIRE_BYTES["int8"] == pytest.approx(1 + 4 / 256) and WIRE_BYTES["fp32"] == 4
+
+
+def test_the_planner_overlaps_the_least_that_hides_a_fragment_and_charges_its_dropped_steps() -> None:
+    # a 13B-like round: 104 s of sync in 2 fragments, 1.28 s steps: 41 steps hide a fragment, at most H/F - 1
+    assert hiding_overlap(100, 2, 104.0, 1.28) == 41 and hiding_overlap(100, 2, 1e6, 1.28) == 49
+    assert hiding_overlap(8, 1, 0.0, 1.0) == 0 and hiding_overlap(4, 2, 100.0, 1.0) == 1
+    assert overlap_efficiency(100, 41) == pytest.approx(0.59)
+    inputs = load_planning_inputs(scenario="cpu-demo")
+    ev = make_evaluator(inputs)
+    params = total_params(inputs.model)
+    blocking, *_ = price_island_plan(_two_islands(h=50, fragments=2), inputs.cluster, params, ev.evaluate)
+    tau, *_ = price_island_plan(_two_islands(h=50, fragments=2, overlap=1), inputs.cluster, params, ev.evaluate)
+    assert blocking is not None and tau is not None
+    assert tau.efficiency == pytest.approx(blocking.efficiency * (1 - 1 / 50), rel=1e-12)
+    assert tau.effective_tokens_s == pytest.approx(tau.tokens_s * tau.efficiency, rel=1e-12)
+    assert "overlap tau=1" in tau.efficiency_source and "overlap" not in blocking.efficiency_source
+
+
+def test_the_sync_is_gloos_all_gather_a_ready_notice_then_the_payload() -> None:
+    from hetauto.planner.islands_price import sync_seconds
+
+    inputs = load_planning_inputs(scenario="cpu-demo")
+    two = _two_islands(wire="int8")
+    params = total_params(inputs.model)
+    sync2, sent2 = sync_seconds(two, inputs.cluster, params)
+    assert sent2 == pytest.approx(params * WIRE_BYTES["int8"])  # two islands: each sends its payload once
+    assert sync2 == pytest.approx(2 * LINK_LATENCY_S + sent2 / LINK_BPS)  # ready notice, then the payload
 
 
 def test_json_round_trip_is_unchanged(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from hetauto.core.plan import Plan, StagePlan
 from hetauto.core.run_config import RunConfig
 from hetauto.runtime.batches import BatchSource, IslandBatches
 from hetauto.runtime.island_reference import fragment_names, reference_islands
-from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_of, fragment_slots, merge
+from hetauto.runtime.outer_sync import (OuterOptimizer, due_fragments, fragment_of, fragment_slots, merge,
+                                        sending_fragments)
 from hetauto.runtime.reference import reference_run
 from hetauto.runtime.wire_codec import contribution_format, decode, encode, payload_bytes, round_trip
 
@@ -157,6 +158,49 @@ def test_every_fragment_syncs_once_per_round_at_torchfts_offset(h: int, f: int) 
             assert i in due_fragments(math.floor(h / f * (i + 1)) - 1, h, f)
 
 
+@pytest.mark.parametrize("h, f, tau", [(4, 1, 3), (4, 2, 1), (6, 4, 0), (12, 5, 1), (8, 2, 3)])
+def test_a_fragment_is_sent_tau_steps_before_its_outer_step_and_one_is_in_flight_at_a_time(h: int, f: int,
+                                                                                           tau: int) -> None:
+    events = []  # (step, "send"/"land", fragment) in the order a rank meets them
+    for s in range(3 * h):
+        events += [(s, "send", x) for x in sending_fragments(s, h, f, tau)]
+        events += [(s, "land", x) for x in due_fragments(s, h, f)]
+    sends = {(s, x) for s, what, x in events if what == "send"}
+    lands = {(s, x) for s, what, x in events if what == "land"}
+    assert {(s + tau, x) for s, x in sends if s + tau < 3 * h} == {(s, x) for s, x in lands if s >= tau}
+    in_flight = 0
+    for _, what, _ in events:
+        in_flight += 1 if what == "send" else -1
+        assert in_flight in (0, 1)
+    assert sending_fragments(5, h, f, 0) == due_fragments(5, h, f)
+
+
+def test_overlap_steps_is_below_the_spacing_and_absent_from_json_at_0() -> None:
+    wire = (WireLink(between=("a", "b")),)
+    plain = OuterSync(inner_steps=4, fragments=2, wire=wire)
+    assert "overlap_steps" not in plain.model_dump(mode="json") and "update_alpha" not in plain.model_dump()
+    streaming = OuterSync(inner_steps=4, fragments=2, wire=wire, overlap_steps=1, update_alpha=0.5)
+    assert streaming.model_dump()["overlap_steps"] == 1 and streaming.model_dump()["update_alpha"] == 0.5
+    with pytest.raises(ValueError, match=r"overlap_steps 2 >= 2, the inner steps between two fragment syncs "
+                                         r"\(inner_steps 4 // fragments 2\).*give overlap_steps below 2"):
+        OuterSync(inner_steps=4, fragments=2, wire=wire, overlap_steps=2)
+    for bad in ({"overlap_steps": -1}, {"update_alpha": 1.5}):
+        with pytest.raises(ValueError):
+            OuterSync(inner_steps=4, wire=wire, **bad)
+
+
+def test_with_tau_the_reference_lands_the_pseudo_gradient_taken_tau_steps_earlier() -> None:
+    """tau = 1, H = 2: the pseudo-gradient of step 0 lands after step 1; the local progress of step 1 is dropped
+    (alpha 0), so after step 1 every island holds the same parameters, which differ from the blocking sync's."""
+    run = RunConfig.from_flat(steps=2, seed=3, lr=3e-3)
+    blocking = reference_islands(_plan(), get_model("tiny-gpt"), run)
+    overlapped = reference_islands(_plan(overlap=1), get_model("tiny-gpt"), run)
+    assert blocking.losses == overlapped.losses and blocking.rounds == overlapped.rounds == 1
+    for name, p in overlapped.params[0].items():
+        assert torch.equal(p, overlapped.params[1][name]), name
+    assert any(not torch.equal(p, blocking.params[0][n]) for n, p in overlapped.params[0].items())
+
+
 # ------------------------------------------------------------------ wire codecs
 
 
@@ -221,13 +265,13 @@ def _island(name: str, batch: int) -> Island:
 
 
 def _plan(batches: tuple[int, ...] = (8, 4), *, h: int = 2, fragments: int = 1, formats: tuple[str, ...] = ("fp32",),
-          lr: float = 0.7, momentum: float = 0.9) -> IslandPlan:
+          lr: float = 0.7, momentum: float = 0.9, overlap: int = 0) -> IslandPlan:
     names = [chr(ord("a") + i) for i in range(len(batches))]
     pairs = [(x, y) for i, x in enumerate(names) for y in names[i + 1:]]
     wire = tuple(WireLink(between=p, format=formats[k % len(formats)]) for k, p in enumerate(pairs))
     return IslandPlan(model="tiny-gpt", cluster="test", seq_len=SEQ, global_batch=sum(batches),
                       islands=tuple(_island(n, b) for n, b in zip(names, batches)),
-                      outer=OuterSync(inner_steps=h, fragments=fragments, wire=wire,
+                      outer=OuterSync(inner_steps=h, fragments=fragments, wire=wire, overlap_steps=overlap,
                                       optimizer=OuterSettings(lr=lr, momentum=momentum)))
 
 

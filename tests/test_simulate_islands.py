@@ -29,10 +29,10 @@ def _island(cluster: str, devices: tuple[int, ...], batch: int) -> Island:
     return Island(name=cluster, plan=plan)
 
 
-def _two_islands(h: int = 50, fragments: int = 1, wire: str = "bf16") -> IslandPlan:
+def _two_islands(h: int = 50, fragments: int = 1, wire: str = "bf16", overlap: int = 0) -> IslandPlan:
     return IslandPlan(model="tiny-gpt", cluster="cpu-demo", seq_len=32, global_batch=160,
                       islands=(_island("fast", (0, 1), 96), _island("slow", (0,), 64)),
-                      outer=OuterSync(inner_steps=h, fragments=fragments,
+                      outer=OuterSync(inner_steps=h, fragments=fragments, overlap_steps=overlap,
                                       wire=(WireLink(between=("fast", "slow"), format=wire),)))
 
 
@@ -52,13 +52,13 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return d, json.loads(out.getvalue())
 
 
-@pytest.mark.parametrize("fragments", [1, 4])
+@pytest.mark.parametrize("fragments, overlap", [(1, 0), (4, 0), (4, 1)])
 def test_simulated_round_is_the_planners_closed_form(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                     fragments: int) -> None:
+                                                     fragments: int, overlap: int) -> None:
     """Exactly equal: the simulator gives each island the step the analytical cost model predicts, and the round
     is priced by the planner's own code (islands_price) from those steps."""
     path = tmp_path / "ip.json"
-    ip = _two_islands(fragments=fragments)
+    ip = _two_islands(fragments=fragments, overlap=overlap)
     ip.save(path)
     doc = json.loads(_cli(["simulate", str(path), "--json"], capsys))
     inputs = load_planning_inputs(scenario="cpu-demo")
@@ -70,8 +70,10 @@ def test_simulated_round_is_the_planners_closed_form(tmp_path: Path, capsys: pyt
                 "effective_tokens_s"):
         assert block[key] == getattr(pred, key), key
     assert doc["iteration_time_s"] == pred.round_time_s / 50 and doc["predicted"] is None
-    if fragments == 1:
-        assert block["exposed_sync_s"] == block["sync_s"] > 0  # plain DiLoCo blocks on the whole sync
+    if overlap == 0:
+        assert block["exposed_sync_s"] == block["sync_s"] > 0  # a blocking sync, in fragments or not
+    else:
+        assert block["exposed_sync_s"] < block["sync_s"]  # each fragment's exchange under one inner step
 
 
 def test_planned_island_plan_simulates_to_its_own_prediction(planned, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,22 +105,25 @@ def test_round_gantt_one_lane_per_island_and_the_sync(tmp_path: Path, capsys: py
     assert img.shape[1] > 800 and img[..., :3].std() > 0.1
 
 
-@pytest.mark.parametrize("fragments", [1, 2, 4])
-def test_round_layout_ends_at_the_round_time(fragments: int) -> None:
+@pytest.mark.parametrize("fragments, overlap", [(1, 0), (2, 0), (4, 0), (1, 3), (2, 1), (4, 1)])
+def test_round_layout_ends_at_the_round_time(fragments: int, overlap: int) -> None:
     import matplotlib.pyplot as plt
 
     from hetauto.planner.islands_price import round_figures
     from hetauto.plots.island_gantt import round_figure, round_layout
 
     steps, h, sync = (1.0, 0.8), 8, 12.0
-    layout = round_layout(["a", "b"], steps, h, fragments, sync)
-    fig = round_figures(1.0, 1.0, h, fragments, sync)
+    layout = round_layout(["a", "b"], steps, h, fragments, sync, overlap)
+    fig = round_figures(1.0, 1.0, h, fragments, sync, overlap)
     assert layout.round_time_s == fig.round_time_s and layout.exposed_sync_s == fig.exposed_sync_s
     slowest_end = max(a + w for st in layout.steps[0] for a, w in st)
     assert slowest_end + layout.exposed_sync_s / fragments == pytest.approx(layout.round_time_s)
     assert [sum(w for st in lane for _, w in st) for lane in layout.steps] == pytest.approx([h * s for s in steps])
     assert sum(w for _, w in layout.stalls) == pytest.approx(fig.exposed_sync_s)
     assert sum(s.exposed_s + s.hidden_s for s in layout.syncs) == pytest.approx(sync)
+    for s, (start, _) in zip(layout.syncs, layout.stalls or [(x.start + x.hidden_s, 0.0) for x in layout.syncs]):
+        # a fragment's exchange starts tau inner steps (of the slowest island) before its outer step's stall
+        assert s.start + s.hidden_s == pytest.approx(start) and s.hidden_s <= overlap * max(steps) + 1e-12
     drawn = round_figure(layout, "t", "outer sync")
     ax = drawn.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a: 1s per inner step", "b: 800ms per inner step",

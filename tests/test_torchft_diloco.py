@@ -48,7 +48,7 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def _plan(inner_steps: int, fragments: int) -> IslandPlan:
+def _plan(inner_steps: int, fragments: int, overlap: int = 0, alpha: float = 0.0) -> IslandPlan:
     def island(name: str) -> Island:
         stage = StagePlan(cluster=name, device_type="cpu", devices=(0,), layers=(0, 6), tp=1, dp=1)
         return Island(name=name, plan=Plan(model=MODEL, cluster="test", seq_len=SEQ, global_batch=BATCH,
@@ -56,8 +56,8 @@ def _plan(inner_steps: int, fragments: int) -> IslandPlan:
 
     return IslandPlan(model=MODEL, cluster="test", seq_len=SEQ, global_batch=2 * BATCH,
                       islands=(island("a"), island("b")),
-                      outer=OuterSync(inner_steps=inner_steps, fragments=fragments,
-                                      wire=(WireLink(between=("a", "b"), format="fp32"),)))
+                      outer=OuterSync(inner_steps=inner_steps, fragments=fragments, overlap_steps=overlap,
+                                      update_alpha=alpha, wire=(WireLink(between=("a", "b"), format="fp32"),)))
 
 
 def _torchft_replica(plan: IslandPlan, index: int, run: RunConfig, lighthouse: str, out: dict) -> None:
@@ -76,7 +76,8 @@ def _torchft_replica(plan: IslandPlan, index: int, run: RunConfig, lighthouse: s
                       init_sync=False,  # every island starts from the run's seed: identical weights
                       timeout=TIMEOUT, quorum_timeout=TIMEOUT, connect_timeout=TIMEOUT)
     try:
-        with DiLoCo(manager, fragments, trainer.opt, outer_opts, sync_every=outer.inner_steps, pin_memory=False):
+        with DiLoCo(manager, fragments, trainer.opt, outer_opts, sync_every=outer.inner_steps, pin_memory=False,
+                    fragment_sync_delay=outer.overlap_steps, fragment_update_alpha=outer.update_alpha):
             losses = [trainer.train_step(step) for step in range(run.training.steps)]
         out[index] = (tuple(losses), {n: p.detach().clone() for n, p in model.named_parameters()},
                       manager.current_step())
@@ -109,9 +110,17 @@ def _run_torchft(plan: IslandPlan, run: RunConfig) -> dict:
     return out
 
 
-@pytest.mark.parametrize("inner_steps, fragments, rounds", [(2, 1, 3), (4, 2, 2)], ids=["diloco", "streaming"])
-def test_torchft_diloco_and_ours_agree_bit_for_bit(inner_steps: int, fragments: int, rounds: int) -> None:
-    plan = _plan(inner_steps, fragments)
+# (H, F, rounds, tau, alpha): plain DiLoCo; Streaming DiLoCo blocking; Streaming DiLoCo with the exchange in flight
+# over tau inner steps (torchft's fragment_sync_delay), dropping those steps' local progress (alpha 0) or mixing it
+# in (fragment_update_alpha 0.5); plain DiLoCo with tau = H - 1
+CASES = [(2, 1, 3, 0, 0.0), (4, 2, 2, 0, 0.0), (4, 2, 2, 1, 0.0), (4, 2, 2, 1, 0.5), (3, 1, 2, 2, 0.0)]
+
+
+@pytest.mark.parametrize("inner_steps, fragments, rounds, overlap, alpha", CASES,
+                         ids=["diloco", "streaming", "streaming-tau1", "streaming-tau1-alpha", "diloco-tau2"])
+def test_torchft_diloco_and_ours_agree_bit_for_bit(inner_steps: int, fragments: int, rounds: int, overlap: int,
+                                                   alpha: float) -> None:
+    plan = _plan(inner_steps, fragments, overlap, alpha)
     run = RunConfig.from_flat(steps=rounds * inner_steps, seed=7, lr=3e-3)
     ours = reference_islands(plan, get_model(MODEL), run)
     theirs = _run_torchft(plan, run)

@@ -108,13 +108,16 @@ def _write_round_gantt(path: str, loaded: LoadedIslands, runs: list[IslandRun], 
 
     ip, o = loaded.plan, loaded.plan.outer
     layout = round_layout([r.name for r in runs], [r.result.iteration_time for r in runs], o.inner_steps,
-                          o.fragments, pred.sync_s)
+                          o.fragments, pred.sync_s, o.overlap_steps)
     wire = ", ".join(f"{'-'.join(w.between)} {w.format}" for w in o.wire)
+    tau = o.overlap_steps
+    overlap = f", overlap {tau} inner step{'s' if tau > 1 else ''}" if tau else ""
     title = (f"{ip.model} on {ip.cluster or 'its cluster'}: one outer round\nH={o.inner_steps} inner steps, "
-             f"{o.fragments} fragment{'s' if o.fragments > 1 else ''}: round {format_time(pred.round_time_s)}, "
-             f"exposed sync {format_time(pred.exposed_sync_s)}")
+             f"{o.fragments} fragment{'s' if o.fragments > 1 else ''}{overlap}: round "
+             f"{format_time(pred.round_time_s)}, exposed sync {format_time(pred.exposed_sync_s)}")
     try:
-        write_round_gantt(layout, path, title, sync_lane_label(wire, pred.sync_bytes, pred.sync_s, o.fragments))
+        write_round_gantt(layout, path, title, sync_lane_label(wire, pred.sync_bytes, pred.sync_s, o.fragments,
+                                                               o.overlap_steps))
     except OSError as err:
         raise HetautoError(f"{path}: cannot write the Gantt chart: {err.strerror or err}") from None
 

@@ -22,7 +22,7 @@ import itertools
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, FiniteFloat, model_validator
+from pydantic import Field, FiniteFloat, model_serializer, model_validator
 
 from hetauto.core.errors import SpecError
 from hetauto.core.plan import ISLAND_PLAN_SCHEMA, ClusterName, Count, Plan, _Frozen
@@ -57,13 +57,36 @@ class OuterSync(_Frozen):
     optimizer: OuterOptimizer = OuterOptimizer()
     fragments: Count = Field(default=1, ge=1)  # Streaming DiLoCo's fragments; 1: plain DiLoCo
     wire: tuple[WireLink, ...] = Field(min_length=1)
+    # Streaming DiLoCo's overlap tau (torchft's fragment_sync_delay): a fragment's pseudo-gradient is taken and
+    # sent tau inner steps before its outer step lands (`outer_sync.sending_fragments`); 0: a blocking sync
+    overlap_steps: Count = Field(default=0, ge=0)
+    # torchft's fragment_update_alpha: when the outer step lands, the fragment becomes
+    # lerp(new global, local, alpha); 0 (DiLoCo): the new global values, dropping the tau steps' local progress
+    update_alpha: FiniteFloat = Field(default=0.0, ge=0, le=1)
 
     @model_validator(mode="after")
     def _check(self) -> "OuterSync":
         if self.fragments > self.inner_steps:
             raise ValueError(f"fragments {self.fragments} > inner_steps {self.inner_steps}: each fragment syncs "
                              "after at least one inner step; lower fragments")
+        spacing = self.inner_steps // self.fragments
+        if self.overlap_steps >= spacing:
+            raise ValueError(f"overlap_steps {self.overlap_steps} >= {spacing}, the inner steps between two fragment "
+                             f"syncs (inner_steps {self.inner_steps} // fragments {self.fragments}): one exchange "
+                             f"must land before the next starts; give overlap_steps below {spacing}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):  # type: ignore[no-untyped-def]
+        """Leave `overlap_steps` and `update_alpha` out at their defaults: plans without them (every plan written
+        before them) keep their exact JSON and digests."""
+        data = handler(self)
+        if isinstance(data, dict):
+            if self.overlap_steps == 0:
+                data.pop("overlap_steps", None)
+            if self.update_alpha == 0:
+                data.pop("update_alpha", None)
+        return data
 
 
 class Island(_Frozen):

@@ -11,8 +11,11 @@ The search, per island partition (each cluster its own island; or the clusters j
    fastest while that shortens the slowest step: the islands reach each sync within one unit's time of each
    other. Each island is also searched again at its share of a split in `batch_unit` samples (then balanced the
    same way); of the two, the split whose slowest step is shorter;
-3. H, fragments and wire format: every combination of H_OPTIONS x FRAGMENT_OPTIONS x WIRE_OPTIONS priced in
-   closed form (no evaluations); the best effective throughput wins.
+3. H, fragments, wire format and overlap: every combination of H_OPTIONS x FRAGMENT_OPTIONS x WIRE_OPTIONS priced in
+   closed form (no evaluations), each blocking (tau = 0) and with the least overlap that hides a fragment's
+   sync under inner steps (`islands_price.hiding_overlap`, at most H // F - 1); the best effective throughput
+   wins. The overlap's dropped local steps are charged in the efficiency (`islands_price.overlap_efficiency`),
+   and effective throughput is monotone in tau between those two ends, so no other tau can win.
 """
 
 from __future__ import annotations
@@ -29,15 +32,18 @@ from hetauto.core.islands import Island, IslandPlan, IslandPrediction, OuterSync
 from hetauto.core.plan import Plan
 from hetauto.core.plan_check import check_executable
 from hetauto.planner.inputs import PlanningInputs
-from hetauto.planner.islands_price import price_island_plan
+from hetauto.planner.islands_price import hiding_overlap, price_island_plan
 from hetauto.planner.layers import total_params
 
 __all__ = ["FAST_LINK_Bps", "FRAGMENT_OPTIONS", "HINT_EVALUATIONS", "HINT_GAIN", "H_OPTIONS", "ISLAND_SEARCHES",
-           "WIRE_OPTIONS", "IslandChoice", "IslandResult", "batch_unit", "choose_islands", "has_slow_link",
-           "partitions", "plan_islands", "resize", "restricted_search", "split_batch"]
+           "WIRE_OPTIONS", "IslandChoice", "IslandResult", "batch_unit", "choose_islands",
+           "has_slow_link", "partitions", "plan_islands", "resize", "restricted_search", "split_batch"]
 
 H_OPTIONS = (50, 100, 250, 500)
-FRAGMENT_OPTIONS = (1, 2, 4)
+# fragments (at most the model's layer slots: a fragment is a run of slots). More fragments move less per sync,
+# so a shorter overlap hides each (and drops fewer local steps: islands_price.overlap_efficiency); Streaming
+# DiLoCo (arXiv:2501.18512) syncs a fragment every few inner steps
+FRAGMENT_OPTIONS = (1, 2, 4, 8, 16)
 WIRE_OPTIONS = ("fp32", "bf16", "int8")
 # clusters joined by at least this much (100 Gbit/s: a datacentre fabric, not a WAN) may share one island
 FAST_LINK_Bps = 100e9 / 8
@@ -168,25 +174,40 @@ def _balanced(plans: list[Plan], global_batch: int, speeds: list[float],
     return None if shares is None else _balance(plans, shares, unit, evaluate)
 
 
-def _outer_options(names: list[str]) -> list[OuterSync]:
+def _outer_options(names: list[str], slots: int) -> list[OuterSync]:
     pairs = list(itertools.combinations(names, 2))
     return [OuterSync(inner_steps=h, fragments=f, wire=tuple(WireLink(between=p, format=w) for p in pairs))
-            for h in H_OPTIONS for f in FRAGMENT_OPTIONS for w in WIRE_OPTIONS if f <= h]
+            for h in H_OPTIONS for f in FRAGMENT_OPTIONS for w in WIRE_OPTIONS if f <= min(h, slots)]
 
 
 def _best_outer(inputs: PlanningInputs, islands: tuple[Island, ...], evaluate: Callable[[Plan], Any],
                 cost_model: str) -> tuple[IslandPlan, IslandPrediction, tuple[Any, ...]] | None:
-    """Step 3: the (H, fragments, wire) with the best effective throughput; ties keep the earlier (smaller H,
-    fewer fragments, wider wire format): the least departure from synchronous training that is as fast."""
+    """Step 3: the (H, fragments, wire, overlap) with the best effective throughput; ties keep the earlier (smaller
+    H, fewer fragments, wider wire format, no overlap): the least departure from synchronous training that is as
+    fast."""
     params = total_params(inputs.model)
     best = None
-    for outer in _outer_options([i.name for i in islands]):
-        ip = IslandPlan(model=islands[0].plan.model, cluster=islands[0].plan.cluster, seq_len=inputs.seq_len,
-                        global_batch=inputs.global_batch, islands=islands, outer=outer)
-        pred, evs, _ = price_island_plan(ip, inputs.cluster, params, evaluate, cost_model)
-        if pred is not None and (best is None or pred.effective_tokens_s > best[1].effective_tokens_s * (1 + 1e-9)):
-            best = (ip, pred, tuple(evs))
+    for blocking in _outer_options([i.name for i in islands], inputs.model.num_layer_slots):
+        outer = blocking
+        while outer is not None:
+            ip = IslandPlan(model=islands[0].plan.model, cluster=islands[0].plan.cluster, seq_len=inputs.seq_len,
+                            global_batch=inputs.global_batch, islands=islands, outer=outer)
+            pred, evs, _ = price_island_plan(ip, inputs.cluster, params, evaluate, cost_model)
+            if pred is None:
+                break
+            if best is None or pred.effective_tokens_s > best[1].effective_tokens_s * (1 + 1e-9):
+                best = (ip, pred, tuple(evs))
+            outer = _overlapped(outer, pred)
     return best
+
+
+def _overlapped(outer: OuterSync, pred: IslandPrediction) -> OuterSync | None:
+    """`outer` (blocking) with the least overlap that hides a fragment's sync; None: already overlapped, or no
+    overlap helps (nothing exposed, or H // F = 1)."""
+    if outer.overlap_steps:
+        return None
+    tau = hiding_overlap(outer.inner_steps, outer.fragments, pred.sync_s, pred.inner_step_time_s)
+    return OuterSync(**{**outer.model_dump(), "overlap_steps": tau}) if tau else None
 
 
 def plan_islands(inputs: PlanningInputs, search: SearchIsland, evaluator: Any) -> IslandResult | None:

@@ -2,14 +2,14 @@
 
 One lane per island, one lane for the outer sync, all on one time axis. An island's lane shows its H inner steps
 as blocks (alternate shades, so single steps can be told apart), over a grey background where it waits (for the
-slowest island, or for the sync); the sync lane shows each fragment's outer all-reduce, hatched where it is
-exposed (every island waits on it) and plain where inner steps hide it.
+slowest island, or for the sync); the sync lane shows each fragment's outer all-reduce, plain where inner steps
+hide it and hatched where it is exposed (every island waits on it).
 
 The times are the closed form's (hetauto.planner.islands_price.round_figures), laid out in time: fragment j's
-block of H/F inner steps of the slowest island, then its sync, whose first `exposed / F` seconds every island
-waits on and whose rest runs under the next block (the last fragment's rest under the next round's first block,
-drawn at this round's start: the steady state). With one fragment (plain DiLoCo) the whole sync is exposed.
-So the chart's round ends exactly at the round time `hetauto simulate` prints.
+block of H/F inner steps of the slowest island; its sync starts tau = `overlap_steps` inner steps before the
+block ends (the pseudo-gradient is taken then, hetauto.runtime.island_sync), runs under those steps, and what it
+has left when the block ends (`exposed / F` seconds) every island waits on before the outer step lands. With
+tau = 0 the whole sync is exposed. So the chart's round ends exactly at the round time `hetauto simulate` prints.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ EXPOSED = ("outer sync, exposed (every island waits)", "#C44E52")
 
 @dataclass(frozen=True, slots=True)
 class SyncBlock:
-    """Fragment `fragment`'s outer all-reduce: its exposed part from `start`, then its hidden part."""
+    """Fragment `fragment`'s outer all-reduce: its hidden part from `start` (under the tau inner steps before its
+    outer step), then its exposed part."""
 
     fragment: int
     start: float
@@ -51,17 +52,17 @@ class RoundLayout:
     steps: tuple[tuple[tuple[tuple[float, float], ...], ...], ...]  # island -> step -> (start, width) pieces
     stalls: tuple[tuple[float, float], ...]  # (start, width): the exposed sync, on every island's lane
     syncs: tuple[SyncBlock, ...]
-    carried: float  # seconds of the previous round's last fragment hidden under this round's first steps
     round_time_s: float
     exposed_sync_s: float
 
 
 def round_layout(names: Sequence[str], step_times: Sequence[float], inner_steps: int, fragments: int,
-                 sync_s: float) -> RoundLayout:
+                 sync_s: float, overlap: int = 0) -> RoundLayout:
     """Lay one round out in time (module docstring); the round time and exposed sync are round_figures'."""
     slow = max(step_times)
-    fig = round_figures(slow, 1.0, inner_steps, fragments, sync_s)
+    fig = round_figures(slow, 1.0, inner_steps, fragments, sync_s, overlap)
     stall = fig.exposed_sync_s / fragments
+    hidden = max(0.0, sync_s / fragments - stall)  # under the tau steps before the block's end
     block = inner_steps / fragments * slow  # compute seconds of the slowest island between two syncs
     bounds = [(j + 1) * block for j in range(fragments)]  # compute time at which fragment j's sync starts
 
@@ -74,11 +75,10 @@ def round_layout(names: Sequence[str], step_times: Sequence[float], inner_steps:
         return tuple((x + stall * sum(1 for bd in bounds if bd <= x + eps), y - x) for x, y in zip(cuts, cuts[1:]))
 
     steps = tuple(tuple(pieces(i * s, (i + 1) * s) for i in range(inner_steps)) for s in step_times)
-    starts = [b + j * stall for j, b in enumerate(bounds)]
-    syncs = tuple(SyncBlock(j, st, stall, sync_s / fragments - stall) for j, st in enumerate(starts))
-    carried = sync_s / fragments - stall if fragments > 1 else 0.0
+    starts = [b + j * stall for j, b in enumerate(bounds)]  # wall time at which fragment j's stall begins
+    syncs = tuple(SyncBlock(j, st - hidden, stall, hidden) for j, st in enumerate(starts))
     return RoundLayout(tuple(names), tuple(step_times), steps, tuple((st, stall) for st in starts if stall > 0),
-                       syncs, carried, fig.round_time_s, fig.exposed_sync_s)
+                       syncs, fig.round_time_s, fig.exposed_sync_s)
 
 
 def round_figure(layout: RoundLayout, title: str, sync_label: str) -> Any:
@@ -103,11 +103,9 @@ def round_figure(layout: RoundLayout, title: str, sync_label: str) -> Any:
         if layout.stalls:
             ax.broken_barh(list(layout.stalls), (y - 0.35, 0.7), facecolors="none", edgecolors=EXPOSED[1],
                            hatch="////", linewidth=0.6)
-    hidden = [(s.start + s.exposed_s, s.hidden_s) for s in layout.syncs if s.hidden_s > 0]
-    if layout.carried > 0:
-        hidden = [(0.0, layout.carried)] + [(a, min(w, end - a)) for a, w in hidden if a < end]
+    hidden = [(s.start, s.hidden_s) for s in layout.syncs if s.hidden_s > 0]
     ax.broken_barh(hidden, (-0.3, 0.6), facecolors=SYNC[1], alpha=0.45, edgecolors=SYNC[1], linewidth=1.0)
-    ax.broken_barh([(s.start, s.exposed_s) for s in layout.syncs if s.exposed_s > 0], (-0.3, 0.6),
+    ax.broken_barh([(s.start + s.hidden_s, s.exposed_s) for s in layout.syncs if s.exposed_s > 0], (-0.3, 0.6),
                    facecolors="white", edgecolors=EXPOSED[1], hatch="////", linewidth=0.8)
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{n}: {format_time(t)} per inner step" for n, t in zip(layout.names, layout.step_times)]
@@ -137,7 +135,8 @@ def write_round_gantt(layout: RoundLayout, path: str | Path, title: str, sync_la
         plt.close(fig)
 
 
-def sync_lane_label(wire: str, sync_bytes: float, sync_s: float, fragments: int) -> str:
-    """The sync lane's label: the wire format(s), bytes per island and seconds per round, fragments."""
+def sync_lane_label(wire: str, sync_bytes: float, sync_s: float, fragments: int, overlap: int = 0) -> str:
+    """The sync lane's label: the wire format(s), bytes per island and seconds per round, fragments, overlap."""
     return (f"outer sync ({wire}): {format_bytes(sync_bytes)} per island in {format_time(sync_s)}"
-            + (f", {fragments} fragments" if fragments > 1 else ""))
+            + (f", {fragments} fragments" if fragments > 1 else "")
+            + (f", overlapped with {overlap} inner step{'s' if overlap > 1 else ''}" if overlap else ""))

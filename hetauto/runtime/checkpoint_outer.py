@@ -7,8 +7,13 @@ What is saved, per island (each island checkpoints as an ordinary run does, into
   a tied table, which the outer optimizer steps once), each shaped and sharded like the parameter (a TP parameter's
   slice as a DTensor), so DCP writes each chunk once and reshards them by canonical names like the model; a
   fragment that has not synced yet has no momentum (torch's SGD makes it at its first step), and none is saved;
+- with a fragment's sync in flight (Streaming DiLoCo's overlap tau > 0: sent, not landed yet), its merged
+  pseudo-gradient as `outer.pending.<name>`, sharded likewise: the checkpoint waits for the exchange and merges it
+  (`IslandSync.settle`), and the resumed run lands it after the same step as the uninterrupted one, with the same
+  bits (the merge does not depend on when it is computed);
 - the manifest's `extra["island"]`: the island's name and index, the island plan's digest, H, F, the wire formats,
-  the outer rounds done and the streaming phase (the next step's position in a round). Which fragments sync when
+  the outer rounds done, the streaming phase (the next step's position in a round) and, with a sync in flight,
+  `pending`: its fragment and the step it lands after. Which fragments sync when
   is a function of the global step (hetauto.runtime.outer_sync.due_fragments), and a resumed run keeps global step
   numbers, so `next_step` fixes the phase.
 
@@ -31,12 +36,13 @@ if TYPE_CHECKING:
     from hetauto.core.islands import IslandPlan
     from hetauto.runtime.island_sync import IslandSync
 
-__all__ = ["OUTER_EXTRA", "GLOBAL_PREFIX", "MOMENTUM_PREFIX", "island_plan_digest", "outer_extra",
+__all__ = ["OUTER_EXTRA", "GLOBAL_PREFIX", "MOMENTUM_PREFIX", "PENDING_PREFIX", "island_plan_digest", "outer_extra",
            "outer_mismatch", "outer_tensors", "outer_targets", "adopt_outer", "saved_tensor_names"]
 
 OUTER_EXTRA = "island"  # the manifest extra's key holding the outer sync's record (absent: an ordinary run's)
 GLOBAL_PREFIX = "outer.global."
 MOMENTUM_PREFIX = "outer.momentum."
+PENDING_PREFIX = "outer.pending."  # the merged pseudo-gradient of a sync in flight at the checkpoint (tau > 0)
 
 
 def island_plan_digest(plan: IslandPlan) -> str:
@@ -58,7 +64,15 @@ def outer_extra(sync: IslandSync, next_step: int) -> dict[str, Any]:
             "plan_digest": island_plan_digest(sync.plan), "inner_steps": outer.inner_steps,
             "fragments": outer.fragments,
             "wire": [{"between": list(w.between), "format": w.format} for w in outer.wire],
-            "formats": list(sync.formats), "rounds": sync.outer.rounds, "phase": next_step % outer.inner_steps}
+            "formats": list(sync.formats), "rounds": sync.outer.rounds, "phase": next_step % outer.inner_steps,
+            **_pending_extra(sync)}
+
+
+def _pending_extra(sync: IslandSync) -> dict[str, Any]:
+    """A fragment whose sync is in flight (sent, not landed: tau > 0): which, and the step it lands after; absent
+    otherwise, so a blocking run's manifests are as before."""
+    fl = sync.inflight
+    return {} if fl is None else {"pending": {"fragment": fl.fragment, "land_step": fl.land_step}}
 
 
 def outer_mismatch(extra: Mapping[str, Any], plan: IslandPlan | None, index: int = 0) -> str | None:
@@ -93,13 +107,17 @@ def saved_tensor_names(path: str | Path) -> set[str]:
 def outer_tensors(sync: IslandSync) -> dict[str, torch.Tensor]:
     """What save_checkpoint writes beside the model: clones (the optimizer's state_dict hands out live tensors) of
     the global copy and the momentum, under every parameter name this rank holds, sharded like the parameter."""
+    sync.settle()  # a sync in flight: wait for it now and save its merged pseudo-gradients (collective per stage)
     state = sync.outer.state_dict()
+    pending = sync.inflight.merged if sync.inflight is not None else None
     out = {}
     for name, p in sync.params.items():
         key = sync.alias[name]
         out[GLOBAL_PREFIX + name] = _like(p, state["global"][key].detach().clone())
         if key in state["momentum"]:
             out[MOMENTUM_PREFIX + name] = _like(p, state["momentum"][key].detach().clone())
+        if pending is not None and key in pending:
+            out[PENDING_PREFIX + name] = _like(p, pending[key].detach().clone())
     return out
 
 
@@ -113,7 +131,7 @@ def outer_targets(sync: IslandSync, path: str | Path) -> dict[str, torch.Tensor]
     for name, p in sync.params.items():
         if sync.alias[name] != name:
             continue
-        for prefix in (GLOBAL_PREFIX, MOMENTUM_PREFIX):
+        for prefix in (GLOBAL_PREFIX, MOMENTUM_PREFIX, PENDING_PREFIX):
             if prefix == GLOBAL_PREFIX or prefix + name in saved:
                 out[prefix + name] = _like(p, torch.empty_like(_local(p), dtype=torch.float32))
     return out
@@ -121,12 +139,16 @@ def outer_targets(sync: IslandSync, path: str | Path) -> dict[str, torch.Tensor]
 
 def adopt_outer(sync: IslandSync, loaded: Mapping[str, torch.Tensor], extra: Mapping[str, Any]) -> None:
     """The outer optimizer takes the loaded global copy, momentum and round count."""
-    state: dict[str, Any] = {"global": {}, "momentum": {}, "rounds": int(extra[OUTER_EXTRA]["rounds"])}
+    record = extra[OUTER_EXTRA]
+    state: dict[str, Any] = {"global": {}, "momentum": {}, "pending": {}, "rounds": int(record["rounds"])}
     for key, t in loaded.items():
-        for prefix, part in ((GLOBAL_PREFIX, "global"), (MOMENTUM_PREFIX, "momentum")):
+        for prefix, part in ((GLOBAL_PREFIX, "global"), (MOMENTUM_PREFIX, "momentum"), (PENDING_PREFIX, "pending")):
             if key.startswith(prefix):
                 state[part][key[len(prefix):]] = _local(t)
     sync.outer.load_state_dict(state)
+    pending = record.get("pending")
+    if pending is not None:  # the sync in flight at the checkpoint lands where it would have
+        sync.adopt_pending(int(pending["fragment"]), int(pending["land_step"]), state["pending"])
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

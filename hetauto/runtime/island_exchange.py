@@ -28,7 +28,7 @@ from hetauto.core.islands import INT8_BLOCK
 from hetauto.runtime.links import EmulatedLink
 from hetauto.runtime.wire_codec import decode, encode, payload_bytes
 
-__all__ = ["pack", "unpack", "packed_bytes", "OuterGroup", "open_store"]
+__all__ = ["pack", "unpack", "packed_bytes", "OuterGroup", "PendingExchange", "Landed", "open_store"]
 
 _PARTS = {"fp32": (torch.float32,), "bf16": (torch.bfloat16,), "int8": (torch.int8, torch.float32)}
 
@@ -105,8 +105,11 @@ class OuterGroup:
         return cls(key, index, size, pg, timeout_s, links)
 
     def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor, what: str) -> None:
+        self._wait(self.pg.allgather([outs], [mine]), what)
+
+    def _wait(self, work: dist.Work, what: str) -> None:
         try:
-            self.pg.allgather([outs], [mine]).wait(datetime.timedelta(seconds=self.timeout_s))
+            work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
             raise CommunicationError(f"outer group {self.key}: {what} failed ({_first_line(exc)}); another island "
                                      f"died or stalled beyond {self.timeout_s:g}s") from None
@@ -114,22 +117,49 @@ class OuterGroup:
     def all_gather_bytes(self, mine: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
         """Every member's payload (member i's is `sizes[i]` bytes), padded to the largest on the wire. Emulating,
         the exchange lasts at least the slowest link's time for the bytes it carries."""
-        t0 = time.perf_counter()
+        return self.post_bytes(mine, sizes).wait().payloads
+
+    def post_bytes(self, mine: torch.Tensor, sizes: Sequence[int]) -> "PendingExchange":
+        """`all_gather_bytes` started without waiting (gloo's own thread carries it): the caller trains on and
+        waits later. Every member posts its groups' exchanges in the one global order, so none can deadlock."""
         width = max(sizes)
         buf = torch.zeros(width, dtype=torch.uint8)
         buf[:mine.numel()] = mine
         outs = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
-        self._all_gather(outs, buf, "the pseudo-gradient exchange")
-        self._emulate(sizes, time.perf_counter() - t0)
-        return [o[:n] for o, n in zip(outs, sizes)]
+        posted = time.perf_counter()
+        try:
+            work = self.pg.allgather([outs], [buf])
+        except RuntimeError as exc:
+            raise CommunicationError(f"outer group {self.key}: the pseudo-gradient exchange failed "
+                                     f"({_first_line(exc)})") from None
+        done: list[float] = []
+        work.get_future().add_done_callback(lambda _: done.append(time.perf_counter()))
+        return PendingExchange(self, work, outs, tuple(sizes), posted, done, buf)
 
     def _emulate(self, sizes: Sequence[int], elapsed: float) -> None:
-        """Sleep out what the WAN would have taken beyond the real exchange: each peer's payload and ours cross
-        its link at once (both directions), the slowest pair sets the end."""
-        want = max((link.transfer_time(max(sizes[self.index], sizes[j]))
-                    for j, link in enumerate(self.links) if link is not None and j != self.index), default=0.0)
+        """Sleep out what the WAN would have taken beyond the real exchange (`emulated_s`)."""
+        want = self.emulated_s(sizes)
         if want > elapsed:
             time.sleep(want - elapsed)
+
+    def emulated_s(self, sizes: Sequence[int]) -> float:
+        """The seconds the emulated WAN takes for an exchange: each peer's payload and ours cross its link at once
+        (both directions), the slowest pair sets the end (0 when not emulated)."""
+        return max((link.transfer_time(max(sizes[self.index], sizes[j]))
+                    for j, link in enumerate(self.links) if link is not None and j != self.index), default=0.0)
+
+    def warm_up(self, nbytes: int) -> None:
+        """One all-gather of `nbytes` per member at start: the group's connections are young, and TCP moves a young
+        connection's first large message from its initial window (10 segments, doubling each round trip), so
+        without it the first sync paid those rounds (measured on the netns benchmark, 100 Mbit/s and 40 ms round
+        trip: 290 ms for the first sync's 0.47 MB against ~100 ms for the later ones). Under BBR, as on the hosts
+        measured, the window stays open after idle; under cubic with net.ipv4.tcp_slow_start_after_idle=1 every
+        sync after a round's idle restarts from the initial window anyway (the planner's link model prices that
+        where the link has a `window:`)."""
+        if nbytes <= 0:
+            return
+        outs = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(self.size)]
+        self._all_gather(outs, torch.zeros(nbytes, dtype=torch.uint8), "the connection warm-up")
 
     def check_same(self, signature: str, names: Sequence[str]) -> None:
         """Every member holds the same tensors for the group (names and shapes): one tiny all-gather at start, so
@@ -142,3 +172,38 @@ class OuterGroup:
             raise PlanMismatch(f"outer group {self.key}: island {odd[0]} holds other parameters than island "
                                f"{self.index} for the same slots ({len(names)} here: {', '.join(names[:3])}...); "
                                "every island must train the same model")
+
+
+@dataclass
+class Landed:
+    """A finished exchange: every member's payload, when it finished (perf_counter) and how long the caller was
+    blocked waiting for it."""
+
+    payloads: list[torch.Tensor]
+    finished: float
+    waited_s: float
+
+
+@dataclass
+class PendingExchange:
+    """An all-gather in flight (`OuterGroup.post_bytes`); `wait()` once."""
+
+    group: OuterGroup
+    work: dist.Work
+    outs: list[torch.Tensor]
+    sizes: tuple[int, ...]
+    posted: float
+    done: list[float]  # the completion time, appended by gloo's thread when the work finishes
+    sent: torch.Tensor  # our padded payload: alive until the work is done
+
+    def wait(self) -> Landed:
+        """The payloads; blocks until the exchange is done (emulating, until the WAN's time for it has passed
+        since it was posted). `finished`: when it was done, the moment it was waited for if it was not yet."""
+        t0 = time.perf_counter()
+        was_done = bool(self.done)
+        self.group._wait(self.work, "the pseudo-gradient exchange")  # at once when done; raises a failure
+        finished = self.done[0] if was_done else time.perf_counter()
+        end = self.posted + self.group.emulated_s(self.sizes)
+        if end > time.perf_counter():
+            time.sleep(end - time.perf_counter())
+        return Landed([o[:n] for o, n in zip(self.outs, self.sizes)], max(finished, end), time.perf_counter() - t0)

@@ -6,7 +6,11 @@ weight decay; the loss normaliser of the island's own batch), on its rows of eac
 After each inner step s, every fragment due (`due_fragments(s, H, F)`) takes one outer step: each island's
 pseudo-gradient round-tripped through its wire format (`contribution_format`: what the other islands decode),
 merged in island order with the token weights (`merge`), and the same `OuterOptimizer.step` in every island, so
-every island continues from the same parameters bit for bit.
+every island continues from the same parameters bit for bit. With an overlap tau (`outer.overlap_steps`,
+Streaming DiLoCo; torchft's `fragment_sync_delay`) the pseudo-gradient is the one taken after step s - tau
+(`sending_fragments`), while the exchange is in flight, and the outer step still lands after step s: the
+fragment then becomes the new global values (or `lerp(global, local, alpha)`, `outer.update_alpha`), dropping
+the local progress of the tau steps in between, as torchft does.
 
 Fragments are sets of layer slots (`fragment_slots`); a parameter `layers.<slot>.<...>` belongs to its slot's
 fragment. A tied embedding/head is ONE parameter here, `layers.0.tok.weight` (the whole model's head uses the same
@@ -26,11 +30,12 @@ from hetauto.core.islands import IslandPlan
 from hetauto.core.model import ModelConfig
 from hetauto.core.run_config import RunConfig
 from hetauto.runtime.batches import BatchSource, IslandBatches
-from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge
+from hetauto.runtime.outer_sync import OuterOptimizer, fragment_slots, merge, sending_fragments
 from hetauto.runtime.reference import ReferenceTrainer
 from hetauto.runtime.wire_codec import contribution_format, round_trip
 
-__all__ = ["IslandReference", "reference_islands", "island_trainer", "outer_step", "fragment_names", "slot_of"]
+__all__ = ["IslandReference", "reference_islands", "island_trainer", "outer_step", "merged_pseudo_gradient",
+           "fragment_names", "slot_of"]
 
 
 @dataclass(frozen=True)
@@ -65,25 +70,38 @@ def reference_islands(plan: IslandPlan, cfg: ModelConfig, run: RunConfig, *,
     formats = [contribution_format(plan, isl.name) for isl in plan.islands]
     weights = plan.token_weights()
     losses: list[list[float]] = [[] for _ in trainers]
+    outer = plan.outer
+    pending: dict[int, list[Mapping[str, torch.Tensor]]] = {}  # the step an outer step lands after -> its merges
     for step in range(run.training.steps):
         for mine, trainer in zip(losses, trainers):
             mine.append(trainer.train_step(step))
-        for f in due_fragments(step, plan.outer.inner_steps, plan.outer.fragments):
-            outer_step(outers, groups[f], formats, weights)
+        for f in sending_fragments(step, outer.inner_steps, outer.fragments, outer.overlap_steps):
+            pending.setdefault(step + outer.overlap_steps, []).append(merged_pseudo_gradient(outers, groups[f],
+                                                                                             formats, weights))
+        for merged in pending.pop(step, []):
+            for o in outers:
+                o.step(merged, outer.update_alpha)
     params = tuple({n: p.detach().clone() for n, p in t.model.named_parameters(remove_duplicate=False)}
                    for t in trainers)
     return IslandReference(tuple(tuple(x) for x in losses), params, outers[0].rounds)
 
 
-def outer_step(outers: Sequence[OuterOptimizer], names: Sequence[str], formats: Sequence[str],
-               weights: Sequence[float]) -> Mapping[str, torch.Tensor]:
-    """One outer step of the parameters `names` in every island: the merged pseudo-gradient (returned) of the
-    islands' contributions as the wire delivers them."""
+def merged_pseudo_gradient(outers: Sequence[OuterOptimizer], names: Sequence[str], formats: Sequence[str],
+                           weights: Sequence[float]) -> Mapping[str, torch.Tensor]:
+    """The merged pseudo-gradient of the parameters `names`: the islands' contributions now, as the wire delivers
+    them, merged in island order."""
     contributions = [{n: round_trip(g, fmt) for n, g in o.pseudo_gradient(names).items()}
                      for o, fmt in zip(outers, formats)]
-    merged = {n: merge([c[n] for c in contributions], weights) for n in names}
+    return {n: merge([c[n] for c in contributions], weights) for n in names}
+
+
+def outer_step(outers: Sequence[OuterOptimizer], names: Sequence[str], formats: Sequence[str],
+               weights: Sequence[float], alpha: float = 0.0) -> Mapping[str, torch.Tensor]:
+    """One blocking outer step of the parameters `names` in every island: the merged pseudo-gradient (returned)
+    of the islands' contributions as the wire delivers them."""
+    merged = merged_pseudo_gradient(outers, names, formats, weights)
     for o in outers:
-        o.step(merged)
+        o.step(merged, alpha)
     return merged
 
 

@@ -12,10 +12,20 @@ rank steps its own slice with the outer optimizer. Every island then holds the s
 Why on every rank, not only on holders: the outer optimizer's global copy and momentum live beside each rank's own
 shard (hetauto.runtime.outer_sync), so no rank ever needs the whole model, and DP replicas stay identical.
 
-Records: each holder reports one row per (step, fragment) it synced (`RankReport.outer_syncs`): its payload bytes
-times its peers, the wall seconds of the whole sync (pseudo-gradients, exchange, merge, stage broadcast, outer step;
-waiting for a slower island included) and `exposed_s` (the same: the sync is synchronous for now). Emulating
-in-process, each exchange lasts at least the cluster file's link time for its bytes (island_exchange).
+Overlap (Streaming DiLoCo's tau, `outer.overlap_steps`; torchft's `fragment_sync_delay`): the pseudo-gradients
+are taken and the holders' exchanges posted after step s - tau (gloo runs them on its own threads; each holder
+posts its groups in the global order), inner steps go on, and after step s the rank waits for them, merges,
+broadcasts and lands the outer step (`settle`, `_land`): the fragment becomes the new global values (or
+lerp(global, local, alpha)), dropping the local progress of the tau steps, as torchft does. One fragment is in
+flight at a time (tau < H // F). tau = 0 is the blocking sync of before, step for step.
+
+Records: each holder reports one row per (step, fragment) it synced (`RankReport.outer_syncs`; `step`: the step
+its outer step landed after): its payload bytes times its peers, `sync_s` the seconds of the whole sync
+(pseudo-gradients, encode, the exchange until it finished, decode, merge, stage broadcast, outer step; waiting for a
+slower island included) and `exposed_s` the seconds training stood still for it: the same wall time with tau = 0;
+with tau > 0 this rank's own work for the sync plus the time it actually waited for the exchange after step s.
+`phases` says where the sync's seconds went (`InFlight.phases`). Emulating in-process, each exchange lasts at
+least the cluster file's link time for its bytes (island_exchange).
 Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), non-fp32 master weights.
 Checkpoints hold the outer optimizer's state (hetauto.runtime.checkpoint_outer, which reads `params`, `alias`,
 `outer` and `formats` here), so a resumed island run continues exactly.
@@ -34,10 +44,11 @@ from hetauto.core.islands import IslandPlan
 from hetauto.core.run_config import RunConfig
 from hetauto.core.transport import HOST_COLLECTIVE
 from hetauto.runtime.island_exchange import OuterGroup, open_store, pack, packed_bytes, unpack
+from hetauto.runtime.island_inflight import InFlight, InFlightPart
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
 from hetauto.runtime.layout import placement
 from hetauto.runtime.links import EmulatedLink
-from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge
+from hetauto.runtime.outer_sync import OuterOptimizer, fragment_slots, merge, sending_fragments
 from hetauto.runtime.wire_codec import contribution_format
 
 if TYPE_CHECKING:
@@ -84,6 +95,7 @@ class IslandSync:
         self.weights = self.plan.token_weights()
         self.formats = [contribution_format(self.plan, isl.name) for isl in self.plan.islands]
         self.records: list[dict[str, Any]] = []
+        self.inflight: InFlight | None = None  # the fragment sent and not landed yet (tau > 0, or a resume)
         self.stage_comm = self._stage_groups(ex)
         self._store, self._outer = None, {}
         if self.is_holder:
@@ -115,7 +127,14 @@ class IslandSync:
             group = OuterGroup.join(self._store, g.key, self.index, len(self.plan.islands), timeout, links)
             sig = ";".join(f"{n}:{tuple(self.params[n].shape)}" for n in names)
             group.check_same(sig, names)
+            group.warm_up(self._widest_payload(g))
             self._outer[g.key] = group
+
+    def _widest_payload(self, g: HolderGroup) -> int:
+        """Bytes of the largest payload `g` will carry (its largest bucket of any fragment, widest format)."""
+        buckets = [b for f in range(len(self.fragments)) for b in self._buckets(self._due_names(g, f))]
+        return max((packed_bytes([self.params[n] for n in b], fmt) for b in buckets for fmt in self.formats),
+                   default=0)
 
     def _emulated_cluster(self, ex: "StageExecutor") -> Any:
         """Emulating in-process: the cluster file whose links stand for the WAN between the islands. Else None."""
@@ -164,46 +183,108 @@ class IslandSync:
 
     # ------------------------------------------------------------------ the hook
     def after_step(self, step: int) -> None:
-        """The outer step of every fragment due after inner step `step` (0-based, global numbering)."""
-        for f in due_fragments(step, self.outer_cfg.inner_steps, self.outer_cfg.fragments):
-            t0 = time.perf_counter()
-            sent, merged = 0, {}
-            for g in self.groups:
-                for names in self._buckets(self._due_names(g, f)):
-                    got, nbytes = self._sync_group(g, names)
-                    merged.update({self.alias[n]: v for n, v in got.items()})  # one tensor's two names: equal
-                    sent += nbytes
-            self.outer.step(merged)
-            wall = time.perf_counter() - t0
-            if self.is_holder:
-                peers = [isl.name for i, isl in enumerate(self.plan.islands) if i != self.index]
-                self.records.append({"step": step, "fragment": f, "bytes": sent, "sync_s": wall, "exposed_s": wall,
-                                     "peers": peers})
+        """After inner step `step` (0-based, global numbering): send the fragments whose outer step lands
+        `overlap_steps` (tau) steps later (`sending_fragments`), then land the one in flight if its step has
+        come. tau = 0: both at once, the blocking sync."""
+        t0 = time.perf_counter()
+        cfg = self.outer_cfg
+        for f in sending_fragments(step, cfg.inner_steps, cfg.fragments, cfg.overlap_steps):
+            self._send(step, f)
+        if self.inflight is not None and self.inflight.land_step == step:
+            self._land(t0 if cfg.overlap_steps == 0 else None)
 
-    def _sync_group(self, g: HolderGroup, names: list[str]) -> tuple[dict[str, torch.Tensor], int]:
-        """One group's part of a fragment: this rank's slices of the merged pseudo-gradients, and the bytes this
-        rank sent (holders only)."""
+    def _send(self, step: int, fragment: int) -> None:
+        """Every dp-0 rank: the fragment's pseudo-gradients now (TP shards gathered); holders post their exchange
+        without waiting. One fragment is in flight at a time (OuterSync: tau < H // F). With tau = 0 each bucket
+        settles before the next is sent, so a sync holds one bucket's transients at a time, as before."""
+        assert self.inflight is None, "a fragment's sync is still in flight"
+        fl = self.inflight = InFlight(fragment, step + self.outer_cfg.overlap_steps, [], 0, 0.0, 0.0)
+        t0 = time.perf_counter()
+        for g in self.groups:
+            for names in self._buckets(self._due_names(g, fragment)):
+                part = self._post(g, names, fl)
+                if self.outer_cfg.overlap_steps == 0:
+                    self._settle_part(fl, part)
+        fl.send_end = time.perf_counter()
+        fl.send_s = fl.send_end - t0 - fl.settle_s - fl.wait_s
+
+    def _post(self, g: HolderGroup, names: list[str], fl: InFlight) -> InFlightPart:
+        """One bucket of `g`: its pseudo-gradients (dp-0 ranks) and, on the holder, its exchange posted."""
         full = self._full_pseudo_gradients(names) if self.me.dp_index == 0 else None
-        merged, sent = None, 0
+        part = InFlightPart(names, None, ())
         if self.is_holder:
             assert full is not None
-            merged, sent = self._exchange(g, full)
-        merged = self._broadcast(names, merged)
-        return {n: _slice_like(self.params[n], m) for n, m in zip(names, merged)}, sent
+            group = self._outer[g.key]
+            sizes = [packed_bytes(full, fmt) for fmt in self.formats]
+            part.exchange = group.post_bytes(pack(full, self.formats[self.index]), sizes)
+            part.likes = tuple(torch.empty(t.shape, device="meta") for t in full)  # shapes for unpack
+            fl.posted = part.exchange.posted if fl.posted is None else fl.posted
+            fl.sent_bytes += sizes[self.index] * (group.size - 1)
+        fl.parts.append(part)
+        return part
+
+    def settle(self) -> None:
+        """Wait for the fragment in flight (holders), merge and broadcast it inside the stage: every rank then
+        holds its slices of the merged pseudo-gradients (`inflight.merged`), ready to land. Collective over the
+        stage; a checkpoint taken while a sync is in flight settles it to save the merged gradients."""
+        fl = self.inflight
+        if fl is None or fl.merged is not None:
+            return
+        for part in fl.parts:
+            if not part.settled:
+                self._settle_part(fl, part)
+        fl.merged = fl.slices
+
+    def _settle_part(self, fl: InFlight, part: InFlightPart) -> None:
+        """One bucket: the holder waits for its exchange, decodes and merges every island's payload; the stage
+        broadcast; this rank's slices into `fl.slices`."""
+        t0, waited, full = time.perf_counter(), 0.0, None
+        if part.exchange is not None:
+            landed = part.exchange.wait()
+            waited = landed.waited_s
+            fl.finished = max(fl.finished, landed.finished)
+            decoded = [unpack(p, fmt, part.likes) for p, fmt in zip(landed.payloads, self.formats)]
+            full = [merge([d[k] for d in decoded], self.weights) for k in range(len(part.likes))]
+            part.exchange = None  # its payloads are merged: free them
+        got = self._broadcast(part.names, full)
+        fl.slices.update({self.alias[n]: _slice_like(self.params[n], m) for n, m in zip(part.names, got)})
+        part.settled = True
+        fl.wait_s += waited
+        fl.settle_s += time.perf_counter() - t0 - waited
+
+    def _land(self, blocking_since: float | None) -> None:
+        """The outer step of the fragment in flight on this rank's slices, and the holder's record of it: sync_s
+        the whole sync, exposed_s the part training stood still for (with tau = 0 both the wall time since
+        `blocking_since`)."""
+        self.settle()
+        fl = self.inflight
+        assert fl is not None and fl.merged is not None
+        t0 = time.perf_counter()
+        self.outer.step(fl.merged, self.outer_cfg.update_alpha)
+        self.inflight = None
+        end = time.perf_counter()
+        if not self.is_holder:
+            return
+        if blocking_since is not None:
+            sync_s = exposed_s = end - blocking_since
+        else:
+            own = fl.send_s + fl.settle_s + (end - t0)  # the rank's own work for the sync: never hidden
+            sync_s, exposed_s = own + max(fl.wait_s, fl.finished - fl.send_end), own + fl.wait_s
+        peers = [isl.name for i, isl in enumerate(self.plan.islands) if i != self.index]
+        self.records.append({"step": fl.land_step, "fragment": fl.fragment, "bytes": fl.sent_bytes,
+                             "sync_s": sync_s, "exposed_s": exposed_s, "peers": peers,
+                             "phases": fl.phases(end - t0)})
+
+    def adopt_pending(self, fragment: int, land_step: int, merged: dict[str, torch.Tensor]) -> None:
+        """A resumed run: the fragment whose merged pseudo-gradients (this rank's slices, by the names the outer
+        optimizer steps) a checkpoint saved while its sync was in flight; it lands after `land_step`."""
+        self.inflight = InFlight(fragment, land_step, [], 0, 0.0, time.perf_counter(), merged=dict(merged))
+        self.inflight.slices = self.inflight.merged
 
     def _full_pseudo_gradients(self, names: list[str]) -> list[torch.Tensor]:
         """θ - local of `names`, whole tensors on the host (TP shards all-gathered over the stage's TP ranks)."""
         local = self.outer.pseudo_gradient(sorted({self.alias[n] for n in names}))
         return [_full(self.params[n], local[self.alias[n]]).cpu() for n in names]
-
-    def _exchange(self, g: HolderGroup, full: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
-        """Encode ours, all-gather every island's payload, decode each with its sender's format, merge."""
-        group = self._outer[g.key]
-        sizes = [packed_bytes(full, fmt) for fmt in self.formats]
-        payloads = group.all_gather_bytes(pack(full, self.formats[self.index]), sizes)
-        decoded = [unpack(p, fmt, full) for p, fmt in zip(payloads, self.formats)]
-        merged = [merge([d[k] for d in decoded], self.weights) for k in range(len(full))]
-        return merged, sizes[self.index] * (group.size - 1)
 
     def _broadcast(self, names: list[str], merged: list[torch.Tensor] | None) -> list[torch.Tensor]:
         """The holder's merged full tensors to every rank of the stage, as one flat fp32 buffer."""
@@ -223,8 +304,14 @@ class IslandSync:
         return out
 
     def close(self) -> None:
-        """Holders sign off in the outer store; island 0's rank 0, which serves it, waits for every holder so that
-        no island loses the store while it still needs it."""
+        """Holders finish an exchange still in flight when training ended (it never lands: the run's parameters
+        are its last step's; the last checkpoint holds it if one was taken) and sign off in the outer store;
+        island 0's rank 0, which serves it, waits for every holder so that no island loses the store while it
+        still needs it."""
+        if self.inflight is not None and self.inflight.merged is None:
+            for part in self.inflight.parts:
+                if part.exchange is not None:
+                    part.exchange.wait()
         if self._store is None:
             return
         self._store.add("outer/done", 1)

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-__all__ = ["OuterOptimizer", "merge", "fragment_slots", "due_fragments", "fragment_of"]
+__all__ = ["OuterOptimizer", "merge", "fragment_slots", "due_fragments", "sending_fragments", "fragment_of"]
 
 
 class OuterOptimizer:
@@ -36,9 +36,10 @@ class OuterOptimizer:
         """θ - local for `names` (fp32): what this island's inner steps moved since the last sync."""
         return {n: self.global_params[n] - self.params[n].detach().float() for n in names}
 
-    def step(self, merged: Mapping[str, torch.Tensor]) -> None:
+    def step(self, merged: Mapping[str, torch.Tensor], alpha: float = 0.0) -> None:
         """One outer step on the parameters named in `merged` (the others, other fragments, keep their θ and
-        momentum), then the local tensors take the new θ."""
+        momentum), then the local tensors take the new θ, or with `alpha` > 0 `lerp(θ, local, alpha)` (torchft's
+        `_merge_parameters`: the same torch op on the same values, so the same bits)."""
         for theta in self.global_params.values():
             theta.grad = None
         for name, grad in merged.items():
@@ -48,7 +49,10 @@ class OuterOptimizer:
             for name in merged:
                 theta = self.global_params[name]
                 theta.grad = None
+                local = self.params[name].detach().clone() if alpha else None
                 self.params[name].copy_(theta.to(self.params[name].dtype))
+                if local is not None:
+                    self.params[name].lerp_(local, alpha)
         self.rounds += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -102,3 +106,10 @@ def due_fragments(step: int, inner_steps: int, fragments: int) -> tuple[int, ...
     ((f + 1) * H) // F, so the F syncs of a round are spread over it (F = 1: after every H-th step)."""
     due = (step + 1) % inner_steps
     return tuple(f for f in range(fragments) if ((f + 1) * inner_steps // fragments) % inner_steps == due)
+
+
+def sending_fragments(step: int, inner_steps: int, fragments: int, overlap: int) -> tuple[int, ...]:
+    """The fragments whose pseudo-gradient is taken and sent after inner step `step` when their outer step lands
+    `overlap` (tau) steps later, after step `step + overlap` (`due_fragments`): torchft's `fragment_sync_delay`
+    schedule (prepare_sync tau steps before perform_sync). overlap 0: the due fragments themselves."""
+    return due_fragments(step + overlap, inner_steps, fragments)
