@@ -169,11 +169,15 @@ def test_rounds_come_from_the_holders_rows() -> None:
     def row(step: int, fragment: int, sync: float, exposed: float) -> dict:
         return {"step": step, "fragment": fragment, "bytes": 100, "sync_s": sync, "exposed_s": exposed, "peers": 1}
 
-    fast = [{"rank": 0, "outer_syncs": [row(1, 0, 0.2, 0.1), row(3, 1, 0.1, 0.0)]}]
-    slow = [{"rank": 0, "outer_syncs": [row(1, 0, 0.3, 0.0), row(3, 1, 0.1, 0.05)]}]
+    # an island is as exposed as its longest holder; a sync costs the round what the last island to arrive paid
+    # (the least exposed island: the early one's wait for it is already in H x the slowest step)
+    fast = [{"rank": 0, "outer_syncs": [row(1, 0, 0.2, 0.15), row(3, 1, 0.1, 0.08)]},
+            {"rank": 1, "outer_syncs": [row(1, 0, 0.2, 0.25)]}]
+    slow = [{"rank": 0, "outer_syncs": [row(1, 0, 0.3, 0.1), row(3, 1, 0.1, 0.05)]}]
     got = rounds_summary(plan, [fast, slow], step_s=0.5)
     assert got["rounds"] == 1 and [(s["step"], s["fragment"], s["bytes"], s["holders"]) for s in got["syncs"]] == [
-        (1, 0, 200, 2), (3, 1, 200, 2)]
+        (1, 0, 300, 3), (3, 1, 200, 2)]
+    assert [s["exposed_s"] for s in got["syncs"]] == [0.1, 0.05]
     assert got["syncs"][0]["sync_s"] == 0.3 and got["measured_round_s"] == pytest.approx(4 * 0.5 + 0.1 + 0.05)
     assert rounds_summary(plan, [[{"rank": 0}], [{"rank": 0}]], 0.5)["rounds"] == 0  # no sync was due
 

@@ -132,7 +132,13 @@ def test_evaluate_prices_an_island_plan(tmp_path: Path, capsys: pytest.CaptureFi
     assert [i["global_batch"] for i in doc["islands"]] == [96, 64]
     assert main(["evaluate", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "H=50" in out and "efficiency" in out and "outer sync" in out
+    assert "H=50" in out and "efficiency" in out and "outer sync" in out and "overlap" not in out
+    _two_islands(fragments=2, overlap=1).save(path)
+    assert main(["evaluate", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["fragments"], doc["overlap_steps"], doc["update_alpha"]) == (2, 1, 0.0)
+    assert main(["evaluate", str(path)]) == 0
+    assert "H=50 inner steps per round, 2 fragments, overlap tau=1, outer" in capsys.readouterr().out
 
 
 def test_speed_proportional_split_gives_the_faster_island_more() -> None:

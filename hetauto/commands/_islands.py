@@ -29,6 +29,7 @@ def islands_document(plan: IslandPlan, pred: IslandPrediction,
                          "token_weight": w, "inner_step_time_s": t}
                         for i, w, t in zip(plan.islands, plan.token_weights(), times)],
             "inner_steps": plan.outer.inner_steps, "fragments": plan.outer.fragments,
+            "overlap_steps": plan.outer.overlap_steps, "update_alpha": plan.outer.update_alpha,
             "outer_optimizer": plan.outer.optimizer.model_dump(mode="json"),
             "wire": [w.model_dump(mode="json") for w in plan.outer.wire],
             "round_time_s": pred.round_time_s, "inner_step_time_s": pred.inner_step_time_s,
@@ -50,7 +51,7 @@ def print_islands(plan: IslandPlan, pred: IslandPrediction, step_times: Sequence
     wire = ", ".join(f"{'-'.join(w.between)} {w.format}" for w in plan.outer.wire)
     o = plan.outer
     print_table(f"islands: {len(plan.islands)}, H={o.inner_steps} inner steps per round, {o.fragments} fragment"
-                f"{'s' if o.fragments > 1 else ''}, outer {o.optimizer.name} lr {o.optimizer.lr:g} momentum "
+                f"{'s' if o.fragments > 1 else ''}{_overlap(o)}, outer {o.optimizer.name} lr {o.optimizer.lr:g} momentum "
                 f"{o.optimizer.momentum:g}, wire {wire}",
                 ["island", "clusters", "stages", "devices", "batch (token share)", "microbatch", "schedule",
                  "inner step"] + (["bubble"] if bubbles is not None else []),
@@ -148,3 +149,10 @@ def print_island_evaluation(doc: dict[str, Any], plan_path: str) -> None:
     ip = IslandPlan.load(plan_path)
     pred = IslandPrediction(**{k: doc[k] for k in IslandPrediction.model_fields if k in doc})
     print_islands(ip, pred, doc["island_step_times_s"])
+
+
+def _overlap(o: Any) -> str:
+    """`, overlap tau=1` (and alpha where set): each fragment's sync sent tau steps before it lands; empty for 0."""
+    if not o.overlap_steps:
+        return ""
+    return f", overlap tau={o.overlap_steps}" + (f" alpha={o.update_alpha:g}" if o.update_alpha else "")

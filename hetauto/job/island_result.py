@@ -81,12 +81,17 @@ def _holder_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def rounds_summary(plan: IslandPlan, reports: Sequence[list[dict[str, Any]]], step_s: float) -> dict[str, Any]:
     """The outer rounds as the holders measured them: one row per sync (step, fragment) over every island's
-    holders (`bytes` summed, `sync_s`, `exposed_s` the longest, `holders` counted), `rounds` the complete rounds
-    (F syncs each), the measured round time (H x the slowest island's steady step + a round's exposed sync: the
-    planner's formula, with measured terms) next to the plan's prediction."""
+    holders (`bytes` summed, `sync_s` the longest, `holders` counted), `rounds` the complete rounds (F syncs
+    each), the measured round time (H x the slowest island's steady step + a round's exposed sync: the planner's
+    formula, with measured terms) next to the plan's prediction.
+
+    A sync's `exposed_s` is what the round paid for it: the island that arrived last (the least exposed island,
+    each island's exposure its longest holder's). An island that arrived early waited for the others too, and
+    that wait is already in H x the slowest step: counting it again made the measured round too long."""
     predicted = plan.prediction.round_time_s if plan.prediction is not None else None
     by_sync: dict[tuple[int, int], dict[str, Any]] = {}
-    for mine in reports:
+    exposed: dict[tuple[int, int], dict[int, float]] = {}
+    for index, mine in enumerate(reports):
         for rep in mine:
             for row in rep.get("outer_syncs") or []:
                 key = (int(row["step"]), int(row.get("fragment", 0)))
@@ -94,8 +99,11 @@ def rounds_summary(plan: IslandPlan, reports: Sequence[list[dict[str, Any]]], st
                                                "exposed_s": 0.0, "holders": 0})
                 got["bytes"] += int(row.get("bytes", 0))
                 got["sync_s"] = max(got["sync_s"], float(row.get("sync_s", 0.0)))
-                got["exposed_s"] = max(got["exposed_s"], float(row.get("exposed_s", 0.0)))
                 got["holders"] += 1
+                per_island = exposed.setdefault(key, {})
+                per_island[index] = max(per_island.get(index, 0.0), float(row.get("exposed_s", 0.0)))
+    for key, got in by_sync.items():
+        got["exposed_s"] = min(exposed[key].values())
     syncs = [by_sync[k] for k in sorted(by_sync)]
     rounds = len(syncs) // plan.outer.fragments
     measured = (plan.outer.inner_steps * step_s + sum(s["exposed_s"] for s in syncs) / rounds) if rounds else None
