@@ -134,7 +134,7 @@ class RankReport:
     optimizer_state_bytes: int = 0
     # island runs (hetauto.runtime.island_sync), holders only: one row per outer sync this rank took part in,
     # {"step", "fragment", "bytes" (this holder's payload times its peers), "sync_s", "exposed_s", "peers",
-    # "phases" (send_s, exchange_s, wait_s, merge_s, step_s, posted_at: hetauto.runtime.island_inflight.InFlight.phases)}
+    # "phases" (send_s, exchange_s, wait_s, merge_s, step_s, posted_at: island_inflight.InFlight.phases)}
     outer_syncs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
