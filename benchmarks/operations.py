@@ -16,7 +16,7 @@
    own cost per step (a step line posted and a heartbeat counted per step) on two stores, one with a token and one
    without, and the connect with its challenge.
 3. RSS (`rss`): a 1-rank tiny-gpt `hetauto run` of many steps, the rank's RSS sampled twice a second; growth per
-   step is the slope of RSS over time past the first fifth (warm-up), times the mean step time.
+   step is the least-squares slope of RSS over the steps done (`--log-jsonl`), past the first fifth (warm-up).
 
     python benchmarks/operations.py [--full] [--json] [--only attacks|auth|rss]
 
@@ -406,11 +406,11 @@ def _plane_cost(messages: int) -> dict[str, Any]:
 
 # --- RSS growth per step
 def rss_growth(steps: int) -> dict[str, Any]:
-    """A 1-rank tiny-gpt run of `steps` steps; its rank's RSS sampled twice a second."""
+    """A 1-rank tiny-gpt run of `steps` steps; its rank's RSS sampled twice a second with the steps done so far."""
     from hetauto.core.plan import Plan, StagePlan
 
     with tempfile.TemporaryDirectory() as tmp:
-        plan = Path(tmp) / "plan.json"
+        plan, log = Path(tmp) / "plan.json", Path(tmp) / "steps.jsonl"
         Plan(model="tiny-gpt", cluster="cpu-demo", seq_len=16, global_batch=4, microbatch_size=2,
              num_microbatches=2, stages=(StagePlan(cluster="fast", device_type="cpu", devices=(0,), layers=(0, 6),
                                                    tp=1, dp=1),)).save(plan)
@@ -418,40 +418,43 @@ def rss_growth(steps: int) -> dict[str, Any]:
         env = {**os.environ, MARK_ENV: mark, "PYTHONPATH": str(ROOT)}
         with open(Path(tmp) / "out.json", "w+") as out_file, open(Path(tmp) / "err.txt", "w+") as err_file:
             proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(plan), "--steps", str(steps),
-                                     "--json", "--no-reference", "--timeout", "30"], cwd=tmp, env=env,
-                                    stdout=out_file, stderr=err_file, text=True)  # files: a full pipe would block it
-            samples = _sample_rank_rss(proc, mark)
+                                     "--json", "--no-reference", "--timeout", "30", "--log-jsonl", str(log)],
+                                    cwd=tmp, env=env, stdout=out_file, stderr=err_file,
+                                    text=True)  # files: a full pipe would block it
+            samples = _sample_rank_rss(proc, mark, log)
             out_file.seek(0)
             err_file.seek(0)
             out, err = out_file.read(), err_file.read()
     if proc.returncode != 0:
         return {"error": err.strip().splitlines()[-1:] or ["no output"]}
     step_s = statistics.fmean(json.loads(out)["step_s"])
-    return {"steps": steps, "mean_step_s": step_s, **slope_per_step(samples, step_s)}
+    return {"steps": steps, "mean_step_s": step_s, **slope_per_step(samples, steps)}
 
 
-def _sample_rank_rss(proc: subprocess.Popen, mark: str) -> list[tuple[float, int]]:
-    """(seconds, RSS KiB) of the job's rank twice a second until `proc` ends."""
-    samples: list[tuple[float, int]] = []
-    started = time.monotonic()
+def _sample_rank_rss(proc: subprocess.Popen, mark: str, log: Path) -> list[tuple[int, int]]:
+    """(steps done, RSS KiB) of the job's rank twice a second until `proc` ends."""
+    samples: list[tuple[int, int]] = []
     while proc.poll() is None:
+        done = _read(str(log)).count("\n")
         for pid in _marked(mark):
             if "hetauto.runtime.worker" in _read(f"/proc/{pid}/cmdline"):
-                samples.append((time.monotonic() - started, _rss_kib(pid)))
+                samples.append((done, _rss_kib(pid)))
         time.sleep(0.5)
     return samples
 
 
-def slope_per_step(samples: list[tuple[float, int]], step_s: float) -> dict[str, Any]:
-    """Least-squares slope of RSS (KiB) over time past the first fifth, in KiB per step; first and last RSS."""
-    if len(samples) < 5:
+def slope_per_step(samples: list[tuple[int, int]], steps: int) -> dict[str, Any]:
+    """Least-squares slope of RSS (KiB) over the steps done, from the first fifth of the steps (warm-up) to the
+    last; the first and last RSS of that span."""
+    kept = [(n, r) for n, r in samples if steps // 5 <= n < steps]
+    if len(kept) < 5:
         return {"kib_per_step": None, "samples": len(samples)}
-    kept = samples[len(samples) // 5:]
-    ts, rs = [t for t, _ in kept], [r for _, r in kept]
-    mt, mr = statistics.fmean(ts), statistics.fmean(rs)
-    var = sum((t - mt) ** 2 for t in ts)
-    slope = sum((t - mt) * (r - mr) for t, r in zip(ts, rs)) / var if var else 0.0
-    return {"kib_per_step": slope * step_s, "rss_kib_first_last": [kept[0][1], kept[-1][1]], "samples": len(samples)}
+    ns, rs = [n for n, _ in kept], [r for _, r in kept]
+    mn, mr = statistics.fmean(ns), statistics.fmean(rs)
+    var = sum((n - mn) ** 2 for n in ns)
+    slope = sum((n - mn) * (r - mr) for n, r in zip(ns, rs)) / var if var else 0.0
+    return {"kib_per_step": slope, "rss_kib_first_last": [kept[0][1], kept[-1][1]], "steps_first_last":
+            [kept[0][0], kept[-1][0]], "samples": len(kept)}
 
 
 # --- report
@@ -482,9 +485,10 @@ def format_report(doc: dict[str, Any]) -> str:
         if "error" in rss:
             lines.append(f"RSS: the run failed: {rss['error']}")
         else:
+            first, last = rss["rss_kib_first_last"]
             lines.append(f"RSS of the rank over {rss['steps']} steps ({rss['mean_step_s'] * 1e3:.1f} ms a step): "
-                         f"{rss['kib_per_step']:.3f} KiB/step past warm-up "
-                         f"({rss['rss_kib_first_last'][0]} -> {rss['rss_kib_first_last'][1]} KiB)")
+                         f"{rss['kib_per_step']:.3f} KiB/step from step {rss['steps_first_last'][0]} to "
+                         f"{rss['steps_first_last'][1]} ({first} -> {last} KiB)")
     return "\n".join(lines)
 
 

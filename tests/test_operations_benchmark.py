@@ -39,10 +39,11 @@ def test_every_attack_of_the_catalogue_is_refused_and_changes_nothing(ops, tmp_p
 
 
 def test_the_rss_slope_is_per_step_past_the_warm_up(ops) -> None:
-    samples = [(0.0, 100_000)] * 5 + [(float(t), 200_000 + 3 * t) for t in range(1, 41)]  # 3 KiB/s after warm-up
-    fit = ops.slope_per_step(samples, step_s=0.5)
-    assert fit["kib_per_step"] == pytest.approx(1.5) and fit["rss_kib_first_last"][1] == 200_120
-    assert ops.slope_per_step(samples[:3], 0.5)["kib_per_step"] is None
+    samples = [(0, 100_000)] * 5 + [(n, 200_000 + 3 * n) for n in range(0, 101, 5)]  # 3 KiB a step after warm-up
+    fit = ops.slope_per_step(samples, steps=100)
+    assert fit["kib_per_step"] == pytest.approx(3.0) and fit["rss_kib_first_last"] == [200_060, 200_285]
+    assert fit["steps_first_last"] == [20, 95]
+    assert ops.slope_per_step(samples[:8], 100)["kib_per_step"] is None
 
 
 def test_the_report_says_tried_refused_and_the_ratios(ops) -> None:
