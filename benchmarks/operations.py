@@ -437,7 +437,8 @@ def _sample_rank_rss(proc: subprocess.Popen, mark: str, log: Path) -> list[tuple
     while proc.poll() is None:
         done = _read(str(log)).count("\n")
         for pid in _marked(mark):
-            if "hetauto.runtime.worker" in _read(f"/proc/{pid}/cmdline"):
+            argv = _read(f"/proc/{pid}/cmdline").split("\0")
+            if "hetauto.runtime.worker" in argv and "-c" not in argv[:2]:  # the rank, not torchrun (python -c ...)
                 samples.append((done, _rss_kib(pid)))
         time.sleep(0.5)
     return samples
