@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> None:
             doc["auth"] = auth_cost(root / "auth", pairs=3 if args.full else 1, steps=40 if args.full else 20,
                                     messages=20000 if args.full else 4000)
         if args.only in (None, "rss"):
-            doc["rss"] = rss_growth(2000 if args.full else 400)
+            doc["rss"] = rss_growth(2000 if args.full else 300)
     if not args.json:
         print(format_report(doc))
     print(json.dumps(doc))
