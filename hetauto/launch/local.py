@@ -404,12 +404,12 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
     machine (default: every rank of the plan), refused at once when the open-files limit cannot start them."""
     from hetauto.launch.control import ControlServer
     from hetauto.launch.diagnosis import open_files_problem
+    from hetauto.runtime.control import CONTROL_ENV, CONTROL_TOKEN_ENV
+    from hetauto.launch.jobprocs import JOB_ENV, new_token
 
     too_few = open_files_problem(plan.world_size if ranks_here is None else ranks_here)
     if too_few is not None:
         raise HetautoError(f"cannot start the job: {too_few}")
-    from hetauto.runtime.control import CONTROL_ENV, CONTROL_TOKEN_ENV
-    from hetauto.launch.jobprocs import JOB_ENV, new_token
 
     out = Path(folder.name if isinstance(folder, tempfile.TemporaryDirectory) else folder)
     files: list = []

@@ -97,9 +97,10 @@ class RankLocal:
     step_log: Callable[[str], None] | None = None  # takes each step's line (hetauto.runtime.step_log.step_line)
 
 
-# The lead ranks record the timeline and the compute times of this many steps, the newest: what the report's
-# consumers read (the last step's timeline, the steady median of the compute times) at a memory cost that does not
-# grow with the run (it grew ~1.5 KiB a step, and a long run's report neared the control store's frame bound).
+# The lead ranks keep the timeline and the compute times of the newest steps only (RECORDED_STEPS to twice that,
+# trimmed every RECORDED_STEPS steps): what the report's consumers read (the last step's timeline, the steady
+# median of the compute times) at a memory cost that does not grow with the run (it grew ~1.7 KiB a step, and a
+# long run's report would have outgrown the control store's frame bound).
 RECORDED_STEPS = 64
 
 
@@ -114,8 +115,8 @@ class RankReport:
     losses: list[float] | None
     step_s: list[float]
     sent_bytes: dict[str, int]
-    events: list[list[Any]] = field(default_factory=list)  # [step, stage, kind, mb, start_s, end_s]: the last
-    # RECORDED_STEPS steps only (a run of any length keeps and sends a bounded timeline)
+    events: list[list[Any]] = field(default_factory=list)  # [step, stage, kind, mb, start_s, end_s]: the newest
+    # steps only (RECORDED_STEPS to twice that: a run of any length keeps and sends a bounded timeline)
     # lead ranks: per step, the thread CPU seconds of the F, B and OPTIM actions (the work without waits, throttle
     # sleeps or time-slicing: wall / CPU is what the rest of the host cost this stage)
     compute_cpu_s: dict[str, list[float]] = field(default_factory=dict)
