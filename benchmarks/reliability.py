@@ -23,6 +23,7 @@ and those of issue 44 (each must be named with its cause, not only its rank):
   rank SIGBUS        --inject-fault ...,action=sigbus (a memory-mapped file truncated under the rank)
   rank EMFILE        --inject-fault ...,action=emfile (the rank's open-file limit reached)
   null digest        the newest manifest's digest set to null and its seed edited, then --resume of it
+  ulimit -n 24       `hetauto run` started with 24 file descriptors: refused at once naming the limit and the fix
 and without --quick also: a kill while a checkpoint is being written, a kill with --max-restarts 1 (torchrun
 restarts the job from the newest checkpoint) and kill -9 of the torchrun agent.
 
@@ -566,6 +567,25 @@ def case_bad_token(plan: Path, timeout: float) -> dict[str, Any]:
                     orphans=marked(mark), error=error or None, resume=None) | {"data_lost": False}
 
 
+def case_open_files_limit(plan: Path, timeout: float, limit: int = 24) -> dict[str, Any]:
+    """`hetauto run` under `ulimit -n 24` (set in the child, as prlimit does): refused before torchrun starts,
+    naming the limit and the fix (it said "rank 0 never started", or waited for the job's deadline)."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mark = uuid.uuid4().hex
+        t0 = time.time()
+        proc = subprocess.run(_cmd(plan, timeout, STEPS), capture_output=True, text=True, env=_env(mark, Path(tmp)),
+                              preexec_fn=limited, timeout=600, check=False)
+        error = _doc(proc.stdout, proc.stderr).get("error") or ""
+        ended = proc.returncode != 0 and f"too few file descriptors: ulimit -n is {limit}" in error
+        return _row(f"ulimit -n {limit} (never started)", ended=ended, detect=time.time() - t0, lost=None, ck=None,
+                    orphans=marked(mark), error=error or None, resume=None) | {"data_lost": False}
+
+
 def _guarded(name: str, case: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A case that could not be carried out is a row that did not end cleanly, with the reason."""
     try:
@@ -659,6 +679,7 @@ def main(argv: Sequence[str] | None = None) -> None:
              lambda: case_inject("rank out of fds (EMFILE)", "rank=2,step=3,action=emfile", plan, t, full,
                                  cause="too many open files: raise ulimit -n")),
             ("null digest, edited seed", lambda: case_null_digest(plan, t, root, full)),
+            ("ulimit -n 24 (never started)", lambda: case_open_files_limit(plan, t)),
         ]
         if not args.quick:
             cases += [

@@ -30,16 +30,16 @@ def test_parse_minimal_and_full() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("", "--inject-fault: rank: missing (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank=1", "--inject-fault: step: missing (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank=-1,step=2", "--inject-fault: rank: '-1' is not a non-negative integer (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank=1,step=x", "--inject-fault: step: 'x' is not a non-negative integer (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank=1,step=2,phase=forward", "--inject-fault: phase: 'forward' is not one of step, checkpoint (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank=1,step=2,action=boom", "--inject-fault: action: 'boom' is not one of exit, hang, sigkill, sigbus, emfile (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank=1,rank=2,step=2", "--inject-fault: rank: given twice (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank=1,step=2,node=3", "--inject-fault: node: unknown key (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank 1", "--inject-fault: 'rank 1' is not key=value (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
-        ("rank=١,step=2", "--inject-fault: rank: '١' is not a non-negative integer (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile])"),
+        ("", "--inject-fault: rank: missing (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank=1", "--inject-fault: step: missing (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank=-1,step=2", "--inject-fault: rank: '-1' is not a non-negative integer (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank=1,step=x", "--inject-fault: step: 'x' is not a non-negative integer (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank=1,step=2,phase=forward", "--inject-fault: phase: 'forward' is not one of step, checkpoint (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank=1,step=2,action=boom", "--inject-fault: action: 'boom' is not one of exit, hang, sigkill, sigbus, emfile, oom (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank=1,rank=2,step=2", "--inject-fault: rank: given twice (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank=1,step=2,node=3", "--inject-fault: node: unknown key (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank 1", "--inject-fault: 'rank 1' is not key=value (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
+        ("rank=١,step=2", "--inject-fault: rank: '١' is not a non-negative integer (use rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom])"),
     ],
 )
 def test_bad_specs_are_one_line_spec_errors(text: str, message: str) -> None:

@@ -181,9 +181,9 @@ class EmulationConfig:
 class FaultsConfig:
     """Failures injected on purpose (tests, drills)."""
 
-    inject: str | None = knob(None, "rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile]: "
-                                    "kill (or stall, or fail with a real SIGKILL, SIGBUS or EMFILE) rank R at step S "
-                                    "(first attempt only)", flag="--inject-fault",
+    inject: str | None = knob(None, "rank=R,step=S[,phase=step|checkpoint]"
+                                    "[,action=exit|hang|sigkill|sigbus|emfile|oom]: kill (or stall, or fail with a "
+                                    "real SIGKILL, SIGBUS, EMFILE or OOM kill) rank R at step S (first attempt only)", flag="--inject-fault",
                               group="checkpoints and failures", flat="inject_fault", metavar="SPEC")
 
 

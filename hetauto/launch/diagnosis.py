@@ -24,7 +24,8 @@ from hetauto.core.plan import Plan
 
 __all__ = ["JobFailed", "RankError", "RunMarks", "diagnose_failure", "read_marks", "heartbeats", "STALE_S",
            "torchrun_exit_codes", "torchrun_signal", "death_by_signal", "oom_kills", "reason_line",
-           "gloo_connect_failure"]
+           "gloo_connect_failure", "open_files_problem", "OPEN_FILES_FLOOR",
+           "kernel_oom_record"]
 
 STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, hetauto.runtime.worker) went silent
 QUOTE_CHARS = 240  # the longest secondary error quoted whole
@@ -152,6 +153,7 @@ class RunMarks:
     done: dict[int, str]
     beats: dict[int, float]
     exit_codes: dict[int, int]
+    agent_log: str = ""  # the tail of torchrun's stderr (torchrun.err), where a rank that never started says why
 
     def silence(self, r: int) -> float:
         """How long before the job's last heartbeat this rank's stopped (0: it beat to the end, or no file)."""
@@ -184,7 +186,17 @@ def read_marks(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | Non
 
     errors = {r: _rank_error(r, text, out / f"rank{r}.{ERROR_FIELDS}") for r, text in read("error").items()}
     return RunMarks(plan, read("started"), errors, read("stopped"), read("json"), heartbeats(out, plan.world_size),
-                    dict(exit_codes or {}))
+                    dict(exit_codes or {}), _tail(out / "torchrun.err"))
+
+
+def _tail(path: Path, size: int = 1 << 16) -> str:
+    """The last `size` bytes of `path` as text ('' when it is absent)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - size))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _blame(m: RunMarks, r: int, what: str) -> JobFailed:
@@ -224,19 +236,25 @@ def _died(m: RunMarks) -> JobFailed | None:
         return None
     r = died[0]
     code = m.exit_codes.get(r)
+    pid = _PID.search(m.started.get(r, ""))
     if m.silence(r) > STALE_S and code is None:
         return _blame(m, r, f"stopped responding: its heartbeat stopped {m.silence(r):.1f} s before the other "
                             "ranks' (stopped or stuck; the others timed out waiting for it)")
-    cause = death_by_signal(code) if code is not None else None
+    cause = death_by_signal(code, int(pid.group(1)) if pid else None) if code is not None else None
     if cause is not None:
         return _blame(m, r, cause)
     return _blame(m, r, "died without an error of its own" + (f" (exit code {code})" if code is not None else ""))
 
 
-def death_by_signal(code: int) -> str | None:
+_PID = re.compile(r"\bpid (\d+)")  # in a rank's started mark (hetauto.runtime.worker)
+_OOM_MEANING = "give the ranks more memory or plan with more --headroom"
+
+
+def death_by_signal(code: int, pid: int | None = None) -> str | None:
     """What a rank's negative exit code (killed by signal -code, as torchrun reports it) means, or None when it
-    exited by itself. SIGKILL is the OOM killer's signal: the kernel's record (the cgroup's oom_kill counter) says
-    whether it was one; SIGBUS on a training rank is nearly always a memory-mapped file that shrank."""
+    exited by itself. SIGKILL is the OOM killer's signal: the kernel's record says whether it was one (its log's
+    line for that pid where this process may read it, else the cgroup's oom_kill counter); SIGBUS on a training rank
+    is nearly always a memory-mapped file that shrank."""
     if code >= 0:
         return None
     try:
@@ -244,15 +262,50 @@ def death_by_signal(code: int) -> str | None:
     except ValueError:
         return f"was killed by signal {-code} (exit code {code})"
     if sig == signal.SIGKILL:
+        logged = kernel_oom_record(pid) if pid is not None else None
+        if logged is not None:
+            return f"was killed by SIGKILL from the kernel's OOM killer (its log: '{logged}'); {_OOM_MEANING}"
         kills = oom_kills()
         if kills:
             where, count = kills
             return (f"was killed by SIGKILL from the kernel's OOM killer (out of memory: {where} counts {count} "
-                    "oom_kill(s)); give the ranks more memory or plan with more --headroom")
+                    f"oom_kill(s)); {_OOM_MEANING}")
         return "was killed by SIGKILL (the kernel's OOM killer or an operator's kill -9)"
     if sig == signal.SIGBUS:
         return "died of SIGBUS (bus error: a memory-mapped file (--data?) shrank under the rank)"
     return f"was killed by {sig.name} ({signal.strsignal(sig) or sig.name}, exit code {code})"
+
+
+def kernel_oom_record(pid: int, kmsg: str = "/dev/kmsg", limit: int = 1 << 16) -> str | None:
+    """The kernel log's 'Killed process PID (NAME)' line of the OOM killer for `pid` (its words up to the name),
+    or None: not there, or the log is not readable by this process (it needs root, or dmesg_restrict 0)."""
+    import os
+
+    found = None
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        for _ in range(limit):
+            try:
+                record = os.read(fd, 8192).decode("utf-8", errors="replace")
+            except BlockingIOError:  # the end of /dev/kmsg
+                break
+            except OSError:  # EPIPE: a record overwritten while read; go on with the next
+                continue
+            if not record:  # the end of a plain file (a saved log)
+                break
+            hit = _killed(pid).search(record)
+            if hit is not None:
+                found = hit.group(0)
+    finally:
+        os.close(fd)
+    return found
+
+
+def _killed(pid: int) -> re.Pattern[str]:
+    return re.compile(rf"(?:Memory cgroup )?[Oo]ut of memory[^;\n]*?: Killed process {pid} \([^)]*\)")
 
 
 def oom_kills(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> tuple[str, int] | None:
@@ -356,8 +409,43 @@ def _first_error(m: RunMarks) -> JobFailed | None:
 
 
 def _never_started(m: RunMarks) -> JobFailed | None:
+    """A rank that never started; with the cause when torchrun said it ran out of file descriptors starting it (a
+    pipe, a socket, even a name lookup: glibc's EAI_SYSTEM, `gai error: -11`)."""
     never = [r for r in range(m.plan.world_size) if r not in m.started]
-    return _blame(m, never[0], "never started") if never else None
+    if not never:
+        return None
+    if _EMFILE.search(m.agent_log) or _GAI_SYSTEM.search(m.agent_log):
+        return _blame(m, never[0], f"never started: torchrun ran out of file descriptors starting it "
+                                   f"({_open_files_words()})")
+    return _blame(m, never[0], "never started")
+
+
+_GAI_SYSTEM = re.compile(r"gai error: -11 ")
+OPEN_FILES_FLOOR = (32, 4)  # descriptors a host's torchrun and ranks need at the least: 32, and 4 more per rank
+
+
+def _open_files_words() -> str:
+    """'too few file descriptors: ulimit -n is N; raise it (...)', this process's limit (its children's)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard_words = "" if hard in (soft, resource.RLIM_INFINITY) else f", hard limit {hard}"
+    return (f"too few file descriptors: ulimit -n is {soft}{hard_words}; raise it: ulimit -n 65536 in the shell "
+            "that starts hetauto (a container: --ulimit nofile=65536; systemd: LimitNOFILE=65536)")
+
+
+def open_files_problem(ranks_here: int) -> str | None:
+    """Before a launch: why this host's `ranks_here` ranks cannot start under this process's open-files limit
+    (raised to its hard limit first), or None. Under OPEN_FILES_FLOOR torchrun fails to start its workers, or waits
+    for its own store until the job's deadline (a name lookup fails with EAI_SYSTEM): say so at once instead."""
+    from hetauto.core.control_limits import raise_open_files_limit
+
+    base, per_rank = OPEN_FILES_FLOOR
+    need = base + per_rank * max(1, ranks_here)
+    if raise_open_files_limit() >= need:
+        return None
+    return (f"{_open_files_words()}; torchrun and the {ranks_here} rank(s) on this host need at least {need}, and "
+            "each rank one more per peer it connects to")
 
 
 # The rules, in the order they blame (the first that finds a culprit names it)

@@ -72,7 +72,9 @@ _TORCHRUN = ("import os, runpy, sys, traceback\n"
 # torchrun's rendezvous and agent stores (c10d TCPStore servers) listen on every interface, whatever host they
 # are given, and take any connection: for a local run nothing off this machine has any business there. This
 # prefix makes every store server torchrun creates listen on BIND only (a socket bound here, handed to the
-# store as its master_listen_fd); the clients (the workers: MASTER_ADDR=localhost) are on this machine.
+# store as its master_listen_fd); the clients (the workers: MASTER_ADDR=localhost) are on this machine. The lead
+# node of a launch across sites uses it too, BIND the master address its control store listens on
+# (hetauto.launch.listen_address): torch gives its stores no other way to choose their address.
 _LOOPBACK = ("import socket as _socket, torch.distributed as _dist\n"
              "import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as _c10d\n"
              "import datetime as _dt\n"
@@ -82,7 +84,7 @@ _LOOPBACK = ("import socket as _socket, torch.distributed as _dist\n"
              "                 timeout=_dt.timedelta(seconds=300), wait_for_workers=True, multi_tenant=False,\n"
              "                 master_listen_fd=None, use_libuv=True):\n"
              "        if is_master and master_listen_fd is None:\n"
-             "            s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+             "            s = _socket.socket(_socket.AF_INET6 if ':' in %r else _socket.AF_INET)\n"
              "            s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)\n"
              "            s.bind((%r, int(port)))\n"
              "            s.listen(1024)\n"
@@ -98,7 +100,7 @@ LOOPBACK = "127.0.0.1"
 def torchrun_launcher(bind: str | None = None) -> list[str]:
     """The command prefix that runs torchrun on this machine (`_TORCHRUN`), for local and namespace launches;
     `bind`: the one address torchrun's stores listen on (None: all, torchrun's own behaviour)."""
-    return [sys.executable, "-c", (_LOOPBACK % bind if bind else "") + _TORCHRUN]
+    return [sys.executable, "-c", (_LOOPBACK % (bind, bind) if bind else "") + _TORCHRUN]
 
 
 def local_command(plan: Plan, worker: list[str], max_restarts: int = 0, bind: str | None = LOOPBACK) -> list[str]:
@@ -393,15 +395,21 @@ def control_token_file(folder: Path) -> str:
 def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory | str | Path, command: Any,
               options: Path, *, max_restarts: int = 0, control_bind: str | None = LOOPBACK, control_port: int = 0,
               control_address: str | None = None, env: dict[str, str] | None = None,
-              control_token: str | None = None) -> LocalJob:
+              control_token: str | None = None, ranks_here: int | None = None) -> LocalJob:
     """Start `command(worker args)` (a torchrun command line) with the job's token and control address in its
     environment, its output in the run folder, and return the running LocalJob. `control_bind`: serve the
     control store here (on `control_port`; the lead's agent, or a one-host run), mirroring into the run folder;
     None: the ranks report to `control_address`, served elsewhere (a node of a job across sites), proving
-    `control_token` (the launch's job secret) when one is given."""
+    `control_token` (the launch's job secret) when one is given. `ranks_here`: the ranks torchrun starts on this
+    machine (default: every rank of the plan), refused at once when the open-files limit cannot start them."""
     from hetauto.launch.control import ControlServer
+    from hetauto.launch.diagnosis import open_files_problem
     from hetauto.runtime.control import CONTROL_ENV, CONTROL_TOKEN_ENV
     from hetauto.launch.jobprocs import JOB_ENV, new_token
+
+    too_few = open_files_problem(plan.world_size if ranks_here is None else ranks_here)
+    if too_few is not None:
+        raise HetautoError(f"cannot start the job: {too_few}")
 
     out = Path(folder.name if isinstance(folder, tempfile.TemporaryDirectory) else folder)
     files: list = []

@@ -47,10 +47,11 @@ def refused_words(peer: str) -> str:
             "stranger, or a node of another launch); nothing it sent was read")
 
 
-def _torchrun(job: NodeJob) -> Callable[[list[str]], list[str]]:
+def _torchrun(job: NodeJob, bind: str | None = None) -> Callable[[list[str]], list[str]]:
+    """This node's torchrun command; `bind`: the one address its rendezvous store listens on (the lead's)."""
     launch, node = job.launch, job.node
     rdzv = launch.rendezvous
-    return lambda worker: [*torchrun_launcher(), f"--nnodes={launch.num_nodes}", f"--node-rank={node.node_rank}",
+    return lambda worker: [*torchrun_launcher(bind), f"--nnodes={launch.num_nodes}", f"--node-rank={node.node_rank}",
                            f"--nproc-per-node={node.nproc}", "--rdzv-backend=static",
                            f"--master-addr={rdzv.master_addr}", f"--master-port={rdzv.master_port}",
                            "--max-restarts=0", "--monitor-interval=0.1", *worker]
@@ -185,9 +186,13 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         progress(note)
     if job.lead:
         from hetauto.launch.control import ControlServer
+        from hetauto.launch.listen_address import lead_listen_address
+        from hetauto.launch.plan import HOST_SOCKET_ENV
 
-        bind = "::" if ":" in rdzv.master_addr else "0.0.0.0"
-        control = ControlServer(job.out, bind=bind, port=rdzv.control_port, advertise=rdzv.master_addr,
+        listen = lead_listen_address(rdzv.master_addr, job.env.get(HOST_SOCKET_ENV), job.site.name)
+        if listen.note is not None:
+            progress(listen.note)
+        control = ControlServer(job.out, bind=listen.bind, port=rdzv.control_port, advertise=rdzv.master_addr,
                                 token=job.secret, on_refused=lambda peer: progress(refused_words(peer))).start()
         board = LeadBoard(job, control, log).start()
         try:
@@ -201,8 +206,10 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         board.watching = True
         if (note := resume_note(job)) is not None:
             progress(note)
-        run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
-                        control_address=control.address, env=job.env, control_token=job.secret)
+        rdzv_bind = listen.bind if listen.note is None else None  # torchrun's store: where the control store is
+        run = start_job(job.plan, job.run, job.out, _torchrun(job, rdzv_bind), job.options, control_bind=None,
+                        control_address=control.address, env=job.env, control_token=job.secret,
+                        ranks_here=job.node.nproc)
         run.control = control
         others = job.launch.num_nodes - 1
         node = NodeRun(job, run, control, progress, board=board)
@@ -213,7 +220,8 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
     joined = member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
-                    control_address=address, env=job.env, control_token=job.secret)
+                    control_address=address, env=job.env, control_token=job.secret,
+                    ranks_here=job.node.nproc)
     run.collect = False
     role = f"node{job.node.node_rank}"
     link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s, job.secret, role),

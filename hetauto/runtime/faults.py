@@ -1,7 +1,7 @@
 """Fault injection: kill (or stall) one rank at one step, for tests and reliability checks.
 
 Why: "nothing may be lost and nothing may hang" has to be demonstrated, so the executor offers
-`hetauto run ... --inject-fault rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile]`.
+`hetauto run ... --inject-fault rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom]`.
 The spec is parsed once (`FaultSpec.parse`), installed process-wide (`install`, or `install_from_env` reading
 `HETAUTO_INJECT_FAULT`, which torchrun passes to every worker), and the executor calls
 `maybe_fail(step)` once per training step; the checkpoint writer calls `maybe_fail(step, "checkpoint")`
@@ -12,7 +12,9 @@ collectives, exactly like a machine that loses power. `action=hang` sleeps forev
 the other ranks' timeouts are exercised. The rest are real faults the kernel delivers, so the launcher's diagnosis
 (hetauto.launch.diagnosis) is tested on what it meets in the field: `sigkill` is the OOM killer's (or an
 operator's `kill -9`) signal; `sigbus` reads a memory-mapped file after truncating it (a data file shrinking under
-a rank); `emfile` lowers this rank's open-file limit to what it holds and opens files until the kernel says EMFILE.
+a rank); `emfile` lowers this rank's open-file limit to what it holds and opens files until the kernel says EMFILE;
+`oom` allocates (and touches) memory until the kernel's OOM killer ends it: run it in a memory cgroup with a limit
+(it stops at OOM_CAP_MIB and exits as `exit` does, so it never eats a host without one).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ FAULT_LOG_ENV = "HETAUTO_FAULT_LOG"
 FAULT_EXIT_CODE = 43
 Phase = Literal["step", "checkpoint"]
 _PHASES = ("step", "checkpoint")
-_ACTIONS = ("exit", "hang", "sigkill", "sigbus", "emfile")
-_FORMAT = "rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile]"
-Action = Literal["exit", "hang", "sigkill", "sigbus", "emfile"]
+_ACTIONS = ("exit", "hang", "sigkill", "sigbus", "emfile", "oom")
+_FORMAT = "rank=R,step=S[,phase=step|checkpoint][,action=exit|hang|sigkill|sigbus|emfile|oom]"
+Action = Literal["exit", "hang", "sigkill", "sigbus", "emfile", "oom"]
+OOM_CAP_MIB = 4096  # what action=oom allocates at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,16 @@ def maybe_fail(step: int, phase: Phase = "step", *, rank: int | None = None, spe
         _read_truncated_mapping()
     if fault.action == "emfile":
         _exhaust_file_descriptors()
+    if fault.action == "oom":
+        _exhaust_memory()
     os._exit(FAULT_EXIT_CODE)
+
+
+def _exhaust_memory() -> None:
+    """Allocate and touch 64 MiB blocks up to OOM_CAP_MIB: in a memory cgroup the kernel's OOM killer ends this
+    process (SIGKILL, the cgroup's oom_kill counter moves), as it ends a rank whose batch does not fit."""
+    held = [b"\1" * (64 << 20) for _ in range(OOM_CAP_MIB // 64)]
+    del held
 
 
 def _read_truncated_mapping() -> None:

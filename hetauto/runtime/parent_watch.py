@@ -28,9 +28,18 @@ def process_start_time(pid: int) -> str | None:
     """The kernel's start time of `pid` (clock ticks since boot), or None when no such process runs: with the
     pid, it names one process (a reused pid has another start time)."""
     try:
+        return _read_start_time(pid)
+    except OSError:
+        return None
+
+
+def _read_start_time(pid: int) -> str | None:
+    """process_start_time, but an OSError other than 'no such process' (EMFILE: this process is out of file
+    descriptors) is raised: the watchdog must not read "cannot look" as "gone" and kill a healthy job."""
+    try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
     return None if fields[0] in (b"Z", b"X") else fields[19].decode()
 
@@ -50,7 +59,10 @@ def _alive(mark: str) -> bool:
     pid, _, start = mark.partition(":")
     if not pid.isdigit():
         return True  # not ours to judge
-    now = process_start_time(int(pid))
+    try:
+        now = _read_start_time(int(pid))
+    except OSError:  # out of descriptors, say: whether it runs is unknown, and a guess would kill a healthy job
+        return True
     return now is not None and (start in ("", "?") or now == start)
 
 

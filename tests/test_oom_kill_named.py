@@ -1,0 +1,112 @@
+"""A rank the kernel's OOM killer ends is named so, from the kernel's own record (issue 44 item 4): a real 2-rank
+`hetauto run` in a memory cgroup of its own (a limit of 1.5 GiB; the v1 or v2 controller of this process's cgroup,
+where this process may create one), rank 1 allocating until the kernel kills it (`--inject-fault action=oom`). Where
+no memory cgroup can be made here (not root, a read-only cgroup tree), the same fault is a plain SIGKILL and the
+line must say what it cannot tell apart."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hetauto.core.plan import Plan, StagePlan
+from hetauto.launch.diagnosis import kernel_oom_record
+from hetauto.testing.two_sites import this_tree_env
+
+CLUSTER = """clusters:
+  - {name: a, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+  - {name: b, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+links:
+  default: {bandwidth: 1Gbps, latency: 1ms}
+"""
+LIMIT = 1536 << 20
+
+
+def _memory_cgroup() -> tuple[Path, str] | None:
+    """A new memory cgroup under this process's (its folder, the file its processes are written to), with LIMIT
+    set; None where the kernel or the permissions do not allow one."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base, limits = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), ("memory.limit_in_bytes",)
+        elif controllers == "" and (Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max").exists():
+            base, limits = Path("/sys/fs/cgroup") / path.lstrip("/"), ("memory.max", "memory.swap.max")
+        else:
+            continue
+        group = base / f"hetauto-oom-{uuid.uuid4().hex[:8]}"
+        try:
+            group.mkdir()
+        except OSError:
+            return None
+        try:
+            if not (group / limits[0]).exists():  # v2 without the memory controller enabled below its parent
+                raise OSError(limits[0])
+            for name in limits + (("memory.memsw.limit_in_bytes",) if limits[0].startswith("memory.limit") else ()):
+                if (group / name).exists():
+                    (group / name).write_text("0" if name == "memory.swap.max" else str(LIMIT))
+        except OSError:
+            group.rmdir()
+            return None
+        return group, "cgroup.procs"
+    return None
+
+
+def _remove(group: Path) -> None:
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            group.rmdir()
+            return
+        except OSError:  # its last processes are still exiting
+            time.sleep(0.2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernels_record(tmp_path: Path) -> None:
+    (tmp_path / "two.yaml").write_text(CLUSTER)
+    stage = lambda c, layers: StagePlan(cluster=c, device_type="cpu", devices=(0,), layers=layers, tp=1, dp=1)
+    Plan(model="tiny-gpt", cluster="two.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
+         stages=(stage("a", (0, 3)), stage("b", (3, 6)))).save(tmp_path / "plan.json")
+    cgroup = _memory_cgroup()
+    action = "oom" if cgroup is not None else "sigkill"
+
+    def enter() -> None:
+        if cgroup is not None:
+            (cgroup[0] / cgroup[1]).write_text(str(os.getpid()))
+
+    try:
+        done = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps",
+                               "3", "--json", "--no-reference", "--timeout", "10", "--inject-fault",
+                               f"rank=1,step=1,action={action}"], cwd=tmp_path, capture_output=True, text=True,
+                              env=this_tree_env(), preexec_fn=enter, timeout=280)
+    finally:
+        if cgroup is not None:
+            _remove(cgroup[0])
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = json.loads(done.stdout)["error"]
+    if cgroup is None:
+        assert line.startswith("rank 1 (stage 1, cluster 'b') was killed by SIGKILL (the kernel's OOM killer or an "
+                               "operator's kill -9)"), line
+        return
+    assert line.startswith("rank 1 (stage 1, cluster 'b') was killed by SIGKILL from the kernel's OOM killer ("), line
+    assert ("(its log: 'Memory cgroup out of memory: Killed process " in line  # the kernel log, where readable
+            or f"(out of memory: {cgroup[0]}/memory." in line and "counts 1 oom_kill(s))" in line), line
+    assert "; give the ranks more memory or plan with more --headroom" in line, line
+
+
+def test_the_kernel_logs_oom_line_is_read_for_the_ranks_pid_only(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("6,1,0,-;something else\n"
+                   "3,2,5,-;Memory cgroup out of memory: Killed process 4242 (python3) total-vm:1kB, anon-rss:1kB\n"
+                   "3,3,6,-;Out of memory: Killed process 77 (python3) total-vm:1kB\n")
+    assert kernel_oom_record(4242, str(log)) == "Memory cgroup out of memory: Killed process 4242 (python3)"
+    assert kernel_oom_record(77, str(log)) == "Out of memory: Killed process 77 (python3)"
+    assert kernel_oom_record(424, str(log)) is None and kernel_oom_record(1, str(tmp_path / "absent")) is None
