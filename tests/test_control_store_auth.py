@@ -72,3 +72,27 @@ def test_the_token_file_is_its_owner_s_only(tmp_path) -> None:
     token = control_token_file(tmp_path)
     assert len(bytes.fromhex(token)) == 32 and token != control_token_file(tmp_path)
     assert stat.S_IMODE(os.stat(tmp_path / "control.token").st_mode) == 0o600
+
+
+def test_a_stranger_that_never_proves_the_token_is_closed_after_the_deadline() -> None:
+    """An idle stranger held a connection slot for ever (the oldest was only shed when a newcomer needed one)."""
+    from hetauto.core.control_store import ControlStoreServer
+
+    refused: list[str] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    store = ControlStoreServer(listener, token=TOKEN, on_refused=refused.append, proof_deadline_s=0.2)
+    try:
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as idle:
+            assert b"nonce" in idle.recv(4096)  # the challenge; the stranger says nothing
+            assert idle.recv(4096) == b""  # then the close (within the recv timeout: the test's bound, not a speed)
+        assert store.connections == 0 and len(refused) == 1 and refused[0].startswith("127.0.0.1:")
+        member = ControlStoreClient("127.0.0.1", port, timeout_s=5, token=TOKEN, role="node1")
+        member.set("k", "v")  # a member that proved its token is never expired, however long it stays
+        import time
+
+        time.sleep(0.5)
+        assert member.get("k") == b"v" and store.connections == 1
+        member.close()
+    finally:
+        store.close()

@@ -40,6 +40,7 @@ MAX_FRAME = StoreLimits().max_frame  # the default bound on one frame (StoreLimi
 _MAX_ANSWER = 4 * MAX_FRAME  # a value a client stored, its JSON escapes written out
 _CONNECT_RETRY_S = 0.05
 _ACCEPT_PAUSE_S = 0.1  # out of descriptors with nothing to shed: how long new connections wait in the backlog
+PROOF_DEADLINE_S = 20.0  # a connection that has not proven the job's token by then is closed (clients answer at once)
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -220,10 +221,11 @@ class _Data:
 class _Conn:
     """One client connection's buffers, and whether it has been answered yet (an idle stranger has not)."""
 
-    __slots__ = ("inbox", "outbox", "answered", "nonce", "peer")
+    __slots__ = ("inbox", "outbox", "answered", "nonce", "peer", "since")
 
     def __init__(self, nonce: str | None, peer: str = "?") -> None:
         self.inbox, self.outbox, self.answered = bytearray(), bytearray(), False
+        self.since = time.monotonic()  # when it connected: an unproven connection has PROOF_DEADLINE_S from here
         self.nonce = nonce  # the challenge it has not answered yet (None: proven, or a store without a token)
         self.peer = peer  # HOST:PORT of the client, for the owner's one line about a refused stranger
 
@@ -234,12 +236,17 @@ class ControlStoreServer(_Data):
 
     A flood never ends it: at its connection bound, or out of file descriptors (EMFILE, ENFILE), it closes the
     oldest connection that has not been answered yet (an idle stranger; ranks ask at once) to admit the new one,
-    or refuses the new one, or pauses accepting a moment; the connections it serves go on either way."""
+    or refuses the new one, or pauses accepting a moment; the connections it serves go on either way. With a
+    token, a connection that has not proven it within `proof_deadline_s` is closed as a stranger: idle strangers
+    cannot sit on the connection slots the ranks need."""
 
     def __init__(self, listener: socket.socket, limits: StoreLimits | None = None, token: str | None = None,
-                 on_refused: Callable[[str], None] | None = None) -> None:
+                 on_refused: Callable[[str], None] | None = None,
+                 proof_deadline_s: float = PROOF_DEADLINE_S) -> None:
         super().__init__(limits)
         self._token = token
+        self._proof_deadline_s = proof_deadline_s
+        self._next_expiry = time.monotonic() + min(1.0, proof_deadline_s)
         self._on_refused = on_refused  # told the peer (HOST:PORT) of each connection closed for a missing proof
         self.max_connections = self.limits.connections or default_connections()
         self._listener = listener
@@ -274,7 +281,8 @@ class ControlStoreServer(_Data):
         try:
             while not self._closed:
                 self._resume_accepting()
-                timeout = 1.0 if self._accept_paused_until is None else _ACCEPT_PAUSE_S
+                self._expire_unproven()
+                timeout = min(1.0, self._proof_deadline_s) if self._accept_paused_until is None else _ACCEPT_PAUSE_S
                 for key, events in self._selector.select(timeout=timeout):
                     if key.data == "wake":
                         return
@@ -312,6 +320,21 @@ class ControlStoreServer(_Data):
         if state.nonce is not None:  # the challenge first: nothing is read or written before its answer
             state.outbox += _frame({"nonce": state.nonce})
             self._flush(conn, state.outbox)
+
+    def _expire_unproven(self) -> None:
+        """Close, as strangers, the connections still owing their proof past the deadline (checked at most once a
+        second: the oldest come first, so the walk stops at the first one still in time)."""
+        now = time.monotonic()
+        if self._token is None or now < self._next_expiry:
+            return
+        self._next_expiry = now + min(1.0, self._proof_deadline_s)
+        for conn, state in list(self._conns.items()):
+            if state.nonce is None:
+                continue
+            if now - state.since < self._proof_deadline_s:
+                break
+            self._refused(state.peer)
+            self._drop(conn)
 
     def _evict_idle(self) -> bool:
         """Close the oldest connection never answered (dicts keep insertion order); False when there is none."""
