@@ -107,10 +107,11 @@ def _fill(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]], bas
         rest = p - s - 1
         t, m, c = 0.0, base[s], 0
         last = n - rest * least if s < p - 1 else n
+        must = s == p - 1  # the last stage takes what is left, past `limit` if it must
+        row_t, row_m, cap = times[s], mems[s], caps[s]  # the hot loop of the balancer: no lookups inside
         while pos < last:
-            nt, nm = t + times[s][pos], m + mems[s][pos]
-            must = s == p - 1
-            if nm > caps[s] or (nt > limit and (c > 0 or not must) and not (c == 0 and must)):
+            nt, nm = t + row_t[pos], m + row_m[pos]
+            if nm > cap or (nt > limit and (c > 0 or not must)):
                 if must or c < least:
                     return None
                 break
