@@ -138,15 +138,6 @@ class _StageCost:
     act: list[float]  # per layer, bytes per in-flight microbatch
     base_static: float
     base_act: float
-    rows: dict[float, list[float]] = field(default_factory=dict, compare=False, repr=False)  # `mem_row`'s
-
-    def mem_row(self, q: float) -> list[float]:
-        """Per layer, bytes with `q` microbatches in flight: kept per q (the balancer asks each stage's cost for
-        the same few counts for every cut it balances; read-only)."""
-        row = self.rows.get(q)
-        if row is None:
-            row = self.rows[q] = [s + a * q for s, a in zip(self.static, self.act)]
-        return row
 
 
 @dataclass(slots=True)
@@ -639,7 +630,7 @@ class StrategySpace:
 
     def _matrices(self, costs: list[_StageCost], q: list[int]) -> tuple[list[list[float]], list[list[float]], list[float]]:
         times = [c.times for c in costs]
-        mems = [c.mem_row(qi) for c, qi in zip(costs, q)]
+        mems = [[s + a * qi for s, a in zip(c.static, c.act)] for c, qi in zip(costs, q)]
         base = [c.base_static + c.base_act * qi for c, qi in zip(costs, q)]
         return times, mems, base
 
