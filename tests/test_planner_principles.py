@@ -228,3 +228,62 @@ def test_space_builds_interleaved_only_over_fast_links() -> None:
     # 7 microbatches for 3 stages: not max(1, 7 // 3) = 2 equal rounds (torch's grouping), no plan
     odd = StrategySpace(tiny_inputs(links="400Gbps", latency="10us", layers=8, gbs=14), ev).build(cand)
     assert odd.plans == [] and "microbatches (7) >= the stages and a multiple of their rounds (7 // 3)" in odd.pruned
+
+
+def _reference_fill(times, mems, base, caps, limit, least=1):  # type: ignore[no-untyped-def]
+    p, n = len(times), len(times[0])
+    counts, pos = [], 0
+    for s in range(p):
+        rest = p - s - 1
+        t, m, c = 0.0, base[s], 0
+        last = n - rest * least if s < p - 1 else n
+        while pos < last:
+            nt, nm = t + times[s][pos], m + mems[s][pos]
+            must = s == p - 1
+            if nm > caps[s] or (nt > limit and (c > 0 or not must) and not (c == 0 and must)):
+                if must or c < least:
+                    return None
+                break
+            t, m, c, pos = nt, nm, c + 1, pos + 1
+        if c < least:
+            return None
+        counts.append(c)
+    return counts if pos == n else None
+
+
+def _reference_balance(times, mems, base, caps, iterations=30, least=1):  # type: ignore[no-untyped-def]
+    """balance_layers before issue 43: every bisection step fills afresh (with the fill of then)."""
+    _fill = _reference_fill
+    if _fill(times, mems, base, caps, math.inf, least) is None:
+        return None
+    lo, hi = 0.0, max(sum(t) for t in times)
+    best = _fill(times, mems, base, caps, hi, least) or _fill(times, mems, base, caps, math.inf, least)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        got = _fill(times, mems, base, caps, mid, least)
+        if got is None:
+            lo = mid
+        else:
+            hi, best = mid, got
+    return best
+
+
+def test_balance_layers_reuses_fills_without_changing_a_split() -> None:
+    """The bisection skips a fill whose limit lies where an earlier fill took the same steps (issue 43): the
+    splits equal the fill-every-step ones over random times, memory and capacities (ties and tight memory)."""
+    import random
+
+    from hetauto.planner.principles import balance_layers
+
+    rnd = random.Random(7)
+    for _ in range(400):
+        p, n = rnd.randint(1, 6), rnd.randint(1, 24)
+        least = rnd.choice([1, 1, 2])
+        if n < p * least:
+            continue
+        times = [[rnd.choice([0.5, 1.0, 1.0, rnd.random()]) * (1 + s) for _ in range(n)] for s in range(p)]
+        mems = [[rnd.random() for _ in range(n)] for _ in range(p)]
+        base = [rnd.random() for _ in range(p)]
+        caps = [rnd.uniform(1.0, n) for _ in range(p)]
+        assert balance_layers(times, mems, base, caps, least=least) == _reference_balance(times, mems, base, caps,
+                                                                                             least=least)

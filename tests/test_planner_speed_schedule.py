@@ -75,3 +75,38 @@ def test_compiled_lists_are_kept_per_schedule_object() -> None:
     first = _compile(one)
     assert _compile(one) is first  # kept
     assert _compile(same) is not first and _compile(same) == first == _flatten(one)  # an equal one: its own
+
+
+def test_zero_bubble_rows_kept_are_the_ones_built_afresh() -> None:
+    """`_zb_row` keeps lowered rank lists by their inputs: a schedule built from kept rows equals one built with
+    the memo emptied first (the lowering `zero_bubble` did before), deferrals and extra warm-ups included."""
+    rnd = random.Random(1)
+    for _ in range(20):
+        p, m = rnd.choice([1, 2, 3, 5, 8]), rnd.choice([1, 2, 4, 7, 16])
+        ks = tuple(rnd.randint(0, 2) for _ in range(p - 1))
+        defer = tuple(rnd.choice([g.PLAIN_B, *range(r + 1)]) for r in range(p))
+        for args in ((), (ks,)):
+            kept = g.zero_bubble(p, m, *args, defer=defer)
+            g._ZB_ROWS.clear()
+            fresh = g.zero_bubble(p, m, *args, defer=defer)
+            assert kept == fresh
+            look = g._boundary_lookahead(p, list(args[0]) if args else [0] * (p - 1))
+            compute = [[a for a in row if a.type in COMPUTE] for row in fresh.ranks]
+            lowered = _reference_add_comms(compute, p, 1, look)
+            assert tuple(row[:len(low)] for row, low in zip(fresh.ranks, lowered)) == lowered
+
+
+def test_flatten_names_a_bad_action_as_before() -> None:
+    """`_flatten` checks rows by their distinct stages and microbatch extremes; a bad action is still named."""
+    import pytest
+
+    from hetauto.schedule.actions import ScheduleError
+
+    good = g.one_f_one_b(3, 4)
+    bad_mb = Schedule("1f1b", 3, 4, 1, (good.ranks[0] + (Action(0, ActionType.F, 4),), *good.ranks[1:]))
+    with pytest.raises(ScheduleError, match="rank 0: action 0F4 names microbatch 4, outside 0..3"):
+        _flatten(bad_mb)
+    bad_stage = Schedule("1f1b", 3, 4, 1, (good.ranks[0], good.ranks[1] + (Action(2, ActionType.F, 0),),
+                                           good.ranks[2]))
+    with pytest.raises(ScheduleError, match="rank 1: action 2F0 names stage 2, which rank 1 does not own"):
+        _flatten(bad_stage)

@@ -43,7 +43,7 @@ from hetauto.planner.evaluation import (BoundaryLink, Evaluation, StageTimes, Ti
 from hetauto.planner.fastpipe import iteration_1f1b
 from hetauto.planner.host_contention import HostContention
 from hetauto.planner.inputs import PlanningInputs, inputs_for_plan, resolve_plan_paths
-from hetauto.planner.plan_costs import SPLIT_BACKWARD, CostBuilder
+from hetauto.planner.plan_costs import SPLIT_BACKWARD, CostBuilder, PricedCosts
 from hetauto.planner.stage_compute import ComputePricer
 from hetauto.planner.stage_memory import MemoryPricer, plan_schedule
 from hetauto.schedule import Link, PipelineCosts, simulate
@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 __all__ = ["SPLIT_BACKWARD", "BoundaryLink", "Evaluation", "Evaluator", "StageTimes", "TimeBreakdown", "device_kind",
            "evaluate_plan", "inputs_for_plan", "plan_precision", "raise_if_infeasible", "resolve_plan_paths",
            "stage_times_for_plan"]
+
+RECENT_COSTS = 64  # plans whose PricedCosts the Evaluator keeps (`priced`): the space's look-ahead, not a table
 
 
 class Evaluator:
@@ -107,6 +109,7 @@ class Evaluator:
                                         dp_overlap=dp_overlap)
         self.table = self.compute.table
         self._plans: dict[tuple, Evaluation] = {}
+        self._priced: dict[tuple, PricedCosts] = {}  # the last RECENT_COSTS plans' costs (see `priced`)
         self._model_flops = sum(la.train_flops_per_token(False) for la in inputs.layers) * inputs.seq_len
         self._bind_sections()
 
@@ -156,6 +159,18 @@ class Evaluator:
         self._plans[key] = evaluation
         return evaluation
 
+    def priced(self, plan: Plan, fold_shared: bool = True) -> PricedCosts:
+        """`cost_builder.costs(plan, fold_shared)`, kept for the last RECENT_COSTS plans: the space prices a
+        plan's pipeline (`pipeline_costs`: its Virtual-1F1B depth, interleaving's gain) just before the search
+        evaluates that very plan, which priced it again (a third of the calls at scale-736)."""
+        key = (self._key(plan), fold_shared)
+        hit = self._priced.get(key)
+        if hit is None:
+            hit = self._priced[key] = self.cost_builder.costs(plan, fold_shared)
+            if len(self._priced) > RECENT_COSTS:
+                del self._priced[next(iter(self._priced))]
+        return hit
+
     def _memory_check(self, plan: Plan, prec: str) -> tuple[tuple[float, ...], tuple[float, ...], str | None]:
         """(per stage one device's peak bytes, its capacity, the first stage's violation or None): a plan that
         does not fit is never timed."""
@@ -179,7 +194,7 @@ class Evaluator:
     def _timed(self, plan: Plan, prec: str, peaks: tuple[float, ...], caps: tuple[float, ...]) -> Evaluation:
         """A plan that fits: its iteration time (host contention and the calibrated step added), throughput and
         MFU against the peak the plan computes at (its precision's; a one-figure profile: that figure)."""
-        costs = self.cost_builder.costs(plan).costs  # already checked by evaluate
+        costs = self.priced(plan).costs  # already checked by evaluate
         t, bubble = self._iteration(plan, costs)
         oh = self.overheads
         if self.host is not None:  # ranks sharing this host's cores (CPU emulation): hetauto.planner.host_contention
@@ -203,6 +218,13 @@ class Evaluator:
                                f"has {n} layer slots (embedding, {n - 2} blocks, head); the last stage must end at {n}")
         if plan.seq_len != self.inputs.seq_len:
             raise PlanMismatch(f"plan seq_len {plan.seq_len} differs from the inputs' {self.inputs.seq_len}")
+        if self._devices_fit(plan):  # the common case in C; else the loop below names the first bad device
+            for i, st in enumerate(plan.stages):
+                c = self.cluster(st.cluster)
+                has = stage_device_type(c, st) if c.is_mixed else c.device.key
+                if st.device_type.lower() != has.lower():
+                    raise PlanMismatch(f"stage {i}: device_type '{st.device_type}' but cluster '{c.name}' has {has}")
+            return
         used: dict[tuple[str, int], int] = {}
         for i, st in enumerate(plan.stages):
             c = self.cluster(st.cluster)
@@ -219,6 +241,23 @@ class Evaluator:
                 if (c.name, d) in used:
                     raise PlanMismatch(f"stage {i}: device {d} of cluster '{c.name}' is already used by stage {used[(c.name, d)]}")
                 used[(c.name, d)] = i
+
+    def _devices_fit(self, plan: Plan) -> bool:
+        """Whether every stage's devices lie inside its cluster and no device serves two stages: set and min/max
+        work per stage instead of a Python step per device (4096 devices: a third of the planner's time was
+        `_check`'s loop). False sends `_check` to its loop, which names the first offending device."""
+        seen: dict[str, set[int]] = {}
+        total: dict[str, int] = {}
+        for st in plan.stages:
+            devs = st.devices
+            if not devs:
+                continue
+            n = self.cluster(st.cluster).num_devices
+            if min(devs) < 0 or max(devs) >= n:
+                return False
+            seen.setdefault(st.cluster, set()).update(devs)
+            total[st.cluster] = total.get(st.cluster, 0) + len(devs)
+        return all(len(seen[name]) == count for name, count in total.items())
 
     @staticmethod
     def _key(plan: Plan) -> tuple:
@@ -276,7 +315,7 @@ class Evaluator:
         `bubble_s` the remainder (fill/drain and waits on slower stages). The six sum to `iteration_time_s`.
         Executor overheads of a calibrated Evaluator that depend on host contention are left in the bubble."""
         evaluation = self.evaluate(plan)
-        priced = self.cost_builder.costs(plan)
+        priced = self.priced(plan)
         return time_breakdown(plan, evaluation, priced, self.compute,
                               self.links.link_prices(plan, priced.costs))
 
@@ -290,12 +329,12 @@ class Evaluator:
         `per_chunk`: an interleaved plan's F/B per virtual stage (`chunk_costs`); False gives them per stage
         (to simulate the plan under another schedule)."""
         self._check(plan)
-        costs = self.cost_builder.costs(plan, fold_shared).costs
+        costs = self.priced(plan, fold_shared).costs
         return self.chunk_costs(plan, costs) if per_chunk else costs
 
     def link_prices(self, plan: Plan) -> tuple[BoundaryLink, ...]:
         """How each of `plan`'s boundaries was priced (which source, which term), in boundary order."""
-        return self.links.link_prices(plan, self.cost_builder.costs(plan).costs)
+        return self.links.link_prices(plan, self.priced(plan).costs)
 
 
 _CORRECTIONS: dict[str, "Correction"] = {}

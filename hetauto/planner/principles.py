@@ -101,24 +101,42 @@ def _fill(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]], bas
           caps: Sequence[float], limit: float, least: int = 1) -> list[int] | None:
     """Greedy: each stage takes as many layers as fit under `limit` seconds and its memory capacity,
     leaving `least` layers per remaining stage (optimal for a contiguous min-max split)."""
+    return _fill_within(times, mems, base, caps, limit, least)[0]
+
+
+def _fill_within(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]], base: Sequence[float],
+                 caps: Sequence[float], limit: float, least: int = 1) -> tuple[list[int] | None, float, float]:
+    """`_fill`, and the limits [lo, hi) for which it takes exactly the same steps: every `nt > limit` it asks
+    comes out the same for any limit in there (so `balance_layers`' bisection need not fill again)."""
     p, n = len(times), len(times[0])
+    lo, hi = -math.inf, math.inf
     counts, pos = [], 0
     for s in range(p):
         rest = p - s - 1
         t, m, c = 0.0, base[s], 0
         last = n - rest * least if s < p - 1 else n
+        must = s == p - 1  # the last stage takes what is left, past `limit` if it must
+        row_t, row_m, cap = times[s], mems[s], caps[s]  # the hot loop of the balancer: no lookups inside
         while pos < last:
-            nt, nm = t + times[s][pos], m + mems[s][pos]
-            must = s == p - 1
-            if nm > caps[s] or (nt > limit and (c > 0 or not must) and not (c == 0 and must)):
+            nt, nm = t + row_t[pos], m + row_m[pos]
+            if nm > cap:
                 if must or c < least:
-                    return None
+                    return None, lo, hi
                 break
+            if nt > limit:
+                if nt < hi:
+                    hi = nt
+                if c > 0 or not must:
+                    if must or c < least:
+                        return None, lo, hi
+                    break
+            elif nt > lo:
+                lo = nt
             t, m, c, pos = nt, nm, c + 1, pos + 1
         if c < least:
-            return None
+            return None, lo, hi
         counts.append(c)
-    return counts if pos == n else None
+    return (counts if pos == n else None), lo, hi
 
 
 def balance_layers(times: Sequence[Sequence[float]], mems: Sequence[Sequence[float]] | None = None,
@@ -140,9 +158,13 @@ def balance_layers(times: Sequence[Sequence[float]], mems: Sequence[Sequence[flo
         return None
     lo, hi = 0.0, max(sum(t) for t in times)
     best = _fill(times, mems, base, caps, hi, least) or _fill(times, mems, base, caps, math.inf, least)
+    seen: list[tuple[list[int] | None, float, float]] = []  # fills done, each with the limits it stands for
     for _ in range(iterations):
         mid = (lo + hi) / 2
-        got = _fill(times, mems, base, caps, mid, least)
+        got, fresh = next(((g, False) for g, a, b in seen if a <= mid < b), (None, True))
+        if fresh:
+            got, a, b = _fill_within(times, mems, base, caps, mid, least)
+            seen.append((got, a, b))
         if got is None:
             lo = mid
         else:

@@ -206,6 +206,10 @@ class StrategySpace:
         self._opts: dict[tuple[str, int], list[ClusterChoice]] = {}
         self._cost: dict[tuple, _StageCost] = {}
         self._splits: dict[tuple, list[int] | None] = {}
+        # candidates share layouts and cuts: their stages are built once (`layout`, `_plan`); frozen values
+        self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
+        self._stage_plans: dict[tuple, tuple[StagePlan, ...]] = {}
+        self._mixed = any(c.is_mixed for c in self.spec.clusters)
 
     # ------------------------------------------------------------------ features
     @property
@@ -329,7 +333,19 @@ class StrategySpace:
         return out
 
     # ------------------------------------------------------------------ layout and costs
+    def _layout_key(self, cand: Candidate) -> tuple:
+        """What `layout(cand)` depends on: the order and choices (and the microbatch: a mixed stage's shares)."""
+        return (cand.order, cand.choices, cand.microbatch_size if self._mixed else 0)
+
     def layout(self, cand: Candidate) -> list[StageLayout]:
+        """`cand`'s stages in pipeline order (a fresh list; the layouts are built once per order and choices)."""
+        key = self._layout_key(cand)
+        hit = self._layouts.get(key)
+        if hit is None:
+            hit = self._layouts[key] = tuple(self._new_layout(cand))
+        return list(hit)
+
+    def _new_layout(self, cand: Candidate) -> list[StageLayout]:
         stages = []
         for name, ch in zip(cand.order, cand.choices):
             if ch.stages == 0:
@@ -678,6 +694,26 @@ class StrategySpace:
     def _plan(self, cand: Candidate, stages: list[StageLayout], counts: list[int], m: int, schedule: str,
               extra: tuple[int, ...], w_defer: tuple[int, ...] = (), w_offload: tuple[bool, ...] = ()) -> Plan:
         inp = self.inputs
+        key = (self._layout_key(cand), tuple(counts))
+        out = self._stage_plans.get(key)
+        if out is None:
+            out = self._stage_plans[key] = self._stage_plans_for(stages, counts)
+        if schedule == "virtual-1f1b" and not any(extra):
+            schedule, extra = "1f1b", ()
+        # built unvalidated (model_construct): the space's own values, already checked; most plans are only
+        # scored, and the one written is validated (search._finish, `validated`)
+        return Plan.model_construct(
+            model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len, global_batch=inp.global_batch,
+            microbatch_size=cand.microbatch_size, num_microbatches=m, stages=out,
+            schedule=ScheduleSpec.model_construct(
+                name=schedule, extra_warmup=tuple(extra), w_defer=tuple(w_defer), w_offload=tuple(w_offload),
+                virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
+            resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
+            **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
+            memory_headroom=float(self.headroom))
+
+    def _stage_plans_for(self, stages: list[StageLayout], counts: list[int]) -> tuple[StagePlan, ...]:
+        """`stages` holding `counts` consecutive layers each, as StagePlans (unvalidated, see `_plan`)."""
         out, pos = [], 0
         for st, c in zip(stages, counts):
             cl = self.spec.cluster(st.cluster)
@@ -686,19 +722,7 @@ class StrategySpace:
                                                  layers=(pos, pos + c), tp=st.tp, dp=st.dp, recompute=st.recompute,
                                                  dp_shares=st.shares))
             pos += c
-        if schedule == "virtual-1f1b" and not any(extra):
-            schedule, extra = "1f1b", ()
-        # built unvalidated (model_construct): the space's own values, already checked; most plans are only
-        # scored, and the one written is validated (search._finish, `validated`)
-        return Plan.model_construct(
-            model=inp.model.name, cluster=inp.cluster_source, seq_len=inp.seq_len, global_batch=inp.global_batch,
-            microbatch_size=cand.microbatch_size, num_microbatches=m, stages=tuple(out),
-            schedule=ScheduleSpec.model_construct(
-                name=schedule, extra_warmup=tuple(extra), w_defer=tuple(w_defer), w_offload=tuple(w_offload),
-                virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
-            resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
-            **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
-            memory_headroom=float(self.headroom))
+        return tuple(out)
 
 
 def validated(plan: Plan) -> Plan:

@@ -175,10 +175,10 @@ def add_comms(compute: Sequence[Sequence[Action]], p: int, v: int,
     overlap compute; a deeper lookahead is what lets a slow link run ahead (Virtual-1F1B)."""
     n = p * v
     look = [lookahead] * p if isinstance(lookahead, int) else list(lookahead)
-    return tuple(_rank_with_comms(row, n, max(1, look[rank])) for rank, row in enumerate(compute))
+    return tuple(rank_with_comms(row, n, max(1, look[rank])) for rank, row in enumerate(compute))
 
 
-def _rank_with_comms(row: Sequence[Action], n: int, d: int) -> tuple[Action, ...]:
+def rank_with_comms(row: Sequence[Action], n: int, d: int) -> tuple[Action, ...]:
     """One rank's list of `add_comms`: the planner lowers every zero-bubble candidate's lists (10^5 actions),
     so the receives are posted by slicing the list of receives this rank needs, in the order it needs them."""
     f_, bi = ActionType.F, (ActionType.B, ActionType.I)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms
+from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms, rank_with_comms
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -25,7 +25,12 @@ def _check_shape(p: int, m: int, v: int = 1) -> None:
 
 def _finish(name: str, p: int, m: int, v: int, compute: list[list[Action]], tail: bool,
             lookahead: Sequence[int] | int = 1, extra: tuple[int, ...] = ()) -> Schedule:
-    ranks = add_comms(compute, p, v, lookahead)
+    return _lowered(name, p, m, v, add_comms(compute, p, v, lookahead), tail, extra)
+
+
+def _lowered(name: str, p: int, m: int, v: int, ranks: tuple[tuple[Action, ...], ...], tail: bool,
+             extra: tuple[int, ...] = ()) -> Schedule:
+    """The Schedule of rank lists that already hold their SEND/RECV, with the tail when asked for."""
     if tail:
         ranks = tuple(
             row + tuple(Action(c * p + r, ActionType.REDUCE_GRAD) for c in reversed(range(v))) + (Action(r, ActionType.OPTIM),)
@@ -215,6 +220,23 @@ def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
     return row
 
 
+_ZB_ROWS: dict[tuple[int, ...], tuple[Action, ...]] = {}
+_ZB_ROWS_KEEP = 4096  # lowered zero-bubble rank lists kept (each is shared by the schedules that hold it)
+
+
+def _zb_row(r: int, m: int, warmup: int, defer: int, n: int, d: int) -> tuple[Action, ...]:
+    """Rank r's ZB-H1 / Virtual-ZB list with its SEND/RECV (`_zb_rank` lowered as `add_comms` lowers it, n
+    virtual stages, d receives ahead), built once per those inputs: the planner builds a zero-bubble schedule
+    for every twin it prices (10^5 actions), and twins of the same depth share most of their ranks' lists."""
+    key = (r, m, warmup, defer, n, d)
+    hit = _ZB_ROWS.get(key)
+    if hit is None:
+        if len(_ZB_ROWS) >= _ZB_ROWS_KEEP:
+            _ZB_ROWS.clear()
+        hit = _ZB_ROWS[key] = rank_with_comms(_zb_rank(r, m, warmup, defer), n, d)
+    return hit
+
+
 def zb_inflight(p: int, m: int, stage: int, extra_warmup: Sequence[int] = (), defer: Sequence[int] = ()) -> int:
     """Peak microbatches stage `stage` holds under ZB-H1 / Virtual-ZB, counted from F to W (a microbatch
     between I and W keeps its W set; `zb_windows` splits the count): min(m, p - i + d_i + sum_{h >= i} k_h), d_i the stage's
@@ -272,9 +294,10 @@ def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
     if memory_cap is not None:
         ds = [d if cap is None or d == PLAIN_B else max(0, min(d, cap - (p - r) - sum(ks[r:])))
               for r, (d, cap) in enumerate(zip(ds, memory_cap))]
-    compute = [_zb_rank(r, m, p - r - 1 + sum(ks[r:]), ds[r]) for r in range(p)]
+    look = _boundary_lookahead(p, ks)
+    ranks = tuple(_zb_row(r, m, p - r - 1 + sum(ks[r:]), ds[r], p, max(1, look[r])) for r in range(p))
     name = "virtual-zb" if virtual else "zb-h1"
-    out = _finish(name, p, m, 1, compute, tail, _boundary_lookahead(p, ks), tuple(ks) if virtual else ())
+    out = _lowered(name, p, m, 1, ranks, tail, tuple(ks) if virtual else ())
     return out if ds == list(range(p)) else replace(out, defer=tuple(ds))
 
 

@@ -239,6 +239,11 @@ def _flatten(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list
         o = [code_of[a.type] for a in row]
         st = [a.stage for a in row]
         mb = [-1 if a.microbatch is None else a.microbatch for a in row]
+        if _row_fits(r, st, [a.microbatch for a in row if a.microbatch is not None], owner_of, m):  # per distinct stage, not per action; else name the bad action
+            ops.append(o)
+            stg.append(st)
+            mbs.append(mb)
+            continue
         for a in row:
             if not 0 <= a.stage < n or owner_of[a.stage] != r:
                 raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own "
@@ -251,6 +256,16 @@ def _flatten(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list
     if len(ops) != p:
         raise ScheduleError(f"schedule has {len(ops)} rank lists, expected p={p}")
     return ops, stg, mbs
+
+
+def _row_fits(r: int, st: list[int], given: list[int], owner_of: list[int], m: int) -> bool:
+    """Whether rank `r`'s actions (their virtual stages `st`, the microbatches `given` of those that name one) all
+    name a stage rank `r` owns and a microbatch inside 0..m-1: `_flatten`'s checks over the few distinct stages
+    and the microbatches' extremes (a zero-bubble schedule has ~10^5 actions)."""
+    n = len(owner_of)
+    if any(not 0 <= s < n or owner_of[s] != r for s in set(st)):
+        return False
+    return not given or (min(given) >= 0 and max(given) < m)
 
 
 def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False) -> SimResult:
