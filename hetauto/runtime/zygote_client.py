@@ -28,7 +28,8 @@ ZYGOTE_ENV = "HETAUTO_RANK_ZYGOTE"
 # variables read when torch / the OpenMP runtime / the interpreter start: a rank whose value differs from the
 # zygote's would not get what it asked for from an already-imported torch, so it runs on its own instead
 IMPORT_TIME_ENV_PREFIXES = ("TORCH_", "OMP_", "MKL_", "KMP_", "GOMP_", "PYTHON", "LD_", "CUDA_", "MALLOC_")
-RUNTIME_ONLY_ENV = ("TORCH_NCCL_ASYNC_ERROR_HANDLING",)  # torchrun sets it for every worker; read at run time
+# torchrun sets the first for every worker, read at run time; PYTHONPATH is compared as the search path it makes
+RUNTIME_ONLY_ENV = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONPATH")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _NAMESPACES = ("net", "mnt", "pid", "ipc", "uts", "user", "cgroup")
 
@@ -48,9 +49,11 @@ def process_identity(env: dict[str, str]) -> dict[str, object]:
         cgroup = ""
     import_env = {k: v for k, v in env.items()
                   if k.startswith(IMPORT_TIME_ENV_PREFIXES) and k not in RUNTIME_ONLY_ENV}
+    search_path = list(dict.fromkeys(sys.path[1:]))  # PYTHONPATH's effect (a folder named twice is one); [0] is cwd
     hetauto_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {"ns": {n: ns(n) for n in _NAMESPACES}, "cgroup": cgroup, "uid": os.getuid(), "gid": os.getgid(),
-            "executable": sys.executable, "version": sys.version, "hetauto": hetauto_dir, "import_env": import_env}
+            "executable": sys.executable, "version": sys.version, "hetauto": hetauto_dir, "import_env": import_env,
+            "search_path": search_path}
 
 
 def _signal_state() -> tuple[list[int], list[int]]:
