@@ -55,6 +55,7 @@ PRELOAD = (
     "hetauto.runtime.checkpoint_reach",
     "hetauto.runtime.step_log",
 )  # not hetauto.runtime.worker itself: the child runs it as __main__ (runpy warns when it is already imported)
+LOG_ENV = "HETAUTO_ZYGOTE_LOG"  # a file: one line per rank served (its CPU-s) or declined (why); for measuring
 POLL_S = 0.5  # how often the server checks that its parent (the pytest worker) is still there
 
 
@@ -193,6 +194,13 @@ class _Server:
         self.conn_of: dict[int, socket.socket] = {}
         self.extra_fds: list[int] = []  # the wake-up pipe's write end (its read end is registered)
 
+    def log(self, line: str) -> None:
+        """One line to HETAUTO_ZYGOTE_LOG (when set): what the zygote served and declined, each rank's CPU-s."""
+        path = os.environ.get(LOG_ENV)
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{os.getpid()} {line}\n")
+
     def close_in_child(self) -> None:
         """The server's sockets, selector and wake-up pipe: none of the child's business."""
         signal.set_wakeup_fd(-1)
@@ -217,9 +225,10 @@ class _Server:
         except (OSError, ValueError):
             conn.close()
             return
-        why = self._declined(req)
-        if why is not None or threading_count() > 1:
-            conn.sendall(f"no {why or 'the zygote has threads'}\n".encode())
+        why = self._declined(req) or (None if threading_count() == 1 else "the zygote has threads")
+        if why is not None:
+            self.log(f"declined {req.get('argv')}: {why}")
+            conn.sendall(f"no {why}\n".encode())
             conn.close()
             for fd in fds:
                 os.close(fd)
@@ -254,11 +263,12 @@ class _Server:
     def reap(self) -> None:
         while self.conn_of:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            self.log(f"rank {pid} status {status} cpu_s {usage.ru_utime + usage.ru_stime:.3f}")
             conn = self.conn_of.pop(pid, None)
             if conn is None:
                 continue
