@@ -22,6 +22,8 @@ from hetauto.testing.rank_zygote import start, stop
 PROBE = '''
 import json, os, signal, sys, time
 what = sys.argv[1]
+if what == "wait":  # before the first line: the test signals once it has read it
+    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), os._exit(143)))
 ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
                   "mark": os.environ.get("PROBE_MARK"), "zygote": os.environ.get("%s"), "hup_ignored": ignored,
@@ -29,7 +31,6 @@ print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), 
 if what == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if what == "wait":
-    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), os._exit(143)))
     time.sleep(60)
 sys.exit(int(what))
 ''' % ZYGOTE_ENV

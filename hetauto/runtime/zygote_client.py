@@ -27,9 +27,11 @@ __all__ = ["ZYGOTE_ENV", "run_through_zygote", "process_identity", "IMPORT_TIME_
 ZYGOTE_ENV = "HETAUTO_RANK_ZYGOTE"
 # variables read when torch / the OpenMP runtime / the interpreter start: a rank whose value differs from the
 # zygote's would not get what it asked for from an already-imported torch, so it runs on its own instead
-IMPORT_TIME_ENV_PREFIXES = ("TORCH_", "OMP_", "MKL_", "KMP_", "GOMP_", "PYTHON", "LD_", "CUDA_", "MALLOC_")
-# torchrun sets the first for every worker, read at run time; PYTHONPATH is compared as the search path it makes
-RUNTIME_ONLY_ENV = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONPATH")
+IMPORT_TIME_ENV_PREFIXES = ("TORCH_", "OMP_", "MKL_", "KMP_", "GOMP_", "PYTHON", "LD_", "MALLOC_")
+# torchrun sets TORCH_<its collective library>_ASYNC_ERROR_HANDLING for every worker (read when a process group
+# starts, not at import); PYTHONPATH is compared as the search path it makes
+RUNTIME_ONLY_SUFFIXES = ("_ASYNC_ERROR_HANDLING",)
+RUNTIME_ONLY_ENV = ("PYTHONPATH",)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _NAMESPACES = ("net", "mnt", "pid", "ipc", "uts", "user", "cgroup")
 
@@ -48,7 +50,8 @@ def process_identity(env: dict[str, str]) -> dict[str, object]:
     except OSError:
         cgroup = ""
     import_env = {k: v for k, v in env.items()
-                  if k.startswith(IMPORT_TIME_ENV_PREFIXES) and k not in RUNTIME_ONLY_ENV}
+                  if k.startswith(IMPORT_TIME_ENV_PREFIXES) and k not in RUNTIME_ONLY_ENV
+                  and not k.endswith(RUNTIME_ONLY_SUFFIXES)}
     search_path = list(dict.fromkeys(sys.path[1:]))  # PYTHONPATH's effect (a folder named twice is one); [0] is cwd
     hetauto_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {"ns": {n: ns(n) for n in _NAMESPACES}, "cgroup": cgroup, "uid": os.getuid(), "gid": os.getgid(),
