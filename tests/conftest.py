@@ -25,11 +25,10 @@ _ZYGOTES: list = []
 def pytest_configure(config: pytest.Config) -> None:
     """One rank zygote per process that runs tests (not xdist's controller), named in HETAUTO_RANK_ZYGOTE for every
     process the tests start: each rank of a `hetauto run` then skips ~3 CPU-s of imports (torch, torch._dynamo).
-    HETAUTO_RANK_ZYGOTE=off runs every rank as a user's run does (the variable is then removed)."""
+    HETAUTO_RANK_ZYGOTE=off runs every rank as a user's run does (kept set: xdist's workers inherit it)."""
     from hetauto.runtime.zygote_client import ZYGOTE_ENV
 
     if os.environ.get(ZYGOTE_ENV) == "off":
-        del os.environ[ZYGOTE_ENV]
         return
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return  # xdist's controller runs no test

@@ -111,9 +111,11 @@ def test_an_ignored_sighup_stays_ignored_in_the_rank(folder: Path, zygote: str) 
     assert seen["pid"] != proc.pid and seen["hup_ignored"] and proc.returncode == 0
 
 
-@pytest.mark.parametrize("env", [{"TORCH_CPP_LOG_LEVEL": "ERROR"}, {"OMP_NUM_THREADS": "7"}, {ZYGOTE_ENV: "/nonexistent"}])
+@pytest.mark.parametrize("env", [{"TORCH_CPP_LOG_LEVEL": "ERROR"}, {"OMP_NUM_THREADS": "7"}, {ZYGOTE_ENV: "/nonexistent"},
+                                 {ZYGOTE_ENV: "off"}])
 def test_a_rank_the_zygote_cannot_be_runs_by_itself(folder: Path, zygote: str, env: dict[str, str]) -> None:
-    """Variables read when torch loads differ (or no zygote answers): the client runs the rank itself."""
+    """Variables read when torch loads differ, no zygote answers, or the suite was asked for none
+    (HETAUTO_RANK_ZYGOTE=off): the client runs the rank itself."""
     proc = client(folder, zygote, "0", **env)
     seen = first_line(proc)
     proc.communicate(timeout=60)
