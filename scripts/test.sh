@@ -18,6 +18,9 @@ hetauto_activation_hint   # before the tests, so pytest's summary stays the last
 # (ranks, torchrun agents, commands), and without .pyc files each recompiles the hetauto modules it imports and
 # every pytest worker rewrites every test module again (~0.5 s a process; the caches go to __pycache__, ignored).
 unset PYTHONDONTWRITEBYTECODE
+# Ranks: each pytest process starts a rank zygote (tests/conftest.py, hetauto.testing.rank_zygote) that has imported
+# torch once, and the ranks of the tests' `hetauto run` jobs fork from it instead of paying ~3 CPU-s of imports each.
+# HETAUTO_RANK_ZYGOTE=off starts every rank as a user's run does (torchrun -> python -m hetauto.runtime.worker).
 cores="$(nproc 2>/dev/null || echo 2)"
 workers="${HETAUTO_TEST_WORKERS:-$(( cores + 1 < 4 ? cores + 1 : 4 ))}"
 if [[ "$workers" == 0 ]]; then

@@ -17,6 +17,35 @@ import pytest  # noqa: E402
 from hetauto.backends import reset_registry  # noqa: E402
 
 
+# --- the rank zygote (hetauto.testing.rank_zygote): ranks the tests start fork from a process that imported torch
+
+_ZYGOTES: list = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One rank zygote per process that runs tests (not xdist's controller), named in HETAUTO_RANK_ZYGOTE for every
+    process the tests start: each rank of a `hetauto run` then skips ~3 CPU-s of imports (torch, torch._dynamo).
+    HETAUTO_RANK_ZYGOTE=off runs every rank as a user's run does (kept set: xdist's workers inherit it)."""
+    from hetauto.runtime.zygote_client import ZYGOTE_ENV
+
+    if os.environ.get(ZYGOTE_ENV) == "off":
+        return
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # xdist's controller runs no test
+    from hetauto.testing.rank_zygote import start
+
+    proc, path = start(dict(os.environ))
+    _ZYGOTES.append((proc, path))
+    os.environ[ZYGOTE_ENV] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from hetauto.testing.rank_zygote import stop
+
+    while _ZYGOTES:
+        stop(*_ZYGOTES.pop())
+
+
 @pytest.fixture(autouse=True)
 def _environment_restored() -> Iterator[None]:
     """Every test leaves os.environ as it found it: commands run in-process set variables for their own process

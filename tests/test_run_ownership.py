@@ -17,6 +17,14 @@ from pathlib import Path
 import pytest
 
 from hetauto.core.plan import Plan, StagePlan
+from hetauto.runtime.zygote_client import ZYGOTE_ENV
+
+
+@pytest.fixture(autouse=True)
+def _ranks_started_as_torchrun_starts_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No rank zygote here (tests/conftest.py): these tests find a job's processes by the marker in their
+    /proc/PID/environ and a rank's torchrun as its /proc parent, which a rank forked from the zygote does not show."""
+    monkeypatch.delenv(ZYGOTE_ENV, raising=False)
 
 CLUSTER = """clusters:
   - {name: a, nodes: {count: 1, devices_per_node: 2, device: cpu}}

@@ -237,6 +237,10 @@ def _resume_point(run: RunConfig, comm: Communicator, restart: int) -> tuple[Run
 
 
 if __name__ == "__main__":
+    if os.environ.get("HETAUTO_RANK_ZYGOTE"):  # the test suite's zygote forks this rank (hetauto.testing.rank_zygote)
+        from hetauto.runtime.zygote_client import run_through_zygote
+
+        run_through_zygote("hetauto.runtime.worker")  # returns only when no zygote takes it: run it here
     code = main()
     # Skip the interpreter's teardown: unloading torch takes a second or more per rank, on every launch and
     # every restart, and nothing is left to do (the report is written and closed, the process group destroyed).

@@ -1,0 +1,379 @@
+"""The test suite's rank zygote: one long-lived process (per pytest worker) that has imported torch, torch._dynamo
+and the hetauto runtime once, and forks a child per rank that asks for it (hetauto.runtime.zygote_client).
+
+Why: every rank of the hundreds the suite starts through `hetauto run` -> torchrun paid ~3 CPU-s for those
+imports (torch's optimizers import torch._dynamo on their first step), most of the suite's time on a small
+machine. Only tests use it (tests/conftest.py starts it and sets HETAUTO_RANK_ZYGOTE); torchrun and everything a
+user runs start ranks as always. multiprocessing.forkserver is the model: a single-threaded server (forking a
+process with threads is unsafe), that preloads modules which start no thread, and forks on request.
+
+The child becomes the rank that asked (`_become`): a session of its own (as torchrun's start_new_session), the
+client's stdin/stdout/stderr (passed with SCM_RIGHTS), environment, cwd, sys.path, argv, umask, rlimits, blocked
+and ignored signals; every other signal back to its default. Its watchdog sees torchrun as its parent
+(`os.getppid` answers the client's parent), and the client's mark joins HETAUTO_LAUNCHER, so the client's
+forwarded SIGTERM counts as torchrun's and the child dies when the client does. The server SIGKILLs a child as
+soon as its client's connection closes (the client died, even by SIGKILL), and tells the client how the child
+ended. A rank that differs from the zygote in anything fixed before the fork (namespaces, cgroup, user,
+interpreter, hetauto checkout, variables read at import) is declined: it runs on its own.
+
+    python -m hetauto.testing.rank_zygote SOCKET_PATH     # serves until its parent exits (or fd:N, bound)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import traceback
+from typing import Any
+
+from hetauto.runtime.zygote_client import ZYGOTE_ENV, process_identity
+
+__all__ = ["PRELOAD", "listening_socket", "serve", "start", "stop", "main"]
+
+# torch (1.6 CPU-s), torch._dynamo (1.4 CPU-s more: torch.optim's first step imports it) and the runtime modules a
+# rank imports; none starts a thread at import (checked at start: the server refuses to fork with threads)
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "torch.distributed.elastic.multiprocessing.errors",
+    "hetauto.core.comm",
+    "hetauto.core.plan_check",
+    "hetauto.runtime.control",
+    "hetauto.runtime.parent_watch",
+    "hetauto.runtime.rank",
+    "hetauto.runtime.executor",
+    "hetauto.runtime.training",
+    "hetauto.runtime.faults",
+    "hetauto.runtime.emulation",
+    "hetauto.runtime.checkpoint",
+    "hetauto.runtime.checkpoint_reach",
+    "hetauto.runtime.step_log",
+)  # not hetauto.runtime.worker itself: the child runs it as __main__ (runpy warns when it is already imported)
+LOG_ENV = "HETAUTO_ZYGOTE_LOG"  # a file: one line per rank served (its CPU-s) or declined (why); for measuring
+POLL_S = 0.5  # how often the server checks that its parent (the pytest worker) is still there
+
+
+def _preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module that cannot load here is loaded by the child, as without us
+            pass
+
+
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    conn.settimeout(30)
+    head, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
+    while len(head) < 4:
+        more = conn.recv(4 - len(head))
+        if not more:
+            raise OSError("client closed before its request")
+        head += more
+    (size,) = struct.unpack("!I", head)
+    body = b""
+    while len(body) < size:
+        more = conn.recv(min(65536, size - len(body)))
+        if not more:
+            raise OSError("client closed mid-request")
+        body += more
+    conn.settimeout(None)
+    return json.loads(body), list(fds)
+
+
+def _client_parent(client: int) -> Any:
+    """os.getppid for the child: the client's parent (torchrun), 1 once the client is gone; so the rank's watchdog
+    (hetauto.runtime.parent_watch) sees torchrun die as a real rank would."""
+    def getppid() -> int:
+        try:
+            with open(f"/proc/{client}/stat", "rb") as f:
+                return int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return 1
+    return getppid
+
+
+def _signals_as_asked(ignored: list[int], blocked: list[int]) -> None:
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if sig in ignored:
+            handler: Any = signal.SIG_IGN
+        elif sig == signal.SIGINT:
+            handler = signal.default_int_handler
+        else:
+            handler = signal.SIG_DFL
+        try:
+            signal.signal(sig, handler)
+        except (OSError, ValueError, RuntimeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _limits_as_asked(limits: dict[str, list[int]]) -> None:
+    import resource
+
+    for name, (soft, hard) in limits.items():
+        try:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def _stdio(fds: list[int]) -> None:
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        if fd > 2:
+            os.close(fd)
+    import io
+
+    # torchrun starts ranks with `python -u`: unbuffered binary layer, text written through
+    sys.stdout = io.TextIOWrapper(open(1, "wb", 0, closefd=False), write_through=True)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", 0, closefd=False), write_through=True, errors="backslashreplace")
+    sys.stdin = io.TextIOWrapper(open(0, "rb", closefd=False))
+
+
+def _become(req: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: turn into the rank that asked, then run its module as __main__ (never returns)."""
+    from hetauto.runtime.parent_watch import LAUNCHER_ENV, launcher_mark
+
+    os.setsid()
+    _signals_as_asked(req["ignored"], req["blocked"])
+    _limits_as_asked(req["rlimits"])
+    os.umask(req["umask"])
+    _stdio(fds)
+    env = dict(req["env"])
+    env.pop(ZYGOTE_ENV, None)  # the child runs the rank itself
+    env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(req["cwd"])
+    sys.path[:] = req["path"]
+    sys.argv[:] = req["argv"]
+    os.getppid = _client_parent(req["pid"])
+    if "numpy" in sys.modules:  # numpy's global generator is not reseeded at fork (Python's random module is)
+        sys.modules["numpy"].random.seed()
+    import runpy
+
+    runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+
+
+def _child(req: dict[str, Any], fds: list[int], server: "_Server") -> None:
+    code = 1
+    try:
+        server.close_in_child()
+        _become(req, fds)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the rank's own traceback, on its own stderr
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+class _Server:
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.identity = process_identity(dict(os.environ))
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(listener, selectors.EVENT_READ)
+        self.child_of: dict[socket.socket, int] = {}  # client connection -> its child's pid
+        self.conn_of: dict[int, socket.socket] = {}
+        self.extra_fds: list[int] = []  # the wake-up pipe's write end (its read end is registered)
+
+    def log(self, line: str) -> None:
+        """One line to HETAUTO_ZYGOTE_LOG (when set): what the zygote served and declined, each rank's CPU-s."""
+        path = os.environ.get(LOG_ENV)
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{os.getpid()} {line}\n")
+
+    def close_in_child(self) -> None:
+        """The server's sockets, selector and wake-up pipe: none of the child's business."""
+        signal.set_wakeup_fd(-1)
+        for key in list(self.sel.get_map().values()):
+            fileobj = key.fileobj
+            fileobj.close() if hasattr(fileobj, "close") else os.close(fileobj)  # type: ignore[union-attr]
+        self.sel.close()
+        for fd in self.extra_fds:
+            os.close(fd)
+
+    def _declined(self, req: dict[str, Any]) -> str | None:
+        theirs = req.get("identity", {})
+        for key, mine in self.identity.items():
+            if theirs.get(key) != mine:
+                return f"differs in {key}"
+        return None
+
+    def accept(self) -> None:
+        conn, _ = self.listener.accept()
+        try:
+            req, fds = _read_request(conn)
+        except (OSError, ValueError):
+            conn.close()
+            return
+        why = self._declined(req) or (None if threading_count() == 1 else "the zygote has threads")
+        if why is not None:
+            self.log(f"declined {req.get('argv')}: {why}")
+            conn.sendall(f"no {why}\n".encode())
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            return
+        pid = os.fork()
+        if pid == 0:
+            _child(req, fds, self)
+        for fd in fds:
+            os.close(fd)
+        self.child_of[conn] = pid
+        self.conn_of[pid] = conn
+        try:
+            conn.sendall(f"pid {pid}\n".encode())
+        except OSError:
+            pass
+        self.sel.register(conn, selectors.EVENT_READ)
+
+    def client_event(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(64)
+        except OSError:
+            data = b""
+        if not data:  # the client is gone (even SIGKILLed): its rank goes with it
+            pid = self.child_of.get(conn)
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.sel.unregister(conn)
+
+    def reap(self) -> None:
+        while self.conn_of:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.log(f"rank {pid} status {status} cpu_s {usage.ru_utime + usage.ru_stime:.3f}")
+            conn = self.conn_of.pop(pid, None)
+            if conn is None:
+                continue
+            self.child_of.pop(conn, None)
+            try:
+                conn.sendall(f"exit {status}\n".encode())
+            except OSError:
+                pass
+            try:
+                self.sel.unregister(conn)
+            except (KeyError, ValueError):
+                pass
+            conn.close()
+
+
+def threading_count() -> int:
+    """Threads of this process (the kernel's count: C++ threads too)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def listening_socket(path: str) -> socket.socket:
+    """The zygote's socket, bound and listening: clients that connect while the zygote still imports torch wait
+    in its backlog (tests/conftest.py binds it before it starts the zygote, so a rank never finds no socket)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(512)
+    return listener
+
+
+def serve(listener: socket.socket) -> None:
+    """Preload, then fork a child per request until the parent process is gone."""
+    parent = os.getppid()
+    _preload()
+    server = _Server(listener)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select (PEP 475 retries it; the timeout bounds a miss)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    server.sel.register(r, selectors.EVENT_READ)
+    server.extra_fds.append(w)
+    while os.getppid() == parent:
+        for key, _ in server.sel.select(POLL_S):
+            if key.fileobj is listener:
+                server.accept()
+            elif key.fileobj == r:
+                os.read(r, 4096)
+            else:
+                server.client_event(key.fileobj)  # type: ignore[arg-type]
+        server.reap()
+    for pid in list(server.conn_of):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start(env: dict[str, str]) -> tuple[Any, str]:
+    """A zygote serving a fresh socket (in a folder of its own), started with `env`: (its Popen, the socket path to
+    put in HETAUTO_RANK_ZYGOTE). It serves until `stop` or until the calling process exits."""
+    import subprocess
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="hetauto-zygote-"), "rank.sock")
+    with listening_socket(path) as listener:
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "hetauto.testing.rank_zygote", f"fd:{listener.fileno()}"],
+                                pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+    return proc, path
+
+
+def stop(proc: Any, path: str) -> None:
+    """End a zygote `start` started and remove its socket's folder."""
+    import shutil
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except Exception:  # noqa: BLE001 - it did not end on SIGTERM
+        proc.kill()
+        proc.wait()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`SOCKET_PATH` (bound here) or `fd:N` (a listening socket this process inherited)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m hetauto.testing.rank_zygote SOCKET_PATH|fd:N", file=sys.stderr)
+        return 2
+    where = args[0]
+    if where.startswith("fd:"):
+        serve(socket.socket(fileno=int(where[3:])))
+        return 0
+    try:
+        serve(listening_socket(where))
+    finally:
+        try:
+            os.unlink(where)
+        except OSError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The test suite's rank zygote (hetauto.testing.rank_zygote, hetauto.runtime.zygote_client): a rank forked from it
+is the rank that asked (argv, environment, cwd, stdio, ignored signals, torchrun as its parent), ends as the client
+ends and the client as it ends, takes the client's signals, dies with the client, and a rank that differs from
+the zygote in what was fixed before the fork runs by itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hetauto.runtime.zygote_client import ZYGOTE_ENV
+from hetauto.testing.rank_zygote import start, stop
+
+PROBE = '''
+import json, os, signal, sys, time
+what = sys.argv[1]
+if what == "wait":  # before the first line: the test signals once it has read it
+    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), os._exit(143)))
+ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
+                  "mark": os.environ.get("PROBE_MARK"), "zygote": os.environ.get("%s"), "hup_ignored": ignored,
+                  "torch_loaded": "torch" in sys.modules}), flush=True)
+if what == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if what == "wait":
+    time.sleep(60)
+sys.exit(int(what))
+''' % ZYGOTE_ENV
+CLIENT = ("import sys\n"
+          "from hetauto.runtime.zygote_client import run_through_zygote\n"
+          "run_through_zygote('zygote_probe')\n"
+          "import zygote_probe\n")  # no zygote took it: run it here, as the worker does
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[str]:
+    proc, path = start(dict(os.environ))
+    yield path
+    stop(proc, path)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    return tmp_path
+
+
+def client(folder: Path, zygote: str, *args: str, **env: str) -> subprocess.Popen:
+    """`python -c CLIENT args` in `folder` (the probe is found there: sys.path[0] is the working folder)."""
+    return subprocess.Popen([sys.executable, "-u", "-c", CLIENT, *args], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, ZYGOTE_ENV: zygote, **env})
+
+
+def first_line(proc: subprocess.Popen) -> dict:
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    assert line, proc.communicate(timeout=30)[1][-2000:]
+    return json.loads(line)
+
+
+def test_a_forked_rank_is_the_rank_that_asked_and_its_exit_code_is_the_clients(folder: Path, zygote: str) -> None:
+    proc = client(folder, zygote, "3", PROBE_MARK="m1")
+    seen = first_line(proc)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert seen["pid"] != proc.pid and seen["torch_loaded"]  # forked from the zygote, torch already there
+    assert seen["ppid"] == os.getpid()  # the client's parent (torchrun, for a rank), not the zygote
+    assert (seen["cwd"], seen["argv"][1:], seen["mark"], seen["zygote"]) == (str(folder), ["3"], "m1", None)
+    assert not seen["hup_ignored"]
+
+
+def test_a_rank_killed_by_a_signal_ends_its_client_by_that_signal(folder: Path, zygote: str) -> None:
+    proc = client(folder, zygote, "kill")
+    assert first_line(proc)["pid"] != proc.pid
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_sigterm_to_the_client_reaches_the_rank(folder: Path, zygote: str) -> None:
+    proc = client(folder, zygote, "wait")
+    first_line(proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert (out, proc.returncode) == ("got SIGTERM\n", 143)
+
+
+def test_the_rank_dies_with_its_client_even_by_sigkill(folder: Path, zygote: str) -> None:
+    proc = client(folder, zygote, "wait")
+    rank = first_line(proc)["pid"]
+    proc.kill()
+    proc.communicate(timeout=60)
+    end = time.monotonic() + 10
+    while Path(f"/proc/{rank}").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{rank}").exists()
+
+
+def test_an_ignored_sighup_stays_ignored_in_the_rank(folder: Path, zygote: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-u", "-c", CLIENT, "0"], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, ZYGOTE_ENV: zygote},
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    seen = first_line(proc)
+    proc.communicate(timeout=60)
+    assert seen["pid"] != proc.pid and seen["hup_ignored"] and proc.returncode == 0
+
+
+@pytest.mark.parametrize("env", [{"TORCH_CPP_LOG_LEVEL": "ERROR"}, {"OMP_NUM_THREADS": "7"}, {ZYGOTE_ENV: "/nonexistent"},
+                                 {ZYGOTE_ENV: "off"}])
+def test_a_rank_the_zygote_cannot_be_runs_by_itself(folder: Path, zygote: str, env: dict[str, str]) -> None:
+    """Variables read when torch loads differ, no zygote answers, or the suite was asked for none
+    (HETAUTO_RANK_ZYGOTE=off): the client runs the rank itself."""
+    proc = client(folder, zygote, "0", **env)
+    seen = first_line(proc)
+    proc.communicate(timeout=60)
+    assert seen["pid"] == proc.pid and proc.returncode == 0
