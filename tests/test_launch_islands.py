@@ -106,9 +106,11 @@ def test_the_torchrun_scripts_train_every_island_to_the_island_reference(tmp_pat
         script = tmp_path / "out" / f"island-{name}" / name.lower() / "node0.sh"
         procs.append(subprocess.Popen(["bash", str(script)], cwd=tmp_path / name, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=this_tree_env()))
+    errs = []
     for proc in procs:
         _out, err = proc.communicate(timeout=150)
         assert proc.returncode == 0, err[-2000:]
+        errs.append(err)
     plan = IslandPlan.load(path)
     ref = reference_islands(plan, load_model_for_plan(plan.islands[0].plan), RunConfig.from_flat(steps=STEPS, seed=0))
     for index, name in enumerate(("FAST", "SLOW")):
@@ -121,6 +123,8 @@ def test_the_torchrun_scripts_train_every_island_to_the_island_reference(tmp_pat
         assert (island["name"], island["index"], island["rows"], island["rounds"]) == (name, index,
                                                                                       [[0, 6], [6, 10]][index], 1)
         assert [(s["step"], s["peers"]) for s in island["outer_syncs"]] == [(1, ["SLOW" if name == "FAST" else "FAST"])]
+        # the lead's log says its rounds as hetauto run ISLAND_PLAN.json does
+        assert f"hetauto node 0: island {name}: rounds: 1 (H=2, 1 fragment; 1 sync): " in errs[index], errs[index]
 
 
 # ------------------------------------------------------------------------------------------ every target's files

@@ -113,6 +113,10 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
             print(f"hetauto node: error: {off}", file=sys.stderr)
         return LOSS_OFF_EXIT if off else 0
     diff = doc.get("max_loss_diff")
+    if doc.get("island"):  # an island's lead: its rounds as hetauto run ISLAND_PLAN.json prints them
+        from hetauto.commands._island_run import rounds_line
+
+        say(f"island {doc['island']['name']}: " + rounds_line({**doc["island"], "steps": len(doc["loss"])}))
     say(f"done: {len(doc['ranks'])} ranks, loss {', '.join(f'{x:.6f}' for x in doc['loss'])}"
         + ("" if diff is None else f" (max difference to the reference {diff:.2g})") + f"; result: {path}")
     if off:
