@@ -64,13 +64,9 @@ def pipelined_islands(folder: Path, inner_steps: int = 2) -> Path:
 
 def _free_run(count: int) -> int:
     """A port p with p .. p + count - 1 free on the loopback now."""
-    from hetauto.launch.ports import free_port, port_is_free
+    from hetauto.launch.ports import free_run
 
-    for _ in range(50):
-        base = free_port()
-        if base + count <= 65535 and all(port_is_free(base + i) for i in range(count)):
-            return base
-    raise AssertionError("no run of free ports")
+    return free_run(count)
 
 
 def _launch(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:

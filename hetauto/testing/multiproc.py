@@ -2,17 +2,12 @@
 (hetauto.launch.rank_pool, where the library's own probes take it from), `free_port` finds a port
 (hetauto.launch.ports), and `two_free_ports` a port whose successor is free too (a launch's rendezvous and its control store)."""
 
-from hetauto.launch.ports import port_is_free, free_port
+from hetauto.launch.ports import free_port, free_run
 from hetauto.launch.rank_pool import RankFailure, RemoteError, run_ranks
 
 __all__ = ["run_ranks", "free_port", "two_free_ports", "RankFailure", "RemoteError"]
 
 
 def two_free_ports() -> int:
-    """A port p with p and p + 1 free a moment ago (the rendezvous and the control store), below the ephemeral range
-    for the reason `free_port` gives."""
-    for _ in range(50):
-        port = free_port()
-        if port < 65535 and port_is_free(port + 1):
-            return port
-    raise RuntimeError("no two adjacent free ports")
+    """A port p with p and p + 1 free a moment ago (the rendezvous and the control store): free_run(2)."""
+    return free_run(2)
