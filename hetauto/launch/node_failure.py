@@ -14,6 +14,7 @@ import socket
 from typing import TYPE_CHECKING, Any, Sequence
 
 from hetauto.launch.diagnosis import JobFailed, gloo_connect_failure, read_marks
+from hetauto.launch.listen_address import is_own_address
 from hetauto.launch.node_link import link_down_words, silent_threshold
 from hetauto.launch.plan import HOST_SOCKET_ENV
 
@@ -83,7 +84,8 @@ def loopback_note(job: "NodeJob") -> str | None:
         address = socket.gethostbyname(host)
     except OSError:
         address = None
-    if address is not None and not _is_loopback(address) and _bindable(address):
+    # gloo binds to the address of the host's name, where it is one of this host's own
+    if address is not None and not _is_loopback(address) and is_own_address(address):
         return None
     why = f"resolves to {address} (loopback)" if address is not None and _is_loopback(address) else (
         "resolves to none of this host's addresses (gloo falls back to loopback)")
@@ -113,15 +115,6 @@ def member_failure(job: "NodeJob", watch: Any, grace_s: float, err: JobFailed) -
         return JobFailed(member_link_words(job, watch.link, grace_s) + f"; this node's ranks stopped with it ({err})")
     return err
 
-
-def _bindable(address: str) -> bool:
-    """Whether `address` is one of this host's own (gloo binds to the address of the host's name, else loopback)."""
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
-            probe.bind((address, 0))
-        return True
-    except OSError:
-        return False
 
 
 def _is_loopback(host: str) -> bool:
