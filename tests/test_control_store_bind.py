@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from hetauto.launch.control import ControlServer
 from hetauto.launch.listen_address import interface_addresses, lead_listen_address
 from hetauto.launch.local import torchrun_launcher
 from hetauto.testing.multiproc import two_free_ports
-from hetauto.testing.two_sites import this_tree_env, write_two_site_plan
+from hetauto.testing.two_sites import await_first_step, write_two_site_plan, written_sites_running
 
 SECRET = "ab" * 32
 BOUND, OTHER = "127.0.0.2", "127.0.0.1"
@@ -84,23 +83,9 @@ def test_a_lead_launched_on_one_address_serves_only_there_and_the_job_trains(tmp
     out = tmp_path / "launch"
     assert main(["launch", str(tmp_path / "plan" / "plan.json"), "--master", f"{BOUND}:{port}", "-o", str(out),
                  "--no-reference", "--join-timeout", "30", "--timeout", "30", "--steps", "40"]) == 0
-    procs = [subprocess.Popen(["bash", str(out / site / f"node{r}.sh")], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True,
-                              env={**this_tree_env(), "HETAUTO_PYTHON": sys.executable,
-                                   "HETAUTO_WORKDIR": str(tmp_path / f"node{r}")})
-             for r, site in ((0, "fast"), (1, "slow"))]
-    try:
-        steps = tmp_path / "node0" / "steps.jsonl"
-        end = time.monotonic() + 120
-        while not (steps.is_file() and steps.read_text().strip()):
-            assert time.monotonic() < end and procs[0].poll() is None, procs[0].communicate()[1][-2000:]
-            time.sleep(0.1)
+    with written_sites_running(out, tmp_path) as procs:
+        await_first_step(tmp_path / "node0", procs[0], 120)
         assert _refused(OTHER, port + 1) and _refused(OTHER, port)  # the control store, torchrun's rendezvous
         errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
     assert [p.returncode for p in procs] == [0, 0], f"{errs[0][-2000:]}\n{errs[1][-2000:]}"
     assert "listens on every interface" not in errs[0]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from hetauto.launch.node_join import member_join
 from hetauto.launch.node_secret import SECRET_DIFFERS, SECRET_FILE_ENV, find_secret, new_secret
 from hetauto.launch.plan import LaunchPlan
 from hetauto.testing.multiproc import two_free_ports
-from hetauto.testing.two_sites import this_tree_env, write_two_site_plan
+from hetauto.testing.two_sites import await_first_step, write_two_site_plan, written_sites_running
 
 SECRET = "ab" * 32
 
@@ -111,27 +109,13 @@ def test_a_stranger_on_a_running_leads_port_is_refused_and_the_job_trains_on(tmp
     """Real agents started from the scripts `hetauto launch` wrote (loopback, the two-site plan's 1 + 1 ranks)."""
     port = two_free_ports()
     out = _launch(tmp_path, port, "--steps", "40")
-    procs = [subprocess.Popen(["bash", str(out / site / f"node{r}.sh")], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True,
-                              env={**this_tree_env(), "HETAUTO_PYTHON": sys.executable,
-                                   "HETAUTO_WORKDIR": str(tmp_path / f"node{r}")})
-             for r, site in ((0, "fast"), (1, "slow"))]
-    try:
-        steps = tmp_path / "node0" / "steps.jsonl"
-        end = time.monotonic() + 90
-        while not (steps.is_file() and steps.read_text().strip()):
-            assert time.monotonic() < end and procs[0].poll() is None, procs[0].communicate()[1][-2000:]
-            time.sleep(0.1)
+    with written_sites_running(out, tmp_path) as procs:
+        await_first_step(tmp_path / "node0", procs[0], 90)
         for token, attempt in ((None, lambda c: c.set(ABORT_KEY, "FAKE-ABORT")), ("cd" * 32, lambda c: c.get("x")),
                                (None, lambda c: c.post("hetauto/seq", "hetauto/msg/", '{"rank": 0}'))):
             with pytest.raises(PermissionError):
                 attempt(ControlStoreClient("127.0.0.1", port + 1, timeout_s=5, token=token))
         errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
     assert [p.returncode for p in procs] == [0, 0], f"{errs[0][-2000:]}\n{errs[1][-2000:]}"
     refused = [line for line in errs[0].splitlines() if "refused a connection to the control store" in line]
     assert len(refused) == 1 and refused[0].startswith("hetauto node 0: refused a connection to the control store "

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ from hetauto.launch.node_end import ABORT_KEY
 from hetauto.launch.node_join import member_join
 from hetauto.launch.plan import LaunchPlan
 from hetauto.testing.multiproc import two_free_ports
-from hetauto.testing.two_sites import this_tree_env, write_two_site_plan
+from hetauto.testing.two_sites import await_first_step, this_tree_env, write_two_site_plan
 
 # torchrun's log when its one rank failed and the rank's error went to the job's store: its last line is a rule
 TORCHRUN_LOG = """\
@@ -134,11 +133,7 @@ def test_the_other_node_says_the_lead_nodes_job_ended_never_a_torchrun_rule(tmp_
                               stderr=subprocess.PIPE, text=True, env=this_tree_env(), start_new_session=True)
              for r in (0, 1)]
     try:
-        end = time.monotonic() + 90
-        steps = tmp_path / "node0" / "steps.jsonl"
-        while not (steps.is_file() and steps.read_text().strip()):
-            assert time.monotonic() < end and procs[0].poll() is None, procs[0].communicate()[1][-2000:]
-            time.sleep(0.1)
+        await_first_step(tmp_path / "node0", procs[0], 90)
         for pid in _tree(procs[0].pid):
             try:
                 os.kill(pid, sig)

@@ -4,13 +4,17 @@ mock ranks (dp 3 for the benchmark, 2 in the tests), so the two nodes run differ
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping
 
 from hetauto.core.plan import Plan, ScheduleSpec, StagePlan
 
-__all__ = ["CLUSTER", "one_rank_per_end", "write_two_site_plan", "this_tree_env"]
+__all__ = ["CLUSTER", "one_rank_per_end", "write_two_site_plan", "this_tree_env", "written_sites_running",
+           "await_first_step"]
 
 CLUSTER = """\
 clusters:
@@ -57,3 +61,31 @@ def this_tree_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["HETAUTO_PYTHON"] = sys.executable
     return env
+
+
+@contextmanager
+def written_sites_running(out: Path, folder: Path) -> Iterator[list[subprocess.Popen]]:
+    """The node scripts `hetauto launch` wrote into `out` for the two-site plan (node 0 at site fast, node 1 at
+    slow), run as written, each in its own working folder `folder/node<r>`, in a session of its own; whatever is
+    still running when the block ends is killed."""
+    procs = [subprocess.Popen(["bash", str(out / site / f"node{r}.sh")], cwd=folder, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env={**this_tree_env(), "HETAUTO_WORKDIR": str(folder / f"node{r}")})
+             for r, site in ((0, "fast"), (1, "slow"))]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
+def await_first_step(workdir: Path, lead: subprocess.Popen, timeout_s: float) -> None:
+    """Wait until the lead node's agent (working in `workdir`) has logged a training step; fail with its output
+    when it ends first or `timeout_s` passes."""
+    steps = workdir / "steps.jsonl"
+    end = time.monotonic() + timeout_s
+    while not (steps.is_file() and steps.read_text().strip()):
+        assert time.monotonic() < end and lead.poll() is None, lead.communicate()[1][-2000:]
+        time.sleep(0.1)
