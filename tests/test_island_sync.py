@@ -453,19 +453,22 @@ def test_a_posted_exchange_does_not_block_and_its_wait_is_the_peers_lateness() -
     payloads = [torch.full((1000,), i + 1, dtype=torch.uint8) for i in range(2)]
     got: dict[int, Any] = {}
     late = 0.3
+    posted = threading.Event()
 
     def later() -> None:
+        # the peer posts only once our post has returned: a post that waited for the peer would stall it here
+        ours_returned = posted.wait(timeout=30)
         time.sleep(late)
-        got[1] = (time.perf_counter(), groups[1].post_bytes(payloads[1], [1000, 1000]).wait())
+        got[1] = (ours_returned, time.perf_counter(), groups[1].post_bytes(payloads[1], [1000, 1000]).wait())
 
     peer = threading.Thread(target=later)
     peer.start()
-    t0 = time.perf_counter()
     pending = groups[0].post_bytes(payloads[0], [1000, 1000])
-    assert time.perf_counter() - t0 < late / 3  # posting does not wait for the peer
+    posted.set()
     landed = pending.wait()
-    peer.join(timeout=30)
-    late_post, theirs = got[1]
+    peer.join(timeout=60)
+    ours_returned, late_post, theirs = got[1]
+    assert ours_returned  # posting did not wait for the peer (which had not posted yet)
     assert landed.waited_s >= late * 0.8 and landed.finished >= late_post - 1e-3
     for mine in (landed, theirs):
         assert [p.tolist() for p in mine.payloads] == [p.tolist() for p in payloads]
