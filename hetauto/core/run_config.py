@@ -256,14 +256,6 @@ class RunConfig:
     def emulated(self) -> bool:
         return self.emulation.emulated
 
-    def __getattr__(self, name: str) -> Any:
-        """Compatibility for callers not yet moved to the sections: `run.checkpoint_dir` reads
-        `run.checkpoint.dir` (each field by its flat name). New code reads the sections."""
-        for k in knobs():
-            if k.flat == name:
-                return getattr(getattr(self, k.section), k.name)
-        raise AttributeError(f"{type(self).__name__!s} has no field {name!r}")
-
     def with_emulation(self, **changes: Any) -> "RunConfig":
         """This configuration with emulation fields replaced (a launcher's decision: the mode, the cluster's base
         folder on this machine)."""
