@@ -252,10 +252,6 @@ class RunConfig:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     island: IslandConfig = field(default_factory=IslandConfig)
 
-    @property
-    def emulated(self) -> bool:
-        return self.emulation.emulated
-
     def with_emulation(self, **changes: Any) -> "RunConfig":
         """This configuration with emulation fields replaced (a launcher's decision: the mode, the cluster's base
         folder on this machine)."""
