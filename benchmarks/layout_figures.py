@@ -244,7 +244,7 @@ def print_text(doc: dict[str, object]) -> None:
     print(f"tree: {doc['root']}")
     print(f"hetauto/runtime/: {rt['files']} files, {rt['lines']} lines")  # type: ignore[index]
     if HEADLINE_KNOB in doc["knob_modules"]:  # type: ignore[operator]
-        print(f"a new training knob (like {HEADLINE_KNOB}, which only the optimizer reads) touches "
+        print(f"{HEADLINE_KNOB} (a training knob that only the optimizer reads) is named in "
               f"{doc['knob_modules'][HEADLINE_KNOB]['count']} modules")  # type: ignore[index]
     print("modules naming each training knob:")
     for knob, found in doc["knob_modules"].items():  # type: ignore[union-attr]

@@ -241,7 +241,9 @@ def knobs() -> Iterator[Knob]:
 @dataclass(frozen=True, slots=True)
 class RunConfig:
     """Everything a launched rank needs to know besides the plan: `plan` and `out` are the plan file and the run
-    folder each rank reads and writes (set per machine by the launcher; empty inside a launch plan)."""
+    folder each rank reads and writes (set per machine by the launcher; empty inside a launch plan). A field is
+    read through its section (`run.training.steps`, `run.checkpoint.dir`); the flat names are only a way in
+    (`from_flat`, the flat form), so a read by one (`run.steps`) is an AttributeError, not a silent guess."""
 
     plan: str = ""
     out: str = ""
