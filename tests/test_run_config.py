@@ -37,7 +37,16 @@ def test_the_flat_form_of_older_launch_plans_reads_into_the_same_tree() -> None:
             "resume": "/ck/step-00000001", "emulate": "inprocess", "cluster_base": "/p", "backends": ["cpu", "mock"]}
     assert RunConfig.from_dict(flat, "launch.json") == FULL
     assert RunConfig.from_flat(steps=2).training.steps == 2
-    assert FULL.checkpoint_dir == "/ck" and FULL.steps == 5  # flat names still read, for callers not yet moved
+    assert (FULL.checkpoint.dir, FULL.training.steps) == ("/ck", 5)
+
+
+def test_a_flat_name_is_no_attribute_of_the_tree() -> None:
+    """A read by a flat name (`run.steps`) fails loudly: each read names its section (`run.training.steps`)."""
+    flat_only = [k.flat for k in knobs() if not hasattr(FULL, k.flat)]
+    assert "steps" in flat_only and "checkpoint_dir" in flat_only
+    for name in flat_only:
+        with pytest.raises(AttributeError):
+            getattr(FULL, name)
 
 
 @pytest.mark.parametrize("doc, message", [

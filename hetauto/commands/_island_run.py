@@ -38,7 +38,7 @@ def run_island_plan(args: argparse.Namespace, request: JobRequest) -> int:
     doc = run_islands(job, open_sinks=lambda: _sinks(args, len(job.islands)))
     off = doc["loss_off_reference"]
     skipped = next((f"island {i['name']}: {line}" for i in doc["islands"]
-                    if (line := mostly_skipped(i, job.options.on_nonfinite))), None)
+                    if (line := mostly_skipped(i, job.options.training.on_nonfinite))), None)
     if args.json:
         print_json(doc)
         for line in filter(None, (off, skipped)):

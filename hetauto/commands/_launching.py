@@ -58,7 +58,7 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
     if args.omp_threads < 1:
         raise HetautoError(f"--omp-threads must be >= 1, got {args.omp_threads}")
     registry = get_registry()
-    backends = list(run_options.backends)
+    backends = list(run_options.emulation.backends)
     known = {}
     for b in dict.fromkeys(backends):
         try:
@@ -101,8 +101,8 @@ def derive_launch(args: argparse.Namespace, plan: Any, cluster: Any, base: Path,
              f"(torchrun's rendezvous, which accepts any connection) and {port + 1} (the control store, which refuses "
              "any connection without the job's control.secret): open them to the job's nodes only",
              "every path the run options name (--data, --init-from) present on every node",
-             f"{run_options.checkpoint_dir} on storage every node writes, at that path (a shared file system; checked by "
-             "every rank before the first step)" if run_options.checkpoint_dir
+             f"{run_options.checkpoint.dir} on storage every node writes, at that path (a shared file system; checked "
+             "by every rank before the first step)" if run_options.checkpoint.dir
              else "no shared storage (no checkpoints)")
     return derive(plan, cluster, run_doc, master=host, port=port, backends=backends, visible_env=visible,
                   sites=sites, env=common, site_env=site_env, site_options=options, join_timeout_s=args.join_timeout,

@@ -75,13 +75,13 @@ def run(args: argparse.Namespace) -> int:
     say = NodeLog(lambda text: print(f"hetauto node {args.node_rank}: {text}", file=sys.stderr, flush=True))
     from hetauto.launch.folder_lock import acquire_folder, held_by_a_launcher
 
-    if job.lead and job.run.checkpoint_dir and not held_by_a_launcher(job.run.checkpoint_dir):
+    if job.lead and job.run.checkpoint.dir and not held_by_a_launcher(job.run.checkpoint.dir):
         # one owner per checkpoint folder, as for hetauto run: the lead holds it for the whole job (every node
         # writes there), and a second job's lead is refused before any site starts (unless the launcher that
         # started this agent holds it already: hetauto run --emulate netns)
-        with acquire_folder(job.run.checkpoint_dir) as lock:
+        with acquire_folder(job.run.checkpoint.dir) as lock:
             if lock.took_over is not None:
-                say(f"note: took over the checkpoint folder {job.run.checkpoint_dir} from a run that is gone "
+                say(f"note: took over the checkpoint folder {job.run.checkpoint.dir} from a run that is gone "
                     f"({lock.took_over.describe()})")
             return _run_node(args, launch, job, say)
     return _run_node(args, launch, job, say)

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         return _print_launch(args, job)
     doc = run_local(job, open_sinks=lambda: _sinks(args, job))
     off = doc["loss_off_reference"]
-    skipped = mostly_skipped(doc, job.options.on_nonfinite)
+    skipped = mostly_skipped(doc, job.options.training.on_nonfinite)
     if args.json:
         print_json(doc)
         for line in filter(None, (off, skipped)):
@@ -173,7 +173,8 @@ def _print_events(args: argparse.Namespace, doc: dict[str, Any], run_options: An
     for c in doc["checkpoints"]:
         print(f"checkpoint: {c}")
     if doc["nonfinite_steps"]:
-        how = "skipped" if run_options.on_nonfinite == "skip" else "trained on anyway (--on-nonfinite continue)"
+        skip = run_options.training.on_nonfinite == "skip"
+        how = "skipped" if skip else "trained on anyway (--on-nonfinite continue)"
         print(f"non-finite loss or gradients at step(s) {', '.join(map(str, doc['nonfinite_steps']))}: {how}")
     for _step, why in doc["skipped_checkpoints"]:
         print(f"warning: {why}")

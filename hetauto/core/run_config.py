@@ -241,7 +241,9 @@ def knobs() -> Iterator[Knob]:
 @dataclass(frozen=True, slots=True)
 class RunConfig:
     """Everything a launched rank needs to know besides the plan: `plan` and `out` are the plan file and the run
-    folder each rank reads and writes (set per machine by the launcher; empty inside a launch plan)."""
+    folder each rank reads and writes (set per machine by the launcher; empty inside a launch plan). A field is
+    read through its section (`run.training.steps`, `run.checkpoint.dir`); the flat names are only a way in
+    (`from_flat`, the flat form), so a read by one (`run.steps`) is an AttributeError, not a silent guess."""
 
     plan: str = ""
     out: str = ""
@@ -251,18 +253,6 @@ class RunConfig:
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     island: IslandConfig = field(default_factory=IslandConfig)
-
-    @property
-    def emulated(self) -> bool:
-        return self.emulation.emulated
-
-    def __getattr__(self, name: str) -> Any:
-        """Compatibility for callers not yet moved to the sections: `run.checkpoint_dir` reads
-        `run.checkpoint.dir` (each field by its flat name). New code reads the sections."""
-        for k in knobs():
-            if k.flat == name:
-                return getattr(getattr(self, k.section), k.name)
-        raise AttributeError(f"{type(self).__name__!s} has no field {name!r}")
 
     def with_emulation(self, **changes: Any) -> "RunConfig":
         """This configuration with emulation fields replaced (a launcher's decision: the mode, the cluster's base

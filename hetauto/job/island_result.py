@@ -63,7 +63,7 @@ def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], repo
         "emulated": bool(job.request.emulate),
         "emulation": job.request.emulate,
         "data": job.options.data.path,
-        "seed": job.options.seed,
+        "seed": job.options.training.seed,
     }
 
 

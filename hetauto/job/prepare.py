@@ -1,4 +1,4 @@
-"""Every check of a run before anything launches, and the `RunOptions` the ranks will read (`prepare`).
+"""Every check of a run before anything launches, and the `RunConfig` the ranks will read (`prepare`).
 
 Why before: a bad flag, plan, data file or checkpoint found inside the ranks costs a launch and ends in one
 error per rank; found here it is one line naming the option (as its caller spells it: `JobRequest.flag`), the
@@ -17,7 +17,7 @@ from hetauto.core.plan import Plan
 from hetauto.job.request import JobRequest
 
 if TYPE_CHECKING:
-    from hetauto.runtime.options import RunOptions
+    from hetauto.core.run_config import RunConfig
 
 __all__ = ["PreparedJob", "prepare", "require_fit", "check_request_options", "check_plan_runs", "check_inputs",
            "NETNS_RESTARTS"]
@@ -33,7 +33,7 @@ NETNS_RESTARTS = ("--max-restarts is not supported with --emulate netns: each na
 @dataclass(frozen=True)
 class PreparedJob:
     """A checked run: the request as resolved (seed, the checkpoint it resumes, the fault normalised), the plan,
-    its cluster spec and model config, the plan's folder, the RunOptions the ranks read, and the steps a resumed
+    its cluster spec and model config, the plan's folder, the RunConfig the ranks read, and the steps a resumed
     run skips."""
 
     request: JobRequest
@@ -41,7 +41,7 @@ class PreparedJob:
     cluster: Any
     cfg: Any
     base: Path
-    options: RunOptions
+    options: RunConfig
     start_step: int = 0
 
 

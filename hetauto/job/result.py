@@ -86,7 +86,7 @@ def reference_losses(plan: Plan, cfg: Any, run: Any, start: int,
 def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: Any, *, base: Path,
                     emulate: str | None, want_reference: bool, link: dict | None = None, trace: str | None = None,
                     emulated_backends: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
-    """`hetauto run --json`'s document from the ranks' reports (`run`: the RunOptions they ran with): losses next
+    """`hetauto run --json`'s document from the ranks' reports (`run`: the RunConfig they ran with): losses next
     to the single-process reference (`want_reference`), measured next to predicted step time, per rank, boundary
     and stage. The lead node agent of a multi-site job (hetauto node) writes the same document."""
     from hetauto.job.predict import flops_per_peak, predicted_step
@@ -127,7 +127,7 @@ def result_document(plan: Plan, cfg: Any, reports: list[dict[str, Any]], run: An
         "shaped_link": link,
         "trace": trace,
         **_events(reports),
-        "seed": run.seed,
+        "seed": run.training.seed,
     }
 
 

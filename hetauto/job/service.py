@@ -30,11 +30,11 @@ def run_local(job: PreparedJob, *, open_sinks: OpenSinks | None = None) -> dict[
     """Train a prepared job on this host; returns the result document, its `loss_off_reference` set (None when
     the losses kept to the reference). The checkpoint folder is this run's alone while it runs (a second run is
     refused before anything starts)."""
-    if job.options.checkpoint_dir is None:
+    if job.options.checkpoint.dir is None:
         return _execute(job, open_sinks)
     from hetauto.launch.folder_lock import acquire_folder
 
-    with acquire_folder(job.options.checkpoint_dir) as lock:
+    with acquire_folder(job.options.checkpoint.dir) as lock:
         if lock.took_over is not None:
             job.request.warn(f"hetauto run: note: took over {job.request.flag('checkpoint_dir')} "
                              f"{job.request.checkpoint_dir} from a run that is gone ({lock.took_over.describe()})")
@@ -66,7 +66,7 @@ def _checked(doc: dict[str, Any], options: Any) -> dict[str, Any]:
     (--allow-data-change) has no reference to keep to."""
     from hetauto.job.result import loss_off_reference
 
-    doc["loss_off_reference"] = None if options.allow_data_change else loss_off_reference(
+    doc["loss_off_reference"] = None if options.checkpoint.allow_data_change else loss_off_reference(
         doc["loss"], doc["reference_loss"], doc["start_step"], doc["loss_tolerance"])
     return doc
 

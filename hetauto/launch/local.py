@@ -21,8 +21,8 @@ from typing import Any
 
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
+from hetauto.core.run_config import RunConfig
 from hetauto.launch.diagnosis import JobFailed, diagnose_failure, reason_line, torchrun_exit_codes, torchrun_signal
-from hetauto.runtime.options import RunOptions
 
 # JobFailed, diagnose_failure and torchrun_exit_codes live in hetauto.launch.diagnosis (re-exported: the launchers
 # and their callers take them from here)
@@ -32,11 +32,11 @@ __all__ = ["JobFailed", "worker_args", "write_run_folder", "torchrun_launcher", 
 
 
 def worker_args(options_path: str | Path) -> list[str]:
-    """The worker program torchrun starts on every rank: it reads everything else from the RunOptions file."""
+    """The worker program torchrun starts on every rank: it reads everything else from the RunConfig file."""
     return ["-m", "hetauto.runtime.worker", "--options", str(options_path)]
 
 
-def write_run_folder(folder: str | Path, plan: Plan, run: RunOptions) -> Path:
+def write_run_folder(folder: str | Path, plan: Plan, run: RunConfig) -> Path:
     """Save the plan and the run's options (pointing at that plan and at `folder` for the rank reports) into
     `folder`; return the options file the workers read. A DP sharding level the executor does not run is
     refused here too (hetauto.core.plan_check.check_runnable_sharding), for callers other than `hetauto run`."""
@@ -151,7 +151,7 @@ class LocalJob:
     `JobInterrupted` naming the newest complete checkpoint."""
 
     def __init__(self, plan: Plan, tmp: tempfile.TemporaryDirectory | str | Path, proc: subprocess.Popen,
-                 deadline: float, token: str = "", run: RunOptions | None = None, max_restarts: int = 0) -> None:
+                 deadline: float, token: str = "", run: RunConfig | None = None, max_restarts: int = 0) -> None:
         self.plan, self.proc, self.deadline = plan, proc, deadline
         self._tmp = tmp if isinstance(tmp, tempfile.TemporaryDirectory) else None  # removed on close
         self.token, self.run, self.max_restarts = token, run, max_restarts
@@ -207,7 +207,7 @@ class LocalJob:
         self._previous.clear()
 
     def _checkpoint_note(self) -> str:
-        return newest_checkpoint_note(self.run.checkpoint_dir if self.run is not None else None)
+        return newest_checkpoint_note(self.run.checkpoint.dir if self.run is not None else None)
 
     def _interrupted(self) -> JobInterrupted:
         from hetauto.launch.jobprocs import stop_job
@@ -367,7 +367,7 @@ class LocalJob:
     _files: tuple = ()
 
 
-def start_local(plan: Plan, run: RunOptions, *, max_restarts: int = 0) -> LocalJob:
+def start_local(plan: Plan, run: RunConfig, *, max_restarts: int = 0) -> LocalJob:
     """Start the plan under torchrun on this machine and return at once (see `launch_local`). `run.plan` and
     `run.out` are replaced by the run folder's own copies; the ranks report to a control store on loopback."""
     tmp = tempfile.TemporaryDirectory(prefix="hetauto-run-")
@@ -392,7 +392,7 @@ def control_token_file(folder: Path) -> str:
     return token
 
 
-def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory | str | Path, command: Any,
+def start_job(plan: Plan, run: RunConfig, folder: tempfile.TemporaryDirectory | str | Path, command: Any,
               options: Path, *, max_restarts: int = 0, control_bind: str | None = LOOPBACK, control_port: int = 0,
               control_address: str | None = None, env: dict[str, str] | None = None,
               control_token: str | None = None, ranks_here: int | None = None) -> LocalJob:
@@ -433,7 +433,7 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
 
         env[LAUNCHER_ENV] = chain(env.get(LAUNCHER_ENV))  # torchrun and the ranks die with this process
         env[CONTROL_ENV] = control.address if control is not None else str(control_address)
-        deadline = (run.timeout_s * 3 + 60 + 5 * run.steps) * (max_restarts + 1)
+        deadline = (run.training.timeout_s * 3 + 60 + 5 * run.training.steps) * (max_restarts + 1)
         # torchrun's (and the workers') output goes to files: a pipe nobody reads while we poll would fill up
         files = [open(out / n, "w", encoding="utf-8") for n in ("torchrun.out", "torchrun.err")]
         job = LocalJob(plan, folder, None, deadline, token, run, max_restarts)  # type: ignore[arg-type]
@@ -455,7 +455,7 @@ def start_job(plan: Plan, run: RunOptions, folder: tempfile.TemporaryDirectory |
     return job
 
 
-def launch_local(plan: Plan, run: RunOptions, *, max_restarts: int = 0) -> list[dict[str, Any]]:
+def launch_local(plan: Plan, run: RunConfig, *, max_restarts: int = 0) -> list[dict[str, Any]]:
     """Run the plan under torchrun on this machine; return every rank's report (rank order). A failed job
     raises `JobFailed` naming the culprit rank; the whole job is bounded by a wall-clock deadline (its
     process group is killed past it), so nothing can hang."""

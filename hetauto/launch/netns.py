@@ -24,8 +24,8 @@ from typing import Any, Callable
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch
 from hetauto.core.plan import Plan
+from hetauto.core.run_config import RunConfig
 from hetauto.launch.local import JobFailed, collect_reports, kill_group
-from hetauto.runtime.options import RunOptions
 from hetauto.runtime.parent_watch import LAUNCHER_ENV, chain
 
 __all__ = ["launch_netns", "cross_cluster_bandwidth", "cross_cluster_latency", "interruptible", "job_deadline_s",
@@ -50,7 +50,7 @@ def cross_cluster_latency(plan: Plan, cluster: ClusterSpec) -> float:
     return cluster.link(names[0], names[1]).latency_s
 
 
-def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
+def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunConfig) -> tuple[list[dict[str, Any]], dict]:
     """Run the plan with one namespace per cluster; return (rank reports, link figures: shaped rate and the
     kernel's byte counters of each namespace's veth over the run). SIGTERM/SIGHUP (the topology turns them into
     SystemExit(128 + signal) so its teardown runs) end it with a one-line JobInterrupted naming the signal.
@@ -58,7 +58,7 @@ def launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[lis
     return interruptible(lambda: _launch_netns(plan, cluster, run), run)
 
 
-def interruptible(job: Callable[[], Any], run: RunOptions) -> Any:
+def interruptible(job: Callable[[], Any], run: RunConfig) -> Any:
     """`job()` (a namespace job that kills its agents and removes its namespaces on the way out), with Ctrl-C,
     SIGTERM and SIGHUP turned into one-line JobInterrupted errors naming the signal."""
     import signal
@@ -73,26 +73,26 @@ def interruptible(job: Callable[[], Any], run: RunOptions) -> Any:
         signum = exc.code - 128 if isinstance(exc.code, int) and exc.code > 128 else None
         if signum not in (signal.SIGTERM, signal.SIGHUP):
             raise
-        note = newest_checkpoint_note(run.checkpoint_dir)
+        note = newest_checkpoint_note(run.checkpoint.dir)
         raise JobInterrupted(f"interrupted by {signal.Signals(signum).name}: stopped the namespace job (its node "
                              "agents, torchrun and ranks) and removed its namespaces"
                              + (f"; {note}" if note else ""), signum) from None
 
 
-def _interrupted_by_ctrl_c(run: RunOptions) -> Exception:
+def _interrupted_by_ctrl_c(run: RunConfig) -> Exception:
     """The one line a Ctrl-C ends a namespace job with: what was interrupted, that nothing of it is left running,
     and the checkpoint folder's state (it used to say only 'interrupted')."""
     import signal
 
     from hetauto.launch.local import JobInterrupted, newest_checkpoint_note
 
-    note = newest_checkpoint_note(run.checkpoint_dir)
+    note = newest_checkpoint_note(run.checkpoint.dir)
     return JobInterrupted("interrupted by SIGINT (Ctrl-C): stopped the namespace job (its node agents, torchrun and "
                           "ranks were killed: nothing of it is left running) and removed its namespaces"
                           + (f"; {note}" if note else ""), signal.SIGINT)
 
 
-def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
+def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunConfig) -> tuple[list[dict[str, Any]], dict]:
     """`launch_netns` itself.
 
     Each namespace is a site of a multi-site job: its own working folder, its node agent (`hetauto node`, as
@@ -124,14 +124,14 @@ def _launch_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[li
         return reports, link_figures(topo, names, before, after)
 
 
-def _node_groups(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> list[list[int]]:
+def _node_groups(plan: Plan, cluster: ClusterSpec, run: RunConfig) -> list[list[int]]:
     """The plan's ranks node by node (as torchrun numbers them: hetauto.launch.plan.derive's nodes)."""
     launch = _derive_for_netns(plan, cluster, run, "127.0.0.1", 29500, {})
     nodes = sorted((n for site in launch.sites for n in site.nodes), key=lambda n: n.node_rank)
     return [list(range(n.first_rank, n.first_rank + n.nproc)) for n in nodes]
 
 
-def _launch_netns_by_node(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> tuple[list[dict[str, Any]], dict]:
+def _launch_netns_by_node(plan: Plan, cluster: ClusterSpec, run: RunConfig) -> tuple[list[dict[str, Any]], dict]:
     """A plan on one cluster of several nodes: each node a namespace (a site of its own), the cluster's
     `inter_node` link shaped between them (two nodes: its latency through the TUN relay too). Why: synchronous
     data parallelism across a slow link is one stage whose dp replicas sit on nodes joined by that link (a stage
@@ -161,17 +161,17 @@ def _launch_netns_by_node(plan: Plan, cluster: ClusterSpec, run: RunOptions) -> 
         return reports, link_figures(topo, names, before, after)
 
 
-def _derive_for_netns(plan: Plan, cluster: ClusterSpec, run: RunOptions, master: str, port: int,
+def _derive_for_netns(plan: Plan, cluster: ClusterSpec, run: RunConfig, master: str, port: int,
                       site_env: dict[str, dict[str, str]]) -> Any:
     """derive() as a namespace job needs it: speeds emulated per rank (the links are the kernel's), the plan's
     files carried, no reference on the lead (the run service computes it)."""
     from hetauto.launch.plan import derive, portable_plan
 
-    portable, files = portable_plan(plan, run.cluster_base)
+    portable, files = portable_plan(plan, run.emulation.cluster_base)
     return derive(portable, cluster, run.with_emulation(mode="speed-only", cluster_base=None).launch_dict(),
-                  master=master, port=port, backends=run.backends or ("cpu",) * plan.num_stages, visible_env={},
-                  site_env=site_env, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}, files=files,
-                  reference=False)
+                  master=master, port=port, backends=run.emulation.backends or ("cpu",) * plan.num_stages,
+                  visible_env={}, site_env=site_env, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                  files=files, reference=False)
 
 
 def require_netns() -> None:
@@ -183,7 +183,7 @@ def require_netns() -> None:
         raise ShapedLinkError(f"--emulate netns is not available here: {avail.reason}")
 
 
-def namespace_launch(plan: Plan, cluster: ClusterSpec, run: RunOptions, topo: Any, group_of: dict[str, int], *,
+def namespace_launch(plan: Plan, cluster: ClusterSpec, run: RunConfig, topo: Any, group_of: dict[str, int], *,
                      port: int | None = None) -> Any:
     """The launch plan of `plan` whose clusters live in `topo`'s namespaces (`group_of[cluster]`: its group): one
     node per cluster, the rendezvous and control store at the first cluster's veth address, gloo bound to each
@@ -200,9 +200,9 @@ def namespace_launch(plan: Plan, cluster: ClusterSpec, run: RunOptions, topo: An
     return launch
 
 
-def job_deadline_s(run: RunOptions, launch: Any) -> float:
+def job_deadline_s(run: RunConfig, launch: Any) -> float:
     """How long a namespace job may run before it is killed as hung."""
-    return run.timeout_s * 3 + 60 + 5 * run.steps + launch.rendezvous.join_timeout_s
+    return run.training.timeout_s * 3 + 60 + 5 * run.training.steps + launch.rendezvous.join_timeout_s
 
 
 def start_node_agents(launch: Any, topo: Any, group_of: dict[str, int], folder: Path, *,

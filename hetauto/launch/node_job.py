@@ -13,9 +13,9 @@ from pathlib import Path
 
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
+from hetauto.core.run_config import RunConfig
 from hetauto.launch.local import write_run_folder
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
-from hetauto.runtime.options import RunOptions
 from hetauto.runtime.worker import RESUME_NEWEST_ENV
 
 __all__ = ["NodeJob", "prepare_node", "resume_note", "VISIBLE_DEVICES_MODES"]
@@ -31,7 +31,7 @@ class NodeJob:
     site: SiteLaunch
     node: NodeLaunch
     plan: Plan
-    run: RunOptions
+    run: RunConfig
     workdir: Path
     options: Path  # the run options file the workers read
     env: dict[str, str]
@@ -71,7 +71,7 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
     plan = launch.the_plan()
     if plan.model in launch.files:  # a model config.json that travelled with the launch plan
         plan = plan.model_copy(update={"model": str(work / plan.model)})
-    run = RunOptions.from_dict({**launch.run, "plan": str(work / "plan.json"), "out": str(work / "run")},
+    run = RunConfig.from_dict({**launch.run, "plan": str(work / "plan.json"), "out": str(work / "run")},
                                "launch plan: run").with_emulation(cluster_base=str(work))
     if run.island.active and run.island.plan in launch.files:  # an island's launch: the island plan it carries
         run = replace(run, island=replace(run.island, plan=str(work / run.island.plan)))

@@ -204,7 +204,7 @@ def _train(run: RunConfig, rank: int, restart: int, control: ControlClient, held
 def _emulation(run: RunConfig, plan: Plan, stage: int, rank: int) -> tuple[float, Any]:
     """This rank's emulated speed factor and, emulating in-process, the link table its communicator delays
     messages by (1.0 and None on real devices and links)."""
-    if not run.emulated:
+    if not run.emulation.emulated:
         return 1.0, None
     from hetauto.core.plan_check import cluster_for_plan
     from hetauto.runtime.emulation import emulation_for_plan
