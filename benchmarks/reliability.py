@@ -24,6 +24,8 @@ and those of issue 44 (each must be named with its cause, not only its rank):
   rank EMFILE        --inject-fault ...,action=emfile (the rank's open-file limit reached)
   null digest        the newest manifest's digest set to null and its seed edited, then --resume of it
   ulimit -n 24       `hetauto run` started with 24 file descriptors: refused at once naming the limit and the fix
+  OOM kill           the job in a memory cgroup of 1.5 GiB, rank 2 allocating until the kernel's OOM killer ends it
+                     (root, or a delegated cgroup; else skipped): named from the kernel's record
   nohup, hang-up     `hetauto run` whose caller ignores SIGHUP (nohup) gets one: it trains on to its last step
   data truncated     the job's --data token file cut to one page mid-run: SIGBUS, named with the data file
   kill at publish    strace's fault injection SIGKILLs the rank at the rename that would publish the second
@@ -59,6 +61,7 @@ one JSON document with the totals and every row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -680,6 +683,72 @@ def case_killed_at_publish(plan: Path, timeout: float, full: list[float] | None)
                 "data_lost": not intact or resume is False}
 
 
+OOM_LIMIT = 1536 << 20  # the job's memory cgroup: three tiny ranks fit, one allocating without end does not
+
+
+def _memory_cgroup() -> Path | None:
+    """A new memory cgroup (v1 or v2) under this process's, limited to OOM_LIMIT without swap; None where the kernel
+    or the permissions allow none (as tests/test_oom_kill_named.py makes its own)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base, limits = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), ("memory.limit_in_bytes",
+                                                                              "memory.memsw.limit_in_bytes")
+        elif controllers == "" and (Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max").exists():
+            base, limits = Path("/sys/fs/cgroup") / path.lstrip("/"), ("memory.max", "memory.swap.max")
+        else:
+            continue
+        group = base / f"hetauto-bench-oom-{uuid.uuid4().hex[:8]}"
+        try:
+            group.mkdir()
+            for name in limits:
+                if (group / name).exists():
+                    (group / name).write_text("0" if name == "memory.swap.max" else str(OOM_LIMIT))
+            if not (group / limits[0]).exists():
+                raise OSError(limits[0])
+        except OSError:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+            return None
+        return group
+    return None
+
+
+def case_oom(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+    """The job in a memory cgroup of its own; rank 2 allocates until the kernel's OOM killer ends it
+    (--inject-fault action=oom): the line must name the OOM killer from the kernel's record (its log or the
+    cgroup's oom_kill counter), not only the SIGKILL (it said "died without an error (exit -9)")."""
+    from hetauto.runtime.faults import FAULT_LOG_ENV
+
+    name = "rank killed by the OOM killer"
+    group = _memory_cgroup()
+    if group is None:
+        return {"fault": name, "skipped": True, "note": "skipped: no memory cgroup can be made here"}
+    with tempfile.TemporaryDirectory() as tmp:
+        ck, mark = Path(tmp) / "ck", uuid.uuid4().hex
+        log = Path(tmp) / "faults.jsonl"
+        try:
+            proc = subprocess.run(_cmd(plan, timeout, STEPS, "--checkpoint-dir", str(ck), "--checkpoint-every",
+                                       str(EVERY), "--inject-fault", "rank=2,step=3,action=oom"), capture_output=True,
+                                  text=True, env=_env(mark, Path(tmp), **{FAULT_LOG_ENV: str(log)}), timeout=600,
+                                  check=False, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+            end, orphans = time.time(), marked(mark)
+        finally:
+            for _ in range(50):  # its last processes may still be exiting
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+                    break
+                time.sleep(0.2)
+        from hetauto.core.checkpoint_manifest import latest_checkpoint
+
+        fired = [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
+        error, latest = _doc(proc.stdout, proc.stderr).get("error") or "", latest_checkpoint(ck)
+        ended = error.startswith("rank 2 (stage 1, cluster 'slow') was killed by SIGKILL from the kernel's OOM killer")
+        return _row(name, ended=ended, detect=end - fired[0]["unix"] if fired else None, lost=3 - _next_step(latest),
+                    ck=latest, orphans=orphans, error=error or None, resume=_resume_ok(plan, timeout, latest, full,
+                                                                                       Path(tmp)))
+
+
 def case_mostly_skipped(plan: Path, timeout: float) -> dict[str, Any]:
     """--lr 2e4 with --on-nonfinite skip: most steps are skipped, and the run fails (exit 6) with one line after
     its result document, naming how many it skipped (it exited 0)."""
@@ -805,6 +874,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  cause="too many open files: raise ulimit -n")),
             ("null digest, edited seed", lambda: case_null_digest(plan, t, root, full)),
             ("ulimit -n 24 (never started)", lambda: case_open_files_limit(plan, t)),
+            ("rank killed by the OOM killer", lambda: case_oom(plan, t, full)),
             ("nohup hetauto run, hang-up", lambda: case_nohup(plan, t, full)),
             ("data file truncated mid-run", lambda: case_data_truncated(plan, t, full)),
             ("SIGKILL at the publishing rename", lambda: case_killed_at_publish(plan, t, full)),
