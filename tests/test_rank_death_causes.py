@@ -19,7 +19,7 @@ import pytest
 
 from hetauto.cli import main
 from hetauto.core.plan import Plan, StagePlan
-from hetauto.launch.diagnosis import death_by_signal, oom_kills
+from hetauto.launch.diagnosis import death_by_signal, oom_kills, shrunk_data_file
 from hetauto.runtime.token_data import write_tokens
 from hetauto.runtime.zygote_client import ZYGOTE_ENV
 from hetauto.testing.two_sites import this_tree_env
@@ -135,4 +135,19 @@ def test_signals_other_than_kill_and_bus_are_named_and_plain_exits_are_not() -> 
     assert death_by_signal(43) is None and death_by_signal(0) is None
     assert death_by_signal(-15) == "was killed by SIGTERM (Terminated, exit code -15)"
     assert death_by_signal(-7) == "died of SIGBUS (bus error: a memory-mapped file (--data?) shrank under the rank)"
+    assert death_by_signal(-7, data_shrunk="d.bin (now 0 bytes; ...)") == (
+        "died of SIGBUS (bus error): the data file d.bin (now 0 bytes; ...) was truncated while the rank read it; "
+        "restore it and --resume from the newest checkpoint")
+    assert death_by_signal(-9, data_shrunk="d.bin").startswith("was killed by SIGKILL")  # the file names SIGBUS only
+
+
+def test_only_a_token_file_shorter_than_its_sidecar_is_named(tmp_path: Path) -> None:
+    data = write_tokens(tmp_path / "t.bin", [np.arange(100) % 256], vocab_size=256)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"data": {"path": str(data)}}))
+    assert shrunk_data_file(run) is None  # whole
+    os.truncate(data, 64)
+    assert shrunk_data_file(run) == f"{data} (now 64 bytes; its sidecar says 100 tokens, 200 bytes)"
+    run.write_text(json.dumps({"data": {"path": None}}))
+    assert shrunk_data_file(run) is None and shrunk_data_file(tmp_path / "absent.json") is None
     assert death_by_signal(-200) == "was killed by signal 200 (exit code -200)"

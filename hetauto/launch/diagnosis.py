@@ -25,7 +25,7 @@ from hetauto.core.plan import Plan
 __all__ = ["JobFailed", "RankError", "RunMarks", "diagnose_failure", "read_marks", "heartbeats", "STALE_S",
            "torchrun_exit_codes", "torchrun_signal", "death_by_signal", "oom_kills", "reason_line",
            "gloo_connect_failure", "open_files_problem", "OPEN_FILES_FLOOR",
-           "kernel_oom_record"]
+           "kernel_oom_record", "shrunk_data_file"]
 
 STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, hetauto.runtime.worker) went silent
 QUOTE_CHARS = 240  # the longest secondary error quoted whole
