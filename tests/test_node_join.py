@@ -130,7 +130,8 @@ def _freeze(agent_pid: int) -> set[int]:
     frozen: set[int] = set()
     while new := _job_processes(agent_pid) - frozen:
         for pid in new:
-            os.kill(pid, signal.SIGSTOP)
+            with contextlib.suppress(ProcessLookupError):  # a process that ended meanwhile
+                os.kill(pid, signal.SIGSTOP)
         frozen |= new
         time.sleep(0.2)
     return frozen
