@@ -24,6 +24,14 @@ and those of issue 44 (each must be named with its cause, not only its rank):
   rank EMFILE        --inject-fault ...,action=emfile (the rank's open-file limit reached)
   null digest        the newest manifest's digest set to null and its seed edited, then --resume of it
   ulimit -n 24       `hetauto run` started with 24 file descriptors: refused at once naming the limit and the fix
+  OOM kill           the job in a memory cgroup of 1.5 GiB, rank 2 allocating until the kernel's OOM killer ends it
+                     (root, or a delegated cgroup; else skipped): named from the kernel's record
+  nohup, hang-up     `hetauto run` whose caller ignores SIGHUP (nohup) gets one: it trains on to its last step
+  data truncated     the job's --data token file cut to one page mid-run: SIGBUS, named with the data file
+  kill at publish    strace's fault injection SIGKILLs the rank at the rename that would publish the second
+                     checkpoint: the complete folder left is offered by --resume with its mv
+  mostly skipped     --on-nonfinite skip with --lr 2e4: exit 6 and one line (it exited 0)
+  --checkpoint-dir ''  refused before launch (it wrote checkpoints into the working folder)
 and without --quick also: a kill while a checkpoint is being written, a kill with --max-restarts 1 (torchrun
 restarts the job from the newest checkpoint) and kill -9 of the torchrun agent.
 
@@ -41,7 +49,10 @@ Columns:
   orphans         processes of the job (found by an environment marker every process inherits) still alive
                   when `hetauto run` has returned.
 
-    python benchmarks/reliability.py [--quick] [--timeout 5] [--json]
+    python benchmarks/reliability.py [--quick] [--timeout 5] [--json] [--only TEXT ...]
+
+The SIGHUP row's job gets SIGHUP's default disposition whatever the benchmark's own is (run under nohup, the job
+inherited SIG_IGN, kept it as nohup asks, and the row measured nothing but the 300 s limit).
 
 --quick: the rows above without the resume runs (about 5 minutes on 2 cores); the last line is always
 one JSON document with the totals and every row.
@@ -50,6 +61,7 @@ one JSON document with the totals and every row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -135,12 +147,13 @@ class _Job:
     """A `hetauto run` in the background, its output in files (a pipe nobody reads could block it), watched:
     how many steps its last stage has logged, and when a path first appeared."""
 
-    def __init__(self, plan: Path, timeout: float, tmp: Path, steps: int, *extra: str) -> None:
+    def __init__(self, plan: Path, timeout: float, tmp: Path, steps: int, *extra: str,
+                 hangup: Any = signal.SIG_DFL) -> None:
         self.mark, self.tmp = uuid.uuid4().hex, tmp
         self.out, self.err = tmp / "stdout", tmp / "stderr"
-        with open(self.out, "w") as o, open(self.err, "w") as e:
+        with open(self.out, "w") as o, open(self.err, "w") as e:  # `hangup`: SIGHUP's disposition in the child
             self.proc = subprocess.Popen(_cmd(plan, timeout, steps, *extra), env=_env(self.mark, tmp), stdout=o,
-                                         stderr=e, text=True)
+                                         stderr=e, text=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, hangup))
         self.steps_done = 0
         self.seen: dict[Path, float] = {}
 
@@ -586,6 +599,185 @@ def case_open_files_limit(plan: Path, timeout: float, limit: int = 24) -> dict[s
                     orphans=marked(mark), error=error or None, resume=None) | {"data_lost": False}
 
 
+def case_nohup(plan: Path, timeout: float, full: list[float] | None, steps: int = 12) -> dict[str, Any]:
+    """`nohup hetauto run` (SIGHUP ignored by its caller) and a hang-up once its first checkpoint is complete: the
+    job goes on and finishes (it used to stop as on a terminal's hang-up); detect = from the hang-up to the end."""
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = Path(tmp) / "ck"
+        job = _Job(plan, timeout, Path(tmp), steps, "--checkpoint-dir", str(ck), "--checkpoint-every", str(EVERY),
+                   hangup=signal.SIG_IGN)
+        job.wait_until(lambda: latest_checkpoint(ck) is not None)
+        t0 = time.time()
+        job.proc.send_signal(signal.SIGHUP)
+        doc, err, end = job.finish()
+        orphans = marked(job.mark)
+        ended = job.proc.returncode == 0 and len(doc.get("loss") or []) == steps
+        return _row("nohup hetauto run, hang-up", ended=ended, detect=end - t0, lost=0 if ended else None,
+                    ck=latest_checkpoint(ck), orphans=orphans, resume=None,
+                    error=doc.get("error") or (None if ended else (err.strip().splitlines() or [""])[-1]),
+                    note=f"trained on to step {steps} after the hang-up" if ended else None)
+
+
+def case_data_truncated(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+    """`--data tokens.bin` cut to one page while the job trains on it (after its first step): the rank reading past
+    the new end dies of SIGBUS, and the line names the data file as the cause (it said '(--data?)')."""
+    import numpy as np
+
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
+    from hetauto.runtime.token_data import write_tokens
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = Path(tmp) / "ck"
+        data = write_tokens(Path(tmp) / "tokens.bin", [np.random.default_rng(0).integers(0, 256, 200_000)], 256)
+        job = _Job(plan, timeout, Path(tmp), LONG, "--checkpoint-dir", str(ck), "--checkpoint-every", str(EVERY),
+                   "--data", str(data))
+        job.wait_until(lambda: (latest := latest_checkpoint(ck)) is not None and job.steps_done > _next_step(latest))
+        t0 = time.time()
+        os.truncate(data, 4096)
+        at_fault = job.steps_done
+        doc, err, end = job.finish()
+        orphans, latest = marked(job.mark), latest_checkpoint(ck)
+        error = doc.get("error") or (err.strip().splitlines() or [""])[-1]
+        ended = f"died of SIGBUS (bus error): the data file {data} (now 4096 bytes" in error and "Traceback" not in err
+        return _row("data file truncated mid-run", ended=ended, detect=end - t0,
+                    lost=max(at_fault, job.steps_done) - _next_step(latest), ck=latest, orphans=orphans, error=error,
+                    resume=None)
+
+
+def case_killed_at_publish(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+    """The rank that publishes a checkpoint SIGKILLed at the entry of its final rename (strace's fault injection,
+    `-P` the temporary folder of the second checkpoint): the folder left is complete, and `--resume` of the
+    checkpoint folder offers it with the `mv` that publishes it (it was never offered). Data lost: the offered
+    folder does not verify, or (without --quick) a resume from it after the mv does not reproduce the losses."""
+    from hetauto.core.checkpoint_manifest import latest_checkpoint, verify_checkpoint
+
+    if shutil.which("strace") is None:
+        return {"fault": "SIGKILL at the publishing rename", "skipped": True,
+                "note": "skipped: strace is not installed"}
+    with tempfile.TemporaryDirectory() as tmp:
+        ck, mark = Path(tmp) / "ck", uuid.uuid4().hex
+        unpublished = ck / f".tmp-step-{2 * EVERY - 1:08d}"  # the second checkpoint (steps EVERY - 1, 2 * EVERY - 1)
+        renames = "rename,renameat,renameat2"
+        t0 = time.time()
+        proc = subprocess.run(["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={renames}", "-e",
+                               f"inject={renames}:signal=SIGKILL", "-P", str(unpublished),
+                               *_cmd(plan, timeout, STEPS, "--checkpoint-dir", str(ck), "--checkpoint-every",
+                                     str(EVERY))], capture_output=True, text=True, env=_env(mark, Path(tmp)),
+                              timeout=900, check=False)
+        end, orphans = time.time(), marked(mark)
+        error = _doc(proc.stdout, proc.stderr).get("error") or ""
+        check = subprocess.run(_cmd(plan, timeout, 1, "--resume", str(ck)), capture_output=True, text=True,
+                               env=_env(uuid.uuid4().hex, Path(tmp)), timeout=600, check=False)
+        offered = f"{unpublished} is complete and verifies but was never published" in check.stderr
+        ended = proc.returncode != 0 and "was killed by SIGKILL" in error and offered
+        intact = unpublished.is_dir() and verify_checkpoint(unpublished) == []
+        resume = None
+        if intact and full is not None:
+            os.rename(unpublished, ck / unpublished.name.removeprefix(".tmp-"))  # the mv the warning gives
+            resume = _resume_ok(plan, timeout, latest_checkpoint(ck), full, Path(tmp))
+        note = f"the whole run under strace: {end - t0:.1f} s" + (", offered for --resume with its mv" * offered)
+        return {**_row("SIGKILL at the publishing rename", ended=ended, detect=None, lost=None,
+                       ck=latest_checkpoint(ck), orphans=orphans, error=error or None, resume=resume, note=note),
+                "data_lost": not intact or resume is False}
+
+
+OOM_LIMIT = 1536 << 20  # the job's memory cgroup: three tiny ranks fit, one allocating without end does not
+
+
+def _memory_cgroup() -> Path | None:
+    """A new memory cgroup (v1 or v2) under this process's, limited to OOM_LIMIT without swap; None where the kernel
+    or the permissions allow none (as tests/test_oom_kill_named.py makes its own)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base, limits = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), ("memory.limit_in_bytes",
+                                                                              "memory.memsw.limit_in_bytes")
+        elif controllers == "" and (Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max").exists():
+            base, limits = Path("/sys/fs/cgroup") / path.lstrip("/"), ("memory.max", "memory.swap.max")
+        else:
+            continue
+        group = base / f"hetauto-bench-oom-{uuid.uuid4().hex[:8]}"
+        try:
+            group.mkdir()
+            for name in limits:
+                if (group / name).exists():
+                    (group / name).write_text("0" if name == "memory.swap.max" else str(OOM_LIMIT))
+            if not (group / limits[0]).exists():
+                raise OSError(limits[0])
+        except OSError:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+            return None
+        return group
+    return None
+
+
+def case_oom(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
+    """The job in a memory cgroup of its own; rank 2 allocates until the kernel's OOM killer ends it
+    (--inject-fault action=oom): the line must name the OOM killer from the kernel's record (its log or the
+    cgroup's oom_kill counter), not only the SIGKILL (it said "died without an error (exit -9)")."""
+    from hetauto.runtime.faults import FAULT_LOG_ENV
+
+    name = "rank killed by the OOM killer"
+    group = _memory_cgroup()
+    if group is None:
+        return {"fault": name, "skipped": True, "note": "skipped: no memory cgroup can be made here"}
+    with tempfile.TemporaryDirectory() as tmp:
+        ck, mark = Path(tmp) / "ck", uuid.uuid4().hex
+        log = Path(tmp) / "faults.jsonl"
+        try:
+            proc = subprocess.run(_cmd(plan, timeout, STEPS, "--checkpoint-dir", str(ck), "--checkpoint-every",
+                                       str(EVERY), "--inject-fault", "rank=2,step=3,action=oom"), capture_output=True,
+                                  text=True, env=_env(mark, Path(tmp), **{FAULT_LOG_ENV: str(log)}), timeout=600,
+                                  check=False, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+            end, orphans = time.time(), marked(mark)
+        finally:
+            for _ in range(50):  # its last processes may still be exiting
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+                    break
+                time.sleep(0.2)
+        from hetauto.core.checkpoint_manifest import latest_checkpoint
+
+        fired = [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
+        error, latest = _doc(proc.stdout, proc.stderr).get("error") or "", latest_checkpoint(ck)
+        ended = error.startswith("rank 2 (stage 1, cluster 'slow') was killed by SIGKILL from the kernel's OOM killer")
+        return _row(name, ended=ended, detect=end - fired[0]["unix"] if fired else None, lost=3 - _next_step(latest),
+                    ck=latest, orphans=orphans, error=error or None, resume=_resume_ok(plan, timeout, latest, full,
+                                                                                       Path(tmp)))
+
+
+def case_mostly_skipped(plan: Path, timeout: float) -> dict[str, Any]:
+    """--lr 2e4 with --on-nonfinite skip: most steps are skipped, and the run fails (exit 6) with one line after
+    its result document, naming how many it skipped (it exited 0)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mark = uuid.uuid4().hex
+        t0 = time.time()
+        proc = subprocess.run(_cmd(plan, timeout, 6, "--lr", "2e4", "--on-nonfinite", "skip"), capture_output=True,
+                              text=True, env=_env(mark, Path(tmp)), timeout=600, check=False)
+        line = (proc.stderr.strip().splitlines() or [""])[-1]
+        ended = proc.returncode == 6 and line.startswith("hetauto run: error: --on-nonfinite skip skipped ")
+        return _row("--on-nonfinite skip, most steps", ended=ended, detect=time.time() - t0, lost=None, ck=None,
+                    orphans=marked(mark), error=line or None, resume=None) | {"data_lost": False}
+
+
+def case_empty_checkpoint_dir(plan: Path, timeout: float) -> dict[str, Any]:
+    """`--checkpoint-dir ''` (an unset shell variable): refused before launch (it wrote checkpoints into the working
+    folder)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mark = uuid.uuid4().hex
+        t0 = time.time()
+        proc = subprocess.run(_cmd(plan, timeout, STEPS, "--checkpoint-dir", ""), capture_output=True, text=True,
+                              env=_env(mark, Path(tmp)), timeout=600, check=False, cwd=tmp)
+        error = _doc(proc.stdout, proc.stderr).get("error") or ""
+        left = sorted(p.name for p in Path(tmp).iterdir() if p.name.startswith("step-"))
+        ended = proc.returncode != 0 and error.startswith("--checkpoint-dir is empty") and not left
+        return _row("--checkpoint-dir ''", ended=ended, detect=time.time() - t0, lost=None, ck=None,
+                    orphans=marked(mark), error=error or None, resume=None) | {"data_lost": bool(left)}
+
+
 def _guarded(name: str, case: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A case that could not be carried out is a row that did not end cleanly, with the reason."""
     try:
@@ -642,6 +834,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--timeout", type=float, default=5.0, help="communication timeout (seconds) of the jobs")
     ap.add_argument("--quick", action="store_true", help="the six faults of issue 18 without the resume runs")
     ap.add_argument("--json", action="store_true", help="only the JSON line")
+    ap.add_argument("--only", action="append", metavar="TEXT",
+                    help="only the faults whose name contains TEXT (repeatable), e.g. --only SIGHUP")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -680,6 +874,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  cause="too many open files: raise ulimit -n")),
             ("null digest, edited seed", lambda: case_null_digest(plan, t, root, full)),
             ("ulimit -n 24 (never started)", lambda: case_open_files_limit(plan, t)),
+            ("rank killed by the OOM killer", lambda: case_oom(plan, t, full)),
+            ("nohup hetauto run, hang-up", lambda: case_nohup(plan, t, full)),
+            ("data file truncated mid-run", lambda: case_data_truncated(plan, t, full)),
+            ("SIGKILL at the publishing rename", lambda: case_killed_at_publish(plan, t, full)),
+            ("--on-nonfinite skip, most steps", lambda: case_mostly_skipped(plan, t)),
+            ("--checkpoint-dir ''", lambda: case_empty_checkpoint_dir(plan, t)),
         ]
         if not args.quick:
             cases += [
@@ -689,6 +889,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                  lambda: case_inject("rank exit, --max-restarts 1", "rank=1,step=2", plan, t, full, restarts=1)),
                 ("kill -9 of the torchrun agent", lambda: case_agent_kill(plan, t, full)),
             ]
+        if args.only:
+            cases = [(name, case) for name, case in cases if any(w in name for w in args.only)]
         rows = [_guarded(name, case) for name, case in cases]
     summary = {**totals(rows), "timeout_s": args.timeout, "quick": args.quick,
                "wall_s": round(time.monotonic() - t_start, 1), "cases": rows}

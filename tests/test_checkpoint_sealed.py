@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from hetauto.cli import main
 from hetauto.core.checkpoint_manifest import MANIFEST_FILE, unpublished_checkpoints
@@ -15,6 +21,8 @@ from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime.checkpoint import save_checkpoint
 from hetauto.runtime.reference import make_optimizer
 from hetauto.runtime.stage import build_stage
+from hetauto.runtime.zygote_client import ZYGOTE_ENV
+from hetauto.testing.two_sites import this_tree_env
 
 CLUSTER = """clusters:
   - {name: a, nodes: {count: 1, devices_per_node: 1, device: cpu}}
@@ -68,6 +76,46 @@ def test_a_checkpoint_killed_during_its_final_rename_is_offered_with_a_warning(t
             f"published (its run was killed during the final rename), so it is not resumed from; to resume from it, "
             f"rename it first: mv {unpublished} {newest}") in err
     assert older.is_dir() and not newest.exists()  # offered, nothing renamed by the check
+
+
+def _strace_can_inject() -> bool:
+    """strace is installed and may trace (ptrace is allowed here) and inject a signal at a syscall."""
+    if shutil.which("strace") is None:
+        return False
+    probe = subprocess.run(["strace", "-qq", "-o", "/dev/null", "-e", "trace=getppid", "-e",
+                            "inject=getppid:signal=SIGKILL", sys.executable, "-c", "import os; os.getppid()"],
+                           capture_output=True)
+    return probe.returncode == 128 + signal.SIGKILL or probe.returncode == -signal.SIGKILL
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_a_run_killed_at_its_final_rename_leaves_a_checkpoint_offered_for_resume(tmp_path: Path, capsys) -> None:
+    """The exact kill point, for real: `hetauto run` under strace, whose fault injection sends SIGKILL to the rank
+    at the entry of the rename that would publish step 2's checkpoint (`-P` its temporary folder). What is left is
+    complete and verifies, is offered by --resume with the mv that publishes it, and verifies once published."""
+    if not _strace_can_inject():
+        pytest.skip("strace with fault injection is not available here (not installed, or ptrace not permitted)")
+    plan, _ = _job(tmp_path, 0)
+    root = tmp_path / "run-ck"
+    unpublished = root / ".tmp-step-00000002"
+    env = {**this_tree_env(), ZYGOTE_ENV: "off"}  # the rank a child of torchrun, so strace -f follows it
+    renames = "rename,renameat,renameat2"
+    run = subprocess.run(["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={renames}", "-e",
+                          f"inject={renames}:signal=SIGKILL", "-P", str(unpublished), sys.executable, "-m", "hetauto",
+                          "run", str(plan), "--steps", "4", "--checkpoint-dir", str(root), "--checkpoint-every", "1",
+                          "--no-reference", "--timeout", "10"], capture_output=True, text=True, env=env, timeout=360)
+    assert run.returncode != 0 and "was killed by SIGKILL" in run.stderr, run.stderr[-3000:]
+    assert sorted(p.name for p in root.iterdir()) == [".tmp-step-00000002", "step-00000000", "step-00000001"]
+    assert unpublished_checkpoints(root) == [unpublished]
+
+    assert main(["run", str(plan), "--resume", str(root), "--steps", "1", "--json"]) != 0
+    err = capsys.readouterr().err
+    assert (f"hetauto run: warning: --resume {root}: {unpublished} is complete and verifies but was never published "
+            f"(its run was killed during the final rename), so it is not resumed from; to resume from it, rename it "
+            f"first: mv {unpublished} {root / 'step-00000002'}") in err, err
+    os.rename(unpublished, root / "step-00000002")  # the mv the warning gives
+    assert main(["checkpoint", "verify", str(root / "step-00000002")]) == 0
 
 
 def test_an_unfinished_temporary_folder_is_not_offered(tmp_path: Path, capsys) -> None:

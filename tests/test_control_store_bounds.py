@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from hetauto.core.control_limits import StoreLimits
+from hetauto.core.control_limits import FD_RESERVE, StoreLimits
 from hetauto.core.control_store import ControlStoreClient, ControlStoreServer
 from hetauto.launch.control import ControlServer
 from hetauto.launch.node_join import claim_key, node_key
@@ -24,7 +24,7 @@ FLOOD = 1100
 _SERVE = textwrap.dedent("""
     import resource, socket, sys, time
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-    from hetauto.core.control_limits import StoreLimits
+    from hetauto.core.control_limits import FD_RESERVE, StoreLimits
     from hetauto.core.control_store import ControlStoreServer
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -77,6 +77,45 @@ def test_idle_connections_past_the_fd_limit_leave_the_store_serving(connections:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+_LEAD = textwrap.dedent("""
+    import resource, sys
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, int(sys.argv[2])))  # ulimit -n 128, hard limit argv[2]
+    from hetauto.launch.control import ControlServer
+    with ControlServer(sys.argv[1]) as srv:
+        print(srv.port, resource.getrlimit(resource.RLIMIT_NOFILE)[0], srv.store.max_connections, flush=True)
+        sys.stdin.read()  # serve until the test closes our stdin
+""")
+
+
+def test_the_lead_raises_its_soft_limit_and_serves_the_largest_job_the_docs_promise(tmp_path) -> None:
+    """A job's own size never exhausts its store: the lead raises its soft open-files limit to the hard one, and a
+    hard limit of N serves (N - FD_RESERVE) / 2 ranks of two connections each, every one answered (docs/running.md,
+    'The control store's guards'). At the soft limit of 128 it served 64 connections: a job of 32 ranks."""
+    hard = 640
+    soft, own_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if own_hard != resource.RLIM_INFINITY and own_hard < hard + 64:
+        pytest.skip(f"this test opens {hard} connections; the open-files hard limit is {own_hard}")
+    if soft < hard + 64:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard + 64, own_hard))
+    proc = subprocess.Popen([sys.executable, "-c", _LEAD, str(tmp_path / "run"), str(hard)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    clients: list[ControlStoreClient] = []
+    try:
+        port, raised, bound = (int(x) for x in proc.stdout.readline().split())
+        assert (raised, bound) == (hard, hard - FD_RESERVE)
+        ranks = (hard - FD_RESERVE) // 2  # the largest job this limit serves
+        for _ in range(2 * ranks):
+            clients.append(ControlStoreClient("127.0.0.1", port, timeout_s=10))
+            clients[-1].add("connected", 1)  # asked something: not an idle stranger to shed
+        assert [c.add("connected", 0) for c in clients] == [2 * ranks] * (2 * ranks)  # every one still served
+        assert proc.poll() is None
+    finally:
+        for c in clients:
+            c.close()
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

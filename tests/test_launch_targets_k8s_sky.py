@@ -531,6 +531,40 @@ def test_launch_writes_the_kubernetes_secret_apart_owner_only(tmp_path: Path) ->
             "slow/jobset.yaml\n") in readme, readme
 
 
+# skypilot 0.14.1: sky/utils/schemas.py get_storage_schema()["properties"] (additionalProperties False), the value of
+# a file_mounts entry that is a bucket, and sky/data/storage.py StorageMode
+SKY_STORAGE_FIELDS = {"name", "source", "store", "persistent", "mode", "type", "config"}
+SKY_STORAGE_MODES = {"MOUNT", "COPY", "MOUNT_CACHED"}
+
+
+def test_skypilot_checkpoint_volume_is_a_bucket_or_a_skypilot_volume() -> None:
+    with pytest.raises(HetautoError, match=r"site 'h100': the launch writes checkpoints to /checkpoints, and a node's "
+                                           r"disk is gone with `sky down`: pass --site-option h100\.checkpoint_bucket="
+                                           r"URL .* or --site-option h100\.checkpoint_volume=NAME"):
+        _sky_files(_with_checkpoints(SKY_OPTIONS))
+    bucket = {"h100": {**SKY_OPTIONS["h100"], "checkpoint_bucket": "s3://ck-bucket/job"},
+              "mi300x": {**SKY_OPTIONS["mi300x"], "checkpoint_volume": "ck-pvc"}}
+    h100, mi = (yaml.safe_load(text) for text in _sky_files(_with_checkpoints(bucket)).values())
+    for doc in (h100, mi):
+        assert_valid_task(doc)
+    mount = h100["file_mounts"]["/checkpoints"]  # MOUNT_CACHED: MOUNT's S3 driver cannot rename a full folder
+    assert mount == {"source": "s3://ck-bucket/job", "mode": "MOUNT_CACHED"} and "volumes" not in h100
+    assert set(mount) <= SKY_STORAGE_FIELDS and mount["mode"] in SKY_STORAGE_MODES
+    assert mi["volumes"] == {"/checkpoints": "ck-pvc"} and "/checkpoints" not in mi["file_mounts"]
+    for doc in (h100, mi):  # the secret is still copied beside the volume
+        assert list(doc["file_mounts"].values())[0] == "control.secret"
+    with pytest.raises(HetautoError, match="--checkpoint-dir ck: the skypilot target mounts the checkpoint volume"):
+        _sky_files(_with_checkpoints(bucket, "ck"))
+    both = {**bucket, "h100": {**bucket["h100"], "checkpoint_volume": "v"}}
+    with pytest.raises(HetautoError, match="site 'h100': options checkpoint_bucket and checkpoint_volume both"):
+        _sky_files(_with_checkpoints(both))
+    not_url = {**bucket, "h100": {**SKY_OPTIONS["h100"], "checkpoint_bucket": "ck-bucket"}}
+    with pytest.raises(HetautoError, match="checkpoint_bucket 'ck-bucket' is not a bucket URL"):
+        _sky_files(_with_checkpoints(not_url))
+    with pytest.raises(HetautoError, match="option checkpoint_bucket is given but the launch writes no checkpoints"):
+        _sky_files(_launch(options=bucket))
+
+
 def test_skypilot_setup_ports_and_secret_mount() -> None:
     from hetauto import __version__
 

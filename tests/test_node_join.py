@@ -9,6 +9,9 @@ exit 70, when the lead's store went before it read why)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +23,7 @@ import pytest
 from hetauto.cli import main
 from hetauto.launch.launch_match import find_mismatch, launch_parts
 from hetauto.launch.plan import LaunchPlan
+from hetauto.runtime.zygote_client import ZYGOTE_ENV
 from hetauto.testing.multiproc import two_free_ports
 from hetauto.testing.two_sites import this_tree_env, write_two_site_plan
 
@@ -46,10 +50,10 @@ class Launch:
         assert main(argv) == 0
         return out / "launch.json"
 
-    def agent(self, launch: Path, node_rank: int, work: str) -> subprocess.Popen:
+    def agent(self, launch: Path, node_rank: int, work: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-m", "hetauto", "node", str(launch), "--node-rank", str(node_rank),
                                  "--workdir", str(self.root / work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=this_tree_env(), start_new_session=True)
+                                text=True, env=env or this_tree_env(), start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -103,23 +107,64 @@ def test_a_node_the_lead_refuses_ends_with_the_leads_reason_exit_1(launches: Lau
     assert (member.returncode, _last_line(member_err)) == (1, why), member_err[-2000:]
 
 
-@pytest.mark.timeout(180)
+def _job_processes(agent_pid: int) -> set[int]:
+    """The processes an agent started (its torchrun, that torchrun's ranks): those whose HETAUTO_LAUNCHER holds the
+    agent's mark (hetauto.runtime.parent_watch), wherever they were re-parented."""
+    mark = f"{agent_pid}:"
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes() if entry.isdigit() else b""
+        except OSError:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(b"HETAUTO_LAUNCHER="):
+                if any(m.startswith(mark) for m in item.split(b"=", 1)[1].decode().split(",")):
+                    found.add(int(entry))
+    return found
+
+
+def _freeze(agent_pid: int) -> set[int]:
+    """SIGSTOP every process of the agent's job, again until a look finds none it has not stopped (a rank torchrun
+    started meanwhile carries the same mark)."""
+    frozen: set[int] = set()
+    while new := _job_processes(agent_pid) - frozen:
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):  # a process that ended meanwhile
+                os.kill(pid, signal.SIGSTOP)
+        frozen |= new
+        time.sleep(0.2)
+    return frozen
+
+
+@pytest.mark.timeout(240)
 def test_a_node_rank_started_twice_is_refused_at_once_and_the_job_goes_on(launches: Launch) -> None:
-    ours = launches.write("a")
-    lead, first = launches.agent(ours, 0, "lead"), launches.agent(ours, 1, "first")
+    """'At once' by order, not by a clock: the second agent is refused while every process of the first agent's job
+    (its torchrun and rank) is stopped, so the job can neither step nor end, and no timeout of its own (--timeout 120)
+    can pass for it. A refusal that waited for anything the job does would never come (communicate's timeout fails
+    the test); one that came from a timeout names that timeout, not the first agent."""
+    ours = launches.write("a", "--timeout", "120")
+    env = {**this_tree_env(), ZYGOTE_ENV: "off"}  # ranks started by torchrun itself: they carry the agent's mark
+    lead, first = launches.agent(ours, 0, "lead", env), launches.agent(ours, 1, "first", env)
     end = time.monotonic() + 90
-    while not (launches.root / "lead" / "run" / "torchrun.out").exists():  # the lead said go: torchrun started
-        assert time.monotonic() < end and lead.poll() is None, lead.communicate()[1][-2000:]
+    while not (launches.root / "lead" / "run" / "torchrun.out").exists() or not _job_processes(first.pid):
+        assert time.monotonic() < end and lead.poll() is None and first.poll() is None, lead.communicate()[1][-2000:]
         time.sleep(0.1)
-    started = time.monotonic()
-    second = launches.agent(ours, 1, "second")
-    _, second_err = second.communicate(timeout=60)
-    took = time.monotonic() - started
-    assert (second.returncode, _last_line(second_err)) == (2, (
-        f"hetauto node: error: node rank 1 (site 'slow', cluster 'slow' node 0): node rank 1 is taken: the agent on "
-        f"host {HOST} (pid {first.pid}) joined with it first, and this agent on host {HOST} was started for the same "
-        "node rank; start each node's script once (if the first agent is gone, start the whole job again)"))
-    assert took < 15, f"refused after {took:.1f} s"
+    frozen = _freeze(first.pid)
+    try:
+        second = launches.agent(ours, 1, "second")
+        _, second_err = second.communicate(timeout=60)
+        assert (second.returncode, _last_line(second_err)) == (2, (
+            f"hetauto node: error: node rank 1 (site 'slow', cluster 'slow' node 0): node rank 1 is taken: the agent "
+            f"on host {HOST} (pid {first.pid}) joined with it first, and this agent on host {HOST} was started for "
+            "the same node rank; start each node's script once (if the first agent is gone, start the whole job "
+            "again)"))
+        assert (lead.poll(), first.poll()) == (None, None)  # refused while the job it tried to join stood still
+        assert not (launches.root / "lead" / "result.json").exists()
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     _, lead_err = lead.communicate(timeout=120)
     _, first_err = first.communicate(timeout=30)
     assert (lead.returncode, first.returncode) == (0, 0), f"{lead_err[-2000:]}\n{first_err[-2000:]}"

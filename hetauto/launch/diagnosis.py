@@ -25,7 +25,7 @@ from hetauto.core.plan import Plan
 __all__ = ["JobFailed", "RankError", "RunMarks", "diagnose_failure", "read_marks", "heartbeats", "STALE_S",
            "torchrun_exit_codes", "torchrun_signal", "death_by_signal", "oom_kills", "reason_line",
            "gloo_connect_failure", "open_files_problem", "OPEN_FILES_FLOOR",
-           "kernel_oom_record"]
+           "kernel_oom_record", "shrunk_data_file"]
 
 STALE_S = 2.5  # a heartbeat this much older than the job's last one (5 beats, hetauto.runtime.worker) went silent
 QUOTE_CHARS = 240  # the longest secondary error quoted whole
@@ -154,6 +154,7 @@ class RunMarks:
     beats: dict[int, float]
     exit_codes: dict[int, int]
     agent_log: str = ""  # the tail of torchrun's stderr (torchrun.err), where a rank that never started says why
+    data_shrunk: str | None = None  # the run's --data token file, when it is now shorter than its sidecar says
 
     def silence(self, r: int) -> float:
         """How long before the job's last heartbeat this rank's stopped (0: it beat to the end, or no file)."""
@@ -186,7 +187,25 @@ def read_marks(plan: Plan, out_dir: str | Path, exit_codes: dict[int, int] | Non
 
     errors = {r: _rank_error(r, text, out / f"rank{r}.{ERROR_FIELDS}") for r, text in read("error").items()}
     return RunMarks(plan, read("started"), errors, read("stopped"), read("json"), heartbeats(out, plan.world_size),
-                    dict(exit_codes or {}), _tail(out / "torchrun.err"))
+                    dict(exit_codes or {}), _tail(out / "torchrun.err"), shrunk_data_file(out / "run.json"))
+
+
+def shrunk_data_file(run_json: Path) -> str | None:
+    """'PATH (now X bytes; its sidecar says N tokens, Y bytes)' when the run's --data token file is shorter than
+    its sidecar says (truncated or replaced after the check before launch), else None. Why: a rank reading a
+    memory-mapped page past the file's new end dies of SIGBUS, and the file is the cause to name."""
+    import json
+
+    try:
+        path = json.loads(run_json.read_text(encoding="utf-8")).get("data", {}).get("path")
+        if not path or not str(path).endswith(".bin"):
+            return None
+        side = json.loads(Path(path).with_suffix(".json").read_text(encoding="utf-8"))
+        want = int(side["tokens"]) * {"uint16": 2, "uint32": 4}[side["dtype"]]
+        now = Path(path).stat().st_size
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return f"{path} (now {now} bytes; its sidecar says {side['tokens']} tokens, {want} bytes)" if now < want else None
 
 
 def _tail(path: Path, size: int = 1 << 16) -> str:
@@ -240,7 +259,7 @@ def _died(m: RunMarks) -> JobFailed | None:
     if m.silence(r) > STALE_S and code is None:
         return _blame(m, r, f"stopped responding: its heartbeat stopped {m.silence(r):.1f} s before the other "
                             "ranks' (stopped or stuck; the others timed out waiting for it)")
-    cause = death_by_signal(code, int(pid.group(1)) if pid else None) if code is not None else None
+    cause = death_by_signal(code, int(pid.group(1)) if pid else None, m.data_shrunk) if code is not None else None
     if cause is not None:
         return _blame(m, r, cause)
     return _blame(m, r, "died without an error of its own" + (f" (exit code {code})" if code is not None else ""))
@@ -250,11 +269,12 @@ _PID = re.compile(r"\bpid (\d+)")  # in a rank's started mark (hetauto.runtime.w
 _OOM_MEANING = "give the ranks more memory or plan with more --headroom"
 
 
-def death_by_signal(code: int, pid: int | None = None) -> str | None:
+def death_by_signal(code: int, pid: int | None = None, data_shrunk: str | None = None) -> str | None:
     """What a rank's negative exit code (killed by signal -code, as torchrun reports it) means, or None when it
     exited by itself. SIGKILL is the OOM killer's signal: the kernel's record says whether it was one (its log's
     line for that pid where this process may read it, else the cgroup's oom_kill counter); SIGBUS on a training rank
-    is nearly always a memory-mapped file that shrank."""
+    is nearly always a memory-mapped file that shrank: `data_shrunk` (shrunk_data_file) names the run's data file
+    when it is the one."""
     if code >= 0:
         return None
     try:
@@ -271,6 +291,9 @@ def death_by_signal(code: int, pid: int | None = None) -> str | None:
             return (f"was killed by SIGKILL from the kernel's OOM killer (out of memory: {where} counts {count} "
                     f"oom_kill(s)); {_OOM_MEANING}")
         return "was killed by SIGKILL (the kernel's OOM killer or an operator's kill -9)"
+    if sig == signal.SIGBUS and data_shrunk is not None:
+        return (f"died of SIGBUS (bus error): the data file {data_shrunk} was truncated while the rank read it; "
+                "restore it and --resume from the newest checkpoint")
     if sig == signal.SIGBUS:
         return "died of SIGBUS (bus error: a memory-mapped file (--data?) shrank under the rank)"
     return f"was killed by {sig.name} ({signal.strsignal(sig) or sig.name}, exit code {code})"

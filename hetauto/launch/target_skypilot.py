@@ -11,7 +11,8 @@ hence `--visible-devices scheduler`.
 (`SKYPILOT_ACCELERATORS`, checked against SkyPilot's accelerator catalog, skypilot-org/skypilot-catalog
 catalogs/v7/common/accelerators.csv); cpu and mock sites ask for `cpus: "<nproc>+"` instead. Site options
 (`--site-option SITE.KEY=VALUE`): `cloud`, `region`, `zone`, `image_id`, and `accelerators` (`NAME[:COUNT]`, for
-a device the table lacks or another name, e.g. A100-80GB-SXM; COUNT must be the node's process count), `torch`.
+a device the table lacks or another name, e.g. A100-80GB-SXM; COUNT must be the node's process count), `torch`,
+`checkpoint_bucket`, `checkpoint_volume`.
 
 What makes a task submittable unedited (issue 41 item 5), given the lead's address:
 - `setup:` installs this hetauto, with the backend's extra, and torch pinned to the version hetauto launch ran with
@@ -21,6 +22,15 @@ What makes a task submittable unedited (issue 41 item 5), given the lead's addre
   one site keeps them inside its cluster).
 - `file_mounts`: the site's control.secret (beside task.yaml: run `sky launch` in the site's folder) is copied to
   each node and named by HETAUTO_SECRET_FILE (its mode set to 0600 there); the secret is never in the task's text.
+- the checkpoint volume, at the launch's (absolute) --checkpoint-dir, required when the launch has one (a node's
+  disk is gone with `sky down`, and a site submitted again resumes from that folder); one of the two that SkyPilot
+  0.14's task schema offers:
+  - `checkpoint_bucket=URL` (s3://, gs://, r2://, an Azure container's https:// URL, ...): `file_mounts` with the
+    bucket in MOUNT_CACHED mode. Not MOUNT: a checkpoint is published by renaming its `.tmp-step-N` folder, and
+    MOUNT's S3 driver (goofys) refuses to rename a folder that holds files; MOUNT_CACHED (rclone's VFS cache) renames
+    it, and uploads in the background.
+  - `checkpoint_volume=NAME`: the task's `volumes:`, a SkyPilot volume made beforehand with `sky volumes apply` (a
+    Kubernetes PersistentVolumeClaim, ReadWriteMany for a site of several nodes, or a RunPod network volume).
 """
 
 from __future__ import annotations
@@ -34,9 +44,10 @@ from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.launch.targets import dump_yaml, embedded_launch, hookimpl, node_command, one_line, site_header
 
 __all__ = ["SkyPilotTarget", "SKYPILOT_ACCELERATORS", "OPTIONS", "task", "task_path", "accelerators",
-           "setup_script", "secret_path"]
+           "setup_script", "secret_path", "checkpoint_mount"]
 
-OPTIONS = ("cloud", "region", "zone", "accelerators", "image_id", "torch")
+OPTIONS = ("cloud", "region", "zone", "accelerators", "image_id", "torch", "checkpoint_bucket", "checkpoint_volume")
+CHECKPOINT_OPTIONS = ("checkpoint_bucket", "checkpoint_volume")
 EXTRAS = ("cuda", "rocm", "npu", "xpu")  # backends with an extra of their own (pip install hetauto[EXTRA])
 HOST_BACKENDS = ("cpu", "mock")  # no accelerator to ask for
 NODE_RANK = '"$HETAUTO_NODE_RANK"'  # the node agent's --node-rank, as shell text
@@ -166,6 +177,36 @@ def setup_script(site: SiteLaunch, first: NodeLaunch, opts: dict[str, str]) -> s
             + (f' "{torch}"' if torch else "") + "\n")
 
 
+def checkpoint_mount(launch: LaunchPlan, site: SiteLaunch, opts: dict[str, str]) -> dict[str, Any]:
+    """The task's fields that mount the checkpoint volume at the launch's --checkpoint-dir ({} without checkpoints):
+    `file_mounts` for a bucket, `volumes` for a SkyPilot volume."""
+    given = [key for key in CHECKPOINT_OPTIONS if key in opts]
+    folder = launch.run_config().checkpoint.dir
+    if not folder:
+        if given:
+            raise HetautoError(f"site '{site.name}': option {given[0]} is given but the launch writes no checkpoints; "
+                               "pass --checkpoint-dir /ABSOLUTE/PATH (where the nodes mount it)")
+        return {}
+    if not given:
+        raise HetautoError(f"site '{site.name}': the launch writes checkpoints to {folder}, and a node's disk is gone "
+                           f"with `sky down`: pass --site-option {site.name}.checkpoint_bucket=URL (a bucket, e.g. "
+                           f"s3://BUCKET/PATH) or --site-option {site.name}.checkpoint_volume=NAME (a SkyPilot volume: "
+                           "sky volumes apply) to mount there")
+    if len(given) > 1:
+        raise HetautoError(f"site '{site.name}': options checkpoint_bucket and checkpoint_volume both mount the "
+                           "checkpoint folder; give one")
+    if not folder.startswith("/"):
+        raise HetautoError(f"--checkpoint-dir {folder}: the skypilot target mounts the checkpoint volume there, so "
+                           "give an absolute path (e.g. /checkpoints)")
+    if given[0] == "checkpoint_volume":
+        return {"volumes": {folder: opts["checkpoint_volume"]}}
+    url = opts["checkpoint_bucket"]
+    if "://" not in url:
+        raise HetautoError(f"site '{site.name}': checkpoint_bucket {url!r} is not a bucket URL (e.g. s3://BUCKET/PATH, "
+                           "gs://BUCKET/PATH)")
+    return {"file_mounts": {folder: {"source": url, "mode": "MOUNT_CACHED"}}}
+
+
 def _script(launch: LaunchPlan, site: SiteLaunch, first: NodeLaunch) -> str:
     count = len(site.nodes)
     ranks = f"node rank {first.node_rank}" if count == 1 else \
@@ -200,6 +241,7 @@ def task(launch: LaunchPlan, site: SiteLaunch) -> dict[str, Any]:
         resources["accelerators"] = acc
     if "image_id" in opts:
         resources["image_id"] = opts["image_id"]
+    checkpoints = checkpoint_mount(launch, site, opts)
     rdzv = launch.rendezvous
     if site.name == rdzv.lead_site and len(launch.sites) > 1:  # the other sites reach the lead's two ports
         resources["ports"] = [rdzv.master_port, rdzv.control_port]
@@ -209,7 +251,8 @@ def task(launch: LaunchPlan, site: SiteLaunch) -> dict[str, Any]:
         "resources": resources,
         "envs": {"HETAUTO_FIRST_NODE_RANK": str(first.node_rank), "MASTER_ADDR": rdzv.master_addr,
                  "MASTER_PORT": str(rdzv.master_port), "PYTHONUNBUFFERED": "1"},
-        "file_mounts": {secret_path(launch): SECRET_FILE},
+        "file_mounts": {secret_path(launch): SECRET_FILE, **checkpoints.get("file_mounts", {})},
+        **({"volumes": checkpoints["volumes"]} if "volumes" in checkpoints else {}),
         "setup": setup_script(site, first, opts),
         "run": _script(launch, site, first),
     }
