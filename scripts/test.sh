@@ -13,7 +13,9 @@ source scripts/_python.sh
 hetauto_activation_hint   # before the tests, so pytest's summary stays the last line
 # One worker more than cores (at most 4), each file on one worker (its module fixtures built once): many tests
 # wait on the processes they start (a training run, a timeout, a shaped link), and a spare worker keeps the cores
-# busy meanwhile. HETAUTO_TEST_WORKERS=N sets the count; 0 runs in-process.
+# busy meanwhile. HETAUTO_TEST_WORKERS=N sets the count; 0 runs in-process. Files go longest first (tests/conftest.py
+# orders them by tests/file_seconds.json; --no-loadscope-reorder keeps that order), a worker's next file only when
+# its current one is down to its last test (hetauto.testing.suite_schedule).
 # Bytecode caches on, whatever the caller's PYTHONDONTWRITEBYTECODE: the suite starts some 400 Python processes
 # (ranks, torchrun agents, commands), and without .pyc files each recompiles the hetauto modules it imports and
 # every pytest worker rewrites every test module again (~0.5 s a process; the caches go to __pycache__, ignored).

@@ -68,17 +68,33 @@ def fresh_plugin_registry(monkeypatch):
     reset_registry()
 
 
+FILE_SECONDS = Path(__file__).resolve().parent / "file_seconds.json"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow files first, each file's tests kept together and in their order: the workers (scripts/test.sh, one
-    file at a time each, `--no-loadscope-reorder` so xdist keeps this order) then end on short files, not with
-    one worker finishing a minute-long file while the others idle. Slow means: tests that start processes (marked
-    `multiprocess`), most of them first; then the other files, most tests first. Every worker sorts alike."""
-    started: Counter[str] = Counter()
-    tests: Counter[str] = Counter()
+    """Longest files first, each file's tests kept together and in their order: the workers (scripts/test.sh, one
+    file at a time each, in this order: `--no-loadscope-reorder` and the scheduler below) then end on short files,
+    not with one worker finishing a minute-long file while the others idle. Longest: the seconds each file took
+    in a measured run (tests/file_seconds.json; hetauto.testing.suite_schedule orders files it has not measured).
+    Every worker sorts alike."""
+    from hetauto.testing.suite_schedule import file_order, load_file_seconds
+
+    process_tests: Counter[str] = Counter()
     for item in items:
-        tests[item.module.__name__] += 1
-        started[item.module.__name__] += item.get_closest_marker("multiprocess") is not None
-    items.sort(key=lambda item: (-started[item.module.__name__], -tests[item.module.__name__], item.module.__name__))
+        process_tests[item.path.name] += item.get_closest_marker("multiprocess") is not None
+    rank = {name: i for i, name in enumerate(file_order(process_tests, process_tests, load_file_seconds(FILE_SECONDS)))}
+    items.sort(key=lambda item: rank[item.path.name])  # stable: a file's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadfile` hands a worker its next file only when one test of its current file is left (xdist's own
+    scheduler: two, which committed a file to a worker still busy with a long file's last tests)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from hetauto.testing.suite_schedule import one_test_ahead_scheduling
+
+    return one_test_ahead_scheduling(config, log)
 
 
 # --- a real Slurm for the tests marked `slurm` (scripts/slurm-local.sh)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -27,7 +28,8 @@ if what == "wait":  # before the first line: the test signals once it has read i
 ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
                   "mark": os.environ.get("PROBE_MARK"), "zygote": os.environ.get("%s"), "hup_ignored": ignored,
-                  "torch_loaded": "torch" in sys.modules}), flush=True)
+                  "torch_loaded": "torch" in sys.modules, "net": os.stat("/proc/self/ns/net").st_ino,
+                  "links": sorted(os.listdir("/sys/class/net"))}), flush=True)
 if what == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if what == "wait":
@@ -120,3 +122,30 @@ def test_a_rank_the_zygote_cannot_be_runs_by_itself(folder: Path, zygote: str, e
     seen = first_line(proc)
     proc.communicate(timeout=60)
     assert seen["pid"] == proc.pid and proc.returncode == 0
+
+
+@pytest.fixture
+def namespace() -> Iterator[str]:
+    """A fresh network namespace (root with iproute2), removed after the test."""
+    from hetauto.launch.netns_topology import available
+
+    if not available().ok:
+        pytest.skip(f"no network namespaces here: {available().reason}")
+    name = f"hzyg{os.getpid()}-{secrets.token_hex(2)}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+    yield name
+    subprocess.run(["ip", "netns", "del", name], check=False, timeout=30)
+
+
+@pytest.mark.netns
+def test_a_rank_in_a_network_namespace_is_forked_into_it(folder: Path, zygote: str, namespace: str) -> None:
+    """`ip netns exec NS` (a shaped-link run's ranks): the child joins the client's network and mount namespaces,
+    so it sees the namespace's links (/sys follows the mount namespace `ip netns exec` made), not the host's."""
+    proc = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-u", "-c", CLIENT, "0"], cwd=folder,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ZYGOTE_ENV: zygote})
+    seen = first_line(proc)
+    proc.communicate(timeout=60)
+    assert seen["pid"] != proc.pid and seen["torch_loaded"] and proc.returncode == 0
+    assert seen["net"] == os.stat(f"/run/netns/{namespace}").st_ino != os.stat("/proc/self/ns/net").st_ino
+    assert seen["links"] == ["lo"]

@@ -14,7 +14,9 @@ and ignored signals; every other signal back to its default. Its watchdog sees t
 forwarded SIGTERM counts as torchrun's and the child dies when the client does. The server SIGKILLs a child as
 soon as its client's connection closes (the client died, even by SIGKILL), and tells the client how the child
 ended. A rank that differs from the zygote in anything fixed before the fork (namespaces, cgroup, user,
-interpreter, hetauto checkout, variables read at import) is declined: it runs on its own.
+interpreter, hetauto checkout, variables read at import) is declined: it runs on its own; except a rank in
+another network namespace (`ip netns exec`: a network and a mount namespace of its own), which a zygote running
+as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
 
     python -m hetauto.testing.rank_zygote SOCKET_PATH     # serves until its parent exits (or fd:N, bound)
 """
@@ -128,6 +130,42 @@ def _limits_as_asked(limits: dict[str, list[int]]) -> None:
             pass
 
 
+# namespaces a forked child can join (setns: it is single-threaded, and the zygote runs as root); the others
+# (pid, user, ...) cannot be changed for a running process, so a rank in another of those runs on its own
+ENTERABLE = {"net": 0x40000000, "mnt": 0x00020000}  # CLONE_NEWNET, CLONE_NEWNS; net first: /sys follows it
+
+
+def _setns(fd: int, nstype: int) -> None:
+    if hasattr(os, "setns"):  # Python 3.12+
+        os.setns(fd, nstype)
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _open_namespaces(pid: int, names: list[str]) -> list[tuple[int, int]]:
+    """(fd, type) of the client's namespaces `names`, opened while the client waits for its answer."""
+    opened: list[tuple[int, int]] = []
+    try:
+        for name in names:
+            opened.append((os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), ENTERABLE[name]))
+    except OSError:
+        for fd, _ in opened:
+            os.close(fd)
+        raise
+    return opened
+
+
+def _enter(namespaces: list[tuple[int, int]]) -> None:
+    for fd, nstype in namespaces:
+        _setns(fd, nstype)
+        os.close(fd)
+
+
 def _stdio(fds: list[int]) -> None:
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
@@ -141,10 +179,11 @@ def _stdio(fds: list[int]) -> None:
     sys.stdin = io.TextIOWrapper(open(0, "rb", closefd=False))
 
 
-def _become(req: dict[str, Any], fds: list[int]) -> None:
+def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int]]) -> None:
     """In the forked child: turn into the rank that asked, then run its module as __main__ (never returns)."""
     from hetauto.runtime.parent_watch import LAUNCHER_ENV, launcher_mark
 
+    _enter(namespaces)
     os.setsid()
     _signals_as_asked(req["ignored"], req["blocked"])
     _limits_as_asked(req["rlimits"])
@@ -166,11 +205,11 @@ def _become(req: dict[str, Any], fds: list[int]) -> None:
     runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
 
 
-def _child(req: dict[str, Any], fds: list[int], server: "_Server") -> None:
+def _child(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int]], server: "_Server") -> None:
     code = 1
     try:
         server.close_in_child()
-        _become(req, fds)
+        _become(req, fds, namespaces)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -214,9 +253,24 @@ class _Server:
     def _declined(self, req: dict[str, Any]) -> str | None:
         theirs = req.get("identity", {})
         for key, mine in self.identity.items():
+            if key == "ns":
+                continue
             if theirs.get(key) != mine:
                 return f"differs in {key}"
-        return None
+        other = self.namespaces_to_enter(req)
+        return None if other is not None else "differs in ns"
+
+    def namespaces_to_enter(self, req: dict[str, Any]) -> list[str] | None:
+        """The client's namespaces that differ from the zygote's, when the child can join them all (as root);
+        None when it cannot."""
+        mine = self.identity["ns"]
+        theirs = req.get("identity", {}).get("ns", {})
+        other = [name for name in mine if theirs.get(name) != mine[name]]  # type: ignore[union-attr]
+        if not other:
+            return []
+        if os.geteuid() != 0 or any(name not in ENTERABLE for name in other):
+            return None
+        return sorted(other, key=list(ENTERABLE).index)
 
     def accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -226,6 +280,12 @@ class _Server:
             conn.close()
             return
         why = self._declined(req) or (None if threading_count() == 1 else "the zygote has threads")
+        namespaces: list[tuple[int, int]] = []
+        if why is None:
+            try:
+                namespaces = _open_namespaces(int(req["pid"]), self.namespaces_to_enter(req) or [])
+            except (OSError, KeyError, ValueError) as e:
+                why = f"cannot open its namespaces: {e}"
         if why is not None:
             self.log(f"declined {req.get('argv')}: {why}")
             conn.sendall(f"no {why}\n".encode())
@@ -235,8 +295,8 @@ class _Server:
             return
         pid = os.fork()
         if pid == 0:
-            _child(req, fds, self)
-        for fd in fds:
+            _child(req, fds, namespaces, self)
+        for fd in [*fds, *(fd for fd, _ in namespaces)]:
             os.close(fd)
         self.child_of[conn] = pid
         self.conn_of[pid] = conn
