@@ -21,7 +21,6 @@ from hetauto.cli import main
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.launch.diagnosis import death_by_signal, oom_kills, shrunk_data_file
 from hetauto.runtime.token_data import write_tokens
-from hetauto.runtime.zygote_client import ZYGOTE_ENV
 from hetauto.testing.two_sites import this_tree_env
 
 CLUSTER = """clusters:
@@ -72,10 +71,9 @@ def test_a_rank_reading_a_truncated_mapping_dies_of_sigbus_named_so(tmp_path: Pa
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_a_rank_out_of_file_descriptors_names_the_limit_to_raise(tmp_path: Path, monkeypatch) -> None:
-    # ranks started by torchrun, as a user's are: the test zygote's stand-in for getppid reads /proc, which fails
-    # with EMFILE in this rank, and its watchdog then took its parent for gone (LauncherGone, not the EMFILE)
-    monkeypatch.setenv(ZYGOTE_ENV, "off")
+def test_a_rank_out_of_file_descriptors_names_the_limit_to_raise(tmp_path: Path) -> None:
+    # with the test zygote too: its stand-in for getppid reads /proc, which fails with EMFILE in this rank, and it
+    # must not then take the parent for gone (LauncherGone instead of the EMFILE)
     line = _fault(tmp_path, "emfile")
     assert line.startswith("rank 1 (stage 1, cluster 'b') failed: too many open files: raise ulimit -n (now "), line
 

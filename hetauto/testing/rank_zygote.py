@@ -92,13 +92,21 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 def _client_parent(client: int) -> Any:
     """os.getppid for the child: the client's parent (torchrun), 1 once the client is gone; so the rank's watchdog
-    (hetauto.runtime.parent_watch) sees torchrun die as a real rank would."""
+    (hetauto.runtime.parent_watch) sees torchrun die as a real rank would. Only a client that is gone reads as 1:
+    a rank out of descriptors (EMFILE on /proc) keeps the last parent seen, as the real getppid needs no descriptor,
+    so its own death names the descriptors instead of a launcher gone."""
+    last = [1]
+
     def getppid() -> int:
         try:
             with open(f"/proc/{client}/stat", "rb") as f:
-                return int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+                last[0] = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
             return 1
+        except OSError:
+            pass
+        return last[0]
+    getppid()  # now, while descriptors are free: the first parent known
     return getppid
 
 
