@@ -6,7 +6,10 @@ Why one job per island rather than one torch world: a lost island must be able t
 (issue #41), torchft keeps its replica groups apart the same way, and the executor then runs each island exactly
 as it runs any plan. What joins them is the outer sync's store (`run.island.store`, served by global rank 0 of
 island 0 on a port picked here) and this module: steps of every island go to the same sinks with the island's
-name, and the first island to fail ends the others, its diagnosis named ("island B: rank 0 ...").
+name. An island that fails is dropped from the outer sync by the others, which train on without it
+(hetauto.runtime.island_members); when every other island has finished, the run's document covers them and names
+the lost island once ("island B: rank 0 ..."), with the step its peers dropped it at. Only when no island finished
+does the run fail as one job (its first culprit named).
 """
 
 from __future__ import annotations
@@ -63,11 +66,36 @@ def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]]
                                                     lambda store: _island_runs(job, Path(folder), store))
         else:
             runs = _island_runs(job, Path(folder))
-            reports = _Islands(job, runs, Path(folder)).run(open_sinks, want_reference)
-    doc = island_result_document(job, runs, reports, want_reference=want_reference)
+            islands = _Islands(job, runs, Path(folder))
+            reports = islands.run(open_sinks, want_reference)
+            lost = islands.lost
+    finished = [run for run in runs if run.island.index not in lost]
+    kept = [rep for run, rep in zip(runs, reports) if run.island.index not in lost]
+    doc = island_result_document(job, finished, kept, want_reference=want_reference,
+                                 lost={i: str(err) for i, err in lost.items()})
     if link is not None:  # as an ordinary netns run reports its link (the key only under netns: other outputs stay)
         doc["shaped_link"] = link
+    if lost:  # the survivors' document, and the lost island named once
+        first = min(lost)
+        err = _named(lost[first], runs[first].island.name, [])
+        trained_on = ", ".join(r.island.name for r in finished)
+        err = _with_message(err, f"{err}; the other islands ({trained_on}) trained on without it")
+        err.document = doc  # type: ignore[attr-defined]
+        raise err from None
     return doc
+
+
+def _with_message(err: BaseException, message: str) -> BaseException:
+    """`err` with another message, its type, exit code and culprit kept."""
+    from hetauto.launch.diagnosis import JobFailed
+
+    if isinstance(err, JobFailed):
+        return JobFailed(message, err.rank, err.stage, err.cluster)
+    if isinstance(err, HetautoError):
+        out = HetautoError(message)
+        out.exit_code = err.exit_code
+        return out
+    return err
 
 
 def _checkpoint_folder(job: PreparedIslands) -> Any:
@@ -118,8 +146,9 @@ def _island_runs(job: PreparedIslands, folder: Path, store: str | None = None) -
 
 class _Islands:
     """The islands' jobs, started together and followed together: each job's `wait()` runs in a thread of its own
-    (it polls its torchrun, its step lines and its deadline), and the first island to fail or a signal ends the
-    others through each job's `watch` (the hook a node agent's job is stopped through)."""
+    (it polls its torchrun, its step lines and its deadline). An island that fails leaves the others running (they
+    drop it from the outer sync); a signal, or a failure of this launcher, ends them all through each job's
+    `watch` (the hook a node agent's job is stopped through)."""
 
     def __init__(self, job: PreparedIslands, runs: list[IslandRun], folder: Path) -> None:
         self.job, self.runs, self.folder = job, runs, folder
@@ -131,6 +160,7 @@ class _Islands:
         self.signalled: int | None = None
         self.sinks: list[Any] = []
         self.threads: list[threading.Thread] = []  # one per island's job, waiting for it
+        self.lost: dict[int, BaseException] = {}  # islands that failed while another island finished (their errors)
 
     def island_folder(self, index: int) -> Path:
         """Island `index`'s run folder (its plan, run configuration, torchrun output and the ranks' marks)."""
@@ -216,8 +246,18 @@ class _Islands:
             self.outcomes[index] = outcome
             if isinstance(outcome, BaseException) and index not in self.stopped:
                 self.failed.append(index)
-        if isinstance(outcome, BaseException):
-            self._stop(f"island {self.runs[index].island.name} failed")
+        if isinstance(outcome, BaseException) and index not in self.stopped:
+            self._mark_lost(index)
+
+    def _mark_lost(self, index: int) -> None:
+        """Island `index` failed: tell the survivors through the outer store (they drop it without waiting out
+        their timeout; the store's server does not wait for its holders at its end)."""
+        from hetauto.runtime.island_holders import holder_groups
+        from hetauto.runtime.island_members import mark_lost
+
+        run = self.runs[index]
+        holders = len({g.members[index] for g in holder_groups(self.job.plan)})
+        mark_lost(run.options.island.store, index, holders, run.options.training.timeout_s)
 
     def _watch(self, index: int) -> str | None:
         with self.lock:
@@ -252,6 +292,11 @@ class _Islands:
         if self.signalled is not None:
             raise JobInterrupted(f"interrupted by {signal.Signals(self.signalled).name}: stopped every island's job "
                                  "(torchrun and its ranks)", self.signalled)
+        finished = [run.island.index for run in self.runs if not isinstance(self.outcomes[run.island.index],
+                                                                               BaseException)]
+        if self.failed and finished:  # the others trained on without the failed islands: their reports stand
+            self.lost = {i: self.outcomes[i] for i in self.failed}  # type: ignore[misc]
+            return [[] if i in self.lost else self.outcomes[i] for i in range(len(self.runs))]  # type: ignore[misc]
         if self.failed:
             culprit = next((i for i in self.failed if not self._only_secondary(i)), self.failed[0])
             raise _named(self.outcomes[culprit], self.runs[culprit].island.name,  # type: ignore[arg-type]

@@ -43,9 +43,11 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.islands import IslandPlan
 from hetauto.core.run_config import RunConfig
 from hetauto.core.transport import HOST_COLLECTIVE
-from hetauto.runtime.island_exchange import OuterGroup, open_store, pack, packed_bytes, unpack
+from hetauto.runtime.island_exchange import Landed, OuterGroup, PeerLost, PendingExchange, open_store, pack, \
+    packed_bytes, unpack
 from hetauto.runtime.island_inflight import InFlight, InFlightPart
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
+from hetauto.runtime.island_members import DONE_KEY, Membership, member_weights, next_members
 from hetauto.runtime.layout import placement
 from hetauto.runtime.links import EmulatedLink
 from hetauto.runtime.outer_sync import OuterOptimizer, fragment_slots, merge, sending_fragments
@@ -92,12 +94,16 @@ class IslandSync:
         self.holder = self.me.layout.rank(0, 0)
         self.is_holder = self.me.rank == self.holder
         self.groups = groups_of(self.plan, self.index, self.holder)
+        self.by_key = {g.key: g for g in self.groups}
+        # who syncs (hetauto.runtime.island_members): every island until one is lost, then the survivors
+        self.membership = Membership(0, tuple(range(len(self.plan.islands))))
         self.weights = self.plan.token_weights()
         self.formats = [contribution_format(self.plan, isl.name) for isl in self.plan.islands]
         self.records: list[dict[str, Any]] = []
         self.inflight: InFlight | None = None  # the fragment sent and not landed yet (tau > 0, or a resume)
         self.stage_comm = self._stage_groups(ex)
-        self._store, self._outer = None, {}
+        self._store, self._outer, self._cluster = None, {}, None
+        self._retired: list[OuterGroup] = []  # a lost epoch's groups: kept, so no destructor waits on a dead peer
         if self.is_holder:
             self._join(ex)
 
@@ -120,7 +126,7 @@ class IslandSync:
         timeout = self.run.training.timeout_s
         master = self.index == 0 and self.me.rank == 0
         self._store = open_store(self.run.island.store, master=master, timeout_s=timeout)
-        cluster = self._emulated_cluster(ex)
+        self._cluster = cluster = self._emulated_cluster(ex)
         for g in self.groups:
             names = self._names(g.slots)
             links = self._links(cluster, g) if cluster is not None else ()
@@ -214,12 +220,11 @@ class IslandSync:
         part = InFlightPart(names, None, ())
         if self.is_holder:
             assert full is not None
-            group = self._outer[g.key]
-            sizes = [packed_bytes(full, fmt) for fmt in self.formats]
-            part.exchange = group.post_bytes(pack(full, self.formats[self.index]), sizes)
+            part.key, part.mine = g.key, pack(full, self.formats[self.index])
             part.likes = tuple(torch.empty(t.shape, device="meta") for t in full)  # shapes for unpack
+            part.exchange = self._post_exchange(part, fl)
             fl.posted = part.exchange.posted if fl.posted is None else fl.posted
-            fl.sent_bytes += sizes[self.index] * (group.size - 1)
+            fl.sent_bytes += packed_bytes(full, self.formats[self.index]) * (len(part.members) - 1)
         fl.parts.append(part)
         return part
 
@@ -240,17 +245,69 @@ class IslandSync:
         broadcast; this rank's slices into `fl.slices`."""
         t0, waited, full = time.perf_counter(), 0.0, None
         if part.exchange is not None:
-            landed = part.exchange.wait()
+            landed = self._landed(part, fl)
             waited = landed.waited_s
             fl.finished = max(fl.finished, landed.finished)
-            decoded = [unpack(p, fmt, part.likes) for p, fmt in zip(landed.payloads, self.formats)]
-            full = [merge([d[k] for d in decoded], self.weights) for k in range(len(part.likes))]
+            formats = [self.formats[i] for i in part.members]
+            weights = member_weights(self.weights, part.members)
+            decoded = [unpack(p, fmt, part.likes) for p, fmt in zip(landed.payloads, formats)]
+            full = [merge([d[k] for d in decoded], weights) for k in range(len(part.likes))]
             part.exchange = None  # its payloads are merged: free them
         got = self._broadcast(part.names, full)
         fl.slices.update({self.alias[n]: _slice_like(self.params[n], m) for n, m in zip(part.names, got)})
         part.settled = True
         fl.wait_s += waited
         fl.settle_s += time.perf_counter() - t0 - waited
+
+    # ------------------------------------------------------------------ membership (a lost island)
+    def _post_exchange(self, part: InFlightPart, fl: InFlight) -> PendingExchange:
+        """Post `part`'s payload in its group of the current membership (formed anew after a change), agreeing
+        a new membership while the post itself finds a member lost."""
+        while True:
+            group = self._group(part.key)
+            part.members = self.membership.members
+            sizes = [packed_bytes(part.likes, self.formats[i]) for i in part.members]
+            try:
+                assert part.mine is not None
+                return group.post_bytes(part.mine, sizes)
+            except PeerLost:
+                self._change_members(fl)
+
+    def _landed(self, part: InFlightPart, fl: InFlight) -> Landed:
+        """`part`'s exchange waited for; when a member was lost, the survivors agree a new membership and the
+        exchange is redone among them (the merge then renormalises the token weights over them)."""
+        while True:
+            assert part.exchange is not None
+            try:
+                return part.exchange.wait()
+            except PeerLost:
+                self._change_members(fl)
+                part.exchange = self._post_exchange(part, fl)
+
+    def _change_members(self, fl: InFlight) -> None:
+        """A member of the current membership is lost: agree the next one with the survivors (or adopt it)."""
+        fl.lost_at = time.perf_counter() if fl.lost_at is None else fl.lost_at
+        assert self._store is not None
+        change = next_members(self._store, self.membership, self.index, self.me.rank,
+                              timeout_s=self.run.training.timeout_s, store_address=self.run.island.store,
+                              store_island=self.plan.islands[0].name)
+        self.membership = change.membership
+        fl.dropped += [i for i in change.dropped if i not in fl.dropped]
+
+    def _group(self, key: str) -> OuterGroup:
+        """The group `key` of the current membership epoch: formed anew (collectively, by its surviving members)
+        the first time it is used in a new epoch."""
+        group = self._outer[key]
+        if group.epoch == self.membership.epoch:
+            return group
+        self._retired.append(group)
+        members = self.membership.members
+        links = self._links(self._cluster, self.by_key[key]) if self._cluster is not None else ()
+        links = tuple(links[i] for i in members) if links else ()
+        group = OuterGroup.join(self._store, key, self.membership.rank_of(self.index), len(members),
+                                self.run.training.timeout_s, links, self.membership.epoch)
+        self._outer[key] = group
+        return group
 
     def _land(self, blocking_since: float | None) -> None:
         """The outer step of the fragment in flight on this rank's slices, and the holder's record of it: sync_s
@@ -270,10 +327,15 @@ class IslandSync:
         else:
             own = fl.send_s + fl.settle_s + (end - t0)  # the rank's own work for the sync: never hidden
             sync_s, exposed_s = own + max(fl.wait_s, fl.finished - fl.send_end), own + fl.wait_s
-        peers = [isl.name for i, isl in enumerate(self.plan.islands) if i != self.index]
-        self.records.append({"step": fl.land_step, "fragment": fl.fragment, "bytes": fl.sent_bytes,
-                             "sync_s": sync_s, "exposed_s": exposed_s, "peers": peers,
-                             "phases": fl.phases(end - t0)})
+        members = fl.parts[-1].members if fl.parts else self.membership.members
+        peers = [self.plan.islands[i].name for i in members if i != self.index]
+        row = {"step": fl.land_step, "fragment": fl.fragment, "bytes": fl.sent_bytes, "sync_s": sync_s,
+               "exposed_s": exposed_s, "peers": peers, "phases": fl.phases(end - t0)}
+        if fl.dropped:  # this sync lost an island: who, the epoch it went on in, and how long that took
+            assert fl.lost_at is not None
+            row.update({"dropped": [self.plan.islands[i].name for i in fl.dropped],
+                        "epoch": self.membership.epoch, "recovery_s": end - fl.lost_at})
+        self.records.append(row)
 
     def adopt_pending(self, fragment: int, land_step: int, merged: dict[str, torch.Tensor]) -> None:
         """A resumed run: the fragment whose merged pseudo-gradients (this rank's slices, by the names the outer
@@ -311,14 +373,17 @@ class IslandSync:
         if self.inflight is not None and self.inflight.merged is None:
             for part in self.inflight.parts:
                 if part.exchange is not None:
-                    part.exchange.wait()
+                    try:
+                        part.exchange.wait()
+                    except PeerLost:
+                        pass  # it never lands anyway
         if self._store is None:
             return
-        self._store.add("outer/done", 1)
-        if self.index == 0 and self.me.rank == 0:
+        self._store.add(DONE_KEY, 1)
+        if self.index == 0 and self.me.rank == 0:  # lost islands' holders are signed off by their launcher
             total = sum(len({g.members[i] for g in holder_groups(self.plan)}) for i in range(len(self.plan.islands)))
             deadline = time.monotonic() + self.run.training.timeout_s
-            while self._store.add("outer/done", 0) < total and time.monotonic() < deadline:
+            while self._store.add(DONE_KEY, 0) < total and time.monotonic() < deadline:
                 time.sleep(0.01)
 
 

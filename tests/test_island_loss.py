@@ -1,0 +1,108 @@
+"""A lost island drops out of the outer sync and the others train on without a restart (issue 41 item 6, islands;
+hetauto.runtime.island_members), through the real job path: three 1-rank islands of tiny-gpt on this host
+(`hetauto run ISLAND_PLAN.json`), one killed by --inject-fault.
+
+What must hold: the survivors finish every step and agree bit for bit; their losses and final parameters are the
+single-process island reference's with the same membership schedule (hetauto.runtime.island_reference `lost`:
+every outer step after the loss merges the survivors alone, their token weights renormalised); the lost island is
+named once, with the step its peers dropped it at; and a lost store (island 0 serves it) is one named line, well
+within the timeout, instead of a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetauto.core.islands import Island, IslandPlan, OuterSync, WireLink
+from hetauto.core.plan import Plan, StagePlan
+
+STEPS, H, LOST_AT, TIMEOUT = 6, 2, 3, 20
+NAMES = ("A", "B", "C")
+CLUSTERS = """clusters:
+  - {name: a, nodes: {count: 1, devices_per_node: 1, device: cpu}, speed_factor: 1.0}
+  - {name: b, nodes: {count: 1, devices_per_node: 1, device: cpu}, speed_factor: 1.0}
+  - {name: c, nodes: {count: 1, devices_per_node: 1, device: cpu}, speed_factor: 1.0}
+links:
+  default: {bandwidth: 1Gbps, latency: 1ms}
+"""
+
+
+def _island(cluster: str, batch: int) -> Island:
+    stage = StagePlan(cluster=cluster, device_type="cpu", devices=(0,), layers=(0, 6), tp=1, dp=1)
+    return Island(name=cluster.upper(), plan=Plan(model="tiny-gpt", cluster="c.yaml", seq_len=16, global_batch=batch,
+                                                  microbatch_size=2, num_microbatches=batch // 2, stages=(stage,)))
+
+
+def three_islands(tmp_path: Path) -> Path:
+    """Three 1-rank islands (rows 2, 4, 2 of each batch of 8), H=2: syncs after steps 1, 3, 5."""
+    (tmp_path / "c.yaml").write_text(CLUSTERS)
+    plan = IslandPlan(model="tiny-gpt", cluster="c.yaml", seq_len=16, global_batch=8,
+                      islands=(_island("a", 2), _island("b", 4), _island("c", 2)),
+                      outer=OuterSync(inner_steps=H, wire=(WireLink(between=("A", "B")), WireLink(between=("A", "C")),
+                                                           WireLink(between=("B", "C")))))
+    path = tmp_path / "islands.json"
+    plan.save(path)
+    return path
+
+
+def run_islands(path: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--steps", str(STEPS), "--json",
+                           "--timeout", str(TIMEOUT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ))
+
+
+def final_params(ck: Path, island: str) -> dict[str, torch.Tensor]:
+    """The parameters of island `island`'s last checkpoint (after the last step), by canonical name."""
+    from tests.test_island_checkpoint import _tensors
+
+    folder = ck / f"island-{island}" / f"step-{STEPS - 1:08d}"
+    return {k[len("model."):]: v for k, v in _tensors(folder).items() if k.startswith("model.")}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_a_killed_island_is_dropped_and_the_others_match_the_reference(tmp_path: Path) -> None:
+    from hetauto.core.plan_check import load_model_for_plan
+    from hetauto.core.run_config import RunConfig
+    from hetauto.runtime.island_reference import reference_islands
+
+    path = three_islands(tmp_path)
+    ck = tmp_path / "ck"
+    t0 = time.monotonic()
+    proc = run_islands(path, "--inject-fault", f"rank=2,step={LOST_AT}", "--checkpoint-dir", str(ck),
+                       "--checkpoint-every", str(STEPS))
+    took = time.monotonic() - t0
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hetauto run: error:")]
+    assert len(errors) == 1 and errors[0].startswith("hetauto run: error: island C: rank 0 (stage 0, cluster 'c')"), \
+        proc.stderr[-3000:]
+    assert "the other islands (A, B) trained on without it" in errors[0]
+    doc = json.loads(proc.stdout)
+    assert [i["name"] for i in doc["islands"]] == ["A", "B"]
+    assert doc["lost"] == [{"island": "C", "index": 2, "reason": doc["lost"][0]["reason"], "dropped_at_step": 3,
+                            "fragment": 0, "round": 2, "recovery_s": doc["lost"][0]["recovery_s"],
+                            "came_back": None}]
+    assert doc["lost"][0]["recovery_s"] < TIMEOUT / 2  # the launcher told the survivors: no timeout waited out
+    assert took < 200
+    plan = IslandPlan.load(path)
+    ref = reference_islands(plan, load_model_for_plan(plan.islands[0].plan),
+                            RunConfig.from_flat(steps=STEPS, seed=0), lost={2: LOST_AT})
+    for isl in doc["islands"]:
+        assert len(isl["loss"]) == STEPS
+        assert isl["loss"] == pytest.approx(list(ref.losses[isl["index"]]), abs=isl["loss_tolerance"])
+        assert [(x["step"], x["peers"], x.get("dropped")) for x in isl["outer_syncs"]] == [
+            (1, [n for n in NAMES if n != isl["name"]], None), (3, [n for n in "AB" if n != isl["name"]], ["C"]),
+            (5, [n for n in "AB" if n != isl["name"]], None)]
+    assert doc["reference"] == "checked" and doc["loss_off_reference"] is None
+    a, b = final_params(ck, "A"), final_params(ck, "B")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "the survivors' parameters differ"
+    for name, value in a.items():  # the survivors-only merge of the reference (the same ops; threads may differ)
+        torch.testing.assert_close(value, ref.params[0][name], rtol=1e-5, atol=1e-6)
