@@ -53,10 +53,11 @@ def three_islands(tmp_path: Path) -> Path:
     return path
 
 
-def run_islands(path: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+def run_islands(path: Path, *args: str, timeout: float = 200,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--steps", str(STEPS), "--json",
                            "--timeout", str(TIMEOUT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ))
+                          env={**os.environ, **(env or {})})
 
 
 def final_params(ck: Path, island: str) -> dict[str, torch.Tensor]:
@@ -106,3 +107,23 @@ def test_a_killed_island_is_dropped_and_the_others_match_the_reference(tmp_path:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "the survivors' parameters differ"
     for name, value in a.items():  # the survivors-only merge of the reference (the same ops; threads may differ)
         torch.testing.assert_close(value, ref.params[0][name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_losing_the_store_island_is_one_named_line_within_the_timeout(tmp_path: Path) -> None:
+    """Island 0's rank 0 serves the outer store: when it dies, the others cannot agree a new membership; each
+    says so in one line naming the store and its island, at once (no timeout is waited out)."""
+    path = three_islands(tmp_path)
+    log = tmp_path / "fault.jsonl"
+    proc = run_islands(path, "--inject-fault", f"rank=0,step={LOST_AT}", "--no-reference",
+                       env={"HETAUTO_FAULT_LOG": str(log)})
+    ended = time.time()
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    line = errors[0]
+    assert line.startswith("hetauto run: error: island A: rank 0 (stage 0, cluster 'a') died"), line
+    assert "StoreLost: the outer sync's store at 127.0.0.1:" in line and "served by island A's rank 0" in line, line
+    fired = json.loads(log.read_text().splitlines()[0])["unix"]
+    assert ended - fired < TIMEOUT, (ended - fired, line)  # found lost at once, not after a timeout

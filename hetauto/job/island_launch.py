@@ -33,6 +33,8 @@ __all__ = ["IslandStep", "run_islands", "ISLAND_PLAN_COPY"]
 
 ISLAND_PLAN_COPY = "islands.json"  # the island plan as the ranks read it, in the job's folder
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# a rank's errors that follow from another island's loss (hetauto.runtime.island_members): never the culprit
+_AFTER_ANOTHER_ISLAND = ("StoreLost", "DroppedFromSync")
 
 
 @dataclass(frozen=True)
@@ -299,18 +301,25 @@ class _Islands:
             return [[] if i in self.lost else self.outcomes[i] for i in range(len(self.runs))]  # type: ignore[misc]
         if self.failed:
             culprit = next((i for i in self.failed if not self._only_secondary(i)), self.failed[0])
-            raise _named(self.outcomes[culprit], self.runs[culprit].island.name,  # type: ignore[arg-type]
-                         [self.runs[i].island.name for i in sorted(self.stopped)]) from None
+            err = _named(self.outcomes[culprit], self.runs[culprit].island.name,  # type: ignore[arg-type]
+                         [self.runs[i].island.name for i in sorted(self.stopped)])
+            after = [i for i in self.failed if i != culprit]
+            if after:  # what the others met without it (the outer store lost with island 0, say): said once
+                first = str(self.outcomes[after[0]]).splitlines()[0]
+                names = ", ".join(self.runs[i].island.name for i in after)
+                err = _with_message(err, f"{err}; then island(s) {names} failed: {first}")
+            raise err from None
         return [self.outcomes[run.island.index] for run in self.runs]  # type: ignore[misc]
 
     def _only_secondary(self, index: int) -> bool:
         """Whether every error island `index`'s ranks reported follows from another rank's failure (a
         communication error: with the outer sync, an island whose peer island died fails too, at about the same
-        moment); such an island is named only when no island failed of its own."""
+        moment; or the outer store lost with island 0); such an island is named only when no island failed of its
+        own."""
         from hetauto.launch.diagnosis import read_marks
 
         errors = read_marks(self.runs[index].island.plan, self.island_folder(index)).errors
-        return bool(errors) and all(e.secondary for e in errors.values())
+        return bool(errors) and all(e.secondary or e.type in _AFTER_ANOTHER_ISLAND for e in errors.values())
 
 
 def _named(err: BaseException, island: str, stopped: list[str]) -> BaseException:

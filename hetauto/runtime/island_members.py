@@ -26,6 +26,7 @@ fails, and `StoreLost` names that in one line (the job cannot agree on anything 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -111,6 +112,10 @@ def mark_lost(address: str, island: int, holders: int, timeout_s: float) -> bool
     import torch.distributed as dist
 
     host, _, port = address.rpartition(":")
+    try:  # a store that is gone refuses at once; torch's client would retry until its timeout
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError):
+        return False
     try:
         store = dist.TCPStore(host.strip("[]"), int(port), None, False, datetime.timedelta(seconds=timeout_s),
                               wait_for_workers=False)
