@@ -41,12 +41,12 @@ def _island(cluster: str, batch: int) -> Island:
                                                   microbatch_size=2, num_microbatches=batch // 2, stages=(stage,)))
 
 
-def three_islands(tmp_path: Path) -> Path:
+def three_islands(tmp_path: Path, inner_steps: int = H, latency: str = "1ms") -> Path:
     """Three 1-rank islands (rows 2, 4, 2 of each batch of 8), H=2: syncs after steps 1, 3, 5."""
-    (tmp_path / "c.yaml").write_text(CLUSTERS)
+    (tmp_path / "c.yaml").write_text(CLUSTERS.replace("latency: 1ms", f"latency: {latency}"))
     plan = IslandPlan(model="tiny-gpt", cluster="c.yaml", seq_len=16, global_batch=8,
                       islands=(_island("a", 2), _island("b", 4), _island("c", 2)),
-                      outer=OuterSync(inner_steps=H, wire=(WireLink(between=("A", "B")), WireLink(between=("A", "C")),
+                      outer=OuterSync(inner_steps=inner_steps, wire=(WireLink(between=("A", "B")), WireLink(between=("A", "C")),
                                                            WireLink(between=("B", "C")))))
     path = tmp_path / "islands.json"
     plan.save(path)
@@ -60,11 +60,11 @@ def run_islands(path: Path, *args: str, timeout: float = 200,
                           env={**os.environ, **(env or {})})
 
 
-def final_params(ck: Path, island: str) -> dict[str, torch.Tensor]:
+def final_params(ck: Path, island: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
     """The parameters of island `island`'s last checkpoint (after the last step), by canonical name."""
     from tests.test_island_checkpoint import _tensors
 
-    folder = ck / f"island-{island}" / f"step-{STEPS - 1:08d}"
+    folder = ck / f"island-{island}" / f"step-{steps - 1:08d}"
     return {k[len("model."):]: v for k, v in _tensors(folder).items() if k.startswith("model.")}
 
 
@@ -127,3 +127,35 @@ def test_losing_the_store_island_is_one_named_line_within_the_timeout(tmp_path: 
     assert "StoreLost: the outer sync's store at 127.0.0.1:" in line and "served by island A's rank 0" in line, line
     fired = json.loads(log.read_text().splitlines()[0])["unix"]
     assert ended - fired < TIMEOUT, (ended - fired, line)  # found lost at once, not after a timeout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_path: Path) -> None:
+    """--max-restarts 1: island C killed at step 2 is started again by the launcher (no checkpoint yet: from
+    scratch), asks to join, and the others take it back after their next outer step with the global parameters and
+    outer state; it trains on from there (its own steps are dropped) and every island ends with the same
+    parameters bit for bit (the last step's outer step lands on all three). Each sync lasts >= 1.5 s (the emulated
+    link's latency, H = 1), so the others are still training when C is back (its launcher sees it die after
+    ~5-10 s, and a torchrun job starts in ~10 s on a loaded machine)."""
+    steps = 24
+    path = three_islands(tmp_path, inner_steps=1, latency="1500ms")
+    ck = tmp_path / "ck"
+    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--steps", str(steps), "--json",
+                           "--timeout", str(TIMEOUT), "--emulate", "--no-reference", "--max-restarts", "1",
+                           "--inject-fault", "rank=2,step=2", "--checkpoint-dir", str(ck),
+                           "--checkpoint-every", str(steps)], capture_output=True, text=True, timeout=280,
+                          env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert [i["name"] for i in doc["islands"]] == ["A", "B", "C"]
+    (lost,) = doc["lost"]
+    assert lost["island"] == "C" and lost["dropped_at_step"] == 2 and 2 < lost["came_back"] < steps, lost
+    back = doc["islands"][2]
+    assert back["start_step"] == lost["came_back"] and len(back["loss"]) == steps - lost["came_back"], back
+    for isl in doc["islands"][:2]:
+        joined = [x["step"] for x in isl["outer_syncs"] if "joined" in x]
+        assert joined == [lost["came_back"] - 1] and len(isl["loss"]) == steps
+    a, b, c = (final_params(ck, n, steps) for n in NAMES)
+    for other in (b, c):
+        assert a.keys() == other.keys() and all(torch.equal(a[k], other[k]) for k in a)

@@ -70,11 +70,11 @@ def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]]
             runs = _island_runs(job, Path(folder))
             islands = _Islands(job, runs, Path(folder))
             reports = islands.run(open_sinks, want_reference)
-            lost = islands.lost
+            lost, back = islands.lost, {i: errs[0] for i, errs in islands.restarts.items() if i not in islands.lost}
     finished = [run for run in runs if run.island.index not in lost]
     kept = [rep for run, rep in zip(runs, reports) if run.island.index not in lost]
     doc = island_result_document(job, finished, kept, want_reference=want_reference,
-                                 lost={i: str(err) for i, err in lost.items()})
+                                 lost={i: str(err) for i, err in {**back, **lost}.items()})
     if link is not None:  # as an ordinary netns run reports its link (the key only under netns: other outputs stay)
         doc["shaped_link"] = link
     if lost:  # the survivors' document, and the lost island named once
@@ -163,10 +163,12 @@ class _Islands:
         self.sinks: list[Any] = []
         self.threads: list[threading.Thread] = []  # one per island's job, waiting for it
         self.lost: dict[int, BaseException] = {}  # islands that failed while another island finished (their errors)
+        self.restarts: dict[int, list[BaseException]] = {}  # islands restarted (--max-restarts): their failures
+        self.folders: dict[int, Path] = {}  # an island's newest run folder (a restarted island's is a new one)
 
     def island_folder(self, index: int) -> Path:
         """Island `index`'s run folder (its plan, run configuration, torchrun output and the ranks' marks)."""
-        return self.folder / f"island{index}"
+        return self.folders.get(index, self.folder / f"island{index}")
 
     def run(self, open_sinks: Callable[[], Sequence[Any]] | None, want_reference: bool) -> list[list[dict[str, Any]]]:
         """Start every island, follow them to the end; every island's rank reports (island order), or the first
@@ -240,16 +242,49 @@ class _Islands:
             t.join()
 
     def _wait(self, index: int, job: LocalJob) -> None:
-        try:
-            outcome: list[dict[str, Any]] | BaseException = job.wait()
-        except BaseException as err:  # noqa: BLE001 (handed to the main thread)
-            outcome = err
+        outcome = _outcome(job)
+        while isinstance(outcome, BaseException) and self._may_restart(index):
+            self._mark_lost(index)  # the others drop it (and take it back when it asks)
+            self.restarts.setdefault(index, []).append(outcome)
+            try:
+                outcome = _outcome(self._restart(index))
+            except BaseException as err:  # noqa: BLE001 (handed to the main thread)
+                outcome = err
         with self.lock:
             self.outcomes[index] = outcome
             if isinstance(outcome, BaseException) and index not in self.stopped:
                 self.failed.append(index)
         if isinstance(outcome, BaseException) and index not in self.stopped:
             self._mark_lost(index)
+
+    def _may_restart(self, index: int) -> bool:
+        """--max-restarts N: a failed island's job is started again (at most N times) and the others take it back;
+        not island 0, whose rank 0 served the outer store every island met on (it is gone with it)."""
+        with self.lock:
+            if self.stop_reason is not None or index in self.stopped or index == 0:
+                return False
+        return len(self.restarts.get(index, [])) < self.job.request.max_restarts
+
+    def _restart(self, index: int) -> LocalJob:
+        """Island `index`'s job started again in a new run folder, from its newest checkpoint (if any), without
+        its fault; followed like the first."""
+        from hetauto.job.predict import flops_per_peak
+        from hetauto.launch.local import LOOPBACK, local_command, start_job, write_run_folder
+
+        run, isl = self.runs[index], self.runs[index].island
+        sub = self.folder / f"island{index}-restart{len(self.restarts[index])}"
+        sub.mkdir()
+        ck = run.options.checkpoint
+        options = replace(run.options, faults=replace(run.options.faults, inject=None),
+                          checkpoint=replace(ck, resume=_newest_checkpoint(ck.dir)))
+        written = write_run_folder(sub, isl.plan, options)
+        job = start_job(isl.plan, options, sub, lambda worker, p=isl.plan: local_command(p, worker), written,
+                        control_bind=LOOPBACK, env=run.env)
+        self.folders[index] = sub
+        job.watch = lambda: self._watch(index)
+        job.follow_steps(None, lambda rec, name=isl.name: self._step(name, rec),
+                         flops_per_peak(isl.plan, self.job.base))
+        return job
 
     def _mark_lost(self, index: int) -> None:
         """Island `index` failed: tell the survivors through the outer store (they drop it without waiting out
@@ -320,6 +355,24 @@ class _Islands:
 
         errors = read_marks(self.runs[index].island.plan, self.island_folder(index)).errors
         return bool(errors) and all(e.secondary or e.type in _AFTER_ANOTHER_ISLAND for e in errors.values())
+
+
+def _outcome(job: LocalJob) -> list[dict[str, Any]] | BaseException:
+    """The job's rank reports, or its failure."""
+    try:
+        return job.wait()
+    except BaseException as err:  # noqa: BLE001 (handed to the main thread)
+        return err
+
+
+def _newest_checkpoint(folder: str | None) -> str | None:
+    """The newest complete checkpoint under an island's checkpoint folder (None: none, or no folder)."""
+    if folder is None:
+        return None
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
+
+    latest = latest_checkpoint(Path(folder)) if Path(folder).is_dir() else None
+    return None if latest is None else str(latest)
 
 
 def _named(err: BaseException, island: str, stopped: list[str]) -> BaseException:

@@ -43,8 +43,11 @@ def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], repo
                         "outer_syncs": _holder_rows(mine), **doc})
     lost_rows = _lost_rows(plan, lost or {}, reports)
     schedule = {row["index"]: row["dropped_at_step"] for row in lost_rows if row["dropped_at_step"] is not None}
-    reference, status = (island_reference_losses(plan, job.cfg, job.options, schedule) if want_reference
-                         else (None, "skipped"))
+    came_back = any(row["came_back"] is not None for row in lost_rows)
+    reference, status = (island_reference_losses(plan, job.cfg, job.options, schedule)
+                         if want_reference and not came_back else
+                         (None, "skipped (an island was taken back: the reference does not model its return)"
+                          if want_reference else "skipped"))
     off = _check_reference(islands, reference)
     slowest = max(i["measured_step_s"] for i in islands)
     rounds = rounds_summary(plan, reports, slowest)
@@ -77,7 +80,7 @@ def _lost_rows(plan: IslandPlan, lost: dict[int, str], reports: Sequence[list[di
     """Per lost island: its name, its failure's line, and from the survivors' holders' rows the first sync that
     went on without it (`dropped_at_step`, its fragment and round, `recovery_s`: from a holder finding it lost to
     that sync landed, the slowest holder's); None where no sync came after the loss. `came_back`: the step it
-    was taken back at (None: it never came back)."""
+    was taken back at: the first step it trained again (None: it never came back)."""
     rows = []
     for index in sorted(lost):
         name = plan.islands[index].name
@@ -85,12 +88,14 @@ def _lost_rows(plan: IslandPlan, lost: dict[int, str], reports: Sequence[list[di
                  if name in row.get("dropped", ())]
         first = min(drops, key=lambda r: (int(r["step"]), int(r.get("fragment", 0))), default=None)
         step = None if first is None else int(first["step"])
+        joins = [int(row["step"]) + 1 for mine in reports for rep in mine for row in rep.get("outer_syncs") or []
+                 if name in row.get("joined", ())]
         rows.append({"island": name, "index": index, "reason": lost[index].splitlines()[0] if lost[index] else "",
                      "dropped_at_step": step, "fragment": None if first is None else int(first.get("fragment", 0)),
                      "round": None if step is None else -(-(step + 1) // plan.outer.inner_steps),
                      "recovery_s": None if first is None else max(float(r["recovery_s"]) for r in drops
                                                                   if int(r["step"]) == step),
-                     "came_back": None})
+                     "came_back": min(joins, default=None)})
     return rows
 
 

@@ -183,6 +183,12 @@ class OuterGroup:
         return max((link.transfer_time(max(sizes[self.index], sizes[j]))
                     for j, link in enumerate(self.links) if link is not None and j != self.index), default=0.0)
 
+    def broadcast(self, buf: torch.Tensor, root: int, what: str) -> None:
+        """`buf` from member `root` to every member, in place (a returning island's state)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        self._wait(self.pg.broadcast([buf], opts), what)
+
     def warm_up(self, nbytes: int) -> None:
         """One all-gather of `nbytes` per member at start: the group's connections are young, and TCP moves a young
         connection's first large message from its initial window (10 segments, doubling each round trip), so

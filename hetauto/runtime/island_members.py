@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from hetauto.core.errors import CommunicationError
 
 __all__ = ["Membership", "MemberChange", "StoreLost", "DroppedFromSync", "member_weights", "next_members",
-           "mark_lost", "DONE_KEY"]
+           "mark_lost", "DONE_KEY", "Admission", "newest", "comes_back", "ask_to_join", "offer_admission"]
 
 DONE_KEY = "outer/done"  # holders that signed off (island 0's rank 0 serves the store until every one has)
 
@@ -148,6 +148,10 @@ def _adopt_chain(ops: "_StoreOps", current: Membership, island: int) -> MemberCh
     membership, dropped = current, []
     while ops.check(_next_key(membership.epoch)):
         doc = json.loads(ops.get(_next_key(membership.epoch)))
+        if doc.get("after_step") is not None:  # an island being taken back at a round still to come
+            raise CommunicationError(f"outer sync: an island was lost while island(s) {doc['joined']} were being "
+                                     f"taken back after step {doc['after_step']}; resume every island from its "
+                                     "newest checkpoints")
         dropped += [int(i) for i in doc["dropped"]]
         membership = Membership(membership.epoch + 1, tuple(int(i) for i in doc["members"]))
     if island not in membership.members:
@@ -181,6 +185,9 @@ class _StoreOps:
     def add(self, key: str, amount: int) -> int:
         return int(self._call(self.store.add, key, amount))
 
+    def delete(self, key: str) -> None:
+        self._call(self.store.delete_key, key)
+
     def get(self, key: str) -> str:
         return bytes(self._call(self.store.get, key)).decode("utf-8")
 
@@ -192,3 +199,83 @@ class _StoreOps:
                                          f"{key.split('/')[1]} within {timeout_s:g}s (the deciding island was lost "
                                          "while it decided)")
             time.sleep(_POLL_S)
+
+
+# ---------------------------------------------------------------------------------------------- taking one back
+# A lost island's job resubmitted (`hetauto run --max-restarts`) comes back as a *joiner*: it waits until the
+# others have dropped it, asks to join (`outer/join/e<E>/i<island>`), and the members' holders, which look for such
+# requests after every outer step they land while an island is out, decide its admission after their next
+# landing (`outer/e<E>/next` with `joined` and `after_step`: every member reads it by then, as they look at every
+# landing). After that landing the members and the joiner form the groups of epoch E + 1, the lowest member's
+# holders broadcast the global parameters and the outer optimizer's state, and the joiner trains on from the next
+# step: its own steps since its checkpoint are dropped (the global model wins).
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Islands `joined` are taken in after step `after_step`: the members of epoch `membership.epoch` from then."""
+
+    membership: Membership
+    joined: tuple[int, ...]
+    after_step: int
+
+
+def newest(store: Any, address: str, island: str, start: Membership) -> tuple[Membership, Admission | None]:
+    """The newest decided membership from `start`, and an admission decided but not yet landed (None)."""
+    ops = _StoreOps(store, address, island)
+    membership = start
+    while ops.check(_next_key(membership.epoch)):
+        doc = json.loads(ops.get(_next_key(membership.epoch)))
+        after = Membership(membership.epoch + 1, tuple(int(i) for i in doc["members"]))
+        if doc.get("after_step") is not None:
+            return membership, Admission(after, tuple(int(i) for i in doc["joined"]), int(doc["after_step"]))
+        membership = after
+    return membership, None
+
+
+def comes_back(store: Any, address: str, island: str, index: int, rank: int) -> bool:
+    """Whether holder `rank` of island `index` is starting again on this store (a restarted or resubmitted job:
+    its earlier start counted itself), or its launcher marked the island lost: then it must be taken back."""
+    ops = _StoreOps(store, address, island)
+    return ops.add(f"outer/incarnation/i{index}r{rank}", 1) > 1 or ops.check(_lost_key(index))
+
+
+def ask_to_join(store: Any, index: int, *, timeout_s: float, store_address: str, store_island: str) -> Admission:
+    """The joiner (island `index`, back after its loss): wait until the others have dropped it, ask to join, and
+    wait for its admission (each wait at most `timeout_s`: the members admit it after the next outer step they
+    land)."""
+    ops = _StoreOps(store, store_address, store_island)
+    deadline, asked = time.monotonic() + timeout_s, -1
+    start = Membership(0, tuple(range(index + 1)))  # epoch 0: every island (those above `index` do not matter)
+    while True:
+        membership, admission = newest(store, store_address, store_island, start)
+        if admission is not None and index in admission.joined:
+            ops.delete(_lost_key(index))
+            return admission
+        if index not in membership.members and admission is None and asked != membership.epoch:
+            ops.set(f"outer/join/e{membership.epoch}/i{index}", "1")
+            deadline, asked = time.monotonic() + timeout_s, membership.epoch  # now the members' next landing
+        if time.monotonic() >= deadline:
+            raise CommunicationError(f"outer sync: island {index} came back but was not taken back within "
+                                     f"{timeout_s:g}s (the others take an island back after an outer step they "
+                                     "land; none came, or the run ended)")
+        time.sleep(_POLL_S * 4)
+
+
+def offer_admission(store: Any, current: Membership, islands: int, step: int, next_landing: int | None, *,
+                    store_address: str, store_island: str) -> Admission | None:
+    """A member's holder after landing the outer step of step `step` while islands are out: the admission decided
+    for this epoch (to land now or later), else, when a lost island asked to join and a later landing comes
+    (`next_landing`), the admission decided here for it."""
+    ops = _StoreOps(store, store_address, store_island)
+    _, admission = newest(store, store_address, store_island, current)
+    if admission is not None or next_landing is None:
+        return admission
+    joiners = tuple(i for i in range(islands) if i not in current.members
+                    and ops.check(f"outer/join/e{current.epoch}/i{i}"))
+    if not joiners or ops.add(f"outer/e{current.epoch}/decider", 1) != 1:
+        return None
+    members = tuple(sorted(current.members + joiners))
+    ops.set(_next_key(current.epoch), json.dumps({"members": list(members), "dropped": [], "joined": list(joiners),
+                                                  "after_step": next_landing}))
+    return Admission(Membership(current.epoch + 1, members), joiners, next_landing)

@@ -26,6 +26,10 @@ slower island included) and `exposed_s` the seconds training stood still for it:
 with tau > 0 this rank's own work for the sync plus the time it actually waited for the exchange after step s.
 `phases` says where the sync's seconds went (`InFlight.phases`). Emulating in-process, each exchange lasts at
 least the cluster file's link time for its bytes (island_exchange).
+A lost island (issue 41 item 6): when a holder's exchange fails, the survivors agree the next membership epoch on
+the outer store (hetauto.runtime.island_members), each holder re-forms its groups in that epoch when it next uses
+them, resends the payload it kept, and merges the members' contributions with their token weights renormalised:
+the survivors train on, equal bit for bit; their sync row says who was dropped (`dropped`, `epoch`, `recovery_s`).
 Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), non-fp32 master weights.
 Checkpoints hold the outer optimizer's state (hetauto.runtime.checkpoint_outer, which reads `params`, `alias`,
 `outer` and `formats` here), so a resumed island run continues exactly.
@@ -47,10 +51,11 @@ from hetauto.runtime.island_exchange import Landed, OuterGroup, PeerLost, Pendin
     packed_bytes, unpack
 from hetauto.runtime.island_inflight import InFlight, InFlightPart
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
-from hetauto.runtime.island_members import DONE_KEY, Membership, member_weights, next_members
+from hetauto.runtime.island_members import DONE_KEY, Admission, Membership, ask_to_join, comes_back, \
+    member_weights, newest, next_members, offer_admission
 from hetauto.runtime.layout import placement
 from hetauto.runtime.links import EmulatedLink
-from hetauto.runtime.outer_sync import OuterOptimizer, fragment_slots, merge, sending_fragments
+from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge, sending_fragments
 from hetauto.runtime.wire_codec import contribution_format
 
 if TYPE_CHECKING:
@@ -104,6 +109,8 @@ class IslandSync:
         self.stage_comm = self._stage_groups(ex)
         self._store, self._outer, self._cluster = None, {}, None
         self._retired: list[OuterGroup] = []  # a lost epoch's groups: kept, so no destructor waits on a dead peer
+        self.taken_back_after: int | None = None  # an island taken back: the step after which it rejoined
+        self._incoming: list[tuple[list[str], torch.Tensor]] = []  # its state from the members, to take
         if self.is_holder:
             self._join(ex)
 
@@ -127,6 +134,9 @@ class IslandSync:
         master = self.index == 0 and self.me.rank == 0
         self._store = open_store(self.run.island.store, master=master, timeout_s=timeout)
         self._cluster = cluster = self._emulated_cluster(ex)
+        if self._comes_back():
+            self._taken_back()
+            return
         for g in self.groups:
             names = self._names(g.slots)
             links = self._links(cluster, g) if cluster is not None else ()
@@ -301,13 +311,109 @@ class IslandSync:
         if group.epoch == self.membership.epoch:
             return group
         self._retired.append(group)
+        group = self._outer[key] = self._form(key)
+        return group
+
+    # ------------------------------------------------------------------ taking a lost island back
+    def _comes_back(self) -> bool:
+        """Whether this island was lost and is back (its launcher marked it lost, or the others dropped it)."""
+        addr, name = self.run.island.store, self.plan.islands[0].name
+        if comes_back(self._store, addr, name, self.index, self.me.rank):
+            return True
+        current, _ = newest(self._store, addr, name, self.membership)
+        return self.index not in current.members
+
+    def _taken_back(self) -> None:
+        """The returning island's holder: ask to join, form the new epoch's groups with the members after their
+        admitting landing, and take the global parameters and outer state from the lowest member."""
+        if self.stage_comm is not None or self.outer_cfg.overlap_steps or not self._plain_holders():
+            raise PlanMismatch(f"island '{self.name}': taking a lost island back needs tp = 1 in every island, "
+                               "one rank per stage in the returning island and overlap_steps 0; resume every "
+                               "island from its newest checkpoints instead")
+        adm = ask_to_join(self._store, self.index, timeout_s=self.run.training.timeout_s,
+                          store_address=self.run.island.store, store_island=self.plan.islands[0].name)
+        assert self._store is not None
+        self._store.add(DONE_KEY, -1)  # its launcher signed this holder off when it was lost
+        self.membership = adm.membership
+        for g in self.groups:
+            self._outer[g.key] = self._form(g.key)
+            self._state(g, adm)
+        self.taken_back_after = adm.after_step
+
+    def first_step(self, start: int) -> int:
+        """The step this rank trains first: after the admitting landing for a returning island (its own steps
+        since its checkpoint are dropped: the global model wins), else `start`."""
+        if self.taken_back_after is None:
+            return start
+        self._take_incoming()
+        return self.taken_back_after + 1
+
+    def _plain_holders(self) -> bool:
+        return all(st.tp == 1 for isl in self.plan.islands for st in isl.plan.stages)
+
+    def _admit(self, step: int) -> None:
+        """A member's holder after landing step `step`'s outer step while islands are out: take back the islands
+        that asked, when their admission lands now (decided here or by another holder after an earlier landing)."""
+        if self.outer_cfg.overlap_steps or not self._plain_holders():
+            return
+        assert self._store is not None
+        adm = offer_admission(self._store, self.membership, len(self.plan.islands), step, self._next_landing(step),
+                              store_address=self.run.island.store, store_island=self.plan.islands[0].name)
+        if adm is None or adm.after_step != step:
+            return
+        self.membership = adm.membership
+        for g in self.groups:  # the global order, as the returning island's holders
+            self._group(g.key)
+            self._state(g, adm)
+        self.records[-1]["joined"] = [self.plan.islands[i].name for i in adm.joined]
+
+    def _next_landing(self, step: int) -> int | None:
+        """The next step after `step` whose outer step lands (None: the run ends first)."""
+        cfg = self.outer_cfg
+        return next((s for s in range(step + 1, self.run.training.steps)
+                     if due_fragments(s, cfg.inner_steps, cfg.fragments)), None)
+
+    def _state(self, g: HolderGroup, adm: Admission) -> None:
+        """The group's global parameters, momentum and round count from the lowest member that stayed to every
+        member (one broadcast); a returning island takes them as its parameters and outer state."""
+        names = self._names(g.slots)
+        theta = self.outer.global_params
+        momentum = self.outer.state_dict()["momentum"]
+        joining = self.index in adm.joined
+        parts = [torch.tensor([float(self.outer.rounds)])]
+        for n in names:
+            a = self.alias[n]
+            parts += [theta[a].reshape(-1), momentum[a].reshape(-1) if a in momentum else torch.zeros(theta[a].numel())]
+        buf = torch.cat(parts).float()
+        root = adm.membership.rank_of(min(i for i in adm.membership.members if i not in adm.joined))
+        self._outer[g.key].broadcast(buf, root, "the state for a returning island")
+        if joining:  # taken after a resume from its checkpoint (`first_step`), which it overrides
+            self._incoming.append((names, buf))
+
+    def _take_incoming(self) -> None:
+        """A returning island: the members' global parameters, momentum and round count become its own."""
+        theta = self.outer.global_params
+        for names, buf in self._incoming:
+            self._take_state(names, buf, theta)
+        self._incoming = []
+
+    def _take_state(self, names: list[str], buf: torch.Tensor, theta: dict[str, torch.Tensor]) -> None:
+        self.outer.rounds, pos = int(buf[0].item()), 1
+        with torch.no_grad():
+            for n in names:
+                a, k = self.alias[n], theta[self.alias[n]].numel()
+                theta[a].copy_(buf[pos:pos + k].reshape(theta[a].shape))
+                _local(self.params[n]).copy_(theta[a].to(self.params[n].dtype))
+                if self.outer_cfg.optimizer.momentum > 0:
+                    self.outer.load_momentum(a, buf[pos + k:pos + 2 * k].reshape(theta[a].shape))
+                pos += 2 * k
+
+    def _form(self, key: str) -> OuterGroup:
         members = self.membership.members
         links = self._links(self._cluster, self.by_key[key]) if self._cluster is not None else ()
         links = tuple(links[i] for i in members) if links else ()
-        group = OuterGroup.join(self._store, key, self.membership.rank_of(self.index), len(members),
-                                self.run.training.timeout_s, links, self.membership.epoch)
-        self._outer[key] = group
-        return group
+        return OuterGroup.join(self._store, key, self.membership.rank_of(self.index), len(members),
+                               self.run.training.timeout_s, links, self.membership.epoch)
 
     def _land(self, blocking_since: float | None) -> None:
         """The outer step of the fragment in flight on this rank's slices, and the holder's record of it: sync_s
@@ -336,6 +442,8 @@ class IslandSync:
             row.update({"dropped": [self.plan.islands[i].name for i in fl.dropped],
                         "epoch": self.membership.epoch, "recovery_s": end - fl.lost_at})
         self.records.append(row)
+        if len(self.membership.members) < len(self.plan.islands):
+            self._admit(fl.land_step)
 
     def adopt_pending(self, fragment: int, land_step: int, merged: dict[str, torch.Tensor]) -> None:
         """A resumed run: the fragment whose merged pseudo-gradients (this rank's slices, by the names the outer
