@@ -60,6 +60,8 @@ def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]]
 
     want_reference = wants_reference(job.cfg, job.request.reference)
     link = None
+    lost: dict[int, BaseException] = {}  # islands lost for good, and those that came back (their first failure)
+    back: dict[int, BaseException] = {}
     with _checkpoint_folder(job), tempfile.TemporaryDirectory(prefix="hetauto-islands-") as folder:
         if job.request.emulate == "netns":  # the islands' clusters as namespaces (hetauto.job.island_netns)
             from hetauto.job.island_netns import run_islands_netns
