@@ -15,8 +15,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,6 +68,84 @@ def final_params(ck: Path, island: str, steps: int = STEPS) -> dict[str, torch.T
 
     folder = ck / f"island-{island}" / f"step-{steps - 1:08d}"
     return {k[len("model."):]: v for k, v in _tensors(folder).items() if k.startswith("model.")}
+
+
+def test_member_weights_renormalise_over_the_members_and_keep_the_plans_when_all_are() -> None:
+    from hetauto.runtime.island_members import member_weights
+
+    weights = (0.25, 0.5, 0.25)
+    assert member_weights(weights, (0, 1, 2)) == weights
+    assert member_weights(weights, (0, 1)) == pytest.approx((1 / 3, 2 / 3))
+    assert member_weights(weights, (2,)) == (1.0,)
+
+
+def _store() -> tuple[Any, str]:
+    import datetime
+
+    import torch.distributed as dist
+
+    from hetauto.testing.multiproc import free_port
+
+    port = free_port()
+    return dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10),
+                         wait_for_workers=False), f"127.0.0.1:{port}"
+
+
+def test_survivors_agree_the_members_once_and_a_marked_island_is_not_waited_for() -> None:
+    """Two survivors of three islands: the first to ask decides, the other adopts; island 2, marked lost by its
+    launcher, is dropped without waiting out the timeout; an island left out learns so in one line."""
+    from hetauto.runtime.island_members import DroppedFromSync, Membership, mark_lost, next_members
+
+    store, address = _store()
+    assert mark_lost(address, 2, 1, 5.0)
+    start = Membership(0, (0, 1, 2))
+    got: dict[int, Any] = {}
+
+    def survivor(island: int) -> None:
+        got[island] = next_members(store, start, island, 0, timeout_s=30, store_address=address, store_island="A")
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=survivor, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - t0 < 5  # not the 30 s timeout
+    assert got[0] == got[1] and got[0].membership == Membership(1, (0, 1)) and got[0].dropped == (2,)
+    with pytest.raises(DroppedFromSync, match="went on without island 2 from epoch 1"):
+        next_members(store, start, 2, 0, timeout_s=1, store_address=address, store_island="A")
+
+
+def test_a_returning_island_is_admitted_after_the_members_next_landing() -> None:
+    from hetauto.runtime.island_members import Membership, ask_to_join, newest, offer_admission
+
+    store, address = _store()
+    store.set("outer/e0/next", json.dumps({"members": [0, 1], "dropped": [2]}))  # island 2 was dropped
+    dropped = Membership(1, (0, 1))
+    box: dict[str, Any] = {}
+    joiner = threading.Thread(target=lambda: box.update(adm=ask_to_join(store, 2, timeout_s=20,
+                                                                        store_address=address, store_island="A")))
+    joiner.start()
+    while not store.check(["outer/join/e1/i2"]):
+        time.sleep(0.01)
+    adm = offer_admission(store, dropped, 3, 5, 7, store_address=address, store_island="A")  # landed step 5
+    assert adm is not None and adm.after_step == 7 and adm.joined == (2,) and adm.membership == Membership(2, (0, 1, 2))
+    assert offer_admission(store, dropped, 3, 7, 9, store_address=address, store_island="A") == adm  # the other
+    joiner.join()
+    assert box["adm"] == adm
+    assert newest(store, address, "A", Membership(0, (0, 1, 2))) == (dropped, adm)
+
+
+def test_the_lost_line_says_when_an_island_was_dropped_and_whether_it_came_back() -> None:
+    from hetauto.commands._island_run import lost_line
+
+    row = {"island": "C", "index": 2, "reason": "x", "dropped_at_step": 3, "fragment": 0, "round": 2,
+           "recovery_s": 0.41, "came_back": None}
+    assert lost_line(row) == ("lost: island C: dropped from the outer sync at step 3 (round 2, fragment 0); the "
+                              "others' round completed 0.41 s after they found it lost; never came back")
+    assert lost_line({**row, "came_back": 9}).endswith("; taken back at step 9")
+    assert lost_line({**row, "dropped_at_step": None}) == ("lost: island C: no outer sync came after its loss; "
+                                                           "never came back")
 
 
 @pytest.mark.multiprocess
