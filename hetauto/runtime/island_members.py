@@ -12,7 +12,8 @@ agrees the next epoch's members with the other survivors (`next_members`):
   (`outer/e<E>/decider`, an atomic counter): it waits for every member island to say so, at most the group's
   timeout (a survivor whose exchange only times out needs that long to notice), and publishes the islands that
   did as `outer/e<E>/next` (JSON: members and dropped); an island its launcher saw die (`mark_lost`:
-  `outer/lost/i<island>`) is not waited for, so a loss the launcher knows costs the survivors no timeout;
+  `outer/lost/i<island>`), or whose holder process ran on the decider's host and is gone
+  (`outer/process/i<island>`), is not waited for, so such a loss costs the survivors no timeout;
 - an island left out of the decision (it answered too late) learns so and fails in one line.
 
 Why the first asker decides rather than a fixed island: the lowest island may be the lost one. Why one decision in
@@ -26,6 +27,7 @@ fails, and `StoreLost` names that in one line (the job cannot agree on anything 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from typing import Any, Sequence
 from hetauto.core.errors import CommunicationError
 
 __all__ = ["Membership", "MemberChange", "StoreLost", "DroppedFromSync", "member_weights", "next_members",
-           "mark_lost", "DONE_KEY", "Admission", "newest", "comes_back", "ask_to_join", "offer_admission"]
+           "mark_lost", "DONE_KEY", "Admission", "newest", "comes_back", "ask_to_join", "offer_admission", "record_process"]
 
 DONE_KEY = "outer/done"  # holders that signed off (island 0's rank 0 serves the store until every one has)
 
@@ -103,6 +105,31 @@ def _lost_key(island: int) -> str:
     return f"outer/lost/i{island}"
 
 
+def _process_key(island: int) -> str:
+    return f"outer/process/i{island}"
+
+
+def record_process(store: Any, address: str, island: str, index: int) -> None:
+    """Say which process holds for island `index` (host and pid), so a decider on the same host can tell at once
+    that it died (`_dead_here`) instead of waiting out its timeout."""
+    _StoreOps(store, address, island).set(_process_key(index), json.dumps({"host": socket.gethostname(),
+                                                                          "pid": os.getpid()}))
+
+
+def _dead_here(ops: "_StoreOps", island: int) -> bool:
+    """Whether island `island`'s recorded holder process ran on this host and is gone (or a zombie)."""
+    if not ops.check(_process_key(island)):
+        return False
+    doc = json.loads(ops.get(_process_key(island)))
+    if doc.get("host") != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{int(doc['pid'])}/stat", encoding="ascii") as fh:
+            return fh.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError, ValueError):
+        return True
+
+
 def mark_lost(address: str, island: int, holders: int, timeout_s: float) -> bool:
     """The launcher of island `island` saw its job fail: say so on the outer store at `address` (the survivors'
     decider then does not wait for it) and sign off its `holders` (the store's server does not wait for them at
@@ -134,7 +161,7 @@ def _decide(ops: "_StoreOps", current: Membership, timeout_s: float) -> MemberCh
     gone: set[int] = set()
     while True:
         alive |= {i for i in current.members if i not in alive and ops.check(f"outer/e{current.epoch}/alive/i{i}")}
-        gone |= {i for i in current.members if i not in alive | gone and ops.check(_lost_key(i))}
+        gone |= {i for i in current.members if i not in alive | gone and (ops.check(_lost_key(i)) or _dead_here(ops, i))}
         if alive | gone >= set(current.members) or time.monotonic() >= deadline:
             break
         time.sleep(_POLL_S)

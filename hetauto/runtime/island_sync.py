@@ -52,7 +52,7 @@ from hetauto.runtime.island_exchange import Landed, OuterGroup, PeerLost, Pendin
 from hetauto.runtime.island_inflight import InFlight, InFlightPart
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
 from hetauto.runtime.island_members import DONE_KEY, Admission, Membership, ask_to_join, comes_back, \
-    member_weights, newest, next_members, offer_admission
+    member_weights, newest, next_members, offer_admission, record_process
 from hetauto.runtime.layout import placement
 from hetauto.runtime.links import EmulatedLink
 from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge, sending_fragments
@@ -134,6 +134,7 @@ class IslandSync:
         master = self.index == 0 and self.me.rank == 0
         self._store = open_store(self.run.island.store, master=master, timeout_s=timeout)
         self._cluster = cluster = self._emulated_cluster(ex)
+        record_process(self._store, self.run.island.store, self.plan.islands[0].name, self.index)
         if self._comes_back():
             self._taken_back()
             return
