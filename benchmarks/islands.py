@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=32, help="--measured: steps of each run")
     parser.add_argument("--inner-steps", type=int, default=8, help="--measured: the islands' H")
     parser.add_argument("--loss", action="store_true", help="the figures of a lost island (three islands, this host)")
-    parser.add_argument("--lost-at", type=int, default=6, help="--loss: the step island C is killed at")
+    parser.add_argument("--lost-at", type=int, default=7, help="--loss: the step island C is killed at")
     args = parser.parse_args()
     if args.measured:
         return _measured(args)
@@ -97,7 +97,7 @@ def main() -> int:
 def _loss(args: argparse.Namespace) -> int:
     from islands_loss import loss_figures, print_loss_figures
 
-    m = loss_figures(args.steps, args.inner_steps, args.lost_at)
+    m = loss_figures(args.steps, args.inner_steps, args.lost_at)  # e.g. --steps 40 --inner-steps 2
     print_loss_figures(m)
     if args.json:
         print(json.dumps(m, indent=1))

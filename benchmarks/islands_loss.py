@@ -1,12 +1,15 @@
 """Issue 41 item 6's figures for island plans (benchmarks/islands.py --loss): three 1-rank islands of tiny-gpt on this
-host (`hetauto run ISLAND_PLAN.json`), once without a fault and once with island C killed at step --lost-at
-(--inject-fault), and:
+host (`hetauto run ISLAND_PLAN.json --emulate`, each link 1.5 s of latency so a sync lasts about that long and the
+lost island is back while the others train), once without a fault, once with island C killed at step --lost-at
+(--inject-fault), and once more with `--max-restarts 1` (C started again and taken back), and:
 
 - seconds from the island's loss (the fault's wall clock, $HETAUTO_FAULT_LOG) to the survivors' next completed
   round (the exchange that went on without it finished: its holders' `phases.posted_at + exchange_s`);
 - steps of work lost: the lost island's inner steps after its last merged sync (the survivors lose none);
-- goodput: tokens trained that count (the survivors' every step, the lost island's up to its last merged sync) per
-  second of the run's wall time, against the same run without the fault.
+- goodput: tokens trained that count (the survivors' every step, the lost island's up to its last merged sync and,
+  taken back, from its return) per second of the run's wall time (start-up included, the same in every run),
+  against the same run without the fault;
+- taken back: the step C trained again from.
 
 Not run by the test suite (tests/test_island_loss.py checks the behaviour); numbers depend on this host's load.
 """
@@ -29,7 +32,7 @@ __all__ = ["loss_figures", "print_loss_figures"]
 
 CLUSTERS = "clusters:\n" + "".join(
     f"  - {{name: {c}, nodes: {{count: 1, devices_per_node: 1, device: cpu}}, speed_factor: 1.0}}\n" for c in "abc") + \
-    "links:\n  default: {bandwidth: 1Gbps, latency: 1ms}\n"
+    "links:\n  default: {bandwidth: 1Gbps, latency: 1500ms}\n"
 ROWS = {"a": 2, "b": 4, "c": 2}
 
 
@@ -50,9 +53,10 @@ def _plan(folder: Path, inner_steps: int) -> Path:
     return path
 
 
-def _run(path: Path, steps: int, timeout_s: float, fault: str | None, log: Path) -> tuple[dict[str, Any], float]:
+def _run(path: Path, steps: int, timeout_s: float, fault: str | None, log: Path,
+         *more: str) -> tuple[dict[str, Any], float]:
     args = [sys.executable, "-m", "hetauto.cli", "run", str(path), "--steps", str(steps), "--json", "--no-reference",
-            "--timeout", str(timeout_s)] + (["--inject-fault", fault] if fault else [])
+            "--emulate", "--timeout", str(timeout_s), *more] + (["--inject-fault", fault] if fault else [])
     t0 = time.monotonic()
     proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "HETAUTO_FAULT_LOG": str(log)})
     wall = time.monotonic() - t0
@@ -61,8 +65,10 @@ def _run(path: Path, steps: int, timeout_s: float, fault: str | None, log: Path)
     return json.loads(proc.stdout), wall
 
 
-def loss_figures(steps: int = 16, inner_steps: int = 4, lost_at: int = 6, timeout_s: float = 30.0) -> dict[str, Any]:
-    """The figures of one run without a fault and one with island C killed at step `lost_at`."""
+def loss_figures(steps: int = 40, inner_steps: int = 2, lost_at: int = 7,
+                 timeout_s: float = 30.0) -> dict[str, Any]:
+    """The figures of one run without a fault, one with island C killed at step `lost_at`, one that takes it
+    back."""
     with tempfile.TemporaryDirectory(prefix="hetauto-island-loss-") as tmp:
         folder = Path(tmp)
         path = _plan(folder, inner_steps)
@@ -70,6 +76,8 @@ def loss_figures(steps: int = 16, inner_steps: int = 4, lost_at: int = 6, timeou
         log = folder / "fault.jsonl"
         faulty, faulty_wall = _run(path, steps, timeout_s, f"rank=2,step={lost_at}", log)
         fired = json.loads(log.read_text().splitlines()[0])["unix"]
+        back, back_wall = _run(path, steps, timeout_s, f"rank=2,step={lost_at}", folder / "back.jsonl",
+                               "--max-restarts", "1")
         seq = IslandPlan.load(path).seq_len  # tokens per row
     lost = faulty["lost"][0]
     rows = [r for isl in faulty["islands"] for r in isl["outer_syncs"] if r["step"] == lost["dropped_at_step"]]
@@ -78,12 +86,17 @@ def loss_figures(steps: int = 16, inner_steps: int = 4, lost_at: int = 6, timeou
     work_lost = lost_at - 1 - last_merged
     tokens_clean = steps * sum(ROWS.values()) * seq
     tokens_faulty = (steps * (ROWS["a"] + ROWS["b"]) + (last_merged + 1) * ROWS["c"]) * seq
+    came_back = back["lost"][0]["came_back"]
+    tokens_back = tokens_faulty + (0 if came_back is None else (steps - came_back) * ROWS["c"] * seq)
     return {"steps": steps, "inner_steps": inner_steps, "lost_at": lost_at, "timeout_s": timeout_s,
             "dropped_at_step": lost["dropped_at_step"], "recovery_s": lost["recovery_s"],
             "loss_to_next_round_s": next_round_s, "steps_of_work_lost": work_lost,
-            "wall_s": {"without_fault": clean_wall, "with_fault": faulty_wall},
-            "goodput_tokens_s": {"without_fault": tokens_clean / clean_wall, "with_fault": tokens_faulty / faulty_wall},
-            "goodput_ratio": (tokens_faulty / faulty_wall) / (tokens_clean / clean_wall)}
+            "came_back": came_back,
+            "wall_s": {"without_fault": clean_wall, "with_fault": faulty_wall, "taken_back": back_wall},
+            "goodput_tokens_s": {"without_fault": tokens_clean / clean_wall, "with_fault": tokens_faulty / faulty_wall,
+                                 "taken_back": tokens_back / back_wall},
+            "goodput_ratio": (tokens_faulty / faulty_wall) / (tokens_clean / clean_wall),
+            "goodput_ratio_taken_back": (tokens_back / back_wall) / (tokens_clean / clean_wall)}
 
 
 def print_loss_figures(m: dict[str, Any]) -> None:
@@ -95,3 +108,5 @@ def print_loss_figures(m: dict[str, Any]) -> None:
     g = m["goodput_tokens_s"]
     print(f"  goodput {g['with_fault']:.0f} tokens/s against {g['without_fault']:.0f} without the fault "
           f"({m['goodput_ratio']:.0%}); wall {m['wall_s']['with_fault']:.1f} s vs {m['wall_s']['without_fault']:.1f} s")
+    print(f"  --max-restarts 1: C taken back at step {m['came_back']}; goodput {g['taken_back']:.0f} tokens/s "
+          f"({m['goodput_ratio_taken_back']:.0%}), wall {m['wall_s']['taken_back']:.1f} s")

@@ -44,12 +44,12 @@ def _island(cluster: str, batch: int) -> Island:
 
 
 def three_islands(tmp_path: Path, inner_steps: int = H, latency: str = "1ms") -> Path:
-    """Three 1-rank islands (rows 2, 4, 2 of each batch of 8), H=2: syncs after steps 1, 3, 5."""
+    """Three 1-rank islands (rows 2, 4, 2 of each batch of 8); H=2 by default: syncs after steps 1, 3, 5."""
     (tmp_path / "c.yaml").write_text(CLUSTERS.replace("latency: 1ms", f"latency: {latency}"))
     plan = IslandPlan(model="tiny-gpt", cluster="c.yaml", seq_len=16, global_batch=8,
                       islands=(_island("a", 2), _island("b", 4), _island("c", 2)),
-                      outer=OuterSync(inner_steps=inner_steps, wire=(WireLink(between=("A", "B")), WireLink(between=("A", "C")),
-                                                           WireLink(between=("B", "C")))))
+                      outer=OuterSync(inner_steps=inner_steps,
+                                      wire=tuple(WireLink(between=p) for p in (("A", "B"), ("A", "C"), ("B", "C")))))
     path = tmp_path / "islands.json"
     plan.save(path)
     return path

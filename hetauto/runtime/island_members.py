@@ -8,7 +8,8 @@ agrees the next epoch's members with the other survivors (`next_members`):
 
 - if the next epoch was already decided (another holder of the same fault got there first), it adopts it, walking
   the chain of decided epochs to the newest;
-- else it says its island is alive (`outer/e<E>/alive/i<island>`: any of the island's holders) and the first holder to ask decides
+- else it says its island is alive (`outer/e<E>/alive/i<island>`: any of the island's holders) and the first holder
+  to ask decides
   (`outer/e<E>/decider`, an atomic counter): it waits for every member island to say so, at most the group's
   timeout (a survivor whose exchange only times out needs that long to notice), and publishes the islands that
   did as `outer/e<E>/next` (JSON: members and dropped); an island its launcher saw die (`mark_lost`:
@@ -36,7 +37,8 @@ from typing import Any, Sequence
 from hetauto.core.errors import CommunicationError
 
 __all__ = ["Membership", "MemberChange", "StoreLost", "DroppedFromSync", "member_weights", "next_members",
-           "mark_lost", "DONE_KEY", "Admission", "newest", "comes_back", "ask_to_join", "offer_admission", "record_process"]
+           "mark_lost", "DONE_KEY", "Admission", "newest", "comes_back", "ask_to_join", "offer_admission",
+           "record_process"]
 
 DONE_KEY = "outer/done"  # holders that signed off (island 0's rank 0 serves the store until every one has)
 
@@ -161,7 +163,8 @@ def _decide(ops: "_StoreOps", current: Membership, timeout_s: float) -> MemberCh
     gone: set[int] = set()
     while True:
         alive |= {i for i in current.members if i not in alive and ops.check(f"outer/e{current.epoch}/alive/i{i}")}
-        gone |= {i for i in current.members if i not in alive | gone and (ops.check(_lost_key(i)) or _dead_here(ops, i))}
+        gone |= {i for i in current.members
+                 if i not in alive | gone and (ops.check(_lost_key(i)) or _dead_here(ops, i))}
         if alive | gone >= set(current.members) or time.monotonic() >= deadline:
             break
         time.sleep(_POLL_S)

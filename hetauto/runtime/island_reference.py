@@ -79,7 +79,8 @@ def reference_islands(plan: IslandPlan, cfg: ModelConfig, run: RunConfig, *, pre
     weights = plan.token_weights()
     losses: list[list[float]] = [[] for _ in trainers]
     outer = plan.outer
-    pending: dict[int, list[tuple[list[int], Mapping[str, torch.Tensor]]]] = {}  # the step an outer step lands after -> its merges
+    # the step an outer step lands after -> the islands it merges and its merged pseudo-gradients
+    pending: dict[int, list[tuple[list[int], Mapping[str, torch.Tensor]]]] = {}
     for step in range(run.training.steps):
         members = [i for i in range(len(trainers)) if lost.get(i, step + 1) > step]  # those that train `step`
         for i in members:
