@@ -65,7 +65,7 @@ def _run(path: Path, steps: int, timeout_s: float, fault: str | None, log: Path,
     return json.loads(proc.stdout), wall
 
 
-def loss_figures(steps: int = 40, inner_steps: int = 2, lost_at: int = 7,
+def loss_figures(steps: int = 60, inner_steps: int = 2, lost_at: int = 7,
                  timeout_s: float = 30.0) -> dict[str, Any]:
     """The figures of one run without a fault, one with island C killed at step `lost_at`, one that takes it
     back."""

@@ -369,9 +369,10 @@ class IslandSync:
         self.records[-1]["joined"] = [self.plan.islands[i].name for i in adm.joined]
 
     def _next_landing(self, step: int) -> int | None:
-        """The next step after `step` whose outer step lands (None: the run ends first)."""
+        """The next step after `step` whose outer step lands with a step left to train after it (None: the run
+        ends first; an island taken back after the last step would train nothing)."""
         cfg = self.outer_cfg
-        return next((s for s in range(step + 1, self.run.training.steps)
+        return next((s for s in range(step + 1, self.run.training.steps - 1)
                      if due_fragments(s, cfg.inner_steps, cfg.fragments)), None)
 
     def _state(self, g: HolderGroup, adm: Admission) -> None:
