@@ -9,7 +9,8 @@ island 0 on a port picked here) and this module: steps of every island go to the
 name. An island that fails is dropped from the outer sync by the others, which train on without it
 (hetauto.runtime.island_members); when every other island has finished, the run's document covers them and names
 the lost island once ("island B: rank 0 ..."), with the step its peers dropped it at. Only when no island finished
-does the run fail as one job (its first culprit named).
+does the run fail as one job (its first culprit named). With --max-restarts N a lost island's job (not island 0's:
+its rank 0 served the outer store) is started again, from its newest checkpoint, and the others take it back.
 """
 
 from __future__ import annotations
