@@ -5,13 +5,16 @@ never below today's plan anywhere.
 
     python benchmarks/islands.py [--max-evaluations N] [--seed S] [--skip NAME ...] [--json]
     python benchmarks/islands.py --measured [--steps N] [--inner-steps H] [--json]   # root: network namespaces
+    python benchmarks/islands.py --loss [--steps N] [--inner-steps H] [--lost-at K] [--json]
 
 Each search (the pipelined plan, single-cluster, each island's) stops at --max-evaluations (default 600) or
 the stop rule. scale-736 is skipped by default (its searches alone take minutes on a quiet machine, and it has
 no slow link, so islands are not considered there: its two figures are equal by construction).
 
 `--measured` runs the measured figures instead (benchmarks/islands_measured.py: two netns sites, islands against
-synchronous training over the same shaped link; not run by the test suite).
+synchronous training over the same shaped link; not run by the test suite). `--loss` runs issue 41's figures for a
+lost island (benchmarks/islands_loss.py: three islands on this host, one killed: seconds to the survivors' next
+round, steps of work lost, goodput against the run without the fault).
 """
 
 from __future__ import annotations
@@ -74,9 +77,13 @@ def main() -> int:
     parser.add_argument("--measured", action="store_true", help="the measured figures over two netns sites")
     parser.add_argument("--steps", type=int, default=32, help="--measured: steps of each run")
     parser.add_argument("--inner-steps", type=int, default=8, help="--measured: the islands' H")
+    parser.add_argument("--loss", action="store_true", help="the figures of a lost island (three islands, this host)")
+    parser.add_argument("--lost-at", type=int, default=7, help="--loss: the step island C is killed at")
     args = parser.parse_args()
     if args.measured:
         return _measured(args)
+    if args.loss:
+        return _loss(args)
     rows = [row(n, f(), args.seed, args.max_evaluations) for n, f in cases(set(args.skip))]
     wan = [r for r in rows if r["case"].startswith("wan")]
     ok = all(r["with_islands"] >= 1.25 for r in wan) and all(r["with_islands"] >= r["without_islands"] for r in rows)
@@ -85,6 +92,16 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0 if ok else 1
+
+
+def _loss(args: argparse.Namespace) -> int:
+    from islands_loss import loss_figures, print_loss_figures
+
+    m = loss_figures(args.steps, args.inner_steps, args.lost_at)  # e.g. --steps 40 --inner-steps 2
+    print_loss_figures(m)
+    if args.json:
+        print(json.dumps(m, indent=1))
+    return 0
 
 
 def _measured(args: argparse.Namespace) -> int:

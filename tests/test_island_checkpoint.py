@@ -193,11 +193,3 @@ def test_an_island_checkpoint_and_an_ordinary_one_do_not_mix(uninterrupted: tupl
     assert err.startswith(f"hetauto run: error: islands[0] (FAST): --resume {ck / 'island-FAST' / 'step-00000003'}: "
                           "it was written by another island plan (islands FAST, SLOW, H=2, F=2; the plan") and \
         len(err.splitlines()) == 1, err
-
-
-def test_restarts_stay_refused_and_say_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", str(_island_plan(tmp_path)), "--max-restarts", "1"]) == 2
-    assert capsys.readouterr().err == (
-        "hetauto run: error: island runs do not restart yet (one island's torchrun restarting alone would leave the "
-        "other islands waiting in the outer sync for its lost ranks; after a failure, rerun with --resume set to its "
-        "--checkpoint-dir); drop --max-restarts\n")

@@ -105,9 +105,6 @@ def test_a_failing_island_ends_the_run_named(tmp_path: Path) -> None:
 
 
 REFUSALS = [
-    (["--max-restarts", "1"], "island runs do not restart yet (one island's torchrun restarting alone would leave "
-                              "the other islands waiting in the outer sync for its lost ranks; after a failure, rerun "
-                              "with --resume set to its --checkpoint-dir); drop --max-restarts"),
     (["--trace", "T.json"], "island runs do not write a Chrome trace yet; drop --trace"),
     (["--print-launch"], "hetauto run --print-launch prints one plan's scripts, and an island plan is one launch "
                          "per island: write them with hetauto launch ISLAND_PLAN.json --target torchrun --master "

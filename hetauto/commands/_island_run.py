@@ -35,7 +35,18 @@ def run_island_plan(args: argparse.Namespace, request: JobRequest) -> int:
     if args.print_launch:
         raise HetautoError(PRINT_LAUNCH_REFUSAL)
     job = prepare_islands(request)
-    doc = run_islands(job, open_sinks=lambda: _sinks(args, len(job.islands)))
+    try:
+        doc = run_islands(job, open_sinks=lambda: _sinks(args, len(job.islands)))
+    except HetautoError as err:
+        survivors = getattr(err, "document", None)  # an island was lost and the others trained on: theirs
+        if survivors is None:
+            raise
+        if not args.json:
+            print_island_run(survivors)
+            raise
+        print_json(survivors)  # the document on stdout, the lost island's line once on stderr (as a loss off)
+        print(f"hetauto run: error: {err}", file=sys.stderr)
+        return int(err.exit_code)
     off = doc["loss_off_reference"]
     skipped = next((f"island {i['name']}: {line}" for i in doc["islands"]
                     if (line := mostly_skipped(i, job.options.training.on_nonfinite))), None)
@@ -67,6 +78,8 @@ def print_island_run(doc: dict[str, Any]) -> None:
         _print_island(isl)
     print(f"job: {_rate(doc['tokens_s'])} (the slowest island's step {doc['measured_step_s']:.4f} s sets the pace)")
     print(rounds_line(doc))
+    for lost in doc.get("lost", ()):
+        print(lost_line(lost))
     print(reference_line(doc))
     link = doc.get("shaped_link")  # --emulate netns only: as an ordinary netns run prints it
     if link is not None:
@@ -111,6 +124,18 @@ def rounds_line(doc: dict[str, Any]) -> str:
             f"{max(s['sync_s'] for s in syncs):.4f} s, exposed up to {max(s['exposed_s'] for s in syncs):.4f} s | "
             f"round measured " + ("-" if doc["measured_round_s"] is None else f"{doc['measured_round_s']:.4f} s")
             + f", predicted {pred}")
+
+
+def lost_line(lost: dict[str, Any]) -> str:
+    """One line per lost island: when the others dropped it from the sync and went on, and whether it came back
+    (its failure itself is the run's error line, said once)."""
+    if lost["dropped_at_step"] is None:
+        when = "no outer sync came after its loss"
+    else:
+        when = (f"dropped from the outer sync at step {lost['dropped_at_step']} (round {lost['round']}, fragment "
+                f"{lost['fragment']}); the others' round completed {lost['recovery_s']:.2f} s after they found it lost")
+    back = "never came back" if lost["came_back"] is None else f"taken back at step {lost['came_back']}"
+    return f"lost: island {lost['island']}: {when}; {back}"
 
 
 def reference_line(doc: dict[str, Any]) -> str:

@@ -6,7 +6,11 @@ Why one job per island rather than one torch world: a lost island must be able t
 (issue #41), torchft keeps its replica groups apart the same way, and the executor then runs each island exactly
 as it runs any plan. What joins them is the outer sync's store (`run.island.store`, served by global rank 0 of
 island 0 on a port picked here) and this module: steps of every island go to the same sinks with the island's
-name, and the first island to fail ends the others, its diagnosis named ("island B: rank 0 ...").
+name. An island that fails is dropped from the outer sync by the others, which train on without it
+(hetauto.runtime.island_members); when every other island has finished, the run's document covers them and names
+the lost island once ("island B: rank 0 ..."), with the step its peers dropped it at. Only when no island finished
+does the run fail as one job (its first culprit named). With --max-restarts N a lost island's job (not island 0's:
+its rank 0 served the outer store) is started again, from its newest checkpoint, and the others take it back.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ __all__ = ["IslandStep", "run_islands", "ISLAND_PLAN_COPY"]
 
 ISLAND_PLAN_COPY = "islands.json"  # the island plan as the ranks read it, in the job's folder
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# a rank's errors that follow from another island's loss (hetauto.runtime.island_members): never the culprit
+_AFTER_ANOTHER_ISLAND = ("StoreLost", "DroppedFromSync")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]]
 
     want_reference = wants_reference(job.cfg, job.request.reference)
     link = None
+    lost: dict[int, BaseException] = {}  # islands lost for good, and those that came back (their first failure)
+    back: dict[int, BaseException] = {}
     with _checkpoint_folder(job), tempfile.TemporaryDirectory(prefix="hetauto-islands-") as folder:
         if job.request.emulate == "netns":  # the islands' clusters as namespaces (hetauto.job.island_netns)
             from hetauto.job.island_netns import run_islands_netns
@@ -63,11 +71,36 @@ def run_islands(job: PreparedIslands, *, open_sinks: Callable[[], Sequence[Any]]
                                                     lambda store: _island_runs(job, Path(folder), store))
         else:
             runs = _island_runs(job, Path(folder))
-            reports = _Islands(job, runs, Path(folder)).run(open_sinks, want_reference)
-    doc = island_result_document(job, runs, reports, want_reference=want_reference)
+            islands = _Islands(job, runs, Path(folder))
+            reports = islands.run(open_sinks, want_reference)
+            lost, back = islands.lost, {i: errs[0] for i, errs in islands.restarts.items() if i not in islands.lost}
+    finished = [run for run in runs if run.island.index not in lost]
+    kept = [rep for run, rep in zip(runs, reports) if run.island.index not in lost]
+    doc = island_result_document(job, finished, kept, want_reference=want_reference,
+                                 lost={i: str(err) for i, err in {**back, **lost}.items()})
     if link is not None:  # as an ordinary netns run reports its link (the key only under netns: other outputs stay)
         doc["shaped_link"] = link
+    if lost:  # the survivors' document, and the lost island named once
+        first = min(lost)
+        err = _named(lost[first], runs[first].island.name, [])
+        trained_on = ", ".join(r.island.name for r in finished)
+        err = _with_message(err, f"{err}; the other islands ({trained_on}) trained on without it")
+        err.document = doc  # type: ignore[attr-defined]
+        raise err from None
     return doc
+
+
+def _with_message(err: BaseException, message: str) -> BaseException:
+    """`err` with another message, its type, exit code and culprit kept."""
+    from hetauto.launch.diagnosis import JobFailed
+
+    if isinstance(err, JobFailed):
+        return JobFailed(message, err.rank, err.stage, err.cluster)
+    if isinstance(err, HetautoError):
+        out = HetautoError(message)
+        out.exit_code = err.exit_code
+        return out
+    return err
 
 
 def _checkpoint_folder(job: PreparedIslands) -> Any:
@@ -118,8 +151,9 @@ def _island_runs(job: PreparedIslands, folder: Path, store: str | None = None) -
 
 class _Islands:
     """The islands' jobs, started together and followed together: each job's `wait()` runs in a thread of its own
-    (it polls its torchrun, its step lines and its deadline), and the first island to fail or a signal ends the
-    others through each job's `watch` (the hook a node agent's job is stopped through)."""
+    (it polls its torchrun, its step lines and its deadline). An island that fails leaves the others running (they
+    drop it from the outer sync); a signal, or a failure of this launcher, ends them all through each job's
+    `watch` (the hook a node agent's job is stopped through)."""
 
     def __init__(self, job: PreparedIslands, runs: list[IslandRun], folder: Path) -> None:
         self.job, self.runs, self.folder = job, runs, folder
@@ -131,10 +165,13 @@ class _Islands:
         self.signalled: int | None = None
         self.sinks: list[Any] = []
         self.threads: list[threading.Thread] = []  # one per island's job, waiting for it
+        self.lost: dict[int, BaseException] = {}  # islands that failed while another island finished (their errors)
+        self.restarts: dict[int, list[BaseException]] = {}  # islands restarted (--max-restarts): their failures
+        self.folders: dict[int, Path] = {}  # an island's newest run folder (a restarted island's is a new one)
 
     def island_folder(self, index: int) -> Path:
         """Island `index`'s run folder (its plan, run configuration, torchrun output and the ranks' marks)."""
-        return self.folder / f"island{index}"
+        return self.folders.get(index, self.folder / f"island{index}")
 
     def run(self, open_sinks: Callable[[], Sequence[Any]] | None, want_reference: bool) -> list[list[dict[str, Any]]]:
         """Start every island, follow them to the end; every island's rank reports (island order), or the first
@@ -208,16 +245,59 @@ class _Islands:
             t.join()
 
     def _wait(self, index: int, job: LocalJob) -> None:
-        try:
-            outcome: list[dict[str, Any]] | BaseException = job.wait()
-        except BaseException as err:  # noqa: BLE001 (handed to the main thread)
-            outcome = err
+        outcome = _outcome(job)
+        while isinstance(outcome, BaseException) and self._may_restart(index):
+            self._mark_lost(index)  # the others drop it (and take it back when it asks)
+            self.restarts.setdefault(index, []).append(outcome)
+            try:
+                outcome = _outcome(self._restart(index))
+            except BaseException as err:  # noqa: BLE001 (handed to the main thread)
+                outcome = err
         with self.lock:
             self.outcomes[index] = outcome
             if isinstance(outcome, BaseException) and index not in self.stopped:
                 self.failed.append(index)
-        if isinstance(outcome, BaseException):
-            self._stop(f"island {self.runs[index].island.name} failed")
+        if isinstance(outcome, BaseException) and index not in self.stopped:
+            self._mark_lost(index)
+
+    def _may_restart(self, index: int) -> bool:
+        """--max-restarts N: a failed island's job is started again (at most N times) and the others take it back;
+        not island 0, whose rank 0 served the outer store every island met on (it is gone with it)."""
+        with self.lock:
+            if self.stop_reason is not None or index in self.stopped or index == 0:
+                return False
+        return len(self.restarts.get(index, [])) < self.job.request.max_restarts
+
+    def _restart(self, index: int) -> LocalJob:
+        """Island `index`'s job started again in a new run folder, from its newest checkpoint (if any), without
+        its fault; followed like the first."""
+        from hetauto.job.predict import flops_per_peak
+        from hetauto.launch.local import LOOPBACK, local_command, start_job, write_run_folder
+
+        run, isl = self.runs[index], self.runs[index].island
+        sub = self.folder / f"island{index}-restart{len(self.restarts[index])}"
+        sub.mkdir()
+        ck = run.options.checkpoint
+        options = replace(run.options, faults=replace(run.options.faults, inject=None),
+                          checkpoint=replace(ck, resume=_newest_checkpoint(ck.dir)))
+        written = write_run_folder(sub, isl.plan, options)
+        job = start_job(isl.plan, options, sub, lambda worker, p=isl.plan: local_command(p, worker), written,
+                        control_bind=LOOPBACK, env=run.env)
+        self.folders[index] = sub
+        job.watch = lambda: self._watch(index)
+        job.follow_steps(None, lambda rec, name=isl.name: self._step(name, rec),
+                         flops_per_peak(isl.plan, self.job.base))
+        return job
+
+    def _mark_lost(self, index: int) -> None:
+        """Island `index` failed: tell the survivors through the outer store (they drop it without waiting out
+        their timeout; the store's server does not wait for its holders at its end)."""
+        from hetauto.runtime.island_holders import holder_groups
+        from hetauto.runtime.island_members import mark_lost
+
+        run = self.runs[index]
+        holders = len({g.members[index] for g in holder_groups(self.job.plan)})
+        mark_lost(run.options.island.store, index, holders, run.options.training.timeout_s)
 
     def _watch(self, index: int) -> str | None:
         with self.lock:
@@ -252,20 +332,50 @@ class _Islands:
         if self.signalled is not None:
             raise JobInterrupted(f"interrupted by {signal.Signals(self.signalled).name}: stopped every island's job "
                                  "(torchrun and its ranks)", self.signalled)
+        finished = [run.island.index for run in self.runs if not isinstance(self.outcomes[run.island.index],
+                                                                               BaseException)]
+        if self.failed and finished:  # the others trained on without the failed islands: their reports stand
+            self.lost = {i: self.outcomes[i] for i in self.failed}  # type: ignore[misc]
+            return [[] if i in self.lost else self.outcomes[i] for i in range(len(self.runs))]  # type: ignore[misc]
         if self.failed:
             culprit = next((i for i in self.failed if not self._only_secondary(i)), self.failed[0])
-            raise _named(self.outcomes[culprit], self.runs[culprit].island.name,  # type: ignore[arg-type]
-                         [self.runs[i].island.name for i in sorted(self.stopped)]) from None
+            err = _named(self.outcomes[culprit], self.runs[culprit].island.name,  # type: ignore[arg-type]
+                         [self.runs[i].island.name for i in sorted(self.stopped)])
+            after = [i for i in self.failed if i != culprit]
+            if after:  # what the others met without it (the outer store lost with island 0, say): said once
+                first = str(self.outcomes[after[0]]).splitlines()[0]
+                names = ", ".join(self.runs[i].island.name for i in after)
+                err = _with_message(err, f"{err}; then island(s) {names} failed: {first}")
+            raise err from None
         return [self.outcomes[run.island.index] for run in self.runs]  # type: ignore[misc]
 
     def _only_secondary(self, index: int) -> bool:
         """Whether every error island `index`'s ranks reported follows from another rank's failure (a
         communication error: with the outer sync, an island whose peer island died fails too, at about the same
-        moment); such an island is named only when no island failed of its own."""
+        moment; or the outer store lost with island 0); such an island is named only when no island failed of its
+        own."""
         from hetauto.launch.diagnosis import read_marks
 
         errors = read_marks(self.runs[index].island.plan, self.island_folder(index)).errors
-        return bool(errors) and all(e.secondary for e in errors.values())
+        return bool(errors) and all(e.secondary or e.type in _AFTER_ANOTHER_ISLAND for e in errors.values())
+
+
+def _outcome(job: LocalJob) -> list[dict[str, Any]] | BaseException:
+    """The job's rank reports, or its failure."""
+    try:
+        return job.wait()
+    except BaseException as err:  # noqa: BLE001 (handed to the main thread)
+        return err
+
+
+def _newest_checkpoint(folder: str | None) -> str | None:
+    """The newest complete checkpoint under an island's checkpoint folder (None: none, or no folder)."""
+    if folder is None:
+        return None
+    from hetauto.core.checkpoint_manifest import latest_checkpoint
+
+    latest = latest_checkpoint(Path(folder)) if Path(folder).is_dir() else None
+    return None if latest is None else str(latest)
 
 
 def _named(err: BaseException, island: str, stopped: list[str]) -> BaseException:

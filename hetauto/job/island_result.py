@@ -23,10 +23,11 @@ __all__ = ["island_result_document", "rounds_summary", "island_reference_losses"
 
 
 def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], reports: Sequence[list[dict[str, Any]]],
-                           *, want_reference: bool) -> dict[str, Any]:
-    """The document from every island's rank reports (island order), its `loss_off_reference` set: the first
-    island whose losses left the reference's tolerance, as one line naming it (None when every island kept to it
-    or there was no reference)."""
+                           *, want_reference: bool, lost: dict[int, str] | None = None) -> dict[str, Any]:
+    """The document from every finished island's rank reports (island order), its `loss_off_reference` set: the
+    first island whose losses left the reference's tolerance, as one line naming it (None when every island kept
+    to it or there was no reference). `lost`: the islands that failed while the others trained on (index -> their
+    failure): the document's `lost` rows say when the others dropped them (absent when none was lost)."""
     from hetauto.job.result import result_document
 
     plan = job.plan
@@ -40,12 +41,17 @@ def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], repo
                         "rows": [start, stop], "token_weight": plan.token_weights()[run.island.index],
                         "tokens_s": _tokens_s(isl.plan.global_batch * plan.seq_len, doc["measured_step_s"]),
                         "outer_syncs": _holder_rows(mine), **doc})
-    reference, status = (island_reference_losses(plan, job.cfg, job.options) if want_reference
-                         else (None, "skipped"))
+    lost_rows = _lost_rows(plan, lost or {}, reports)
+    schedule = {row["index"]: row["dropped_at_step"] for row in lost_rows if row["dropped_at_step"] is not None}
+    came_back = any(row["came_back"] is not None for row in lost_rows)
+    reference, status = (island_reference_losses(plan, job.cfg, job.options, schedule)
+                         if want_reference and not came_back else
+                         (None, "skipped (an island was taken back: the reference does not model its return)"
+                          if want_reference else "skipped"))
     off = _check_reference(islands, reference)
     slowest = max(i["measured_step_s"] for i in islands)
     rounds = rounds_summary(plan, reports, slowest)
-    return {
+    doc = {
         "schema": plan.schema_,
         "plan": str(job.path),
         "model": plan.model,
@@ -65,6 +71,32 @@ def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], repo
         "data": job.options.data.path,
         "seed": job.options.training.seed,
     }
+    if lost_rows:  # only when an island was lost: other runs' documents stay as they were
+        doc["lost"] = lost_rows
+    return doc
+
+
+def _lost_rows(plan: IslandPlan, lost: dict[int, str], reports: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per lost island: its name, its failure's line, and from the survivors' holders' rows the first sync that
+    went on without it (`dropped_at_step`, its fragment and round, `recovery_s`: from a holder finding it lost to
+    that sync landed, the slowest holder's); None where no sync came after the loss. `came_back`: the step it
+    was taken back at: the first step it trained again (None: it never came back)."""
+    rows = []
+    for index in sorted(lost):
+        name = plan.islands[index].name
+        drops = [row for mine in reports for rep in mine for row in rep.get("outer_syncs") or []
+                 if name in row.get("dropped", ())]
+        first = min(drops, key=lambda r: (int(r["step"]), int(r.get("fragment", 0))), default=None)
+        step = None if first is None else int(first["step"])
+        joins = [int(row["step"]) + 1 for mine in reports for rep in mine for row in rep.get("outer_syncs") or []
+                 if name in row.get("joined", ())]
+        rows.append({"island": name, "index": index, "reason": lost[index].splitlines()[0] if lost[index] else "",
+                     "dropped_at_step": step, "fragment": None if first is None else int(first.get("fragment", 0)),
+                     "round": None if step is None else -(-(step + 1) // plan.outer.inner_steps),
+                     "recovery_s": None if first is None else max(float(r["recovery_s"]) for r in drops
+                                                                  if int(r["step"]) == step),
+                     "came_back": min(joins, default=None)})
+    return rows
 
 
 def _tokens_s(tokens_per_step: int, step_s: float) -> float | None:
@@ -110,15 +142,17 @@ def rounds_summary(plan: IslandPlan, reports: Sequence[list[dict[str, Any]]], st
     return {"rounds": rounds, "syncs": syncs, "measured_round_s": measured, "predicted_round_s": predicted}
 
 
-def island_reference_losses(plan: IslandPlan, cfg: Any, run: Any) -> tuple[list[list[float]] | None, str]:
+def island_reference_losses(plan: IslandPlan, cfg: Any, run: Any,
+                            lost: dict[int, int] | None = None) -> tuple[list[list[float]] | None, str]:
     """Each island's losses from the single-process island reference (hetauto.runtime.island_reference: every
-    island's whole model on its rows, the due outer steps between), and the check's status: "checked"."""
+    island's whole model on its rows, the due outer steps between; `lost`: island -> the first step whose sync
+    went on without it), and the check's status: "checked"."""
     import torch
 
     from hetauto.runtime.island_reference import reference_islands
 
     torch.set_num_threads(1)  # tiny model: threads only fight over the cores with nothing to gain
-    ref = reference_islands(plan, cfg, run)
+    ref = reference_islands(plan, cfg, run, lost=lost)
     return [list(losses) for losses in ref.losses], "checked"
 
 

@@ -3,7 +3,7 @@
 
 Why its own preparation: an island plan is several ordinary plans, each run as a job of its own (its own torchrun,
 control store and run folder; hetauto.job.island_launch), so each island is checked as `hetauto run` checks a
-plan, with its name in the error; and what island runs do not support yet (checkpoints, restarts, traces) is
+plan, with its name in the error; and what island runs do not support yet (traces, TensorBoard scalars) is
 refused here in one line each, before any island starts, rather than found inside one.
 """
 
@@ -82,16 +82,11 @@ def with_absolute_cluster(plan: IslandPlan, base: Path) -> IslandPlan:
 
 def unsupported_option(r: JobRequest) -> str | None:
     """The first option an island run does not support yet, as one line (None: every option given is supported).
-    Why each: a restart is one island's torchrun restarting its ranks alone, while the other islands wait in the
-    outer sync for ranks that are gone (a deadlock until the timeout), and no launcher restarts the islands together
-    yet; a trace and TensorBoard scalars are one plan's timeline and one step series. (--emulate netns is supported:
-    each island runs as a namespace job, hetauto.job.island_netns.)"""
+    Why each: a trace and TensorBoard scalars are one plan's timeline and one step series. (--max-restarts is
+    supported: the launcher starts a lost island again and the others take it back, hetauto.job.island_launch;
+    --emulate netns is supported: each island runs as a namespace job, hetauto.job.island_netns.)"""
     f = r.flag
     for name, given, why in (
-            ("max_restarts", r.max_restarts > 0,
-             "island runs do not restart yet (one island's torchrun restarting alone would leave the other islands "
-             f"waiting in the outer sync for its lost ranks; after a failure, rerun with {f('resume')} set to its "
-             f"{f('checkpoint_dir')})"),
             ("trace", r.trace is not None, "island runs do not write a Chrome trace yet"),
             ("tensorboard", r.tensorboard is not None,
              f"island runs do not write TensorBoard scalars yet ({f('log_jsonl')} rows carry each step's island)")):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import socket
 import time
 import zlib
 from dataclasses import dataclass
@@ -28,7 +29,12 @@ from hetauto.core.islands import INT8_BLOCK
 from hetauto.runtime.links import EmulatedLink
 from hetauto.runtime.wire_codec import decode, encode, payload_bytes
 
-__all__ = ["pack", "unpack", "packed_bytes", "OuterGroup", "PendingExchange", "Landed", "open_store"]
+__all__ = ["pack", "unpack", "packed_bytes", "OuterGroup", "PendingExchange", "Landed", "PeerLost", "open_store"]
+
+
+class PeerLost(CommunicationError):
+    """An exchange of a holder group failed or timed out: a member island died or stalled. The caller may agree a
+    new membership with the survivors (hetauto.runtime.island_members) and redo the exchange without it."""
 
 _PARTS = {"fp32": (torch.float32,), "bf16": (torch.bfloat16,), "int8": (torch.int8, torch.float32)}
 
@@ -66,16 +72,42 @@ def packed_bytes(likes: Sequence[torch.Tensor], fmt: str) -> int:
 
 
 def open_store(address: str, *, master: bool, timeout_s: float) -> dist.TCPStore:
-    """The outer store at HOST:PORT: served by island 0's rank 0 (`master`), joined by every other holder."""
+    """The outer store at HOST:PORT: served by island 0's rank 0 (`master`), joined by every other holder. The
+    server listens on HOST alone when HOST is one of this machine's addresses (the launch's master address), not
+    on every interface; else (an address behind NAT) on every interface, as torch does."""
     host, _, port = address.rpartition(":")
+    host = host.strip("[]")
     try:
-        return dist.TCPStore(host.strip("[]"), int(port), None, master, datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
-    except (RuntimeError, ValueError) as exc:
+        listen = _listen_socket(host, int(port)) if master else None
+        return dist.TCPStore(host, int(port), None, master, datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False, master_listen_fd=None if listen is None else listen.fileno())
+    except (RuntimeError, ValueError, OSError) as exc:
         role = "serve" if master else "reach"
         raise CommunicationError(f"island.store {address}: cannot {role} the outer sync's store "
                                  f"({_first_line(exc)}); give a free HOST:PORT that every island's holders can "
                                  "reach") from None
+
+
+_LISTENING: list[socket.socket] = []  # the store servers' sockets: alive as long as the process (the store owns fd)
+
+
+def _listen_socket(host: str, port: int) -> socket.socket | None:
+    """A socket listening on `host`:`port` for the store server to take (its `master_listen_fd`), or None when
+    `host` is not this machine's (the store then listens on every interface)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        return None
+    sock.close()
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    _LISTENING.append(sock)
+    return sock
 
 
 def _first_line(exc: BaseException) -> str:
@@ -92,17 +124,20 @@ class OuterGroup:
     pg: dist.ProcessGroupGloo
     timeout_s: float
     links: tuple[EmulatedLink | None, ...] = ()  # per member: the emulated link to it (None: not emulated)
+    epoch: int = 0  # the membership epoch it was formed in (hetauto.runtime.island_members)
 
     @classmethod
     def join(cls, store: dist.Store, key: str, index: int, size: int, timeout_s: float,
-             links: tuple[EmulatedLink | None, ...] = ()) -> "OuterGroup":
+             links: tuple[EmulatedLink | None, ...] = (), epoch: int = 0) -> "OuterGroup":
+        """Member `index` of `size` of the group `key` in membership epoch `epoch` (its own store prefix: a new
+        epoch's group never meets a broken one's)."""
         try:
-            pg = dist.ProcessGroupGloo(dist.PrefixStore(f"outer/{key}", store), index, size,
+            pg = dist.ProcessGroupGloo(dist.PrefixStore(f"outer/e{epoch}/{key}", store), index, size,
                                        datetime.timedelta(seconds=timeout_s))
         except RuntimeError as exc:
             raise CommunicationError(f"outer group {key}: the other islands' holders did not join within "
                                      f"{timeout_s:g}s ({_first_line(exc)}); start every island of the plan") from None
-        return cls(key, index, size, pg, timeout_s, links)
+        return cls(key, index, size, pg, timeout_s, links, epoch)
 
     def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor, what: str) -> None:
         self._wait(self.pg.allgather([outs], [mine]), what)
@@ -111,8 +146,8 @@ class OuterGroup:
         try:
             work.wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
-            raise CommunicationError(f"outer group {self.key}: {what} failed ({_first_line(exc)}); another island "
-                                     f"died or stalled beyond {self.timeout_s:g}s") from None
+            raise PeerLost(f"outer group {self.key}: {what} failed ({_first_line(exc)}); another island "
+                           f"died or stalled beyond {self.timeout_s:g}s") from None
 
     def all_gather_bytes(self, mine: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
         """Every member's payload (member i's is `sizes[i]` bytes), padded to the largest on the wire. Emulating,
@@ -130,8 +165,8 @@ class OuterGroup:
         try:
             work = self.pg.allgather([outs], [buf])
         except RuntimeError as exc:
-            raise CommunicationError(f"outer group {self.key}: the pseudo-gradient exchange failed "
-                                     f"({_first_line(exc)})") from None
+            raise PeerLost(f"outer group {self.key}: the pseudo-gradient exchange failed "
+                           f"({_first_line(exc)})") from None
         done: list[float] = []
         work.get_future().add_done_callback(lambda _: done.append(time.perf_counter()))
         return PendingExchange(self, work, outs, tuple(sizes), posted, done, buf)
@@ -147,6 +182,12 @@ class OuterGroup:
         (both directions), the slowest pair sets the end (0 when not emulated)."""
         return max((link.transfer_time(max(sizes[self.index], sizes[j]))
                     for j, link in enumerate(self.links) if link is not None and j != self.index), default=0.0)
+
+    def broadcast(self, buf: torch.Tensor, root: int, what: str) -> None:
+        """`buf` from member `root` to every member, in place (a returning island's state)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        self._wait(self.pg.broadcast([buf], opts), what)
 
     def warm_up(self, nbytes: int) -> None:
         """One all-gather of `nbytes` per member at start: the group's connections are young, and TCP moves a young

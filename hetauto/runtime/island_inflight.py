@@ -26,6 +26,9 @@ class InFlightPart:
     exchange: PendingExchange | None  # None on a non-holder, and once settled (its payloads freed)
     likes: tuple[torch.Tensor, ...]  # meta tensors shaped like the full pseudo-gradients (holders)
     settled: bool = False
+    key: str = ""  # the holder group it goes through (holders)
+    mine: torch.Tensor | None = None  # this holder's packed payload, kept to resend it to a new membership
+    members: tuple[int, ...] = ()  # the islands (plan order) of the exchange posted, in its payloads' order
 
 
 @dataclass
@@ -46,6 +49,8 @@ class InFlight:
     finished: float = 0.0
     posted: float | None = None  # the first exchange's post (perf_counter; holders)
     slices: dict[str, torch.Tensor] = field(default_factory=dict)  # the settled buckets' slices so far
+    dropped: list[int] = field(default_factory=list)  # islands dropped from the sync while this fragment synced
+    lost_at: float | None = None  # when this holder first found a member lost (perf_counter)
 
     def phases(self, step_s: float) -> dict[str, float]:
         """Where a holder's sync went (seconds): `send_s` pseudo-gradients, TP gathers, encode, post; `exchange_s`

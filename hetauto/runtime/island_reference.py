@@ -12,6 +12,11 @@ Streaming DiLoCo; torchft's `fragment_sync_delay`) the pseudo-gradient is the on
 fragment then becomes the new global values (or `lerp(global, local, alpha)`, `outer.update_alpha`), dropping
 the local progress of the tau steps in between, as torchft does.
 
+A membership schedule (`lost`: island -> the step it was lost at, hetauto.runtime.island_members) stands for an
+island dropped from the sync: it trains the steps before that one, and every outer step landing after a later step
+merges the survivors alone, their token weights renormalised over them (`member_weights`), as the survivors of a
+real run do. Its parameters are then those it had when it was lost.
+
 Fragments are sets of layer slots (`fragment_slots`); a parameter `layers.<slot>.<...>` belongs to its slot's
 fragment. A tied embedding/head is ONE parameter here, `layers.0.tok.weight` (the whole model's head uses the same
 tensor): it syncs with the fragment of slot 0, the embedding's. The executor, whose last stage holds a copy of the
@@ -30,6 +35,7 @@ from hetauto.core.islands import IslandPlan
 from hetauto.core.model import ModelConfig
 from hetauto.core.run_config import RunConfig
 from hetauto.runtime.batches import BatchSource, IslandBatches
+from hetauto.runtime.island_members import member_weights
 from hetauto.runtime.outer_sync import OuterOptimizer, fragment_slots, merge, sending_fragments
 from hetauto.runtime.reference import ReferenceTrainer
 from hetauto.runtime.wire_codec import contribution_format, round_trip
@@ -59,10 +65,12 @@ def fragment_names(names: Sequence[str], num_slots: int, fragments: int) -> tupl
     return tuple(tuple(n for n in names if slot_of(n) in slots) for slots in parts)
 
 
-def reference_islands(plan: IslandPlan, cfg: ModelConfig, run: RunConfig, *,
-                      precision: str = "fp32") -> IslandReference:
+def reference_islands(plan: IslandPlan, cfg: ModelConfig, run: RunConfig, *, precision: str = "fp32",
+                      lost: Mapping[int, int] | None = None) -> IslandReference:
     """Train every island of `plan` for `run.training.steps` inner steps in this process, with the outer syncs
-    between them (see the module's docstring); `precision` as `reference_run`'s."""
+    between them (see the module's docstring); `precision` as `reference_run`'s; `lost`: island -> the step it
+    was lost at (it trains no step from there and the outer steps after merge the others alone)."""
+    lost = dict(lost or {})
     trainers = [island_trainer(plan, i, cfg, run, precision) for i in range(len(plan.islands))]
     opt = plan.outer.optimizer
     outers = [OuterOptimizer(dict(t.model.named_parameters()), lr=opt.lr, momentum=opt.momentum) for t in trainers]
@@ -71,19 +79,25 @@ def reference_islands(plan: IslandPlan, cfg: ModelConfig, run: RunConfig, *,
     weights = plan.token_weights()
     losses: list[list[float]] = [[] for _ in trainers]
     outer = plan.outer
-    pending: dict[int, list[Mapping[str, torch.Tensor]]] = {}  # the step an outer step lands after -> its merges
+    # the step an outer step lands after -> the islands it merges and its merged pseudo-gradients
+    pending: dict[int, list[tuple[list[int], Mapping[str, torch.Tensor]]]] = {}
     for step in range(run.training.steps):
-        for mine, trainer in zip(losses, trainers):
-            mine.append(trainer.train_step(step))
+        members = [i for i in range(len(trainers)) if lost.get(i, step + 1) > step]  # those that train `step`
+        for i in members:
+            losses[i].append(trainers[i].train_step(step))
         for f in sending_fragments(step, outer.inner_steps, outer.fragments, outer.overlap_steps):
-            pending.setdefault(step + outer.overlap_steps, []).append(merged_pseudo_gradient(outers, groups[f],
-                                                                                             formats, weights))
-        for merged in pending.pop(step, []):
-            for o in outers:
-                o.step(merged, outer.update_alpha)
+            land = step + outer.overlap_steps
+            syncing = [i for i in members if lost.get(i, land + 1) > land]  # those alive when it lands
+            pending.setdefault(land, []).append((syncing, merged_pseudo_gradient(
+                [outers[i] for i in syncing], groups[f], [formats[i] for i in syncing],
+                member_weights(weights, syncing))))
+        for syncing, merged in pending.pop(step, []):
+            for i in syncing:
+                outers[i].step(merged, outer.update_alpha)
     params = tuple({n: p.detach().clone() for n, p in t.model.named_parameters(remove_duplicate=False)}
                    for t in trainers)
-    return IslandReference(tuple(tuple(x) for x in losses), params, outers[0].rounds)
+    survivor = next((i for i in range(len(trainers)) if i not in lost), 0)
+    return IslandReference(tuple(tuple(x) for x in losses), params, outers[survivor].rounds)
 
 
 def merged_pseudo_gradient(outers: Sequence[OuterOptimizer], names: Sequence[str], formats: Sequence[str],

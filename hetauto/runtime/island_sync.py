@@ -26,6 +26,10 @@ slower island included) and `exposed_s` the seconds training stood still for it:
 with tau > 0 this rank's own work for the sync plus the time it actually waited for the exchange after step s.
 `phases` says where the sync's seconds went (`InFlight.phases`). Emulating in-process, each exchange lasts at
 least the cluster file's link time for its bytes (island_exchange).
+A lost island (issue 41 item 6): when a holder's exchange fails, the survivors agree the next membership epoch on
+the outer store (hetauto.runtime.island_members), each holder re-forms its groups in that epoch when it next uses
+them, resends the payload it kept, and merges the members' contributions with their token weights renormalised:
+the survivors train on, equal bit for bit; their sync row says who was dropped (`dropped`, `epoch`, `recovery_s`).
 Not supported yet, refused at start in one line: FSDP (parameters sharded over DP), non-fp32 master weights.
 Checkpoints hold the outer optimizer's state (hetauto.runtime.checkpoint_outer, which reads `params`, `alias`,
 `outer` and `formats` here), so a resumed island run continues exactly.
@@ -43,12 +47,15 @@ from hetauto.core.errors import PlanMismatch
 from hetauto.core.islands import IslandPlan
 from hetauto.core.run_config import RunConfig
 from hetauto.core.transport import HOST_COLLECTIVE
-from hetauto.runtime.island_exchange import OuterGroup, open_store, pack, packed_bytes, unpack
+from hetauto.runtime.island_exchange import Landed, OuterGroup, PeerLost, PendingExchange, open_store, pack, \
+    packed_bytes, unpack
 from hetauto.runtime.island_inflight import InFlight, InFlightPart
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
+from hetauto.runtime.island_members import DONE_KEY, Admission, Membership, ask_to_join, comes_back, \
+    member_weights, newest, next_members, offer_admission, record_process
 from hetauto.runtime.layout import placement
 from hetauto.runtime.links import EmulatedLink
-from hetauto.runtime.outer_sync import OuterOptimizer, fragment_slots, merge, sending_fragments
+from hetauto.runtime.outer_sync import OuterOptimizer, due_fragments, fragment_slots, merge, sending_fragments
 from hetauto.runtime.wire_codec import contribution_format
 
 if TYPE_CHECKING:
@@ -92,12 +99,18 @@ class IslandSync:
         self.holder = self.me.layout.rank(0, 0)
         self.is_holder = self.me.rank == self.holder
         self.groups = groups_of(self.plan, self.index, self.holder)
+        self.by_key = {g.key: g for g in self.groups}
+        # who syncs (hetauto.runtime.island_members): every island until one is lost, then the survivors
+        self.membership = Membership(0, tuple(range(len(self.plan.islands))))
         self.weights = self.plan.token_weights()
         self.formats = [contribution_format(self.plan, isl.name) for isl in self.plan.islands]
         self.records: list[dict[str, Any]] = []
         self.inflight: InFlight | None = None  # the fragment sent and not landed yet (tau > 0, or a resume)
         self.stage_comm = self._stage_groups(ex)
-        self._store, self._outer = None, {}
+        self._store, self._outer, self._cluster = None, {}, None
+        self._retired: list[OuterGroup] = []  # a lost epoch's groups: kept, so no destructor waits on a dead peer
+        self.taken_back_after: int | None = None  # an island taken back: the step after which it rejoined
+        self._incoming: list[tuple[list[str], torch.Tensor]] = []  # its state from the members, to take
         if self.is_holder:
             self._join(ex)
 
@@ -120,7 +133,11 @@ class IslandSync:
         timeout = self.run.training.timeout_s
         master = self.index == 0 and self.me.rank == 0
         self._store = open_store(self.run.island.store, master=master, timeout_s=timeout)
-        cluster = self._emulated_cluster(ex)
+        self._cluster = cluster = self._emulated_cluster(ex)
+        record_process(self._store, self.run.island.store, self.plan.islands[0].name, self.index)
+        if self._comes_back():
+            self._taken_back()
+            return
         for g in self.groups:
             names = self._names(g.slots)
             links = self._links(cluster, g) if cluster is not None else ()
@@ -214,12 +231,11 @@ class IslandSync:
         part = InFlightPart(names, None, ())
         if self.is_holder:
             assert full is not None
-            group = self._outer[g.key]
-            sizes = [packed_bytes(full, fmt) for fmt in self.formats]
-            part.exchange = group.post_bytes(pack(full, self.formats[self.index]), sizes)
+            part.key, part.mine = g.key, pack(full, self.formats[self.index])
             part.likes = tuple(torch.empty(t.shape, device="meta") for t in full)  # shapes for unpack
+            part.exchange = self._post_exchange(part, fl)
             fl.posted = part.exchange.posted if fl.posted is None else fl.posted
-            fl.sent_bytes += sizes[self.index] * (group.size - 1)
+            fl.sent_bytes += packed_bytes(full, self.formats[self.index]) * (len(part.members) - 1)
         fl.parts.append(part)
         return part
 
@@ -240,17 +256,166 @@ class IslandSync:
         broadcast; this rank's slices into `fl.slices`."""
         t0, waited, full = time.perf_counter(), 0.0, None
         if part.exchange is not None:
-            landed = part.exchange.wait()
+            landed = self._landed(part, fl)
             waited = landed.waited_s
             fl.finished = max(fl.finished, landed.finished)
-            decoded = [unpack(p, fmt, part.likes) for p, fmt in zip(landed.payloads, self.formats)]
-            full = [merge([d[k] for d in decoded], self.weights) for k in range(len(part.likes))]
+            formats = [self.formats[i] for i in part.members]
+            weights = member_weights(self.weights, part.members)
+            decoded = [unpack(p, fmt, part.likes) for p, fmt in zip(landed.payloads, formats)]
+            full = [merge([d[k] for d in decoded], weights) for k in range(len(part.likes))]
             part.exchange = None  # its payloads are merged: free them
         got = self._broadcast(part.names, full)
         fl.slices.update({self.alias[n]: _slice_like(self.params[n], m) for n, m in zip(part.names, got)})
         part.settled = True
         fl.wait_s += waited
         fl.settle_s += time.perf_counter() - t0 - waited
+
+    # ------------------------------------------------------------------ membership (a lost island)
+    def _post_exchange(self, part: InFlightPart, fl: InFlight) -> PendingExchange:
+        """Post `part`'s payload in its group of the current membership (formed anew after a change), agreeing
+        a new membership while the post itself finds a member lost."""
+        while True:
+            group = self._group(part.key)
+            part.members = self.membership.members
+            sizes = [packed_bytes(part.likes, self.formats[i]) for i in part.members]
+            try:
+                assert part.mine is not None
+                return group.post_bytes(part.mine, sizes)
+            except PeerLost:
+                self._change_members(fl)
+
+    def _landed(self, part: InFlightPart, fl: InFlight) -> Landed:
+        """`part`'s exchange waited for; when a member was lost, the survivors agree a new membership and the
+        exchange is redone among them (the merge then renormalises the token weights over them)."""
+        while True:
+            assert part.exchange is not None
+            try:
+                return part.exchange.wait()
+            except PeerLost:
+                self._change_members(fl)
+                part.exchange = self._post_exchange(part, fl)
+
+    def _change_members(self, fl: InFlight) -> None:
+        """A member of the current membership is lost: agree the next one with the survivors (or adopt it)."""
+        fl.lost_at = time.perf_counter() if fl.lost_at is None else fl.lost_at
+        assert self._store is not None
+        change = next_members(self._store, self.membership, self.index, self.me.rank,
+                              timeout_s=self.run.training.timeout_s, store_address=self.run.island.store,
+                              store_island=self.plan.islands[0].name)
+        self.membership = change.membership
+        fl.dropped += [i for i in change.dropped if i not in fl.dropped]
+
+    def _group(self, key: str) -> OuterGroup:
+        """The group `key` of the current membership epoch: formed anew (collectively, by its surviving members)
+        the first time it is used in a new epoch."""
+        group = self._outer[key]
+        if group.epoch == self.membership.epoch:
+            return group
+        self._retired.append(group)
+        group = self._outer[key] = self._form(key)
+        return group
+
+    # ------------------------------------------------------------------ taking a lost island back
+    def _comes_back(self) -> bool:
+        """Whether this island was lost and is back (its launcher marked it lost, or the others dropped it)."""
+        addr, name = self.run.island.store, self.plan.islands[0].name
+        if comes_back(self._store, addr, name, self.index, self.me.rank):
+            return True
+        current, _ = newest(self._store, addr, name, self.membership)
+        return self.index not in current.members
+
+    def _taken_back(self) -> None:
+        """The returning island's holder: ask to join, form the new epoch's groups with the members after their
+        admitting landing, and take the global parameters and outer state from the lowest member."""
+        if self.stage_comm is not None or self.outer_cfg.overlap_steps or not self._plain_holders():
+            raise PlanMismatch(f"island '{self.name}': taking a lost island back needs tp = 1 in every island, "
+                               "one rank per stage in the returning island and overlap_steps 0; resume every "
+                               "island from its newest checkpoints instead")
+        adm = ask_to_join(self._store, self.index, timeout_s=self.run.training.timeout_s,
+                          store_address=self.run.island.store, store_island=self.plan.islands[0].name)
+        assert self._store is not None
+        self._store.add(DONE_KEY, -1)  # its launcher signed this holder off when it was lost
+        self.membership = adm.membership
+        for g in self.groups:
+            self._outer[g.key] = self._form(g.key)
+            self._state(g, adm)
+        self.taken_back_after = adm.after_step
+
+    def first_step(self, start: int) -> int:
+        """The step this rank trains first: after the admitting landing for a returning island (its own steps
+        since its checkpoint are dropped: the global model wins), else `start`."""
+        if self.taken_back_after is None:
+            return start
+        self._take_incoming()
+        return self.taken_back_after + 1
+
+    def _plain_holders(self) -> bool:
+        return all(st.tp == 1 for isl in self.plan.islands for st in isl.plan.stages)
+
+    def _admit(self, step: int) -> None:
+        """A member's holder after landing step `step`'s outer step while islands are out: take back the islands
+        that asked, when their admission lands now (decided here or by another holder after an earlier landing)."""
+        if self.outer_cfg.overlap_steps or not self._plain_holders():
+            return
+        assert self._store is not None
+        adm = offer_admission(self._store, self.membership, len(self.plan.islands), step, self._next_landing(step),
+                              store_address=self.run.island.store, store_island=self.plan.islands[0].name)
+        if adm is None or adm.after_step != step:
+            return
+        self.membership = adm.membership
+        for g in self.groups:  # the global order, as the returning island's holders
+            self._group(g.key)
+            self._state(g, adm)
+        self.records[-1]["joined"] = [self.plan.islands[i].name for i in adm.joined]
+
+    def _next_landing(self, step: int) -> int | None:
+        """The next step after `step` whose outer step lands with a step left to train after it (None: the run
+        ends first; an island taken back after the last step would train nothing)."""
+        cfg = self.outer_cfg
+        return next((s for s in range(step + 1, self.run.training.steps - 1)
+                     if due_fragments(s, cfg.inner_steps, cfg.fragments)), None)
+
+    def _state(self, g: HolderGroup, adm: Admission) -> None:
+        """The group's global parameters, momentum and round count from the lowest member that stayed to every
+        member (one broadcast); a returning island takes them as its parameters and outer state."""
+        names = self._names(g.slots)
+        theta = self.outer.global_params
+        momentum = self.outer.state_dict()["momentum"]
+        joining = self.index in adm.joined
+        parts = [torch.tensor([float(self.outer.rounds)])]
+        for n in names:
+            a = self.alias[n]
+            parts += [theta[a].reshape(-1), momentum[a].reshape(-1) if a in momentum else torch.zeros(theta[a].numel())]
+        buf = torch.cat(parts).float()
+        root = adm.membership.rank_of(min(i for i in adm.membership.members if i not in adm.joined))
+        self._outer[g.key].broadcast(buf, root, "the state for a returning island")
+        if joining:  # taken after a resume from its checkpoint (`first_step`), which it overrides
+            self._incoming.append((names, buf))
+
+    def _take_incoming(self) -> None:
+        """A returning island: the members' global parameters, momentum and round count become its own."""
+        theta = self.outer.global_params
+        for names, buf in self._incoming:
+            self._take_state(names, buf, theta)
+        self._incoming = []
+
+    def _take_state(self, names: list[str], buf: torch.Tensor, theta: dict[str, torch.Tensor]) -> None:
+        self.outer.rounds, pos = int(buf[0].item()), 1
+        with torch.no_grad():
+            for n in names:
+                a, k = self.alias[n], theta[self.alias[n]].numel()
+                theta[a].copy_(buf[pos:pos + k].reshape(theta[a].shape))
+                _local(self.params[n]).copy_(theta[a].to(self.params[n].dtype))
+                if self.outer_cfg.optimizer.momentum > 0:
+                    self.outer.load_momentum(a, buf[pos + k:pos + 2 * k].reshape(theta[a].shape))
+                pos += 2 * k
+
+    def _form(self, key: str) -> OuterGroup:
+        members = self.membership.members
+        links = self._links(self._cluster, self.by_key[key]) if self._cluster is not None else ()
+        links = tuple(links[i] for i in members) if links else ()
+        return OuterGroup.join(self._store, key, self.membership.rank_of(self.index), len(members),
+                               self.run.training.timeout_s, links, self.membership.epoch)
 
     def _land(self, blocking_since: float | None) -> None:
         """The outer step of the fragment in flight on this rank's slices, and the holder's record of it: sync_s
@@ -270,10 +435,17 @@ class IslandSync:
         else:
             own = fl.send_s + fl.settle_s + (end - t0)  # the rank's own work for the sync: never hidden
             sync_s, exposed_s = own + max(fl.wait_s, fl.finished - fl.send_end), own + fl.wait_s
-        peers = [isl.name for i, isl in enumerate(self.plan.islands) if i != self.index]
-        self.records.append({"step": fl.land_step, "fragment": fl.fragment, "bytes": fl.sent_bytes,
-                             "sync_s": sync_s, "exposed_s": exposed_s, "peers": peers,
-                             "phases": fl.phases(end - t0)})
+        members = fl.parts[-1].members if fl.parts else self.membership.members
+        peers = [self.plan.islands[i].name for i in members if i != self.index]
+        row = {"step": fl.land_step, "fragment": fl.fragment, "bytes": fl.sent_bytes, "sync_s": sync_s,
+               "exposed_s": exposed_s, "peers": peers, "phases": fl.phases(end - t0)}
+        if fl.dropped:  # this sync lost an island: who, the epoch it went on in, and how long that took
+            assert fl.lost_at is not None
+            row.update({"dropped": [self.plan.islands[i].name for i in fl.dropped],
+                        "epoch": self.membership.epoch, "recovery_s": end - fl.lost_at})
+        self.records.append(row)
+        if len(self.membership.members) < len(self.plan.islands):
+            self._admit(fl.land_step)
 
     def adopt_pending(self, fragment: int, land_step: int, merged: dict[str, torch.Tensor]) -> None:
         """A resumed run: the fragment whose merged pseudo-gradients (this rank's slices, by the names the outer
@@ -311,14 +483,17 @@ class IslandSync:
         if self.inflight is not None and self.inflight.merged is None:
             for part in self.inflight.parts:
                 if part.exchange is not None:
-                    part.exchange.wait()
+                    try:
+                        part.exchange.wait()
+                    except PeerLost:
+                        pass  # it never lands anyway
         if self._store is None:
             return
-        self._store.add("outer/done", 1)
-        if self.index == 0 and self.me.rank == 0:
+        self._store.add(DONE_KEY, 1)
+        if self.index == 0 and self.me.rank == 0:  # lost islands' holders are signed off by their launcher
             total = sum(len({g.members[i] for g in holder_groups(self.plan)}) for i in range(len(self.plan.islands)))
             deadline = time.monotonic() + self.run.training.timeout_s
-            while self._store.add("outer/done", 0) < total and time.monotonic() < deadline:
+            while self._store.add(DONE_KEY, 0) < total and time.monotonic() < deadline:
                 time.sleep(0.01)
 
 

@@ -64,6 +64,10 @@ class OuterOptimizer:
                 momentum[name] = buf
         return {"global": dict(self.global_params), "momentum": momentum, "rounds": self.rounds}
 
+    def load_momentum(self, name: str, buf: torch.Tensor) -> None:
+        """`name`'s momentum buffer (a returning island takes the members')."""
+        self._sgd.state[self.global_params[name]]["momentum_buffer"] = buf.clone().float()
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         with torch.no_grad():
             for name, value in state["global"].items():

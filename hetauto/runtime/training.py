@@ -45,6 +45,8 @@ def train_rank(world: Communicator, plan: Plan, cfg: ModelConfig, run: RunConfig
     ex = StageExecutor(groups, plan, cfg, run, device, precision, local)
     sync = island_sync_for(ex, run)  # an island run: the outer sync with the other islands (None otherwise)
     start = _resume(ex, world, plan, run, sync) if run.checkpoint.resume else 0
+    if sync is not None:  # a lost island taken back trains on from the members' step (hetauto.runtime.island_sync)
+        start = sync.first_step(start)
     checkpoint = _checkpointer(ex, world, plan, run, sync)
     if sync is None:
         return ex.run(run.training.steps, start=start, after_step=checkpoint)
