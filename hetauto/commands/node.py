@@ -103,9 +103,13 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
     running.follow_steps(job.workdir / "steps.jsonl",
                          lambda rec: say(f"step {rec.step}: loss {rec.loss:.6f}, {rec.step_s:.3f} s"))
     reports = running.wait()
+    # the last epoch's job, when a lost site was re-planned around (--on-site-loss replan)
+    folder, job = job.workdir, running.job
     doc = node_result(job, reports, reference=launch.reference)
+    if job.launch.on_site_loss == "replan":
+        doc["epochs"] = [e.summary() for e in running.epochs]
     off = doc["loss_off_reference"]  # as hetauto run: off its reference's tolerance, it trained another model
-    path = job.workdir / "result.json"
+    path = folder / "result.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     if args.json:
         print_json(doc)
@@ -117,6 +121,8 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
         from hetauto.commands._island_run import rounds_line
 
         say(f"island {doc['island']['name']}: " + rounds_line({**doc["island"], "steps": len(doc["loss"])}))
+    for epoch in running.epochs if len(running.epochs) > 1 else ():
+        say(epoch.line())
     say(f"done: {len(doc['ranks'])} ranks, loss {', '.join(f'{x:.6f}' for x in doc['loss'])}"
         + ("" if diff is None else f" (max difference to the reference {diff:.2g})") + f"; result: {path}")
     if off:
