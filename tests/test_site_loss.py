@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
 import pytest
 
 from hetauto.cli import main
+from hetauto.launch.diagnosis import JobFailed
 from hetauto.launch.launch_match import find_mismatch, launch_parts
 from hetauto.launch.plan import LaunchPlan
 from hetauto.launch.replan import SiteLossFatal, replan
@@ -108,3 +110,20 @@ def test_a_site_killed_at_a_step_is_replanned_around_and_the_job_goes_on(tmp_pat
     assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1]
     assert "epoch 1: plan" in err and "began when site(s) c were lost" in err
     assert "epoch 1: plan" in b_err and "started 1 rank(s) 1-1 for epoch 1" in b_err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_without_the_flag_a_killed_site_ends_the_job_naming_it_as_before(tmp_path: Path) -> None:
+    out = _launch(tmp_path)
+    with sites_running(out, tmp_path) as (lead, b, c):
+        await_step(tmp_path / "node0", lead, 0, 240)
+        os.killpg(c.pid, signal.SIGKILL)
+        _, err = lead.communicate(timeout=120)
+        _, b_err = b.communicate(timeout=60)
+    assert lead.returncode == JobFailed("").exit_code and b.returncode != 0, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert re.match(r"hetauto node: error: rank 2 \(stage 2, cluster 'c'\) failed: LauncherGone: its launcher "
+                    rf"\(pid {c.pid}\) is gone", line), line
+    assert b_err.strip().splitlines()[-1].startswith("hetauto node: error: the lead node ended the job: rank 2 ")
+    assert "epoch" not in err and not (tmp_path / "node0" / "epoch1").exists()
