@@ -111,8 +111,9 @@ def await_epoch(link: Any, number: int, beat: Callable[[], None], abort_key: str
                 return Epoch.from_json(link.get(epoch_key(number)).decode("utf-8"))
             if link.check([abort_key]):
                 return link.get(abort_key).decode("utf-8")
-        except OSError:
-            pass  # a blip: read again until wait_s
+        except OSError:  # a blip: read again until wait_s; the lead's agent gone (or out of reach past the grace):
+            if getattr(link, "refused", False) or link.lost():  # nobody will post an epoch
+                return None
         time.sleep(POLL_S)
     return None
 
