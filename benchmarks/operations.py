@@ -531,7 +531,7 @@ def _chaos_run(root: Path, plan: Path, steps: int, kill_at: int | None, grace_s:
 def _by_hand(root: Path, plan: Path, steps: int, kill_at: int, grace_s: int) -> dict[str, Any]:
     """The loss without the flag, then the operator's re-plan and resume on sites a and b."""
     from hetauto.launch.plan import LaunchPlan
-    from hetauto.launch.replan import replan
+    from hetauto.job.site_replan import replan
 
     failed = _chaos_run(root / "first", plan, steps, kill_at, grace_s, replan=False)
     begin = time.monotonic()
@@ -580,8 +580,9 @@ def format_report(doc: dict[str, Any]) -> str:
                          f"{rss['steps_first_last'][1]} ({first} -> {last} KiB)")
     ch = doc.get("chaos")
     if ch:
-        lines.append(f"A site lost (three sites of one rank, {ch['steps']} steps, site c killed at step {ch['kill_at']},"
-                     f" grace {ch['grace_s']} s; exits {ch['exit_codes']}, max loss difference {ch['max_loss_diff']}):")
+        lines.append(f"A site lost (three sites of one rank, {ch['steps']} steps, site c killed at step "
+                     f"{ch['kill_at']}, grace {ch['grace_s']} s; exits {ch['exit_codes']}, max loss difference "
+                     f"{ch['max_loss_diff']}):")
         lines.append(f"  loss to the first step on the new plan: {ch.get('loss_to_first_step_s')} s; steps of work "
                      f"lost: {ch.get('steps_lost')}")
         lines.append(f"  goodput vs the run without the fault ({ch['clean_s']:.1f} s): re-planned by the lead "

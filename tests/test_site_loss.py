@@ -18,7 +18,8 @@ from hetauto.cli import main
 from hetauto.launch.diagnosis import JobFailed
 from hetauto.launch.launch_match import find_mismatch, launch_parts
 from hetauto.launch.plan import LaunchPlan
-from hetauto.launch.replan import SiteLossFatal, replan
+from hetauto.job.site_replan import replan
+from hetauto.launch.replan import SiteLossFatal
 from hetauto.launch.site_loss import HEARD_S, lost_sites
 from hetauto.testing.multiproc import two_free_ports
 from hetauto.testing.three_sites import await_step, sites_running, steps_seen, write_three_site_plan
@@ -41,7 +42,8 @@ def test_the_option_travels_in_the_launch_plan_and_the_join_compares_it(tmp_path
     assert "on_site_loss" not in (tmp_path / "off" / "out" / "launch.json").read_text()  # as launches always were
     on = LaunchPlan.load(_launch(tmp_path / "on", "--on-site-loss", "replan") / "launch.json")
     off = on.model_copy(update={"on_site_loss": "end"})
-    assert on.on_site_loss == "replan" and LaunchPlan.load(tmp_path / "off" / "out" / "launch.json").on_site_loss == "end"
+    assert on.on_site_loss == "replan"
+    assert LaunchPlan.load(tmp_path / "off" / "out" / "launch.json").on_site_loss == "end"
     mismatch = find_mismatch(launch_parts(on), launch_parts(off))  # a node launched without it is refused at join
     assert mismatch is not None and mismatch.said("here", "there", True) == \
         "the launch's sites and nodes differ: on_site_loss replan here, unset there"

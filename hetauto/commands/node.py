@@ -93,7 +93,10 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
     from hetauto.job.service import node_result
     from hetauto.launch.node import start_node
 
-    running = start_node(job, progress=say)  # a NodeLog: the agent publishes its newest lines (hetauto job logs)
+    from hetauto.job.site_replan import replan
+
+    # `say` is a NodeLog: the agent publishes its newest lines (hetauto job logs); `replan`: --on-site-loss replan
+    running = start_node(job, progress=say, replanner=replan)
     say(f"{job.where()}: started {job.node.nproc} rank(s) "
         f"{job.node.first_rank}-{job.node.first_rank + job.node.nproc - 1}")
     if not job.lead:

@@ -36,6 +36,7 @@ from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, membe
 from hetauto.launch.node_failure import (interface_failure, link_failure, loopback_note, member_failure,
                                          member_link_words)
 from hetauto.launch.node_link import LeadLink, agent_beat_key, connect_lead, silent_threshold
+from hetauto.launch.replan import Replanner
 from hetauto.launch.site_loss import EPOCH_WAIT_S, Epoch, await_epoch, epoch_key
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
@@ -77,6 +78,7 @@ class NodeRun:
         # --on-site-loss replan (hetauto.launch.site_loss): the plans the job ran on, and what starts a new one's
         # ranks (this node's torchrun command for a job; where the lead's store is; this agent's log)
         self.epochs: list[Epoch] = [first_epoch(job)]
+        self.replanner: Replanner | None = None  # the lead's: plans the job for the sites left (hetauto.job)
         self.torchrun: Callable[[NodeJob], Any] = _torchrun
         self.control_address = ""
         self.log: NodeLog | None = None
@@ -299,10 +301,12 @@ def _log_publisher(job: NodeJob, log: NodeLog | None) -> Callable[[Any], None]:
 
 
 def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None,
-               log: NodeLog | None = None) -> NodeRun:
+               log: NodeLog | None = None, replanner: Replanner | None = None) -> NodeRun:
     """Join the job and start this node's torchrun; returns the running job (NodeRun). The lead also serves the
     control store, which lives as long as this process, and the job's board in it (`hetauto job`); `log`: this
-    agent's newest lines, which it publishes there (default: `progress` when it is a NodeLog)."""
+    agent's newest lines, which it publishes there (default: `progress` when it is a NodeLog); `replanner`: on the
+    lead of a launch with `--on-site-loss replan`, what plans the job for the sites left
+    (hetauto.job.site_replan.replan: the launch layer does not import the planner)."""
     if log is None and isinstance(progress, NodeLog):
         log = progress
     rdzv = job.launch.rendezvous
@@ -339,6 +343,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         run.control = control
         node = NodeRun(job, run, control, progress, board=board)
         node.torchrun = lambda j: _torchrun(j, rdzv_bind)
+        node.replanner = replanner
         board.set_state("running")
         run.on_failure = node.lead_failed
         run.watch = node.cancel_watch

@@ -8,16 +8,13 @@ one epoch hands over to the next, with the planner and checkpoints (hetauto.laun
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from hetauto.launch.diagnosis import JobFailed
 from hetauto.launch.local import LocalJob, start_job
 from hetauto.launch.node_job import NodeJob, prepare_node
 from hetauto.launch.plan import LaunchPlan
 from hetauto.launch.site_loss import Epoch, epoch_key, lost_sites, new_epoch
-
-if TYPE_CHECKING:
-    from hetauto.launch.node import NodeRun
 
 __all__ = ["first_epoch", "lead_next_epoch", "start_epoch", "epoch_job"]
 
@@ -27,11 +24,12 @@ def first_epoch(job: NodeJob) -> Epoch:
     return new_epoch(0, job.launch, None, (), "the launch", time.time())
 
 
-def lead_next_epoch(run: "NodeRun", err: JobFailed) -> Epoch | None:
-    """On the lead after its ranks failed: None when no site is gone (the failure stands), else the next epoch,
-    posted in the store for the surviving agents. SiteLossFatal (one line) when the sites left cannot go on."""
+def lead_next_epoch(run: Any, err: JobFailed) -> Epoch | None:
+    """On the lead after its ranks failed (`run`: its hetauto.launch.node.NodeRun): None when no site is gone
+    (the failure stands), else the next epoch, posted in the store for the surviving agents. SiteLossFatal (one
+    line) when the sites left cannot go on."""
     from hetauto.launch.node_failure import link_failure
-    from hetauto.launch.replan import epoch_launch, newest_checkpoint, replan
+    from hetauto.launch.replan import SiteLossFatal, epoch_launch, newest_checkpoint
 
     job, store, grace = run.job, run.store, run.grace_s
     store.keep_watching()  # the ranks' job closed the mirror: the agents' counters are read again
@@ -41,7 +39,10 @@ def lead_next_epoch(run: "NodeRun", err: JobFailed) -> Epoch | None:
     gone = [n.node_rank for s in job.launch.sites if s.name in lost for n in s.nodes]
     lost_at = time.time() - max(store.agent_silence(r) for r in gone)
     why = link_failure(job, store, [r for r in gone], grace, err) or err
-    new_plan = replan(job.launch, job.launch.the_plan(), job.workdir, lost, seed=job.run.training.seed)
+    if run.replanner is None:
+        raise SiteLossFatal(f"site(s) {', '.join(repr(s) for s in lost)} lost, and this agent was started without a "
+                            "planner to re-plan the job (hetauto node gives it one)")
+    new_plan = run.replanner(job.launch, job.launch.the_plan(), job.workdir, lost, job.run.training.seed)
     checkpoint = newest_checkpoint(job.run.checkpoint.dir)
     launch = epoch_launch(job.launch, new_plan, job.workdir, lost, checkpoint[0] if checkpoint else None)
     epoch = new_epoch(len(run.epochs), launch, checkpoint, lost, str(why).split("; what the ranks saw")[0], lost_at)
