@@ -498,9 +498,13 @@ def _launch_three(root: Path, plan: Path, steps: int, grace_s: int, *extra: str)
     from hetauto.cli import main as cli
     from hetauto.testing.multiproc import two_free_ports
 
+    import contextlib
+    import io
+
     out = root / "out"
-    code = cli(["launch", str(plan), "--target", "torchrun", "--master", f"127.0.0.1:{two_free_ports()}", "-o",
-                str(out), "--steps", str(steps), "--timeout", str(grace_s), *extra])
+    with contextlib.redirect_stdout(io.StringIO()):  # its README: who runs what
+        code = cli(["launch", str(plan), "--target", "torchrun", "--master", f"127.0.0.1:{two_free_ports()}", "-o",
+                    str(out), "--steps", str(steps), "--timeout", str(grace_s), *extra])
     assert code == 0, f"hetauto launch exited {code}"
     return out
 

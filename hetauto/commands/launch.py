@@ -9,6 +9,8 @@ Nothing is overwritten: a DIR that holds files already is refused. An island pla
 launch per island, under DIR/island-<NAME>/ (hetauto.commands._island_launch). The job secret every connection to the lead's
 control store proves is written as `control.secret` (0600) beside launch.json and in each site's folder, never in
 launch.json or a script (hetauto.launch.node_secret); `--secret-file PATH` brings one's own.
+`--on-site-loss replan` (carried in launch.json, compared at join): a site lost past the grace is re-planned around
+by the lead's agent instead of ending the job (hetauto.launch.site_loss; docs/running.md, 'When a site is lost').
 """
 
 from __future__ import annotations

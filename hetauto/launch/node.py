@@ -70,6 +70,7 @@ class NodeRun:
     def __init__(self, job: NodeJob, local: LocalJob, store: Any, progress: Callable[[str], None],
                  watch: LeadWatch | None = None, board: LeadBoard | None = None) -> None:
         self.job, self.local, self.store, self.progress, self.watch = job, local, store, progress, watch
+        self.home = job.workdir  # the agent's working folder; a later epoch's job works in home/epoch<N>
         self.board = board  # the lead's: the job's status for `hetauto job` (hetauto.launch.job_board)
         self.cancelled: str | None = None  # the lead's: a client's cancel reason, once its ranks were stopped for it
         self._explained: tuple[BaseException, BaseException] | None = None
@@ -169,7 +170,7 @@ class NodeRun:
             err = JobFailed(str(fatal))
             self._explained = (err, err)
             epoch = None
-        new = None if epoch is None else epoch_job(self.job, epoch)
+        new = None if epoch is None else epoch_job(self.job, epoch, self.home)
         if new is None or epoch is None:
             self.on_lead_failure(err, others)
             return err
@@ -259,7 +260,7 @@ class NodeRun:
         if not isinstance(got, Epoch):
             return "no"
         self.epochs.append(got)
-        new = epoch_job(self.job, got)
+        new = epoch_job(self.job, got, self.home)
         if new is None:
             self.progress(f"epoch {got.number}: the new plan leaves {self.job.where()} out; this node's part of the "
                           "job is over")

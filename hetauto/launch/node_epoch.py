@@ -8,6 +8,7 @@ one epoch hands over to the next, with the planner and checkpoints (hetauto.laun
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from hetauto.launch.diagnosis import JobFailed
@@ -50,15 +51,14 @@ def lead_next_epoch(run: Any, err: JobFailed) -> Epoch | None:
     return epoch
 
 
-def epoch_job(job: NodeJob, epoch: Epoch) -> NodeJob | None:
-    """This node's job in `epoch` (prepared in `<workdir>/epoch<N>`), found by its cluster and node; None when the
-    new plan leaves this node out."""
+def epoch_job(job: NodeJob, epoch: Epoch, home: Path) -> NodeJob | None:
+    """This node's job in `epoch`, prepared in `home/epoch<N>` (`home`: the agent's working folder), found by its
+    cluster and node; None when the new plan leaves this node out."""
     launch = LaunchPlan.model_validate(epoch.launch)
     mine = [n for n in launch.nodes if (n.cluster, n.node) == (job.node.cluster, job.node.node)]
     if not mine:
         return None
-    base = job.workdir.parent if job.workdir.name.startswith("epoch") else job.workdir
-    return prepare_node(launch, mine[0].node_rank, base / f"epoch{epoch.number}", secret=job.secret)
+    return prepare_node(launch, mine[0].node_rank, home / f"epoch{epoch.number}", secret=job.secret)
 
 
 def start_epoch(job: NodeJob, torchrun: Callable[[NodeJob], Any], control_address: str) -> LocalJob:
