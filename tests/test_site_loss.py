@@ -10,19 +10,23 @@ import json
 import os
 import re
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from hetauto.cli import main
+from hetauto.job.site_replan import replan
 from hetauto.launch.diagnosis import JobFailed
 from hetauto.launch.launch_match import find_mismatch, launch_parts
+from hetauto.launch.node_join import JoinFailed
 from hetauto.launch.plan import LaunchPlan
-from hetauto.job.site_replan import replan
 from hetauto.launch.replan import SiteLossFatal
 from hetauto.launch.site_loss import HEARD_S, lost_sites
 from hetauto.testing.multiproc import two_free_ports
 from hetauto.testing.three_sites import await_step, sites_running, steps_seen, write_three_site_plan
+from hetauto.testing.two_sites import this_tree_env
 
 STEPS, KILL_AT, GRACE_S = 6, 2, 10
 
@@ -93,6 +97,7 @@ def test_a_site_killed_at_a_step_is_replanned_around_and_the_job_goes_on(tmp_pat
     with sites_running(out, tmp_path) as (lead, b, c):
         await_step(lead_dir, lead, KILL_AT, 240)
         os.killpg(c.pid, signal.SIGKILL)  # the site's agent, its torchrun and (by their watchdog) its ranks
+        again = _submit_again(out, tmp_path, lead_dir / "epoch1")
         _, err = lead.communicate(timeout=300)
         assert lead.returncode == 0, err[-4000:]
         _, b_err = b.communicate(timeout=60)
@@ -112,6 +117,17 @@ def test_a_site_killed_at_a_step_is_replanned_around_and_the_job_goes_on(tmp_pat
     assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1]
     assert "epoch 1: plan" in err and "began when site(s) c were lost" in err
     assert "epoch 1: plan" in b_err and "started 1 rank(s) 1-1 for epoch 1" in b_err
+    # the lost site's agent submitted again is not taken back (not built yet): refused at once, in one line
+    assert again.returncode == JoinFailed("").exit_code and "node rank 2 is taken" in again.stderr.strip().splitlines()[-1], again.stderr
+
+
+def _submit_again(out: Path, root: Path, epoch_folder: Path) -> subprocess.CompletedProcess:
+    """Site c's script run again once the lead has begun epoch 1 (its folder is there)."""
+    end = time.monotonic() + 120
+    while not epoch_folder.is_dir() and time.monotonic() < end:
+        time.sleep(0.1)
+    return subprocess.run(["bash", str(out / "c" / "node2.sh")], cwd=root, capture_output=True, text=True,
+                          timeout=120, env={**this_tree_env(), "HETAUTO_WORKDIR": str(root / "node2-again")})
 
 
 @pytest.mark.multiprocess
