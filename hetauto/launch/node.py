@@ -80,6 +80,9 @@ class NodeRun:
         # ranks (this node's torchrun command for a job; where the lead's store is; this agent's log)
         self.epochs: list[Epoch] = [first_epoch(job)]
         self.replanner: Replanner | None = None  # the lead's: plans the job for the sites left (hetauto.job)
+        self.origin = job.launch  # the launch as launched: every epoch is derived from it
+        self.lost: list[str] = []  # the lead's: the launch's sites out of the job now
+        self.returns: Any = None  # the lead's hetauto.launch.site_return.ReturnWatch: lost sites that came back
         self.torchrun: Callable[[NodeJob], Any] = _torchrun
         self.control_address = ""
         self.log: NodeLog | None = None
@@ -120,6 +123,13 @@ class NodeRun:
 
     def _silent(self, node_rank: int) -> bool:
         return self.store.agent_silence(node_rank) > silent_threshold(self.grace_s)
+
+    def lead_watch(self) -> str | None:
+        """LocalJob.watch on the lead: a client's cancel, or (--on-site-loss replan) lost sites come back."""
+        why = self.cancel_watch()
+        if why is None and self.returns is not None and self.lost:
+            why = self.returns()
+        return why
 
     def cancel_watch(self) -> str | None:
         """On the lead, polled while its ranks run (LocalJob.watch): a client's cancel, which stops them."""
@@ -191,7 +201,7 @@ class NodeRun:
         cancel watch and the step lines."""
         self.local.control = self.store
         self.local.on_failure = self.lead_failed
-        self.local.watch = self.cancel_watch
+        self.local.watch = self.lead_watch
         if self._steps is not None:
             self.local.follow_steps(self._steps[0], self._seen_step(self._steps[1]))
 
@@ -255,7 +265,7 @@ class NodeRun:
         from hetauto.launch.node_epoch import epoch_job, start_epoch
 
         rank = self.job.node.node_rank
-        got = await_epoch(self.store, len(self.epochs), lambda: self.store.add(agent_beat_key(rank), 1), ABORT_KEY,
+        got = await_epoch(self.store, self.epochs[-1].number + 1, lambda: self.store.add(agent_beat_key(rank), 1), ABORT_KEY,
                           self.grace_s + EPOCH_WAIT_S)
         if not isinstance(got, Epoch):
             return "no"
@@ -299,6 +309,68 @@ def _log_publisher(job: NodeJob, log: NodeLog | None) -> Callable[[Any], None]:
             last[0] = time.monotonic()
             link.set(log_key(job.node.node_rank), log_doc(job, log))
     return tick
+
+
+def _return_watch(node: NodeRun) -> Any:
+    """The lead's watch for lost sites' agents asking to come back (hetauto.launch.site_return)."""
+    from hetauto.launch.launch_match import find_mismatch, launch_parts
+    from hetauto.launch.replan import newest_checkpoint
+    from hetauto.launch.site_return import ReturnWatch
+
+    def newest_step() -> int | None:
+        found = newest_checkpoint(node.job.run.checkpoint.dir)
+        return None if found is None else found[1]
+
+    def check(reg: dict[str, Any]) -> str | None:
+        if reg.get("plan_sha256") != node.origin.plan_sha256 or find_mismatch(launch_parts(node.origin), reg):
+            return "another launch"
+        return None
+
+    return ReturnWatch(node.store, lambda: {s: [n.node_rank for n in node.origin.site(s).nodes] for s in node.lost},
+                       newest_step, check)
+
+
+def _come_back(job: NodeJob, address: str, progress: Callable[[str], None], log: NodeLog | None) -> NodeRun | None:
+    """An agent of a lost site submitted again while the job goes on without it: ask the lead to take it back, wait
+    for the epoch that does and start its ranks for it; None when the job is still in its launch (join as usual)."""
+    from hetauto.launch.node_epoch import epoch_job, start_epoch
+    from hetauto.launch.node_join import registration
+    from hetauto.launch.site_return import await_taken_back, request_return
+
+    rdzv, rank = job.launch.rendezvous, job.node.node_rank
+    try:
+        probe = connect_lead(rdzv.master_addr, rdzv.control_port, 5.0, job.secret, f"node{rank}")
+        current = request_return(probe, rank, registration(job))
+    except Exception:  # noqa: BLE001 - the lead not up yet, or refusing: the join says why, as always
+        return None
+    if current is None:
+        probe.close()
+        return None
+    progress(f"{job.where()}: the job goes on without this site since epoch {current}: asked the lead to take it "
+             "back at its next checkpoint")
+    me = (job.node.cluster, job.node.node)
+
+    def holds_me(epoch: Epoch) -> bool:
+        return any((n["cluster"], n["node"]) == me for s in epoch.launch["sites"] for n in s["nodes"])
+
+    epoch = await_taken_back(probe, current, holds_me, rdzv.join_timeout_s)
+    if epoch is None:
+        raise JoinFailed(f"{job.where()}: asked the lead at {address} to take this site back, and no epoch took it "
+                         f"within the join timeout ({rdzv.join_timeout_s:g} s)")
+    new = epoch_job(job, epoch, job.workdir)
+    assert new is not None  # the epoch holds this node
+    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s, job.secret,
+                                                f"node{rank}"), address, float(job.run.training.timeout_s),
+                    client=probe)
+    local = start_epoch(new, _torchrun, address)
+    local.collect = False
+    node = NodeRun(new, local, link, progress)
+    node.home, node.epochs, node.control_address, node.log = job.workdir, [epoch], address, log
+    local.watch = node.watch = LeadWatch(link, new.node.node_rank, node._member_link_words,
+                                         tick=_log_publisher(new, log))
+    node.watch.next_epoch = epoch_key(epoch.number + 1)
+    progress(epoch.line())
+    return node
 
 
 def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None,
@@ -347,10 +419,14 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         node.replanner = replanner
         board.set_state("running")
         run.on_failure = node.lead_failed
-        run.watch = node.cancel_watch
+        run.watch = node.lead_watch
+        if node.replanning:
+            node.returns = _return_watch(node)
         return node
-    joined = member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
+    if job.launch.on_site_loss == "replan" and (back := _come_back(job, address, progress, log)) is not None:
+        return back
+    joined = member_join(job, timeout, progress)
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                     control_address=address, env=job.env, control_token=job.secret,
                     ranks_here=job.node.nproc)

@@ -26,29 +26,47 @@ def first_epoch(job: NodeJob) -> Epoch:
 
 
 def lead_next_epoch(run: Any, err: JobFailed) -> Epoch | None:
-    """On the lead after its ranks failed (`run`: its hetauto.launch.node.NodeRun): None when no site is gone
-    (the failure stands), else the next epoch, posted in the store for the surviving agents. SiteLossFatal (one
-    line) when the sites left cannot go on."""
-    from hetauto.launch.node_failure import link_failure
+    """On the lead after its ranks stopped (`run`: its hetauto.launch.node.NodeRun): the next epoch, posted in the
+    store for the surviving agents, when a site is gone (its agents silent past the grace) or lost sites came back
+    (their agents asked, hetauto.launch.site_return, and a newer checkpoint is written); None when neither (the
+    failure stands). SiteLossFatal (one line) when the sites left cannot go on."""
     from hetauto.launch.replan import SiteLossFatal, epoch_launch, newest_checkpoint
+    from hetauto.launch.site_return import CURRENT_KEY
 
-    job, store, grace = run.job, run.store, run.grace_s
+    job, store = run.job, run.store
     store.keep_watching()  # the ranks' job closed the mirror: the agents' counters are read again
-    lost = lost_sites(job.launch, store.agent_silence, grace)
-    if not lost:
+    taken, since = run.returns.taken() if run.returns is not None else ([], 0.0)
+    newly, why = ([], f"site(s) {', '.join(taken)} came back") if taken else _lost_now(run, err)
+    if not newly and not taken:
         return None
-    gone = [n.node_rank for s in job.launch.sites if s.name in lost for n in s.nodes]
-    lost_at = time.time() - max(store.agent_silence(r) for r in gone)
-    why = link_failure(job, store, [r for r in gone], grace, err) or err
+    lost = [s for s in run.lost if s not in taken] + newly
     if run.replanner is None:
         raise SiteLossFatal(f"site(s) {', '.join(repr(s) for s in lost)} lost, and this agent was started without a "
                             "planner to re-plan the job (hetauto node gives it one)")
-    new_plan = run.replanner(job.launch, job.launch.the_plan(), job.workdir, lost, job.run.training.seed)
+    new_plan = run.replanner(run.origin, run.origin.the_plan(), run.home, lost, job.run.training.seed)
     checkpoint = newest_checkpoint(job.run.checkpoint.dir)
-    launch = epoch_launch(job.launch, new_plan, job.workdir, lost, checkpoint[0] if checkpoint else None)
-    epoch = new_epoch(len(run.epochs), launch, checkpoint, lost, str(why).split("; what the ranks saw")[0], lost_at)
+    launch = epoch_launch(run.origin, new_plan, run.home, lost, checkpoint[0] if checkpoint else None)
+    at = since if taken else time.time() - max(store.agent_silence(n.node_rank) for s in job.launch.sites
+                                               if s.name in newly for n in s.nodes)
+    epoch = new_epoch(len(run.epochs), launch, checkpoint, newly, why, at, returned=taken)
     store.set(epoch_key(epoch.number), epoch.to_json())
+    store.set(CURRENT_KEY, str(epoch.number))
+    run.lost = lost
     return epoch
+
+
+def _lost_now(run: Any, err: JobFailed) -> tuple[list[str], str]:
+    """The sites of the current epoch gone past the grace, and why in a failure's words (the link that stayed
+    down)."""
+    from hetauto.launch.node_failure import link_failure
+
+    job, store, grace = run.job, run.store, run.grace_s
+    lost = lost_sites(job.launch, store.agent_silence, grace)
+    if not lost:
+        return [], ""
+    gone = [n.node_rank for s in job.launch.sites if s.name in lost for n in s.nodes]
+    why = link_failure(job, store, gone, grace, err) or err
+    return lost, str(why).split("; what the ranks saw")[0]
 
 
 def epoch_job(job: NodeJob, epoch: Epoch, home: Path) -> NodeJob | None:

@@ -50,6 +50,7 @@ class Epoch:
     launch: dict[str, Any] = field(repr=False, default_factory=dict)
     first_step_s: float | None = None
     redone: int = 0  # steps the earlier epoch had trained past `step`: lost, trained again in this one
+    returned: tuple[str, ...] = ()  # the lost sites whose agents came back: this epoch takes them in again
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -57,7 +58,7 @@ class Epoch:
     @classmethod
     def from_json(cls, text: str) -> "Epoch":
         doc = json.loads(text)
-        for key in ("clusters", "sites", "lost"):
+        for key in ("clusters", "sites", "lost", "returned"):
             doc[key] = tuple(doc[key])
         return cls(**doc)
 
@@ -65,12 +66,14 @@ class Epoch:
         """Its entry in the lead's result document (no launch plan: result.json says where each rank ran)."""
         doc = asdict(self)
         doc.pop("launch")
-        doc["clusters"], doc["sites"], doc["lost"] = list(self.clusters), list(self.sites), list(self.lost)
+        for key in ("clusters", "sites", "lost", "returned"):
+            doc[key] = list(doc[key])
         return doc
 
     def line(self) -> str:
         """The printed summary's line for this epoch."""
-        why = f"began when site(s) {', '.join(self.lost)} were lost" if self.lost else "the launch"
+        why = (f"began when site(s) {', '.join(self.lost)} were lost" if self.lost else
+               f"began when site(s) {', '.join(self.returned)} came back" if self.returned else "the launch")
         took = "" if self.first_step_s is None else f", first step {self.first_step_s:.1f} s after the loss"
         return (f"epoch {self.number}: plan {self.plan_sha256[:12]} on {', '.join(self.clusters)} "
                 f"({self.world_size} rank(s)), from step {self.step}; {why}{took}")
@@ -123,9 +126,9 @@ def plan_clusters(plan: dict[str, Any]) -> tuple[str, ...]:
 
 
 def new_epoch(number: int, launch: Any, checkpoint: tuple[str, int] | None, lost: Sequence[str],
-              reason: str, lost_at: float) -> Epoch:
+              reason: str, lost_at: float, returned: Sequence[str] = ()) -> Epoch:
     return Epoch(number=number, plan_sha256=launch.plan_sha256, clusters=plan_clusters(launch.plan),
                  sites=tuple(s.name for s in launch.sites), world_size=launch.world_size,
                  step=checkpoint[1] if checkpoint else 0, resume=checkpoint[0] if checkpoint else None,
-                 lost=tuple(lost), reason=reason, lost_at=lost_at,
+                 lost=tuple(lost), reason=reason, lost_at=lost_at, returned=tuple(returned),
                  launch=json.loads(launch.to_json(indent=None)))
