@@ -10,6 +10,7 @@ surviving agent polls for it, stops its old ranks, writes the new plan into a fo
 (`<workdir>/epoch<N>`) and starts torchrun again for the new world, on the same rendezvous port once its old
 torchrun is gone (every node's old ranks have stopped before any new one starts: the lead starts its torchrun,
 which serves that port, only after its own old one has exited). The steps after the checkpoint are trained again.
+A lost site's agents submitted again are taken back at the next checkpoint (hetauto.launch.site_return).
 
 Keys: `hetauto/epoch/<N>` the epoch's JSON (Epoch), posted once; epoch 0 is the launch itself and is not posted.
 """
