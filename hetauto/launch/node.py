@@ -265,8 +265,8 @@ class NodeRun:
         from hetauto.launch.node_epoch import epoch_job, start_epoch
 
         rank = self.job.node.node_rank
-        got = await_epoch(self.store, self.epochs[-1].number + 1, lambda: self.store.add(agent_beat_key(rank), 1), ABORT_KEY,
-                          self.grace_s + EPOCH_WAIT_S)
+        got = await_epoch(self.store, self.epochs[-1].number + 1, lambda: self.store.add(agent_beat_key(rank), 1),
+                          ABORT_KEY, self.grace_s + EPOCH_WAIT_S)
         if not isinstance(got, Epoch):
             return "no"
         self.epochs.append(got)
