@@ -155,3 +155,35 @@ def test_without_the_flag_a_killed_site_ends_the_job_naming_it_as_before(tmp_pat
                     rf"\(pid {c.pid}\) is gone", line), line
     assert b_err.strip().splitlines()[-1].startswith("hetauto node: error: the lead node ended the job: rank 2 ")
     assert "epoch" not in err and not (tmp_path / "node0" / "epoch1").exists()
+
+
+class _Store:
+    """The lead's store as ReturnWatch reads it (hetauto.launch.control.ControlServer.get: str or None)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+
+    def get(self, key: str) -> str | None:
+        return self.keys.get(key)
+
+
+def test_a_returned_site_is_taken_back_only_after_a_newer_checkpoint_and_only_with_this_launch() -> None:
+    from hetauto.launch.site_return import ReturnWatch, return_key
+
+    store, newest, now = _Store(), [3], [0.0]
+    watch = ReturnWatch(store, lambda: {"c": [2]}, lambda: newest[0],
+                        lambda reg: None if reg.get("plan_sha256") == "ours" else "another launch",
+                        clock=lambda: now[0])
+
+    def poll() -> str | None:
+        now[0] += 1.0
+        return watch()
+
+    assert poll() is None  # nobody asked
+    store.keys[return_key(2)] = json.dumps({"plan_sha256": "theirs", "asked_at": 1.0})
+    assert poll() is None  # another launch's agent is not let in
+    store.keys[return_key(2)] = json.dumps({"plan_sha256": "ours", "asked_at": 2.0})
+    assert poll() is None  # asked: waits for a checkpoint newer than step 3
+    newest[0] = 4
+    assert poll() == "site(s) c came back: stopped the ranks at the checkpoint of step 4"
+    assert watch.taken() == (["c"], 2.0) and watch.taken() == ([], pytest.approx(watch.taken()[1]))

@@ -109,8 +109,9 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
     # the last epoch's job, when a lost site was re-planned around (--on-site-loss replan)
     folder, job = job.workdir, running.job
     doc = node_result(job, reports, reference=launch.reference)
-    if job.launch.on_site_loss == "replan":
-        doc["epochs"] = [e.summary() for e in running.epochs]
+    epochs = running.epochs if job.launch.on_site_loss == "replan" else []  # --on-site-loss replan: each plan
+    if epochs:
+        doc["epochs"] = [e.summary() for e in epochs]
     off = doc["loss_off_reference"]  # as hetauto run: off its reference's tolerance, it trained another model
     path = folder / "result.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -124,7 +125,7 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
         from hetauto.commands._island_run import rounds_line
 
         say(f"island {doc['island']['name']}: " + rounds_line({**doc["island"], "steps": len(doc["loss"])}))
-    for epoch in running.epochs if len(running.epochs) > 1 else ():
+    for epoch in epochs if len(epochs) > 1 else ():
         say(epoch.line())
     say(f"done: {len(doc['ranks'])} ranks, loss {', '.join(f'{x:.6f}' for x in doc['loss'])}"
         + ("" if diff is None else f" (max difference to the reference {diff:.2g})") + f"; result: {path}")
