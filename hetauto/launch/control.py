@@ -171,6 +171,11 @@ class ControlServer:
                 return None
             return self.store.get(key).decode("utf-8")
 
+    def delete(self, key: str) -> None:
+        """Remove the key if it is set (a request answered: hetauto.launch.site_return)."""
+        with self.lock:
+            self.store.delete_key(key)
+
     # --- the member agents' counters (hetauto.launch.node_link): when each was last heard from
     def watch_agents(self, node_ranks: list[int]) -> None:
         """Note from now on when each member node's agent counter moves (each counts as heard from now)."""

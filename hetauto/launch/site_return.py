@@ -34,7 +34,7 @@ def request_return(store: Any, node_rank: int, registration: dict[str, Any]) -> 
     None when the job is still in its launch (join as usual)."""
     if not store.check([CURRENT_KEY]):
         return None
-    store.set(return_key(node_rank), json.dumps({**registration, "asked_at": time.time()}))
+    store.set(return_key(node_rank), json.dumps(registration))
     return int(store.get(CURRENT_KEY).decode("utf-8"))
 
 
@@ -64,7 +64,9 @@ class ReturnWatch:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.lost_nodes, self.newest_step, self.check, self.clock = (store, lost_nodes, newest_step,
                                                                                  check, clock)
-        self.back: dict[str, tuple[int | None, float]] = {}  # site -> (the checkpoint step then, when it asked)
+        # site -> (the checkpoint step when all its nodes had asked, and when that was: the lead's wall clock, not
+        # the other host's)
+        self.back: dict[str, tuple[int | None, float]] = {}
         self._last = float("-inf")
 
     def __call__(self) -> str | None:
@@ -73,8 +75,7 @@ class ReturnWatch:
         self._last = self.clock()
         for site, nodes in self.lost_nodes().items():
             if site not in self.back and all(self._asked(r) for r in nodes):
-                asked = max(json.loads(self.store.get(return_key(r)))["asked_at"] for r in nodes)
-                self.back[site] = (self.newest_step(), asked)
+                self.back[site] = (self.newest_step(), time.time())
         newest = self.newest_step()
         ready = [s for s, (step, _) in self.back.items() if newest is not None and (step is None or newest > step)]
         if ready:
@@ -87,10 +88,13 @@ class ReturnWatch:
         return text is not None and self.check(json.loads(text)) is None
 
     def taken(self) -> tuple[list[str], float]:
-        """The sites ready to be taken back and when the last of them asked; forgets them."""
+        """The sites ready to be taken back and when the lead saw the last of them ask; forgets them."""
         newest = self.newest_step()
         ready = [s for s, (step, _) in self.back.items() if newest is not None and (step is None or newest > step)]
         asked = max((self.back[s][1] for s in ready), default=time.time())
+        nodes = self.lost_nodes()
         for s in ready:
             del self.back[s]
+            for r in nodes.get(s, ()):
+                self.store.delete(return_key(r))  # answered: a later loss of the site starts without it
         return ready, asked
