@@ -17,8 +17,16 @@
    without, and the connect with its challenge.
 3. RSS (`rss`): a 1-rank tiny-gpt `hetauto run` of many steps, the rank's RSS sampled twice a second; growth per
    step is the least-squares slope of RSS over the steps done (`--log-jsonl`), past the first fifth (warm-up).
+4. A site lost (`chaos`): the three-site plan (hetauto.testing.three_sites: one rank per site, sites a, b, c on
+   127.0.0.1), `--on-site-loss replan`, a checkpoint every step: (a) the run without a fault; (b) site c killed
+   (SIGKILL of its agent's process group) once the lead has logged step K: the seconds from the loss (c's agent last
+   heard) to the first step on the new plan, the steps of work lost (trained before the loss, after the
+   checkpoint), and the goodput (the job's tokens over the wall time from the agents' start to the lead's end)
+   against (a)'s; (c) the same loss without the flag, resumed by hand: the job ends, the "operator" plans the same
+   job for a and b (hetauto.launch.replan, as `hetauto plan --cluster` would), `hetauto launch --resume` of the
+   checkpoint folder and starts both sites at once (no human delay counted: a real operator adds theirs).
 
-    python benchmarks/operations.py [--full] [--json] [--only attacks|auth|rss]
+    python benchmarks/operations.py [--full] [--json] [--only attacks|auth|rss|chaos]
 
 Fast by default (about 2 minutes on 2 loaded cores); --full: a larger flood, more timed runs, 2000 RSS steps.
 The last line is one JSON document with every figure.
@@ -458,6 +466,90 @@ def slope_per_step(samples: list[tuple[int, int]], steps: int) -> dict[str, Any]
             [kept[0][0], kept[-1][0]], "samples": len(kept)}
 
 
+# --- a site lost: re-planned by the lead vs stopped and resumed by hand
+def chaos(root: Path, steps: int, kill_at: int, grace_s: int) -> dict[str, Any]:
+    """The three runs of part 4; each run's tokens are steps x global batch x sequence length."""
+    from hetauto.testing.three_sites import write_three_site_plan
+
+    plan = write_three_site_plan(_fresh(root / "plan"))
+    clean = _chaos_run(root / "clean", plan, steps, None, grace_s, replan=True)
+    lost = _chaos_run(root / "replan", plan, steps, kill_at, grace_s, replan=True)
+    by_hand = _by_hand(root / "by-hand", plan, steps, kill_at, grace_s)
+    tokens = steps * 4 * 16
+    doc = {"steps": steps, "kill_at": kill_at, "grace_s": grace_s, "tokens": tokens, "clean_s": clean["wall_s"],
+           "replan_s": lost["wall_s"], "by_hand_s": by_hand["wall_s"], "exit_codes": lost["exit_codes"],
+           "epochs": lost.get("epochs"), "max_loss_diff": lost.get("max_loss_diff")}
+    for name in ("clean", "replan", "by_hand"):
+        doc[f"{name}_tokens_s"] = tokens / doc[f"{name}_s"]
+    doc["goodput_replan"] = doc["replan_tokens_s"] / doc["clean_tokens_s"]
+    doc["goodput_by_hand"] = doc["by_hand_tokens_s"] / doc["clean_tokens_s"]
+    if lost.get("epochs") and len(lost["epochs"]) > 1:
+        doc["loss_to_first_step_s"] = lost["epochs"][1]["first_step_s"]
+        doc["steps_lost"] = lost["epochs"][1]["redone"]
+    return doc
+
+
+def _fresh(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _launch_three(root: Path, plan: Path, steps: int, grace_s: int, *extra: str) -> Path:
+    from hetauto.cli import main as cli
+    from hetauto.testing.multiproc import two_free_ports
+
+    import contextlib
+    import io
+
+    out = root / "out"
+    with contextlib.redirect_stdout(io.StringIO()):  # its README: who runs what
+        code = cli(["launch", str(plan), "--target", "torchrun", "--master", f"127.0.0.1:{two_free_ports()}", "-o",
+                    str(out), "--steps", str(steps), "--timeout", str(grace_s), *extra])
+    assert code == 0, f"hetauto launch exited {code}"
+    return out
+
+
+def _chaos_run(root: Path, plan: Path, steps: int, kill_at: int | None, grace_s: int, *, replan: bool,
+               sites: tuple[str, ...] = ("a", "b", "c"), extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One launch of `plan` run as written (site c killed at `kill_at` when given): wall time, exits, result."""
+    import signal as signals
+
+    from hetauto.testing.three_sites import await_step, sites_running
+
+    out = _launch_three(_fresh(root), plan, steps, grace_s, "--checkpoint-dir", str(root / "ck"),
+                        *(("--on-site-loss", "replan") if replan else ()), *extra)
+    start = time.monotonic()
+    with sites_running(out, root, sites) as procs:
+        if kill_at is not None:
+            await_step(root / "node0", procs[0], kill_at, 600)
+            os.killpg(procs[2].pid, signals.SIGKILL)
+        codes = [p.wait(timeout=900) for p in procs]
+    doc: dict[str, Any] = {"wall_s": time.monotonic() - start, "exit_codes": codes, "ck": str(root / "ck")}
+    result = root / "node0" / "result.json"
+    if result.is_file():
+        res = json.loads(result.read_text())
+        doc.update(epochs=res.get("epochs"), max_loss_diff=res.get("max_loss_diff"))
+    return doc
+
+
+def _by_hand(root: Path, plan: Path, steps: int, kill_at: int, grace_s: int) -> dict[str, Any]:
+    """The loss without the flag, then the operator's re-plan and resume on sites a and b."""
+    from hetauto.launch.plan import LaunchPlan
+    from hetauto.job.site_replan import replan
+
+    failed = _chaos_run(root / "first", plan, steps, kill_at, grace_s, replan=False)
+    begin = time.monotonic()
+    launch = LaunchPlan.load(root / "first" / "out" / "launch.json")
+    work = root / "first" / "node0"
+    new_plan = replan(launch, launch.the_plan(), work, ["c"], seed=0)
+    (work / "replanned.json").write_text(new_plan.model_dump_json(by_alias=True))
+    planned_s = time.monotonic() - begin
+    second = _chaos_run(root / "second", work / "replanned.json", steps, None, grace_s, replan=False,
+                        sites=("a", "b"), extra=("--resume", failed["ck"]))
+    return {"wall_s": failed["wall_s"] + planned_s + second["wall_s"], "exit_codes": [failed["exit_codes"],
+                                                                                      second["exit_codes"]]}
+
+
 # --- report
 def format_report(doc: dict[str, Any]) -> str:
     lines = []
@@ -490,6 +582,16 @@ def format_report(doc: dict[str, Any]) -> str:
             lines.append(f"RSS of the rank over {rss['steps']} steps ({rss['mean_step_s'] * 1e3:.1f} ms a step): "
                          f"{rss['kib_per_step']:.3f} KiB/step from step {rss['steps_first_last'][0]} to "
                          f"{rss['steps_first_last'][1]} ({first} -> {last} KiB)")
+    ch = doc.get("chaos")
+    if ch:
+        lines.append(f"A site lost (three sites of one rank, {ch['steps']} steps, site c killed at step "
+                     f"{ch['kill_at']}, grace {ch['grace_s']} s; exits {ch['exit_codes']}, max loss difference "
+                     f"{ch['max_loss_diff']}):")
+        lines.append(f"  loss to the first step on the new plan: {ch.get('loss_to_first_step_s')} s; steps of work "
+                     f"lost: {ch.get('steps_lost')}")
+        lines.append(f"  goodput vs the run without the fault ({ch['clean_s']:.1f} s): re-planned by the lead "
+                     f"{100 * ch['goodput_replan']:.0f}% ({ch['replan_s']:.1f} s), stopped and resumed by hand "
+                     f"{100 * ch['goodput_by_hand']:.0f}% ({ch['by_hand_s']:.1f} s, no human delay counted)")
     return "\n".join(lines)
 
 
@@ -501,7 +603,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="a larger flood, more timed runs, 2000 RSS steps")
     ap.add_argument("--json", action="store_true", help="only the JSON line")
-    ap.add_argument("--only", choices=("attacks", "auth", "rss"), help="one part only")
+    ap.add_argument("--only", choices=("attacks", "auth", "rss", "chaos"), help="one part only")
     args = ap.parse_args(argv)
     doc: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="hetauto-ops-") as tmp:
@@ -514,6 +616,9 @@ def main(argv: list[str] | None = None) -> None:
                                     messages=20000 if args.full else 4000)
         if args.only in (None, "rss"):
             doc["rss"] = rss_growth(2000 if args.full else 300)
+        if args.only in (None, "chaos"):
+            doc["chaos"] = chaos(root / "chaos", steps=16 if args.full else 8, kill_at=4 if args.full else 3,
+                                 grace_s=10)
     if not args.json:
         print(format_report(doc))
     print(json.dumps(doc))

@@ -40,7 +40,11 @@ def test_a_second_jobs_lead_is_refused_on_a_checkpoint_folder_another_run_owns(l
 
 
 class _Finished:
-    """What start_node returns once every rank has reported (the reports themselves are replaced below)."""
+    """What start_node returns once every rank has reported (the reports themselves are replaced below); `job`:
+    the job its ranks ran (a NodeRun's, the last epoch's)."""
+
+    def __init__(self, job: object) -> None:
+        self.job = job
 
     def follow_steps(self, *_: object) -> None:
         return None
@@ -57,9 +61,9 @@ def test_the_lead_fails_a_loss_off_the_reference_and_holds_the_folder_meanwhile(
     lock = launched / "ck" / ".hetauto-lock"
     held: list[dict] = []
 
-    def start(job, progress):  # noqa: ANN001, ANN202 - start_node's signature
+    def start(job, progress, replanner=None):  # noqa: ANN001, ANN202 - start_node's signature
         held.append(json.loads(lock.read_text()))  # the lead owns the folder while its job runs
-        return _Finished()
+        return _Finished(job)
 
     def result(*_: object, **__: object) -> dict:  # result_document's place: the lead's document, its loss off
         return {"loss": [5.52, 5.40], "reference_loss": [5.52, 5.30], "start_step": 0, "loss_tolerance": 1e-5,

@@ -9,6 +9,8 @@ Nothing is overwritten: a DIR that holds files already is refused. An island pla
 launch per island, under DIR/island-<NAME>/ (hetauto.commands._island_launch). The job secret every connection to the lead's
 control store proves is written as `control.secret` (0600) beside launch.json and in each site's folder, never in
 launch.json or a script (hetauto.launch.node_secret); `--secret-file PATH` brings one's own.
+`--on-site-loss replan` (carried in launch.json, compared at join): a site lost past the grace is re-planned around
+by the lead's agent instead of ending the job (hetauto.launch.site_loss; docs/running.md, 'When a site is lost').
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--secret-file", metavar="PATH",
                         help="the job secret to use (a file holding one word of >= 32 characters), e.g. to let two "
                              "launches join each other; default: a new one (32 random bytes, hex)")
+    parser.add_argument("--on-site-loss", default="end", choices=("end", "replan"),
+                        help="when a site is lost past the link grace: end the job naming it (default), or re-plan "
+                             "for the sites left and go on from the newest verified checkpoint (their agents stay "
+                             "up; see docs/running.md, 'When a site is lost')")
     add_job_arguments(parser)
     add_launch_arguments(parser)
 
@@ -78,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         write_files(out, {})  # the same one-line refusal, before any checking work
     if is_island_plan_file(args.plan):  # one launch per island (hetauto.commands._island_launch)
+        if args.on_site_loss != "end":
+            raise HetautoError("--on-site-loss replan re-plans a pipeline plan; an island plan drops a lost island "
+                               "from its sync instead: drop --on-site-loss")
         from hetauto.commands._island_launch import launch_island_plan
 
         return launch_island_plan(args)
@@ -85,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     secret = read_secret(args.secret_file) if args.secret_file else new_secret()
     job = prepare(job_request(args))  # the run-only flags (--emulate, --trace, ...) at their defaults
     launch = derive_launch(args, job.plan, job.cluster, job.base, job.options)
+    if args.on_site_loss != "end":  # carried in the launch plan, so every node agrees (the join compares it)
+        launch = launch.model_copy(update={"on_site_loss": args.on_site_loss})
     files = render(args.target, launch)
     written = write_files(out, files)
     written += write_secrets(out, files, secret)

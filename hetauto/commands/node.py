@@ -93,7 +93,10 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
     from hetauto.job.service import node_result
     from hetauto.launch.node import start_node
 
-    running = start_node(job, progress=say)  # a NodeLog: the agent publishes its newest lines (hetauto job logs)
+    from hetauto.job.site_replan import replan
+
+    # `say` is a NodeLog: the agent publishes its newest lines (hetauto job logs); `replan`: --on-site-loss replan
+    running = start_node(job, progress=say, replanner=replan)
     say(f"{job.where()}: started {job.node.nproc} rank(s) "
         f"{job.node.first_rank}-{job.node.first_rank + job.node.nproc - 1}")
     if not job.lead:
@@ -103,9 +106,14 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
     running.follow_steps(job.workdir / "steps.jsonl",
                          lambda rec: say(f"step {rec.step}: loss {rec.loss:.6f}, {rec.step_s:.3f} s"))
     reports = running.wait()
+    # the last epoch's job, when a lost site was re-planned around (--on-site-loss replan)
+    folder, job = job.workdir, running.job
     doc = node_result(job, reports, reference=launch.reference)
+    epochs = running.epochs if job.launch.on_site_loss == "replan" else []  # --on-site-loss replan: each plan
+    if epochs:
+        doc["epochs"] = [e.summary() for e in epochs]
     off = doc["loss_off_reference"]  # as hetauto run: off its reference's tolerance, it trained another model
-    path = job.workdir / "result.json"
+    path = folder / "result.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     if args.json:
         print_json(doc)
@@ -117,6 +125,8 @@ def _run_node(args: argparse.Namespace, launch: "LaunchPlan", job: "NodeJob", sa
         from hetauto.commands._island_run import rounds_line
 
         say(f"island {doc['island']['name']}: " + rounds_line({**doc["island"], "steps": len(doc["loss"])}))
+    for epoch in epochs if len(epochs) > 1 else ():
+        say(epoch.line())
     say(f"done: {len(doc['ranks'])} ranks, loss {', '.join(f'{x:.6f}' for x in doc['loss'])}"
         + ("" if diff is None else f" (max difference to the reference {diff:.2g})") + f"; result: {path}")
     if off:

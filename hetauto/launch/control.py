@@ -110,6 +110,7 @@ class ControlServer:
 
     # --- lifecycle
     def start(self) -> "ControlServer":
+        self._stop.clear()  # (again after close(): hetauto.launch.site_loss reads on for the next epoch)
         self._thread = threading.Thread(target=self._loop, name="hetauto-control", daemon=True)
         self._thread.start()
         return self
@@ -143,6 +144,21 @@ class ControlServer:
                 pass
             self._stop.wait(POLL_S)
 
+    def keep_watching(self) -> None:
+        """Read the store again after `close()` (the ranks' job ended, the agents are still there): their counters
+        keep moving (`agent_silence`) while the lead decides what comes next (hetauto.launch.site_loss)."""
+        if self._thread is None:
+            self.start()
+
+    def retarget(self, folder: str | Path) -> None:
+        """Mirror into `folder` from now on, as for a new job (`--on-site-loss replan`: a new epoch's ranks, whose
+        run folder is new); the store and every key in it stay."""
+        self.close()
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._beats, self._ranks, self._hole_since = {}, set(), None
+        self.start()
+
     # --- store access for the agents' handshake
     def set(self, key: str, value: str) -> None:
         with self.lock:
@@ -154,6 +170,11 @@ class ControlServer:
             if not self.store.check([key]):
                 return None
             return self.store.get(key).decode("utf-8")
+
+    def delete(self, key: str) -> None:
+        """Remove the key if it is set (a request answered: hetauto.launch.site_return)."""
+        with self.lock:
+            self.store.delete_key(key)
 
     # --- the member agents' counters (hetauto.launch.node_link): when each was last heard from
     def watch_agents(self, node_ranks: list[int]) -> None:

@@ -39,7 +39,10 @@ def _layout(launch: LaunchPlan) -> dict[str, Any]:
         doc["nodes"] = {str(n["node_rank"]): n for n in doc["nodes"]}
         sites[doc.pop("name")] = doc
     rdzv = launch.rendezvous.model_dump(mode="json", exclude={"join_timeout_s"})
-    return {"world_size": launch.world_size, "rendezvous": rdzv, "sites": sites}
+    layout = {"world_size": launch.world_size, "rendezvous": rdzv, "sites": sites}
+    if launch.on_site_loss != "end":  # what the lead does on a lost site: every node must agree (off: as before)
+        layout["on_site_loss"] = launch.on_site_loss
+    return layout
 
 
 def launch_parts(launch: LaunchPlan) -> dict[str, Any]:

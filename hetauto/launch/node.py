@@ -22,6 +22,7 @@ only past that grace does the job fail, naming the site pair on both ends (hetau
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from hetauto.core.control_store import ControlStoreClient
@@ -34,7 +35,9 @@ from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
 from hetauto.launch.node_failure import (interface_failure, link_failure, loopback_note, member_failure,
                                          member_link_words)
-from hetauto.launch.node_link import LeadLink, connect_lead, silent_threshold
+from hetauto.launch.node_link import LeadLink, agent_beat_key, connect_lead, silent_threshold
+from hetauto.launch.replan import Replanner
+from hetauto.launch.site_loss import EPOCH_WAIT_S, Epoch, await_epoch, epoch_key
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
 # them from here
@@ -48,6 +51,7 @@ def refused_words(peer: str) -> str:
 
 
 def _torchrun(job: NodeJob, bind: str | None = None) -> Callable[[list[str]], list[str]]:
+    # a later epoch (--on-site-loss replan) runs on the same rendezvous port once every old torchrun is gone
     """This node's torchrun command; `bind`: the one address its rendezvous store listens on (the lead's)."""
     launch, node = job.launch, job.node
     rdzv = launch.rendezvous
@@ -66,12 +70,41 @@ class NodeRun:
     def __init__(self, job: NodeJob, local: LocalJob, store: Any, progress: Callable[[str], None],
                  watch: LeadWatch | None = None, board: LeadBoard | None = None) -> None:
         self.job, self.local, self.store, self.progress, self.watch = job, local, store, progress, watch
+        self.home = job.workdir  # the agent's working folder; a later epoch's job works in home/epoch<N>
         self.board = board  # the lead's: the job's status for `hetauto job` (hetauto.launch.job_board)
         self.cancelled: str | None = None  # the lead's: a client's cancel reason, once its ranks were stopped for it
         self._explained: tuple[BaseException, BaseException] | None = None
+        from hetauto.launch.node_epoch import first_epoch
 
-    def follow_steps(self, *args: Any, **kwargs: Any) -> Any:
-        return self.local.follow_steps(*args, **kwargs)
+        # --on-site-loss replan (hetauto.launch.site_loss): the plans the job ran on, and what starts a new one's
+        # ranks (this node's torchrun command for a job; where the lead's store is; this agent's log)
+        self.epochs: list[Epoch] = [first_epoch(job)]
+        self.replanner: Replanner | None = None  # the lead's: plans the job for the sites left (hetauto.job)
+        self.origin = job.launch  # the launch as launched: every epoch is derived from it
+        self.lost: list[str] = []  # the lead's: the launch's sites out of the job now
+        self.returns: Any = None  # the lead's hetauto.launch.site_return.ReturnWatch: lost sites that came back
+        self.torchrun: Callable[[NodeJob], Any] = _torchrun
+        self.control_address = ""
+        self.log: NodeLog | None = None
+        self._steps: tuple[Any, Any] | None = None
+
+    @property
+    def replanning(self) -> bool:
+        return self.job.launch.on_site_loss == "replan"
+
+    def follow_steps(self, jsonl: Any = None, on_step: Any = None) -> Any:
+        self._steps = (jsonl, on_step)
+        return self.local.follow_steps(jsonl, self._seen_step(on_step))
+
+    def _seen_step(self, on_step: Any) -> Callable[[Any], None]:
+        """Each step line; the first one of a new epoch also dates it (seconds from the site's loss)."""
+        def seen(rec: Any) -> None:
+            epoch = self.epochs[-1]
+            if epoch.number > 0 and epoch.first_step_s is None:
+                self.epochs[-1] = replace(epoch, first_step_s=round(time.time() - epoch.lost_at, 2))
+            if on_step is not None:
+                on_step(rec)
+        return seen
 
     def kill(self) -> None:
         self.local.kill()
@@ -91,12 +124,26 @@ class NodeRun:
     def _silent(self, node_rank: int) -> bool:
         return self.store.agent_silence(node_rank) > silent_threshold(self.grace_s)
 
+    def lead_watch(self) -> str | None:
+        """LocalJob.watch on the lead: a client's cancel, or (--on-site-loss replan) lost sites come back."""
+        why = self.cancel_watch()
+        if why is None and self.returns is not None and self.lost:
+            why = self.returns()
+        return why
+
     def cancel_watch(self) -> str | None:
         """On the lead, polled while its ranks run (LocalJob.watch): a client's cancel, which stops them."""
         if self.board is None or self.cancelled is not None:
             return None
         self.cancelled = self.board.cancel_asked()
         return self.cancelled
+
+    def lead_failed(self, err: BaseException) -> None:
+        """LocalJob.on_failure on the lead: tell the other nodes, unless this may be a lost site to re-plan around
+        (`_lead_wait` decides, then tells them a new epoch or the failure)."""
+        if self.replanning and isinstance(err, JobFailed) and self.cancelled is None:
+            return
+        self.on_lead_failure(err, self.job.launch.num_nodes - 1)
 
     def on_lead_failure(self, err: BaseException, others: int) -> None:
         """On the lead, when its job ends early: say why on the board, then tell the other nodes (abort)."""
@@ -107,12 +154,63 @@ class NodeRun:
         abort_others(self.store, JobCancelled(self.cancelled) if self.cancelled else explained, others)
 
     def _lead_wait(self) -> list[dict[str, Any]]:
+        while True:
+            try:
+                reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
+                break
+            except JobFailed as err:
+                failed = self._lead_next_epoch(err)
+                if failed is None:
+                    continue
+                self._lead_failed_for_good(failed)
+        return self._lead_trained(reports)
+
+    def _lead_next_epoch(self, err: JobFailed) -> JobFailed | None:
+        """With --on-site-loss replan: None when the job goes on in a new epoch (a site was lost), else the
+        failure, told to the other nodes. Without it: `err` as it is (LocalJob.on_failure told them)."""
+        if not self.replanning or self.cancelled is not None:
+            return err
+        from hetauto.launch.node_epoch import epoch_job, lead_next_epoch, start_epoch
+        from hetauto.launch.replan import SiteLossFatal
+
+        others = self.job.launch.num_nodes - 1
         try:
-            reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
-        except JobFailed as err:
-            explained = self.explain(err)
-            self._board_end("cancelled" if self.cancelled else "failed", str(explained))
-            raise explained from None
+            epoch = lead_next_epoch(self, err)
+        except SiteLossFatal as fatal:
+            err = JobFailed(str(fatal))
+            self._explained = (err, err)
+            epoch = None
+        new = None if epoch is None else epoch_job(self.job, epoch, self.home)
+        if new is None or epoch is None:
+            self.on_lead_failure(err, others)
+            return err
+        log = self.local.step_log
+        last = log.records[-1].step if log is not None and log.records else epoch.step
+        self.epochs.append(replace(epoch, redone=max(0, last - epoch.step)))
+        self.progress(self.epochs[-1].line() + f"; {self.epochs[-1].redone} step(s) after the checkpoint are "
+                      "trained again")
+        self.job = new
+        self.store.retarget(new.out)
+        self.store.watch_agents(self._members())
+        self.local = start_epoch(new, self.torchrun, self.store.address)
+        self._wire_lead()
+        return None
+
+    def _wire_lead(self) -> None:
+        """The lead's hooks on its running ranks: the store they report to, who is told of a failure, the
+        cancel watch and the step lines."""
+        self.local.control = self.store
+        self.local.on_failure = self.lead_failed
+        self.local.watch = self.lead_watch
+        if self._steps is not None:
+            self.local.follow_steps(self._steps[0], self._seen_step(self._steps[1]))
+
+    def _lead_failed_for_good(self, err: JobFailed) -> None:
+        explained = self.explain(err)
+        self._board_end("cancelled" if self.cancelled else "failed", str(explained))
+        raise explained from None
+
+    def _lead_trained(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self._board_end("trained", "every rank reported")
         announce_end(self.store)
         late = await_members(self.store, self._members(), link_grace_s=self.grace_s,
@@ -142,20 +240,61 @@ class NodeRun:
             self.board.close()
 
     def _member_wait(self) -> list[dict[str, Any]]:
-        try:
-            reports = self.local.wait()
-        except BaseException as err:
-            if isinstance(err, JobFailed) and self.watch is not None:
-                err = member_failure(self.job, self.watch, self.grace_s, err)
-                if self.watch.cancelled is not None:
-                    err = JobCancelled(f"the lead node ended the job: {self.watch.cancelled}; stopped this node's "
-                                       "ranks")
-            mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
-            raise err from None
+        while True:
+            try:
+                reports = self.local.wait()
+                break
+            except BaseException as err:
+                step = self._member_next_epoch(err)
+                if step == "left out":
+                    mark_done(self.store, self.job.node.node_rank, "ok")
+                    return []
+                if step != "restarted":
+                    self._member_failed(err)
         if not mark_done(self.store, self.job.node.node_rank, "ok") and self.watch is not None and self.watch.ended:
             self.progress("the lead node's agent had gone after the job's end (every rank had reported): this "
                           "node's torchrun ended on its own")
         return reports
+
+    def _member_next_epoch(self, err: BaseException) -> str:
+        """With --on-site-loss replan, after this node's ranks stopped: wait for the lead's next epoch and start
+        this node's ranks for it ("restarted"), or say this node is not in it ("left out"); else "no"."""
+        if not (self.replanning and isinstance(err, JobFailed) and self.watch is not None
+                and self.watch.cancelled is None):
+            return "no"
+        from hetauto.launch.node_epoch import epoch_job, start_epoch
+
+        rank = self.job.node.node_rank
+        got = await_epoch(self.store, self.epochs[-1].number + 1, lambda: self.store.add(agent_beat_key(rank), 1),
+                          ABORT_KEY, self.grace_s + EPOCH_WAIT_S)
+        if not isinstance(got, Epoch):
+            return "no"
+        self.epochs.append(got)
+        new = epoch_job(self.job, got, self.home)
+        if new is None:
+            self.progress(f"epoch {got.number}: the new plan leaves {self.job.where()} out; this node's part of the "
+                          "job is over")
+            return "left out"
+        self.progress(got.line())
+        self.job = new
+        self.local = start_epoch(new, self.torchrun, self.control_address)
+        self.local.collect = False
+        self.watch = LeadWatch(self.store, new.node.node_rank, self._member_link_words,
+                               tick=_log_publisher(new, self.log))
+        self.watch.next_epoch = epoch_key(got.number + 1)
+        self.local.watch = self.watch
+        self.progress(f"{new.where()}: started {new.node.nproc} rank(s) {new.node.first_rank}-"
+                      f"{new.node.first_rank + new.node.nproc - 1} for epoch {got.number}")
+        return "restarted"
+
+    def _member_failed(self, err: BaseException) -> None:
+        if isinstance(err, JobFailed) and self.watch is not None:
+            err = member_failure(self.job, self.watch, self.grace_s, err)
+            if self.watch.cancelled is not None:
+                err = JobCancelled(f"the lead node ended the job: {self.watch.cancelled}; stopped this node's "
+                                   "ranks")
+        mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
+        raise err from None
 
     def _member_link_words(self, silent_s: float | None = None) -> str:
         return member_link_words(self.job, self.watch.link, self.grace_s, silent_s)
@@ -172,11 +311,75 @@ def _log_publisher(job: NodeJob, log: NodeLog | None) -> Callable[[Any], None]:
     return tick
 
 
+def _return_watch(node: NodeRun) -> Any:
+    """The lead's watch for lost sites' agents asking to come back (hetauto.launch.site_return)."""
+    from hetauto.launch.launch_match import find_mismatch, launch_parts
+    from hetauto.launch.replan import newest_checkpoint
+    from hetauto.launch.site_return import ReturnWatch
+
+    def newest_step() -> int | None:
+        found = newest_checkpoint(node.job.run.checkpoint.dir)
+        return None if found is None else found[1]
+
+    def check(reg: dict[str, Any]) -> str | None:
+        if reg.get("plan_sha256") != node.origin.plan_sha256 or find_mismatch(launch_parts(node.origin), reg):
+            return "another launch"
+        return None
+
+    return ReturnWatch(node.store, lambda: {s: [n.node_rank for n in node.origin.site(s).nodes] for s in node.lost},
+                       newest_step, check)
+
+
+def _come_back(job: NodeJob, address: str, progress: Callable[[str], None], log: NodeLog | None) -> NodeRun | None:
+    """An agent of a lost site submitted again while the job goes on without it: ask the lead to take it back, wait
+    for the epoch that does and start its ranks for it; None when the job is still in its launch (join as usual)."""
+    from hetauto.launch.node_epoch import epoch_job, start_epoch
+    from hetauto.launch.node_join import registration
+    from hetauto.launch.site_return import await_taken_back, request_return
+
+    rdzv, rank = job.launch.rendezvous, job.node.node_rank
+    try:
+        probe = connect_lead(rdzv.master_addr, rdzv.control_port, 5.0, job.secret, f"node{rank}")
+        current = request_return(probe, rank, registration(job))
+    except Exception:  # noqa: BLE001 - the lead not up yet, or refusing: the join says why, as always
+        return None
+    if current is None:
+        probe.close()
+        return None
+    progress(f"{job.where()}: the job goes on without this site since epoch {current}: asked the lead to take it "
+             "back at its next checkpoint")
+    me = (job.node.cluster, job.node.node)
+
+    def holds_me(epoch: Epoch) -> bool:
+        return any((n["cluster"], n["node"]) == me for s in epoch.launch["sites"] for n in s["nodes"])
+
+    epoch = await_taken_back(probe, current, holds_me, rdzv.join_timeout_s)
+    if epoch is None:
+        raise JoinFailed(f"{job.where()}: asked the lead at {address} to take this site back, and no epoch took it "
+                         f"within the join timeout ({rdzv.join_timeout_s:g} s)")
+    new = epoch_job(job, epoch, job.workdir)
+    assert new is not None  # the epoch holds this node
+    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s, job.secret,
+                                                f"node{rank}"), address, float(job.run.training.timeout_s),
+                    client=probe)
+    local = start_epoch(new, _torchrun, address)
+    local.collect = False
+    node = NodeRun(new, local, link, progress)
+    node.home, node.epochs, node.control_address, node.log = job.workdir, [epoch], address, log
+    local.watch = node.watch = LeadWatch(link, new.node.node_rank, node._member_link_words,
+                                         tick=_log_publisher(new, log))
+    node.watch.next_epoch = epoch_key(epoch.number + 1)
+    progress(epoch.line())
+    return node
+
+
 def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None,
-               log: NodeLog | None = None) -> NodeRun:
+               log: NodeLog | None = None, replanner: Replanner | None = None) -> NodeRun:
     """Join the job and start this node's torchrun; returns the running job (NodeRun). The lead also serves the
     control store, which lives as long as this process, and the job's board in it (`hetauto job`); `log`: this
-    agent's newest lines, which it publishes there (default: `progress` when it is a NodeLog)."""
+    agent's newest lines, which it publishes there (default: `progress` when it is a NodeLog); `replanner`: on the
+    lead of a launch with `--on-site-loss replan`, what plans the job for the sites left
+    (hetauto.job.site_replan.replan: the launch layer does not import the planner)."""
     if log is None and isinstance(progress, NodeLog):
         log = progress
     rdzv = job.launch.rendezvous
@@ -211,14 +414,19 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
                         control_address=control.address, env=job.env, control_token=job.secret,
                         ranks_here=job.node.nproc)
         run.control = control
-        others = job.launch.num_nodes - 1
         node = NodeRun(job, run, control, progress, board=board)
+        node.torchrun = lambda j: _torchrun(j, rdzv_bind)
+        node.replanner = replanner
         board.set_state("running")
-        run.on_failure = lambda err: node.on_lead_failure(err, others)
-        run.watch = node.cancel_watch
+        run.on_failure = node.lead_failed
+        run.watch = node.lead_watch
+        if node.replanning:
+            node.returns = _return_watch(node)
         return node
-    joined = member_join(job, timeout, progress)
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
+    if job.launch.on_site_loss == "replan" and (back := _come_back(job, address, progress, log)) is not None:
+        return back
+    joined = member_join(job, timeout, progress)
     run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
                     control_address=address, env=job.env, control_token=job.secret,
                     ranks_here=job.node.nproc)
@@ -228,6 +436,9 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
                     address, float(job.run.training.timeout_s))
     joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
     node = NodeRun(job, run, link, progress)
+    node.control_address, node.log = address, log
     run.watch = node.watch = LeadWatch(link, job.node.node_rank, node._member_link_words,
                                        tick=_log_publisher(job, log))
+    if node.replanning:
+        node.watch.next_epoch = epoch_key(1)
     return node

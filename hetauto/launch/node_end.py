@@ -105,6 +105,9 @@ class LeadWatch:
         self.ended = False
         self.cancelled: str | None = None
         self._last = float("-inf")
+        # `--on-site-loss replan`: the key of the lead's next epoch (hetauto.launch.site_loss); once it is posted,
+        # this node's ranks stop for the new plan
+        self.next_epoch: str | None = None
 
     def _abort_words(self) -> str:
         """The lead's `abort` reason (read after check([ABORT_KEY])); notes whether the job was cancelled."""
@@ -124,6 +127,8 @@ class LeadWatch:
                 self.link.add(ABORT_ACK_KEY, 1)  # the lead may stop waiting for this node
                 return words
             self.link.add(agent_beat_key(self.node_rank), 1)
+            if self.next_epoch is not None and self.link.check([self.next_epoch]):
+                return "the lead re-planned the job after a site was lost; stopped this node's ranks for the new plan"
             if self.tick is not None:
                 self.tick(self.link)
             if self.link.check([END_KEY]):

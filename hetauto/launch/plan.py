@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Mapping, Sequence
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler,
+                      field_validator, model_serializer, model_validator)
 
 from hetauto.core.cluster import ClusterSpec
 from hetauto.core.errors import PlanMismatch, SpecError
@@ -26,12 +27,15 @@ from hetauto.core.names import name_problem, names_clash, valid_name
 from hetauto.core.plan import Plan
 from hetauto.core.specio import read_document, validate_document
 
-__all__ = ["LAUNCH_SCHEMA", "DEFAULT_PORT", "NodeLaunch", "SiteLaunch", "Rendezvous", "LaunchPlan", "derive",
+__all__ = ["LAUNCH_SCHEMA", "DEFAULT_PORT", "SITE_LOSS_MODES", "NodeLaunch", "SiteLaunch", "Rendezvous", "LaunchPlan", "derive",
            "plan_digest", "parse_master", "parse_sites", "portable_plan", "portable_refs", "HOST_SOCKET_ENV"]
 
 LAUNCH_SCHEMA = "hetauto.launch/1"
 DEFAULT_PORT = 29500  # torchrun's default master port; the control port is the next one
 HOST_SOCKET_ENV = "GLOO_SOCKET_IFNAME"  # the world group and the host transport are gloo on every backend
+# what the lead does when a site is lost past the link grace: end the job naming it, or re-plan for the sites left
+# and go on from the newest verified checkpoint (hetauto.launch.site_loss)
+SITE_LOSS_MODES = ("end", "replan")
 
 
 class _Frozen(BaseModel):
@@ -122,6 +126,22 @@ class LaunchPlan(_Frozen):
     files: dict[str, str] = {}  # files the plan names (a cluster spec, a model config), by the name the plan uses
     needs: tuple[str, ...] = ()  # what every node must have, in words (software, storage, ports)
     reference: bool = True  # the lead computes the single-process reference loss (small models only)
+    on_site_loss: str = "end"  # SITE_LOSS_MODES; written only when not "end" (older launch plans read the same)
+
+    @field_validator("on_site_loss")
+    @classmethod
+    def _site_loss(cls, value: str) -> str:
+        if value not in SITE_LOSS_MODES:
+            raise ValueError(f"must be one of {', '.join(SITE_LOSS_MODES)}, got {value!r}")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        """The default `on_site_loss` is left out: a launch without the option writes the document it always did."""
+        doc = handler(self)
+        if doc.get("on_site_loss") == "end":
+            doc.pop("on_site_loss")
+        return doc
 
     @field_validator("run", mode="before")
     @classmethod
@@ -315,7 +335,8 @@ def derive(plan: Plan, cluster: ClusterSpec, run: Mapping[str, Any], *, master: 
            sites: Mapping[str, Sequence[str]] | None = None, env: Mapping[str, str] | None = None,
            site_env: Mapping[str, Mapping[str, str]] | None = None,
            site_options: Mapping[str, Mapping[str, str]] | None = None, join_timeout_s: float = 300.0,
-           files: Mapping[str, str] | None = None, needs: Sequence[str] = (), reference: bool = True) -> LaunchPlan:
+           files: Mapping[str, str] | None = None, needs: Sequence[str] = (), reference: bool = True,
+           on_site_loss: str = "end") -> LaunchPlan:
     """The launch plan of `plan` on `cluster` (its ClusterSpec). `backends[i]`: stage i's backend;
     `visible_env[backend]`: its visible-devices variables; `sites`: site -> plan clusters (default one site per
     cluster); `env`: for every node, `site_env[site]` on top; the lead site is the one holding rank 0."""
@@ -342,7 +363,7 @@ def derive(plan: Plan, cluster: ClusterSpec, run: Mapping[str, Any], *, master: 
                       rendezvous=Rendezvous(master_addr=master, master_port=port, control_port=port + 1,
                                             lead_site=lead, join_timeout_s=join_timeout_s),
                       sites=built, plan=doc, run=run_doc, files=dict(files or {}), needs=tuple(needs),
-                      reference=reference)
+                      reference=reference, on_site_loss=on_site_loss)
 
 
 def portable_plan(plan: Plan, base: str | Path | None) -> tuple[Plan, dict[str, str]]:

@@ -1,0 +1,73 @@
+"""The three-site plan the site-loss tests and benchmarks/operations.py run (`--on-site-loss replan`): one rank
+per site (a, the lead, on cpu; b and c on mock), a pipeline of three 2-layer stages of tiny-gpt. Lose site c and
+the planner puts the job on a and b (a first: its node serves the rendezvous)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from hetauto.core.plan import Plan, StagePlan
+from hetauto.testing.two_sites import this_tree_env
+
+__all__ = ["CLUSTER", "SITES", "write_three_site_plan", "sites_running", "await_step", "steps_seen"]
+
+CLUSTER = """\
+clusters:
+  - {name: a, nodes: {count: 1, devices_per_node: 1, device: cpu}}
+  - {name: b, nodes: {count: 1, devices_per_node: 1, device: cpu}, backend: mock}
+  - {name: c, nodes: {count: 1, devices_per_node: 1, device: cpu}, backend: mock}
+links:
+  default: {bandwidth: 10Gbps, latency: 0.1ms}
+"""
+SITES = ("a", "b", "c")
+
+
+def write_three_site_plan(folder: str | Path) -> Path:
+    """Write `sites.yaml` and `plan.json` (three 1-rank stages, one per cluster) into `folder`; the plan's path."""
+    folder = Path(folder)
+    (folder / "sites.yaml").write_text(CLUSTER, encoding="utf-8")
+    stages = tuple(StagePlan(cluster=c, device_type="cpu", devices=(0,), layers=(2 * i, 2 * i + 2), tp=1, dp=1)
+                   for i, c in enumerate(SITES))
+    Plan(model="tiny-gpt", cluster="sites.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
+         stages=stages).save(folder / "plan.json")
+    return folder / "plan.json"
+
+
+@contextmanager
+def sites_running(out: Path, folder: Path, sites: Sequence[str] = SITES) -> Iterator[list[subprocess.Popen]]:
+    """The node scripts `hetauto launch` wrote into `out` (node rank r at site sites[r]), run as written, each in
+    its own working folder `folder/node<r>` and session; whatever still runs when the block ends is killed."""
+    procs = [subprocess.Popen(["bash", str(out / site / f"node{r}.sh")], cwd=folder, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env={**this_tree_env(), "HETAUTO_WORKDIR": str(folder / f"node{r}")})
+             for r, site in enumerate(sites)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
+def steps_seen(workdir: Path) -> list[int]:
+    """The steps the lead has logged (its steps.jsonl), in order."""
+    import json
+
+    path = workdir / "steps.jsonl"
+    if not path.is_file():
+        return []
+    return [int(json.loads(line)["step"]) for line in path.read_text().splitlines() if line.strip()]
+
+
+def await_step(workdir: Path, lead: subprocess.Popen, step: int, timeout_s: float) -> None:
+    """Wait until the lead (working in `workdir`) has logged step `step`; fail with its output when it ends first
+    or `timeout_s` passes."""
+    end = time.monotonic() + timeout_s
+    while not any(s >= step for s in steps_seen(workdir)):
+        assert time.monotonic() < end and lead.poll() is None, lead.communicate()[1][-3000:]
+        time.sleep(0.05)
