@@ -25,7 +25,6 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from hetauto.core.control_store import ControlStoreClient
 from hetauto.launch.diagnosis import JobFailed
 from hetauto.launch.job_board import PUBLISH_S, JobCancelled, LeadBoard, NodeLog, log_doc, log_key
 from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
