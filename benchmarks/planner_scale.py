@@ -3,7 +3,7 @@ scale-736 and two `families.py` cases grown to 4096 and 16384 devices, with one 
 side by side in one run; with `--code LABEL=PATH` (repeatable) each plan also runs on each checkout (PYTHONPATH),
 interleaved case by case, so before/after figures share the machine's load (quote CPU s where it is loaded).
 
-    python benchmarks/planner_scale.py [--cases scale-736,lopsided-4096] [--jobs 1,N] [--timeout S]
+    python benchmarks/planner_scale.py [--cases scale-736,lopsided-4096] [--jobs 1,N] [--timeout S] [--repeat K]
                                        [--code before=/path/to/old/checkout --code after=.]
 
 Each plan runs in a fresh `hetauto plan` process (the command users run), measured by os.wait4: its CPU time
@@ -103,11 +103,27 @@ class _Popen(subprocess.Popen):
 subprocess.Popen = _Popen  # type: ignore[misc]
 
 
+def _speed_up(case: str, label: str, mine: list[Run], jobs: list[int]) -> None:
+    """The most workers' wall and CPU seconds over one worker's: the median of the rounds' ratios (round k's
+    runs are the k-th of each worker count), so a load that changes between rounds cancels out."""
+    one = [r for r in mine if r.jobs == jobs[0]]
+    most = [r for r in mine if r.jobs == jobs[-1]]
+    if len(jobs) < 2 or not one or not most:
+        return
+    walls = sorted(a.wall_s / b.wall_s for a, b in zip(one, most))
+    cpus = sorted(a.cpu_s / b.cpu_s for a, b in zip(one, most))
+    rounds = f" (median of {len(walls)} rounds: {', '.join(f'{w:.2f}' for w in walls)})" if len(walls) > 1 else ""
+    print(f"{case}{' ' + label if label else ''}: speed-up {walls[len(walls) // 2]:.2f}x wall, "
+          f"{cpus[len(cpus) // 2]:.2f}x CPU, with {jobs[-1]} workers over {jobs[0]}{rounds}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated from {', '.join(CASES)}")
     ap.add_argument("--jobs", default=f"1,{len(os.sched_getaffinity(0))}", help="worker counts (default 1,all)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per plan before it is given up")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every (case, jobs, code) this many times, round by round, and quote the median speed-up")
     ap.add_argument("--json", action="store_true", help="also print one JSON document")
     ap.add_argument("--code", action="append", default=[], metavar="LABEL=PATH",
                     help="also run on this checkout (PYTHONPATH=PATH), e.g. before=/tmp/old after=.")
@@ -120,18 +136,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{'RSS MB':>7}  hash")
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
-            for j in jobs:
-                for code in codes:
-                    r = _measure(case, j, Path(tmp), args.timeout, code)
-                    runs.append(r)
-                    print(f"{r.case:16} {r.code:>8} {r.jobs:4d} {r.cpu_s:8.1f} {r.wall_s:8.1f} {r.evaluations:6d} "
-                          f"{r.per_s:8.1f} {r.peak_rss_mb:7.0f}  {r.plan_hash or r.error}", flush=True)
+            for _ in range(max(1, args.repeat)):  # round by round: a change of load falls on every column alike
+                for j in jobs:
+                    for code in codes:
+                        r = _measure(case, j, Path(tmp), args.timeout, code)
+                        runs.append(r)
+                        print(f"{r.case:16} {r.code:>8} {r.jobs:4d} {r.cpu_s:8.1f} {r.wall_s:8.1f} "
+                              f"{r.evaluations:6d} {r.per_s:8.1f} {r.peak_rss_mb:7.0f}  {r.plan_hash or r.error}",
+                              flush=True)
     for case in args.cases.split(","):
         for label, _ in codes:
-            mine = [r for r in runs if r.case == case and r.code == label and not r.error]
-            if len(mine) > 1:
-                print(f"{case}{' ' + label if label else ''}: speed-up {mine[0].wall_s / mine[-1].wall_s:.2f}x wall, "
-                      f"{mine[0].cpu_s / mine[-1].cpu_s:.2f}x CPU, with {mine[-1].jobs} workers over {mine[0].jobs}")
+            _speed_up(case, label, [r for r in runs if r.case == case and r.code == label and not r.error], jobs)
         mine = [r for r in runs if r.case == case and not r.error]
         if len(mine) > 1:
             print(f"{case}: same plan for every run: {'yes' if len({r.plan_hash for r in mine}) == 1 else 'NO'}")

@@ -185,3 +185,24 @@ def test_cli_plan_reports_spec_error_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith(f"hetauto plan: error: {p}: links.default.bandwidth: unknown bandwidth unit")
+
+
+def test_cached_device_count_equals_the_sum_over_node_groups_and_survives_replace_and_pickle():
+    """`Cluster.num_devices` is computed once (issue 43): it must equal the count it replaced, for one device
+    type and for node groups of different node sizes, also after `replace` and a pickle round trip (workers)."""
+    import dataclasses
+    import pickle
+
+    mixed = cluster_from_dict({"clusters": [{"name": "lab", "nodes": [
+        {"count": 1, "devices_per_node": 8, "device": "h100"},
+        {"count": 3, "devices_per_node": 4, "device": "a100-80g"}]}]}, "spec.yaml").cluster("lab")
+    plain = cluster_from_dict({"clusters": [{"name": "a", "nodes": {"count": 5, "devices_per_node": 8,
+                                                                     "device": "a100-80g"}}]}, "s.yaml").cluster("a")
+    assert mixed.num_devices == sum(g.count * (g.devices_per_node or mixed.devices_per_node)
+                                    for g in mixed.node_groups) == 20
+    assert plain.num_devices == plain.num_nodes * plain.devices_per_node == 40
+    smaller = dataclasses.replace(plain, num_nodes=2)
+    assert smaller.num_devices == 16 and dataclasses.replace(mixed, num_nodes=4, node_groups=()).num_devices == 4 * mixed.devices_per_node
+    for c in (mixed, plain, smaller):
+        back = pickle.loads(pickle.dumps(c))
+        assert back == c and hash(back) == hash(c) and back.num_devices == c.num_devices

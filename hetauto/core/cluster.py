@@ -51,7 +51,7 @@ that fits every node, and the unit every node splits into (`Cluster.node_of` fin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -440,6 +440,16 @@ class Cluster:
     # a mixed cluster's node groups (two or more, in device order); () for one device type. A mixed cluster's
     # `device` is its first group's: price or place its devices by `group_of(device)` / `group_view(g)`
     node_groups: tuple[NodeGroup, ...] = ()
+    # the device count, fixed by the fields above: computed once, not on each of the planner's millions of asks
+    _num_devices: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_num_devices", self._count_devices())
+
+    def _count_devices(self) -> int:
+        if self.node_groups:
+            return sum(grp.count * self._group_size(grp) for grp in self.node_groups)
+        return self.num_nodes * self.devices_per_node
 
     @property
     def is_mixed(self) -> bool:
@@ -503,9 +513,7 @@ class Cluster:
 
     @property
     def num_devices(self) -> int:
-        if self.node_groups:
-            return sum(grp.count * self._group_size(grp) for grp in self.node_groups)
-        return self.num_nodes * self.devices_per_node
+        return self._num_devices
 
     @property
     def device_type(self) -> str:

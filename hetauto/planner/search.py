@@ -652,9 +652,12 @@ def interleave_by_bubble(space: StrategySpace, scorer: Scorer, out_of_time: Call
         key = _shape(cand)
         if bound > best and bound > ranked.get(key, (0.0, cand))[0]:
             ranked[key] = (bound, cand)
-    for _, cand in sorted(ranked.values(), key=lambda x: -x[0])[:shapes]:
-        for c in scorer.prefetch([x for o in _reorders(space, cand) for z in space.zero1_options
-                                  for x in interleave_options(space, replace(o, zero1=z))]):
+    tries = [[x for o in _reorders(space, cand) for z in space.zero1_options
+              for x in interleave_options(space, replace(o, zero1=z))]
+             for _, cand in sorted(ranked.values(), key=lambda x: -x[0])[:shapes]]
+    scorer.prefetch([c for cands in tries for c in cands])  # every shape's at once: one batch keeps the workers busy
+    for cands in tries:
+        for c in cands:
             if out_of_time():
                 return
             scorer.score(c)
