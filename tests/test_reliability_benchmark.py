@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -55,6 +56,11 @@ def test_orphans_are_found_by_the_marker_whoever_their_parent_is(bench) -> None:
     env = dict(os.environ, **{bench.MARK_ENV: mark})
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
     try:
+        # Popen returns once exec has begun, before the kernel has set up the new image's environment: until then
+        # /proc/PID/environ reads empty, so the finder is asked until the child's environment is there
+        deadline = time.monotonic() + 30
+        while not bench.marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert bench.marked(mark) == [child.pid]
     finally:
         child.send_signal(signal.SIGKILL)
