@@ -5,7 +5,7 @@ case classified clean / traceback / hang / silently-accepted / unclear (hetauto.
 
     PYTHONPATH=. python3 benchmarks/hostile_inputs.py [--json] [-k SUBSTRING] [-v]
 
-Exit 0 when every case is clean. tests/test_hostile_inputs.py runs the same table and requires that.
+Exit 0 when every case is clean. tests/project/test_hostile_inputs.py runs the same table and requires that.
 """
 
 from __future__ import annotations

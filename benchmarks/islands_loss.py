@@ -11,7 +11,7 @@ lost island is back while the others train), once without a fault, once with isl
   against the same run without the fault;
 - taken back: the step C trained again from.
 
-Not run by the test suite (tests/test_island_loss.py checks the behaviour); numbers depend on this host's load.
+Not run by the test suite (tests/islands/test_island_loss.py checks the behaviour); numbers depend on this host's load.
 """
 
 from __future__ import annotations

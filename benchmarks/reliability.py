@@ -688,7 +688,7 @@ OOM_LIMIT = 1536 << 20  # the job's memory cgroup: three tiny ranks fit, one all
 
 def _memory_cgroup() -> Path | None:
     """A new memory cgroup (v1 or v2) under this process's, limited to OOM_LIMIT without swap; None where the kernel
-    or the permissions allow none (as tests/test_oom_kill_named.py makes its own)."""
+    or the permissions allow none (as tests/launch/test_oom_kill_named.py makes its own)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):

@@ -4,7 +4,7 @@ hetauto/core/cluster.py), so the page cannot drift from what the loader accepts.
     PYTHONPATH=. python3 scripts/gen_cluster_reference.py          # rewrite docs/cluster-file.md
     PYTHONPATH=. python3 scripts/gen_cluster_reference.py --check  # exit 1 when the committed page differs
 
-tests/test_cluster_reference.py runs the check. Every field of every model is listed (a field added to the
+tests/core/test_cluster_reference.py runs the check. Every field of every model is listed (a field added to the
 schema appears here after the next run, described by its pydantic `description=`, else by DESCRIPTIONS, else as
 "(not described yet)").
 """

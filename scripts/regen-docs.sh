@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the pictures README.md and docs/ show, with the tool itself, so they cannot drift from what it
-# draws (figures quoted in prose are checked by tests/test_docs_commands.py's `<!-- output: ... -->` markers).
+# draws (figures quoted in prose are checked by tests/project/test_docs_commands.py's `<!-- output: ... -->` markers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_python.sh

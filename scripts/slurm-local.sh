@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real two-node Slurm on this one machine, for the slurm launch target's end-to-end test
-# (tests/test_launch_slurm.py, marker `slurm`) and for trying `hetauto launch --target slurm` by hand.
+# (tests/launch/test_launch_slurm.py, marker `slurm`) and for trying `hetauto launch --target slurm` by hand.
 #
 # Installs Debian's slurm-wlm and munge (if missing), writes /etc/slurm/slurm.conf with two nodes, n1 and n2,
 # each served by its own slurmd on 127.0.0.1 (`slurmd -N n1` on port 17001, `-N n2` on 17002), partitions

@@ -1,4 +1,4 @@
-"""Running the docs' runnable commands (tests/test_docs_commands*.py): fenced ```bash / ```python blocks right after
+"""Running the docs' runnable commands (tests/project/test_docs_commands*.py): fenced ```bash / ```python blocks right after
 an HTML comment `<!-- runnable -->`. Each document's blocks run in order in one fresh folder (a later block may use
 what an earlier one wrote, e.g. plan.json) that links to the checkout's plugins/, benchmarks/, scripts/, examples/
 and pyproject.toml, so commands read as if run from the repository root.
@@ -23,7 +23,7 @@ BLOCK = re.compile(r"<!--\s*runnable\s*-->\s*\n```(bash|python)\n(.*?)\n```((?:\
 # collapsed), so a figure the prose quotes from that output cannot drift from what the tool prints
 OUTPUT = re.compile(r"<!--\s*output:\s*(.*?)\s*-->", re.DOTALL)
 LINKED = ("plugins", "benchmarks", "scripts", "examples", "pyproject.toml")
-# the documents whose blocks run from a file of their own (tests/test_docs_commands_<stem>.py, lower case)
+# the documents whose blocks run from a file of their own (tests/project/test_docs_commands_<stem>.py, lower case)
 OWN_FILE = ("README.md", "docs/planning.md", "docs/running.md")
 
 

@@ -239,7 +239,7 @@ def deferred_w_bytes(sums: RangeSums, *, tp: int, dp: int, microbatch: int) -> f
 # An offloading stage's W sets on the device, as the executor holds them (hetauto.runtime.w_offload.Offloader: at
 # most one set leaving for host memory and one arriving for its W, the leaving one retired before a prefetch is
 # allocated): one at the end of an F (the activations' peak), two just after an I (its own set leaving, the next
-# W's arriving); tests/test_w_offload.py walks ZB-H1 and Virtual-ZB lists and finds exactly these.
+# W's arriving); tests/runtime/test_w_offload.py walks ZB-H1 and Virtual-ZB lists and finds exactly these.
 OFFLOAD_PEAK_SETS = 1
 OFFLOAD_DEVICE_SETS = 2
 

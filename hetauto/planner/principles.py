@@ -1,6 +1,6 @@
 """The planner's principles: small, pure rules and priors that shape (and shrink) the strategy space.
 
-Each function is one principle, tested on its own (tests/test_planner_principles.py):
+Each function is one principle, tested on its own (tests/planner/test_planner_principles.py):
 
 1. TP inside a node (`tp_options`): a TP group exchanges activations twice per layer, so it must ride the
    intra-node link; a TP degree is a power of two dividing both the stage's group and the node.

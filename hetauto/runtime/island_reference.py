@@ -122,7 +122,7 @@ def outer_step(outers: Sequence[OuterOptimizer], names: Sequence[str], formats: 
 def island_trainer(plan: IslandPlan, index: int, cfg: ModelConfig, run: RunConfig,
                    precision: str) -> ReferenceTrainer:
     """Island `index`'s whole model, optimizer and batches: its rows of the one data stream, the shape of its own
-    plan (its global batch and microbatches). Public so that a peer implementation (tests/test_torchft_diloco.py)
+    plan (its global batch and microbatches). Public so that a peer implementation (tests/islands/test_torchft_diloco.py)
     drives exactly the same inner training."""
     data = run.data
     source = BatchSource(run.training.seed, cfg.vocab_size, data.path, data.held_out_fraction, data.column)

@@ -10,7 +10,7 @@ computes each stored weight gradient (`grad_out^T @ input`) and accumulates it t
 (`torch.autograd.backward(weight, grad)`), so `.grad` accumulation and any post-accumulate hook run as in the
 unsplit backward. The matmuls are autograd's own for `linear` (aten's mm backward: input gradient `g @ W`,
 weight gradient `g^T @ x` on the flattened rows, bias gradient the rows' sum, under autocast in its dtype then
-cast), so the gradients are the unsplit backward's bit for bit (tests/test_split_backward.py); under autocast
+cast), so the gradients are the unsplit backward's bit for bit (tests/runtime/test_split_backward.py); under autocast
 the Function casts its input, weight and bias itself (as autocast's `linear` does) and stores one cast per
 input tensor shared by several Linears (Q, K, V), which is what the memory model prices
 (hetauto.planner.costmodel.deferred_w_bytes).

@@ -21,7 +21,7 @@ How (`Offloader`, one per offloading rank; streams through the backend contract,
   recycled block's earlier readers) and on the set's copy-out event;
 - at W (`take`): the compute stream waits on the copy-in's event.
 So the device holds at most one set leaving and one arriving: one at the end of an F (the activations' peak),
-two after an I (costmodel.OFFLOAD_PEAK_SETS, OFFLOAD_DEVICE_SETS; tests/test_w_offload.py walks the lists).
+two after an I (costmodel.OFFLOAD_PEAK_SETS, OFFLOAD_DEVICE_SETS; tests/runtime/test_w_offload.py walks the lists).
 Where the backend has no side streams (cpu, mock: `side_stream` is None) the same protocol runs with
 synchronous copies, still real copies into separate host tensors, so every path runs in the CPU tests.
 

@@ -1,4 +1,4 @@
-"""The hostile-input probe's case table (benchmarks/hostile_inputs.py runs it; tests/test_hostile_inputs.py requires
+"""The hostile-input probe's case table (benchmarks/hostile_inputs.py runs it; tests/project/test_hostile_inputs.py requires
 every case clean). Why a table: each case is one line a reviewer can read, so adding the next bad input a user
 finds is one line too.
 

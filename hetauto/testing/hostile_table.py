@@ -1,4 +1,4 @@
-"""The whole hostile-input table that benchmarks/hostile_inputs.py runs and tests/test_hostile_inputs.py requires
+"""The whole hostile-input table that benchmarks/hostile_inputs.py runs and tests/project/test_hostile_inputs.py requires
 clean: hetauto.testing.hostile_cases' tables, then issue 42's (hetauto.testing.hostile_cases_inputs, which builds
 on the first module's helpers; joined here so neither imports the other in a cycle)."""
 
