@@ -116,6 +116,62 @@ def test_survivors_agree_the_members_once_and_a_marked_island_is_not_waited_for(
         next_members(store, start, 2, 0, timeout_s=1, store_address=address, store_island="A")
 
 
+def test_a_beat_that_stands_still_is_gone_after_the_bound_and_one_that_moves_never() -> None:
+    from hetauto.runtime.island_beat import BeatWatch, beat_key, stale_after_s
+
+    beats, now = {beat_key(0): 5, beat_key(1): 7}, [0.0]
+    watch = BeatWatch(beats.get, 20.0, clock=lambda: now[0])
+    assert stale_after_s(20.0) == 2.0 and stale_after_s(20.0) < 20.0
+    for t in (0.0, 1.0, 1.9, 2.5, 30.0):  # island 1 beats at every look, island 0 stopped at 5, island 2 never beat
+        now[0], beats[beat_key(1)] = t, beats[beat_key(1)] + 1
+        assert not watch.gone(1) and not watch.gone(2)
+        assert watch.gone(0) == (t >= 2.0), t
+
+
+def _beating(address: str, islands: tuple[int, ...], timeout_s: float) -> list[Any]:
+    from hetauto.runtime.island_beat import Heartbeat
+
+    return [Heartbeat(address, i, timeout_s).start() for i in islands]
+
+
+def test_an_island_whose_beat_stopped_is_dropped_long_before_the_timeout_and_a_slow_one_is_kept() -> None:
+    """Across sites the decider sees neither a launcher's mark nor the lost island's process: its stopped beat
+    drops it within the bound (timeout / 10); an island that still beats but answers late (a long step) is
+    waited for and kept."""
+    from hetauto.runtime.island_beat import stale_after_s
+    from hetauto.runtime.island_members import Membership, next_members
+
+    timeout = 10.0
+    store, address = _store()
+    beats = _beating(address, (0, 1, 2), timeout)
+    time.sleep(0.5)
+    beats[2].stop()  # island 2 died
+    got: dict[int, Any] = {}
+    start = Membership(0, (0, 1, 2))
+
+    def survivor(island: int, delay: float = 0.0) -> None:
+        time.sleep(delay)
+        got[island] = next_members(store, got[island].membership if island in got else start, island, 0,
+                                   timeout_s=timeout, store_address=address, store_island="A")
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=survivor, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - t0 < stale_after_s(timeout) + 1.5 < timeout / 2
+    assert got[0] == got[1] and got[0].dropped == (2,) and got[0].membership == Membership(1, (0, 1))
+    slow = threading.Thread(target=survivor, args=(1, 2 * stale_after_s(timeout)))  # epoch 1: island 1 is slow
+    slow.start()
+    got[0] = next_members(store, got[0].membership, 0, 0, timeout_s=timeout, store_address=address,
+                          store_island="A")
+    slow.join()
+    assert got[0].dropped == () and got[0].membership == Membership(2, (0, 1))
+    for beat in beats[:2]:
+        beat.stop()
+
+
 def test_a_returning_island_is_admitted_after_the_members_next_landing() -> None:
     from hetauto.runtime.island_members import Membership, ask_to_join, newest, offer_admission
 

@@ -292,9 +292,12 @@ class _Islands:
     def _mark_lost(self, index: int) -> None:
         """Island `index` failed: tell the survivors through the outer store (they drop it without waiting out
         their timeout; the store's server does not wait for its holders at its end)."""
+        from hetauto.runtime.island_beat import as_remote
         from hetauto.runtime.island_holders import holder_groups
         from hetauto.runtime.island_members import mark_lost
 
+        if as_remote():  # measuring what islands on other sites get: their beats alone
+            return
         run = self.runs[index]
         holders = len({g.members[index] for g in holder_groups(self.job.plan)})
         mark_lost(run.options.island.store, index, holders, run.options.training.timeout_s)
