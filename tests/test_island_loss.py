@@ -192,6 +192,16 @@ def test_a_returning_island_is_admitted_after_the_members_next_landing() -> None
     assert newest(store, address, "A", Membership(0, (0, 1, 2))) == (dropped, adm)
 
 
+def test_an_island_that_trained_no_step_is_one_named_line_not_an_index_error() -> None:
+    from hetauto.core.errors import CommunicationError
+    from hetauto.job.island_result import _check_trained
+
+    _check_trained("C", [{"step_s": [0.1], "rank": 0}])
+    for reports in ([], [{"step_s": [], "rank": 0}]):
+        with pytest.raises(CommunicationError, match="^island C: its job ended without training a step"):
+            _check_trained("C", reports)
+
+
 def test_the_lost_line_says_when_an_island_was_dropped_and_whether_it_came_back() -> None:
     from hetauto.commands._island_run import lost_line
 
@@ -243,6 +253,26 @@ def test_a_killed_island_is_dropped_and_the_others_match_the_reference(tmp_path:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "the survivors' parameters differ"
     for name, value in a.items():  # the survivors-only merge of the reference (the same ops; threads may differ)
         torch.testing.assert_close(value, ref.params[0][name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_without_the_launchers_marks_a_killed_island_is_dropped_by_its_stopped_beat(tmp_path: Path) -> None:
+    """As across sites (HETAUTO_ISLAND_AS_REMOTE=1: no launcher's mark, no process seen on this host): island C
+    killed at step 3 is dropped when its beat has stood still for timeout / 10, and island A, which serves the
+    store, stops waiting for C's sign-off the same way: the whole run costs far less than two timeouts."""
+    from hetauto.runtime.island_beat import AS_REMOTE_ENV, stale_after_s
+
+    path = three_islands(tmp_path)
+    t0 = time.monotonic()
+    proc = run_islands(path, "--inject-fault", f"rank=2,step={LOST_AT}", "--no-reference",
+                       env={AS_REMOTE_ENV: "1"})
+    took = time.monotonic() - t0
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    (lost,) = json.loads(proc.stdout)["lost"]
+    assert lost["island"] == "C" and lost["dropped_at_step"] == LOST_AT, lost
+    assert lost["recovery_s"] < stale_after_s(TIMEOUT) + TIMEOUT / 10, lost  # the bound, not the timeout
+    print(f"recovery {lost['recovery_s']:.2f}s, run {took:.1f}s")
 
 
 @pytest.mark.multiprocess
