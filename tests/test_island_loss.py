@@ -202,6 +202,33 @@ def test_an_island_that_trained_no_step_is_one_named_line_not_an_index_error() -
             _check_trained("C", reports)
 
 
+def test_a_lost_island_is_not_restarted_once_the_others_have_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--max-restarts: restarting an island after every other one signed off (or island 0, the store's, ended)
+    would only meet a closed store; the launcher says so in one line instead."""
+    from types import SimpleNamespace
+
+    import hetauto.runtime.island_holders as holders
+    import hetauto.runtime.island_members as members
+    from hetauto.job.island_launch import _Islands
+
+    done = [1]
+    monkeypatch.setattr(holders, "holder_groups", lambda plan: [SimpleNamespace(members=(0, 0, 0))])
+    monkeypatch.setattr(members, "signed_off", lambda address, timeout_s: done[0])
+    said: list[str] = []
+    isl = object.__new__(_Islands)
+    isl.lock, isl.stop_reason, isl.stopped, isl.restarts, isl.outcomes = threading.Lock(), None, set(), {}, {}
+    isl.runs = [SimpleNamespace(island=SimpleNamespace(name=n), options=SimpleNamespace(
+        island=SimpleNamespace(store="127.0.0.1:1"), training=SimpleNamespace(timeout_s=5.0))) for n in NAMES]
+    isl.job = SimpleNamespace(plan=None, request=SimpleNamespace(max_restarts=1, warn=said.append))
+    assert isl._may_restart(2) and not said  # one of A's and B's holders still trains
+    done[0] = 2
+    assert not isl._may_restart(2)
+    assert said == ["hetauto run: note: island C not restarted: the other islands had already finished (they signed "
+                    "off the outer store), so nothing is left to take it back"]
+    done[0], isl.outcomes = 0, {0: []}
+    assert not isl._may_restart(2)
+
+
 def test_the_lost_line_says_when_an_island_was_dropped_and_whether_it_came_back() -> None:
     from hetauto.commands._island_run import lost_line
 

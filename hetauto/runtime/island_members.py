@@ -41,7 +41,7 @@ from hetauto.runtime.island_beat import BeatWatch, as_remote, store_reader
 
 __all__ = ["Membership", "MemberChange", "StoreLost", "DroppedFromSync", "member_weights", "next_members",
            "mark_lost", "DONE_KEY", "Admission", "newest", "comes_back", "ask_to_join", "offer_admission",
-           "record_process"]
+           "record_process", "signed_off"]
 
 DONE_KEY = "outer/done"  # holders that signed off (island 0's rank 0 serves the store until every one has)
 
@@ -139,23 +139,41 @@ def mark_lost(address: str, island: int, holders: int, timeout_s: float) -> bool
     """The launcher of island `island` saw its job fail: say so on the outer store at `address` (the survivors'
     decider then does not wait for it) and sign off its `holders` (the store's server does not wait for them at
     its end). False when the store cannot be reached (its island is the one lost)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    host, _, port = address.rpartition(":")
-    try:  # a store that is gone refuses at once; torch's client would retry until its timeout
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except (OSError, ValueError):
-        return False
+    store = _client(address, timeout_s)
     try:
-        store = dist.TCPStore(host.strip("[]"), int(port), None, False, datetime.timedelta(seconds=timeout_s),
-                              wait_for_workers=False)
+        if store is None:
+            return False
         store.set(_lost_key(island), "1")
         store.add(DONE_KEY, holders)
     except (RuntimeError, ValueError, OSError):
         return False
     return True
+
+
+def signed_off(address: str, timeout_s: float) -> int | None:
+    """How many holders have signed off on the outer store at `address` (None: it is gone, i.e. island 0 ended):
+    a launcher tells from it whether any island is left to take a lost one back."""
+    store = _client(address, timeout_s)
+    try:
+        return None if store is None else int(store.add(DONE_KEY, 0))
+    except (RuntimeError, ValueError, OSError):
+        return None
+
+
+def _client(address: str, timeout_s: float) -> Any:
+    """A client of the outer store at `address`, or None when it is gone (refused at once, as torch's own client
+    would retry until its timeout)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        return dist.TCPStore(host.strip("[]"), int(port), None, False, datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+    except (RuntimeError, OSError, ValueError):
+        return None
 
 
 def _decide(ops: "_StoreOps", current: Membership, timeout_s: float) -> MemberChange:
