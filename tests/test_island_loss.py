@@ -325,13 +325,18 @@ def test_losing_the_store_island_is_one_named_line_within_the_timeout(tmp_path: 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("as_remote", [False, True], ids=["marked", "as-remote"])
+def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_path: Path, as_remote: bool) -> None:
     """--max-restarts 1: island C killed at step 2 is started again by the launcher (no checkpoint yet: from
     scratch), asks to join, and the others take it back after their next outer step with the global parameters and
     outer state; it trains on from there (its own steps are dropped) and every island ends with the same
     parameters bit for bit (the last step's outer step lands on all three). Each sync lasts >= 1.5 s (the emulated
     link's latency, H = 1), so the others are still training when C is back (its launcher sees it die after
-    ~5-10 s, and a torchrun job starts in ~10 s on a loaded machine)."""
+    ~5-10 s, and a torchrun job starts in ~10 s on a loaded machine). As-remote (no launcher's mark, no process
+    check: HETAUTO_ISLAND_AS_REMOTE=1) it is what a job resubmitted on another site meets: the others drop C by its
+    stopped beat, and C's holders know they are back by their earlier start on the store alone."""
+    from hetauto.runtime.island_beat import AS_REMOTE_ENV
+
     steps = 24
     path = three_islands(tmp_path, inner_steps=1, latency="1500ms")
     ck = tmp_path / "ck"
@@ -339,7 +344,7 @@ def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_p
                            "--timeout", str(TIMEOUT), "--emulate", "--no-reference", "--max-restarts", "1",
                            "--inject-fault", "rank=2,step=2", "--checkpoint-dir", str(ck),
                            "--checkpoint-every", str(steps)], capture_output=True, text=True, timeout=280,
-                          env=dict(os.environ))
+                          env={**os.environ, **({AS_REMOTE_ENV: "1"} if as_remote else {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert [i["name"] for i in doc["islands"]] == ["A", "B", "C"]
