@@ -5,7 +5,7 @@ never below today's plan anywhere.
 
     python benchmarks/islands.py [--max-evaluations N] [--seed S] [--skip NAME ...] [--json]
     python benchmarks/islands.py --measured [--steps N] [--inner-steps H] [--json]   # root: network namespaces
-    python benchmarks/islands.py --loss [--steps N] [--inner-steps H] [--lost-at K] [--json]
+    python benchmarks/islands.py --loss [--steps N] [--inner-steps H] [--lost-at K] [--as-remote] [--json]
 
 Each search (the pipelined plan, single-cluster, each island's) stops at --max-evaluations (default 600) or
 the stop rule. scale-736 is skipped by default (its searches alone take minutes on a quiet machine, and it has
@@ -14,13 +14,15 @@ no slow link, so islands are not considered there: its two figures are equal by 
 `--measured` runs the measured figures instead (benchmarks/islands_measured.py: two netns sites, islands against
 synchronous training over the same shaped link; not run by the test suite). `--loss` runs issue 41's figures for a
 lost island (benchmarks/islands_loss.py: three islands on this host, one killed: seconds to the survivors' next
-round, steps of work lost, goodput against the run without the fault).
+round, steps of work lost, goodput against the run without the fault). `--as-remote` measures it as across sites:
+no launcher's lost marks, no holder process seen on this host (HETAUTO_ISLAND_AS_REMOTE=1), only the islands' beats.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -79,6 +81,8 @@ def main() -> int:
     parser.add_argument("--inner-steps", type=int, default=8, help="--measured: the islands' H")
     parser.add_argument("--loss", action="store_true", help="the figures of a lost island (three islands, this host)")
     parser.add_argument("--lost-at", type=int, default=7, help="--loss: the step island C is killed at")
+    parser.add_argument("--as-remote", action="store_true",
+                        help="--loss: without the launcher's marks, as a decider on another site sees it")
     args = parser.parse_args()
     if args.measured:
         return _measured(args)
@@ -97,6 +101,10 @@ def main() -> int:
 def _loss(args: argparse.Namespace) -> int:
     from islands_loss import loss_figures, print_loss_figures
 
+    from hetauto.runtime.island_beat import AS_REMOTE_ENV
+
+    if args.as_remote:
+        os.environ[AS_REMOTE_ENV] = "1"  # the island runs inherit it
     m = loss_figures(args.steps, args.inner_steps, args.lost_at)  # e.g. --steps 40 --inner-steps 2
     print_loss_figures(m)
     if args.json:

@@ -262,11 +262,32 @@ class _Islands:
 
     def _may_restart(self, index: int) -> bool:
         """--max-restarts N: a failed island's job is started again (at most N times) and the others take it back;
-        not island 0, whose rank 0 served the outer store every island met on (it is gone with it)."""
+        not island 0, whose rank 0 served the outer store every island met on (it is gone with it), nor any island
+        once island 0 has ended (it ends after every other island signed off: none is left to take it back)."""
         with self.lock:
             if self.stop_reason is not None or index in self.stopped or index == 0:
                 return False
-        return len(self.restarts.get(index, [])) < self.job.request.max_restarts
+        if len(self.restarts.get(index, [])) >= self.job.request.max_restarts:
+            return False
+        if self._others_finished(index):
+            self.job.request.warn(f"hetauto run: note: island {self.runs[index].island.name} not restarted: the "
+                                  "other islands had already finished (they signed off the outer store), so nothing "
+                                  "is left to take it back")
+            return False
+        return True
+
+    def _others_finished(self, index: int) -> bool:
+        """Whether every island but `index` has signed off on the outer store (or island 0 ended and took the store
+        with it): then none is left to take `index` back."""
+        from hetauto.runtime.island_holders import holder_groups
+        from hetauto.runtime.island_members import signed_off
+
+        if 0 in self.outcomes:
+            return True
+        groups = holder_groups(self.job.plan)
+        others = sum(len({g.members[i] for g in groups}) for i in range(len(self.runs)) if i != index)
+        done = signed_off(self.runs[0].options.island.store, self.runs[0].options.training.timeout_s)
+        return done is None or done >= others
 
     def _restart(self, index: int) -> LocalJob:
         """Island `index`'s job started again in a new run folder, from its newest checkpoint (if any), without
@@ -292,9 +313,12 @@ class _Islands:
     def _mark_lost(self, index: int) -> None:
         """Island `index` failed: tell the survivors through the outer store (they drop it without waiting out
         their timeout; the store's server does not wait for its holders at its end)."""
+        from hetauto.runtime.island_beat import as_remote
         from hetauto.runtime.island_holders import holder_groups
         from hetauto.runtime.island_members import mark_lost
 
+        if as_remote():  # measuring what islands on other sites get: their beats alone
+            return
         run = self.runs[index]
         holders = len({g.members[index] for g in holder_groups(self.job.plan)})
         mark_lost(run.options.island.store, index, holders, run.options.training.timeout_s)

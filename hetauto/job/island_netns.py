@@ -141,6 +141,9 @@ def _wait_islands(runs: list[IslandRun], procs: list[list[subprocess.Popen]], de
         err = _lead_failure(procs[culprit], outs[culprit])  # type: ignore[arg-type]
         also = "".join(f"; {what} {', '.join(runs[j].island.name for j in sorted(js))}" for what, js in (
             ("island(s) failed too:", set(failed) - {culprit}), ("stopped island(s)", stopped)) if js)
+        survived = [runs[j].island.name for j, mine in enumerate(procs) if mine[0].returncode == 0]
+        if survived:  # their outer sync dropped it by its stopped beat (hetauto.runtime.island_beat) and went on
+            also += f"; the other islands ({', '.join(survived)}) trained on without it"
         raise JobFailed(f"island {runs[culprit].island.name}: {err}{also}", err.rank, err.stage,
                         err.cluster) from None
 

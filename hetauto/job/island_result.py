@@ -34,6 +34,7 @@ def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], repo
     islands = []
     for run, mine in zip(runs, reports):
         isl = plan.islands[run.island.index]
+        _check_trained(isl.name, mine)
         doc = result_document(isl.plan, job.cfg, mine, run.options, base=job.base, emulate=job.request.emulate,
                               want_reference=False, emulated_backends=run.emulated)
         start, stop = plan.rows(run.island.index)
@@ -74,6 +75,17 @@ def island_result_document(job: PreparedIslands, runs: Sequence[IslandRun], repo
     if lost_rows:  # only when an island was lost: other runs' documents stay as they were
         doc["lost"] = lost_rows
     return doc
+
+
+def _check_trained(name: str, reports: Sequence[dict[str, Any]]) -> None:
+    """An island that finished without training a step (no rank report, or none with a step: e.g. taken back or
+    resumed after the run's last step) has no figures: say so in one line instead of an index out of range."""
+    if not reports or not reports[0].get("step_s"):
+        from hetauto.core.errors import CommunicationError
+
+        raise CommunicationError(f"island {name}: its job ended without training a step (it came back after the "
+                                 "run's last outer step, or resumed from its final checkpoint), so it has no figures; "
+                                 "rerun it with more --steps or without --resume")
 
 
 def _lost_rows(plan: IslandPlan, lost: dict[int, str], reports: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -14,7 +14,9 @@ agrees the next epoch's members with the other survivors (`next_members`):
   timeout (a survivor whose exchange only times out needs that long to notice), and publishes the islands that
   did as `outer/e<E>/next` (JSON: members and dropped); an island its launcher saw die (`mark_lost`:
   `outer/lost/i<island>`), or whose holder process ran on the decider's host and is gone
-  (`outer/process/i<island>`), is not waited for, so such a loss costs the survivors no timeout;
+  (`outer/process/i<island>`), is not waited for, so such a loss costs the survivors no timeout; nor is one whose
+  beat on the store stopped (hetauto.runtime.island_beat: a decider on another site learns a loss that way, a
+  tenth of `--timeout` after it);
 - an island left out of the decision (it answered too late) learns so and fails in one line.
 
 Why the first asker decides rather than a fixed island: the lowest island may be the lost one. Why one decision in
@@ -35,10 +37,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from hetauto.core.errors import CommunicationError
+from hetauto.runtime.island_beat import BeatWatch, as_remote, store_reader
 
 __all__ = ["Membership", "MemberChange", "StoreLost", "DroppedFromSync", "member_weights", "next_members",
            "mark_lost", "DONE_KEY", "Admission", "newest", "comes_back", "ask_to_join", "offer_admission",
-           "record_process"]
+           "record_process", "signed_off"]
 
 DONE_KEY = "outer/done"  # holders that signed off (island 0's rank 0 serves the store until every one has)
 
@@ -120,7 +123,7 @@ def record_process(store: Any, address: str, island: str, index: int) -> None:
 
 def _dead_here(ops: "_StoreOps", island: int) -> bool:
     """Whether island `island`'s recorded holder process ran on this host and is gone (or a zombie)."""
-    if not ops.check(_process_key(island)):
+    if as_remote() or not ops.check(_process_key(island)):
         return False
     doc = json.loads(ops.get(_process_key(island)))
     if doc.get("host") != socket.gethostname():
@@ -136,18 +139,10 @@ def mark_lost(address: str, island: int, holders: int, timeout_s: float) -> bool
     """The launcher of island `island` saw its job fail: say so on the outer store at `address` (the survivors'
     decider then does not wait for it) and sign off its `holders` (the store's server does not wait for them at
     its end). False when the store cannot be reached (its island is the one lost)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    host, _, port = address.rpartition(":")
-    try:  # a store that is gone refuses at once; torch's client would retry until its timeout
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except (OSError, ValueError):
-        return False
+    store = _client(address, timeout_s)
     try:
-        store = dist.TCPStore(host.strip("[]"), int(port), None, False, datetime.timedelta(seconds=timeout_s),
-                              wait_for_workers=False)
+        if store is None:
+            return False
         store.set(_lost_key(island), "1")
         store.add(DONE_KEY, holders)
     except (RuntimeError, ValueError, OSError):
@@ -155,16 +150,44 @@ def mark_lost(address: str, island: int, holders: int, timeout_s: float) -> bool
     return True
 
 
+def signed_off(address: str, timeout_s: float) -> int | None:
+    """How many holders have signed off on the outer store at `address` (None: it is gone, i.e. island 0 ended):
+    a launcher tells from it whether any island is left to take a lost one back."""
+    store = _client(address, timeout_s)
+    try:
+        return None if store is None else int(store.add(DONE_KEY, 0))
+    except (RuntimeError, ValueError, OSError):
+        return None
+
+
+def _client(address: str, timeout_s: float) -> Any:
+    """A client of the outer store at `address`, or None when it is gone (refused at once, as torch's own client
+    would retry until its timeout)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        return dist.TCPStore(host.strip("[]"), int(port), None, False, datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+    except (RuntimeError, OSError, ValueError):
+        return None
+
+
 def _decide(ops: "_StoreOps", current: Membership, timeout_s: float) -> MemberChange:
-    """The decider: wait (at most `timeout_s`) until every member island has a holder that says it is alive; the
-    islands that did are the next epoch's members."""
+    """The decider: wait (at most `timeout_s`) until every member island has a holder that says it is alive, or is
+    known gone (marked lost, its process gone on this host, or its beat stopped: hetauto.runtime.island_beat); the
+    islands that said so are the next epoch's members."""
     deadline = time.monotonic() + timeout_s
     alive: set[int] = set()
     gone: set[int] = set()
+    beats = BeatWatch(store_reader(ops), timeout_s)
     while True:
         alive |= {i for i in current.members if i not in alive and ops.check(f"outer/e{current.epoch}/alive/i{i}")}
-        gone |= {i for i in current.members
-                 if i not in alive | gone and (ops.check(_lost_key(i)) or _dead_here(ops, i))}
+        gone |= {i for i in current.members if i not in alive | gone
+                 and (ops.check(_lost_key(i)) or _dead_here(ops, i) or beats.gone(i))}
         if alive | gone >= set(current.members) or time.monotonic() >= deadline:
             break
         time.sleep(_POLL_S)

@@ -51,6 +51,7 @@ from hetauto.runtime.island_exchange import Landed, OuterGroup, PeerLost, Pendin
     packed_bytes, unpack
 from hetauto.runtime.island_inflight import InFlight, InFlightPart
 from hetauto.runtime.island_holders import HolderGroup, groups_of, holder_groups
+from hetauto.runtime.island_beat import BeatWatch, Heartbeat, store_reader
 from hetauto.runtime.island_members import DONE_KEY, Admission, Membership, ask_to_join, comes_back, \
     member_weights, newest, next_members, offer_admission, record_process
 from hetauto.runtime.layout import placement
@@ -108,6 +109,7 @@ class IslandSync:
         self.inflight: InFlight | None = None  # the fragment sent and not landed yet (tau > 0, or a resume)
         self.stage_comm = self._stage_groups(ex)
         self._store, self._outer, self._cluster = None, {}, None
+        self._beat: Heartbeat | None = None  # this island's liveness on the outer store (holders only)
         self._retired: list[OuterGroup] = []  # a lost epoch's groups: kept, so no destructor waits on a dead peer
         self.taken_back_after: int | None = None  # an island taken back: the step after which it rejoined
         self._incoming: list[tuple[list[str], torch.Tensor]] = []  # its state from the members, to take
@@ -135,6 +137,7 @@ class IslandSync:
         self._store = open_store(self.run.island.store, master=master, timeout_s=timeout)
         self._cluster = cluster = self._emulated_cluster(ex)
         record_process(self._store, self.run.island.store, self.plan.islands[0].name, self.index)
+        self._beat = Heartbeat(self.run.island.store, self.index, timeout).start()
         if self._comes_back():
             self._taken_back()
             return
@@ -331,10 +334,12 @@ class IslandSync:
             raise PlanMismatch(f"island '{self.name}': taking a lost island back needs tp = 1 in every island, "
                                "one rank per stage in the returning island and overlap_steps 0; resume every "
                                "island from its newest checkpoints instead")
+        assert self._store is not None
+        signed_off = bool(self._store.check([f"outer/lost/i{self.index}"]))  # its launcher marked it lost
         adm = ask_to_join(self._store, self.index, timeout_s=self.run.training.timeout_s,
                           store_address=self.run.island.store, store_island=self.plan.islands[0].name)
-        assert self._store is not None
-        self._store.add(DONE_KEY, -1)  # its launcher signed this holder off when it was lost
+        if signed_off:
+            self._store.add(DONE_KEY, -1)  # its launcher signed this holder off with the mark
         self.membership = adm.membership
         for g in self.groups:
             self._outer[g.key] = self._form(g.key)
@@ -490,11 +495,24 @@ class IslandSync:
         if self._store is None:
             return
         self._store.add(DONE_KEY, 1)
-        if self.index == 0 and self.me.rank == 0:  # lost islands' holders are signed off by their launcher
-            total = sum(len({g.members[i] for g in holder_groups(self.plan)}) for i in range(len(self.plan.islands)))
-            deadline = time.monotonic() + self.run.training.timeout_s
-            while self._store.add(DONE_KEY, 0) < total and time.monotonic() < deadline:
-                time.sleep(0.01)
+        if self._beat is not None:
+            self._beat.stop()
+        if self.index == 0 and self.me.rank == 0:
+            self._wait_sign_offs()
+
+    def _wait_sign_offs(self) -> None:
+        """Island 0's rank 0 serves the store until every holder signed off (a lost island's launcher signs its
+        holders off), at most `--timeout`, and no longer than every island's beat has stood still (a lost island
+        across sites, which no launcher here signs off, costs the bound, not the timeout)."""
+        assert self._store is not None
+        timeout = self.run.training.timeout_s
+        total = sum(len({g.members[i] for g in holder_groups(self.plan)}) for i in range(len(self.plan.islands)))
+        deadline = time.monotonic() + timeout
+        beats = BeatWatch(store_reader(self._store), timeout)
+        while self._store.add(DONE_KEY, 0) < total and time.monotonic() < deadline:
+            if all([beats.gone(i) for i in range(len(self.plan.islands))]):
+                return
+            time.sleep(0.01)
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

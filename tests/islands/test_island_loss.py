@@ -116,6 +116,62 @@ def test_survivors_agree_the_members_once_and_a_marked_island_is_not_waited_for(
         next_members(store, start, 2, 0, timeout_s=1, store_address=address, store_island="A")
 
 
+def test_a_beat_that_stands_still_is_gone_after_the_bound_and_one_that_moves_never() -> None:
+    from hetauto.runtime.island_beat import BeatWatch, beat_key, stale_after_s
+
+    beats, now = {beat_key(0): 5, beat_key(1): 7}, [0.0]
+    watch = BeatWatch(beats.get, 20.0, clock=lambda: now[0])
+    assert stale_after_s(20.0) == 2.0 and stale_after_s(20.0) < 20.0
+    for t in (0.0, 1.0, 1.9, 2.5, 30.0):  # island 1 beats at every look, island 0 stopped at 5, island 2 never beat
+        now[0], beats[beat_key(1)] = t, beats[beat_key(1)] + 1
+        assert not watch.gone(1) and not watch.gone(2)
+        assert watch.gone(0) == (t >= 2.0), t
+
+
+def _beating(address: str, islands: tuple[int, ...], timeout_s: float) -> list[Any]:
+    from hetauto.runtime.island_beat import Heartbeat
+
+    return [Heartbeat(address, i, timeout_s).start() for i in islands]
+
+
+def test_an_island_whose_beat_stopped_is_dropped_long_before_the_timeout_and_a_slow_one_is_kept() -> None:
+    """Across sites the decider sees neither a launcher's mark nor the lost island's process: its stopped beat
+    drops it within the bound (timeout / 10); an island that still beats but answers late (a long step) is
+    waited for and kept."""
+    from hetauto.runtime.island_beat import stale_after_s
+    from hetauto.runtime.island_members import Membership, next_members
+
+    timeout = 10.0
+    store, address = _store()
+    beats = _beating(address, (0, 1, 2), timeout)
+    time.sleep(0.5)
+    beats[2].stop()  # island 2 died
+    got: dict[int, Any] = {}
+    start = Membership(0, (0, 1, 2))
+
+    def survivor(island: int, delay: float = 0.0) -> None:
+        time.sleep(delay)
+        got[island] = next_members(store, got[island].membership if island in got else start, island, 0,
+                                   timeout_s=timeout, store_address=address, store_island="A")
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=survivor, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - t0 < stale_after_s(timeout) + 1.5 < timeout / 2
+    assert got[0] == got[1] and got[0].dropped == (2,) and got[0].membership == Membership(1, (0, 1))
+    slow = threading.Thread(target=survivor, args=(1, 2 * stale_after_s(timeout)))  # epoch 1: island 1 is slow
+    slow.start()
+    got[0] = next_members(store, got[0].membership, 0, 0, timeout_s=timeout, store_address=address,
+                          store_island="A")
+    slow.join()
+    assert got[0].dropped == () and got[0].membership == Membership(2, (0, 1))
+    for beat in beats[:2]:
+        beat.stop()
+
+
 def test_a_returning_island_is_admitted_after_the_members_next_landing() -> None:
     from hetauto.runtime.island_members import Membership, ask_to_join, newest, offer_admission
 
@@ -134,6 +190,43 @@ def test_a_returning_island_is_admitted_after_the_members_next_landing() -> None
     joiner.join()
     assert box["adm"] == adm
     assert newest(store, address, "A", Membership(0, (0, 1, 2))) == (dropped, adm)
+
+
+def test_an_island_that_trained_no_step_is_one_named_line_not_an_index_error() -> None:
+    from hetauto.core.errors import CommunicationError
+    from hetauto.job.island_result import _check_trained
+
+    _check_trained("C", [{"step_s": [0.1], "rank": 0}])
+    for reports in ([], [{"step_s": [], "rank": 0}]):
+        with pytest.raises(CommunicationError, match="^island C: its job ended without training a step"):
+            _check_trained("C", reports)
+
+
+def test_a_lost_island_is_not_restarted_once_the_others_have_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--max-restarts: restarting an island after every other one signed off (or island 0, the store's, ended)
+    would only meet a closed store; the launcher says so in one line instead."""
+    from types import SimpleNamespace
+
+    import hetauto.runtime.island_holders as holders
+    import hetauto.runtime.island_members as members
+    from hetauto.job.island_launch import _Islands
+
+    done = [1]
+    monkeypatch.setattr(holders, "holder_groups", lambda plan: [SimpleNamespace(members=(0, 0, 0))])
+    monkeypatch.setattr(members, "signed_off", lambda address, timeout_s: done[0])
+    said: list[str] = []
+    isl = object.__new__(_Islands)
+    isl.lock, isl.stop_reason, isl.stopped, isl.restarts, isl.outcomes = threading.Lock(), None, set(), {}, {}
+    isl.runs = [SimpleNamespace(island=SimpleNamespace(name=n), options=SimpleNamespace(
+        island=SimpleNamespace(store="127.0.0.1:1"), training=SimpleNamespace(timeout_s=5.0))) for n in NAMES]
+    isl.job = SimpleNamespace(plan=None, request=SimpleNamespace(max_restarts=1, warn=said.append))
+    assert isl._may_restart(2) and not said  # one of A's and B's holders still trains
+    done[0] = 2
+    assert not isl._may_restart(2)
+    assert said == ["hetauto run: note: island C not restarted: the other islands had already finished (they signed "
+                    "off the outer store), so nothing is left to take it back"]
+    done[0], isl.outcomes = 0, {0: []}
+    assert not isl._may_restart(2)
 
 
 def test_the_lost_line_says_when_an_island_was_dropped_and_whether_it_came_back() -> None:
@@ -191,6 +284,27 @@ def test_a_killed_island_is_dropped_and_the_others_match_the_reference(tmp_path:
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
+def test_without_the_launchers_marks_a_killed_island_is_dropped_by_its_stopped_beat(tmp_path: Path) -> None:
+    """As across sites (HETAUTO_ISLAND_AS_REMOTE=1: no launcher's mark, no process seen on this host): island C
+    killed at step 3 is dropped when its beat has stood still for timeout / 10, and island A, which serves the
+    store, stops waiting for C's sign-off the same way: the whole run costs far less than two timeouts."""
+    from hetauto.runtime.island_beat import AS_REMOTE_ENV, stale_after_s
+
+    path = three_islands(tmp_path)
+    log = tmp_path / "fault.jsonl"
+    proc = run_islands(path, "--inject-fault", f"rank=2,step={LOST_AT}", "--no-reference",
+                       env={AS_REMOTE_ENV: "1", "HETAUTO_FAULT_LOG": str(log)})
+    ended = time.time()
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    (lost,) = json.loads(proc.stdout)["lost"]
+    assert lost["island"] == "C" and lost["dropped_at_step"] == LOST_AT, lost
+    assert lost["recovery_s"] < stale_after_s(TIMEOUT) + TIMEOUT / 10, lost  # the bound, not the timeout
+    fired = json.loads(log.read_text().splitlines()[0])["unix"]
+    assert ended - fired < TIMEOUT, ended - fired  # waiting out the decider's and A's end timeouts took 2 x TIMEOUT
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
 def test_losing_the_store_island_is_one_named_line_within_the_timeout(tmp_path: Path) -> None:
     """Island 0's rank 0 serves the outer store: when it dies, the others cannot agree a new membership; each
     says so in one line naming the store and its island, at once (no timeout is waited out)."""
@@ -211,13 +325,18 @@ def test_losing_the_store_island_is_one_named_line_within_the_timeout(tmp_path: 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("as_remote", [False, True], ids=["marked", "as-remote"])
+def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_path: Path, as_remote: bool) -> None:
     """--max-restarts 1: island C killed at step 2 is started again by the launcher (no checkpoint yet: from
     scratch), asks to join, and the others take it back after their next outer step with the global parameters and
     outer state; it trains on from there (its own steps are dropped) and every island ends with the same
     parameters bit for bit (the last step's outer step lands on all three). Each sync lasts >= 1.5 s (the emulated
     link's latency, H = 1), so the others are still training when C is back (its launcher sees it die after
-    ~5-10 s, and a torchrun job starts in ~10 s on a loaded machine)."""
+    ~5-10 s, and a torchrun job starts in ~10 s on a loaded machine). As-remote (no launcher's mark, no process
+    check: HETAUTO_ISLAND_AS_REMOTE=1) it is what a job resubmitted on another site meets: the others drop C by its
+    stopped beat, and C's holders know they are back by their earlier start on the store alone."""
+    from hetauto.runtime.island_beat import AS_REMOTE_ENV
+
     steps = 24
     path = three_islands(tmp_path, inner_steps=1, latency="1500ms")
     ck = tmp_path / "ck"
@@ -225,7 +344,7 @@ def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_p
                            "--timeout", str(TIMEOUT), "--emulate", "--no-reference", "--max-restarts", "1",
                            "--inject-fault", "rank=2,step=2", "--checkpoint-dir", str(ck),
                            "--checkpoint-every", str(steps)], capture_output=True, text=True, timeout=280,
-                          env=dict(os.environ))
+                          env={**os.environ, **({AS_REMOTE_ENV: "1"} if as_remote else {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert [i["name"] for i in doc["islands"]] == ["A", "B", "C"]

@@ -161,5 +161,7 @@ def test_a_failed_island_is_named_and_ends_the_other(tmp_path: Path, capsys) -> 
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1, err
     assert err.startswith("hetauto run: error: island SLOW: rank 0 (stage 0, cluster 'slow')"), err
-    # FAST ends with it (its outer sync lost SLOW, or stopped), not after its own timeout
-    assert err.endswith(("; stopped island(s) FAST", "; island(s) failed too: FAST")), err
+    # FAST ends with it (its outer sync lost SLOW, or stopped), not after its own timeout; or, having dropped SLOW
+    # by its stopped beat within the stop grace, it trained on without it (hetauto.runtime.island_beat)
+    assert err.endswith(("; stopped island(s) FAST", "; island(s) failed too: FAST",
+                         "; the other islands (FAST) trained on without it")), err
