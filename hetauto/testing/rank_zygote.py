@@ -44,6 +44,8 @@ PRELOAD = (
     "torch.distributed",
     "torch._dynamo",
     "torch.distributed.elastic.multiprocessing.errors",
+    "torch.distributed.launcher.api",  # torchrun's agent (its -c code runs torch.distributed.run as __main__)
+    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
     "hetauto.core.comm",
     "hetauto.core.plan_check",
     "hetauto.runtime.control",
@@ -198,7 +200,8 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     os.umask(req["umask"])
     _stdio(fds)
     env = dict(req["env"])
-    env.pop(ZYGOTE_ENV, None)  # the child runs the rank itself
+    if "code" not in req:
+        env.pop(ZYGOTE_ENV, None)  # the child runs the rank itself; an agent keeps it: its ranks fork from here too
     env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
     os.environ.clear()
     os.environ.update(env)
@@ -208,9 +211,26 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     os.getppid = _client_parent(req["pid"])
     if "numpy" in sys.modules:  # numpy's global generator is not reseeded at fork (Python's random module is)
         sys.modules["numpy"].random.seed()
-    import runpy
+    if "code" in req:
+        _run_code(req["code"])
+    else:
+        import runpy
 
-    runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+
+
+def _run_code(code: str) -> None:
+    """Run `code` as `python -c` does: in a fresh __main__, its AGENT_PREFIX call told that this is the child."""
+    import builtins
+    import types
+
+    import hetauto.runtime.zygote_client as client
+
+    client.FORKED = True
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    exec(compile(code, "<string>", "exec"), main.__dict__)  # noqa: S102 - the client's own -c code
 
 
 def _child(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int]], server: "_Server") -> None:
