@@ -293,17 +293,12 @@ def test_diagnosis_names_the_rank_whose_heartbeat_stopped_not_a_killed_waiter(tm
     assert str(diagnose_failure(plan, tmp_path)).startswith("rank 1 (stage 0, cluster 'a') died without an error")
 
 
-def test_local_rendezvous_listens_on_loopback_only(monkeypatch) -> None:
+def test_local_rendezvous_listens_on_loopback_only() -> None:
     from hetauto.launch.local import LOOPBACK, local_command, torchrun_launcher
-    from hetauto.runtime.zygote_client import AGENT_PREFIX, ZYGOTE_ENV
 
     cmd = local_command(_plan(), ["-m", "x"])
     assert cmd[:2] == [sys.executable, "-c"] and f"s.bind(({LOOPBACK!r}, int(port)))" in cmd[2]
-    with monkeypatch.context() as m:  # a user's run (the suite sets the rank zygote's variable: see conftest)
-        m.delenv(ZYGOTE_ENV, raising=False)
-        assert torchrun_launcher()[2].startswith("import os, runpy")  # netns launches: torchrun's own binding
-    zygote_on = os.environ.get(ZYGOTE_ENV, "off") != "off"
-    assert torchrun_launcher()[2].startswith(AGENT_PREFIX + "import os, runpy" if zygote_on else "import os, runpy")
+    assert torchrun_launcher()[2].startswith("import os, runpy")  # netns launches: torchrun's own binding
     code = cmd[2].split("import os, runpy")[0] + (  # the prefix alone, then a store server as torchrun makes one
         "import datetime, subprocess\n"
         "st = _dist.TCPStore('localhost', 0, 1, True, datetime.timedelta(seconds=5))\n"
