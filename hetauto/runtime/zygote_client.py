@@ -8,6 +8,10 @@ torch imported and runs the rank there; this process stays as the rank's stand-i
 signals torchrun sends, its death (even SIGKILL) kills the child (the zygote watches its connection), and it
 exits as the child did (the same code, or killed by the same signal).
 
+torchrun's agent (`python -c CODE`, hetauto.launch.local.torchrun_launcher) is handed over the same way: under the
+variable its CODE starts with `AGENT_PREFIX`, whose call (`run_code_through_zygote`) sends CODE and argv; the child
+keeps the variable, so the ranks that agent starts fork from the zygote too (~1.5 CPU-s less per launch).
+
 Without the variable, or when the zygote cannot take the rank (unreachable, or this process differs from it in
 namespaces, cgroup, user, interpreter or an environment variable read at import), `run_through_zygote` returns and
 the worker runs as always.

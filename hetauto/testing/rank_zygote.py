@@ -17,6 +17,8 @@ ended. A rank that differs from the zygote in anything fixed before the fork (na
 interpreter, hetauto checkout, variables read at import) is declined: it runs on its own; except a rank in
 another network namespace (`ip netns exec`: a network and a mount namespace of its own), which a zygote running
 as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
+torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
+child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
 
     python -m hetauto.testing.rank_zygote SOCKET_PATH     # serves until its parent exits (or fd:N, bound)
 """
