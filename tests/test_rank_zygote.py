@@ -171,7 +171,8 @@ def test_torchruns_agent_forks_from_the_zygote_and_its_ranks_too(folder: Path, z
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == agent_code, err[-3000:]
     ranks = [json.loads(line) for line in out.splitlines()]
-    assert len(ranks) == 2
+    # both ranks print, except when one failed first: torchrun then stops the other, maybe before its line
+    assert len(ranks) == 2 if agent_code == 0 else 1 <= len(ranks) <= 2, out
     for seen in ranks:
         assert seen["torch_loaded"] and seen["zygote"] is None and seen["argv"][1:] == [rank_code]
         assert seen["pid"] != seen["ppid"] != proc.pid  # the rank's parent: the agent, forked from the zygote
