@@ -24,7 +24,8 @@ _ZYGOTES: list = []
 
 def pytest_configure(config: pytest.Config) -> None:
     """One rank zygote per process that runs tests (not xdist's controller), named in HETAUTO_RANK_ZYGOTE for every
-    process the tests start: each rank of a `hetauto run` then skips ~3 CPU-s of imports (torch, torch._dynamo).
+    process the tests start: each rank of a `hetauto run` then skips ~3 CPU-s of imports (torch, torch._dynamo),
+    and its torchrun agent ~1.5 CPU-s (its `-c` code forks from the zygote too: hetauto.launch.local).
     HETAUTO_RANK_ZYGOTE=off runs every rank as a user's run does (kept set: xdist's workers inherit it)."""
     from hetauto.runtime.zygote_client import ZYGOTE_ENV
 

@@ -99,8 +99,13 @@ LOOPBACK = "127.0.0.1"
 
 def torchrun_launcher(bind: str | None = None) -> list[str]:
     """The command prefix that runs torchrun on this machine (`_TORCHRUN`), for local and namespace launches;
-    `bind`: the one address torchrun's stores listen on (None: all, torchrun's own behaviour)."""
-    return [sys.executable, "-c", (_LOOPBACK % (bind, bind) if bind else "") + _TORCHRUN]
+    `bind`: the one address torchrun's stores listen on (None: all, torchrun's own behaviour). Under the test
+    suite's zygote (HETAUTO_RANK_ZYGOTE set, tests only) the code starts by handing the agent to it (forked with
+    torch imported, as the ranks are); without it the command is exactly torchrun's wrapper."""
+    from hetauto.runtime.zygote_client import AGENT_PREFIX, zygote_enabled
+
+    zygote = AGENT_PREFIX if zygote_enabled() else ""
+    return [sys.executable, "-c", zygote + (_LOOPBACK % (bind, bind) if bind else "") + _TORCHRUN]
 
 
 def local_command(plan: Plan, worker: list[str], max_restarts: int = 0, bind: str | None = LOOPBACK) -> list[str]:

@@ -17,6 +17,8 @@ ended. A rank that differs from the zygote in anything fixed before the fork (na
 interpreter, hetauto checkout, variables read at import) is declined: it runs on its own; except a rank in
 another network namespace (`ip netns exec`: a network and a mount namespace of its own), which a zygote running
 as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
+torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
+child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
 
     python -m hetauto.testing.rank_zygote SOCKET_PATH     # serves until its parent exits (or fd:N, bound)
 """
@@ -44,6 +46,8 @@ PRELOAD = (
     "torch.distributed",
     "torch._dynamo",
     "torch.distributed.elastic.multiprocessing.errors",
+    "torch.distributed.launcher.api",  # torchrun's agent (its -c code runs torch.distributed.run as __main__)
+    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
     "hetauto.core.comm",
     "hetauto.core.plan_check",
     "hetauto.runtime.control",
@@ -198,7 +202,8 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     os.umask(req["umask"])
     _stdio(fds)
     env = dict(req["env"])
-    env.pop(ZYGOTE_ENV, None)  # the child runs the rank itself
+    if "code" not in req:
+        env.pop(ZYGOTE_ENV, None)  # the child runs the rank itself; an agent keeps it: its ranks fork from here too
     env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
     os.environ.clear()
     os.environ.update(env)
@@ -208,9 +213,26 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     os.getppid = _client_parent(req["pid"])
     if "numpy" in sys.modules:  # numpy's global generator is not reseeded at fork (Python's random module is)
         sys.modules["numpy"].random.seed()
-    import runpy
+    if "code" in req:
+        _run_code(req["code"])
+    else:
+        import runpy
 
-    runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+
+
+def _run_code(code: str) -> None:
+    """Run `code` as `python -c` does: in a fresh __main__, its AGENT_PREFIX call told that this is the child."""
+    import builtins
+    import types
+
+    import hetauto.runtime.zygote_client as client
+
+    client.FORKED = True
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    exec(compile(code, "<string>", "exec"), main.__dict__)  # noqa: S102 - the client's own -c code
 
 
 def _child(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int]], server: "_Server") -> None:

@@ -149,3 +149,33 @@ def test_a_rank_in_a_network_namespace_is_forked_into_it(folder: Path, zygote: s
     assert seen["pid"] != proc.pid and seen["torch_loaded"] and proc.returncode == 0
     assert seen["net"] == os.stat(f"/run/netns/{namespace}").st_ino != os.stat("/proc/self/ns/net").st_ino
     assert seen["links"] == ["lo"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("rank_code, agent_code", [("0", 0), ("3", 1)])
+def test_torchruns_agent_forks_from_the_zygote_and_its_ranks_too(folder: Path, zygote: str, rank_code: str,
+                                                                  agent_code: int, monkeypatch) -> None:
+    """The agent's `-c` code (hetauto.launch.local.torchrun_launcher) starts with AGENT_PREFIX under the zygote: the
+    agent is a child of the zygote (its ranks' parent is not the process started here), keeps the variable so its
+    ranks fork too, and its stdout and exit code are torchrun's own (a rank's failure: torchrun's 1)."""
+    from hetauto.launch.local import LOOPBACK, torchrun_launcher
+    from hetauto.runtime.zygote_client import AGENT_PREFIX
+
+    monkeypatch.setenv(ZYGOTE_ENV, zygote)
+    (folder / "rank_client.py").write_text(CLIENT)
+    agent = torchrun_launcher(LOOPBACK)
+    assert agent[2].startswith(AGENT_PREFIX)
+    proc = subprocess.Popen([*agent, "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1",
+                             "rank_client.py", rank_code], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == agent_code, err[-3000:]
+    ranks = [json.loads(line) for line in out.splitlines()]
+    # both ranks print, except when one failed first: torchrun then stops the other, maybe before its line
+    assert len(ranks) == 2 if agent_code == 0 else 1 <= len(ranks) <= 2, out
+    for seen in ranks:
+        assert seen["torch_loaded"] and seen["zygote"] is None and seen["argv"][1:] == [rank_code]
+        assert seen["pid"] != seen["ppid"] != proc.pid  # the rank's parent: the agent, forked from the zygote
+    assert len({seen["ppid"] for seen in ranks}) == 1
+    if agent_code:
+        assert "ChildFailedError" in err and "exitcode  : 3" in err, err[-3000:]
