@@ -55,7 +55,7 @@ def test_layer_bytes_at_fp32_scale_the_compute_dtype_and_keep_masks_and_logits()
 
 
 def test_auto_resolves_per_plan_from_the_stages_backends() -> None:
-    from tests.test_evaluate import paper_plan
+    from tests.planner.test_evaluate import paper_plan
 
     plan = _demo_plan()
     spec = get_scenario("cpu-demo").cluster
@@ -145,7 +145,7 @@ def test_tied_sum_in_fp32_whatever_grad_reduce_dtype() -> None:
     it is, and it is the whole table's 4 bytes per element."""
     from dataclasses import replace
 
-    from tests.test_evaluate import paper_plan
+    from tests.planner.test_evaluate import paper_plan
 
     inp, plan = paper_plan(128, 2, 8, model="gpt3-13b")
     ev = Evaluator(inp)

@@ -64,7 +64,7 @@ def run_islands(path: Path, *args: str, timeout: float = 200,
 
 def final_params(ck: Path, island: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
     """The parameters of island `island`'s last checkpoint (after the last step), by canonical name."""
-    from tests.test_island_checkpoint import _tensors
+    from tests.islands.test_island_checkpoint import _tensors
 
     folder = ck / f"island-{island}" / f"step-{steps - 1:08d}"
     return {k[len("model."):]: v for k, v in _tensors(folder).items() if k.startswith("model.")}

@@ -86,7 +86,7 @@ def test_default_correction_by_name_applies_only_inside_its_range() -> None:
     ev = Evaluator(inp, correction="default")
     assert ev.cost_model_name == "analytical+forest"
     assert ev.evaluate(plan).iteration_time_s != Evaluator(inp).evaluate(plan).iteration_time_s  # CPU: covered
-    from tests.test_evaluate import paper_plan
+    from tests.planner.test_evaluate import paper_plan
 
     pinp, pplan = paper_plan(128, 2, 8)  # GPUs: outside the measured speed range, analytical stays
     assert Evaluator(pinp, correction="default").evaluate(pplan) == Evaluator(pinp).evaluate(pplan)
