@@ -88,6 +88,28 @@ def test_a_loss_that_leaves_nothing_able_to_hold_the_model_is_one_line(three: La
         replan(launch, launch.the_plan(), work, ["a"], seed=0, budget_s=2)
 
 
+def test_a_later_epoch_keeps_the_agents_visible_devices_mode(three: LaunchPlan, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent started with --visible-devices scheduler (a GPU site whose scheduler chose the devices) keeps its
+    scheduler's variable in every epoch's job; with plan, each epoch sets the plan's devices."""
+    from hetauto.launch.node_epoch import epoch_job
+    from hetauto.launch.node_job import prepare_node
+    from hetauto.launch.site_loss import new_epoch
+
+    doc = json.loads(three.to_json(indent=None))
+    for site in doc["sites"]:
+        for node in site["nodes"]:
+            node["visible_devices_env"] = ["CUDA_VISIBLE_DEVICES"]
+    gpu = LaunchPlan.model_validate(doc)
+    epoch = new_epoch(1, gpu, None, ["c"], "site c lost", time.time())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    for mode, seen in (("scheduler", "3"), ("plan", "0")):
+        job = prepare_node(gpu, 1, tmp_path / mode, visible_devices=mode)
+        assert job.env["CUDA_VISIBLE_DEVICES"] == seen
+        later = epoch_job(job, epoch, tmp_path / mode)
+        assert later is not None and later.visible_devices == mode and later.env["CUDA_VISIBLE_DEVICES"] == seen
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(500)
 def test_a_site_killed_at_a_step_is_replanned_around_and_taken_back_when_it_returns(tmp_path: Path) -> None:

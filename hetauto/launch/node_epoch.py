@@ -71,12 +71,14 @@ def _lost_now(run: Any, err: JobFailed) -> tuple[list[str], str]:
 
 def epoch_job(job: NodeJob, epoch: Epoch, home: Path) -> NodeJob | None:
     """This node's job in `epoch`, prepared in `home/epoch<N>` (`home`: the agent's working folder), found by its
-    cluster and node; None when the new plan leaves this node out."""
+    cluster and node, with the agent's --visible-devices mode (a GPU site's scheduler may have chosen the devices);
+    None when the new plan leaves this node out."""
     launch = LaunchPlan.model_validate(epoch.launch)
     mine = [n for n in launch.nodes if (n.cluster, n.node) == (job.node.cluster, job.node.node)]
     if not mine:
         return None
-    return prepare_node(launch, mine[0].node_rank, home / f"epoch{epoch.number}", secret=job.secret)
+    return prepare_node(launch, mine[0].node_rank, home / f"epoch{epoch.number}", secret=job.secret,
+                        visible_devices=job.visible_devices)
 
 
 def start_epoch(job: NodeJob, torchrun: Callable[[NodeJob], Any], control_address: str) -> LocalJob:

@@ -36,6 +36,8 @@ class NodeJob:
     options: Path  # the run options file the workers read
     env: dict[str, str]
     secret: str | None = None  # the launch's job secret (hetauto.launch.node_secret); None: a store without one
+    # the agent's --visible-devices mode: every later epoch's job (hetauto.launch.node_epoch) keeps the agent's own
+    visible_devices: str = "plan"
 
     @property
     def lead(self) -> bool:
@@ -88,7 +90,7 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
         for var in node.visible_devices_env:
             env[var] = ",".join(str(d) for d in node.devices)
     job = NodeJob(launch, site, node, plan, replace(run, plan=str(work / "run" / "plan.json")), work, options, env,
-                  secret)
+                  secret, visible_devices)
     return job
 
 
