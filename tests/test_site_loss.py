@@ -191,6 +191,12 @@ class _Store:
     def delete(self, key: str) -> None:
         self.keys.pop(key, None)
 
+    def set(self, key: str, value: str) -> None:
+        self.keys[key] = value
+
+    def agent_silence(self, node_rank: int) -> float:
+        return 0.5
+
 
 def test_a_returned_site_is_taken_back_only_after_a_newer_checkpoint_and_only_with_this_launch() -> None:
     from hetauto.launch.site_return import ReturnWatch, return_key
@@ -212,5 +218,34 @@ def test_a_returned_site_is_taken_back_only_after_a_newer_checkpoint_and_only_wi
     newest[0] = 4
     assert poll() == "site(s) c came back: stopped the ranks at the checkpoint of step 4"
     sites, _ = watch.taken()
-    assert sites == ["c"] and watch.taken()[0] == [] and store.keys == {}  # taken: its request answered
+    assert sites == ["c"] and watch.taken()[0] == []
+    assert store.keys == {"hetauto/node/2/1": json.dumps({"plan_sha256": "ours"})}  # answered; its node's now
     assert poll() is None
+
+
+def test_the_board_shows_the_current_epoch_its_sites_and_the_lost_ones(three: LaunchPlan, tmp_path: Path) -> None:
+    """`hetauto job status` after site b was lost: epoch 1's plan digest, sites and nodes (c is node rank 1 now,
+    shown with the host it joined with as node rank 2), and b lost; --json too."""
+    from hetauto.commands.job import status_lines
+    from hetauto.launch.job_board import STATUS_KEY, LeadBoard
+    from hetauto.launch.node_epoch import epoch_job
+    from hetauto.launch.node_job import prepare_node
+    from hetauto.launch.replan import epoch_launch
+    from hetauto.launch.site_loss import new_epoch
+
+    job = prepare_node(three, 0, tmp_path / "node0")
+    launch = epoch_launch(three, replan(three, three.the_plan(), job.workdir, ["b"], seed=0, budget_s=1),
+                          job.workdir, ["b"], None)
+    epoch = new_epoch(1, launch, None, ["b"], "site b lost", time.time())
+    store = _Store()
+    store.keys["hetauto/node/2/1"] = json.dumps({"host": "host-c", "pid": 7})
+    board = LeadBoard(job, store, None)
+    board.publish()
+    assert json.loads(store.keys[STATUS_KEY])["epoch"] == 0 and "epoch" not in " ".join(
+        status_lines(json.loads(store.keys[STATUS_KEY])))  # a job on its launch's plan: as before
+    board.follow(epoch_job(job, epoch, job.workdir), 1, ["b"])
+    doc = json.loads(store.keys[STATUS_KEY])
+    assert doc["epoch"] == 1 and doc["plan_sha256"] == launch.plan_sha256 != three.plan_sha256
+    assert doc["sites"] == ["a", "c"] and doc["lost_sites"] == ["b"] and doc["num_nodes"] == 2
+    assert [(n["node_rank"], n["site"], n["host"]) for n in doc["nodes"]][1] == (1, "c", "host-c")
+    assert f"epoch 1 (plan {launch.plan_sha256[:12]}) on site(s) a, c; lost: b" in status_lines(doc)

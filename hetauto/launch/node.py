@@ -189,6 +189,8 @@ class NodeRun:
         self.progress(self.epochs[-1].line() + f"; {self.epochs[-1].redone} step(s) after the checkpoint are "
                       "trained again")
         self.job = new
+        if self.board is not None:
+            self.board.follow(new, epoch.number, self.lost)
         self.store.retarget(new.out)
         self.store.watch_agents(self._members())
         self.local = start_epoch(new, self.torchrun, self.store.address)
