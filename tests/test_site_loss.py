@@ -69,6 +69,38 @@ def test_lost_sites_waits_for_the_grace_and_names_only_the_silent_site(three: La
     assert now[0] <= HEARD_S + 0.5
 
 
+def test_a_site_whose_agent_closed_every_connection_is_lost_without_waiting_out_the_grace(three: LaunchPlan) -> None:
+    now = [0.0]
+    silence = {1: lambda: 0.2, 2: lambda: 0.5 + now[0]}  # c stopped beating, and its connections closed (killed)
+    lost = lost_sites(three, lambda r: silence[r](), GRACE_S, closed=lambda r: r == 2, clock=lambda: now[0],
+                      sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert lost == ["c"] and now[0] <= HEARD_S + 0.5
+    now[0] = 0.0  # closed but still beating (a new connection on its way): not lost, and the ranks failed alone
+    assert lost_sites(three, lambda r: 0.1, GRACE_S, closed=lambda r: True, clock=lambda: now[0],
+                      sleep=lambda s: now.__setitem__(0, now[0] + s)) == []
+
+
+def test_the_lead_store_knows_when_a_roles_every_connection_closed(tmp_path: Path) -> None:
+    from hetauto.core.control_store import ControlStoreClient
+    from hetauto.launch.control import ControlServer
+
+    server = ControlServer(tmp_path, token="s3cret").start()
+    try:
+        assert server.closed_for("node2") is None  # never connected
+        first = ControlStoreClient("127.0.0.1", server.port, 5.0, token="s3cret", role="node2")
+        second = ControlStoreClient("127.0.0.1", server.port, 5.0, token="s3cret", role="node2")
+        first.close()
+        time.sleep(0.3)
+        assert server.closed_for("node2") is None  # one still open
+        second.close()
+        end = time.monotonic() + 5
+        while server.closed_for("node2") is None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert server.closed_for("node2") is not None and server.closed_for("node1") is None
+    finally:
+        server.shutdown()
+
+
 def test_a_loss_that_leaves_nothing_able_to_hold_the_model_is_one_line(three: LaunchPlan, tmp_path: Path) -> None:
     """The lead's folder as the agent wrote it, its cluster file's devices cut to 2 MiB: three of them hold
     tiny-gpt's six layers (two each), two of them do not."""

@@ -61,12 +61,31 @@ def _lost_now(run: Any, err: JobFailed) -> tuple[list[str], str]:
     from hetauto.launch.node_failure import link_failure
 
     job, store, grace = run.job, run.store, run.grace_s
-    lost = lost_sites(job.launch, store.agent_silence, grace)
+    lost = lost_sites(job.launch, store.agent_silence, grace, closed=_agent_ended(run))
     if not lost:
         return [], ""
     gone = [n.node_rank for s in job.launch.sites if s.name in lost for n in s.nodes]
     why = link_failure(job, store, gone, grace, err) or err
     return lost, str(why).split("; what the ranks saw")[0]
+
+
+def _agent_ended(run: Any) -> Callable[[int], bool]:
+    """Whether node rank R's agent (of the current epoch) has closed every connection to the lead's store
+    RECONNECT_WINDOW_S ago and opened none since. Its connections prove the role `node<R>` with R its node rank in
+    the launch as launched (an agent keeps its link across epochs)."""
+    from hetauto.launch.site_loss import RECONNECT_WINDOW_S
+
+    closed_for = getattr(run.store, "closed_for", None)
+    if closed_for is None:
+        return lambda _: False
+
+    def ended(node_rank: int) -> bool:
+        _, node = run.job.launch.node(node_rank)
+        joined = next((n.node_rank for n in run.origin.nodes if (n.cluster, n.node) == (node.cluster, node.node)),
+                      node_rank)
+        since = closed_for(f"node{joined}")
+        return since is not None and since >= RECONNECT_WINDOW_S
+    return ended
 
 
 def epoch_job(job: NodeJob, epoch: Epoch, home: Path) -> NodeJob | None:
