@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from hetauto.launch.node_job import NodeJob
 
 __all__ = ["STATUS_KEY", "CANCEL_KEY", "CANCELLED_EXIT", "LOG_LINES", "LINE_CHARS", "PUBLISH_S", "JobCancelled",
-           "log_key", "NodeLog", "LeadBoard", "cancel_reason", "status_doc", "log_doc", "newest_step", "tail_lines"]
+           "log_key", "NodeLog", "LeadBoard", "cancel_reason", "status_doc", "log_doc", "log_publisher", "newest_step",
+           "tail_lines"]
 
 STATUS_KEY = "hetauto/job/status"
 CANCEL_KEY = "hetauto/job/cancel"
@@ -114,6 +115,17 @@ def log_doc(job: "NodeJob", log: NodeLog | None) -> str:
     agent = log.lines() if log is not None else []
     return json.dumps({"node_rank": job.node.node_rank, "site": job.site.name, "host": socket.gethostname(),
                        "agent": agent[-LOG_LINES:], "ranks": ranks[-LOG_LINES:]})
+
+
+def log_publisher(job: "NodeJob", log: NodeLog | None) -> Callable[[Any], None]:
+    """A member's LeadWatch tick (hetauto.launch.node_end): its log lines into the lead's store every PUBLISH_S."""
+    last = [float("-inf")]
+
+    def tick(link: Any) -> None:
+        if time.monotonic() - last[0] >= PUBLISH_S:
+            last[0] = time.monotonic()
+            link.set(log_key(job.node.node_rank), log_doc(job, log))
+    return tick
 
 
 def newest_step(folder: Path) -> int | None:
