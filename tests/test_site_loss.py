@@ -24,7 +24,7 @@ from hetauto.launch.plan import LaunchPlan
 from hetauto.launch.replan import SiteLossFatal
 from hetauto.launch.site_loss import HEARD_S, lost_sites
 from hetauto.testing.multiproc import two_free_ports
-from hetauto.testing.three_sites import await_step, sites_running, steps_seen, write_three_site_plan
+from hetauto.testing.three_sites import await_step, sites_running, steps_seen, submit_again, write_three_site_plan
 from hetauto.testing.two_sites import this_tree_env
 
 STEPS, KILL_AT, GRACE_S = 8, 2, 10
@@ -153,7 +153,7 @@ def test_a_site_killed_at_a_step_is_replanned_around_and_taken_back_when_it_retu
     with sites_running(out, tmp_path) as (lead, b, c):
         await_step(lead_dir, lead, KILL_AT, 240)
         os.killpg(c.pid, signal.SIGKILL)  # the site's agent, its torchrun and (by their watchdog) its ranks
-        again = _submit_again(out, tmp_path, lead_dir / "epoch1")
+        again = submit_again(out, tmp_path, lead_dir / "epoch1")
         try:
             _, err = lead.communicate(timeout=400)
             _, b_err = b.communicate(timeout=60)
@@ -182,16 +182,6 @@ def test_a_site_killed_at_a_step_is_replanned_around_and_taken_back_when_it_retu
     assert "began when site(s) c came back" in err
     assert "started 1 rank(s) 1-1 for epoch 1" in b_err
     assert "asked the lead to take it back" in again_err and "epoch 2: plan" in again_err
-
-
-def _submit_again(out: Path, root: Path, epoch_folder: Path) -> subprocess.Popen:
-    """Site c's script run again once the lead has begun epoch 1 (its folder is there)."""
-    end = time.monotonic() + 120
-    while not epoch_folder.is_dir() and time.monotonic() < end:
-        time.sleep(0.1)
-    return subprocess.Popen(["bash", str(out / "c" / "node2.sh")], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**this_tree_env(), "HETAUTO_WORKDIR": str(root / "node2-again")})
 
 
 @pytest.mark.multiprocess
