@@ -107,7 +107,7 @@ class NodeRun:
         ranks' collectives across it wait anyway (hetauto.launch.node_link)."""
         return float(self.job.run.training.timeout_s)
 
-    def _members(self) -> list[int]:
+    def members(self) -> list[int]:
         return [n.node_rank for n in self.job.launch.nodes if n.node_rank != 0]
 
     def _silent(self, node_rank: int) -> bool:
@@ -154,7 +154,7 @@ class NodeRun:
                 self._lead_failed_for_good(failed)
         return self._lead_trained(reports)
 
-    def _wire_lead(self) -> None:
+    def wire_lead(self) -> None:
         """The lead's hooks on its running ranks: the store they report to, who is told of a failure, the
         cancel watch and the step lines."""
         self.local.control = self.store
@@ -171,12 +171,16 @@ class NodeRun:
     def _lead_trained(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self._board_end("trained", "every rank reported")
         announce_end(self.store)
-        late = await_members(self.store, self._members(), link_grace_s=self.grace_s,
+        late = await_members(self.store, self.members(), link_grace_s=self.grace_s,
                              silent=lambda r: self._silent(r) and self.store.get(end_seen_key(r)) is None)
         if late:
             self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended {END_GRACE_S:g} s "
                           "after the job's end; every rank had reported, so it ends on its own")
         return reports
+
+    def explained_as(self, err: BaseException) -> None:
+        """`err` is its own explanation (a failure the lead itself says: hetauto.launch.node_epoch)."""
+        self._explained = (err, err)
 
     def explain(self, err: BaseException) -> BaseException:
         """On the lead: the job's failure with its real cause where the ranks' diagnosis cannot see it (a link that
@@ -187,7 +191,7 @@ class NodeRun:
         if self.cancelled is not None:
             return JobCancelled(f"{self.cancelled}; stopped the job's ranks on every node")
         if self._explained is None or self._explained[0] is not err:
-            found = link_failure(self.job, self.store, self._members(), self.grace_s, err) or \
+            found = link_failure(self.job, self.store, self.members(), self.grace_s, err) or \
                 interface_failure(self.job)
             self._explained = (err, found or err)
         return self._explained[1]
@@ -223,7 +227,8 @@ class NodeRun:
         mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
         raise err from None
 
-    def _member_link_words(self, silent_s: float | None = None) -> str:
+    def member_words(self, silent_s: float | None = None) -> str:
+        """A member's words for the link to the lead that stayed down (its LeadWatch's, every epoch's)."""
         return member_link_words(self.job, self.watch.link, self.grace_s, silent_s)
 
 
@@ -233,7 +238,7 @@ def _taken_back(job: NodeJob, back: TakenBack, address: str, progress: Callable[
     ranks run in the epoch that took it, watched as a member's."""
     node = NodeRun(back.job, back.local, back.link, progress)
     node.home, node.epochs, node.control_address, node.log = job.workdir, [back.epoch], address, log
-    back.local.watch = node.watch = LeadWatch(back.link, back.job.node.node_rank, node._member_link_words,
+    back.local.watch = node.watch = LeadWatch(back.link, back.job.node.node_rank, node.member_words,
                                               tick=log_publisher(back.job, log))
     node.watch.next_epoch = epoch_key(back.epoch.number + 1)
     progress(back.epoch.line())
@@ -304,7 +309,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
     joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
     node = NodeRun(job, run, link, progress)
     node.control_address, node.log = address, log
-    run.watch = node.watch = LeadWatch(link, job.node.node_rank, node._member_link_words,
+    run.watch = node.watch = LeadWatch(link, job.node.node_rank, node.member_words,
                                        tick=log_publisher(job, log))
     if node.replanning:
         node.watch.next_epoch = epoch_key(1)

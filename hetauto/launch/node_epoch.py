@@ -125,7 +125,7 @@ def lead_go_on(run: Any, err: JobFailed) -> JobFailed | None:
         epoch = lead_next_epoch(run, err)
     except SiteLossFatal as fatal:
         err = JobFailed(str(fatal))
-        run._explained = (err, err)
+        run.explained_as(err)
         epoch = None
     new = None if epoch is None else epoch_job(run.job, epoch, run.home)
     if new is None or epoch is None:
@@ -140,9 +140,9 @@ def lead_go_on(run: Any, err: JobFailed) -> JobFailed | None:
     if run.board is not None:
         run.board.follow(new, epoch.number, run.lost)
     run.store.retarget(new.out)
-    run.store.watch_agents(run._members())
+    run.store.watch_agents(run.members())
     run.local = start_epoch(new, run.torchrun, run.store.address)
-    run._wire_lead()
+    run.wire_lead()
     return None
 
 
@@ -172,7 +172,7 @@ def member_go_on(run: Any, err: BaseException) -> str:
     run.job = new
     run.local = start_epoch(new, run.torchrun, run.control_address)
     run.local.collect = False
-    run.watch = LeadWatch(run.store, new.node.node_rank, run._member_link_words, tick=log_publisher(new, run.log))
+    run.watch = LeadWatch(run.store, new.node.node_rank, run.member_words, tick=log_publisher(new, run.log))
     run.watch.next_epoch = epoch_key(got.number + 1)
     run.local.watch = run.watch
     run.progress(f"{new.where()}: started {new.node.nproc} rank(s) {new.node.first_rank}-"
