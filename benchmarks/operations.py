@@ -24,7 +24,9 @@
    checkpoint), and the goodput (the job's tokens over the wall time from the agents' start to the lead's end)
    against (a)'s; (c) the same loss without the flag, resumed by hand: the job ends, the "operator" plans the same
    job for a and b (hetauto.launch.replan, as `hetauto plan --cluster` would), `hetauto launch --resume` of the
-   checkpoint folder and starts both sites at once (no human delay counted: a real operator adds theirs).
+   checkpoint folder and starts both sites at once (no human delay counted: a real operator adds theirs); (d) (b)
+   again with c's script run again once epoch 1 has begun: the seconds from its return (the lead saw its agent ask)
+   to the first step of the epoch that takes it back, and the steps redone for it (0: taken back at a checkpoint).
 
     python benchmarks/operations.py [--full] [--json] [--only attacks|auth|rss|chaos]
 
@@ -474,6 +476,7 @@ def chaos(root: Path, steps: int, kill_at: int, grace_s: int) -> dict[str, Any]:
     plan = write_three_site_plan(_fresh(root / "plan"))
     clean = _chaos_run(root / "clean", plan, steps, None, grace_s, replan=True)
     lost = _chaos_run(root / "replan", plan, steps, kill_at, grace_s, replan=True)
+    back = _chaos_run(root / "back", plan, steps, kill_at, grace_s, replan=True, again=True)
     by_hand = _by_hand(root / "by-hand", plan, steps, kill_at, grace_s)
     tokens = steps * 4 * 16
     doc = {"steps": steps, "kill_at": kill_at, "grace_s": grace_s, "tokens": tokens, "clean_s": clean["wall_s"],
@@ -486,6 +489,11 @@ def chaos(root: Path, steps: int, kill_at: int, grace_s: int) -> dict[str, Any]:
     if lost.get("epochs") and len(lost["epochs"]) > 1:
         doc["loss_to_first_step_s"] = lost["epochs"][1]["first_step_s"]
         doc["steps_lost"] = lost["epochs"][1]["redone"]
+    doc["take_back_exit_codes"] = back["exit_codes"]
+    if back.get("epochs") and len(back["epochs"]) > 2:  # epoch 2: site c taken back at a checkpoint
+        doc["take_back_first_step_s"] = back["epochs"][2]["first_step_s"]
+        doc["take_back_steps_redone"] = back["epochs"][2]["redone"]
+        doc["take_back_loss_diff"] = back.get("max_loss_diff")
     return doc
 
 
@@ -510,11 +518,13 @@ def _launch_three(root: Path, plan: Path, steps: int, grace_s: int, *extra: str)
 
 
 def _chaos_run(root: Path, plan: Path, steps: int, kill_at: int | None, grace_s: int, *, replan: bool,
-               sites: tuple[str, ...] = ("a", "b", "c"), extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One launch of `plan` run as written (site c killed at `kill_at` when given): wall time, exits, result."""
+               sites: tuple[str, ...] = ("a", "b", "c"), extra: tuple[str, ...] = (), again: bool = False
+               ) -> dict[str, Any]:
+    """One launch of `plan` run as written (site c killed at `kill_at` when given; `again`: its script run again
+    once the lead has begun epoch 1, to be taken back): wall time, exits (the returned agent's last), result."""
     import signal as signals
 
-    from hetauto.testing.three_sites import await_step, sites_running
+    from hetauto.testing.three_sites import await_step, sites_running, submit_again
 
     out = _launch_three(_fresh(root), plan, steps, grace_s, "--checkpoint-dir", str(root / "ck"),
                         *(("--on-site-loss", "replan") if replan else ()), *extra)
@@ -523,7 +533,13 @@ def _chaos_run(root: Path, plan: Path, steps: int, kill_at: int | None, grace_s:
         if kill_at is not None:
             await_step(root / "node0", procs[0], kill_at, 600)
             os.killpg(procs[2].pid, signals.SIGKILL)
-        codes = [p.wait(timeout=900) for p in procs]
+        if again:
+            procs.append(submit_again(out, root, root / "node0" / "epoch1"))
+        try:
+            codes = [p.wait(timeout=900) for p in procs]
+        finally:
+            if again and procs[-1].poll() is None:
+                procs[-1].kill()
     doc: dict[str, Any] = {"wall_s": time.monotonic() - start, "exit_codes": codes, "ck": str(root / "ck")}
     result = root / "node0" / "result.json"
     if result.is_file():
@@ -589,6 +605,13 @@ def format_report(doc: dict[str, Any]) -> str:
                      f"{ch['max_loss_diff']}):")
         lines.append(f"  loss to the first step on the new plan: {ch.get('loss_to_first_step_s')} s; steps of work "
                      f"lost: {ch.get('steps_lost')}")
+        if ch.get("take_back_first_step_s") is not None:
+            lines.append(f"  site c submitted again once epoch 1 began: taken back at a checkpoint, its return to the "
+                         f"first step with it {ch['take_back_first_step_s']} s; steps redone "
+                         f"{ch['take_back_steps_redone']}; exits {ch['take_back_exit_codes']}, max loss difference "
+                         f"{ch['take_back_loss_diff']}")
+        else:
+            lines.append(f"  site c submitted again: not taken back (exits {ch.get('take_back_exit_codes')})")
         lines.append(f"  goodput vs the run without the fault ({ch['clean_s']:.1f} s): re-planned by the lead "
                      f"{100 * ch['goodput_replan']:.0f}% ({ch['replan_s']:.1f} s), stopped and resumed by hand "
                      f"{100 * ch['goodput_by_hand']:.0f}% ({ch['by_hand_s']:.1f} s, no human delay counted)")

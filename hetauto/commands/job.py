@@ -195,6 +195,10 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
     lines = [f"job {str(doc.get('plan_sha256'))[:12]} at {doc.get('master')}: {doc.get('state')}"
              + (f" ({doc['reason']})" if doc.get("reason") else ""),
              f"step: {'none yet' if step is None else step} of {doc.get('steps')} (counted from 0)"]
+    if doc.get("epoch") or doc.get("lost_sites"):  # --on-site-loss replan: the job goes on in a later plan
+        lost = ", ".join(doc.get("lost_sites") or []) or "none"
+        lines.append(f"epoch {doc.get('epoch')} (plan {str(doc.get('plan_sha256'))[:12]}) on site(s) "
+                     f"{', '.join(doc.get('sites') or [])}; lost: {lost}")
     if doc.get("checkpoint_dir"):
         lines.append(f"checkpoints: {doc['checkpoint_dir']} (a site submitted again resumes from the newest)")
     else:

@@ -221,13 +221,14 @@ class _Data:
 class _Conn:
     """One client connection's buffers, and whether it has been answered yet (an idle stranger has not)."""
 
-    __slots__ = ("inbox", "outbox", "answered", "nonce", "peer", "since")
+    __slots__ = ("inbox", "outbox", "answered", "nonce", "peer", "since", "role")
 
     def __init__(self, nonce: str | None, peer: str = "?") -> None:
         self.inbox, self.outbox, self.answered = bytearray(), bytearray(), False
         self.since = time.monotonic()  # when it connected: an unproven connection has PROOF_DEADLINE_S from here
         self.nonce = nonce  # the challenge it has not answered yet (None: proven, or a store without a token)
         self.peer = peer  # HOST:PORT of the client, for the owner's one line about a refused stranger
+        self.role: str | None = None  # the role it proved (a store with a token), told to the owner's on_role
 
 
 class ControlStoreServer(_Data):
@@ -242,8 +243,13 @@ class ControlStoreServer(_Data):
 
     def __init__(self, listener: socket.socket, limits: StoreLimits | None = None, token: str | None = None,
                  on_refused: Callable[[str], None] | None = None,
-                 proof_deadline_s: float = PROOF_DEADLINE_S) -> None:
+                 proof_deadline_s: float = PROOF_DEADLINE_S,
+                 on_role: Callable[[str, bool], None] | None = None) -> None:
         super().__init__(limits)
+        # told (role, True) when a connection proves its role and (role, False) when that connection closes (its
+        # peer closed or reset it, or the store dropped it): the owner knows which of a client's connections are
+        # open (hetauto.launch.control: an agent whose every connection closed is gone). From the serving thread.
+        self._on_role = on_role
         self._token = token
         self._proof_deadline_s = proof_deadline_s
         self._next_expiry = time.monotonic() + min(1.0, proof_deadline_s)
@@ -414,7 +420,17 @@ class ControlStoreServer(_Data):
             return False
         ok = hmac.compare_digest(proof(self._token, state.nonce, role), given)
         state.nonce = None if ok else state.nonce
+        if ok:
+            state.role = role
+            self._told_role(role, True)
         return ok
+
+    def _told_role(self, role: str, opened: bool) -> None:
+        if self._on_role is not None:
+            try:
+                self._on_role(role, opened)
+            except Exception:  # noqa: BLE001 - the owner's note never ends the store
+                pass
 
     def _flush(self, conn: socket.socket, outbox: bytearray) -> None:
         if outbox:
@@ -433,6 +449,8 @@ class ControlStoreServer(_Data):
         state = self._conns.pop(conn, None)
         if state is not None:
             self._buffered -= len(state.inbox)
+            if state.role is not None:
+                self._told_role(state.role, False)
         try:
             self._selector.unregister(conn)
         except (KeyError, ValueError):

@@ -88,8 +88,13 @@ class ControlServer:
         self.address = join_address(host, self.port)
         self._say_refused = on_refused
         self._refused_said: dict[str, float] = {}  # peer host -> when its refusal was last said
+        # each proven role's open connections and since when it has none (hetauto.launch.site_loss: an agent whose
+        # every connection closed, and none opened again, is gone); by the store's serving thread
+        self._roles: dict[str, tuple[int, float]] = {}
+        self._roles_lock = threading.Lock()
         self.store = ControlStoreServer(self._sock, limits or job_store_limits(), token=token,
-                                        on_refused=self._refused if on_refused is not None else None)
+                                        on_refused=self._refused if on_refused is not None else None,
+                                        on_role=self._role_seen)
         self.lock = threading.Lock()  # the store object is shared by the mirror thread and the agent's handshake
         self._next = 1
         self._hole_since: float | None = None
@@ -107,6 +112,20 @@ class ControlServer:
         if now - self._refused_said.get(host, -REFUSED_NOTE_S) >= REFUSED_NOTE_S and self._say_refused is not None:
             self._refused_said[host] = now
             self._say_refused(peer)
+
+    def _role_seen(self, role: str, opened: bool) -> None:
+        with self._roles_lock:
+            count, _ = self._roles.get(role, (0, 0.0))
+            count = count + 1 if opened else max(0, count - 1)
+            self._roles[role] = (count, time.monotonic())
+
+    def closed_for(self, role: str) -> float | None:
+        """Seconds since the last open connection that proved `role` closed (its peer closed or reset it: a
+        process killed closes all its own); None while one is open, or when none ever proved it (a store without
+        a token knows no roles)."""
+        with self._roles_lock:
+            count, since = self._roles.get(role, (1, 0.0))
+        return None if count else max(0.0, time.monotonic() - since)
 
     # --- lifecycle
     def start(self) -> "ControlServer":

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hetauto.core.errors import HetautoError
 
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from hetauto.launch.node_job import NodeJob
 
 __all__ = ["STATUS_KEY", "CANCEL_KEY", "CANCELLED_EXIT", "LOG_LINES", "LINE_CHARS", "PUBLISH_S", "JobCancelled",
-           "log_key", "NodeLog", "LeadBoard", "cancel_reason", "status_doc", "log_doc", "newest_step", "tail_lines"]
+           "log_key", "NodeLog", "LeadBoard", "cancel_reason", "status_doc", "log_doc", "log_publisher", "newest_step",
+           "tail_lines"]
 
 STATUS_KEY = "hetauto/job/status"
 CANCEL_KEY = "hetauto/job/cancel"
@@ -116,6 +117,17 @@ def log_doc(job: "NodeJob", log: NodeLog | None) -> str:
                        "agent": agent[-LOG_LINES:], "ranks": ranks[-LOG_LINES:]})
 
 
+def log_publisher(job: "NodeJob", log: NodeLog | None) -> Callable[[Any], None]:
+    """A member's LeadWatch tick (hetauto.launch.node_end): its log lines into the lead's store every PUBLISH_S."""
+    last = [float("-inf")]
+
+    def tick(link: Any) -> None:
+        if time.monotonic() - last[0] >= PUBLISH_S:
+            last[0] = time.monotonic()
+            link.set(log_key(job.node.node_rank), log_doc(job, log))
+    return tick
+
+
 def newest_step(folder: Path) -> int | None:
     """The newest step any rank's step log in the lead's run folder reached (rank<R>.steps.jsonl), or None."""
     newest: int | None = None
@@ -142,14 +154,17 @@ def _rank_ages(folder: Path, ranks: int) -> dict[str, float | None]:
     return ages
 
 
-def _node_row(job: "NodeJob", control: Any, r: int, watching: bool) -> dict[str, Any]:
+def _node_row(job: "NodeJob", control: Any, r: int, watching: bool, origin: Any = None) -> dict[str, Any]:
+    """Node rank `r` of the job's current epoch; its registration is under its node rank in `origin` (the launch
+    as launched: a later epoch numbers its nodes again)."""
     site, node = job.launch.node(r)
     row: dict[str, Any] = {"node_rank": r, "site": site.name, "cluster": node.cluster, "nproc": node.nproc}
     if r == 0:
         reg: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
     else:
+        joined = _origin_rank(origin or job.launch, node.cluster, node.node, r)
         try:
-            reg = json.loads(control.get(f"hetauto/node/{r}/1") or "null") or {}
+            reg = json.loads(control.get(f"hetauto/node/{joined}/1") or "null") or {}
         except ValueError:
             reg = {}
     row.update({"joined": bool(reg), "host": reg.get("host"), "pid": reg.get("pid")})
@@ -158,13 +173,22 @@ def _node_row(job: "NodeJob", control: Any, r: int, watching: bool) -> dict[str,
     return row
 
 
-def status_doc(job: "NodeJob", control: Any, state: str, reason: str | None, watching: bool) -> dict[str, Any]:
-    """The job's status as the lead sees it now (what `hetauto job status --json` prints)."""
+def _origin_rank(origin: Any, cluster: str, node: int, default: int) -> int:
+    """The node rank the launch gave the node (`cluster`, `node`): the one its agent joined with."""
+    return next((n.node_rank for n in origin.nodes if (n.cluster, n.node) == (cluster, node)), default)
+
+
+def status_doc(job: "NodeJob", control: Any, state: str, reason: str | None, watching: bool,
+               epoch: int = 0, lost: Sequence[str] = (), origin: Any = None) -> dict[str, Any]:
+    """The job's status as the lead sees it now (what `hetauto job status --json` prints): `job` the current
+    epoch's (`--on-site-loss replan`, hetauto.launch.site_loss: its plan, sites and nodes), `lost` the launch's
+    sites out of the job now, `origin` the launch as launched."""
     launch = job.launch
     return {"state": state, "reason": reason, "plan_sha256": launch.plan_sha256,
             "master": f"{launch.rendezvous.master_addr}:{launch.rendezvous.master_port}",
+            "epoch": epoch, "sites": [s.name for s in launch.sites], "lost_sites": list(lost),
             "step": newest_step(job.out), "steps": int(job.run.training.steps), "num_nodes": launch.num_nodes,
-            "nodes": [_node_row(job, control, n.node_rank, watching) for n in launch.nodes],
+            "nodes": [_node_row(job, control, n.node_rank, watching, origin) for n in launch.nodes],
             "rank_heartbeat_age_s": _rank_ages(job.out, job.plan.world_size),
             "checkpoint_dir": job.run.checkpoint.dir}
 
@@ -177,6 +201,9 @@ class LeadBoard:
     def __init__(self, job: "NodeJob", control: Any, log: NodeLog | None) -> None:
         self.job, self.control, self.log = job, control, log
         self.state, self.reason, self.watching = "joining", None, False
+        self.origin = job.launch  # the launch as launched; `job` is the current epoch's (follow)
+        self.epoch: int = 0
+        self.lost: tuple[str, ...] = ()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hetauto-board", daemon=True)
 
@@ -185,13 +212,20 @@ class LeadBoard:
         self._thread.start()
         return self
 
+    def follow(self, job: "NodeJob", epoch: int, lost: Sequence[str]) -> None:
+        """The job goes on in epoch `epoch` (`--on-site-loss replan`): its job (plan, sites, nodes) and the lost
+        sites are what the board shows from now on."""
+        self.job, self.epoch, self.lost = job, epoch, tuple(lost)
+        self.publish()
+
     def set_state(self, state: str, reason: str | None = None) -> None:
         self.state, self.reason = state, reason
         self.publish()
 
     def publish(self) -> None:
         try:
-            doc = status_doc(self.job, self.control, self.state, self.reason, self.watching)
+            doc = status_doc(self.job, self.control, self.state, self.reason, self.watching, self.epoch, self.lost,
+                             self.origin)
             self.control.set(STATUS_KEY, json.dumps(doc))
             self.control.set(log_key(0), log_doc(self.job, self.log))
         except Exception:  # noqa: BLE001 - a status a second old is no failure of the job; the next one is written

@@ -16,7 +16,9 @@ lead ends the job early (a failure, a signal) it sets `abort`, which every other
 nothing is left running at any site; when every rank has reported it sets `end` and waits for every member's
 `done/<R>`, so every node of a job that trained exits 0. A link between two sites may be down for the run's
 `--timeout` (hetauto.launch.node_link): a member reads the lead's store through connections it makes again, and
-only past that grace does the job fail, naming the site pair on both ends (hetauto.launch.node_failure).
+only past that grace does the job fail, naming the site pair on both ends (hetauto.launch.node_failure). With
+`--on-site-loss replan` a lost site starts a new epoch instead, and a lost site's agent submitted again is taken
+back (hetauto.launch.node_epoch: how one epoch hands over to the next).
 """
 
 from __future__ import annotations
@@ -26,17 +28,18 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from hetauto.launch.diagnosis import JobFailed
-from hetauto.launch.job_board import PUBLISH_S, JobCancelled, LeadBoard, NodeLog, log_doc, log_key
-from hetauto.launch.local import LocalJob, start_job, torchrun_launcher
+from hetauto.launch.job_board import JobCancelled, LeadBoard, NodeLog, log_publisher
+from hetauto.launch.local import LocalJob, start_job
 from hetauto.launch.node_end import (ABORT_KEY, END_GRACE_S, LeadWatch, abort_others, announce_end, await_members,
                                      end_seen_key, mark_done)
-from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node, resume_note
+from hetauto.launch.node_epoch import TakenBack, come_back, first_epoch, lead_go_on, member_go_on, return_watch
+from hetauto.launch.node_job import VISIBLE_DEVICES_MODES, NodeJob, prepare_node, resume_note, torchrun_command
 from hetauto.launch.node_join import JoinFailed, RefusedByLead, lead_join, member_join, node_key, verdict_key
 from hetauto.launch.node_failure import (interface_failure, link_failure, loopback_note, member_failure,
                                          member_link_words)
-from hetauto.launch.node_link import LeadLink, agent_beat_key, connect_lead, silent_threshold
+from hetauto.launch.node_link import LeadLink, connect_lead, silent_threshold
 from hetauto.launch.replan import Replanner
-from hetauto.launch.site_loss import EPOCH_WAIT_S, Epoch, await_epoch, epoch_key
+from hetauto.launch.site_loss import Epoch, epoch_key
 
 # NodeJob, prepare_node (hetauto.launch.node_job) and the join's names are re-exported: the agent's callers take
 # them from here
@@ -47,17 +50,6 @@ def refused_words(peer: str) -> str:
     """The lead's one line for a connection its store closed: it did not prove the job's secret."""
     return (f"refused a connection to the control store from {peer}: it did not prove this job's secret (a "
             "stranger, or a node of another launch); nothing it sent was read")
-
-
-def _torchrun(job: NodeJob, bind: str | None = None) -> Callable[[list[str]], list[str]]:
-    # a later epoch (--on-site-loss replan) runs on the same rendezvous port once every old torchrun is gone
-    """This node's torchrun command; `bind`: the one address its rendezvous store listens on (the lead's)."""
-    launch, node = job.launch, job.node
-    rdzv = launch.rendezvous
-    return lambda worker: [*torchrun_launcher(bind), f"--nnodes={launch.num_nodes}", f"--node-rank={node.node_rank}",
-                           f"--nproc-per-node={node.nproc}", "--rdzv-backend=static",
-                           f"--master-addr={rdzv.master_addr}", f"--master-port={rdzv.master_port}",
-                           "--max-restarts=0", "--monitor-interval=0.1", *worker]
 
 
 class NodeRun:
@@ -73,8 +65,6 @@ class NodeRun:
         self.board = board  # the lead's: the job's status for `hetauto job` (hetauto.launch.job_board)
         self.cancelled: str | None = None  # the lead's: a client's cancel reason, once its ranks were stopped for it
         self._explained: tuple[BaseException, BaseException] | None = None
-        from hetauto.launch.node_epoch import first_epoch
-
         # --on-site-loss replan (hetauto.launch.site_loss): the plans the job ran on, and what starts a new one's
         # ranks (this node's torchrun command for a job; where the lead's store is; this agent's log)
         self.epochs: list[Epoch] = [first_epoch(job)]
@@ -82,7 +72,7 @@ class NodeRun:
         self.origin = job.launch  # the launch as launched: every epoch is derived from it
         self.lost: list[str] = []  # the lead's: the launch's sites out of the job now
         self.returns: Any = None  # the lead's hetauto.launch.site_return.ReturnWatch: lost sites that came back
-        self.torchrun: Callable[[NodeJob], Any] = _torchrun
+        self.torchrun: Callable[[NodeJob], Any] = torchrun_command
         self.control_address = ""
         self.log: NodeLog | None = None
         self._steps: tuple[Any, Any] | None = None
@@ -117,7 +107,7 @@ class NodeRun:
         ranks' collectives across it wait anyway (hetauto.launch.node_link)."""
         return float(self.job.run.training.timeout_s)
 
-    def _members(self) -> list[int]:
+    def members(self) -> list[int]:
         return [n.node_rank for n in self.job.launch.nodes if n.node_rank != 0]
 
     def _silent(self, node_rank: int) -> bool:
@@ -158,44 +148,13 @@ class NodeRun:
                 reports = self.local.wait()  # a failure: LocalJob.on_failure has told the other nodes (abort)
                 break
             except JobFailed as err:
-                failed = self._lead_next_epoch(err)
+                failed = lead_go_on(self, err)
                 if failed is None:
                     continue
                 self._lead_failed_for_good(failed)
         return self._lead_trained(reports)
 
-    def _lead_next_epoch(self, err: JobFailed) -> JobFailed | None:
-        """With --on-site-loss replan: None when the job goes on in a new epoch (a site was lost), else the
-        failure, told to the other nodes. Without it: `err` as it is (LocalJob.on_failure told them)."""
-        if not self.replanning or self.cancelled is not None:
-            return err
-        from hetauto.launch.node_epoch import epoch_job, lead_next_epoch, start_epoch
-        from hetauto.launch.replan import SiteLossFatal
-
-        others = self.job.launch.num_nodes - 1
-        try:
-            epoch = lead_next_epoch(self, err)
-        except SiteLossFatal as fatal:
-            err = JobFailed(str(fatal))
-            self._explained = (err, err)
-            epoch = None
-        new = None if epoch is None else epoch_job(self.job, epoch, self.home)
-        if new is None or epoch is None:
-            self.on_lead_failure(err, others)
-            return err
-        log = self.local.step_log
-        last = log.records[-1].step if log is not None and log.records else epoch.step
-        self.epochs.append(replace(epoch, redone=max(0, last - epoch.step)))
-        self.progress(self.epochs[-1].line() + f"; {self.epochs[-1].redone} step(s) after the checkpoint are "
-                      "trained again")
-        self.job = new
-        self.store.retarget(new.out)
-        self.store.watch_agents(self._members())
-        self.local = start_epoch(new, self.torchrun, self.store.address)
-        self._wire_lead()
-        return None
-
-    def _wire_lead(self) -> None:
+    def wire_lead(self) -> None:
         """The lead's hooks on its running ranks: the store they report to, who is told of a failure, the
         cancel watch and the step lines."""
         self.local.control = self.store
@@ -212,12 +171,16 @@ class NodeRun:
     def _lead_trained(self, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self._board_end("trained", "every rank reported")
         announce_end(self.store)
-        late = await_members(self.store, self._members(), link_grace_s=self.grace_s,
+        late = await_members(self.store, self.members(), link_grace_s=self.grace_s,
                              silent=lambda r: self._silent(r) and self.store.get(end_seen_key(r)) is None)
         if late:
             self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended {END_GRACE_S:g} s "
                           "after the job's end; every rank had reported, so it ends on its own")
         return reports
+
+    def explained_as(self, err: BaseException) -> None:
+        """`err` is its own explanation (a failure the lead itself says: hetauto.launch.node_epoch)."""
+        self._explained = (err, err)
 
     def explain(self, err: BaseException) -> BaseException:
         """On the lead: the job's failure with its real cause where the ranks' diagnosis cannot see it (a link that
@@ -228,7 +191,7 @@ class NodeRun:
         if self.cancelled is not None:
             return JobCancelled(f"{self.cancelled}; stopped the job's ranks on every node")
         if self._explained is None or self._explained[0] is not err:
-            found = link_failure(self.job, self.store, self._members(), self.grace_s, err) or \
+            found = link_failure(self.job, self.store, self.members(), self.grace_s, err) or \
                 interface_failure(self.job)
             self._explained = (err, found or err)
         return self._explained[1]
@@ -244,7 +207,7 @@ class NodeRun:
                 reports = self.local.wait()
                 break
             except BaseException as err:
-                step = self._member_next_epoch(err)
+                step = member_go_on(self, err)
                 if step == "left out":
                     mark_done(self.store, self.job.node.node_rank, "ok")
                     return []
@@ -255,37 +218,6 @@ class NodeRun:
                           "node's torchrun ended on its own")
         return reports
 
-    def _member_next_epoch(self, err: BaseException) -> str:
-        """With --on-site-loss replan, after this node's ranks stopped: wait for the lead's next epoch and start
-        this node's ranks for it ("restarted"), or say this node is not in it ("left out"); else "no"."""
-        if not (self.replanning and isinstance(err, JobFailed) and self.watch is not None
-                and self.watch.cancelled is None):
-            return "no"
-        from hetauto.launch.node_epoch import epoch_job, start_epoch
-
-        rank = self.job.node.node_rank
-        got = await_epoch(self.store, self.epochs[-1].number + 1, lambda: self.store.add(agent_beat_key(rank), 1),
-                          ABORT_KEY, self.grace_s + EPOCH_WAIT_S)
-        if not isinstance(got, Epoch):
-            return "no"
-        self.epochs.append(got)
-        new = epoch_job(self.job, got, self.home)
-        if new is None:
-            self.progress(f"epoch {got.number}: the new plan leaves {self.job.where()} out; this node's part of the "
-                          "job is over")
-            return "left out"
-        self.progress(got.line())
-        self.job = new
-        self.local = start_epoch(new, self.torchrun, self.control_address)
-        self.local.collect = False
-        self.watch = LeadWatch(self.store, new.node.node_rank, self._member_link_words,
-                               tick=_log_publisher(new, self.log))
-        self.watch.next_epoch = epoch_key(got.number + 1)
-        self.local.watch = self.watch
-        self.progress(f"{new.where()}: started {new.node.nproc} rank(s) {new.node.first_rank}-"
-                      f"{new.node.first_rank + new.node.nproc - 1} for epoch {got.number}")
-        return "restarted"
-
     def _member_failed(self, err: BaseException) -> None:
         if isinstance(err, JobFailed) and self.watch is not None:
             err = member_failure(self.job, self.watch, self.grace_s, err)
@@ -295,80 +227,21 @@ class NodeRun:
         mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
         raise err from None
 
-    def _member_link_words(self, silent_s: float | None = None) -> str:
+    def member_words(self, silent_s: float | None = None) -> str:
+        """A member's words for the link to the lead that stayed down (its LeadWatch's, every epoch's)."""
         return member_link_words(self.job, self.watch.link, self.grace_s, silent_s)
 
 
-def _log_publisher(job: NodeJob, log: NodeLog | None) -> Callable[[Any], None]:
-    """A member's LeadWatch tick: its log lines into the lead's store every PUBLISH_S (hetauto.launch.job_board)."""
-    last = [float("-inf")]
-
-    def tick(link: Any) -> None:
-        if time.monotonic() - last[0] >= PUBLISH_S:
-            last[0] = time.monotonic()
-            link.set(log_key(job.node.node_rank), log_doc(job, log))
-    return tick
-
-
-def _return_watch(node: NodeRun) -> Any:
-    """The lead's watch for lost sites' agents asking to come back (hetauto.launch.site_return)."""
-    from hetauto.launch.launch_match import find_mismatch, launch_parts
-    from hetauto.launch.replan import newest_checkpoint
-    from hetauto.launch.site_return import ReturnWatch
-
-    def newest_step() -> int | None:
-        found = newest_checkpoint(node.job.run.checkpoint.dir)
-        return None if found is None else found[1]
-
-    def check(reg: dict[str, Any]) -> str | None:
-        if reg.get("plan_sha256") != node.origin.plan_sha256 or find_mismatch(launch_parts(node.origin), reg):
-            return "another launch"
-        return None
-
-    return ReturnWatch(node.store, lambda: {s: [n.node_rank for n in node.origin.site(s).nodes] for s in node.lost},
-                       newest_step, check)
-
-
-def _come_back(job: NodeJob, address: str, progress: Callable[[str], None], log: NodeLog | None) -> NodeRun | None:
-    """An agent of a lost site submitted again while the job goes on without it: ask the lead to take it back, wait
-    for the epoch that does and start its ranks for it; None when the job is still in its launch (join as usual)."""
-    from hetauto.launch.node_epoch import epoch_job, start_epoch
-    from hetauto.launch.node_join import registration
-    from hetauto.launch.site_return import await_taken_back, request_return
-
-    rdzv, rank = job.launch.rendezvous, job.node.node_rank
-    try:
-        probe = connect_lead(rdzv.master_addr, rdzv.control_port, 5.0, job.secret, f"node{rank}")
-        current = request_return(probe, rank, registration(job))
-    except Exception:  # noqa: BLE001 - the lead not up yet, or refusing: the join says why, as always
-        return None
-    if current is None:
-        probe.close()
-        return None
-    progress(f"{job.where()}: the job goes on without this site since epoch {current}: asked the lead to take it "
-             "back at its next checkpoint")
-    me = (job.node.cluster, job.node.node)
-
-    def holds_me(epoch: Epoch) -> bool:
-        return any((n["cluster"], n["node"]) == me for s in epoch.launch["sites"] for n in s["nodes"])
-
-    epoch = await_taken_back(probe, current, holds_me, rdzv.join_timeout_s)
-    if epoch is None:
-        raise JoinFailed(f"{job.where()}: asked the lead at {address} to take this site back, and no epoch took it "
-                         f"within the join timeout ({rdzv.join_timeout_s:g} s)")
-    new = epoch_job(job, epoch, job.workdir)
-    assert new is not None  # the epoch holds this node
-    link = LeadLink(lambda wait_s: connect_lead(rdzv.master_addr, rdzv.control_port, wait_s, job.secret,
-                                                f"node{rank}"), address, float(job.run.training.timeout_s),
-                    client=probe)
-    local = start_epoch(new, _torchrun, address)
-    local.collect = False
-    node = NodeRun(new, local, link, progress)
-    node.home, node.epochs, node.control_address, node.log = job.workdir, [epoch], address, log
-    local.watch = node.watch = LeadWatch(link, new.node.node_rank, node._member_link_words,
-                                         tick=_log_publisher(new, log))
-    node.watch.next_epoch = epoch_key(epoch.number + 1)
-    progress(epoch.line())
+def _taken_back(job: NodeJob, back: TakenBack, address: str, progress: Callable[[str], None],
+                log: NodeLog | None) -> NodeRun:
+    """A lost site's agent submitted again, taken back by the lead (hetauto.launch.node_epoch.come_back): its
+    ranks run in the epoch that took it, watched as a member's."""
+    node = NodeRun(back.job, back.local, back.link, progress)
+    node.home, node.epochs, node.control_address, node.log = job.workdir, [back.epoch], address, log
+    back.local.watch = node.watch = LeadWatch(back.link, back.job.node.node_rank, node.member_words,
+                                              tick=log_publisher(back.job, log))
+    node.watch.next_epoch = epoch_key(back.epoch.number + 1)
+    progress(back.epoch.line())
     return node
 
 
@@ -409,24 +282,24 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
         if (note := resume_note(job)) is not None:
             progress(note)
         rdzv_bind = listen.bind if listen.note is None else None  # torchrun's store: where the control store is
-        run = start_job(job.plan, job.run, job.out, _torchrun(job, rdzv_bind), job.options, control_bind=None,
+        run = start_job(job.plan, job.run, job.out, torchrun_command(job, rdzv_bind), job.options, control_bind=None,
                         control_address=control.address, env=job.env, control_token=job.secret,
                         ranks_here=job.node.nproc)
         run.control = control
         node = NodeRun(job, run, control, progress, board=board)
-        node.torchrun = lambda j: _torchrun(j, rdzv_bind)
+        node.torchrun = lambda j: torchrun_command(j, rdzv_bind)
         node.replanner = replanner
         board.set_state("running")
         run.on_failure = node.lead_failed
         run.watch = node.lead_watch
         if node.replanning:
-            node.returns = _return_watch(node)
+            node.returns = return_watch(node)
         return node
     address = f"{rdzv.master_addr}:{rdzv.control_port}"
-    if job.launch.on_site_loss == "replan" and (back := _come_back(job, address, progress, log)) is not None:
-        return back
+    if job.launch.on_site_loss == "replan" and (back := come_back(job, address, progress)) is not None:
+        return _taken_back(job, back, address, progress, log)
     joined = member_join(job, timeout, progress)
-    run = start_job(job.plan, job.run, job.out, _torchrun(job), job.options, control_bind=None,
+    run = start_job(job.plan, job.run, job.out, torchrun_command(job), job.options, control_bind=None,
                     control_address=address, env=job.env, control_token=job.secret,
                     ranks_here=job.node.nproc)
     run.collect = False
@@ -436,8 +309,8 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
     joined.close()  # the join's connection waited 10 s a call; the link's wait LINK_CALL_S and are made again
     node = NodeRun(job, run, link, progress)
     node.control_address, node.log = address, log
-    run.watch = node.watch = LeadWatch(link, job.node.node_rank, node._member_link_words,
-                                       tick=_log_publisher(job, log))
+    run.watch = node.watch = LeadWatch(link, job.node.node_rank, node.member_words,
+                                       tick=log_publisher(job, log))
     if node.replanning:
         node.watch.next_epoch = epoch_key(1)
     return node

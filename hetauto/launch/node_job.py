@@ -10,15 +10,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from hetauto.core.errors import HetautoError
 from hetauto.core.plan import Plan
 from hetauto.core.run_config import RunConfig
-from hetauto.launch.local import write_run_folder
+from hetauto.launch.local import torchrun_launcher, write_run_folder
 from hetauto.launch.plan import LaunchPlan, NodeLaunch, SiteLaunch
 from hetauto.runtime.worker import RESUME_NEWEST_ENV
 
-__all__ = ["NodeJob", "prepare_node", "resume_note", "VISIBLE_DEVICES_MODES"]
+__all__ = ["NodeJob", "prepare_node", "resume_note", "torchrun_command", "VISIBLE_DEVICES_MODES"]
 
 VISIBLE_DEVICES_MODES = ("plan", "scheduler")
 
@@ -36,6 +37,8 @@ class NodeJob:
     options: Path  # the run options file the workers read
     env: dict[str, str]
     secret: str | None = None  # the launch's job secret (hetauto.launch.node_secret); None: a store without one
+    # the agent's --visible-devices mode: every later epoch's job (hetauto.launch.node_epoch) keeps the agent's own
+    visible_devices: str = "plan"
 
     @property
     def lead(self) -> bool:
@@ -88,8 +91,19 @@ def prepare_node(launch: LaunchPlan, node_rank: int, workdir: str | Path, *, vis
         for var in node.visible_devices_env:
             env[var] = ",".join(str(d) for d in node.devices)
     job = NodeJob(launch, site, node, plan, replace(run, plan=str(work / "run" / "plan.json")), work, options, env,
-                  secret)
+                  secret, visible_devices)
     return job
+
+
+def torchrun_command(job: NodeJob, bind: str | None = None) -> Callable[[list[str]], list[str]]:
+    """This node's torchrun command; `bind`: the one address its rendezvous store listens on (the lead's). A later
+    epoch (--on-site-loss replan) runs on the same rendezvous port once every old torchrun is gone."""
+    launch, node = job.launch, job.node
+    rdzv = launch.rendezvous
+    return lambda worker: [*torchrun_launcher(bind), f"--nnodes={launch.num_nodes}", f"--node-rank={node.node_rank}",
+                           f"--nproc-per-node={node.nproc}", "--rdzv-backend=static",
+                           f"--master-addr={rdzv.master_addr}", f"--master-port={rdzv.master_port}",
+                           "--max-restarts=0", "--monitor-interval=0.1", *worker]
 
 
 def _refuse_another_plans(folder: str, launch_sha: str, plan: Plan) -> None:

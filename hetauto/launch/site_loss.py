@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["Epoch", "epoch_key", "lost_sites", "await_epoch", "EPOCH_WAIT_S"]
+__all__ = ["Epoch", "epoch_key", "lost_sites", "await_epoch", "EPOCH_WAIT_S", "RECONNECT_WINDOW_S"]
 
 EPOCH_WAIT_S = 60.0  # how long, past the link grace, a surviving member waits for the lead's next epoch
 POLL_S = 0.25
@@ -81,23 +81,33 @@ class Epoch:
 
 
 HEARD_S = 1.5  # a member agent heard from this recently is up (it beats every 0.5 s: three beats)
+# a member agent silent, whose every connection to the lead's store closed this long ago with none opened since, is
+# gone without waiting out the grace: its process ended (the kernel closes a killed process's connections). Why
+# this long: a live agent whose connection closed (its call timed out across a blip and it dropped it, or a reset)
+# opens a new one at its next call, within one store call's wait (LINK_CALL_S, 2 s) plus TCP's first SYN
+# retransmission (1 s); and after an outage its new connection's SYN travels with, or before, the old one's FIN.
+# A link that is down sends no close at all: only silence tells it, and that waits for the grace.
+RECONNECT_WINDOW_S = 3.0
 
 
 def lost_sites(launch: Any, silence: Callable[[int], float], grace_s: float, *,
+               closed: Callable[[int], bool] = lambda _: False,
                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
                ) -> list[str]:
     """On the lead after its ranks failed: the sites whose every node's agent stays silent past `grace_s` (gone,
-    or the link down past the grace). Waits HEARD_S at least (an agent killed with its ranks was heard a moment
-    ago), then while a member is silent for longer than HEARD_S but not yet the grace (it may come back); [] when
-    every member is heard (the ranks failed on their own)."""
+    or the link down past the grace), or is silent with its connections closed (`closed(R)`: every one closed
+    RECONNECT_WINDOW_S ago and none opened since: gone, at once). Waits HEARD_S at least (an agent killed with its
+    ranks was heard a moment ago), then while a member is silent for longer than HEARD_S but not yet the grace
+    (it may come back); [] when every member is heard (the ranks failed on their own)."""
     members = [n.node_rank for n in launch.nodes if n.node_rank != 0]
     start = clock()
     while True:
         quiet = {r: silence(r) for r in members}
-        undecided = [r for r, s in quiet.items() if HEARD_S < s <= grace_s]
+        ended = {r for r, s in quiet.items() if s > HEARD_S and closed(r)}
+        undecided = [r for r, s in quiet.items() if HEARD_S < s <= grace_s and r not in ended]
         waited = clock() - start
         if waited > HEARD_S and not undecided or waited > grace_s + HEARD_S:
-            gone = {r for r, s in quiet.items() if s > grace_s}
+            gone = {r for r, s in quiet.items() if s > grace_s} | ended
             return [s.name for s in launch.sites if s.nodes and all(n.node_rank in gone for n in s.nodes)]
         sleep(POLL_S)
 

@@ -96,5 +96,7 @@ class ReturnWatch:
         for s in ready:
             del self.back[s]
             for r in nodes.get(s, ()):
+                if (asked_with := self.store.get(return_key(r))) is not None:  # its node's registration now: the
+                    self.store.set(f"hetauto/node/{r}/1", asked_with)  # job's board shows its host and pid
                 self.store.delete(return_key(r))  # answered: a later loss of the site starts without it
         return ready, asked

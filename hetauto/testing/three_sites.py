@@ -13,7 +13,7 @@ from pathlib import Path
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.testing.two_sites import this_tree_env
 
-__all__ = ["CLUSTER", "SITES", "write_three_site_plan", "sites_running", "await_step", "steps_seen"]
+__all__ = ["CLUSTER", "SITES", "write_three_site_plan", "sites_running", "await_step", "steps_seen", "submit_again"]
 
 CLUSTER = """\
 clusters:
@@ -71,3 +71,15 @@ def await_step(workdir: Path, lead: subprocess.Popen, step: int, timeout_s: floa
     while not any(s >= step for s in steps_seen(workdir)):
         assert time.monotonic() < end and lead.poll() is None, lead.communicate()[1][-3000:]
         time.sleep(0.05)
+
+
+def submit_again(out: Path, folder: Path, epoch_folder: Path, site: str = "c", node_rank: int = 2,
+                 timeout_s: float = 120) -> subprocess.Popen:
+    """Site `site`'s script (node rank `node_rank`) run again, in its own working folder `folder/node<r>-again`,
+    once the lead has begun the epoch whose folder is `epoch_folder` (it is there): a lost site coming back."""
+    end = time.monotonic() + timeout_s
+    while not epoch_folder.is_dir() and time.monotonic() < end:
+        time.sleep(0.1)
+    return subprocess.Popen(["bash", str(out / site / f"node{node_rank}.sh")], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**this_tree_env(), "HETAUTO_WORKDIR": str(folder / f"node{node_rank}-again")})

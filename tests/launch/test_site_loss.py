@@ -24,7 +24,7 @@ from hetauto.launch.plan import LaunchPlan
 from hetauto.launch.replan import SiteLossFatal
 from hetauto.launch.site_loss import HEARD_S, lost_sites
 from hetauto.testing.multiproc import two_free_ports
-from hetauto.testing.three_sites import await_step, sites_running, steps_seen, write_three_site_plan
+from hetauto.testing.three_sites import await_step, sites_running, steps_seen, submit_again, write_three_site_plan
 from hetauto.testing.two_sites import this_tree_env
 
 STEPS, KILL_AT, GRACE_S = 8, 2, 10
@@ -69,6 +69,38 @@ def test_lost_sites_waits_for_the_grace_and_names_only_the_silent_site(three: La
     assert now[0] <= HEARD_S + 0.5
 
 
+def test_a_site_whose_agent_closed_every_connection_is_lost_without_waiting_out_the_grace(three: LaunchPlan) -> None:
+    now = [0.0]
+    silence = {1: lambda: 0.2, 2: lambda: 0.5 + now[0]}  # c stopped beating, and its connections closed (killed)
+    lost = lost_sites(three, lambda r: silence[r](), GRACE_S, closed=lambda r: r == 2, clock=lambda: now[0],
+                      sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert lost == ["c"] and now[0] <= HEARD_S + 0.5
+    now[0] = 0.0  # closed but still beating (a new connection on its way): not lost, and the ranks failed alone
+    assert lost_sites(three, lambda r: 0.1, GRACE_S, closed=lambda r: True, clock=lambda: now[0],
+                      sleep=lambda s: now.__setitem__(0, now[0] + s)) == []
+
+
+def test_the_lead_store_knows_when_a_roles_every_connection_closed(tmp_path: Path) -> None:
+    from hetauto.core.control_store import ControlStoreClient
+    from hetauto.launch.control import ControlServer
+
+    server = ControlServer(tmp_path, token="s3cret").start()
+    try:
+        assert server.closed_for("node2") is None  # never connected
+        first = ControlStoreClient("127.0.0.1", server.port, 5.0, token="s3cret", role="node2")
+        second = ControlStoreClient("127.0.0.1", server.port, 5.0, token="s3cret", role="node2")
+        first.close()
+        time.sleep(0.3)
+        assert server.closed_for("node2") is None  # one still open
+        second.close()
+        end = time.monotonic() + 5
+        while server.closed_for("node2") is None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert server.closed_for("node2") is not None and server.closed_for("node1") is None
+    finally:
+        server.shutdown()
+
+
 def test_a_loss_that_leaves_nothing_able_to_hold_the_model_is_one_line(three: LaunchPlan, tmp_path: Path) -> None:
     """The lead's folder as the agent wrote it, its cluster file's devices cut to 2 MiB: three of them hold
     tiny-gpt's six layers (two each), two of them do not."""
@@ -88,6 +120,28 @@ def test_a_loss_that_leaves_nothing_able_to_hold_the_model_is_one_line(three: La
         replan(launch, launch.the_plan(), work, ["a"], seed=0, budget_s=2)
 
 
+def test_a_later_epoch_keeps_the_agents_visible_devices_mode(three: LaunchPlan, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent started with --visible-devices scheduler (a GPU site whose scheduler chose the devices) keeps its
+    scheduler's variable in every epoch's job; with plan, each epoch sets the plan's devices."""
+    from hetauto.launch.node_epoch import epoch_job
+    from hetauto.launch.node_job import prepare_node
+    from hetauto.launch.site_loss import new_epoch
+
+    doc = json.loads(three.to_json(indent=None))
+    for site in doc["sites"]:
+        for node in site["nodes"]:
+            node["visible_devices_env"] = ["CUDA_VISIBLE_DEVICES"]
+    gpu = LaunchPlan.model_validate(doc)
+    epoch = new_epoch(1, gpu, None, ["c"], "site c lost", time.time())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    for mode, seen in (("scheduler", "3"), ("plan", "0")):
+        job = prepare_node(gpu, 1, tmp_path / mode, visible_devices=mode)
+        assert job.env["CUDA_VISIBLE_DEVICES"] == seen
+        later = epoch_job(job, epoch, tmp_path / mode)
+        assert later is not None and later.visible_devices == mode and later.env["CUDA_VISIBLE_DEVICES"] == seen
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(500)
 def test_a_site_killed_at_a_step_is_replanned_around_and_taken_back_when_it_returns(tmp_path: Path) -> None:
@@ -99,7 +153,7 @@ def test_a_site_killed_at_a_step_is_replanned_around_and_taken_back_when_it_retu
     with sites_running(out, tmp_path) as (lead, b, c):
         await_step(lead_dir, lead, KILL_AT, 240)
         os.killpg(c.pid, signal.SIGKILL)  # the site's agent, its torchrun and (by their watchdog) its ranks
-        again = _submit_again(out, tmp_path, lead_dir / "epoch1")
+        again = submit_again(out, tmp_path, lead_dir / "epoch1")
         try:
             _, err = lead.communicate(timeout=400)
             _, b_err = b.communicate(timeout=60)
@@ -128,16 +182,6 @@ def test_a_site_killed_at_a_step_is_replanned_around_and_taken_back_when_it_retu
     assert "began when site(s) c came back" in err
     assert "started 1 rank(s) 1-1 for epoch 1" in b_err
     assert "asked the lead to take it back" in again_err and "epoch 2: plan" in again_err
-
-
-def _submit_again(out: Path, root: Path, epoch_folder: Path) -> subprocess.Popen:
-    """Site c's script run again once the lead has begun epoch 1 (its folder is there)."""
-    end = time.monotonic() + 120
-    while not epoch_folder.is_dir() and time.monotonic() < end:
-        time.sleep(0.1)
-    return subprocess.Popen(["bash", str(out / "c" / "node2.sh")], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**this_tree_env(), "HETAUTO_WORKDIR": str(root / "node2-again")})
 
 
 @pytest.mark.multiprocess
@@ -169,6 +213,12 @@ class _Store:
     def delete(self, key: str) -> None:
         self.keys.pop(key, None)
 
+    def set(self, key: str, value: str) -> None:
+        self.keys[key] = value
+
+    def agent_silence(self, node_rank: int) -> float:
+        return 0.5
+
 
 def test_a_returned_site_is_taken_back_only_after_a_newer_checkpoint_and_only_with_this_launch() -> None:
     from hetauto.launch.site_return import ReturnWatch, return_key
@@ -190,5 +240,34 @@ def test_a_returned_site_is_taken_back_only_after_a_newer_checkpoint_and_only_wi
     newest[0] = 4
     assert poll() == "site(s) c came back: stopped the ranks at the checkpoint of step 4"
     sites, _ = watch.taken()
-    assert sites == ["c"] and watch.taken()[0] == [] and store.keys == {}  # taken: its request answered
+    assert sites == ["c"] and watch.taken()[0] == []
+    assert store.keys == {"hetauto/node/2/1": json.dumps({"plan_sha256": "ours"})}  # answered; its node's now
     assert poll() is None
+
+
+def test_the_board_shows_the_current_epoch_its_sites_and_the_lost_ones(three: LaunchPlan, tmp_path: Path) -> None:
+    """`hetauto job status` after site b was lost: epoch 1's plan digest, sites and nodes (c is node rank 1 now,
+    shown with the host it joined with as node rank 2), and b lost; --json too."""
+    from hetauto.commands.job import status_lines
+    from hetauto.launch.job_board import STATUS_KEY, LeadBoard
+    from hetauto.launch.node_epoch import epoch_job
+    from hetauto.launch.node_job import prepare_node
+    from hetauto.launch.replan import epoch_launch
+    from hetauto.launch.site_loss import new_epoch
+
+    job = prepare_node(three, 0, tmp_path / "node0")
+    launch = epoch_launch(three, replan(three, three.the_plan(), job.workdir, ["b"], seed=0, budget_s=1),
+                          job.workdir, ["b"], None)
+    epoch = new_epoch(1, launch, None, ["b"], "site b lost", time.time())
+    store = _Store()
+    store.keys["hetauto/node/2/1"] = json.dumps({"host": "host-c", "pid": 7})
+    board = LeadBoard(job, store, None)
+    board.publish()
+    assert json.loads(store.keys[STATUS_KEY])["epoch"] == 0 and "epoch" not in " ".join(
+        status_lines(json.loads(store.keys[STATUS_KEY])))  # a job on its launch's plan: as before
+    board.follow(epoch_job(job, epoch, job.workdir), 1, ["b"])
+    doc = json.loads(store.keys[STATUS_KEY])
+    assert doc["epoch"] == 1 and doc["plan_sha256"] == launch.plan_sha256 != three.plan_sha256
+    assert doc["sites"] == ["a", "c"] and doc["lost_sites"] == ["b"] and doc["num_nodes"] == 2
+    assert [(n["node_rank"], n["site"], n["host"]) for n in doc["nodes"]][1] == (1, "c", "host-c")
+    assert f"epoch 1 (plan {launch.plan_sha256[:12]}) on site(s) a, c; lost: b" in status_lines(doc)
