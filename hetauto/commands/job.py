@@ -245,8 +245,7 @@ def _cancel(args: argparse.Namespace, client: Any, target: Target) -> int:
     reason = cancel_reason(why=args.reason)
     client.set(CANCEL_KEY, reason)
     state = _await_cancel(client, target)
-    done = {"joining": "the lead takes it as the job starts (it is still waiting for its nodes)",
-            "gone": "the lead's store has gone: the job has ended"}.get(state, f"the job is {state}")
+    done = {"gone": "the lead's store has gone: the job has ended"}.get(state, f"the job is {state}")
     if args.json:
         print_json({"reason": reason, "state": state})
     else:
@@ -263,7 +262,7 @@ def _await_cancel(client: Any, target: Target) -> str:
             state = str(read_status(client, target).get("state"))
         except (OSError, HetautoError):
             return "gone"
-        if state not in ("running",):
+        if state not in ("running", "joining"):  # the lead takes a cancel during the join too
             return state
         time.sleep(0.2)
     return state

@@ -274,7 +274,7 @@ def start_node(job: NodeJob, *, progress: Callable[[str], None] = lambda _: None
             lead_join(job, control, timeout, progress)
             control.watch_agents([n.node_rank for n in job.launch.nodes if n.node_rank != 0])
         except BaseException as err:
-            board.set_state("failed", str(err))
+            board.set_state("cancelled" if isinstance(err, JobCancelled) else "failed", str(err))
             board.close()
             control.shutdown()
             raise

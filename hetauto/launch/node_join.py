@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from hetauto.core.control_store import ControlStoreClient
 from hetauto.core.errors import HetautoError
+from hetauto.launch.job_board import CANCEL_KEY, JobCancelled
 from hetauto.launch.launch_match import find_mismatch, island_identity, island_words, launch_parts
 from hetauto.launch.node_end import ABORT_KEY
 from hetauto.launch.node_link import LeadLink, connect_lead
@@ -91,6 +92,8 @@ def lead_join(job: "NodeJob", control: Any, timeout_s: float, progress: Callable
         missing = [r for r in want if r not in joined]
         if not missing:
             break
+        if (reason := control.get(CANCEL_KEY)) is not None:  # `hetauto job cancel` while nodes are still missing
+            _cancel_join(control, joined, reason if isinstance(reason, str) else reason.decode("utf-8", "replace"))
         if len(joined) != said:
             said = len(joined)
             progress(f"waiting for {len(missing)} node(s) to join: " + ", ".join(job.where(r) for r in missing[:4])
@@ -159,11 +162,19 @@ def _note_second_claims(job: "NodeJob", control: Any, r: int, seen: dict[int, in
         seen[r] = n
 
 
-def refuse(control: Any, joined: dict[int, Any], why: str, told: dict[int, str] | None = None) -> None:
+def _cancel_join(control: Any, joined: dict[int, Any], reason: str) -> None:
+    """A cancel during the join: every node that joined is told (and exits CANCELLED_EXIT, as after a cancel of a
+    running job), then the lead ends the same way; nothing was started."""
+    refuse(control, joined, reason, verdict="cancelled: ")
+    raise JobCancelled(f"{reason}; the job was cancelled while it waited for its nodes to join: nothing had started")
+
+
+def refuse(control: Any, joined: dict[int, Any], why: str, told: dict[int, str] | None = None,
+           verdict: str = "refused: ") -> None:
     """Tell every joined node why the job will not start (`told[R]` to node rank R, in its own words; `why` to
     the others), and keep the store up until each has read it, VERDICT_GRACE_S at most."""
     for r in joined:
-        control.set(verdict_key(r), "refused: " + (told or {}).get(r, why))
+        control.set(verdict_key(r), verdict + (told or {}).get(r, why))
     control.set(ABORT_KEY, why)
     end = time.monotonic() + VERDICT_GRACE_S
     while time.monotonic() < end and int(control.get(VERDICT_ACK_KEY) or 0) < len(joined):
@@ -186,6 +197,8 @@ def member_join(job: "NodeJob", timeout_s: float, progress: Callable[[str], None
     except OSError:  # the lead's store went between our connecting and its answer: the lead ended first
         raise RefusedByLead(f"{job.where()}: the lead ended before this node joined (its agent at {where} went "
                             "away before answering; its log says why)") from None
+    if verdict.startswith("cancelled: "):
+        raise JobCancelled(f"the lead node ended the job before it started: {verdict.removeprefix('cancelled: ')}")
     if verdict != "go":
         raise RefusedByLead(verdict.removeprefix("refused: "))
     return store
@@ -195,6 +208,8 @@ def _claim_and_wait(job: "NodeJob", store: Any, end: float, where: str, timeout_
     """Claim this node rank with this node's registration, then wait for the lead's verdict (OSError: the lead's
     store is gone)."""
     r = job.node.node_rank
+    if store.check([CANCEL_KEY]):  # cancelled before this node came: ended as every node of a cancelled job
+        return "cancelled: " + store.get(CANCEL_KEY).decode("utf-8", "replace")
     if store.check([ABORT_KEY]):  # the lead refused the job before this node came: its reason, not a hang
         return "refused: the lead refused the job: " + store.get(ABORT_KEY).decode("utf-8")
     claim = store.post(claim_key(r), f"{node_key(r)}/", json.dumps(registration(job)))

@@ -147,3 +147,38 @@ def test_a_resubmission_refuses_another_plans_checkpoints(tmp_path: Path, monkey
     monkeypatch.setattr(manifest, "read_manifest", lambda _p: type("M", (), {"plan": launch.plan}))
     job = prepare_node(launch, 1, tmp_path / "w")  # its own plan's checkpoint: resumed
     assert job.env["HETAUTO_RESUME_NEWEST"] == "1"
+
+
+@pytest.mark.timeout(120)
+def test_a_cancel_during_the_join_ends_it_at_once(tmp_path: Path) -> None:
+    """The lead waits for a node that has not come (a join timeout of 300 s): a cancel ends the join there and
+    then, the lead exiting CANCELLED_EXIT with the canceller's reason and nothing started (before, the cancel
+    waited for the ranks to start, and the lead for the missing node)."""
+    (tmp_path / "plan").mkdir()
+    plan = write_two_site_plan(tmp_path / "plan", slow_ranks=1)
+    port, out = two_free_ports(), tmp_path / "launch"
+    launched = _hetauto("launch", str(plan), "--master", f"127.0.0.1:{port}", "-o", str(out), "--steps", "4",
+                        "--no-reference", "--join-timeout", "300")
+    assert launched.returncode == 0, launched.stderr
+    lead = [subprocess.Popen([sys.executable, "-m", "hetauto", "node", str(out / "launch.json"), "--node-rank", "0",
+                              "--workdir", str(tmp_path / "first-node0")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=this_tree_env(), start_new_session=True)]
+    try:
+        end = time.monotonic() + 60
+        while True:  # the lead's store up and its board published (the two are a moment apart)
+            done = _hetauto("job", "status", str(out), "--json")
+            if done.returncode == 0 and json.loads(done.stdout)["state"] == "joining":
+                break
+            assert lead[0].poll() is None and time.monotonic() < end, lead[0].communicate()[1][-2000:]
+            time.sleep(0.2)
+        cancel = _hetauto("job", "cancel", str(out), "--reason", "wrong day")
+        assert cancel.returncode == 0, cancel.stderr
+        err = lead[0].communicate(timeout=60)[1]  # at once: well inside the 300 s join timeout
+    finally:
+        if lead[0].poll() is None:
+            lead[0].kill()
+    assert lead[0].returncode == CANCELLED_EXIT, err[-2000:]
+    last = _last_line(err)
+    assert "cancelled by " in last and "wrong day" in last and "waited for its nodes to join" in last, err
+    assert not (tmp_path / "first-node0" / "steps.jsonl").exists() or \
+        not (tmp_path / "first-node0" / "steps.jsonl").read_text().strip()

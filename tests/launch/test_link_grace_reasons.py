@@ -86,6 +86,29 @@ def test_a_node_that_meets_a_lead_that_refused_the_job_ends_with_its_reason(tmp_
     assert err.value.exit_code == 1
 
 
+@pytest.mark.parametrize("when", ["before it came", "after it joined"])
+def test_a_node_of_a_job_cancelled_during_the_join_ends_as_cancelled_exit_8(tmp_path: Path, when: str) -> None:
+    """`hetauto job cancel` while the lead waits for its nodes: a node that comes after the cancel, and one that
+    had joined (told by its verdict, as lead_join's cancel does), both end JobCancelled, exit CANCELLED_EXIT."""
+    from hetauto.launch.job_board import CANCEL_KEY, CANCELLED_EXIT, JobCancelled
+    from hetauto.launch.node_join import verdict_key
+
+    port = two_free_ports()
+    launch = _launch(tmp_path, port)
+    job = prepare_node(launch, 1, tmp_path / "member")
+    reason = "cancelled by ops@site: wrong day"
+    with ControlServer(tmp_path / "lead", bind="127.0.0.1", port=launch.rendezvous.control_port) as control:
+        if when == "before it came":
+            control.set(CANCEL_KEY, reason)
+        else:  # the verdict once the node has claimed its rank
+            threading.Timer(1.0, control.set, (verdict_key(1), "cancelled: " + reason)).start()
+        with pytest.raises(JobCancelled) as err:
+            member_join(job, 10.0, lambda _: None)
+        control.shutdown()
+    assert str(err.value) == f"the lead node ended the job before it started: {reason}"
+    assert err.value.exit_code == CANCELLED_EXIT
+
+
 def test_a_node_whose_lead_ends_before_answering_says_so_exit_1(tmp_path: Path) -> None:
     port = two_free_ports()
     launch = _launch(tmp_path, port)
