@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from hetauto.core.plan import Plan, StagePlan
-from hetauto.testing.two_sites import this_tree_env
+from hetauto.testing.two_sites import this_tree_env, written_sites_running
 
 __all__ = ["CLUSTER", "SITES", "write_three_site_plan", "sites_running", "await_step", "steps_seen", "submit_again"]
 
@@ -37,21 +37,10 @@ def write_three_site_plan(folder: str | Path) -> Path:
     return folder / "plan.json"
 
 
-@contextmanager
-def sites_running(out: Path, folder: Path, sites: Sequence[str] = SITES) -> Iterator[list[subprocess.Popen]]:
-    """The node scripts `hetauto launch` wrote into `out` (node rank r at site sites[r]), run as written, each in
-    its own working folder `folder/node<r>` and session; whatever still runs when the block ends is killed."""
-    procs = [subprocess.Popen(["bash", str(out / site / f"node{r}.sh")], cwd=folder, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True,
-                              env={**this_tree_env(), "HETAUTO_WORKDIR": str(folder / f"node{r}")})
-             for r, site in enumerate(sites)]
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+def sites_running(out: Path, folder: Path,
+                  sites: Sequence[str] = SITES) -> AbstractContextManager[list[subprocess.Popen]]:
+    """The three sites' node scripts, run as written (hetauto.testing.two_sites.written_sites_running)."""
+    return written_sites_running(out, folder, sites)
 
 
 def steps_seen(workdir: Path) -> list[int]:

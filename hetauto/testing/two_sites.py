@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,14 +64,15 @@ def this_tree_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 @contextmanager
-def written_sites_running(out: Path, folder: Path) -> Iterator[list[subprocess.Popen]]:
-    """The node scripts `hetauto launch` wrote into `out` for the two-site plan (node 0 at site fast, node 1 at
-    slow), run as written, each in its own working folder `folder/node<r>`, in a session of its own; whatever is
-    still running when the block ends is killed."""
+def written_sites_running(out: Path, folder: Path, sites: Sequence[str] = ("fast", "slow")
+                          ) -> Iterator[list[subprocess.Popen]]:
+    """The node scripts `hetauto launch` wrote into `out` (node rank r at site sites[r]; by default the two-site
+    plan's: node 0 at fast, node 1 at slow), run as written, each in its own working folder `folder/node<r>`, in a
+    session of its own; whatever is still running when the block ends is killed."""
     procs = [subprocess.Popen(["bash", str(out / site / f"node{r}.sh")], cwd=folder, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True,
                               env={**this_tree_env(), "HETAUTO_WORKDIR": str(folder / f"node{r}")})
-             for r, site in ((0, "fast"), (1, "slow"))]
+             for r, site in enumerate(sites)]
     try:
         yield procs
     finally:
