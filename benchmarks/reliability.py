@@ -61,7 +61,6 @@ one JSON document with the totals and every row.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -76,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from hetauto.core.plan import Plan, StagePlan
+from hetauto.testing.memory_cgroup import enter_cgroup, memory_cgroup, remove_cgroup
 
 STEPS, EVERY, SEED = 5, 2, 3
 LONG = 500  # steps of a job that is stopped from outside (it never gets there)
@@ -686,34 +686,6 @@ def case_killed_at_publish(plan: Path, timeout: float, full: list[float] | None)
 OOM_LIMIT = 1536 << 20  # the job's memory cgroup: three tiny ranks fit, one allocating without end does not
 
 
-def _memory_cgroup() -> Path | None:
-    """A new memory cgroup (v1 or v2) under this process's, limited to OOM_LIMIT without swap; None where the kernel
-    or the permissions allow none (as tests/launch/test_oom_kill_named.py makes its own)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            base, limits = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), ("memory.limit_in_bytes",
-                                                                              "memory.memsw.limit_in_bytes")
-        elif controllers == "" and (Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max").exists():
-            base, limits = Path("/sys/fs/cgroup") / path.lstrip("/"), ("memory.max", "memory.swap.max")
-        else:
-            continue
-        group = base / f"hetauto-bench-oom-{uuid.uuid4().hex[:8]}"
-        try:
-            group.mkdir()
-            for name in limits:
-                if (group / name).exists():
-                    (group / name).write_text("0" if name == "memory.swap.max" else str(OOM_LIMIT))
-            if not (group / limits[0]).exists():
-                raise OSError(limits[0])
-        except OSError:
-            with contextlib.suppress(OSError):
-                group.rmdir()
-            return None
-        return group
-    return None
-
-
 def case_oom(plan: Path, timeout: float, full: list[float] | None) -> dict[str, Any]:
     """The job in a memory cgroup of its own; rank 2 allocates until the kernel's OOM killer ends it
     (--inject-fault action=oom): the line must name the OOM killer from the kernel's record (its log or the
@@ -721,7 +693,7 @@ def case_oom(plan: Path, timeout: float, full: list[float] | None) -> dict[str, 
     from hetauto.runtime.faults import FAULT_LOG_ENV
 
     name = "rank killed by the OOM killer"
-    group = _memory_cgroup()
+    group = memory_cgroup(OOM_LIMIT, prefix="hetauto-bench-oom")
     if group is None:
         return {"fault": name, "skipped": True, "note": "skipped: no memory cgroup can be made here"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -731,14 +703,10 @@ def case_oom(plan: Path, timeout: float, full: list[float] | None) -> dict[str, 
             proc = subprocess.run(_cmd(plan, timeout, STEPS, "--checkpoint-dir", str(ck), "--checkpoint-every",
                                        str(EVERY), "--inject-fault", "rank=2,step=3,action=oom"), capture_output=True,
                                   text=True, env=_env(mark, Path(tmp), **{FAULT_LOG_ENV: str(log)}), timeout=600,
-                                  check=False, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+                                  check=False, preexec_fn=lambda: enter_cgroup(group))
             end, orphans = time.time(), marked(mark)
         finally:
-            for _ in range(50):  # its last processes may still be exiting
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-                    break
-                time.sleep(0.2)
+            remove_cgroup(group)
         from hetauto.core.checkpoint_manifest import latest_checkpoint
 
         fired = [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []

@@ -7,17 +7,15 @@ line must say what it cannot tell apart."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.launch.diagnosis import kernel_oom_record
+from hetauto.testing.memory_cgroup import enter_cgroup, memory_cgroup, remove_cgroup
 from hetauto.testing.two_sites import this_tree_env
 
 CLUSTER = """clusters:
@@ -29,45 +27,6 @@ links:
 LIMIT = 1536 << 20
 
 
-def _memory_cgroup() -> tuple[Path, str] | None:
-    """A new memory cgroup under this process's (its folder, the file its processes are written to), with LIMIT
-    set; None where the kernel or the permissions do not allow one."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            base, limits = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), ("memory.limit_in_bytes",)
-        elif controllers == "" and (Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max").exists():
-            base, limits = Path("/sys/fs/cgroup") / path.lstrip("/"), ("memory.max", "memory.swap.max")
-        else:
-            continue
-        group = base / f"hetauto-oom-{uuid.uuid4().hex[:8]}"
-        try:
-            group.mkdir()
-        except OSError:
-            return None
-        try:
-            if not (group / limits[0]).exists():  # v2 without the memory controller enabled below its parent
-                raise OSError(limits[0])
-            for name in limits + (("memory.memsw.limit_in_bytes",) if limits[0].startswith("memory.limit") else ()):
-                if (group / name).exists():
-                    (group / name).write_text("0" if name == "memory.swap.max" else str(LIMIT))
-        except OSError:
-            group.rmdir()
-            return None
-        return group, "cgroup.procs"
-    return None
-
-
-def _remove(group: Path) -> None:
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        try:
-            group.rmdir()
-            return
-        except OSError:  # its last processes are still exiting
-            time.sleep(0.2)
-
-
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernels_record(tmp_path: Path) -> None:
@@ -75,12 +34,12 @@ def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernels_record(tmp_pa
     stage = lambda c, layers: StagePlan(cluster=c, device_type="cpu", devices=(0,), layers=layers, tp=1, dp=1)
     Plan(model="tiny-gpt", cluster="two.yaml", seq_len=16, global_batch=4, microbatch_size=2, num_microbatches=2,
          stages=(stage("a", (0, 3)), stage("b", (3, 6)))).save(tmp_path / "plan.json")
-    cgroup = _memory_cgroup()
+    cgroup = memory_cgroup(LIMIT)
     action = "oom" if cgroup is not None else "sigkill"
 
     def enter() -> None:
         if cgroup is not None:
-            (cgroup[0] / cgroup[1]).write_text(str(os.getpid()))
+            enter_cgroup(cgroup)
 
     try:
         done = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(tmp_path / "plan.json"), "--steps",
@@ -89,7 +48,7 @@ def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernels_record(tmp_pa
                               env=this_tree_env(), preexec_fn=enter, timeout=280)
     finally:
         if cgroup is not None:
-            _remove(cgroup[0])
+            remove_cgroup(cgroup)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     line = json.loads(done.stdout)["error"]
     if cgroup is None:
@@ -98,7 +57,7 @@ def test_a_rank_killed_by_the_oom_killer_is_named_from_the_kernels_record(tmp_pa
         return
     assert line.startswith("rank 1 (stage 1, cluster 'b') was killed by SIGKILL from the kernel's OOM killer ("), line
     assert ("(its log: 'Memory cgroup out of memory: Killed process " in line  # the kernel log, where readable
-            or f"(out of memory: {cgroup[0]}/memory." in line and "counts 1 oom_kill(s))" in line), line
+            or f"(out of memory: {cgroup}/memory." in line and "counts 1 oom_kill(s))" in line), line
     assert "; give the ranks more memory or plan with more --headroom" in line, line
 
 
