@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import TYPE_CHECKING, Any, Sequence
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hetauto.launch.diagnosis import JobFailed, gloo_connect_failure, read_marks
 from hetauto.launch.listen_address import is_own_address
@@ -21,7 +22,7 @@ from hetauto.launch.plan import HOST_SOCKET_ENV
 if TYPE_CHECKING:
     from hetauto.launch.node_job import NodeJob
 
-__all__ = ["link_failure", "interface_failure", "member_failure", "member_link_words", "loopback_note",
+__all__ = ["link_failure", "wait_out_the_grace", "interface_failure", "member_failure", "member_link_words", "loopback_note",
            "TORCHRUN_FAILED"]
 
 TORCHRUN_FAILED = "torchrun on this node"  # how hetauto.launch.local words a member's torchrun that failed
@@ -41,9 +42,28 @@ def link_failure(job: "NodeJob", control: Any, members: Sequence[int], grace_s: 
             return None
     site, _ = job.launch.node(silent[0])
     nodes = [r for r in silent if job.launch.node(r)[0].name == site.name]
-    words = link_down_words(job.site.name, site.name, grace_s, control.agent_silence(silent[0]))
+    silent_s = wait_out_the_grace(control, silent[0], grace_s)
+    words = link_down_words(job.site.name, site.name, grace_s, silent_s)
     return JobFailed(f"{words} (node rank(s) {', '.join(map(str, nodes))} of site '{site.name}' out of reach, its "
                      f"ranks with them); what the ranks saw: {err}", err.rank, err.stage, err.cluster)
+
+
+def wait_out_the_grace(control: Any, node_rank: int, grace_s: float,
+                       sleep: Callable[[float], None] = time.sleep) -> float:
+    """Node rank R's agent silence once it has reached the grace, or the longest seen if R was heard from first.
+
+    Why wait: the ranks' collectives give up `--timeout` after they began, and one that began before the link went
+    down gives up before the link has been down that long (the lead also notes a beat up to BEAT_POLL_S late); the
+    lead said "stayed down past the grace" after 5.9 s of silence at --timeout 6. Waiting costs at most half the
+    grace (the silence is past silent_threshold already) and makes the words true."""
+    longest = control.agent_silence(node_rank)
+    while longest < grace_s:
+        sleep(min(0.1, grace_s - longest))
+        now = control.agent_silence(node_rank)
+        if now < longest:  # heard from again: the link is back
+            break
+        longest = now
+    return longest
 
 
 def interface_failure(job: "NodeJob") -> JobFailed | None:

@@ -46,7 +46,11 @@ def silent_threshold(grace_s: float) -> float:
 
 
 def link_down_words(here: str, there: str, grace_s: float, silent_s: float) -> str:
-    """The one phrase both ends use for a link that stayed down: the site pair, the grace, how long."""
+    """The one phrase both ends use for a link that stayed down: the site pair, the grace, how long. A silence
+    shorter than the grace (the link came back while the lead waited it out) is said as what it was."""
+    if silent_s < grace_s:
+        return (f"the link between site '{here}' and site '{there}' was down {silent_s:.1f} s, long enough for the "
+                f"ranks' collectives across it (--timeout {grace_s:g} s), begun before it went down, to give up")
     return (f"the link between site '{here}' and site '{there}' stayed down past the grace (--timeout {grace_s:g} s):"
             f" nothing came across it for {silent_s:.1f} s")
 

@@ -183,3 +183,39 @@ def test_a_link_down_past_the_grace_fails_the_job_naming_the_site_pair_on_both_s
     assert f"(the lead node's agent at {topo.addresses[0]}:29501 out of reach)" in _last_line(member_err)
     silent_s = float(re.search(r"nothing came across it for ([0-9.]+) s", _last_line(lead_err)).group(1))
     assert silent_s >= 6, f"the lead gave up after {silent_s} s of silence, inside the 6 s grace"
+
+
+def test_the_lead_waits_out_the_grace_before_saying_the_link_stayed_down_past_it() -> None:
+    """The ranks' collectives give up --timeout after they began, which can be before the link was down that long
+    (CI: 5.9 s of silence at --timeout 6); the lead waits until the silence reaches the grace, on a fake clock."""
+    from hetauto.launch.node_failure import wait_out_the_grace
+    from hetauto.launch.node_link import link_down_words
+
+    class Control:
+        def __init__(self, silence: float, back_at: float | None = None) -> None:
+            self.silence, self.back_at, self.slept = silence, back_at, 0.0
+
+        def agent_silence(self, node_rank: int) -> float:
+            if self.back_at is not None and self.slept >= self.back_at:
+                return 0.0
+            return self.silence + self.slept
+
+    def sleep_on(control: Control) -> Any:
+        def sleep(s: float) -> None:
+            control.slept += s
+        return sleep
+
+    still_down = Control(5.9)
+    assert wait_out_the_grace(still_down, 1, 6.0, sleep_on(still_down)) == pytest.approx(6.0)
+    assert still_down.slept == pytest.approx(0.1)
+    past = Control(7.5)
+    assert wait_out_the_grace(past, 1, 6.0, sleep_on(past)) == 7.5 and past.slept == 0.0
+    back = Control(4.0, back_at=0.5)
+    silent_s = wait_out_the_grace(back, 1, 6.0, sleep_on(back))
+    assert silent_s == pytest.approx(4.4)
+    assert link_down_words("fast", "slow", 6.0, silent_s) == (
+        "the link between site 'fast' and site 'slow' was down 4.4 s, long enough for the ranks' collectives across"
+        " it (--timeout 6 s), begun before it went down, to give up")
+    assert link_down_words("fast", "slow", 6.0, 6.04).startswith(
+        "the link between site 'fast' and site 'slow' stayed down past the grace (--timeout 6 s): nothing came across"
+        " it for 6.0 s")
