@@ -160,7 +160,7 @@ def test_an_island_whose_beat_stopped_is_dropped_long_before_the_timeout_and_a_s
         t.start()
     for t in threads:
         t.join()
-    assert time.monotonic() - t0 < stale_after_s(timeout) + 1.5 < timeout / 2
+    assert time.monotonic() - t0 < timeout / 2  # the stale beat (1 s here), never the timeout: slack for a loaded host
     assert got[0] == got[1] and got[0].dropped == (2,) and got[0].membership == Membership(1, (0, 1))
     slow = threading.Thread(target=survivor, args=(1, 2 * stale_after_s(timeout)))  # epoch 1: island 1 is slow
     slow.start()
@@ -288,7 +288,7 @@ def test_without_the_launchers_marks_a_killed_island_is_dropped_by_its_stopped_b
     """As across sites (HETAUTO_ISLAND_AS_REMOTE=1: no launcher's mark, no process seen on this host): island C
     killed at step 3 is dropped when its beat has stood still for timeout / 10, and island A, which serves the
     store, stops waiting for C's sign-off the same way: the whole run costs far less than two timeouts."""
-    from hetauto.runtime.island_beat import AS_REMOTE_ENV, stale_after_s
+    from hetauto.runtime.island_beat import AS_REMOTE_ENV
 
     path = three_islands(tmp_path)
     log = tmp_path / "fault.jsonl"
@@ -298,7 +298,7 @@ def test_without_the_launchers_marks_a_killed_island_is_dropped_by_its_stopped_b
     assert proc.returncode == 3, proc.stderr[-3000:]
     (lost,) = json.loads(proc.stdout)["lost"]
     assert lost["island"] == "C" and lost["dropped_at_step"] == LOST_AT, lost
-    assert lost["recovery_s"] < stale_after_s(TIMEOUT) + TIMEOUT / 10, lost  # the bound, not the timeout
+    assert lost["recovery_s"] < TIMEOUT / 2, lost  # the stale beat (2 s), not the timeout: slack for a loaded host
     fired = json.loads(log.read_text().splitlines()[0])["unix"]
     assert ended - fired < TIMEOUT, ended - fired  # waiting out the decider's and A's end timeouts took 2 x TIMEOUT
 
