@@ -65,10 +65,14 @@ def _lost_now(run: Any, err: JobFailed) -> tuple[list[str], str]:
     from hetauto.launch.node_failure import link_failure
 
     job, store, grace = run.job, run.store, run.grace_s
-    lost = lost_sites(job.launch, store.agent_silence, grace, closed=_agent_ended(run))
+    ended = _agent_ended(run)
+    lost = lost_sites(job.launch, store.agent_silence, grace, closed=ended)
     if not lost:
         return [], ""
     gone = [n.node_rank for s in job.launch.sites if s.name in lost for n in s.nodes]
+    if all(ended(r) for r in gone):  # known at once: no link grace to wait out, and not the ranks' timeouts
+        return lost, (f"the agent(s) of site(s) {', '.join(repr(s) for s in lost)} closed every connection to the "
+                      f"lead's store and opened none again (their node(s) ended)")
     why = link_failure(job, store, gone, grace, err) or err
     return lost, str(why).split("; what the ranks saw")[0]
 

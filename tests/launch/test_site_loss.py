@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from hetauto.launch.replan import SiteLossFatal
 from hetauto.launch.site_loss import HEARD_S, lost_sites
 from hetauto.testing.multiproc import two_free_ports
 from hetauto.testing.three_sites import await_step, sites_running, steps_seen, submit_again, write_three_site_plan
-from hetauto.testing.two_sites import this_tree_env
 
 STEPS, KILL_AT, GRACE_S = 8, 2, 10
 
@@ -271,3 +269,25 @@ def test_the_board_shows_the_current_epoch_its_sites_and_the_lost_ones(three: La
     assert doc["sites"] == ["a", "c"] and doc["lost_sites"] == ["b"] and doc["num_nodes"] == 2
     assert [(n["node_rank"], n["site"], n["host"]) for n in doc["nodes"]][1] == (1, "c", "host-c")
     assert f"epoch 1 (plan {launch.plan_sha256[:12]}) on site(s) a, c; lost: b" in status_lines(doc)
+
+
+def test_a_site_lost_by_its_closed_connections_is_said_so_at_once_not_as_the_ranks_timeout(
+        three: LaunchPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The epoch's reason for a site whose agent closed its connections (killed) names that, without waiting out
+    the link grace (hetauto.launch.node_failure.wait_out_the_grace would, for a silence past half of it)."""
+    from types import SimpleNamespace
+
+    from hetauto.launch import node_epoch, node_failure
+
+    class Store:
+        def agent_silence(self, node_rank: int) -> float:
+            return 0.2 if node_rank == 1 else GRACE_S * 0.75  # c: silent past the link's threshold, not the grace
+
+        def closed_for(self, role: str) -> float | None:
+            return 4.0 if role == "node2" else None
+
+    monkeypatch.setattr(node_failure, "wait_out_the_grace", lambda *a, **k: pytest.fail("waited out the grace"))
+    run = SimpleNamespace(job=SimpleNamespace(launch=three), origin=three, store=Store(), grace_s=GRACE_S)
+    lost, why = node_epoch._lost_now(run, JobFailed("rank 2 stopped responding", 2))
+    assert lost == ["c"] and why == ("the agent(s) of site(s) 'c' closed every connection to the lead's store and "
+                                     "opened none again (their node(s) ended)")
