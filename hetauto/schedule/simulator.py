@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, owner
+from hetauto.schedule.dataflow import Program, compile_program, run_dataflow
 
 _CODE = {
     ActionType.F: 0, ActionType.B: 1, ActionType.I: 2, ActionType.W: 3,
@@ -228,6 +229,22 @@ def _compile(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list
     return flat
 
 
+_PROGRAMS: dict[int, tuple[Schedule, Program]] = {}
+
+
+def _program(schedule: Schedule) -> Program:
+    """`schedule` compiled for the dataflow path, kept per schedule object as `_compile` keeps its lists (the
+    planner simulates one cached schedule for several candidates' costs)."""
+    held = _PROGRAMS.get(id(schedule))
+    if held is not None and held[0] is schedule:
+        return held[1]
+    program = compile_program(schedule, *_flatten(schedule))
+    if len(_PROGRAMS) >= _COMPILED_KEEP:
+        _PROGRAMS.clear()
+    _PROGRAMS[id(schedule)] = (schedule, program)  # the schedule is kept alive, so its id is not reused meanwhile
+    return program
+
+
 def _flatten(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     p, n, m = schedule.p, schedule.p * schedule.v, schedule.m
     code_of = _CODE  # a local: one lookup per action
@@ -278,6 +295,13 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
     per_rank = (_vec("allreduce", costs.allreduce, p, (p,)), _vec("optim", costs.optim, p, (p,)),
                 _vec("reshard", costs.reshard, p, (p,)))
     ch = _channels(schedule, costs, linkmap, nbytes)
+    if not timeline and not any(ch.hold) and all(g < 0 for g in ch.group):
+        program = _program(schedule)
+        if program.in_order:
+            end = run_dataflow(program, schedule.m, [x for c in chunk for x in c],
+                               list(zip(ch.link, ch.ser, ch.lat)), per_rank, v, costs.dp_overlap)
+            if end is not None:  # a deadlock: the heap loop below names the stuck ranks
+                return _result(end[0], end[1], end[2], list(program.peaks), program.actions, None)
     ops, stg, mbs = _compile(schedule)
     tl: list[TimelineEntry] | None = [] if timeline else None
     pc, t, comm_free, busy, peak, events = _event_loop(schedule, chunk, ch, per_rank, costs.dp_overlap,
