@@ -12,7 +12,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms, rank_with_comms
+from hetauto.schedule.actions import (
+    Action, ActionType, Schedule, ScheduleError, add_comms, rank_with_comms, shared_action,
+)
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -33,7 +35,7 @@ def _lowered(name: str, p: int, m: int, v: int, ranks: tuple[tuple[Action, ...],
     """The Schedule of rank lists that already hold their SEND/RECV, with the tail when asked for."""
     if tail:
         ranks = tuple(
-            row + tuple(Action(c * p + r, ActionType.REDUCE_GRAD) for c in reversed(range(v))) + (Action(r, ActionType.OPTIM),)
+            row + tuple(shared_action(c * p + r, ActionType.REDUCE_GRAD) for c in reversed(range(v))) + (shared_action(r, ActionType.OPTIM),)
             for r, row in enumerate(ranks)
         )
     return Schedule(name, p, m, v, ranks, extra)
@@ -48,11 +50,11 @@ def gpipe(p: int, m: int, *, tail: bool = True, lookahead: int = 1) -> Schedule:
 
 def _one_f_one_b_rank(r: int, m: int, warmup: int) -> list[Action]:
     w = min(warmup, m)
-    row = [Action(r, F, k) for k in range(w)]
+    row = [shared_action(r, F, k) for k in range(w)]
     for k in range(m - w):
-        row.append(Action(r, F, w + k))
-        row.append(Action(r, B, k))
-    row.extend(Action(r, B, k) for k in range(m - w, m))
+        row.append(shared_action(r, F, w + k))
+        row.append(shared_action(r, B, k))
+    row.extend(shared_action(r, B, k) for k in range(m - w, m))
     return row
 
 
@@ -88,11 +90,11 @@ def interleaved(p: int, m: int, v: int, *, tail: bool = True, lookahead: int = 1
 
     def fwd(k: int, r: int) -> Action:
         chunk = (k // g) % v
-        return Action(chunk * p + r, F, (k // (g * v)) * g + k % g)
+        return shared_action(chunk * p + r, F, (k // (g * v)) * g + k % g)
 
     def bwd(k: int, r: int) -> Action:
         chunk = v - 1 - (k // g) % v
-        return Action(chunk * p + r, B, (k // (g * v)) * g + k % g)
+        return shared_action(chunk * p + r, B, (k // (g * v)) * g + k % g)
 
     compute = []
     for r in range(p):
@@ -207,16 +209,16 @@ def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
     w = min(warmup, m)
     if defer == PLAIN_B:
         return _one_f_one_b_rank(r, m, w)
-    row = [Action(r, F, k) for k in range(w)]
+    row = [shared_action(r, F, k) for k in range(w)]
     pending: list[int] = []
     for k in range(m):
         if k < m - w:
-            row.append(Action(r, F, w + k))
-        row.append(Action(r, I, k))
+            row.append(shared_action(r, F, w + k))
+        row.append(shared_action(r, I, k))
         pending.append(k)
         if len(pending) > defer:
-            row.append(Action(r, W, pending.pop(0)))
-    row.extend(Action(r, W, k) for k in pending)
+            row.append(shared_action(r, W, pending.pop(0)))
+    row.extend(shared_action(r, W, k) for k in pending)
     return row
 
 
