@@ -229,18 +229,20 @@ def _compile(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list
     return flat
 
 
-_PROGRAMS: dict[int, tuple[Schedule, Program]] = {}
+_PROGRAMS: dict[int, tuple[Schedule, Program]] = {}  # least recently used first
+_PROGRAMS_KEEP = 4  # a 23-rank interleaved one (~10^5 actions) takes ~10 MB
 
 
 def _program(schedule: Schedule) -> Program:
-    """`schedule` compiled for the dataflow path, kept per schedule object as `_compile` keeps its lists (the
-    planner simulates one cached schedule for several candidates' costs)."""
-    held = _PROGRAMS.get(id(schedule))
+    """`schedule` compiled for the dataflow path, kept for the few schedules used last (the planner simulates one
+    cached schedule for several candidates' costs, and comes back to one it used a few schedules before)."""
+    held = _PROGRAMS.pop(id(schedule), None)
     if held is not None and held[0] is schedule:
+        _PROGRAMS[id(schedule)] = held
         return held[1]
     program = compile_program(schedule, *_flatten(schedule))
-    if len(_PROGRAMS) >= _COMPILED_KEEP:
-        _PROGRAMS.clear()
+    while len(_PROGRAMS) >= _PROGRAMS_KEEP:
+        del _PROGRAMS[next(iter(_PROGRAMS))]
     _PROGRAMS[id(schedule)] = (schedule, program)  # the schedule is kept alive, so its id is not reused meanwhile
     return program
 
