@@ -25,7 +25,7 @@ from operator import add, itemgetter
 
 from hetauto.schedule.actions import Schedule
 
-# opcodes of a program tuple (op, key, index)
+# opcodes of a program's actions (op, key, index)
 COMPUTE = 0  # key: the arrival it waits for (a slot that reads 0.0 when none); index: stage * 4 + kind (its time)
 COMPUTE_LAST_B = 1  # a compute whose start a later REDUCE_GRAD of its stage overlaps with (dp_overlap)
 SEND, RECV = 2, 3  # key: the transfer; index: its channel
@@ -38,40 +38,51 @@ _IS_SEND = (False,) * 4 + (True, False, True, False) + (False,) * 3
 _IS_RECV = (False,) * 4 + (False, True, False, True) + (False,) * 3
 
 
+_Rank = tuple[list[int], list[int], list[int]]  # a rank's opcodes, keys and indices, one entry per action
+
+
 @dataclass(frozen=True, slots=True)
 class Program:
-    """A schedule compiled for `run_dataflow`: per rank its action tuples and its peak in flight; `in_order`:
-    whether the fast path is exact for it (each message sent and received once, on proper channels, every link's
-    messages posted in the order they are sent)."""
+    """A schedule compiled for `run_dataflow`: per rank its actions as three flat lists (opcode, key, index: the loop
+    zips them) and its peak in flight; `in_order`: whether the fast path is exact for it (each message sent and
+    received once, on proper channels, every link's messages posted in the order they are sent)."""
 
-    ranks: tuple[list[tuple[int, int, int]], ...]
+    ranks: tuple[_Rank, ...]
     peaks: tuple[int, ...]
     actions: int
     in_order: bool
 
 
 def compile_program(schedule: Schedule, ops: list[list[int]], stg: list[list[int]], mbs: list[list[int]]) -> Program:
-    """`schedule`'s program from its flat, checked code lists (`simulator._flatten`); built with map/zip, as the
-    planner compiles a 10^5-action schedule for most of the candidates it simulates."""
+    """`schedule`'s program from its flat, checked code lists (`simulator._flatten`); built with map/compress, as
+    the planner compiles a 10^5-action schedule for most of the candidates it simulates."""
     n = schedule.p * schedule.v
     table, improper = _code_table(schedule)
     opcode_of, base_of, index_of = (list(map(itemgetter(i), table)) for i in range(3))
     link = _channel_links(schedule)
-    ranks, sends, recvs, in_order = [], [], [], True
+    ranks: list[_Rank] = []
+    sends: dict[int, list[int]] = {}  # per link (rank pair) its keys, in send order
+    recvs: dict[int, list[int]] = {}  # the same in the order they are posted
+    in_order = True
     for o, st, mb in zip(ops, stg, mbs):
         idx = list(map(add, map(n.__mul__, o), st))  # the table row of each action: code * n + stage
         keys = list(map(add, map(base_of.__getitem__, idx), mb))
         index = list(map(index_of.__getitem__, idx))
-        prog = list(zip(map(opcode_of.__getitem__, idx), keys, index))
+        opcodes = list(map(opcode_of.__getitem__, idx))
         if 9 in o:
-            _mark_overlapped(prog, o, st)
-        ranks.append(prog)
+            _mark_overlapped(opcodes, o, st)
+        ranks.append((opcodes, keys, index))
         in_order = in_order and improper.isdisjoint(idx)
         for kinds, out in ((_IS_SEND, sends), (_IS_RECV, recvs)):
             mask = list(map(kinds.__getitem__, o))
-            out += zip(map(link.__getitem__, compress(index, mask)), compress(keys, mask))
+            on = list(map(link.__getitem__, compress(index, mask)))
+            ks = list(compress(keys, mask))
+            for li in set(on):  # one sender and one receiver per link: their list orders
+                out.setdefault(li, []).extend(compress(ks, map(li.__eq__, on)))
     peaks = tuple(max(accumulate(map(_HELD.__getitem__, o), initial=0)) for o in ops)
-    return Program(tuple(ranks), peaks, sum(map(len, ranks)), in_order and _same_order(sends, recvs))
+    in_order = in_order and sends == recvs and \
+        len(set(chain.from_iterable(sends.values()))) == sum(map(len, sends.values()))
+    return Program(tuple(ranks), peaks, sum(len(r[0]) for r in ranks), in_order)
 
 
 def _code_table(schedule: Schedule) -> tuple[list[tuple[int, int, int]], set[int]]:
@@ -112,28 +123,18 @@ def _channel_links(schedule: Schedule) -> list[int]:
     return link
 
 
-def _mark_overlapped(prog: list[tuple[int, int, int]], o: list[int], st: list[int]) -> None:
+def _mark_overlapped(opcodes: list[int], o: list[int], st: list[int]) -> None:
     """Mark, before each REDUCE_GRAD of stage s, the last B/I/W of s: the compute whose start it reads."""
     j = o.index(9)
     while True:
         s = st[j]
         for i in range(j - 1, -1, -1):
             if 1 <= o[i] <= 3 and st[i] == s:
-                op, key, index = prog[i]
-                prog[i] = (COMPUTE_LAST_B, key, index)
+                opcodes[i] = COMPUTE_LAST_B
                 break
         if 9 not in o[j + 1:]:
             return
         j = o.index(9, j + 1)
-
-
-def _same_order(sends: list[tuple[int, int]], recvs: list[tuple[int, int]]) -> bool:
-    """Whether every rank pair's messages (link, key), in its sender's list order, are posted in that order by
-    its receiver, each key once (one sender and one receiver per pair: the channels are proper)."""
-    first = itemgetter(0)
-    sends.sort(key=first)  # stable: per link, the sender's list order
-    recvs.sort(key=first)
-    return sends == recvs and len(set(map(itemgetter(1), sends))) == len(sends)
 
 
 def run_dataflow(program: Program, M: int, dur: list[float], chan: list[tuple[int, float, float]],
@@ -150,7 +151,7 @@ def run_dataflow(program: Program, M: int, dur: list[float], chan: list[tuple[in
     arrival = [-1.0] * nk + [0.0] * M
     link_free = [0.0] * (1 + max(c[0] for c in chan))
     allreduce, optim, reshard = per_rank
-    base = [iter(prog) for prog in program.ranks]
+    base = [zip(*rank) for rank in program.ranks]
     todo: list = list(base)  # per rank what is left: its list's iterator, after a stall the stalled compute first
     ready = list(range(p - 1, -1, -1))
     finished = 0
@@ -158,13 +159,12 @@ def run_dataflow(program: Program, M: int, dur: list[float], chan: list[tuple[in
         r = ready.pop()
         tr, bs = t[r], busy[r]
         stalled = False
-        for act in todo[r]:
-            op, a, b = act
+        for op, a, b in todo[r]:
             if op <= 1:  # compute, after its input's arrival
                 x = arrival[a]
                 if x < 0:
                     waiting[a] = r
-                    todo[r] = chain((act,), base[r])  # resumed here once the input arrives
+                    todo[r] = chain(((op, a, b),), base[r])  # resumed here once the input arrives
                     stalled = True
                     break
                 if x > tr:
