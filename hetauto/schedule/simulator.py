@@ -230,7 +230,7 @@ def _compile(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list
 
 
 _PROGRAMS: dict[int, tuple[Schedule, Program]] = {}  # least recently used first
-_PROGRAMS_KEEP = 4  # a 23-rank interleaved one (~10^5 actions) takes ~10 MB
+_PROGRAMS_KEEP = 8  # as many as `_compile` keeps: a 23-rank interleaved one (~10^5 actions) takes ~5 MB
 
 
 def _program(schedule: Schedule) -> Program:
