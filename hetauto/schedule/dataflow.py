@@ -11,8 +11,8 @@ in their lists), whatever the order the ranks run in. Then every time is the sam
 times as in the heap loop, evaluated in list order per rank, with the same float operations: the iteration can be
 computed rank by rank, each running until it waits for an input not yet sent, with no heap at all.
 
-`Program` (per schedule, kept for a few schedules) holds each rank's actions as (opcode, key, index) tuples, the
-peaks in flight (they do not depend on timing) and whether the schedule's links match in order; `run_dataflow`
+`Program` (per schedule, kept for a few schedules) holds each rank's actions as flat (opcode, key, index) lists,
+the peaks in flight (they do not depend on timing) and whether the schedule's links match in order; `run_dataflow`
 runs it. `simulate` takes this path when it applies, and the heap loop otherwise (timelines, holding sends, link
 groups, other orders, deadlocks: the heap loop names the stuck ranks).
 """

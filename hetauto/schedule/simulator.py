@@ -10,6 +10,12 @@ order exact: an unbounded group changes nothing, a narrow one serializes its lin
 of the receive carrying its input. REDUCE_GRAD runs on the rank's communication stream (optionally
 overlapped with the chunk's last backward); OPTIM waits for it. Events are processed in time order
 (heap keyed by (time, rank)), so FIFO order on shared links is exact; ties go to the lower rank.
+
+Two paths, one result. Where no send holds its sender, no link group is used and every rank pair's receives are
+posted in the order its sends are issued (every generated family but ZB-V and interleaved on 1-2 ranks), the heap
+cannot change a number: `hetauto.schedule.dataflow` runs each rank until it waits for an input, with no heap, and
+gives the same floats (why: its docstring; tests/schedule/test_simulator_dataflow.py checks it bit for bit against
+the heap loop). Timelines, holding sends, link groups, other orders and deadlocks run on the heap loop below.
 """
 
 from __future__ import annotations
@@ -302,7 +308,7 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
         if program.in_order:
             end = run_dataflow(program, schedule.m, [x for c in chunk for x in c],
                                list(zip(ch.link, ch.ser, ch.lat)), per_rank, v, costs.dp_overlap)
-            if end is not None:  # a deadlock: the heap loop below names the stuck ranks
+            if end is not None:  # None: a deadlock, which the heap loop below names
                 return _result(end[0], end[1], end[2], list(program.peaks), program.actions, None)
     ops, stg, mbs = _compile(schedule)
     tl: list[TimelineEntry] | None = [] if timeline else None
