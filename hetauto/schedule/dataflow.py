@@ -53,36 +53,71 @@ class Program:
     in_order: bool
 
 
-def compile_program(schedule: Schedule, ops: list[list[int]], stg: list[list[int]], mbs: list[list[int]]) -> Program:
-    """`schedule`'s program from its flat, checked code lists (`simulator._flatten`); built with map/compress, as
-    the planner compiles a 10^5-action schedule for most of the candidates it simulates."""
-    n = schedule.p * schedule.v
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What compiling a rank's list reads of its schedule: per (action code, virtual stage), at code * n + stage,
+    the opcode, the key base (+ microbatch = key) and the index; the rows of SEND/RECV that name no channel; per
+    channel its rank pair (sender * p + receiver)."""
+
+    n: int
+    opcode_of: list[int]
+    base_of: list[int]
+    index_of: list[int]
+    improper: set[int]
+    link: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class RowCode:
+    """One rank's list compiled: its (opcodes, keys, indices), its peak in flight, per link the keys it sends and
+    those it receives (in list order), and whether all its SEND/RECV name a channel that exists."""
+
+    rank: _Rank
+    peak: int
+    sends: dict[int, list[int]]
+    recvs: dict[int, list[int]]
+    proper: bool
+
+
+def compile_shape(schedule: Schedule) -> Shape:
+    """The tables `compile_row` reads for `schedule`'s shape (p, v, m, placement)."""
     table, improper = _code_table(schedule)
     opcode_of, base_of, index_of = (list(map(itemgetter(i), table)) for i in range(3))
-    link = _channel_links(schedule)
-    ranks: list[_Rank] = []
-    sends: dict[int, list[int]] = {}  # per link (rank pair) its keys, in send order
-    recvs: dict[int, list[int]] = {}  # the same in the order they are posted
-    in_order = True
-    for o, st, mb in zip(ops, stg, mbs):
-        idx = list(map(add, map(n.__mul__, o), st))  # the table row of each action: code * n + stage
-        keys = list(map(add, map(base_of.__getitem__, idx), mb))
-        index = list(map(index_of.__getitem__, idx))
-        opcodes = list(map(opcode_of.__getitem__, idx))
-        if 9 in o:
-            _mark_overlapped(opcodes, o, st)
-        ranks.append((opcodes, keys, index))
-        in_order = in_order and improper.isdisjoint(idx)
-        for kinds, out in ((_IS_SEND, sends), (_IS_RECV, recvs)):
-            mask = list(map(kinds.__getitem__, o))
-            on = list(map(link.__getitem__, compress(index, mask)))
-            ks = list(compress(keys, mask))
-            for li in set(on):  # one sender and one receiver per link: their list orders
-                out.setdefault(li, []).extend(compress(ks, map(li.__eq__, on)))
-    peaks = tuple(max(accumulate(map(_HELD.__getitem__, o), initial=0)) for o in ops)
-    in_order = in_order and sends == recvs and \
+    return Shape(schedule.p * schedule.v, opcode_of, base_of, index_of, improper, _channel_links(schedule))
+
+
+def compile_row(shape: Shape, o: list[int], st: list[int], mb: list[int]) -> RowCode:
+    """A rank's list from its flat, checked code lists (`simulator._flatten_row`); built with map/compress, as the
+    planner compiles a 10^5-action schedule for most of the candidates it simulates."""
+    idx = list(map(add, map(shape.n.__mul__, o), st))  # the table row of each action: code * n + stage
+    keys = list(map(add, map(shape.base_of.__getitem__, idx), mb))
+    index = list(map(shape.index_of.__getitem__, idx))
+    opcodes = list(map(shape.opcode_of.__getitem__, idx))
+    if 9 in o:
+        _mark_overlapped(opcodes, o, st)
+    by_link: list[dict[int, list[int]]] = []
+    for kinds in (_IS_SEND, _IS_RECV):
+        mask = list(map(kinds.__getitem__, o))
+        on = list(map(shape.link.__getitem__, compress(index, mask)))
+        ks = list(compress(keys, mask))
+        by_link.append({li: list(compress(ks, map(li.__eq__, on))) for li in set(on)})
+    peak = max(accumulate(map(_HELD.__getitem__, o), initial=0))
+    return RowCode((opcodes, keys, index), peak, by_link[0], by_link[1], shape.improper.isdisjoint(idx))
+
+
+def link_program(rows: list[RowCode]) -> Program:
+    """The schedule's program from its ranks' compiled lists: in order where every link's keys are received in the
+    order they are sent, each once (one sender and one receiver per link, as the channels are proper)."""
+    sends: dict[int, list[int]] = {}
+    recvs: dict[int, list[int]] = {}
+    for row in rows:
+        for mine, out in ((row.sends, sends), (row.recvs, recvs)):
+            for li, ks in mine.items():
+                out.setdefault(li, []).extend(ks)
+    in_order = all(row.proper for row in rows) and sends == recvs and \
         len(set(chain.from_iterable(sends.values()))) == sum(map(len, sends.values()))
-    return Program(tuple(ranks), peaks, sum(len(r[0]) for r in ranks), in_order)
+    return Program(tuple(row.rank for row in rows), tuple(row.peak for row in rows),
+                   sum(len(row.rank[0]) for row in rows), in_order)
 
 
 def _code_table(schedule: Schedule) -> tuple[list[tuple[int, int, int]], set[int]]:

@@ -226,16 +226,20 @@ _ZB_ROWS: dict[tuple[int, ...], tuple[Action, ...]] = {}
 _ZB_ROWS_KEEP = 4096  # lowered zero-bubble rank lists kept (each is shared by the schedules that hold it)
 
 
-def _zb_row(r: int, m: int, warmup: int, defer: int, n: int, d: int) -> tuple[Action, ...]:
+def _zb_row(r: int, m: int, warmup: int, defer: int, n: int, d: int, tail: bool = False) -> tuple[Action, ...]:
     """Rank r's ZB-H1 / Virtual-ZB list with its SEND/RECV (`_zb_rank` lowered as `add_comms` lowers it, n
-    virtual stages, d receives ahead), built once per those inputs: the planner builds a zero-bubble schedule
-    for every twin it prices (10^5 actions), and twins of the same depth share most of their ranks' lists."""
-    key = (r, m, warmup, defer, n, d)
+    virtual stages, d receives ahead) and, with `tail`, its REDUCE_GRAD and OPTIM, built once per those inputs: the
+    planner builds a zero-bubble schedule for every twin it prices (10^5 actions), and twins of the same depth share
+    most of their ranks' lists, as objects (so the simulator's compiled rows are shared too)."""
+    key = (r, m, warmup, defer, n, d, tail)
     hit = _ZB_ROWS.get(key)
     if hit is None:
         if len(_ZB_ROWS) >= _ZB_ROWS_KEEP:
             _ZB_ROWS.clear()
-        hit = _ZB_ROWS[key] = rank_with_comms(_zb_rank(r, m, warmup, defer), n, d)
+        hit = rank_with_comms(_zb_rank(r, m, warmup, defer), n, d)
+        if tail:
+            hit += (shared_action(r, ActionType.REDUCE_GRAD), shared_action(r, ActionType.OPTIM))
+        _ZB_ROWS[key] = hit
     return hit
 
 
@@ -297,9 +301,9 @@ def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
         ds = [d if cap is None or d == PLAIN_B else max(0, min(d, cap - (p - r) - sum(ks[r:])))
               for r, (d, cap) in enumerate(zip(ds, memory_cap))]
     look = _boundary_lookahead(p, ks)
-    ranks = tuple(_zb_row(r, m, p - r - 1 + sum(ks[r:]), ds[r], p, max(1, look[r])) for r in range(p))
+    ranks = tuple(_zb_row(r, m, p - r - 1 + sum(ks[r:]), ds[r], p, max(1, look[r]), tail) for r in range(p))
     name = "virtual-zb" if virtual else "zb-h1"
-    out = _lowered(name, p, m, 1, ranks, tail, tuple(ks) if virtual else ())
+    out = _lowered(name, p, m, 1, ranks, False, tuple(ks) if virtual else ())  # the rows hold their tails
     return out if ds == list(range(p)) else replace(out, defer=tuple(ds))
 
 
