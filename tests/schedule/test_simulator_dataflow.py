@@ -116,3 +116,13 @@ def test_a_deadlock_is_named_as_before() -> None:
     with pytest.raises(ScheduleError) as ref:
         reference_simulate(stuck, PipelineCosts(tf=1.0, tb=2.0))
     assert str(fast.value) == str(ref.value)
+
+
+def test_twins_share_rank_lists_and_their_compiled_rows() -> None:
+    """Zero-bubble twins that differ on one rank share every other rank's list (with its tail) as an object, and the
+    dataflow path compiles a shared list once; the twin still gives the heap loop's result."""
+    a = g.zero_bubble(4, 8, defer=(0, 1, 2, 3))
+    b = g.zero_bubble(4, 8, defer=(1, 1, 2, 3))
+    assert a.ranks[0] != b.ranks[0] and all(x is y for x, y in zip(a.ranks[1:], b.ranks[1:]))
+    assert all(x is y for x, y in zip(_program(a).ranks[1:], _program(b).ranks[1:]))
+    _same(b, PipelineCosts(tf=1.0, tb=2.0, tw=1.0, allreduce=3.0, dp_overlap=True))
