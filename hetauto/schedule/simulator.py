@@ -238,7 +238,7 @@ def _compile(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list
 _PROGRAMS: dict[int, tuple[Schedule, Program]] = {}  # least recently used first
 _PROGRAMS_KEEP = 8  # as many as `_compile` keeps: a 23-rank interleaved one (~10^5 actions) takes ~5 MB
 _ROWS: dict[tuple, tuple[tuple[Action, ...], RowCode]] = {}  # least recently used first
-_ROWS_KEEP = 256  # rank lists compiled (a zero-bubble one of 23 ranks and 384 microbatches: ~2.6k actions)
+_ROWS_KEEP = 96  # rank lists compiled (a 23-rank, 384-microbatch zero-bubble one: ~2.6k actions); 256: +16 MB RSS
 
 
 def _program(schedule: Schedule) -> Program:
