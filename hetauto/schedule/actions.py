@@ -14,6 +14,7 @@ list order, so the executor must tag them by virtual stage.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import re
 from collections.abc import Iterable, Sequence
@@ -63,6 +64,14 @@ class Action:
     def __str__(self) -> str:
         mb = "" if self.microbatch is None else str(self.microbatch)
         return f"{self.stage}{self.type.value}{mb}"
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def shared_action(stage: int, kind: ActionType, microbatch: int | None = None) -> Action:
+    """`Action(stage, kind, microbatch)`, one object per value: the generators build ~10^5 actions for every
+    zero-bubble or interleaved candidate the planner prices, and a frozen dataclass's __init__ costs ~6x a cache hit
+    (an Action is immutable, so schedules may share it; they also take less memory)."""
+    return Action(stage, kind, microbatch)
 
 
 def parse_action(text: str) -> Action:
@@ -181,10 +190,10 @@ def add_comms(compute: Sequence[Sequence[Action]], p: int, v: int,
 def rank_with_comms(row: Sequence[Action], n: int, d: int) -> tuple[Action, ...]:
     """One rank's list of `add_comms`: the planner lowers every zero-bubble candidate's lists (10^5 actions),
     so the receives are posted by slicing the list of receives this rank needs, in the order it needs them."""
-    f_, bi = ActionType.F, (ActionType.B, ActionType.I)
+    f_, bi, act = ActionType.F, (ActionType.B, ActionType.I), shared_action
     recv_f, recv_b, send_f, send_b = ActionType.RECV_F, ActionType.RECV_B, ActionType.SEND_F, ActionType.SEND_B
-    need_f = [Action(a.stage, recv_f, a.microbatch) for a in row if a.type is f_ and a.stage > 0]
-    need_b = [Action(a.stage, recv_b, a.microbatch) for a in row if a.type in bi and a.stage < n - 1]
+    need_f = [act(a.stage, recv_f, a.microbatch) for a in row if a.type is f_ and a.stage > 0]
+    need_b = [act(a.stage, recv_b, a.microbatch) for a in row if a.type in bi and a.stage < n - 1]
     nf, nb = len(need_f), len(need_b)
     posted_f, posted_b = min(d, nf), min(d, nb)  # receives posted so far, per kind
     res: list[Action] = need_f[:posted_f] + need_b[:posted_b]
@@ -198,7 +207,7 @@ def rank_with_comms(row: Sequence[Action], n: int, d: int) -> tuple[Action, ...]
                 seen_f += 1
             res.append(a)
             if a.stage < n - 1:
-                res.append(Action(a.stage, send_f, a.microbatch))
+                res.append(act(a.stage, send_f, a.microbatch))
             upto = min(seen_f + d, nf)
             if posted_f < upto:
                 res.extend(need_f[posted_f:upto])
@@ -211,7 +220,7 @@ def rank_with_comms(row: Sequence[Action], n: int, d: int) -> tuple[Action, ...]
                 seen_b += 1
             res.append(a)
             if a.stage > 0:
-                res.append(Action(a.stage, send_b, a.microbatch))
+                res.append(act(a.stage, send_b, a.microbatch))
             upto = min(seen_b + d, nb)
             if posted_b < upto:
                 res.extend(need_b[posted_b:upto])

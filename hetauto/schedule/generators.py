@@ -12,7 +12,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, add_comms, rank_with_comms
+from hetauto.schedule.actions import (
+    Action, ActionType, Schedule, ScheduleError, add_comms, rank_with_comms, shared_action,
+)
 
 F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -33,7 +35,7 @@ def _lowered(name: str, p: int, m: int, v: int, ranks: tuple[tuple[Action, ...],
     """The Schedule of rank lists that already hold their SEND/RECV, with the tail when asked for."""
     if tail:
         ranks = tuple(
-            row + tuple(Action(c * p + r, ActionType.REDUCE_GRAD) for c in reversed(range(v))) + (Action(r, ActionType.OPTIM),)
+            row + tuple(shared_action(c * p + r, ActionType.REDUCE_GRAD) for c in reversed(range(v))) + (shared_action(r, ActionType.OPTIM),)
             for r, row in enumerate(ranks)
         )
     return Schedule(name, p, m, v, ranks, extra)
@@ -48,11 +50,11 @@ def gpipe(p: int, m: int, *, tail: bool = True, lookahead: int = 1) -> Schedule:
 
 def _one_f_one_b_rank(r: int, m: int, warmup: int) -> list[Action]:
     w = min(warmup, m)
-    row = [Action(r, F, k) for k in range(w)]
+    row = [shared_action(r, F, k) for k in range(w)]
     for k in range(m - w):
-        row.append(Action(r, F, w + k))
-        row.append(Action(r, B, k))
-    row.extend(Action(r, B, k) for k in range(m - w, m))
+        row.append(shared_action(r, F, w + k))
+        row.append(shared_action(r, B, k))
+    row.extend(shared_action(r, B, k) for k in range(m - w, m))
     return row
 
 
@@ -88,11 +90,11 @@ def interleaved(p: int, m: int, v: int, *, tail: bool = True, lookahead: int = 1
 
     def fwd(k: int, r: int) -> Action:
         chunk = (k // g) % v
-        return Action(chunk * p + r, F, (k // (g * v)) * g + k % g)
+        return shared_action(chunk * p + r, F, (k // (g * v)) * g + k % g)
 
     def bwd(k: int, r: int) -> Action:
         chunk = v - 1 - (k // g) % v
-        return Action(chunk * p + r, B, (k // (g * v)) * g + k % g)
+        return shared_action(chunk * p + r, B, (k // (g * v)) * g + k % g)
 
     compute = []
     for r in range(p):
@@ -207,16 +209,16 @@ def _zb_rank(r: int, m: int, warmup: int, defer: int) -> list[Action]:
     w = min(warmup, m)
     if defer == PLAIN_B:
         return _one_f_one_b_rank(r, m, w)
-    row = [Action(r, F, k) for k in range(w)]
+    row = [shared_action(r, F, k) for k in range(w)]
     pending: list[int] = []
     for k in range(m):
         if k < m - w:
-            row.append(Action(r, F, w + k))
-        row.append(Action(r, I, k))
+            row.append(shared_action(r, F, w + k))
+        row.append(shared_action(r, I, k))
         pending.append(k)
         if len(pending) > defer:
-            row.append(Action(r, W, pending.pop(0)))
-    row.extend(Action(r, W, k) for k in pending)
+            row.append(shared_action(r, W, pending.pop(0)))
+    row.extend(shared_action(r, W, k) for k in pending)
     return row
 
 
@@ -224,16 +226,20 @@ _ZB_ROWS: dict[tuple[int, ...], tuple[Action, ...]] = {}
 _ZB_ROWS_KEEP = 4096  # lowered zero-bubble rank lists kept (each is shared by the schedules that hold it)
 
 
-def _zb_row(r: int, m: int, warmup: int, defer: int, n: int, d: int) -> tuple[Action, ...]:
+def _zb_row(r: int, m: int, warmup: int, defer: int, n: int, d: int, tail: bool = False) -> tuple[Action, ...]:
     """Rank r's ZB-H1 / Virtual-ZB list with its SEND/RECV (`_zb_rank` lowered as `add_comms` lowers it, n
-    virtual stages, d receives ahead), built once per those inputs: the planner builds a zero-bubble schedule
-    for every twin it prices (10^5 actions), and twins of the same depth share most of their ranks' lists."""
-    key = (r, m, warmup, defer, n, d)
+    virtual stages, d receives ahead) and, with `tail`, its REDUCE_GRAD and OPTIM, built once per those inputs: the
+    planner builds a zero-bubble schedule for every twin it prices (10^5 actions), and twins of the same depth share
+    most of their ranks' lists, as objects (so the simulator's compiled rows are shared too)."""
+    key = (r, m, warmup, defer, n, d, tail)
     hit = _ZB_ROWS.get(key)
     if hit is None:
         if len(_ZB_ROWS) >= _ZB_ROWS_KEEP:
             _ZB_ROWS.clear()
-        hit = _ZB_ROWS[key] = rank_with_comms(_zb_rank(r, m, warmup, defer), n, d)
+        hit = rank_with_comms(_zb_rank(r, m, warmup, defer), n, d)
+        if tail:
+            hit += (shared_action(r, ActionType.REDUCE_GRAD), shared_action(r, ActionType.OPTIM))
+        _ZB_ROWS[key] = hit
     return hit
 
 
@@ -295,9 +301,9 @@ def zero_bubble(p: int, m: int, extra_warmup: Sequence[int] | None = None, *,
         ds = [d if cap is None or d == PLAIN_B else max(0, min(d, cap - (p - r) - sum(ks[r:])))
               for r, (d, cap) in enumerate(zip(ds, memory_cap))]
     look = _boundary_lookahead(p, ks)
-    ranks = tuple(_zb_row(r, m, p - r - 1 + sum(ks[r:]), ds[r], p, max(1, look[r])) for r in range(p))
+    ranks = tuple(_zb_row(r, m, p - r - 1 + sum(ks[r:]), ds[r], p, max(1, look[r]), tail) for r in range(p))
     name = "virtual-zb" if virtual else "zb-h1"
-    out = _lowered(name, p, m, 1, ranks, tail, tuple(ks) if virtual else ())
+    out = _lowered(name, p, m, 1, ranks, False, tuple(ks) if virtual else ())  # the rows hold their tails
     return out if ds == list(range(p)) else replace(out, defer=tuple(ds))
 
 

@@ -10,6 +10,12 @@ order exact: an unbounded group changes nothing, a narrow one serializes its lin
 of the receive carrying its input. REDUCE_GRAD runs on the rank's communication stream (optionally
 overlapped with the chunk's last backward); OPTIM waits for it. Events are processed in time order
 (heap keyed by (time, rank)), so FIFO order on shared links is exact; ties go to the lower rank.
+
+Two paths, one result. Where no send holds its sender, no link group is used and every rank pair's receives are
+posted in the order its sends are issued (every generated family but ZB-V and interleaved on 1-2 ranks), the heap
+cannot change a number: `hetauto.schedule.dataflow` runs each rank until it waits for an input, with no heap, and
+gives the same floats (why: its docstring; tests/schedule/test_simulator_dataflow.py checks it bit for bit against
+the heap loop). Timelines, holding sends, link groups, other orders and deadlocks run on the heap loop below.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hetauto.schedule.actions import Action, ActionType, Schedule, ScheduleError, owner
+from hetauto.schedule.dataflow import Program, RowCode, Shape, compile_row, compile_shape, link_program, run_dataflow
 
 _CODE = {
     ActionType.F: 0, ActionType.B: 1, ActionType.I: 2, ActionType.W: 3,
@@ -228,34 +235,77 @@ def _compile(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list
     return flat
 
 
+_PROGRAMS: dict[int, tuple[Schedule, Program]] = {}  # least recently used first
+_PROGRAMS_KEEP = 8  # as many as `_compile` keeps: a 23-rank interleaved one (~10^5 actions) takes ~5 MB
+_ROWS: dict[tuple, tuple[tuple[Action, ...], RowCode]] = {}  # least recently used first
+_ROWS_KEEP = 96  # rank lists compiled (a 23-rank, 384-microbatch zero-bubble one: ~2.6k actions); 256: +16 MB RSS
+
+
+def _program(schedule: Schedule) -> Program:
+    """`schedule` compiled for the dataflow path, kept for the few schedules used last (the planner simulates one
+    cached schedule for several candidates' costs, and comes back to one it used a few schedules before), from
+    rank lists compiled once per list object (zero-bubble twins share most of their ranks' lists)."""
+    held = _PROGRAMS.pop(id(schedule), None)
+    if held is not None and held[0] is schedule:
+        _PROGRAMS[id(schedule)] = held
+        return held[1]
+    shape = compile_shape(schedule)
+    owner_of = [schedule.owner(s) for s in range(shape.n)]
+    rows = [_row_code(schedule, r, row, shape, owner_of) for r, row in enumerate(schedule.ranks)]
+    if len(rows) != schedule.p:
+        raise ScheduleError(f"schedule has {len(rows)} rank lists, expected p={schedule.p}")
+    program = link_program(rows)
+    while len(_PROGRAMS) >= _PROGRAMS_KEEP:
+        del _PROGRAMS[next(iter(_PROGRAMS))]
+    _PROGRAMS[id(schedule)] = (schedule, program)  # the schedule is kept alive, so its id is not reused meanwhile
+    return program
+
+
+def _row_code(schedule: Schedule, r: int, row: tuple[Action, ...], shape: Shape, owner_of: list[int]) -> RowCode:
+    """Rank r's list compiled (checked as `_flatten` checks it), kept per list object and schedule shape."""
+    key = (id(row), r, schedule.p, schedule.v, schedule.m, schedule.placement)
+    held = _ROWS.pop(key, None)
+    if held is None or held[0] is not row:
+        held = (row, compile_row(shape, *_flatten_row(schedule, r, row, owner_of)))
+        while len(_ROWS) >= _ROWS_KEEP:
+            del _ROWS[next(iter(_ROWS))]
+    _ROWS[key] = held  # the row is kept alive, so its id is not reused meanwhile
+    return held[1]
+
+
 def _flatten(schedule: Schedule) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
-    p, n, m = schedule.p, schedule.p * schedule.v, schedule.m
-    code_of = _CODE  # a local: one lookup per action
-    owner_of = [schedule.owner(s) for s in range(n)]
+    owner_of = [schedule.owner(s) for s in range(schedule.p * schedule.v)]
     ops: list[list[int]] = []
     stg: list[list[int]] = []
     mbs: list[list[int]] = []
     for r, row in enumerate(schedule.ranks):
-        o = [code_of[a.type] for a in row]
-        st = [a.stage for a in row]
-        mb = [-1 if a.microbatch is None else a.microbatch for a in row]
-        if _row_fits(r, st, [a.microbatch for a in row if a.microbatch is not None], owner_of, m):  # per distinct stage, not per action; else name the bad action
-            ops.append(o)
-            stg.append(st)
-            mbs.append(mb)
-            continue
-        for a in row:
-            if not 0 <= a.stage < n or owner_of[a.stage] != r:
-                raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own "
-                                    f"(p={p}, v={schedule.v})")
-            if a.microbatch is not None and not 0 <= a.microbatch < m:
-                raise ScheduleError(f"rank {r}: action {a} names microbatch {a.microbatch}, outside 0..{m - 1}")
+        o, st, mb = _flatten_row(schedule, r, row, owner_of)
         ops.append(o)
         stg.append(st)
         mbs.append(mb)
-    if len(ops) != p:
-        raise ScheduleError(f"schedule has {len(ops)} rank lists, expected p={p}")
+    if len(ops) != schedule.p:
+        raise ScheduleError(f"schedule has {len(ops)} rank lists, expected p={schedule.p}")
     return ops, stg, mbs
+
+
+def _flatten_row(schedule: Schedule, r: int, row: tuple[Action, ...], owner_of: list[int]
+                 ) -> tuple[list[int], list[int], list[int]]:
+    """Rank r's actions as flat int lists (op code, virtual stage, microbatch or -1), checked: every action on a
+    stage rank r owns and a microbatch in range (else the first bad action is named)."""
+    p, n, m = schedule.p, schedule.p * schedule.v, schedule.m
+    code_of = _CODE  # a local: one lookup per action
+    o = [code_of[a.type] for a in row]
+    st = [a.stage for a in row]
+    mb = [-1 if a.microbatch is None else a.microbatch for a in row]
+    if _row_fits(r, st, [a.microbatch for a in row if a.microbatch is not None], owner_of, m):  # per distinct stage, not per action; else name the bad action
+        return o, st, mb
+    for a in row:
+        if not 0 <= a.stage < n or owner_of[a.stage] != r:
+            raise ScheduleError(f"rank {r}: action {a} names stage {a.stage}, which rank {r} does not own "
+                                f"(p={p}, v={schedule.v})")
+        if a.microbatch is not None and not 0 <= a.microbatch < m:
+            raise ScheduleError(f"rank {r}: action {a} names microbatch {a.microbatch}, outside 0..{m - 1}")
+    return o, st, mb
 
 
 def _row_fits(r: int, st: list[int], given: list[int], owner_of: list[int], m: int) -> bool:
@@ -278,6 +328,13 @@ def simulate(schedule: Schedule, costs: PipelineCosts, *, timeline: bool = False
     per_rank = (_vec("allreduce", costs.allreduce, p, (p,)), _vec("optim", costs.optim, p, (p,)),
                 _vec("reshard", costs.reshard, p, (p,)))
     ch = _channels(schedule, costs, linkmap, nbytes)
+    if not timeline and not any(ch.hold) and all(g < 0 for g in ch.group):
+        program = _program(schedule)
+        if program.in_order:
+            end = run_dataflow(program, schedule.m, [x for c in chunk for x in c],
+                               list(zip(ch.link, ch.ser, ch.lat)), per_rank, v, costs.dp_overlap)
+            if end is not None:  # None: a deadlock, which the heap loop below names
+                return _result(end[0], end[1], end[2], list(program.peaks), program.actions, None)
     ops, stg, mbs = _compile(schedule)
     tl: list[TimelineEntry] | None = [] if timeline else None
     pc, t, comm_free, busy, peak, events = _event_loop(schedule, chunk, ch, per_rank, costs.dp_overlap,
