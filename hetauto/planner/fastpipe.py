@@ -31,10 +31,16 @@ and interleaved 1F1B are not handled here: the Evaluator sends those plans to th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+
+import numpy as np
+
+from hetauto.planner.pipe_levels import LevelRun, periodic_shift_arrays
 
 EXACT_NODES = 1024  # run the recursion on at least this many (rank, microbatch) pairs before extrapolating
 TRANSIENT = 8  # microbatches past the deepest warmup before the steady state is first looked for
+LEVELS_MIN_RANKS = 16  # from this depth the recursion runs level by level on numpy (`pipe_levels`; measured)
 _Events = tuple[list[list[float]], list[list[float]], list[list[float]], list[list[float]]]
 
 
@@ -114,6 +120,38 @@ def _recurse(p: int, m: int, tf: Sequence[float], tb: Sequence[float], warmups: 
     state = _Recursion(p)
     _advance(state, m, True, tf, tb, warmups, lookahead, fwd, bwd)
     return state.rank_t, state.last_b, state.events
+
+
+class _ListRun:
+    """`_Recursion` + `_advance` behind `LevelRun`'s interface: the pure-Python recursion, faster for shallow
+    pipelines (and the reference the level-by-level one is tested against, bit for bit)."""
+
+    def __init__(self, tf: Sequence[float], tb: Sequence[float], lookahead: Sequence[int],
+                 fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]]) -> None:
+        self.state = _Recursion(len(tf))
+        self.inputs = (tf, tb, lookahead, fwd, bwd)
+
+    def advance(self, m: int, final: bool, warm: Sequence[int]) -> None:
+        tf, tb, lookahead, fwd, bwd = self.inputs
+        _advance(self.state, m, final, tf, tb, warm, lookahead, fwd, bwd)
+
+    @property
+    def events(self) -> _Events:
+        return self.state.events
+
+    def finished(self) -> tuple[list[float], list[float]]:
+        return self.state.rank_t, self.state.last_b
+
+
+def _run_for(tf: Sequence[float], tb: Sequence[float], lookahead: Sequence[int],
+             fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]], m: int) -> _ListRun | LevelRun:
+    """The level-by-level recursion for deep pipelines, the pure-Python one where it is faster or where a
+    non-finite time would make numpy's max differ from `_advance`'s comparisons (NaN)."""
+    p = len(tf)
+    finite = math.isfinite(sum(tf) + sum(tb) + sum(map(sum, fwd)) + sum(map(sum, bwd)))
+    if p >= LEVELS_MIN_RANKS and finite:
+        return LevelRun(tf, tb, lookahead, fwd, bwd, m)
+    return _ListRun(tf, tb, lookahead, fwd, bwd)
 
 
 def _advance(state: _Recursion, m: int, final: bool, tf: Sequence[float], tb: Sequence[float],
@@ -242,10 +280,12 @@ def periodic_shift(events: _Events, warmups: Sequence[int], lookahead: Sequence[
     (the same expressions of a shifted state): the whole run extrapolates by whole spans, exactly. The two
     windows are the last ones in this run's steady state (after every warm-up, before any cool-down), where
     a transient is most likely over."""
+    width = steady_window(warmups, lookahead)
+    if isinstance(events[0], np.ndarray):
+        return periodic_shift_arrays(events, warmups, lookahead, m, span, width)
     end_f, end_b, send_f, send_b = events
     p = len(end_f)
     look = [max(1, d) for d in lookahead]
-    width = steady_window(warmups, lookahead)
     w_max = max(warmups)
     lo = m - w_max - span - width  # B(r, k) is steady for k <= m - 1 - w_r, F(r, k) for k >= w_r + 1
     if lo < max(look) + 1:
@@ -280,19 +320,19 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
     span = period(tf, tb, [min(w, m) for w in warm], look, fw, bw)[1] if m0 < m else 1
     if m0 < m:  # at least long enough for periodic_shift's two windows after the warm-ups, and TRANSIENT more
         m0 = min(m, max(m0, max(warm) + span + steady_window(warm, look) + max(look) + 1 + TRANSIENT))
-    state = _Recursion(p)
+    run = _run_for(tf, tb, look, fw, bw, m)
     while True:
         m0 = min(m, m0 + (m - m0) % span)  # extrapolate by whole critical cycles
         warm0 = tuple(min(w, m0) for w in warm)
         delta = None
         if m0 < m:  # pause where the m0-run's cool-down would start: a failed check costs no rerun
-            _advance(state, m0, False, tf, tb, warm0, look, fw, bw)
-            delta = periodic_shift(state.events, warm, look, m0, span)
+            run.advance(m0, False, warm0)
+            delta = periodic_shift(run.events, warm, look, m0, span)
         if m0 == m or delta is not None:
-            _advance(state, m0, True, tf, tb, warm0, look, fw, bw)  # finish exactly the m0-run
+            run.advance(m0, True, warm0)  # finish exactly the m0-run
             break
         m0 = min(m, 2 * m0)  # the transient is longer than m0: run further (at worst all m microbatches)
-    rank_t, last_b = state.rank_t, state.last_b
+    rank_t, last_b = run.finished()
     if m0 < m:
         shift = (m - m0) // span * delta
         rank_t = [x + shift for x in rank_t]
