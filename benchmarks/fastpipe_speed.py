@@ -41,9 +41,8 @@ def synthetic(depths: list[int], seed: int = 1) -> list[Call]:
 
 
 def clear_caches() -> None:
-    for cache in (pipe_levels._LEVELS, pipe_levels._COOLDOWNS, pipe_levels._PHASES):
-        cache.clear()
-        cache.used = 0
+    pipe_levels._CACHE.clear()
+    pipe_levels._CACHE.used = 0
 
 
 def timed(calls: list[Call], levels: bool, cold: bool, repeat: int) -> tuple[float, list]:

@@ -36,11 +36,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetauto.planner.pipe_levels import LevelRun, periodic_shift_arrays
+from hetauto.planner.pipe_levels import LevelRun, periodic_shift_arrays, strictly_falling
 
 EXACT_NODES = 1024  # run the recursion on at least this many (rank, microbatch) pairs before extrapolating
 TRANSIENT = 8  # microbatches past the deepest warmup before the steady state is first looked for
-LEVELS_MIN_RANKS = 16  # from this depth the recursion runs level by level on numpy (`pipe_levels`; measured)
+LEVELS_MIN_RANKS = 20  # from this depth the recursion runs level by level on numpy (`pipe_levels`; measured)
 _Events = tuple[list[list[float]], list[list[float]], list[list[float]], list[list[float]]]
 
 
@@ -143,13 +143,14 @@ class _ListRun:
         return self.state.rank_t, self.state.last_b
 
 
-def _run_for(tf: Sequence[float], tb: Sequence[float], lookahead: Sequence[int],
+def _run_for(tf: Sequence[float], tb: Sequence[float], warm: Sequence[int], lookahead: Sequence[int],
              fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]], m: int) -> _ListRun | LevelRun:
-    """The level-by-level recursion for deep pipelines, the pure-Python one where it is faster or where a
-    non-finite time would make numpy's max differ from `_advance`'s comparisons (NaN)."""
+    """The level-by-level recursion for deep pipelines, the pure-Python one where it is faster, where the first
+    phase's warm-ups do not fall strictly (clipped to a short run) or where a non-finite time would make numpy's
+    max differ from `_advance`'s comparisons (NaN)."""
     p = len(tf)
     finite = math.isfinite(sum(tf) + sum(tb) + sum(map(sum, fwd)) + sum(map(sum, bwd)))
-    if p >= LEVELS_MIN_RANKS and finite:
+    if p >= LEVELS_MIN_RANKS and finite and strictly_falling(warm):
         return LevelRun(tf, tb, lookahead, fwd, bwd, m)
     return _ListRun(tf, tb, lookahead, fwd, bwd)
 
@@ -320,10 +321,11 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
     span = period(tf, tb, [min(w, m) for w in warm], look, fw, bw)[1] if m0 < m else 1
     if m0 < m:  # at least long enough for periodic_shift's two windows after the warm-ups, and TRANSIENT more
         m0 = min(m, max(m0, max(warm) + span + steady_window(warm, look) + max(look) + 1 + TRANSIENT))
-    run = _run_for(tf, tb, look, fw, bw, m)
+    run = None
     while True:
         m0 = min(m, m0 + (m - m0) % span)  # extrapolate by whole critical cycles
         warm0 = tuple(min(w, m0) for w in warm)
+        run = run or _run_for(tf, tb, warm0, look, fw, bw, m)
         delta = None
         if m0 < m:  # pause where the m0-run's cool-down would start: a failed check costs no rerun
             run.advance(m0, False, warm0)

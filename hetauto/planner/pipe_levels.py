@@ -14,13 +14,18 @@ scatters over flat float64 arrays, each action computing
 with the same operands in the same order as `fastpipe._advance` (float max is exact; numpy float64 `+` is IEEE,
 as Python's), so every event has the same bits.
 
-The graph's levels are derived once per warm-up tuple (`_steady_levels`: a few Gauss-Seidel sweeps of a
-cumulative maximum per rank) and the per-level index arrays once per phase (a window of microbatches, or the
-cool-down), both kept in bounded LRU caches: a planner search asks for the same pipeline shapes many times.
+The levels and their index arrays are derived once per pipeline shape (warm-ups, lookahead) and kept in bounded
+LRU caches (a planner search asks for the same shapes many times): `_steady_levels` (a few Gauss-Seidel sweeps of
+a cumulative maximum per rank) levels a run that never cools down, for `size` microbatches. A run paused at m
+is every action of that graph up to the level of its last paused action (`_Steady.cut`): the extra actions of
+those levels (microbatches >= m, F on the first ranks) are events of every longer run, so they are right and
+harmless (the cool-down rewrites its own slots), and a resumed run just goes on to a later level. The
+cool-down is its own small graph, in microbatches relative to its end, so one serves every m.
 
-Layout: one flat float64 array `z` per run. Slots 0 and 1 hold -inf (a missing input) and 0.0 (an idle clock or
-link); then per rank the constants (serialization, serialization + latency, compute; F then B); then per
-microbatch k, per table, per rank the events (end, link free after, start; F then B) and the sends.
+Layout: one flat float64 array `z` per run: per microbatch k, per table, per rank the events (end, link free
+after, start; F then B; the sends), then at the very end (negative indices, so they stay put in a view
+`z[offset:]`) per rank the constants (serialization, serialization + latency, compute; F then B), a write-only
+slot, 0.0 (an idle clock or link) and -inf (no such input).
 """
 
 from __future__ import annotations
@@ -31,12 +36,11 @@ from typing import TypeVar
 
 import numpy as np
 
-NEG, ZERO = 0, 1  # slots of -inf (no such input) and of 0.0 (an idle clock, a link never used yet)
+NEG, ZERO, DUMP = -1, -2, -3  # slots of -inf (no such input), 0.0 (an idle clock or link), writes to drop
 END, LINK, START, SEND = 0, 2, 4, 6  # tables per (microbatch, rank), + 0 for F, + 1 for B
 TABLES = 8
-_CONSTS = 6  # per rank: ser F, ser B, ser + lat F, ser + lat B, compute F, compute B
-_LEVEL_CACHE = 64  # warm-up tuples whose levels are kept
-_PHASE_ACTIONS = 1_500_000  # actions whose prepared phases are kept (~60 bytes each)
+SER, SER_LAT, COMPUTE = 0, 1, 2  # constants per rank, each F then B
+_CACHED_ACTIONS = 2_000_000  # actions whose index arrays are kept (11 indices, ~90 bytes each)
 
 V = TypeVar("V")
 
@@ -64,141 +68,177 @@ class _Lru(OrderedDict):
         return value
 
 
-def _base(p: int) -> int:
-    return 2 + _CONSTS * p
+def _const(p: int, which: int, kind: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
+    return -(3 + 6 * p) + (2 * which + kind) * p + r
 
 
 def _slot(p: int, k: np.ndarray, table: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
-    return _base(p) + (k * TABLES + table) * p + r
+    return (k * TABLES + table) * p + r
 
 
-def _chain(w: int, n_mb: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of F(k), k < n_mb, and B(k), k < n_mb - w, in a rank's 1F1B order: w + 1 forwards, then
-    B(0), F(w + 1), B(1), ... (`_advance`: F while fewer than w + 2 are in flight)."""
-    ks = np.arange(n_mb)
-    return np.where(ks <= w, ks, 2 * ks - w), w + 1 + 2 * np.arange(max(0, n_mb - w))
+class _Levels:
+    """A graph's actions in level order as index arrays into `z`: per level the reads (7 x n: neighbour's event,
+    own event `lookahead` back, link free, clock, ser, ser + lat, compute) and the slots it writes (link free,
+    start, end, send)."""
+
+    __slots__ = ("levels", "actions")
+
+    def __init__(self, p: int, kind: np.ndarray, r: np.ndarray, k: np.ndarray, lev: np.ndarray, pred: np.ndarray,
+                 look: np.ndarray, starts: bool) -> None:
+        """From the actions (kind 0 = F, 1 = B; rank; microbatch; level from 1, every level up to the last used;
+        the slot of the end of the rank's previous action, or ZERO) and whether to write the start of each
+        action. Actions without a link (F on rank 0, B on the last) read -inf as input, receive and link, and 0.0
+        as ser and ser + lat: t = max(t, -inf) + compute, as `_advance` skips them."""
+        is_f = kind == 0
+        link = np.where(is_f, r > 0, r < p - 1)
+        d = look[r]
+        rows = np.stack([
+            np.where(link, _slot(p, k, END + kind, np.where(is_f, r - 1, r + 1)), NEG),
+            np.where(link & (k >= d), _slot(p, k - d, END + kind, r), NEG),
+            np.where(link, np.where(k >= 1, _slot(p, k - 1, LINK + kind, r), ZERO), NEG),
+            pred,
+            np.where(link, _const(p, SER, kind, r), ZERO),
+            np.where(link, _const(p, SER_LAT, kind, r), ZERO),
+            _const(p, COMPUTE, kind, r),
+            _slot(p, k, LINK + kind, r),
+            _slot(p, k, START + kind, r),
+            _slot(p, k, END + kind, r),
+            np.where(link, _slot(p, k, SEND + kind, np.where(is_f, r - 1, r)), DUMP),
+        ])
+        order = np.argsort(lev, kind="stable")
+        rows = rows[:, order].astype(np.intp)
+        bounds = [0, *(np.flatnonzero(np.diff(lev[order])) + 1).tolist(), len(order)]
+        contiguous = np.ascontiguousarray  # numpy gathers and scatters through strided index arrays 2-3x slower
+        self.levels = [(contiguous(rows[:7, lo:hi]), contiguous(rows[7, lo:hi]),
+                        contiguous(rows[8, lo:hi]) if starts else None, contiguous(rows[9, lo:hi]),
+                        contiguous(rows[10, lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
+        self.actions = len(order)
+
+    def run(self, z: np.ndarray, first: int, last: int) -> None:
+        """Levels first+1 .. last (from 1)."""
+        for level in self.levels[first:last]:
+            _layer(z, *level)
 
 
-def _steady_levels(warm: tuple[int, ...], n_mb: int) -> tuple[np.ndarray, np.ndarray]:
-    """Level (longest chain of inputs, from 1) of every F(r, k), k < n_mb, and B(r, k), k < n_mb - w_r, of a run
-    that has not begun its cool-down. A rank's levels given its neighbours' are a cumulative maximum along its
-    chain (level_j = 1 + max(level_(j-1), input_j)); F inputs come from the left, B inputs from the right, so
-    sweeps alternate direction until nothing changes (2-3 sweeps on real plans; each starts from lower bounds)."""
+def _layer(z: np.ndarray, reads: np.ndarray, link: np.ndarray, start: np.ndarray | None, end: np.ndarray,
+           send: np.ndarray) -> None:
+    """One level: per action a = max(input, receive, link free) (the send starts), the link is free again at
+    a + ser, and t = max(clock, a + (ser + lat)) + compute; `start` (t before compute) only where it is read."""
+    given, posted, free, clock, ser, ser_lat, compute = z[reads]
+    a = np.maximum(np.maximum(given, posted), free)
+    z[send] = a
+    z[link] = a + ser
+    t = np.maximum(a + ser_lat, clock)
+    if start is not None:
+        z[start] = t
+    z[end] = t + compute
+
+
+def _steady_start(warm: np.ndarray) -> np.ndarray:
+    """beta_r, the layer of B(r, 0): a rank's warm-up forwards F(r, k <= w_r) take layers r + k + 1, then B(r, k)
+    takes beta_r + 2k and F(r, k > w_r) beta_r + 2k - 2w_r - 1. Valid (every input on an earlier layer) when
+    beta_r >= r + w_r + 2 (after the warm-up), beta_r >= beta_(r+1) + 1 (B reads the right neighbour) and
+    beta_r >= beta_(r-1) - 2(w_(r-1) - w_r) + 1 (F reads the left one), which the smallest solution of the first
+    two meets when the warm-ups fall strictly (1F1B: by 1, Virtual-1F1B: by more). 1F1B's is its unit-time
+    schedule: 2 layers per microbatch, every rank busy on every steady layer."""
+    beta = np.arange(len(warm)) + warm + 2
+    for r in range(len(warm) - 2, -1, -1):
+        beta[r] = max(beta[r], beta[r + 1] + 1)
+    return beta
+
+
+def _layer_actions(warm: np.ndarray, beta: np.ndarray, layers: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(kind, rank, microbatch, layer) of every rank's action on each of `layers`, layer-major."""
     p = len(warm)
-    lev_f = np.zeros((p, n_mb), np.int64)
-    lev_b = np.zeros((p, n_mb), np.int64)
-    chains = [_chain(min(w, n_mb), n_mb) for w in warm]
-    sweep = 0
-    while True:
-        changed = False
-        for r in (range(p) if sweep % 2 == 0 else range(p - 1, -1, -1)):
-            pos_f, pos_b = chains[r]
-            n_b = len(pos_b)
-            inputs = np.zeros(n_mb + n_b, np.int64)
-            if r:
-                inputs[pos_f] = lev_f[r - 1]
-            if r < p - 1 and n_b:
-                inputs[pos_b] = lev_b[r + 1, :n_b]
-            steps = np.arange(n_mb + n_b)
-            lev = steps + 1 + np.maximum.accumulate(inputs - steps)
-            new_f, new_b = lev[pos_f], lev[pos_b]
-            if not changed and not (np.array_equal(new_f, lev_f[r]) and np.array_equal(new_b, lev_b[r, :n_b])):
-                changed = True
-            lev_f[r], lev_b[r, :n_b] = new_f, new_b
-        sweep += 1
-        if not changed:
-            return lev_f, lev_b
+    lay = np.repeat(layers, p)
+    r = np.tile(np.arange(p), len(layers))
+    w, b = warm[r], beta[r]
+    k_warm = lay - r - 1
+    in_warmup = (k_warm >= 0) & (k_warm <= w)
+    steady = lay >= b
+    is_b = steady & ((lay - b) % 2 == 0)
+    k = np.where(in_warmup, k_warm, np.where(is_b, (lay - b) // 2, (lay - b - 1) // 2 + w + 1))
+    keep = in_warmup | steady
+    return is_b[keep].astype(np.int64), r[keep], k[keep], lay[keep]
 
 
-def _cooldown_levels(warm: tuple[int, ...]) -> list[np.ndarray]:
-    """Levels of each rank's cool-down B(r, m - w_r .. m - 1), which only read each other (from the right)."""
+def _preds(p: int, warm: np.ndarray, kind: np.ndarray, r: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Slot of the end of each action's predecessor on its rank before the cool-down (ZERO for F(r, 0)): F(k)
+    follows F(k - 1) in the warm-up, B(k - w - 1) after it; B(k) follows F(k + w)."""
+    w = warm[r]
+    pred_f = np.where(k == 0, ZERO, np.where(k <= w, _slot(p, k - 1, END, r), _slot(p, k - w - 1, END + 1, r)))
+    return np.where(kind == 0, pred_f, _slot(p, k + w, END, r))
+
+
+class _Shape:
+    """Everything a pipeline shape (warm-ups, lookahead) needs, for any microbatch count: the layers before the
+    steady state (`prefix`), two steady layers (`block`: layer l + 2 is layer l one microbatch later, so it runs
+    on `z[TABLES * p * j:]` for the j-th repeat) and the cool-down's layers (`cooldowns`, per distance of the
+    end from the last microbatch the cool-down reads)."""
+
+    __slots__ = ("p", "warm", "look", "beta", "prefix", "block", "actions", "cooldowns")
+
+    def __init__(self, warm: tuple[int, ...], look: tuple[int, ...]) -> None:
+        p = self.p = len(warm)
+        self.warm, self.look = np.asarray(warm), np.asarray(look)
+        self.beta = _steady_start(self.warm)
+        # from this layer on every rank is in its steady state, past every special case (k < d, k = 0)
+        first_block = int(max(self.warm[0] + 2, (self.beta + 2 * self.look + 2).max()))
+        self.prefix = self._levels(np.arange(1, first_block))
+        self.block = self._levels(np.arange(first_block, first_block + 2))
+        self.actions = self.prefix.actions + self.block.actions + int(self.warm.sum())  # + ~1 cool-down
+        self.cooldowns: dict[int, _Levels] = {}
+
+    def _levels(self, layers: np.ndarray) -> _Levels:
+        kind, r, k, lay = _layer_actions(self.warm, self.beta, layers)
+        return _Levels(self.p, kind, r, k, lay, _preds(self.p, self.warm, kind, r, k), self.look, starts=False)
+
+    def cut(self, m: int) -> int:
+        """The layer of the last action of a run paused at m (F(r, m - 1), then B(r, m - w_r - 1))."""
+        r = np.arange(self.p)
+        last_b = self.beta + 2 * (m - self.warm - 1)
+        return int(np.where(m - self.warm - 1 >= 0, last_b, r + m).max())
+
+    def reach(self, layer: int) -> int:
+        """1 + the largest microbatch of an action on a layer up to `layer` (the room `z` needs)."""
+        steady = (layer - self.beta) // 2 + self.warm + 1
+        warmup = np.minimum(layer - np.arange(self.p) - 1, self.warm)
+        return int(np.where(layer >= self.beta, steady, warmup).max()) + 1
+
+    def run(self, z: np.ndarray, first: int, last: int) -> None:
+        """Layers first + 1 .. last (from 1)."""
+        n_prefix = len(self.prefix.levels)
+        if first < n_prefix:
+            self.prefix.run(z, first, min(last, n_prefix))
+            first = n_prefix
+        step, block = TABLES * self.p, self.block.levels
+        for layer in range(first - n_prefix, last - n_prefix):  # the j-th repeat of the block on z[j * step:]
+            _layer(z[(layer >> 1) * step:], *block[layer & 1])
+
+    def cooldown(self, m: int) -> _Levels:
+        """The cool-down of a run paused at m (relative to m - `cooldown_reach`, see LevelRun)."""
+        got = self.cooldowns.get(m)
+        if got is None:
+            if len(self.cooldowns) >= 4:  # short runs (m below the reach) each have their own: keep a few
+                self.cooldowns.clear()
+            got = self.cooldowns[m] = _cooldown(tuple(self.warm.tolist()), tuple(self.look.tolist()), m)
+        return got
+
+    def cooldown_reach(self) -> int:
+        return int(self.warm[0] + self.look.max() + 1)
+
+
+def _cooldown(warm: tuple[int, ...], look: tuple[int, ...], m: int) -> _Levels:
+    """The cool-down of an m-microbatch run paused where it begins: B(r, m - w_r + j) on layer j + 1 for
+    j < w_r (B(r + 1, k) is w_r - w_(r+1) >= 1 layers ahead, so each rank runs its backwards back to back)."""
     p = len(warm)
-    out: list[np.ndarray] = [np.zeros(0, np.int64)] * p
-    for r in range(p - 1, -1, -1):
-        steps = np.arange(warm[r])
-        inputs = np.zeros(warm[r], np.int64)
-        if r < p - 1:
-            j = steps - warm[r] + warm[r + 1]  # B(r + 1, same k)'s place in its own cool-down
-            ok = j >= 0
-            inputs[ok] = out[r + 1][j[ok]]
-        out[r] = steps + 1 + np.maximum.accumulate(inputs - steps) if warm[r] else steps
-    return out
-
-
-class Phase:
-    """One phase's levels as index arrays into `z`: per level the reads (7 x n: neighbour's event, own event
-    `lookahead` back, link free, clock, ser, ser + lat, compute) and the link-free, start and end slots it
-    writes; then the sends (each linked action's `a`, read back after the phase)."""
-
-    __slots__ = ("levels", "sends", "actions")
-
-    def __init__(self, levels: list[tuple[np.ndarray, ...]], sends: tuple[np.ndarray, ...], actions: int) -> None:
-        self.levels, self.sends, self.actions = levels, sends, actions
-
-
-def _phase(p: int, kind: np.ndarray, r: np.ndarray, k: np.ndarray, lev: np.ndarray, pred: np.ndarray,
-           look: np.ndarray) -> Phase:
-    """A phase from its actions (kind 0 = F, 1 = B; rank; microbatch; level; the slot of the end of the rank's
-    previous action, or ZERO for its first). Actions without a link (F on rank 0, B on the last) read -inf as
-    input, receive and link, and 0.0 as ser and ser + lat: t = max(t, -inf) + compute, as `_advance` skips them."""
-    is_f = kind == 0
-    link = np.where(is_f, r > 0, r < p - 1)
-    d = look[r]
-    reads = np.stack([
-        np.where(link, _slot(p, k, END + kind, np.where(is_f, r - 1, r + 1)), NEG),
-        np.where(link & (k >= d), _slot(p, k - d, END + kind, r), NEG),
-        np.where(link, np.where(k >= 1, _slot(p, k - 1, LINK + kind, r), ZERO), NEG),
-        pred,
-        np.where(link, 2 + kind * p + r, ZERO),
-        np.where(link, 2 + (2 + kind) * p + r, ZERO),
-        2 + (4 + kind) * p + r,
-    ])
-    writes = np.stack([_slot(p, k, LINK + kind, r), _slot(p, k, START + kind, r), _slot(p, k, END + kind, r)])
-    send = _slot(p, k, SEND + kind, np.where(is_f, r - 1, r))
-    order = np.argsort(lev, kind="stable")
-    reads, writes, send, link = reads[:, order].astype(np.intp), writes[:, order].astype(np.intp), \
-        send[order].astype(np.intp), link[order]
-    bounds = [0, *(np.flatnonzero(np.diff(lev[order])) + 1).tolist(), len(order)]
-    contiguous = np.ascontiguousarray  # numpy gathers and scatters through strided index arrays 2-3x slower
-    levels = [(contiguous(reads[:, lo:hi]), contiguous(writes[0, lo:hi]), contiguous(writes[1, lo:hi]),
-               contiguous(writes[2, lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
-    sends = (reads[0][link], reads[1][link], reads[2][link], send[link])
-    return Phase(levels, sends, len(kind))
-
-
-def _window(warm: tuple[int, ...], look: tuple[int, ...], lo: int, hi: int) -> Phase:
-    """The actions of a run paused at `hi` that a run paused at `lo` has not done: F(r, lo .. hi-1) and
-    B(r, lo - w_r .. hi - w_r - 1), clipped at 0 (`_advance` not `final`: no B once the forwards are done and
-    w_r or fewer are in flight)."""
-    p = len(warm)
-    lev_f, lev_b = _LEVELS.get_or_make(warm, lambda: _steady_levels(warm, max(hi, 2 * lo)),
-                                       lambda got: got[0].shape[1] >= hi)
-    w = np.asarray(warm)
-    r_f = np.repeat(np.arange(p), hi - lo)
-    k_f = np.tile(np.arange(lo, hi), p)
-    b_lo = np.maximum(lo - w, 0)
-    b_n = np.maximum(hi - w - b_lo, 0)
-    r_b, k_b = _ranges(b_lo, b_n)
-    w_f = w[r_f]
-    pred_f = np.where(k_f == 0, ZERO,
-                      np.where(k_f <= w_f, _slot(p, k_f - 1, END, r_f), _slot(p, k_f - w_f - 1, END + 1, r_f)))
-    pred_b = _slot(p, k_b + w[r_b], END, r_b)  # before the cool-down B(k) follows F(k + w)
-    kind = np.concatenate([np.zeros(len(r_f), np.int64), np.ones(len(r_b), np.int64)])
-    return _phase(p, kind, np.concatenate([r_f, r_b]), np.concatenate([k_f, k_b]),
-                  np.concatenate([lev_f[r_f, k_f], lev_b[r_b, k_b]]), np.concatenate([pred_f, pred_b]),
-                  np.asarray(look))
-
-
-def _cooldown(warm: tuple[int, ...], look: tuple[int, ...], m: int) -> Phase:
-    """The cool-down of an m-microbatch run paused where it begins: B(r, m - w_r .. m - 1)."""
-    p = len(warm)
-    lev = _COOLDOWNS.get_or_make(warm, lambda: _cooldown_levels(warm))
     w = np.asarray(warm)
     r, k = _ranges(m - w, w)
+    layer = k - (m - w)[r] + 1
     # B(k) follows B(k - 1) (the last paused action or the cool-down's previous), or F(m - 1) when it is the
     # rank's first backward (a warm-up clipped to m)
     pred = np.where(k >= 1, _slot(p, k - 1, END + 1, r), _slot(p, m - 1, END, r))
-    return _phase(p, np.ones(len(r), np.int64), r, k, np.concatenate(lev), pred, np.asarray(look))
+    return _Levels(p, np.ones(len(r), np.int64), r, k, layer, pred, np.asarray(look), starts=True)
 
 
 def _ranges(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -207,55 +247,60 @@ def _ranges(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return ranks, np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count) + first[ranks]
 
 
-_LEVELS: _Lru = _Lru(_LEVEL_CACHE)
-_COOLDOWNS: _Lru = _Lru(_LEVEL_CACHE)
-_PHASES: _Lru = _Lru(_PHASE_ACTIONS, lambda phase: phase.actions)
+_CACHE: _Lru = _Lru(_CACHED_ACTIONS, lambda graph: graph.actions)
+
+
+def strictly_falling(warm: Sequence[int]) -> bool:
+    """Whether `LevelRun` takes these warm-ups (see `_steady_start`): 1F1B-family ones do, unless clipped to a
+    short run."""
+    return all(a > b for a, b in zip(warm, warm[1:]))
 
 
 class LevelRun:
-    """`fastpipe._Recursion` + `_advance` for `iteration_1f1b`'s phases, on numpy: pause at m (a window of
-    microbatches), pause further, finish (the cool-down). `events` are (p, capacity) views for
-    `periodic_shift`, valid for microbatches below the last pause."""
+    """`fastpipe._Recursion` + `_advance` for `iteration_1f1b`'s phases, on numpy: pause at m, pause further,
+    finish (the cool-down). `events` are [rank or link][microbatch] views for `periodic_shift`, valid below the
+    last pause (F) or its warm-ups (B); `finished` once the cool-down ran. Warm-ups must fall strictly."""
 
     def __init__(self, tf: Sequence[float], tb: Sequence[float], lookahead: Sequence[int],
                  fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]], capacity: int) -> None:
-        p = len(tf)
-        self.p, self.look = p, tuple(max(1, d) for d in lookahead)
-        self.m, self.warm = 0, None
-        self.z = np.empty(_base(p) + capacity * TABLES * p)
-        self.z[NEG], self.z[ZERO] = -np.inf, 0.0
-        self.z[2:_base(p)] = ([0.0] + [h[0] for h in fwd] + [h[0] for h in bwd] + [0.0]
-                              + [0.0] + [sum(h) for h in fwd] + [sum(h) for h in bwd] + [0.0] + list(tf) + list(tb))
+        self.p, self.look = len(tf), tuple(max(1, d) for d in lookahead)
+        self.m, self.done, self.warm = 0, 0, None
+        self.consts = ([0.0] + [h[0] for h in fwd] + [h[0] for h in bwd] + [0.0]
+                       + [0.0] + [sum(h) for h in fwd] + [sum(h) for h in bwd] + [0.0] + list(tf) + list(tb)
+                       + [0.0, 0.0, -np.inf])  # DUMP, ZERO, NEG
+        self.z = np.empty(0)
+        self._room(capacity)
+
+    def _room(self, n_mb: int) -> None:
+        """Room in `z` for n_mb microbatches (the events so far kept)."""
+        events = len(self.z) - len(self.consts)
+        if n_mb * TABLES * self.p > events:
+            z = np.empty(n_mb * TABLES * self.p + len(self.consts))
+            if events > 0:
+                z[:events] = self.z[:events]
+            z[-len(self.consts):] = self.consts
+            self.z = z
 
     def advance(self, m: int, final: bool, warm: Sequence[int]) -> None:
         """`_advance(state, m, final, ..., warm, ...)`: on to a pause at m, then (final) through the cool-down.
         Every phase of one run must use the same warm-ups (iteration_1f1b's do: m >= max(warm) when it pauses)."""
         warm = tuple(warm)
-        if self.warm is not None and warm != self.warm:
-            raise ValueError("LevelRun phases need one warm-up tuple")
+        if self.warm is not None and warm != self.warm or not strictly_falling(warm):
+            raise ValueError("LevelRun needs one strictly falling warm-up tuple")
         self.warm = warm
+        shape = _CACHE.get_or_make((warm, self.look), lambda: _Shape(warm, self.look))
         if m > self.m:
-            lo = self.m
-            self._run(_PHASES.get_or_make(("window", warm, self.look, lo, m),
-                                          lambda: _window(warm, self.look, lo, m)))
-            self.m = m
-        if final:
-            self._run(_PHASES.get_or_make(("cooldown", warm, self.look, m), lambda: _cooldown(warm, self.look, m)))
-
-    def _run(self, phase: Phase) -> None:
-        z, maximum = self.z, np.maximum
-        for reads, link, start, end in phase.levels:
-            x = z[reads]
-            a = maximum(maximum(x[0], x[1]), x[2])
-            z[link] = a + x[4]
-            s = maximum(a + x[5], x[3])
-            z[start] = s
-            z[end] = s + x[6]
-        given, posted, free, send = phase.sends
-        z[send] = maximum(maximum(z[given], z[posted]), z[free])
+            cut = shape.cut(m)
+            self._room(shape.reach(cut))
+            shape.run(self.z, self.done, cut)
+            self.m, self.done = m, cut
+        if final:  # in microbatches from k0 on: every read of the cool-down is of k0 or later
+            k0 = max(0, m - shape.cooldown_reach())
+            cool = shape.cooldown(m - k0)
+            cool.run(self.z[k0 * TABLES * self.p:], 0, len(cool.levels))
 
     def _tables(self) -> np.ndarray:
-        return self.z[_base(self.p):].reshape(-1, TABLES, self.p)
+        return self.z[:len(self.z) - len(self.consts)].reshape(-1, TABLES, self.p)
 
     @property
     def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -266,7 +311,10 @@ class LevelRun:
     def finished(self) -> tuple[list[float], list[float]]:
         """(end of compute, start of the last backward) per rank, once `final` ran for `self.m` microbatches."""
         ev = self._tables()
-        return ev[self.m - 1, END + 1].tolist(), ev[self.m - 1, START + 1].tolist()
+        last_b = ev[self.m - 1, START + 1].tolist()
+        if self.warm[-1] == 0:  # the last rank's last B is steady (no start written): it starts when F(m-1) ends
+            last_b[-1] = float(ev[self.m - 1, END, -1])
+        return ev[self.m - 1, END + 1].tolist(), last_b
 
 
 def periodic_shift_arrays(events: tuple[np.ndarray, ...], warmups: Sequence[int], lookahead: Sequence[int],

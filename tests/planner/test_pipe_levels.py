@@ -48,8 +48,8 @@ def test_phases_give_the_reference_events_bit_for_bit() -> None:
         p = rnd.choice([2, 3, 5, 8, 16, 23, 31, 40])
         tf, tb, fw, bw, ks, look = _pipeline(rnd, p)
         warm = _warm(p, ks)
-        if case % 4 == 3:  # a run shorter than the deepest warm-up, finished in one go
-            m = rnd.randint(1, max(warm) + 2)
+        if case % 4 == 3:  # a run about as short as the deepest warm-up (clipped to it), finished in one go
+            m = rnd.randint(max(warm[1:], default=0) + 1, max(warm) + 3)
             steps = [(m, True, tuple(min(w, m) for w in warm))]
         else:
             k1 = max(warm) + rnd.randint(1, 20)
