@@ -3,29 +3,29 @@ deep pipelines.
 
 Why this is exact: the recursion's control flow (which action runs after which) depends only on integers -- the
 warm-ups, the microbatch counts, pause or finish -- never on the times. So the (rank, F/B, microbatch) actions
-form a fixed graph: each action reads its rank's previous action (the clock), its own link's previous send (the
-link's free time), its neighbour's same microbatch (F(r-1, k) or B(r+1, k)) and its own action `lookahead`
-microbatches back (the posted receive). Grouped into levels (every input of an action lies in an earlier
-level; at most one action per rank per level), a level is a handful of numpy gathers, maxima, additions and
-scatters over flat float64 arrays, each action computing
+form a fixed graph: each action reads its rank's previous action (the clock), its link's previous send (the
+link is free once that is through), its neighbour's same microbatch (F(r-1, k) or B(r+1, k)) and its own action
+`lookahead` microbatches back (the posted receive). Laid on layers (every input of an action on an earlier
+layer, at most one action per rank per layer), a layer is a handful of numpy gathers, maxima, additions and
+scatters over one flat float64 array, each action computing
 
-    a = max(input, receive, link free)     link free := a + ser     t = max(clock, a + (ser + lat)) + compute
+    a = max(input, receive, previous send + ser)     t = max(clock, a + (ser + lat)) + compute
 
-with the same operands in the same order as `fastpipe._advance` (float max is exact; numpy float64 `+` is IEEE,
-as Python's), so every event has the same bits.
+with the same operands as `fastpipe._advance` (float max is exact; numpy float64 `+` is IEEE, as Python's), so
+every event has the same bits.
 
-The levels and their index arrays are derived once per pipeline shape (warm-ups, lookahead) and kept in bounded
-LRU caches (a planner search asks for the same shapes many times): `_steady_levels` (a few Gauss-Seidel sweeps of
-a cumulative maximum per rank) levels a run that never cools down, for `size` microbatches. A run paused at m
-is every action of that graph up to the level of its last paused action (`_Steady.cut`): the extra actions of
-those levels (microbatches >= m, F on the first ranks) are events of every longer run, so they are right and
-harmless (the cool-down rewrites its own slots), and a resumed run just goes on to a later level. The
-cool-down is its own small graph, in microbatches relative to its end, so one serves every m.
+The layers are closed forms of the warm-ups (`_steady_start`): a run paused at m is every action up to the layer
+of its last paused one (`_Shape.cut`); the extra actions on those layers (microbatches >= m, forwards of the first
+ranks) are events of every longer run, so they are right and harmless (the cool-down rewrites its own slots), and
+a resumed run goes on from the next layer. In the steady state layer l + 2 is layer l one microbatch later, so
+two layers of index arrays serve every m (run on a view of `z` moved by a microbatch per repeat); the cool-down is
+its own small graph, in microbatches relative to its end. So one structure per pipeline shape (warm-ups,
+lookahead) serves every call, kept in a bounded LRU cache: a planner search asks for the same shapes many times.
 
-Layout: one flat float64 array `z` per run: per microbatch k, per table, per rank the events (end, link free
-after, start; F then B; the sends), then at the very end (negative indices, so they stay put in a view
-`z[offset:]`) per rank the constants (serialization, serialization + latency, compute; F then B), a write-only
-slot, 0.0 (an idle clock or link) and -inf (no such input).
+Layout: one flat float64 array `z` per run: per microbatch k, per table, per rank the events (end, start; F
+then B; the sends), then at the very end (negative indices, so they stay put in a view `z[offset:]`) per rank
+the constants (serialization, serialization + latency, compute, -serialization; F then B), a write-only slot,
+0.0 (an idle clock) and -inf (no such input).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from typing import TypeVar
 
 import numpy as np
 
-NEG, ZERO, DUMP = -1, -2, -3  # slots of -inf (no such input), 0.0 (an idle clock or link), writes to drop
-END, LINK, START, SEND = 0, 2, 4, 6  # tables per (microbatch, rank), + 0 for F, + 1 for B
-TABLES = 8
-SER, SER_LAT, COMPUTE = 0, 1, 2  # constants per rank, each F then B
-_CACHED_ACTIONS = 2_000_000  # actions whose index arrays are kept (11 indices, ~90 bytes each)
+NEG, ZERO, DUMP = -1, -2, -3  # slots of -inf (no such input), 0.0 (an idle clock), writes to drop
+END, START, SEND = 0, 2, 4  # tables per (microbatch, rank), + 0 for F, + 1 for B
+TABLES = 6
+SER, SER_LAT, COMPUTE, MINUS_SER = 0, 1, 2, 3  # constants per rank, each F then B
+_CACHED_ACTIONS = 2_000_000  # actions whose index arrays are kept (10 indices, ~80 bytes each)
 
 V = TypeVar("V")
 
@@ -69,7 +69,7 @@ class _Lru(OrderedDict):
 
 
 def _const(p: int, which: int, kind: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
-    return -(3 + 6 * p) + (2 * which + kind) * p + r
+    return -(3 + 8 * p) + (2 * which + kind) * p + r
 
 
 def _slot(p: int, k: np.ndarray, table: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
@@ -92,26 +92,26 @@ class _Levels:
         is_f = kind == 0
         link = np.where(is_f, r > 0, r < p - 1)
         d = look[r]
+        send_col = np.where(is_f, r - 1, r)  # send_f[h] is rank h + 1's forward, send_b[h] rank h's backward
         rows = np.stack([
             np.where(link, _slot(p, k, END + kind, np.where(is_f, r - 1, r + 1)), NEG),
             np.where(link & (k >= d), _slot(p, k - d, END + kind, r), NEG),
-            np.where(link, np.where(k >= 1, _slot(p, k - 1, LINK + kind, r), ZERO), NEG),
+            np.where(link, np.where(k >= 1, _slot(p, k - 1, SEND + kind, send_col), _const(p, MINUS_SER, kind, r)),
+                     NEG),
             pred,
             np.where(link, _const(p, SER, kind, r), ZERO),
             np.where(link, _const(p, SER_LAT, kind, r), ZERO),
             _const(p, COMPUTE, kind, r),
-            _slot(p, k, LINK + kind, r),
             _slot(p, k, START + kind, r),
             _slot(p, k, END + kind, r),
-            np.where(link, _slot(p, k, SEND + kind, np.where(is_f, r - 1, r)), DUMP),
+            np.where(link, _slot(p, k, SEND + kind, send_col), DUMP),
         ])
         order = np.argsort(lev, kind="stable")
         rows = rows[:, order].astype(np.intp)
         bounds = [0, *(np.flatnonzero(np.diff(lev[order])) + 1).tolist(), len(order)]
         contiguous = np.ascontiguousarray  # numpy gathers and scatters through strided index arrays 2-3x slower
-        self.levels = [(contiguous(rows[:7, lo:hi]), contiguous(rows[7, lo:hi]),
-                        contiguous(rows[8, lo:hi]) if starts else None, contiguous(rows[9, lo:hi]),
-                        contiguous(rows[10, lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
+        self.levels = [(contiguous(rows[:7, lo:hi]), contiguous(rows[7, lo:hi]) if starts else None,
+                        contiguous(rows[8, lo:hi]), contiguous(rows[9, lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
         self.actions = len(order)
 
     def run(self, z: np.ndarray, first: int, last: int) -> None:
@@ -120,14 +120,13 @@ class _Levels:
             _layer(z, *level)
 
 
-def _layer(z: np.ndarray, reads: np.ndarray, link: np.ndarray, start: np.ndarray | None, end: np.ndarray,
-           send: np.ndarray) -> None:
-    """One level: per action a = max(input, receive, link free) (the send starts), the link is free again at
-    a + ser, and t = max(clock, a + (ser + lat)) + compute; `start` (t before compute) only where it is read."""
-    given, posted, free, clock, ser, ser_lat, compute = z[reads]
-    a = np.maximum(np.maximum(given, posted), free)
+def _layer(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray) -> None:
+    """One level: per action a = max(input, receive, link free) (the send starts; the link is free again once
+    the previous send on it is through, at its start + ser: the float `_advance` keeps, ser + -ser = 0.0 for the
+    first), and t = max(clock, a + (ser + lat)) + compute; `start` (t before compute) only where it is read."""
+    given, posted, previous, clock, ser, ser_lat, compute = z[reads]
+    a = np.maximum(np.maximum(given, posted), previous + ser)
     z[send] = a
-    z[link] = a + ser
     t = np.maximum(a + ser_lat, clock)
     if start is not None:
         z[start] = t
@@ -265,9 +264,9 @@ class LevelRun:
                  fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]], capacity: int) -> None:
         self.p, self.look = len(tf), tuple(max(1, d) for d in lookahead)
         self.m, self.done, self.warm = 0, 0, None
-        self.consts = ([0.0] + [h[0] for h in fwd] + [h[0] for h in bwd] + [0.0]
-                       + [0.0] + [sum(h) for h in fwd] + [sum(h) for h in bwd] + [0.0] + list(tf) + list(tb)
-                       + [0.0, 0.0, -np.inf])  # DUMP, ZERO, NEG
+        ser = [0.0] + [h[0] for h in fwd] + [h[0] for h in bwd] + [0.0]
+        self.consts = (ser + [0.0] + [sum(h) for h in fwd] + [sum(h) for h in bwd] + [0.0] + list(tf) + list(tb)
+                       + [-x for x in ser] + [0.0, 0.0, -np.inf])  # DUMP, ZERO, NEG
         self.z = np.empty(0)
         self._room(capacity)
 
