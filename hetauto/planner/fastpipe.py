@@ -27,6 +27,11 @@ warm-ups (uneven ones included), to rounding: tests check 1e-9 relative over gen
 warm-ups and microbatch counts. (Before, extrapolating from an assumed steady state was 0.2-0.5% off for
 Virtual-1F1B with uneven warm-ups, whose deep-warm-up stages use up their slack slowly.) Shared link groups
 and interleaved 1F1B are not handled here: the Evaluator sends those plans to the simulator.
+
+From LEVELS_MIN_RANKS ranks on, the recursion runs level by level over numpy arrays (`pipe_levels.LevelRun`,
+issue 43: its control flow depends only on integers, so it is laid out once per pipeline shape), giving the same
+floats as `_advance` bit for bit; `_advance` stays for shallow pipelines, where a Python loop is faster, and as
+the reference the tests compare it with.
 """
 
 from __future__ import annotations

@@ -52,13 +52,11 @@ class _Lru(OrderedDict):
         super().__init__()
         self.budget, self.weigh, self.used = budget, weigh, 0
 
-    def get_or_make(self, key: object, make: Callable[[], V], fits: Callable[[V], bool] = lambda _: True) -> V:
-        """The value kept for `key` if `fits` accepts it, else `make()`'s (kept in its place)."""
-        if key in self and fits(self[key]):
+    def get_or_make(self, key: object, make: Callable[[], V]) -> V:
+        """The value kept for `key`, else `make()`'s (kept, the least recently used dropped past the budget)."""
+        if key in self:
             self.move_to_end(key)
             return self[key]
-        if key in self:
-            self.used -= self.weigh(self.pop(key))
         value = make()
         self[key] = value
         self.used += self.weigh(value)
@@ -77,18 +75,18 @@ def _slot(p: int, k: np.ndarray, table: np.ndarray | int, r: np.ndarray | int) -
 
 
 class _Levels:
-    """A graph's actions in level order as index arrays into `z`: per level the reads (7 x n: neighbour's event,
-    own event `lookahead` back, link free, clock, ser, ser + lat, compute) and the slots it writes (link free,
-    start, end, send)."""
+    """Actions in layer order as index arrays into `z`: per layer the reads (7 x n: neighbour's event, own event
+    `lookahead` back, the link's previous send, clock, ser, ser + lat, compute) and the slots it writes (start or
+    None, end, send)."""
 
     __slots__ = ("levels", "actions")
 
     def __init__(self, p: int, kind: np.ndarray, r: np.ndarray, k: np.ndarray, lev: np.ndarray, pred: np.ndarray,
-                 look: np.ndarray, starts: bool) -> None:
-        """From the actions (kind 0 = F, 1 = B; rank; microbatch; level from 1, every level up to the last used;
-        the slot of the end of the rank's previous action, or ZERO) and whether to write the start of each
-        action. Actions without a link (F on rank 0, B on the last) read -inf as input, receive and link, and 0.0
-        as ser and ser + lat: t = max(t, -inf) + compute, as `_advance` skips them."""
+                 look: np.ndarray, layers: range, starts: bool) -> None:
+        """From the actions (kind 0 = F, 1 = B; rank; microbatch; layer, one of `layers`; the slot of the end of
+        the rank's previous action, or ZERO) and whether to write the start of each action. Actions without a
+        link (F on rank 0, B on the last) read -inf as input, receive and link, and 0.0 as ser and ser + lat:
+        t = max(t, -inf) + compute, as `_advance` skips them."""
         is_f = kind == 0
         link = np.where(is_f, r > 0, r < p - 1)
         d = look[r]
@@ -108,14 +106,14 @@ class _Levels:
         ])
         order = np.argsort(lev, kind="stable")
         rows = rows[:, order].astype(np.intp)
-        bounds = [0, *(np.flatnonzero(np.diff(lev[order])) + 1).tolist(), len(order)]
+        bounds = np.searchsorted(lev[order], np.arange(layers.start, layers.stop + 1)).tolist()
         contiguous = np.ascontiguousarray  # numpy gathers and scatters through strided index arrays 2-3x slower
         self.levels = [(contiguous(rows[:7, lo:hi]), contiguous(rows[7, lo:hi]) if starts else None,
                         contiguous(rows[8, lo:hi]), contiguous(rows[9, lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
         self.actions = len(order)
 
     def run(self, z: np.ndarray, first: int, last: int) -> None:
-        """Levels first+1 .. last (from 1)."""
+        """Layers first .. last - 1, counted from the first of `layers`."""
         for level in self.levels[first:last]:
             _layer(z, *level)
 
@@ -183,14 +181,15 @@ class _Shape:
         self.beta = _steady_start(self.warm)
         # from this layer on every rank is in its steady state, past every special case (k < d, k = 0)
         first_block = int(max(self.warm[0] + 2, (self.beta + 2 * self.look + 2).max()))
-        self.prefix = self._levels(np.arange(1, first_block))
-        self.block = self._levels(np.arange(first_block, first_block + 2))
+        self.prefix = self._levels(range(1, first_block))
+        self.block = self._levels(range(first_block, first_block + 2))
         self.actions = self.prefix.actions + self.block.actions + int(self.warm.sum())  # + ~1 cool-down
         self.cooldowns: dict[int, _Levels] = {}
 
-    def _levels(self, layers: np.ndarray) -> _Levels:
-        kind, r, k, lay = _layer_actions(self.warm, self.beta, layers)
-        return _Levels(self.p, kind, r, k, lay, _preds(self.p, self.warm, kind, r, k), self.look, starts=False)
+    def _levels(self, layers: range) -> _Levels:
+        kind, r, k, lay = _layer_actions(self.warm, self.beta, np.arange(layers.start, layers.stop))
+        return _Levels(self.p, kind, r, k, lay, _preds(self.p, self.warm, kind, r, k), self.look, layers,
+                       starts=False)
 
     def cut(self, m: int) -> int:
         """The layer of the last action of a run paused at m (F(r, m - 1), then B(r, m - w_r - 1))."""
@@ -205,7 +204,7 @@ class _Shape:
         return int(np.where(layer >= self.beta, steady, warmup).max()) + 1
 
     def run(self, z: np.ndarray, first: int, last: int) -> None:
-        """Layers first + 1 .. last (from 1)."""
+        """Layers first + 1 .. last (counted from 1)."""
         n_prefix = len(self.prefix.levels)
         if first < n_prefix:
             self.prefix.run(z, first, min(last, n_prefix))
@@ -237,7 +236,8 @@ def _cooldown(warm: tuple[int, ...], look: tuple[int, ...], m: int) -> _Levels:
     # B(k) follows B(k - 1) (the last paused action or the cool-down's previous), or F(m - 1) when it is the
     # rank's first backward (a warm-up clipped to m)
     pred = np.where(k >= 1, _slot(p, k - 1, END + 1, r), _slot(p, m - 1, END, r))
-    return _Levels(p, np.ones(len(r), np.int64), r, k, layer, pred, np.asarray(look), starts=True)
+    return _Levels(p, np.ones(len(r), np.int64), r, k, layer, pred, np.asarray(look),
+                   range(1, max(warm, default=0) + 1), starts=True)
 
 
 def _ranges(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

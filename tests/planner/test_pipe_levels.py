@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
-from hetauto.planner import fastpipe
+from hetauto.planner import fastpipe, pipe_levels
 from hetauto.planner.fastpipe import _advance, _Recursion, iteration_1f1b
 from hetauto.planner.pipe_levels import LevelRun
 
@@ -80,3 +81,29 @@ def test_iteration_is_the_same_on_either_recursion(monkeypatch) -> None:
             monkeypatch.setattr(fastpipe, "EXACT_NODES", 16 if case % 3 == 0 else 1024)
             got[levels] = iteration_1f1b(tf, tb, m, extra_warmup=ks, lookahead=look, fwd=fw, bwd=bw, **tails)
         assert got[True] == got[False], (case, p, m, ks)
+
+
+def test_one_shape_serves_many_runs(monkeypatch) -> None:
+    """A cached shape (warm-ups, lookahead) reused with other times and microbatch counts, and evicted by a
+    small cache, still gives the reference floats; deep real-sized pipelines (98 ranks, Virtual-1F1B) included."""
+    rnd = random.Random(9)
+    for budget in (10**9, 1):
+        monkeypatch.setattr(pipe_levels, "_CACHE", pipe_levels._Lru(budget, lambda shape: shape.actions))
+        for p in (2, 7, 24, 98):
+            _, _, fw, bw, ks, look = _pipeline(rnd, p)
+            warm = _warm(p, ks)
+            for m in (max(warm) + 1, max(warm) + 9, 2 * max(warm) + 40):
+                tf = [rnd.uniform(0.2, 3) for _ in range(p)]
+                tb = [x * rnd.uniform(1, 3) for x in tf]
+                run, state = LevelRun(tf, tb, look, fw, bw, 1), _Recursion(p)  # capacity 1: z grows as it goes
+                run.advance(m, True, warm)
+                _advance(state, m, True, tf, tb, warm, look, fw, bw)
+                assert _same_events(run, state) and run.finished() == (state.rank_t, state.last_b), (budget, p, m)
+
+
+def test_level_run_refuses_warmups_that_do_not_fall() -> None:
+    """Warm-ups clipped to a short run (equal neighbours) have no closed-form layers: iteration_1f1b keeps those
+    on `_advance`, and LevelRun says so rather than compute something else."""
+    run = LevelRun([1.0] * 3, [2.0] * 3, [1] * 3, [(0.1, 0.1)] * 2, [(0.1, 0.1)] * 2, 4)
+    with pytest.raises(ValueError, match="strictly falling"):
+        run.advance(2, True, (2, 1, 1))
