@@ -40,7 +40,7 @@ NEG, ZERO, DUMP = -1, -2, -3  # slots of -inf (no such input), 0.0 (an idle cloc
 END, START, SEND = 0, 2, 4  # tables per (microbatch, rank), + 0 for F, + 1 for B
 TABLES = 6
 SER, SER_LAT, COMPUTE, MINUS_SER = 0, 1, 2, 3  # constants per rank, each F then B
-_CACHED_ACTIONS = 2_000_000  # actions whose index arrays are kept (10 indices, ~80 bytes each)
+_CACHE_BYTES = 32 << 20  # index arrays kept for the shapes used last (~1 MB for a 98-rank Virtual-1F1B; measured)
 
 V = TypeVar("V")
 
@@ -79,7 +79,7 @@ class _Levels:
     `lookahead` back, the link's previous send, clock, ser, ser + lat, compute) and the slots it writes (start or
     None, end, send)."""
 
-    __slots__ = ("levels", "actions")
+    __slots__ = ("levels", "nbytes")
 
     def __init__(self, p: int, kind: np.ndarray, r: np.ndarray, k: np.ndarray, lev: np.ndarray, pred: np.ndarray,
                  look: np.ndarray, layers: range, starts: bool) -> None:
@@ -110,7 +110,7 @@ class _Levels:
         contiguous = np.ascontiguousarray  # numpy gathers and scatters through strided index arrays 2-3x slower
         self.levels = [(contiguous(rows[:7, lo:hi]), contiguous(rows[7, lo:hi]) if starts else None,
                         contiguous(rows[8, lo:hi]), contiguous(rows[9, lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
-        self.actions = len(order)
+        self.nbytes = sum(a.nbytes + 128 for level in self.levels for a in level if a is not None)
 
     def run(self, z: np.ndarray, first: int, last: int) -> None:
         """Layers first .. last - 1, counted from the first of `layers`."""
@@ -173,7 +173,7 @@ class _Shape:
     on `z[TABLES * p * j:]` for the j-th repeat) and the cool-down's layers (`cooldowns`, per distance of the
     end from the last microbatch the cool-down reads)."""
 
-    __slots__ = ("p", "warm", "look", "beta", "prefix", "block", "actions", "cooldowns")
+    __slots__ = ("p", "warm", "look", "beta", "prefix", "block", "nbytes", "cooldowns")
 
     def __init__(self, warm: tuple[int, ...], look: tuple[int, ...]) -> None:
         p = self.p = len(warm)
@@ -183,8 +183,9 @@ class _Shape:
         first_block = int(max(self.warm[0] + 2, (self.beta + 2 * self.look + 2).max()))
         self.prefix = self._levels(range(1, first_block))
         self.block = self._levels(range(first_block, first_block + 2))
-        self.actions = self.prefix.actions + self.block.actions + int(self.warm.sum())  # + ~1 cool-down
         self.cooldowns: dict[int, _Levels] = {}
+        usual = self.cooldown(self.cooldown_reach())  # the one every run of m >= the reach uses
+        self.nbytes = self.prefix.nbytes + self.block.nbytes + usual.nbytes
 
     def _levels(self, layers: range) -> _Levels:
         kind, r, k, lay = _layer_actions(self.warm, self.beta, np.arange(layers.start, layers.stop))
@@ -246,7 +247,7 @@ def _ranges(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return ranks, np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count) + first[ranks]
 
 
-_CACHE: _Lru = _Lru(_CACHED_ACTIONS, lambda graph: graph.actions)
+_CACHE: _Lru = _Lru(_CACHE_BYTES, lambda shape: shape.nbytes)
 
 
 def strictly_falling(warm: Sequence[int]) -> bool:

@@ -88,7 +88,7 @@ def test_one_shape_serves_many_runs(monkeypatch) -> None:
     small cache, still gives the reference floats; deep real-sized pipelines (98 ranks, Virtual-1F1B) included."""
     rnd = random.Random(9)
     for budget in (10**9, 1):
-        monkeypatch.setattr(pipe_levels, "_CACHE", pipe_levels._Lru(budget, lambda shape: shape.actions))
+        monkeypatch.setattr(pipe_levels, "_CACHE", pipe_levels._Lru(budget, lambda shape: shape.nbytes))
         for p in (2, 7, 24, 98):
             _, _, fw, bw, ks, look = _pipeline(rnd, p)
             warm = _warm(p, ks)
