@@ -30,6 +30,7 @@ the constants (serialization, serialization + latency, compute, -serialization; 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -46,24 +47,27 @@ V = TypeVar("V")
 
 
 class _Lru(OrderedDict):
-    """A bounded least-recently-used map; `weigh` sizes an entry (the budget is in that unit)."""
+    """A bounded least-recently-used map; `weigh` sizes an entry (the budget is in that unit). Safe to share
+    between threads (one lock; the planner's workers are processes, each with its own)."""
 
     def __init__(self, budget: int, weigh: Callable[[object], int] = lambda _: 1) -> None:
         super().__init__()
         self.budget, self.weigh, self.used = budget, weigh, 0
+        self.lock = threading.Lock()
 
     def get_or_make(self, key: object, make: Callable[[], V]) -> V:
         """The value kept for `key`, else `make()`'s (kept, the least recently used dropped past the budget)."""
-        if key in self:
-            self.move_to_end(key)
-            return self[key]
-        value = make()
-        self[key] = value
-        self.used += self.weigh(value)
-        while self.used > self.budget and len(self) > 1:
-            _, old = self.popitem(last=False)
-            self.used -= self.weigh(old)
-        return value
+        with self.lock:
+            if key in self:
+                self.move_to_end(key)
+                return self[key]
+            value = make()
+            self[key] = value
+            self.used += self.weigh(value)
+            while self.used > self.budget and len(self) > 1:
+                _, old = self.popitem(last=False)
+                self.used -= self.weigh(old)
+            return value
 
 
 def _const(p: int, which: int, kind: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
