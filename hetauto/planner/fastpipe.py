@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from hetauto.planner.pipe_levels import LevelRun, periodic_shift_arrays, strictly_falling
+if TYPE_CHECKING:
+    from hetauto.planner.pipe_levels import LevelRun
 
 EXACT_NODES = 1024  # run the recursion on at least this many (rank, microbatch) pairs before extrapolating
 TRANSIENT = 8  # microbatches past the deepest warmup before the steady state is first looked for
@@ -153,10 +153,11 @@ def _run_for(tf: Sequence[float], tb: Sequence[float], warm: Sequence[int], look
     """The level-by-level recursion for deep pipelines, the pure-Python one where it is faster, where the first
     phase's warm-ups do not fall strictly (clipped to a short run) or where a non-finite time would make numpy's
     max differ from `_advance`'s comparisons (NaN)."""
-    p = len(tf)
-    finite = math.isfinite(sum(tf) + sum(tb) + sum(map(sum, fwd)) + sum(map(sum, bwd)))
-    if p >= LEVELS_MIN_RANKS and finite and strictly_falling(warm):
-        return LevelRun(tf, tb, lookahead, fwd, bwd, m)
+    if len(tf) >= LEVELS_MIN_RANKS and math.isfinite(sum(tf) + sum(tb) + sum(map(sum, fwd)) + sum(map(sum, bwd))):
+        from hetauto.planner.pipe_levels import LevelRun, strictly_falling  # numpy: only where it pays
+
+        if strictly_falling(warm):
+            return LevelRun(tf, tb, lookahead, fwd, bwd, m)
     return _ListRun(tf, tb, lookahead, fwd, bwd)
 
 
@@ -287,7 +288,9 @@ def periodic_shift(events: _Events, warmups: Sequence[int], lookahead: Sequence[
     windows are the last ones in this run's steady state (after every warm-up, before any cool-down), where
     a transient is most likely over."""
     width = steady_window(warmups, lookahead)
-    if isinstance(events[0], np.ndarray):
+    if not isinstance(events[0], list):  # LevelRun's numpy views
+        from hetauto.planner.pipe_levels import periodic_shift_arrays
+
         return periodic_shift_arrays(events, warmups, lookahead, m, span, width)
     end_f, end_b, send_f, send_b = events
     p = len(end_f)
