@@ -2,11 +2,15 @@
 the level-by-level one (`pipe_levels`), per depth, warm (structure cached, as in a search that asks for the same
 shapes again) and cold (caches cleared before every call), and whether both give the same floats.
 
-    python benchmarks/fastpipe_speed.py [--calls FILE.pkl] [--depths 16,23,41,65,98] [--repeat 5]
+    python benchmarks/fastpipe_speed.py [--depths 16,23,41,65,98] [--repeat 5]
+    python benchmarks/fastpipe_speed.py --record scale-736 --calls calls.pkl   # the calls of one real plan
+    python benchmarks/fastpipe_speed.py --calls calls.pkl --replay [--depths ...]
 
 Without --calls the shapes are synthetic: 1F1B and Virtual-1F1B (extra warm-ups of 1) at the planner's
-microbatch counts (m = 384). --calls reads a pickle of recorded calls, a list of (tf, tb, m, kwargs), and times
-those grouped by depth.
+microbatch counts (m = 384). --record SCENARIO runs `hetauto plan --scenario SCENARIO --seed 1 --jobs 1` in this
+process and saves every iteration_1f1b call it makes to --calls (a pickle of (tf, tb, m, kwargs)); --calls then
+times those grouped by depth, and --replay all of them in their order (the search's own mix of repeated and new
+shapes).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import argparse
 import pickle
 import random
+import runpy
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -61,6 +67,31 @@ def timed(calls: list[Call], levels: bool, cold: bool, repeat: int) -> tuple[flo
     return best, results
 
 
+def record(scenario: str) -> list[Call]:
+    """Every iteration_1f1b call of `hetauto plan --scenario scenario --seed 1 --jobs 1`, in order."""
+    from hetauto.planner import evaluate
+
+    calls: list[Call] = []
+    real = evaluate.iteration_1f1b
+
+    def recording(tf, tb, m, **kw):  # noqa: ANN001, ANN003, ANN202 - the evaluator's own call
+        calls.append((list(tf), list(tb), m, {k: list(v) if isinstance(v, (list, tuple)) else v
+                                              for k, v in kw.items()}))
+        return real(tf, tb, m, **kw)
+
+    evaluate.iteration_1f1b = recording
+    with tempfile.TemporaryDirectory() as folder:
+        sys.argv = ["hetauto", "plan", "--scenario", scenario, "--seed", "1", "--jobs", "1",
+                    "-o", str(Path(folder) / "plan.json")]
+        try:
+            runpy.run_module("hetauto", run_name="__main__")
+        except SystemExit:
+            pass
+    evaluate.iteration_1f1b = real
+    print(f"recorded {len(calls)} calls of {scenario}", file=sys.stderr)
+    return calls
+
+
 def replay(calls: list[Call]) -> None:
     """Seconds of all `calls` in their recorded order: pure Python, then the default choice (caches start empty)."""
     default = fastpipe.LEVELS_MIN_RANKS
@@ -86,7 +117,12 @@ def main() -> int:
     ap.add_argument("--per-depth", type=int, default=20, help="recorded calls timed per depth")
     ap.add_argument("--replay", action="store_true", help="also time every recorded call in order (the search's "
                     "own mix of repeated and new shapes), with the default choice of recursion")
+    ap.add_argument("--record", metavar="SCENARIO", help="record the calls of this scenario's plan into --calls")
     a = ap.parse_args()
+    if a.record:
+        if not a.calls:
+            ap.error("--record needs --calls FILE to write")
+        Path(a.calls).write_bytes(pickle.dumps(record(a.record)))
     if a.calls and a.replay:
         replay(pickle.loads(Path(a.calls).read_bytes()))
     if a.calls:
