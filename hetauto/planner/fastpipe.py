@@ -333,7 +333,8 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
     while True:
         m0 = min(m, m0 + (m - m0) % span)  # extrapolate by whole critical cycles
         warm0 = tuple(min(w, m0) for w in warm)
-        run = run or _run_for(tf, tb, warm0, look, fw, bw, m)
+        if run is None:  # the first phase's warm-ups are the most clipped: they decide
+            run = _run_for(tf, tb, warm0, look, fw, bw, m)
         delta = None
         if m0 < m:  # pause where the m0-run's cool-down would start: a failed check costs no rerun
             run.advance(m0, False, warm0)
