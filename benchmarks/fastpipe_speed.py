@@ -54,6 +54,7 @@ def clear_caches() -> None:
 def timed(calls: list[Call], levels: bool, cold: bool, repeat: int) -> tuple[float, list]:
     """Best-of-`repeat` seconds for all `calls` and their results."""
     fastpipe.LEVELS_MIN_RANKS = 1 if levels else 10**9
+    fastpipe.LEVELS_MIN_NODES = 0
     best, results = float("inf"), []
     for _ in range(repeat):
         results, spent = [], 0.0
@@ -105,8 +106,8 @@ def replay(calls: list[Call]) -> None:
     fastpipe.LEVELS_MIN_RANKS = default
     same = spent["python"][1] == spent["default"][1]
     print(f"replay of {len(calls)} calls: python {spent['python'][0]:.2f} CPU-s, default (levels from "
-          f"p >= {default}) {spent['default'][0]:.2f} CPU-s, {spent['python'][0] / spent['default'][0]:.2f}x, "
-          f"same results: {'yes' if same else 'NO'}")
+          f"p >= {default}, p * m0 >= {fastpipe.LEVELS_MIN_NODES}) {spent['default'][0]:.2f} CPU-s, "
+          f"{spent['python'][0] / spent['default'][0]:.2f}x, same results: {'yes' if same else 'NO'}")
 
 
 def main() -> int:
@@ -135,7 +136,7 @@ def main() -> int:
         groups = defaultdict(list)
         for call in synthetic([int(d) for d in a.depths.split(",")]):
             groups[len(call[0])].append(call)
-    default = fastpipe.LEVELS_MIN_RANKS
+    default = fastpipe.LEVELS_MIN_RANKS, fastpipe.LEVELS_MIN_NODES
     print(f"{'p':>4} {'calls':>5} {'python ms':>10} {'levels ms':>10} {'cold ms':>9} {'speed-up':>8}  same")
     for p, calls in sorted(groups.items()):
         py, ref = timed(calls, False, False, a.repeat)
@@ -146,7 +147,7 @@ def main() -> int:
         n = len(calls)
         print(f"{p:4d} {n:5d} {py / n * 1e3:10.3f} {lv / n * 1e3:10.3f} {cold / n * 1e3:9.3f} {py / lv:7.2f}x  "
               f"{'yes' if same else 'NO'}")
-    fastpipe.LEVELS_MIN_RANKS = default
+    fastpipe.LEVELS_MIN_RANKS, fastpipe.LEVELS_MIN_NODES = default
     return 0
 
 

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
 EXACT_NODES = 1024  # run the recursion on at least this many (rank, microbatch) pairs before extrapolating
 TRANSIENT = 8  # microbatches past the deepest warmup before the steady state is first looked for
-LEVELS_MIN_RANKS = 20  # from this depth the recursion runs level by level on numpy (`pipe_levels`; measured)
+LEVELS_MIN_RANKS = 20  # from this depth the recursion runs level by level on numpy (`pipe_levels`; measured),
+LEVELS_MIN_NODES = 2048  # when its first phase has this many (rank, microbatch) pairs (fewer: Python is as fast)
 _Events = tuple[list[list[float]], list[list[float]], list[list[float]], list[list[float]]]
 
 
@@ -148,12 +149,14 @@ class _ListRun:
         return self.state.rank_t, self.state.last_b
 
 
-def _run_for(tf: Sequence[float], tb: Sequence[float], warm: Sequence[int], lookahead: Sequence[int],
+def _run_for(tf: Sequence[float], tb: Sequence[float], m0: int, warm: Sequence[int], lookahead: Sequence[int],
              fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]], m: int) -> _ListRun | LevelRun:
-    """The level-by-level recursion for deep pipelines, the pure-Python one where it is faster, where the first
-    phase's warm-ups do not fall strictly (clipped to a short run) or where a non-finite time would make numpy's
-    max differ from `_advance`'s comparisons (NaN)."""
-    if len(tf) >= LEVELS_MIN_RANKS and math.isfinite(sum(tf) + sum(tb) + sum(map(sum, fwd)) + sum(map(sum, bwd))):
+    """The level-by-level recursion for deep, long pipelines (the first phase: m0 microbatches, warm-ups `warm`),
+    the pure-Python one where it is as fast, where those warm-ups do not fall strictly (clipped to a short run)
+    or where a non-finite time would make numpy's max differ from `_advance`'s comparisons (NaN)."""
+    p = len(tf)
+    if p >= LEVELS_MIN_RANKS and p * m0 >= LEVELS_MIN_NODES and \
+            math.isfinite(sum(tf) + sum(tb) + sum(map(sum, fwd)) + sum(map(sum, bwd))):
         from hetauto.planner.pipe_levels import LevelRun, strictly_falling  # numpy: only where it pays
 
         if strictly_falling(warm):
@@ -334,7 +337,7 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
         m0 = min(m, m0 + (m - m0) % span)  # extrapolate by whole critical cycles
         warm0 = tuple(min(w, m0) for w in warm)
         if run is None:  # the first phase's warm-ups are the most clipped: they decide
-            run = _run_for(tf, tb, warm0, look, fw, bw, m)
+            run = _run_for(tf, tb, m0, warm0, look, fw, bw, m)
         delta = None
         if m0 < m:  # pause where the m0-run's cool-down would start: a failed check costs no rerun
             run.advance(m0, False, warm0)

@@ -78,6 +78,7 @@ def test_iteration_is_the_same_on_either_recursion(monkeypatch) -> None:
         got = {}
         for levels in (False, True):
             monkeypatch.setattr(fastpipe, "LEVELS_MIN_RANKS", 1 if levels else 10**9)
+            monkeypatch.setattr(fastpipe, "LEVELS_MIN_NODES", 0)
             monkeypatch.setattr(fastpipe, "EXACT_NODES", 16 if case % 3 == 0 else 1024)
             got[levels] = iteration_1f1b(tf, tb, m, extra_warmup=ks, lookahead=look, fwd=fw, bwd=bw, **tails)
         assert got[True] == got[False], (case, p, m, ks)
