@@ -27,14 +27,26 @@ warm-ups (uneven ones included), to rounding: tests check 1e-9 relative over gen
 warm-ups and microbatch counts. (Before, extrapolating from an assumed steady state was 0.2-0.5% off for
 Virtual-1F1B with uneven warm-ups, whose deep-warm-up stages use up their slack slowly.) Shared link groups
 and interleaved 1F1B are not handled here: the Evaluator sends those plans to the simulator.
+
+From LEVELS_MIN_RANKS ranks on, the recursion runs level by level over numpy arrays (`pipe_levels.LevelRun`,
+issue 43: its control flow depends only on integers, so it is laid out once per pipeline shape), giving the same
+floats as `_advance` bit for bit; `_advance` stays for shallow pipelines, where a Python loop is faster, and as
+the reference the tests compare it with.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hetauto.planner.pipe_levels import LevelRun
 
 EXACT_NODES = 1024  # run the recursion on at least this many (rank, microbatch) pairs before extrapolating
 TRANSIENT = 8  # microbatches past the deepest warmup before the steady state is first looked for
+LEVELS_MIN_RANKS = 20  # from this depth the recursion runs level by level on numpy (`pipe_levels`; measured),
+LEVELS_MIN_NODES = 2048  # when its first phase has this many (rank, microbatch) pairs (fewer: Python is as fast)
 _Events = tuple[list[list[float]], list[list[float]], list[list[float]], list[list[float]]]
 
 
@@ -114,6 +126,42 @@ def _recurse(p: int, m: int, tf: Sequence[float], tb: Sequence[float], warmups: 
     state = _Recursion(p)
     _advance(state, m, True, tf, tb, warmups, lookahead, fwd, bwd)
     return state.rank_t, state.last_b, state.events
+
+
+class _ListRun:
+    """`_Recursion` + `_advance` behind `LevelRun`'s interface: the pure-Python recursion, faster for shallow
+    pipelines (and the reference the level-by-level one is tested against, bit for bit)."""
+
+    def __init__(self, tf: Sequence[float], tb: Sequence[float], lookahead: Sequence[int],
+                 fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]]) -> None:
+        self.state = _Recursion(len(tf))
+        self.inputs = (tf, tb, lookahead, fwd, bwd)
+
+    def advance(self, m: int, final: bool, warm: Sequence[int]) -> None:
+        tf, tb, lookahead, fwd, bwd = self.inputs
+        _advance(self.state, m, final, tf, tb, warm, lookahead, fwd, bwd)
+
+    @property
+    def events(self) -> _Events:
+        return self.state.events
+
+    def finished(self) -> tuple[list[float], list[float]]:
+        return self.state.rank_t, self.state.last_b
+
+
+def _run_for(tf: Sequence[float], tb: Sequence[float], m0: int, warm: Sequence[int], lookahead: Sequence[int],
+             fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]], m: int) -> _ListRun | LevelRun:
+    """The level-by-level recursion for deep, long pipelines (the first phase: m0 microbatches, warm-ups `warm`),
+    the pure-Python one where it is as fast, where those warm-ups do not fall strictly (clipped to a short run)
+    or where a non-finite time would make numpy's max differ from `_advance`'s comparisons (NaN)."""
+    p = len(tf)
+    if p >= LEVELS_MIN_RANKS and p * m0 >= LEVELS_MIN_NODES and \
+            math.isfinite(sum(tf) + sum(tb) + sum(map(sum, fwd)) + sum(map(sum, bwd))):
+        from hetauto.planner.pipe_levels import LevelRun, strictly_falling  # numpy: only where it pays
+
+        if strictly_falling(warm):
+            return LevelRun(tf, tb, lookahead, fwd, bwd, m)
+    return _ListRun(tf, tb, lookahead, fwd, bwd)
 
 
 def _advance(state: _Recursion, m: int, final: bool, tf: Sequence[float], tb: Sequence[float],
@@ -242,10 +290,14 @@ def periodic_shift(events: _Events, warmups: Sequence[int], lookahead: Sequence[
     (the same expressions of a shifted state): the whole run extrapolates by whole spans, exactly. The two
     windows are the last ones in this run's steady state (after every warm-up, before any cool-down), where
     a transient is most likely over."""
+    width = steady_window(warmups, lookahead)
+    if not isinstance(events[0], list):  # LevelRun's numpy views
+        from hetauto.planner.pipe_levels import periodic_shift_arrays
+
+        return periodic_shift_arrays(events, warmups, lookahead, m, span, width)
     end_f, end_b, send_f, send_b = events
     p = len(end_f)
     look = [max(1, d) for d in lookahead]
-    width = steady_window(warmups, lookahead)
     w_max = max(warmups)
     lo = m - w_max - span - width  # B(r, k) is steady for k <= m - 1 - w_r, F(r, k) for k >= w_r + 1
     if lo < max(look) + 1:
@@ -280,19 +332,21 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
     span = period(tf, tb, [min(w, m) for w in warm], look, fw, bw)[1] if m0 < m else 1
     if m0 < m:  # at least long enough for periodic_shift's two windows after the warm-ups, and TRANSIENT more
         m0 = min(m, max(m0, max(warm) + span + steady_window(warm, look) + max(look) + 1 + TRANSIENT))
-    state = _Recursion(p)
+    run = None
     while True:
         m0 = min(m, m0 + (m - m0) % span)  # extrapolate by whole critical cycles
         warm0 = tuple(min(w, m0) for w in warm)
+        if run is None:  # the first phase's warm-ups are the most clipped: they decide
+            run = _run_for(tf, tb, m0, warm0, look, fw, bw, m)
         delta = None
         if m0 < m:  # pause where the m0-run's cool-down would start: a failed check costs no rerun
-            _advance(state, m0, False, tf, tb, warm0, look, fw, bw)
-            delta = periodic_shift(state.events, warm, look, m0, span)
+            run.advance(m0, False, warm0)
+            delta = periodic_shift(run.events, warm, look, m0, span)
         if m0 == m or delta is not None:
-            _advance(state, m0, True, tf, tb, warm0, look, fw, bw)  # finish exactly the m0-run
+            run.advance(m0, True, warm0)  # finish exactly the m0-run
             break
         m0 = min(m, 2 * m0)  # the transient is longer than m0: run further (at worst all m microbatches)
-    rank_t, last_b = state.rank_t, state.last_b
+    rank_t, last_b = run.finished()
     if m0 < m:
         shift = (m - m0) // span * delta
         rank_t = [x + shift for x in rank_t]
