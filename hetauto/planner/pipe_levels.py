@@ -41,7 +41,8 @@ NEG, ZERO, DUMP = -1, -2, -3  # slots of -inf (no such input), 0.0 (an idle cloc
 END, START, SEND = 0, 2, 4  # tables per (microbatch, rank), + 0 for F, + 1 for B
 TABLES = 6
 SER, SER_LAT, COMPUTE, MINUS_SER = 0, 1, 2, 3  # constants per rank, each F then B
-_CACHE_BYTES = 32 << 20  # index arrays kept for the shapes used last (~1 MB for a 98-rank Virtual-1F1B; measured)
+_CACHE_BYTES = 8 << 20  # index arrays kept for the shapes used last (~1 MB for a 98-rank Virtual-1F1B; measured): at
+# scale-736, 32 MB cost 47 MB more peak RSS than 8 MB for 0.6 of 23 CPU-s (issue 43 wants memory flat)
 
 V = TypeVar("V")
 
