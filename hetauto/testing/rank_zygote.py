@@ -48,6 +48,7 @@ PRELOAD = (
     "torch.distributed.elastic.multiprocessing.errors",
     "torch.distributed.launcher.api",  # torchrun's agent (its -c code runs torch.distributed.run as __main__)
     "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+    "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
     "hetauto.core.comm",
     "hetauto.core.plan_check",
     "hetauto.runtime.control",
@@ -62,6 +63,7 @@ PRELOAD = (
     "hetauto.runtime.step_log",
 )  # not hetauto.runtime.worker itself: the child runs it as __main__ (runpy warns when it is already imported)
 LOG_ENV = "HETAUTO_ZYGOTE_LOG"  # a file: one line per rank served (its CPU-s) or declined (why); for measuring
+_REAL_GETPID, _REAL_GETPPID = os.getpid, os.getppid  # a command's child answers its client's pid (_answer_pid)
 POLL_S = 0.5  # how often the server checks that its parent (the pytest worker) is still there
 
 
@@ -73,6 +75,25 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a module that cannot load here is loaded by the child, as without us
             pass
+    _method_names_from_the_frame()
+
+
+def _method_names_from_the_frame() -> None:
+    """torch's dynamic rendezvous names the method behind each event it records with `inspect.stack()[2].function`
+    (get_method_name, twice a call, ~18 calls an agent), and inspect.stack reads the source of every frame and
+    searches every loaded module for each file: ~1.6 CPU-s an agent. The same name, read from the frame itself,
+    for the agents forked from here (tests only: a user's torchrun is untouched)."""
+    module = sys.modules.get("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    if module is None or not callable(getattr(module, "get_method_name", None)):
+        return
+
+    def get_method_name(depth: int = 2) -> str:
+        try:
+            return sys._getframe(depth).f_code.co_name  # inspect.stack()[depth]: [0] is this function's frame
+        except ValueError:
+            return "no_method_name"
+
+    module.get_method_name = get_method_name
 
 
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -192,33 +213,87 @@ def _stdio(fds: list[int]) -> None:
 
 
 def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int]]) -> None:
-    """In the forked child: turn into the rank that asked, then run its module as __main__ (never returns)."""
+    """In the forked child: turn into the rank (or command) that asked, then run it (never returns)."""
     from hetauto.runtime.parent_watch import LAUNCHER_ENV, launcher_mark
 
+    command = "cli" in req
     _enter(namespaces)
     os.setsid()
     _signals_as_asked(req["ignored"], req["blocked"])
     _limits_as_asked(req["rlimits"])
     os.umask(req["umask"])
-    _stdio(fds)
+    _stdio_as_asked(fds, req["stdio"]) if command else _stdio(fds)
     env = dict(req["env"])
-    if "code" not in req:
-        env.pop(ZYGOTE_ENV, None)  # the child runs the rank itself; an agent keeps it: its ranks fork from here too
-    env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
+    if "code" not in req and not command:
+        env.pop(ZYGOTE_ENV, None)  # the rank runs itself; an agent or a command keeps it: their ranks fork from here
+    if not command:  # a command's own launcher mark is the client's (its getpid answers the client's pid)
+        env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
     os.environ.clear()
     os.environ.update(env)
     os.chdir(req["cwd"])
     sys.path[:] = req["path"]
     sys.argv[:] = req["argv"]
     os.getppid = _client_parent(req["pid"])
+    if command:
+        _answer_pid(req["pid"])
     if "numpy" in sys.modules:  # numpy's global generator is not reseeded at fork (Python's random module is)
         sys.modules["numpy"].random.seed()
     if "code" in req:
         _run_code(req["code"])
+    elif command:
+        _run_command(req["cli"])
     else:
         import runpy
 
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+
+
+def _stdio_as_asked(fds: list[int], settings: list[dict[str, Any]]) -> None:
+    """The client's stdin/stdout/stderr, wrapped as the interpreter wrapped them there (encoding, errors, buffering:
+    a terminal's line buffering, -u), so a command writes what it would have written itself."""
+    import io
+
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        if fd > 2:
+            os.close(fd)
+    streams = []
+    for fd, how in zip((0, 1, 2), settings):
+        binary: Any = open(fd, "rb" if fd == 0 else "wb", -1 if how["buffered"] else 0, closefd=False)
+        raw = getattr(binary, "raw", binary)
+        if how.get("name") is not None:
+            raw.name = how["name"]
+        streams.append(io.TextIOWrapper(binary, encoding=how["encoding"], errors=how["errors"],
+                                        line_buffering=how["line_buffering"], write_through=how["write_through"]))
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+
+
+def _answer_pid(pid: int) -> None:
+    """os.getpid answers the client's pid, as os.getppid its parent: the pids a command writes (locks, node
+    registrations, launcher marks, namespace names) are the process the test started and signals. A process this
+    one forks gets the real answers back."""
+    real_getpid, real_getppid = _REAL_GETPID, _REAL_GETPPID
+    os.getpid = lambda: pid
+
+    def restore() -> None:
+        os.getpid, os.getppid = real_getpid, real_getppid
+    os.register_at_fork(after_in_child=restore)
+
+
+def _run_command(module: str) -> None:
+    """Run the `hetauto` command as the client started it: `python -m MODULE`, or the console script's call."""
+    import hetauto.runtime.zygote_client as client
+
+    client.FORKED = True  # hetauto.cli.main's call to run_cli_through_zygote then returns at once
+    if module:
+        import runpy
+
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    from hetauto.cli import main
+
+    sys.exit(main())
 
 
 def _run_code(code: str) -> None:
@@ -237,20 +312,62 @@ def _run_code(code: str) -> None:
 
 def _child(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int]], server: "_Server") -> None:
     code = 1
+    interrupted = False
     try:
         server.close_in_child()
         _become(req, fds, namespaces)
         code = 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:  # uncaught: the interpreter prints it and dies by SIGINT
+        traceback.print_exc()
+        interrupted = "cli" in req
     except BaseException:  # noqa: BLE001 - the rank's own traceback, on its own stderr
         traceback.print_exc()
     finally:
+        if "cli" in req:
+            code = _finish_as_the_interpreter(code, interrupted)
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    """The exit status SystemExit(code) gives: None 0, an int itself, anything else printed and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:  # noqa: BLE001 - stderr gone: the status stands
+        pass
+    return 1
+
+
+def _finish_as_the_interpreter(code: int, interrupted: bool) -> int:
+    """What the interpreter does after a command's main returns: wait for its other non-daemon threads, run its
+    atexit callbacks (temporary folders, log files), flush stdout (a failed flush: exit 120), and die by SIGINT
+    for an uncaught KeyboardInterrupt. A rank needs none of it (the worker ends with os._exit)."""
+    import atexit
+    import threading
+
+    for finish in (threading._shutdown, atexit._run_exitfuncs):  # type: ignore[attr-defined]
+        try:
+            finish()
+        except BaseException:  # noqa: BLE001 - as the interpreter: reported, and the exit goes on
+            traceback.print_exc()
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001
+        code = 120 if code == 0 else code
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        os.kill(_REAL_GETPID(), signal.SIGINT)
+    return code
 
 
 class _Server:
@@ -328,6 +445,7 @@ class _Server:
             _child(req, fds, namespaces, self)
         for fd in [*fds, *(fd for fd, _ in namespaces)]:
             os.close(fd)
+        self.log(f"forked {pid} for {'command' if 'cli' in req else 'agent' if 'code' in req else 'rank'}")
         self.child_of[conn] = pid
         self.conn_of[pid] = conn
         try:

@@ -179,3 +179,58 @@ def test_torchruns_agent_forks_from_the_zygote_and_its_ranks_too(folder: Path, z
     assert len({seen["ppid"] for seen in ranks}) == 1
     if agent_code:
         assert "ChildFailedError" in err and "exitcode  : 3" in err, err[-3000:]
+
+
+# --- the `hetauto` command itself (hetauto.cli.main -> run_cli_through_zygote)
+
+@pytest.fixture(scope="module")
+def logged_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    log = tmp_path_factory.mktemp("zygote-log") / "zygote.log"
+    proc, path = start({**os.environ, "HETAUTO_ZYGOTE_LOG": str(log)})
+    yield path, log
+    stop(proc, path)
+
+
+def command(zygote: str, *argv: str, flags: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *flags, "-m", "hetauto", *argv], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, ZYGOTE_ENV: zygote, **env})
+
+
+def forked_commands(log: Path) -> int:
+    return log.read_text().count(" for command") if log.exists() else 0
+
+
+def test_a_command_forked_from_the_zygote_says_what_it_says_by_itself(logged_zygote: tuple[str, Path]) -> None:
+    """Output and exit code alike, for a command that succeeds and one that is refused (argparse's exit 2)."""
+    zygote, log = logged_zygote
+    for argv in (["scenarios", "--json"], ["nosuch"], ["plan", "--scenario", "no-such-scenario"]):
+        before = forked_commands(log)
+        forked = command(zygote, *argv)
+        assert forked_commands(log) == before + 1
+        alone = command(zygote, *argv, HETAUTO_CLI_ZYGOTE="off")
+        assert forked_commands(log) == before + 1
+        assert (forked.returncode, forked.stdout, forked.stderr) == (alone.returncode, alone.stdout, alone.stderr)
+
+
+def test_a_forked_command_answers_its_clients_pid(logged_zygote: tuple[str, Path], tmp_path: Path) -> None:
+    """Pids a command writes (locks, node registrations, launcher marks, namespace names) are the process the caller
+    started, and its parent the caller: a model module the command imports (`--model zprobe:build`, from the working
+    folder) prints what os.getpid and os.getppid answer in the forked command."""
+    zygote, log = logged_zygote
+    (tmp_path / "zprobe.py").write_text('import os, sys\nprint("PROBE", os.getpid(), os.getppid(), file=sys.stderr)\n')
+    before = forked_commands(log)
+    proc = subprocess.Popen([sys.executable, "-m", "hetauto", "plan", "--scenario", "cpu-demo", "--model",
+                             "zprobe:build", "-o", "plan.json"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, ZYGOTE_ENV: zygote})
+    _, err = proc.communicate(timeout=120)
+    assert forked_commands(log) == before + 1
+    assert f"PROBE {proc.pid} {os.getpid()}\n" in err and proc.returncode == 2, err
+
+
+def test_a_command_started_with_other_interpreter_options_runs_by_itself(logged_zygote: tuple[str, Path]) -> None:
+    """-X importtime (a test reads the order of imports on stderr), -W, -O: fixed when the interpreter started."""
+    zygote, log = logged_zygote
+    before = forked_commands(log)
+    done = command(zygote, "scenarios", "--json", flags=("-X", "importtime"))
+    assert done.returncode == 0 and "import time:" in done.stderr
+    assert forked_commands(log) == before
