@@ -236,6 +236,7 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     os.getppid = _client_parent(req["pid"])
     if command:
         _answer_pid(req["pid"])
+        _cpp_log_level_follows_the_environment()
     if "numpy" in sys.modules:  # numpy's global generator is not reseeded at fork (Python's random module is)
         sys.modules["numpy"].random.seed()
     if "code" in req:
@@ -279,6 +280,34 @@ def _answer_pid(pid: int) -> None:
     def restore() -> None:
         os.getpid, os.getppid = real_getpid, real_getppid
     os.register_at_fork(after_in_child=restore)
+
+
+def _cpp_log_level_follows_the_environment() -> None:
+    """torch's C++ side reads TORCH_CPP_LOG_LEVEL once, when torch loads; `hetauto node` and `hetauto profile link`
+    set it in their own environment before they import torch (c10d's connection errors stay quiet). A command
+    forked with torch loaded has c10 read it again whenever it sets or removes it (c10::initLogging)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    import ctypes
+
+    try:
+        init = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))._ZN3c1011initLoggingEv
+    except (OSError, AttributeError):
+        return
+    names = ("TORCH_CPP_LOG_LEVEL", b"TORCH_CPP_LOG_LEVEL")
+    real_putenv, real_unsetenv = os.putenv, os.unsetenv
+
+    def putenv(key: Any, value: Any) -> None:
+        real_putenv(key, value)
+        if key in names:
+            init()
+
+    def unsetenv(key: Any) -> None:
+        real_unsetenv(key)
+        if key in names:
+            init()
+    os.putenv, os.unsetenv = putenv, unsetenv  # os.environ's writes call these
 
 
 def _run_command(module: str) -> None:
@@ -370,6 +399,15 @@ def _finish_as_the_interpreter(code: int, interrupted: bool) -> int:
     return code
 
 
+def _difference(mine: Any, theirs: Any) -> str:
+    """For the log: what a declined client has that the zygote has not, and the reverse (lists and dicts)."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        mine, theirs = sorted(mine.items()), sorted(theirs.items())
+    if isinstance(mine, list) and isinstance(theirs, list):
+        return f" (theirs only: {[x for x in theirs if x not in mine]}, mine only: {[x for x in mine if x not in theirs]})"
+    return ""
+
+
 class _Server:
     def __init__(self, listener: socket.socket) -> None:
         self.listener = listener
@@ -403,7 +441,7 @@ class _Server:
             if key == "ns":
                 continue
             if theirs.get(key) != mine:
-                return f"differs in {key}"
+                return f"differs in {key}{_difference(mine, theirs.get(key))}"
         other = self.namespaces_to_enter(req)
         return None if other is not None else "differs in ns"
 
