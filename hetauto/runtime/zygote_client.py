@@ -17,7 +17,8 @@ same way when the variable is set (`run_cli_through_zygote`, called by hetauto.c
 variable (its ranks and agents fork from the zygote too), gets this process's stdio settings, answers this
 process's pid to os.getpid (so pids it writes or names are the ones the test started), and ends as the
 interpreter ends (threads joined, atexit run, streams flushed). `HETAUTO_CLI_ZYGOTE=off` keeps a command in its
-own process (a test that walks its process tree, stops it, or reads its CPU time).
+own process (a test that walks its process tree, stops it, or reads its CPU time); `HETAUTO_CLI_ZYGOTE=only` forks
+the command alone (a test that reads its ranks' /proc environment and parents).
 
 Without the variable, or when the zygote cannot take the rank (unreachable, or this process differs from it in
 namespaces, cgroup, user, interpreter or an environment variable read at import), `run_through_zygote` returns and
@@ -38,7 +39,9 @@ __all__ = ["ZYGOTE_ENV", "CLI_ZYGOTE_ENV", "AGENT_PREFIX", "zygote_enabled", "ru
            "run_code_through_zygote", "run_cli_through_zygote", "process_identity", "IMPORT_TIME_ENV_PREFIXES"]
 
 ZYGOTE_ENV = "HETAUTO_RANK_ZYGOTE"
-CLI_ZYGOTE_ENV = "HETAUTO_CLI_ZYGOTE"  # 'off': the `hetauto` command runs in its own process, its ranks still fork
+# 'off': the `hetauto` command runs in its own process (its ranks still fork); 'only': the command forks, and what it
+# starts (torchrun, ranks, node agents) runs as a user's does
+CLI_ZYGOTE_ENV = "HETAUTO_CLI_ZYGOTE"
 CLI_MODULES = ("hetauto", "hetauto.cli")  # what `python -m` may name for the command to be handed over
 # the first lines of torchrun's `-c` code (hetauto.launch.local.torchrun_launcher) when the zygote is on: the agent
 # forks from the zygote too, before its own code imports torch (never written into a user's command)

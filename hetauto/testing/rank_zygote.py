@@ -35,7 +35,7 @@ import sys
 import traceback
 from typing import Any
 
-from hetauto.runtime.zygote_client import ZYGOTE_ENV, process_identity
+from hetauto.runtime.zygote_client import CLI_ZYGOTE_ENV, ZYGOTE_ENV, process_identity
 
 __all__ = ["PRELOAD", "listening_socket", "serve", "start", "stop", "main"]
 
@@ -226,6 +226,9 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     env = dict(req["env"])
     if "code" not in req and not command:
         env.pop(ZYGOTE_ENV, None)  # the rank runs itself; an agent or a command keeps it: their ranks fork from here
+    if command and env.get(CLI_ZYGOTE_ENV) == "only":  # the command forks, what it starts runs as a user's does
+        env.pop(ZYGOTE_ENV, None)
+        env.pop(CLI_ZYGOTE_ENV, None)
     if not command:  # a command's own launcher mark is the client's (its getpid answers the client's pid)
         env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
     os.environ.clear()
@@ -234,6 +237,8 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     sys.path[:] = req["path"]
     sys.argv[:] = req["argv"]
     os.getppid = _client_parent(req["pid"])
+    if "tempfile" in sys.modules:  # gettempdir() caches its answer (here, at torch's import): ask the client's TMPDIR
+        sys.modules["tempfile"].tempdir = None
     if command:
         _answer_pid(req["pid"])
         _cpp_log_level_follows_the_environment()
@@ -276,10 +281,25 @@ def _answer_pid(pid: int) -> None:
     one forks gets the real answers back."""
     real_getpid, real_getppid = _REAL_GETPID, _REAL_GETPPID
     os.getpid = lambda: pid
+    _marks_name_this_process_too()
 
     def restore() -> None:
         os.getpid, os.getppid = real_getpid, real_getppid
     os.register_at_fork(after_in_child=restore)
+
+
+def _marks_name_this_process_too() -> None:
+    """The launcher marks a command hands its job (hetauto.runtime.parent_watch.chain) end with this process's own
+    mark, after the client's: a rank takes SIGTERM from a pid its marks name as the job's stop, and this process
+    (not the client) is the one that stops the job. The client's mark stays first: a rank whose launchers are both
+    gone names the client, the process the caller started."""
+    from hetauto.runtime import parent_watch
+
+    inner, mine = parent_watch.chain, parent_watch.launcher_mark(_REAL_GETPID())
+
+    def chain(inherited: str | None) -> str:
+        return ",".join(filter(None, [inner(inherited), mine]))
+    parent_watch.chain = chain
 
 
 def _cpp_log_level_follows_the_environment() -> None:
