@@ -212,19 +212,27 @@ def test_a_command_forked_from_the_zygote_says_what_it_says_by_itself(logged_zyg
         assert (forked.returncode, forked.stdout, forked.stderr) == (alone.returncode, alone.stdout, alone.stderr)
 
 
-def test_a_forked_command_answers_its_clients_pid(logged_zygote: tuple[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["", "only"])
+def test_a_forked_command_answers_its_clients_pid(logged_zygote: tuple[str, Path], tmp_path: Path, mode: str) -> None:
     """Pids a command writes (locks, node registrations, launcher marks, namespace names) are the process the caller
-    started, and its parent the caller: a model module the command imports (`--model zprobe:build`, from the working
-    folder) prints what os.getpid and os.getppid answer in the forked command."""
+    started, and its parent the caller; its temporary files go to the caller's TMPDIR; HETAUTO_CLI_ZYGOTE=only
+    leaves what it starts without the zygote. A model module the command imports (`--model zprobe:build`, from the
+    working folder) prints what the forked command sees."""
     zygote, log = logged_zygote
-    (tmp_path / "zprobe.py").write_text('import os, sys\nprint("PROBE", os.getpid(), os.getppid(), file=sys.stderr)\n')
+    (tmp_path / "zprobe.py").write_text("import os, sys, tempfile\n"
+                                        "print('PROBE', os.getpid(), os.getppid(), tempfile.gettempdir(), "
+                                        f"os.environ.get('{ZYGOTE_ENV}'), file=sys.stderr)\n")
+    (tmp_path / "tmp").mkdir()
     before = forked_commands(log)
     proc = subprocess.Popen([sys.executable, "-m", "hetauto", "plan", "--scenario", "cpu-demo", "--model",
                              "zprobe:build", "-o", "plan.json"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, ZYGOTE_ENV: zygote})
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ZYGOTE_ENV: zygote, "TMPDIR": str(tmp_path / "tmp"),
+                                 **({"HETAUTO_CLI_ZYGOTE": mode} if mode else {})})
     _, err = proc.communicate(timeout=120)
     assert forked_commands(log) == before + 1
-    assert f"PROBE {proc.pid} {os.getpid()}\n" in err and proc.returncode == 2, err
+    seen = f"PROBE {proc.pid} {os.getpid()} {tmp_path / 'tmp'} {None if mode == 'only' else zygote}\n"
+    assert seen in err and proc.returncode == 2, err
 
 
 def test_a_command_started_with_other_interpreter_options_runs_by_itself(logged_zygote: tuple[str, Path]) -> None:
