@@ -63,6 +63,7 @@ PRELOAD = (
     "hetauto.runtime.step_log",
 )  # not hetauto.runtime.worker itself: the child runs it as __main__ (runpy warns when it is already imported)
 LOG_ENV = "HETAUTO_ZYGOTE_LOG"  # a file: one line per rank served (its CPU-s) or declined (why); for measuring
+C10_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read by c10 when torch loads; a child has c10 read it again (_c10_reads_...)
 _REAL_GETPID, _REAL_GETPPID = os.getpid, os.getppid  # a command's child answers its client's pid (_answer_pid)
 POLL_S = 0.5  # how often the server checks that its parent (the pytest worker) is still there
 
@@ -237,11 +238,11 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     sys.path[:] = req["path"]
     sys.argv[:] = req["argv"]
     os.getppid = _client_parent(req["pid"])
+    _c10_reads_the_log_level(follow=command)
     if "tempfile" in sys.modules:  # gettempdir() caches its answer (here, at torch's import): ask the client's TMPDIR
         sys.modules["tempfile"].tempdir = None
     if command:
         _answer_pid(req["pid"])
-        _cpp_log_level_follows_the_environment()
     if "numpy" in sys.modules:  # numpy's global generator is not reseeded at fork (Python's random module is)
         sys.modules["numpy"].random.seed()
     if "code" in req:
@@ -302,31 +303,36 @@ def _marks_name_this_process_too() -> None:
     parent_watch.chain = chain
 
 
-def _cpp_log_level_follows_the_environment() -> None:
-    """torch's C++ side reads TORCH_CPP_LOG_LEVEL once, when torch loads; `hetauto node` and `hetauto profile link`
-    set it in their own environment before they import torch (c10d's connection errors stay quiet). A command
-    forked with torch loaded has c10 read it again whenever it sets or removes it (c10::initLogging)."""
+def _c10_reads_the_log_level(follow: bool) -> None:
+    """torch's C++ side reads TORCH_CPP_LOG_LEVEL once, when torch loads (c10::initLogging): a child has it read
+    again from the client's environment (`hetauto node` sets it for its torchrun and ranks, the zygote has none),
+    and a command (`follow`) whenever it sets or removes it (`hetauto node` and `hetauto profile link` set it in
+    their own environment before they import torch, to keep c10d's connection errors quiet)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return
     import ctypes
 
     try:
-        init = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))._ZN3c1011initLoggingEv
-    except (OSError, AttributeError):
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        init, level = lib._ZN3c1011initLoggingEv, ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level")
+    except (OSError, AttributeError, ValueError):
         return
-    names = ("TORCH_CPP_LOG_LEVEL", b"TORCH_CPP_LOG_LEVEL")
+    unset = level.value  # the zygote's level: the variable is not set there (or is the client's: _declined)
+    init()  # reads the variable if set; leaves the level as it is if not
+    if not follow:
+        return
     real_putenv, real_unsetenv = os.putenv, os.unsetenv
 
     def putenv(key: Any, value: Any) -> None:
         real_putenv(key, value)
-        if key in names:
+        if key in (C10_LOG_ENV, C10_LOG_ENV.encode()):
             init()
 
     def unsetenv(key: Any) -> None:
         real_unsetenv(key)
-        if key in names:
-            init()
+        if key in (C10_LOG_ENV, C10_LOG_ENV.encode()):
+            level.value = unset
     os.putenv, os.unsetenv = putenv, unsetenv  # os.environ's writes call these
 
 
@@ -460,8 +466,11 @@ class _Server:
         for key, mine in self.identity.items():
             if key == "ns":
                 continue
-            if theirs.get(key) != mine:
-                return f"differs in {key}{_difference(mine, theirs.get(key))}"
+            value = theirs.get(key)
+            if key == "import_env" and C10_LOG_ENV not in mine and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
+            if value != mine:
+                return f"differs in {key}{_difference(mine, value)}"
         other = self.namespaces_to_enter(req)
         return None if other is not None else "differs in ns"
 

@@ -113,8 +113,8 @@ def test_an_ignored_sighup_stays_ignored_in_the_rank(folder: Path, zygote: str) 
     assert seen["pid"] != proc.pid and seen["hup_ignored"] and proc.returncode == 0
 
 
-@pytest.mark.parametrize("env", [{"TORCH_CPP_LOG_LEVEL": "ERROR"}, {"OMP_NUM_THREADS": "7"}, {ZYGOTE_ENV: "/nonexistent"},
-                                 {ZYGOTE_ENV: "off"}])
+@pytest.mark.parametrize("env", [{"TORCH_SHOW_CPP_STACKTRACES": "1"}, {"OMP_NUM_THREADS": "7"},
+                                 {ZYGOTE_ENV: "/nonexistent"}, {ZYGOTE_ENV: "off"}])
 def test_a_rank_the_zygote_cannot_be_runs_by_itself(folder: Path, zygote: str, env: dict[str, str]) -> None:
     """Variables read when torch loads differ, no zygote answers, or the suite was asked for none
     (HETAUTO_RANK_ZYGOTE=off): the client runs the rank itself."""
@@ -122,6 +122,33 @@ def test_a_rank_the_zygote_cannot_be_runs_by_itself(folder: Path, zygote: str, e
     seen = first_line(proc)
     proc.communicate(timeout=60)
     assert seen["pid"] == proc.pid and proc.returncode == 0
+
+
+C10_PROBE = """
+import datetime, json, os, sys
+import torch.distributed as dist
+from torch.distributed import DistNetworkError
+try:  # nobody listens on port 1: c10d logs its connection errors through c10, unless TORCH_CPP_LOG_LEVEL quiets it
+    dist.TCPStore("127.0.0.1", 1, is_master=False, timeout=datetime.timedelta(seconds=1))
+except DistNetworkError:
+    pass
+print(json.dumps({"pid": os.getpid()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("level, quiet", [("FATAL", True), ("", False)])
+def test_a_rank_with_its_own_cpp_log_level_is_forked_and_c10_logs_at_that_level(
+        folder: Path, zygote: str, level: str, quiet: bool) -> None:
+    """TORCH_CPP_LOG_LEVEL is read when torch loads (`hetauto node` sets it for its torchrun and ranks): the zygote
+    has none, and the child has c10 read the client's, so the rank forks and logs (or not) as it would alone."""
+    (folder / "c10_probe.py").write_text(C10_PROBE)
+    code = CLIENT.replace("zygote_probe", "c10_probe")
+    proc = subprocess.Popen([sys.executable, "-u", "-c", code], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ZYGOTE_ENV: zygote, **({"TORCH_CPP_LOG_LEVEL": level} if level else {})})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and json.loads(out)["pid"] != proc.pid, err[-2000:]
+    assert ("socket" not in err) == quiet, err[-2000:]
 
 
 @pytest.fixture
