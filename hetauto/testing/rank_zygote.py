@@ -19,6 +19,10 @@ another network namespace (`ip netns exec`: a network and a mount namespace of i
 as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
 torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
 child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
+The `hetauto` command a test starts is served too (a request with `cli`: `_run_command`): the child sets up the
+client's stdio as its interpreter did, answers the client's pid to os.getpid, and ends as an interpreter ends.
+TORCH_CPP_LOG_LEVEL, read by c10 when torch loads, may differ from the zygote's unset one (`hetauto node` sets it
+for its ranks): the child has c10 read it again.
 
     python -m hetauto.testing.rank_zygote SOCKET_PATH     # serves until its parent exits (or fd:N, bound)
 """
