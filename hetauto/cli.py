@@ -103,6 +103,10 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # the `hetauto` program itself (not a caller passing argv): Ctrl-C always ends it with 130
+        if os.environ.get("HETAUTO_RANK_ZYGOTE"):  # the test suite's zygote forks the command (tests only)
+            from hetauto.runtime.zygote_client import run_cli_through_zygote
+
+            run_cli_through_zygote()  # returns only when no zygote takes it (or in the forked child): run it here
         try:
             return _main(None)
         finally:

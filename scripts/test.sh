@@ -21,8 +21,10 @@ hetauto_activation_hint   # before the tests, so pytest's summary stays the last
 # every pytest worker rewrites every test module again (~0.5 s a process; the caches go to __pycache__, ignored).
 unset PYTHONDONTWRITEBYTECODE
 # Ranks: each pytest process starts a rank zygote (tests/conftest.py, hetauto.testing.rank_zygote) that has imported
-# torch once, and the ranks of the tests' `hetauto run` jobs fork from it instead of paying ~3 CPU-s of imports each.
-# HETAUTO_RANK_ZYGOTE=off starts every rank as a user's run does (torchrun -> python -m hetauto.runtime.worker).
+# torch once, and the ranks of the tests' `hetauto run` jobs fork from it instead of paying ~3 CPU-s of imports each;
+# so do torchrun's agents and the `hetauto` commands the tests start (`python -m hetauto ...`: ~1-3 CPU-s each).
+# HETAUTO_RANK_ZYGOTE=off starts every rank and command as a user's run does (torchrun -> python -m
+# hetauto.runtime.worker); HETAUTO_CLI_ZYGOTE=off keeps only the commands in processes of their own.
 cores="$(nproc 2>/dev/null || echo 2)"
 workers="${HETAUTO_TEST_WORKERS:-$(( cores + 1 < 4 ? cores + 1 : 4 ))}"
 if [[ "$workers" == 0 ]]; then

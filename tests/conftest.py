@@ -25,8 +25,10 @@ _ZYGOTES: list = []
 def pytest_configure(config: pytest.Config) -> None:
     """One rank zygote per process that runs tests (not xdist's controller), named in HETAUTO_RANK_ZYGOTE for every
     process the tests start: each rank of a `hetauto run` then skips ~3 CPU-s of imports (torch, torch._dynamo),
-    and its torchrun agent ~1.5 CPU-s (its `-c` code forks from the zygote too: hetauto.launch.local).
-    HETAUTO_RANK_ZYGOTE=off runs every rank as a user's run does (kept set: xdist's workers inherit it)."""
+    and its torchrun agent ~1.5 CPU-s (its `-c` code forks from the zygote too: hetauto.launch.local), and each
+    `python -m hetauto ...` command a test starts ~1-3 CPU-s (hetauto.cli.main hands it over: a `hetauto run`'s
+    processes 5.5 -> 2.1 CPU-s in all). HETAUTO_RANK_ZYGOTE=off runs every rank and command as a user's run does
+    (kept set: xdist's workers inherit it); HETAUTO_CLI_ZYGOTE=off only the commands."""
     from hetauto.runtime.zygote_client import ZYGOTE_ENV
 
     if os.environ.get(ZYGOTE_ENV) == "off":

@@ -12,6 +12,14 @@ torchrun's agent (`python -c CODE`, hetauto.launch.local.torchrun_launcher) is h
 variable its CODE starts with `AGENT_PREFIX`, whose call (`run_code_through_zygote`) sends CODE and argv; the child
 keeps the variable, so the ranks that agent starts fork from the zygote too (~1.5 CPU-s less per launch).
 
+The `hetauto` command itself (`python -m hetauto`, `python -m hetauto.cli`, the console script) is handed over the
+same way when the variable is set (`run_cli_through_zygote`, called by hetauto.cli.main): its child keeps the
+variable (its ranks and agents fork from the zygote too), gets this process's stdio settings, answers this
+process's pid to os.getpid (so pids it writes or names are the ones the test started), and ends as the
+interpreter ends (threads joined, atexit run, streams flushed). `HETAUTO_CLI_ZYGOTE=off` keeps a command in its
+own process (a test that walks its process tree, stops it, or reads its CPU time); `HETAUTO_CLI_ZYGOTE=only` forks
+the command alone (a test that reads its ranks' /proc environment and parents).
+
 Without the variable, or when the zygote cannot take the rank (unreachable, or this process differs from it in
 namespaces, cgroup, user, interpreter or an environment variable read at import), `run_through_zygote` returns and
 the worker runs as always.
@@ -27,10 +35,14 @@ import struct
 import sys
 from collections.abc import Mapping
 
-__all__ = ["ZYGOTE_ENV", "AGENT_PREFIX", "zygote_enabled", "run_through_zygote", "run_code_through_zygote",
-           "process_identity", "IMPORT_TIME_ENV_PREFIXES"]
+__all__ = ["ZYGOTE_ENV", "CLI_ZYGOTE_ENV", "AGENT_PREFIX", "zygote_enabled", "run_through_zygote",
+           "run_code_through_zygote", "run_cli_through_zygote", "process_identity", "IMPORT_TIME_ENV_PREFIXES"]
 
 ZYGOTE_ENV = "HETAUTO_RANK_ZYGOTE"
+# 'off': the `hetauto` command runs in its own process (its ranks still fork); 'only': the command forks, and what it
+# starts (torchrun, ranks, node agents) runs as a user's does
+CLI_ZYGOTE_ENV = "HETAUTO_CLI_ZYGOTE"
+CLI_MODULES = ("hetauto", "hetauto.cli")  # what `python -m` may name for the command to be handed over
 # the first lines of torchrun's `-c` code (hetauto.launch.local.torchrun_launcher) when the zygote is on: the agent
 # forks from the zygote too, before its own code imports torch (never written into a user's command)
 AGENT_PREFIX = ("import hetauto.runtime.zygote_client as _zygote\n"
@@ -69,7 +81,8 @@ def process_identity(env: dict[str, str]) -> dict[str, object]:
     hetauto_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {"ns": {n: ns(n) for n in _NAMESPACES}, "cgroup": cgroup, "uid": os.getuid(), "gid": os.getgid(),
             "executable": sys.executable, "version": sys.version, "hetauto": hetauto_dir, "import_env": import_env,
-            "search_path": search_path}
+            "search_path": search_path, "flags": list(sys.flags), "xoptions": sorted(map(str, sys._xoptions)),
+            "warnoptions": list(sys.warnoptions)}  # -X importtime, -W, -O, -I: fixed when the interpreter started
 
 
 def _signal_state() -> tuple[list[int], list[int]]:
@@ -99,7 +112,7 @@ def zygote_enabled(env: Mapping[str, str] | None = None) -> bool:
     return bool(path) and path != "off"
 
 
-def _request(what: dict[str, str]) -> dict[str, object]:
+def _request(what: dict[str, object]) -> dict[str, object]:
     env = dict(os.environ)
     ignored, blocked = _signal_state()
     umask = os.umask(0)
@@ -153,7 +166,48 @@ def run_code_through_zygote() -> None:
     _hand_over({"code": orig[-len(sys.argv)]})  # orig_argv ends with CODE, then argv[1:]
 
 
-def _hand_over(what: dict[str, str]) -> None:
+def run_cli_through_zygote() -> None:
+    """Run this `hetauto` command (`python -m hetauto|hetauto.cli ARGS` or the console script) in a child of the
+    zygote and end this process as that child ends. Returns where the zygote does not take it (no zygote,
+    HETAUTO_CLI_ZYGOTE=off, another way of starting, a difference from the zygote) or in that child: run it here."""
+    if FORKED or not zygote_enabled() or os.environ.get(CLI_ZYGOTE_ENV) == "off":
+        return
+    module = _command_module()
+    stdio = _stdio_settings()
+    if module is None or stdio is None:
+        return
+    _hand_over({"cli": module, "stdio": stdio})
+
+
+def _command_module() -> str | None:
+    """The module `python -m` ran (one of CLI_MODULES); '' for the console script; None for anything else."""
+    orig = getattr(sys, "orig_argv", None)
+    n = len(sys.argv)
+    if not orig or len(orig) <= n:
+        return None
+    if orig[-n - 1] == "-m" and orig[-n] in CLI_MODULES:
+        return orig[-n]
+    if orig[-n] == sys.argv[0] and os.path.basename(sys.argv[0]) == "hetauto" and "hetauto.cli" in sys.modules:
+        return ""
+    return None
+
+
+def _stdio_settings() -> list[dict[str, object]] | None:
+    """How the interpreter set up sys.stdin/stdout/stderr here (encoding, errors, buffering: -u, a terminal), for
+    the child to set up its own alike; None when one is missing or not the interpreter's own."""
+    import io
+
+    out: list[dict[str, object]] = []
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        if not isinstance(stream, io.TextIOWrapper):
+            return None
+        out.append({"encoding": stream.encoding, "errors": stream.errors, "line_buffering": stream.line_buffering,
+                    "write_through": stream.write_through, "buffered": not isinstance(stream.buffer, io.FileIO),
+                    "name": getattr(stream, "name", None)})
+    return out
+
+
+def _hand_over(what: dict[str, object]) -> None:
     """Ask the zygote to run `what` (a module or -c code) as this process; end as its child ends, or return."""
     path = os.environ.get(ZYGOTE_ENV)
     if not zygote_enabled():  # off: the test suite was asked to start ranks as a user's run does

@@ -19,6 +19,10 @@ another network namespace (`ip netns exec`: a network and a mount namespace of i
 as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
 torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
 child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
+The `hetauto` command a test starts is served too (a request with `cli`: `_run_command`): the child sets up the
+client's stdio as its interpreter did, answers the client's pid to os.getpid, and ends as an interpreter ends.
+TORCH_CPP_LOG_LEVEL, read by c10 when torch loads, may differ from the zygote's unset one (`hetauto node` sets it
+for its ranks): the child has c10 read it again.
 
     python -m hetauto.testing.rank_zygote SOCKET_PATH     # serves until its parent exits (or fd:N, bound)
 """
@@ -35,7 +39,7 @@ import sys
 import traceback
 from typing import Any
 
-from hetauto.runtime.zygote_client import ZYGOTE_ENV, process_identity
+from hetauto.runtime.zygote_client import CLI_ZYGOTE_ENV, ZYGOTE_ENV, process_identity
 
 __all__ = ["PRELOAD", "listening_socket", "serve", "start", "stop", "main"]
 
@@ -48,6 +52,7 @@ PRELOAD = (
     "torch.distributed.elastic.multiprocessing.errors",
     "torch.distributed.launcher.api",  # torchrun's agent (its -c code runs torch.distributed.run as __main__)
     "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+    "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
     "hetauto.core.comm",
     "hetauto.core.plan_check",
     "hetauto.runtime.control",
@@ -62,6 +67,8 @@ PRELOAD = (
     "hetauto.runtime.step_log",
 )  # not hetauto.runtime.worker itself: the child runs it as __main__ (runpy warns when it is already imported)
 LOG_ENV = "HETAUTO_ZYGOTE_LOG"  # a file: one line per rank served (its CPU-s) or declined (why); for measuring
+C10_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read by c10 when torch loads; a child has c10 read it again (_c10_reads_...)
+_REAL_GETPID, _REAL_GETPPID = os.getpid, os.getppid  # a command's child answers its client's pid (_answer_pid)
 POLL_S = 0.5  # how often the server checks that its parent (the pytest worker) is still there
 
 
@@ -73,6 +80,25 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a module that cannot load here is loaded by the child, as without us
             pass
+    _method_names_from_the_frame()
+
+
+def _method_names_from_the_frame() -> None:
+    """torch's dynamic rendezvous names the method behind each event it records with `inspect.stack()[2].function`
+    (get_method_name, twice a call, ~18 calls an agent), and inspect.stack reads the source of every frame and
+    searches every loaded module for each file: ~1.6 CPU-s an agent. The same name, read from the frame itself,
+    for the agents forked from here (tests only: a user's torchrun is untouched)."""
+    module = sys.modules.get("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    if module is None or not callable(getattr(module, "get_method_name", None)):
+        return
+
+    def get_method_name(depth: int = 2) -> str:
+        try:
+            return sys._getframe(depth).f_code.co_name  # inspect.stack()[depth]: [0] is this function's frame
+        except ValueError:
+            return "no_method_name"
+
+    module.get_method_name = get_method_name
 
 
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -192,33 +218,141 @@ def _stdio(fds: list[int]) -> None:
 
 
 def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int]]) -> None:
-    """In the forked child: turn into the rank that asked, then run its module as __main__ (never returns)."""
+    """In the forked child: turn into the rank (or command) that asked, then run it (never returns)."""
     from hetauto.runtime.parent_watch import LAUNCHER_ENV, launcher_mark
 
+    command = "cli" in req
     _enter(namespaces)
     os.setsid()
     _signals_as_asked(req["ignored"], req["blocked"])
     _limits_as_asked(req["rlimits"])
     os.umask(req["umask"])
-    _stdio(fds)
+    _stdio_as_asked(fds, req["stdio"]) if command else _stdio(fds)
     env = dict(req["env"])
-    if "code" not in req:
-        env.pop(ZYGOTE_ENV, None)  # the child runs the rank itself; an agent keeps it: its ranks fork from here too
-    env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
+    if "code" not in req and not command:
+        env.pop(ZYGOTE_ENV, None)  # the rank runs itself; an agent or a command keeps it: their ranks fork from here
+    if command and env.get(CLI_ZYGOTE_ENV) == "only":  # the command forks, what it starts runs as a user's does
+        env.pop(ZYGOTE_ENV, None)
+        env.pop(CLI_ZYGOTE_ENV, None)
+    if not command:  # a command's own launcher mark is the client's (its getpid answers the client's pid)
+        env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
     os.environ.clear()
     os.environ.update(env)
     os.chdir(req["cwd"])
     sys.path[:] = req["path"]
     sys.argv[:] = req["argv"]
     os.getppid = _client_parent(req["pid"])
+    _c10_reads_the_log_level(follow=command)
+    if "tempfile" in sys.modules:  # gettempdir() caches its answer (here, at torch's import): ask the client's TMPDIR
+        sys.modules["tempfile"].tempdir = None
+    if command:
+        _answer_pid(req["pid"])
     if "numpy" in sys.modules:  # numpy's global generator is not reseeded at fork (Python's random module is)
         sys.modules["numpy"].random.seed()
     if "code" in req:
         _run_code(req["code"])
+    elif command:
+        _run_command(req["cli"])
     else:
         import runpy
 
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+
+
+def _stdio_as_asked(fds: list[int], settings: list[dict[str, Any]]) -> None:
+    """The client's stdin/stdout/stderr, wrapped as the interpreter wrapped them there (encoding, errors, buffering:
+    a terminal's line buffering, -u), so a command writes what it would have written itself."""
+    import io
+
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        if fd > 2:
+            os.close(fd)
+    streams = []
+    for fd, how in zip((0, 1, 2), settings):
+        binary: Any = open(fd, "rb" if fd == 0 else "wb", -1 if how["buffered"] else 0, closefd=False)
+        raw = getattr(binary, "raw", binary)
+        if how.get("name") is not None:
+            raw.name = how["name"]
+        streams.append(io.TextIOWrapper(binary, encoding=how["encoding"], errors=how["errors"],
+                                        line_buffering=how["line_buffering"], write_through=how["write_through"]))
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+
+
+def _answer_pid(pid: int) -> None:
+    """os.getpid answers the client's pid, as os.getppid its parent: the pids a command writes (locks, node
+    registrations, launcher marks, namespace names) are the process the test started and signals. A process this
+    one forks gets the real answers back."""
+    real_getpid, real_getppid = _REAL_GETPID, _REAL_GETPPID
+    os.getpid = lambda: pid
+    _marks_name_this_process_too()
+
+    def restore() -> None:
+        os.getpid, os.getppid = real_getpid, real_getppid
+    os.register_at_fork(after_in_child=restore)
+
+
+def _marks_name_this_process_too() -> None:
+    """The launcher marks a command hands its job (hetauto.runtime.parent_watch.chain) end with this process's own
+    mark, after the client's: a rank takes SIGTERM from a pid its marks name as the job's stop, and this process
+    (not the client) is the one that stops the job. The client's mark stays first: a rank whose launchers are both
+    gone names the client, the process the caller started."""
+    from hetauto.runtime import parent_watch
+
+    inner, mine = parent_watch.chain, parent_watch.launcher_mark(_REAL_GETPID())
+
+    def chain(inherited: str | None) -> str:
+        return ",".join(filter(None, [inner(inherited), mine]))
+    parent_watch.chain = chain
+
+
+def _c10_reads_the_log_level(follow: bool) -> None:
+    """torch's C++ side reads TORCH_CPP_LOG_LEVEL once, when torch loads (c10::initLogging): a child has it read
+    again from the client's environment (`hetauto node` sets it for its torchrun and ranks, the zygote has none),
+    and a command (`follow`) whenever it sets or removes it (`hetauto node` and `hetauto profile link` set it in
+    their own environment before they import torch, to keep c10d's connection errors quiet)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        init, level = lib._ZN3c1011initLoggingEv, ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level")
+    except (OSError, AttributeError, ValueError):
+        return
+    unset = level.value  # the zygote's level: the variable is not set there (or is the client's: _declined)
+    init()  # reads the variable if set; leaves the level as it is if not
+    if not follow:
+        return
+    real_putenv, real_unsetenv = os.putenv, os.unsetenv
+
+    def putenv(key: Any, value: Any) -> None:
+        real_putenv(key, value)
+        if key in (C10_LOG_ENV, C10_LOG_ENV.encode()):
+            init()
+
+    def unsetenv(key: Any) -> None:
+        real_unsetenv(key)
+        if key in (C10_LOG_ENV, C10_LOG_ENV.encode()):
+            level.value = unset
+    os.putenv, os.unsetenv = putenv, unsetenv  # os.environ's writes call these
+
+
+def _run_command(module: str) -> None:
+    """Run the `hetauto` command as the client started it: `python -m MODULE`, or the console script's call."""
+    import hetauto.runtime.zygote_client as client
+
+    client.FORKED = True  # hetauto.cli.main's call to run_cli_through_zygote then returns at once
+    if module:
+        import runpy
+
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    from hetauto.cli import main
+
+    sys.exit(main())
 
 
 def _run_code(code: str) -> None:
@@ -237,20 +371,71 @@ def _run_code(code: str) -> None:
 
 def _child(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int]], server: "_Server") -> None:
     code = 1
+    interrupted = False
     try:
         server.close_in_child()
         _become(req, fds, namespaces)
         code = 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:  # uncaught: the interpreter prints it and dies by SIGINT
+        traceback.print_exc()
+        interrupted = "cli" in req
     except BaseException:  # noqa: BLE001 - the rank's own traceback, on its own stderr
         traceback.print_exc()
     finally:
+        if "cli" in req:
+            code = _finish_as_the_interpreter(code, interrupted)
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    """The exit status SystemExit(code) gives: None 0, an int itself, anything else printed and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:  # noqa: BLE001 - stderr gone: the status stands
+        pass
+    return 1
+
+
+def _finish_as_the_interpreter(code: int, interrupted: bool) -> int:
+    """What the interpreter does after a command's main returns: wait for its other non-daemon threads, run its
+    atexit callbacks (temporary folders, log files), flush stdout (a failed flush: exit 120), and die by SIGINT
+    for an uncaught KeyboardInterrupt. A rank needs none of it (the worker ends with os._exit)."""
+    import atexit
+    import threading
+
+    for finish in (threading._shutdown, atexit._run_exitfuncs):  # type: ignore[attr-defined]
+        try:
+            finish()
+        except BaseException:  # noqa: BLE001 - as the interpreter: reported, and the exit goes on
+            traceback.print_exc()
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001
+        code = 120 if code == 0 else code
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        os.kill(_REAL_GETPID(), signal.SIGINT)
+    return code
+
+
+def _difference(mine: Any, theirs: Any) -> str:
+    """For the log: what a declined client has that the zygote has not, and the reverse (lists and dicts)."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        mine, theirs = sorted(mine.items()), sorted(theirs.items())
+    if isinstance(mine, list) and isinstance(theirs, list):
+        return f" (theirs only: {[x for x in theirs if x not in mine]}, mine only: {[x for x in mine if x not in theirs]})"
+    return ""
 
 
 class _Server:
@@ -285,8 +470,11 @@ class _Server:
         for key, mine in self.identity.items():
             if key == "ns":
                 continue
-            if theirs.get(key) != mine:
-                return f"differs in {key}"
+            value = theirs.get(key)
+            if key == "import_env" and C10_LOG_ENV not in mine and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
+            if value != mine:
+                return f"differs in {key}{_difference(mine, value)}"
         other = self.namespaces_to_enter(req)
         return None if other is not None else "differs in ns"
 
@@ -328,6 +516,7 @@ class _Server:
             _child(req, fds, namespaces, self)
         for fd in [*fds, *(fd for fd, _ in namespaces)]:
             os.close(fd)
+        self.log(f"forked {pid} for {'command' if 'cli' in req else 'agent' if 'code' in req else 'rank'}")
         self.child_of[conn] = pid
         self.conn_of[pid] = conn
         try:

@@ -17,13 +17,19 @@ from pathlib import Path
 import pytest
 
 from hetauto.core.plan import Plan, StagePlan
-from hetauto.runtime.zygote_client import ZYGOTE_ENV
+from hetauto.runtime.zygote_client import CLI_ZYGOTE_ENV, ZYGOTE_ENV, zygote_enabled
+
+
+# the test zygote's socket (tests/conftest.py), for the `hetauto run` commands alone (start: HETAUTO_CLI_ZYGOTE=only)
+COMMAND_ZYGOTE = {ZYGOTE_ENV: os.environ[ZYGOTE_ENV], CLI_ZYGOTE_ENV: "only"} if zygote_enabled() else {}
 
 
 @pytest.fixture(autouse=True)
 def _ranks_started_as_torchrun_starts_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """No rank zygote here (tests/conftest.py): these tests find a job's processes by the marker in their
-    /proc/PID/environ and a rank's torchrun as its /proc parent, which a rank forked from the zygote does not show."""
+    /proc/PID/environ and a rank's torchrun as its /proc parent, which a rank forked from the zygote does not show.
+    The `hetauto run` commands `start` starts fork from it (their torchrun and ranks do not): the command's client
+    carries the marker, and the pid the command writes and signals is the client's."""
     monkeypatch.delenv(ZYGOTE_ENV, raising=False)
 
 CLUSTER = """clusters:
@@ -69,7 +75,7 @@ def marked(mark: str) -> list[int]:
 
 def start(folder: Path, *args: str, mark: str, nohup: bool = False) -> subprocess.Popen:
     """`hetauto run ARGS` in the background; `nohup`: with SIGHUP ignored, as nohup(1) starts it."""
-    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(folder))
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(folder), **COMMAND_ZYGOTE)
     ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
     return subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", *args, "--no-reference"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignore_hup)

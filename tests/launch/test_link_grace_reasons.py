@@ -27,6 +27,7 @@ from hetauto.launch.node import RefusedByLead, prepare_node
 from hetauto.launch.node_end import ABORT_KEY
 from hetauto.launch.node_join import member_join
 from hetauto.launch.plan import LaunchPlan
+from hetauto.runtime.zygote_client import CLI_ZYGOTE_ENV
 from hetauto.testing.multiproc import two_free_ports
 from hetauto.testing.two_sites import await_first_step, this_tree_env, write_two_site_plan
 
@@ -153,8 +154,9 @@ def test_the_other_node_says_the_lead_nodes_job_ended_never_a_torchrun_rule(tmp_
                  "--no-reference", "--timeout", "30"]) == 0
     procs = [subprocess.Popen([sys.executable, "-m", "hetauto", "node", str(out / "launch.json"), "--node-rank",
                                str(r), "--workdir", str(tmp_path / f"node{r}")], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=this_tree_env(), start_new_session=True)
-             for r in (0, 1)]
+                              stderr=subprocess.PIPE, text=True, env={**this_tree_env(), CLI_ZYGOTE_ENV: "off"},
+                              start_new_session=True)
+             for r in (0, 1)]  # each node its own process (not one forked from the test zygote): _tree walks it
     try:
         await_first_step(tmp_path / "node0", procs[0], 90)
         for pid in _tree(procs[0].pid):

@@ -113,8 +113,8 @@ def test_an_ignored_sighup_stays_ignored_in_the_rank(folder: Path, zygote: str) 
     assert seen["pid"] != proc.pid and seen["hup_ignored"] and proc.returncode == 0
 
 
-@pytest.mark.parametrize("env", [{"TORCH_CPP_LOG_LEVEL": "ERROR"}, {"OMP_NUM_THREADS": "7"}, {ZYGOTE_ENV: "/nonexistent"},
-                                 {ZYGOTE_ENV: "off"}])
+@pytest.mark.parametrize("env", [{"TORCH_SHOW_CPP_STACKTRACES": "1"}, {"OMP_NUM_THREADS": "7"},
+                                 {ZYGOTE_ENV: "/nonexistent"}, {ZYGOTE_ENV: "off"}])
 def test_a_rank_the_zygote_cannot_be_runs_by_itself(folder: Path, zygote: str, env: dict[str, str]) -> None:
     """Variables read when torch loads differ, no zygote answers, or the suite was asked for none
     (HETAUTO_RANK_ZYGOTE=off): the client runs the rank itself."""
@@ -122,6 +122,33 @@ def test_a_rank_the_zygote_cannot_be_runs_by_itself(folder: Path, zygote: str, e
     seen = first_line(proc)
     proc.communicate(timeout=60)
     assert seen["pid"] == proc.pid and proc.returncode == 0
+
+
+C10_PROBE = """
+import datetime, json, os, sys
+import torch.distributed as dist
+from torch.distributed import DistNetworkError
+try:  # nobody listens on port 1: c10d logs its connection errors through c10, unless TORCH_CPP_LOG_LEVEL quiets it
+    dist.TCPStore("127.0.0.1", 1, is_master=False, timeout=datetime.timedelta(seconds=1))
+except DistNetworkError:
+    pass
+print(json.dumps({"pid": os.getpid()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("level, quiet", [("FATAL", True), ("", False)])
+def test_a_rank_with_its_own_cpp_log_level_is_forked_and_c10_logs_at_that_level(
+        folder: Path, zygote: str, level: str, quiet: bool) -> None:
+    """TORCH_CPP_LOG_LEVEL is read when torch loads (`hetauto node` sets it for its torchrun and ranks): the zygote
+    has none, and the child has c10 read the client's, so the rank forks and logs (or not) as it would alone."""
+    (folder / "c10_probe.py").write_text(C10_PROBE)
+    code = CLIENT.replace("zygote_probe", "c10_probe")
+    proc = subprocess.Popen([sys.executable, "-u", "-c", code], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ZYGOTE_ENV: zygote, **({"TORCH_CPP_LOG_LEVEL": level} if level else {})})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and json.loads(out)["pid"] != proc.pid, err[-2000:]
+    assert ("socket" not in err) == quiet, err[-2000:]
 
 
 @pytest.fixture
@@ -179,3 +206,66 @@ def test_torchruns_agent_forks_from_the_zygote_and_its_ranks_too(folder: Path, z
     assert len({seen["ppid"] for seen in ranks}) == 1
     if agent_code:
         assert "ChildFailedError" in err and "exitcode  : 3" in err, err[-3000:]
+
+
+# --- the `hetauto` command itself (hetauto.cli.main -> run_cli_through_zygote)
+
+@pytest.fixture(scope="module")
+def logged_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    log = tmp_path_factory.mktemp("zygote-log") / "zygote.log"
+    proc, path = start({**os.environ, "HETAUTO_ZYGOTE_LOG": str(log)})
+    yield path, log
+    stop(proc, path)
+
+
+def command(zygote: str, *argv: str, flags: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *flags, "-m", "hetauto", *argv], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, ZYGOTE_ENV: zygote, **env})
+
+
+def forked_commands(log: Path) -> int:
+    return log.read_text().count(" for command") if log.exists() else 0
+
+
+def test_a_command_forked_from_the_zygote_says_what_it_says_by_itself(logged_zygote: tuple[str, Path]) -> None:
+    """Output and exit code alike, for a command that succeeds and one that is refused (argparse's exit 2)."""
+    zygote, log = logged_zygote
+    for argv in (["scenarios", "--json"], ["nosuch"], ["plan", "--scenario", "no-such-scenario"]):
+        before = forked_commands(log)
+        forked = command(zygote, *argv)
+        assert forked_commands(log) == before + 1
+        alone = command(zygote, *argv, HETAUTO_CLI_ZYGOTE="off")
+        assert forked_commands(log) == before + 1
+        assert (forked.returncode, forked.stdout, forked.stderr) == (alone.returncode, alone.stdout, alone.stderr)
+
+
+@pytest.mark.parametrize("mode", ["", "only"])
+def test_a_forked_command_answers_its_clients_pid(logged_zygote: tuple[str, Path], tmp_path: Path, mode: str) -> None:
+    """Pids a command writes (locks, node registrations, launcher marks, namespace names) are the process the caller
+    started, and its parent the caller; its temporary files go to the caller's TMPDIR; HETAUTO_CLI_ZYGOTE=only
+    leaves what it starts without the zygote. A model module the command imports (`--model zprobe:build`, from the
+    working folder) prints what the forked command sees."""
+    zygote, log = logged_zygote
+    (tmp_path / "zprobe.py").write_text("import os, sys, tempfile\n"
+                                        "print('PROBE', os.getpid(), os.getppid(), tempfile.gettempdir(), "
+                                        f"os.environ.get('{ZYGOTE_ENV}'), file=sys.stderr)\n")
+    (tmp_path / "tmp").mkdir()
+    before = forked_commands(log)
+    proc = subprocess.Popen([sys.executable, "-m", "hetauto", "plan", "--scenario", "cpu-demo", "--model",
+                             "zprobe:build", "-o", "plan.json"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ZYGOTE_ENV: zygote, "TMPDIR": str(tmp_path / "tmp"),
+                                 **({"HETAUTO_CLI_ZYGOTE": mode} if mode else {})})
+    _, err = proc.communicate(timeout=120)
+    assert forked_commands(log) == before + 1
+    seen = f"PROBE {proc.pid} {os.getpid()} {tmp_path / 'tmp'} {None if mode == 'only' else zygote}\n"
+    assert seen in err and proc.returncode == 2, err
+
+
+def test_a_command_started_with_other_interpreter_options_runs_by_itself(logged_zygote: tuple[str, Path]) -> None:
+    """-X importtime (a test reads the order of imports on stderr), -W, -O: fixed when the interpreter started."""
+    zygote, log = logged_zygote
+    before = forked_commands(log)
+    done = command(zygote, "scenarios", "--json", flags=("-X", "importtime"))
+    assert done.returncode == 0 and "import time:" in done.stderr
+    assert forked_commands(log) == before
