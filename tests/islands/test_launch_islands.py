@@ -163,7 +163,7 @@ def test_an_island_launch_is_an_ordinary_launch_per_island(tmp_path: Path, capsy
 
 
 def test_kubernetes_and_skypilot_files_of_an_island_plan_pass_the_schema_checks(tmp_path: Path, capsys) -> None:
-    from test_launch_targets_k8s_sky import assert_valid_jobset, assert_valid_task
+    from tests.launch.test_launch_targets_k8s_sky import assert_valid_jobset, assert_valid_task
 
     images = [f"--site-option={s}.image=registry.example/hetauto:cpu" for s in ("a1", "a2", "b1", "b2")]
     _islands_launch(tmp_path, capsys, "kubernetes", *images)
@@ -197,7 +197,7 @@ def _embedded(text: str) -> LaunchPlan:
 
 
 def test_slurm_scripts_of_an_island_plan_give_each_node_its_islands_launch(tmp_path: Path, capsys) -> None:
-    from test_launch_slurm import node_script, run_script
+    from tests.launch.test_launch_slurm import node_script, run_script
 
     _islands_launch(tmp_path, capsys, "slurm")
     for name in "AB":
