@@ -74,14 +74,12 @@ class Scorer:
         self.improved_at = 0  # evaluator.evaluations when `best` last improved (the stop rule's clock)
         self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
         self.refused: list[tuple[Candidate, str]] = []  # candidates outside the space's feature set, never built
-        self.prefetched: dict[Candidate, tuple[Any, list[Any]]] = {}  # built and evaluated by workers, not used yet
 
     def prefetch(self, cands: list[Candidate]) -> list[Candidate]:
         """Have the workers (`parallel`) build and evaluate those of `cands` not scored yet, ahead of `score`
         taking them in order; returns `cands`. The results are the same with any number of workers."""
-        todo = [c for c in dict.fromkeys(cands) if c not in self.by_candidate and c not in self.prefetched
-                and self.space.allows(c) is None]
-        self.prefetched.update(parallel.prefetch(self.space, todo))
+        todo = [c for c in dict.fromkeys(cands) if c not in self.by_candidate and self.space.allows(c) is None]
+        parallel.prefetch(self.space, todo)
         return cands
 
     def score(self, cand: Candidate, limit: int | None = None) -> Scored | None:
@@ -95,7 +93,7 @@ class Scorer:
             self.refused.append((cand, outside))
             self.by_candidate[cand] = None
             return None
-        ahead = self.prefetched.pop(cand, None)
+        ahead = parallel.take(self.space, cand)
         built = ahead[0] if ahead is not None else self.space.build(cand)
         if limit is not None:
             new = {plan_key(plan) for plan in built.plans} - self.by_plan.keys()
