@@ -12,7 +12,8 @@ The workers and the parent take a batch's candidates from its front, each claime
 when the parent needs a candidate nobody has claimed, it scores it itself as with one process; when a worker is
 computing it, the parent computes the next unclaimed one meanwhile (uncounted: `Evaluator.uncounted`) instead of
 waiting idle. Results stream back one candidate at a time, so the parent scores candidate i while the workers
-compute i + 1, ... (no barrier at the end of a batch). A new batch cancels what nobody claimed of the last one.
+compute i + 1, ... (no barrier at the end of a batch). A new batch keeps what it shares with the last one (a
+phase may post what it will score after this batch too) and cancels the rest that nobody claimed.
 
 The pools (one per space scored: the workers inherit the space, its caches and the evaluator by fork) end with
 `jobs`.
@@ -32,6 +33,7 @@ _pools: dict[int, "_Workers"] = {}  # id(space) -> its workers, while `jobs` is 
 _space: Any = None  # the space a forked worker builds and evaluates with (set in the worker)
 
 SLOTS = 1 << 16  # the claim table's size: a slot is reused 65536 candidates later (a batch is far smaller)
+SPILL = 2  # how far past the candidate it waits for the parent computes into a batch's likely part
 WAIT_S = 0.5  # how long the parent blocks on a result before it checks that its workers are alive
 
 Result = tuple[Any, list[Any]] | None  # (Built, each plan's Evaluation), None where that raised
@@ -59,15 +61,16 @@ def jobs(n: int) -> Iterator[None]:
         _pools.clear()
 
 
-def prefetch(space: Any, cands: Sequence[Any]) -> None:
-    """Hand `cands` (in the order they will be scored) to `space`'s workers; nothing with one job or fewer than
-    two candidates (the parent would compute the one itself)."""
-    if _jobs < 2 or len(cands) < 2:
+def prefetch(space: Any, cands: Sequence[Any], then: Sequence[Any] = ()) -> None:
+    """Hand `cands` (in the order they will be scored) to `space`'s workers, and `then`, what the phase will
+    likely score after them (the workers go on with it instead of waiting for the next batch; the parent only
+    takes SPILL of it at a time, as it may be cancelled); nothing with one job or fewer than two candidates."""
+    if _jobs < 2 or len(cands) + len(then) < 2:
         return
     workers = _pools.get(id(space))
     if workers is None:
         workers = _pools[id(space)] = _Workers(space, _jobs - 1)
-    workers.post(cands)
+    workers.post(cands, then)
 
 
 def take(space: Any, cand: Any) -> Result | None:
@@ -97,8 +100,9 @@ def _claim(claims: Any, lock: Any, seq: int) -> bool:
         return True
 
 
-def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any, floor: Any) -> None:
-    """A worker's loop: each posted candidate not cancelled (`floor`) nor claimed, built and evaluated."""
+def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
+    """A worker's loop: each posted candidate nobody claimed (the parent's cancelled ones included), built and
+    evaluated."""
     global _space
     _space = space
     while True:
@@ -106,7 +110,7 @@ def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any, floor: A
         if item is None:
             return
         seq, cand = item
-        if seq >= floor.value and _claim(claims, lock, seq):
+        if _claim(claims, lock, seq):
             results.put((seq, _build_and_evaluate(cand)))
 
 
@@ -120,32 +124,49 @@ class _Workers:
         self.tasks, self.results = ctx.Queue(), ctx.Queue()
         self.claims = ctx.RawArray("q", SLOTS)  # slot seq % SLOTS holds seq once claimed (0: never)
         self.lock = ctx.Lock()
-        self.floor = ctx.RawValue("q", 0)  # candidates numbered below it are cancelled
         self.procs = [ctx.Process(target=_work, daemon=True,
-                                  args=(space, self.tasks, self.results, self.claims, self.lock, self.floor))
+                                  args=(space, self.tasks, self.results, self.claims, self.lock))
                       for _ in range(n)]
         for proc in self.procs:
             proc.start()
         self.next_seq = 1
-        self.batch: dict[Any, int] = {}  # the current batch: candidate -> its number
-        self.order: list[tuple[int, Any]] = []  # the current batch in order, for the parent's own share
+        self.batch: dict[Any, int] = {}  # the current batch in order: candidate -> its number
+        self.order: list[Any] = []  # self.batch's candidates, for the parent's own share
+        self.position: dict[Any, int] = {}  # candidate -> its place in self.order
+        self.firm = 0  # self.order before it: the batch proper; after: what the phase will likely score next
         self.cursor = 0  # self.order before it: claimed
-        self.in_flight: dict[int, Any] = {}  # number -> candidate, posted and not come back
+        self.pending: dict[Any, int] = {}  # posted, not come back nor claimed by the parent: candidate -> number
+        self.posted: dict[int, Any] = {}  # the same, number -> candidate
         self.done: dict[Any, Result] = {}  # come back, not taken yet
         self.broken = False  # a worker died: the parent computes everything itself from then on
 
-    def post(self, cands: Sequence[Any]) -> None:
-        """A new batch: what nobody claimed of the last one is cancelled."""
-        self.floor.value = self.next_seq
-        self.batch, self.order, self.cursor = {}, [], 0
-        for cand in cands:
-            if cand in self.done or cand in self.batch:
+    def post(self, cands: Sequence[Any], then: Sequence[Any]) -> None:
+        """A new batch: what the last one holds too keeps its place and whoever claimed it; the rest of the
+        last one that nobody claimed is cancelled (claimed here, never computed)."""
+        batch: dict[Any, int] = {}
+        for i, cand in enumerate((*cands, *then)):
+            if i == len(cands):
+                self.firm = len(batch)
+            if cand in self.done or cand in batch:
                 continue
-            seq, self.next_seq = self.next_seq, self.next_seq + 1
-            self.batch[cand] = seq
-            self.order.append((seq, cand))
-            self.in_flight[seq] = cand
-            self.tasks.put((seq, cand))
+            seq = self.pending.get(cand)
+            if seq is None:
+                seq = self.next_seq
+                self.next_seq += 1
+                self.pending[cand], self.posted[seq] = seq, cand
+                self.tasks.put((seq, cand))
+            batch[cand] = seq
+        if not then:
+            self.firm = len(batch)
+        for cand, seq in self.batch.items():
+            if cand not in batch and _claim(self.claims, self.lock, seq):
+                self._forget(seq)
+        self.batch, self.order, self.cursor = batch, list(batch), 0
+        self.position = {cand: i for i, cand in enumerate(self.order)}
+
+    def _forget(self, seq: int) -> None:
+        """Candidate `seq` will not come back (the parent claimed it)."""
+        self.pending.pop(self.posted.pop(seq), None)
 
     def take(self, cand: Any) -> Result | None:
         """`cand`'s result: come back already, or once the worker computing it is done (the parent computing
@@ -154,24 +175,24 @@ class _Workers:
         while not self.broken:
             if cand in self.done:
                 return self.done.pop(cand)
-            seq = self.batch.pop(cand, None)
+            seq = self.pending.get(cand)
             if seq is None or _claim(self.claims, self.lock, seq):
                 if seq is not None:
-                    self.in_flight.pop(seq, None)
-                return None  # not posted in this batch, or nobody had it: the parent's, counted as usual
-            self.batch[cand] = seq
-            if not self._compute_next():
+                    self._forget(seq)
+                return None  # not posted, or nobody had it: the parent scores it, counted as usual
+            if not self._compute_next(max(self.firm, self.position.get(cand, -1) + 1 + SPILL)):
                 self._collect(block=True)
         return None
 
-    def _compute_next(self) -> bool:
-        """The parent's share: the batch's first unclaimed candidate, computed here (uncounted); False when
-        every one is claimed."""
-        while self.cursor < len(self.order):
-            seq, cand = self.order[self.cursor]
+    def _compute_next(self, end: int) -> bool:
+        """The parent's share: the batch's first unclaimed candidate before position `end`, computed here
+        (uncounted); False when there is none."""
+        while self.cursor < min(end, len(self.order)):
+            cand = self.order[self.cursor]
             self.cursor += 1
+            seq = self.batch[cand]
             if _claim(self.claims, self.lock, seq):
-                self.in_flight.pop(seq, None)
+                self._forget(seq)
                 self.done[cand] = self._build_and_price(cand)
                 return True
         return False
@@ -194,8 +215,9 @@ class _Workers:
             return
         while True:
             seq, result = item
-            cand = self.in_flight.pop(seq, None)
+            cand = self.posted.pop(seq, None)
             if cand is not None:
+                self.pending.pop(cand, None)
                 self.done[cand] = result
             try:
                 item = self.results.get_nowait()
