@@ -144,9 +144,11 @@ class _Workers:
         """A new batch: what the last one holds too keeps its place and whoever claimed it; the rest of the
         last one that nobody claimed is cancelled (claimed here, never computed)."""
         batch: dict[Any, int] = {}
+        new: list[tuple[int, Any]] = []
+        firm_new = 0
         for i, cand in enumerate((*cands, *then)):
             if i == len(cands):
-                self.firm = len(batch)
+                self.firm, firm_new = len(batch), len(new)
             if cand in self.done or cand in batch:
                 continue
             seq = self.pending.get(cand)
@@ -154,10 +156,14 @@ class _Workers:
                 seq = self.next_seq
                 self.next_seq += 1
                 self.pending[cand], self.posted[seq] = seq, cand
-                self.tasks.put((seq, cand))
+                new.append((seq, cand))
             batch[cand] = seq
         if not then:
-            self.firm = len(batch)
+            self.firm, firm_new = len(batch), len(new)
+        # the workers take the batch proper from its back, the parent from its front: neighbours share stage
+        # costs and layouts, so each process's caches serve its own run (alternating, both computed most of them)
+        for item in (*reversed(new[:firm_new]), *new[firm_new:]):
+            self.tasks.put(item)
         for cand, seq in self.batch.items():
             if cand not in batch and _claim(self.claims, self.lock, seq):
                 self._forget(seq)
