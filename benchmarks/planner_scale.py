@@ -1,6 +1,6 @@
 """The planner at scale (issue 43): CPU s, wall s, evaluations, evaluations/s, peak RSS and the plan's hash for
-scale-736 and two `families.py` cases grown to 4096 and 16384 devices, with one worker and with every core,
-side by side in one run; with `--code LABEL=PATH` (repeatable) each plan also runs on each checkout (PYTHONPATH),
+scale-736 and two `families.py` cases grown to 4096 and 16384 devices, with one process and with every core
+(`--jobs N`: the parent and N - 1 workers), side by side in one run; with `--code LABEL=PATH` (repeatable) each plan also runs on each checkout (PYTHONPATH),
 interleaved case by case, so before/after figures share the machine's load (quote CPU s where it is loaded).
 
     python benchmarks/planner_scale.py [--cases scale-736,lopsided-4096] [--jobs 1,N] [--timeout S] [--repeat K]
@@ -104,8 +104,8 @@ subprocess.Popen = _Popen  # type: ignore[misc]
 
 
 def _speed_up(case: str, label: str, mine: list[Run], jobs: list[int]) -> None:
-    """The most workers' wall and CPU seconds over one worker's: the median of the rounds' ratios (round k's
-    runs are the k-th of each worker count), so a load that changes between rounds cancels out."""
+    """The fewest jobs' wall and CPU seconds over the most jobs': the median of the rounds' ratios (round k's runs
+    are the k-th of each job count), so a load that changes between rounds cancels out."""
     one = [r for r in mine if r.jobs == jobs[0]]
     most = [r for r in mine if r.jobs == jobs[-1]]
     if len(jobs) < 2 or not one or not most:
@@ -114,13 +114,13 @@ def _speed_up(case: str, label: str, mine: list[Run], jobs: list[int]) -> None:
     cpus = sorted(a.cpu_s / b.cpu_s for a, b in zip(one, most))
     rounds = f" (median of {len(walls)} rounds: {', '.join(f'{w:.2f}' for w in walls)})" if len(walls) > 1 else ""
     print(f"{case}{' ' + label if label else ''}: speed-up {walls[len(walls) // 2]:.2f}x wall, "
-          f"{cpus[len(cpus) // 2]:.2f}x CPU, with {jobs[-1]} workers over {jobs[0]}{rounds}")
+          f"{cpus[len(cpus) // 2]:.2f}x CPU, with --jobs {jobs[-1]} over --jobs {jobs[0]}{rounds}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated from {', '.join(CASES)}")
-    ap.add_argument("--jobs", default=f"1,{len(os.sched_getaffinity(0))}", help="worker counts (default 1,all)")
+    ap.add_argument("--jobs", default=f"1,{len(os.sched_getaffinity(0))}", help="job counts (default 1,all)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per plan before it is given up")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run every (case, jobs, code) this many times, round by round, and quote the median speed-up")

@@ -77,9 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"stop after this many evaluations without a better plan (default {DEFAULT_PATIENCE}; "
                              "0: off)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="worker processes scoring candidates (default 1; the plan is the same with any number; "
-                             "on 2 cores 2 workers gave 0.98-1.46x for ~15%% more CPU, as the MCTS tree steps stay "
-                             "serial)")
+                        help="processes scoring candidates, this one and N-1 workers (default 1; the plan is the "
+                             "same with any number; 2 take ~15%% more CPU, as each warms its own caches, and the "
+                             "MCTS tree steps stay serial)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
     parser.add_argument("--allow-local-sgd", action="store_true",

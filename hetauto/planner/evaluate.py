@@ -137,16 +137,24 @@ class Evaluator:
         if hit is not None:
             return hit
         self.evaluations += 1
+        ev = self._plans[key] = self._fresh(plan)
+        return ev
+
+    def uncounted(self, plan: Plan) -> Evaluation:
+        """`evaluate(plan)` neither counted nor remembered: `parallel`'s parent computing a candidate ahead of the
+        search, which counts it (`adopt`) only when it scores it, so the counts are those of one process."""
+        hit = self._plans.get(self._key(plan))
+        return hit if hit is not None else self._fresh(plan)
+
+    def _fresh(self, plan: Plan) -> Evaluation:
+        """`plan`'s evaluation, computed: memory check first; then pipeline costs + simulator (or its fast path)."""
         self._check(plan)
         prec = self.precision(plan)
         peaks, caps, violation = self._memory_check(plan, prec)
         violation = self._split_tie(plan) or violation or self.memory.host_violation(plan, prec)
         if violation is not None:
-            ev = Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, peaks, caps, violation, plan.memory_headroom)
-        else:
-            ev = self._timed(plan, prec, peaks, caps)
-        self._plans[key] = ev
-        return ev
+            return Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, peaks, caps, violation, plan.memory_headroom)
+        return self._timed(plan, prec, peaks, caps)
 
     def adopt(self, plan: Plan, evaluation: Evaluation) -> Evaluation:
         """`plan`'s evaluation computed elsewhere (a worker, `parallel.prefetch`), counted as `evaluate` would:

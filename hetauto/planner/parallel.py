@@ -4,24 +4,39 @@ Why speculative prefetch and not a parallel search: the search's phases are sequ
 first better neighbour, a stop rule counts evaluations), and their result must not depend on the number of
 workers or their timing. So a phase hands the candidates it is about to score, in order, to `prefetch`; forked
 workers build and evaluate them (pure functions of the candidate and the space); the `Scorer` then scores them one
-by one exactly as before, taking each built plan and evaluation from the prefetched results instead of computing
-it, and counting the evaluation then. What a stop rule cuts off was computed for nothing, never used.
+by one exactly as before, taking each built plan and evaluation from `take` instead of computing it, and counting
+the evaluation then. What a stop rule cuts off was computed for nothing, never used.
 
-`jobs(n)` sets the number of workers for the planning inside it (1: no worker, nothing prefetched); the pools it
-forks (one per space scored: the workers inherit the space, its caches and the evaluator) end with it.
+Why the parent works too: `jobs(n)` is n processes in all, the parent and n - 1 workers (the parent is a core).
+The workers and the parent take a batch's candidates from its front, each claimed once (a shared claim table):
+when the parent needs a candidate nobody has claimed, it scores it itself as with one process; when a worker is
+computing it, the parent computes the next unclaimed one meanwhile (uncounted: `Evaluator.uncounted`) instead of
+waiting idle. Results stream back one candidate at a time, so the parent scores candidate i while the workers
+compute i + 1, ... (no barrier at the end of a batch). A new batch keeps what it shares with the last one (a
+phase may post what it will score after this batch too) and cancels the rest that nobody claimed.
+
+The pools (one per space scored: the workers inherit the space, its caches and the evaluator by fork) end with
+`jobs`.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 _jobs = 1
-_pools: dict[int, Any] = {}  # id(space) -> its Pool, while `jobs` is open
-_space: Any = None  # the space a forked worker builds and evaluates with (set before its fork)
+_pools: dict[int, "_Workers"] = {}  # id(space) -> its workers, while `jobs` is open
+_space: Any = None  # the space a forked worker builds and evaluates with (set in the worker)
+
+SLOTS = 1 << 16  # the claim table's size: a slot is reused 65536 candidates later (a batch is far smaller)
+SPILL = 2  # how far past the candidate it waits for the parent computes into a batch's likely part
+WAIT_S = 0.5  # how long the parent blocks on a result before it checks that its workers are alive
+
+Result = tuple[Any, list[Any]] | None  # (Built, each plan's Evaluation), None where that raised
 
 
 def available_cores() -> int:
@@ -34,29 +49,38 @@ def available_cores() -> int:
 
 @contextmanager
 def jobs(n: int) -> Iterator[None]:
-    """Plan with `n` worker processes inside this block; their pools are closed when it ends."""
+    """Plan with `n` processes inside this block (the parent and n - 1 workers); the workers end with it."""
     global _jobs
     before, _jobs = _jobs, max(1, int(n))
     try:
         yield
     finally:
         _jobs = before
-        for _, pool in _pools.values():
-            pool.terminate()
-            pool.join()
+        for workers in _pools.values():
+            workers.close()
         _pools.clear()
 
 
-def _pool(space: Any) -> Any:
-    """The workers for `space`, forked on first use (fork: the space reaches them without pickling)."""
-    held = _pools.get(id(space))
-    if held is None:
-        pool = multiprocessing.get_context("fork").Pool(_jobs, initializer=_init, initargs=(space,))
-        held = _pools[id(space)] = (space, pool)  # the space is kept alive so its id is not reused
-    return held[1]
+def prefetch(space: Any, cands: Sequence[Any], then: Sequence[Any] = ()) -> None:
+    """Hand `cands` (in the order they will be scored) to `space`'s workers, and `then`, what the phase will
+    likely score after them (the workers go on with it instead of waiting for the next batch; the parent only
+    takes SPILL of it at a time, as it may be cancelled); nothing with one job or fewer than two candidates."""
+    if _jobs < 2 or len(cands) + len(then) < 2:
+        return
+    workers = _pools.get(id(space))
+    if workers is None:
+        workers = _pools[id(space)] = _Workers(space, _jobs - 1)
+    workers.post(cands, then)
 
 
-def _build_and_evaluate(cand: Any) -> tuple[Any, list[Any]] | None:
+def take(space: Any, cand: Any) -> Result | None:
+    """`cand`'s (Built, evaluations) computed ahead, or None: the caller builds and evaluates it itself (nothing
+    prefetched, the parent's turn to score it, or a worker raised on it: the caller meets the error then)."""
+    workers = _pools.get(id(space))
+    return None if workers is None else workers.take(cand)
+
+
+def _build_and_evaluate(cand: Any) -> Result:
     """In a worker: `cand`'s plans and each one's evaluation (the worker's evaluator's count is its own); None
     where that raised, so the search meets the error only if it scores `cand` itself, as with one process."""
     try:
@@ -66,17 +90,151 @@ def _build_and_evaluate(cand: Any) -> tuple[Any, list[Any]] | None:
         return None
 
 
-def _init(space: Any) -> None:
+def _claim(claims: Any, lock: Any, seq: int) -> bool:
+    """Whether this process is the first to claim candidate number `seq` (then it computes it)."""
+    slot = seq % SLOTS
+    with lock:
+        if claims[slot] == seq:
+            return False
+        claims[slot] = seq
+        return True
+
+
+def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
+    """A worker's loop: each posted candidate nobody claimed (the parent's cancelled ones included), built and
+    evaluated."""
     global _space
     _space = space
+    while True:
+        item = tasks.get()
+        if item is None:
+            return
+        seq, cand = item
+        if _claim(claims, lock, seq):
+            results.put((seq, _build_and_evaluate(cand)))
 
 
-def prefetch(space: Any, cands: Sequence[Any]) -> dict[Any, tuple[Any, list[Any]]]:
-    """{candidate: (its Built, each plan's Evaluation)} for `cands`, computed by the workers; {} with one job
-    or fewer than two candidates (nothing gained)."""
-    if _jobs < 2 or len(cands) < 2:
-        return {}
-    pool = _pool(space)
-    chunk = max(1, len(cands) // (4 * _jobs))
-    done = pool.map(_build_and_evaluate, cands, chunksize=chunk)
-    return {c: got for c, got in zip(cands, done) if got is not None}
+class _Workers:
+    """One space's forked workers, the claim table they share with the parent, and the parent's side: the
+    current batch, its cursor, and the results come back."""
+
+    def __init__(self, space: Any, n: int) -> None:
+        ctx = multiprocessing.get_context("fork")  # fork: the space reaches the workers without pickling
+        self.space = space  # kept alive so its id is not reused while these workers serve it
+        self.tasks, self.results = ctx.Queue(), ctx.Queue()
+        self.claims = ctx.RawArray("q", SLOTS)  # slot seq % SLOTS holds seq once claimed (0: never)
+        self.lock = ctx.Lock()
+        self.procs = [ctx.Process(target=_work, daemon=True,
+                                  args=(space, self.tasks, self.results, self.claims, self.lock))
+                      for _ in range(n)]
+        for proc in self.procs:
+            proc.start()
+        self.next_seq = 1
+        self.batch: dict[Any, int] = {}  # the current batch in order: candidate -> its number
+        self.order: list[Any] = []  # self.batch's candidates, for the parent's own share
+        self.position: dict[Any, int] = {}  # candidate -> its place in self.order
+        self.firm = 0  # self.order before it: the batch proper; after: what the phase will likely score next
+        self.cursor = 0  # self.order before it: claimed
+        self.pending: dict[Any, int] = {}  # posted, not come back nor claimed by the parent: candidate -> number
+        self.posted: dict[int, Any] = {}  # the same, number -> candidate
+        self.done: dict[Any, Result] = {}  # come back, not taken yet
+        self.broken = False  # a worker died: the parent computes everything itself from then on
+
+    def post(self, cands: Sequence[Any], then: Sequence[Any]) -> None:
+        """A new batch: what the last one holds too keeps its place and whoever claimed it; the rest of the
+        last one that nobody claimed is cancelled (claimed here, never computed)."""
+        batch: dict[Any, int] = {}
+        new: list[tuple[int, Any]] = []
+        firm_new = 0
+        for i, cand in enumerate((*cands, *then)):
+            if i == len(cands):
+                self.firm, firm_new = len(batch), len(new)
+            if cand in self.done or cand in batch:
+                continue
+            seq = self.pending.get(cand)
+            if seq is None:
+                seq = self.next_seq
+                self.next_seq += 1
+                self.pending[cand], self.posted[seq] = seq, cand
+                new.append((seq, cand))
+            batch[cand] = seq
+        if not then:
+            self.firm, firm_new = len(batch), len(new)
+        # the workers take the batch proper from its back, the parent from its front: neighbours share stage
+        # costs and layouts, so each process's caches serve its own run (alternating, both computed most of them)
+        for item in (*reversed(new[:firm_new]), *new[firm_new:]):
+            self.tasks.put(item)
+        for cand, seq in self.batch.items():
+            if cand not in batch and _claim(self.claims, self.lock, seq):
+                self._forget(seq)
+        self.batch, self.order, self.cursor = batch, list(batch), 0
+        self.position = {cand: i for i, cand in enumerate(self.order)}
+
+    def _forget(self, seq: int) -> None:
+        """Candidate `seq` will not come back (the parent claimed it)."""
+        self.pending.pop(self.posted.pop(seq), None)
+
+    def take(self, cand: Any) -> Result | None:
+        """`cand`'s result: come back already, or once the worker computing it is done (the parent computing
+        the next unclaimed candidates meanwhile); None where the parent is to score it itself."""
+        self._collect(block=False)
+        while not self.broken:
+            if cand in self.done:
+                return self.done.pop(cand)
+            seq = self.pending.get(cand)
+            if seq is None or _claim(self.claims, self.lock, seq):
+                if seq is not None:
+                    self._forget(seq)
+                return None  # not posted, or nobody had it: the parent scores it, counted as usual
+            if not self._compute_next(max(self.firm, self.position.get(cand, -1) + 1 + SPILL)):
+                self._collect(block=True)
+        return None
+
+    def _compute_next(self, end: int) -> bool:
+        """The parent's share: the batch's first unclaimed candidate before position `end`, computed here
+        (uncounted); False when there is none."""
+        while self.cursor < min(end, len(self.order)):
+            cand = self.order[self.cursor]
+            self.cursor += 1
+            seq = self.batch[cand]
+            if _claim(self.claims, self.lock, seq):
+                self._forget(seq)
+                self.done[cand] = self._build_and_price(cand)
+                return True
+        return False
+
+    def _build_and_price(self, cand: Any) -> Result:
+        """`_build_and_evaluate` in the parent: its evaluations not counted (the Scorer counts them)."""
+        try:
+            built = self.space.build(cand)
+            return built, [self.space.evaluator.uncounted(plan) for plan in built.plans]
+        except Exception:  # noqa: BLE001 -- as in a worker: re-raised by the Scorer's own build
+            return None
+
+    def _collect(self, block: bool) -> None:
+        """Move the results come back into `done`; with `block`, wait for one first (a dead worker: broken)."""
+        try:
+            item = self.results.get(timeout=WAIT_S) if block else self.results.get_nowait()
+        except queue.Empty:
+            if block and not all(proc.is_alive() for proc in self.procs):
+                self.broken = True
+            return
+        while True:
+            seq, result = item
+            cand = self.posted.pop(seq, None)
+            if cand is not None:
+                self.pending.pop(cand, None)
+                self.done[cand] = result
+            try:
+                item = self.results.get_nowait()
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.join()
+        for q in (self.tasks, self.results):
+            q.close()
+            q.cancel_join_thread()

@@ -74,15 +74,16 @@ class Scorer:
         self.improved_at = 0  # evaluator.evaluations when `best` last improved (the stop rule's clock)
         self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
         self.refused: list[tuple[Candidate, str]] = []  # candidates outside the space's feature set, never built
-        self.prefetched: dict[Candidate, tuple[Any, list[Any]]] = {}  # built and evaluated by workers, not used yet
 
-    def prefetch(self, cands: list[Candidate]) -> list[Candidate]:
+    def prefetch(self, cands: list[Candidate], then: list[Candidate] | None = None) -> list[Candidate]:
         """Have the workers (`parallel`) build and evaluate those of `cands` not scored yet, ahead of `score`
-        taking them in order; returns `cands`. The results are the same with any number of workers."""
-        todo = [c for c in dict.fromkeys(cands) if c not in self.by_candidate and c not in self.prefetched
-                and self.space.allows(c) is None]
-        self.prefetched.update(parallel.prefetch(self.space, todo))
+        taking them in order, and of `then`, what will likely be scored after them; returns `cands`. The results
+        are the same with any number of workers."""
+        parallel.prefetch(self.space, self._unscored(cands), self._unscored(then or []))
         return cands
+
+    def _unscored(self, cands: list[Candidate]) -> list[Candidate]:
+        return [c for c in dict.fromkeys(cands) if c not in self.by_candidate and self.space.allows(c) is None]
 
     def score(self, cand: Candidate, limit: int | None = None) -> Scored | None:
         """`cand`'s best feasible plan, or None. With `limit`, a candidate whose plans not scored before would take
@@ -95,7 +96,7 @@ class Scorer:
             self.refused.append((cand, outside))
             self.by_candidate[cand] = None
             return None
-        ahead = self.prefetched.pop(cand, None)
+        ahead = parallel.take(self.space, cand)
         built = ahead[0] if ahead is not None else self.space.build(cand)
         if limit is not None:
             new = {plan_key(plan) for plan in built.plans} - self.by_plan.keys()

@@ -311,7 +311,8 @@ def _mcts(space: StrategySpace, search: MCTS, rules: _StopRules, iterations: int
     first = None if iterations is None else max(1, (iterations * 2) // 3)
     first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
     search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=rules.progress,
-               start=start, max_evaluations=first_cap, stop=lambda: rules.stop() or rules.tree_stale())
+               start=start, max_evaluations=first_cap, stop=lambda: rules.stop() or rules.tree_stale(),
+               ahead=lambda c: descent_neighbours(space, c))
     descend_from_top(space, scorer, spent, TOP_K)
     interleave_by_bubble(space, scorer, spent)
     descend_without_each_cluster(space, scorer, spent)
@@ -321,7 +322,8 @@ def _mcts(space: StrategySpace, search: MCTS, rules: _StopRules, iterations: int
         done = ev.evaluations
         rest = None if iterations is None else iterations - (first or 0)
         search.run(budget_s=budget, iterations=rest, progress=rules.progress, start=start,
-                   max_evaluations=None if cap is None else max(0, cap - ev.evaluations), stop=rules.stop)
+                   max_evaluations=None if cap is None else max(0, cap - ev.evaluations), stop=rules.stop,
+                   ahead=lambda c: descent_neighbours(space, c))
         descend(space, scorer, spent)
         if iterations is not None or ev.evaluations == done:  # iterations spent, or nothing left to try
             break
@@ -360,43 +362,63 @@ def baseline_seeds(space: StrategySpace, top: int = 3, shapes: int | None = None
 
 def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], rounds: int = 4,
             start: Scored | None = None, fixed: frozenset[str] = frozenset()) -> Scored | None:
-    """Local search from `start` (default: the best so far): each decision in turn (every cluster's choice,
-    the microbatch, the cluster order, the tail, the layer balance, the extra Virtual-1F1B depth at
-    cross-cluster boundaries, interleaved 1F1B with v chunks, each boundary pair's resharding method) set to its best
-    option with the others fixed, until nothing improves. `fixed`: clusters whose own choice is not moved
+    """Local search from `start` (default: the best so far): each decision in turn (`descent_moves`) set to its
+    best option with the others fixed, until nothing improves. `fixed`: clusters whose own choice is not moved
     (the joint move re-fits only used clusters, so an unused one stays out). Returns the local optimum."""
-    from dataclasses import replace
-
     cur = start or scorer.best
     for _ in range(rounds):
         if cur is None:
             return None
         before = cur.evaluation.throughput_samples_s
-        moves: list[Callable[[Candidate], list[Candidate]]] = []
-        for i in range(len(cur.candidate.order)):
-            moves.append(lambda c, i=i: [] if c.order[i] in fixed else choice_options(space, c, i))
-        moves.append(lambda c: [replace(c, microbatch_size=b) for b in space.microbatch_sizes()])
-        moves.append(lambda c: joint_options(space, c))
-        moves.append(lambda c: joint_schedule_options(space, c))
-        moves.append(lambda c: [replace(c, order=o, choices=tuple(dict(zip(c.order, c.choices))[n] for n in o))
-                                for o in space.orders()])
-        moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
-        moves.append(lambda c: [replace(c, balance=b) for b in SEARCHED_BALANCES if b != c.balance])
-        moves.append(lambda c: [replace(c, warmup_bonus=b) for b in WARMUP_BONUS
-                                if c.schedule == "virtual-1f1b" and len(c.order) > 1 and space.virtual])
-        moves.append(lambda c: interleave_options(space, c))
-        for j in range(2 * len(cur.candidate.order) - 1):  # at most: one pair inside and one after each cluster
-            moves.append(lambda c, j=j: reshard_options(space, c, j))
-        for move in moves:
-            for cand in scorer.prefetch(move(cur.candidate)):
+        moves = descent_moves(space, len(cur.candidate.order), fixed)
+        ahead: list[list[Candidate]] = []  # the moves still to make from `cur`, while it stays the start
+        for k in range(len(moves)):
+            if len(ahead) != len(moves) - k:
+                ahead = [m(cur.candidate) for m in moves[k:]]
+            was = cur
+            for cand in scorer.prefetch(ahead[0], then=[c for cands in ahead[1:] for c in cands]):
                 if out_of_time():
                     return cur
                 got = scorer.score(cand)
                 if got is not None and better(got.evaluation, cur.evaluation):
                     cur = got
+            ahead = ahead[1:] if cur is was else []
         if cur.evaluation.throughput_samples_s <= before:
             break
     return cur
+
+
+def descent_moves(space: StrategySpace, clusters: int,
+                  fixed: frozenset[str] = frozenset()) -> list[Callable[[Candidate], list[Candidate]]]:
+    """The descent's moves in the order it makes them, for candidates over `clusters` clusters: every cluster's
+    choice, the microbatch, the joint moves, the cluster order, the tail, the layer balance, the extra
+    Virtual-1F1B depth at cross-cluster boundaries, interleaved 1F1B with v chunks, each boundary pair's
+    resharding method."""
+    from dataclasses import replace
+
+    moves: list[Callable[[Candidate], list[Candidate]]] = []
+    for i in range(clusters):
+        moves.append(lambda c, i=i: [] if c.order[i] in fixed else choice_options(space, c, i))
+    moves.append(lambda c: [replace(c, microbatch_size=b) for b in space.microbatch_sizes()])
+    moves.append(lambda c: joint_options(space, c))
+    moves.append(lambda c: joint_schedule_options(space, c))
+    moves.append(lambda c: [replace(c, order=o, choices=tuple(dict(zip(c.order, c.choices))[n] for n in o))
+                            for o in space.orders()])
+    moves.append(lambda c: [replace(c, schedule=sc, zero1=z) for sc, z in space.tails()])
+    moves.append(lambda c: [replace(c, balance=b) for b in SEARCHED_BALANCES if b != c.balance])
+    moves.append(lambda c: [replace(c, warmup_bonus=b) for b in WARMUP_BONUS
+                            if c.schedule == "virtual-1f1b" and len(c.order) > 1 and space.virtual])
+    moves.append(lambda c: interleave_options(space, c))
+    for j in range(2 * clusters - 1):  # at most: one pair inside and one after each cluster
+        moves.append(lambda c, j=j: reshard_options(space, c, j))
+    return moves
+
+
+def descent_neighbours(space: StrategySpace, cand: Candidate) -> list[Candidate]:
+    """What a descent from `cand` tries first, in order: its first move that has candidates. A tree phase has the
+    workers compute them while the parent runs the tree, since a descent from the tree's best follows it (not
+    the later moves: the first often improves, and then they start from elsewhere; scale-736 wasted 180)."""
+    return next((got for move in descent_moves(space, len(cand.order)) if (got := move(cand))), [])
 
 
 def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], k: int = 3) -> None:
@@ -561,7 +583,7 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
             return (out_of_time() or used - began >= SINGLE_CLUSTER_EVALUATIONS
                     or used - max(local.improved_at, began) >= SINGLE_CLUSTER_PATIENCE)
 
-        tree.run(stop=local_done)
+        tree.run(stop=local_done, ahead=lambda c, sub=sub: descent_neighbours(sub, c))
         descend_from_top(sub, local, out_of_time, TOP_K)
         best = local.best.candidate
         whole = tuple(best.choices[0] if n == name else UNUSED for n in order)

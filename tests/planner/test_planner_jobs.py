@@ -4,6 +4,9 @@ count with one worker or several; a bad count is a one-line error."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,86 @@ def test_a_candidate_that_fails_in_a_worker_is_left_to_the_search(monkeypatch: p
 
     monkeypatch.setattr(parallel, "_space", Space())
     assert parallel._build_and_evaluate(3) is None
+
+
+class _Built:
+    def __init__(self, cand: int) -> None:
+        self.plans = [cand]
+        self.pid = os.getpid()  # which process computed it
+
+
+class _Evaluator:
+    def evaluate(self, plan: int) -> int:
+        return plan * plan
+
+    uncounted = evaluate
+
+
+class _Space:
+    """What `parallel` asks of a space: build, and its evaluator."""
+
+    def __init__(self, slow: float = 0.0) -> None:
+        self.evaluator = _Evaluator()
+        self.slow = slow
+
+    def build(self, cand: int) -> _Built:
+        if cand < 0:
+            raise ValueError(f"bad candidate {cand}")
+        time.sleep(self.slow)
+        return _Built(cand)
+
+
+def _take_or_build(space: _Space, cand: int) -> object:
+    """What the Scorer does: the candidate computed ahead, else built here (as long as that takes)."""
+    got = parallel.take(space, cand)
+    if got is None:
+        space.build(cand)
+    return got
+
+
+def test_the_parent_and_the_workers_each_compute_a_candidate_once() -> None:
+    space = _Space(slow=0.01)
+    cands = list(range(40))
+    with parallel.jobs(3):
+        parallel.prefetch(space, cands)
+        got = [_take_or_build(space, c) for c in cands]
+    ahead = [g for g in got if g is not None]
+    assert all(built.plans == [c] and evs == [c * c] for c, g in zip(cands, got) if g is not None
+               for built, evs in [g])
+    assert len({id(g) for g in ahead}) == len(ahead)
+    by = {g[0].pid for g in ahead}
+    assert by - {os.getpid()}  # the workers took a share (from the batch's back)
+    assert os.getpid() in by or len(ahead) < len(cands)  # and the parent its own (from its front)
+
+
+def test_a_new_batch_keeps_what_it_shares_and_cancels_the_rest() -> None:
+    space = _Space(slow=0.005)
+    with parallel.jobs(2):
+        parallel.prefetch(space, [1, 2, 3], then=list(range(100, 160)))
+        workers = parallel._pools[id(space)]
+        kept = {c: workers.batch[c] for c in range(100, 110)}
+        parallel.prefetch(space, [4, 5] + list(range(100, 110)))
+        assert {c: workers.batch[c] for c in range(100, 110)} == kept  # same numbers: not posted twice
+        assert not any(c in workers.pending for c in range(120, 160))  # nobody had them: cancelled
+        got = {c: _take_or_build(space, c) for c in [4, 5, *range(100, 110)]}
+    assert all(g is None or g[1] == [c * c] for c, g in got.items())
+
+
+def test_a_candidate_that_raises_in_the_parents_share_is_left_to_the_search() -> None:
+    space = _Space()
+    with parallel.jobs(2):
+        parallel.prefetch(space, [-1, -2, -3, -4])
+        assert all(parallel.take(space, c) is None for c in [-1, -2, -3, -4])
+
+
+def test_a_dead_worker_leaves_the_parent_to_score_alone() -> None:
+    space = _Space(slow=0.2)
+    with parallel.jobs(2):
+        parallel.prefetch(space, list(range(6)))
+        workers = parallel._pools[id(space)]
+        time.sleep(0.1)  # the worker has claimed candidate 0
+        os.kill(workers.procs[0].pid, signal.SIGKILL)
+        start = time.perf_counter()
+        got = [parallel.take(space, c) for c in range(6)]
+        assert time.perf_counter() - start < 10
+    assert got[0] is None  # its worker died with it: the caller builds and evaluates it itself
