@@ -41,7 +41,7 @@ from hetauto.runtime.island_beat import BeatWatch, as_remote, store_reader
 
 __all__ = ["Membership", "MemberChange", "StoreLost", "DroppedFromSync", "member_weights", "next_members",
            "mark_lost", "DONE_KEY", "Admission", "newest", "comes_back", "ask_to_join", "offer_admission",
-           "record_process", "signed_off"]
+           "record_process", "signed_off", "decision_wait_s"]
 
 DONE_KEY = "outer/done"  # holders that signed off (island 0's rank 0 serves the store until every one has)
 
@@ -98,8 +98,16 @@ def next_members(store: Any, current: Membership, island: int, rank: int, *, tim
         change = _decide(ops, current, timeout_s)
         ops.set(_next_key(epoch), json.dumps({"members": list(change.membership.members),
                                               "dropped": list(change.dropped)}))
-    ops.wait(_next_key(epoch), timeout_s)
+    ops.wait(_next_key(epoch), decision_wait_s(timeout_s))
     return _adopt_chain(ops, current, island)
+
+
+def decision_wait_s(timeout_s: float) -> float:
+    """How long a survivor waits for the decider's answer: the decider's own wait (`timeout_s`, counted from
+    before this survivor asked) and a quarter of it more (at least 2 s) for its last poll and its publication on
+    a loaded host. Waiting exactly `timeout_s`, a survivor that asked a moment after the decider gave up a moment
+    before the decider published (seen in CI when a returning island's beat kept the decider waiting)."""
+    return timeout_s + max(2.0, timeout_s / 4)
 
 
 def _next_key(epoch: int) -> str:

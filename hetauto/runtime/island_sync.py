@@ -137,10 +137,11 @@ class IslandSync:
         self._store = open_store(self.run.island.store, master=master, timeout_s=timeout)
         self._cluster = cluster = self._emulated_cluster(ex)
         record_process(self._store, self.run.island.store, self.plan.islands[0].name, self.index)
-        self._beat = Heartbeat(self.run.island.store, self.index, timeout).start()
-        if self._comes_back():
+        if self._comes_back():  # no beat until taken back: the survivors must see the lost island's beat stop
             self._taken_back()
+            self._beat = Heartbeat(self.run.island.store, self.index, timeout).start()
             return
+        self._beat = Heartbeat(self.run.island.store, self.index, timeout).start()
         for g in self.groups:
             names = self._names(g.slots)
             links = self._links(cluster, g) if cluster is not None else ()
