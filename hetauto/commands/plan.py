@@ -28,6 +28,7 @@ from hetauto.commands._output import (console, print_json, print_table, require_
 from hetauto.core.dp_sharding import level_label
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_flops_rate, format_time
+from hetauto.planner.parallel import default_jobs
 from hetauto.planner.inputs import load_planning_inputs
 from hetauto.planner.islands import HINT_GAIN
 from hetauto.planner.search import (DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, EVALUATIONS_PER_DEVICE, PLANNERS, PlanResult,
@@ -77,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"stop after this many evaluations without a better plan (default {DEFAULT_PATIENCE}; "
                              "0: off)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="processes scoring candidates, this one and N-1 workers (default 1; the plan is the "
-                             "same with any number; 2 take ~15%% more CPU, as each warms its own caches, and the "
-                             "MCTS tree steps stay serial)")
+                        help="processes scoring candidates, this one and N-1 workers (default: the cores "
+                             "available, at most 4; the plan is the same with any number; 2 take ~15-20%% more "
+                             "CPU, as each warms its own caches, and the MCTS tree steps stay serial)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
     parser.add_argument("--allow-local-sgd", action="store_true",
@@ -205,7 +206,7 @@ def _run_one(inputs: Any, name: str, args: argparse.Namespace, show: bool,
             raise HetautoError(f"{flag} must be {'positive' if low else 'zero or more'}, got {value}")
     if args.jobs is not None and args.jobs < 1:
         raise HetautoError(f"--jobs must be positive, got {args.jobs}")
-    kw = dict(budget=budget, seed=args.seed, jobs=args.jobs or 1, iterations=args.iterations, max_evaluations=args.max_evaluations,
+    kw = dict(budget=budget, seed=args.seed, jobs=args.jobs or default_jobs(), iterations=args.iterations, max_evaluations=args.max_evaluations,
               patience=args.patience, evaluator=make_evaluator(inputs, args.precision), model_ref=args.model_ref,
               should_stop=should_stop)
     if name in OWN_SEARCHES:  # hetauto's own searches keep inside the feature flags; baselines run as published

@@ -39,6 +39,18 @@ WAIT_S = 0.5  # how long the parent blocks on a result before it checks that its
 Result = tuple[Any, list[Any]] | None  # (Built, each plan's Evaluation), None where that raised
 
 
+DEFAULT_JOBS_CAP = 4  # `hetauto plan`'s default --jobs: the cores available, at most this many
+
+
+def default_jobs() -> int:
+    """`hetauto plan`'s --jobs when none is given: every core this process may run on, at most DEFAULT_JOBS_CAP.
+
+    Why a cap: each process warms its own caches (~300 MB at scale-736) and the main process's serial part (the
+    MCTS tree steps, scoring in order: ~5 of ~24 CPU-s there) bounds the speed-up near 4x however many workers
+    score, so a 64-core host would spend ~19 GB for nothing past the first few."""
+    return max(1, min(available_cores(), DEFAULT_JOBS_CAP))
+
+
 def available_cores() -> int:
     """The cores this process may run on (its affinity, not the machine's count)."""
     try:

@@ -135,3 +135,11 @@ def test_a_dead_worker_leaves_the_parent_to_score_alone() -> None:
         got = [parallel.take(space, c) for c in range(6)]
         assert time.perf_counter() - start < 10
     assert got[0] is None  # its worker died with it: the caller builds and evaluates it itself
+
+
+def test_the_default_jobs_are_the_cores_available_at_most_four(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetauto.planner import parallel
+
+    for cores, jobs in ((1, 1), (2, 2), (4, 4), (64, 4)):
+        monkeypatch.setattr(parallel, "available_cores", lambda cores=cores: cores)
+        assert parallel.default_jobs() == jobs
