@@ -17,6 +17,8 @@ ended. A rank that differs from the zygote in anything fixed before the fork (na
 interpreter, hetauto checkout, variables read at import) is declined: it runs on its own; except a rank in
 another network namespace (`ip netns exec`: a network and a mount namespace of its own), which a zygote running
 as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
+A search path that only puts folders holding nothing but a sitecustomize.py first (a test's hook on every process
+it starts) is forked too: the child imports that sitecustomize as the client's interpreter did at its start.
 torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
 child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
 The `hetauto` command a test starts is served too (a request with `cli`: `_run_command`): the child sets up the
@@ -252,6 +254,8 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     sys.argv[:] = req["argv"]
     os.getppid = _client_parent(req["pid"])
     _c10_reads_the_log_level(follow=command)
+    if req.get("site_customize"):
+        _import_their_sitecustomize()
     if "tempfile" in sys.modules:  # gettempdir() caches its answer (here, at torch's import): ask the client's TMPDIR
         sys.modules["tempfile"].tempdir = None
     if command:
@@ -266,6 +270,37 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
         import runpy
 
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+
+
+SITE_FILES = {"sitecustomize.py", "__pycache__"}
+
+
+def site_customizing_folders(mine: list[str], theirs: Any) -> list[str]:
+    """The folders a client's search path has before the zygote's, when that is all that differs and each holds
+    nothing but a sitecustomize.py (a test's hook on every process it starts, e.g. a slow torchrun exit); [] else.
+    Such a client is forked, and its child imports that sitecustomize as the client's interpreter did at its start:
+    nothing else in those folders could shadow a module the zygote has imported."""
+    if not isinstance(theirs, list) or len(theirs) <= len(mine) or theirs[len(theirs) - len(mine):] != mine:
+        return []
+    extra = theirs[:len(theirs) - len(mine)]
+    try:
+        if all(set(os.listdir(folder)) <= SITE_FILES and "sitecustomize.py" in os.listdir(folder) for folder in extra):
+            return extra
+    except OSError:
+        pass
+    return []
+
+
+def _import_their_sitecustomize() -> None:
+    """What the client's interpreter did at its start (site.execsitecustomize), with the client's search path set:
+    the sitecustomize of its first folder; an error in it is printed, as the interpreter prints it."""
+    import importlib
+
+    sys.modules.pop("sitecustomize", None)
+    try:
+        importlib.import_module("sitecustomize")
+    except Exception:  # noqa: BLE001 - the interpreter goes on after a failing sitecustomize, and so does the child
+        traceback.print_exc()
 
 
 def _stdio_as_asked(fds: list[int], settings: list[dict[str, Any]]) -> None:
@@ -485,6 +520,8 @@ class _Server:
             value = theirs.get(key)
             if key == "import_env" and C10_LOG_ENV not in mine and isinstance(value, dict):
                 value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
+            if key == "search_path" and site_customizing_folders(mine, value):
+                continue  # the child imports their sitecustomize (_become)
             if value != mine:
                 return f"differs in {key}{_difference(mine, value)}"
         other = self.namespaces_to_enter(req)
@@ -523,6 +560,8 @@ class _Server:
             for fd in fds:
                 os.close(fd)
             return
+        mine: Any = self.identity["search_path"]
+        req["site_customize"] = bool(site_customizing_folders(mine, req.get("identity", {}).get("search_path")))
         pid = os.fork()
         if pid == 0:
             _child(req, fds, namespaces, self)
