@@ -17,12 +17,18 @@ ended. A rank that differs from the zygote in anything fixed before the fork (na
 interpreter, hetauto checkout, variables read at import) is declined: it runs on its own; except a rank in
 another network namespace (`ip netns exec`: a network and a mount namespace of its own), which a zygote running
 as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
+A search path that only puts folders holding nothing but a sitecustomize.py first (a test's hook on every process
+it starts) is forked too: the child imports that sitecustomize as the client's interpreter did at its start.
 torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
 child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
 The `hetauto` command a test starts is served too (a request with `cli`: `_run_command`): the child sets up the
 client's stdio as its interpreter did, answers the client's pid to os.getpid, and ends as an interpreter ends.
 TORCH_CPP_LOG_LEVEL, read by c10 when torch loads, may differ from the zygote's unset one (`hetauto node` sets it
 for its ranks): the child has c10 read it again.
+
+Each child is recorded beside the socket until it is reaped (hetauto.testing.zygote_records: its client and the
+client's environment), for the tests that find a job's processes by a marker in their environment or a rank's
+torchrun as its parent: /proc shows a child's zygote environment and the zygote as its parent.
 
     python -m hetauto.testing.rank_zygote SOCKET_PATH     # serves until its parent exits (or fd:N, bound)
 """
@@ -40,8 +46,9 @@ import traceback
 from typing import Any
 
 from hetauto.runtime.zygote_client import CLI_ZYGOTE_ENV, ZYGOTE_ENV, process_identity
+from hetauto.testing.zygote_records import drop_record, records_folder, write_record
 
-__all__ = ["PRELOAD", "listening_socket", "serve", "start", "stop", "main"]
+__all__ = ["PRELOAD", "AGENTS_ON_THEIR_OWN", "listening_socket", "serve", "start", "stop", "main"]
 
 # torch (1.6 CPU-s), torch._dynamo (1.4 CPU-s more: torch.optim's first step imports it) and the runtime modules a
 # rank imports; none starts a thread at import (checked at start: the server refuses to fork with threads)
@@ -69,6 +76,9 @@ PRELOAD = (
 LOG_ENV = "HETAUTO_ZYGOTE_LOG"  # a file: one line per rank served (its CPU-s) or declined (why); for measuring
 C10_LOG_ENV = "TORCH_CPP_LOG_LEVEL"  # read by c10 when torch loads; a child has c10 read it again (_c10_reads_...)
 _REAL_GETPID, _REAL_GETPPID = os.getpid, os.getppid  # a command's child answers its client's pid (_answer_pid)
+# HETAUTO_CLI_ZYGOTE=ranks: the command and its ranks fork, torchrun's agent is declined and runs as a user's (a
+# test that finds a rank's torchrun as its launcher: hetauto.testing.zygote_records.launcher_parent)
+AGENTS_ON_THEIR_OWN = "ranks"
 POLL_S = 0.5  # how often the server checks that its parent (the pytest worker) is still there
 
 
@@ -234,6 +244,7 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     if command and env.get(CLI_ZYGOTE_ENV) == "only":  # the command forks, what it starts runs as a user's does
         env.pop(ZYGOTE_ENV, None)
         env.pop(CLI_ZYGOTE_ENV, None)
+    # CLI_ZYGOTE_ENV=ranks: the command and its ranks fork, its torchrun agent runs as a user's (_declined)
     if not command:  # a command's own launcher mark is the client's (its getpid answers the client's pid)
         env[LAUNCHER_ENV] = ",".join(filter(None, [env.get(LAUNCHER_ENV, ""), launcher_mark(req["pid"])]))
     os.environ.clear()
@@ -243,6 +254,8 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     sys.argv[:] = req["argv"]
     os.getppid = _client_parent(req["pid"])
     _c10_reads_the_log_level(follow=command)
+    if req.get("site_customize"):
+        _import_their_sitecustomize()
     if "tempfile" in sys.modules:  # gettempdir() caches its answer (here, at torch's import): ask the client's TMPDIR
         sys.modules["tempfile"].tempdir = None
     if command:
@@ -257,6 +270,37 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
         import runpy
 
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+
+
+SITE_FILES = {"sitecustomize.py", "__pycache__"}
+
+
+def site_customizing_folders(mine: list[str], theirs: Any) -> list[str]:
+    """The folders a client's search path has before the zygote's, when that is all that differs and each holds
+    nothing but a sitecustomize.py (a test's hook on every process it starts, e.g. a slow torchrun exit); [] else.
+    Such a client is forked, and its child imports that sitecustomize as the client's interpreter did at its start:
+    nothing else in those folders could shadow a module the zygote has imported."""
+    if not isinstance(theirs, list) or len(theirs) <= len(mine) or theirs[len(theirs) - len(mine):] != mine:
+        return []
+    extra = theirs[:len(theirs) - len(mine)]
+    try:
+        if all(set(os.listdir(folder)) <= SITE_FILES and "sitecustomize.py" in os.listdir(folder) for folder in extra):
+            return extra
+    except OSError:
+        pass
+    return []
+
+
+def _import_their_sitecustomize() -> None:
+    """What the client's interpreter did at its start (site.execsitecustomize), with the client's search path set:
+    the sitecustomize of its first folder; an error in it is printed, as the interpreter prints it."""
+    import importlib
+
+    sys.modules.pop("sitecustomize", None)
+    try:
+        importlib.import_module("sitecustomize")
+    except Exception:  # noqa: BLE001 - the interpreter goes on after a failing sitecustomize, and so does the child
+        traceback.print_exc()
 
 
 def _stdio_as_asked(fds: list[int], settings: list[dict[str, Any]]) -> None:
@@ -441,6 +485,7 @@ def _difference(mine: Any, theirs: Any) -> str:
 class _Server:
     def __init__(self, listener: socket.socket) -> None:
         self.listener = listener
+        self.records = _records_folder(listener)
         self.identity = process_identity(dict(os.environ))
         self.sel = selectors.DefaultSelector()
         self.sel.register(listener, selectors.EVENT_READ)
@@ -466,6 +511,8 @@ class _Server:
             os.close(fd)
 
     def _declined(self, req: dict[str, Any]) -> str | None:
+        if "code" in req and req.get("env", {}).get(CLI_ZYGOTE_ENV) == AGENTS_ON_THEIR_OWN:
+            return f"{CLI_ZYGOTE_ENV}={AGENTS_ON_THEIR_OWN}: torchrun's agent runs on its own"
         theirs = req.get("identity", {})
         for key, mine in self.identity.items():
             if key == "ns":
@@ -473,6 +520,8 @@ class _Server:
             value = theirs.get(key)
             if key == "import_env" and C10_LOG_ENV not in mine and isinstance(value, dict):
                 value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
+            if key == "search_path" and site_customizing_folders(mine, value):
+                continue  # the child imports their sitecustomize (_become)
             if value != mine:
                 return f"differs in {key}{_difference(mine, value)}"
         other = self.namespaces_to_enter(req)
@@ -511,12 +560,15 @@ class _Server:
             for fd in fds:
                 os.close(fd)
             return
+        mine: Any = self.identity["search_path"]
+        req["site_customize"] = bool(site_customizing_folders(mine, req.get("identity", {}).get("search_path")))
         pid = os.fork()
         if pid == 0:
             _child(req, fds, namespaces, self)
         for fd in [*fds, *(fd for fd, _ in namespaces)]:
             os.close(fd)
         self.log(f"forked {pid} for {'command' if 'cli' in req else 'agent' if 'code' in req else 'rank'}")
+        self.record(pid, req)
         self.child_of[conn] = pid
         self.conn_of[pid] = conn
         try:
@@ -524,6 +576,16 @@ class _Server:
         except OSError:
             pass
         self.sel.register(conn, selectors.EVENT_READ)
+
+    def record(self, pid: int, req: dict[str, Any]) -> None:
+        """Which client the child `pid` stands for, and its environment (hetauto.testing.zygote_records: a test
+        walking a job's processes finds the child by its client's marker); best effort, never the server's end."""
+        if self.records is None:
+            return
+        try:
+            write_record(self.records, pid, int(req["pid"]), dict(req["env"]))
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            self.log(f"no record for {pid}: {e}")
 
     def client_event(self, conn: socket.socket) -> None:
         try:
@@ -548,6 +610,8 @@ class _Server:
             if pid == 0:
                 return
             self.log(f"rank {pid} status {status} cpu_s {usage.ru_utime + usage.ru_stime:.3f}")
+            if self.records is not None:
+                drop_record(self.records, pid)
             conn = self.conn_of.pop(pid, None)
             if conn is None:
                 continue
@@ -561,6 +625,19 @@ class _Server:
             except (KeyError, ValueError):
                 pass
             conn.close()
+
+
+def _records_folder(listener: socket.socket) -> Any:
+    """The records folder beside the listener's socket, made here; None for a socket with no path."""
+    try:
+        path = listener.getsockname()
+        if not isinstance(path, str) or not path:
+            return None
+        folder = records_folder(path)
+        folder.mkdir(exist_ok=True)
+        return folder
+    except OSError:
+        return None
 
 
 def threading_count() -> int:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -323,10 +325,60 @@ def test_losing_the_store_island_is_one_named_line_within_the_timeout(tmp_path: 
     assert ended - fired < TIMEOUT, (ended - fired, line)  # found lost at once, not after a timeout
 
 
+RESTART_STEPS = 24
+
+
+@dataclass(frozen=True)
+class RestartedRun:
+    """A finished restart run: its exit code, output and checkpoint folder."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    ck: Path
+
+
+def _start_restarted_run(folder: Path, as_remote: bool) -> subprocess.Popen:
+    """`hetauto run` of three islands in `folder`, island C killed at step 2 and restarted (--max-restarts 1);
+    started, not waited for. Its output goes to files (out.txt, err.txt): another run may be waited for first."""
+    from hetauto.runtime.island_beat import AS_REMOTE_ENV
+
+    folder.mkdir()
+    path = three_islands(folder, inner_steps=1, latency="1500ms")
+    with (folder / "out.txt").open("w") as out, (folder / "err.txt").open("w") as err:
+        return subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(path), "--steps", str(RESTART_STEPS),
+                                 "--json", "--timeout", str(TIMEOUT), "--emulate", "--no-reference", "--max-restarts",
+                                 "1", "--inject-fault", "rank=2,step=2", "--checkpoint-dir", str(folder / "ck"),
+                                 "--checkpoint-every", str(RESTART_STEPS)], stdout=out, stderr=err, text=True,
+                                env={**os.environ, **({AS_REMOTE_ENV: "1"} if as_remote else {})})
+
+
+@pytest.fixture(scope="module")
+def restarted_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[bool, RestartedRun]]:
+    """Both restart runs (marked, as-remote) by as_remote, started together and each waited for. Why together: each
+    is ~40 s of waiting on its emulated link (24 outer steps of >= 1.5 s) for a few CPU-s, and the two share nothing
+    (ports from the OS, a folder each): the file waits once, not twice."""
+    root = tmp_path_factory.mktemp("restarted")
+    folders = {as_remote: root / ("as-remote" if as_remote else "marked") for as_remote in (False, True)}
+    procs = {as_remote: _start_restarted_run(folder, as_remote) for as_remote, folder in folders.items()}
+    try:
+        for proc in procs.values():
+            proc.wait(timeout=280)
+        yield {as_remote: RestartedRun(proc.returncode, (folders[as_remote] / "out.txt").read_text(),
+                                       (folders[as_remote] / "err.txt").read_text(), folders[as_remote] / "ck")
+               for as_remote, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("as_remote", [False, True], ids=["marked", "as-remote"])
-def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_path: Path, as_remote: bool) -> None:
+def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(
+        restarted_runs: dict[bool, RestartedRun], as_remote: bool) -> None:
     """--max-restarts 1: island C killed at step 2 is started again by the launcher (no checkpoint yet: from
     scratch), asks to join, and the others take it back after their next outer step with the global parameters and
     outer state; it trains on from there (its own steps are dropped) and every island ends with the same
@@ -334,19 +386,12 @@ def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_p
     link's latency, H = 1), so the others are still training when C is back (its launcher sees it die after
     ~5-10 s, and a torchrun job starts in ~10 s on a loaded machine). As-remote (no launcher's mark, no process
     check: HETAUTO_ISLAND_AS_REMOTE=1) it is what a job resubmitted on another site meets: the others drop C by its
-    stopped beat, and C's holders know they are back by their earlier start on the store alone."""
-    from hetauto.runtime.island_beat import AS_REMOTE_ENV
-
-    steps = 24
-    path = three_islands(tmp_path, inner_steps=1, latency="1500ms")
-    ck = tmp_path / "ck"
-    proc = subprocess.run([sys.executable, "-m", "hetauto.cli", "run", str(path), "--steps", str(steps), "--json",
-                           "--timeout", str(TIMEOUT), "--emulate", "--no-reference", "--max-restarts", "1",
-                           "--inject-fault", "rank=2,step=2", "--checkpoint-dir", str(ck),
-                           "--checkpoint-every", str(steps)], capture_output=True, text=True, timeout=280,
-                          env={**os.environ, **({AS_REMOTE_ENV: "1"} if as_remote else {})})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+    stopped beat, and C's holders know they are back by their earlier start on the store alone. Both runs go at
+    once (restarted_runs)."""
+    steps = RESTART_STEPS
+    run = restarted_runs[as_remote]
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(run.stdout)
     assert [i["name"] for i in doc["islands"]] == ["A", "B", "C"]
     (lost,) = doc["lost"]
     assert lost["island"] == "C" and lost["dropped_at_step"] == 2 and 2 < lost["came_back"] < steps, lost
@@ -355,6 +400,6 @@ def test_a_lost_island_restarted_is_taken_back_and_every_island_ends_equal(tmp_p
     for isl in doc["islands"][:2]:
         joined = [x["step"] for x in isl["outer_syncs"] if "joined" in x]
         assert joined == [lost["came_back"] - 1] and len(isl["loss"]) == steps
-    a, b, c = (final_params(ck, n, steps) for n in NAMES)
+    a, b, c = (final_params(run.ck, n, steps) for n in NAMES)
     for other in (b, c):
         assert a.keys() == other.keys() and all(torch.equal(a[k], other[k]) for k in a)

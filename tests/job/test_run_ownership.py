@@ -18,19 +18,22 @@ import pytest
 
 from hetauto.core.plan import Plan, StagePlan
 from hetauto.runtime.zygote_client import CLI_ZYGOTE_ENV, ZYGOTE_ENV, zygote_enabled
+from hetauto.testing.rank_zygote import AGENTS_ON_THEIR_OWN
+from hetauto.testing.zygote_records import forked_process, launcher_parent, process_environ
 
-
-# the test zygote's socket (tests/conftest.py), for the `hetauto run` commands alone (start: HETAUTO_CLI_ZYGOTE=only)
-COMMAND_ZYGOTE = {ZYGOTE_ENV: os.environ[ZYGOTE_ENV], CLI_ZYGOTE_ENV: "only"} if zygote_enabled() else {}
+# The `hetauto run` commands and their ranks fork from the test zygote (tests/conftest.py), torchrun's agent runs as
+# a user's does (HETAUTO_CLI_ZYGOTE=ranks): ~3 CPU-s of imports less per rank. A process forked from the zygote shows
+# the zygote's /proc environment and parent: these tests find a job's processes by their marker and a rank's
+# torchrun through the zygote's records (hetauto.testing.zygote_records), its clients and their environments.
+COMMAND_ZYGOTE = {CLI_ZYGOTE_ENV: AGENTS_ON_THEIR_OWN} if zygote_enabled() else {}
 
 
 @pytest.fixture(autouse=True)
-def _ranks_started_as_torchrun_starts_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No rank zygote here (tests/conftest.py): these tests find a job's processes by the marker in their
-    /proc/PID/environ and a rank's torchrun as its /proc parent, which a rank forked from the zygote does not show.
-    The `hetauto run` commands `start` starts fork from it (their torchrun and ranks do not): the command's client
-    carries the marker, and the pid the command writes and signals is the client's."""
-    monkeypatch.delenv(ZYGOTE_ENV, raising=False)
+def _the_zygote_for_the_jobs_alone(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests that start no job (marked `multiprocess`: they do) see the launch commands, the CLI and the
+    launcher as a user's run has them, without the zygote's hand-over (torchrun's -c code starts with it)."""
+    if request.node.get_closest_marker("multiprocess") is None:
+        monkeypatch.delenv(ZYGOTE_ENV, raising=False)
 
 CLUSTER = """clusters:
   - {name: a, nodes: {count: 1, devices_per_node: 2, device: cpu}}
@@ -57,20 +60,33 @@ def folder(tmp_path_factory) -> Path:
 
 
 def marked(mark: str) -> list[int]:
-    """Live processes whose environment has HETAUTO_TEST_MARK=mark."""
+    """Live processes whose environment has HETAUTO_TEST_MARK=mark (a child of the zygote: its client's)."""
     from hetauto.launch.jobprocs import _state
 
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            env = Path(f"/proc/{name}/environ").read_bytes()
-        except OSError:
-            continue
-        if f"HETAUTO_TEST_MARK={mark}".encode() in env.split(b"\0") and _state(int(name)) not in ("Z", "X", "?"):
+        env = process_environ(int(name))
+        if f"HETAUTO_TEST_MARK={mark}".encode() in env and _state(int(name)) not in ("Z", "X", "?"):
             out.append(int(name))
     return out
+
+
+def left_of(mark: str, reap_s: float = 10.0) -> list[int]:
+    """marked(mark) once the zygote has ended the children whose clients are gone. Why: a client (the process
+    torchrun or the test started) that dies by SIGKILL cannot take its child with it; the zygote SIGKILLs the child
+    when the client's connection closes, a moment later. Every process the job itself started is counted at once;
+    a child still there `reap_s` after its client died is counted too."""
+    from hetauto.launch.jobprocs import _state
+
+    end = time.monotonic() + reap_s
+    while True:
+        left = marked(mark)
+        orphans = [p for p in left if (f := forked_process(p)) is not None and _state(f.client) in ("Z", "X", "?")]
+        if not orphans or len(orphans) < len(left) or time.monotonic() > end:
+            return left
+        time.sleep(0.05)
 
 
 def start(folder: Path, *args: str, mark: str, nohup: bool = False) -> subprocess.Popen:
@@ -131,7 +147,7 @@ def test_sigterm_on_hetauto_run_stops_torchrun_and_every_worker(folder: Path) ->
     _, err = proc.communicate(timeout=STOP_GRACE_S + 60)
     ended = time.monotonic() - t0
     assert proc.returncode == 128 + signal.SIGTERM, err
-    left = marked(mark)
+    left = left_of(mark)
     assert left == [], f"processes of the stopped job still running: {left}"
     line = err.strip().splitlines()[-1]
     assert line.startswith("hetauto run: error: interrupted by SIGTERM: stopped the job ("), line
@@ -187,7 +203,7 @@ def test_sighup_on_hetauto_run_stops_the_job_like_sigterm(folder: Path) -> None:
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 128 + signal.SIGHUP, err
-    assert marked(mark) == []
+    assert left_of(mark) == []
     line = err.strip().splitlines()[-1]
     assert line.startswith("hetauto run: error: interrupted by SIGHUP: stopped the job ("), line
     assert "; newest complete checkpoint: " in line and not (ck / ".hetauto-lock").exists()
@@ -258,7 +274,7 @@ def test_sigstopped_tp_rank_ends_the_job_within_the_timeout_and_is_named(folder:
     tmp.mkdir()
     mark = uuid.uuid4().hex
     ck = folder / "ck-tp"
-    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp))
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp), **COMMAND_ZYGOTE)
     proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(folder / "plantp.json"), "--steps",
                              "500", "--checkpoint-dir", str(ck), "--timeout", str(TP_TIMEOUT), "--no-reference",
                              "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -270,7 +286,7 @@ def test_sigstopped_tp_rank_ends_the_job_within_the_timeout_and_is_named(folder:
     assert error.startswith("rank 1 (stage 0, cluster 'a') stopped responding: its heartbeat stopped "), error
     assert "did not finish within" not in error  # ended by the verdict, not by the launcher's deadline
     assert f"; newest complete checkpoint: {ck}/step-0000" in error, error
-    assert marked(mark) == []
+    assert left_of(mark) == []
 
 
 def test_diagnosis_names_the_rank_whose_heartbeat_stopped_not_a_killed_waiter(tmp_path: Path) -> None:
@@ -337,20 +353,20 @@ def test_kill_9_of_the_torchrun_agent_mid_run_is_reported_and_its_workers_stoppe
     tmp.mkdir()
     mark = uuid.uuid4().hex
     ck = folder / "ck-agent"
-    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp))
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp), **COMMAND_ZYGOTE)
     proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(folder / "plan.json"), "--steps", "500",
                              "--checkpoint-dir", str(ck), "--timeout", "10", "--no-reference", "--json"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(ck / "step-00000000", proc)
     pid = int(next(tmp.glob("hetauto-run-*/rank0.started")).read_text().split("pid")[1])
-    agent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the worker's parent
+    agent = launcher_parent(pid)  # the worker's parent (a worker forked from the zygote: its client's)
     os.kill(agent, signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     error = json.loads(out)["error"]
     assert error.startswith(f"torchrun (the launch agent, pid {agent}) was killed by SIGKILL while the ranks were "
                             "running (0 of 2 had finished); its 2 unfinished rank(s) were stopped; no rank "
                             f"failed on its own; newest complete checkpoint: {ck}/step-0000"), error
-    assert marked(mark) == []
+    assert left_of(mark) == []
 
 
 def test_diagnosis_of_torchrun_signalled_from_outside(tmp_path: Path) -> None:
@@ -416,16 +432,12 @@ def test_sigterm_to_one_worker_from_outside_is_named_as_such_not_stuck(folder: P
     assert json.loads(out)["error"].startswith(
         f"rank 1 (stage 1, cluster 'b') failed: Terminated: SIGTERM from pid {os.getpid()}, outside the job (not its "
         "torchrun or launcher)")
-    assert marked(mark) == []
+    assert left_of(mark) == []
 
 
 def _env_launcher(started: Path) -> str:
     """The HETAUTO_LAUNCHER of the rank that wrote `started` (its pid is in the file)."""
-    pid = started.read_text().split("pid")[1].strip()
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return ""
+    env = process_environ(int(started.read_text().split("pid")[1]))
     return next((e.decode() for e in env if e.startswith(b"HETAUTO_LAUNCHER=")), "")
 
 

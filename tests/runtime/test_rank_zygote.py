@@ -124,6 +124,22 @@ def test_a_rank_the_zygote_cannot_be_runs_by_itself(folder: Path, zygote: str, e
     assert seen["pid"] == proc.pid and proc.returncode == 0
 
 
+def test_a_rank_whose_search_path_adds_only_a_sitecustomize_is_forked_and_runs_it(folder: Path, zygote: str) -> None:
+    """A test's hook on every process it starts (tests/launch/test_launch_sites.py: a slow torchrun exit) is a
+    folder with a sitecustomize.py put first on PYTHONPATH: the child imports it as the client's interpreter did.
+    A folder holding anything more (a module that could shadow one the zygote imported) runs by itself."""
+    site = folder / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['PROBE_MARK'] = 'sitecustomize ran'\n")
+    path = f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    for forked in (True, False):
+        proc = client(folder, zygote, "0", PYTHONPATH=path)
+        seen = first_line(proc)
+        proc.communicate(timeout=60)
+        assert (seen["pid"] != proc.pid, seen["mark"], proc.returncode) == (forked, "sitecustomize ran", 0)
+        (site / "torch.py").write_text("")  # would shadow the torch the zygote imported
+
+
 C10_PROBE = """
 import datetime, json, os, sys
 import torch.distributed as dist
