@@ -1,0 +1,109 @@
+"""`iteration_1f1b` for many pipelines at once (issue 43): the level-by-level recursion over a batch.
+
+Why: a search step scores a batch of candidates, and many of their 1F1B plans share one pipeline shape (depth,
+warm-ups, lookahead, microbatches) and differ only in times. `pipe_levels` lays a shape's recursion out once as
+layers of index arrays; a layer is the same ~9 numpy calls whether it runs one pipeline or B of them side by side
+(`z` gets one column per pipeline), so B pipelines of a shape cost about one where the arrays are narrow (the
+per-call overhead dominates up to ~30 ranks).
+
+Why exact: each column is computed by the very elementwise operations (`max`, `+` on the same operands) as a
+`LevelRun` of that pipeline alone, which gives `fastpipe._advance`'s floats bit for bit; the phase logic is
+`fastpipe.iterate`'s, per pipeline: its own span, periodicity check and extrapolation (`fastpipe.finish`). A
+group shares the first phase (the same m0, warm-ups clipped alike); a pipeline whose check fails there leaves the
+group and runs alone from scratch (`fastpipe.iterate`: the same doubling), which is rare.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetauto.planner.fastpipe import Setup1F1B, finish, iterate, periodic_shift
+from hetauto.planner.pipe_levels import END, SEND, START, LevelRun, run_constants, strictly_falling
+
+BATCH_MIN = 2  # a shape group this large runs batched (measured: see `worth_batching`)
+
+
+class LevelBatch(LevelRun):
+    """`LevelRun` over several pipelines of one shape (the same depth, lookahead and warm-ups): `z` holds one
+    column per pipeline."""
+
+    def __init__(self, pipelines: Sequence[tuple[Sequence[float], Sequence[float], Sequence[tuple[float, float]],
+                                               Sequence[tuple[float, float]]]],
+                 lookahead: Sequence[int], capacity: int) -> None:
+        """`pipelines`: each one's (tf, tb, fwd, bwd) as `LevelRun` takes them."""
+        consts = np.ascontiguousarray(np.array([run_constants(*pipe) for pipe in pipelines]).T)
+        self._start(len(pipelines[0][0]), lookahead, consts, capacity)
+
+    def events_of(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Pipeline b's (end F, end B, send F, send B) as `LevelRun.events`."""
+        ev, last = self._tables()[..., b], self.p - 1
+        return ev[:, END].T, ev[:, END + 1].T, ev[:, SEND, :last].T, ev[:, SEND + 1, :last].T
+
+    def finished_all(self) -> list[tuple[list[float], list[float]]]:
+        """`LevelRun.finished` of every pipeline, in order."""
+        ev = self._tables()
+        ends = ev[self.m - 1, END + 1].T.tolist()
+        starts = ev[self.m - 1, START + 1].T.tolist()
+        if self.warm[-1] == 0:  # the last rank's last B is steady: it starts when F(m-1) ends
+            for b, first in enumerate(ev[self.m - 1, END, -1].tolist()):
+                starts[b][-1] = first
+        return list(zip(ends, starts))
+
+
+def iteration_1f1b_many(setups: Sequence[Setup1F1B]) -> list[tuple[float, float]]:
+    """`fastpipe.iterate` of each setup, in order, with the same floats: shape groups worth batching run as one
+    `LevelBatch`, the rest one by one."""
+    out: list[tuple[float, float] | None] = [None] * len(setups)
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(setups):
+        key = _group_key(s)
+        if key is None:
+            out[i] = iterate(s)
+        else:
+            groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        first = setups[members[0]]
+        if worth_batching(len(first.tf), first.first_m0(), len(members)):
+            for i, got in zip(members, _run_group([setups[i] for i in members])):
+                out[i] = got
+        else:
+            for i in members:
+                out[i] = iterate(setups[i])
+    return out  # type: ignore[return-value]
+
+
+def worth_batching(p: int, m0: int, count: int) -> bool:
+    """Whether `count` pipelines of depth p with an m0-microbatch first phase run faster as one batch than one by
+    one (each on `fastpipe._run_for`'s choice)."""
+    return count >= BATCH_MIN
+
+
+def _group_key(s: Setup1F1B) -> tuple | None:
+    """Setups with one key share a first phase (the same layers over the same microbatches); None: this one
+    runs alone (warm-ups clipped so they do not fall strictly, or a non-finite time: see `fastpipe._run_for`)."""
+    m0 = s.first_m0()
+    warm0 = tuple(min(w, m0) for w in s.warm)
+    if not strictly_falling(warm0) or len(s.tf) < 2:
+        return None
+    if not math.isfinite(sum(s.tf) + sum(s.tb) + sum(map(sum, s.fw)) + sum(map(sum, s.bw))):
+        return None
+    return s.warm, tuple(s.look), s.m, m0
+
+
+def _run_group(group: Sequence[Setup1F1B]) -> list[tuple[float, float]]:
+    """One shape group's first phase as one batch; each pipeline finished as `iterate` would, or, where its
+    periodicity check fails, rerun alone."""
+    s0 = group[0]
+    m, m0 = s0.m, s0.first_m0()
+    warm0 = tuple(min(w, m0) for w in s0.warm)
+    run = LevelBatch([(s.tf, s.tb, s.fw, s.bw) for s in group], s0.look, m0)
+    deltas: list[float | None] = [None] * len(group)
+    if m0 < m:
+        run.advance(m0, False, warm0)
+        deltas = [periodic_shift(run.events_of(b), s.warm, s.look, m0, s.span) for b, s in enumerate(group)]
+    run.advance(m0, True, warm0)
+    return [finish(s, rank_t, last_b, m0, delta) if m0 == m or delta is not None else iterate(s)
+            for s, delta, (rank_t, last_b) in zip(group, deltas, run.finished_all())]
