@@ -9,8 +9,10 @@ per-call overhead dominates up to ~30 ranks).
 Why exact: each column is computed by the very elementwise operations (`max`, `+` on the same operands) as a
 `LevelRun` of that pipeline alone, which gives `fastpipe._advance`'s floats bit for bit; the phase logic is
 `fastpipe.iterate`'s, per pipeline: its own span, periodicity check and extrapolation (`fastpipe.finish`). A
-group shares the first phase (the same m0, warm-ups clipped alike); a pipeline whose check fails there leaves the
-group and runs alone from scratch (`fastpipe.iterate`: the same doubling), which is rare.
+group shares the first phase (the same m0, warm-ups clipped alike); where a check fails (about half the first
+checks at scale-736: deep heterogeneous pipelines have long transients) the pipelines that failed go on together
+from the paused events, grouped by their next m0 (the doubling is rounded to each one's span), and the ones it
+showed finish on a copy of their columns.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetauto.planner.fastpipe import Setup1F1B, finish, iterate, periodic_shift
-from hetauto.planner.pipe_levels import END, SEND, START, LevelRun, run_constants, strictly_falling
+from hetauto.planner.pipe_levels import END, SEND, START, LevelRun, row_view, run_constants, strictly_falling
 
-BATCH_MIN = 2  # a shape group this large runs batched (measured: see `worth_batching`)
+BATCH_MIN = 2  # a shape group of pipelines this deep runs batched from this size (measured: see `worth_batching`)
+SHALLOW = 20
+SHALLOW_NODES = 48  # shallower ones from max(4, this / depth) pipelines
 
 
 class LevelBatch(LevelRun):
@@ -36,6 +40,15 @@ class LevelBatch(LevelRun):
         """`pipelines`: each one's (tf, tb, fwd, bwd) as `LevelRun` takes them."""
         consts = np.ascontiguousarray(np.array([run_constants(*pipe) for pipe in pipelines]).T)
         self._start(len(pipelines[0][0]), lookahead, consts, capacity)
+
+    def columns(self, cols: Sequence[int]) -> LevelBatch:
+        """A run of these pipelines only, in this state (their columns copied): some finish while others go on."""
+        other = object.__new__(LevelBatch)
+        other.p, other.look, other.m, other.done, other.warm = self.p, self.look, self.m, self.done, self.warm
+        other.consts = np.ascontiguousarray(self.consts[:, cols])
+        other.z = np.ascontiguousarray(self.z[:, cols])
+        other.rows = row_view(other.z)
+        return other
 
     def events_of(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Pipeline b's (end F, end B, send F, send B) as `LevelRun.events`."""
@@ -76,9 +89,12 @@ def iteration_1f1b_many(setups: Sequence[Setup1F1B]) -> list[tuple[float, float]
 
 
 def worth_batching(p: int, m0: int, count: int) -> bool:
-    """Whether `count` pipelines of depth p with an m0-microbatch first phase run faster as one batch than one by
-    one (each on `fastpipe._run_for`'s choice)."""
-    return count >= BATCH_MIN
+    """Whether `count` pipelines of depth p (first phase: m0 microbatches) run faster as one batch than one by one
+    (each on `fastpipe._run_for`'s choice). Measured on scale-736's own batches (ms per pipeline, one by one ->
+    batched): from 20 ranks two already gain (2.9 -> 2.0 at 20-29 ranks, 8.8 -> 4.8 at 60-69, 2.1 -> 0.7 in
+    eights); shallower pipelines, whose `_advance` is faster than a narrow layer's numpy calls, from four
+    (10-19 ranks: 1.3 -> 1.6 in pairs, 2.4 -> 2.4 in threes, 1.1 -> 0.8 in fives) and more the shallower."""
+    return count >= BATCH_MIN if p >= SHALLOW else count >= max(4, SHALLOW_NODES // p)
 
 
 def _group_key(s: Setup1F1B) -> tuple | None:
@@ -94,16 +110,39 @@ def _group_key(s: Setup1F1B) -> tuple | None:
 
 
 def _run_group(group: Sequence[Setup1F1B]) -> list[tuple[float, float]]:
-    """One shape group's first phase as one batch; each pipeline finished as `iterate` would, or, where its
-    periodicity check fails, rerun alone."""
+    """One shape group run as one batch from its first phase on, each pipeline finished as `iterate` finishes it."""
     s0 = group[0]
-    m, m0 = s0.m, s0.first_m0()
+    m0 = s0.first_m0()
     warm0 = tuple(min(w, m0) for w in s0.warm)
-    run = LevelBatch([(s.tf, s.tb, s.fw, s.bw) for s in group], s0.look, m0)
-    deltas: list[float | None] = [None] * len(group)
-    if m0 < m:
-        run.advance(m0, False, warm0)
-        deltas = [periodic_shift(run.events_of(b), s.warm, s.look, m0, s.span) for b, s in enumerate(group)]
-    run.advance(m0, True, warm0)
-    return [finish(s, rank_t, last_b, m0, delta) if m0 == m or delta is not None else iterate(s)
-            for s, delta, (rank_t, last_b) in zip(group, deltas, run.finished_all())]
+    return _phases(LevelBatch([(s.tf, s.tb, s.fw, s.bw) for s in group], s0.look, m0), group, m0, warm0)
+
+
+def _phases(run: LevelBatch, group: Sequence[Setup1F1B], m0: int, warm0: tuple[int, ...]
+            ) -> list[tuple[float, float]]:
+    """`iterate`'s loop from a phase of m0 microbatches on, for the pipelines of `run` (paused before m0, or new):
+    pause at m0 and check each one's steady state (its own span); those it shows are finished (the m0-run's
+    cool-down, on a copy of their columns), the others go on together, grouped by their next m0 (`iterate`'s
+    doubling, rounded to each one's span), from the paused events."""
+    m = group[0].m
+    if m0 == m:  # the whole run: nothing to check
+        run.advance(m, True, warm0)
+        return [finish(s, *ends, m, None) for s, ends in zip(group, run.finished_all())]
+    run.advance(m0, False, warm0)
+    deltas = [periodic_shift(run.events_of(b), s.warm, s.look, m0, s.span) for b, s in enumerate(group)]
+    out: list[tuple[float, float] | None] = [None] * len(group)
+    shown = [b for b, delta in enumerate(deltas) if delta is not None]
+    later: dict[int, list[int]] = {}
+    for b, s in enumerate(group):
+        if deltas[b] is None:
+            doubled = min(m, 2 * m0)
+            later.setdefault(min(m, doubled + (m - doubled) % s.span), []).append(b)
+    if shown:
+        done = run if not later else run.columns(shown)
+        done.advance(m0, True, warm0)
+        for b, ends in zip(shown, done.finished_all()):
+            out[b] = finish(group[b], *ends, m0, deltas[b])
+    for n0, members in later.items():
+        rest = run if len(members) == len(group) else run.columns(members)
+        for b, got in zip(members, _phases(rest, [group[b] for b in members], n0, warm0)):
+            out[b] = got
+    return out  # type: ignore[return-value]

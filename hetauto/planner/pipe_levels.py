@@ -105,17 +105,18 @@ class _Levels:
             np.where(link, _const(p, SER, kind, r), ZERO),
             np.where(link, _const(p, SER_LAT, kind, r), ZERO),
             _const(p, COMPUTE, kind, r),
-            _slot(p, k, START + kind, r),
+            _slot(p, k, START + kind, r) if starts else np.full(len(k), DUMP),
             _slot(p, k, END + kind, r),
             np.where(link, _slot(p, k, SEND + kind, send_col), DUMP),
         ])
         order = np.argsort(lev, kind="stable")
         rows = rows[:, order].astype(np.intp)
         bounds = np.searchsorted(lev[order], np.arange(layers.start, layers.stop + 1)).tolist()
-        contiguous = np.ascontiguousarray  # numpy gathers and scatters through strided index arrays 2-3x slower
-        self.levels = [(contiguous(rows[:7, lo:hi]), contiguous(rows[7, lo:hi]) if starts else None,
-                        contiguous(rows[8, lo:hi]), contiguous(rows[9, lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
-        self.nbytes = sum(a.nbytes + 128 for level in self.levels for a in level if a is not None)
+        # per layer one contiguous block (numpy gathers and scatters through strided index arrays 2-3x slower):
+        # its rows' views are contiguous too; the last three are every write (start or DUMP, end, send) at once
+        blocks = [np.ascontiguousarray(rows[:, lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+        self.levels = [(b[:7], b[7] if starts else None, b[8], b[9], b[7:]) for b in blocks]
+        self.nbytes = sum(b.nbytes + 128 for b in blocks)
 
     def run(self, z: np.ndarray, first: int, last: int) -> None:
         """Layers first .. last - 1, counted from the first of `layers`."""
@@ -124,7 +125,8 @@ class _Levels:
             step(z, *level)
 
 
-def _layer(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray) -> None:
+def _layer(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray,
+           writes: np.ndarray | None = None) -> None:
     """One level: per action a = max(input, receive, link free) (the send starts; the link is free again once
     the previous send on it is through, at its start + ser: the float `_advance` keeps, ser + -ser = 0.0 for the
     first), and t = max(clock, a + (ser + lat)) + compute; `start` (t before compute) only where it is read."""
@@ -137,19 +139,22 @@ def _layer(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.n
     z[end] = t + compute
 
 
-def _layer_rows(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray,
-                send: np.ndarray) -> None:
+def _layer_rows(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray,
+                writes: np.ndarray) -> None:
     """`_layer` over several pipelines at once (`LevelBatch`): `z` is their float64 columns, one void element per
     row (numpy gathers and scatters whole rows so several times faster than 2-D fancy indexing; measured), the
-    arithmetic the same elementwise float64 operations on the rows laid end to end."""
+    arithmetic the same elementwise float64 operations, with the same operands in the same order, on the rows laid
+    end to end, into one buffer written back in one scatter (`writes`: start or DUMP, end, send)."""
     given, posted, previous, clock, ser, ser_lat, compute = z.take(reads).view(np.float64)
-    row = z.dtype
-    a = np.maximum(np.maximum(given, posted), previous + ser)
-    z[send] = a.view(row)
-    t = np.maximum(a + ser_lat, clock)
-    if start is not None:
-        z[start] = t.view(row)
-    z[end] = (t + compute).view(row)
+    out = np.empty((3, len(given)))
+    t, e, a = out
+    np.maximum(given, posted, out=t)
+    np.add(previous, ser, out=a)
+    np.maximum(t, a, out=a)  # max(max(given, posted), previous + ser)
+    np.add(a, ser_lat, out=t)
+    np.maximum(t, clock, out=t)
+    np.add(t, compute, out=e)
+    z[writes] = out.view(z.dtype)
 
 
 def _steady_start(warm: np.ndarray) -> np.ndarray:
@@ -281,6 +286,11 @@ def run_constants(tf: Sequence[float], tb: Sequence[float], fwd: Sequence[tuple[
 _CACHE: _Lru = _Lru(_CACHE_BYTES, lambda shape: shape.nbytes)
 
 
+def row_view(z: np.ndarray) -> np.ndarray:
+    """What the layers run on: a one-pipeline `z` itself, a several-pipeline one's rows as single (void) elements."""
+    return z if z.ndim == 1 else z.view(np.dtype((np.void, z.itemsize * z.shape[1]))).reshape(-1)
+
+
 def strictly_falling(warm: Sequence[int]) -> bool:
     """Whether `LevelRun` takes these warm-ups (see `_steady_start`): 1F1B-family ones do, unless clipped to a
     short run."""
@@ -314,7 +324,7 @@ class LevelRun:
             z[-len(self.consts):] = self.consts
             self.z = z
             # what the layers run on: z itself, or for several pipelines its rows as single (void) elements
-            self.rows = z if z.ndim == 1 else z.view(np.dtype((np.void, z.itemsize * z.shape[1]))).reshape(-1)
+            self.rows = row_view(z)
 
     def advance(self, m: int, final: bool, warm: Sequence[int]) -> None:
         """`_advance(state, m, final, ..., warm, ...)`: on to a pause at m, then (final) through the cool-down.
