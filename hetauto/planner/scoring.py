@@ -83,7 +83,7 @@ class Scorer:
         shape timed together), `then` left (speculative). The results are the same with any number of workers."""
         firm = self._unscored(cands)
         parallel.prefetch(self.space, firm, self._unscored(then or []))
-        if parallel._jobs < 2:
+        if parallel._jobs < 2 and hasattr(self.space.evaluator, "evaluate_many"):  # (a test's evaluator may not)
             self.ahead = self._batch(firm)
         return cands
 
