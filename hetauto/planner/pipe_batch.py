@@ -19,51 +19,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+from hetauto.planner.fastpipe import Setup1F1B, finish, iterate, periodic_shift, strictly_falling
 
-from hetauto.planner.fastpipe import Setup1F1B, finish, iterate, periodic_shift
-from hetauto.planner.pipe_levels import END, SEND, START, LevelRun, row_view, run_constants, strictly_falling
+if TYPE_CHECKING:
+    from hetauto.planner.pipe_levels import LevelBatch
 
 BATCH_MIN = 2  # a shape group of pipelines this deep runs batched from this size (measured: see `worth_batching`)
 SHALLOW = 20
 SHALLOW_NODES = 48  # shallower ones from max(4, this / depth) pipelines
-
-
-class LevelBatch(LevelRun):
-    """`LevelRun` over several pipelines of one shape (the same depth, lookahead and warm-ups): `z` holds one
-    column per pipeline."""
-
-    def __init__(self, pipelines: Sequence[tuple[Sequence[float], Sequence[float], Sequence[tuple[float, float]],
-                                               Sequence[tuple[float, float]]]],
-                 lookahead: Sequence[int], capacity: int) -> None:
-        """`pipelines`: each one's (tf, tb, fwd, bwd) as `LevelRun` takes them."""
-        consts = np.ascontiguousarray(np.array([run_constants(*pipe) for pipe in pipelines]).T)
-        self._start(len(pipelines[0][0]), lookahead, consts, capacity)
-
-    def columns(self, cols: Sequence[int]) -> LevelBatch:
-        """A run of these pipelines only, in this state (their columns copied): some finish while others go on."""
-        other = object.__new__(LevelBatch)
-        other.p, other.look, other.m, other.done, other.warm = self.p, self.look, self.m, self.done, self.warm
-        other.consts = np.ascontiguousarray(self.consts[:, cols])
-        other.z = np.ascontiguousarray(self.z[:, cols])
-        other.rows = row_view(other.z)
-        return other
-
-    def events_of(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Pipeline b's (end F, end B, send F, send B) as `LevelRun.events`."""
-        ev, last = self._tables()[..., b], self.p - 1
-        return ev[:, END].T, ev[:, END + 1].T, ev[:, SEND, :last].T, ev[:, SEND + 1, :last].T
-
-    def finished_all(self) -> list[tuple[list[float], list[float]]]:
-        """`LevelRun.finished` of every pipeline, in order."""
-        ev = self._tables()
-        ends = ev[self.m - 1, END + 1].T.tolist()
-        starts = ev[self.m - 1, START + 1].T.tolist()
-        if self.warm[-1] == 0:  # the last rank's last B is steady: it starts when F(m-1) ends
-            for b, first in enumerate(ev[self.m - 1, END, -1].tolist()):
-                starts[b][-1] = first
-        return list(zip(ends, starts))
 
 
 def iteration_1f1b_many(setups: Sequence[Setup1F1B]) -> list[tuple[float, float]]:
@@ -111,6 +76,8 @@ def _group_key(s: Setup1F1B) -> tuple | None:
 
 def _run_group(group: Sequence[Setup1F1B]) -> list[tuple[float, float]]:
     """One shape group run as one batch from its first phase on, each pipeline finished as `iterate` finishes it."""
+    from hetauto.planner.pipe_levels import LevelBatch  # numpy: only once a group is worth batching
+
     s0 = group[0]
     m0 = s0.first_m0()
     warm0 = tuple(min(w, m0) for w in s0.warm)

@@ -37,6 +37,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from hetauto.planner.fastpipe import strictly_falling
+
 NEG, ZERO, DUMP = -1, -2, -3  # slots of -inf (no such input), 0.0 (an idle clock), writes to drop
 END, START, SEND = 0, 2, 4  # tables per (microbatch, rank), + 0 for F, + 1 for B
 TABLES = 6
@@ -291,12 +293,6 @@ def row_view(z: np.ndarray) -> np.ndarray:
     return z if z.ndim == 1 else z.view(np.dtype((np.void, z.itemsize * z.shape[1]))).reshape(-1)
 
 
-def strictly_falling(warm: Sequence[int]) -> bool:
-    """Whether `LevelRun` takes these warm-ups (see `_steady_start`): 1F1B-family ones do, unless clipped to a
-    short run."""
-    return all(a > b for a, b in zip(warm, warm[1:]))
-
-
 class LevelRun:
     """`fastpipe._Recursion` + `_advance` for `iteration_1f1b`'s phases, on numpy: pause at m, pause further,
     finish (the cool-down). `events` are [rank or link][microbatch] views for `periodic_shift`, valid below the
@@ -381,3 +377,39 @@ def periodic_shift_arrays(events: tuple[np.ndarray, ...], warmups: Sequence[int]
     if any((np.abs(diff - delta) > tol).any() for diff in diffs):
         return None
     return delta
+
+
+class LevelBatch(LevelRun):
+    """`LevelRun` over several pipelines of one shape (the same depth, lookahead and warm-ups): `z` holds one
+    column per pipeline."""
+
+    def __init__(self, pipelines: Sequence[tuple[Sequence[float], Sequence[float], Sequence[tuple[float, float]],
+                                               Sequence[tuple[float, float]]]],
+                 lookahead: Sequence[int], capacity: int) -> None:
+        """`pipelines`: each one's (tf, tb, fwd, bwd) as `LevelRun` takes them."""
+        consts = np.ascontiguousarray(np.array([run_constants(*pipe) for pipe in pipelines]).T)
+        self._start(len(pipelines[0][0]), lookahead, consts, capacity)
+
+    def columns(self, cols: Sequence[int]) -> LevelBatch:
+        """A run of these pipelines only, in this state (their columns copied): some finish while others go on."""
+        other = object.__new__(LevelBatch)
+        other.p, other.look, other.m, other.done, other.warm = self.p, self.look, self.m, self.done, self.warm
+        other.consts = np.ascontiguousarray(self.consts[:, cols])
+        other.z = np.ascontiguousarray(self.z[:, cols])
+        other.rows = row_view(other.z)
+        return other
+
+    def events_of(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Pipeline b's (end F, end B, send F, send B) as `LevelRun.events`."""
+        ev, last = self._tables()[..., b], self.p - 1
+        return ev[:, END].T, ev[:, END + 1].T, ev[:, SEND, :last].T, ev[:, SEND + 1, :last].T
+
+    def finished_all(self) -> list[tuple[list[float], list[float]]]:
+        """`LevelRun.finished` of every pipeline, in order."""
+        ev = self._tables()
+        ends = ev[self.m - 1, END + 1].T.tolist()
+        starts = ev[self.m - 1, START + 1].T.tolist()
+        if self.warm[-1] == 0:  # the last rank's last B is steady: it starts when F(m-1) ends
+            for b, first in enumerate(ev[self.m - 1, END, -1].tolist()):
+                starts[b][-1] = first
+        return list(zip(ends, starts))
