@@ -150,12 +150,6 @@ class _ListRun:
         return self.state.rank_t, self.state.last_b
 
 
-def strictly_falling(warm: Sequence[int]) -> bool:
-    """Whether `pipe_levels.LevelRun` takes these warm-ups (see its `_steady_start`): 1F1B-family ones do, unless
-    clipped to a short run."""
-    return all(a > b for a, b in zip(warm, warm[1:]))
-
-
 def _run_for(tf: Sequence[float], tb: Sequence[float], m0: int, warm: Sequence[int], lookahead: Sequence[int],
              fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]], m: int) -> _ListRun | LevelRun:
     """The level-by-level recursion for deep, long pipelines (the first phase: m0 microbatches, warm-ups `warm`),
@@ -164,7 +158,7 @@ def _run_for(tf: Sequence[float], tb: Sequence[float], m0: int, warm: Sequence[i
     p = len(tf)
     if p >= LEVELS_MIN_RANKS and p * m0 >= LEVELS_MIN_NODES and \
             math.isfinite(sum(tf) + sum(tb) + sum(map(sum, fwd)) + sum(map(sum, bwd))):
-        from hetauto.planner.pipe_levels import LevelRun  # numpy: only where it pays
+        from hetauto.planner.pipe_levels import LevelRun, strictly_falling  # numpy: only where it pays
 
         if strictly_falling(warm):
             return LevelRun(tf, tb, lookahead, fwd, bwd, m)

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hetauto.planner.fastpipe import Setup1F1B, finish, iterate, periodic_shift, strictly_falling
+from hetauto.planner.fastpipe import Setup1F1B, finish, iterate, periodic_shift
 
 if TYPE_CHECKING:
     from hetauto.planner.pipe_levels import LevelBatch
@@ -67,7 +67,7 @@ def _group_key(s: Setup1F1B) -> tuple | None:
     runs alone (warm-ups clipped so they do not fall strictly, or a non-finite time: see `fastpipe._run_for`)."""
     m0 = s.first_m0()
     warm0 = tuple(min(w, m0) for w in s.warm)
-    if not strictly_falling(warm0) or len(s.tf) < 2:
+    if len(s.tf) < 2 or not all(a > b for a, b in zip(warm0, warm0[1:])):  # pipe_levels.strictly_falling (no numpy)
         return None
     if not math.isfinite(sum(s.tf) + sum(s.tb) + sum(map(sum, s.fw)) + sum(map(sum, s.bw))):
         return None

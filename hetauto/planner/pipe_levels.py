@@ -37,8 +37,6 @@ from typing import TypeVar
 
 import numpy as np
 
-from hetauto.planner.fastpipe import strictly_falling
-
 NEG, ZERO, DUMP = -1, -2, -3  # slots of -inf (no such input), 0.0 (an idle clock), writes to drop
 END, START, SEND = 0, 2, 4  # tables per (microbatch, rank), + 0 for F, + 1 for B
 TABLES = 6
@@ -291,6 +289,12 @@ _CACHE: _Lru = _Lru(_CACHE_BYTES, lambda shape: shape.nbytes)
 def row_view(z: np.ndarray) -> np.ndarray:
     """What the layers run on: a one-pipeline `z` itself, a several-pipeline one's rows as single (void) elements."""
     return z if z.ndim == 1 else z.view(np.dtype((np.void, z.itemsize * z.shape[1]))).reshape(-1)
+
+
+def strictly_falling(warm: Sequence[int]) -> bool:
+    """Whether `LevelRun` takes these warm-ups (see `_steady_start`): 1F1B-family ones do, unless clipped to a
+    short run."""
+    return all(a > b for a, b in zip(warm, warm[1:]))
 
 
 class LevelRun:
