@@ -31,7 +31,9 @@ and interleaved 1F1B are not handled here: the Evaluator sends those plans to th
 From LEVELS_MIN_RANKS ranks on, the recursion runs level by level over numpy arrays (`pipe_levels.LevelRun`,
 issue 43: its control flow depends only on integers, so it is laid out once per pipeline shape), giving the same
 floats as `_advance` bit for bit; `_advance` stays for shallow pipelines, where a Python loop is faster, and as
-the reference the tests compare it with.
+the reference the tests compare it with. A call is three steps (`setup_1f1b`: inputs resolved, the first phase
+chosen; `iterate`: the phases; `finish`: extrapolation and tails), so that `pipe_batch` runs many calls of one
+pipeline shape as one batch with the very same steps (`Evaluator.evaluate_many`, issue 43).
 """
 
 from __future__ import annotations
