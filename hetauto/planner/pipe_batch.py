@@ -63,7 +63,8 @@ def worth_batching(p: int, m0: int, count: int) -> bool:
 
 
 def _group_key(s: Setup1F1B) -> tuple | None:
-    """Setups with one key share a first phase (the same layers over the same microbatches); None: this one
+    """Setups with one key run on the same layers (one pipeline shape: warm-ups as the first phase clips them,
+    lookahead), whatever their microbatches: a run paused at m is a prefix of every longer run. None: this one
     runs alone (warm-ups clipped so they do not fall strictly, or a non-finite time: see `fastpipe._run_for`)."""
     m0 = s.first_m0()
     warm0 = tuple(min(w, m0) for w in s.warm)
@@ -71,45 +72,41 @@ def _group_key(s: Setup1F1B) -> tuple | None:
         return None
     if not math.isfinite(sum(s.tf) + sum(s.tb) + sum(map(sum, s.fw)) + sum(map(sum, s.bw))):
         return None
-    return s.warm, tuple(s.look), s.m, m0
+    return warm0, tuple(s.look)
 
 
 def _run_group(group: Sequence[Setup1F1B]) -> list[tuple[float, float]]:
-    """One shape group run as one batch from its first phase on, each pipeline finished as `iterate` finishes it."""
+    """One shape group as one batch: `iterate`'s phases of every pipeline on the same layers. The batch pauses at
+    the nearest pipeline's next m0; those pausing there are checked (each its own span) and the ones shown or at
+    their whole run finish (the cool-down run in place, their ends read, the paused events put back); the others
+    double their m0 (rounded to their span) and the batch goes on. Finished columns are dropped once they are
+    half of the batch."""
     from hetauto.planner.pipe_levels import LevelBatch  # numpy: only once a group is worth batching
 
     s0 = group[0]
-    m0 = s0.first_m0()
-    warm0 = tuple(min(w, m0) for w in s0.warm)
-    return _phases(LevelBatch([(s.tf, s.tb, s.fw, s.bw) for s in group], s0.look, m0), group, m0, warm0)
-
-
-def _phases(run: LevelBatch, group: Sequence[Setup1F1B], m0: int, warm0: tuple[int, ...]
-            ) -> list[tuple[float, float]]:
-    """`iterate`'s loop from a phase of m0 microbatches on, for the pipelines of `run` (paused before m0, or new):
-    pause at m0 and check each one's steady state (its own span); those it shows are finished (the m0-run's
-    cool-down, on a copy of their columns), the others go on together, grouped by their next m0 (`iterate`'s
-    doubling, rounded to each one's span), from the paused events."""
-    m = group[0].m
-    if m0 == m:  # the whole run: nothing to check
-        run.advance(m, True, warm0)
-        return [finish(s, *ends, m, None) for s, ends in zip(group, run.finished_all())]
-    run.advance(m0, False, warm0)
-    deltas = [periodic_shift(run.events_of(b), s.warm, s.look, m0, s.span) for b, s in enumerate(group)]
+    warm0 = tuple(min(w, s0.first_m0()) for w in s0.warm)
+    nxt = [s.first_m0() for s in group]
+    run = LevelBatch([(s.tf, s.tb, s.fw, s.bw) for s in group], s0.look, max(nxt))
+    cols = list(range(len(group)))  # the group's pipeline in each column of `run`
     out: list[tuple[float, float] | None] = [None] * len(group)
-    shown = [b for b, delta in enumerate(deltas) if delta is not None]
-    later: dict[int, list[int]] = {}
-    for b, s in enumerate(group):
-        if deltas[b] is None:
-            doubled = min(m, 2 * m0)
-            later.setdefault(min(m, doubled + (m - doubled) % s.span), []).append(b)
-    if shown:
-        done = run if not later else run.columns(shown)
-        done.advance(m0, True, warm0)
-        for b, ends in zip(shown, done.finished_all()):
-            out[b] = finish(group[b], *ends, m0, deltas[b])
-    for n0, members in later.items():
-        rest = run if len(members) == len(group) else run.columns(members)
-        for b, got in zip(members, _phases(rest, [group[b] for b in members], n0, warm0)):
-            out[b] = got
-    return out  # type: ignore[return-value]
+    while True:
+        live = [b for b in cols if out[b] is None]
+        if not live:
+            return out  # type: ignore[return-value]
+        if 2 * len(live) <= len(cols):
+            run, cols = run.columns([cols.index(b) for b in live]), live
+        m0 = min(nxt[b] for b in live)
+        run.advance(m0, False, warm0)
+        deltas, shown = {}, []
+        for b in (b for b in live if nxt[b] == m0):
+            s = group[b]
+            deltas[b] = periodic_shift(run.events_of(cols.index(b)), s.warm, s.look, m0, s.span) if m0 < s.m else None
+            if m0 == s.m or deltas[b] is not None:
+                shown.append(b)
+            else:
+                doubled = min(s.m, 2 * m0)
+                nxt[b] = min(s.m, doubled + (s.m - doubled) % s.span)
+        if shown:
+            ends = run.finished_here(warm0)
+            for b in shown:
+                out[b] = finish(group[b], *ends[cols.index(b)], m0, deltas[b])

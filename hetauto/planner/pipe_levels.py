@@ -408,6 +408,17 @@ class LevelBatch(LevelRun):
         ev, last = self._tables()[..., b], self.p - 1
         return ev[:, END].T, ev[:, END + 1].T, ev[:, SEND, :last].T, ev[:, SEND + 1, :last].T
 
+    def finished_here(self, warm: Sequence[int]) -> list[tuple[list[float], list[float]]]:
+        """`finished_all` of the run of `self.m` microbatches, this run paused there and staying so: the cool-down
+        writes only microbatches k0 .. m - 1 (see `advance`), which are kept and put back."""
+        shape = _CACHE.get_or_make((tuple(warm), self.look), lambda: _Shape(tuple(warm), self.look))
+        rows = slice(max(0, self.m - shape.cooldown_reach()) * TABLES * self.p, self.m * TABLES * self.p)
+        paused = self.z[rows].copy()
+        self.advance(self.m, True, warm)
+        ends = self.finished_all()
+        self.z[rows] = paused
+        return ends
+
     def finished_all(self) -> list[tuple[list[float], list[float]]]:
         """`LevelRun.finished` of every pipeline, in order."""
         ev = self._tables()
