@@ -1,30 +1,27 @@
 """`iteration_1f1b` for many pipelines at once (issue 43): the level-by-level recursion over a batch.
 
 Why: a search step scores a batch of candidates, and many of their 1F1B plans share one pipeline shape (depth,
-warm-ups, lookahead, microbatches) and differ only in times. `pipe_levels` lays a shape's recursion out once as
-layers of index arrays; a layer is the same ~9 numpy calls whether it runs one pipeline or B of them side by side
-(`z` gets one column per pipeline), so B pipelines of a shape cost about one where the arrays are narrow (the
-per-call overhead dominates up to ~30 ranks).
+warm-ups, lookahead) and differ only in times (and some in microbatches). `pipe_levels` lays a shape's recursion
+out once as layers of index arrays; a layer is the same ~12 numpy calls whether it runs one pipeline or B of them
+side by side (`z` gets one column per pipeline), so B pipelines of a shape cost little more than one where the
+arrays are narrow (the per-call overhead dominates up to ~30 ranks).
 
-Why exact: each column is computed by the very elementwise operations (`max`, `+` on the same operands) as a
-`LevelRun` of that pipeline alone, which gives `fastpipe._advance`'s floats bit for bit; the phase logic is
-`fastpipe.iterate`'s, per pipeline: its own span, periodicity check and extrapolation (`fastpipe.finish`). A
-group shares the first phase (the same m0, warm-ups clipped alike); where a check fails (about half the first
-checks at scale-736: deep heterogeneous pipelines have long transients) the pipelines that failed go on together
-from the paused events, grouped by their next m0 (the doubling is rounded to each one's span), and the ones it
-showed finish on a copy of their columns.
+Why exact: each column is computed by the very elementwise operations (`max`, `+` on the same operands, in the
+same order) as a `LevelRun` of that pipeline alone, which gives `fastpipe._advance`'s floats bit for bit; the
+phase logic is `fastpipe.iterate`'s, per pipeline: its own m0 sequence, span, periodicity check and extrapolation
+(`fastpipe.finish`). A run paused at m is a prefix of every longer run, so one batch serves every microbatch count:
+it pauses at each pipeline's next m0 in turn. Where a check fails (about half the first checks at scale-736: deep
+heterogeneous pipelines have long transients) that pipeline doubles its m0 as `iterate` does and the batch goes
+on; where it holds, the pipeline is finished in place (its cool-down writes only the last microbatches, which are
+kept and put back for the others).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from hetauto.planner.fastpipe import Setup1F1B, finish, iterate, periodic_shift
-
-if TYPE_CHECKING:
-    from hetauto.planner.pipe_levels import LevelBatch
 
 BATCH_MIN = 2  # a shape group of pipelines this deep runs batched from this size (measured: see `worth_batching`)
 SHALLOW = 20
