@@ -1,5 +1,5 @@
 """The batched recursion (pipe_batch, issue 43) gives every pipeline exactly `iteration_1f1b`'s floats: shape
-groups of several pipelines (times, links and spans differing), pipelines whose periodicity check fails in the
+groups of several pipelines (times, links, spans and microbatches differing), pipelines whose periodicity check
 group (rerun alone), short runs (clipped warm-ups), non-finite times, compared with `==`."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _spy(shift, failed: list):
 @pytest.mark.parametrize("exact_nodes", [16, 1024])
 def test_batched_iterations_equal_one_by_one(monkeypatch, exact_nodes: int) -> None:
     """Every pipeline of a batch: the same (time, bubble) as its own iteration_1f1b call, bit for bit (a small
-    EXACT_NODES makes first phases short, so more checks fail and those pipelines go on in smaller groups)."""
+    EXACT_NODES makes first phases short, so more checks fail and those pipelines double their m0 in the batch)."""
     monkeypatch.setattr(fastpipe, "EXACT_NODES", exact_nodes)
     monkeypatch.setattr(pipe_batch, "worth_batching", lambda p, m0, count: count >= 2)
     alone, failed = [], []
