@@ -1,6 +1,6 @@
 """The batched recursion (pipe_batch, issue 43) gives every pipeline exactly `iteration_1f1b`'s floats: shape
 groups of several pipelines (times, links, spans and microbatches differing), pipelines whose periodicity check
-group (rerun alone), short runs (clipped warm-ups), non-finite times, compared with `==`."""
+fails in the group, short runs (clipped warm-ups), non-finite times, compared with `==`."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def _calls(rnd: random.Random) -> list[dict]:
     for _ in range(rnd.randint(1, 4)):
         p = rnd.choice([2, 3, 5, 8, 13, 16, 23, 31, 41])
         ks, look = _shape(rnd, p)
-        m = rnd.choice([4, 8, 40, 97, 256, 384])
-        calls += [_call(rnd, p, m, ks, look) for _ in range(rnd.randint(1, 7))]
+        ms = rnd.sample([4, 8, 40, 97, 256, 384], 2)  # one batch serves several microbatch counts
+        calls += [_call(rnd, p, rnd.choice(ms), ks, look) for _ in range(rnd.randint(1, 7))]
     rnd.shuffle(calls)
     return calls
 
