@@ -28,7 +28,7 @@ This module keeps the whole-plan steps: the plan checks, memory first, then the 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from hetauto.core.chunks import chunk_layers
@@ -40,7 +40,7 @@ from hetauto.planner.boundary_links import LinkPricer
 from hetauto.planner.breakdown import time_breakdown
 from hetauto.planner.evaluation import (BoundaryLink, Evaluation, StageTimes, TimeBreakdown, device_kind,
                                         plan_precision)
-from hetauto.planner.fastpipe import iteration_1f1b
+from hetauto.planner.fastpipe import Setup1F1B, iterate, setup_1f1b
 from hetauto.planner.host_contention import HostContention
 from hetauto.planner.inputs import PlanningInputs, inputs_for_plan, resolve_plan_paths
 from hetauto.planner.plan_costs import SPLIT_BACKWARD, CostBuilder, PricedCosts
@@ -148,13 +148,8 @@ class Evaluator:
 
     def _fresh(self, plan: Plan) -> Evaluation:
         """`plan`'s evaluation, computed: memory check first; then pipeline costs + simulator (or its fast path)."""
-        self._check(plan)
-        prec = self.precision(plan)
-        peaks, caps, violation = self._memory_check(plan, prec)
-        violation = self._split_tie(plan) or violation or self.memory.host_violation(plan, prec)
-        if violation is not None:
-            return Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, peaks, caps, violation, plan.memory_headroom)
-        return self._timed(plan, prec, peaks, caps)
+        fits = self._fits(plan)
+        return fits if isinstance(fits, Evaluation) else self._timed(plan, *fits)
 
     def adopt(self, plan: Plan, evaluation: Evaluation) -> Evaluation:
         """`plan`'s evaluation computed elsewhere (a worker, `parallel.prefetch`), counted as `evaluate` would:
@@ -199,11 +194,14 @@ class Evaluator:
                                              plan.memory_headroom, who=who)
         return tuple(peaks), tuple(caps), violation
 
-    def _timed(self, plan: Plan, prec: str, peaks: tuple[float, ...], caps: tuple[float, ...]) -> Evaluation:
+    def _timed(self, plan: Plan, prec: str, peaks: tuple[float, ...], caps: tuple[float, ...],
+               costs: PipelineCosts | None = None, first: tuple[float, float] | None = None) -> Evaluation:
         """A plan that fits: its iteration time (host contention and the calibrated step added), throughput and
-        MFU against the peak the plan computes at (its precision's; a one-figure profile: that figure)."""
-        costs = self.priced(plan).costs  # already checked by evaluate
-        t, bubble = self._iteration(plan, costs)
+        MFU against the peak the plan computes at (its precision's; a one-figure profile: that figure).
+        `costs`, `first`: its priced costs and their (iteration time, bubble), where `evaluate_many` has them."""
+        if costs is None:
+            costs = self.priced(plan).costs  # already checked by evaluate
+        t, bubble = first if first is not None else self._iteration(plan, costs)
         oh = self.overheads
         if self.host is not None:  # ranks sharing this host's cores (CPU emulation): hetauto.planner.host_contention
             contended = self.host.apply(plan, costs, t)
@@ -288,24 +286,9 @@ class Evaluator:
         return None
 
     def _iteration(self, plan: Plan, costs: PipelineCosts) -> tuple[float, float]:
-        name = plan.schedule.name
-        p = plan.num_stages
-        held = any(ln is not None and ln.hold != math.inf for ln in (*costs.links, *(costs.links_back or ())))
-        if self.fast_pipeline and name in ("1f1b", "virtual-1f1b") and not costs.link_groups and not held:
-            ks = tuple(plan.schedule.extra_warmup) if name == "virtual-1f1b" and plan.schedule.extra_warmup else ()
-            look = [1 + max([ks[h] for h in (r - 1, r) if 0 <= h < p - 1], default=0) for r in range(p)] if ks else None
-            mb_bytes = costs.act_bytes if isinstance(costs.act_bytes, tuple) else ()
-
-            def pair(ln: Link | None, nb: float) -> tuple[float, float]:
-                if ln is None:
-                    return (0.0, 0.0)
-                return (nb / ln.bandwidth if nb and ln.bandwidth != math.inf else 0.0, ln.latency)
-
-            fwd = [pair(costs.links[h], mb_bytes[h]) for h in range(p - 1)]
-            bwd = [pair(costs.links_back[h], mb_bytes[h]) for h in range(p - 1)] if costs.links_back else fwd
-            return iteration_1f1b(costs.tf, costs.tb, plan.num_microbatches, extra_warmup=ks, lookahead=look,
-                                  fwd=fwd, bwd=bwd, allreduce=costs.allreduce, optim=costs.optim,
-                                  dp_overlap=costs.dp_overlap)
+        setup = self._fast_setup(plan, costs)
+        if setup is not None:
+            return iterate(setup)
         res = simulate(plan_schedule(plan), self.chunk_costs(plan, costs))
         return res.iteration_time, res.bubble_fraction
 
@@ -343,6 +326,74 @@ class Evaluator:
     def link_prices(self, plan: Plan) -> tuple[BoundaryLink, ...]:
         """How each of `plan`'s boundaries was priced (which source, which term), in boundary order."""
         return self.links.link_prices(plan, self.priced(plan).costs)
+
+    # ----------------------------------------------------------------------------------- many plans at once
+    def evaluate_many(self, plans: Sequence[Plan]) -> list[Evaluation]:
+        """`uncounted` of each plan, in order (neither counted nor remembered: the caller `adopt`s them), with the
+        same Evaluation field for field; the fast-path 1F1B iterations run together (`pipe_batch`: pipelines of
+        one shape as one batch), the rest as `uncounted` does. Why: a search step scores a batch of candidates
+        whose plans often share a pipeline shape (issue 43)."""
+        out: list[Evaluation | None] = []
+        waiting: list[tuple[int, Plan, tuple, PipelineCosts]] = []
+        setups: list[Setup1F1B] = []
+        seen: dict[tuple, int] = {}  # a plan twice in `plans`: computed once
+        for plan in plans:
+            key = self._key(plan)
+            hit = self._plans.get(key)
+            if hit is None and key in seen:
+                hit = seen[key]
+            elif hit is None:
+                seen[key] = len(out)
+                fits = self._fits(plan)
+                if not isinstance(fits, Evaluation):
+                    costs = self.priced(plan).costs
+                    setup = self._fast_setup(plan, costs)
+                    if setup is None:
+                        fits = self._timed(plan, *fits, costs)
+                    else:
+                        waiting.append((len(out), plan, fits, costs))
+                        setups.append(setup)
+                hit = fits
+            out.append(hit)
+        if setups:
+            from hetauto.planner.pipe_batch import iteration_1f1b_many  # numpy: only where a batch is scored
+
+            for (i, plan, fits, costs), first in zip(waiting, iteration_1f1b_many(setups)):
+                out[i] = self._timed(plan, *fits, costs, first)
+        return [out[ev] if isinstance(ev, int) else ev for ev in out]  # type: ignore[misc]
+
+    def _fits(self, plan: Plan) -> Evaluation | tuple[str, tuple[float, ...], tuple[float, ...]]:
+        """The plan checks and the memory check: the infeasible plan's Evaluation, or (precision, peaks, caps) of
+        a plan that fits (to be timed)."""
+        self._check(plan)
+        prec = self.precision(plan)
+        peaks, caps, violation = self._memory_check(plan, prec)
+        violation = self._split_tie(plan) or violation or self.memory.host_violation(plan, prec)
+        if violation is not None:
+            return Evaluation(False, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, peaks, caps, violation, plan.memory_headroom)
+        return prec, peaks, caps
+
+    def _fast_setup(self, plan: Plan, costs: PipelineCosts) -> Setup1F1B | None:
+        """The 1F1B recursion's inputs for `plan` where it is exact (`fastpipe`: 1F1B or Virtual-1F1B, no shared
+        link groups, no held links), else None (the simulator times it)."""
+        name = plan.schedule.name
+        p = plan.num_stages
+        held = any(ln is not None and ln.hold != math.inf for ln in (*costs.links, *(costs.links_back or ())))
+        if not (self.fast_pipeline and name in ("1f1b", "virtual-1f1b") and not costs.link_groups and not held):
+            return None
+        ks = tuple(plan.schedule.extra_warmup) if name == "virtual-1f1b" and plan.schedule.extra_warmup else ()
+        look = [1 + max([ks[h] for h in (r - 1, r) if 0 <= h < p - 1], default=0) for r in range(p)] if ks else None
+        mb_bytes = costs.act_bytes if isinstance(costs.act_bytes, tuple) else ()
+
+        def pair(ln: Link | None, nb: float) -> tuple[float, float]:
+            if ln is None:
+                return (0.0, 0.0)
+            return (nb / ln.bandwidth if nb and ln.bandwidth != math.inf else 0.0, ln.latency)
+
+        fwd = [pair(costs.links[h], mb_bytes[h]) for h in range(p - 1)]
+        bwd = [pair(costs.links_back[h], mb_bytes[h]) for h in range(p - 1)] if costs.links_back else fwd
+        return setup_1f1b(costs.tf, costs.tb, plan.num_microbatches, extra_warmup=ks, lookahead=look,
+                          fwd=fwd, bwd=bwd, allreduce=costs.allreduce, optim=costs.optim, dp_overlap=costs.dp_overlap)
 
 
 _CORRECTIONS: dict[str, "Correction"] = {}

@@ -31,13 +31,16 @@ and interleaved 1F1B are not handled here: the Evaluator sends those plans to th
 From LEVELS_MIN_RANKS ranks on, the recursion runs level by level over numpy arrays (`pipe_levels.LevelRun`,
 issue 43: its control flow depends only on integers, so it is laid out once per pipeline shape), giving the same
 floats as `_advance` bit for bit; `_advance` stays for shallow pipelines, where a Python loop is faster, and as
-the reference the tests compare it with.
+the reference the tests compare it with. A call is three steps (`setup_1f1b`: inputs resolved, the first phase
+chosen; `iterate`: the phases; `finish`: extrapolation and tails), so that `pipe_batch` runs many calls of one
+pipeline shape as one batch with the very same steps (`Evaluator.evaluate_many`, issue 43).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -313,13 +316,35 @@ def periodic_shift(events: _Events, warmups: Sequence[int], lookahead: Sequence[
     return delta
 
 
-def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_warmup: Sequence[int] = (),
-                   lookahead: Sequence[int] | None = None, fwd: Sequence[tuple[float, float]] = (),
-                   bwd: Sequence[tuple[float, float]] | None = None, allreduce: Sequence[float] | None = None,
-                   optim: Sequence[float] | None = None, dp_overlap: bool = False) -> tuple[float, float]:
-    """(iteration time, bubble fraction) of 1F1B (`extra_warmup` empty) or Virtual-1F1B, matching
-    `simulate(schedule, costs)` for link-group-free costs. `fwd[h]`/`bwd[h]`: (serialization, latency) of the
-    activation h -> h+1 and of the gradient h+1 -> h; `lookahead` per rank as the generators set it."""
+@dataclass(frozen=True, slots=True)
+class Setup1F1B:
+    """One `iteration_1f1b` call's inputs as the recursion reads them (warm-ups, lookahead, links resolved) and its
+    first phase: m0 microbatches (before the whole-span rounding), `span` from `period`. `pipe_batch` groups
+    calls by these to run several at once."""
+
+    tf: Sequence[float]
+    tb: Sequence[float]
+    m: int
+    warm: tuple[int, ...]
+    look: list[int]
+    fw: list[tuple[float, float]]
+    bw: list[tuple[float, float]]
+    ar: list[float]
+    op: list[float]
+    dp_overlap: bool
+    m0: int
+    span: int
+
+    def first_m0(self) -> int:
+        """The first phase's microbatches: m0 rounded so the rest is whole critical cycles."""
+        return min(self.m, self.m0 + (self.m - self.m0) % self.span)
+
+
+def setup_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_warmup: Sequence[int] = (),
+               lookahead: Sequence[int] | None = None, fwd: Sequence[tuple[float, float]] = (),
+               bwd: Sequence[tuple[float, float]] | None = None, allreduce: Sequence[float] | None = None,
+               optim: Sequence[float] | None = None, dp_overlap: bool = False) -> Setup1F1B:
+    """`iteration_1f1b`'s arguments resolved (see there), with the first phase's m0 and span."""
     p = len(tf)
     ks = tuple(extra_warmup) or (0,) * (p - 1)
     warm = tuple(p - r - 1 + sum(ks[r:]) for r in range(p))
@@ -332,12 +357,29 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
     span = period(tf, tb, [min(w, m) for w in warm], look, fw, bw)[1] if m0 < m else 1
     if m0 < m:  # at least long enough for periodic_shift's two windows after the warm-ups, and TRANSIENT more
         m0 = min(m, max(m0, max(warm) + span + steady_window(warm, look) + max(look) + 1 + TRANSIENT))
+    return Setup1F1B(tf, tb, m, warm, look, fw, bw, ar, op, dp_overlap, m0, span)
+
+
+def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_warmup: Sequence[int] = (),
+                   lookahead: Sequence[int] | None = None, fwd: Sequence[tuple[float, float]] = (),
+                   bwd: Sequence[tuple[float, float]] | None = None, allreduce: Sequence[float] | None = None,
+                   optim: Sequence[float] | None = None, dp_overlap: bool = False) -> tuple[float, float]:
+    """(iteration time, bubble fraction) of 1F1B (`extra_warmup` empty) or Virtual-1F1B, matching
+    `simulate(schedule, costs)` for link-group-free costs. `fwd[h]`/`bwd[h]`: (serialization, latency) of the
+    activation h -> h+1 and of the gradient h+1 -> h; `lookahead` per rank as the generators set it."""
+    return iterate(setup_1f1b(tf, tb, m, extra_warmup=extra_warmup, lookahead=lookahead, fwd=fwd, bwd=bwd,
+                              allreduce=allreduce, optim=optim, dp_overlap=dp_overlap))
+
+
+def iterate(s: Setup1F1B) -> tuple[float, float]:
+    """`iteration_1f1b` of a resolved call: phases of m0 microbatches, doubling m0 until the steady state shows."""
+    m, warm, look, fw, bw, span, m0 = s.m, s.warm, s.look, s.fw, s.bw, s.span, s.m0
     run = None
     while True:
         m0 = min(m, m0 + (m - m0) % span)  # extrapolate by whole critical cycles
         warm0 = tuple(min(w, m0) for w in warm)
         if run is None:  # the first phase's warm-ups are the most clipped: they decide
-            run = _run_for(tf, tb, m0, warm0, look, fw, bw, m)
+            run = _run_for(s.tf, s.tb, m0, warm0, look, fw, bw, m)
         delta = None
         if m0 < m:  # pause where the m0-run's cool-down would start: a failed check costs no rerun
             run.advance(m0, False, warm0)
@@ -346,17 +388,25 @@ def iteration_1f1b(tf: Sequence[float], tb: Sequence[float], m: int, *, extra_wa
             run.advance(m0, True, warm0)  # finish exactly the m0-run
             break
         m0 = min(m, 2 * m0)  # the transient is longer than m0: run further (at worst all m microbatches)
-    rank_t, last_b = run.finished()
+    return finish(s, *run.finished(), m0, delta)
+
+
+def finish(s: Setup1F1B, rank_t: list[float], last_b: list[float], m0: int, delta: float | None
+           ) -> tuple[float, float]:
+    """(iteration time, bubble) from an m0-run's ends and last-backward starts, extrapolated by whole spans of
+    `delta` to m microbatches, with the all-reduce and optimizer tails."""
+    m, p = s.m, len(s.tf)
     if m0 < m:
-        shift = (m - m0) // span * delta
+        shift = (m - m0) // s.span * delta
         rank_t = [x + shift for x in rank_t]
         last_b = [x + shift for x in last_b]
     total = 0.0
+    ar, op = s.ar, s.op
     for r in range(p):
-        st = last_b[r] if dp_overlap else rank_t[r]
+        st = last_b[r] if s.dp_overlap else rank_t[r]
         comm = st + ar[r]
         end = max(rank_t[r], comm) + op[r]
         total = max(total, end, comm)
-    busy = m * sum(a + b for a, b in zip(tf, tb))
+    busy = m * sum(a + b for a, b in zip(s.tf, s.tb))
     bubble = 1.0 - busy / (p * total) if total > 0 else 0.0
     return total, bubble

@@ -105,25 +105,28 @@ class _Levels:
             np.where(link, _const(p, SER, kind, r), ZERO),
             np.where(link, _const(p, SER_LAT, kind, r), ZERO),
             _const(p, COMPUTE, kind, r),
-            _slot(p, k, START + kind, r),
+            _slot(p, k, START + kind, r) if starts else np.full(len(k), DUMP),
             _slot(p, k, END + kind, r),
             np.where(link, _slot(p, k, SEND + kind, send_col), DUMP),
         ])
         order = np.argsort(lev, kind="stable")
         rows = rows[:, order].astype(np.intp)
         bounds = np.searchsorted(lev[order], np.arange(layers.start, layers.stop + 1)).tolist()
-        contiguous = np.ascontiguousarray  # numpy gathers and scatters through strided index arrays 2-3x slower
-        self.levels = [(contiguous(rows[:7, lo:hi]), contiguous(rows[7, lo:hi]) if starts else None,
-                        contiguous(rows[8, lo:hi]), contiguous(rows[9, lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
-        self.nbytes = sum(a.nbytes + 128 for level in self.levels for a in level if a is not None)
+        # per layer one contiguous block (numpy gathers and scatters through strided index arrays 2-3x slower):
+        # its rows' views are contiguous too; the last three are every write (start or DUMP, end, send) at once
+        blocks = [np.ascontiguousarray(rows[:, lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+        self.levels = [(b[:7], b[7] if starts else None, b[8], b[9], b[7:]) for b in blocks]
+        self.nbytes = sum(b.nbytes + 128 for b in blocks)
 
     def run(self, z: np.ndarray, first: int, last: int) -> None:
         """Layers first .. last - 1, counted from the first of `layers`."""
+        step = _layer if z.dtype.kind == "f" else _layer_rows
         for level in self.levels[first:last]:
-            _layer(z, *level)
+            step(z, *level)
 
 
-def _layer(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray) -> None:
+def _layer(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray,
+           writes: np.ndarray | None = None) -> None:
     """One level: per action a = max(input, receive, link free) (the send starts; the link is free again once
     the previous send on it is through, at its start + ser: the float `_advance` keeps, ser + -ser = 0.0 for the
     first), and t = max(clock, a + (ser + lat)) + compute; `start` (t before compute) only where it is read."""
@@ -134,6 +137,24 @@ def _layer(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.n
     if start is not None:
         z[start] = t
     z[end] = t + compute
+
+
+def _layer_rows(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray,
+                writes: np.ndarray) -> None:
+    """`_layer` over several pipelines at once (`LevelBatch`): `z` is their float64 columns, one void element per
+    row (numpy gathers and scatters whole rows so several times faster than 2-D fancy indexing; measured), the
+    arithmetic the same elementwise float64 operations, with the same operands in the same order, on the rows laid
+    end to end, into one buffer written back in one scatter (`writes`: start or DUMP, end, send)."""
+    given, posted, previous, clock, ser, ser_lat, compute = z.take(reads).view(np.float64)
+    out = np.empty((3, len(given)))
+    t, e, a = out
+    np.maximum(given, posted, out=t)
+    np.add(previous, ser, out=a)
+    np.maximum(t, a, out=a)  # max(max(given, posted), previous + ser)
+    np.add(a, ser_lat, out=t)
+    np.maximum(t, clock, out=t)
+    np.add(t, compute, out=e)
+    z[writes] = out.view(z.dtype)
 
 
 def _steady_start(warm: np.ndarray) -> np.ndarray:
@@ -216,8 +237,9 @@ class _Shape:
             self.prefix.run(z, first, min(last, n_prefix))
             first = n_prefix
         step, block = TABLES * self.p, self.block.levels
+        one = _layer if z.dtype.kind == "f" else _layer_rows
         for layer in range(first - n_prefix, last - n_prefix):  # the j-th repeat of the block on z[j * step:]
-            _layer(z[(layer >> 1) * step:], *block[layer & 1])
+            one(z[(layer >> 1) * step:], *block[layer & 1])
 
     def cooldown(self, m: int) -> _Levels:
         """The cool-down of a run paused at m (relative to m - `cooldown_reach`, see LevelRun)."""
@@ -252,7 +274,21 @@ def _ranges(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return ranks, np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count) + first[ranks]
 
 
+def run_constants(tf: Sequence[float], tb: Sequence[float], fwd: Sequence[tuple[float, float]],
+               bwd: Sequence[tuple[float, float]]) -> list[float]:
+    """One pipeline's constants in `z`'s tail order (see the module docstring): ser, ser + lat (`sum`: the float
+    `_advance` adds), compute, -ser, then DUMP, ZERO, NEG."""
+    ser = [0.0] + [h[0] for h in fwd] + [h[0] for h in bwd] + [0.0]
+    return (ser + [0.0] + [sum(h) for h in fwd] + [sum(h) for h in bwd] + [0.0] + list(tf) + list(tb)
+            + [-x for x in ser] + [0.0, 0.0, -np.inf])
+
+
 _CACHE: _Lru = _Lru(_CACHE_BYTES, lambda shape: shape.nbytes)
+
+
+def row_view(z: np.ndarray) -> np.ndarray:
+    """What the layers run on: a one-pipeline `z` itself, a several-pipeline one's rows as single (void) elements."""
+    return z if z.ndim == 1 else z.view(np.dtype((np.void, z.itemsize * z.shape[1]))).reshape(-1)
 
 
 def strictly_falling(warm: Sequence[int]) -> bool:
@@ -268,23 +304,27 @@ class LevelRun:
 
     def __init__(self, tf: Sequence[float], tb: Sequence[float], lookahead: Sequence[int],
                  fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]], capacity: int) -> None:
-        self.p, self.look = len(tf), tuple(max(1, d) for d in lookahead)
+        self._start(len(tf), lookahead, np.asarray(run_constants(tf, tb, fwd, bwd)), capacity)
+
+    def _start(self, p: int, lookahead: Sequence[int], consts: np.ndarray, capacity: int) -> None:
+        """An empty run for `consts` (one column per pipeline where `LevelBatch` runs several at once)."""
+        self.p, self.look = p, tuple(max(1, d) for d in lookahead)
         self.m, self.done, self.warm = 0, 0, None
-        ser = [0.0] + [h[0] for h in fwd] + [h[0] for h in bwd] + [0.0]
-        self.consts = (ser + [0.0] + [sum(h) for h in fwd] + [sum(h) for h in bwd] + [0.0] + list(tf) + list(tb)
-                       + [-x for x in ser] + [0.0, 0.0, -np.inf])  # DUMP, ZERO, NEG
-        self.z = np.empty(0)
+        self.consts = consts
+        self.z = np.empty((0, *consts.shape[1:]))
         self._room(capacity)
 
     def _room(self, n_mb: int) -> None:
         """Room in `z` for n_mb microbatches (the events so far kept)."""
         events = len(self.z) - len(self.consts)
         if n_mb * TABLES * self.p > events:
-            z = np.empty(n_mb * TABLES * self.p + len(self.consts))
+            z = np.empty((n_mb * TABLES * self.p + len(self.consts), *self.consts.shape[1:]))
             if events > 0:
                 z[:events] = self.z[:events]
             z[-len(self.consts):] = self.consts
             self.z = z
+            # what the layers run on: z itself, or for several pipelines its rows as single (void) elements
+            self.rows = row_view(z)
 
     def advance(self, m: int, final: bool, warm: Sequence[int]) -> None:
         """`_advance(state, m, final, ..., warm, ...)`: on to a pause at m, then (final) through the cool-down.
@@ -297,15 +337,15 @@ class LevelRun:
         if m > self.m:
             cut = shape.cut(m)
             self._room(shape.reach(cut))
-            shape.run(self.z, self.done, cut)
+            shape.run(self.rows, self.done, cut)
             self.m, self.done = m, cut
         if final:  # in microbatches from k0 on: every read of the cool-down is of k0 or later
             k0 = max(0, m - shape.cooldown_reach())
             cool = shape.cooldown(m - k0)
-            cool.run(self.z[k0 * TABLES * self.p:], 0, len(cool.levels))
+            cool.run(self.rows[k0 * TABLES * self.p:], 0, len(cool.levels))
 
     def _tables(self) -> np.ndarray:
-        return self.z[:len(self.z) - len(self.consts)].reshape(-1, TABLES, self.p)
+        return self.z[:len(self.z) - len(self.consts)].reshape(-1, TABLES, self.p, *self.z.shape[1:])
 
     @property
     def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -341,3 +381,50 @@ def periodic_shift_arrays(events: tuple[np.ndarray, ...], warmups: Sequence[int]
     if any((np.abs(diff - delta) > tol).any() for diff in diffs):
         return None
     return delta
+
+
+class LevelBatch(LevelRun):
+    """`LevelRun` over several pipelines of one shape (the same depth, lookahead and warm-ups): `z` holds one
+    column per pipeline."""
+
+    def __init__(self, pipelines: Sequence[tuple[Sequence[float], Sequence[float], Sequence[tuple[float, float]],
+                                               Sequence[tuple[float, float]]]],
+                 lookahead: Sequence[int], capacity: int) -> None:
+        """`pipelines`: each one's (tf, tb, fwd, bwd) as `LevelRun` takes them."""
+        consts = np.ascontiguousarray(np.array([run_constants(*pipe) for pipe in pipelines]).T)
+        self._start(len(pipelines[0][0]), lookahead, consts, capacity)
+
+    def columns(self, cols: Sequence[int]) -> LevelBatch:
+        """A run of these pipelines only, in this state (their columns copied): some finish while others go on."""
+        other = object.__new__(LevelBatch)
+        other.p, other.look, other.m, other.done, other.warm = self.p, self.look, self.m, self.done, self.warm
+        other.consts = np.ascontiguousarray(self.consts[:, cols])
+        other.z = np.ascontiguousarray(self.z[:, cols])
+        other.rows = row_view(other.z)
+        return other
+
+    def events_of(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Pipeline b's (end F, end B, send F, send B) as `LevelRun.events`."""
+        ev, last = self._tables()[..., b], self.p - 1
+        return ev[:, END].T, ev[:, END + 1].T, ev[:, SEND, :last].T, ev[:, SEND + 1, :last].T
+
+    def finished_here(self, warm: Sequence[int]) -> list[tuple[list[float], list[float]]]:
+        """`finished_all` of the run of `self.m` microbatches, this run paused there and staying so: the cool-down
+        writes only microbatches k0 .. m - 1 (see `advance`), which are kept and put back."""
+        shape = _CACHE.get_or_make((tuple(warm), self.look), lambda: _Shape(tuple(warm), self.look))
+        rows = slice(max(0, self.m - shape.cooldown_reach()) * TABLES * self.p, self.m * TABLES * self.p)
+        paused = self.z[rows].copy()
+        self.advance(self.m, True, warm)
+        ends = self.finished_all()
+        self.z[rows] = paused
+        return ends
+
+    def finished_all(self) -> list[tuple[list[float], list[float]]]:
+        """`LevelRun.finished` of every pipeline, in order."""
+        ev = self._tables()
+        ends = ev[self.m - 1, END + 1].T.tolist()
+        starts = ev[self.m - 1, START + 1].T.tolist()
+        if self.warm[-1] == 0:  # the last rank's last B is steady: it starts when F(m-1) ends
+            for b, first in enumerate(ev[self.m - 1, END, -1].tolist()):
+                starts[b][-1] = first
+        return list(zip(ends, starts))

@@ -74,13 +74,40 @@ class Scorer:
         self.improved_at = 0  # evaluator.evaluations when `best` last improved (the stop rule's clock)
         self.estimates = 0  # candidates a baseline ranked by its own estimate (no evaluation)
         self.refused: list[tuple[Candidate, str]] = []  # candidates outside the space's feature set, never built
+        self.ahead: dict[Candidate, tuple[Any, list[Any]]] = {}  # one job: the last batch's (Built, evaluations)
 
     def prefetch(self, cands: list[Candidate], then: list[Candidate] | None = None) -> list[Candidate]:
         """Have the workers (`parallel`) build and evaluate those of `cands` not scored yet, ahead of `score`
-        taking them in order, and of `then`, what will likely be scored after them; returns `cands`. The results
-        are the same with any number of workers."""
-        parallel.prefetch(self.space, self._unscored(cands), self._unscored(then or []))
+        taking them in order, and of `then`, what will likely be scored after them; returns `cands`. With one
+        job, `cands` are built and evaluated here as one batch (`Evaluator.evaluate_many`: pipelines of one
+        shape timed together), `then` left (speculative). The results are the same with any number of workers."""
+        firm = self._unscored(cands)
+        parallel.prefetch(self.space, firm, self._unscored(then or []))
+        if parallel._jobs < 2 and hasattr(self.space.evaluator, "evaluate_many"):  # (a test's evaluator may not)
+            self.ahead = self._batch(firm)
         return cands
+
+    def _batch(self, cands: list[Candidate]) -> dict[Candidate, tuple[Any, list[Any]]]:
+        """(Built, each plan's uncounted Evaluation) of `cands`, for `score` to adopt as it adopts `parallel`'s;
+        a candidate whose build or evaluation raises is left out (`score` meets the error itself, as before)."""
+        ready = {c: self.ahead[c] for c in cands if c in self.ahead}  # a batch's leftovers the next one holds
+        built = []
+        for c in cands:
+            if c not in ready:
+                try:
+                    built.append((c, self.space.build(c)))
+                except Exception:  # noqa: BLE001 -- re-raised by `score`'s own build, where the search gets to it
+                    continue
+        try:
+            evs = iter(self.space.evaluator.evaluate_many([plan for _, b in built for plan in b.plans]))
+            ready.update((c, (b, [next(evs) for _ in b.plans])) for c, b in built)
+        except Exception:  # noqa: BLE001 -- one plan raised: each candidate on its own, the one that raises left out
+            for c, b in built:
+                try:
+                    ready[c] = (b, self.space.evaluator.evaluate_many(b.plans))
+                except Exception:  # noqa: BLE001 -- as above
+                    continue
+        return ready
 
     def _unscored(self, cands: list[Candidate]) -> list[Candidate]:
         return [c for c in dict.fromkeys(cands) if c not in self.by_candidate and self.space.allows(c) is None]
@@ -97,6 +124,8 @@ class Scorer:
             self.by_candidate[cand] = None
             return None
         ahead = parallel.take(self.space, cand)
+        if ahead is None:
+            ahead = self.ahead.pop(cand, None)
         built = ahead[0] if ahead is not None else self.space.build(cand)
         if limit is not None:
             new = {plan_key(plan) for plan in built.plans} - self.by_plan.keys()
