@@ -38,6 +38,7 @@ class LinkPricer:
         self.compute = compute
         self.overheads = overheads
         self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
+        self._tied: dict[tuple, float] = {}  # `tied_sum_s` by the first and last stages' clusters and devices
         # whether any cross-cluster link may restart from slow start (a TCP window, the restart on) or has rows
         # measured after idle: only then do boundary prices depend on the plan's stage times (and the link cache
         # key on them)
@@ -213,7 +214,15 @@ class LinkPricer:
         if plan.num_stages < 2 or head.kind != "head" or head.tied_params <= 0:
             return 0.0
         first, last = plan.stages[0], plan.stages[-1]
-        nbytes = head.tied_params * DTYPE_BYTES["fp32"]
+        key = (first.cluster, first.devices, first.num_devices, last.cluster, last.devices, last.num_devices)
+        hit = self._tied.get(key)
+        if hit is None:
+            hit = self._tied[key] = self._tied_sum(first, last, head.tied_params)
+        return hit
+
+    def _tied_sum(self, first: StagePlan, last: StagePlan, tied_params: int) -> float:
+        """`tied_sum_s` of a plan whose first and last stages are `first` and `last`."""
+        nbytes = tied_params * DTYPE_BYTES["fp32"]
         oh = self.overheads
         if oh is not None and oh.allreduce_Bps > 0 and first.cluster == last.cluster:  # measured gloo on this host
             t = cm.ring_allreduce_time(nbytes, first.num_devices + last.num_devices, oh.allreduce_Bps,

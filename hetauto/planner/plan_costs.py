@@ -18,6 +18,7 @@ from hetauto.core.plan import Plan, StagePlan
 from hetauto.core.precision import DTYPE_BYTES
 from hetauto.planner import costmodel as cm
 from hetauto.planner.boundary_links import LinkPricer, fold_groups
+from hetauto.planner.identity_memo import ByIdentity
 from hetauto.planner.stage_compute import ComputePricer
 from hetauto.planner.stage_memory import MemoryPricer
 from hetauto.schedule import Link, PipelineCosts
@@ -67,7 +68,7 @@ class CostBuilder:
         self.overheads = overheads
         self.host = host
         self.dp_overlap = dp_overlap
-        self._terms: dict[tuple, _StageTerms] = {}  # `_plain_terms`
+        self._terms: dict[tuple, ByIdentity[_StageTerms]] = {}  # `_plain_terms`
 
     def costs(self, plan: Plan, fold_shared: bool = True) -> PricedCosts:
         """`plan`'s pipeline costs per stage; `fold_shared`: fold a shared link group one directed boundary uses
@@ -75,8 +76,8 @@ class CostBuilder:
         prec = self.compute.precision(plan)
         table = self.compute.layer_table(prec)
         split = plan.schedule.name in SPLIT_BACKWARD
-        terms = [self._stage_terms(plan, i, prec, table, split) if split else self._plain_terms(plan, i, prec, table)
-                 for i in range(plan.num_stages)]
+        terms = ([self._stage_terms(plan, i, prec, table, True) for i in range(plan.num_stages)] if split
+                 else self._plain_terms(plan, prec, table))
         tf = [t.tf for t in terms]
         tb = [t.tb for t in terms]
         ar, overlap = self._exposed_allreduce(plan, tb, [t.allreduce for t in terms], [t.grad_bytes for t in terms])
@@ -89,15 +90,22 @@ class CostBuilder:
                               w_share=tuple(t.w_share for t in terms) if split else 0.0)
         return PricedCosts(costs, tuple(t.shard_exposed_mb for t in terms))
 
-    def _plain_terms(self, plan: Plan, i: int, prec: str, table: cm.LayerTable) -> _StageTerms:
-        """`_stage_terms` of a stage whose backward is not split, kept by what they read of the plan (the stage,
-        microbatch, precision, training, DP level and whether it is the only stage): candidates differing in
-        another stage, the schedule or the resharding share them (at scale-736 ~50 stages per plan)."""
-        key = (plan.stages[i], plan.microbatch_size, prec, plan.training, plan.dp_level, plan.num_stages == 1)
-        hit = self._terms.get(key)
-        if hit is None:
-            hit = self._terms[key] = self._stage_terms(plan, i, prec, table, False)
-        return hit
+    def _plain_terms(self, plan: Plan, prec: str, table: cm.LayerTable) -> list[_StageTerms]:
+        """`_stage_terms` of every stage of a plan whose backward is not split, kept by what they read of the plan
+        (the stage, microbatch, precision, training, DP level and whether it is the only stage): candidates
+        differing in another stage, the schedule or the resharding share them (at scale-736 ~50 stages per
+        plan). Per StagePlan object (the space's cuts share them), so no stage is hashed."""
+        key = (plan.microbatch_size, prec, plan.training, plan.dp_level, plan.num_stages == 1)
+        by_stage = self._terms.get(key)
+        if by_stage is None:
+            by_stage = self._terms[key] = ByIdentity()
+        out = []
+        for i, st in enumerate(plan.stages):
+            hit = by_stage.get(st)
+            if hit is None:
+                hit = by_stage.put(st, self._stage_terms(plan, i, prec, table, False))
+            out.append(hit)
+        return out
 
     def _stage_terms(self, plan: Plan, i: int, prec: str, table: cm.LayerTable, split: bool) -> _StageTerms:
         """Stage `i`'s F and B per microbatch (its slowest replica's for a mixed DP group, plus wake-ups and the

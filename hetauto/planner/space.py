@@ -138,6 +138,16 @@ class _StageCost:
     act: list[float]  # per layer, bytes per in-flight microbatch
     base_static: float
     base_act: float
+    # per in-flight count q: the per-layer bytes static + act * q (`mem_row`), built once per stage cost
+    rows: dict[float, list[float]] = field(default_factory=dict, compare=False, repr=False)
+
+    def mem_row(self, q: float) -> list[float]:
+        """Per layer, the bytes with `q` microbatches in flight: the splits of every candidate sharing this stage
+        cost and in-flight count read one list (callers must not change it)."""
+        row = self.rows.get(q)
+        if row is None:
+            row = self.rows[q] = [s + a * q for s, a in zip(self.static, self.act)]
+        return row
 
 
 @dataclass(slots=True)
@@ -209,6 +219,7 @@ class StrategySpace:
         # candidates share layouts and cuts: their stages are built once (`layout`, `_plan`); frozen values
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         self._stage_plans: dict[tuple, tuple[StagePlan, ...]] = {}
+        self._stage_plan_of: dict[tuple[StageLayout, int, int], StagePlan] = {}  # `_stage_plans_for`
         self._mixed = any(c.is_mixed for c in self.spec.clusters)
 
     # ------------------------------------------------------------------ features
@@ -630,7 +641,7 @@ class StrategySpace:
 
     def _matrices(self, costs: list[_StageCost], q: list[int]) -> tuple[list[list[float]], list[list[float]], list[float]]:
         times = [c.times for c in costs]
-        mems = [[s + a * qi for s, a in zip(c.static, c.act)] for c, qi in zip(costs, q)]
+        mems = [c.mem_row(qi) for c, qi in zip(costs, q)]
         base = [c.base_static + c.base_act * qi for c, qi in zip(costs, q)]
         return times, mems, base
 
@@ -715,12 +726,17 @@ class StrategySpace:
     def _stage_plans_for(self, stages: list[StageLayout], counts: list[int]) -> tuple[StagePlan, ...]:
         """`stages` holding `counts` consecutive layers each, as StagePlans (unvalidated, see `_plan`)."""
         out, pos = [], 0
+        made = self._stage_plan_of
         for st, c in zip(stages, counts):
-            cl = self.spec.cluster(st.cluster)
-            dev = self._probe(st, (0, 1)).device_type if cl.is_mixed else cl.device.key
-            out.append(StagePlan.model_construct(cluster=st.cluster, device_type=dev, devices=tuple(st.devices),
-                                                 layers=(pos, pos + c), tp=st.tp, dp=st.dp, recompute=st.recompute,
-                                                 dp_shares=st.shares))
+            key = (st, pos, c)
+            sp = made.get(key)
+            if sp is None:  # one StagePlan per stage and layer range, whichever cut holds it
+                cl = self.spec.cluster(st.cluster)
+                dev = self._probe(st, (0, 1)).device_type if cl.is_mixed else cl.device.key
+                sp = made[key] = StagePlan.model_construct(
+                    cluster=st.cluster, device_type=dev, devices=tuple(st.devices), layers=(pos, pos + c), tp=st.tp,
+                    dp=st.dp, recompute=st.recompute, dp_shares=st.shares)
+            out.append(sp)
             pos += c
         return tuple(out)
 

@@ -20,6 +20,7 @@ from hetauto.core.plan import Plan, StagePlan, TrainingSpec
 from hetauto.core.precision import HOST_BACKENDS, compute_bytes, resolve_precision
 from hetauto.planner import costmodel as cm
 from hetauto.planner.evaluation import device_kind, plan_precision
+from hetauto.planner.identity_memo import ByIdentity
 from hetauto.planner.inputs import PlanningInputs, inputs_for_plan
 from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, measured_layers
 from hetauto.planner.measured import stage_time as measured_stage
@@ -65,6 +66,9 @@ class ComputePricer:
         self._detail: dict[tuple, cm.StageCompute] = {}
         self._measured_tables: dict[tuple[str, str], MeasuredLayers | None] = {}
         self._kind_times: dict[tuple, KindTimes] = {}
+        self._stage_peaks: dict[tuple, float] = {}  # `stage_peak` of stages on unmixed clusters
+        # stage tuples whose clusters, devices and device types these clusters hold (Evaluator._check), by identity
+        self.stages_checked: ByIdentity[bool] = ByIdentity()
 
     def cluster(self, name: str) -> Cluster:
         """The cluster (or a mixed cluster's node-group view) `name`, its device overridden where measured."""
@@ -337,9 +341,14 @@ class ComputePricer:
 
     def stage_peak(self, st: StagePlan, precision: str, tf32: bool) -> float:
         """Peak FLOP/s of all `st`'s devices together (a mixed stage's replicas at their own devices' peaks)."""
+        key = (st.cluster, st.tp, st.dp, precision, tf32)
+        hit = self._stage_peaks.get(key)
+        if hit is not None:
+            return hit
         c = self.cluster(st.cluster)
-        if not c.is_mixed:
-            return self.compute_peak(st.cluster, precision, tf32) * st.num_devices
+        if not c.is_mixed:  # its devices alike: kept by cluster and shape
+            hit = self._stage_peaks[key] = self.compute_peak(st.cluster, precision, tf32) * st.num_devices
+            return hit
         return sum(self.compute_peak(c.group_view(g).name, precision, tf32) * st.tp for g in replica_groups(c, st))
 
 
