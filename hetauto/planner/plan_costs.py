@@ -69,6 +69,9 @@ class CostBuilder:
         self.host = host
         self.dp_overlap = dp_overlap
         self._terms: dict[tuple, ByIdentity[_StageTerms]] = {}  # `_plain_terms`
+        # `_boundary_terms`: per (ids of the two StagePlans, method, microbatch, idle, table), those objects (kept
+        # alive, so the ids stay theirs) and the boundary's bytes and links
+        self._boundaries: dict[tuple, tuple] = {}
 
     def costs(self, plan: Plan, fold_shared: bool = True) -> PricedCosts:
         """`plan`'s pipeline costs per stage; `fold_shared`: fold a shared link group one directed boundary uses
@@ -192,11 +195,17 @@ class CostBuilder:
         idle = self.links.idle_s(plan, tf, tb) if self.links.slow_start else 0.0
         if plan.schedule.name == "interleaved" and p > 1:
             pairs.append((stages[-1], stages[0], methods[-1] if methods else "scatter-allgather"))
+        known = self._boundaries
         for a, b, method in pairs:
-            s = table.range(*a.layers).boundary_bytes_per_sample * mb
-            if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
-                s = float(table.layers[1].boundary_bytes_per_sample * mb) if len(table.layers) > 1 else 0.0
-            f, bk, gs = self.links.boundary(a, b, method, s, idle)
+            # per (a, b) StagePlan objects (the space's cuts share them): no device tuple hashed again
+            key = (id(a), id(b), method, mb, idle, id(table))
+            hit = known.get(key)
+            if hit is None or hit[0] is not a or hit[1] is not b or hit[2] is not table:
+                s = table.range(*a.layers).boundary_bytes_per_sample * mb
+                if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
+                    s = float(table.layers[1].boundary_bytes_per_sample * mb) if len(table.layers) > 1 else 0.0
+                hit = known[key] = (a, b, table, s, *self.links.boundary(a, b, method, s, idle))
+            _, _, _, s, f, bk, gs = hit
             links.append(f)
             back.append(bk)
             groups.update(gs)

@@ -23,6 +23,7 @@ Costs come from the Evaluator's cheap, cached pieces (`stage_compute_time`, `sta
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -220,6 +221,7 @@ class StrategySpace:
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         self._stage_plans: dict[tuple, tuple[StagePlan, ...]] = {}
         self._stage_plan_of: dict[tuple[StageLayout, int, int], StagePlan] = {}  # `_stage_plans_for`
+        self._prepared: dict[tuple, tuple[str | None, tuple, tuple, tuple]] = {}  # `_layout_costs`
         self._mixed = any(c.is_mixed for c in self.spec.clusters)
 
     # ------------------------------------------------------------------ features
@@ -472,11 +474,9 @@ class StrategySpace:
             return Built(violation="no stage: every cluster is unused")
         if p > self.num_layers:
             return Built(violation=f"{p} stages for {self.num_layers} layers")
-        for i, st in enumerate(stages):
-            if mbs % st.dp and st.shares is None:
-                return Built(violation=f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}")
-        costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
-        caps = [usable_bytes(self.stage_capacity(st), self.headroom) for st in stages]
+        violation, costs, caps, shape = self._layout_costs(cand, stages)
+        if violation is not None:
+            return Built(violation=violation)
         if cand.schedule in ZERO_BUBBLE:  # the base schedule's plans, each as its zero-bubble twin
             base = self.build(replace(cand, schedule=ZERO_BUBBLE[cand.schedule]), twins=True)
             # zb-v apart (its own candidate); a virtual-zb candidate keeps the zb-h1 twin of its plain plan too
@@ -485,7 +485,7 @@ class StrategySpace:
         if cand.schedule == "interleaved":
             return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
-        key = (cand.balance, mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages))
+        key = (cand.balance, mbs, cand.zero1, shape)
         if key not in self._splits:  # the schedule and resharding variants of one layout share the split
             self._splits[key] = self._split(cand.balance, stages, costs, caps, q)
         counts = self._splits[key]
@@ -504,14 +504,36 @@ class StrategySpace:
         # the plain plan too: where the deeper warm-up gains nothing, the tie goes to the one holding less memory
         out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept), plan] if any(kept) else [plan]
         if kept != wanted:  # memory forbids the depth here: try a cut that leaves room upstream
-            q2 = [min(m, p - i + sum(wanted[i:])) for i in range(p)]
-            key2 = (mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages), tuple(q2))
+            below = list(itertools.accumulate(reversed(wanted), initial=0))[::-1]  # below[i] = sum(wanted[i:])
+            q2 = [min(m, p - i + below[i]) for i in range(p)]
+            key2 = (mbs, cand.zero1, shape, tuple(q2))
             if key2 not in self._splits:
                 self._splits[key2] = P.balance_layers(*self._matrices(costs, q2), caps)
             counts2 = self._splits[key2]
             if counts2 is not None and counts2 != counts:
                 out.append(self._plan(cand, stages, counts2, m, "virtual-1f1b", wanted))
         return Built(self._variants(out, stages, caps, m, cand, twins))
+
+    def _layout_costs(self, cand: Candidate, stages: list[StageLayout]
+                      ) -> tuple[str | None, list[_StageCost], list[float], tuple]:
+        """(why the microbatch does not split over a stage's DP replicas or None, per stage its `stage_cost` and
+        usable capacity, the stages' (cluster, tp, dp, recompute) that key a split) of `cand`'s layout: the same
+        for every schedule, balance, resharding and warm-up of one layout, microbatch and DP level, so built once
+        (fresh lists each call: callers may not share them)."""
+        key = (self._layout_key(cand), cand.microbatch_size, cand.zero1)
+        hit = self._prepared.get(key)
+        if hit is None:
+            mbs = cand.microbatch_size
+            bad = next((f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}"
+                        for i, st in enumerate(stages) if mbs % st.dp and st.shares is None), None)
+            if bad is not None:
+                hit = (bad, (), (), ())
+            else:
+                hit = (None, tuple(self.stage_cost(st, mbs, cand.zero1) for st in stages),
+                       tuple(usable_bytes(self.stage_capacity(st), self.headroom) for st in stages),
+                       tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages))
+            self._prepared[key] = hit
+        return hit[0], list(hit[1]), list(hit[2]), hit[3]
 
     def _variants(self, plans: list[Plan], stages: list[StageLayout], caps: list[float], m: int, cand: Candidate,
                   twins: bool) -> list[Plan]:
@@ -719,7 +741,8 @@ class StrategySpace:
             schedule=ScheduleSpec.model_construct(
                 name=schedule, extra_warmup=tuple(extra), w_defer=tuple(w_defer), w_offload=tuple(w_offload),
                 virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
-            resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
+            resharding=(tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])) if cand.reshard
+                        else (cand.resharding,) * (len(stages) - 1)),  # no override: every boundary the default
             **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
             memory_headroom=float(self.headroom))
 

@@ -69,6 +69,7 @@ class ComputePricer:
         self._stage_peaks: dict[tuple, float] = {}  # `stage_peak` of stages on unmixed clusters
         # stage tuples whose clusters, devices and device types these clusters hold (Evaluator._check), by identity
         self.stages_checked: ByIdentity[bool] = ByIdentity()
+        self._stage_clusters: ByIdentity[tuple[str, ...]] = ByIdentity()  # `precision`
 
     def cluster(self, name: str) -> Cluster:
         """The cluster (or a mixed cluster's node-group view) `name`, its device overridden where measured."""
@@ -86,7 +87,10 @@ class ComputePricer:
 
     def precision(self, plan: Plan) -> str:
         """The resolved precision `plan` is priced at (`plan_precision`), cached by its training and clusters."""
-        key = (plan.training.precision, tuple(st.cluster for st in plan.stages))
+        clusters = self._stage_clusters.get(plan.stages)  # per stage tuple (plans share them): no loop per call
+        if clusters is None:
+            clusters = self._stage_clusters.put(plan.stages, tuple(st.cluster for st in plan.stages))
+        key = (plan.training.precision, clusters)
         hit = self._precisions.get(key)
         if hit is None:
             hit = self._precisions[key] = plan_precision(plan, self.inputs.cluster)

@@ -198,6 +198,14 @@ def metis_bandwidth(space: StrategySpace, clusters: list[str], ranks: list[list[
     """Metis' bandwidth (B/s, before its unit scale) of a group: `ranks[i]` are device indices in
     `clusters[i]`. One node: that node's intra-node link; else the slowest inter-node link of the clusters
     involved (the real code reads the intra-node figure there: its documented slip, corrected here)."""
+    first = space.spec.cluster(clusters[0])
+    if not first.node_groups and all(c == clusters[0] for c in clusters) and all(ranks):
+        # one unmixed cluster: node_of is device // devices_per_node, so one node iff the lowest and the highest
+        # rank share it (Metis scores 10^4 shapes of 256+ devices: no set over every rank)
+        lo, hi = min(min(rs) for rs in ranks), max(max(rs) for rs in ranks)
+        if first.node_of(lo) == first.node_of(hi):
+            return first.intra_link(ranks[0][0]).bandwidth_Bps
+        return first.inter_node.bandwidth_Bps
     nodes = {(c, space.spec.cluster(c).node_of(r)) for c, rs in zip(clusters, ranks) for r in rs}
     if len(nodes) == 1:
         return space.spec.cluster(clusters[0]).intra_link(ranks[0][0]).bandwidth_Bps
