@@ -68,7 +68,7 @@ class CostBuilder:
         self.overheads = overheads
         self.host = host
         self.dp_overlap = dp_overlap
-        self._terms: dict[tuple, ByIdentity[_StageTerms]] = {}  # `_plain_terms`
+        self._terms: dict[tuple, tuple[ByIdentity[_StageTerms], dict[tuple, _StageTerms]]] = {}  # `_plain_terms`
         # `_boundary_terms`: per (ids of the two StagePlans, method, microbatch, idle, table), those objects (kept
         # alive, so the ids stay theirs) and the boundary's bytes and links
         self._boundaries: dict[tuple, tuple] = {}
@@ -97,16 +97,25 @@ class CostBuilder:
         """`_stage_terms` of every stage of a plan whose backward is not split, kept by what they read of the plan
         (the stage, microbatch, precision, training, DP level and whether it is the only stage): candidates
         differing in another stage, the schedule or the resharding share them (at scale-736 ~50 stages per
-        plan). Per StagePlan object (the space's cuts share them), so no stage is hashed."""
+        plan). Per StagePlan object (the space's cuts share them), so no stage is hashed; a stage priced as a
+        whole (not `is_split`) reads nothing of its devices but their count, so one on other devices of its
+        cluster with the same layers and shape shares them too."""
         key = (plan.microbatch_size, prec, plan.training, plan.dp_level, plan.num_stages == 1)
-        by_stage = self._terms.get(key)
-        if by_stage is None:
-            by_stage = self._terms[key] = ByIdentity()
+        memo = self._terms.get(key)
+        if memo is None:
+            memo = self._terms[key] = (ByIdentity(), {})
+        by_stage, by_shape = memo
         out = []
         for i, st in enumerate(plan.stages):
             hit = by_stage.get(st)
             if hit is None:
-                hit = by_stage.put(st, self._stage_terms(plan, i, prec, table, False))
+                shape = None if self.compute.is_split(st) else (st.cluster, st.layers, st.tp, st.dp, st.recompute)
+                hit = by_shape.get(shape) if shape is not None else None
+                if hit is None:
+                    hit = self._stage_terms(plan, i, prec, table, False)
+                    if shape is not None:
+                        by_shape[shape] = hit
+                by_stage.put(st, hit)
             out.append(hit)
         return out
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.core.precision import HOST_BACKENDS
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
+from hetauto.planner.identity_memo import ByIdentity
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.schedule import PLAIN_B
 
@@ -147,7 +149,7 @@ class _StageCost:
         cost and in-flight count read one list (callers must not change it)."""
         row = self.rows.get(q)
         if row is None:
-            row = self.rows[q] = [s + a * q for s, a in zip(self.static, self.act)]
+            row = self.rows[q] = list(map(operator.add, self.static, map(operator.mul, self.act, itertools.repeat(q))))
         return row
 
 
@@ -772,9 +774,15 @@ def validated(plan: Plan) -> Plan:
 
 def plan_key(plan: Plan) -> tuple:
     """Everything that changes a plan's score (the transposition table's key)."""
+    stages = _STAGE_KEYS.get(plan.stages)  # a cut's plans (schedule and resharding variants) share its stage tuple
+    if stages is None:
+        stages = _STAGE_KEYS.put(plan.stages, tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute)
+                                                    for s in plan.stages))
     return (plan.microbatch_size, plan.dp_level, plan.schedule.name, plan.schedule.virtual_chunks,
-            plan.schedule.extra_warmup, plan.schedule.w_defer, plan.schedule.w_offload, plan.resharding,
-            tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute) for s in plan.stages))
+            plan.schedule.extra_warmup, plan.schedule.w_defer, plan.schedule.w_offload, plan.resharding, stages)
+
+
+_STAGE_KEYS: ByIdentity[tuple] = ByIdentity(256)  # `plan_key`'s stage part per stage tuple, the most recent
 
 
 def _hops_and_periods(pc: Any, p: int, hops: int) -> tuple[list[float], list[float]]:

@@ -29,6 +29,7 @@ class MemoryPricer:
         self.compute = compute
         self.sequence_parallel = sequence_parallel
         self._memory: dict[tuple, float] = {}
+        self._parts: dict[tuple, cm.MemoryParts] = {}  # `stage_memory_bytes`: what no in-flight count changes
         self._schedule_terms: dict[tuple, tuple[tuple[float, float, float, bool], ...]] = {}
         self._peaks: ByIdentity[dict[tuple, tuple[float, float]]] = ByIdentity()  # `stage_peak`, per StagePlan
 
@@ -48,16 +49,19 @@ class MemoryPricer:
         key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec, w_held, w_peak,
                w_offload)
         hit = self._memory.get(key)
-        if hit is None:
-            c = self.compute.cluster(cluster)
-            nbytes = compute_bytes(prec)
-            hit = cm.stage_memory(self.compute.layer_table(prec).range(layers[0], layers[1]), c, tp=tp, dp=dp,
-                                  microbatch=microbatch_size, inflight=inflight, recompute=recompute, zero1=zero1,
-                                  sequence_parallel=self.sequence_parallel, flash_attention=self.compute.flash(c),
-                                  cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0,
-                                  grad_bytes=DTYPE_BYTES[self.compute.training.grad_reduce_dtype], w_held=w_held,
-                                  w_peak=w_peak, w_offload=w_offload)
-            self._memory[key] = hit
+        if hit is None:  # costmodel.stage_memory, its in-flight-independent terms kept apart
+            pkey = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, zero1, prec)
+            parts = self._parts.get(pkey)
+            if parts is None:
+                c = self.compute.cluster(cluster)
+                nbytes = compute_bytes(prec)
+                parts = self._parts[pkey] = cm.stage_memory_parts(
+                    self.compute.layer_table(prec).range(layers[0], layers[1]), c, tp=tp, dp=dp,
+                    microbatch=microbatch_size, recompute=recompute, zero1=zero1,
+                    sequence_parallel=self.sequence_parallel, flash_attention=self.compute.flash(c),
+                    cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0,
+                    grad_bytes=DTYPE_BYTES[self.compute.training.grad_reduce_dtype])
+            hit = self._memory[key] = parts.peak(inflight, w_held, w_peak, w_offload)
         return hit
 
     def schedule_terms(self, plan: Plan) -> tuple[tuple[float, float, float, bool], ...]:
