@@ -108,6 +108,8 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
     by_name = cache.get("clusters")
     if by_name is None:  # a dict, not spec.cluster's scan: this runs per stage of ~10^5 shapes
         by_name = cache["clusters"] = {c.name: c for c in spec.clusters}
+        cache["capacity"] = {c.name: space.capacity(c.name) for c in spec.clusters}
+    capacity = cache["capacity"]  # Metis' device memory, less the plan's headroom
     tps = []
     for name, k in zip(order, ks):
         c = by_name[name]
@@ -145,7 +147,7 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
             end = pos + cnt
             need = (c.base_static + c.base_act * q + (pf.static[end] - pf.static[pos])
                     + q * (pf.act[end] - pf.act[pos]))
-            cap = space.capacity(name)  # Metis' device memory, less the plan's headroom
+            cap = capacity[name]
             if need / cap > worst:
                 worst, worst_cluster = need / cap, name
             e.append(pf.times[end] - pf.times[pos])
