@@ -141,15 +141,23 @@ class _StageCost:
     act: list[float]  # per layer, bytes per in-flight microbatch
     base_static: float
     base_act: float
+    blocks_alike: bool = False  # static and act hold one value for every slot but the first and the last
     # per in-flight count q: the per-layer bytes static + act * q (`mem_row`), built once per stage cost
     rows: dict[float, list[float]] = field(default_factory=dict, compare=False, repr=False)
 
     def mem_row(self, q: float) -> list[float]:
         """Per layer, the bytes with `q` microbatches in flight: the splits of every candidate sharing this stage
-        cost and in-flight count read one list (callers must not change it)."""
+        cost and in-flight count read one list (callers must not change it); with `blocks_alike`, the blocks'
+        entry is one float object (a row per stage cost and count is kept, so it stays small)."""
         row = self.rows.get(q)
         if row is None:
-            row = self.rows[q] = list(map(operator.add, self.static, map(operator.mul, self.act, itertools.repeat(q))))
+            static, act = self.static, self.act
+            if self.blocks_alike and len(static) > 2:
+                row = [static[0] + act[0] * q] + [static[1] + act[1] * q] * (len(static) - 2) + [
+                    static[-1] + act[-1] * q]
+            else:
+                row = list(map(operator.add, static, map(operator.mul, act, itertools.repeat(q))))
+            self.rows[q] = row
         return row
 
 
@@ -435,7 +443,7 @@ class StrategySpace:
         sh, ah = split((n - 1, n))
         static = [se - c0] + [sb] * (n - 2) + [sh - c0]
         act = [ae - q0] + [ab] * (n - 2) + [ah - q0]
-        got = _StageCost(times, static, act, c0, q0)
+        got = _StageCost(times, static, act, c0, q0, blocks_alike=True)
         self._cost[key] = got
         return got
 
