@@ -34,7 +34,10 @@ class ByIdentity(Generic[V]):
         items = self._items
         items[id(obj)] = (obj, value)
         if self._limit is not None and len(items) > self._limit:
-            del items[next(iter(items))]
+            try:  # another thread may drop the same oldest entry meanwhile: a memo, so either is fine
+                items.pop(next(iter(items)), None)
+            except (RuntimeError, StopIteration):
+                pass
         return value
 
     def __len__(self) -> int:
