@@ -38,6 +38,8 @@ class LinkPricer:
         self.compute = compute
         self.overheads = overheads
         self._links: dict[tuple, tuple[Link, Link, dict[str, float]]] = {}
+        self._nodes: dict[tuple[str, tuple[int, ...]], frozenset[int]] = {}  # `nodes_of`
+        self._tied: dict[tuple, float] = {}  # `tied_sum_s` by the first and last stages' clusters and devices
         # whether any cross-cluster link may restart from slow start (a TCP window, the restart on) or has rows
         # measured after idle: only then do boundary prices depend on the plan's stage times (and the link cache
         # key on them)
@@ -103,14 +105,14 @@ class LinkPricer:
         flows, flow_bytes = cm.boundary_flows(method, nbytes, (a.dp, a.tp), (b.dp, b.tp))
 
         def share(st: StagePlan, c: Cluster) -> NodeShare:
-            nodes = len({c.node_of(d) for d in st.devices})
+            nodes = len(self.nodes_of(c, st.devices))
             return NodeShare(c.inter_node, -(-flows // max(nodes, 1)))
 
         if ca.name != cb.name:
             link, kind = self.compute.inputs.cluster.link(ca.name, cb.name), "cross-cluster"
             price = price_link(link, flow_bytes, flows, share(a, ca), share(b, cb), idle_s=idle_s)
         else:
-            nodes = {ca.node_of(d) for d in (*a.devices, *b.devices)}
+            nodes = self.nodes_of(ca, a.devices) | self.nodes_of(ca, b.devices)
             if len(nodes) == 1:
                 link, kind = ca.intra_link(a.devices[0]), "intra-node"
                 price = LinkPrice(link.bandwidth_Bps, link.latency_s, "nominal", "intra-node link")
@@ -119,6 +121,15 @@ class LinkPricer:
                 price = price_link(link, flow_bytes, flows, share(a, ca), share(b, cb))
         info = BoundaryLink(-1, kind, price.source, price.detail, flows, flow_bytes, price.seconds(flow_bytes))
         return link, price, info
+
+    def nodes_of(self, c: Cluster, devices: tuple[int, ...]) -> frozenset[int]:
+        """The nodes of cluster `c` holding `devices`, kept per (cluster, devices): every boundary of a stage asks
+        (4096 devices: a Python step per device per boundary priced)."""
+        key = (c.name, devices)
+        hit = self._nodes.get(key)
+        if hit is None:
+            hit = self._nodes[key] = frozenset(map(c.node_of, devices))
+        return hit
 
     def link_prices(self, plan: Plan, costs: PipelineCosts) -> tuple[BoundaryLink, ...]:
         """How each of `plan`'s boundaries was priced (which source, which term), in boundary order; `costs`:
@@ -213,7 +224,15 @@ class LinkPricer:
         if plan.num_stages < 2 or head.kind != "head" or head.tied_params <= 0:
             return 0.0
         first, last = plan.stages[0], plan.stages[-1]
-        nbytes = head.tied_params * DTYPE_BYTES["fp32"]
+        key = (first.cluster, first.devices, first.num_devices, last.cluster, last.devices, last.num_devices)
+        hit = self._tied.get(key)
+        if hit is None:
+            hit = self._tied[key] = self._tied_sum(first, last, head.tied_params)
+        return hit
+
+    def _tied_sum(self, first: StagePlan, last: StagePlan, tied_params: int) -> float:
+        """`tied_sum_s` of a plan whose first and last stages are `first` and `last`."""
+        nbytes = tied_params * DTYPE_BYTES["fp32"]
         oh = self.overheads
         if oh is not None and oh.allreduce_Bps > 0 and first.cluster == last.cluster:  # measured gloo on this host
             t = cm.ring_allreduce_time(nbytes, first.num_devices + last.num_devices, oh.allreduce_Bps,

@@ -480,6 +480,37 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
     (hetauto.core.dp_sharding): the states per `adam_bytes_per_param`, plus
     `dp_shard_transient_bytes` (gathered at the compute dtype, reduced at `grad_bytes`); fsdp casts at its
     all-gather, so it keeps no per-microbatch weight casts."""
+    return stage_memory_parts(sums, cluster, tp=tp, dp=dp, microbatch=microbatch, recompute=recompute, zero1=zero1,
+                              sequence_parallel=sequence_parallel, flash_attention=flash_attention,
+                              cast_bytes=cast_bytes, grad_bytes=grad_bytes).peak(inflight, w_held, w_peak, w_offload)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryParts:
+    """`stage_memory`'s terms that do not depend on what the schedule keeps in flight: the planner prices one
+    stage at many in-flight counts (every cut, schedule and warm-up depth), so these are computed once."""
+
+    states: float  # model states and DP sharding's transient buffers
+    per_mb: float  # activations and weight casts per microbatch in flight
+    transient: float  # a re-materialised block, its casts
+    kept: float  # one microbatch's deferred W set (`deferred_w_bytes`)
+    workspace: float  # `workspace_bytes` of the device
+
+    def peak(self, inflight: float, w_held: float = 0.0, w_peak: float | None = None,
+             w_offload: bool = False) -> float:
+        """`stage_memory` at these in-flight figures (the same operations in the same order)."""
+        per_mb, kept = self.per_mb, self.kept
+        live = per_mb * inflight + kept * (min(w_held, OFFLOAD_PEAK_SETS) if w_offload else w_held)
+        if w_peak is not None and w_peak > w_held:
+            live = max(live, per_mb * (inflight - (w_peak - w_held))
+                       + kept * (min(w_peak, OFFLOAD_DEVICE_SETS) if w_offload else w_peak))
+        return self.states + live + self.transient + self.workspace
+
+
+def stage_memory_parts(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microbatch: int,
+                       recompute: bool = False, zero1: "bool | str" = False, sequence_parallel: bool = False,
+                       flash_attention: bool = True, cast_bytes: int = 0, grad_bytes: int = FP32_BYTES) -> MemoryParts:
+    """`stage_memory`'s in-flight-independent terms (see there)."""
     b = microbatch / dp
     level = level_key(zero1)
     states = sums.params / tp * adam_bytes_per_param(dp, level)
@@ -503,11 +534,7 @@ def stage_memory(sums: RangeSums, cluster: Cluster, *, tp: int, dp: int, microba
     per_mb += casts / tp * cast_bytes
     transient += cast_transient / tp * cast_bytes
     kept = deferred_w_bytes(sums, tp=tp, dp=dp, microbatch=microbatch)
-    live = per_mb * inflight + kept * (min(w_held, OFFLOAD_PEAK_SETS) if w_offload else w_held)
-    if w_peak is not None and w_peak > w_held:
-        live = max(live, per_mb * (inflight - (w_peak - w_held))
-                   + kept * (min(w_peak, OFFLOAD_DEVICE_SETS) if w_offload else w_peak))
-    return states + live + transient + workspace_bytes(cluster.device.memory_bytes)
+    return MemoryParts(states, per_mb, transient, kept, workspace_bytes(cluster.device.memory_bytes))
 
 
 def dp_grad_bytes(sums: RangeSums, *, tp: int, element_bytes: float = FP32_BYTES) -> float:

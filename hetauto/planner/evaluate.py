@@ -42,6 +42,7 @@ from hetauto.planner.evaluation import (BoundaryLink, Evaluation, StageTimes, Ti
                                         plan_precision)
 from hetauto.planner.fastpipe import Setup1F1B, iterate, setup_1f1b
 from hetauto.planner.host_contention import HostContention
+from hetauto.planner.identity_memo import ByIdentity, HashedKey
 from hetauto.planner.inputs import PlanningInputs, inputs_for_plan, resolve_plan_paths
 from hetauto.planner.plan_costs import SPLIT_BACKWARD, CostBuilder, PricedCosts
 from hetauto.planner.stage_compute import ComputePricer
@@ -176,23 +177,23 @@ class Evaluator:
 
     def _memory_check(self, plan: Plan, prec: str) -> tuple[tuple[float, ...], tuple[float, ...], str | None]:
         """(per stage one device's peak bytes, its capacity, the first stage's violation or None): a plan that
-        does not fit is never timed."""
-        peaks, caps = [], []
-        violation = None
-        for i, st in enumerate(plan.stages):
-            c = self.cluster(st.cluster)
-            need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size,
-                                           self.inflight(plan, i), st.recompute, plan.dp_level, prec,
-                                           *self.w_held(plan, i), w_offload=plan.schedule.offloads(i))
-            cap, who = c.device.memory_bytes, f"{st.num_devices}x {c.device.key}"
-            if self.is_split(st):  # memory per device type: each replica kind's rows on its own device
-                need, cap, who = self.replica_memory(plan, i, prec)
-            peaks.append(need)
-            caps.append(cap)
-            if violation is None and need > usable_bytes(cap, plan.memory_headroom):
-                violation = memory_violation(i, c.name, st.num_devices, c.device.key, st.layers, need, cap,
-                                             plan.memory_headroom, who=who)
-        return tuple(peaks), tuple(caps), violation
+        does not fit is never timed. Each stage's figures come from the memory section (`stage_peak`), kept per
+        StagePlan and schedule terms (the planner's cuts share both)."""
+        memory = self.memory
+        terms, stage_peak = memory.schedule_terms(plan), memory.stage_peak
+        pairs = [stage_peak(plan, i, prec, terms[i]) for i in range(len(terms))]
+        peaks = tuple(need for need, _ in pairs)
+        caps = tuple(cap for _, cap in pairs)
+        headroom = plan.memory_headroom
+        for i, (need, cap) in enumerate(pairs):
+            if need > usable_bytes(cap, headroom):
+                st = plan.stages[i]
+                c = self.cluster(st.cluster)
+                who = (self.replica_memory(plan, i, prec)[2] if self.is_split(st)
+                       else f"{st.num_devices}x {c.device.key}")
+                return peaks, caps, memory_violation(i, c.name, st.num_devices, c.device.key, st.layers, need, cap,
+                                                     headroom, who=who)
+        return peaks, caps, None
 
     def _timed(self, plan: Plan, prec: str, peaks: tuple[float, ...], caps: tuple[float, ...],
                costs: PipelineCosts | None = None, first: tuple[float, float] | None = None) -> Evaluation:
@@ -218,12 +219,21 @@ class Evaluator:
                           flops / t / devices / 1e12 if t > 0 else 0.0, peaks, caps, None, plan.memory_headroom)
 
     def _check(self, plan: Plan) -> None:
+        """Raise PlanMismatch naming the first thing of `plan` these inputs cannot price. Its stages' part runs once
+        per stage tuple (the compute section remembers those that passed): the space's plans share them."""
+        known = self.compute.stages_checked.get(plan.stages) is not None
         n = len(self.inputs.layers)
-        if plan.stages[-1].layers[1] != n:
+        if not known and plan.stages[-1].layers[1] != n:
             raise PlanMismatch(f"plan's last stage ends at layer {plan.stages[-1].layers[1]}, but {self.inputs.model.name} "
                                f"has {n} layer slots (embedding, {n - 2} blocks, head); the last stage must end at {n}")
         if plan.seq_len != self.inputs.seq_len:
             raise PlanMismatch(f"plan seq_len {plan.seq_len} differs from the inputs' {self.inputs.seq_len}")
+        if not known:
+            self._check_devices(plan)
+            self.compute.stages_checked.put(plan.stages, True)
+
+    def _check_devices(self, plan: Plan) -> None:
+        """`_check`'s part on each stage's devices and device type."""
         if self._devices_fit(plan):  # the common case in C; else the loop below names the first bad device
             for i, st in enumerate(plan.stages):
                 c = self.cluster(st.cluster)
@@ -266,9 +276,15 @@ class Evaluator:
         return all(len(seen[name]) == count for name, count in total.items())
 
     @staticmethod
-    def _key(plan: Plan) -> tuple:
-        return (plan.seq_len, plan.global_batch, plan.microbatch_size, plan.num_microbatches, plan.stages,
-                plan.schedule, plan.boundary_methods(), plan.dp_level, plan.training, plan.memory_headroom)
+    def _key(plan: Plan) -> HashedKey:
+        """What `plan` is cached by: its fields that change an evaluation, hashed once per plan object (the space
+        prices a plan and the search then evaluates that very object; hashing the key walks every StagePlan)."""
+        hit = _RECENT_KEYS.get(plan)
+        if hit is None:
+            hit = _RECENT_KEYS.put(plan, HashedKey((
+                plan.seq_len, plan.global_batch, plan.microbatch_size, plan.num_microbatches, plan.stages,
+                plan.schedule, plan.boundary_methods(), plan.dp_level, plan.training, plan.memory_headroom)))
+        return hit
 
     def _split_tie(self, plan: Plan) -> str | None:
         """Why `plan` cannot run if it puts two layer slots of a stage builder model that share a parameter (a
@@ -397,6 +413,7 @@ class Evaluator:
 
 
 _CORRECTIONS: dict[str, "Correction"] = {}
+_RECENT_KEYS: ByIdentity[HashedKey] = ByIdentity(4 * RECENT_COSTS)  # `Evaluator._key`: pure in the plan, so shared
 
 
 def _named_correction(name: str) -> "Correction":

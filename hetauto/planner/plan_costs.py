@@ -18,6 +18,7 @@ from hetauto.core.plan import Plan, StagePlan
 from hetauto.core.precision import DTYPE_BYTES
 from hetauto.planner import costmodel as cm
 from hetauto.planner.boundary_links import LinkPricer, fold_groups
+from hetauto.planner.identity_memo import ByIdentity
 from hetauto.planner.stage_compute import ComputePricer
 from hetauto.planner.stage_memory import MemoryPricer
 from hetauto.schedule import Link, PipelineCosts
@@ -67,7 +68,10 @@ class CostBuilder:
         self.overheads = overheads
         self.host = host
         self.dp_overlap = dp_overlap
-        self._terms: dict[tuple, _StageTerms] = {}  # `_plain_terms`
+        self._terms: dict[tuple, tuple[ByIdentity[_StageTerms], dict[tuple, _StageTerms]]] = {}  # `_plain_terms`
+        # `_boundary_terms`: per (ids of the two StagePlans, method, microbatch, idle, table), those objects (kept
+        # alive, so the ids stay theirs) and the boundary's bytes and links
+        self._boundaries: dict[tuple, tuple] = {}
 
     def costs(self, plan: Plan, fold_shared: bool = True) -> PricedCosts:
         """`plan`'s pipeline costs per stage; `fold_shared`: fold a shared link group one directed boundary uses
@@ -75,8 +79,8 @@ class CostBuilder:
         prec = self.compute.precision(plan)
         table = self.compute.layer_table(prec)
         split = plan.schedule.name in SPLIT_BACKWARD
-        terms = [self._stage_terms(plan, i, prec, table, split) if split else self._plain_terms(plan, i, prec, table)
-                 for i in range(plan.num_stages)]
+        terms = ([self._stage_terms(plan, i, prec, table, True) for i in range(plan.num_stages)] if split
+                 else self._plain_terms(plan, prec, table))
         tf = [t.tf for t in terms]
         tb = [t.tb for t in terms]
         ar, overlap = self._exposed_allreduce(plan, tb, [t.allreduce for t in terms], [t.grad_bytes for t in terms])
@@ -89,15 +93,31 @@ class CostBuilder:
                               w_share=tuple(t.w_share for t in terms) if split else 0.0)
         return PricedCosts(costs, tuple(t.shard_exposed_mb for t in terms))
 
-    def _plain_terms(self, plan: Plan, i: int, prec: str, table: cm.LayerTable) -> _StageTerms:
-        """`_stage_terms` of a stage whose backward is not split, kept by what they read of the plan (the stage,
-        microbatch, precision, training, DP level and whether it is the only stage): candidates differing in
-        another stage, the schedule or the resharding share them (at scale-736 ~50 stages per plan)."""
-        key = (plan.stages[i], plan.microbatch_size, prec, plan.training, plan.dp_level, plan.num_stages == 1)
-        hit = self._terms.get(key)
-        if hit is None:
-            hit = self._terms[key] = self._stage_terms(plan, i, prec, table, False)
-        return hit
+    def _plain_terms(self, plan: Plan, prec: str, table: cm.LayerTable) -> list[_StageTerms]:
+        """`_stage_terms` of every stage of a plan whose backward is not split, kept by what they read of the plan
+        (the stage, microbatch, precision, training, DP level and whether it is the only stage): candidates
+        differing in another stage, the schedule or the resharding share them (at scale-736 ~50 stages per
+        plan). Per StagePlan object (the space's cuts share them), so no stage is hashed; a stage priced as a
+        whole (not `is_split`) reads nothing of its devices but their count, so one on other devices of its
+        cluster with the same layers and shape shares them too."""
+        key = (plan.microbatch_size, prec, plan.training, plan.dp_level, plan.num_stages == 1)
+        memo = self._terms.get(key)
+        if memo is None:
+            memo = self._terms[key] = (ByIdentity(), {})
+        by_stage, by_shape = memo
+        out = []
+        for i, st in enumerate(plan.stages):
+            hit = by_stage.get(st)
+            if hit is None:
+                shape = None if self.compute.is_split(st) else (st.cluster, st.layers, st.tp, st.dp, st.recompute)
+                hit = by_shape.get(shape) if shape is not None else None
+                if hit is None:
+                    hit = self._stage_terms(plan, i, prec, table, False)
+                    if shape is not None:
+                        by_shape[shape] = hit
+                by_stage.put(st, hit)
+            out.append(hit)
+        return out
 
     def _stage_terms(self, plan: Plan, i: int, prec: str, table: cm.LayerTable, split: bool) -> _StageTerms:
         """Stage `i`'s F and B per microbatch (its slowest replica's for a mixed DP group, plus wake-ups and the
@@ -184,11 +204,17 @@ class CostBuilder:
         idle = self.links.idle_s(plan, tf, tb) if self.links.slow_start else 0.0
         if plan.schedule.name == "interleaved" and p > 1:
             pairs.append((stages[-1], stages[0], methods[-1] if methods else "scatter-allgather"))
+        known = self._boundaries
         for a, b, method in pairs:
-            s = table.range(*a.layers).boundary_bytes_per_sample * mb
-            if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
-                s = float(table.layers[1].boundary_bytes_per_sample * mb) if len(table.layers) > 1 else 0.0
-            f, bk, gs = self.links.boundary(a, b, method, s, idle)
+            # per (a, b) StagePlan objects (the space's cuts share them): no device tuple hashed again
+            key = (id(a), id(b), method, mb, idle, id(table))
+            hit = known.get(key)
+            if hit is None or hit[0] is not a or hit[1] is not b or hit[2] is not table:
+                s = table.range(*a.layers).boundary_bytes_per_sample * mb
+                if s <= 0:  # a stage ending at the head (interleaved wrap): the block activation size
+                    s = float(table.layers[1].boundary_bytes_per_sample * mb) if len(table.layers) > 1 else 0.0
+                hit = known[key] = (a, b, table, s, *self.links.boundary(a, b, method, s, idle))
+            _, _, _, s, f, bk, gs = hit
             links.append(f)
             back.append(bk)
             groups.update(gs)

@@ -23,7 +23,9 @@ Costs come from the Evaluator's cheap, cached pieces (`stage_compute_time`, `sta
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -34,6 +36,7 @@ from hetauto.core.plan import Plan, ScheduleSpec, StagePlan, TrainingSpec
 from hetauto.core.precision import HOST_BACKENDS
 from hetauto.planner import costmodel as cm
 from hetauto.planner import principles as P
+from hetauto.planner.identity_memo import ByIdentity
 from hetauto.planner.inputs import PlanningInputs
 from hetauto.schedule import PLAIN_B
 
@@ -138,6 +141,24 @@ class _StageCost:
     act: list[float]  # per layer, bytes per in-flight microbatch
     base_static: float
     base_act: float
+    blocks_alike: bool = False  # static and act hold one value for every slot but the first and the last
+    # per in-flight count q: the per-layer bytes static + act * q (`mem_row`), built once per stage cost
+    rows: dict[float, list[float]] = field(default_factory=dict, compare=False, repr=False)
+
+    def mem_row(self, q: float) -> list[float]:
+        """Per layer, the bytes with `q` microbatches in flight: the splits of every candidate sharing this stage
+        cost and in-flight count read one list (callers must not change it); with `blocks_alike`, the blocks'
+        entry is one float object (a row per stage cost and count is kept, so it stays small)."""
+        row = self.rows.get(q)
+        if row is None:
+            static, act = self.static, self.act
+            if self.blocks_alike and len(static) > 2:
+                row = [static[0] + act[0] * q] + [static[1] + act[1] * q] * (len(static) - 2) + [
+                    static[-1] + act[-1] * q]
+            else:
+                row = list(map(operator.add, static, map(operator.mul, act, itertools.repeat(q))))
+            self.rows[q] = row
+        return row
 
 
 @dataclass(slots=True)
@@ -209,6 +230,8 @@ class StrategySpace:
         # candidates share layouts and cuts: their stages are built once (`layout`, `_plan`); frozen values
         self._layouts: dict[tuple, tuple[StageLayout, ...]] = {}
         self._stage_plans: dict[tuple, tuple[StagePlan, ...]] = {}
+        self._stage_plan_of: dict[tuple[StageLayout, int, int], StagePlan] = {}  # `_stage_plans_for`
+        self._prepared: dict[tuple, tuple[str | None, tuple, tuple, tuple]] = {}  # `_layout_costs`
         self._mixed = any(c.is_mixed for c in self.spec.clusters)
 
     # ------------------------------------------------------------------ features
@@ -420,7 +443,7 @@ class StrategySpace:
         sh, ah = split((n - 1, n))
         static = [se - c0] + [sb] * (n - 2) + [sh - c0]
         act = [ae - q0] + [ab] * (n - 2) + [ah - q0]
-        got = _StageCost(times, static, act, c0, q0)
+        got = _StageCost(times, static, act, c0, q0, blocks_alike=True)
         self._cost[key] = got
         return got
 
@@ -461,11 +484,9 @@ class StrategySpace:
             return Built(violation="no stage: every cluster is unused")
         if p > self.num_layers:
             return Built(violation=f"{p} stages for {self.num_layers} layers")
-        for i, st in enumerate(stages):
-            if mbs % st.dp and st.shares is None:
-                return Built(violation=f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}")
-        costs = [self.stage_cost(st, mbs, cand.zero1) for st in stages]
-        caps = [usable_bytes(self.stage_capacity(st), self.headroom) for st in stages]
+        violation, costs, caps, shape = self._layout_costs(cand, stages)
+        if violation is not None:
+            return Built(violation=violation)
         if cand.schedule in ZERO_BUBBLE:  # the base schedule's plans, each as its zero-bubble twin
             base = self.build(replace(cand, schedule=ZERO_BUBBLE[cand.schedule]), twins=True)
             # zb-v apart (its own candidate); a virtual-zb candidate keeps the zb-h1 twin of its plain plan too
@@ -474,7 +495,7 @@ class StrategySpace:
         if cand.schedule == "interleaved":
             return self._build_interleaved(cand, stages, costs, caps, m)
         q = [min(m, p - i) for i in range(p)]
-        key = (cand.balance, mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages))
+        key = (cand.balance, mbs, cand.zero1, shape)
         if key not in self._splits:  # the schedule and resharding variants of one layout share the split
             self._splits[key] = self._split(cand.balance, stages, costs, caps, q)
         counts = self._splits[key]
@@ -493,14 +514,36 @@ class StrategySpace:
         # the plain plan too: where the deeper warm-up gains nothing, the tie goes to the one holding less memory
         out = [self._plan(cand, stages, counts, m, "virtual-1f1b", kept), plan] if any(kept) else [plan]
         if kept != wanted:  # memory forbids the depth here: try a cut that leaves room upstream
-            q2 = [min(m, p - i + sum(wanted[i:])) for i in range(p)]
-            key2 = (mbs, cand.zero1, tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages), tuple(q2))
+            below = list(itertools.accumulate(reversed(wanted), initial=0))[::-1]  # below[i] = sum(wanted[i:])
+            q2 = [min(m, p - i + below[i]) for i in range(p)]
+            key2 = (mbs, cand.zero1, shape, tuple(q2))
             if key2 not in self._splits:
                 self._splits[key2] = P.balance_layers(*self._matrices(costs, q2), caps)
             counts2 = self._splits[key2]
             if counts2 is not None and counts2 != counts:
                 out.append(self._plan(cand, stages, counts2, m, "virtual-1f1b", wanted))
         return Built(self._variants(out, stages, caps, m, cand, twins))
+
+    def _layout_costs(self, cand: Candidate, stages: list[StageLayout]
+                      ) -> tuple[str | None, list[_StageCost], list[float], tuple]:
+        """(why the microbatch does not split over a stage's DP replicas or None, per stage its `stage_cost` and
+        usable capacity, the stages' (cluster, tp, dp, recompute) that key a split) of `cand`'s layout: the same
+        for every schedule, balance, resharding and warm-up of one layout, microbatch and DP level, so built once
+        (fresh lists each call: callers may not share them)."""
+        key = (self._layout_key(cand), cand.microbatch_size, cand.zero1)
+        hit = self._prepared.get(key)
+        if hit is None:
+            mbs = cand.microbatch_size
+            bad = next((f"stage {i} ({st.cluster}): dp={st.dp} does not divide microbatch {mbs}"
+                        for i, st in enumerate(stages) if mbs % st.dp and st.shares is None), None)
+            if bad is not None:
+                hit = (bad, (), (), ())
+            else:
+                hit = (None, tuple(self.stage_cost(st, mbs, cand.zero1) for st in stages),
+                       tuple(usable_bytes(self.stage_capacity(st), self.headroom) for st in stages),
+                       tuple((st.cluster, st.tp, st.dp, st.recompute) for st in stages))
+            self._prepared[key] = hit
+        return hit[0], list(hit[1]), list(hit[2]), hit[3]
 
     def _variants(self, plans: list[Plan], stages: list[StageLayout], caps: list[float], m: int, cand: Candidate,
                   twins: bool) -> list[Plan]:
@@ -630,7 +673,7 @@ class StrategySpace:
 
     def _matrices(self, costs: list[_StageCost], q: list[int]) -> tuple[list[list[float]], list[list[float]], list[float]]:
         times = [c.times for c in costs]
-        mems = [[s + a * qi for s, a in zip(c.static, c.act)] for c, qi in zip(costs, q)]
+        mems = [c.mem_row(qi) for c, qi in zip(costs, q)]
         base = [c.base_static + c.base_act * qi for c, qi in zip(costs, q)]
         return times, mems, base
 
@@ -708,19 +751,25 @@ class StrategySpace:
             schedule=ScheduleSpec.model_construct(
                 name=schedule, extra_warmup=tuple(extra), w_defer=tuple(w_defer), w_offload=tuple(w_offload),
                 virtual_chunks=cand.chunks if schedule == "interleaved" else 1),
-            resharding=tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])),
+            resharding=(tuple(cand.method(a.cluster, b.cluster) for a, b in zip(stages, stages[1:])) if cand.reshard
+                        else (cand.resharding,) * (len(stages) - 1)),  # no override: every boundary the default
             **plan_fields(cand.zero1), training=getattr(self.evaluator, "training", TrainingSpec()),
             memory_headroom=float(self.headroom))
 
     def _stage_plans_for(self, stages: list[StageLayout], counts: list[int]) -> tuple[StagePlan, ...]:
         """`stages` holding `counts` consecutive layers each, as StagePlans (unvalidated, see `_plan`)."""
         out, pos = [], 0
+        made = self._stage_plan_of
         for st, c in zip(stages, counts):
-            cl = self.spec.cluster(st.cluster)
-            dev = self._probe(st, (0, 1)).device_type if cl.is_mixed else cl.device.key
-            out.append(StagePlan.model_construct(cluster=st.cluster, device_type=dev, devices=tuple(st.devices),
-                                                 layers=(pos, pos + c), tp=st.tp, dp=st.dp, recompute=st.recompute,
-                                                 dp_shares=st.shares))
+            key = (st, pos, c)
+            sp = made.get(key)
+            if sp is None:  # one StagePlan per stage and layer range, whichever cut holds it
+                cl = self.spec.cluster(st.cluster)
+                dev = self._probe(st, (0, 1)).device_type if cl.is_mixed else cl.device.key
+                sp = made[key] = StagePlan.model_construct(
+                    cluster=st.cluster, device_type=dev, devices=tuple(st.devices), layers=(pos, pos + c), tp=st.tp,
+                    dp=st.dp, recompute=st.recompute, dp_shares=st.shares)
+            out.append(sp)
             pos += c
         return tuple(out)
 
@@ -733,9 +782,15 @@ def validated(plan: Plan) -> Plan:
 
 def plan_key(plan: Plan) -> tuple:
     """Everything that changes a plan's score (the transposition table's key)."""
+    stages = _STAGE_KEYS.get(plan.stages)  # a cut's plans (schedule and resharding variants) share its stage tuple
+    if stages is None:
+        stages = _STAGE_KEYS.put(plan.stages, tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute)
+                                                    for s in plan.stages))
     return (plan.microbatch_size, plan.dp_level, plan.schedule.name, plan.schedule.virtual_chunks,
-            plan.schedule.extra_warmup, plan.schedule.w_defer, plan.schedule.w_offload, plan.resharding,
-            tuple((s.cluster, s.devices, s.layers, s.tp, s.dp, s.recompute) for s in plan.stages))
+            plan.schedule.extra_warmup, plan.schedule.w_defer, plan.schedule.w_offload, plan.resharding, stages)
+
+
+_STAGE_KEYS: ByIdentity[tuple] = ByIdentity(256)  # `plan_key`'s stage part per stage tuple, the most recent
 
 
 def _hops_and_periods(pc: Any, p: int, hops: int) -> tuple[list[float], list[float]]:

@@ -20,6 +20,7 @@ from hetauto.core.plan import Plan, StagePlan, TrainingSpec
 from hetauto.core.precision import HOST_BACKENDS, compute_bytes, resolve_precision
 from hetauto.planner import costmodel as cm
 from hetauto.planner.evaluation import device_kind, plan_precision
+from hetauto.planner.identity_memo import ByIdentity
 from hetauto.planner.inputs import PlanningInputs, inputs_for_plan
 from hetauto.planner.measured import KindTimes, MeasuredLayers, kind_times, measured_layers
 from hetauto.planner.measured import stage_time as measured_stage
@@ -65,6 +66,10 @@ class ComputePricer:
         self._detail: dict[tuple, cm.StageCompute] = {}
         self._measured_tables: dict[tuple[str, str], MeasuredLayers | None] = {}
         self._kind_times: dict[tuple, KindTimes] = {}
+        self._stage_peaks: dict[tuple, float] = {}  # `stage_peak` of stages on unmixed clusters
+        # stage tuples whose clusters, devices and device types these clusters hold (Evaluator._check), by identity
+        self.stages_checked: ByIdentity[bool] = ByIdentity()
+        self._stage_clusters: ByIdentity[tuple[str, ...]] = ByIdentity()  # `precision`
 
     def cluster(self, name: str) -> Cluster:
         """The cluster (or a mixed cluster's node-group view) `name`, its device overridden where measured."""
@@ -82,7 +87,10 @@ class ComputePricer:
 
     def precision(self, plan: Plan) -> str:
         """The resolved precision `plan` is priced at (`plan_precision`), cached by its training and clusters."""
-        key = (plan.training.precision, tuple(st.cluster for st in plan.stages))
+        clusters = self._stage_clusters.get(plan.stages)  # per stage tuple (plans share them): no loop per call
+        if clusters is None:
+            clusters = self._stage_clusters.put(plan.stages, tuple(st.cluster for st in plan.stages))
+        key = (plan.training.precision, clusters)
         hit = self._precisions.get(key)
         if hit is None:
             hit = self._precisions[key] = plan_precision(plan, self.inputs.cluster)
@@ -337,9 +345,14 @@ class ComputePricer:
 
     def stage_peak(self, st: StagePlan, precision: str, tf32: bool) -> float:
         """Peak FLOP/s of all `st`'s devices together (a mixed stage's replicas at their own devices' peaks)."""
+        key = (st.cluster, st.tp, st.dp, precision, tf32)
+        hit = self._stage_peaks.get(key)
+        if hit is not None:
+            return hit
         c = self.cluster(st.cluster)
-        if not c.is_mixed:
-            return self.compute_peak(st.cluster, precision, tf32) * st.num_devices
+        if not c.is_mixed:  # its devices alike: kept by cluster and shape
+            hit = self._stage_peaks[key] = self.compute_peak(st.cluster, precision, tf32) * st.num_devices
+            return hit
         return sum(self.compute_peak(c.group_view(g).name, precision, tf32) * st.tp for g in replica_groups(c, st))
 
 

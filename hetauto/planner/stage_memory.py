@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 
 from hetauto.core.cluster import Cluster
-from hetauto.core.plan import Plan
+from hetauto.core.plan import Plan, StagePlan
 from hetauto.core.precision import DTYPE_BYTES, HOST_BACKENDS, compute_bytes
 from hetauto.planner import costmodel as cm
+from hetauto.planner.identity_memo import ByIdentity
 from hetauto.planner.stage_compute import ComputePricer
 from hetauto.schedule import schedule_for_plan, zb_windows
 
@@ -28,6 +29,9 @@ class MemoryPricer:
         self.compute = compute
         self.sequence_parallel = sequence_parallel
         self._memory: dict[tuple, float] = {}
+        self._parts: dict[tuple, cm.MemoryParts] = {}  # `stage_memory_bytes`: what no in-flight count changes
+        self._schedule_terms: dict[tuple, tuple[tuple[float, float, float, bool], ...]] = {}
+        self._peaks: ByIdentity[dict[tuple, tuple[float, float]]] = ByIdentity()  # `stage_peak`, per StagePlan
 
     def stage_memory_bytes(self, cluster: str, layers: tuple[int, int], tp: int, dp: int, microbatch_size: int,
                            inflight: float, recompute: bool = False, zero1: "bool | str" = False,
@@ -45,29 +49,71 @@ class MemoryPricer:
         key = (cluster, layers[0], layers[1], tp, dp, microbatch_size, inflight, recompute, zero1, prec, w_held, w_peak,
                w_offload)
         hit = self._memory.get(key)
+        if hit is None:  # costmodel.stage_memory, its in-flight-independent terms kept apart
+            pkey = (cluster, layers[0], layers[1], tp, dp, microbatch_size, recompute, zero1, prec)
+            parts = self._parts.get(pkey)
+            if parts is None:
+                c = self.compute.cluster(cluster)
+                nbytes = compute_bytes(prec)
+                parts = self._parts[pkey] = cm.stage_memory_parts(
+                    self.compute.layer_table(prec).range(layers[0], layers[1]), c, tp=tp, dp=dp,
+                    microbatch=microbatch_size, recompute=recompute, zero1=zero1,
+                    sequence_parallel=self.sequence_parallel, flash_attention=self.compute.flash(c),
+                    cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0,
+                    grad_bytes=DTYPE_BYTES[self.compute.training.grad_reduce_dtype])
+            hit = self._memory[key] = parts.peak(inflight, w_held, w_peak, w_offload)
+        return hit
+
+    def schedule_terms(self, plan: Plan) -> tuple[tuple[float, float, float, bool], ...]:
+        """Per stage of `plan`, what its schedule holds there: (`inflight`, the two `w_held` figures, whether it
+        offloads its W sets), computed once per (schedule, stages, microbatches): every cut priced with that
+        schedule shares them."""
+        key = (plan.schedule, plan.num_stages, plan.num_microbatches)
+        hit = self._schedule_terms.get(key)
         if hit is None:
-            c = self.compute.cluster(cluster)
-            nbytes = compute_bytes(prec)
-            hit = cm.stage_memory(self.compute.layer_table(prec).range(layers[0], layers[1]), c, tp=tp, dp=dp,
-                                  microbatch=microbatch_size, inflight=inflight, recompute=recompute, zero1=zero1,
-                                  sequence_parallel=self.sequence_parallel, flash_attention=self.compute.flash(c),
-                                  cast_bytes=nbytes if nbytes < cm.FP32_BYTES else 0,
-                                  grad_bytes=DTYPE_BYTES[self.compute.training.grad_reduce_dtype], w_held=w_held,
-                                  w_peak=w_peak, w_offload=w_offload)
-            self._memory[key] = hit
+            hit = self._schedule_terms[key] = tuple(
+                (self.inflight(plan, i), *self.w_held(plan, i), plan.schedule.offloads(i))
+                for i in range(plan.num_stages))
+        return hit
+
+    def stage_peak(self, plan: Plan, stage: int, precision: str,
+                   terms: tuple[float, float, float, bool]) -> tuple[float, float]:
+        """(one device's peak bytes, its capacity) of `plan.stages[stage]` holding `terms` (`schedule_terms`): its
+        cluster's device, or a mixed DP group's tightest replica kind (`replica_memory`); kept per StagePlan
+        object and what else they read of the plan (the planner's cuts share their StagePlans)."""
+        st = plan.stages[stage]
+        per = self._peaks.get(st)
+        if per is None:
+            per = self._peaks.put(st, {})
+        key = (plan.microbatch_size, plan.dp_level, precision, *terms)
+        hit = per.get(key)
+        if hit is None:
+            if self.compute.is_split(st):  # memory per device type: each replica kind's rows on its own device
+                need, cap, _ = self._replica_peak(st, plan.microbatch_size, plan.dp_level, precision, terms)
+            else:
+                q, held, peak, offload = terms
+                need = self.stage_memory_bytes(st.cluster, st.layers, st.tp, st.dp, plan.microbatch_size, q,
+                                               st.recompute, plan.dp_level, precision, held, peak, w_offload=offload)
+                cap = self.compute.cluster(st.cluster).device.memory_bytes
+            hit = per[key] = (need, cap)
         return hit
 
     def replica_memory(self, plan: Plan, stage: int, precision: str) -> tuple[float, float, str]:
         """(peak bytes, capacity, what) of `plan.stages[stage]`'s tightest replica kind (largest need / capacity):
         each replica kind needs its own rows' activations on its own device."""
-        st = plan.stages[stage]
+        terms = (self.inflight(plan, stage), *self.w_held(plan, stage), plan.schedule.offloads(stage))
+        return self._replica_peak(plan.stages[stage], plan.microbatch_size, plan.dp_level, precision, terms)
+
+    def _replica_peak(self, st: StagePlan, microbatch_size: int, level: "bool | str", precision: str,
+                      terms: tuple[float, float, float, bool]) -> tuple[float, float, str]:
+        """`replica_memory` of stage `st` holding `terms` (`schedule_terms`)."""
         c = self.compute.cluster(st.cluster)
+        q, held, peak, offload = terms
         best: tuple[float, float, str] | None = None
-        for k, mb, n in self.compute.replicas(st, plan.microbatch_size):
+        for k, mb, n in self.compute.replicas(st, microbatch_size):
             view = self.compute.cluster(k)
-            need = self.stage_memory_bytes(k, st.layers, st.tp, st.dp, mb, self.inflight(plan, stage), st.recompute,
-                                           plan.dp_level, precision, *self.w_held(plan, stage),
-                                           w_offload=plan.schedule.offloads(stage))
+            need = self.stage_memory_bytes(k, st.layers, st.tp, st.dp, mb, q, st.recompute, level, precision, held,
+                                           peak, w_offload=offload)
             cap = view.device.memory_bytes
             where = k[len(c.name) + 1:] if c.is_mixed else ""
             what = f"{n * st.tp}x {view.device.key}" + (f" on {where}" if where else "") + f", {mb // st.dp} rows"

@@ -108,6 +108,8 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
     by_name = cache.get("clusters")
     if by_name is None:  # a dict, not spec.cluster's scan: this runs per stage of ~10^5 shapes
         by_name = cache["clusters"] = {c.name: c for c in spec.clusters}
+        cache["capacity"] = {c.name: space.capacity(c.name) for c in spec.clusters}
+    capacity = cache["capacity"]  # Metis' device memory, less the plan's headroom
     tps = []
     for name, k in zip(order, ks):
         c = by_name[name]
@@ -145,7 +147,7 @@ def _metis_candidate(space: StrategySpace, order: tuple[str, ...], ks: tuple[int
             end = pos + cnt
             need = (c.base_static + c.base_act * q + (pf.static[end] - pf.static[pos])
                     + q * (pf.act[end] - pf.act[pos]))
-            cap = space.capacity(name)  # Metis' device memory, less the plan's headroom
+            cap = capacity[name]
             if need / cap > worst:
                 worst, worst_cluster = need / cap, name
             e.append(pf.times[end] - pf.times[pos])
@@ -198,6 +200,14 @@ def metis_bandwidth(space: StrategySpace, clusters: list[str], ranks: list[list[
     """Metis' bandwidth (B/s, before its unit scale) of a group: `ranks[i]` are device indices in
     `clusters[i]`. One node: that node's intra-node link; else the slowest inter-node link of the clusters
     involved (the real code reads the intra-node figure there: its documented slip, corrected here)."""
+    first = space.spec.cluster(clusters[0])
+    if not first.node_groups and all(c == clusters[0] for c in clusters) and all(ranks):
+        # one unmixed cluster: node_of is device // devices_per_node, so one node iff the lowest and the highest
+        # rank share it (Metis scores 10^4 shapes of 256+ devices: no set over every rank)
+        lo, hi = min(min(rs) for rs in ranks), max(max(rs) for rs in ranks)
+        if first.node_of(lo) == first.node_of(hi):
+            return first.intra_link(ranks[0][0]).bandwidth_Bps
+        return first.inter_node.bandwidth_Bps
     nodes = {(c, space.spec.cluster(c).node_of(r)) for c, rs in zip(clusters, ranks) for r in rs}
     if len(nodes) == 1:
         return space.spec.cluster(clusters[0]).intra_link(ranks[0][0]).bandwidth_Bps
