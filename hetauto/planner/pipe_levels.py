@@ -202,7 +202,7 @@ class _Shape:
     __slots__ = ("p", "warm", "look", "beta", "prefix", "block", "nbytes", "cooldowns")
 
     def __init__(self, warm: tuple[int, ...], look: tuple[int, ...]) -> None:
-        p = self.p = len(warm)
+        self.p = len(warm)
         self.warm, self.look = np.asarray(warm), np.asarray(look)
         self.beta = _steady_start(self.warm)
         # from this layer on every rank is in its steady state, past every special case (k < d, k = 0)
