@@ -5,12 +5,15 @@ executor tests."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 
-def run_checkpointed(comm: Any, plan: Any, cfg: Any, opts: Any, ckpt: Any = None) -> tuple[Any, dict]:
+def run_checkpointed(comm: Any, plan: Any, cfg: Any, opts: Any, ckpt: Any = None,
+                     save_steps: Collection[int] | None = None) -> tuple[Any, dict]:
     """(the rank's StageExecutor, its report as a dict) after `opts.training.steps` steps (`opts`: a RunConfig),
-    resumed from `ckpt.resume` and saving into `ckpt.dir` where `ckpt` (a CheckpointConfig) names them."""
+    resumed from `ckpt.resume` and saving into `ckpt.dir` where `ckpt` (a CheckpointConfig) names them: after each
+    step, or only after `save_steps` (the one a test resumes from: a save costs about what a step does here)."""
     from hetauto.runtime.checkpoint import load_checkpoint, save_checkpoint
     from hetauto.runtime.executor import StageExecutor
     from hetauto.runtime.rank import prepare_rank
@@ -24,7 +27,7 @@ def run_checkpointed(comm: Any, plan: Any, cfg: Any, opts: Any, ckpt: Any = None
         ex.adopt_checkpoint_optimizer(into)
 
     def after(step: int):
-        if ckpt is None or ckpt.dir is None:
+        if ckpt is None or ckpt.dir is None or (save_steps is not None and step not in save_steps):
             return None
         return save_checkpoint(ckpt.dir, step, ex.stage, ex.checkpoint_optimizer(gather=True), plan=plan,
                                comm=comm)

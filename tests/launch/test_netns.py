@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -254,7 +255,7 @@ c.destroy()
 def test_one_torchrun_per_namespace_forms_one_job(tmp_path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(_TORCHRUN_WORKER)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(Path(__file__).resolve().parents[2])  # the tree under test (tests/launch/ -> the repository)
     with NamespaceTopology.from_clusters(["a", "b"], RATE) as topo:  # 2 ranks: keeps the suite fast
         procs = [
             subprocess.Popen(

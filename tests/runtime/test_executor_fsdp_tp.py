@@ -28,11 +28,11 @@ def _plan(level: str) -> Plan:
                 num_microbatches=4, stages=(stage,), dp_sharding=level)
 
 
-def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
+def _run(comm, plan: Plan, opts, ckpt=None, save_steps=None) -> dict:
     """One rank's report plus its parameters' local shards, through `hetauto run`'s checkpoint calls."""
     from hetauto.runtime.executor import _tp_sharded
 
-    ex, rep = run_checkpointed(comm, plan, get_model("tiny-llama"), opts, ckpt)
+    ex, rep = run_checkpointed(comm, plan, get_model("tiny-llama"), opts, ckpt, save_steps)
     rep["tp_sharded"] = [_tp_sharded(p) for p in ex.stage.parameters()]
     rep["shards"] = [(p.to_local() if hasattr(p, "to_local") else p).detach().flatten().tolist()
                      for p in ex.stage.parameters()]
@@ -40,16 +40,18 @@ def _run(comm, plan: Plan, opts, ckpt=None) -> dict:
 
 
 def _work(rank: int, world: int, root: str) -> list[dict]:
-    """Every level's reports, with clipping (the step's norm before clipping is recorded); then the fsdp plan
-    checkpointed after step 0 and resumed for step 1, under fsdp and under plain DP."""
+    """Every level's reports, with clipping (the step's norm before clipping is recorded), the fsdp run saving a
+    checkpoint after step 0 through `hetauto run`'s calls (its losses are still held to the reference and to plain
+    DP, so a save that changed training would show); then the fsdp plan resumed from that checkpoint for step 1,
+    under fsdp and under plain DP. One run fewer than a separate checkpointing run of the same plan and options."""
     from hetauto.core.comm import Communicator
     from hetauto.core.run_config import CheckpointConfig, RunConfig
 
     comm = Communicator.init_from_env("gloo", timeout_s=30)
     try:
         opts = RunConfig.from_flat(steps=STEPS, seed=SEED, timeout_s=30, clip_grad=CLIP)
-        out = [_run(comm, _plan(level), opts) for level in LEVELS]
-        _run(comm, _plan("fsdp"), opts, CheckpointConfig(dir=root))
+        out = [_run(comm, _plan(level), opts, CheckpointConfig(dir=root) if level == "fsdp" else None, (0,))
+               for level in LEVELS]
         resume = CheckpointConfig(resume=f"{root}/step-00000000")
         return out + [_run(comm, _plan(level), opts, resume) for level in LEVELS]
     finally:
