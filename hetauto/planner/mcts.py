@@ -248,12 +248,12 @@ class MCTS:
     def run(self, budget_s: float | None = None, iterations: int | None = None,
             progress: ProgressFn | None = None, start: float | None = None,
             max_evaluations: int | None = None, stop: Callable[[], bool] | None = None,
-            ahead: Callable[[Candidate], list[Candidate]] | None = None) -> Scored | None:
+            ahead: Callable[[Scorer], list[Candidate] | None] | None = None) -> Scored | None:
         """Search until the time budget, iteration count or evaluation count is spent, `stop()` says so
-        (e.g. the stop rule: no improvement for N evaluations), or the tree is exhausted. `ahead(best)`: what
-        the phase after the tree will likely score when `best` stays the best, handed to the workers
-        (`Scorer.prefetch`) each time the best changes: the tree's own steps are one at a time, each from the
-        last one's reward, so the workers would wait."""
+        (e.g. the stop rule: no improvement for N evaluations), or the tree is exhausted. `ahead(scorer)`, asked
+        before each step: what the phase after the tree will likely score as the scores stand, handed to the
+        workers (`Scorer.prefetch`) whenever it says something new (None: nothing new): the tree's own steps are
+        one at a time, each from the last one's reward, so the workers would wait."""
         if budget_s is None and iterations is None and max_evaluations is None and stop is None:
             iterations = 200
         if start is not None:
@@ -261,11 +261,10 @@ class MCTS:
         done = 0
         ev = self.space.evaluator
         first = ev.evaluations
-        posted_for = None
         while True:
-            if ahead is not None and self.scorer.best is not None and self.scorer.best is not posted_for:
-                posted_for = self.scorer.best
-                self.scorer.prefetch([], then=ahead(posted_for.candidate))
+            then = None if ahead is None else ahead(self.scorer)
+            if then is not None:
+                self.scorer.prefetch([], then=then)
             if max_evaluations is not None and ev.evaluations - first >= max_evaluations:
                 break
             if iterations is not None and done >= iterations:

@@ -85,6 +85,16 @@ def prefetch(space: Any, cands: Sequence[Any], then: Sequence[Any] = ()) -> None
     workers.post(cands, then)
 
 
+def renew(space: Any) -> None:
+    """Fork `space`'s workers again (a phase's start): the new ones inherit the parent's caches and its scored
+    plans as they are now, where the old ones hold only what they computed themselves since their fork. What came
+    back and was not taken yet is kept; a candidate a worker is computing now is left to whoever claims it next.
+    Nothing with one job or before the first batch."""
+    workers = _pools.get(id(space))
+    if workers is not None and not workers.broken:
+        _pools[id(space)] = workers.renewed()
+
+
 def take(space: Any, cand: Any) -> Result | None:
     """`cand`'s (Built, evaluations) computed ahead, or None: the caller builds and evaluates it itself (nothing
     prefetched, the parent's turn to score it, or a worker raised on it: the caller meets the error then)."""
@@ -151,6 +161,14 @@ class _Workers:
         self.posted: dict[int, Any] = {}  # the same, number -> candidate
         self.done: dict[Any, Result] = {}  # come back, not taken yet
         self.broken = False  # a worker died: the parent computes everything itself from then on
+
+    def renewed(self) -> "_Workers":
+        """As many workers forked now (these ended), with the results come back and not taken yet."""
+        self._collect(block=False)
+        self.close()
+        fresh = _Workers(self.space, len(self.procs))
+        fresh.done = self.done
+        return fresh
 
     def post(self, cands: Sequence[Any], then: Sequence[Any]) -> None:
         """A new batch: what the last one holds too keeps its place and whoever claimed it; the rest of the
