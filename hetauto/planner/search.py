@@ -455,14 +455,21 @@ class DescentsAhead:
     def __init__(self, space: StrategySpace, k: int) -> None:
         self.space, self.k = space, k
         self.posted: tuple[Candidate, ...] = ()
+        self.moves: dict[tuple[Candidate, bool], list[Candidate]] = {}  # the moves' candidates are costly to list
 
     def __call__(self, scorer: Scorer) -> list[Candidate] | None:
         starts = tuple(s.candidate for s in top_starts(scorer, self.k))
         if not starts or starts == self.posted:
             return None
         self.posted = starts
-        firsts = [c for start in starts for c in descent_neighbours(self.space, start)]
-        return list(dict.fromkeys([*firsts, *descent_ahead(self.space, starts[0])]))
+        firsts = [c for start in starts for c in self._moves(start, every=False)]
+        return list(dict.fromkeys([*firsts, *self._moves(starts[0], every=True)]))
+
+    def _moves(self, start: Candidate, every: bool) -> list[Candidate]:
+        key = (start, every)
+        if key not in self.moves:
+            self.moves[key] = (descent_ahead if every else descent_neighbours)(self.space, start)
+        return self.moves[key]
 
 
 def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], k: int = 3) -> None:

@@ -181,3 +181,30 @@ def test_a_plan_with_renewed_workers_is_the_plan_of_one_process(tmp_path: Path, 
     two, evals_two = _plan(tmp_path, capsys, "mixed-small", 2)
     assert renewals  # the descents forked their workers again
     assert one == two and evals_one == evals_two
+
+
+def test_the_tree_guesses_its_next_step_without_changing_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.mcts import MCTS
+    from hetauto.planner.search import make_evaluator
+    from hetauto.planner.space import StrategySpace
+
+    taken = []
+    real_take = parallel.take
+
+    def spied(space: object, cand: object) -> object:
+        got = real_take(space, cand)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(parallel, "take", spied)
+
+    def steps(jobs: int) -> tuple:
+        inputs = load_planning_inputs(scenario="mixed-small")
+        tree = MCTS(StrategySpace(inputs, make_evaluator(inputs)), seed=2)
+        with parallel.jobs(jobs):
+            tree.run(iterations=40)
+        return list(tree.scorer.by_candidate), tree.rng.getstate(), tree.root.visits, tree.root.total
+
+    assert steps(1) == steps(2)
+    assert any(taken)  # some steps scored what a worker computed from a guess
