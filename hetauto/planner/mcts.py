@@ -311,6 +311,8 @@ class MCTS:
         done = 0
         ev = self.space.evaluator
         first = ev.evaluations
+        if not parallel.workers_wanted():
+            ahead = None  # nothing to hand over: listing it would cost one process for nothing
         while True:
             then = None if ahead is None else ahead(self.scorer)
             if then is not None:
