@@ -148,7 +148,13 @@ def _claim(claims: Any, lock: Any, seq: int) -> bool:
 
 def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
     """A worker's loop: each posted candidate nobody claimed (the parent's cancelled ones included), built and
-    evaluated; a batch proper before what a phase posted as likely next (`then`), whenever they were posted."""
+    evaluated; a batch proper before what a phase posted as likely next (`then`), whenever they were posted.
+
+    Where a batched evaluator fits (many plans of one pipeline shape priced at once): the worker would take from
+    `firm` (or `likely`) every waiting candidate of the popped one's shape (microbatch, order, choices: the same
+    layout, so plans of one shape), `_claim` each (a claim is per candidate: skip those the parent or another
+    worker has), build them, evaluate their plans together and put one result per claimed number, as now; the
+    parent's side (`take`, the claim table, the results by number) needs no change."""
     global _space
     _space = space
     firm: deque[tuple[int, Any]] = deque()
