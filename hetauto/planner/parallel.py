@@ -20,9 +20,10 @@ posts each step's candidate and its guesses of the next step's (`MCTS._prefetch_
 hundreds of the descents' likely candidates wait behind them.
 
 The pools (one per space scored: the workers inherit the space, its caches and the evaluator by fork) end with
-`jobs`. A descent forks its space's workers again (`renew`): a worker forked at the first batch holds only what
-it computed itself, and paid again every stage cost, layout and pipeline shape the parent had already priced
-(scale-736: the same candidates took the worker 25% more CPU than one process; 14% once renewed).
+`jobs`. Why not forked again at each phase (to inherit the parent's caches, which a worker forked at the first
+batch lacks: scale-736's worker took 25% more CPU than one process for the same candidates, 14% re-forked at each
+descent): after each fork every page either process writes is copied, and at scale-736 that was 190,000 more
+page faults in the parent (273k against 84k), more of its CPU than the warmer worker took off it.
 """
 
 from __future__ import annotations
@@ -96,16 +97,6 @@ def prefetch(space: Any, cands: Sequence[Any], then: Sequence[Any] = ()) -> None
     if workers is None:
         workers = _pools[id(space)] = _Workers(space, _jobs - 1)
     workers.post(cands, then)
-
-
-def renew(space: Any) -> None:
-    """Fork `space`'s workers again (a phase's start): the new ones inherit the parent's caches and its scored
-    plans as they are now, where the old ones hold only what they computed themselves since their fork. What came
-    back and was not taken yet is kept; a candidate a worker is computing now is left to whoever claims it next.
-    Nothing with one job or before the first batch."""
-    workers = _pools.get(id(space))
-    if workers is not None and not workers.broken:
-        _pools[id(space)] = workers.renewed()
 
 
 def prefetch_first(space: Any, cands: Sequence[Any]) -> None:
@@ -206,14 +197,6 @@ class _Workers:
         self.posted: dict[int, Any] = {}  # the same, number -> candidate
         self.done: dict[Any, Result] = {}  # come back, not taken yet
         self.broken = False  # a worker died: the parent computes everything itself from then on
-
-    def renewed(self) -> "_Workers":
-        """As many workers forked now (these ended), with the results come back and not taken yet."""
-        self._collect(block=False)
-        self.close()
-        fresh = _Workers(self.space, len(self.procs))
-        fresh.done = self.done
-        return fresh
 
     def post(self, cands: Sequence[Any], then: Sequence[Any]) -> None:
         """A new batch: what the last one holds too keeps its place and whoever claimed it; the rest of the

@@ -368,7 +368,6 @@ def descend(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool
     best option with the others fixed, until nothing improves. `fixed`: clusters whose own choice is not moved
     (the joint move re-fits only used clusters, so an unused one stays out). Returns the local optimum."""
     cur = start or scorer.best
-    parallel.renew(space)  # the workers start from the parent's caches (a descent's neighbours share its stages)
     for _ in range(rounds):
         if cur is None:
             return None

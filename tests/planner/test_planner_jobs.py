@@ -145,44 +145,6 @@ def test_the_default_jobs_are_the_cores_available_at_most_four(monkeypatch: pyte
         assert parallel.default_jobs() == jobs
 
 
-def test_renewed_workers_are_forked_again_and_keep_what_came_back() -> None:
-    space = _Space(slow=0.002)
-    with parallel.jobs(2):
-        parallel.renew(space)  # nothing posted yet: no workers to renew
-        assert parallel._pools == {}
-        parallel.prefetch(space, list(range(20)))
-        old = parallel._pools[id(space)]
-        old_pids = {p.pid for p in old.procs}
-        deadline = time.perf_counter() + 10
-        while not old.done and time.perf_counter() < deadline:
-            old._collect(block=True)
-        came_back = dict(old.done)
-        parallel.renew(space)
-        new = parallel._pools[id(space)]
-        assert new is not old and not any(p.is_alive() for p in old.procs)
-        assert {p.pid for p in new.procs}.isdisjoint(old_pids)
-        assert all(new.done[c] is r for c, r in came_back.items())
-        parallel.prefetch(space, list(range(20, 40)))
-        got = {c: _take_or_build(space, c) for c in range(40)}
-    assert all(g is None or g[1] == [c * c] for c, g in got.items())
-
-
-def test_a_plan_with_renewed_workers_is_the_plan_of_one_process(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    renewals = []
-    renewed = parallel._Workers.renewed
-
-    def counted(self: parallel._Workers) -> parallel._Workers:
-        renewals.append(1)
-        return renewed(self)
-
-    one, evals_one = _plan(tmp_path, capsys, "mixed-small", 1)
-    monkeypatch.setattr(parallel._Workers, "renewed", counted)
-    two, evals_two = _plan(tmp_path, capsys, "mixed-small", 2)
-    assert renewals  # the descents forked their workers again
-    assert one == two and evals_one == evals_two
-
-
 def test_the_tree_guesses_its_next_step_without_changing_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     from hetauto.planner.inputs import load_planning_inputs
     from hetauto.planner.mcts import MCTS
