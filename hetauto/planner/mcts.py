@@ -28,6 +28,12 @@ from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
 __all__ = ["MCTS", "Priors", "ProgressFn", "Scored", "Scorer", "TracePoint"]  # the last four: from scoring.py
 
 Decision = Any
+# Whether a tree step hands the workers its own candidate and its guesses of the next step's (`_prefetch_next`).
+# Off: on this loaded 2-core machine (load 4-7) scale-736's parent spent no less CPU with them (18.6 s against
+# 17.4 s without, 2 jobs), though ~40% of the steps took a worker's result; lopsided-4096's peak RSS grew from
+# 106 to 149 MB (the results taken back hold their own copies of the plans' device lists). Worth measuring
+# again on a quiet machine, where only the main process's CPU bounds the wall time.
+TREE_GUESSES = False
 
 
 @dataclass(slots=True)
@@ -190,7 +196,7 @@ class MCTS:
         node, path, visited = self._select(self.scorer.best_throughput)
         complete = self._options(path) is None
         leaf = path if complete else self._rollout(path)
-        if leaf is not None and parallel.workers_wanted():
+        if leaf is not None and TREE_GUESSES and parallel.workers_wanted():
             self._prefetch_next(leaf, node, complete, visited)
         reward = self._reward(leaf)
         if complete or not node.options:

@@ -16,8 +16,8 @@ compute i + 1, ... (no barrier at the end of a batch). A new batch keeps what it
 phase may post what it will score after this batch too) and cancels the rest that nobody claimed.
 
 A worker takes a batch proper before what a phase posted as likely next, whenever each was posted: the tree
-posts each step's candidate and its guesses of the next step's (`MCTS._prefetch_next`, `prefetch_first`) while
-hundreds of the descents' likely candidates wait behind them.
+(with `mcts.TREE_GUESSES`) posts each step's candidate and its guesses of the next step's (`MCTS._prefetch_next`,
+`prefetch_first`) while the descents' likely candidates wait behind them.
 
 The pools (one per space scored: the workers inherit the space, its caches and the evaluator by fork) end with
 `jobs`. Why not forked again at each phase (to inherit the parent's caches, which a worker forked at the first
@@ -196,11 +196,17 @@ class _Workers:
         self.pending: dict[Any, int] = {}  # posted, not come back nor claimed by the parent: candidate -> number
         self.posted: dict[int, Any] = {}  # the same, number -> candidate
         self.done: dict[Any, Result] = {}  # come back, not taken yet
+        self.proper: list[Any] = []  # the last batch proper, as posted
+        self.dropped: set[int] = set()  # numbers whose results are let go when they come back
         self.broken = False  # a worker died: the parent computes everything itself from then on
 
     def post(self, cands: Sequence[Any], then: Sequence[Any]) -> None:
         """A new batch: what the last one holds too keeps its place and whoever claimed it; the rest of the
-        last one that nobody claimed is cancelled (claimed here, never computed)."""
+        last one that nobody claimed is cancelled (claimed here, never computed), and the results of the last
+        batch proper that this one drops are let go (the tree's wrong guesses: at 4096 devices their plans held
+        ~50 MB of the parent's peak)."""
+        self._drop_proper(set(cands).union(then))
+        self.proper = list(cands)
         batch: dict[Any, int] = {}
         new: list[tuple[int, Any]] = []
         firm_new = 0
@@ -230,9 +236,19 @@ class _Workers:
         self.batch, self.order, self.cursor = batch, list(batch), 0
         self.position = {cand: i for i, cand in enumerate(self.order)}
 
+    def _drop_proper(self, wanted: set[Any]) -> None:
+        """Let go of the last batch proper's results outside `wanted`: come back, or dropped when they do."""
+        for cand in self.proper:
+            if cand not in wanted:
+                self.done.pop(cand, None)
+                seq = self.pending.get(cand)
+                if seq is not None:
+                    self.dropped.add(seq)
+
     def _forget(self, seq: int) -> None:
         """Candidate `seq` will not come back (the parent claimed it)."""
         self.pending.pop(self.posted.pop(seq), None)
+        self.dropped.discard(seq)
 
     def take(self, cand: Any) -> Result | None:
         """`cand`'s result: come back already, or once the worker computing it is done (the parent computing
@@ -284,7 +300,10 @@ class _Workers:
             cand = self.posted.pop(seq, None)
             if cand is not None:
                 self.pending.pop(cand, None)
-                self.done[cand] = result
+                if seq in self.dropped:
+                    self.dropped.discard(seq)
+                else:
+                    self.done[cand] = result
             try:
                 item = self.results.get_nowait()
             except queue.Empty:

@@ -160,6 +160,9 @@ def test_the_tree_guesses_its_next_step_without_changing_its_steps(monkeypatch: 
         return got
 
     monkeypatch.setattr(parallel, "take", spied)
+    from hetauto.planner import mcts
+
+    monkeypatch.setattr(mcts, "TREE_GUESSES", True)
 
     def steps(jobs: int) -> tuple:
         inputs = load_planning_inputs(scenario="mixed-small")
