@@ -21,12 +21,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetauto.planner import parallel
 from hetauto.planner.scoring import ProgressFn, Scored, Scorer, TracePoint, record_improvement
 from hetauto.planner.space import Candidate, ClusterChoice, StrategySpace
 
 __all__ = ["MCTS", "Priors", "ProgressFn", "Scored", "Scorer", "TracePoint"]  # the last four: from scoring.py
 
 Decision = Any
+# Whether a tree step hands the workers its own candidate and its guesses of the next step's (`_prefetch_next`).
+# Off: on this loaded 2-core machine (load 4-7) scale-736's parent spent no less CPU with them (18.6 s against
+# 17.4 s without, 2 jobs), though ~40% of the steps took a worker's result; lopsided-4096's peak RSS grew from
+# 106 to 149 MB (the results taken back hold their own copies of the plans' device lists). Worth measuring
+# again on a quiet machine, where only the main process's CPU bounds the wall time.
+TREE_GUESSES = False
 
 
 @dataclass(slots=True)
@@ -186,6 +193,25 @@ class MCTS:
         """One selection-expansion-rollout-backup; False when the whole tree has been explored."""
         if self.root.exhausted:
             return False
+        node, path, visited = self._select(self.scorer.best_throughput)
+        complete = self._options(path) is None
+        leaf = path if complete else self._rollout(path)
+        if leaf is not None and TREE_GUESSES and parallel.workers_wanted():
+            self._prefetch_next(leaf, node, complete, visited)
+        reward = self._reward(leaf)
+        if complete or not node.options:
+            node.exhausted = True
+        for n in visited:
+            n.visits += 1
+            n.total += reward
+        self._mark_exhausted(visited)
+        self.iterations += 1
+        return True
+
+    def _select(self, best: float, dry: bool = False) -> tuple[_Node, tuple, list[_Node]]:
+        """Selection from the root (UCB, Q normalised by `best`) down to a complete path, a dead end or the most
+        probable untried option (expanded): the node reached, its path and the nodes visited. `dry`: the tree is
+        left as it is (no child kept, no node marked exhausted), for `_next_candidate`."""
         node, path, visited = self.root, (), [self.root]
         while True:
             if not node.options:  # terminal (complete) or dead end
@@ -195,14 +221,16 @@ class MCTS:
                 i = max(untried, key=lambda j: (node.priors[j], -j))
                 path = path + (node.options[i],)
                 child = self._make(path)
-                node.children[i] = child
+                if not dry:
+                    node.children[i] = child
                 node, visited = child, visited + [child]
                 break
             live = [i for i, ch in node.children.items() if not ch.exhausted]
             if not live:
-                node.exhausted = True
+                if not dry:
+                    node.exhausted = True
                 break
-            best_t = self.scorer.best_throughput or 1.0
+            best_t = best or 1.0
             sq = math.sqrt(node.visits + 1)
 
             def ucb(i: int) -> float:
@@ -214,16 +242,44 @@ class MCTS:
             path = path + (node.options[i],)
             node = node.children[i]
             visited.append(node)
-        complete = self._options(path) is None
-        reward = self._reward(path if complete else self._rollout(path))
-        if complete or not node.options:
-            node.exhausted = True
-        for n in visited:
-            n.visits += 1
-            n.total += reward
-        self._mark_exhausted(visited)
-        self.iterations += 1
-        return True
+        return node, path, visited
+
+    def _prefetch_next(self, leaf: tuple, node: _Node, complete: bool, visited: list[_Node]) -> None:
+        """Hand the workers this step's candidate (`leaf`) and the next step's, guessed for the two rewards this
+        one may bring (the best so far; nothing, an infeasible plan), before what the phase after the tree will
+        score (`run`'s `ahead`, kept as posted). Why: each step waits on the last one's reward, so without a guess a worker
+        could not start the next step's candidate while the parent scores this one; a wrong guess costs that
+        worker's time only (the tree reads no guess)."""
+        guesses: list[Candidate] = []
+        for reward in (self.scorer.best_throughput, 0.0):
+            got = self._next_candidate(node, complete, visited, reward)
+            if got is not None and got not in guesses:
+                guesses.append(got)
+        # the workers take a batch from its back: the likelier guess first; only tree candidates (inside the space)
+        cands = [self.candidate(leaf, self.space), *reversed(guesses)]
+        parallel.prefetch_first(self.space, [c for c in cands if c not in self.scorer.by_candidate])
+
+    def _next_candidate(self, node: _Node, complete: bool, visited: list[_Node], reward: float) -> Candidate | None:
+        """The candidate the next step would score if this one's reward were `reward` (None: none), the tree and
+        the random draws left exactly as they were."""
+        saved = [(n, n.visits, n.total, n.exhausted) for n in visited]
+        state = self.rng.getstate()
+        try:
+            if complete or not node.options:
+                node.exhausted = True
+            for n in visited:
+                n.visits += 1
+                n.total += reward
+            self._mark_exhausted(visited)
+            if self.root.exhausted:
+                return None
+            _, path, _ = self._select(max(self.scorer.best_throughput, reward), dry=True)
+            leaf = path if self._options(path) is None else self._rollout(path)
+            return None if leaf is None else self.candidate(leaf, self.space)
+        finally:
+            for n, visits, total, exhausted in saved:
+                n.visits, n.total, n.exhausted = visits, total, exhausted
+            self.rng.setstate(state)
 
     @staticmethod
     def _mark_exhausted(visited: list[_Node]) -> None:
@@ -248,12 +304,12 @@ class MCTS:
     def run(self, budget_s: float | None = None, iterations: int | None = None,
             progress: ProgressFn | None = None, start: float | None = None,
             max_evaluations: int | None = None, stop: Callable[[], bool] | None = None,
-            ahead: Callable[[Candidate], list[Candidate]] | None = None) -> Scored | None:
+            ahead: Callable[[Scorer], list[Candidate] | None] | None = None) -> Scored | None:
         """Search until the time budget, iteration count or evaluation count is spent, `stop()` says so
-        (e.g. the stop rule: no improvement for N evaluations), or the tree is exhausted. `ahead(best)`: what
-        the phase after the tree will likely score when `best` stays the best, handed to the workers
-        (`Scorer.prefetch`) each time the best changes: the tree's own steps are one at a time, each from the
-        last one's reward, so the workers would wait."""
+        (e.g. the stop rule: no improvement for N evaluations), or the tree is exhausted. `ahead(scorer)`, asked
+        before each step: what the phase after the tree will likely score as the scores stand, handed to the
+        workers (`Scorer.prefetch`) whenever it says something new (None: nothing new): the tree's own steps are
+        one at a time, each from the last one's reward, so the workers would wait."""
         if budget_s is None and iterations is None and max_evaluations is None and stop is None:
             iterations = 200
         if start is not None:
@@ -261,11 +317,12 @@ class MCTS:
         done = 0
         ev = self.space.evaluator
         first = ev.evaluations
-        posted_for = None
+        if not parallel.workers_wanted():
+            ahead = None  # nothing to hand over: listing it would cost one process for nothing
         while True:
-            if ahead is not None and self.scorer.best is not None and self.scorer.best is not posted_for:
-                posted_for = self.scorer.best
-                self.scorer.prefetch([], then=ahead(posted_for.candidate))
+            then = None if ahead is None else ahead(self.scorer)
+            if then is not None:
+                self.scorer.prefetch([], then=then)
             if max_evaluations is not None and ev.evaluations - first >= max_evaluations:
                 break
             if iterations is not None and done >= iterations:

@@ -15,8 +15,15 @@ waiting idle. Results stream back one candidate at a time, so the parent scores 
 compute i + 1, ... (no barrier at the end of a batch). A new batch keeps what it shares with the last one (a
 phase may post what it will score after this batch too) and cancels the rest that nobody claimed.
 
+A worker takes a batch proper before what a phase posted as likely next, whenever each was posted: the tree
+(with `mcts.TREE_GUESSES`) posts each step's candidate and its guesses of the next step's (`MCTS._prefetch_next`,
+`prefetch_first`) while the descents' likely candidates wait behind them.
+
 The pools (one per space scored: the workers inherit the space, its caches and the evaluator by fork) end with
-`jobs`.
+`jobs`. Why not forked again at each phase (to inherit the parent's caches, which a worker forked at the first
+batch lacks: scale-736's worker took 25% more CPU than one process for the same candidates, 14% re-forked at each
+descent): after each fork every page either process writes is copied, and at scale-736 that was 190,000 more
+page faults in the parent (273k against 84k), more of its CPU than the warmer worker took off it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -73,6 +81,12 @@ def jobs(n: int) -> Iterator[None]:
         _pools.clear()
 
 
+def workers_wanted() -> bool:
+    """Whether candidates handed to `prefetch` may be computed ahead (more than one job): a phase that must do
+    work of its own to know what to hand over (the tree's guesses) skips it with one job."""
+    return _jobs > 1
+
+
 def prefetch(space: Any, cands: Sequence[Any], then: Sequence[Any] = ()) -> None:
     """Hand `cands` (in the order they will be scored) to `space`'s workers, and `then`, what the phase will
     likely score after them (the workers go on with it instead of waiting for the next batch; the parent only
@@ -83,6 +97,17 @@ def prefetch(space: Any, cands: Sequence[Any], then: Sequence[Any] = ()) -> None
     if workers is None:
         workers = _pools[id(space)] = _Workers(space, _jobs - 1)
     workers.post(cands, then)
+
+
+def prefetch_first(space: Any, cands: Sequence[Any]) -> None:
+    """`prefetch(space, cands, then)` with `then` the current batch's likely part as it stands: a phase that
+    posts a small batch often (the tree, each step) keeps what it posted as likely next without handing it over
+    again (nothing with one job)."""
+    workers = _pools.get(id(space))
+    if workers is None:
+        prefetch(space, cands)
+    elif _jobs > 1:
+        workers.post(cands, workers.order[workers.firm:])
 
 
 def take(space: Any, cand: Any) -> Result | None:
@@ -114,16 +139,37 @@ def _claim(claims: Any, lock: Any, seq: int) -> bool:
 
 def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
     """A worker's loop: each posted candidate nobody claimed (the parent's cancelled ones included), built and
-    evaluated."""
+    evaluated; a batch proper before what a phase posted as likely next (`then`), whenever they were posted.
+
+    Where a batched evaluator fits (many plans of one pipeline shape priced at once): the worker would take from
+    `firm` (or `likely`) every waiting candidate of the popped one's shape (microbatch, order, choices: the same
+    layout, so plans of one shape), `_claim` each (a claim is per candidate: skip those the parent or another
+    worker has), build them, evaluate their plans together and put one result per claimed number, as now; the
+    parent's side (`take`, the claim table, the results by number) needs no change."""
     global _space
     _space = space
+    firm: deque[tuple[int, Any]] = deque()
+    likely: deque[tuple[int, Any]] = deque()
     while True:
-        item = tasks.get()
-        if item is None:
+        if not _receive(tasks, firm, likely, block=not (firm or likely)):
             return
-        seq, cand = item
+        seq, cand = firm.popleft() if firm else likely.popleft()
         if _claim(claims, lock, seq):
             results.put((seq, _build_and_evaluate(cand)))
+
+
+def _receive(tasks: Any, firm: deque, likely: deque, block: bool) -> bool:
+    """Everything posted so far moved into `firm` or `likely` (with `block`, at least one item); False at the
+    end (None)."""
+    try:
+        item = tasks.get() if block else tasks.get_nowait()
+        while item is not None:
+            seq, cand, proper = item
+            (firm if proper else likely).append((seq, cand))
+            item = tasks.get_nowait()
+        return False
+    except queue.Empty:
+        return True
 
 
 class _Workers:
@@ -150,11 +196,17 @@ class _Workers:
         self.pending: dict[Any, int] = {}  # posted, not come back nor claimed by the parent: candidate -> number
         self.posted: dict[int, Any] = {}  # the same, number -> candidate
         self.done: dict[Any, Result] = {}  # come back, not taken yet
+        self.proper: list[Any] = []  # the last batch proper, as posted
+        self.dropped: set[int] = set()  # numbers whose results are let go when they come back
         self.broken = False  # a worker died: the parent computes everything itself from then on
 
     def post(self, cands: Sequence[Any], then: Sequence[Any]) -> None:
         """A new batch: what the last one holds too keeps its place and whoever claimed it; the rest of the
-        last one that nobody claimed is cancelled (claimed here, never computed)."""
+        last one that nobody claimed is cancelled (claimed here, never computed), and the results of the last
+        batch proper that this one drops are let go (the tree's wrong guesses: at 4096 devices their plans held
+        ~50 MB of the parent's peak)."""
+        self._drop_proper(set(cands).union(then))
+        self.proper = list(cands)
         batch: dict[Any, int] = {}
         new: list[tuple[int, Any]] = []
         firm_new = 0
@@ -174,17 +226,29 @@ class _Workers:
             self.firm, firm_new = len(batch), len(new)
         # the workers take the batch proper from its back, the parent from its front: neighbours share stage
         # costs and layouts, so each process's caches serve its own run (alternating, both computed most of them)
-        for item in (*reversed(new[:firm_new]), *new[firm_new:]):
-            self.tasks.put(item)
+        for seq, cand in reversed(new[:firm_new]):
+            self.tasks.put((seq, cand, True))
+        for seq, cand in new[firm_new:]:
+            self.tasks.put((seq, cand, False))
         for cand, seq in self.batch.items():
             if cand not in batch and _claim(self.claims, self.lock, seq):
                 self._forget(seq)
         self.batch, self.order, self.cursor = batch, list(batch), 0
         self.position = {cand: i for i, cand in enumerate(self.order)}
 
+    def _drop_proper(self, wanted: set[Any]) -> None:
+        """Let go of the last batch proper's results outside `wanted`: come back, or dropped when they do."""
+        for cand in self.proper:
+            if cand not in wanted:
+                self.done.pop(cand, None)
+                seq = self.pending.get(cand)
+                if seq is not None:
+                    self.dropped.add(seq)
+
     def _forget(self, seq: int) -> None:
         """Candidate `seq` will not come back (the parent claimed it)."""
         self.pending.pop(self.posted.pop(seq), None)
+        self.dropped.discard(seq)
 
     def take(self, cand: Any) -> Result | None:
         """`cand`'s result: come back already, or once the worker computing it is done (the parent computing
@@ -236,7 +300,10 @@ class _Workers:
             cand = self.posted.pop(seq, None)
             if cand is not None:
                 self.pending.pop(cand, None)
-                self.done[cand] = result
+                if seq in self.dropped:
+                    self.dropped.discard(seq)
+                else:
+                    self.done[cand] = result
             try:
                 item = self.results.get_nowait()
             except queue.Empty:

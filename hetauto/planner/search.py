@@ -306,13 +306,15 @@ def _mcts(space: StrategySpace, search: MCTS, rules: _StopRules, iterations: int
     rule, then the zero-bubble twins and the polish, each within its own evaluation reserve."""
     ev, scorer, start, before, cap, budget = rules.ev, search.scorer, rules.start, rules.before, rules.cap, rules.budget
     spent = rules.spent
-    search.seed_with(seed_candidates(space), spent)
-    search.seed_with(baseline_seeds(space), spent)
+    seeds = scorer.prefetch(seed_candidates(space))  # the workers score them while the parent ranks Metis' picks
+    picks = baseline_seeds(space)  # Metis' own estimate, no evaluation: the same list before or after the seeds
+    search.seed_with(seeds, spent)
+    search.seed_with(picks, spent)
     first = None if iterations is None else max(1, (iterations * 2) // 3)
     first_cap = None if cap is None else max(0, before + int(MCTS_SHARE * (cap - before)) - ev.evaluations)
     search.run(budget_s=None if budget is None else MCTS_SHARE * budget, iterations=first, progress=rules.progress,
                start=start, max_evaluations=first_cap, stop=lambda: rules.stop() or rules.tree_stale(),
-               ahead=lambda c: descent_neighbours(space, c))
+               ahead=DescentsAhead(space, TOP_K))
     descend_from_top(space, scorer, spent, TOP_K)
     interleave_by_bubble(space, scorer, spent)
     descend_without_each_cluster(space, scorer, spent)
@@ -323,7 +325,7 @@ def _mcts(space: StrategySpace, search: MCTS, rules: _StopRules, iterations: int
         rest = None if iterations is None else iterations - (first or 0)
         search.run(budget_s=budget, iterations=rest, progress=rules.progress, start=start,
                    max_evaluations=None if cap is None else max(0, cap - ev.evaluations), stop=rules.stop,
-                   ahead=lambda c: descent_neighbours(space, c))
+                   ahead=DescentsAhead(space, 1))
         descend(space, scorer, spent)
         if iterations is not None or ev.evaluations == done:  # iterations spent, or nothing left to try
             break
@@ -415,14 +417,14 @@ def descent_moves(space: StrategySpace, clusters: int,
 
 
 def descent_neighbours(space: StrategySpace, cand: Candidate) -> list[Candidate]:
-    """What a descent from `cand` tries first, in order: its first move that has candidates. A tree phase has the
-    workers compute them while the parent runs the tree, since a descent from the tree's best follows it (not
-    the later moves: the first often improves, and then they start from elsewhere; scale-736 wasted 180)."""
+    """What a descent from `cand` tries first, in order: its first move that has candidates (`DescentsAhead`)."""
     return next((got for move in descent_moves(space, len(cand.order)) if (got := move(cand))), [])
 
 
-def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], k: int = 3) -> None:
-    """Descend from the k best distinct candidates scored so far (different basins, same budget)."""
+def top_starts(scorer: Scorer, k: int) -> list[Scored]:
+    """The k best candidates scored so far of distinct shapes (microbatch, cluster order, choices), best first."""
+    if k == 1:
+        return [] if scorer.best is None else [scorer.best]
     seen: set[tuple] = set()
     tops = sorted((s for s in scorer.by_candidate.values() if s is not None),
                   key=lambda s: -s.evaluation.throughput_samples_s)
@@ -434,7 +436,38 @@ def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable
             starts.append(s)
         if len(starts) == k:
             break
-    for s in starts:
+    return starts
+
+
+class DescentsAhead:
+    """`MCTS.run`'s `ahead` where descents from the k best distinct starts follow the tree (`descend_from_top`;
+    k = 1: `descend` from the best): each start's first move, posted anew whenever the starts change. Why the
+    first move of every start and not only the best's: the workers have nothing else to do while the parent
+    runs the tree one step at a time, and the descents begin with exactly these where the tree ends with the
+    same starts. Not the best's later moves: its first move often improves, and they start from elsewhere then
+    (scale-736: 179 of 276 computed for nothing)."""
+
+    def __init__(self, space: StrategySpace, k: int) -> None:
+        self.space, self.k = space, k
+        self.posted: tuple[Candidate, ...] = ()
+        self.moves: dict[Candidate, list[Candidate]] = {}  # a start's first move (costly to list)
+
+    def __call__(self, scorer: Scorer) -> list[Candidate] | None:
+        starts = tuple(s.candidate for s in top_starts(scorer, self.k))
+        if not starts or starts == self.posted:
+            return None
+        self.posted = starts
+        return list(dict.fromkeys(c for start in starts for c in self._first_move(start)))
+
+    def _first_move(self, start: Candidate) -> list[Candidate]:
+        if start not in self.moves:
+            self.moves[start] = descent_neighbours(self.space, start)
+        return self.moves[start]
+
+
+def descend_from_top(space: StrategySpace, scorer: Scorer, out_of_time: Callable[[], bool], k: int = 3) -> None:
+    """Descend from the k best distinct candidates scored so far (different basins, same budget)."""
+    for s in top_starts(scorer, k):
         if out_of_time():
             return
         descend(space, scorer, out_of_time, start=s)
@@ -583,7 +616,7 @@ def descend_from_single_clusters(space: StrategySpace, scorer: Scorer, out_of_ti
             return (out_of_time() or used - began >= SINGLE_CLUSTER_EVALUATIONS
                     or used - max(local.improved_at, began) >= SINGLE_CLUSTER_PATIENCE)
 
-        tree.run(stop=local_done, ahead=lambda c, sub=sub: descent_neighbours(sub, c))
+        tree.run(stop=local_done, ahead=DescentsAhead(sub, TOP_K))
         descend_from_top(sub, local, out_of_time, TOP_K)
         best = local.best.candidate
         whole = tuple(best.choices[0] if n == name else UNUSED for n in order)

@@ -143,3 +143,33 @@ def test_the_default_jobs_are_the_cores_available_at_most_four(monkeypatch: pyte
     for cores, jobs in ((1, 1), (2, 2), (4, 4), (64, 4)):
         monkeypatch.setattr(parallel, "available_cores", lambda cores=cores: cores)
         assert parallel.default_jobs() == jobs
+
+
+def test_the_tree_guesses_its_next_step_without_changing_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetauto.planner.inputs import load_planning_inputs
+    from hetauto.planner.mcts import MCTS
+    from hetauto.planner.search import make_evaluator
+    from hetauto.planner.space import StrategySpace
+
+    taken = []
+    real_take = parallel.take
+
+    def spied(space: object, cand: object) -> object:
+        got = real_take(space, cand)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(parallel, "take", spied)
+    from hetauto.planner import mcts
+
+    monkeypatch.setattr(mcts, "TREE_GUESSES", True)
+
+    def steps(jobs: int) -> tuple:
+        inputs = load_planning_inputs(scenario="mixed-small")
+        tree = MCTS(StrategySpace(inputs, make_evaluator(inputs)), seed=2)
+        with parallel.jobs(jobs):
+            tree.run(iterations=40)
+        return list(tree.scorer.by_candidate), tree.rng.getstate(), tree.root.visits, tree.root.total
+
+    assert steps(1) == steps(2)
+    assert any(taken)  # some steps scored what a worker computed from a guess
