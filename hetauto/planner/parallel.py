@@ -11,8 +11,10 @@ Why the parent works too: `jobs(n)` is n processes in all, the parent and n - 1 
 The workers and the parent take a batch's candidates from its front, each claimed once (a shared claim table):
 when the parent needs a candidate nobody has claimed, it scores it itself as with one process; when a worker is
 computing it, the parent computes the next unclaimed one meanwhile (uncounted: `Evaluator.uncounted`) instead of
-waiting idle. Results stream back one candidate at a time, so the parent scores candidate i while the workers
-compute i + 1, ... (no barrier at the end of a batch). A new batch keeps what it shares with the last one (a
+waiting idle. Each process claims up to GROUP neighbours of a batch proper at once and evaluates their plans
+together (`Evaluator.evaluate_many`: one numpy recursion per pipeline shape, as one process's Scorer does with its
+whole batch; neighbours often share a shape). Results stream back candidate by candidate, so the parent scores
+candidate i while the workers compute the next ones (no barrier at the end of a batch). A new batch keeps what it shares with the last one (a
 phase may post what it will score after this batch too) and cancels the rest that nobody claimed.
 
 A worker takes a batch proper before what a phase posted as likely next, whenever each was posted: the tree
@@ -42,6 +44,7 @@ _space: Any = None  # the space a forked worker builds and evaluates with (set i
 
 SLOTS = 1 << 16  # the claim table's size: a slot is reused 65536 candidates later (a batch is far smaller)
 SPILL = 2  # how far past the candidate it waits for the parent computes into a batch's likely part
+GROUP = 4  # a worker takes up to this many neighbours of a batch proper at once (`_evaluate_together`)
 WAIT_S = 0.5  # how long the parent blocks on a result before it checks that its workers are alive
 
 Result = tuple[Any, list[Any]] | None  # (Built, each plan's Evaluation), None where that raised
@@ -127,6 +130,37 @@ def _build_and_evaluate(cand: Any) -> Result:
         return None
 
 
+def _evaluate_together(space: Any, cands: list[Any], remember: bool) -> list[Result]:
+    """`cands`' (Built, evaluations), their plans evaluated in one `Evaluator.evaluate_many` (the 1F1B recursions of
+    one pipeline shape as one numpy batch, as one process's Scorer.prefetch does): neighbours in a batch often share
+    shapes. `remember`: kept as `evaluate` keeps them (a worker's cache; the parent's Scorer counts its own). A
+    candidate whose build raised gets None (its scorer meets the error itself), as does each whose evaluation
+    raised when they are evaluated one by one after the evaluation together raised."""
+    built: list[Any] = []
+    for cand in cands:
+        try:
+            built.append(space.build(cand))
+        except Exception:  # noqa: BLE001 -- re-raised by the Scorer's own build, where the search gets to it
+            built.append(None)
+    evaluator = space.evaluator
+    plans = [plan for b in built if b is not None for plan in b.plans]
+    try:
+        evaluations = evaluator.evaluate_many(plans)
+    except Exception:  # noqa: BLE001 -- one by one: the error stays with its candidate
+        return [None if b is None else _evaluate_alone(evaluator, b, remember) for b in built]
+    if remember:
+        evaluations = [evaluator.adopt(plan, ev) for plan, ev in zip(plans, evaluations)]
+    each = iter(evaluations)
+    return [None if b is None else (b, [next(each) for _ in b.plans]) for b in built]
+
+
+def _evaluate_alone(evaluator: Any, built: Any, remember: bool) -> Result:
+    try:
+        return built, [(evaluator.evaluate if remember else evaluator.uncounted)(plan) for plan in built.plans]
+    except Exception:  # noqa: BLE001 -- as `_build_and_evaluate`
+        return None
+
+
 def _claim(claims: Any, lock: Any, seq: int) -> bool:
     """Whether this process is the first to claim candidate number `seq` (then it computes it)."""
     slot = seq % SLOTS
@@ -139,13 +173,8 @@ def _claim(claims: Any, lock: Any, seq: int) -> bool:
 
 def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
     """A worker's loop: each posted candidate nobody claimed (the parent's cancelled ones included), built and
-    evaluated; a batch proper before what a phase posted as likely next (`then`), whenever they were posted.
-
-    Where a batched evaluator fits (many plans of one pipeline shape priced at once): the worker would take from
-    `firm` (or `likely`) every waiting candidate of the popped one's shape (microbatch, order, choices: the same
-    layout, so plans of one shape), `_claim` each (a claim is per candidate: skip those the parent or another
-    worker has), build them, evaluate their plans together and put one result per claimed number, as now; the
-    parent's side (`take`, the claim table, the results by number) needs no change."""
+    evaluated; a batch proper before what a phase posted as likely next (`then`), whenever they were posted. From
+    a batch proper it claims up to GROUP neighbours at once and evaluates them together (`_evaluate_together`)."""
     global _space
     _space = space
     firm: deque[tuple[int, Any]] = deque()
@@ -153,7 +182,13 @@ def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
     while True:
         if not _receive(tasks, firm, likely, block=not (firm or likely)):
             return
-        seq, cand = firm.popleft() if firm else likely.popleft()
+        if firm:  # the batch proper: a few neighbours at once (they share pipeline shapes: `_evaluate_together`)
+            group = [item for item in (firm.popleft() for _ in range(min(GROUP, len(firm))))
+                     if _claim(claims, lock, item[0])]
+            for seq, result in zip((seq for seq, _ in group), _evaluate_together(space, [c for _, c in group], True)):
+                results.put((seq, result))
+            continue
+        seq, cand = likely.popleft()
         if _claim(claims, lock, seq):
             results.put((seq, _build_and_evaluate(cand)))
 
@@ -258,10 +293,14 @@ class _Workers:
             if cand in self.done:
                 return self.done.pop(cand)
             seq = self.pending.get(cand)
-            if seq is None or _claim(self.claims, self.lock, seq):
-                if seq is not None:
-                    self._forget(seq)
-                return None  # not posted, or nobody had it: the parent scores it, counted as usual
+            if seq is None:
+                return None  # not posted: the parent scores it, counted as usual
+            if _claim(self.claims, self.lock, seq):  # nobody had it: the parent's, with the next few nobody has
+                self._forget(seq)
+                group = [cand, *self._claim_after(self.position.get(cand, len(self.order)), GROUP - 1)]
+                results = _evaluate_together(self.space, group, False)
+                self.done.update(zip(group[1:], results[1:]))
+                return results[0]  # None: it raised, and the Scorer meets the error scoring it itself
             if not self._compute_next(max(self.firm, self.position.get(cand, -1) + 1 + SPILL)):
                 self._collect(block=True)
         return None
@@ -275,17 +314,23 @@ class _Workers:
             seq = self.batch[cand]
             if _claim(self.claims, self.lock, seq):
                 self._forget(seq)
-                self.done[cand] = self._build_and_price(cand)
+                group = [cand, *self._claim_after(self.cursor - 1, GROUP - 1, min(end, len(self.order)))]
+                self.done.update(zip(group, _evaluate_together(self.space, group, False)))
                 return True
         return False
 
-    def _build_and_price(self, cand: Any) -> Result:
-        """`_build_and_evaluate` in the parent: its evaluations not counted (the Scorer counts them)."""
-        try:
-            built = self.space.build(cand)
-            return built, [self.space.evaluator.uncounted(plan) for plan in built.plans]
-        except Exception:  # noqa: BLE001 -- as in a worker: re-raised by the Scorer's own build
-            return None
+    def _claim_after(self, position: int, n: int, end: int | None = None) -> list[Any]:
+        """Up to `n` candidates after `position` in the batch proper (before `end`), nobody has claimed: claimed
+        here (uncounted), for the parent to compute with the one at `position`."""
+        got: list[Any] = []
+        for cand in self.order[position + 1:min(self.firm, len(self.order) if end is None else end)]:
+            if len(got) == n:
+                break
+            seq = self.batch[cand]
+            if cand not in self.done and _claim(self.claims, self.lock, seq):
+                self._forget(seq)
+                got.append(cand)
+        return got
 
     def _collect(self, block: bool) -> None:
         """Move the results come back into `done`; with `block`, wait for one first (a dead worker: broken)."""

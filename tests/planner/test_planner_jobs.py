@@ -129,12 +129,15 @@ def test_a_dead_worker_leaves_the_parent_to_score_alone() -> None:
     with parallel.jobs(2):
         parallel.prefetch(space, list(range(6)))
         workers = parallel._pools[id(space)]
-        time.sleep(0.1)  # the worker has claimed candidate 0
+        time.sleep(0.1)  # the worker has claimed the batch's last candidates (if it got the core by then)
         os.kill(workers.procs[0].pid, signal.SIGKILL)
         start = time.perf_counter()
         got = [parallel.take(space, c) for c in range(6)]
         assert time.perf_counter() - start < 10
-    assert got[0] is None  # its worker died with it: the caller builds and evaluates it itself
+    # the parent's own claims (0 and the next nobody had) come back computed here; what died with the worker
+    # comes back None: the caller builds and evaluates it itself
+    assert got[0] is not None and got[0][1] == [0] and got[0][0].pid == os.getpid()
+    assert all(g is None or (g[0].pid == os.getpid() and g[1] == [c * c]) for c, g in enumerate(got))
 
 
 def test_the_default_jobs_are_the_cores_available_at_most_four(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,3 +176,41 @@ def test_the_tree_guesses_its_next_step_without_changing_its_steps(monkeypatch: 
 
     assert steps(1) == steps(2)
     assert any(taken)  # some steps scored what a worker computed from a guess
+
+
+class _ManyEvaluator(_Evaluator):
+    """`_Evaluator` with `evaluate_many` (plan n -> n * n) that records each call, and `adopt` that records it."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.adopted: list[tuple[int, int]] = []
+
+    def evaluate_many(self, plans: list[int]) -> list[int]:
+        self.batches.append(list(plans))
+        if 13 in plans:
+            raise ValueError("13 cannot be evaluated")
+        return [p * p for p in plans]
+
+    def evaluate(self, plan: int) -> int:
+        if plan == 13:
+            raise ValueError("13 cannot be evaluated")
+        return plan * plan
+
+    uncounted = evaluate
+
+    def adopt(self, plan: int, evaluation: int) -> int:
+        self.adopted.append((plan, evaluation))
+        return evaluation
+
+
+def test_neighbours_are_evaluated_together_and_an_error_stays_with_its_candidate() -> None:
+    space = _Space()
+    space.evaluator = _ManyEvaluator()
+    got = parallel._evaluate_together(space, [2, -1, 3], remember=True)
+    assert space.evaluator.batches == [[2, 3]]  # one call for every plan the builds gave
+    assert [g if g is None else g[1] for g in got] == [[4], None, [9]]  # the build that raised: None
+    assert space.evaluator.adopted == [(2, 4), (3, 9)]  # remembered as `evaluate` would
+    space.evaluator = _ManyEvaluator()
+    got = parallel._evaluate_together(space, [2, 13, 3], remember=False)
+    assert [g if g is None else g[1] for g in got] == [[4], None, [9]]  # together raised: each alone
+    assert space.evaluator.adopted == []
