@@ -76,9 +76,12 @@ def test_islands_sync_across_a_shaped_link_and_equal_their_reference(tmp_path: P
     # last waits for nothing, so the difference of the two holders' sync_s at a step is the other's wait. Half a
     # round: the islands' batches are speed-proportional (8 and 4 rows at speeds 1 and 0.5), so they should arrive
     # together; what is left is scheduling noise of a shared 2-core host (measured here: at most ~10% of a round).
+    # Not the first sync: its round holds each island's start (first-step allocations, the store handshake, its
+    # processes started while the suite's other tests load the host), which no speed scales; a loaded CI run measured
+    # a first wait of 0.24 s against a 0.31 s round, then 0.012 and 0.012 s.
     by_island = {i["name"]: {r["step"]: r["sync_s"] for r in i["outer_syncs"]} for i in doc["islands"]}
-    waits = [abs(by_island["FAST"][s] - by_island["SLOW"][s]) for s in by_island["FAST"]]
-    assert len(waits) == STEPS // H and max(waits) <= 0.5 * doc["measured_round_s"], (waits, doc["measured_round_s"])
+    waits = [abs(by_island["FAST"][s] - by_island["SLOW"][s]) for s in sorted(by_island["FAST"])]
+    assert len(waits) == STEPS // H and max(waits[1:]) <= 0.5 * doc["measured_round_s"], (waits, doc["measured_round_s"])
 
 
 @pytest.mark.multiprocess

@@ -131,7 +131,7 @@ def test_a_rank_whose_search_path_adds_only_a_sitecustomize_is_forked_and_runs_i
     site = folder / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text("import os\nos.environ['PROBE_MARK'] = 'sitecustomize ran'\n")
-    path = f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))  # no empty entry: the cwd
     for forked in (True, False):
         proc = client(folder, zygote, "0", PYTHONPATH=path)
         seen = first_line(proc)
