@@ -198,15 +198,18 @@ class MCTS:
         leaf = path if complete else self._rollout(path)
         if leaf is not None and TREE_GUESSES and parallel.workers_wanted():
             self._prefetch_next(leaf, node, complete, visited)
-        reward = self._reward(leaf)
+        self._back_up(node, complete, visited, self._reward(leaf))
+        self.iterations += 1
+        return True
+
+    def _back_up(self, node: _Node, complete: bool, visited: list[_Node], reward: float) -> None:
+        """The step's backup: a complete path or dead end exhausted, `reward` added along the visited nodes."""
         if complete or not node.options:
             node.exhausted = True
         for n in visited:
             n.visits += 1
             n.total += reward
         self._mark_exhausted(visited)
-        self.iterations += 1
-        return True
 
     def _select(self, best: float, dry: bool = False) -> tuple[_Node, tuple, list[_Node]]:
         """Selection from the root (UCB, Q normalised by `best`) down to a complete path, a dead end or the most
@@ -265,12 +268,7 @@ class MCTS:
         saved = [(n, n.visits, n.total, n.exhausted) for n in visited]
         state = self.rng.getstate()
         try:
-            if complete or not node.options:
-                node.exhausted = True
-            for n in visited:
-                n.visits += 1
-                n.total += reward
-            self._mark_exhausted(visited)
+            self._back_up(node, complete, visited, reward)
             if self.root.exhausted:
                 return None
             _, path, _ = self._select(max(self.scorer.best_throughput, reward), dry=True)
