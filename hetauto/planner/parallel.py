@@ -14,8 +14,9 @@ computing it, the parent computes the next unclaimed one meanwhile (uncounted: `
 waiting idle. Each process claims up to GROUP neighbours of a batch proper at once and evaluates their plans
 together (`Evaluator.evaluate_many`: one numpy recursion per pipeline shape, as one process's Scorer does with its
 whole batch; neighbours often share a shape). Results stream back candidate by candidate, so the parent scores
-candidate i while the workers compute the next ones (no barrier at the end of a batch). A new batch keeps what it shares with the last one (a
-phase may post what it will score after this batch too) and cancels the rest that nobody claimed.
+candidate i while the workers compute the next ones (no barrier at the end of a batch). A new batch keeps what
+it shares with the last one (a phase may post what it will score after this batch too) and cancels the rest that
+nobody claimed.
 
 A worker takes a batch proper before what a phase posted as likely next, whenever each was posted: the tree
 (with `mcts.TREE_GUESSES`) posts each step's candidate and its guesses of the next step's (`MCTS._prefetch_next`,
@@ -44,7 +45,7 @@ _space: Any = None  # the space a forked worker builds and evaluates with (set i
 
 SLOTS = 1 << 16  # the claim table's size: a slot is reused 65536 candidates later (a batch is far smaller)
 SPILL = 2  # how far past the candidate it waits for the parent computes into a batch's likely part
-GROUP = 4  # a worker takes up to this many neighbours of a batch proper at once (`_evaluate_together`)
+GROUP = 4  # a worker takes up to this many neighbours of a batch proper at once (`evaluate_together`)
 WAIT_S = 0.5  # how long the parent blocks on a result before it checks that its workers are alive
 
 Result = tuple[Any, list[Any]] | None  # (Built, each plan's Evaluation), None where that raised
@@ -130,12 +131,13 @@ def _build_and_evaluate(cand: Any) -> Result:
         return None
 
 
-def _evaluate_together(space: Any, cands: list[Any], remember: bool) -> list[Result]:
+def evaluate_together(space: Any, cands: list[Any], remember: bool) -> list[Result]:
     """`cands`' (Built, evaluations), their plans evaluated in one `Evaluator.evaluate_many` (the 1F1B recursions of
-    one pipeline shape as one numpy batch, as one process's Scorer.prefetch does): neighbours in a batch often share
-    shapes. `remember`: kept as `evaluate` keeps them (a worker's cache; the parent's Scorer counts its own). A
-    candidate whose build raised gets None (its scorer meets the error itself), as does each whose evaluation
-    raised when they are evaluated one by one after the evaluation together raised."""
+    one pipeline shape as one numpy batch): neighbours in a batch often share shapes. A process's claimed
+    neighbours go through it, and so does one process's whole batch (`Scorer.prefetch`). `remember`: kept as
+    `evaluate` keeps them (a worker's cache; the parent's Scorer counts its own). A candidate whose build raised
+    gets None (its scorer meets the error itself), as does each whose evaluation raised when they are evaluated
+    one by one after the evaluation together raised."""
     built: list[Any] = []
     for cand in cands:
         try:
@@ -174,7 +176,7 @@ def _claim(claims: Any, lock: Any, seq: int) -> bool:
 def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
     """A worker's loop: each posted candidate nobody claimed (the parent's cancelled ones included), built and
     evaluated; a batch proper before what a phase posted as likely next (`then`), whenever they were posted. From
-    a batch proper it claims up to GROUP neighbours at once and evaluates them together (`_evaluate_together`)."""
+    a batch proper it claims up to GROUP neighbours at once and evaluates them together (`evaluate_together`)."""
     global _space
     _space = space
     firm: deque[tuple[int, Any]] = deque()
@@ -182,10 +184,10 @@ def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
     while True:
         if not _receive(tasks, firm, likely, block=not (firm or likely)):
             return
-        if firm:  # the batch proper: a few neighbours at once (they share pipeline shapes: `_evaluate_together`)
+        if firm:  # the batch proper: a few neighbours at once (they share pipeline shapes: `evaluate_together`)
             group = [item for item in (firm.popleft() for _ in range(min(GROUP, len(firm))))
                      if _claim(claims, lock, item[0])]
-            for seq, result in zip((seq for seq, _ in group), _evaluate_together(space, [c for _, c in group], True)):
+            for seq, result in zip((seq for seq, _ in group), evaluate_together(space, [c for _, c in group], True)):
                 results.put((seq, result))
             continue
         seq, cand = likely.popleft()
@@ -298,7 +300,7 @@ class _Workers:
             if _claim(self.claims, self.lock, seq):  # nobody had it: the parent's, with the next few nobody has
                 self._forget(seq)
                 group = [cand, *self._claim_after(self.position.get(cand, len(self.order)), GROUP - 1)]
-                results = _evaluate_together(self.space, group, False)
+                results = evaluate_together(self.space, group, False)
                 self.done.update(zip(group[1:], results[1:]))
                 return results[0]  # None: it raised, and the Scorer meets the error scoring it itself
             if not self._compute_next(max(self.firm, self.position.get(cand, -1) + 1 + SPILL)):
@@ -315,7 +317,7 @@ class _Workers:
             if _claim(self.claims, self.lock, seq):
                 self._forget(seq)
                 group = [cand, *self._claim_after(self.cursor - 1, GROUP - 1, min(end, len(self.order)))]
-                self.done.update(zip(group, _evaluate_together(self.space, group, False)))
+                self.done.update(zip(group, evaluate_together(self.space, group, False)))
                 return True
         return False
 

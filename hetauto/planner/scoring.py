@@ -83,7 +83,7 @@ class Scorer:
         shape timed together), `then` left (speculative). The results are the same with any number of workers."""
         firm = self._unscored(cands)
         parallel.prefetch(self.space, firm, self._unscored(then or []))
-        if parallel._jobs < 2 and hasattr(self.space.evaluator, "evaluate_many"):  # (a test's evaluator may not)
+        if not parallel.workers_wanted() and hasattr(self.space.evaluator, "evaluate_many"):  # a test fake may lack it
             self.ahead = self._batch(firm)
         return cands
 
@@ -91,22 +91,10 @@ class Scorer:
         """(Built, each plan's uncounted Evaluation) of `cands`, for `score` to adopt as it adopts `parallel`'s;
         a candidate whose build or evaluation raises is left out (`score` meets the error itself, as before)."""
         ready = {c: self.ahead[c] for c in cands if c in self.ahead}  # a batch's leftovers the next one holds
-        built = []
-        for c in cands:
-            if c not in ready:
-                try:
-                    built.append((c, self.space.build(c)))
-                except Exception:  # noqa: BLE001 -- re-raised by `score`'s own build, where the search gets to it
-                    continue
-        try:
-            evs = iter(self.space.evaluator.evaluate_many([plan for _, b in built for plan in b.plans]))
-            ready.update((c, (b, [next(evs) for _ in b.plans])) for c, b in built)
-        except Exception:  # noqa: BLE001 -- one plan raised: each candidate on its own, the one that raises left out
-            for c, b in built:
-                try:
-                    ready[c] = (b, self.space.evaluator.evaluate_many(b.plans))
-                except Exception:  # noqa: BLE001 -- as above
-                    continue
+        todo = [c for c in cands if c not in ready]
+        for c, result in zip(todo, parallel.evaluate_together(self.space, todo, remember=False)):
+            if result is not None:
+                ready[c] = result
         return ready
 
     def _unscored(self, cands: list[Candidate]) -> list[Candidate]:

@@ -206,11 +206,11 @@ class _ManyEvaluator(_Evaluator):
 def test_neighbours_are_evaluated_together_and_an_error_stays_with_its_candidate() -> None:
     space = _Space()
     space.evaluator = _ManyEvaluator()
-    got = parallel._evaluate_together(space, [2, -1, 3], remember=True)
+    got = parallel.evaluate_together(space, [2, -1, 3], remember=True)
     assert space.evaluator.batches == [[2, 3]]  # one call for every plan the builds gave
     assert [g if g is None else g[1] for g in got] == [[4], None, [9]]  # the build that raised: None
     assert space.evaluator.adopted == [(2, 4), (3, 9)]  # remembered as `evaluate` would
     space.evaluator = _ManyEvaluator()
-    got = parallel._evaluate_together(space, [2, 13, 3], remember=False)
+    got = parallel.evaluate_together(space, [2, 13, 3], remember=False)
     assert [g if g is None else g[1] for g in got] == [[4], None, [9]]  # together raised: each alone
     assert space.evaluator.adopted == []
