@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hetauto.launch.diagnosis import JobFailed, gloo_connect_failure, read_marks
 from hetauto.launch.listen_address import is_own_address
+from hetauto.launch.node_end import done_key
 from hetauto.launch.node_link import link_down_words, silent_threshold
 from hetauto.launch.plan import HOST_SOCKET_ENV
 
 if TYPE_CHECKING:
     from hetauto.launch.node_job import NodeJob
 
-__all__ = ["link_failure", "wait_out_the_grace", "interface_failure", "member_failure", "member_link_words", "loopback_note",
+__all__ = ["link_failure", "out_of_reach", "wait_out_the_grace", "interface_failure", "member_failure",
+           "member_link_words", "loopback_note",
            "TORCHRUN_FAILED"]
 
 TORCHRUN_FAILED = "torchrun on this node"  # how hetauto.launch.local words a member's torchrun that failed
@@ -33,7 +35,7 @@ def link_failure(job: "NodeJob", control: Any, members: Sequence[int], grace_s: 
     """On the lead: the job's failure as the link that stayed down, when it is one: a member site's agent is out
     of reach (its counter silent, hetauto.launch.node_link) and the culprit rank has no error of its own (it
     stopped responding, the others timed out). None: the ranks' diagnosis stands."""
-    silent = [r for r in members if control.agent_silence(r) > silent_threshold(grace_s)]
+    silent = out_of_reach(control, members, grace_s)
     if not silent:
         return None
     if err.rank is not None:
@@ -46,6 +48,15 @@ def link_failure(job: "NodeJob", control: Any, members: Sequence[int], grace_s: 
     words = link_down_words(job.site.name, site.name, grace_s, silent_s)
     return JobFailed(f"{words} (node rank(s) {', '.join(map(str, nodes))} of site '{site.name}' out of reach, its "
                      f"ranks with them); what the ranks saw: {err}", err.rank, err.stage, err.cluster)
+
+
+def out_of_reach(control: Any, members: Sequence[int], grace_s: float) -> list[int]:
+    """The member node ranks whose agents are out of reach: silent past silent_threshold and without an end mark.
+    A member that marked its end (its torchrun failed, say, on gloo's address) stops beating on purpose, and the
+    mark came across the link; CI once blamed the link for such a member, silent 2.5 s while the lead's rank 0
+    waited out its own --timeout."""
+    return [r for r in members
+            if control.agent_silence(r) > silent_threshold(grace_s) and control.get(done_key(r)) is None]
 
 
 def wait_out_the_grace(control: Any, node_rank: int, grace_s: float,

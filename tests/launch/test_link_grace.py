@@ -219,3 +219,26 @@ def test_the_lead_waits_out_the_grace_before_saying_the_link_stayed_down_past_it
     assert link_down_words("fast", "slow", 6.0, 6.04).startswith(
         "the link between site 'fast' and site 'slow' stayed down past the grace (--timeout 6 s): nothing came across"
         " it for 6.0 s")
+
+
+def test_a_member_that_marked_its_end_is_not_out_of_reach_however_long_it_is_silent() -> None:
+    """A member whose torchrun failed (gloo's address, say) marks its end and stops beating; the lead's rank 0 may
+    time out seconds later. CI: the lead then said the link stayed down, where the cause was gloo's address."""
+    from hetauto.launch.node_end import done_key
+    from hetauto.launch.node_failure import out_of_reach
+
+    class Control:
+        def __init__(self) -> None:
+            self.keys: dict[str, str] = {}
+
+        def agent_silence(self, node_rank: int) -> float:
+            return {1: 4.0, 2: 4.0, 3: 1.0}[node_rank]
+
+        def get(self, key: str) -> str | None:
+            return self.keys.get(key)
+
+    control = Control()
+    assert out_of_reach(control, [1, 2, 3], 6.0) == [1, 2]  # past half the grace: 3 s
+    control.keys[done_key(1)] = "failed: torchrun on this node failed"
+    assert out_of_reach(control, [1, 2, 3], 6.0) == [2]
+    assert out_of_reach(control, [1, 2, 3], 10.0) == []  # 4 s is inside 5 s, the cap
