@@ -206,3 +206,25 @@ def test_cached_device_count_equals_the_sum_over_node_groups_and_survives_replac
     for c in (mixed, plain, smaller):
         back = pickle.loads(pickle.dumps(c))
         assert back == c and hash(back) == hash(c) and back.num_devices == c.num_devices
+
+
+def test_libyaml_reads_what_pyyaml_reads_and_a_deep_block_document_is_refused_not_a_crash():
+    """Documents go through libyaml's parser where PyYAML has it (7x faster); its composer recurses on the C stack,
+    so `- - - ... x` 50,000 deep crashed the process: a document that could nest that deep goes to PyYAML's parser,
+    which says so."""
+    from pathlib import Path
+
+    from hetauto.core import specio
+
+    shipped = sorted(Path(__file__).resolve().parents[2].glob("hetauto/**/*.yaml"))
+    assert shipped and specio._FAST_LOADER is not None
+    for path in shipped:
+        text = path.read_text()
+        assert specio._loader_for(text) is specio._FAST_LOADER
+        assert yaml.load(text, Loader=specio._FAST_LOADER) == yaml.load(text, Loader=specio._UniqueKeyLoader)  # noqa: S506
+    with pytest.raises(SpecError, match=r"^d.yaml: line 2: invalid YAML: duplicate key 'a' \(also on line 1\)"):
+        specio.parse_text("a: 1\na: 2\n", "d.yaml")
+    for depth in (2000, 50_000):
+        with pytest.raises(SpecError) as err:
+            specio.parse_text("- " * depth + "x\n", "deep.yaml")
+        assert str(err.value) == "deep.yaml: document nests too deeply"
