@@ -238,10 +238,18 @@ class _Shape:
         if first < n_prefix:
             self.prefix.run(z, first, min(last, n_prefix))
             first = n_prefix
-        step, block = TABLES * self.p, self.block.levels
+        step, ((reads0, writes0), (reads1, writes1)) = TABLES * self.p, self.block.levels
         one = _layer if z.dtype.kind == "f" else _layer_rows
-        for layer in range(first - n_prefix, last - n_prefix):  # the j-th repeat of the block on z[j * step:]
-            one(z[(layer >> 1) * step:], *block[layer & 1])
+        layer, stop = first - n_prefix, last - n_prefix  # the j-th repeat of the block runs on z[j * step:]
+        if layer & 1 and layer < stop:  # resumed between the block's two layers
+            one(z[(layer >> 1) * step:], reads1, writes1)
+            layer += 1
+        for j in range(layer >> 1, stop >> 1):
+            repeat = z[j * step:]
+            one(repeat, reads0, writes0)
+            one(repeat, reads1, writes1)
+        if stop & 1 and layer < stop:  # paused between them
+            one(z[(stop >> 1) * step:], reads0, writes0)
 
     def cooldown(self, m: int) -> _Levels:
         """The cool-down of a run paused at m (relative to m - `cooldown_reach`, see LevelRun)."""
