@@ -24,8 +24,8 @@ period lambda (the maximum cycle mean of the max-plus system):
 with w_r the warmup forwards of rank r, d_r its receive lookahead and c = serialization + latency; the shift
 itself is measured, not lambda (its O(p^2) candidates run on numpy from PERIOD_MIN_RANKS ranks on, `pipe_period`:
 the same sums in the same order, the same choice, bit for bit). So the result equals the simulator's for 1F1B and
-Virtual-1F1B with any warm-ups (uneven ones included), to rounding: tests check 1e-9 relative over generated stage times, links,
-warm-ups and microbatch counts. (Before, extrapolating from an assumed steady state was 0.2-0.5% off for
+Virtual-1F1B with any warm-ups (uneven ones included), to rounding: tests check 1e-9 relative over generated stage
+times, links, warm-ups and microbatch counts. (Before, extrapolating from an assumed steady state was 0.2-0.5% off for
 Virtual-1F1B with uneven warm-ups, whose deep-warm-up stages use up their slack slowly.) Shared link groups
 and interleaved 1F1B are not handled here: the Evaluator sends those plans to the simulator.
 
