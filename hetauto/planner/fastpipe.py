@@ -22,9 +22,10 @@ period lambda (the maximum cycle mean of the max-plus system):
                   (tf_r + cf_{r-1}) / d_r,  (tb_r + cb_r) / d_r,  serial_f_h,  serial_b_h )
 
 with w_r the warmup forwards of rank r, d_r its receive lookahead and c = serialization + latency; the shift
-itself is measured, not lambda. So the result equals the simulator's for 1F1B and Virtual-1F1B with any
-warm-ups (uneven ones included), to rounding: tests check 1e-9 relative over generated stage times, links,
-warm-ups and microbatch counts. (Before, extrapolating from an assumed steady state was 0.2-0.5% off for
+itself is measured, not lambda (its O(p^2) candidates run on numpy from PERIOD_MIN_RANKS ranks on, `pipe_period`:
+the same sums in the same order, the same choice, bit for bit). So the result equals the simulator's for 1F1B and
+Virtual-1F1B with any warm-ups (uneven ones included), to rounding: tests check 1e-9 relative over generated stage
+times, links, warm-ups and microbatch counts. (Before, extrapolating from an assumed steady state was 0.2-0.5% off for
 Virtual-1F1B with uneven warm-ups, whose deep-warm-up stages use up their slack slowly.) Shared link groups
 and interleaved 1F1B are not handled here: the Evaluator sends those plans to the simulator.
 
@@ -50,13 +51,26 @@ EXACT_NODES = 1024  # run the recursion on at least this many (rank, microbatch)
 TRANSIENT = 8  # microbatches past the deepest warmup before the steady state is first looked for
 LEVELS_MIN_RANKS = 20  # from this depth the recursion runs level by level on numpy (`pipe_levels`; measured),
 LEVELS_MIN_NODES = 2048  # when its first phase has this many (rank, microbatch) pairs (fewer: Python is as fast)
+PERIOD_MIN_RANKS = 32  # from this depth `period` runs on numpy (`pipe_period`: 0.4x the loop's time at 98 ranks)
 _Events = tuple[list[list[float]], list[list[float]], list[list[float]], list[list[float]]]
 
 
 def period(tf: Sequence[float], tb: Sequence[float], warmups: Sequence[int], lookahead: Sequence[int],
            fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]]) -> tuple[float, int]:
     """Steady-state time per microbatch (see module docstring) and the number of microbatches the critical
-    cycle spans (the iteration grows by lambda*adv every adv microbatches). fwd/bwd[h] = (serialization, latency)."""
+    cycle spans (the iteration grows by lambda*adv every adv microbatches). fwd/bwd[h] = (serialization, latency).
+    From PERIOD_MIN_RANKS ranks on the same floats come from numpy (`pipe_period`), below from the loop."""
+    if len(tf) >= PERIOD_MIN_RANKS:
+        from hetauto.planner.pipe_period import period_arrays  # numpy: only where it pays
+
+        return period_arrays(tf, tb, warmups, lookahead, fwd, bwd)
+    return period_loop(tf, tb, warmups, lookahead, fwd, bwd)
+
+
+def period_loop(tf: Sequence[float], tb: Sequence[float], warmups: Sequence[int], lookahead: Sequence[int],
+                fwd: Sequence[tuple[float, float]], bwd: Sequence[tuple[float, float]]) -> tuple[float, int]:
+    """`period` as a Python double loop: faster for shallow pipelines, and the reference `pipe_period` is tested
+    against."""
     p = len(tf)
     cf = [s + lat for s, lat in fwd]
     cb = [s + lat for s, lat in bwd]

@@ -81,8 +81,8 @@ def _slot(p: int, k: np.ndarray, table: np.ndarray | int, r: np.ndarray | int) -
 
 class _Levels:
     """Actions in layer order as index arrays into `z`: per layer the reads (7 x n: neighbour's event, own event
-    `lookahead` back, the link's previous send, clock, ser, ser + lat, compute) and the slots it writes (start or
-    None, end, send)."""
+    `lookahead` back, clock, ser, ser + lat, compute, the link's previous send) and the slots it writes (3 x n:
+    start or DUMP, end, send)."""
 
     __slots__ = ("levels", "nbytes")
 
@@ -96,15 +96,15 @@ class _Levels:
         link = np.where(is_f, r > 0, r < p - 1)
         d = look[r]
         send_col = np.where(is_f, r - 1, r)  # send_f[h] is rank h + 1's forward, send_b[h] rank h's backward
-        rows = np.stack([
+        rows = np.stack([  # in `_act`'s order: the last three reads' rows become its three results
             np.where(link, _slot(p, k, END + kind, np.where(is_f, r - 1, r + 1)), NEG),
             np.where(link & (k >= d), _slot(p, k - d, END + kind, r), NEG),
-            np.where(link, np.where(k >= 1, _slot(p, k - 1, SEND + kind, send_col), _const(p, MINUS_SER, kind, r)),
-                     NEG),
             pred,
             np.where(link, _const(p, SER, kind, r), ZERO),
             np.where(link, _const(p, SER_LAT, kind, r), ZERO),
             _const(p, COMPUTE, kind, r),
+            np.where(link, np.where(k >= 1, _slot(p, k - 1, SEND + kind, send_col), _const(p, MINUS_SER, kind, r)),
+                     NEG),
             _slot(p, k, START + kind, r) if starts else np.full(len(k), DUMP),
             _slot(p, k, END + kind, r),
             np.where(link, _slot(p, k, SEND + kind, send_col), DUMP),
@@ -115,7 +115,7 @@ class _Levels:
         # per layer one contiguous block (numpy gathers and scatters through strided index arrays 2-3x slower):
         # its rows' views are contiguous too; the last three are every write (start or DUMP, end, send) at once
         blocks = [np.ascontiguousarray(rows[:, lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
-        self.levels = [(b[:7], b[7] if starts else None, b[8], b[9], b[7:]) for b in blocks]
+        self.levels = [(b[:7], b[7:]) for b in blocks]
         self.nbytes = sum(b.nbytes + 128 for b in blocks)
 
     def run(self, z: np.ndarray, first: int, last: int) -> None:
@@ -125,36 +125,38 @@ class _Levels:
             step(z, *level)
 
 
-def _layer(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray,
-           writes: np.ndarray | None = None) -> None:
-    """One level: per action a = max(input, receive, link free) (the send starts; the link is free again once
-    the previous send on it is through, at its start + ser: the float `_advance` keeps, ser + -ser = 0.0 for the
-    first), and t = max(clock, a + (ser + lat)) + compute; `start` (t before compute) only where it is read."""
-    given, posted, previous, clock, ser, ser_lat, compute = z[reads]
-    a = np.maximum(np.maximum(given, posted), previous + ser)
-    z[send] = a
-    t = np.maximum(a + ser_lat, clock)
-    if start is not None:
-        z[start] = t
-    z[end] = t + compute
+def _layer(z: np.ndarray, reads: np.ndarray, writes: np.ndarray) -> None:
+    """One level of one pipeline: its reads gathered, `_act`, its results scattered in one go (`writes`: start or
+    DUMP, end, send)."""
+    given = z[reads]
+    _act(given)
+    z[writes] = given[4:]
 
 
-def _layer_rows(z: np.ndarray, reads: np.ndarray, start: np.ndarray | None, end: np.ndarray, send: np.ndarray,
-                writes: np.ndarray) -> None:
+def _layer_rows(z: np.ndarray, reads: np.ndarray, writes: np.ndarray) -> None:
     """`_layer` over several pipelines at once (`LevelBatch`): `z` is their float64 columns, one void element per
     row (numpy gathers and scatters whole rows so several times faster than 2-D fancy indexing; measured), the
     arithmetic the same elementwise float64 operations, with the same operands in the same order, on the rows laid
-    end to end, into one buffer written back in one scatter (`writes`: start or DUMP, end, send)."""
-    given, posted, previous, clock, ser, ser_lat, compute = z.take(reads).view(np.float64)
-    out = np.empty((3, len(given)))
-    t, e, a = out
-    np.maximum(given, posted, out=t)
-    np.add(previous, ser, out=a)
-    np.maximum(t, a, out=a)  # max(max(given, posted), previous + ser)
-    np.add(a, ser_lat, out=t)
+    end to end."""
+    given = z.take(reads)
+    _act(given.view(np.float64))
+    z[writes] = given[4:]
+
+
+def _act(level: np.ndarray) -> None:
+    """Every action of a level, in place on its gathered reads (rows: input, receive, clock, ser, ser + lat,
+    compute, the link's previous send): per action a = max(input, receive, link free) (the send starts; the link
+    is free again once the previous send on it is through, at its start + ser: the float `_advance` keeps,
+    ser + -ser = 0.0 for the first), and t = max(clock, a + (ser + lat)) + compute. The last three rows become
+    (t before compute, t after, a): what the level writes (start or DUMP, end, send), without a buffer of its own
+    (issue 43: a level's numpy calls are its cost)."""
+    given, posted, clock, ser, t, e, a = level
+    np.add(a, ser, out=a)  # previous + ser
+    np.maximum(given, posted, out=given)
+    np.maximum(given, a, out=a)  # max(max(given, posted), previous + ser)
+    np.add(a, t, out=t)  # a + (ser + lat)
     np.maximum(t, clock, out=t)
-    np.add(t, compute, out=e)
-    z[writes] = out.view(z.dtype)
+    np.add(t, e, out=e)  # + compute
 
 
 def _steady_start(warm: np.ndarray) -> np.ndarray:
@@ -236,10 +238,18 @@ class _Shape:
         if first < n_prefix:
             self.prefix.run(z, first, min(last, n_prefix))
             first = n_prefix
-        step, block = TABLES * self.p, self.block.levels
+        step, ((reads0, writes0), (reads1, writes1)) = TABLES * self.p, self.block.levels
         one = _layer if z.dtype.kind == "f" else _layer_rows
-        for layer in range(first - n_prefix, last - n_prefix):  # the j-th repeat of the block on z[j * step:]
-            one(z[(layer >> 1) * step:], *block[layer & 1])
+        layer, stop = first - n_prefix, last - n_prefix  # the j-th repeat of the block runs on z[j * step:]
+        if layer & 1 and layer < stop:  # resumed between the block's two layers
+            one(z[(layer >> 1) * step:], reads1, writes1)
+            layer += 1
+        for j in range(layer >> 1, stop >> 1):
+            repeat = z[j * step:]
+            one(repeat, reads0, writes0)
+            one(repeat, reads1, writes1)
+        if stop & 1 and layer < stop:  # paused between them
+            one(z[(stop >> 1) * step:], reads0, writes0)
 
     def cooldown(self, m: int) -> _Levels:
         """The cool-down of a run paused at m (relative to m - `cooldown_reach`, see LevelRun)."""
