@@ -18,7 +18,9 @@ interpreter, hetauto checkout, variables read at import) is declined: it runs on
 another network namespace (`ip netns exec`: a network and a mount namespace of its own), which a zygote running
 as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
 A search path that only puts folders holding nothing but a sitecustomize.py first (a test's hook on every process
-it starts) is forked too: the child imports that sitecustomize as the client's interpreter did at its start.
+it starts) is forked too: the child imports that sitecustomize as the client's interpreter did at its start. So is
+one that adds folders holding only distributions' metadata whose entry points are read late (metadata_only_folders:
+a test's installed `hetauto.models` entry point).
 torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
 child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
 The `hetauto` command a test starts is served too (a request with `cli`: `_run_command`): the child sets up the
@@ -291,6 +293,44 @@ def site_customizing_folders(mine: list[str], theirs: Any) -> list[str]:
     return []
 
 
+# Entry-point groups read when a command asks (hetauto.core.user_model), never while the zygote preloads: a folder of
+# distributions that declare only these changes nothing the zygote fixed before the fork (torch reads its own group,
+# torch.backends, at import: a distribution naming it is declined).
+LATE_READ_GROUPS = frozenset({"hetauto.models"})
+
+
+def metadata_only_folders(mine: list[str], theirs: Any) -> list[str]:
+    """The folders a client's search path has beyond the zygote's, when that is all that differs and each holds
+    nothing but installed distributions' metadata (*.dist-info, as pip leaves it) whose entry points are all in
+    LATE_READ_GROUPS; [] else. Nothing in such a folder can be imported (a dist-info name is no module name), and the
+    child has the client's search path, so importlib.metadata finds those entry points there as the client would."""
+    if not isinstance(theirs, list) or len(theirs) <= len(mine):
+        return []
+    extra = [folder for folder in theirs if folder not in mine]
+    if [folder for folder in theirs if folder in mine] != mine or not extra:
+        return []
+    try:
+        return extra if all(_holds_only_late_metadata(folder) for folder in extra) else []
+    except OSError:
+        return []
+
+
+def _holds_only_late_metadata(folder: str) -> bool:
+    import configparser
+
+    names = os.listdir(folder)
+    if not names or not all(name.endswith(".dist-info") for name in names):
+        return False
+    for name in names:
+        points = os.path.join(folder, name, "entry_points.txt")
+        if os.path.exists(points):
+            parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+            parser.read(points, encoding="utf-8")
+            if not set(parser.sections()) <= LATE_READ_GROUPS:
+                return False
+    return True
+
+
 def _import_their_sitecustomize() -> None:
     """What the client's interpreter did at its start (site.execsitecustomize), with the client's search path set:
     the sitecustomize of its first folder; an error in it is printed, as the interpreter prints it."""
@@ -522,6 +562,8 @@ class _Server:
                 value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
             if key == "search_path" and site_customizing_folders(mine, value):
                 continue  # the child imports their sitecustomize (_become)
+            if key == "search_path" and metadata_only_folders(mine, value):
+                continue  # entry points only, read by the child on its own search path
             if value != mine:
                 return f"differs in {key}{_difference(mine, value)}"
         other = self.namespaces_to_enter(req)

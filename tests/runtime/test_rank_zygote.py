@@ -140,6 +140,29 @@ def test_a_rank_whose_search_path_adds_only_a_sitecustomize_is_forked_and_runs_i
         (site / "torch.py").write_text("")  # would shadow the torch the zygote imported
 
 
+def test_a_rank_whose_search_path_adds_only_late_read_entry_points_is_forked(folder: Path, zygote: str) -> None:
+    """An installed distribution's `hetauto.models` entry point (tests/commands/test_model_code.py: a folder holding
+    only a *.dist-info, after this tree on PYTHONPATH): nothing there is importable and the group is read when a
+    command asks, so the child, on the client's search path, finds it as the client would. A group torch reads at
+    import (torch.backends, fixed in the zygote before the fork) runs by itself, and so does any other file."""
+    dists = folder / "dists"
+    info = dists / "rogue_models-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rogue-models\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[hetauto.models]\nrogue = rogue:M\n")
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(dists)]))  # no empty entry: the cwd
+    for forked, change in ((True, None), (False, "[torch.backends]\nx = x:y\n"), (False, "module")):
+        if change == "module":
+            (info / "entry_points.txt").write_text("[hetauto.models]\nrogue = rogue:M\n")
+            (dists / "rogue.py").write_text("")  # importable: could shadow a module the zygote imported
+        elif change is not None:
+            (info / "entry_points.txt").write_text(change)
+        proc = client(folder, zygote, "0", PYTHONPATH=path)
+        seen = first_line(proc)
+        proc.communicate(timeout=60)
+        assert (seen["pid"] != proc.pid, proc.returncode) == (forked, 0), change
+
+
 C10_PROBE = """
 import datetime, json, os, sys
 import torch.distributed as dist
