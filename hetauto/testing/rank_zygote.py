@@ -293,6 +293,24 @@ def site_customizing_folders(mine: list[str], theirs: Any) -> list[str]:
     return []
 
 
+def without_this_checkout(mine: list[str], theirs: Any, hetauto_dir: str) -> Any:
+    """A client's search path less the folder holding the zygote's own hetauto checkout, when only the client has it
+    (hetauto.testing.two_sites.this_tree_env puts it first for every process a multi-site test starts; the suite's
+    zygote, started in that folder with no PYTHONPATH, finds hetauto through the editable install or its working
+    folder instead). Kept where the folder holds another top-level module the zygote has imported (it could shadow
+    it); `hetauto` itself is the same files either way (the identity's `hetauto` is compared first)."""
+    root = os.path.dirname(hetauto_dir)
+    if not isinstance(theirs, list) or root in mine or root not in theirs:
+        return theirs
+    try:
+        names = {name[:-3] if name.endswith(".py") else name for name in os.listdir(root)} - {"hetauto"}
+    except OSError:
+        return theirs
+    if any(name in sys.modules for name in names):
+        return theirs
+    return [folder for folder in theirs if folder != root]
+
+
 # Entry-point groups read when a command asks (hetauto.core.user_model), never while the zygote preloads: a folder of
 # distributions that declare only these changes nothing the zygote fixed before the fork (torch reads its own group,
 # torch.backends, at import: a distribution naming it is declined).
@@ -560,10 +578,12 @@ class _Server:
             value = theirs.get(key)
             if key == "import_env" and C10_LOG_ENV not in mine and isinstance(value, dict):
                 value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
-            if key == "search_path" and site_customizing_folders(mine, value):
-                continue  # the child imports their sitecustomize (_become)
-            if key == "search_path" and metadata_only_folders(mine, value):
-                continue  # entry points only, read by the child on its own search path
+            if key == "search_path":
+                value = without_this_checkout(mine, value, self.identity["hetauto"])  # type: ignore[arg-type]
+                if site_customizing_folders(mine, value):
+                    continue  # the child imports their sitecustomize (_become)
+                if metadata_only_folders(mine, value):
+                    continue  # entry points only, read by the child on its own search path
             if value != mine:
                 return f"differs in {key}{_difference(mine, value)}"
         other = self.namespaces_to_enter(req)
@@ -603,7 +623,8 @@ class _Server:
                 os.close(fd)
             return
         mine: Any = self.identity["search_path"]
-        req["site_customize"] = bool(site_customizing_folders(mine, req.get("identity", {}).get("search_path")))
+        theirs = without_this_checkout(mine, req.get("identity", {}).get("search_path"), self.identity["hetauto"])
+        req["site_customize"] = bool(site_customizing_folders(mine, theirs))
         pid = os.fork()
         if pid == 0:
             _child(req, fds, namespaces, self)

@@ -163,6 +163,24 @@ def test_a_rank_whose_search_path_adds_only_late_read_entry_points_is_forked(fol
         assert (seen["pid"] != proc.pid, proc.returncode) == (forked, 0), change
 
 
+def test_the_checkout_this_tree_env_puts_first_is_no_difference_unless_it_could_shadow_a_module(tmp_path: Path) -> None:
+    """The suite's zygote, started in a clean clone with no PYTHONPATH, finds hetauto through the editable install;
+    every process a multi-site test starts has the clone on PYTHONPATH (this_tree_env): the same hetauto, so not a
+    difference (CI ran all of them on their own: ~3 CPU-s each). A checkout that holds another module the zygote has
+    imported (json here) still is one."""
+    from hetauto.testing.rank_zygote import without_this_checkout
+
+    root = tmp_path / "clone"
+    (root / "hetauto").mkdir(parents=True)
+    (root / "tests").mkdir()
+    mine = ["/usr/lib/python3", "/site-packages"]
+    assert without_this_checkout(mine, [str(root), *mine], str(root / "hetauto")) == mine
+    assert without_this_checkout(mine, ["/site", str(root), *mine], str(root / "hetauto")) == ["/site", *mine]
+    assert without_this_checkout([str(root), *mine], [str(root), *mine], str(root / "hetauto")) == [str(root), *mine]
+    (root / "json.py").write_text("")  # would shadow the json module the zygote imported
+    assert without_this_checkout(mine, [str(root), *mine], str(root / "hetauto")) == [str(root), *mine]
+
+
 C10_PROBE = """
 import datetime, json, os, sys
 import torch.distributed as dist
