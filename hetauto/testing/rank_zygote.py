@@ -20,7 +20,9 @@ as root forks into them (`setns` in the child, before it becomes the rank): the 
 A search path that only puts folders holding nothing but a sitecustomize.py first (a test's hook on every process
 it starts) is forked too: the child imports that sitecustomize as the client's interpreter did at its start. So is
 one that adds folders holding only distributions' metadata whose entry points are read late (metadata_only_folders:
-a test's installed `hetauto.models` entry point).
+a test's installed `hetauto.models` entry point), and one that adds the folder holding the zygote's own hetauto
+checkout (without_this_checkout: hetauto.testing.two_sites.this_tree_env puts it first for every process of a
+multi-site test, where a clean clone's zygote finds hetauto through the editable install).
 torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
 child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
 The `hetauto` command a test starts is served too (a request with `cli`: `_run_command`): the child sets up the
