@@ -16,7 +16,9 @@ soon as its client's connection closes (the client died, even by SIGKILL), and t
 ended. A rank that differs from the zygote in anything fixed before the fork (namespaces, cgroup, user,
 interpreter, hetauto checkout, variables read at import) is declined: it runs on its own; except a rank in
 another network namespace (`ip netns exec`: a network and a mount namespace of its own), which a zygote running
-as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
+as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks; and a
+client in a cgroup of its own that a zygote running as root can write (cgroups_to_join: the OOM test's memory
+cgroup), which the child joins first.
 A search path that only puts folders holding nothing but a sitecustomize.py first (a test's hook on every process
 it starts) is forked too: the child imports that sitecustomize as the client's interpreter did at its start. So is
 one that adds folders holding only distributions' metadata whose entry points are read late (metadata_only_folders:
@@ -212,6 +214,58 @@ def _open_namespaces(pid: int, names: list[str]) -> list[tuple[int, int]]:
     return opened
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroups_to_join(mine: str, theirs: Any) -> list[str] | None:
+    """The cgroup.procs files a child writes itself into to be in the client's cgroups (a test's memory cgroup: the
+    OOM killer's job, hetauto.testing.memory_cgroup), [] when they are the zygote's; None when the child cannot join
+    them (not root, another set of hierarchies, a group not found where hetauto.testing.memory_cgroup makes them).
+    Pages the child shares with the zygote stay charged to the zygote's group; what it allocates is charged there."""
+    if not isinstance(theirs, str):
+        return None
+    ours, wanted = _cgroup_lines(mine), _cgroup_lines(theirs)
+    if ours.keys() != wanted.keys():
+        return None
+    files = []
+    for hierarchy, path in wanted.items():
+        if ours[hierarchy] == path:
+            continue
+        folder = _hierarchy_folder(hierarchy[1])
+        target = os.path.join(folder, path.lstrip("/"), "cgroup.procs") if folder else ""
+        if not target or os.geteuid() != 0 or not os.access(target, os.W_OK):
+            return None
+        files.append(target)
+    return files
+
+
+def _cgroup_lines(text: str) -> dict[tuple[str, str], str]:
+    """/proc/PID/cgroup's `id:controllers:path` lines as {(id, controllers): path}."""
+    lines = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            lines[(parts[0], parts[1])] = parts[2]
+    return lines
+
+
+def _hierarchy_folder(controllers: str) -> str | None:
+    """Where a hierarchy is mounted, as hetauto.testing.memory_cgroup finds it: v2 at the root (or `unified` beside
+    v1's), v1 by its controllers' folder (`name=systemd`: systemd)."""
+    if controllers == "":
+        unified = os.path.join(CGROUP_ROOT, "unified")
+        return unified if os.path.isdir(unified) else CGROUP_ROOT
+    folder = os.path.join(CGROUP_ROOT, controllers.removeprefix("name="))
+    return folder if os.path.isdir(folder) else None
+
+
+def _join_cgroups(files: list[str]) -> None:
+    """In the child, before its namespaces (the netns's mount namespace may not show /sys/fs/cgroup)."""
+    for target in files:
+        with open(target, "w", encoding="ascii") as f:
+            f.write(str(_REAL_GETPID()))
+
+
 def _enter(namespaces: list[tuple[int, int]]) -> None:
     for fd, nstype in namespaces:
         _setns(fd, nstype)
@@ -236,6 +290,7 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     from hetauto.runtime.parent_watch import LAUNCHER_ENV, launcher_mark
 
     command = "cli" in req
+    _join_cgroups(req.get("cgroups", []))
     _enter(namespaces)
     os.setsid()
     _signals_as_asked(req["ignored"], req["blocked"])
@@ -580,6 +635,8 @@ class _Server:
             value = theirs.get(key)
             if key == "import_env" and C10_LOG_ENV not in mine and isinstance(value, dict):
                 value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
+            if key == "cgroup" and value != mine and cgroups_to_join(mine, value):  # type: ignore[arg-type]
+                continue  # the child joins the client's cgroups (_become)
             if key == "search_path":
                 value = without_this_checkout(mine, value, self.identity["hetauto"])  # type: ignore[arg-type]
                 if site_customizing_folders(mine, value):
@@ -627,6 +684,7 @@ class _Server:
         mine: Any = self.identity["search_path"]
         theirs = without_this_checkout(mine, req.get("identity", {}).get("search_path"), self.identity["hetauto"])
         req["site_customize"] = bool(site_customizing_folders(mine, theirs))
+        req["cgroups"] = cgroups_to_join(self.identity["cgroup"], req.get("identity", {}).get("cgroup")) or []
         pid = os.fork()
         if pid == 0:
             _child(req, fds, namespaces, self)

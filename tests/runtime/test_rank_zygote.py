@@ -181,6 +181,29 @@ def test_the_checkout_this_tree_env_puts_first_is_no_difference_unless_it_could_
     assert without_this_checkout(mine, [str(root), *mine], str(root / "hetauto")) == [str(root), *mine]
 
 
+def test_a_client_in_a_memory_cgroup_of_its_own_is_joined_there_where_the_group_can_be_written() -> None:
+    """tests/launch/test_oom_kill_named.py's job runs in a memory cgroup of its own: its processes fork from the zygote
+    and join that group (what they allocate is charged there, and the OOM killer meets them there); a client in a
+    group the zygote cannot find, or in another set of hierarchies, runs by itself."""
+    from hetauto.testing.memory_cgroup import memory_cgroup, remove_cgroup
+    from hetauto.testing.rank_zygote import cgroups_to_join
+
+    mine = Path("/proc/self/cgroup").read_text()
+    assert cgroups_to_join(mine, mine) == []
+    assert cgroups_to_join(mine, "0::/elsewhere\n") is None and cgroups_to_join(mine, None) is None
+    group = memory_cgroup(64 << 20)
+    if group is None:
+        pytest.skip("no memory cgroup can be made here")
+    try:
+        line = next(x for x in mine.splitlines() if "memory" in x.split(":")[1].split(",") or x.startswith("0::"))
+        hierarchy, path = line.rsplit(":", 1)
+        theirs = mine.replace(line, f"{hierarchy}:{path.rstrip('/')}/{group.name}")
+        assert cgroups_to_join(mine, theirs) == [str(group / "cgroup.procs")]
+        assert cgroups_to_join(mine, theirs.replace(group.name, group.name + "-gone")) is None
+    finally:
+        remove_cgroup(group)
+
+
 C10_PROBE = """
 import datetime, json, os, sys
 import torch.distributed as dist
