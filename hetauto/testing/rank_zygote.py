@@ -400,7 +400,10 @@ def _holds_only_late_metadata(folder: str) -> bool:
         points = os.path.join(folder, name, "entry_points.txt")
         if os.path.exists(points):
             parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
-            parser.read(points, encoding="utf-8")
+            try:
+                parser.read(points, encoding="utf-8")
+            except (configparser.Error, UnicodeDecodeError):  # the client's interpreter would meet it: not ours
+                return False
             if not set(parser.sections()) <= LATE_READ_GROUPS:
                 return False
     return True
