@@ -16,9 +16,15 @@ soon as its client's connection closes (the client died, even by SIGKILL), and t
 ended. A rank that differs from the zygote in anything fixed before the fork (namespaces, cgroup, user,
 interpreter, hetauto checkout, variables read at import) is declined: it runs on its own; except a rank in
 another network namespace (`ip netns exec`: a network and a mount namespace of its own), which a zygote running
-as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks.
+as root forks into them (`setns` in the child, before it becomes the rank): the shaped-link tests' ranks; and a
+client in a cgroup of its own that a zygote running as root can write (cgroups_to_join: the OOM test's memory
+cgroup), which the child joins first.
 A search path that only puts folders holding nothing but a sitecustomize.py first (a test's hook on every process
-it starts) is forked too: the child imports that sitecustomize as the client's interpreter did at its start.
+it starts) is forked too: the child imports that sitecustomize as the client's interpreter did at its start. So is
+one that adds folders holding only distributions' metadata whose entry points are read late (metadata_only_folders:
+a test's installed `hetauto.models` entry point), and one that adds the folder holding the zygote's own hetauto
+checkout (without_this_checkout: hetauto.testing.two_sites.this_tree_env puts it first for every process of a
+multi-site test, where a clean clone's zygote finds hetauto through the editable install).
 torchrun's agent is served the same way (a request with `code`, its `python -c` text, instead of `module`): the
 child runs that code in a fresh __main__ and keeps HETAUTO_RANK_ZYGOTE, so the agent's ranks fork from here too.
 The `hetauto` command a test starts is served too (a request with `cli`: `_run_command`): the child sets up the
@@ -208,6 +214,58 @@ def _open_namespaces(pid: int, names: list[str]) -> list[tuple[int, int]]:
     return opened
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroups_to_join(mine: str, theirs: Any) -> list[str] | None:
+    """The cgroup.procs files a child writes itself into to be in the client's cgroups (a test's memory cgroup: the
+    OOM killer's job, hetauto.testing.memory_cgroup), [] when they are the zygote's; None when the child cannot join
+    them (not root, another set of hierarchies, a group not found where hetauto.testing.memory_cgroup makes them).
+    Pages the child shares with the zygote stay charged to the zygote's group; what it allocates is charged there."""
+    if not isinstance(theirs, str):
+        return None
+    ours, wanted = _cgroup_lines(mine), _cgroup_lines(theirs)
+    if ours.keys() != wanted.keys():
+        return None
+    files = []
+    for hierarchy, path in wanted.items():
+        if ours[hierarchy] == path:
+            continue
+        folder = _hierarchy_folder(hierarchy[1])
+        target = os.path.join(folder, path.lstrip("/"), "cgroup.procs") if folder else ""
+        if not target or os.geteuid() != 0 or not os.access(target, os.W_OK):
+            return None
+        files.append(target)
+    return files
+
+
+def _cgroup_lines(text: str) -> dict[tuple[str, str], str]:
+    """/proc/PID/cgroup's `id:controllers:path` lines as {(id, controllers): path}."""
+    lines = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            lines[(parts[0], parts[1])] = parts[2]
+    return lines
+
+
+def _hierarchy_folder(controllers: str) -> str | None:
+    """Where a hierarchy is mounted, as hetauto.testing.memory_cgroup finds it: v2 at the root (or `unified` beside
+    v1's), v1 by its controllers' folder (`name=systemd`: systemd)."""
+    if controllers == "":
+        unified = os.path.join(CGROUP_ROOT, "unified")
+        return unified if os.path.isdir(unified) else CGROUP_ROOT
+    folder = os.path.join(CGROUP_ROOT, controllers.removeprefix("name="))
+    return folder if os.path.isdir(folder) else None
+
+
+def _join_cgroups(files: list[str]) -> None:
+    """In the child, before its namespaces (the netns's mount namespace may not show /sys/fs/cgroup)."""
+    for target in files:
+        with open(target, "w", encoding="ascii") as f:
+            f.write(str(_REAL_GETPID()))
+
+
 def _enter(namespaces: list[tuple[int, int]]) -> None:
     for fd, nstype in namespaces:
         _setns(fd, nstype)
@@ -232,6 +290,7 @@ def _become(req: dict[str, Any], fds: list[int], namespaces: list[tuple[int, int
     from hetauto.runtime.parent_watch import LAUNCHER_ENV, launcher_mark
 
     command = "cli" in req
+    _join_cgroups(req.get("cgroups", []))
     _enter(namespaces)
     os.setsid()
     _signals_as_asked(req["ignored"], req["blocked"])
@@ -289,6 +348,65 @@ def site_customizing_folders(mine: list[str], theirs: Any) -> list[str]:
     except OSError:
         pass
     return []
+
+
+def without_this_checkout(mine: list[str], theirs: Any, hetauto_dir: str) -> Any:
+    """A client's search path less the folder holding the zygote's own hetauto checkout, when only the client has it
+    (hetauto.testing.two_sites.this_tree_env puts it first for every process a multi-site test starts; the suite's
+    zygote, started in that folder with no PYTHONPATH, finds hetauto through the editable install or its working
+    folder instead). Kept where the folder holds another top-level module the zygote has imported (it could shadow
+    it); `hetauto` itself is the same files either way (the identity's `hetauto` is compared first)."""
+    root = os.path.dirname(hetauto_dir)
+    if not isinstance(theirs, list) or root in mine or root not in theirs:
+        return theirs
+    try:
+        names = {name[:-3] if name.endswith(".py") else name for name in os.listdir(root)} - {"hetauto"}
+    except OSError:
+        return theirs
+    if any(name in sys.modules for name in names):
+        return theirs
+    return [folder for folder in theirs if folder != root]
+
+
+# Entry-point groups read when a command asks (hetauto.core.user_model), never while the zygote preloads: a folder of
+# distributions that declare only these changes nothing the zygote fixed before the fork (torch reads its own group,
+# torch.backends, at import: a distribution naming it is declined).
+LATE_READ_GROUPS = frozenset({"hetauto.models"})
+
+
+def metadata_only_folders(mine: list[str], theirs: Any) -> list[str]:
+    """The folders a client's search path has beyond the zygote's, when that is all that differs and each holds
+    nothing but installed distributions' metadata (*.dist-info, as pip leaves it) whose entry points are all in
+    LATE_READ_GROUPS; [] else. Nothing in such a folder can be imported (a dist-info name is no module name), and the
+    child has the client's search path, so importlib.metadata finds those entry points there as the client would."""
+    if not isinstance(theirs, list) or len(theirs) <= len(mine):
+        return []
+    extra = [folder for folder in theirs if folder not in mine]
+    if [folder for folder in theirs if folder in mine] != mine or not extra:
+        return []
+    try:
+        return extra if all(_holds_only_late_metadata(folder) for folder in extra) else []
+    except OSError:
+        return []
+
+
+def _holds_only_late_metadata(folder: str) -> bool:
+    import configparser
+
+    names = os.listdir(folder)
+    if not names or not all(name.endswith(".dist-info") for name in names):
+        return False
+    for name in names:
+        points = os.path.join(folder, name, "entry_points.txt")
+        if os.path.exists(points):
+            parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+            try:
+                parser.read(points, encoding="utf-8")
+            except (configparser.Error, UnicodeDecodeError):  # the client's interpreter would meet it: not ours
+                return False
+            if not set(parser.sections()) <= LATE_READ_GROUPS:
+                return False
+    return True
 
 
 def _import_their_sitecustomize() -> None:
@@ -520,8 +638,14 @@ class _Server:
             value = theirs.get(key)
             if key == "import_env" and C10_LOG_ENV not in mine and isinstance(value, dict):
                 value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
-            if key == "search_path" and site_customizing_folders(mine, value):
-                continue  # the child imports their sitecustomize (_become)
+            if key == "cgroup" and value != mine and cgroups_to_join(mine, value):  # type: ignore[arg-type]
+                continue  # the child joins the client's cgroups (_become)
+            if key == "search_path":
+                value = without_this_checkout(mine, value, self.identity["hetauto"])  # type: ignore[arg-type]
+                if site_customizing_folders(mine, value):
+                    continue  # the child imports their sitecustomize (_become)
+                if metadata_only_folders(mine, value):
+                    continue  # entry points only, read by the child on its own search path
             if value != mine:
                 return f"differs in {key}{_difference(mine, value)}"
         other = self.namespaces_to_enter(req)
@@ -561,7 +685,9 @@ class _Server:
                 os.close(fd)
             return
         mine: Any = self.identity["search_path"]
-        req["site_customize"] = bool(site_customizing_folders(mine, req.get("identity", {}).get("search_path")))
+        theirs = without_this_checkout(mine, req.get("identity", {}).get("search_path"), self.identity["hetauto"])
+        req["site_customize"] = bool(site_customizing_folders(mine, theirs))
+        req["cgroups"] = cgroups_to_join(self.identity["cgroup"], req.get("identity", {}).get("cgroup")) or []
         pid = os.fork()
         if pid == 0:
             _child(req, fds, namespaces, self)

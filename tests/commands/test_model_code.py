@@ -32,7 +32,7 @@ def _cli(*args: str, cwd: Path, extra_path: str = "") -> subprocess.CompletedPro
 def folder(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("code")
     (d / "rogue.py").write_text(ROGUE)
-    assert _cli("plan", "--scenario", "cpu-demo", "-o", "plan.json", cwd=d).returncode == 0
+    assert _cli("plan", "--scenario", "cpu-demo", "--planner", "greedy", "-o", "plan.json", cwd=d).returncode == 0
     doc = json.loads((d / "plan.json").read_text())
     for name, model in (("abort", "os:abort"), ("rogue", "rogue:M")):
         (d / f"{name}.json").write_text(json.dumps({**doc, "model": model}))

@@ -21,11 +21,12 @@ from hetauto.runtime.zygote_client import CLI_ZYGOTE_ENV, ZYGOTE_ENV, zygote_ena
 from hetauto.testing.rank_zygote import AGENTS_ON_THEIR_OWN
 from hetauto.testing.zygote_records import forked_process, launcher_parent, process_environ
 
-# The `hetauto run` commands and their ranks fork from the test zygote (tests/conftest.py), torchrun's agent runs as
-# a user's does (HETAUTO_CLI_ZYGOTE=ranks): ~3 CPU-s of imports less per rank. A process forked from the zygote shows
-# the zygote's /proc environment and parent: these tests find a job's processes by their marker and a rank's
-# torchrun through the zygote's records (hetauto.testing.zygote_records), its clients and their environments.
-COMMAND_ZYGOTE = {CLI_ZYGOTE_ENV: AGENTS_ON_THEIR_OWN} if zygote_enabled() else {}
+# The `hetauto run` commands, their torchrun agents and their ranks fork from the test zygote (tests/conftest.py):
+# ~3 CPU-s of imports less per process. A process forked from the zygote shows the zygote's /proc environment and
+# parent: these tests find a job's processes by their marker through the zygote's records
+# (hetauto.testing.zygote_records), its clients and their environments. The test that kills torchrun's agent runs it
+# as a user's does (HETAUTO_CLI_ZYGOTE=ranks): the pid it kills and the one `hetauto run` names must be one process.
+AGENT_ON_ITS_OWN = {CLI_ZYGOTE_ENV: AGENTS_ON_THEIR_OWN} if zygote_enabled() else {}
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +92,7 @@ def left_of(mark: str, reap_s: float = 10.0) -> list[int]:
 
 def start(folder: Path, *args: str, mark: str, nohup: bool = False) -> subprocess.Popen:
     """`hetauto run ARGS` in the background; `nohup`: with SIGHUP ignored, as nohup(1) starts it."""
-    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(folder), **COMMAND_ZYGOTE)
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(folder))
     ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
     return subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", *args, "--no-reference"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignore_hup)
@@ -274,7 +275,7 @@ def test_sigstopped_tp_rank_ends_the_job_within_the_timeout_and_is_named(folder:
     tmp.mkdir()
     mark = uuid.uuid4().hex
     ck = folder / "ck-tp"
-    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp), **COMMAND_ZYGOTE)
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp))
     proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(folder / "plantp.json"), "--steps",
                              "500", "--checkpoint-dir", str(ck), "--timeout", str(TP_TIMEOUT), "--no-reference",
                              "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -353,7 +354,7 @@ def test_kill_9_of_the_torchrun_agent_mid_run_is_reported_and_its_workers_stoppe
     tmp.mkdir()
     mark = uuid.uuid4().hex
     ck = folder / "ck-agent"
-    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp), **COMMAND_ZYGOTE)
+    env = dict(os.environ, HETAUTO_TEST_MARK=mark, TMPDIR=str(tmp), **AGENT_ON_ITS_OWN)
     proc = subprocess.Popen([sys.executable, "-m", "hetauto.cli", "run", str(folder / "plan.json"), "--steps", "500",
                              "--checkpoint-dir", str(ck), "--timeout", "10", "--no-reference", "--json"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

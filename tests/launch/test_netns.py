@@ -237,7 +237,11 @@ def test_from_clusters_and_torchrun_command_need_contiguous_groups() -> None:
         NamespaceTopology.from_clusters(["a", "b", "a"], 1e6).torchrun_command(0, ["x.py"])
 
 
+# The worker hands itself to the test suite's rank zygote first (hetauto.runtime.zygote_client: a child that has
+# imported torch, forked into this namespace; where none takes it, it runs here), as hetauto's own ranks do.
 _TORCHRUN_WORKER = """
+from hetauto.runtime.zygote_client import run_through_zygote
+run_through_zygote("worker")
 import os, torch
 from hetauto.core.comm import Communicator
 c = Communicator.init_from_env("gloo", timeout_s=30)
@@ -253,13 +257,15 @@ c.destroy()
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
 def test_one_torchrun_per_namespace_forms_one_job(tmp_path) -> None:
+    from hetauto.launch.local import torchrun_launcher
+
     script = tmp_path / "worker.py"
     script.write_text(_TORCHRUN_WORKER)
     root = str(Path(__file__).resolve().parents[2])  # the tree under test (tests/launch/ -> the repository)
     with NamespaceTopology.from_clusters(["a", "b"], RATE) as topo:  # 2 ranks: keeps the suite fast
         procs = [
             subprocess.Popen(
-                topo.torchrun_command(g, [str(script)]),
+                topo.torchrun_command(g, [str(script)], torchrun=torchrun_launcher()),  # hetauto's own prefix
                 env={**os.environ, **topo.env_for_group(g), "PYTHONPATH": root},
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )

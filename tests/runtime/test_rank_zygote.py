@@ -140,6 +140,70 @@ def test_a_rank_whose_search_path_adds_only_a_sitecustomize_is_forked_and_runs_i
         (site / "torch.py").write_text("")  # would shadow the torch the zygote imported
 
 
+def test_a_rank_whose_search_path_adds_only_late_read_entry_points_is_forked(folder: Path, zygote: str) -> None:
+    """An installed distribution's `hetauto.models` entry point (tests/commands/test_model_code.py: a folder holding
+    only a *.dist-info, after this tree on PYTHONPATH): nothing there is importable and the group is read when a
+    command asks, so the child, on the client's search path, finds it as the client would. A group torch reads at
+    import (torch.backends, fixed in the zygote before the fork) runs by itself, and so does any other file."""
+    dists = folder / "dists"
+    info = dists / "rogue_models-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rogue-models\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[hetauto.models]\nrogue = rogue:M\n")
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(dists)]))  # no empty entry: the cwd
+    for forked, change in ((True, None), (False, "[torch.backends]\nx = x:y\n"), (False, "module")):
+        if change == "module":
+            (info / "entry_points.txt").write_text("[hetauto.models]\nrogue = rogue:M\n")
+            (dists / "rogue.py").write_text("")  # importable: could shadow a module the zygote imported
+        elif change is not None:
+            (info / "entry_points.txt").write_text(change)
+        proc = client(folder, zygote, "0", PYTHONPATH=path)
+        seen = first_line(proc)
+        proc.communicate(timeout=60)
+        assert (seen["pid"] != proc.pid, proc.returncode) == (forked, 0), change
+
+
+def test_the_checkout_this_tree_env_puts_first_is_no_difference_unless_it_could_shadow_a_module(tmp_path: Path) -> None:
+    """The suite's zygote, started in a clean clone with no PYTHONPATH, finds hetauto through the editable install;
+    every process a multi-site test starts has the clone on PYTHONPATH (this_tree_env): the same hetauto, so not a
+    difference (CI ran all of them on their own: ~3 CPU-s each). A checkout that holds another module the zygote has
+    imported (json here) still is one."""
+    from hetauto.testing.rank_zygote import without_this_checkout
+
+    root = tmp_path / "clone"
+    (root / "hetauto").mkdir(parents=True)
+    (root / "tests").mkdir()
+    mine = ["/usr/lib/python3", "/site-packages"]
+    assert without_this_checkout(mine, [str(root), *mine], str(root / "hetauto")) == mine
+    assert without_this_checkout(mine, ["/site", str(root), *mine], str(root / "hetauto")) == ["/site", *mine]
+    assert without_this_checkout([str(root), *mine], [str(root), *mine], str(root / "hetauto")) == [str(root), *mine]
+    (root / "json.py").write_text("")  # would shadow the json module the zygote imported
+    assert without_this_checkout(mine, [str(root), *mine], str(root / "hetauto")) == [str(root), *mine]
+
+
+def test_a_client_in_a_memory_cgroup_of_its_own_is_joined_there_where_the_group_can_be_written() -> None:
+    """tests/launch/test_oom_kill_named.py's job runs in a memory cgroup of its own: its processes fork from the zygote
+    and join that group (what they allocate is charged there, and the OOM killer meets them there); a client in a
+    group the zygote cannot find, or in another set of hierarchies, runs by itself."""
+    from hetauto.testing.memory_cgroup import memory_cgroup, remove_cgroup
+    from hetauto.testing.rank_zygote import cgroups_to_join
+
+    mine = Path("/proc/self/cgroup").read_text()
+    assert cgroups_to_join(mine, mine) == []
+    assert cgroups_to_join(mine, "0::/elsewhere\n") is None and cgroups_to_join(mine, None) is None
+    group = memory_cgroup(64 << 20)
+    if group is None:
+        pytest.skip("no memory cgroup can be made here")
+    try:
+        line = next(x for x in mine.splitlines() if "memory" in x.split(":")[1].split(",") or x.startswith("0::"))
+        hierarchy, path = line.rsplit(":", 1)
+        theirs = mine.replace(line, f"{hierarchy}:{path.rstrip('/')}/{group.name}")
+        assert cgroups_to_join(mine, theirs) == [str(group / "cgroup.procs")]
+        assert cgroups_to_join(mine, theirs.replace(group.name, group.name + "-gone")) is None
+    finally:
+        remove_cgroup(group)
+
+
 C10_PROBE = """
 import datetime, json, os, sys
 import torch.distributed as dist
