@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress, islice
-from operator import add, itemgetter
+from operator import add, itemgetter, length_hint
 
 from hetauto.schedule.actions import Schedule
 
@@ -223,7 +223,8 @@ def _run_waiting(program: Program, state: _State, dur: list[float], chan: list[t
     sent, posted, arrival, link_free = state.sent, state.posted, state.arrival, state.link_free
     waiting = [-1] * nk
     allreduce, optim, reshard = per_rank
-    base = [zip(*rank) for rank in program.ranks]
+    heads = [iter(rank[0]) for rank in program.ranks]  # how far a rank's zip has come: its opcodes' iterator's
+    base = [zip(head, *rank[1:]) for head, rank in zip(heads, program.ranks)]  # length_hint (no count per action)
     todo: list = list(base)  # per rank what is left: its list's iterator, after a stall the stalled compute first
     done = [0] * p  # per rank: the actions it has run
     order: list[tuple[int, int]] = []
@@ -233,8 +234,7 @@ def _run_waiting(program: Program, state: _State, dur: list[float], chan: list[t
         r = ready.pop()
         tr, bs = t[r], busy[r]
         stalled = False
-        i = done[r]
-        for i, (op, a, b) in enumerate(todo[r], done[r]):
+        for op, a, b in todo[r]:
             if op <= 1:  # compute, after its input's arrival
                 x = arrival[a]
                 if x < 0:
@@ -274,8 +274,7 @@ def _run_waiting(program: Program, state: _State, dur: list[float], chan: list[t
             if w >= 0:
                 waiting[a] = -1
                 ready.append(w)
-        else:
-            i = len(program.ranks[r][0])
+        i = len(program.ranks[r][0]) - length_hint(heads[r]) - stalled  # the stalled compute runs next time
         if i > done[r]:
             order.append((r, i - done[r]))
             done[r] = i
