@@ -16,9 +16,9 @@ the peaks in flight (they do not depend on timing) and whether the schedule's li
 runs it. Which rank waits for which input depends on the lists alone (a transfer's arrival is there once both its
 SEND and RECV ran, whatever the times), so the order the ranks run in is the same for every set of costs: the first
 run records it (`Program.order`) and later runs replay it without a wait, a wake-up or a check (issue 43: the planner
-prices one interleaved schedule with 20-30 candidates' costs; a replay of a 23-rank one is ~8k segments, ~30% less
-time than a run that waits). `simulate` takes this path when it applies, and the heap loop otherwise (timelines, holding sends, link
-groups, other orders, deadlocks: the heap loop names the stuck ranks).
+prices one interleaved schedule with 20-30 candidates' costs; a replay of a 23-rank one is ~8k segments and takes
+~22% less time than a run that waits). `simulate` takes this path when it applies, and the heap loop otherwise
+(timelines, holding sends, link groups, other orders, deadlocks: the heap loop names the stuck ranks).
 """
 
 from __future__ import annotations
