@@ -23,6 +23,7 @@ prices one interleaved schedule with 20-30 candidates' costs; a replay of a 23-r
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress, islice
 from operator import add, itemgetter, length_hint
@@ -55,7 +56,7 @@ class Program:
     peaks: tuple[int, ...]
     actions: int
     in_order: bool
-    order: list[tuple[int, int]] = field(default_factory=list)  # filled by the first run: see `run_dataflow`
+    order: array = field(default_factory=lambda: array("i"))  # rank, actions, ...: the first run's, see `run_dataflow`
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,7 @@ def run_dataflow(program: Program, M: int, dur: list[float], chan: list[tuple[in
     deadlocks. `dur[stage * 4 + kind]`: compute times; `chan[c]`: (link index, serialization, latency).
 
     Which rank waits for which input depends only on the lists, never on the times, so the order the ranks ran in
-    (each until it waited: `program.order`, as (rank, actions) segments) is the same for every run of a program: the
+    (each until it waited: `program.order`, segments as rank, actions, ...) is the same for every run of a program: the
     first run finds it (`_run_waiting`), the others replay it (`_run_in_order`) with no waits, wake-ups or checks
     (a 23-rank interleaved run is ~8k such segments; the planner prices one schedule with many candidates' costs)."""
     n = len(chan) // 2
@@ -227,7 +228,7 @@ def _run_waiting(program: Program, state: _State, dur: list[float], chan: list[t
     base = [zip(head, *rank[1:]) for head, rank in zip(heads, program.ranks)]  # length_hint (no count per action)
     todo: list = list(base)  # per rank what is left: its list's iterator, after a stall the stalled compute first
     done = [0] * p  # per rank: the actions it has run
-    order: list[tuple[int, int]] = []
+    order = array("i")  # 8 bytes a segment (a 23-rank interleaved schedule: ~8k), not a tuple's 64
     ready = list(range(p - 1, -1, -1))
     finished = 0
     while ready:
@@ -276,7 +277,7 @@ def _run_waiting(program: Program, state: _State, dur: list[float], chan: list[t
                 ready.append(w)
         i = len(program.ranks[r][0]) - length_hint(heads[r]) - stalled  # the stalled compute runs next time
         if i > done[r]:
-            order.append((r, i - done[r]))
+            order.extend((r, i - done[r]))
             done[r] = i
         t[r], busy[r] = tr, bs
         finished += not stalled
@@ -293,7 +294,8 @@ def _run_in_order(program: Program, state: _State, dur: list[float], chan: list[
     sent, posted, arrival, link_free = state.sent, state.posted, state.arrival, state.link_free
     allreduce, optim, reshard = per_rank
     todo = [zip(*rank) for rank in program.ranks]
-    for r, k in program.order:
+    segments = iter(program.order)
+    for r, k in zip(segments, segments):
         tr, bs = t[r], busy[r]
         for op, a, b in islice(todo[r], k):
             if op <= 1:  # compute, after its input's arrival
