@@ -14,7 +14,7 @@ computed rank by rank, each running until it waits for an input not yet sent, wi
 `Program` (per schedule, kept for a few schedules) holds each rank's actions as flat (opcode, key, index) lists,
 the peaks in flight (they do not depend on timing) and whether the schedule's links match in order; `run_dataflow`
 runs it. Which rank waits for which input depends on the lists alone (a transfer's arrival is there once both its
-SEND and RECV ran, whatever the times), so the order the ranks run in is the same for every set of costs: the first
+SEND and RECV ran, whatever the times), so the order the ranks run in is the same for every set of costs: the second
 run records it (`Program.order`) and later runs replay it without a wait, a wake-up or a check (issue 43: the planner
 prices one interleaved schedule with 20-30 candidates' costs; a replay of a 23-rank one is ~8k segments and takes
 ~22% less time than a run that waits). `simulate` takes this path when it applies, and the heap loop otherwise
@@ -56,7 +56,8 @@ class Program:
     peaks: tuple[int, ...]
     actions: int
     in_order: bool
-    order: array = field(default_factory=lambda: array("i"))  # rank, actions, ...: the first run's, see `run_dataflow`
+    order: array = field(default_factory=lambda: array("i"))  # rank, actions, ...: see `run_dataflow`
+    ran: bytearray = field(default_factory=bytearray)  # non-empty once a run did not record `order`
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,16 +187,19 @@ def run_dataflow(program: Program, M: int, dur: list[float], chan: list[tuple[in
 
     Which rank waits for which input depends only on the lists, never on the times, so the order the ranks ran in
     (each until it waited: `program.order`, segments as rank, actions, ...) is the same for every run of a program: the
-    first run finds it (`_run_waiting`), the others replay it (`_run_in_order`) with no waits, wake-ups or checks
-    (a 23-rank interleaved run is ~8k such segments; the planner prices one schedule with many candidates' costs)."""
+    second run records it (`_run_waiting`), later ones replay it (`_run_in_order`) with no waits, wake-ups or checks
+    (a 23-rank interleaved run is ~8k such segments; the planner prices one schedule with many candidates' costs).
+    Recording costs a run ~20% and a replay saves ~25%, and many schedules are priced once (paper-4c: 35 of 51 for
+    35 schedules), so the first run does not record."""
     n = len(chan) // 2
     nk = 2 * n * M
     state = _State([0.0] * len(program.ranks), [0.0] * len(program.ranks), [0.0] * len(program.ranks), [0.0] * n,
                    [-1.0] * nk, [-1.0] * nk, [-1.0] * nk + [0.0] * M, [0.0] * (1 + max(c[0] for c in chan)))
     if program.order:
         _run_in_order(program, state, dur, chan, per_rank, v, overlap)
-    elif not _run_waiting(program, state, dur, chan, per_rank, v, overlap, nk):
+    elif not _run_waiting(program, state, dur, chan, per_rank, v, overlap, nk, record=bool(program.ran)):
         return None
+    program.ran[:] = b"1"
     return state.t, state.comm_free, state.busy
 
 
@@ -216,9 +220,9 @@ class _State:
 
 
 def _run_waiting(program: Program, state: _State, dur: list[float], chan: list[tuple[int, float, float]],
-                 per_rank: tuple[tuple[float, ...], ...], v: int, overlap: bool, nk: int) -> bool:
-    """The first run: each rank until it waits for an input not yet sent, woken when it is; records the segments
-    in `program.order` -> whether every rank finished (False: a deadlock)."""
+                 per_rank: tuple[tuple[float, ...], ...], v: int, overlap: bool, nk: int, record: bool) -> bool:
+    """A run that waits: each rank until it waits for an input not yet sent, woken when it is; with `record`, the
+    segments go to `program.order` -> whether every rank finished (False: a deadlock)."""
     p = len(program.ranks)
     t, busy, comm_free, last_b_start = state.t, state.busy, state.comm_free, state.last_b_start
     sent, posted, arrival, link_free = state.sent, state.posted, state.arrival, state.link_free
@@ -275,13 +279,14 @@ def _run_waiting(program: Program, state: _State, dur: list[float], chan: list[t
             if w >= 0:
                 waiting[a] = -1
                 ready.append(w)
-        i = len(program.ranks[r][0]) - length_hint(heads[r]) - stalled  # the stalled compute runs next time
-        if i > done[r]:
-            order.extend((r, i - done[r]))
-            done[r] = i
+        if record:
+            i = len(program.ranks[r][0]) - length_hint(heads[r]) - stalled  # the stalled compute runs next time
+            if i > done[r]:
+                order.extend((r, i - done[r]))
+                done[r] = i
         t[r], busy[r] = tr, bs
         finished += not stalled
-    if finished == p and not program.order:
+    if record and finished == p and not program.order:
         program.order[:] = order  # one step (a thread that got here first laid down the very same segments)
     return finished == p
 
