@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import repeat
 from pathlib import Path
 
 from hetauto.core.errors import HetautoError
@@ -188,8 +189,52 @@ def add_comms(compute: Sequence[Sequence[Action]], p: int, v: int,
 
 
 def rank_with_comms(row: Sequence[Action], n: int, d: int) -> tuple[Action, ...]:
-    """One rank's list of `add_comms`: the planner lowers every zero-bubble candidate's lists (10^5 actions),
-    so the receives are posted by slicing the list of receives this rank needs, in the order it needs them."""
+    """One rank's list of `add_comms`: the planner lowers every zero-bubble candidate's lists (10^5 actions), so
+    the receives and sends are built in bulk (`_comm_actions`) and each compute takes its SEND and the receive it
+    posts (the one d input-needing computes of its kind ahead) from them in turn."""
+    if d < 1:
+        return _rank_with_comms_unbuffered(row, n, d)
+    last = n - 1
+    f_, b_, i_ = ActionType.F, ActionType.B, ActionType.I
+    forwards = [a for a in row if a.type is f_]
+    backwards = [a for a in row if a.type is b_ or a.type is i_]
+    need_f = _comm_actions(ActionType.RECV_F, [a for a in forwards if a.stage > 0])
+    need_b = _comm_actions(ActionType.RECV_B, [a for a in backwards if a.stage < last])
+    send_f = iter(_comm_actions(ActionType.SEND_F, [a for a in forwards if a.stage < last]))
+    send_b = iter(_comm_actions(ActionType.SEND_B, [a for a in backwards if a.stage > 0]))
+    nf, nb = len(need_f), len(need_b)
+    res = need_f[:d] + need_b[:d]
+    push = res.append
+    jf = jb = d  # the receive each kind posts next: d ahead of the computes that have taken theirs
+    for a in row:
+        push(a)
+        kind = a.type
+        if kind is f_:
+            s = a.stage
+            if s < last:
+                push(next(send_f))
+            if s and jf < nf:
+                push(need_f[jf])
+                jf += 1
+        elif kind is b_ or kind is i_:
+            s = a.stage
+            if s:
+                push(next(send_b))
+            if s < last and jb < nb:
+                push(need_b[jb])
+                jb += 1
+    return tuple(res)
+
+
+def _comm_actions(kind: ActionType, computes: list[Action]) -> list[Action]:
+    """`shared_action(stage, kind, microbatch)` of each of `computes`, in order."""
+    return list(map(shared_action, [a.stage for a in computes], repeat(kind), [a.microbatch for a in computes]))
+
+
+def _rank_with_comms_unbuffered(row: Sequence[Action], n: int, d: int) -> tuple[Action, ...]:
+    """The step-by-step lowering `rank_with_comms` was (each compute posting its kind's receives up to d ahead, or
+    for d < 1, which no caller of hetauto's asks for, its own right before it): kept for d < 1 and as the reference
+    tests/schedule/test_schedule_ir.py compares `rank_with_comms` with."""
     f_, bi, act = ActionType.F, (ActionType.B, ActionType.I), shared_action
     recv_f, recv_b, send_f, send_b = ActionType.RECV_F, ActionType.RECV_B, ActionType.SEND_F, ActionType.SEND_B
     need_f = [act(a.stage, recv_f, a.microbatch) for a in row if a.type is f_ and a.stage > 0]

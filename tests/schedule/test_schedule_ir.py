@@ -85,3 +85,24 @@ def test_torch_accepts_compute_only_csv(sched, tmp_path) -> None:
 def test_from_torch_csv_rank_count() -> None:
     with pytest.raises(ScheduleError, match="torch CSV has 2 rows, expected one per rank \\(p=3\\)"):
         from_torch_csv("0F0,0B0\n1F0,1B0\n", "x", 3, 1)
+
+
+def test_rank_with_comms_equals_the_one_receive_at_a_time_lowering() -> None:
+    """`rank_with_comms` builds its receives and sends in bulk; it gives the list the step-by-step lowering gives
+    (`_rank_with_comms_unbuffered`, what it was before), every family, every rank, lookaheads 1..5."""
+    import random
+
+    from hetauto.schedule import generators as g
+    from hetauto.schedule.actions import COMPUTE, _rank_with_comms_unbuffered, rank_with_comms
+
+    rnd = random.Random(0)
+    for p, m in ((1, 3), (2, 4), (3, 6), (4, 8), (7, 14)):
+        ks = [rnd.randint(0, 2) for _ in range(p - 1)]
+        defer = [rnd.choice([g.PLAIN_B, *range(r + 2)]) for r in range(p)]
+        for s in (g.gpipe(p, m), g.one_f_one_b(p, m), g.zero_bubble(p, m, ks, defer=defer), g.zb_v(p, m),
+                  g.interleaved(p, m, 2), g.interleaved(p, m, 3)):
+            for row in s.ranks:
+                compute = [a for a in row if a.type in COMPUTE]
+                for d in range(1, 6):
+                    assert rank_with_comms(compute, s.num_stages, d) == \
+                        _rank_with_comms_unbuffered(compute, s.num_stages, d), (s.name, d)
