@@ -45,13 +45,14 @@ def test_default_is_the_cores_available() -> None:
     assert parallel.available_cores() >= 1
 
 
-def test_a_candidate_that_fails_in_a_worker_is_left_to_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_candidate_that_fails_in_a_worker_is_left_to_the_search() -> None:
     class Space:
         def build(self, cand: int) -> None:
             raise ValueError(f"bad candidate {cand}")
 
-    monkeypatch.setattr(parallel, "_space", Space())
-    assert parallel._build_and_evaluate(3) is None
+        evaluator = None
+
+    assert parallel.evaluate_together(Space(), [3, 4], remember=True) == [None, None]
 
 
 class _Built:
