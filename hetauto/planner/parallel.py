@@ -176,8 +176,9 @@ def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any, procs: i
         if not _receive(tasks, firm, likely, block=not (firm or likely)):
             return
         group = _claim_share(firm, claims, lock, procs) if firm else _claim_share(likely, claims, lock, 0)
-        for (seq, _), result in zip(group, evaluate_together(space, [c for _, c in group], True)):
-            results.put((seq, result))
+        # one message per claim: its plans share StagePlans, which one pickle sends once (and the parent then
+        # holds once, its per-object memos serving them all)
+        results.put(list(zip((seq for seq, _ in group), evaluate_together(space, [c for _, c in group], True))))
 
 
 def _claim_share(items: deque, claims: Any, lock: Any, procs: int) -> list[tuple[int, Any]]:
@@ -355,14 +356,14 @@ class _Workers:
                 self.broken = True
             return
         while True:
-            seq, result = item
-            cand = self.posted.pop(seq, None)
-            if cand is not None:
-                self.pending.pop(cand, None)
-                if seq in self.dropped:
-                    self.dropped.discard(seq)
-                else:
-                    self.done[cand] = result
+            for seq, result in item:  # a worker's claim
+                cand = self.posted.pop(seq, None)
+                if cand is not None:
+                    self.pending.pop(cand, None)
+                    if seq in self.dropped:
+                        self.dropped.discard(seq)
+                    else:
+                        self.done[cand] = result
             try:
                 item = self.results.get_nowait()
             except queue.Empty:
