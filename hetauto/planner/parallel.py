@@ -34,6 +34,7 @@ page faults in the parent (273k against 84k), more of its CPU than the warmer wo
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import queue
@@ -47,7 +48,11 @@ _pools: dict[int, "_Workers"] = {}  # id(space) -> its workers, while `jobs` is 
 
 SLOTS = 1 << 16  # the claim table's size: a slot is reused 65536 candidates later (a batch is far smaller)
 SPILL = 2  # how far past the candidate it waits for the parent computes into a batch's likely part
-LIKELY_GROUP = 4  # a worker evaluates up to this many of what a phase will likely score next together
+# a worker evaluates up to this many of what a phase will likely score next together (scale-736, parent CPU-s with
+# 2 jobs, two runs each under load ~4: 4 -> 8.9-9.1, 8 -> 8.4-8.9, 16 -> 7.9-8.0 but the worker's 10.9-11.3, more of
+# it computed for nothing)
+LIKELY_GROUP = 8
+PARENT_SHARE = 0.5  # the parent claims this much of a worker's share of a batch (`_Workers._claim_after`)
 WAIT_S = 0.5  # how long the parent blocks on a result before it checks that its workers are alive
 
 Result = tuple[Any, list[Any]] | None  # (Built, each plan's Evaluation), None where that raised
@@ -334,15 +339,16 @@ class _Workers:
 
     def _claim_after(self, position: int, end: int | None = None) -> list[Any]:
         """The parent's share of the batch proper after `position` (before `end`), claimed here (uncounted), to
-        compute with the one at `position` (the caller's claim): with it, half of `_claim_share`'s 1 / jobs of
-        what nobody had claimed there, from the front. Why half: the parent claims as a batch is posted, before
-        the workers see it, and must also score every candidate in order (at scale-736's interleaving batch, 155
-        candidates, it computed 118 with a whole share)."""
+        compute with the one at `position` (the caller's claim): with it, PARENT_SHARE of `_claim_share`'s 1 / jobs
+        of what nobody had claimed there, from the front. Why less than a share: the parent claims as a batch is
+        posted, before the workers have seen it, and must also score every candidate in order (scale-736, parent
+        CPU-s: 12.4 -> 10.9 with half a share while each candidate was its own message; with one message per
+        batch, half or whole measured alike, 8.9-9.1, within the load's noise)."""
         stop = min(self.firm, len(self.order) if end is None else end)
         claims, batch = self.claims, self.batch
         free = [cand for cand in self.order[position + 1:stop]
                 if cand not in self.done and claims[batch[cand] % SLOTS] != batch[cand]]
-        want = -(-(len(free) + 1) // (2 * self.jobs)) - 1
+        want = math.ceil((len(free) + 1) * PARENT_SHARE / self.jobs) - 1
         got: list[Any] = []
         for cand in free:
             if len(got) >= want:
