@@ -11,10 +11,13 @@ Why the parent works too: `jobs(n)` is n processes in all, the parent and n - 1 
 The workers and the parent take a batch's candidates from its front, each claimed once (a shared claim table):
 when the parent needs a candidate nobody has claimed, it scores it itself as with one process; when a worker is
 computing it, the parent computes the next unclaimed one meanwhile (uncounted: `Evaluator.uncounted`) instead of
-waiting idle. Each process claims up to GROUP neighbours of a batch proper at once and evaluates their plans
+waiting idle. Each process claims its share of a batch proper at once, 1 / n of what nobody has claimed yet (the
+first to finish takes a share of the rest: large claims first, small ones at the end), and evaluates their plans
 together (`Evaluator.evaluate_many`: one numpy recursion per pipeline shape, as one process's Scorer does with its
-whole batch; neighbours often share a shape). Results stream back candidate by candidate, so the parent scores
-candidate i while the workers compute the next ones (no barrier at the end of a batch). A new batch keeps what
+whole batch; neighbours often share a shape). Why shares and not a few at a time: at scale-736 the 1F1B
+recursions run one by one or in fours cost the two processes 2.3x one process's recursion CPU, which ran each
+move's batch together. Results stream back claim by claim, so the parent scores candidate i while the workers
+compute the next ones (no barrier at the end of a batch). A new batch keeps what
 it shares with the last one (a phase may post what it will score after this batch too) and cancels the rest that
 nobody claimed.
 
@@ -31,6 +34,7 @@ page faults in the parent (273k against 84k), more of its CPU than the warmer wo
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import queue
@@ -41,11 +45,14 @@ from typing import Any
 
 _jobs = 1
 _pools: dict[int, "_Workers"] = {}  # id(space) -> its workers, while `jobs` is open
-_space: Any = None  # the space a forked worker builds and evaluates with (set in the worker)
 
 SLOTS = 1 << 16  # the claim table's size: a slot is reused 65536 candidates later (a batch is far smaller)
 SPILL = 2  # how far past the candidate it waits for the parent computes into a batch's likely part
-GROUP = 4  # a worker takes up to this many neighbours of a batch proper at once (`evaluate_together`)
+# a worker evaluates up to this many of what a phase will likely score next together (scale-736, parent CPU-s with
+# 2 jobs, two runs each under load ~4: 4 -> 8.9-9.1, 8 -> 8.4-8.9, 16 -> 7.9-8.0 but the worker's 10.9-11.3, more of
+# it computed for nothing)
+LIKELY_GROUP = 8
+PARENT_SHARE = 0.5  # the parent claims this much of a worker's share of a batch (`_Workers._claim_after`)
 WAIT_S = 0.5  # how long the parent blocks on a result before it checks that its workers are alive
 
 Result = tuple[Any, list[Any]] | None  # (Built, each plan's Evaluation), None where that raised
@@ -121,16 +128,6 @@ def take(space: Any, cand: Any) -> Result | None:
     return None if workers is None else workers.take(cand)
 
 
-def _build_and_evaluate(cand: Any) -> Result:
-    """In a worker: `cand`'s plans and each one's evaluation (the worker's evaluator's count is its own); None
-    where that raised, so the search meets the error only if it scores `cand` itself, as with one process."""
-    try:
-        built = _space.build(cand)
-        return built, [_space.evaluator.evaluate(plan) for plan in built.plans]
-    except Exception:  # noqa: BLE001 -- re-raised by the Scorer's own build, where the search gets to it
-        return None
-
-
 def evaluate_together(space: Any, cands: list[Any], remember: bool) -> list[Result]:
     """`cands`' (Built, evaluations), their plans evaluated in one `Evaluator.evaluate_many` (the 1F1B recursions of
     one pipeline shape as one numpy batch): neighbours in a batch often share shapes. A process's claimed
@@ -159,7 +156,7 @@ def evaluate_together(space: Any, cands: list[Any], remember: bool) -> list[Resu
 def _evaluate_alone(evaluator: Any, built: Any, remember: bool) -> Result:
     try:
         return built, [(evaluator.evaluate if remember else evaluator.uncounted)(plan) for plan in built.plans]
-    except Exception:  # noqa: BLE001 -- as `_build_and_evaluate`
+    except Exception:  # noqa: BLE001 -- as `evaluate_together`'s builds
         return None
 
 
@@ -173,37 +170,49 @@ def _claim(claims: Any, lock: Any, seq: int) -> bool:
         return True
 
 
-def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any) -> None:
+def _work(space: Any, tasks: Any, results: Any, claims: Any, lock: Any, procs: int) -> None:
     """A worker's loop: each posted candidate nobody claimed (the parent's cancelled ones included), built and
     evaluated; a batch proper before what a phase posted as likely next (`then`), whenever they were posted. From
-    a batch proper it claims up to GROUP neighbours at once and evaluates them together (`evaluate_together`)."""
-    global _space
-    _space = space
+    a batch proper it claims its share of what nobody has (`_claim_share`: 1 / `procs` of it), from what a phase
+    will likely score next up to LIKELY_GROUP in order, and evaluates each claim together (`evaluate_together`)."""
     firm: deque[tuple[int, Any]] = deque()
     likely: deque[tuple[int, Any]] = deque()
     while True:
         if not _receive(tasks, firm, likely, block=not (firm or likely)):
             return
-        if firm:  # the batch proper: a few neighbours at once (they share pipeline shapes: `evaluate_together`)
-            group = [item for item in (firm.popleft() for _ in range(min(GROUP, len(firm))))
-                     if _claim(claims, lock, item[0])]
-            for seq, result in zip((seq for seq, _ in group), evaluate_together(space, [c for _, c in group], True)):
-                results.put((seq, result))
-            continue
-        seq, cand = likely.popleft()
-        if _claim(claims, lock, seq):
-            results.put((seq, _build_and_evaluate(cand)))
+        group = _claim_share(firm, claims, lock, procs) if firm else _claim_share(likely, claims, lock, 0)
+        # one message per claim: its plans share StagePlans, which one pickle sends once (and the parent then
+        # holds once, its per-object memos serving them all)
+        results.put(list(zip((seq for seq, _ in group), evaluate_together(space, [c for _, c in group], True))))
+
+
+def _claim_share(items: deque, claims: Any, lock: Any, procs: int) -> list[tuple[int, Any]]:
+    """Claimed here, from the front of `items`: 1 / `procs` of those nobody has claimed yet, at least one (0:
+    LIKELY_GROUP of them). Why shares and not one at a time: candidates evaluated together share pipeline shapes
+    (`Evaluator.evaluate_many` times each shape's 1F1B recursions as one numpy batch, several times cheaper than
+    one by one at scale-736); why not all: the others take their shares meanwhile, the first to finish the next."""
+    if procs:
+        free = sum(1 for seq, _ in items if claims[seq % SLOTS] != seq)  # a count, read without the lock
+        want = max(1, -(-free // procs))
+    else:
+        want = LIKELY_GROUP
+    group: list[tuple[int, Any]] = []
+    while items and len(group) < want:
+        item = items.popleft()
+        if _claim(claims, lock, item[0]):
+            group.append(item)
+    return group
 
 
 def _receive(tasks: Any, firm: deque, likely: deque, block: bool) -> bool:
-    """Everything posted so far moved into `firm` or `likely` (with `block`, at least one item); False at the
+    """Everything posted so far moved into `firm` or `likely` (with `block`, at least one batch); False at the
     end (None)."""
     try:
-        item = tasks.get() if block else tasks.get_nowait()
-        while item is not None:
-            seq, cand, proper = item
-            (firm if proper else likely).append((seq, cand))
-            item = tasks.get_nowait()
+        items = tasks.get() if block else tasks.get_nowait()
+        while items is not None:
+            for seq, cand, proper in items:
+                (firm if proper else likely).append((seq, cand))
+            items = tasks.get_nowait()
         return False
     except queue.Empty:
         return True
@@ -216,12 +225,18 @@ class _Workers:
     def __init__(self, space: Any, n: int) -> None:
         ctx = multiprocessing.get_context("fork")  # fork: the space reaches the workers without pickling
         self.space = space  # kept alive so its id is not reused while these workers serve it
-        self.tasks, self.results = ctx.Queue(), ctx.Queue()
+        # a queue per worker, each batch posted to all as one message: each worker sees every candidate (the claims
+        # decide who computes it), and one message reaches a worker at once where one per candidate trickled out
+        # (a queue's feeder thread sends each when it gets the GIL from the parent, busy computing its share: in
+        # scale-736's interleaving batch of 155 the parent computed 119 one by one, 78 with one message)
+        self.tasks = [ctx.Queue() for _ in range(n)]
+        self.results = ctx.Queue()
         self.claims = ctx.RawArray("q", SLOTS)  # slot seq % SLOTS holds seq once claimed (0: never)
         self.lock = ctx.Lock()
+        self.jobs = n + 1  # the parent too
         self.procs = [ctx.Process(target=_work, daemon=True,
-                                  args=(space, self.tasks, self.results, self.claims, self.lock))
-                      for _ in range(n)]
+                                  args=(space, tasks, self.results, self.claims, self.lock, n + 1))
+                      for tasks in self.tasks]
         for proc in self.procs:
             proc.start()
         self.next_seq = 1
@@ -263,10 +278,11 @@ class _Workers:
             self.firm, firm_new = len(batch), len(new)
         # the workers take the batch proper from its back, the parent from its front: neighbours share stage
         # costs and layouts, so each process's caches serve its own run (alternating, both computed most of them)
-        for seq, cand in reversed(new[:firm_new]):
-            self.tasks.put((seq, cand, True))
-        for seq, cand in new[firm_new:]:
-            self.tasks.put((seq, cand, False))
+        items = [(seq, cand, True) for seq, cand in reversed(new[:firm_new])]
+        items += [(seq, cand, False) for seq, cand in new[firm_new:]]
+        if items:
+            for tasks in self.tasks:
+                tasks.put(items)
         for cand, seq in self.batch.items():
             if cand not in batch and _claim(self.claims, self.lock, seq):
                 self._forget(seq)
@@ -299,7 +315,7 @@ class _Workers:
                 return None  # not posted: the parent scores it, counted as usual
             if _claim(self.claims, self.lock, seq):  # nobody had it: the parent's, with the next few nobody has
                 self._forget(seq)
-                group = [cand, *self._claim_after(self.position.get(cand, len(self.order)), GROUP - 1)]
+                group = [cand, *self._claim_after(self.position.get(cand, len(self.order)))]
                 results = evaluate_together(self.space, group, False)
                 self.done.update(zip(group[1:], results[1:]))
                 return results[0]  # None: it raised, and the Scorer meets the error scoring it itself
@@ -316,20 +332,29 @@ class _Workers:
             seq = self.batch[cand]
             if _claim(self.claims, self.lock, seq):
                 self._forget(seq)
-                group = [cand, *self._claim_after(self.cursor - 1, GROUP - 1, min(end, len(self.order)))]
+                group = [cand, *self._claim_after(self.cursor - 1, end)]
                 self.done.update(zip(group, evaluate_together(self.space, group, False)))
                 return True
         return False
 
-    def _claim_after(self, position: int, n: int, end: int | None = None) -> list[Any]:
-        """Up to `n` candidates after `position` in the batch proper (before `end`), nobody has claimed: claimed
-        here (uncounted), for the parent to compute with the one at `position`."""
+    def _claim_after(self, position: int, end: int | None = None) -> list[Any]:
+        """The parent's share of the batch proper after `position` (before `end`), claimed here (uncounted), to
+        compute with the one at `position` (the caller's claim): with it, PARENT_SHARE of `_claim_share`'s 1 / jobs
+        of what nobody had claimed there, from the front. Why less than a share: the parent claims as a batch is
+        posted, before the workers have seen it, and must also score every candidate in order (scale-736, parent
+        CPU-s: 12.4 -> 10.9 with half a share while each candidate was its own message; with one message per
+        batch, half or whole measured alike, 8.9-9.1, within the load's noise)."""
+        stop = min(self.firm, len(self.order) if end is None else end)
+        claims, batch = self.claims, self.batch
+        free = [cand for cand in self.order[position + 1:stop]
+                if cand not in self.done and claims[batch[cand] % SLOTS] != batch[cand]]
+        want = math.ceil((len(free) + 1) * PARENT_SHARE / self.jobs) - 1
         got: list[Any] = []
-        for cand in self.order[position + 1:min(self.firm, len(self.order) if end is None else end)]:
-            if len(got) == n:
+        for cand in free:
+            if len(got) >= want:
                 break
-            seq = self.batch[cand]
-            if cand not in self.done and _claim(self.claims, self.lock, seq):
+            seq = batch[cand]
+            if _claim(claims, self.lock, seq):
                 self._forget(seq)
                 got.append(cand)
         return got
@@ -343,14 +368,14 @@ class _Workers:
                 self.broken = True
             return
         while True:
-            seq, result = item
-            cand = self.posted.pop(seq, None)
-            if cand is not None:
-                self.pending.pop(cand, None)
-                if seq in self.dropped:
-                    self.dropped.discard(seq)
-                else:
-                    self.done[cand] = result
+            for seq, result in item:  # a worker's claim
+                cand = self.posted.pop(seq, None)
+                if cand is not None:
+                    self.pending.pop(cand, None)
+                    if seq in self.dropped:
+                        self.dropped.discard(seq)
+                    else:
+                        self.done[cand] = result
             try:
                 item = self.results.get_nowait()
             except queue.Empty:
@@ -361,6 +386,6 @@ class _Workers:
             proc.terminate()
         for proc in self.procs:
             proc.join()
-        for q in (self.tasks, self.results):
+        for q in (*self.tasks, self.results):
             q.close()
             q.cancel_join_thread()

@@ -45,13 +45,14 @@ def test_default_is_the_cores_available() -> None:
     assert parallel.available_cores() >= 1
 
 
-def test_a_candidate_that_fails_in_a_worker_is_left_to_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_candidate_that_fails_in_a_worker_is_left_to_the_search() -> None:
     class Space:
         def build(self, cand: int) -> None:
             raise ValueError(f"bad candidate {cand}")
 
-    monkeypatch.setattr(parallel, "_space", Space())
-    assert parallel._build_and_evaluate(3) is None
+        evaluator = None
+
+    assert parallel.evaluate_together(Space(), [3, 4], remember=True) == [None, None]
 
 
 class _Built:
@@ -214,3 +215,52 @@ def test_neighbours_are_evaluated_together_and_an_error_stays_with_its_candidate
     got = parallel.evaluate_together(space, [2, 13, 3], remember=False)
     assert [g if g is None else g[1] for g in got] == [[4], None, [9]]  # together raised: each alone
     assert space.evaluator.adopted == []
+
+
+def test_descents_ahead_ranks_again_only_when_its_starts_may_change() -> None:
+    """`DescentsAhead` skips ranking the scored candidates when none scored since beats its k-th start: what it
+    posts, call by call, is what ranking at every call posts (random throughputs with ties and infeasible ones)."""
+    import random
+    from dataclasses import dataclass
+
+    from hetauto.planner import search
+
+    @dataclass(frozen=True)
+    class Cand:
+        microbatch_size: int
+        order: tuple
+        choices: tuple
+        schedule: int  # not in the shape: candidates of one shape
+
+    @dataclass
+    class Ev:
+        throughput_samples_s: float
+
+    @dataclass
+    class Got:
+        candidate: Cand
+        evaluation: Ev
+
+    class Scorer:
+        def __init__(self) -> None:
+            self.by_candidate: dict = {}
+            self.best = None
+
+    class Always(search.DescentsAhead):
+        def _may_change(self, scorer: object) -> bool:
+            return True
+
+    rnd = random.Random(3)
+    for k in (1, 3):
+        scorer = Scorer()
+        guarded, always = search.DescentsAhead(None, k), Always(None, k)
+        for ahead in (guarded, always):
+            ahead._first_move = lambda start: [start]  # type: ignore[method-assign]
+        for i in range(300):
+            cand = Cand(rnd.randint(1, 4), ("a",), (i % 7,), i)  # scored once each, as the Scorer does
+            got = None if rnd.random() < 0.2 else Got(cand, Ev(float(rnd.randint(0, 40))))
+            scorer.by_candidate[cand] = got
+            if got is not None and (scorer.best is None or got.evaluation.throughput_samples_s >
+                                    scorer.best.evaluation.throughput_samples_s):
+                scorer.best = got
+            assert guarded(scorer) == always(scorer)
