@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,8 @@ def plan_hash(name: str, cli: list[str], doc: dict | None, folder: Path, evaluat
     out = folder / f"{name}-plan.json"
     cmd = [sys.executable, "-m", "hetauto", "plan", *args, "--seed", "1", "--jobs", str(jobs),
            "--max-evaluations", str(evaluations), "-o", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    # the workers from the first batch on (these searches are short): else --jobs N checks one process only
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HETAUTO_PLAN_WORKERS_AFTER_S": "0"})
     if done.returncode != 0:
         return "error: " + (done.stderr.strip().splitlines() or ["failed"])[-1]
     return hashlib.sha256(out.read_bytes()).hexdigest()[:16]

@@ -315,10 +315,9 @@ class MCTS:
         done = 0
         ev = self.space.evaluator
         first = ev.evaluations
-        if not parallel.workers_wanted():
-            ahead = None  # nothing to hand over: listing it would cost one process for nothing
         while True:
-            then = None if ahead is None else ahead(self.scorer)
+            # nothing to hand over without workers: listing it would cost one process for nothing
+            then = None if ahead is None or not parallel.workers_wanted() else ahead(self.scorer)
             if then is not None:
                 self.scorer.prefetch([], then=then)
             if max_evaluations is not None and ev.evaluations - first >= max_evaluations:

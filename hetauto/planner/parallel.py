@@ -38,12 +38,22 @@ import math
 import multiprocessing
 import os
 import queue
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from hetauto.core.errors import HetautoError
+
 _jobs = 1
+_began = 0.0  # when `jobs` began
+_start_after_s = 0.0  # `jobs`' START_AFTER_S
+# The workers start once the search has run this long (HETAUTO_PLAN_WORKERS_AFTER_S sets it; 0 at once). Why not
+# at once: a short search gains nothing from them (lopsided-4096's 1.6 s are mostly the MCTS tree's serial steps:
+# 1.85 s wall with --jobs 1, 2.04 with 2 starting at once, 1.83 starting after 1 s), and a long one loses nothing
+# (scale-736 with 2 jobs: 7.6-7.9 s wall starting at 0, 0.5, 1 or 1.5 s); the plan is the same either way.
+START_AFTER_S = 1.0
 _pools: dict[int, "_Workers"] = {}  # id(space) -> its workers, while `jobs` is open
 
 SLOTS = 1 << 16  # the claim table's size: a slot is reused 65536 candidates later (a batch is far smaller)
@@ -81,8 +91,9 @@ def available_cores() -> int:
 @contextmanager
 def jobs(n: int) -> Iterator[None]:
     """Plan with `n` processes inside this block (the parent and n - 1 workers); the workers end with it."""
-    global _jobs
-    before, _jobs = _jobs, max(1, int(n))
+    global _jobs, _began, _start_after_s
+    before, _jobs, _began = _jobs, max(1, int(n)), time.perf_counter()
+    _start_after_s = start_after_s()
     try:
         yield
     finally:
@@ -92,17 +103,33 @@ def jobs(n: int) -> Iterator[None]:
         _pools.clear()
 
 
+def start_after_s() -> float:
+    """START_AFTER_S, or HETAUTO_PLAN_WORKERS_AFTER_S where set (seconds, >= 0)."""
+    raw = os.environ.get("HETAUTO_PLAN_WORKERS_AFTER_S", "").strip()
+    if not raw:
+        return START_AFTER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN too
+        raise HetautoError(f"HETAUTO_PLAN_WORKERS_AFTER_S={raw!r} is not a number of seconds >= 0; unset it for "
+                           f"the default ({START_AFTER_S:g}) or set e.g. 0 (workers at once)")
+    return value
+
+
 def workers_wanted() -> bool:
-    """Whether candidates handed to `prefetch` may be computed ahead (more than one job): a phase that must do
-    work of its own to know what to hand over (the tree's guesses) skips it with one job."""
-    return _jobs > 1
+    """Whether candidates handed to `prefetch` may be computed ahead (more than one job, and the search has run
+    START_AFTER_S): a phase that must do work of its own to know what to hand over (the tree's guesses) skips it
+    otherwise."""
+    return _jobs > 1 and time.perf_counter() - _began >= _start_after_s
 
 
 def prefetch(space: Any, cands: Sequence[Any], then: Sequence[Any] = ()) -> None:
     """Hand `cands` (in the order they will be scored) to `space`'s workers, and `then`, what the phase will
     likely score after them (the workers go on with it instead of waiting for the next batch; the parent only
     takes SPILL of it at a time, as it may be cancelled); nothing with one job or fewer than two candidates."""
-    if _jobs < 2 or len(cands) + len(then) < 2:
+    if not workers_wanted() or len(cands) + len(then) < 2:
         return
     workers = _pools.get(id(space))
     if workers is None:

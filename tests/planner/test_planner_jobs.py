@@ -15,6 +15,12 @@ from hetauto.cli import main
 from hetauto.planner import parallel
 
 
+@pytest.fixture(autouse=True)
+def _workers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These searches take well under parallel.START_AFTER_S: the workers start at once, or nothing is tested."""
+    monkeypatch.setenv("HETAUTO_PLAN_WORKERS_AFTER_S", "0")
+
+
 def _plan(tmp_path: Path, capsys: pytest.CaptureFixture[str], scenario: str, jobs: int) -> tuple[bytes, int]:
     out = tmp_path / f"{scenario}-{jobs}.json"
     assert main(["plan", "--scenario", scenario, "--seed", "1", "--jobs", str(jobs), "-o", str(out), "--json"]) == 0
@@ -33,6 +39,35 @@ def test_one_worker_or_two_give_the_same_plan(tmp_path: Path, capsys: pytest.Cap
 def test_workers_end_with_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _plan(tmp_path, capsys, "cpu-demo", 2)
     assert parallel._pools == {} and parallel._jobs == 1
+
+
+def test_workers_start_once_the_search_has_run_a_while_and_the_plan_is_the_same(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search shorter than HETAUTO_PLAN_WORKERS_AFTER_S forks no worker (it would gain nothing); at 0 the first
+    batch forks them; the plan and its evaluation count are the same."""
+    started: list[int] = []
+    real = parallel._Workers.__init__
+
+    def spied(self: object, space: object, n: int) -> None:
+        started.append(n)
+        real(self, space, n)
+
+    monkeypatch.setattr(parallel._Workers, "__init__", spied)
+    at_once = _plan(tmp_path, capsys, "cpu-demo", 2)
+    forked = len(started)
+    assert forked and set(started) == {1}  # one worker for each space searched (the single-cluster ones too)
+    monkeypatch.setenv("HETAUTO_PLAN_WORKERS_AFTER_S", "3600")
+    assert _plan(tmp_path, capsys, "cpu-demo", 2) == at_once and len(started) == forked
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan"])
+def test_a_bad_workers_after_is_one_line_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                               value: str) -> None:
+    monkeypatch.setenv("HETAUTO_PLAN_WORKERS_AFTER_S", value)
+    assert main(["plan", "--scenario", "cpu-demo", "--jobs", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"hetauto plan: error: HETAUTO_PLAN_WORKERS_AFTER_S={value!r} is not a number of seconds >= 0; unset it "
+        "for the default (1) or set e.g. 0 (workers at once)\n")
 
 
 def test_bad_jobs_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
