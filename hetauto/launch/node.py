@@ -172,7 +172,8 @@ class NodeRun:
         self._board_end("trained", "every rank reported")
         announce_end(self.store)
         late = await_members(self.store, self.members(), link_grace_s=self.grace_s,
-                             silent=lambda r: self._silent(r) and self.store.get(end_seen_key(r)) is None)
+                             silent=lambda r: self._silent(r) and self.store.get(end_seen_key(r)) is None,
+                             epoch=self.epochs[-1].number)
         if late:
             self.progress(f"note: {', '.join(self.job.where(r) for r in late)} had not ended {END_GRACE_S:g} s "
                           "after the job's end; every rank had reported, so it ends on its own")
@@ -191,7 +192,7 @@ class NodeRun:
         if self.cancelled is not None:
             return JobCancelled(f"{self.cancelled}; stopped the job's ranks on every node")
         if self._explained is None or self._explained[0] is not err:
-            found = link_failure(self.job, self.store, self.members(), self.grace_s, err) or \
+            found = link_failure(self.job, self.store, self.members(), self.grace_s, err, self.epochs[-1].number) or \
                 interface_failure(self.job)
             self._explained = (err, found or err)
         return self._explained[1]
@@ -208,12 +209,13 @@ class NodeRun:
                 break
             except BaseException as err:
                 step = member_go_on(self, err)
-                if step == "left out":
-                    mark_done(self.store, self.job.node.node_rank, "ok")
+                if step == "left out":  # its mark under the epoch it ran in (the new one may give its rank away)
+                    mark_done(self.store, self.job.node.node_rank, "ok", self.epochs[-2].number)
                     return []
                 if step != "restarted":
                     self._member_failed(err)
-        if not mark_done(self.store, self.job.node.node_rank, "ok") and self.watch is not None and self.watch.ended:
+        if not mark_done(self.store, self.job.node.node_rank, "ok", self.epochs[-1].number) and self.watch is not None \
+                and self.watch.ended:
             self.progress("the lead node's agent had gone after the job's end (every rank had reported): this "
                           "node's torchrun ended on its own")
         return reports
@@ -224,7 +226,7 @@ class NodeRun:
             if self.watch.cancelled is not None:
                 err = JobCancelled(f"the lead node ended the job: {self.watch.cancelled}; stopped this node's "
                                    "ranks")
-        mark_done(self.store, self.job.node.node_rank, f"failed: {err}")
+        mark_done(self.store, self.job.node.node_rank, f"failed: {err}", self.epochs[-1].number)
         raise err from None
 
     def member_words(self, silent_s: float | None = None) -> str:

@@ -33,8 +33,11 @@ WATCH_EVERY_S = 0.5  # how often a member reads the lead's store while its ranks
 LAST_WORD_S = 3.0  # how long a member whose torchrun failed waits for the lead's reason (the lead's SETTLE_S + 1)
 
 
-def done_key(node_rank: int) -> str:
-    return f"hetauto/done/{node_rank}"
+def done_key(node_rank: int, epoch: int = 0) -> str:
+    """A member's end mark, node rank R of `epoch` (the launch's own is 0). Why the epoch: a replan's launch numbers
+    its nodes anew, and a node left out marks its end under its old rank, which the new epoch may give another node;
+    read under the same key, that stale mark hid the new member from the lead's end wait and its link check."""
+    return f"hetauto/done/{node_rank}" if epoch == 0 else f"hetauto/done/{node_rank}/epoch{epoch}"
 
 
 def end_seen_key(node_rank: int) -> str:
@@ -62,16 +65,16 @@ def announce_end(control: Any) -> None:
 
 def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRACE_S, link_grace_s: float = 0.0,
                   silent: Callable[[int], bool] = lambda _r: False, *, clock: Callable[[], float] = time.monotonic,
-                  sleep: Callable[[float], None] = time.sleep) -> list[int]:
-    """On the lead after `announce_end`: wait until every member node has marked its end, `grace_s` at most;
-    returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone). A member
-    `silent` (out of reach, a link blip, without having read `end`) is waited for up to `link_grace_s`, the run's
-    link grace, so that a blip at the job's end costs the outage, not a failed site. `clock`/`sleep`: the time it
-    reads and waits on (a test's own clock)."""
+                  sleep: Callable[[float], None] = time.sleep, epoch: int = 0) -> list[int]:
+    """On the lead after `announce_end`: wait until every member node (of `epoch`) has marked its end, `grace_s` at
+    most; returns the node ranks that did not (their agents go on alone: they have read `end`, or are gone). A
+    member `silent` (out of reach, a link blip, without having read `end`) is waited for up to `link_grace_s`, the
+    run's link grace, so that a blip at the job's end costs the outage, not a failed site. `clock`/`sleep`: the
+    time it reads and waits on (a test's own clock)."""
     start = clock()
     waiting = list(members)
     while waiting:
-        waiting = [r for r in waiting if control.get(done_key(r)) is None]
+        waiting = [r for r in waiting if control.get(done_key(r, epoch)) is None]
         elapsed = clock() - start
         if not any(elapsed < grace_s or (silent(r) and elapsed < link_grace_s) for r in waiting):
             break
@@ -79,11 +82,11 @@ def await_members(control: Any, members: Sequence[int], grace_s: float = END_GRA
     return waiting
 
 
-def mark_done(store: Any, node_rank: int, outcome: str) -> bool:
-    """On a member whose torchrun has exited: tell the lead it may go. False: the lead's agent was gone already
-    (best effort: nobody waits for this mark then)."""
+def mark_done(store: Any, node_rank: int, outcome: str, epoch: int = 0) -> bool:
+    """On a member whose torchrun has exited: tell the lead it may go (node rank R of `epoch`). False: the lead's
+    agent was gone already (best effort: nobody waits for this mark then)."""
     try:
-        store.set(done_key(node_rank), outcome)
+        store.set(done_key(node_rank, epoch), outcome)
         return True
     except Exception:  # noqa: BLE001 - the lead's agent is gone with its store
         return False

@@ -73,7 +73,7 @@ def _lost_now(run: Any, err: JobFailed) -> tuple[list[str], str]:
     if all(ended(r) for r in gone):  # known at once: no link grace to wait out, and not the ranks' timeouts
         return lost, (f"the agent(s) of site(s) {', '.join(repr(s) for s in lost)} closed every connection to the "
                       f"lead's store and opened none again (their node(s) ended)")
-    why = link_failure(job, store, gone, grace, err) or err
+    why = link_failure(job, store, gone, grace, err, run.epochs[-1].number) or err
     return lost, str(why).split("; what the ranks saw")[0]
 
 

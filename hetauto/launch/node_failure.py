@@ -31,11 +31,11 @@ TORCHRUN_FAILED = "torchrun on this node"  # how hetauto.launch.local words a me
 
 
 def link_failure(job: "NodeJob", control: Any, members: Sequence[int], grace_s: float,
-                 err: JobFailed) -> JobFailed | None:
-    """On the lead: the job's failure as the link that stayed down, when it is one: a member site's agent is out
-    of reach (its counter silent, hetauto.launch.node_link) and the culprit rank has no error of its own (it
-    stopped responding, the others timed out). None: the ranks' diagnosis stands."""
-    silent = out_of_reach(control, members, grace_s)
+                 err: JobFailed, epoch: int = 0) -> JobFailed | None:
+    """On the lead: the job's failure as the link that stayed down, when it is one: a member site's agent (node
+    rank of `epoch`) is out of reach (its counter silent, hetauto.launch.node_link) and the culprit rank has no
+    error of its own (it stopped responding, the others timed out). None: the ranks' diagnosis stands."""
+    silent = out_of_reach(control, members, grace_s, epoch)
     if not silent:
         return None
     if err.rank is not None:
@@ -50,13 +50,14 @@ def link_failure(job: "NodeJob", control: Any, members: Sequence[int], grace_s: 
                      f"ranks with them); what the ranks saw: {err}", err.rank, err.stage, err.cluster)
 
 
-def out_of_reach(control: Any, members: Sequence[int], grace_s: float) -> list[int]:
-    """The member node ranks whose agents are out of reach: silent past silent_threshold and without an end mark.
+def out_of_reach(control: Any, members: Sequence[int], grace_s: float, epoch: int = 0) -> list[int]:
+    """The member node ranks (of `epoch`) whose agents are out of reach: silent past silent_threshold and without an
+    end mark of that epoch.
     A member that marked its end (its torchrun failed, say, on gloo's address) stops beating on purpose, and the
     mark came across the link; CI once blamed the link for such a member, silent 2.5 s while the lead's rank 0
     waited out its own --timeout."""
     return [r for r in members
-            if control.agent_silence(r) > silent_threshold(grace_s) and control.get(done_key(r)) is None]
+            if control.agent_silence(r) > silent_threshold(grace_s) and control.get(done_key(r, epoch)) is None]
 
 
 def wait_out_the_grace(control: Any, node_rank: int, grace_s: float,

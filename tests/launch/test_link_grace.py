@@ -242,3 +242,33 @@ def test_a_member_that_marked_its_end_is_not_out_of_reach_however_long_it_is_sil
     control.keys[done_key(1)] = "failed: torchrun on this node failed"
     assert out_of_reach(control, [1, 2, 3], 6.0) == [2]
     assert out_of_reach(control, [1, 2, 3], 10.0) == []  # 4 s is inside 5 s, the cap
+
+
+def test_an_end_mark_counts_only_in_its_own_epoch() -> None:
+    """A replan's launch numbers its nodes anew: a node left out marks its end under its old rank, which epoch 1
+    may give another node. That stale mark must neither let the lead leave without the new member nor hide the
+    new member out of reach from its link check."""
+    from hetauto.launch.node_failure import out_of_reach
+
+    class Control:
+        keys = {done_key(1): "ok"}  # epoch 0's node rank 1, left out of epoch 1, has ended
+
+        def agent_silence(self, node_rank: int) -> float:
+            return 9.0
+
+        def get(self, key: str) -> str | None:
+            return self.keys.get(key)
+
+    control = Control()
+    assert done_key(1, 1) != done_key(1) and done_key(1, 0) == done_key(1)
+    assert out_of_reach(control, [1], 6.0) == [] and out_of_reach(control, [1], 6.0, epoch=1) == [1]
+    clock = _Clock()
+
+    def sleep(s: float) -> None:
+        clock.now += s
+
+    assert await_members(control, [1], grace_s=0.1, clock=clock, sleep=sleep) == []
+    assert await_members(control, [1], grace_s=0.1, clock=clock, sleep=sleep, epoch=1) == [1]
+    control.keys[done_key(1, 1)] = "ok"  # epoch 1's node rank 1 ends
+    assert await_members(control, [1], grace_s=0.1, clock=clock, sleep=sleep, epoch=1) == []
+    assert out_of_reach(control, [1], 6.0, epoch=1) == []
