@@ -163,7 +163,8 @@ def test_a_rank_whose_search_path_adds_only_late_read_entry_points_is_forked(fol
         assert (seen["pid"] != proc.pid, proc.returncode) == (forked, 0), change
 
 
-def test_the_checkout_this_tree_env_puts_first_is_no_difference_unless_it_could_shadow_a_module(tmp_path: Path) -> None:
+def test_the_checkout_this_tree_env_puts_first_is_no_difference_unless_it_could_shadow_a_module(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The suite's zygote, started in a clean clone with no PYTHONPATH, finds hetauto through the editable install;
     every process a multi-site test starts has the clone on PYTHONPATH (this_tree_env): the same hetauto, so not a
     difference (CI ran all of them on their own: ~3 CPU-s each). A checkout that holds another module the zygote has
@@ -173,6 +174,9 @@ def test_the_checkout_this_tree_env_puts_first_is_no_difference_unless_it_could_
     root = tmp_path / "clone"
     (root / "hetauto").mkdir(parents=True)
     (root / "tests").mkdir()
+    # the zygote has not imported the suite's own `tests` package; a pytest process that ran a test importing it
+    # has (CI, one worker of three: the clone was kept as though its tests/ could shadow a module)
+    monkeypatch.delitem(sys.modules, "tests", raising=False)
     mine = ["/usr/lib/python3", "/site-packages"]
     assert without_this_checkout(mine, [str(root), *mine], str(root / "hetauto")) == mine
     assert without_this_checkout(mine, ["/site", str(root), *mine], str(root / "hetauto")) == ["/site", *mine]
