@@ -92,8 +92,8 @@ def available_cores() -> int:
 def jobs(n: int) -> Iterator[None]:
     """Plan with `n` processes inside this block (the parent and n - 1 workers); the workers end with it."""
     global _jobs, _began, _start_after_s
-    before, _jobs, _began = _jobs, max(1, int(n)), time.perf_counter()
-    _start_after_s = start_after_s()
+    after = start_after_s()  # a bad setting raises here, before anything changed
+    before, _jobs, _began, _start_after_s = _jobs, max(1, int(n)), time.perf_counter(), after
     try:
         yield
     finally:

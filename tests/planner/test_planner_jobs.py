@@ -65,6 +65,7 @@ def test_a_bad_workers_after_is_one_line_error(capsys: pytest.CaptureFixture[str
                                                value: str) -> None:
     monkeypatch.setenv("HETAUTO_PLAN_WORKERS_AFTER_S", value)
     assert main(["plan", "--scenario", "cpu-demo", "--jobs", "2"]) == 2
+    assert parallel._jobs == 1  # nothing left behind for the next plan in this process
     assert capsys.readouterr().err == (
         f"hetauto plan: error: HETAUTO_PLAN_WORKERS_AFTER_S={value!r} is not a number of seconds >= 0; unset it "
         "for the default (1) or set e.g. 0 (workers at once)\n")
