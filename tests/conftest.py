@@ -61,6 +61,26 @@ def _environment_restored() -> Iterator[None]:
         os.environ.update(before)
 
 
+@pytest.fixture(autouse=True)
+def _planner_jobs_restored() -> Iterator[None]:
+    """Every test leaves the planner's process-wide job count at 1 and no worker pool open: a search in a later test
+    of the same worker would otherwise take itself for a pool's parent and not batch its own candidates (CI failed
+    test_evaluate_many so, for `parallel.jobs` raising on a bad setting with the count already changed, in another
+    file's test); this names the test that left them."""
+    yield
+    import sys
+
+    parallel = sys.modules.get("hetauto.planner.parallel")
+    if parallel is not None and (parallel._jobs != 1 or parallel._pools):
+        jobs, pools = parallel._jobs, len(parallel._pools)
+        parallel._jobs = 1
+        for workers in parallel._pools.values():
+            workers.close()
+        parallel._pools.clear()
+        pytest.fail(f"this test left the planner at {jobs} job(s) with {pools} worker pool(s) open "
+                    "(hetauto.planner.parallel.jobs restores both as it ends)", pytrace=False)
+
+
 @pytest.fixture
 def fresh_plugin_registry(monkeypatch):
     """No backend/plugin selection from the caller's environment, and a registry rebuilt before and after."""
