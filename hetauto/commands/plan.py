@@ -81,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="processes scoring candidates, this one and N-1 workers (default: the cores "
                              "available, at most 4; the plan is the same with any number; the workers start once the "
-                             "search has run 1 s; 2 take ~30%% more CPU, as each warms its own caches, and the "
-                             "MCTS tree steps stay serial)")
+                             "search has run 1 s; 2 take ~30%% more CPU than 1, and the MCTS tree steps stay "
+                             "serial)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
     parser.add_argument("--allow-local-sgd", action="store_true",
