@@ -629,8 +629,11 @@ class _Server:
             os.close(fd)
 
     def _declined(self, req: dict[str, Any]) -> str | None:
+        """Why the client must run on its own, or None; what the child does to become it where it differs (joins
+        its cgroups, imports its sitecustomize) is noted in `req` for `_become` as it is decided."""
         if "code" in req and req.get("env", {}).get(CLI_ZYGOTE_ENV) == AGENTS_ON_THEIR_OWN:
             return f"{CLI_ZYGOTE_ENV}={AGENTS_ON_THEIR_OWN}: torchrun's agent runs on its own"
+        req["cgroups"], req["site_customize"] = [], False
         theirs = req.get("identity", {})
         for key, mine in self.identity.items():
             if key == "ns":
@@ -638,11 +641,13 @@ class _Server:
             value = theirs.get(key)
             if key == "import_env" and C10_LOG_ENV not in mine and isinstance(value, dict):
                 value = {k: v for k, v in value.items() if k != C10_LOG_ENV}  # the child has c10 read it again
-            if key == "cgroup" and value != mine and cgroups_to_join(mine, value):  # type: ignore[arg-type]
+            if key == "cgroup" and value != mine and (files := cgroups_to_join(mine, value)):  # type: ignore[arg-type]
+                req["cgroups"] = files
                 continue  # the child joins the client's cgroups (_become)
             if key == "search_path":
                 value = without_this_checkout(mine, value, self.identity["hetauto"])  # type: ignore[arg-type]
                 if site_customizing_folders(mine, value):
+                    req["site_customize"] = True
                     continue  # the child imports their sitecustomize (_become)
                 if metadata_only_folders(mine, value):
                     continue  # entry points only, read by the child on its own search path
@@ -684,10 +689,6 @@ class _Server:
             for fd in fds:
                 os.close(fd)
             return
-        mine: Any = self.identity["search_path"]
-        theirs = without_this_checkout(mine, req.get("identity", {}).get("search_path"), self.identity["hetauto"])
-        req["site_customize"] = bool(site_customizing_folders(mine, theirs))
-        req["cgroups"] = cgroups_to_join(self.identity["cgroup"], req.get("identity", {}).get("cgroup")) or []
         pid = os.fork()
         if pid == 0:
             _child(req, fds, namespaces, self)
