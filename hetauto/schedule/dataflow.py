@@ -57,7 +57,7 @@ class Program:
     actions: int
     in_order: bool
     order: array = field(default_factory=lambda: array("i"))  # rank, actions, ...: see `run_dataflow`
-    ran: bytearray = field(default_factory=bytearray)  # non-empty once a run did not record `order`
+    ran: bytearray = field(default_factory=bytearray)  # non-empty once a run has finished: the next one records
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +189,8 @@ def run_dataflow(program: Program, M: int, dur: list[float], chan: list[tuple[in
     (each until it waited: `program.order`, segments as rank, actions, ...) is the same for every run of a program: the
     second run records it (`_run_waiting`), later ones replay it (`_run_in_order`) with no waits, wake-ups or checks
     (a 23-rank interleaved run is ~8k such segments; the planner prices one schedule with many candidates' costs).
-    Recording costs a run ~20% and a replay saves ~25%, and many schedules are priced once (paper-4c: 35 of 51 for
-    35 schedules), so the first run does not record."""
+    Recording costs a run ~20% and a replay saves ~25%, and most schedules are priced once (paper-4c: 51 runs of 35
+    schedules), so the first run does not record."""
     n = len(chan) // 2
     nk = 2 * n * M
     state = _State([0.0] * len(program.ranks), [0.0] * len(program.ranks), [0.0] * len(program.ranks), [0.0] * n,
