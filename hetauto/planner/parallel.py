@@ -128,7 +128,8 @@ def workers_wanted() -> bool:
 def prefetch(space: Any, cands: Sequence[Any], then: Sequence[Any] = ()) -> None:
     """Hand `cands` (in the order they will be scored) to `space`'s workers, and `then`, what the phase will
     likely score after them (the workers go on with it instead of waiting for the next batch; the parent only
-    takes SPILL of it at a time, as it may be cancelled); nothing with one job or fewer than two candidates."""
+    takes SPILL of it at a time, as it may be cancelled); nothing with one job, before the search has run
+    START_AFTER_S (`workers_wanted`), or for fewer than two candidates."""
     if not workers_wanted() or len(cands) + len(then) < 2:
         return
     workers = _pools.get(id(space))
