@@ -2,6 +2,8 @@
 
     python benchmarks/planner_parallel_bound.py [--scenario scale-736] [--seed 1] [--repeat 2]
 
+Each plan runs in a fresh process, as `hetauto plan` does.
+
 1. One process (the plan users get with `--jobs 1`): its wall time T, and B, the part spent evaluating batches
    (`parallel.evaluate_together`: the only work the workers can take over; the MCTS tree's steps, the scoring in
    order and the candidates evaluated alone stay with the main process). Amdahl's law for 2 processes, with B
@@ -23,8 +25,10 @@ It wraps `parallel.evaluate_together` to record (a measurement of the planner's 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,18 +69,27 @@ def _read(path: Path) -> list[tuple[list, float]]:
                 return got
 
 
-def _run(inputs, seed: int, jobs: int, folder: Path) -> tuple[float, object, list[tuple[list, float]], int]:
-    """(wall s, plan, every recorded call of every process, the worker processes that recorded) of one plan."""
-    folder.mkdir()
+def _child(scenario: str, seed: int, jobs: int, folder: Path) -> None:
+    """One plan in this (fresh) process, recording every call of every process into `folder`; its wall seconds
+    and plan go there too."""
+    inputs = load_planning_inputs(scenario=scenario)
     parallel.evaluate_together = _recording(folder, os.getpid())
-    try:
-        start = time.perf_counter()
-        result = search.plan(inputs, seed=seed, jobs=jobs)
-        wall = time.perf_counter() - start
-    finally:
-        parallel.evaluate_together = _evaluate_together
-    calls = [call for path in sorted(folder.iterdir()) for call in _read(path)]
-    return wall, result.plan, calls, sum(1 for p in folder.iterdir() if p.name.startswith("worker"))
+    start = time.perf_counter()
+    result = search.plan(inputs, seed=seed, jobs=jobs)
+    wall = time.perf_counter() - start
+    (folder / "result.json").write_text(json.dumps({"wall_s": wall, "plan": result.plan.model_dump_json()}))
+
+
+def _run(scenario: str, seed: int, jobs: int, folder: Path) -> tuple[float, str, list[tuple[list, float]], int]:
+    """(wall s, plan, every recorded call of every process, the worker processes that recorded) of one plan in a
+    fresh process, as `hetauto plan` runs: nothing warmed by the runs before it."""
+    folder.mkdir()
+    subprocess.run([sys.executable, __file__, "--scenario", scenario, "--seed", str(seed), "--child", str(jobs),
+                    str(folder)], check=True)
+    done = json.loads((folder / "result.json").read_text())
+    recorded = sorted(p for p in folder.iterdir() if p.name != "result.json")
+    calls = [call for path in recorded for call in _read(path)]
+    return done["wall_s"], done["plan"], calls, sum(1 for p in recorded if p.name.startswith("worker"))
 
 
 def _replay(space: StrategySpace, groups: list[list]) -> float:
@@ -93,11 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", default="scale-736")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=2, help="replays of each grouping (the least CPU is quoted)")
+    parser.add_argument("--child", nargs=2, metavar=("JOBS", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        _child(args.scenario, args.seed, int(args.child[0]), Path(args.child[1]))
+        return 0
     inputs = load_planning_inputs(scenario=args.scenario)
     with tempfile.TemporaryDirectory(prefix="hetauto-bound-") as tmp:
-        one_wall, one_plan, one_calls, _ = _run(inputs, args.seed, 1, Path(tmp) / "one")
-        two_wall, two_plan, two_calls, workers = _run(inputs, args.seed, 2, Path(tmp) / "two")
+        one_wall, one_plan, one_calls, _ = _run(args.scenario, args.seed, 1, Path(tmp) / "one")
+        two_wall, two_plan, two_calls, workers = _run(args.scenario, args.seed, 2, Path(tmp) / "two")
     batched = sum(seconds for _, seconds in one_calls)
     bound = one_wall / (one_wall - batched / 2)
     print(f"{args.scenario} seed {args.seed}: 1 job {one_wall:.2f} s wall, of which {batched:.2f} s evaluating "
@@ -107,17 +124,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{1 + workers} processes; same plan: {'yes' if one_plan == two_plan else 'NO'}")
     batches = [cands for cands, _ in one_calls if cands]
     claims = [cands for cands, _ in two_calls if cands]
-    everything = [list(dict.fromkeys(c for group in claims for c in group))]
+    everything = [list(dict.fromkeys(c for group in (*batches, *claims) for c in group))]
     space = StrategySpace(inputs, search.make_evaluator(inputs))
     _replay(space, everything)  # fills the caches: what follows measures the grouping alone
     cpu = {name: min(_replay(space, groups) for _ in range(args.repeat))
            for name, groups in (("batches", batches), ("claims", claims), ("one", everything))}
     print(f"replayed in one warm process (CPU s, least of {args.repeat}): the 1-job batches "
           f"({sum(map(len, batches))} candidates) {cpu['batches']:.2f}; the 2-job claims "
-          f"({sum(map(len, claims))} candidates) {cpu['claims']:.2f}; all as one batch {cpu['one']:.2f}")
+          f"({sum(map(len, claims))} candidates) {cpu['claims']:.2f}; all {len(everything[0])} as one batch "
+          f"{cpu['one']:.2f}")
     more = sum(map(len, claims)) / sum(map(len, batches))
     print(f"splitting into claims costs {cpu['claims'] / cpu['batches']:.2f}x the CPU of the 1-job batches: "
-          f"{more:.2f}x the candidates (computed ahead, some never scored) at "
+          f"{more:.2f}x as many candidates (those computed ahead and never scored among them) at "
           f"{cpu['claims'] / cpu['batches'] / more:.2f}x the CPU each")
     return 0 if one_plan == two_plan else 1
 
