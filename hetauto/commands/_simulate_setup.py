@@ -71,7 +71,7 @@ def _pairs(flag: str, items: list[str], p: int, value_kind: str, *, limit: int, 
 def synthetic(args: argparse.Namespace) -> Simulation:
     """The synthetic pipeline the flags describe, with T* (the schedule's lower bound) where it has a closed form."""
     shape = _synthetic_shape(args)
-    p, m = shape.p, shape.m
+    p = shape.p
     if args.activation_bytes < 0 or math.isinf(args.activation_bytes):
         raise HetautoError(f"--activation-bytes must be >= 0 and finite, got {args.activation_bytes}")
     lat = _pairs("link-latency", args.link_latency, p, "C", limit=p - 1)
