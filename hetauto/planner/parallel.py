@@ -74,9 +74,10 @@ DEFAULT_JOBS_CAP = 4  # `hetauto plan`'s default --jobs: the cores available, at
 def default_jobs() -> int:
     """`hetauto plan`'s --jobs when none is given: every core this process may run on, at most DEFAULT_JOBS_CAP.
 
-    Why a cap: each process warms its own caches (~300 MB at scale-736) and the main process's serial part (the
-    MCTS tree steps, scoring in order: ~5 of ~24 CPU-s there) bounds the speed-up near 4x however many workers
-    score, so a 64-core host would spend ~19 GB for nothing past the first few."""
+    Why a cap: each process warms its own caches (~300 MB at scale-736), while the main process's serial part (the
+    MCTS tree steps, scoring in order, the candidates evaluated alone: 1.5 of 8.7 s there, measured by
+    benchmarks/planner_parallel_bound.py) leaves, with the batches split perfectly (Amdahl), 2.6x with 4
+    processes, 3.6x with 8, 5.3x with 64. A 64-core host would spend ~19 GB for little past the first few."""
     return max(1, min(available_cores(), DEFAULT_JOBS_CAP))
 
 
