@@ -29,7 +29,7 @@ from hetauto.commands._output import (console, print_json, print_table, require_
 from hetauto.core.dp_sharding import level_label
 from hetauto.core.errors import HetautoError
 from hetauto.core.units import format_bytes, format_flops_rate, format_time
-from hetauto.planner.parallel import default_jobs
+from hetauto.planner.parallel import default_jobs, usable_jobs
 from hetauto.planner.inputs import load_planning_inputs
 from hetauto.planner.islands import HINT_GAIN
 from hetauto.planner.search import (DEFAULT_MAX_EVALUATIONS, DEFAULT_PATIENCE, EVALUATIONS_PER_DEVICE, PLANNERS, PlanResult,
@@ -79,10 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"stop after this many evaluations without a better plan (default {DEFAULT_PATIENCE}; "
                              "0: off)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="processes scoring candidates, this one and N-1 workers (default: the cores "
-                             "available, at most 4; the plan is the same with any number; the workers start once the "
-                             "search has run 1 s; 2 take ~30%% more CPU than 1, and the MCTS tree steps stay "
-                             "serial)")
+                        help="processes scoring candidates, this one and N-1 workers, never more than the cores "
+                             "available (default: those cores, at most 4; the plan is the same with any number; the "
+                             "workers start once the search has run 1 s; 2 take ~30%% more CPU than 1, and the MCTS "
+                             "tree steps stay serial)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed (without --budget the plan depends only on the seed, never on speed)")
     parser.add_argument("--allow-local-sgd", action="store_true",
@@ -378,6 +378,9 @@ def run(args: argparse.Namespace) -> int:
     require_not_input(args.plot, "--plot", read)
     if args.export_schedule and args.export_schedule[0] != "torch":
         raise HetautoError(f"--export-schedule {args.export_schedule[0]}: unknown format; the one format is torch")
+    if args.jobs is not None and args.jobs > usable_jobs(args.jobs):
+        print(f"hetauto plan: --jobs {args.jobs} is more than the {usable_jobs(args.jobs)} cores this process may run "
+              f"on; planning with {usable_jobs(args.jobs)} (the plan is the same with any number)", file=sys.stderr)
     inputs, resumed = _inputs(args)
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)

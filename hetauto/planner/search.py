@@ -191,9 +191,9 @@ def plan(inputs: PlanningInputs, planner: str = "mcts", budget: float | None = N
     `model_ref` (e.g. a config.json path) is written as the plan's `model` instead of the model's name.
     `should_stop()` returning True ends hetauto's own searches (mcts, single-cluster) early with the best plan
     found so far (Ctrl-C in `hetauto plan`); the baselines run to their end.
-    `jobs`: worker processes that score batches of candidates ahead of the search (`parallel`); the plan is the
-    same with any number."""
-    with parallel.jobs(jobs):
+    `jobs`: processes that score batches of candidates ahead of the search (`parallel`), at most the cores available
+    (`parallel.usable_jobs`); the plan is the same with any number."""
+    with parallel.jobs(parallel.usable_jobs(jobs)):
         result = _plan(inputs, planner, budget, seed, iterations, evaluator, progress, space_options,
                        max_evaluations, patience, should_stop)
     if model_ref and model_ref != result.plan.model:

@@ -4,6 +4,7 @@ count with one worker or several; a bad count is a one-line error."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import time
@@ -175,6 +176,65 @@ def test_a_dead_worker_leaves_the_parent_to_score_alone() -> None:
     # comes back None: the caller builds and evaluates it itself
     assert got[0] is not None and got[0][1] == [0] and got[0][0].pid == os.getpid()
     assert all(g is None or (g[0].pid == os.getpid() and g[1] == [c * c]) for c, g in enumerate(got))
+
+
+def _plan_until_killed(pids: "multiprocessing.Queue[int]") -> None:
+    """A planner whose workers have started: their pids put on `pids`, then it waits to be killed."""
+    space = _Space()
+    with parallel.jobs(3):
+        parallel.prefetch(space, [1, 2, 3])
+        for proc in parallel._pools[id(space)].procs:
+            pids.put(proc.pid)
+        time.sleep(60)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie nobody reaped yet has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_workers_leave_when_their_planner_is_killed() -> None:
+    """SIGKILL (or the OOM killer) gives the planner no chance to end its workers: each notices within
+    parallel.WAIT_S of waiting that its parent is gone and exits, instead of waiting for a batch forever."""
+    ctx = multiprocessing.get_context("fork")
+    pids: multiprocessing.Queue[int] = ctx.Queue()
+    planner = ctx.Process(target=_plan_until_killed, args=(pids,))
+    planner.start()
+    workers = [pids.get(timeout=30), pids.get(timeout=30)]
+    assert all(_running(pid) for pid in workers)
+    os.kill(planner.pid, signal.SIGKILL)
+    planner.join()
+    deadline = time.monotonic() + 20 * parallel.WAIT_S
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in workers if _running(pid)]
+    for pid in left:  # a failure leaves nothing behind either (they hold the suite's output pipes open)
+        os.kill(pid, signal.SIGKILL)
+    assert not left
+
+
+def test_more_jobs_than_cores_plan_with_the_cores(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Processes past the cores would only share them (cpu-demo: 25.6 s with --jobs 400, 0.3 s with 2): the
+    search runs with as many as there are cores, and the command says so."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    assert [parallel.usable_jobs(n) for n in (1, 2, 3, 1000)] == [1, 2, 2, 2]
+    seen: list[int] = []
+    real = parallel.jobs
+
+    def spied(n: int) -> object:
+        seen.append(n)
+        return real(n)
+
+    monkeypatch.setattr(parallel, "jobs", spied)
+    assert main(["plan", "--scenario", "cpu-demo", "--jobs", "1000", "--max-evaluations", "20"]) == 0
+    assert seen[0] == 2 and max(seen) == 2  # the search; the islands' check after it plans with one
+    err = capsys.readouterr().err
+    assert ("hetauto plan: --jobs 1000 is more than the 2 cores this process may run on; planning with 2 (the plan "
+            "is the same with any number)") in err
 
 
 def test_the_default_jobs_are_the_cores_available_at_most_four(monkeypatch: pytest.MonkeyPatch) -> None:
