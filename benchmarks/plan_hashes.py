@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("mode", choices=["record", "check"])
     ap.add_argument("baseline")
     ap.add_argument("--max-evaluations", type=int, default=40)
-    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=1, help="processes per plan (hetauto plan lowers it to the cores)")
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--folder", default="/tmp/hetauto-plan-hashes", help="where the cluster files and plans go")
     a = ap.parse_args()
