@@ -378,9 +378,10 @@ def run(args: argparse.Namespace) -> int:
     require_not_input(args.plot, "--plot", read)
     if args.export_schedule and args.export_schedule[0] != "torch":
         raise HetautoError(f"--export-schedule {args.export_schedule[0]}: unknown format; the one format is torch")
-    if args.jobs is not None and args.jobs > usable_jobs(args.jobs):
-        print(f"hetauto plan: --jobs {args.jobs} is more than the {usable_jobs(args.jobs)} cores this process may run "
-              f"on; planning with {usable_jobs(args.jobs)} (the plan is the same with any number)", file=sys.stderr)
+    usable = None if args.jobs is None else usable_jobs(args.jobs)
+    if usable is not None and args.jobs > usable:
+        print(f"hetauto plan: --jobs {args.jobs} is more than the {usable} cores this process may run on; planning "
+              f"with {usable} (the plan is the same with any number)", file=sys.stderr)
     inputs, resumed = _inputs(args)
     if args.planner == "exhaustive":
         _check_exhaustive(inputs, args)

@@ -14,6 +14,7 @@ import pytest
 
 from hetauto.cli import main
 from hetauto.planner import parallel
+from hetauto.runtime.parent_watch import process_start_time
 
 
 @pytest.fixture(autouse=True)
@@ -190,10 +191,7 @@ def _plan_until_killed(pids: "multiprocessing.Queue[int]") -> None:
 
 def _running(pid: int) -> bool:
     """Whether process `pid` exists and has not exited (a zombie nobody reaped yet has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    return process_start_time(pid) is not None
 
 
 def test_workers_leave_when_their_planner_is_killed() -> None:
