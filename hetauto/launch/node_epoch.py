@@ -200,7 +200,7 @@ def return_watch(run: Any) -> Any:
         return None
 
     return ReturnWatch(run.store, lambda: {s: [n.node_rank for n in run.origin.site(s).nodes] for s in run.lost},
-                       newest_step, check)
+                       newest_step, check, last_step=int(run.job.run.training.steps) - 1)
 
 
 @dataclass(frozen=True)

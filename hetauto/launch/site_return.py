@@ -61,9 +61,12 @@ class ReturnWatch:
 
     def __init__(self, store: Any, lost_nodes: Callable[[], dict[str, list[int]]],
                  newest_step: Callable[[], int | None], check: Callable[[dict[str, Any]], str | None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, last_step: int | None = None) -> None:
         self.store, self.lost_nodes, self.newest_step, self.check, self.clock = (store, lost_nodes, newest_step,
                                                                                  check, clock)
+        # the job's last step: once its checkpoint is written nothing is left to train, and stopping the ranks for
+        # a take-back epoch then started one of 0 steps (its agents' reports empty) while the others were ending
+        self.last_step = last_step
         # site -> (the checkpoint step when all its nodes had asked, and when that was: the lead's wall clock, not
         # the other host's)
         self.back: dict[str, tuple[int | None, float]] = {}
@@ -77,6 +80,8 @@ class ReturnWatch:
             if site not in self.back and all(self._asked(r) for r in nodes):
                 self.back[site] = (self.newest_step(), time.time())
         newest = self.newest_step()
+        if newest is not None and self.last_step is not None and newest >= self.last_step:
+            return None  # the job has trained its last step: it ends without the site
         ready = [s for s, (step, _) in self.back.items() if newest is not None and (step is None or newest > step)]
         if ready:
             return f"site(s) {', '.join(ready)} came back: stopped the ranks at the checkpoint of step {newest}"

@@ -26,14 +26,15 @@ from hetauto.testing.multiproc import two_free_ports
 from hetauto.testing.three_sites import await_step, sites_running, steps_seen, submit_again, write_three_site_plan
 
 STEPS, KILL_AT, GRACE_S = 8, 2, 10
+TAKE_BACK_STEPS = 40
 
 
-def _launch(root: Path, *extra: str, plan: Path | None = None) -> Path:
+def _launch(root: Path, *extra: str, plan: Path | None = None, steps: int = STEPS) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     plan = plan or write_three_site_plan(root)
     out = root / "out"
     assert main(["launch", str(plan), "--target", "torchrun", "--master", f"127.0.0.1:{two_free_ports()}", "-o",
-                 str(out), "--steps", str(STEPS), "--timeout", str(GRACE_S), "--checkpoint-dir", str(root / "ck"),
+                 str(out), "--steps", str(steps), "--timeout", str(GRACE_S), "--checkpoint-dir", str(root / "ck"),
                  *extra]) == 0
     return out
 
@@ -145,8 +146,10 @@ def test_a_later_epoch_keeps_the_agents_visible_devices_mode(three: LaunchPlan, 
 def test_a_site_killed_at_a_step_is_replanned_around_and_taken_back_when_it_returns(tmp_path: Path) -> None:
     """Site c killed at step KILL_AT: epoch 1 on a and b; c's script submitted again meanwhile: epoch 2 takes it
     back at the next checkpoint. Every surviving node and the returned one exit 0; the last epoch's losses are the
-    reference's from its checkpoint on."""
-    out = _launch(tmp_path, "--on-site-loss", "replan")
+    reference's from its checkpoint on. TAKE_BACK_STEPS, not STEPS: c's agent must ask before epoch 1 has trained
+    the last step (a site back after that is not taken: nothing is left to train), and 5 steps of ~10 ms went by
+    before it asked in about half the runs alone."""
+    out = _launch(tmp_path, "--on-site-loss", "replan", steps=TAKE_BACK_STEPS)
     lead_dir = tmp_path / "node0"
     with sites_running(out, tmp_path) as (lead, b, c):
         await_step(lead_dir, lead, KILL_AT, 240)
@@ -172,9 +175,10 @@ def test_a_site_killed_at_a_step_is_replanned_around_and_taken_back_when_it_retu
     assert back["step"] > lost["step"]  # taken back at a checkpoint written on the plan without c
     resumed = back["step"] + 1  # the checkpoint of step s holds steps 0..s: training goes on at s + 1
     steps = steps_seen(lead_dir)
-    assert steps[-(STEPS - resumed):] == list(range(resumed, STEPS))  # every step after the resume point once
+    assert steps[-(TAKE_BACK_STEPS - resumed):] == list(range(resumed, TAKE_BACK_STEPS))  # after the resume, once
     assert steps[:KILL_AT + 1] == list(range(KILL_AT + 1))
-    assert len(doc["loss"]) == STEPS - resumed and doc["max_loss_diff"] < 1e-5  # the reference, from that step on
+    assert len(doc["loss"]) == TAKE_BACK_STEPS - resumed  # the reference's, from that step on
+    assert doc["max_loss_diff"] < 1e-5
     assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1, 2]
     assert "epoch 1: plan" in err and "began when site(s) c were lost" in err
     assert "began when site(s) c came back" in err
@@ -241,6 +245,23 @@ def test_a_returned_site_is_taken_back_only_after_a_newer_checkpoint_and_only_wi
     assert sites == ["c"] and watch.taken()[0] == []
     assert store.keys == {"hetauto/node/2/1": json.dumps({"plan_sha256": "ours"})}  # answered; its node's now
     assert poll() is None
+
+
+def test_a_site_that_returns_once_the_last_step_is_checkpointed_is_not_taken_back() -> None:
+    """Nothing is left to train: stopping the ranks there started an epoch of 0 steps (seen: the lead's result
+    failed on its empty reports, and a node already ending was declared lost after the grace)."""
+    from hetauto.launch.site_return import ReturnWatch, return_key
+
+    store, newest, now = _Store(), [3], [0.0]
+    watch = ReturnWatch(store, lambda: {"c": [2]}, lambda: newest[0], lambda reg: None, clock=lambda: now[0],
+                        last_step=STEPS - 1)
+    store.keys[return_key(2)] = json.dumps({"plan_sha256": "ours"})
+    now[0] += 1.0
+    assert watch() is None  # asked at step 3's checkpoint
+    newest[0], now[0] = STEPS - 1, now[0] + 1.0
+    assert watch() is None  # the last step's checkpoint: the job ends without c
+    newest[0], now[0] = STEPS - 2, now[0] + 1.0
+    assert watch() == f"site(s) c came back: stopped the ranks at the checkpoint of step {STEPS - 2}"
 
 
 def test_the_board_shows_the_current_epoch_its_sites_and_the_lost_ones(three: LaunchPlan, tmp_path: Path) -> None:
